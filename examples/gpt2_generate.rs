@@ -1,0 +1,10 @@
+//! Generate text with a GPT-2 model: `cargo run --release --example gpt2_generate -- --help`.
+//!
+//! Defaults to `openai-community/gpt2` from the Hugging Face hub; pass `--model <dir>` for a local checkpoint.
+
+fn main() -> std::process::ExitCode {
+    burn_llm::cli::main(burn_llm::cli::ExampleDefaults {
+        name: "gpt2_generate",
+        model: "openai-community/gpt2",
+    })
+}

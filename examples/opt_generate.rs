@@ -1,0 +1,10 @@
+//! Generate text with a OPT model: `cargo run --release --example opt_generate -- --help`.
+//!
+//! Defaults to `facebook/opt-125m` from the Hugging Face hub; pass `--model <dir>` for a local checkpoint.
+
+fn main() -> std::process::ExitCode {
+    burn_llm::cli::main(burn_llm::cli::ExampleDefaults {
+        name: "opt_generate",
+        model: "facebook/opt-125m",
+    })
+}

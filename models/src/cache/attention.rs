@@ -1,0 +1,37 @@
+//! Masked scaled-dot-product attention with grouped-query heads, shared by the caches that compute
+//! attention with ordinary tensor ops.
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// Additive bias of a masked score. Finite on purpose: a query that sees no key at all (a padding
+/// row) gets a uniform, finite distribution instead of NaNs that would leak into later layers.
+pub const MASKED: f32 = -1.0e30;
+
+/// `softmax(q·kᵀ·scale + bias)·v` where `q` is `[b, heads, s, d]`, `k`/`v` are
+/// `[b, kv_heads, t, d]` and `bias` broadcasts to `[b, 1, s, t]`.
+///
+/// Grouped-query attention folds the query heads that share a key/value head into the sequence
+/// axis (`[b, kv_heads, group · s, d]`), so keys and values are never repeated in memory.
+pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>, scale: f32) -> Tensor<4> {
+    let [b, heads, s, d] = q.dims();
+    let kv_heads = k.dims()[1];
+    let group = heads / kv_heads;
+    let q = q.reshape([b, kv_heads, group * s, d]);
+    let scores = q.matmul(k.swap_dims(2, 3)) * scale;
+    let bias = if group > 1 { bias.repeat_dim(2, group) } else { bias };
+    let probs = softmax(scores + bias, 3);
+    probs.matmul(v).reshape([b, heads, s, d])
+}
+
+/// Bias `[1, 1, s, t]` that lets query `i` (at absolute slot `start + i`) see key slots
+/// `0..=start + i` only.
+pub fn causal_bias(start: usize, s: usize, t: usize, device: &Device) -> Tensor<4> {
+    let mut values = vec![0f32; s * t];
+    for i in 0..s {
+        for j in (start + i + 1).min(t)..t {
+            values[i * t + j] = MASKED;
+        }
+    }
+    Tensor::from_data(TensorData::new(values, [1, 1, s, t]), device)
+}

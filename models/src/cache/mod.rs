@@ -1,0 +1,76 @@
+//! The attention/KV-cache abstraction every architecture runs through.
+//!
+//! A model never touches key/value storage itself. For each layer it projects queries, keys and
+//! values of the step's new tokens and calls [`KvCache::attend`], which must (1) store the new keys
+//! and values wherever this cache keeps them and (2) return the attention of the queries over every
+//! token each sequence has cached, the new ones included. Which tokens a query may see (causality,
+//! padding, sequence boundaries) is the cache's business, because only the cache knows the layout.
+//!
+//! The engine that owns a cache also decides the step layout: it hands the cache each sequence's
+//! new token ids and receives a [`StepInput`] (token ids, positions, and where each sequence's last
+//! token ended up) to run the model on.
+//!
+//! How the later caches implement the same trait without touching model code:
+//! - **Contiguous** ([`ContiguousKvCache`], this crate): one preallocated
+//!   `[batch, kv_heads, capacity, head_dim]` tensor per layer, sequences left-padded within a step,
+//!   an additive mask that hides padding and future slots.
+//! - **Paged** (vLLM, `burn-paged`): `attend` writes the new K/V into their block slots with a
+//!   reshape-and-cache kernel and runs PagedAttention through the block tables prepared by the
+//!   scheduler at `begin_step` time; `StepInput` carries per-token positions, so sequences at
+//!   different lengths share one launch.
+//! - **Offloaded** (FlexGen, `burn-offload`): `attend` stores K/V to the tier the policy chose
+//!   (device, host, disk, optionally group-quantized) and computes attention where the cache lives
+//!   (on the CPU when it is on the host), returning only the attention output across the link.
+//!
+//! The layer index lets a cache keep per-layer state; the model calls `attend` once per layer, in
+//! layer order, for each step.
+
+mod attention;
+mod contiguous;
+
+pub use attention::{attention, causal_bias, MASKED};
+pub use contiguous::ContiguousKvCache;
+
+use burn::tensor::{Int, Tensor};
+
+/// The storage and attention side of a decoder's self-attention.
+pub trait KvCache {
+    /// Stores this step's keys and values for `layer` and attends the queries over everything each
+    /// sequence has cached, the new tokens included.
+    ///
+    /// Shapes: `q` is `[batch, heads, seq, head_dim]`; `k` and `v` are
+    /// `[batch, kv_heads, seq, head_dim]` (`heads` a multiple of `kv_heads`); the result has the
+    /// shape of `q`. `scale` multiplies the raw `q·kᵀ` scores.
+    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4>;
+}
+
+/// The model input of one step, laid out by the cache that will serve it.
+#[derive(Debug, Clone)]
+pub struct StepInput {
+    /// Token ids, `[batch, seq]` (padding where a sequence has fewer new tokens).
+    pub tokens: Tensor<2, Int>,
+    /// Position of each token within its own sequence, `[batch, seq]`.
+    pub positions: Tensor<2, Int>,
+    /// The largest position in this step (dynamic RoPE depends on it).
+    pub max_position: usize,
+    /// For each row, the column of its last new token (`None` for rows with no new token).
+    pub last: Vec<Option<usize>>,
+}
+
+/// The per-layer shape of a model's keys and values, which is all a cache needs to know about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Key/value heads per layer.
+    pub num_kv_heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Bytes of one token's keys and values over all layers, in `f32`.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    }
+}

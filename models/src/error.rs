@@ -1,0 +1,152 @@
+//! The one error type of the models crate.
+//!
+//! Every message says what was wrong and, where there is one, what to do about it: these errors are
+//! what users of the example CLIs read.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading a model or generating text.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file the model needs could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A required file is absent from the model directory.
+    #[error("{what} not found: expected {path}")]
+    MissingFile {
+        /// What the file holds ("config", "tokenizer", "weights").
+        what: &'static str,
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// `config.json` (or a sibling JSON file) is not what an HF checkpoint writes.
+    #[error("invalid {path}: {message}")]
+    InvalidConfig {
+        /// The JSON file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// `config.json` names an architecture this crate does not implement.
+    #[error(
+        "unsupported architecture `{0}`: burn-llm runs OPT (`opt`), LLaMA (`llama`) and GPT-2 (`gpt2`) checkpoints"
+    )]
+    UnsupportedArchitecture(String),
+    /// A safetensors file could not be parsed (truncated, corrupt, or not safetensors at all).
+    #[error("corrupt or truncated weights file {path}: {message}")]
+    CorruptWeights {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A tensor the architecture needs is not in the checkpoint.
+    #[error("tensor `{name}` is missing from the checkpoint in {dir}")]
+    MissingTensor {
+        /// The tensor name as HF writes it.
+        name: String,
+        /// The model directory.
+        dir: PathBuf,
+    },
+    /// A tensor in the checkpoint does not have the shape `config.json` implies.
+    #[error("tensor `{name}` has shape {found:?} but config.json implies {expected:?}")]
+    ShapeMismatch {
+        /// The tensor name.
+        name: String,
+        /// The shape implied by the config.
+        expected: Vec<usize>,
+        /// The shape in the file.
+        found: Vec<usize>,
+    },
+    /// A tensor is stored in a dtype we cannot convert to floats.
+    #[error("tensor `{name}` has unsupported dtype {dtype}; expected F32, F16 or BF16")]
+    UnsupportedDtype {
+        /// The tensor name.
+        name: String,
+        /// The dtype in the file.
+        dtype: String,
+    },
+    /// The tokenizer could not be loaded or used.
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    /// A prompt has no tokens at all.
+    #[error("prompt {index} is empty: give at least one token")]
+    EmptyPrompt {
+        /// Position of the prompt in the request list.
+        index: usize,
+    },
+    /// A prompt does not fit the model's context window.
+    #[error(
+        "prompt {index} has {len} tokens but the model's context is {max} positions (max_position_embeddings): shorten the prompt"
+    )]
+    PromptTooLong {
+        /// Position of the prompt in the request list.
+        index: usize,
+        /// Its length in tokens.
+        len: usize,
+        /// The model's context length.
+        max: usize,
+    },
+    /// A token id does not exist in the model's vocabulary.
+    #[error("prompt {index} contains token id {id}, outside the vocabulary of {vocab_size} tokens")]
+    TokenOutOfVocab {
+        /// Position of the prompt in the request list.
+        index: usize,
+        /// The offending id.
+        id: u32,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
+    /// Sampling parameters that make no sense (negative temperature, top_p outside (0, 1], …).
+    #[error("invalid sampling parameters: {0}")]
+    InvalidSampling(String),
+    /// The KV cache has no room for the tokens of this step.
+    #[error("KV cache full: {needed} slots needed but only {capacity} were allocated")]
+    CacheFull {
+        /// Slots this step needs in total.
+        needed: usize,
+        /// Slots the cache holds.
+        capacity: usize,
+    },
+    /// A batch handed to the cache does not match its shape.
+    #[error("batch mismatch: {0}")]
+    BatchMismatch(String),
+    /// The model could not be fetched from the Hugging Face hub.
+    #[error(
+        "cannot fetch `{id}` from the Hugging Face hub ({message}). If this machine is offline, download the model elsewhere and pass its directory (config.json, *.safetensors, tokenizer.json) with --model <dir>"
+    )]
+    Hub {
+        /// The hub id.
+        id: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A device read-back failed.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+impl ModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn config(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Self::InvalidConfig {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The plain engine: a static batch of requests run to completion on a [`ContiguousKvCache`].
+
+use std::time::Instant;
+
+use super::request::{prepare_prompt, GenerationOutput, Prompt, RequestState, Timing};
+use super::sampling::{sample, SamplingParams};
+use crate::cache::ContiguousKvCache;
+use crate::error::Result;
+use crate::model::CausalLm;
+use crate::pretrained::Pretrained;
+use crate::tokenizer::Tokenizer;
+
+/// One generated token, as streamed to a callback.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamEvent<'a> {
+    /// Index of the request in the prompt list.
+    pub request: usize,
+    /// The token id.
+    pub token: u32,
+    /// Text that became visible with this token (may be empty).
+    pub text: &'a str,
+    /// Whether the request finished with this token.
+    pub finished: bool,
+}
+
+/// Generates text with a model on its device: prompts are prefilled together (left-padded), then
+/// decoded one token per step until every request has stopped.
+#[derive(Debug)]
+pub struct Generator {
+    model: CausalLm,
+    tokenizer: Option<Tokenizer>,
+    eos_token_ids: Vec<u32>,
+}
+
+impl From<Pretrained> for Generator {
+    fn from(p: Pretrained) -> Self {
+        Self::new(p.model, Some(p.tokenizer), p.eos_token_ids)
+    }
+}
+
+impl Generator {
+    /// A generator over `model`; `tokenizer` is needed for text prompts and output text;
+    /// `eos_token_ids` end a request unless `ignore_eos` is set.
+    pub fn new(model: CausalLm, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>) -> Self {
+        Self {
+            model,
+            tokenizer,
+            eos_token_ids,
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &CausalLm {
+        &self.model
+    }
+
+    /// The tokenizer, if any.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Ids that end a request.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    /// Generates a continuation for every prompt.
+    pub fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<GenerationOutput> {
+        self.generate_stream(prompts, params, |_| {})
+    }
+
+    /// Like [`Generator::generate`], calling `on_token` for every generated token as soon as it is
+    /// sampled.
+    pub fn generate_stream(
+        &self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        mut on_token: impl FnMut(StreamEvent<'_>),
+    ) -> Result<GenerationOutput> {
+        let spec = self.model.spec();
+        params.validate(spec.vocab_size)?;
+        let tokenizer = self.tokenizer.as_ref();
+        let mut requests = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (text, ids) = prepare_prompt(i, p, tokenizer, spec.vocab_size, spec.max_positions)?;
+                Ok(RequestState::new(text, ids, params, spec.max_positions))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if requests.is_empty() {
+            return Ok(GenerationOutput {
+                requests: Vec::new(),
+                timing: Timing::default(),
+            });
+        }
+        let longest_prompt = requests.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
+        let longest_budget = requests.iter().map(RequestState::budget).max().unwrap_or(1);
+        let device = self.model.embed_tokens.weight.val().device();
+        let mut cache = ContiguousKvCache::new(
+            self.model.kv_layout(),
+            requests.len(),
+            longest_prompt + longest_budget - 1,
+            &device,
+        );
+        let mut rngs: Vec<_> = requests.iter().map(|_| params.rng()).collect();
+        let mut timing = Timing {
+            prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(),
+            ..Timing::default()
+        };
+
+        let started = Instant::now();
+        let mut new_tokens: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt_ids().to_vec()).collect();
+        let mut first = true;
+        while requests.iter().any(|r| !r.is_finished()) {
+            let slices: Vec<&[u32]> = new_tokens.iter().map(Vec::as_slice).collect();
+            let step = cache.begin_step(&slices)?;
+            let logits = self.model.forward_last_logits(&step, &mut cache);
+            let sampled = sample(logits, params, &mut rngs)?;
+            let mut logprobs = sampled.logprobs.map(|l| l.into_iter());
+            for (i, request) in requests.iter_mut().enumerate() {
+                let step_logprobs = logprobs.as_mut().and_then(Iterator::next);
+                if request.is_finished() {
+                    new_tokens[i].clear();
+                    continue;
+                }
+                let id = sampled.ids[i];
+                let text = request.push(id, step_logprobs, params, &self.eos_token_ids, tokenizer)?;
+                timing.generated_tokens += 1;
+                on_token(StreamEvent {
+                    request: i,
+                    token: id,
+                    text: &text,
+                    finished: request.is_finished(),
+                });
+                new_tokens[i] = if request.is_finished() { Vec::new() } else { vec![id] };
+            }
+            if first {
+                timing.prefill_s = started.elapsed().as_secs_f64();
+                first = false;
+            } else {
+                timing.decode_steps += 1;
+            }
+        }
+        timing.decode_s = started.elapsed().as_secs_f64() - timing.prefill_s;
+        Ok(GenerationOutput {
+            requests: requests.into_iter().map(RequestState::into_output).collect(),
+            timing,
+        })
+    }
+}

@@ -1,0 +1,10 @@
+//! Generation: sampling parameters, the on-device sampler, per-request bookkeeping (stops,
+//! streaming text) and the plain static-batch engine built on the contiguous KV cache.
+
+mod engine;
+mod request;
+pub mod sampling;
+
+pub use engine::{Generator, StreamEvent};
+pub use request::{FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing};
+pub use sampling::{filtered_distribution, sample, Sampled, SamplingParams, TokenLogprob};

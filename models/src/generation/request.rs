@@ -1,0 +1,296 @@
+//! What a request is, what comes out of it, and the per-request state that decides when it stops.
+//! Shared by every engine so that stopping and streaming behave the same everywhere.
+
+use serde::{Deserialize, Serialize};
+
+use super::sampling::{SamplingParams, TokenLogprob};
+use crate::error::{ModelError, Result};
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+
+/// A prompt, as text or as token ids (vLLM's `prompt_token_ids`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Prompt {
+    /// Text, tokenized with the model's tokenizer (special tokens added as HF does).
+    Text(String),
+    /// Token ids, used as given.
+    Ids(Vec<u32>),
+}
+
+impl From<&str> for Prompt {
+    fn from(text: &str) -> Self {
+        Prompt::Text(text.to_string())
+    }
+}
+
+impl From<String> for Prompt {
+    fn from(text: String) -> Self {
+        Prompt::Text(text)
+    }
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(ids: Vec<u32>) -> Self {
+        Prompt::Ids(ids)
+    }
+}
+
+/// Why a request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// It reached `max_new_tokens` or the model's context length.
+    Length,
+    /// It produced EOS, a stop token id or a stop string.
+    Stop,
+}
+
+/// The result of one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestOutput {
+    /// The prompt text, when given as text.
+    pub prompt: Option<String>,
+    /// The prompt's token ids.
+    pub prompt_ids: Vec<u32>,
+    /// Generated ids, the stopping token included.
+    pub generated_ids: Vec<u32>,
+    /// Generated text (special tokens skipped, a stop string cut off).
+    pub text: String,
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+    /// Top-K log-probabilities of each generated step, when requested.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Vec<TokenLogprob>>>,
+}
+
+/// Wall-clock time of a generation call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// Prompt processing up to the first sampled token.
+    pub prefill_s: f64,
+    /// Every later step.
+    pub decode_s: f64,
+    /// Prompt tokens processed.
+    pub prompt_tokens: usize,
+    /// Tokens generated over all requests.
+    pub generated_tokens: usize,
+    /// Decode steps run (each generates one token per active sequence).
+    pub decode_steps: usize,
+}
+
+impl Timing {
+    /// Generated tokens per second of generation (prefill + decode).
+    pub fn tokens_per_s(&self) -> f64 {
+        let total = self.prefill_s + self.decode_s;
+        if total > 0.0 { self.generated_tokens as f64 / total } else { 0.0 }
+    }
+}
+
+/// Outputs of a batch of requests, in prompt order, and how long it took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationOutput {
+    /// One output per prompt.
+    pub requests: Vec<RequestOutput>,
+    /// Timing of the call.
+    pub timing: Timing,
+}
+
+/// Tokenizes (if needed) and checks one prompt against the model.
+pub fn prepare_prompt(
+    index: usize,
+    prompt: &Prompt,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+    max_positions: usize,
+) -> Result<(Option<String>, Vec<u32>)> {
+    let (text, ids) = match prompt {
+        Prompt::Text(text) => {
+            let tokenizer = tokenizer.ok_or_else(|| {
+                ModelError::Tokenizer("a text prompt needs a tokenizer; give token ids instead".into())
+            })?;
+            (Some(text.clone()), tokenizer.encode(text)?)
+        }
+        Prompt::Ids(ids) => (None, ids.clone()),
+    };
+    if ids.is_empty() {
+        return Err(ModelError::EmptyPrompt { index });
+    }
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+        return Err(ModelError::TokenOutOfVocab { index, id, vocab_size });
+    }
+    if ids.len() > max_positions {
+        return Err(ModelError::PromptTooLong {
+            index,
+            len: ids.len(),
+            max: max_positions,
+        });
+    }
+    Ok((text, ids))
+}
+
+/// A request in flight: its tokens so far, its text, and whether (and why) it has finished.
+#[derive(Debug, Clone)]
+pub struct RequestState {
+    prompt: Option<String>,
+    prompt_ids: Vec<u32>,
+    generated: Vec<u32>,
+    logprobs: Option<Vec<Vec<TokenLogprob>>>,
+    text: String,
+    /// Bytes of `text` already handed to the stream.
+    streamed: usize,
+    decoder: IncrementalDecoder,
+    /// Tokens this request may generate (`max_new_tokens` capped by the context length).
+    budget: usize,
+    finish: Option<FinishReason>,
+}
+
+impl RequestState {
+    /// Starts a request; `max_positions` caps its length at the model's context.
+    pub fn new(prompt: Option<String>, prompt_ids: Vec<u32>, params: &SamplingParams, max_positions: usize) -> Self {
+        let room = (max_positions + 1).saturating_sub(prompt_ids.len());
+        Self {
+            prompt,
+            decoder: IncrementalDecoder::new(&prompt_ids),
+            generated: Vec::new(),
+            logprobs: params.logprobs.map(|_| Vec::new()),
+            text: String::new(),
+            streamed: 0,
+            budget: params.max_new_tokens.min(room).max(1),
+            finish: None,
+            prompt_ids,
+        }
+    }
+
+    /// The prompt's ids.
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
+    }
+
+    /// Ids generated so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// Tokens this request may still generate in total.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Whether it has finished.
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Records a sampled token, applies every stop rule, and returns the text that may now be shown
+    /// (text that could still turn out to be the start of a stop string is held back).
+    pub fn push(
+        &mut self,
+        id: u32,
+        logprobs: Option<Vec<TokenLogprob>>,
+        params: &SamplingParams,
+        eos_ids: &[u32],
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<String> {
+        debug_assert!(self.finish.is_none(), "push on a finished request");
+        self.generated.push(id);
+        if let (Some(all), Some(step)) = (self.logprobs.as_mut(), logprobs) {
+            all.push(step);
+        }
+        let stops_by_id =
+            (!params.ignore_eos && eos_ids.contains(&id)) || params.stop_token_ids.contains(&id);
+        let at_budget = self.generated.len() >= self.budget;
+        if let Some(tokenizer) = tokenizer {
+            let mut delta = self.decoder.push(tokenizer, id)?;
+            if stops_by_id || at_budget {
+                delta.push_str(&self.decoder.flush(tokenizer)?);
+            }
+            let search_from = floor_char_boundary(&self.text, self.text.len().saturating_sub(max_len(&params.stop)));
+            self.text.push_str(&delta);
+            if let Some(cut) = params
+                .stop
+                .iter()
+                .filter_map(|s| self.text[search_from..].find(s.as_str()).map(|at| search_from + at))
+                .min()
+            {
+                self.text.truncate(cut);
+                self.finish = Some(FinishReason::Stop);
+            }
+        }
+        if self.finish.is_none() {
+            if stops_by_id {
+                self.finish = Some(FinishReason::Stop);
+            } else if at_budget {
+                self.finish = Some(FinishReason::Length);
+            }
+        }
+        let visible = if self.finish.is_some() {
+            self.text.len()
+        } else {
+            let hold = max_len(&params.stop).saturating_sub(1);
+            floor_char_boundary(&self.text, self.text.len().saturating_sub(hold))
+        };
+        let start = self.streamed.min(visible);
+        let out = self.text[start..visible].to_string();
+        self.streamed = visible.max(self.streamed);
+        Ok(out)
+    }
+
+    /// The final output.
+    pub fn into_output(self) -> RequestOutput {
+        RequestOutput {
+            prompt: self.prompt,
+            prompt_ids: self.prompt_ids,
+            generated_ids: self.generated,
+            text: self.text,
+            finish_reason: self.finish.unwrap_or(FinishReason::Length),
+            logprobs: self.logprobs,
+        }
+    }
+}
+
+fn max_len(stops: &[String]) -> usize {
+    stops.iter().map(String::len).max().unwrap_or(0)
+}
+
+fn floor_char_boundary(s: &str, mut at: usize) -> usize {
+    while at > 0 && !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_respects_context() {
+        let params = SamplingParams::greedy(100);
+        let state = RequestState::new(None, vec![1; 10], &params, 16);
+        assert_eq!(state.budget(), 7);
+        let state = RequestState::new(None, vec![1; 16], &params, 16);
+        assert_eq!(state.budget(), 1);
+    }
+
+    #[test]
+    fn stops_on_eos_and_stop_ids_and_length() {
+        let mut params = SamplingParams::greedy(3);
+        params.stop_token_ids = vec![7];
+        let mut eos = RequestState::new(None, vec![1], &params, 64);
+        eos.push(5, None, &params, &[2], None).unwrap();
+        eos.push(2, None, &params, &[2], None).unwrap();
+        assert_eq!(eos.clone().into_output().finish_reason, FinishReason::Stop);
+        assert_eq!(eos.generated(), &[5, 2]);
+
+        let mut stop_id = RequestState::new(None, vec![1], &params, 64);
+        stop_id.push(7, None, &params, &[2], None).unwrap();
+        assert!(stop_id.is_finished());
+
+        params.ignore_eos = true;
+        let mut length = RequestState::new(None, vec![1], &params, 64);
+        for _ in 0..3 {
+            assert!(!length.is_finished());
+            length.push(2, None, &params, &[2], None).unwrap();
+        }
+        assert_eq!(length.into_output().finish_reason, FinishReason::Length);
+    }
+}

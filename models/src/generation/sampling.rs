@@ -1,0 +1,193 @@
+//! Sampling parameters and the on-device sampler.
+//!
+//! Temperature, top-k and top-p are applied to the logits on the device (sort, truncate, softmax,
+//! cumulative sum); the draw itself compares one uniform number per sequence against the
+//! cumulative distribution, also on the device. Only the chosen ids (and, when asked, the top-K
+//! log-probabilities) come back to the host, never a logit vector.
+
+use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, Result};
+
+/// How to pick tokens and when to stop, per request (vLLM's `SamplingParams`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// Tokens to generate at most.
+    pub max_new_tokens: usize,
+    /// Softmax temperature; `0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose mass reaches `top_p`; `1` keeps all.
+    pub top_p: f32,
+    /// Seed of the request's random stream; `None` draws one from the OS.
+    pub seed: Option<u64>,
+    /// Token ids that end the request (kept in the output ids).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end the request (cut from the output text).
+    pub stop: Vec<String>,
+    /// Keep going after the model's EOS token.
+    pub ignore_eos: bool,
+    /// Return the top-K log-probabilities of every generated step.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    /// Greedy decoding of up to 16 tokens, stopping at EOS.
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 16,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding of `max_new_tokens` tokens.
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        Self {
+            max_new_tokens,
+            ..Self::default()
+        }
+    }
+
+    /// Whether tokens are chosen by argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    /// Rejects settings that have no meaning.
+    pub fn validate(&self, vocab_size: usize) -> Result<()> {
+        let fail = |m: String| Err(ModelError::InvalidSampling(m));
+        if self.max_new_tokens == 0 {
+            return fail("max_new_tokens must be at least 1".into());
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return fail(format!("temperature must be ≥ 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return fail(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if let Some(k) = self.logprobs {
+            if k == 0 || k > vocab_size {
+                return fail(format!("logprobs must be between 1 and the vocabulary size {vocab_size}, got {k}"));
+            }
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return fail("stop strings must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// A fresh random stream for one request.
+    pub fn rng(&self) -> ChaCha8Rng {
+        match self.seed {
+            Some(seed) => ChaCha8Rng::seed_from_u64(seed),
+            None => ChaCha8Rng::from_os_rng(),
+        }
+    }
+}
+
+/// One entry of a top-K log-probability list.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// Token id.
+    pub id: u32,
+    /// Natural-log probability under the model (before temperature and filtering).
+    pub logprob: f32,
+}
+
+/// What the sampler picked for each sequence of a step.
+#[derive(Debug, Clone)]
+pub struct Sampled {
+    /// One id per row.
+    pub ids: Vec<u32>,
+    /// Top-K log-probabilities per row, when requested.
+    pub logprobs: Option<Vec<Vec<TokenLogprob>>>,
+}
+
+/// The distribution that sampling draws from, after temperature, top-k and top-p: `probs[b, j]`
+/// is the (unnormalized, filtered) probability of token `ids[b, j]`, sorted by decreasing
+/// probability; removed tokens have probability 0 or are cut off the end.
+pub fn filtered_distribution(logits: Tensor<2>, temperature: f32, top_k: usize, top_p: f32) -> (Tensor<2>, Tensor<2, Int>) {
+    let [batch, vocab] = logits.dims();
+    let (mut sorted, mut ids) = (logits / temperature).sort_descending_with_indices(1);
+    if top_k > 0 && top_k < vocab {
+        sorted = sorted.slice([0..batch, 0..top_k]);
+        ids = ids.slice([0..batch, 0..top_k]);
+    }
+    let probs = softmax(sorted, 1);
+    if top_p >= 1.0 {
+        return (probs, ids);
+    }
+    let mass_before = probs.clone().cumsum(1) - probs.clone();
+    let keep = mass_before.lower_elem(top_p);
+    (probs * keep.float(), ids)
+}
+
+/// Picks one token per row of `logits` (`[batch, vocab]`), with `rngs[b]` the stream of row `b`.
+pub fn sample(logits: Tensor<2>, params: &SamplingParams, rngs: &mut [ChaCha8Rng]) -> Result<Sampled> {
+    let [batch, _] = logits.dims();
+    let device = logits.device();
+    let logprobs = match params.logprobs {
+        Some(k) => Some(top_logprobs(logits.clone(), k)?),
+        None => None,
+    };
+    let chosen: Tensor<2, Int> = if params.is_greedy() {
+        logits.argmax(1)
+    } else {
+        let (probs, ids) = filtered_distribution(logits, params.temperature, params.top_k, params.top_p);
+        let n = probs.dims()[1];
+        let cdf = probs.cumsum(1);
+        let total = cdf.clone().slice([0..batch, n - 1..n]);
+        let uniforms: Vec<f32> = rngs.iter_mut().map(|rng| rng.random::<f32>()).collect();
+        let u = Tensor::<2>::from_data(TensorData::new(uniforms, [batch, 1]), &device);
+        let target = (u * total).expand([batch, n]);
+        let below = cdf.lower(target).int().sum_dim(1).clamp_max((n - 1) as i64);
+        ids.gather(1, below)
+    };
+    Ok(Sampled {
+        ids: read_ids(chosen)?,
+        logprobs,
+    })
+}
+
+fn top_logprobs(logits: Tensor<2>, k: usize) -> Result<Vec<Vec<TokenLogprob>>> {
+    let [batch, _] = logits.dims();
+    let (values, ids) = log_softmax(logits, 1).topk_with_indices(k, 1);
+    let values = values
+        .into_data()
+        .try_into_vec_as::<f32>()
+        .map_err(|e| ModelError::Device(format!("{e:?}")))?;
+    let ids = read_ids(ids)?;
+    Ok((0..batch)
+        .map(|b| {
+            (0..k)
+                .map(|j| TokenLogprob {
+                    id: ids[b * k + j],
+                    logprob: values[b * k + j],
+                })
+                .collect()
+        })
+        .collect())
+}
+
+/// Reads an int tensor back as token ids.
+pub(crate) fn read_ids<const D: usize>(ids: Tensor<D, Int>) -> Result<Vec<u32>> {
+    let values = ids
+        .into_data()
+        .try_into_vec_as::<i64>()
+        .map_err(|e| ModelError::Device(format!("{e:?}")))?;
+    Ok(values.into_iter().map(|v| v as u32).collect())
+}

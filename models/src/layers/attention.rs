@@ -1,0 +1,55 @@
+//! Multi-head self-attention with grouped-query support. The projections live here; storing K/V and
+//! the attention itself are delegated to the [`KvCache`], which is what lets contiguous, paged and
+//! offloaded caches run the same model code.
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::Tensor;
+
+use crate::cache::KvCache;
+use crate::layers::rope::apply_rotary;
+
+/// Self-attention of one decoder layer.
+#[derive(Module, Debug)]
+pub struct SelfAttention {
+    /// Query projection, `hidden → heads · head_dim`.
+    pub q: Linear,
+    /// Key projection, `hidden → kv_heads · head_dim`.
+    pub k: Linear,
+    /// Value projection, `hidden → kv_heads · head_dim`.
+    pub v: Linear,
+    /// Output projection, `heads · head_dim → hidden`.
+    pub o: Linear,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Multiplier of the scores (`1/sqrt(head_dim)`, times GPT-2's per-layer factor).
+    pub scale: f64,
+}
+
+impl SelfAttention {
+    /// Attends `x` (`[batch, seq, hidden]`) over this layer's cache.
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        layer: usize,
+        rotary: Option<&(Tensor<4>, Tensor<4>)>,
+        cache: &mut dyn KvCache,
+    ) -> Tensor<3> {
+        let [b, s, _] = x.dims();
+        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
+        let mut q = heads(self.q.forward(x.clone()), self.num_heads);
+        let mut k = heads(self.k.forward(x.clone()), self.num_kv_heads);
+        let v = heads(self.v.forward(x), self.num_kv_heads);
+        if let Some((cos, sin)) = rotary {
+            q = apply_rotary(q, cos, sin);
+            k = apply_rotary(k, cos, sin);
+        }
+        let out = cache.attend(layer, q, k, v, self.scale as f32);
+        let out = out.swap_dims(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
+        self.o.forward(out)
+    }
+}

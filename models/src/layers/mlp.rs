@@ -1,0 +1,43 @@
+//! The feed-forward block: `fc2(act(fc1(x)))`, or gated `down(act(gate(x)) · up(x))` (SwiGLU).
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
+use burn::tensor::Tensor;
+
+use crate::config::Activation;
+
+/// Feed-forward block of one decoder layer.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    /// `fc1` / `c_fc` / `up_proj`.
+    pub up: Linear,
+    /// `gate_proj` of gated MLPs.
+    pub gate: Option<Linear>,
+    /// `fc2` / `c_proj` / `down_proj`.
+    pub down: Linear,
+    /// Pointwise activation.
+    #[module(skip)]
+    pub activation: Activation,
+}
+
+impl Mlp {
+    /// Applies the block to `[batch, seq, hidden]`.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let inner = match &self.gate {
+            Some(gate) => activate(self.activation, gate.forward(x.clone())) * self.up.forward(x),
+            None => activate(self.activation, self.up.forward(x)),
+        };
+        self.down.forward(inner)
+    }
+}
+
+/// Applies `activation` elementwise.
+pub fn activate<const D: usize>(activation: Activation, x: Tensor<D>) -> Tensor<D> {
+    match activation {
+        Activation::Relu => relu(x),
+        Activation::Gelu => gelu(x),
+        Activation::GeluTanh => gelu_approximate(x),
+        Activation::Silu => silu(x),
+    }
+}

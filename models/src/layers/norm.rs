@@ -1,0 +1,54 @@
+//! LayerNorm or RMSNorm, chosen by the architecture and loaded from HF names.
+
+use burn::module::Module;
+use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm};
+use burn::module::Param;
+use burn::tensor::{Device, Tensor};
+
+use crate::config::NormKind;
+use crate::error::Result;
+use crate::weights::Checkpoint;
+
+/// A normalization layer of either kind.
+#[derive(Module, Debug)]
+pub enum Norm {
+    /// `(x − mean) / sqrt(var + eps) · γ + β`.
+    Layer(LayerNorm),
+    /// `x / sqrt(mean(x²) + eps) · γ`.
+    Rms(RmsNorm),
+}
+
+impl Norm {
+    /// Loads `{prefix}.weight` (and `{prefix}.bias` for LayerNorm).
+    pub fn load(ckpt: &Checkpoint, prefix: &str, kind: NormKind, dim: usize, device: &Device) -> Result<Self> {
+        let gamma = ckpt.tensor(&format!("{prefix}.weight"), [dim], device)?;
+        Ok(match kind {
+            NormKind::Layer { eps } => {
+                let mut norm = LayerNormConfig::new(dim).with_epsilon(eps).init(device);
+                norm.gamma = Param::from_tensor(gamma);
+                norm.beta = Some(Param::from_tensor(ckpt.tensor(&format!("{prefix}.bias"), [dim], device)?));
+                Norm::Layer(norm)
+            }
+            NormKind::Rms { eps } => Norm::Rms(RmsNorm {
+                gamma: Param::from_tensor(gamma),
+                epsilon: eps,
+            }),
+        })
+    }
+
+    /// A freshly initialized layer (γ = 1, β = 0), for random-weight models.
+    pub fn init(kind: NormKind, dim: usize, device: &Device) -> Self {
+        match kind {
+            NormKind::Layer { eps } => Norm::Layer(LayerNormConfig::new(dim).with_epsilon(eps).init(device)),
+            NormKind::Rms { eps } => Norm::Rms(burn::nn::RmsNormConfig::new(dim).with_epsilon(eps).init(device)),
+        }
+    }
+
+    /// Normalizes over the last dimension.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        match self {
+            Norm::Layer(n) => n.forward(x),
+            Norm::Rms(n) => n.forward(x),
+        }
+    }
+}

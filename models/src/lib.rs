@@ -1,0 +1,52 @@
+//! # burn-llm-models
+//!
+//! OPT, LLaMA and GPT-2 for Burn 0.22, loaded from Hugging Face checkpoints (`config.json`,
+//! safetensors, possibly sharded, in f32/f16/bf16) and run through one shared decoder.
+//!
+//! - [`config`]: HF configs per architecture, lowered to one [`DecoderSpec`].
+//! - [`model`]: the decoder ([`CausalLm`]), shared by every architecture and every engine.
+//! - [`cache`]: the [`KvCache`] trait through which the model stores keys/values and attends, and
+//!   the contiguous cache of the plain engine. Read its docs for how the paged (vLLM) and
+//!   offloaded (FlexGen) caches plug into the same model code.
+//! - [`generation`]: [`SamplingParams`], the on-device sampler, stop rules, streaming, and the plain
+//!   [`Generator`].
+//! - [`tokenizer`]: HF `tokenizer.json` with BOS/EOS handling and incremental detokenization.
+//! - [`hub`]: local directories or hub ids.
+//!
+//! ```no_run
+//! use burn::tensor::Device;
+//! use burn_llm_models::{Generator, Pretrained, SamplingParams};
+//!
+//! let device = Device::flex();
+//! let pretrained = Pretrained::load("models/opt-125m".as_ref(), &device)?;
+//! let generator = Generator::from(pretrained);
+//! let out = generator.generate(&["Hello".into()], &SamplingParams::greedy(20))?;
+//! println!("{}", out.requests[0].text);
+//! # Ok::<(), burn_llm_models::ModelError>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod arch;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod generation;
+pub mod hub;
+pub mod layers;
+pub mod model;
+pub mod pretrained;
+pub mod tokenizer;
+pub mod weights;
+
+pub use cache::{ContiguousKvCache, KvCache, KvLayout, StepInput};
+pub use config::{Architecture, DecoderSpec};
+pub use error::{ModelError, Result};
+pub use generation::{
+    FinishReason, GenerationOutput, Generator, Prompt, RequestOutput, SamplingParams, StreamEvent, Timing,
+    TokenLogprob,
+};
+pub use model::CausalLm;
+pub use pretrained::Pretrained;
+pub use tokenizer::Tokenizer;
+pub use weights::Checkpoint;

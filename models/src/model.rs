@@ -1,0 +1,343 @@
+//! The decoder shared by every architecture: embeddings, a stack of pre- or post-norm layers
+//! (self-attention through a [`KvCache`] and an MLP), a final norm and the LM head.
+
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, EmbeddingConfig, Linear};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use crate::arch::QkvNames;
+use crate::cache::{KvCache, KvLayout, StepInput};
+use crate::config::{DecoderSpec, PositionKind};
+use crate::error::Result;
+use crate::layers::attention::SelfAttention;
+use crate::layers::linear::{init_linear, load_fused_in_out, load_linear, WeightLayout};
+use crate::layers::mlp::Mlp;
+use crate::layers::norm::Norm;
+use crate::weights::Checkpoint;
+
+/// One decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    /// Norm on the attention branch (before it, or after the residual add when post-norm).
+    pub attn_norm: Norm,
+    /// Self-attention.
+    pub attn: SelfAttention,
+    /// Norm on the MLP branch.
+    pub mlp_norm: Norm,
+    /// Feed-forward block.
+    pub mlp: Mlp,
+    /// Pre-norm (`true`) or post-norm.
+    pub pre_norm: bool,
+}
+
+impl DecoderLayer {
+    /// Runs the layer on `[batch, seq, hidden]`.
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        layer: usize,
+        rotary: Option<&(Tensor<4>, Tensor<4>)>,
+        cache: &mut dyn KvCache,
+    ) -> Tensor<3> {
+        if self.pre_norm {
+            let x = x.clone() + self.attn.forward(self.attn_norm.forward(x), layer, rotary, cache);
+            x.clone() + self.mlp.forward(self.mlp_norm.forward(x))
+        } else {
+            let x = self.attn_norm.forward(x.clone() + self.attn.forward(x, layer, rotary, cache));
+            self.mlp_norm.forward(x.clone() + self.mlp.forward(x))
+        }
+    }
+}
+
+/// A causal language model: OPT, LLaMA or GPT-2, as described by its [`DecoderSpec`].
+#[derive(Module, Debug)]
+pub struct CausalLm {
+    /// Token embedding `[vocab, embed_dim]`.
+    pub embed_tokens: Embedding,
+    /// Learned positions (OPT, GPT-2).
+    pub embed_positions: Option<Embedding>,
+    /// `embed_dim → hidden` (OPT-350m).
+    pub project_in: Option<Linear>,
+    /// The decoder stack.
+    pub layers: Vec<DecoderLayer>,
+    /// Final norm.
+    pub final_norm: Option<Norm>,
+    /// `hidden → embed_dim` (OPT-350m).
+    pub project_out: Option<Linear>,
+    /// Untied LM head; `None` reuses `embed_tokens`.
+    pub lm_head: Option<Linear>,
+    /// The architecture description.
+    #[module(skip)]
+    pub spec: DecoderSpec,
+}
+
+/// Intermediate state of a forward pass between layers: the residual stream and the step's rotary
+/// angles. Exposed so that engines which schedule layers themselves (offloading) can run the model
+/// one layer at a time.
+pub struct Hidden {
+    /// `[batch, seq, hidden]`.
+    pub states: Tensor<3>,
+    /// `cos`/`sin` of the step's positions for rotary models.
+    pub rotary: Option<(Tensor<4>, Tensor<4>)>,
+}
+
+impl CausalLm {
+    /// Loads a model from an HF directory (`config.json` + safetensors) onto `device`.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let spec = DecoderSpec::from_dir(dir)?;
+        let ckpt = Checkpoint::open(dir)?;
+        Self::from_checkpoint(spec, &ckpt, device)
+    }
+
+    /// Builds the model from an opened checkpoint, checking every tensor's shape against `spec`.
+    pub fn from_checkpoint(spec: DecoderSpec, ckpt: &Checkpoint, device: &Device) -> Result<Self> {
+        let names = spec.arch.tensor_names();
+        let (hidden, embed) = (spec.hidden_size, spec.embed_dim);
+        let embedding = |name: &str, rows: usize, dim: usize| -> Result<Embedding> {
+            Ok(Embedding {
+                weight: Param::from_tensor(ckpt.tensor(name, [rows, dim], device)?),
+            })
+        };
+        let embed_tokens = embedding(names.embed_tokens, spec.vocab_size, embed)?;
+        let embed_positions = match (&spec.positions, names.embed_positions) {
+            (PositionKind::Learned { rows, .. }, Some(name)) => Some(embedding(name, *rows, hidden)?),
+            _ => None,
+        };
+        let projections = embed != hidden;
+        let project = |name: Option<&str>, dims: [usize; 2]| -> Result<Option<Linear>> {
+            match name {
+                Some(name) if projections => {
+                    Ok(Some(load_linear(ckpt, name, dims, false, names.layout, device)?))
+                }
+                _ => Ok(None),
+            }
+        };
+        let project_in = project(names.project_in, [embed, hidden])?;
+        let project_out = project(names.project_out, [hidden, embed])?;
+        let layers = (0..spec.num_layers)
+            .map(|i| load_layer(&spec, ckpt, i, device))
+            .collect::<Result<Vec<_>>>()?;
+        let final_norm = if spec.final_norm {
+            Some(Norm::load(ckpt, names.final_norm, spec.norm, hidden, device)?)
+        } else {
+            None
+        };
+        let lm_head = if spec.tie_word_embeddings {
+            None
+        } else {
+            Some(load_linear(ckpt, names.lm_head, [embed, spec.vocab_size], false, WeightLayout::OutIn, device)?)
+        };
+        Ok(Self {
+            embed_tokens,
+            embed_positions,
+            project_in,
+            layers,
+            final_norm,
+            project_out,
+            lm_head,
+            spec,
+        })
+    }
+
+    /// A model with random weights (Burn's default initializers), for benchmarks that only need the
+    /// shape of a model, as FlexGen's dummy weights.
+    pub fn random(spec: DecoderSpec, device: &Device) -> Self {
+        let (hidden, embed) = (spec.hidden_size, spec.embed_dim);
+        let embedding = |rows: usize, dim: usize| EmbeddingConfig::new(rows, dim).init(device);
+        let projections = embed != hidden;
+        let layers = (0..spec.num_layers)
+            .map(|i| {
+                let q_out = spec.num_heads * spec.head_dim;
+                let kv_out = spec.num_kv_heads * spec.head_dim;
+                let ab = spec.attention_bias;
+                DecoderLayer {
+                    attn_norm: Norm::init(spec.norm, hidden, device),
+                    attn: SelfAttention {
+                        q: init_linear([hidden, q_out], ab, device),
+                        k: init_linear([hidden, kv_out], ab, device),
+                        v: init_linear([hidden, kv_out], ab, device),
+                        o: init_linear([q_out, hidden], ab, device),
+                        num_heads: spec.num_heads,
+                        num_kv_heads: spec.num_kv_heads,
+                        head_dim: spec.head_dim,
+                        scale: attention_scale(&spec, i),
+                    },
+                    mlp_norm: Norm::init(spec.norm, hidden, device),
+                    mlp: Mlp {
+                        up: init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device),
+                        gate: spec
+                            .gated_mlp
+                            .then(|| init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device)),
+                        down: init_linear([spec.intermediate_size, hidden], spec.mlp_bias, device),
+                        activation: spec.activation,
+                    },
+                    pre_norm: spec.pre_norm,
+                }
+            })
+            .collect();
+        Self {
+            embed_tokens: embedding(spec.vocab_size, embed),
+            embed_positions: match &spec.positions {
+                PositionKind::Learned { rows, .. } => Some(embedding(*rows, hidden)),
+                PositionKind::Rotary(_) => None,
+            },
+            project_in: projections.then(|| init_linear([embed, hidden], false, device)),
+            layers,
+            final_norm: spec.final_norm.then(|| Norm::init(spec.norm, hidden, device)),
+            project_out: projections.then(|| init_linear([hidden, embed], false, device)),
+            lm_head: (!spec.tie_word_embeddings).then(|| init_linear([embed, spec.vocab_size], false, device)),
+            spec,
+        }
+    }
+
+    /// The architecture description.
+    pub fn spec(&self) -> &DecoderSpec {
+        &self.spec
+    }
+
+    /// What a KV cache for this model must hold per layer.
+    pub fn kv_layout(&self) -> KvLayout {
+        KvLayout {
+            num_layers: self.spec.num_layers,
+            num_kv_heads: self.spec.num_kv_heads,
+            head_dim: self.spec.head_dim,
+        }
+    }
+
+    /// Token and position embeddings of a step.
+    pub fn embed(&self, step: &StepInput) -> Hidden {
+        let mut states = self.embed_tokens.forward(step.tokens.clone());
+        if let Some(project_in) = &self.project_in {
+            states = project_in.forward(states);
+        }
+        let mut rotary = None;
+        match &self.spec.positions {
+            PositionKind::Learned { offset, .. } => {
+                if let Some(table) = &self.embed_positions {
+                    states = states + table.forward(step.positions.clone() + *offset as i64);
+                }
+            }
+            PositionKind::Rotary(rope) => {
+                rotary = Some(rope.cos_sin(&step.positions, step.max_position));
+            }
+        }
+        Hidden { states, rotary }
+    }
+
+    /// Runs decoder layer `layer`.
+    pub fn run_layer(&self, layer: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Hidden {
+        let states = self.layers[layer].forward(hidden.states, layer, hidden.rotary.as_ref(), cache);
+        Hidden { states, rotary: hidden.rotary }
+    }
+
+    /// Final norm and output projection: the states the LM head reads, `[batch, seq, embed_dim]`.
+    pub fn finish(&self, hidden: Hidden) -> Tensor<3> {
+        let mut states = hidden.states;
+        if let Some(norm) = &self.final_norm {
+            states = norm.forward(states);
+        }
+        if let Some(project_out) = &self.project_out {
+            states = project_out.forward(states);
+        }
+        states
+    }
+
+    /// The whole stack for one step: final hidden states `[batch, seq, embed_dim]`.
+    pub fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<3> {
+        let mut hidden = self.embed(step);
+        for layer in 0..self.layers.len() {
+            hidden = self.run_layer(layer, hidden, cache);
+        }
+        self.finish(hidden)
+    }
+
+    /// LM head: `[n, embed_dim] → [n, vocab]` logits.
+    pub fn logits(&self, states: Tensor<2>) -> Tensor<2> {
+        match &self.lm_head {
+            Some(head) => head.forward(states),
+            None => states.matmul(self.embed_tokens.weight.val().transpose()),
+        }
+    }
+
+    /// Logits of every token of the step, `[batch, seq, vocab]`.
+    pub fn forward_all_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<3> {
+        let states = self.forward(step, cache);
+        let [b, s, e] = states.dims();
+        self.logits(states.reshape([b * s, e])).reshape([b, s, self.spec.vocab_size])
+    }
+
+    /// Logits of each row's last new token, `[batch, vocab]` (rows without a new token get the
+    /// logits of their first column, which callers ignore).
+    pub fn forward_last_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<2> {
+        let states = self.forward(step, cache);
+        let [b, s, e] = states.dims();
+        let rows: Vec<i64> = step
+            .last
+            .iter()
+            .enumerate()
+            .map(|(row, last)| (row * s + last.unwrap_or(0)) as i64)
+            .collect();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(rows, [b]), &states.device());
+        self.logits(states.reshape([b * s, e]).select(0, index))
+    }
+}
+
+/// `1/sqrt(head_dim)`, with GPT-2's optional `1/(layer+1)`.
+fn attention_scale(spec: &DecoderSpec, layer: usize) -> f64 {
+    let base = 1.0 / (spec.head_dim as f64).sqrt();
+    if spec.scale_attn_by_inverse_layer_idx {
+        base / (layer + 1) as f64
+    } else {
+        base
+    }
+}
+
+fn load_layer(spec: &DecoderSpec, ckpt: &Checkpoint, i: usize, device: &Device) -> Result<DecoderLayer> {
+    let names = spec.arch.tensor_names();
+    let prefix = names.layer.replace("{i}", &i.to_string());
+    let name = |suffix: &str| format!("{prefix}.{suffix}");
+    let hidden = spec.hidden_size;
+    let q_out = spec.num_heads * spec.head_dim;
+    let kv_out = spec.num_kv_heads * spec.head_dim;
+    let linear = |suffix: &str, dims: [usize; 2], bias: bool| {
+        load_linear(ckpt, &name(suffix), dims, bias, names.layout, device)
+    };
+    let (q, k, v) = match names.qkv {
+        QkvNames::Separate(q, k, v) => (
+            linear(q, [hidden, q_out], spec.attention_bias)?,
+            linear(k, [hidden, kv_out], spec.attention_bias)?,
+            linear(v, [hidden, kv_out], spec.attention_bias)?,
+        ),
+        QkvNames::Fused(qkv) => {
+            let [q, k, v] = load_fused_in_out::<3>(ckpt, &name(qkv), hidden, q_out, device)?;
+            (q, k, v)
+        }
+    };
+    let ffn = spec.intermediate_size;
+    Ok(DecoderLayer {
+        attn_norm: Norm::load(ckpt, &name(names.attn_norm), spec.norm, hidden, device)?,
+        attn: SelfAttention {
+            q,
+            k,
+            v,
+            o: linear(names.o_proj, [q_out, hidden], spec.attention_bias)?,
+            num_heads: spec.num_heads,
+            num_kv_heads: spec.num_kv_heads,
+            head_dim: spec.head_dim,
+            scale: attention_scale(spec, i),
+        },
+        mlp_norm: Norm::load(ckpt, &name(names.mlp_norm), spec.norm, hidden, device)?,
+        mlp: Mlp {
+            up: linear(names.up, [hidden, ffn], spec.mlp_bias)?,
+            gate: match names.gate {
+                Some(gate) => Some(linear(gate, [hidden, ffn], spec.mlp_bias)?),
+                None => None,
+            },
+            down: linear(names.down, [ffn, hidden], spec.mlp_bias)?,
+            activation: spec.activation,
+        },
+        pre_norm: spec.pre_norm,
+    })
+}

@@ -1,0 +1,229 @@
+//! Reading HF safetensors checkpoints: one `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`. Files are memory-mapped and fully validated (header, offsets,
+//! sizes) before any tensor is read, so a truncated or corrupt file is an error, never garbage.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Tensor, TensorData};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata};
+use safetensors::SafeTensors;
+
+use crate::error::{ModelError, Result};
+
+/// One memory-mapped safetensors file with its parsed header.
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    header_len: usize,
+    metadata: Metadata,
+}
+
+/// A checkpoint's tensors, looked up by HF name and converted to `f32` on request.
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    location: HashMap<String, usize>,
+}
+
+/// Name of the index that lists the shards of a sharded checkpoint.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+impl Checkpoint {
+    /// Opens the safetensors files of the model in `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let files = shard_files(dir)?;
+        let mut shards = Vec::with_capacity(files.len());
+        let mut location = HashMap::new();
+        for path in files {
+            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+            // SAFETY: the map is read-only and lives as long as `Checkpoint`; a file truncated
+            // underneath us is the usual mmap caveat, the same one burn-store and candle accept.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::CorruptWeights {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            for name in metadata.tensors().keys() {
+                location.insert(name.clone(), shards.len());
+            }
+            shards.push(Shard {
+                path,
+                mmap,
+                header_len,
+                metadata,
+            });
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            shards,
+            location,
+        })
+    }
+
+    /// The directory the checkpoint was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// All tensor names in the checkpoint.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.location.keys().map(String::as_str)
+    }
+
+    /// Resolves `name`, also accepting checkpoints saved from the bare model, whose names lack the
+    /// first component (`transformer.h.0…` saved as `h.0…`, `model.decoder…` as `decoder…`).
+    pub fn resolve(&self, name: &str) -> Option<String> {
+        if self.location.contains_key(name) {
+            return Some(name.to_string());
+        }
+        let stripped = name.split_once('.').map(|(_, rest)| rest)?;
+        self.location
+            .contains_key(stripped)
+            .then(|| stripped.to_string())
+    }
+
+    /// Whether the checkpoint holds `name` (see [`Checkpoint::resolve`]).
+    pub fn contains(&self, name: &str) -> bool {
+        self.resolve(name).is_some()
+    }
+
+    /// Reads `name` as `f32` values, checking that its shape is `expected`.
+    pub fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        let resolved = self.resolve(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+            dir: self.dir.clone(),
+        })?;
+        let shard = &self.shards[self.location[&resolved]];
+        let info = shard
+            .metadata
+            .info(&resolved)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            })?;
+        if info.shape != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: resolved,
+                expected: expected.to_vec(),
+                found: info.shape.clone(),
+            });
+        }
+        let start = 8 + shard.header_len + info.data_offsets.0;
+        let end = 8 + shard.header_len + info.data_offsets.1;
+        let bytes = shard
+            .mmap
+            .get(start..end)
+            .ok_or_else(|| ModelError::CorruptWeights {
+                path: shard.path.clone(),
+                message: format!("tensor `{resolved}` lies outside the file"),
+            })?;
+        decode_floats(bytes, info.dtype).ok_or_else(|| ModelError::UnsupportedDtype {
+            name: resolved,
+            dtype: format!("{:?}", info.dtype),
+        })
+    }
+
+    /// Reads `name` into a device tensor of shape `expected`.
+    pub fn tensor<const D: usize>(
+        &self,
+        name: &str,
+        expected: [usize; D],
+        device: &Device,
+    ) -> Result<Tensor<D>> {
+        let values = self.read_f32(name, &expected)?;
+        Ok(Tensor::from_data(TensorData::new(values, expected), device))
+    }
+
+    /// Reads an HF `[rows, cols]` matrix transposed to `[cols, rows]` (HF `Linear` stores
+    /// `[out, in]`, Burn's `Linear` wants `[in, out]`).
+    pub fn tensor_transposed(
+        &self,
+        name: &str,
+        [rows, cols]: [usize; 2],
+        device: &Device,
+    ) -> Result<Tensor<2>> {
+        let values = self.read_f32(name, &[rows, cols])?;
+        let mut out = vec![0f32; values.len()];
+        for (r, row) in values.chunks_exact(cols.max(1)).enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                out[c * rows + r] = *v;
+            }
+        }
+        Ok(Tensor::from_data(TensorData::new(out, [cols, rows]), device))
+    }
+}
+
+/// The safetensors files of a model directory, from the index when there is one.
+fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join(INDEX_FILE);
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::config(&index, e.to_string()))?;
+        let map = value
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::config(&index, "no `weight_map` object"))?;
+        let mut files: Vec<String> = map
+            .values()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        files.sort();
+        files.dedup();
+        let mut paths = Vec::with_capacity(files.len());
+        for file in files {
+            if file.contains('/') || file.contains("..") {
+                return Err(ModelError::config(&index, format!("shard `{file}` is not a file name")));
+            }
+            let path = dir.join(&file);
+            if !path.is_file() {
+                return Err(ModelError::MissingFile {
+                    what: "weight shard",
+                    path,
+                });
+            }
+            paths.push(path);
+        }
+        return Ok(paths);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::io(dir, e))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        return Err(ModelError::MissingFile {
+            what: "weights (model.safetensors or model.safetensors.index.json)",
+            path: single,
+        });
+    }
+    Ok(found)
+}
+
+/// Little-endian F32/F16/BF16 bytes to `f32`; `None` for other dtypes.
+fn decode_floats(bytes: &[u8], dtype: Dtype) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return None,
+    })
+}

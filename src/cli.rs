@@ -1,0 +1,234 @@
+//! The command line shared by the `*_generate` examples: load a model (local directory or hub id),
+//! generate for one or more prompts, stream the text or print one JSON object.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use serde::Serialize;
+
+use burn_llm_models::{hub, GenerationOutput, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
+
+use crate::device::DeviceChoice;
+
+/// Defaults that differ between the example binaries.
+#[derive(Debug, Clone, Copy)]
+pub struct ExampleDefaults {
+    /// Binary name, for `--help`.
+    pub name: &'static str,
+    /// Model used when `--model` is not given.
+    pub model: &'static str,
+}
+
+/// Flags of the `*_generate` examples.
+#[derive(Debug, Clone, Parser)]
+#[command(about = "Generate text with an LLM on Burn", long_about = None)]
+pub struct GenerateArgs {
+    /// Model: a local HF directory (config.json, *.safetensors, tokenizer.json) or a hub id.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A text prompt (repeatable; the prompts run as one batch).
+    #[arg(long = "prompt")]
+    pub prompts: Vec<String>,
+    /// A prompt given as comma-separated token ids (repeatable).
+    #[arg(long = "prompt-ids", value_parser = parse_ids)]
+    pub prompt_ids: Vec<Vec<u32>>,
+    /// Tokens to generate at most per prompt.
+    #[arg(long, default_value_t = 32)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the most likely tokens holding this probability mass (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Random seed, for reproducible sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Keep generating after the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Also report the top-K log-probabilities of each generated token.
+    #[arg(long)]
+    pub logprobs: Option<usize>,
+    /// Device backend (default: the best one compiled in).
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceChoice>,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_ids(text: &str) -> Result<Vec<u32>, String> {
+    text.split(',')
+        .map(|t| t.trim().parse::<u32>().map_err(|e| format!("`{t}` is not a token id: {e}")))
+        .collect()
+}
+
+impl GenerateArgs {
+    /// The sampling parameters these flags describe.
+    pub fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+            stop_token_ids: Vec::new(),
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            logprobs: self.logprobs,
+        }
+    }
+
+    /// Text prompts first, then id prompts; a default prompt when none is given.
+    pub fn prompts(&self) -> Vec<Prompt> {
+        let mut prompts: Vec<Prompt> = self.prompts.iter().cloned().map(Prompt::Text).collect();
+        prompts.extend(self.prompt_ids.iter().cloned().map(Prompt::Ids));
+        if prompts.is_empty() {
+            prompts.push(Prompt::Text("Hello, my name is".into()));
+        }
+        prompts
+    }
+}
+
+/// The `--json` output.
+#[derive(Debug, Serialize)]
+pub struct JsonReport<'a> {
+    /// The `--model` argument.
+    pub model: &'a str,
+    /// The device backend.
+    pub device: &'a str,
+    /// One entry per prompt.
+    pub requests: &'a [RequestOutput],
+    /// Timings.
+    pub timing: JsonTiming,
+}
+
+/// Timings of a CLI run.
+#[derive(Debug, Serialize)]
+pub struct JsonTiming {
+    /// Loading model and tokenizer.
+    pub load_s: f64,
+    /// Prompt processing to the first token.
+    pub prefill_s: f64,
+    /// The remaining steps.
+    pub decode_s: f64,
+    /// Tokens generated over all prompts.
+    pub generated_tokens: usize,
+    /// `generated_tokens / (prefill_s + decode_s)`.
+    pub tokens_per_s: f64,
+}
+
+/// Entry point of an example: parses the process arguments and runs.
+pub fn main(defaults: ExampleDefaults) -> ExitCode {
+    let args = GenerateArgs::parse_from(std::env::args_os());
+    match run(&args, defaults) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let mut message = format!("error: {err}");
+            let mut source = std::error::Error::source(err.as_ref());
+            while let Some(cause) = source {
+                message.push_str(&format!("\n  caused by: {cause}"));
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the CLI with parsed arguments.
+pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn std::error::Error>> {
+    let model_arg = args.model.as_deref().unwrap_or(defaults.model);
+    let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
+    let device = choice.device()?;
+    let params = args.sampling();
+    let prompts = args.prompts();
+
+    let load_start = Instant::now();
+    let dir = hub::resolve_model(model_arg)?;
+    let generator = Generator::from(Pretrained::load(&dir, &device)?);
+    let load_s = load_start.elapsed().as_secs_f64();
+
+    let output = if args.json {
+        generator.generate(&prompts, &params)?
+    } else {
+        eprintln!(
+            "{} · {} · {} on {} (loaded in {load_s:.2} s)",
+            defaults.name,
+            model_arg,
+            generator.model().spec().arch.name(),
+            choice.name()
+        );
+        stream(&generator, &prompts, &params)?
+    };
+
+    if args.json {
+        let report = JsonReport {
+            model: model_arg,
+            device: choice.name(),
+            requests: &output.requests,
+            timing: JsonTiming {
+                load_s,
+                prefill_s: output.timing.prefill_s,
+                decode_s: output.timing.decode_s,
+                generated_tokens: output.timing.generated_tokens,
+                tokens_per_s: output.timing.tokens_per_s(),
+            },
+        };
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        let t = &output.timing;
+        println!(
+            "\n[load {load_s:.2} s · prefill {:.3} s · decode {:.3} s · {} tokens · {:.1} tokens/s]",
+            t.prefill_s,
+            t.decode_s,
+            t.generated_tokens,
+            t.tokens_per_s()
+        );
+    }
+    Ok(())
+}
+
+/// Generates while printing each request's text as it arrives, with a header whenever the
+/// stream switches to another request of the batch.
+fn stream(
+    generator: &Generator,
+    prompts: &[Prompt],
+    params: &SamplingParams,
+) -> Result<GenerationOutput, Box<dyn std::error::Error>> {
+    let mut stdout = std::io::stdout().lock();
+    let mut current: Option<usize> = None;
+    let several = prompts.len() > 1;
+    let mut write_error = None;
+    let output = generator.generate_stream(prompts, params, |event| {
+        if event.text.is_empty() && !event.finished {
+            return;
+        }
+        let mut out = String::new();
+        if current != Some(event.request) {
+            current = Some(event.request);
+            if several {
+                out.push_str(&format!("\n[{}] ", event.request));
+            } else if let Prompt::Text(text) = &prompts[event.request] {
+                out.push_str(text);
+            }
+        }
+        out.push_str(event.text);
+        if let Err(e) = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush()) {
+            write_error.get_or_insert(e);
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    Ok(output)
+}

@@ -1,0 +1,80 @@
+//! Choosing the Burn device to run on, by name, among the backends compiled in.
+
+use burn::tensor::Device;
+
+/// A device backend a user can ask for (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    /// Burn's pure-Rust CPU backend (multi-threaded, SIMD).
+    Flex,
+    /// CubeCL on wgpu (Vulkan, Metal, DX12 or GL, whichever the system has).
+    Wgpu,
+    /// CubeCL on Vulkan with the SPIR-V compiler.
+    Vulkan,
+    /// CubeCL on CUDA.
+    Cuda,
+    /// CubeCL on Metal.
+    Metal,
+}
+
+/// The requested backend is not part of this build.
+#[derive(Debug, thiserror::Error)]
+#[error("device `{0}` is not compiled into this build: rebuild with `--features {0}`")]
+pub struct NotCompiled(pub &'static str);
+
+impl DeviceChoice {
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flex => "flex",
+            Self::Wgpu => "wgpu",
+            Self::Vulkan => "vulkan",
+            Self::Cuda => "cuda",
+            Self::Metal => "metal",
+        }
+    }
+
+    /// The best backend of this build: a native GPU runtime (CUDA, then Metal, then Vulkan) when
+    /// compiled in, else Flex. Plain `wgpu` is only used when asked for, because on a machine
+    /// without a GPU it runs on a software rasterizer that is slower than Flex.
+    pub fn best_available() -> Self {
+        if cfg!(feature = "cuda") {
+            Self::Cuda
+        } else if cfg!(feature = "metal") {
+            Self::Metal
+        } else if cfg!(feature = "vulkan") {
+            Self::Vulkan
+        } else if cfg!(feature = "flex") {
+            Self::Flex
+        } else {
+            Self::Wgpu
+        }
+    }
+
+    /// The device, or an error naming the feature to enable.
+    pub fn device(self) -> Result<Device, NotCompiled> {
+        match self {
+            #[cfg(feature = "flex")]
+            Self::Flex => Ok(Device::flex()),
+            #[cfg(feature = "wgpu")]
+            Self::Wgpu => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+            #[cfg(feature = "vulkan")]
+            Self::Vulkan => Ok(Device::vulkan(burn::tensor::DeviceKind::DefaultDevice)),
+            #[cfg(feature = "cuda")]
+            Self::Cuda => Ok(Device::cuda(0usize)),
+            #[cfg(feature = "metal")]
+            Self::Metal => Ok(Device::metal(burn::tensor::DeviceKind::DefaultDevice)),
+            #[allow(unreachable_patterns)]
+            other => Err(NotCompiled(other.name())),
+        }
+    }
+
+    /// Every backend compiled into this build.
+    pub fn compiled() -> Vec<Self> {
+        [Self::Flex, Self::Wgpu, Self::Vulkan, Self::Cuda, Self::Metal]
+            .into_iter()
+            .filter(|d| d.device().is_ok())
+            .collect()
+    }
+}

@@ -1,0 +1,25 @@
+//! # burn-llm
+//!
+//! Pure-Rust LLM inference on [Burn](https://burn.dev): OPT, LLaMA and GPT-2 from Hugging Face
+//! checkpoints, one generation API, and (in the member crates) paged serving, offloading and
+//! parallel planning.
+//!
+//! This facade re-exports the member crates and owns what they share at the top: device
+//! selection, the [`Engine`] trait every engine implements, and the command-line front end of the
+//! examples.
+//!
+//! | crate | what it holds |
+//! |---|---|
+//! | [`models`] (`burn-llm-models`) | configs, weight loading, the shared decoder, KV-cache trait, sampling, plain generation |
+
+pub mod cli;
+pub mod device;
+pub mod engine;
+
+pub use burn_llm_models as models;
+pub use burn_llm_models::{
+    CausalLm, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt, RequestOutput,
+    SamplingParams, StreamEvent, Timing, TokenLogprob,
+};
+pub use device::DeviceChoice;
+pub use engine::Engine;

@@ -1,0 +1,98 @@
+//! Shared helpers: fixture paths, reference outputs, devices under test.
+
+use std::path::PathBuf;
+
+use burn::tensor::Device;
+use burn_llm::DeviceChoice;
+
+/// The fixtures, with what each exercises.
+pub const FIXTURES: [&str; 5] = ["opt", "opt-postln-proj", "llama", "llama-tied-sharded", "gpt2"];
+
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// Devices to run numeric tests on.
+pub fn devices() -> Vec<(&'static str, Device)> {
+    let mut out = vec![("flex", Device::flex())];
+    let wgpu_wanted = std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true);
+    if wgpu_wanted {
+        if let Ok(device) = DeviceChoice::Wgpu.device() {
+            out.push(("wgpu", device));
+        }
+    }
+    out
+}
+
+pub struct ReferencePrompt {
+    pub text: String,
+    pub input_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub greedy_text: String,
+    /// `[len, vocab]` row-major.
+    pub logits: Vec<f32>,
+}
+
+pub struct Reference {
+    pub vocab_size: usize,
+    pub prompts: Vec<ReferencePrompt>,
+}
+
+fn ids(value: &serde_json::Value) -> Vec<u32> {
+    value
+        .as_array()
+        .expect("id list")
+        .iter()
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect()
+}
+
+pub fn reference(name: &str) -> Reference {
+    let dir = fixture(name);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let prompts = json["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let view = tensors.tensor(&format!("logits.{i}")).unwrap();
+            assert_eq!(view.dtype(), safetensors::Dtype::F32);
+            let logits = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            ReferencePrompt {
+                text: p["text"].as_str().unwrap().to_string(),
+                input_ids: ids(&p["input_ids"]),
+                greedy_ids: ids(&p["greedy_ids"]),
+                greedy_text: p["greedy_text"].as_str().unwrap().to_string(),
+                logits,
+            }
+        })
+        .collect();
+    Reference {
+        vocab_size: json["vocab_size"].as_u64().unwrap() as usize,
+        prompts,
+    }
+}
+
+/// Largest absolute difference.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Copies a fixture into a temporary directory the test may damage.
+pub fn scratch_copy(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+    }
+    tmp
+}

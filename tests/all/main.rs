@@ -1,0 +1,12 @@
+//! Integration tests of burn-llm, in one binary (each binary links all of Burn).
+//!
+//! Fixtures under `tests/fixtures/` are tiny random HF checkpoints with HF reference outputs,
+//! made by `scripts/make_fixtures.py`. Tests run on `flex` and, when the `wgpu` feature is on, on
+//! wgpu too (Mesa lavapipe on machines without a GPU); set `BURN_LLM_TEST_WGPU=0` to skip wgpu.
+
+mod common;
+
+mod cli;
+mod errors;
+mod parity;
+mod sampling;
