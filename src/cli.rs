@@ -112,6 +112,24 @@ pub struct JsonReport<'a> {
     pub timing: JsonTiming,
 }
 
+impl<'a> JsonReport<'a> {
+    /// The report of a run that took `load_s` seconds to load.
+    pub fn new(model: &'a str, device: &'a str, output: &'a GenerationOutput, load_s: f64) -> Self {
+        Self {
+            model,
+            device,
+            requests: &output.requests,
+            timing: JsonTiming {
+                load_s,
+                prefill_s: output.timing.prefill_s,
+                decode_s: output.timing.decode_s,
+                generated_tokens: output.timing.generated_tokens,
+                tokens_per_s: output.timing.tokens_per_s(),
+            },
+        }
+    }
+}
+
 /// Timings of a CLI run.
 #[derive(Debug, Serialize)]
 pub struct JsonTiming {
@@ -172,18 +190,7 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
     };
 
     if args.json {
-        let report = JsonReport {
-            model: model_arg,
-            device: choice.name(),
-            requests: &output.requests,
-            timing: JsonTiming {
-                load_s,
-                prefill_s: output.timing.prefill_s,
-                decode_s: output.timing.decode_s,
-                generated_tokens: output.timing.generated_tokens,
-                tokens_per_s: output.timing.tokens_per_s(),
-            },
-        };
+        let report = JsonReport::new(model_arg, choice.name(), &output, load_s);
         println!("{}", serde_json::to_string(&report)?);
     } else {
         let t = &output.timing;

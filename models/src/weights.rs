@@ -157,7 +157,9 @@ impl Checkpoint {
     }
 }
 
-/// The safetensors files of a model directory, from the index when there is one.
+/// The safetensors files of a model directory: the index's shards when there is an index, else
+/// `model.safetensors`, else any `model*.safetensors` (other safetensors files, adapters or
+/// references, are not weights of the model).
 fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join(INDEX_FILE);
     if index.is_file() {
@@ -197,7 +199,11 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| ModelError::io(dir, e))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        })
         .collect();
     found.sort();
     if found.is_empty() {

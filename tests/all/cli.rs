@@ -1,6 +1,7 @@
 //! The example CLI: flag parsing, a JSON run on a local fixture, clear errors.
 
-use burn_llm::cli::{run, ExampleDefaults, GenerateArgs};
+use burn_llm::cli::{run, ExampleDefaults, GenerateArgs, JsonReport};
+use burn_llm::{Generator, Pretrained, Prompt, SamplingParams};
 use clap::Parser;
 
 use crate::common::fixture;
@@ -46,4 +47,30 @@ fn missing_model_directory_is_a_clear_error() {
     let a = args(&["--model", "./no/such/model", "--device", "flex"]);
     let err = run(&a, DEFAULTS).unwrap_err().to_string();
     assert!(err.contains("no/such/model"), "{err}");
+}
+
+/// The `--json` object has exactly the documented fields.
+#[test]
+fn json_schema() {
+    let generator = Generator::from(Pretrained::load(&fixture("opt"), &burn::tensor::Device::flex()).unwrap());
+    let params = SamplingParams { logprobs: Some(2), ..SamplingParams::greedy(3) };
+    let output = generator.generate(&[Prompt::from("GNU"), Prompt::Ids(vec![2, 50])], &params).unwrap();
+    let value = serde_json::to_value(JsonReport::new("m", "flex", &output, 0.5)).unwrap();
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&value), ["device", "model", "requests", "timing"]);
+    assert_eq!(keys(&value["timing"]), ["decode_s", "generated_tokens", "load_s", "prefill_s", "tokens_per_s"]);
+    let requests = value["requests"].as_array().unwrap();
+    assert_eq!(keys(&requests[0]), ["finish_reason", "generated_ids", "logprobs", "prompt", "prompt_ids", "text"]);
+    assert_eq!(requests[0]["prompt"], "GNU");
+    assert!(requests[1]["prompt"].is_null());
+    assert_eq!(requests[1]["prompt_ids"], serde_json::json!([2, 50]));
+    let step = &requests[0]["logprobs"][0];
+    assert_eq!(step.as_array().unwrap().len(), 2);
+    assert_eq!(keys(&step[0]), ["id", "logprob"]);
+    assert!(["length", "stop"].contains(&requests[0]["finish_reason"].as_str().unwrap()));
+    assert_eq!(value["timing"]["generated_tokens"], output.timing.generated_tokens);
 }

@@ -68,7 +68,8 @@ fn tensor_with_wrong_shape() {
     match &err {
         ModelError::ShapeMismatch { name, expected, found } => {
             assert!(name.contains("fc1"), "{err}");
-            assert_eq!((expected.as_slice(), found.as_slice()), (&[128, 100][..], &[128, 64][..]));
+            // HF `Linear` layout, `[out, in]`, as in the file.
+            assert_eq!((expected.as_slice(), found.as_slice()), (&[100, 64][..], &[128, 64][..]));
         }
         other => panic!("expected a shape mismatch, got {other}"),
     }
