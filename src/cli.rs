@@ -205,31 +205,39 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
     Ok(())
 }
 
-/// Generates while printing each request's text as it arrives, with a header whenever the
-/// stream switches to another request of the batch.
+/// Generates while printing text as it arrives: a single prompt streams token by token; with
+/// several prompts (one batch, all advancing together) each request is printed whole, with its
+/// index, as soon as it finishes, so outputs never interleave.
 fn stream(
     generator: &Generator,
     prompts: &[Prompt],
     params: &SamplingParams,
 ) -> Result<GenerationOutput, Box<dyn std::error::Error>> {
     let mut stdout = std::io::stdout().lock();
-    let mut current: Option<usize> = None;
-    let several = prompts.len() > 1;
+    let mut pending = vec![String::new(); prompts.len()];
+    let mut started = false;
     let mut write_error = None;
     let output = generator.generate_stream(prompts, params, |event| {
-        if event.text.is_empty() && !event.finished {
-            return;
-        }
         let mut out = String::new();
-        if current != Some(event.request) {
-            current = Some(event.request);
-            if several {
-                out.push_str(&format!("\n[{}] ", event.request));
-            } else if let Prompt::Text(text) = &prompts[event.request] {
-                out.push_str(text);
+        if prompts.len() == 1 {
+            if !started {
+                started = true;
+                if let Prompt::Text(text) = &prompts[0] {
+                    out.push_str(text);
+                }
             }
+            out.push_str(event.text);
+        } else {
+            pending[event.request].push_str(event.text);
+            if !event.finished {
+                return;
+            }
+            let prompt = match &prompts[event.request] {
+                Prompt::Text(text) => text.clone(),
+                Prompt::Ids(ids) => format!("{ids:?}"),
+            };
+            out = format!("[{}] {prompt}{}\n", event.request, std::mem::take(&mut pending[event.request]));
         }
-        out.push_str(event.text);
         if let Err(e) = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush()) {
             write_error.get_or_insert(e);
         }

@@ -273,3 +273,19 @@ impl OneOrMany {
         }
     }
 }
+
+/// Special-token ids that every HF `config.json` may carry.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SpecialIds {
+    /// Beginning-of-sequence id.
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence id(s).
+    #[serde(default)]
+    pub eos_token_id: OneOrMany,
+}
+
+/// Serde default for flags that HF configs default to `true`.
+pub(crate) fn default_true() -> bool {
+    true
+}

@@ -87,12 +87,34 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-/// Copies a fixture into a temporary directory the test may damage.
-pub fn scratch_copy(name: &str) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
+/// A directory under the system temp dir, removed when dropped.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copies a fixture into a fresh scratch directory the test may damage.
+pub fn scratch_copy(name: &str) -> Scratch {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "burn-llm-test-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
     for entry in std::fs::read_dir(fixture(name)).unwrap() {
         let path = entry.unwrap().path();
-        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
     }
-    tmp
+    Scratch(dir)
 }

@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 use super::{QkvNames, TensorNames};
 use crate::layers::linear::WeightLayout;
-use crate::config::{Activation, Architecture, DecoderSpec, NormKind, OneOrMany, PositionKind};
+use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
 
 /// GPT-2's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -30,25 +30,19 @@ pub struct Gpt2Config {
     #[serde(default = "eps")]
     pub layer_norm_epsilon: f64,
     /// Divide scores by `sqrt(head_dim)`.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::default_true")]
     pub scale_attn_weights: bool,
     /// Also divide scores of layer `i` by `i + 1`.
     #[serde(default)]
     pub scale_attn_by_inverse_layer_idx: bool,
     /// LM head tied to `wte`.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::default_true")]
     pub tie_word_embeddings: bool,
-    /// Beginning-of-sequence id.
-    #[serde(default)]
-    pub bos_token_id: Option<u32>,
-    /// End-of-sequence id(s).
-    #[serde(default)]
-    pub eos_token_id: OneOrMany,
+    /// BOS/EOS ids.
+    #[serde(flatten)]
+    pub ids: SpecialIds,
 }
 
-fn yes() -> bool {
-    true
-}
 fn eps() -> f64 {
     1e-5
 }
@@ -91,8 +85,8 @@ impl Gpt2Config {
             },
             tie_word_embeddings: self.tie_word_embeddings,
             scale_attn_by_inverse_layer_idx: self.scale_attn_by_inverse_layer_idx,
-            bos_token_id: self.bos_token_id,
-            eos_token_ids: self.eos_token_id.to_vec(),
+            bos_token_id: self.ids.bos_token_id,
+            eos_token_ids: self.ids.eos_token_id.to_vec(),
         })
     }
 }

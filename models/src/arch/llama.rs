@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::{QkvNames, TensorNames};
 use crate::layers::linear::WeightLayout;
-use crate::config::{Activation, Architecture, DecoderSpec, NormKind, OneOrMany, PositionKind};
+use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
 use crate::layers::rope::{RopeScaling, RopeSpec};
 
 /// LLaMA's `config.json`.
@@ -54,12 +54,9 @@ pub struct LlamaConfig {
     /// Gate activation.
     #[serde(default = "silu")]
     pub hidden_act: String,
-    /// Beginning-of-sequence id.
-    #[serde(default)]
-    pub bos_token_id: Option<u32>,
-    /// End-of-sequence id(s).
-    #[serde(default)]
-    pub eos_token_id: OneOrMany,
+    /// BOS/EOS ids.
+    #[serde(flatten)]
+    pub ids: SpecialIds,
 }
 
 fn eps() -> f64 {
@@ -101,8 +98,8 @@ impl LlamaConfig {
             positions: PositionKind::Rotary(self.rope_spec(head_dim)?),
             tie_word_embeddings: self.tie_word_embeddings,
             scale_attn_by_inverse_layer_idx: false,
-            bos_token_id: self.bos_token_id,
-            eos_token_ids: self.eos_token_id.to_vec(),
+            bos_token_id: self.ids.bos_token_id,
+            eos_token_ids: self.ids.eos_token_id.to_vec(),
         })
     }
 

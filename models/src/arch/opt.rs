@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::{QkvNames, TensorNames};
 use crate::layers::linear::WeightLayout;
-use crate::config::{Activation, Architecture, DecoderSpec, NormKind, OneOrMany, PositionKind};
+use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
 
 /// OPT's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -24,13 +24,13 @@ pub struct OptConfig {
     /// Context length.
     pub max_position_embeddings: usize,
     /// Pre-norm (`true`, all OPT but 350m) or post-norm.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::default_true")]
     pub do_layer_norm_before: bool,
     /// Embedding width; differs from `hidden_size` in OPT-350m.
     #[serde(default)]
     pub word_embed_proj_dim: Option<usize>,
     /// Biases on linear layers.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::default_true")]
     pub enable_bias: bool,
     /// MLP activation name.
     #[serde(default = "relu")]
@@ -39,18 +39,11 @@ pub struct OptConfig {
     #[serde(default, rename = "_remove_final_layer_norm")]
     pub remove_final_layer_norm: bool,
     /// LM head tied to the embedding.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::default_true")]
     pub tie_word_embeddings: bool,
-    /// Beginning-of-sequence id.
-    #[serde(default)]
-    pub bos_token_id: Option<u32>,
-    /// End-of-sequence id(s).
-    #[serde(default)]
-    pub eos_token_id: OneOrMany,
-}
-
-fn yes() -> bool {
-    true
+    /// BOS/EOS ids.
+    #[serde(flatten)]
+    pub ids: SpecialIds,
 }
 
 fn relu() -> String {
@@ -89,8 +82,8 @@ impl OptConfig {
             },
             tie_word_embeddings: self.tie_word_embeddings,
             scale_attn_by_inverse_layer_idx: false,
-            bos_token_id: self.bos_token_id,
-            eos_token_ids: self.eos_token_id.to_vec(),
+            bos_token_id: self.ids.bos_token_id,
+            eos_token_ids: self.ids.eos_token_id.to_vec(),
         }
     }
 }
