@@ -202,13 +202,13 @@ impl DecoderSpec {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be positive"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if matches!(self.positions, PositionKind::Rotary(_)) && self.head_dim % 2 != 0 {
+        if matches!(self.positions, PositionKind::Rotary(_)) && !self.head_dim.is_multiple_of(2) {
             return Err(format!("rotary embeddings need an even head_dim, got {}", self.head_dim));
         }
         if self.vocab_size > u32::MAX as usize {

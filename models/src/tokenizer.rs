@@ -90,15 +90,11 @@ impl Tokenizer {
             .encode(text, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let mut ids = encoding.get_ids().to_vec();
-        if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
+        if let Some(bos) = self.bos_id.filter(|&b| self.add_bos && ids.first() != Some(&b)) {
+            ids.insert(0, bos);
         }
-        if let (true, Some(eos)) = (self.add_eos, self.eos_id) {
-            if ids.last() != Some(&eos) {
-                ids.push(eos);
-            }
+        if let Some(eos) = self.eos_id.filter(|&e| self.add_eos && ids.last() != Some(&e)) {
+            ids.push(eos);
         }
         Ok(ids)
     }

@@ -16,10 +16,8 @@ pub fn fixture(name: &str) -> PathBuf {
 pub fn devices() -> Vec<(&'static str, Device)> {
     let mut out = vec![("flex", Device::flex())];
     let wgpu_wanted = std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true);
-    if wgpu_wanted {
-        if let Ok(device) = DeviceChoice::Wgpu.device() {
-            out.push(("wgpu", device));
-        }
+    if let (true, Ok(device)) = (wgpu_wanted, DeviceChoice::Wgpu.device()) {
+        out.push(("wgpu", device));
     }
     out
 }

@@ -67,7 +67,7 @@ impl Gpt2Config {
             num_layers: self.n_layer,
             num_heads: self.n_head,
             num_kv_heads: self.n_head,
-            head_dim: if self.n_head == 0 { 0 } else { self.n_embd / self.n_head },
+            head_dim: self.n_embd.checked_div(self.n_head).unwrap_or(0),
             intermediate_size: self.n_inner.unwrap_or(4 * self.n_embd),
             max_positions: self.n_positions,
             norm: NormKind::Layer {

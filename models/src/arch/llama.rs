@@ -72,7 +72,7 @@ impl LlamaConfig {
         let heads = self.num_attention_heads;
         let head_dim = self
             .head_dim
-            .unwrap_or(if heads == 0 { 0 } else { self.hidden_size / heads });
+            .unwrap_or(self.hidden_size.checked_div(heads).unwrap_or(0));
         let activation = Activation::from_hf(&self.hidden_act)
             .ok_or_else(|| format!("unsupported hidden_act `{}`", self.hidden_act))?;
         Ok(DecoderSpec {

@@ -53,11 +53,7 @@ fn relu() -> String {
 impl OptConfig {
     /// Lowers to the shared decoder description.
     pub fn to_spec(&self) -> DecoderSpec {
-        let head_dim = if self.num_attention_heads == 0 {
-            0
-        } else {
-            self.hidden_size / self.num_attention_heads
-        };
+        let head_dim = self.hidden_size.checked_div(self.num_attention_heads).unwrap_or(0);
         DecoderSpec {
             arch: Architecture::Opt,
             vocab_size: self.vocab_size,

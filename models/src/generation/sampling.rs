@@ -79,10 +79,8 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return fail(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
-        if let Some(k) = self.logprobs {
-            if k == 0 || k > vocab_size {
-                return fail(format!("logprobs must be between 1 and the vocabulary size {vocab_size}, got {k}"));
-            }
+        if let Some(k) = self.logprobs.filter(|&k| k == 0 || k > vocab_size) {
+            return fail(format!("logprobs must be between 1 and the vocabulary size {vocab_size}, got {k}"));
         }
         if self.stop.iter().any(String::is_empty) {
             return fail("stop strings must not be empty".into());

@@ -86,7 +86,7 @@ impl RopeSpec {
                     .map(|f| {
                         let wavelen = 2.0 * std::f32::consts::PI / f;
                         let scaled = if wavelen > low_freq_wavelen { f / factor } else { f };
-                        let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                        let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
                         if medium {
                             let smooth = (original / wavelen - low) / (high - low);
                             (1.0 - smooth) * scaled / factor + smooth * scaled
