@@ -54,6 +54,22 @@ pub enum ModelError {
         /// The model directory.
         dir: PathBuf,
     },
+    /// A GGUF file could not be parsed (truncated, corrupt, wrong version).
+    #[error("corrupt or truncated GGUF file {path}: {message}")]
+    CorruptGguf {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A GGUF tensor uses a quantization type we do not read.
+    #[error("tensor `{name}` has GGUF type {kind}, which burn-llm does not read (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]
+    UnsupportedGgufType {
+        /// The tensor name.
+        name: String,
+        /// The GGML type name or id.
+        kind: String,
+    },
     /// A tensor in the checkpoint does not have the shape `config.json` implies.
     #[error("tensor `{name}` has shape {found:?} but config.json implies {expected:?}")]
     ShapeMismatch {

@@ -7,18 +7,22 @@ use std::path::{Path, PathBuf};
 use crate::error::{ModelError, Result};
 
 /// Files of an HF model repository that burn-llm reads.
+#[cfg(feature = "hub")]
 const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
+#[cfg(feature = "hub")]
 const OPTIONAL: [&str; 2] = ["tokenizer_config.json", "generation_config.json"];
 
-/// Resolves `model` (a directory, or a hub id such as `facebook/opt-125m`) to a local directory.
+/// Resolves `model` (a directory, a `.gguf` file, or a hub id such as `facebook/opt-125m`) to a
+/// local path.
 pub fn resolve_model(model: &str) -> Result<PathBuf> {
     let path = Path::new(model);
-    if path.is_dir() {
+    let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if path.is_dir() || (is_gguf && path.is_file()) {
         return Ok(path.to_path_buf());
     }
     if path.exists() {
         return Err(ModelError::MissingFile {
-            what: "model directory (config.json, *.safetensors, tokenizer.json); this is a file",
+            what: "model directory (config.json, *.safetensors, tokenizer.json) or .gguf file; this is another kind of file",
             path: path.to_path_buf(),
         });
     }

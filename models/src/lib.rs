@@ -11,7 +11,9 @@
 //! - [`generation`]: [`SamplingParams`], the on-device sampler, stop rules, streaming, and the plain
 //!   [`Generator`].
 //! - [`tokenizer`]: HF `tokenizer.json` with BOS/EOS handling and incremental detokenization.
-//! - [`hub`]: local directories or hub ids.
+//! - [`gguf`]: llama.cpp's GGUF files (LLaMA architecture; F32/F16/BF16/Q8_0/Q4_0/Q4_1) and
+//!   their tokenizers.
+//! - [`hub`]: local directories, GGUF files or hub ids.
 //!
 //! ```no_run
 //! use burn::tensor::Device;
@@ -32,6 +34,7 @@ pub mod cache;
 pub mod config;
 pub mod error;
 pub mod generation;
+pub mod gguf;
 pub mod hub;
 pub mod layers;
 pub mod model;

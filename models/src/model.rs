@@ -15,7 +15,7 @@ use crate::layers::attention::SelfAttention;
 use crate::layers::linear::{init_linear, load_fused_in_out, load_linear, WeightLayout};
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::Norm;
-use crate::weights::Checkpoint;
+use crate::weights::{Checkpoint, TensorSource};
 
 /// One decoder layer.
 #[derive(Module, Debug)]
@@ -92,7 +92,7 @@ impl CausalLm {
     }
 
     /// Builds the model from an opened checkpoint, checking every tensor's shape against `spec`.
-    pub fn from_checkpoint(spec: DecoderSpec, ckpt: &Checkpoint, device: &Device) -> Result<Self> {
+    pub fn from_checkpoint(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
         let names = spec.arch.tensor_names();
         let (hidden, embed) = (spec.hidden_size, spec.embed_dim);
         let embedding = |name: &str, rows: usize, dim: usize| -> Result<Embedding> {
@@ -294,7 +294,7 @@ fn attention_scale(spec: &DecoderSpec, layer: usize) -> f64 {
     }
 }
 
-fn load_layer(spec: &DecoderSpec, ckpt: &Checkpoint, i: usize, device: &Device) -> Result<DecoderLayer> {
+fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &Device) -> Result<DecoderLayer> {
     let names = spec.arch.tensor_names();
     let prefix = names.layer.replace("{i}", &i.to_string());
     let name = |suffix: &str| format!("{prefix}.{suffix}");

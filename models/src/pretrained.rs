@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::config::OneOrMany;
 use crate::error::{ModelError, Result};
+use crate::gguf::{tokenizer_from_gguf, GgufModel};
 use crate::model::CausalLm;
 use crate::tokenizer::Tokenizer;
 
@@ -30,8 +31,11 @@ struct GenerationConfig {
 }
 
 impl Pretrained {
-    /// Loads everything from an HF model directory onto `device`.
+    /// Loads everything from an HF model directory, or from a GGUF file, onto `device`.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        if dir.is_file() && dir.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            return Self::load_gguf(dir, device);
+        }
         if !dir.is_dir() {
             return Err(ModelError::MissingFile {
                 what: "model directory",
@@ -44,6 +48,25 @@ impl Pretrained {
         if eos_token_ids.is_empty() {
             eos_token_ids = model.spec().eos_token_ids.clone();
         }
+        if eos_token_ids.is_empty() {
+            eos_token_ids.extend(tokenizer.eos_id());
+        }
+        Ok(Self {
+            model,
+            tokenizer,
+            eos_token_ids,
+        })
+    }
+}
+
+impl Pretrained {
+    /// Loads a LLaMA-architecture GGUF file (weights dequantized to `f32`, tokenizer from its
+    /// metadata) onto `device`.
+    pub fn load_gguf(path: &Path, device: &Device) -> Result<Self> {
+        let gguf = GgufModel::open(path)?;
+        let tokenizer = tokenizer_from_gguf(gguf.file())?;
+        let model = CausalLm::from_checkpoint(gguf.spec().clone(), &gguf, device)?;
+        let mut eos_token_ids = model.spec().eos_token_ids.clone();
         if eos_token_ids.is_empty() {
             eos_token_ids.extend(tokenizer.eos_id());
         }

@@ -28,6 +28,47 @@ pub struct Checkpoint {
     location: HashMap<String, usize>,
 }
 
+/// Where a model's tensors come from (safetensors checkpoints, GGUF files). Names and shapes are
+/// those of the HF checkpoint (`[out, in]` for `nn.Linear`); each source maps them to its own
+/// layout, so the model is built by one loader whatever the file format.
+pub trait TensorSource {
+    /// Reads `name` as `f32` values, checking that its HF shape is `expected`.
+    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>>;
+
+    /// Whether the source holds `name`.
+    fn contains(&self, name: &str) -> bool;
+
+    /// Reads `name` into a device tensor of shape `expected`.
+    fn tensor<const D: usize>(&self, name: &str, expected: [usize; D], device: &Device) -> Result<Tensor<D>>
+    where
+        Self: Sized,
+    {
+        let values = self.read_f32(name, &expected)?;
+        Ok(Tensor::from_data(TensorData::new(values, expected), device))
+    }
+
+    /// Reads an HF `[rows, cols]` matrix transposed to `[cols, rows]` (HF `Linear` stores
+    /// `[out, in]`, Burn's `Linear` wants `[in, out]`).
+    fn tensor_transposed(&self, name: &str, [rows, cols]: [usize; 2], device: &Device) -> Result<Tensor<2>>
+    where
+        Self: Sized,
+    {
+        let values = self.read_f32(name, &[rows, cols])?;
+        Ok(Tensor::from_data(TensorData::new(transpose(&values, rows, cols), [cols, rows]), device))
+    }
+}
+
+/// `[rows, cols]` row-major to `[cols, rows]` row-major.
+pub fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; values.len()];
+    for (r, row) in values.chunks_exact(cols.max(1)).enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            out[c * rows + r] = *v;
+        }
+    }
+    out
+}
+
 /// Name of the index that lists the shards of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
@@ -86,13 +127,16 @@ impl Checkpoint {
             .then(|| stripped.to_string())
     }
 
-    /// Whether the checkpoint holds `name` (see [`Checkpoint::resolve`]).
-    pub fn contains(&self, name: &str) -> bool {
+
+}
+
+impl TensorSource for Checkpoint {
+    fn contains(&self, name: &str) -> bool {
         self.resolve(name).is_some()
     }
 
     /// Reads `name` as `f32` values, checking that its shape is `expected`.
-    pub fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
         let resolved = self.resolve(name).ok_or_else(|| ModelError::MissingTensor {
             name: name.to_string(),
             dir: self.dir.clone(),
@@ -127,34 +171,6 @@ impl Checkpoint {
         })
     }
 
-    /// Reads `name` into a device tensor of shape `expected`.
-    pub fn tensor<const D: usize>(
-        &self,
-        name: &str,
-        expected: [usize; D],
-        device: &Device,
-    ) -> Result<Tensor<D>> {
-        let values = self.read_f32(name, &expected)?;
-        Ok(Tensor::from_data(TensorData::new(values, expected), device))
-    }
-
-    /// Reads an HF `[rows, cols]` matrix transposed to `[cols, rows]` (HF `Linear` stores
-    /// `[out, in]`, Burn's `Linear` wants `[in, out]`).
-    pub fn tensor_transposed(
-        &self,
-        name: &str,
-        [rows, cols]: [usize; 2],
-        device: &Device,
-    ) -> Result<Tensor<2>> {
-        let values = self.read_f32(name, &[rows, cols])?;
-        let mut out = vec![0f32; values.len()];
-        for (r, row) in values.chunks_exact(cols.max(1)).enumerate() {
-            for (c, v) in row.iter().enumerate() {
-                out[c * rows + r] = *v;
-            }
-        }
-        Ok(Tensor::from_data(TensorData::new(out, [cols, rows]), device))
-    }
 }
 
 /// The safetensors files of a model directory: the index's shards when there is an index, else

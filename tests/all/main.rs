@@ -8,5 +8,7 @@ mod common;
 
 mod cli;
 mod errors;
+mod gguf;
 mod parity;
+mod real_model;
 mod sampling;

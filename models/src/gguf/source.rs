@@ -1,0 +1,220 @@
+//! A LLaMA-architecture GGUF file as a model: `DecoderSpec` from its metadata, tensors under their
+//! HF names (so [`CausalLm`](crate::model::CausalLm) loads it like a safetensors checkpoint).
+//!
+//! llama.cpp's converter permutes the rows of `q_proj`/`k_proj` so that RoPE rotates adjacent pairs
+//! (`reshape(heads, 2, head_dim/2, in).swapaxes(1, 2)`); the decoder uses HF's rotate-half form, so
+//! those rows are permuted back on load.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use super::{GgufFile, GgufValue};
+use crate::config::DecoderSpec;
+use crate::error::{ModelError, Result};
+use crate::weights::TensorSource;
+
+/// A GGUF model file with its decoder description.
+pub struct GgufModel {
+    file: GgufFile,
+    spec: DecoderSpec,
+}
+
+/// Row permutation to undo for a tensor.
+#[derive(Clone, Copy)]
+enum Rows {
+    AsIs,
+    /// Undo llama.cpp's RoPE permutation over this many heads.
+    Rope(usize),
+}
+
+impl GgufModel {
+    /// Opens `path` and reads its architecture.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        let spec = spec_from_metadata(&file)?;
+        Ok(Self { file, spec })
+    }
+
+    /// The decoder description.
+    pub fn spec(&self) -> &DecoderSpec {
+        &self.spec
+    }
+
+    /// The underlying file.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// The GGUF name of an HF tensor name, and the row permutation to undo.
+    fn map_name(&self, hf: &str) -> Option<(String, Rows)> {
+        let fixed = match hf {
+            "model.embed_tokens.weight" => Some("token_embd.weight"),
+            "model.norm.weight" => Some("output_norm.weight"),
+            "lm_head.weight" => Some("output.weight"),
+            _ => None,
+        };
+        if let Some(name) = fixed {
+            return Some((name.to_string(), Rows::AsIs));
+        }
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let (module, kind) = rest.rsplit_once('.')?;
+        let (gguf, rows) = match module {
+            "input_layernorm" => ("attn_norm", Rows::AsIs),
+            "self_attn.q_proj" => ("attn_q", Rows::Rope(self.spec.num_heads)),
+            "self_attn.k_proj" => ("attn_k", Rows::Rope(self.spec.num_kv_heads)),
+            "self_attn.v_proj" => ("attn_v", Rows::AsIs),
+            "self_attn.o_proj" => ("attn_output", Rows::AsIs),
+            "post_attention_layernorm" => ("ffn_norm", Rows::AsIs),
+            "mlp.gate_proj" => ("ffn_gate", Rows::AsIs),
+            "mlp.up_proj" => ("ffn_up", Rows::AsIs),
+            "mlp.down_proj" => ("ffn_down", Rows::AsIs),
+            _ => return None,
+        };
+        Some((format!("blk.{layer}.{gguf}.{kind}"), rows))
+    }
+}
+
+impl TensorSource for GgufModel {
+    fn contains(&self, name: &str) -> bool {
+        self.map_name(name)
+            .is_some_and(|(gguf, _)| self.file.tensor_info(&gguf).is_some())
+    }
+
+    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        let (gguf, rows) = self.map_name(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+            dir: self.file.path().to_path_buf(),
+        })?;
+        let (values, shape) = self.file.read_f32(&gguf)?;
+        if shape != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: gguf,
+                expected: expected.to_vec(),
+                found: shape,
+            });
+        }
+        Ok(match rows {
+            Rows::AsIs => values,
+            Rows::Rope(heads) => unpermute_rope_rows(&values, heads, expected[0], expected.get(1).copied().unwrap_or(1)),
+        })
+    }
+}
+
+/// Inverts llama.cpp's `reshape(heads, 2, half, cols).swapaxes(1, 2)` on the rows of a
+/// `[rows, cols]` matrix (or a `[rows]` bias with `cols = 1`).
+fn unpermute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let head_dim = rows / heads.max(1);
+    let half = head_dim / 2;
+    let mut out = vec![0f32; values.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let hf_row = h * head_dim + j * half + i;
+                let gguf_row = h * head_dim + i * 2 + j;
+                out[hf_row * cols..(hf_row + 1) * cols].copy_from_slice(&values[gguf_row * cols..(gguf_row + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// Builds the HF-style config of a `general.architecture = llama` file and lowers it, so GGUF
+/// models go through the same validation as `config.json`.
+fn spec_from_metadata(file: &GgufFile) -> Result<DecoderSpec> {
+    let path = file.path();
+    let arch = file
+        .meta("general.architecture")
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| ModelError::CorruptGguf {
+            path: path.to_path_buf(),
+            message: "no general.architecture".into(),
+        })?;
+    if arch != "llama" {
+        return Err(ModelError::UnsupportedArchitecture(format!("{arch} (GGUF)")));
+    }
+    let int = |key: &str| -> Result<u64> {
+        file.meta(&format!("llama.{key}"))
+            .and_then(GgufValue::as_u64)
+            .ok_or_else(|| ModelError::config(path, format!("GGUF metadata `llama.{key}` missing or not an integer")))
+    };
+    let float = |key: &str, default: f64| {
+        file.meta(&format!("llama.{key}"))
+            .and_then(GgufValue::as_f64)
+            .unwrap_or(default)
+    };
+    let heads = int("attention.head_count")?;
+    let vocab = match file.meta("llama.vocab_size").and_then(GgufValue::as_u64) {
+        Some(v) => v,
+        None => file
+            .meta("tokenizer.ggml.tokens")
+            .and_then(GgufValue::as_array)
+            .map(|t| t.len() as u64)
+            .ok_or_else(|| ModelError::config(path, "no llama.vocab_size and no tokenizer.ggml.tokens"))?,
+    };
+    let hidden = int("embedding_length")?;
+    let head_dim = file
+        .meta("llama.rope.dimension_count")
+        .and_then(GgufValue::as_u64)
+        .unwrap_or(if heads == 0 { 0 } else { hidden / heads });
+    let rope = match file.meta("llama.rope.scaling.type").and_then(GgufValue::as_str) {
+        None | Some("none") => json!({"rope_type": "default"}),
+        Some("linear") => json!({"rope_type": "linear", "factor": float("rope.scaling.factor", 1.0)}),
+        Some(other) => {
+            return Err(ModelError::config(path, format!("unsupported GGUF rope scaling `{other}`")));
+        }
+    };
+    if file.tensor_info("rope_freqs.weight").is_some() {
+        return Err(ModelError::config(path, "per-frequency RoPE factors (rope_freqs.weight) are not supported"));
+    }
+    let config = json!({
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int("feed_forward_length")?,
+        "num_hidden_layers": int("block_count")?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": file.meta("llama.attention.head_count_kv").and_then(GgufValue::as_u64).unwrap_or(heads),
+        "head_dim": head_dim,
+        "max_position_embeddings": int("context_length")?,
+        "rms_norm_eps": float("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": float("rope.freq_base", 10_000.0),
+        "rope_scaling": rope,
+        "tie_word_embeddings": file.tensor_info("output.weight").is_none(),
+        "bos_token_id": file.meta("tokenizer.ggml.bos_token_id").and_then(GgufValue::as_u64),
+        "eos_token_id": file.meta("tokenizer.ggml.eos_token_id").and_then(GgufValue::as_u64),
+    });
+    DecoderSpec::from_json(&config.to_string(), path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama.cpp's permutation, as its converter writes it.
+    fn permute(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+        let head_dim = rows / heads;
+        let half = head_dim / 2;
+        let mut out = vec![0f32; values.len()];
+        for h in 0..heads {
+            for j in 0..2 {
+                for i in 0..half {
+                    let src = h * head_dim + j * half + i;
+                    let dst = h * head_dim + i * 2 + j;
+                    out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn unpermute_inverts_the_converter() {
+        let (heads, rows, cols) = (3, 12, 5);
+        let original: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
+        let permuted = permute(&original, heads, rows, cols);
+        assert_ne!(permuted, original);
+        assert_eq!(unpermute_rope_rows(&permuted, heads, rows, cols), original);
+    }
+}

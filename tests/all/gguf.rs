@@ -1,0 +1,287 @@
+//! GGUF: a tiny LLaMA converted the way llama.cpp converts (q/k rows permuted, dims reversed)
+//! reproduces HF's logits; corrupted and truncated files are errors, never panics.
+
+use burn::tensor::Device;
+use burn_llm::models::gguf::{dequantize, GgufHeader};
+use burn_llm::models::weights::TensorSource;
+use burn_llm::models::{Checkpoint, ContiguousKvCache, DecoderSpec, ModelError, Pretrained};
+use rand::{Rng, SeedableRng};
+
+use crate::common::{fixture, max_abs_diff, reference};
+
+/// Metadata values the writer knows.
+enum Meta {
+    U32(u32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    Strs(Vec<String>),
+    I32s(Vec<i32>),
+}
+
+/// A minimal GGUF v3 writer (little-endian, alignment 32).
+#[derive(Default)]
+struct Writer {
+    meta: Vec<(String, Meta)>,
+    /// name, PyTorch shape, GGML type id, raw bytes
+    tensors: Vec<(String, Vec<usize>, u32, Vec<u8>)>,
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+impl Writer {
+    fn meta(&mut self, key: &str, value: Meta) {
+        self.meta.push((key.into(), value));
+    }
+
+    fn f32_tensor(&mut self, name: &str, shape: Vec<usize>, values: &[f32]) {
+        self.tensors.push((name.into(), shape, 0, values.iter().flat_map(|v| v.to_le_bytes()).collect()));
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend(0x4655_4747u32.to_le_bytes());
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend((self.meta.len() as u64).to_le_bytes());
+        for (key, value) in &self.meta {
+            put_str(&mut out, key);
+            match value {
+                Meta::U32(v) => {
+                    out.extend(4u32.to_le_bytes());
+                    out.extend(v.to_le_bytes());
+                }
+                Meta::F32(v) => {
+                    out.extend(6u32.to_le_bytes());
+                    out.extend(v.to_le_bytes());
+                }
+                Meta::Bool(v) => {
+                    out.extend(7u32.to_le_bytes());
+                    out.push(*v as u8);
+                }
+                Meta::Str(s) => {
+                    out.extend(8u32.to_le_bytes());
+                    put_str(&mut out, s);
+                }
+                Meta::Strs(items) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(8u32.to_le_bytes());
+                    out.extend((items.len() as u64).to_le_bytes());
+                    items.iter().for_each(|s| put_str(&mut out, s));
+                }
+                Meta::I32s(items) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(5u32.to_le_bytes());
+                    out.extend((items.len() as u64).to_le_bytes());
+                    items.iter().for_each(|v| out.extend(v.to_le_bytes()));
+                }
+            }
+        }
+        let mut offset = 0u64;
+        let mut offsets = Vec::new();
+        for (name, shape, kind, data) in &self.tensors {
+            put_str(&mut out, name);
+            out.extend((shape.len() as u32).to_le_bytes());
+            for d in shape.iter().rev() {
+                out.extend((*d as u64).to_le_bytes());
+            }
+            out.extend(kind.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offsets.push(offset);
+            offset = (offset + data.len() as u64).div_ceil(32) * 32;
+        }
+        out.resize(out.len().div_ceil(32) * 32, 0);
+        let start = out.len();
+        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
+            out.resize(start + off as usize, 0);
+            out.extend(data);
+        }
+        out
+    }
+}
+
+/// llama.cpp's converter permutation of q/k rows.
+fn permute_rope(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let head_dim = rows / heads;
+    let half = head_dim / 2;
+    let mut out = vec![0f32; values.len()];
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..half {
+                let (src, dst) = (h * head_dim + j * half + i, h * head_dim + i * 2 + j);
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The `llama-tied-sharded` fixture as llama.cpp would convert it (f32 tensors, plus its
+/// tokenizer as `tokenizer.ggml.*` metadata).
+fn convert_fixture() -> Vec<u8> {
+    let dir = fixture("llama-tied-sharded");
+    let spec = DecoderSpec::from_dir(&dir).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let (h, ffn, heads, kv) = (spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads);
+    let kv_dim = kv * spec.head_dim;
+    let mut w = Writer::default();
+    w.meta("general.architecture", Meta::Str("llama".into()));
+    for (key, v) in [
+        ("llama.block_count", spec.num_layers),
+        ("llama.context_length", spec.max_positions),
+        ("llama.embedding_length", h),
+        ("llama.feed_forward_length", ffn),
+        ("llama.attention.head_count", heads),
+        ("llama.attention.head_count_kv", kv),
+        ("llama.rope.dimension_count", spec.head_dim),
+    ] {
+        w.meta(key, Meta::U32(v as u32));
+    }
+    w.meta("llama.rope.freq_base", Meta::F32(10_000.0));
+    w.meta("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5));
+    w.meta("llama.rope.scaling.type", Meta::Str("linear".into()));
+    w.meta("llama.rope.scaling.factor", Meta::F32(2.0));
+
+    let tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = tokenizer["model"]["vocab"].as_object().unwrap();
+    let mut tokens = vec![String::new(); vocab.len()];
+    for (token, id) in vocab {
+        tokens[id.as_u64().unwrap() as usize] = token.clone();
+    }
+    let merges: Vec<String> = tokenizer["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| match m {
+            serde_json::Value::Array(pair) => format!("{} {}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap()),
+            other => other.as_str().unwrap().to_string(),
+        })
+        .collect();
+    let types = (0..tokens.len()).map(|i| if i < 3 { 3 } else { 1 }).collect();
+    w.meta("tokenizer.ggml.model", Meta::Str("gpt2".into()));
+    w.meta("tokenizer.ggml.pre", Meta::Str("default".into()));
+    w.meta("tokenizer.ggml.tokens", Meta::Strs(tokens));
+    w.meta("tokenizer.ggml.merges", Meta::Strs(merges));
+    w.meta("tokenizer.ggml.token_type", Meta::I32s(types));
+    w.meta("tokenizer.ggml.bos_token_id", Meta::U32(1));
+    w.meta("tokenizer.ggml.eos_token_id", Meta::U32(2));
+    w.meta("tokenizer.ggml.add_bos_token", Meta::Bool(true));
+
+    let mut put = |w: &mut Writer, gguf: &str, hf: &str, shape: Vec<usize>, rope_heads: Option<usize>| {
+        let values = ckpt.read_f32(hf, &shape).unwrap();
+        let values = match rope_heads {
+            Some(n) => permute_rope(&values, n, shape[0], shape[1]),
+            None => values,
+        };
+        w.f32_tensor(gguf, shape, &values);
+    };
+    put(&mut w, "token_embd.weight", "model.embed_tokens.weight", vec![spec.vocab_size, h], None);
+    put(&mut w, "output_norm.weight", "model.norm.weight", vec![h], None);
+    for i in 0..spec.num_layers {
+        let hf = |s: &str| format!("model.layers.{i}.{s}.weight");
+        let g = |s: &str| format!("blk.{i}.{s}.weight");
+        put(&mut w, &g("attn_norm"), &hf("input_layernorm"), vec![h], None);
+        put(&mut w, &g("attn_q"), &hf("self_attn.q_proj"), vec![heads * spec.head_dim, h], Some(heads));
+        put(&mut w, &g("attn_k"), &hf("self_attn.k_proj"), vec![kv_dim, h], Some(kv));
+        put(&mut w, &g("attn_v"), &hf("self_attn.v_proj"), vec![kv_dim, h], None);
+        put(&mut w, &g("attn_output"), &hf("self_attn.o_proj"), vec![h, heads * spec.head_dim], None);
+        put(&mut w, &g("ffn_norm"), &hf("post_attention_layernorm"), vec![h], None);
+        put(&mut w, &g("ffn_gate"), &hf("mlp.gate_proj"), vec![ffn, h], None);
+        put(&mut w, &g("ffn_up"), &hf("mlp.up_proj"), vec![ffn, h], None);
+        put(&mut w, &g("ffn_down"), &hf("mlp.down_proj"), vec![h, ffn], None);
+    }
+    // Quantized tensors the model does not use, so the corruption cases also reach block data.
+    let q41: Vec<u8> = (0..4 * 20).map(|i| (i * 37 % 251) as u8).collect();
+    w.tensors.push(("extra.q4_1".into(), vec![2, 64], 3, q41));
+    let q80: Vec<u8> = (0..2 * 34).map(|i| (i * 11 % 253) as u8).collect();
+    w.tensors.push(("extra.q8_0".into(), vec![64], 8, q80));
+    w.bytes()
+}
+
+fn write_temp(bytes: &[u8], name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("burn-llm-{}-{name}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn converted_llama_matches_hf() {
+    let path = write_temp(&convert_fixture(), "tiny-llama");
+    let device = Device::flex();
+    let pretrained = Pretrained::load(&path, &device).unwrap();
+    let reference = reference("llama-tied-sharded");
+    for (i, prompt) in reference.prompts.iter().enumerate() {
+        assert_eq!(pretrained.tokenizer.encode(&prompt.text).unwrap(), prompt.input_ids, "prompt {i} ids");
+        let ids = &prompt.input_ids;
+        let mut cache = ContiguousKvCache::new(pretrained.model.kv_layout(), 1, ids.len(), &device);
+        let step = cache.begin_step(&[ids]).unwrap();
+        let logits = pretrained.model.forward_all_logits(&step, &mut cache);
+        let diff = max_abs_diff(&logits.into_data().try_into_vec_as::<f32>().unwrap(), &prompt.logits);
+        assert!(diff <= 1e-4, "prompt {i}: max |Δlogit| = {diff}");
+    }
+    assert_eq!(pretrained.eos_token_ids, vec![2]);
+    std::fs::remove_file(path).ok();
+}
+
+/// 10 000 corrupted variants (byte flips anywhere, header-biased flips, truncations): each parses
+/// to an error or to a header whose tensors all lie inside the file and decode; none panics.
+#[test]
+fn corrupted_files_never_panic() {
+    let original = convert_fixture();
+    let header_len = 4096.min(original.len());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+    let (mut errors, mut parsed) = (0, 0);
+    for case in 0..10_000 {
+        let mut bytes = original.clone();
+        match case % 4 {
+            0 => bytes.truncate(rng.random_range(0..original.len())),
+            1 => {
+                for _ in 0..rng.random_range(1..8) {
+                    let at = rng.random_range(0..header_len);
+                    bytes[at] = rng.random();
+                }
+            }
+            2 => {
+                let at = rng.random_range(0..bytes.len());
+                bytes[at] ^= 1 << rng.random_range(0..8);
+            }
+            _ => {
+                // Overwrite a 64-bit little-endian field near the front with a huge value.
+                let at = rng.random_range(0..header_len.saturating_sub(8));
+                bytes[at..at + 8].copy_from_slice(&u64::MAX.wrapping_sub(rng.random_range(0..1000)).to_le_bytes());
+            }
+        }
+        match GgufHeader::parse(&bytes) {
+            Err(_) => errors += 1,
+            Ok(header) => {
+                parsed += 1;
+                for t in &header.tensors {
+                    let data = &bytes[t.range.clone()];
+                    if let Some(values) = dequantize(t.kind, data) {
+                        assert_eq!(values.len() as u64, t.elements(), "{}", t.name);
+                    }
+                }
+            }
+        }
+    }
+    assert!(errors > 2_000 && parsed > 0, "errors {errors}, parsed {parsed}");
+}
+
+#[test]
+fn corrupt_gguf_files_are_errors() {
+    let bytes = convert_fixture();
+    let path = write_temp(&bytes[..bytes.len() / 3], "truncated");
+    let err = Pretrained::load(&path, &Device::flex()).unwrap_err();
+    assert!(matches!(err, ModelError::CorruptGguf { .. }), "{err}");
+    assert!(err.to_string().contains("truncated") || err.to_string().contains("end of the file"), "{err}");
+    let mut wrong = bytes.clone();
+    wrong[4] = 7;
+    std::fs::write(&path, &wrong).unwrap();
+    let err = Pretrained::load(&path, &Device::flex()).unwrap_err();
+    assert!(err.to_string().contains("version 7"), "{err}");
+    std::fs::remove_file(path).ok();
+}
