@@ -171,7 +171,7 @@ fn convert_fixture() -> Vec<u8> {
     w.meta("tokenizer.ggml.eos_token_id", Meta::U32(2));
     w.meta("tokenizer.ggml.add_bos_token", Meta::Bool(true));
 
-    let mut put = |w: &mut Writer, gguf: &str, hf: &str, shape: Vec<usize>, rope_heads: Option<usize>| {
+    let put = |w: &mut Writer, gguf: &str, hf: &str, shape: Vec<usize>, rope_heads: Option<usize>| {
         let values = ckpt.read_f32(hf, &shape).unwrap();
         let values = match rope_heads {
             Some(n) => permute_rope(&values, n, shape[0], shape[1]),

@@ -1,0 +1,162 @@
+//! # burn-llm-kernels
+//!
+//! Numerics for burn-llm, each op a CubeCL kernel for every GPU runtime plus a pure-Rust twin for
+//! Burn's Flex CPU backend, with a test that they agree. Kernels know nothing about models or
+//! policies.
+//!
+//! Today: FlexGen's fine-grained group-wise asymmetric quantization (§4.1 of the FlexGen paper):
+//! values are split into groups of `group_size` consecutive elements along one axis, and each group
+//! stores `x_q = round((x − min) / (max − min) · (2^b − 1))` with its own `min` and
+//! `scale = (max − min) / (2^b − 1)`; dequantization is `x = x_q · scale + min`. Burn's built-in
+//! quantization is symmetric only (no zero point), hence this crate.
+
+#![warn(missing_docs)]
+
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube;
+#[cfg(feature = "flex")]
+mod flex;
+pub mod ops;
+
+use burn::backend::Dispatch;
+use burn::tensor::{Int, Tensor};
+
+use crate::ops::GroupQuantOps;
+
+/// What is wrong with a quantization request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// Only 4- and 8-bit codes are implemented.
+    #[error("{0}-bit quantization is not supported (use 4 or 8)")]
+    Bits(u32),
+    /// The group size does not tile the quantized axis into whole words.
+    #[error("group size {group} must be a positive multiple of {per_word} that divides the axis length {len}")]
+    GroupSize {
+        /// Requested group size.
+        group: usize,
+        /// Codes per `u32` word at this bit width.
+        per_word: usize,
+        /// Length of the quantized axis.
+        len: usize,
+    },
+    /// The axis does not exist.
+    #[error("axis {axis} out of range for a rank-{rank} tensor")]
+    Axis {
+        /// Requested axis.
+        axis: usize,
+        /// Tensor rank.
+        rank: usize,
+    },
+}
+
+/// How to quantize: bits per value, values per group, and the axis groups run along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantSpec {
+    /// Bits per code: 4 or 8.
+    pub bits: u32,
+    /// Consecutive values sharing one `scale` and `min` (FlexGen uses 64).
+    pub group_size: usize,
+    /// Axis along which groups are formed (weights: the output channel; KV cache: the hidden
+    /// dimension).
+    pub axis: usize,
+}
+
+impl QuantSpec {
+    /// `bits`-bit groups of `group_size` along `axis`.
+    pub fn new(bits: u32, group_size: usize, axis: usize) -> Self {
+        Self { bits, group_size, axis }
+    }
+
+    /// Codes per `u32` word.
+    pub fn per_word(&self) -> usize {
+        32 / self.bits as usize
+    }
+
+    /// Largest code, `2^bits − 1`.
+    pub fn max_code(&self) -> u32 {
+        (1 << self.bits) - 1
+    }
+
+    fn check(&self, shape: &[usize]) -> Result<(), KernelError> {
+        if self.bits != 4 && self.bits != 8 {
+            return Err(KernelError::Bits(self.bits));
+        }
+        let len = *shape.get(self.axis).ok_or(KernelError::Axis { axis: self.axis, rank: shape.len() })?;
+        let per_word = self.per_word();
+        if self.group_size == 0 || self.group_size % per_word != 0 || len % self.group_size != 0 {
+            return Err(KernelError::GroupSize { group: self.group_size, per_word, len });
+        }
+        Ok(())
+    }
+}
+
+/// A tensor stored as packed group-quantized codes with per-group scale and minimum.
+///
+/// Internally the quantized axis is moved last and the tensor flattened to `[rows, cols]`:
+/// `codes` is `[rows, cols · bits / 32]` (`u32`), `scale` and `min` are `[rows, cols / group]`.
+#[derive(Debug, Clone)]
+pub struct GroupQuantized<const D: usize> {
+    /// Packed codes, `U32`.
+    pub codes: Tensor<2, Int>,
+    /// Per-group scale.
+    pub scale: Tensor<2>,
+    /// Per-group minimum.
+    pub min: Tensor<2>,
+    /// Shape of the original tensor.
+    pub shape: [usize; D],
+    /// How it was quantized.
+    pub spec: QuantSpec,
+}
+
+impl<const D: usize> GroupQuantized<D> {
+    /// Bytes held by codes, scales and minimums (`f32` scales).
+    pub fn size_bytes(&self) -> usize {
+        let [rows, words] = self.codes.dims();
+        let [_, groups] = self.scale.dims();
+        rows * words * 4 + 2 * rows * groups * 4
+    }
+}
+
+/// The shape with `axis` swapped to the end.
+fn moved_last<const D: usize>(mut shape: [usize; D], axis: usize) -> [usize; D] {
+    shape.swap(axis, D - 1);
+    shape
+}
+
+/// Quantizes `x` group-wise on its own device.
+pub fn quantize<const D: usize>(x: Tensor<D>, spec: QuantSpec) -> Result<GroupQuantized<D>, KernelError> {
+    let shape: [usize; D] = x.dims();
+    spec.check(&shape)?;
+    let last = moved_last(shape, spec.axis);
+    let cols = last[D - 1];
+    let rows = last.iter().product::<usize>() / cols.max(1);
+    let groups = cols / spec.group_size;
+    let flat: Tensor<2> = x.swap_dims(spec.axis, D - 1).reshape([rows, cols]);
+    let grouped = flat.clone().reshape([rows, groups, spec.group_size]);
+    let min = grouped.clone().min_dim(2).reshape([rows, groups]);
+    let max = grouped.max_dim(2).reshape([rows, groups]);
+    let scale = (max - min.clone()) / spec.max_code() as f32;
+    let codes = Tensor::from_dispatch(<Dispatch as GroupQuantOps>::pack_groups(
+        flat.into_dispatch(),
+        scale.clone().into_dispatch(),
+        min.clone().into_dispatch(),
+        spec.bits,
+        spec.group_size,
+    ));
+    Ok(GroupQuantized { codes, scale, min, shape, spec })
+}
+
+/// Restores a tensor of the original shape, on the device the codes live on.
+pub fn dequantize<const D: usize>(q: &GroupQuantized<D>) -> Tensor<D> {
+    let flat: Tensor<2> = Tensor::from_dispatch(<Dispatch as GroupQuantOps>::unpack_groups(
+        q.codes.clone().into_dispatch(),
+        q.scale.clone().into_dispatch(),
+        q.min.clone().into_dispatch(),
+        q.spec.bits,
+        q.spec.group_size,
+    ));
+    flat.reshape(moved_last(q.shape, q.spec.axis)).swap_dims(q.spec.axis, D - 1)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,49 @@
+//! The custom ops behind group quantization, as a Burn backend extension: a CubeCL kernel for
+//! every GPU runtime ([`crate::cube`]) and a pure-Rust twin for Flex ([`crate::flex`]).
+//!
+//! Layout shared by both: a row-major `[rows, cols]` matrix quantized in groups of `group`
+//! consecutive columns; `scale` and `min` are `[rows, cols / group]`; codes are packed
+//! little-end-first into `u32` words, `32 / bits` codes a word, so `codes` is
+//! `[rows, cols · bits / 32]` of dtype `U32`.
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{backend_extension, Backend};
+
+/// Group-wise asymmetric quantization ops.
+#[backend_extension(
+    Cube: cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")),
+    Fusion: cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")),
+    Flex: cfg(feature = "flex")
+)]
+pub trait GroupQuantOps: Backend {
+    /// Codes `q = clamp(round((x − min) / scale), 0, 2^bits − 1)` packed into `u32` words
+    /// (`q = 0` where `scale = 0`, i.e. constant groups).
+    #[fusion(dtype = burn::tensor::DType::U32, shape = {
+        let mut s = x.clone();
+        let last = s.num_dims() - 1;
+        s[last] = s[last] * *bits as usize / 32;
+        s
+    })]
+    fn pack_groups(
+        x: FloatTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> IntTensor<Self>;
+
+    /// `x = q · scale + min` for every packed code.
+    #[fusion(dtype = scale, shape = {
+        let mut s = codes.clone();
+        let last = s.num_dims() - 1;
+        s[last] = s[last] * 32 / *bits as usize;
+        s
+    })]
+    fn unpack_groups(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self>;
+}

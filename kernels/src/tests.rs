@@ -1,0 +1,120 @@
+//! Round trips within half a quantization step, GPU kernels equal to their Flex twins, and
+//! argument checks. Shapes, group sizes, bit widths and axes are drawn at random (seeded).
+
+use burn::tensor::{Device, Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+fn devices() -> Vec<Device> {
+    let mut out = vec![Device::flex()];
+    #[cfg(feature = "wgpu")]
+    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {
+        out.push(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice));
+    }
+    out
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
+/// A random case: a 3-D shape whose `axis` holds whole groups, and data with some constant groups.
+fn case(rng: &mut impl Rng) -> ([usize; 3], QuantSpec, Vec<f32>) {
+    let bits = if rng.random_bool(0.5) { 4 } else { 8 };
+    let per = 32 / bits as usize;
+    let group = per * rng.random_range(1..=8);
+    let axis = rng.random_range(0..3);
+    let mut shape = [rng.random_range(1..4), rng.random_range(1..5), rng.random_range(1..4)];
+    shape[axis] = group * rng.random_range(1..4);
+    let n: usize = shape.iter().product();
+    let spread = 10f32.powi(rng.random_range(-2..3));
+    let constant = rng.random_bool(0.2);
+    let data = (0..n)
+        .map(|_| if constant { 1.25 } else { (rng.random::<f32>() - 0.3) * spread })
+        .collect();
+    (shape, QuantSpec::new(bits, group, axis), data)
+}
+
+/// Each value is back within half a step of its group (plus float rounding).
+#[test]
+fn round_trip_error_is_at_most_half_a_step() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    for device in devices() {
+        for _ in 0..60 {
+            let (shape, spec, data) = case(&mut rng);
+            let x = Tensor::<3>::from_data(TensorData::new(data.clone(), shape), &device);
+            let q = quantize(x, spec).unwrap();
+            let back = values(dequantize(&q));
+            // Step of each element's group: scale broadcast back through the same layout.
+            let steps = q.scale.clone().reshape([q.scale.dims()[0], q.scale.dims()[1], 1]);
+            let steps = steps.repeat_dim(2, spec.group_size).reshape(moved_last(shape, spec.axis)).swap_dims(spec.axis, 2);
+            let steps = values(steps);
+            for ((x, y), step) in data.iter().zip(&back).zip(&steps) {
+                let tolerance = step / 2.0 + 1e-5 * x.abs().max(1.0);
+                assert!((x - y).abs() <= tolerance, "{shape:?} {spec:?}: {x} came back as {y} (step {step})");
+            }
+        }
+    }
+}
+
+/// Constant groups (max = min) come back exactly.
+#[test]
+fn constant_groups_are_exact() {
+    for device in devices() {
+        let x = Tensor::<2>::from_data(TensorData::new(vec![-3.5f32; 4 * 64], [4, 64]), &device);
+        let q = quantize(x, QuantSpec::new(4, 32, 1)).unwrap();
+        assert!(values(dequantize(&q)).iter().all(|&v| v == -3.5));
+    }
+}
+
+/// The GPU kernels agree with the Flex twins: unpacking the same codes gives the same values, and
+/// packing the same inputs gives the same codes except, rarely, at exact rounding ties.
+#[cfg(feature = "wgpu")]
+#[test]
+fn cube_kernels_equal_flex_twins() {
+    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
+        return;
+    }
+    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let cpu = Device::flex();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for _ in 0..30 {
+        let (shape, spec, data) = case(&mut rng);
+        let on = |d: &Device| quantize(Tensor::<3>::from_data(TensorData::new(data.clone(), shape), d), spec).unwrap();
+        let (a, b) = (on(&cpu), on(&gpu));
+        let codes = |q: &GroupQuantized<3>| q.codes.clone().into_data().try_into_vec_as::<u32>().unwrap();
+        let (ca, cb) = (codes(&a), codes(&b));
+        let differing = ca.iter().zip(&cb).filter(|(x, y)| x != y).count();
+        assert!(differing * 100 <= ca.len().max(100), "{differing} of {} words differ", ca.len());
+
+        let moved = GroupQuantized {
+            codes: a.codes.clone().to_device(&gpu),
+            scale: a.scale.clone().to_device(&gpu),
+            min: a.min.clone().to_device(&gpu),
+            ..a.clone()
+        };
+        let (va, vb) = (values(dequantize(&a)), values(dequantize(&moved)));
+        for (x, y) in va.iter().zip(&vb) {
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn bad_specs_are_errors() {
+    let x = Tensor::<2>::zeros([4, 48], &Device::flex());
+    assert_eq!(quantize(x.clone(), QuantSpec::new(3, 32, 1)).unwrap_err(), KernelError::Bits(3));
+    assert!(matches!(quantize(x.clone(), QuantSpec::new(4, 32, 1)), Err(KernelError::GroupSize { .. })));
+    assert!(matches!(quantize(x.clone(), QuantSpec::new(8, 6, 1)), Err(KernelError::GroupSize { .. })));
+    assert!(matches!(quantize(x, QuantSpec::new(4, 8, 2)), Err(KernelError::Axis { axis: 2, rank: 2 })));
+}
+
+#[test]
+fn four_bits_pack_eight_codes_a_word() {
+    let x = Tensor::<2>::from_data(TensorData::new((0..64).map(|v| v as f32).collect::<Vec<_>>(), [1, 64]), &Device::flex());
+    let q = quantize(x, QuantSpec::new(4, 64, 1)).unwrap();
+    assert_eq!(q.codes.dims(), [1, 8]);
+    assert_eq!(q.scale.dims(), [1, 1]);
+    assert_eq!(q.size_bytes(), 8 * 4 + 2 * 4);
+}
