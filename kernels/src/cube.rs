@@ -73,7 +73,76 @@ fn unpack_kernel<F: Float>(
     out[idx] = F::cast_from(q) * scale[g] + min[g];
 }
 
+/// One thread per output value `out[i, j]`, walking the shared dimension.
+#[cube(launch)]
+fn qmatmul_kernel<F: Float>(
+    x: &Tensor<F>,
+    codes: &Tensor<u32>,
+    scale: &Tensor<F>,
+    min: &Tensor<F>,
+    out: &mut Tensor<F>,
+    k_len: usize,
+    n: usize,
+    group: usize,
+    bits: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let idx = ABSOLUTE_POS;
+    if idx >= out.len() {
+        terminate!();
+    }
+    let per = 32 / bits as usize;
+    let i = idx / n;
+    let j = idx % n;
+    let words = n / per;
+    let groups = n / group;
+    let shift = u32::cast_from(j % per) * bits;
+    let mask = (1u32 << bits) - 1u32;
+    let mut acc = F::new(0.0);
+    for k in 0..k_len {
+        let q = (codes[k * words + j / per] >> shift) & mask;
+        let g = k * groups + j / group;
+        acc += x[i * k_len + k] * (F::cast_from(q) * scale[g] + min[g]);
+    }
+    out[idx] = acc;
+}
+
 impl GroupQuantOps for CubeBackend {
+    fn fused_qmatmul(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let (x, codes) = (into_contiguous(x), into_contiguous(codes));
+        let (scale, min) = (into_contiguous(scale), into_contiguous(min));
+        let [m, k_len] = x.shape().dims::<2>();
+        let n = codes.shape().dims::<2>()[1] * 32 / bits as usize;
+        let client = x.client.clone();
+        let out = empty_device_dtype(client.clone(), x.device.clone(), Shape::new([m, n]), x.dtype);
+        let cube_dim = CubeDim::new(&client, m * n);
+        let cube_count = calculate_cube_count_elemwise(&client, m * n, cube_dim);
+        let dtype = dtype_to_storage_type(x.dtype);
+        qmatmul_kernel::launch(
+            &client,
+            cube_count,
+            cube_dim,
+            x.into_tensor_arg(),
+            codes.into_tensor_arg(),
+            scale.into_tensor_arg(),
+            min.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            k_len,
+            n,
+            group,
+            bits,
+            dtype,
+        );
+        out
+    }
+
     fn pack_groups(
         x: FloatTensor<Self>,
         scale: FloatTensor<Self>,

@@ -18,6 +18,52 @@ fn host_f32(t: FloatTensor<Flex>) -> (Vec<f32>, [usize; 2]) {
 }
 
 impl GroupQuantOps for Flex {
+    /// Row-parallel; per input `k` and group, `out += (x·scale)·q + x·min`, decoding each packed word
+    /// once, so the weight is never expanded to `f32` in memory.
+    fn fused_qmatmul(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let (x, [m, k_len]) = host_f32(x);
+        let data = codes.into_data();
+        let words = data.shape().dims::<2>()[1];
+        let codes = data.try_into_vec_as::<u32>().expect("codes are u32");
+        let (scale, _) = host_f32(scale);
+        let (min, _) = host_f32(min);
+        let per = 32 / bits as usize;
+        let mask = (1u32 << bits) - 1;
+        let n = words * per;
+        let groups = n / group;
+        let words_per_group = group / per;
+        let mut out = vec![0f32; m * n];
+        out.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
+            let xs = &x[i * k_len..(i + 1) * k_len];
+            for (k, &xk) in xs.iter().enumerate() {
+                if xk == 0.0 {
+                    continue;
+                }
+                let code_row = &codes[k * words..(k + 1) * words];
+                for g in 0..groups {
+                    let a = xk * scale[k * groups + g];
+                    let b = xk * min[k * groups + g];
+                    let cols = &mut row[g * group..(g + 1) * group];
+                    let packed = &code_row[g * words_per_group..(g + 1) * words_per_group];
+                    for (w, &word) in packed.iter().enumerate() {
+                        for (t, out) in cols[w * per..(w + 1) * per].iter_mut().enumerate() {
+                            let q = (word >> (t as u32 * bits)) & mask;
+                            *out += a * q as f32 + b;
+                        }
+                    }
+                }
+            }
+        });
+        burn::backend::flex::FlexTensor::from_data(TensorData::new(out, [m, n]))
+    }
+
     fn pack_groups(
         x: FloatTensor<Self>,
         scale: FloatTensor<Self>,

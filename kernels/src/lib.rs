@@ -158,5 +158,35 @@ pub fn dequantize<const D: usize>(q: &GroupQuantized<D>) -> Tensor<D> {
     flat.reshape(moved_last(q.shape, q.spec.axis)).swap_dims(q.spec.axis, D - 1)
 }
 
+/// The weight layout [`qmatmul`] needs is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("qmatmul needs a [k, n] weight quantized along axis 1 with k = {k}; got shape {shape:?} along axis {axis}")]
+pub struct QMatmulLayout {
+    /// Columns of `x`.
+    pub k: usize,
+    /// Shape of the quantized weight.
+    pub shape: [usize; 2],
+    /// Its quantization axis.
+    pub axis: usize,
+}
+
+/// `x · W` (`x` `[m, k]`, `W` `[k, n]` quantized along `n`) by the fused dequantize-matmul kernel,
+/// which never materializes `W` in full precision. Best for decode-sized `m`; for large `m`,
+/// [`dequantize`] then an ordinary matmul is faster.
+pub fn qmatmul(x: Tensor<2>, w: &GroupQuantized<2>) -> Result<Tensor<2>, QMatmulLayout> {
+    let k = x.dims()[1];
+    if w.spec.axis != 1 || w.shape[0] != k {
+        return Err(QMatmulLayout { k, shape: w.shape, axis: w.spec.axis });
+    }
+    Ok(Tensor::from_dispatch(<Dispatch as GroupQuantOps>::fused_qmatmul(
+        x.into_dispatch(),
+        w.codes.clone().into_dispatch(),
+        w.scale.clone().into_dispatch(),
+        w.min.clone().into_dispatch(),
+        w.spec.bits,
+        w.spec.group_size,
+    )))
+}
+
 #[cfg(test)]
 mod tests;

@@ -46,4 +46,20 @@ pub trait GroupQuantOps: Backend {
         bits: u32,
         group: usize,
     ) -> FloatTensor<Self>;
+
+    /// `x · W` for `x` `[m, k]` and a weight `W` `[k, n]` quantized in groups along `n`, without
+    /// materializing `W`: `out[i, j] = Σ_k x[i, k] · (q[k, j] · scale[k, j / group] + min[k, j / group])`.
+    #[fusion(dtype = x, shape = {
+        let mut s = x.clone();
+        s[1] = codes[1] * 32 / *bits as usize;
+        s
+    })]
+    fn fused_qmatmul(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self>;
 }
