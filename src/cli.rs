@@ -58,12 +58,37 @@ pub struct GenerateArgs {
     /// Also report the top-K log-probabilities of each generated token.
     #[arg(long)]
     pub logprobs: Option<usize>,
+    /// Quantize attention and MLP weights at load (group-wise asymmetric, FlexGen style).
+    #[arg(long, value_enum)]
+    pub quantize: Option<WeightQuant>,
+    /// Values per quantization group (along each weight's output channel).
+    #[arg(long, default_value_t = 64)]
+    pub group_size: usize,
     /// Device backend (default: the best one compiled in).
     #[arg(long, value_enum)]
     pub device: Option<DeviceChoice>,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Weight quantization choices of `--quantize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightQuant {
+    /// 4-bit codes.
+    W4,
+    /// 8-bit codes.
+    W8,
+}
+
+impl WeightQuant {
+    /// Bits per code.
+    pub fn bits(self) -> u32 {
+        match self {
+            WeightQuant::W4 => 4,
+            WeightQuant::W8 => 8,
+        }
+    }
 }
 
 fn parse_ids(text: &str) -> Result<Vec<u32>, String> {
@@ -173,7 +198,11 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
 
     let load_start = Instant::now();
     let dir = hub::resolve_model(model_arg)?;
-    let generator = Generator::from(Pretrained::load(&dir, &device)?);
+    let mut pretrained = Pretrained::load(&dir, &device)?;
+    if let Some(quant) = args.quantize {
+        pretrained.model = pretrained.model.quantize_weights(quant.bits(), args.group_size)?;
+    }
+    let generator = Generator::from(pretrained);
     let load_s = load_start.elapsed().as_secs_f64();
 
     let output = if args.json {

@@ -88,6 +88,9 @@ pub enum ModelError {
         /// The dtype in the file.
         dtype: String,
     },
+    /// Weights could not be quantized as asked (group size not dividing a layer's width, …).
+    #[error("cannot quantize weights: {0}")]
+    Quantization(String),
     /// The tokenizer could not be loaded or used.
     #[error("tokenizer error: {0}")]
     Tokenizer(String),

@@ -155,10 +155,10 @@ impl CausalLm {
                 DecoderLayer {
                     attn_norm: Norm::init(spec.norm, hidden, device),
                     attn: SelfAttention {
-                        q: init_linear([hidden, q_out], ab, device),
-                        k: init_linear([hidden, kv_out], ab, device),
-                        v: init_linear([hidden, kv_out], ab, device),
-                        o: init_linear([q_out, hidden], ab, device),
+                        q: init_linear([hidden, q_out], ab, device).into(),
+                        k: init_linear([hidden, kv_out], ab, device).into(),
+                        v: init_linear([hidden, kv_out], ab, device).into(),
+                        o: init_linear([q_out, hidden], ab, device).into(),
                         num_heads: spec.num_heads,
                         num_kv_heads: spec.num_kv_heads,
                         head_dim: spec.head_dim,
@@ -166,11 +166,11 @@ impl CausalLm {
                     },
                     mlp_norm: Norm::init(spec.norm, hidden, device),
                     mlp: Mlp {
-                        up: init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device),
+                        up: init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device).into(),
                         gate: spec
                             .gated_mlp
-                            .then(|| init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device)),
-                        down: init_linear([spec.intermediate_size, hidden], spec.mlp_bias, device),
+                            .then(|| init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device).into()),
+                        down: init_linear([spec.intermediate_size, hidden], spec.mlp_bias, device).into(),
                         activation: spec.activation,
                     },
                     pre_norm: spec.pre_norm,
@@ -190,6 +190,35 @@ impl CausalLm {
             lm_head: (!spec.tie_word_embeddings).then(|| init_linear([embed, spec.vocab_size], false, device)),
             spec,
         }
+    }
+
+    /// The model with every attention and MLP projection group-quantized to `bits` (4 or 8) in
+    /// groups of `group_size` along the output channel (FlexGen's weight compression). Embeddings,
+    /// norms and the LM head stay in full precision.
+    pub fn quantize_weights(mut self, bits: u32, group_size: usize) -> Result<Self> {
+        let layers = std::mem::take(&mut self.layers);
+        for (i, layer) in layers.into_iter().enumerate() {
+            let name = |p: &str| format!("layer {i} {p}");
+            let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm } = layer;
+            let attn = SelfAttention {
+                q: attn.q.quantized(bits, group_size, &name("q"))?,
+                k: attn.k.quantized(bits, group_size, &name("k"))?,
+                v: attn.v.quantized(bits, group_size, &name("v"))?,
+                o: attn.o.quantized(bits, group_size, &name("o"))?,
+                ..attn
+            };
+            let mlp = Mlp {
+                up: mlp.up.quantized(bits, group_size, &name("up"))?,
+                gate: match mlp.gate {
+                    Some(g) => Some(g.quantized(bits, group_size, &name("gate"))?),
+                    None => None,
+                },
+                down: mlp.down.quantized(bits, group_size, &name("down"))?,
+                activation: mlp.activation,
+            };
+            self.layers.push(DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm });
+        }
+        Ok(self)
     }
 
     /// The architecture description.
@@ -319,10 +348,10 @@ fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &D
     Ok(DecoderLayer {
         attn_norm: Norm::load(ckpt, &name(names.attn_norm), spec.norm, hidden, device)?,
         attn: SelfAttention {
-            q,
-            k,
-            v,
-            o: linear(names.o_proj, [q_out, hidden], spec.attention_bias)?,
+            q: q.into(),
+            k: k.into(),
+            v: v.into(),
+            o: linear(names.o_proj, [q_out, hidden], spec.attention_bias)?.into(),
             num_heads: spec.num_heads,
             num_kv_heads: spec.num_kv_heads,
             head_dim: spec.head_dim,
@@ -330,12 +359,12 @@ fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &D
         },
         mlp_norm: Norm::load(ckpt, &name(names.mlp_norm), spec.norm, hidden, device)?,
         mlp: Mlp {
-            up: linear(names.up, [hidden, ffn], spec.mlp_bias)?,
+            up: linear(names.up, [hidden, ffn], spec.mlp_bias)?.into(),
             gate: match names.gate {
-                Some(gate) => Some(linear(gate, [hidden, ffn], spec.mlp_bias)?),
+                Some(gate) => Some(linear(gate, [hidden, ffn], spec.mlp_bias)?.into()),
                 None => None,
             },
-            down: linear(names.down, [ffn, hidden], spec.mlp_bias)?,
+            down: linear(names.down, [ffn, hidden], spec.mlp_bias)?.into(),
             activation: spec.activation,
         },
         pre_norm: spec.pre_norm,

@@ -31,6 +31,8 @@ fn flags_become_sampling_params_and_prompts() {
     assert_eq!(prompts[2], burn_llm::Prompt::Ids(vec![1, 2, 3]));
     assert!(GenerateArgs::try_parse_from(["x", "--prompt-ids", "1,a"]).is_err());
     assert!(GenerateArgs::try_parse_from(["x", "--device", "tpu"]).is_err());
+    let q = args(&["--quantize", "w4", "--group-size", "32"]);
+    assert_eq!((q.quantize.map(|w| w.bits()), q.group_size), (Some(4), 32));
 }
 
 #[test]
@@ -38,7 +40,7 @@ fn json_run_on_a_local_model() {
     let dir = fixture("gpt2");
     let a = args(&["--model", dir.to_str().unwrap(), "--prompt", "GNU", "--max-new-tokens", "4", "--device", "flex", "--json", "--logprobs", "2"]);
     run(&a, DEFAULTS).unwrap();
-    let a = args(&["--model", dir.to_str().unwrap(), "--prompt", "GNU", "--prompt", "The", "--max-new-tokens", "3", "--device", "flex"]);
+    let a = args(&["--model", dir.to_str().unwrap(), "--prompt", "GNU", "--prompt", "The", "--max-new-tokens", "3", "--device", "flex", "--quantize", "w4", "--group-size", "32"]);
     run(&a, DEFAULTS).unwrap();
 }
 

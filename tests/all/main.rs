@@ -10,5 +10,6 @@ mod cli;
 mod errors;
 mod gguf;
 mod parity;
+mod quantized;
 mod real_model;
 mod sampling;

@@ -3,23 +3,23 @@
 //! offloaded caches run the same model code.
 
 use burn::module::Module;
-use burn::nn::Linear;
 use burn::tensor::Tensor;
 
 use crate::cache::KvCache;
+use crate::layers::projection::Projection;
 use crate::layers::rope::apply_rotary;
 
 /// Self-attention of one decoder layer.
 #[derive(Module, Debug)]
 pub struct SelfAttention {
     /// Query projection, `hidden → heads · head_dim`.
-    pub q: Linear,
+    pub q: Projection,
     /// Key projection, `hidden → kv_heads · head_dim`.
-    pub k: Linear,
+    pub k: Projection,
     /// Value projection, `hidden → kv_heads · head_dim`.
-    pub v: Linear,
+    pub v: Projection,
     /// Output projection, `heads · head_dim → hidden`.
-    pub o: Linear,
+    pub o: Projection,
     /// Query heads.
     pub num_heads: usize,
     /// Key/value heads.

@@ -1,7 +1,7 @@
 //! The feed-forward block: `fc2(act(fc1(x)))`, or gated `down(act(gate(x)) · up(x))` (SwiGLU).
 
 use burn::module::Module;
-use burn::nn::Linear;
+use crate::layers::projection::Projection;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 use burn::tensor::Tensor;
 
@@ -11,11 +11,11 @@ use crate::config::Activation;
 #[derive(Module, Debug)]
 pub struct Mlp {
     /// `fc1` / `c_fc` / `up_proj`.
-    pub up: Linear,
+    pub up: Projection,
     /// `gate_proj` of gated MLPs.
-    pub gate: Option<Linear>,
+    pub gate: Option<Projection>,
     /// `fc2` / `c_proj` / `down_proj`.
-    pub down: Linear,
+    pub down: Projection,
     /// Pointwise activation.
     #[module(skip)]
     pub activation: Activation,

@@ -4,4 +4,5 @@ pub mod attention;
 pub mod linear;
 pub mod mlp;
 pub mod norm;
+pub mod projection;
 pub mod rope;

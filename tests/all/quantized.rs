@@ -1,0 +1,43 @@
+//! Weights quantized with the kernels crate: the fused decode path (one row) and the
+//! dequantize-then-matmul prefill path agree inside the model, and 8-bit weights stay close to HF.
+
+use burn::tensor::Device;
+use burn_llm::models::{ContiguousKvCache, Pretrained};
+
+use crate::common::{devices, fixture, max_abs_diff, reference, FIXTURES};
+
+#[test]
+fn fused_decode_equals_prefill_path_and_w8_stays_close() {
+    for (device_name, device) in devices() {
+        for name in FIXTURES {
+            let reference = reference(name);
+            let model = Pretrained::load(&fixture(name), &device).unwrap().model.quantize_weights(8, 32).unwrap();
+            let prompt = &reference.prompts[2];
+            let ids = &prompt.input_ids;
+            assert!(ids.len() > 16, "this prompt must take the dequantize-then-matmul path");
+            let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
+            let step = cache.begin_step(&[ids]).unwrap();
+            let prefill = model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap();
+
+            let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
+            let mut decode = Vec::new();
+            for id in ids {
+                let step = cache.begin_step(&[&[*id]]).unwrap();
+                decode.extend(model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap());
+            }
+            let diff = max_abs_diff(&prefill, &decode);
+            assert!(diff <= 1e-4, "{name} on {device_name}: fused vs dequantized paths differ by {diff}");
+
+            let range = prompt.logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let error = max_abs_diff(&prefill, &prompt.logits);
+            assert!(error <= 0.05 * range, "{name} on {device_name}: w8 logits off by {error} (range {range})");
+        }
+    }
+}
+
+#[test]
+fn group_sizes_that_do_not_divide_a_layer_are_errors() {
+    let model = Pretrained::load(&fixture("llama"), &Device::flex()).unwrap().model;
+    let err = model.quantize_weights(4, 48).unwrap_err().to_string();
+    assert!(err.contains("layer 0") && err.contains("group size 48"), "{err}");
+}
