@@ -1,6 +1,7 @@
 //! Pure-Rust twins of [`GroupQuantOps`] for Burn's Flex CPU backend, parallel over rows.
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
 use burn::tensor::TensorData;
 use rayon::prelude::*;
@@ -17,9 +18,22 @@ fn host_f32(t: FloatTensor<Flex>) -> (Vec<f32>, [usize; 2]) {
     (values, shape)
 }
 
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.is_contiguous() { t } else { t.to_contiguous() }
+}
+
+fn f32s(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>().expect("group quantization runs on contiguous f32 tensors")
+}
+
+fn u32s(t: &FlexTensor) -> &[u32] {
+    t.as_slice::<u32>().expect("codes are contiguous u32 tensors")
+}
+
 impl GroupQuantOps for Flex {
-    /// Row-parallel; per input `k` and group, `out += (x·scale)·q + x·min`, decoding each packed word
-    /// once, so the weight is never expanded to `f32` in memory.
+    /// Parallel over output column groups (decode has a single row). Per group, the `min` term
+    /// `Σ_k x[i, k] · min[k, g]` is one sum shared by all its columns, and each packed word is
+    /// decoded once for all rows, so the weight is never expanded to `f32` in memory.
     fn fused_qmatmul(
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
@@ -28,40 +42,54 @@ impl GroupQuantOps for Flex {
         bits: u32,
         group: usize,
     ) -> FloatTensor<Self> {
-        let (x, [m, k_len]) = host_f32(x);
-        let data = codes.into_data();
-        let words = data.shape().dims::<2>()[1];
-        let codes = data.try_into_vec_as::<u32>().expect("codes are u32");
-        let (scale, _) = host_f32(scale);
-        let (min, _) = host_f32(min);
+        // Borrow the buffers in place: copying the codes every call would cost as much memory traffic
+        // as the product itself.
+        let [m, k_len] = x.layout().shape().dims::<2>();
+        let words = codes.layout().shape().dims::<2>()[1];
+        let (x, codes, scale, min) = (contiguous(x), contiguous(codes), contiguous(scale), contiguous(min));
+        let (x, codes) = (f32s(&x), u32s(&codes));
+        let (scale, min) = (f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
         let mask = (1u32 << bits) - 1;
         let n = words * per;
         let groups = n / group;
         let words_per_group = group / per;
-        let mut out = vec![0f32; m * n];
-        out.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
-            let xs = &x[i * k_len..(i + 1) * k_len];
-            for (k, &xk) in xs.iter().enumerate() {
-                if xk == 0.0 {
-                    continue;
-                }
-                let code_row = &codes[k * words..(k + 1) * words];
-                for g in 0..groups {
-                    let a = xk * scale[k * groups + g];
-                    let b = xk * min[k * groups + g];
-                    let cols = &mut row[g * group..(g + 1) * group];
-                    let packed = &code_row[g * words_per_group..(g + 1) * words_per_group];
+        let blocks: Vec<Vec<f32>> = (0..groups)
+            .into_par_iter()
+            .map(|g| {
+                let mut acc = vec![0f32; m * group];
+                let mut offset = vec![0f32; m];
+                let mut decoded = vec![0f32; group];
+                for k in 0..k_len {
+                    let (s, mn) = (scale[k * groups + g], min[k * groups + g]);
+                    let packed = &codes[k * words + g * words_per_group..k * words + (g + 1) * words_per_group];
                     for (w, &word) in packed.iter().enumerate() {
-                        for (t, out) in cols[w * per..(w + 1) * per].iter_mut().enumerate() {
-                            let q = (word >> (t as u32 * bits)) & mask;
-                            *out += a * q as f32 + b;
+                        for (t, d) in decoded[w * per..(w + 1) * per].iter_mut().enumerate() {
+                            *d = ((word >> (t as u32 * bits)) & mask) as f32;
+                        }
+                    }
+                    for i in 0..m {
+                        let xk = x[i * k_len + k];
+                        let a = xk * s;
+                        offset[i] += xk * mn;
+                        for (o, d) in acc[i * group..(i + 1) * group].iter_mut().zip(&decoded) {
+                            *o += a * d;
                         }
                     }
                 }
+                for i in 0..m {
+                    acc[i * group..(i + 1) * group].iter_mut().for_each(|o| *o += offset[i]);
+                }
+                acc
+            })
+            .collect();
+        let mut out = vec![0f32; m * n];
+        for (g, block) in blocks.iter().enumerate() {
+            for i in 0..m {
+                out[i * n + g * group..i * n + (g + 1) * group].copy_from_slice(&block[i * group..(i + 1) * group]);
             }
-        });
-        burn::backend::flex::FlexTensor::from_data(TensorData::new(out, [m, n]))
+        }
+        FlexTensor::from_data(TensorData::new(out, [m, n]))
     }
 
     fn pack_groups(
@@ -95,7 +123,7 @@ impl GroupQuantOps for Flex {
                     *word = packed;
                 }
             });
-        burn::backend::flex::FlexTensor::from_data(TensorData::new(codes, [rows, cols / per]))
+        FlexTensor::from_data(TensorData::new(codes, [rows, cols / per]))
     }
 
     fn unpack_groups(
@@ -122,6 +150,6 @@ impl GroupQuantOps for Flex {
                 *v = q as f32 * scale[g] + min[g];
             }
         });
-        burn::backend::flex::FlexTensor::from_data(TensorData::new(out, [rows, cols]))
+        FlexTensor::from_data(TensorData::new(out, [rows, cols]))
     }
 }
