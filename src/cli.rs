@@ -64,6 +64,9 @@ pub struct GenerateArgs {
     /// Values per quantization group (along each weight's output channel).
     #[arg(long, default_value_t = 64)]
     pub group_size: usize,
+    /// Store the KV cache as 4- or 8-bit group-quantized codes (groups along the head dimension).
+    #[arg(long, value_parser = parse_kv_bits)]
+    pub kv_quant: Option<u32>,
     /// Device backend (default: the best one compiled in).
     #[arg(long, value_enum)]
     pub device: Option<DeviceChoice>,
@@ -88,6 +91,14 @@ impl WeightQuant {
             WeightQuant::W4 => 4,
             WeightQuant::W8 => 8,
         }
+    }
+}
+
+fn parse_kv_bits(text: &str) -> Result<u32, String> {
+    match text {
+        "4" => Ok(4),
+        "8" => Ok(8),
+        other => Err(format!("`{other}`: the KV cache can be quantized to 4 or 8 bits")),
     }
 }
 
@@ -202,7 +213,10 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
     if let Some(quant) = args.quantize {
         pretrained.model = pretrained.model.quantize_weights(quant.bits(), args.group_size)?;
     }
-    let generator = Generator::from(pretrained);
+    let mut generator = Generator::from(pretrained);
+    if let Some(bits) = args.kv_quant {
+        generator = generator.with_kv_quantization(bits)?;
+    }
     let load_s = load_start.elapsed().as_secs_f64();
 
     let output = if args.json {

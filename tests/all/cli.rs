@@ -33,6 +33,8 @@ fn flags_become_sampling_params_and_prompts() {
     assert!(GenerateArgs::try_parse_from(["x", "--device", "tpu"]).is_err());
     let q = args(&["--quantize", "w4", "--group-size", "32"]);
     assert_eq!((q.quantize.map(|w| w.bits()), q.group_size), (Some(4), 32));
+    assert_eq!(args(&["--kv-quant", "4"]).kv_quant, Some(4));
+    assert!(GenerateArgs::try_parse_from(["x", "--kv-quant", "5"]).is_err());
 }
 
 #[test]

@@ -41,3 +41,36 @@ fn group_sizes_that_do_not_divide_a_layer_are_errors() {
     let err = model.quantize_weights(4, 48).unwrap_err().to_string();
     assert!(err.contains("layer 0") && err.contains("group size 48"), "{err}");
 }
+
+/// An 8-bit KV cache stays close to HF's logits and decodes; 4-bit runs through the same path.
+#[test]
+fn quantized_kv_cache() {
+    use burn_llm::models::SamplingParams;
+    for (device_name, device) in devices() {
+        for name in ["opt", "llama", "gpt2"] {
+            let reference = reference(name);
+            let pretrained = Pretrained::load(&fixture(name), &device).unwrap();
+            let prompt = &reference.prompts[1];
+            let ids = &prompt.input_ids;
+            let mut cache = ContiguousKvCache::quantized(pretrained.model.kv_layout(), 1, ids.len(), &device, 8).unwrap();
+            // 8-bit codes plus f32 scale and min per group of 16: 1.5 bytes a value instead of 4.
+            assert!(cache.memory_bytes() * 2 < ContiguousKvCache::new(pretrained.model.kv_layout(), 1, ids.len(), &device).memory_bytes());
+            let step = cache.begin_step(&[ids]).unwrap();
+            let logits = pretrained.model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap();
+            let range = prompt.logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let error = max_abs_diff(&logits, &prompt.logits);
+            assert!(error <= 0.05 * range, "{name} on {device_name}: kv8 logits off by {error} (range {range})");
+
+            for bits in [8, 4] {
+                let generator = burn_llm::Generator::from(Pretrained::load(&fixture(name), &device).unwrap())
+                    .with_kv_quantization(bits)
+                    .unwrap();
+                let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
+                let out = generator.generate(&[prompt.text.as_str().into(), "GNU".into()], &params).unwrap();
+                assert!(out.requests.iter().all(|r| r.generated_ids.len() == 6), "{name} kv{bits}");
+            }
+        }
+    }
+    let generator = burn_llm::Generator::from(Pretrained::load(&fixture("opt"), &Device::flex()).unwrap());
+    assert!(generator.with_kv_quantization(3).is_err());
+}

@@ -1,10 +1,74 @@
 //! A preallocated, contiguous per-layer KV cache for a static batch of sequences of different
 //! lengths (the layout HF transformers uses for batched generation).
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_llm_kernels::{dequantize, quantize, GroupQuantized, QuantSpec};
 
 use super::{attention, causal_bias, KvCache, KvLayout, StepInput, MASKED};
 use crate::error::{ModelError, Result};
+
+/// One layer's keys or values: `[batch, kv_heads, capacity, head_dim]` floats, or the same slots
+/// group-quantized along `head_dim` (FlexGen's KV-cache compression).
+enum Slots {
+    Dense(Tensor<4>),
+    Quantized {
+        /// `[batch, kv_heads, capacity, head_dim · bits / 32]`, `U32`.
+        codes: Tensor<4, Int>,
+        /// `[batch, kv_heads, capacity, head_dim / group]`.
+        scale: Tensor<4>,
+        min: Tensor<4>,
+        spec: QuantSpec,
+    },
+}
+
+impl Slots {
+    fn new(shape: [usize; 4], quant: Option<QuantSpec>, device: &Device) -> Self {
+        match quant {
+            None => Slots::Dense(Tensor::zeros(shape, device)),
+            Some(spec) => {
+                let [b, h, cap, d] = shape;
+                let groups = [b, h, cap, d / spec.group_size];
+                Slots::Quantized {
+                    codes: Tensor::zeros([b, h, cap, d / spec.per_word()], (device, DType::U32)),
+                    scale: Tensor::zeros(groups, device),
+                    min: Tensor::zeros(groups, device),
+                    spec,
+                }
+            }
+        }
+    }
+
+    /// Writes `new` (`[b, h, s, d]`) at slots `start..start + s` and returns slots `0..used` as
+    /// floats for attention.
+    fn store(self, new: Tensor<4>, start: usize, used: usize) -> (Self, Tensor<4>) {
+        let [b, h, s, d] = new.dims();
+        let write = |t: usize| [0..b, 0..h, start..start + s, 0..t];
+        let read = |t: usize| [0..b, 0..h, 0..used, 0..t];
+        match self {
+            Slots::Dense(full) => {
+                let full = full.slice_assign(write(d), new);
+                let visible = full.clone().slice(read(d));
+                (Slots::Dense(full), visible)
+            }
+            Slots::Quantized { codes, scale, min, spec } => {
+                let q = quantize(new, spec).expect("KV quantization spec checked when the cache was built");
+                let (words, groups) = (q.codes.dims()[1], q.scale.dims()[1]);
+                let codes = codes.slice_assign(write(words), q.codes.reshape([b, h, s, words]));
+                let scale = scale.slice_assign(write(groups), q.scale.reshape([b, h, s, groups]));
+                let min = min.slice_assign(write(groups), q.min.reshape([b, h, s, groups]));
+                let rows = b * h * used;
+                let visible = dequantize(&GroupQuantized {
+                    codes: codes.clone().slice(read(words)).reshape([rows, words]),
+                    scale: scale.clone().slice(read(groups)).reshape([rows, groups]),
+                    min: min.clone().slice(read(groups)).reshape([rows, groups]),
+                    shape: [b, h, used, d],
+                    spec,
+                });
+                (Slots::Quantized { codes, scale, min, spec }, visible)
+            }
+        }
+    }
+}
 
 /// Keys and values of a batch in `[batch, kv_heads, capacity, head_dim]` tensors, one pair per
 /// layer.
@@ -16,8 +80,9 @@ pub struct ContiguousKvCache {
     layout: KvLayout,
     batch: usize,
     capacity: usize,
-    keys: Vec<Option<Tensor<4>>>,
-    values: Vec<Option<Tensor<4>>>,
+    keys: Vec<Option<Slots>>,
+    values: Vec<Option<Slots>>,
+    quant: Option<QuantSpec>,
     /// `valid[b][slot]`: slot holds a real token of sequence `b`.
     valid: Vec<Vec<bool>>,
     /// Next position of each sequence (= tokens it has cached).
@@ -34,9 +99,21 @@ pub struct ContiguousKvCache {
 impl ContiguousKvCache {
     /// Allocates `capacity` slots for `batch` sequences of a model with `layout`.
     pub fn new(layout: KvLayout, batch: usize, capacity: usize, device: &Device) -> Self {
+        Self::build(layout, batch, capacity, device, None)
+    }
+
+    /// Like [`ContiguousKvCache::new`], storing keys and values as `bits`-bit codes (4 or 8) in
+    /// groups along the head dimension (64 values, or the whole head when it is smaller).
+    pub fn quantized(layout: KvLayout, batch: usize, capacity: usize, device: &Device, bits: u32) -> Result<Self> {
+        let spec = kv_quant_spec(layout, bits)?;
+        Ok(Self::build(layout, batch, capacity, device, Some(spec)))
+    }
+
+    fn build(layout: KvLayout, batch: usize, capacity: usize, device: &Device, quant: Option<QuantSpec>) -> Self {
         let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
-        let zeros = || Some(Tensor::zeros(shape, device));
+        let zeros = || Some(Slots::new(shape, quant, device));
         Self {
+            quant,
             layout,
             batch,
             capacity,
@@ -71,9 +148,17 @@ impl ContiguousKvCache {
         self.next_position[b]
     }
 
-    /// Bytes held on the device by keys and values.
+    /// Bytes held on the device by keys and values (codes plus `f32` scales and minimums when
+    /// quantized).
     pub fn memory_bytes(&self) -> usize {
-        self.layout.bytes_per_token() * self.batch * self.capacity
+        let dense = self.layout.bytes_per_token() * self.batch * self.capacity;
+        match self.quant {
+            None => dense,
+            Some(spec) => {
+                let values_per_token = dense / std::mem::size_of::<f32>();
+                values_per_token * spec.bits as usize / 8 + values_per_token / spec.group_size * 8
+            }
+        }
     }
 
     /// Lays out the next step: `new_tokens[b]` are the tokens sequence `b` adds (possibly none).
@@ -145,17 +230,17 @@ impl ContiguousKvCache {
 
 impl KvCache for ContiguousKvCache {
     fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4> {
-        let [b, kv_heads, s, d] = k.dims();
-        debug_assert_eq!([b, kv_heads, d], [self.batch, self.layout.num_kv_heads, self.layout.head_dim]);
-        debug_assert_eq!(s, self.used - self.step_start, "attend called outside begin_step's layout");
-        let write = [0..b, 0..kv_heads, self.step_start..self.used, 0..d];
-        let read = [0..b, 0..kv_heads, 0..self.used, 0..d];
-        let store = |slot: &mut Option<Tensor<4>>, new: Tensor<4>| {
-            let full = slot
+        debug_assert_eq!(
+            k.dims(),
+            [self.batch, self.layout.num_kv_heads, self.used - self.step_start, self.layout.head_dim],
+            "attend called outside begin_step's layout"
+        );
+        let (start, used) = (self.step_start, self.used);
+        let store = |slot: &mut Option<Slots>, new: Tensor<4>| {
+            let (full, visible) = slot
                 .take()
-                .expect("cache tensors are only taken inside attend")
-                .slice_assign(write.clone(), new);
-            let visible = full.clone().slice(read.clone());
+                .expect("cache slots are only taken inside attend")
+                .store(new, start, used);
             *slot = Some(full);
             visible
         };
@@ -167,4 +252,21 @@ impl KvCache for ContiguousKvCache {
             .expect("begin_step must be called before the model runs");
         attention(q, keys, values, bias, scale)
     }
+}
+
+/// KV quantization of `bits` along the head dimension: groups of 64 values, or the whole head.
+pub fn kv_quant_spec(layout: KvLayout, bits: u32) -> Result<QuantSpec> {
+    let group = if layout.head_dim % 64 == 0 { 64 } else { layout.head_dim };
+    let spec = QuantSpec::new(bits, group, 3);
+    let per_word = spec.per_word();
+    if bits != 4 && bits != 8 {
+        return Err(ModelError::Quantization(format!("KV cache: {bits}-bit codes are not supported (use 4 or 8)")));
+    }
+    if group % per_word != 0 {
+        return Err(ModelError::Quantization(format!(
+            "KV cache: head dimension {} is not a multiple of {per_word}",
+            layout.head_dim
+        )));
+    }
+    Ok(spec)
 }

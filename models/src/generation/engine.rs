@@ -30,6 +30,7 @@ pub struct Generator {
     model: CausalLm,
     tokenizer: Option<Tokenizer>,
     eos_token_ids: Vec<u32>,
+    kv_bits: Option<u32>,
 }
 
 impl From<Pretrained> for Generator {
@@ -46,7 +47,16 @@ impl Generator {
             model,
             tokenizer,
             eos_token_ids,
+            kv_bits: None,
         }
+    }
+
+    /// Stores the KV cache as `bits`-bit group-quantized codes (4 or 8), dequantized when
+    /// attention reads it; checked against the model's head dimension.
+    pub fn with_kv_quantization(mut self, bits: u32) -> Result<Self> {
+        crate::cache::kv_quant_spec(self.model.kv_layout(), bits)?;
+        self.kv_bits = Some(bits);
+        Ok(self)
     }
 
     /// The model.
@@ -97,12 +107,11 @@ impl Generator {
         let longest_prompt = requests.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
         let longest_budget = requests.iter().map(RequestState::budget).max().unwrap_or(1);
         let device = self.model.embed_tokens.weight.val().device();
-        let mut cache = ContiguousKvCache::new(
-            self.model.kv_layout(),
-            requests.len(),
-            longest_prompt + longest_budget - 1,
-            &device,
-        );
+        let (layout, capacity) = (self.model.kv_layout(), longest_prompt + longest_budget - 1);
+        let mut cache = match self.kv_bits {
+            None => ContiguousKvCache::new(layout, requests.len(), capacity, &device),
+            Some(bits) => ContiguousKvCache::quantized(layout, requests.len(), capacity, &device, bits)?,
+        };
         let mut rngs: Vec<_> = requests.iter().map(|_| params.rng()).collect();
         let mut timing = Timing {
             prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(),
