@@ -10,12 +10,14 @@
 //!
 //! | crate | what it holds |
 //! |---|---|
-//! | [`models`] (`burn-llm-models`) | configs, weight loading, the shared decoder, KV-cache trait, sampling, plain generation |
+//! | [`models`] (`burn-llm-models`) | configs, safetensors and GGUF loading, the shared decoder, KV-cache trait, sampling, plain generation |
+//! | [`kernels`] (`burn-llm-kernels`) | group-wise 4/8-bit quantization and fused dequantize-matmul: CubeCL kernels with Flex twins |
 
 pub mod cli;
 pub mod device;
 pub mod engine;
 
+pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;
 pub use burn_llm_models::{
     CausalLm, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt, RequestOutput,

@@ -26,9 +26,10 @@ pub struct PplArgs {
     /// Text file to score (default: the GNU GPL v3 shipped by the OS).
     #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
     text: PathBuf,
-    /// Variants to evaluate: `base` (weights as loaded), `w8`, `w4` (re-quantized, group
-    /// `--group-size`), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "base,w8,w4")]
+    /// Variants to evaluate, comma-separated: `base` (weights as loaded), `w8`, `w4` (weights
+    /// re-quantized in groups of `--group-size`), `kv8`, `kv4` (KV cache quantized along the head
+    /// dimension), `w4kv4` (both, FlexGen's compressed setting).
+    #[arg(long, value_delimiter = ',', default_value = "base,w8,w4,kv8,kv4,w4kv4")]
     variants: Vec<String>,
     /// Quantization group size.
     #[arg(long, default_value_t = 64)]
@@ -70,8 +71,16 @@ struct Report {
 }
 
 /// Sum of next-token negative log-likelihoods over one window, and how many tokens were scored.
-fn window_nll(model: &CausalLm, window: &[u32], device: &burn::tensor::Device) -> Result<(f64, usize), Box<dyn std::error::Error>> {
-    let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, window.len(), device);
+fn window_nll(
+    model: &CausalLm,
+    window: &[u32],
+    kv_bits: Option<u32>,
+    device: &burn::tensor::Device,
+) -> Result<(f64, usize), Box<dyn std::error::Error>> {
+    let mut cache = match kv_bits {
+        None => ContiguousKvCache::new(model.kv_layout(), 1, window.len(), device),
+        Some(bits) => ContiguousKvCache::quantized(model.kv_layout(), 1, window.len(), device, bits)?,
+    };
     let step = cache.begin_step(&[window])?;
     let logits = model.forward_all_logits(&step, &mut cache);
     let [_, s, v] = logits.dims();
@@ -91,11 +100,14 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut results: Vec<Row> = Vec::new();
     for variant in &args.variants {
         let pretrained = Pretrained::load(&path, &device)?;
-        let model = match variant.as_str() {
-            "base" => pretrained.model,
-            "w8" => pretrained.model.quantize_weights(8, args.group_size)?,
-            "w4" => pretrained.model.quantize_weights(4, args.group_size)?,
-            other => return Err(format!("unknown variant `{other}` (base, w8, w4)").into()),
+        let (model, kv_bits) = match variant.as_str() {
+            "base" => (pretrained.model, None),
+            "w8" => (pretrained.model.quantize_weights(8, args.group_size)?, None),
+            "w4" => (pretrained.model.quantize_weights(4, args.group_size)?, None),
+            "kv8" => (pretrained.model, Some(8)),
+            "kv4" => (pretrained.model, Some(4)),
+            "w4kv4" => (pretrained.model.quantize_weights(4, args.group_size)?, Some(4)),
+            other => return Err(format!("unknown variant `{other}` (base, w8, w4, kv8, kv4, w4kv4)").into()),
         };
         let tokens = pretrained.tokenizer.encode(&text)?;
         let context = args.context.min(model.spec().max_positions).max(2);
@@ -106,7 +118,7 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         let started = Instant::now();
         let (mut nll, mut count) = (0.0, 0);
         for window in windows {
-            let (n, c) = window_nll(&model, window, &device)?;
+            let (n, c) = window_nll(&model, window, kv_bits, &device)?;
             nll += n;
             count += c;
         }
