@@ -1,6 +1,7 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
 mod generate;
+mod quant;
 
 use clap::Subcommand;
 
@@ -9,11 +10,14 @@ use clap::Subcommand;
 pub enum Which {
     /// Prefill and decode tokens/s of the plain engine at batch sizes 1, 8, 32.
     Generate(generate::Args),
+    /// Cost of group quantization: dequantize GB/s, fused vs f32 matmul, decode tokens/s.
+    Quant(quant::Args),
 }
 
 /// Runs one benchmark.
 pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
     match which {
         Which::Generate(args) => generate::run(args),
+        Which::Quant(args) => quant::run(args),
     }
 }

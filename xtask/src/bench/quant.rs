@@ -1,0 +1,234 @@
+//! `cargo xtask bench quant`: cost of group quantization on a device.
+//!
+//! - dequantize throughput (GB/s of f32 produced) of a 4-bit, group-64 `[4096, 4096]` weight;
+//! - fused dequantize-matmul vs an f32 matmul of the same shape at m = 1, 8, 32 (ratio > 1: fused
+//!   is faster);
+//! - decode tokens/s of a real model (default: SmolLM2-135M from `cargo xtask fetch-model
+//!   smollm2`) at batch 1 and 16, f32 weights vs re-quantized w8/w4, next to the memory-bandwidth
+//!   roofline: weight bytes read per token ÷ measured read bandwidth.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::tensor::{Device, Distribution, Tensor};
+use burn_llm::kernels::{dequantize, qmatmul, quantize, QuantSpec};
+use burn_llm::models::{hub, Generator, Pretrained, Prompt, SamplingParams};
+use burn_llm::DeviceChoice;
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::report;
+
+/// Flags of `bench quant`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Device backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    device: DeviceChoice,
+    /// Model for the decode figures (directory, .gguf or hub id); default: the cached SmolLM2.
+    #[arg(long)]
+    model: Option<String>,
+    /// Tokens generated per decode measurement.
+    #[arg(long, default_value_t = 32)]
+    new_tokens: usize,
+    /// Output directory.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+#[derive(Serialize)]
+struct MatmulRow {
+    m: usize,
+    f32_ms: f64,
+    fused_ms: f64,
+    fused_speedup: f64,
+}
+
+#[derive(Serialize)]
+struct DecodeRow {
+    weights: &'static str,
+    batch: usize,
+    tokens_per_s: f64,
+    weight_bytes: usize,
+    roofline_tokens_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    benchmark: &'static str,
+    command: String,
+    machine: Machine,
+    device: &'static str,
+    read_bandwidth_gb_s: f64,
+    dequantize_gb_s: f64,
+    matmul: Vec<MatmulRow>,
+    model: String,
+    decode: Vec<DecodeRow>,
+    unix_time: u64,
+}
+
+/// Median seconds of `runs` calls of `f`, after one warm-up call; `f` must leave its work finished
+/// (read something back or sync).
+fn time(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut samples: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn sync(device: &Device) {
+    let _ = device.sync();
+}
+
+/// Host memory read bandwidth in GB/s: summing a 512 MiB buffer on all threads.
+fn read_bandwidth() -> f64 {
+    let data: Vec<u64> = (0..64u64 << 20).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let data = std::hint::black_box(data);
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let chunk = data.len().div_ceil(threads);
+    let seconds = time(5, || {
+        let total: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = data
+                .chunks(chunk)
+                .map(|c| s.spawn(move || std::hint::black_box(c).iter().fold(0u64, |a, &v| a ^ v)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, |a, v| a ^ v)
+        });
+        std::hint::black_box(total);
+    });
+    (data.len() * 8) as f64 / seconds / 1e9
+}
+
+/// Bytes of the weights one decode step reads (all projections and the LM head; the embedding
+/// lookup reads one row).
+fn weight_bytes(generator: &Generator, bits: Option<u32>, group: usize) -> usize {
+    let spec = generator.model().spec();
+    let (h, ffn, q, kv) = (
+        spec.hidden_size,
+        spec.intermediate_size,
+        spec.num_heads * spec.head_dim,
+        spec.num_kv_heads * spec.head_dim,
+    );
+    let per_layer = h * q * 2 + h * kv * 2 + h * ffn * if spec.gated_mlp { 3 } else { 2 };
+    let projections = spec.num_layers * per_layer;
+    let head = spec.vocab_size * spec.embed_dim * 4;
+    let projection_bytes = match bits {
+        None => projections * 4,
+        Some(b) => projections * b as usize / 8 + projections / group * 8,
+    };
+    projection_bytes + head
+}
+
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let device = args.device.device()?;
+    let bandwidth = read_bandwidth();
+    eprintln!("host read bandwidth: {bandwidth:.1} GB/s");
+
+    let (k, n) = (4096, 4096);
+    let w = Tensor::<2>::random([k, n], Distribution::Uniform(-1.0, 1.0), &device);
+    let wq = quantize(w.clone(), QuantSpec::new(4, 64, 1))?;
+    let dq_s = time(5, || {
+        let out = dequantize(&wq);
+        sync(&device);
+        drop(out);
+    });
+    let dequantize_gb_s = (k * n * 4) as f64 / dq_s / 1e9;
+    eprintln!("dequantize 4-bit [{k}, {n}]: {dequantize_gb_s:.2} GB/s of f32");
+
+    let mut matmul = Vec::new();
+    for m in [1, 8, 32] {
+        let x = Tensor::<2>::random([m, k], Distribution::Uniform(-1.0, 1.0), &device);
+        let f32_s = time(5, || {
+            let _ = x.clone().matmul(w.clone()).into_data();
+        });
+        let fused_s = time(5, || {
+            let _ = qmatmul(x.clone(), &wq).map(|t| t.into_data());
+        });
+        eprintln!("m = {m:>2}: f32 {:.2} ms, fused 4-bit {:.2} ms", f32_s * 1e3, fused_s * 1e3);
+        matmul.push(MatmulRow { m, f32_ms: f32_s * 1e3, fused_ms: fused_s * 1e3, fused_speedup: f32_s / fused_s });
+    }
+
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => crate::fetch::cache_dir().join(crate::fetch::SMOLLM2_FILE).display().to_string(),
+    };
+    let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model smollm2`)"))?;
+    let mut decode = Vec::new();
+    for (label, bits) in [("f32", None), ("w8", Some(8)), ("w4", Some(4))] {
+        let mut pretrained = Pretrained::load(&path, &device)?;
+        if let Some(b) = bits {
+            pretrained.model = pretrained.model.quantize_weights(b, 64)?;
+        }
+        let generator = Generator::from(pretrained);
+        let bytes = weight_bytes(&generator, bits, 64);
+        for batch in [1, 16] {
+            let prompts: Vec<Prompt> = (0..batch).map(|i| Prompt::Ids(vec![1, 504 + i as u32, 3058, 282])).collect();
+            let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens) };
+            let out = generator.generate(&prompts, &params)?;
+            let t = out.timing;
+            let row = DecodeRow {
+                weights: label,
+                batch,
+                tokens_per_s: (batch * t.decode_steps) as f64 / t.decode_s,
+                weight_bytes: bytes,
+                roofline_tokens_per_s: batch as f64 * bandwidth * 1e9 / bytes as f64,
+            };
+            eprintln!(
+                "{label} batch {batch:>2}: {:.1} tokens/s (roofline {:.1})",
+                row.tokens_per_s, row.roofline_tokens_per_s
+            );
+            decode.push(row);
+        }
+    }
+
+    let machine = Machine::current();
+    let command = format!("cargo xtask bench quant --device {} --model {model} --new-tokens {}", args.device.name(), args.new_tokens);
+    let mut md = format!(
+        "# Quantization cost\n\n- command: `{command}`\n- machine: {}\n- device: {}\n- host read bandwidth: {bandwidth:.1} GB/s\n\
+         - dequantize, 4-bit group 64, [4096, 4096]: {dequantize_gb_s:.2} GB/s of f32 produced\n\n\
+         ## Fused dequantize-matmul vs f32 matmul ([m, 4096] × [4096, 4096], 4-bit group 64)\n\n\
+         | m | f32 ms | fused ms | fused speed-up |\n|---:|---:|---:|---:|\n",
+        machine.describe(),
+        args.device.name()
+    );
+    for r in &matmul {
+        md.push_str(&format!("| {} | {:.2} | {:.2} | {:.2}× |\n", r.m, r.f32_ms, r.fused_ms, r.fused_speedup));
+    }
+    md.push_str(&format!(
+        "\n## Decode, {model} (greedy, {} new tokens)\n\nRoofline = batch × bandwidth ÷ weight bytes read per step.\n\n\
+         | weights | batch | tokens/s | weight MB read per step | roofline tokens/s |\n|---|---:|---:|---:|---:|\n",
+        args.new_tokens
+    ));
+    for r in &decode {
+        md.push_str(&format!(
+            "| {} | {} | {:.1} | {:.0} | {:.1} |\n",
+            r.weights,
+            r.batch,
+            r.tokens_per_s,
+            r.weight_bytes as f64 / 1e6,
+            r.roofline_tokens_per_s
+        ));
+    }
+    let report = Report {
+        benchmark: "quant",
+        command,
+        machine,
+        device: args.device.name(),
+        read_bandwidth_gb_s: bandwidth,
+        dequantize_gb_s,
+        matmul,
+        model,
+        decode,
+        unix_time: report::unix_time(),
+    };
+    for path in report::write(&args.out, "quant", &report, &md)? {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
