@@ -83,7 +83,7 @@ impl QuantSpec {
         }
         let len = *shape.get(self.axis).ok_or(KernelError::Axis { axis: self.axis, rank: shape.len() })?;
         let per_word = self.per_word();
-        if self.group_size == 0 || self.group_size % per_word != 0 || len % self.group_size != 0 {
+        if self.group_size == 0 || !self.group_size.is_multiple_of(per_word) || !len.is_multiple_of(self.group_size) {
             return Err(KernelError::GroupSize { group: self.group_size, per_word, len });
         }
         Ok(())

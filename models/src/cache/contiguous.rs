@@ -9,6 +9,7 @@ use crate::error::{ModelError, Result};
 
 /// One layer's keys or values: `[batch, kv_heads, capacity, head_dim]` floats, or the same slots
 /// group-quantized along `head_dim` (FlexGen's KV-cache compression).
+#[allow(clippy::large_enum_variant)] // one per layer and K/V, never moved in hot loops
 enum Slots {
     Dense(Tensor<4>),
     Quantized {
@@ -256,7 +257,7 @@ impl KvCache for ContiguousKvCache {
 
 /// KV quantization of `bits` along the head dimension: groups of 64 values, or the whole head.
 pub fn kv_quant_spec(layout: KvLayout, bits: u32) -> Result<QuantSpec> {
-    let group = if layout.head_dim % 64 == 0 { 64 } else { layout.head_dim };
+    let group = if layout.head_dim.is_multiple_of(64) { 64 } else { layout.head_dim };
     let spec = QuantSpec::new(bits, group, 3);
     let per_word = spec.per_word();
     if bits != 4 && bits != 8 {

@@ -50,7 +50,7 @@ impl GgmlType {
     /// read get a size of 0 here; reading them is refused later, with the tensor's name.
     pub fn byte_size(self, elements: u64) -> Option<u64> {
         let blocks = |bytes_per_block: u64| {
-            (elements % BLOCK as u64 == 0).then(|| elements / BLOCK as u64 * bytes_per_block)
+            elements.is_multiple_of(BLOCK as u64).then(|| elements / BLOCK as u64 * bytes_per_block)
         };
         match self {
             Self::F32 => elements.checked_mul(4),

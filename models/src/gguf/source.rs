@@ -157,7 +157,7 @@ fn spec_from_metadata(file: &GgufFile) -> Result<DecoderSpec> {
     let head_dim = file
         .meta("llama.rope.dimension_count")
         .and_then(GgufValue::as_u64)
-        .unwrap_or(if heads == 0 { 0 } else { hidden / heads });
+        .unwrap_or(hidden.checked_div(heads).unwrap_or(0));
     let rope = match file.meta("llama.rope.scaling.type").and_then(GgufValue::as_str) {
         None | Some("none") => json!({"rope_type": "default"}),
         Some("linear") => json!({"rope_type": "linear", "factor": float("rope.scaling.factor", 1.0)}),

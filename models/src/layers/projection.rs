@@ -85,6 +85,7 @@ impl QLinear {
 
 /// A projection of the decoder, dense or quantized.
 #[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)] // a few per layer, built once
 pub enum Projection {
     /// Full-precision weight.
     Dense(Linear),
