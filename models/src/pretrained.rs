@@ -44,37 +44,32 @@ impl Pretrained {
         }
         let tokenizer = Tokenizer::from_dir(dir)?;
         let model = CausalLm::load(dir, device)?;
-        let mut eos_token_ids = generation_eos(dir)?;
-        if eos_token_ids.is_empty() {
-            eos_token_ids = model.spec().eos_token_ids.clone();
-        }
-        if eos_token_ids.is_empty() {
-            eos_token_ids.extend(tokenizer.eos_id());
-        }
-        Ok(Self {
-            model,
-            tokenizer,
-            eos_token_ids,
-        })
+        Ok(Self::assemble(model, tokenizer, generation_eos(dir)?))
     }
-}
 
-impl Pretrained {
     /// Loads a LLaMA-architecture GGUF file (weights dequantized to `f32`, tokenizer from its
     /// metadata) onto `device`.
     pub fn load_gguf(path: &Path, device: &Device) -> Result<Self> {
         let gguf = GgufModel::open(path)?;
         let tokenizer = tokenizer_from_gguf(gguf.file())?;
         let model = CausalLm::from_checkpoint(gguf.spec().clone(), &gguf, device)?;
-        let mut eos_token_ids = model.spec().eos_token_ids.clone();
+        Ok(Self::assemble(model, tokenizer, Vec::new()))
+    }
+
+    /// Stop ids: the generation config's, else the model config's, else the tokenizer's EOS.
+    fn assemble(model: CausalLm, tokenizer: Tokenizer, generation_eos: Vec<u32>) -> Self {
+        let mut eos_token_ids = generation_eos;
+        if eos_token_ids.is_empty() {
+            eos_token_ids = model.spec().eos_token_ids.clone();
+        }
         if eos_token_ids.is_empty() {
             eos_token_ids.extend(tokenizer.eos_id());
         }
-        Ok(Self {
+        Self {
             model,
             tokenizer,
             eos_token_ids,
-        })
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! reproduces HF's logits; corrupted and truncated files are errors, never panics.
 
 use burn::tensor::Device;
-use burn_llm::models::gguf::{dequantize, GgufHeader};
+use burn_llm::models::gguf::{dequantize, permute_rope_rows, GgufHeader};
 use burn_llm::models::weights::TensorSource;
 use burn_llm::models::{Checkpoint, ContiguousKvCache, DecoderSpec, ModelError, Pretrained};
 use rand::{Rng, SeedableRng};
@@ -103,22 +103,6 @@ impl Writer {
     }
 }
 
-/// llama.cpp's converter permutation of q/k rows.
-fn permute_rope(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
-    let head_dim = rows / heads;
-    let half = head_dim / 2;
-    let mut out = vec![0f32; values.len()];
-    for h in 0..heads {
-        for j in 0..2 {
-            for i in 0..half {
-                let (src, dst) = (h * head_dim + j * half + i, h * head_dim + i * 2 + j);
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
-}
-
 /// The `llama-tied-sharded` fixture as llama.cpp would convert it (f32 tensors, plus its
 /// tokenizer as `tokenizer.ggml.*` metadata).
 fn convert_fixture() -> Vec<u8> {
@@ -174,7 +158,7 @@ fn convert_fixture() -> Vec<u8> {
     let put = |w: &mut Writer, gguf: &str, hf: &str, shape: Vec<usize>, rope_heads: Option<usize>| {
         let values = ckpt.read_f32(hf, &shape).unwrap();
         let values = match rope_heads {
-            Some(n) => permute_rope(&values, n, shape[0], shape[1]),
+            Some(n) => permute_rope_rows(&values, n, shape[0], shape[1]),
             None => values,
         };
         w.f32_tensor(gguf, shape, &values);

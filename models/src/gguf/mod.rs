@@ -7,7 +7,7 @@ mod source;
 mod tokenizer;
 
 pub use quant::{dequantize, GgmlType};
-pub use source::GgufModel;
+pub use source::{permute_rope_rows, unpermute_rope_rows, GgufModel};
 pub use tokenizer::{chat_template, tokenizer_from_gguf};
 
 use std::collections::BTreeMap;

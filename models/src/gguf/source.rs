@@ -104,7 +104,7 @@ impl TensorSource for GgufModel {
 
 /// Inverts llama.cpp's `reshape(heads, 2, half, cols).swapaxes(1, 2)` on the rows of a
 /// `[rows, cols]` matrix (or a `[rows]` bias with `cols = 1`).
-fn unpermute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+pub fn unpermute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
     let mut out = vec![0f32; values.len()];
@@ -114,6 +114,23 @@ fn unpermute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -
                 let hf_row = h * head_dim + j * half + i;
                 let gguf_row = h * head_dim + i * 2 + j;
                 out[hf_row * cols..(hf_row + 1) * cols].copy_from_slice(&values[gguf_row * cols..(gguf_row + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// llama.cpp's converter permutation of q/k rows (`reshape(heads, 2, half, cols).swapaxes(1, 2)`),
+/// the inverse of [`unpermute_rope_rows`]; for writing GGUF files from HF weights.
+pub fn permute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let head_dim = rows / heads.max(1);
+    let half = head_dim / 2;
+    let mut out = vec![0f32; values.len()];
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..half {
+                let (src, dst) = (h * head_dim + j * half + i, h * head_dim + i * 2 + j);
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -192,28 +209,11 @@ fn spec_from_metadata(file: &GgufFile) -> Result<DecoderSpec> {
 mod tests {
     use super::*;
 
-    /// llama.cpp's permutation, as its converter writes it.
-    fn permute(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
-        let head_dim = rows / heads;
-        let half = head_dim / 2;
-        let mut out = vec![0f32; values.len()];
-        for h in 0..heads {
-            for j in 0..2 {
-                for i in 0..half {
-                    let src = h * head_dim + j * half + i;
-                    let dst = h * head_dim + i * 2 + j;
-                    out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
-                }
-            }
-        }
-        out
-    }
-
     #[test]
     fn unpermute_inverts_the_converter() {
         let (heads, rows, cols) = (3, 12, 5);
         let original: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
-        let permuted = permute(&original, heads, rows, cols);
+        let permuted = permute_rope_rows(&original, heads, rows, cols);
         assert_ne!(permuted, original);
         assert_eq!(unpermute_rope_rows(&permuted, heads, rows, cols), original);
     }
