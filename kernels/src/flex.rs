@@ -18,6 +18,84 @@ fn host_f32(t: FloatTensor<Flex>) -> (Vec<f32>, [usize; 2]) {
     (values, shape)
 }
 
+/// Sizes of one fused-matmul call.
+struct BlockShape {
+    m: usize,
+    k_len: usize,
+    groups: usize,
+    group: usize,
+    words: usize,
+    per: usize,
+    bits: u32,
+}
+
+/// Each byte of 4-bit codes as its two values (low nibble first).
+static NIBBLES: [[f32; 2]; 256] = {
+    let mut table = [[0f32; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = [(i & 15) as f32, (i >> 4) as f32];
+        i += 1;
+    }
+    table
+};
+
+/// Output columns of group `g` for every row, using AVX2/FMA when the CPU has them.
+fn group_block(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features this function is compiled for were just detected.
+        return unsafe { group_block_avx2(shape, g, x, codes, scale, min) };
+    }
+    group_block_portable(shape, g, x, codes, scale, min)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn group_block_avx2(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+    group_block_portable(shape, g, x, codes, scale, min)
+}
+
+/// `Σ_k (x[i,k]·scale[k,g])·q[k, cols of g] + Σ_k x[i,k]·min[k,g]`: the codes of each `k` are
+/// decoded once (through [`NIBBLES`] for 4 bits) and reused for every row.
+#[inline(always)]
+fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+    let BlockShape { m, k_len, groups, group, words, per, bits } = *shape;
+    let words_per_group = group / per;
+    let mut acc = vec![0f32; m * group];
+    let mut offset = vec![0f32; m];
+    let mut decoded = vec![0f32; group];
+    for k in 0..k_len {
+        let (s, mn) = (scale[k * groups + g], min[k * groups + g]);
+        let packed = &codes[k * words + g * words_per_group..k * words + (g + 1) * words_per_group];
+        for (w, &word) in packed.iter().enumerate() {
+            let bytes = word.to_le_bytes();
+            let out = &mut decoded[w * per..(w + 1) * per];
+            if bits == 4 {
+                for (b, &byte) in bytes.iter().enumerate() {
+                    out[2 * b..2 * b + 2].copy_from_slice(&NIBBLES[byte as usize]);
+                }
+            } else {
+                for (o, &byte) in out.iter_mut().zip(&bytes) {
+                    *o = byte as f32;
+                }
+            }
+        }
+        for i in 0..m {
+            let xk = x[i * k_len + k];
+            let a = xk * s;
+            offset[i] += xk * mn;
+            for (o, d) in acc[i * group..(i + 1) * group].iter_mut().zip(&decoded) {
+                *o += a * d;
+            }
+        }
+    }
+    for i in 0..m {
+        acc[i * group..(i + 1) * group].iter_mut().for_each(|o| *o += offset[i]);
+    }
+    acc
+}
+
 fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.is_contiguous() { t } else { t.to_contiguous() }
 }
@@ -50,38 +128,12 @@ impl GroupQuantOps for Flex {
         let (x, codes) = (f32s(&x), u32s(&codes));
         let (scale, min) = (f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
-        let mask = (1u32 << bits) - 1;
         let n = words * per;
         let groups = n / group;
-        let words_per_group = group / per;
+        let shape = BlockShape { m, k_len, groups, group, words, per, bits };
         let blocks: Vec<Vec<f32>> = (0..groups)
             .into_par_iter()
-            .map(|g| {
-                let mut acc = vec![0f32; m * group];
-                let mut offset = vec![0f32; m];
-                let mut decoded = vec![0f32; group];
-                for k in 0..k_len {
-                    let (s, mn) = (scale[k * groups + g], min[k * groups + g]);
-                    let packed = &codes[k * words + g * words_per_group..k * words + (g + 1) * words_per_group];
-                    for (w, &word) in packed.iter().enumerate() {
-                        for (t, d) in decoded[w * per..(w + 1) * per].iter_mut().enumerate() {
-                            *d = ((word >> (t as u32 * bits)) & mask) as f32;
-                        }
-                    }
-                    for i in 0..m {
-                        let xk = x[i * k_len + k];
-                        let a = xk * s;
-                        offset[i] += xk * mn;
-                        for (o, d) in acc[i * group..(i + 1) * group].iter_mut().zip(&decoded) {
-                            *o += a * d;
-                        }
-                    }
-                }
-                for i in 0..m {
-                    acc[i * group..(i + 1) * group].iter_mut().for_each(|o| *o += offset[i]);
-                }
-                acc
-            })
+            .map(|g| group_block(&shape, g, x, codes, scale, min))
             .collect();
         let mut out = vec![0f32; m * n];
         for (g, block) in blocks.iter().enumerate() {
