@@ -29,17 +29,6 @@ struct BlockShape {
     bits: u32,
 }
 
-/// Each byte of 4-bit codes as its two values (low nibble first).
-static NIBBLES: [[f32; 2]; 256] = {
-    let mut table = [[0f32; 2]; 256];
-    let mut i = 0;
-    while i < 256 {
-        table[i] = [(i & 15) as f32, (i >> 4) as f32];
-        i += 1;
-    }
-    table
-};
-
 /// Output columns of group `g` for every row, using AVX2/FMA when the CPU has them.
 fn group_block(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
@@ -57,7 +46,7 @@ unsafe fn group_block_avx2(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32
 }
 
 /// `Σ_k (x[i,k]·scale[k,g])·q[k, cols of g] + Σ_k x[i,k]·min[k,g]`: the codes of each `k` are
-/// decoded once (through [`NIBBLES`] for 4 bits) and reused for every row.
+/// decoded once (fixed-width shift-and-mask, which vectorizes) and reused for every row.
 #[inline(always)]
 fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
     let BlockShape { m, k_len, groups, group, words, per, bits } = *shape;
@@ -67,25 +56,27 @@ fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], 
     let mut decoded = vec![0f32; group];
     for k in 0..k_len {
         let (s, mn) = (scale[k * groups + g], min[k * groups + g]);
-        let packed = &codes[k * words + g * words_per_group..k * words + (g + 1) * words_per_group];
-        for (w, &word) in packed.iter().enumerate() {
-            let bytes = word.to_le_bytes();
-            let out = &mut decoded[w * per..(w + 1) * per];
-            if bits == 4 {
-                for (b, &byte) in bytes.iter().enumerate() {
-                    out[2 * b..2 * b + 2].copy_from_slice(&NIBBLES[byte as usize]);
+        let start = k * words + g * words_per_group;
+        let packed = &codes[start..start + words_per_group];
+        if bits == 4 {
+            for (out, &word) in decoded.chunks_exact_mut(8).zip(packed) {
+                // Fixed 8 lanes of shift-and-mask: one vector shift under AVX2.
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = ((word >> (4 * t as u32)) & 15) as f32;
                 }
-            } else {
-                for (o, &byte) in out.iter_mut().zip(&bytes) {
+            }
+        } else {
+            for (out, &word) in decoded.chunks_exact_mut(4).zip(packed) {
+                for (o, &byte) in out.iter_mut().zip(&word.to_le_bytes()) {
                     *o = byte as f32;
                 }
             }
         }
-        for i in 0..m {
-            let xk = x[i * k_len + k];
+        for ((row, x_row), off) in acc.chunks_exact_mut(group).zip(x.chunks_exact(k_len)).zip(offset.iter_mut()) {
+            let xk = x_row[k];
             let a = xk * s;
-            offset[i] += xk * mn;
-            for (o, d) in acc[i * group..(i + 1) * group].iter_mut().zip(&decoded) {
+            *off += xk * mn;
+            for (o, d) in row.iter_mut().zip(&decoded) {
                 *o += a * d;
             }
         }
