@@ -15,6 +15,7 @@ use crate::layers::attention::SelfAttention;
 use crate::layers::linear::{init_linear, load_fused_in_out, load_linear, WeightLayout};
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::Norm;
+use crate::layers::projection::Projection;
 use crate::weights::{Checkpoint, TensorSource};
 
 /// One decoder layer.
@@ -66,8 +67,9 @@ pub struct CausalLm {
     pub final_norm: Option<Norm>,
     /// `hidden → embed_dim` (OPT-350m).
     pub project_out: Option<Linear>,
-    /// Untied LM head; `None` reuses `embed_tokens`.
-    pub lm_head: Option<Linear>,
+    /// LM head; `None` reuses `embed_tokens` (tied). Quantizing the weights gives a tied model a
+    /// quantized copy here.
+    pub lm_head: Option<Projection>,
     /// The architecture description.
     #[module(skip)]
     pub spec: DecoderSpec,
@@ -127,7 +129,7 @@ impl CausalLm {
         let lm_head = if spec.tie_word_embeddings {
             None
         } else {
-            Some(load_linear(ckpt, names.lm_head, [embed, spec.vocab_size], false, WeightLayout::OutIn, device)?)
+            Some(load_linear(ckpt, names.lm_head, [embed, spec.vocab_size], false, WeightLayout::OutIn, device)?.into())
         };
         Ok(Self {
             embed_tokens,
@@ -187,15 +189,27 @@ impl CausalLm {
             layers,
             final_norm: spec.final_norm.then(|| Norm::init(spec.norm, hidden, device)),
             project_out: projections.then(|| init_linear([hidden, embed], false, device)),
-            lm_head: (!spec.tie_word_embeddings).then(|| init_linear([embed, spec.vocab_size], false, device)),
+            lm_head: (!spec.tie_word_embeddings).then(|| init_linear([embed, spec.vocab_size], false, device).into()),
             spec,
         }
     }
 
-    /// The model with every attention and MLP projection group-quantized to `bits` (4 or 8) in
-    /// groups of `group_size` along the output channel (FlexGen's weight compression). Embeddings,
-    /// norms and the LM head stay in full precision.
+    /// The model with every attention and MLP projection and the LM head group-quantized to `bits`
+    /// (4 or 8) in groups of `group_size` along the output channel (FlexGen's weight compression).
+    /// A tied head gets its own quantized copy. The head stays in full precision when the
+    /// vocabulary does not split into whole groups (GPT-2's 50257 tokens, OPT's 50272 with groups of
+    /// 64). The embedding lookup and the norms always stay in full precision.
     pub fn quantize_weights(mut self, bits: u32, group_size: usize) -> Result<Self> {
+        if group_size > 0 && self.spec.vocab_size.is_multiple_of(group_size) {
+            let head = match self.lm_head.take() {
+                Some(head) => head,
+                None => Projection::Dense(Linear {
+                    weight: Param::from_tensor(self.embed_tokens.weight.val().transpose()),
+                    bias: None,
+                }),
+            };
+            self.lm_head = Some(head.quantized(bits, group_size, "lm_head")?);
+        }
         let layers = std::mem::take(&mut self.layers);
         for (i, layer) in layers.into_iter().enumerate() {
             let name = |p: &str| format!("layer {i} {p}");
