@@ -67,8 +67,8 @@ fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], 
             }
         } else {
             for (out, &word) in decoded.chunks_exact_mut(4).zip(packed) {
-                for (o, &byte) in out.iter_mut().zip(&word.to_le_bytes()) {
-                    *o = byte as f32;
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = ((word >> (8 * t as u32)) & 255) as f32;
                 }
             }
         }
