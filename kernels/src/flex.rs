@@ -8,16 +8,6 @@ use rayon::prelude::*;
 
 use crate::ops::GroupQuantOps;
 
-/// Host copies of a float tensor's values and of its 2-D shape.
-fn host_f32(t: FloatTensor<Flex>) -> (Vec<f32>, [usize; 2]) {
-    let data = t.into_data();
-    let shape = data.shape().dims::<2>();
-    let values = data
-        .try_into_vec_as::<f32>()
-        .expect("group quantization runs on f32 tensors");
-    (values, shape)
-}
-
 /// Sizes of one fused-matmul call.
 struct BlockShape {
     m: usize,
@@ -87,6 +77,8 @@ fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], 
     acc
 }
 
+/// Inputs are borrowed in place, never copied: copying the codes on every call would cost as much
+/// memory traffic as the product itself.
 fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.is_contiguous() { t } else { t.to_contiguous() }
 }
@@ -111,8 +103,6 @@ impl GroupQuantOps for Flex {
         bits: u32,
         group: usize,
     ) -> FloatTensor<Self> {
-        // Borrow the buffers in place: copying the codes every call would cost as much memory traffic
-        // as the product itself.
         let [m, k_len] = x.layout().shape().dims::<2>();
         let words = codes.layout().shape().dims::<2>()[1];
         let (x, codes, scale, min) = (contiguous(x), contiguous(codes), contiguous(scale), contiguous(min));
@@ -142,9 +132,9 @@ impl GroupQuantOps for Flex {
         bits: u32,
         group: usize,
     ) -> IntTensor<Self> {
-        let (x, [rows, cols]) = host_f32(x);
-        let (scale, _) = host_f32(scale);
-        let (min, _) = host_f32(min);
+        let [rows, cols] = x.layout().shape().dims::<2>();
+        let (x, scale, min) = (contiguous(x), contiguous(scale), contiguous(min));
+        let (x, scale, min) = (f32s(&x), f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
         let top = ((1u32 << bits) - 1) as f32;
         let groups = cols / group;
@@ -176,11 +166,9 @@ impl GroupQuantOps for Flex {
         bits: u32,
         group: usize,
     ) -> FloatTensor<Self> {
-        let data = codes.into_data();
-        let [rows, words] = data.shape().dims::<2>();
-        let codes = data.try_into_vec_as::<u32>().expect("codes are u32");
-        let (scale, _) = host_f32(scale);
-        let (min, _) = host_f32(min);
+        let [rows, words] = codes.layout().shape().dims::<2>();
+        let (codes, scale, min) = (contiguous(codes), contiguous(scale), contiguous(min));
+        let (codes, scale, min) = (u32s(&codes), f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
         let mask = (1u32 << bits) - 1;
         let cols = words * per;

@@ -77,7 +77,14 @@ impl QuantSpec {
         (1 << self.bits) - 1
     }
 
-    fn check(&self, shape: &[usize]) -> Result<(), KernelError> {
+    /// Bytes that `values` values take when quantized this way: the codes plus an `f32` scale
+    /// and minimum per group.
+    pub fn storage_bytes(&self, values: usize) -> usize {
+        values * self.bits as usize / 8 + values / self.group_size.max(1) * 2 * std::mem::size_of::<f32>()
+    }
+
+    /// Checks that a tensor of `shape` can be quantized this way (bit width, axis, group size).
+    pub fn validate(&self, shape: &[usize]) -> Result<(), KernelError> {
         if self.bits != 4 && self.bits != 8 {
             return Err(KernelError::Bits(self.bits));
         }
@@ -111,9 +118,7 @@ pub struct GroupQuantized<const D: usize> {
 impl<const D: usize> GroupQuantized<D> {
     /// Bytes held by codes, scales and minimums (`f32` scales).
     pub fn size_bytes(&self) -> usize {
-        let [rows, words] = self.codes.dims();
-        let [_, groups] = self.scale.dims();
-        rows * words * 4 + 2 * rows * groups * 4
+        self.spec.storage_bytes(self.shape.iter().product())
     }
 }
 
@@ -126,7 +131,7 @@ fn moved_last<const D: usize>(mut shape: [usize; D], axis: usize) -> [usize; D] 
 /// Quantizes `x` group-wise on its own device.
 pub fn quantize<const D: usize>(x: Tensor<D>, spec: QuantSpec) -> Result<GroupQuantized<D>, KernelError> {
     let shape: [usize; D] = x.dims();
-    spec.check(&shape)?;
+    spec.validate(&shape)?;
     let last = moved_last(shape, spec.axis);
     let cols = last[D - 1];
     let rows = last.iter().product::<usize>() / cols.max(1);

@@ -66,7 +66,7 @@ fn fetch(id: &str) -> Result<PathBuf> {
     }
     match repo.get(crate::weights::INDEX_FILE) {
         Ok(index) => {
-            for shard in shard_names(&index)? {
+            for shard in crate::weights::index_shards(&index)? {
                 repo.get(&shard).map_err(|e| hub_err(&e))?;
             }
         }
@@ -88,7 +88,7 @@ fn cached(id: &str) -> Option<PathBuf> {
     repo.get(REQUIRED[1])?;
     match repo.get(crate::weights::INDEX_FILE) {
         Some(index) => {
-            for shard in shard_names(&index).ok()? {
+            for shard in crate::weights::index_shards(&index).ok()? {
                 repo.get(&shard)?;
             }
         }
@@ -97,23 +97,6 @@ fn cached(id: &str) -> Option<PathBuf> {
         }
     }
     config.parent().map(Path::to_path_buf)
-}
-
-#[cfg(feature = "hub")]
-fn shard_names(index: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| ModelError::config(index, e.to_string()))?;
-    let mut names: Vec<String> = value
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| ModelError::config(index, "no `weight_map` object"))?
-        .values()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
-    names.sort();
-    names.dedup();
-    Ok(names)
 }
 
 #[cfg(not(feature = "hub"))]

@@ -35,9 +35,6 @@ pub trait TensorSource {
     /// Reads `name` as `f32` values, checking that its HF shape is `expected`.
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>>;
 
-    /// Whether the source holds `name`.
-    fn contains(&self, name: &str) -> bool;
-
     /// Reads `name` into a device tensor of shape `expected`.
     fn tensor<const D: usize>(&self, name: &str, expected: [usize; D], device: &Device) -> Result<Tensor<D>>
     where
@@ -127,14 +124,13 @@ impl Checkpoint {
             .then(|| stripped.to_string())
     }
 
-
+    /// Whether the checkpoint holds `name` (see [`Checkpoint::resolve`]).
+    pub fn contains(&self, name: &str) -> bool {
+        self.resolve(name).is_some()
+    }
 }
 
 impl TensorSource for Checkpoint {
-    fn contains(&self, name: &str) -> bool {
-        self.resolve(name).is_some()
-    }
-
     /// Reads `name` as `f32` values, checking that its shape is `expected`.
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
         let resolved = self.resolve(name).ok_or_else(|| ModelError::MissingTensor {
@@ -170,7 +166,27 @@ impl TensorSource for Checkpoint {
             dtype: format!("{:?}", info.dtype),
         })
     }
+}
 
+/// The shard file names listed in a `model.safetensors.index.json`, sorted and deduplicated;
+/// names that are not plain file names are refused.
+pub fn index_shards(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::config(index, e.to_string()))?;
+    let mut files: Vec<String> = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| ModelError::config(index, "no `weight_map` object"))?
+        .values()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    files.sort();
+    files.dedup();
+    if let Some(bad) = files.iter().find(|f| f.contains('/') || f.contains("..")) {
+        return Err(ModelError::config(index, format!("shard `{bad}` is not a file name")));
+    }
+    Ok(files)
 }
 
 /// The safetensors files of a model directory: the index's shards when there is an index, else
@@ -179,24 +195,9 @@ impl TensorSource for Checkpoint {
 fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join(INDEX_FILE);
     if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-        let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| ModelError::config(&index, e.to_string()))?;
-        let map = value
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| ModelError::config(&index, "no `weight_map` object"))?;
-        let mut files: Vec<String> = map
-            .values()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect();
-        files.sort();
-        files.dedup();
+        let files = index_shards(&index)?;
         let mut paths = Vec::with_capacity(files.len());
         for file in files {
-            if file.contains('/') || file.contains("..") {
-                return Err(ModelError::config(&index, format!("shard `{file}` is not a file name")));
-            }
             let path = dir.join(&file);
             if !path.is_file() {
                 return Err(ModelError::MissingFile {

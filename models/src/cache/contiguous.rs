@@ -155,10 +155,7 @@ impl ContiguousKvCache {
         let dense = self.layout.bytes_per_token() * self.batch * self.capacity;
         match self.quant {
             None => dense,
-            Some(spec) => {
-                let values_per_token = dense / std::mem::size_of::<f32>();
-                values_per_token * spec.bits as usize / 8 + values_per_token / spec.group_size * 8
-            }
+            Some(spec) => spec.storage_bytes(dense / std::mem::size_of::<f32>()),
         }
     }
 
@@ -259,15 +256,7 @@ impl KvCache for ContiguousKvCache {
 pub fn kv_quant_spec(layout: KvLayout, bits: u32) -> Result<QuantSpec> {
     let group = if layout.head_dim.is_multiple_of(64) { 64 } else { layout.head_dim };
     let spec = QuantSpec::new(bits, group, 3);
-    let per_word = spec.per_word();
-    if bits != 4 && bits != 8 {
-        return Err(ModelError::Quantization(format!("KV cache: {bits}-bit codes are not supported (use 4 or 8)")));
-    }
-    if group % per_word != 0 {
-        return Err(ModelError::Quantization(format!(
-            "KV cache: head dimension {} is not a multiple of {per_word}",
-            layout.head_dim
-        )));
-    }
+    spec.validate(&[1, 1, 1, layout.head_dim])
+        .map_err(|e| ModelError::Quantization(format!("KV cache: {e}")))?;
     Ok(spec)
 }

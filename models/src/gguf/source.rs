@@ -77,11 +77,6 @@ impl GgufModel {
 }
 
 impl TensorSource for GgufModel {
-    fn contains(&self, name: &str) -> bool {
-        self.map_name(name)
-            .is_some_and(|(gguf, _)| self.file.tensor_info(&gguf).is_some())
-    }
-
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
         let (gguf, rows) = self.map_name(name).ok_or_else(|| ModelError::MissingTensor {
             name: name.to_string(),

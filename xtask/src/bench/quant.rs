@@ -118,9 +118,9 @@ fn weight_bytes(generator: &Generator, bits: Option<u32>, group: usize) -> usize
     let per_layer = h * q * 2 + h * kv * 2 + h * ffn * if spec.gated_mlp { 3 } else { 2 };
     let projections = spec.num_layers * per_layer;
     let head = spec.vocab_size * spec.embed_dim;
-    // Codes plus an f32 scale and minimum per group; the head is quantized only when the
-    // vocabulary splits into whole groups (as `CausalLm::quantize_weights` does).
-    let quantized = |values: usize, b: u32| values * b as usize / 8 + values / group * 8;
+    // The head is quantized only when the vocabulary splits into whole groups (as
+    // `CausalLm::quantize_weights` does).
+    let quantized = |values: usize, b: u32| QuantSpec::new(b, group, 1).storage_bytes(values);
     match bits {
         None => (projections + head) * 4,
         Some(b) if spec.vocab_size.is_multiple_of(group) => quantized(projections + head, b),
