@@ -73,7 +73,9 @@ fn unpack_kernel<F: Float>(
     out[idx] = F::cast_from(q) * scale[g] + min[g];
 }
 
-/// One thread per output value `out[i, j]`, walking the shared dimension.
+/// One thread per output value `out[i, j]`, walking the shared dimension. The weight is `[k, n]`
+/// grouped along `n` (FlexGen), or with `transposed` `[n, k]` grouped along `k` (GGUF), chosen at
+/// compile time.
 #[cube(launch)]
 fn qmatmul_kernel<F: Float>(
     x: &Tensor<F>,
@@ -85,6 +87,7 @@ fn qmatmul_kernel<F: Float>(
     n: usize,
     group: usize,
     bits: u32,
+    #[comptime] transposed: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let idx = ABSOLUTE_POS;
@@ -94,14 +97,16 @@ fn qmatmul_kernel<F: Float>(
     let per = 32 / bits as usize;
     let i = idx / n;
     let j = idx % n;
-    let words = n / per;
-    let groups = n / group;
-    let shift = u32::cast_from(j % per) * bits;
     let mask = (1u32 << bits) - 1u32;
     let mut acc = F::new(0.0);
     for k in 0..k_len {
-        let q = (codes[k * words + j / per] >> shift) & mask;
-        let g = k * groups + j / group;
+        // (word index, code index within the word, group index) of W's element for (k, j).
+        let (word, code, g) = if transposed {
+            (j * (k_len / per) + k / per, k % per, j * (k_len / group) + k / group)
+        } else {
+            (k * (n / per) + j / per, j % per, k * (n / group) + j / group)
+        };
+        let q = (codes[word] >> (u32::cast_from(code) * bits)) & mask;
         acc += x[i * k_len + k] * (F::cast_from(q) * scale[g] + min[g]);
     }
     out[idx] = acc;
@@ -116,31 +121,20 @@ impl GroupQuantOps for CubeBackend {
         bits: u32,
         group: usize,
     ) -> FloatTensor<Self> {
-        let (x, codes) = (into_contiguous(x), into_contiguous(codes));
-        let (scale, min) = (into_contiguous(scale), into_contiguous(min));
-        let [m, k_len] = x.shape().dims::<2>();
         let n = codes.shape().dims::<2>()[1] * 32 / bits as usize;
-        let client = x.client.clone();
-        let out = empty_device_dtype(client.clone(), x.device.clone(), Shape::new([m, n]), x.dtype);
-        let cube_dim = CubeDim::new(&client, m * n);
-        let cube_count = calculate_cube_count_elemwise(&client, m * n, cube_dim);
-        let dtype = dtype_to_storage_type(x.dtype);
-        qmatmul_kernel::launch(
-            &client,
-            cube_count,
-            cube_dim,
-            x.into_tensor_arg(),
-            codes.into_tensor_arg(),
-            scale.into_tensor_arg(),
-            min.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            k_len,
-            n,
-            group,
-            bits,
-            dtype,
-        );
-        out
+        launch_qmatmul(x, codes, scale, min, n, bits, group, false)
+    }
+
+    fn fused_qmatmul_nt(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let n = codes.shape().dims::<2>()[0];
+        launch_qmatmul(x, codes, scale, min, n, bits, group, true)
     }
 
     fn pack_groups(
@@ -210,4 +204,44 @@ impl GroupQuantOps for CubeBackend {
         );
         out
     }
+}
+
+/// Launches one of the fused matmul kernels (`transposed`: weight `[n, k]` grouped along `k`)
+/// with one thread per output value.
+#[allow(clippy::too_many_arguments)]
+fn launch_qmatmul(
+    x: FloatTensor<CubeBackend>,
+    codes: IntTensor<CubeBackend>,
+    scale: FloatTensor<CubeBackend>,
+    min: FloatTensor<CubeBackend>,
+    n: usize,
+    bits: u32,
+    group: usize,
+    transposed: bool,
+) -> FloatTensor<CubeBackend> {
+    let (x, codes) = (into_contiguous(x), into_contiguous(codes));
+    let (scale, min) = (into_contiguous(scale), into_contiguous(min));
+    let [m, k_len] = x.shape().dims::<2>();
+    let client = x.client.clone();
+    let out = empty_device_dtype(client.clone(), x.device.clone(), Shape::new([m, n]), x.dtype);
+    let cube_dim = CubeDim::new(&client, m * n);
+    let cube_count = calculate_cube_count_elemwise(&client, m * n, cube_dim);
+    let dtype = dtype_to_storage_type(x.dtype);
+    qmatmul_kernel::launch(
+        &client,
+        cube_count,
+        cube_dim,
+        x.into_tensor_arg(),
+        codes.into_tensor_arg(),
+        scale.into_tensor_arg(),
+        min.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        k_len,
+        n,
+        group,
+        bits,
+        transposed,
+        dtype,
+    );
+    out
 }

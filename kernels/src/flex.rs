@@ -48,20 +48,7 @@ fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], 
         let (s, mn) = (scale[k * groups + g], min[k * groups + g]);
         let start = k * words + g * words_per_group;
         let packed = &codes[start..start + words_per_group];
-        if bits == 4 {
-            for (out, &word) in decoded.chunks_exact_mut(8).zip(packed) {
-                // Fixed 8 lanes of shift-and-mask: one vector shift under AVX2.
-                for (t, o) in out.iter_mut().enumerate() {
-                    *o = ((word >> (4 * t as u32)) & 15) as f32;
-                }
-            }
-        } else {
-            for (out, &word) in decoded.chunks_exact_mut(4).zip(packed) {
-                for (t, o) in out.iter_mut().enumerate() {
-                    *o = ((word >> (8 * t as u32)) & 255) as f32;
-                }
-            }
-        }
+        decode_words(packed, bits, &mut decoded);
         for ((row, x_row), off) in acc.chunks_exact_mut(group).zip(x.chunks_exact(k_len)).zip(offset.iter_mut()) {
             let xk = x_row[k];
             let a = xk * s;
@@ -75,6 +62,91 @@ fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], 
         acc[i * group..(i + 1) * group].iter_mut().for_each(|o| *o += offset[i]);
     }
     acc
+}
+
+/// Sizes of one transposed fused-matmul call (`W` `[n, k]` grouped along `k`).
+struct RowsShape {
+    m: usize,
+    k_len: usize,
+    groups: usize,
+    group: usize,
+    words: usize,
+    bits: u32,
+}
+
+/// Output rows (weight rows) per parallel task of the transposed product.
+const ROWS_PER_TASK: usize = 16;
+
+/// `out[j, i]` for the weight rows `rows` and every input row `i`, using AVX2/FMA when the CPU has
+/// them.
+fn weight_rows(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features this function is compiled for were just detected.
+        return unsafe { weight_rows_avx2(shape, rows, x, xsum, codes, scale, min) };
+    }
+    weight_rows_portable(shape, rows, x, xsum, codes, scale, min)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weight_rows_avx2(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+    weight_rows_portable(shape, rows, x, xsum, codes, scale, min)
+}
+
+/// Per weight row and group: the codes are decoded once (fixed-width shift-and-mask) and dotted
+/// with every input row's slice in eight lanes; `min` needs only the slice sums `xsum`.
+#[inline(always)]
+fn weight_rows_portable(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+    let RowsShape { m, k_len, groups, group, words, bits } = *shape;
+    let per = 32 / bits as usize;
+    let words_per_group = group / per;
+    let mut out = vec![0f32; rows.len() * m];
+    let mut decoded = vec![0f32; group];
+    for (local, j) in rows.enumerate() {
+        for g in 0..groups {
+            let start = j * words + g * words_per_group;
+            decode_words(&codes[start..start + words_per_group], bits, &mut decoded);
+            let (s, mn) = (scale[j * groups + g], min[j * groups + g]);
+            for i in 0..m {
+                let xs = &x[i * k_len + g * group..i * k_len + (g + 1) * group];
+                out[local * m + i] += s * dot(xs, &decoded) + mn * xsum[i * groups + g];
+            }
+        }
+    }
+    out
+}
+
+/// Unpacks `packed` codes (`32 / bits` per word, lowest bits first) into `out` as `f32`.
+#[inline(always)]
+fn decode_words(packed: &[u32], bits: u32, out: &mut [f32]) {
+    if bits == 4 {
+        for (o, &word) in out.chunks_exact_mut(8).zip(packed) {
+            for (t, v) in o.iter_mut().enumerate() {
+                *v = ((word >> (4 * t as u32)) & 15) as f32;
+            }
+        }
+    } else {
+        for (o, &word) in out.chunks_exact_mut(4).zip(packed) {
+            for (t, v) in o.iter_mut().enumerate() {
+                *v = ((word >> (8 * t as u32)) & 255) as f32;
+            }
+        }
+    }
+}
+
+/// Dot product in eight independent lanes (one AVX register), then the tail.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    for (ca, cb) in a8.zip(b8) {
+        for l in 0..8 {
+            lanes[l] += ca[l] * cb[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// Inputs are borrowed in place, never copied: copying the codes on every call would cost as much
@@ -125,6 +197,43 @@ impl GroupQuantOps for Flex {
         FlexTensor::from_data(TensorData::new(out, [m, n]))
     }
 
+    /// Parallel over blocks of weight rows (output columns); each packed word is read once per
+    /// call and decoded once for all input rows.
+    fn fused_qmatmul_nt(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let [m, k_len] = x.layout().shape().dims::<2>();
+        let [n, words] = codes.layout().shape().dims::<2>();
+        let (x, codes, scale, min) = (contiguous(x), contiguous(codes), contiguous(scale), contiguous(min));
+        let (x, codes) = (f32s(&x), u32s(&codes));
+        let (scale, min) = (f32s(&scale), f32s(&min));
+        let groups = k_len / group;
+        let xsum: Vec<f32> = x.chunks_exact(group).map(|c| c.iter().sum()).collect();
+        let shape = RowsShape { m, k_len, groups, group, words, bits };
+        let blocks: Vec<Vec<f32>> = (0..n.div_ceil(ROWS_PER_TASK))
+            .into_par_iter()
+            .map(|t| {
+                let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
+                weight_rows(&shape, rows, x, &xsum, codes, scale, min)
+            })
+            .collect();
+        let mut out = vec![0f32; m * n];
+        for (t, block) in blocks.iter().enumerate() {
+            for (local, column) in block.chunks_exact(m.max(1)).enumerate() {
+                let j = t * ROWS_PER_TASK + local;
+                for (i, v) in column.iter().enumerate() {
+                    out[i * n + j] = *v;
+                }
+            }
+        }
+        FlexTensor::from_data(TensorData::new(out, [m, n]))
+    }
+
     fn pack_groups(
         x: FloatTensor<Self>,
         scale: FloatTensor<Self>,
@@ -170,15 +279,18 @@ impl GroupQuantOps for Flex {
         let (codes, scale, min) = (contiguous(codes), contiguous(scale), contiguous(min));
         let (codes, scale, min) = (u32s(&codes), f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
-        let mask = (1u32 << bits) - 1;
         let cols = words * per;
-        let groups = cols / group;
+        let words_per_group = group / per;
+        let groups_per_task = 256;
         let mut out = vec![0f32; rows * cols];
-        out.par_chunks_mut(cols.max(1)).enumerate().for_each(|(row, values)| {
-            for (col, v) in values.iter_mut().enumerate() {
-                let q = (codes[row * words + col / per] >> ((col % per) as u32 * bits)) & mask;
-                let g = row * groups + col / group;
-                *v = q as f32 * scale[g] + min[g];
+        // Groups are contiguous in both codes and values: decode each group's words (vectorized
+        // shift-and-mask), then one multiply-add per value.
+        out.par_chunks_mut((group * groups_per_task).max(1)).enumerate().for_each(|(task, values)| {
+            for (local, values) in values.chunks_exact_mut(group).enumerate() {
+                let g = task * groups_per_task + local;
+                decode_words(&codes[g * words_per_group..(g + 1) * words_per_group], bits, values);
+                let (s, m) = (scale[g], min[g]);
+                values.iter_mut().for_each(|v| *v = *v * s + m);
             }
         });
         FlexTensor::from_data(TensorData::new(out, [rows, cols]))

@@ -19,7 +19,7 @@ mod flex;
 pub mod ops;
 
 use burn::backend::Dispatch;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use crate::ops::GroupQuantOps;
 
@@ -38,6 +38,14 @@ pub enum KernelError {
         per_word: usize,
         /// Length of the quantized axis.
         len: usize,
+    },
+    /// Host buffers handed to [`GroupQuantized::from_host`] do not fit the shape.
+    #[error("quantized buffers hold {found:?} codes/scales/minimums, the shape needs {expected:?}")]
+    HostBuffers {
+        /// Lengths the shape and spec need (codes, scales, minimums).
+        expected: [usize; 3],
+        /// Lengths received.
+        found: [usize; 3],
     },
     /// The axis does not exist.
     #[error("axis {axis} out of range for a rank-{rank} tensor")]
@@ -120,6 +128,52 @@ impl<const D: usize> GroupQuantized<D> {
     pub fn size_bytes(&self) -> usize {
         self.spec.storage_bytes(self.shape.iter().product())
     }
+
+    /// Wraps codes, scales and minimums that were quantized elsewhere (a GGUF file's blocks,
+    /// repacked) into a tensor on `device`, checking that their lengths fit `shape` and `spec`.
+    /// The layout is the one documented on the type, with the quantized axis already last in the
+    /// host buffers.
+    pub fn from_host(
+        codes: Vec<u32>,
+        scale: Vec<f32>,
+        min: Vec<f32>,
+        shape: [usize; D],
+        spec: QuantSpec,
+        device: &Device,
+    ) -> Result<Self, KernelError> {
+        spec.validate(&shape)?;
+        let last = moved_last(shape, spec.axis);
+        let cols = last[D - 1];
+        let rows = last.iter().product::<usize>() / cols.max(1);
+        let (words, groups) = (cols / spec.per_word(), cols / spec.group_size);
+        let expected = [rows * words, rows * groups, rows * groups];
+        let found = [codes.len(), scale.len(), min.len()];
+        if expected != found {
+            return Err(KernelError::HostBuffers { expected, found });
+        }
+        Ok(Self {
+            codes: Tensor::from_data(TensorData::new(codes, [rows, words]), (device, DType::U32)),
+            scale: Tensor::from_data(TensorData::new(scale, [rows, groups]), device),
+            min: Tensor::from_data(TensorData::new(min, [rows, groups]), device),
+            shape,
+            spec,
+        })
+    }
+
+    /// Rows `index` of a `[rows, cols]` tensor quantized along its columns, still quantized (an
+    /// embedding lookup that never expands the table).
+    pub fn select_rows(&self, index: Tensor<1, Int>) -> GroupQuantized<D> {
+        let n = index.dims()[0];
+        let mut shape = self.shape;
+        shape[0] = n;
+        GroupQuantized {
+            codes: self.codes.clone().select(0, index.clone()),
+            scale: self.scale.clone().select(0, index.clone()),
+            min: self.min.clone().select(0, index),
+            shape,
+            spec: self.spec,
+        }
+    }
 }
 
 /// The shape with `axis` swapped to the end.
@@ -163,9 +217,9 @@ pub fn dequantize<const D: usize>(q: &GroupQuantized<D>) -> Tensor<D> {
     flat.reshape(moved_last(q.shape, q.spec.axis)).swap_dims(q.spec.axis, D - 1)
 }
 
-/// The weight layout [`qmatmul`] needs is wrong.
+/// The weight layout [`qmatmul`] or [`qmatmul_transposed`] needs is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("qmatmul needs a [k, n] weight quantized along axis 1 with k = {k}; got shape {shape:?} along axis {axis}")]
+#[error("the fused matmul needs a weight quantized along axis 1 whose shared dimension is k = {k}; got shape {shape:?} along axis {axis}")]
 pub struct QMatmulLayout {
     /// Columns of `x`.
     pub k: usize,
@@ -184,6 +238,24 @@ pub fn qmatmul(x: Tensor<2>, w: &GroupQuantized<2>) -> Result<Tensor<2>, QMatmul
         return Err(QMatmulLayout { k, shape: w.shape, axis: w.spec.axis });
     }
     Ok(Tensor::from_dispatch(<Dispatch as GroupQuantOps>::fused_qmatmul(
+        x.into_dispatch(),
+        w.codes.clone().into_dispatch(),
+        w.scale.clone().into_dispatch(),
+        w.min.clone().into_dispatch(),
+        w.spec.bits,
+        w.spec.group_size,
+    )))
+}
+
+/// `x · Wᵀ` (`x` `[m, k]`, `W` `[n, k]` quantized along `k`: llama.cpp's layout, in which GGUF
+/// files ship their weights) by the fused dequantize-matmul kernel, which never materializes `W`.
+/// Best for decode-sized `m`; for large `m`, [`dequantize`] then an ordinary matmul is faster.
+pub fn qmatmul_transposed(x: Tensor<2>, w: &GroupQuantized<2>) -> Result<Tensor<2>, QMatmulLayout> {
+    let k = x.dims()[1];
+    if w.spec.axis != 1 || w.shape[1] != k {
+        return Err(QMatmulLayout { k, shape: w.shape, axis: w.spec.axis });
+    }
+    Ok(Tensor::from_dispatch(<Dispatch as GroupQuantOps>::fused_qmatmul_nt(
         x.into_dispatch(),
         w.codes.clone().into_dispatch(),
         w.scale.clone().into_dispatch(),

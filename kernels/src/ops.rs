@@ -62,4 +62,21 @@ pub trait GroupQuantOps: Backend {
         bits: u32,
         group: usize,
     ) -> FloatTensor<Self>;
+
+    /// `x · Wᵀ` for `x` `[m, k]` and a weight `W` `[n, k]` quantized in groups along `k` (the
+    /// llama.cpp/GGUF layout), without materializing `W`:
+    /// `out[i, j] = Σ_g scale[j, g] · Σ_{k∈g} x[i, k] · q[j, k] + min[j, g] · Σ_{k∈g} x[i, k]`.
+    #[fusion(dtype = x, shape = {
+        let mut s = x.clone();
+        s[1] = codes[0];
+        s
+    })]
+    fn fused_qmatmul_nt(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self>;
 }

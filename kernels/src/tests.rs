@@ -132,12 +132,58 @@ fn fused_qmatmul_equals_dequantize_then_matmul() {
             let x = Tensor::<2>::from_data(TensorData::new(x, [m, k]), &device);
             let q = quantize(w, QuantSpec::new(bits, group, 1)).unwrap();
             let reference = values(x.clone().matmul(dequantize(&q)));
-            let fused = values(qmatmul(x, &q).unwrap());
-            let scale = reference.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
-            for (a, b) in fused.iter().zip(&reference) {
-                assert!((a - b).abs() <= 1e-4 * scale.max(1.0), "m={m} k={k} n={n}: {a} vs {b}");
-            }
+            assert_close(&values(qmatmul(x, &q).unwrap()), &reference, (m, k, n));
         }
+    }
+}
+
+/// Within 1e-4 of the largest reference value (relative, at least absolute 1e-4).
+fn assert_close(found: &[f32], reference: &[f32], case: (usize, usize, usize)) {
+    assert_eq!(found.len(), reference.len());
+    let scale = reference.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+    for (a, b) in found.iter().zip(reference) {
+        assert!((a - b).abs() <= 1e-4 * scale.max(1.0), "(m, k, n) = {case:?}: {a} vs {b}");
+    }
+}
+
+/// The transposed kernel (GGUF layout: `W` `[n, k]` grouped along `k`) equals dequantize +
+/// `x · Wᵀ` on every device, including shapes whose rows do not fill a parallel task.
+#[test]
+fn fused_qmatmul_transposed_equals_dequantize_then_matmul() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+    for device in devices() {
+        for (m, k, n, bits, group) in [(1, 64, 40, 4, 32), (2, 96, 17, 8, 32), (16, 128, 33, 4, 64), (33, 64, 8, 8, 4)] {
+            let w: Vec<f32> = (0..k * n).map(|_| rng.random::<f32>() - 0.5).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+            let w = Tensor::<2>::from_data(TensorData::new(w, [n, k]), &device);
+            let x = Tensor::<2>::from_data(TensorData::new(x, [m, k]), &device);
+            let q = quantize(w, QuantSpec::new(bits, group, 1)).unwrap();
+            let reference = values(x.clone().matmul(dequantize(&q).transpose()));
+            assert_close(&values(qmatmul_transposed(x, &q).unwrap()), &reference, (m, k, n));
+        }
+    }
+}
+
+/// Host buffers become the same quantized tensor as quantizing on the device; wrong lengths are
+/// an error; selected rows dequantize to the selected rows.
+#[test]
+fn host_buffers_and_row_selection() {
+    for device in devices() {
+        let data: Vec<f32> = (0..4 * 64).map(|v| ((v * 37) % 23) as f32 - 11.0).collect();
+        let x = Tensor::<2>::from_data(TensorData::new(data.clone(), [4, 64]), &device);
+        let spec = QuantSpec::new(4, 32, 1);
+        let q = quantize(x, spec).unwrap();
+        let codes = q.codes.clone().into_data().try_into_vec_as::<u32>().unwrap();
+        let (scale, min) = (values(q.scale.clone()), values(q.min.clone()));
+        let rebuilt = GroupQuantized::from_host(codes.clone(), scale.clone(), min.clone(), [4, 64], spec, &device).unwrap();
+        assert_eq!(values(dequantize(&rebuilt)), values(dequantize(&q)));
+        let short = GroupQuantized::<2>::from_host(codes[1..].to_vec(), scale, min, [4, 64], spec, &device);
+        assert!(matches!(short, Err(KernelError::HostBuffers { .. })));
+
+        let index = Tensor::<1, Int>::from_data(TensorData::new(vec![2i64, 0, 2], [3]), &device);
+        let rows = values(dequantize(&q.select_rows(index)));
+        let all = values(dequantize(&q));
+        assert_eq!(rows, [&all[128..192], &all[0..64], &all[128..192]].concat());
     }
 }
 
@@ -146,5 +192,6 @@ fn qmatmul_checks_the_layout() {
     let w = Tensor::<2>::zeros([64, 32], &Device::flex());
     let q = quantize(w, QuantSpec::new(4, 32, 0)).unwrap();
     let x = Tensor::<2>::zeros([1, 64], &Device::flex());
-    assert!(qmatmul(x, &q).is_err());
+    assert!(qmatmul(x.clone(), &q).is_err());
+    assert!(qmatmul_transposed(x, &q).is_err());
 }

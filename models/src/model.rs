@@ -12,10 +12,11 @@ use crate::cache::{KvCache, KvLayout, StepInput};
 use crate::config::{DecoderSpec, PositionKind};
 use crate::error::Result;
 use crate::layers::attention::SelfAttention;
-use crate::layers::linear::{init_linear, load_fused_in_out, load_linear, WeightLayout};
+use crate::layers::embedding::TokenEmbedding;
+use crate::layers::linear::{init_linear, load_fused_in_out, load_linear, load_projection, WeightLayout};
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::Norm;
-use crate::layers::projection::Projection;
+use crate::layers::projection::{Projection, QLinear};
 use crate::weights::{Checkpoint, TensorSource};
 
 /// One decoder layer.
@@ -55,8 +56,8 @@ impl DecoderLayer {
 /// A causal language model: OPT, LLaMA or GPT-2, as described by its [`DecoderSpec`].
 #[derive(Module, Debug)]
 pub struct CausalLm {
-    /// Token embedding `[vocab, embed_dim]`.
-    pub embed_tokens: Embedding,
+    /// Token embedding `[vocab, embed_dim]`, dense or quantized as shipped.
+    pub embed_tokens: TokenEmbedding,
     /// Learned positions (OPT, GPT-2).
     pub embed_positions: Option<Embedding>,
     /// `embed_dim → hidden` (OPT-350m).
@@ -102,7 +103,10 @@ impl CausalLm {
                 weight: Param::from_tensor(ckpt.tensor(name, [rows, dim], device)?),
             })
         };
-        let embed_tokens = embedding(names.embed_tokens, spec.vocab_size, embed)?;
+        let embed_tokens = match ckpt.quantized(names.embed_tokens, [spec.vocab_size, embed], device)? {
+            Some(table) => TokenEmbedding::Quantized(QLinear::from_out_in(table, None)),
+            None => TokenEmbedding::Dense(embedding(names.embed_tokens, spec.vocab_size, embed)?),
+        };
         let embed_positions = match (&spec.positions, names.embed_positions) {
             (PositionKind::Learned { rows, .. }, Some(name)) => Some(embedding(name, *rows, hidden)?),
             _ => None,
@@ -129,7 +133,7 @@ impl CausalLm {
         let lm_head = if spec.tie_word_embeddings {
             None
         } else {
-            Some(load_linear(ckpt, names.lm_head, [embed, spec.vocab_size], false, WeightLayout::OutIn, device)?.into())
+            Some(load_projection(ckpt, names.lm_head, [embed, spec.vocab_size], false, WeightLayout::OutIn, device)?)
         };
         Ok(Self {
             embed_tokens,
@@ -180,7 +184,7 @@ impl CausalLm {
             })
             .collect();
         Self {
-            embed_tokens: embedding(spec.vocab_size, embed),
+            embed_tokens: TokenEmbedding::Dense(embedding(spec.vocab_size, embed)),
             embed_positions: match &spec.positions {
                 PositionKind::Learned { rows, .. } => Some(embedding(*rows, hidden)),
                 PositionKind::Rotary(_) => None,
@@ -196,43 +200,78 @@ impl CausalLm {
 
     /// The model with every attention and MLP projection and the LM head group-quantized to `bits`
     /// (4 or 8) in groups of `group_size` along the output channel (FlexGen's weight compression).
-    /// A tied head gets its own quantized copy. The head stays in full precision when the
-    /// vocabulary does not split into whole groups (GPT-2's 50257 tokens, OPT's 50272 with groups of
-    /// 64). The embedding lookup and the norms always stay in full precision.
+    /// Weights already quantized that way (a GGUF file's blocks with the same bits and group size)
+    /// are kept; others are re-quantized. A tied head gets its own quantized copy. The head stays
+    /// as it is when the vocabulary does not split into whole groups (GPT-2's 50257 tokens, OPT's
+    /// 50272 with groups of 64). The embedding lookup and the norms are left as loaded.
     pub fn quantize_weights(mut self, bits: u32, group_size: usize) -> Result<Self> {
         if group_size > 0 && self.spec.vocab_size.is_multiple_of(group_size) {
             let head = match self.lm_head.take() {
                 Some(head) => head,
-                None => Projection::Dense(Linear {
-                    weight: Param::from_tensor(self.embed_tokens.weight.val().transpose()),
-                    bias: None,
-                }),
+                None => self.embed_tokens.tied_head(),
             };
             self.lm_head = Some(head.quantized(bits, group_size, "lm_head")?);
         }
+        self.map_projections(|p, name| p.quantized(bits, group_size, name))
+    }
+
+    /// The model with every weight in full precision (quantized projections, head and embedding
+    /// table dequantized): the `f32` baseline of a quantized checkpoint.
+    pub fn dequantize_weights(mut self) -> Self {
+        self.embed_tokens = self.embed_tokens.dense();
+        self.lm_head = self.lm_head.map(Projection::dense);
+        self.map_projections(|p, _| Ok(p.dense())).expect("dequantizing cannot fail")
+    }
+
+    /// Bytes of weights one decode step reads: every projection and the LM head (the embedding
+    /// lookup reads a few rows, the norms are negligible).
+    pub fn decode_weight_bytes(&self) -> usize {
+        let head = match &self.lm_head {
+            Some(head) => head.weight_bytes(),
+            None => self.embed_tokens.size_bytes(),
+        };
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let attn = [&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o].iter().map(|p| p.weight_bytes()).sum::<usize>();
+                let mlp = l.mlp.up.weight_bytes() + l.mlp.down.weight_bytes() + l.mlp.gate.as_ref().map_or(0, Projection::weight_bytes);
+                attn + mlp
+            })
+            .sum();
+        head + layers
+    }
+
+    /// Applies `f` to every attention and MLP projection (with a name for errors).
+    fn map_projections(mut self, f: impl Fn(Projection, &str) -> Result<Projection>) -> Result<Self> {
         let layers = std::mem::take(&mut self.layers);
         for (i, layer) in layers.into_iter().enumerate() {
             let name = |p: &str| format!("layer {i} {p}");
             let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm } = layer;
             let attn = SelfAttention {
-                q: attn.q.quantized(bits, group_size, &name("q"))?,
-                k: attn.k.quantized(bits, group_size, &name("k"))?,
-                v: attn.v.quantized(bits, group_size, &name("v"))?,
-                o: attn.o.quantized(bits, group_size, &name("o"))?,
+                q: f(attn.q, &name("q"))?,
+                k: f(attn.k, &name("k"))?,
+                v: f(attn.v, &name("v"))?,
+                o: f(attn.o, &name("o"))?,
                 ..attn
             };
             let mlp = Mlp {
-                up: mlp.up.quantized(bits, group_size, &name("up"))?,
+                up: f(mlp.up, &name("up"))?,
                 gate: match mlp.gate {
-                    Some(g) => Some(g.quantized(bits, group_size, &name("gate"))?),
+                    Some(g) => Some(f(g, &name("gate"))?),
                     None => None,
                 },
-                down: mlp.down.quantized(bits, group_size, &name("down"))?,
+                down: f(mlp.down, &name("down"))?,
                 activation: mlp.activation,
             };
             self.layers.push(DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm });
         }
         Ok(self)
+    }
+
+    /// The device the model lives on.
+    pub fn device(&self) -> Device {
+        self.embed_tokens.device()
     }
 
     /// The architecture description.
@@ -300,7 +339,7 @@ impl CausalLm {
     pub fn logits(&self, states: Tensor<2>) -> Tensor<2> {
         match &self.lm_head {
             Some(head) => head.forward(states),
-            None => states.matmul(self.embed_tokens.weight.val().transpose()),
+            None => self.embed_tokens.tied_logits(states),
         }
     }
 
@@ -345,7 +384,7 @@ fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &D
     let q_out = spec.num_heads * spec.head_dim;
     let kv_out = spec.num_kv_heads * spec.head_dim;
     let linear = |suffix: &str, dims: [usize; 2], bias: bool| {
-        load_linear(ckpt, &name(suffix), dims, bias, names.layout, device)
+        load_projection(ckpt, &name(suffix), dims, bias, names.layout, device)
     };
     let (q, k, v) = match names.qkv {
         QkvNames::Separate(q, k, v) => (
@@ -355,17 +394,17 @@ fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &D
         ),
         QkvNames::Fused(qkv) => {
             let [q, k, v] = load_fused_in_out::<3>(ckpt, &name(qkv), hidden, q_out, device)?;
-            (q, k, v)
+            (q.into(), k.into(), v.into())
         }
     };
     let ffn = spec.intermediate_size;
     Ok(DecoderLayer {
         attn_norm: Norm::load(ckpt, &name(names.attn_norm), spec.norm, hidden, device)?,
         attn: SelfAttention {
-            q: q.into(),
-            k: k.into(),
-            v: v.into(),
-            o: linear(names.o_proj, [q_out, hidden], spec.attention_bias)?.into(),
+            q,
+            k,
+            v,
+            o: linear(names.o_proj, [q_out, hidden], spec.attention_bias)?,
             num_heads: spec.num_heads,
             num_kv_heads: spec.num_kv_heads,
             head_dim: spec.head_dim,
@@ -373,12 +412,12 @@ fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &D
         },
         mlp_norm: Norm::load(ckpt, &name(names.mlp_norm), spec.norm, hidden, device)?,
         mlp: Mlp {
-            up: linear(names.up, [hidden, ffn], spec.mlp_bias)?.into(),
+            up: linear(names.up, [hidden, ffn], spec.mlp_bias)?,
             gate: match names.gate {
-                Some(gate) => Some(linear(gate, [hidden, ffn], spec.mlp_bias)?.into()),
+                Some(gate) => Some(linear(gate, [hidden, ffn], spec.mlp_bias)?),
                 None => None,
             },
-            down: linear(names.down, [ffn, hidden], spec.mlp_bias)?.into(),
+            down: linear(names.down, [ffn, hidden], spec.mlp_bias)?,
             activation: spec.activation,
         },
         pre_norm: spec.pre_norm,

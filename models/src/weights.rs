@@ -7,6 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Tensor, TensorData};
+use burn_llm_kernels::GroupQuantized;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensors;
@@ -34,6 +35,14 @@ pub struct Checkpoint {
 pub trait TensorSource {
     /// Reads `name` as `f32` values, checking that its HF shape is `expected`.
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>>;
+
+    /// Reads an HF `[rows, cols]` matrix in the quantized form the file stores it in (groups along
+    /// `cols`), so that quantized checkpoints load without an `f32` detour; `None` when the file
+    /// stores it in floating point (then [`TensorSource::read_f32`] reads it).
+    fn quantized(&self, name: &str, shape: [usize; 2], device: &Device) -> Result<Option<GroupQuantized<2>>> {
+        let _ = (name, shape, device);
+        Ok(None)
+    }
 
     /// Reads `name` into a device tensor of shape `expected`.
     fn tensor<const D: usize>(&self, name: &str, expected: [usize; D], device: &Device) -> Result<Tensor<D>>

@@ -106,7 +106,7 @@ impl Generator {
         }
         let longest_prompt = requests.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
         let longest_budget = requests.iter().map(RequestState::budget).max().unwrap_or(1);
-        let device = self.model.embed_tokens.weight.val().device();
+        let device = self.model.device();
         let (layout, capacity) = (self.model.kv_layout(), longest_prompt + longest_budget - 1);
         let mut cache = match self.kv_bits {
             None => ContiguousKvCache::new(layout, requests.len(), capacity, &device),

@@ -4,9 +4,10 @@
 
 mod quant;
 mod source;
+mod spm;
 mod tokenizer;
 
-pub use quant::{dequantize, GgmlType};
+pub use quant::{dequantize, repack_blocks, GgmlType, RepackedBlocks};
 pub use source::{permute_rope_rows, unpermute_rope_rows, GgufModel};
 pub use tokenizer::{chat_template, tokenizer_from_gguf};
 

@@ -102,6 +102,68 @@ fn nibble_blocks(bytes: &[u8], block_bytes: usize, header: impl Fn(&[u8]) -> (f3
     out
 }
 
+/// A GGUF tensor's quantized blocks re-laid out for `burn_llm_kernels::GroupQuantized` (groups of
+/// [`BLOCK`] along the fastest-varying dimension), without passing through `f32`: codes are
+/// repacked little-end-first into `u32` words, scales and minimums widened to `f32`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RepackedBlocks {
+    /// Packed codes, `32 / bits` a word.
+    pub codes: Vec<u32>,
+    /// Per-block scale.
+    pub scale: Vec<f32>,
+    /// Per-block minimum (`x = q · scale + min`).
+    pub min: Vec<f32>,
+    /// Bits per code.
+    pub bits: u32,
+}
+
+/// Repacks `Q4_0`, `Q4_1` and `Q8_0` blocks as asymmetric codes: `Q4_0`'s `(q − 8)·d` becomes
+/// `min = −8d`, `Q8_0`'s signed `q·d` becomes code `q + 128` with `min = −128d`. `None` for other
+/// types (floating-point tensors are read as `f32` instead).
+pub fn repack_blocks(kind: GgmlType, bytes: &[u8]) -> Option<RepackedBlocks> {
+    let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let (block_bytes, bits) = match kind {
+        GgmlType::Q4_0 => (18, 4),
+        GgmlType::Q4_1 => (20, 4),
+        GgmlType::Q8_0 => (34, 8),
+        _ => return None,
+    };
+    let blocks = bytes.len() / block_bytes;
+    let mut out = RepackedBlocks {
+        codes: Vec::with_capacity(blocks * BLOCK * bits as usize / 32),
+        scale: Vec::with_capacity(blocks),
+        min: Vec::with_capacity(blocks),
+        bits,
+    };
+    for block in bytes.chunks_exact(block_bytes) {
+        let d = half(&block[0..2]);
+        match kind {
+            GgmlType::Q8_0 => {
+                out.scale.push(d);
+                out.min.push(-128.0 * d);
+                for four in block[2..].chunks_exact(4) {
+                    let word = four
+                        .iter()
+                        .enumerate()
+                        .fold(0u32, |w, (t, &q)| w | (((q as i8 as i32 + 128) as u32) << (8 * t)));
+                    out.codes.push(word);
+                }
+            }
+            _ => {
+                let (min, qs) = if kind == GgmlType::Q4_1 { (half(&block[2..4]), &block[4..]) } else { (-8.0 * d, &block[2..]) };
+                out.scale.push(d);
+                out.min.push(min);
+                // Element e is the low nibble of byte e (e < 16) or the high nibble of byte e − 16.
+                let code = |e: usize| if e < BLOCK / 2 { (qs[e] & 0x0F) as u32 } else { (qs[e - BLOCK / 2] >> 4) as u32 };
+                for w in 0..BLOCK / 8 {
+                    out.codes.push((0..8).fold(0u32, |word, t| word | (code(8 * w + t) << (4 * t))));
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +197,35 @@ mod tests {
         block.extend((0..32).map(|i: i32| (i - 16) as i8 as u8));
         let out = dequantize(GgmlType::Q8_0, &block).unwrap();
         assert_eq!((out[0], out[31]), (-4.0, 15.0 * 0.25));
+    }
+
+    /// Decoding the repacked codes as `q · scale + min` gives exactly what `dequantize` gives.
+    #[test]
+    fn repacked_blocks_decode_like_ggml() {
+        let mut bytes = Vec::new();
+        for (kind, header) in [(GgmlType::Q4_0, 2), (GgmlType::Q4_1, 4), (GgmlType::Q8_0, 2)] {
+            bytes.clear();
+            for b in 0..3u8 {
+                bytes.extend_from_slice(&f16_bytes(0.25 * (b + 1) as f32));
+                if header == 4 {
+                    bytes.extend_from_slice(&f16_bytes(-1.5));
+                }
+                let payload = if kind == GgmlType::Q8_0 { 32 } else { 16 };
+                bytes.extend((0..payload).map(|j: u8| j.wrapping_mul(37).wrapping_add(b * 11)));
+            }
+            let expected = dequantize(kind, &bytes).unwrap();
+            let r = repack_blocks(kind, &bytes).unwrap();
+            let per = 32 / r.bits as usize;
+            let mask = (1u32 << r.bits) - 1;
+            let decoded: Vec<f32> = (0..expected.len())
+                .map(|e| {
+                    let q = (r.codes[e / per] >> ((e % per) as u32 * r.bits)) & mask;
+                    q as f32 * r.scale[e / BLOCK] + r.min[e / BLOCK]
+                })
+                .collect();
+            assert_eq!(decoded, expected, "{kind:?}");
+        }
+        assert!(repack_blocks(GgmlType::F16, &[0, 0]).is_none());
     }
 
     #[test]

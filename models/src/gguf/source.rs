@@ -9,6 +9,10 @@ use std::path::Path;
 
 use serde_json::json;
 
+use burn::tensor::Device;
+use burn_llm_kernels::{GroupQuantized, QuantSpec};
+
+use super::quant::{repack_blocks, RepackedBlocks, BLOCK};
 use super::{GgufFile, GgufValue};
 use crate::config::DecoderSpec;
 use crate::error::{ModelError, Result};
@@ -77,6 +81,40 @@ impl GgufModel {
 }
 
 impl TensorSource for GgufModel {
+    /// `Q4_0`, `Q4_1` and `Q8_0` matrices come back as their blocks, repacked (groups of 32 along
+    /// the input dimension, llama.cpp's layout); RoPE-permuted rows are un-permuted as whole rows
+    /// of codes, scales and minimums.
+    fn quantized(&self, name: &str, [rows, cols]: [usize; 2], device: &Device) -> Result<Option<GroupQuantized<2>>> {
+        let Some((gguf, order)) = self.map_name(name) else {
+            return Ok(None);
+        };
+        let Some(info) = self.file.tensor_info(&gguf) else {
+            return Ok(None);
+        };
+        let Some(blocks) = repack_blocks(info.kind, self.file.tensor_bytes(info)) else {
+            return Ok(None);
+        };
+        let shape = info.shape();
+        if shape != [rows, cols] {
+            return Err(ModelError::ShapeMismatch { name: gguf, expected: vec![rows, cols], found: shape });
+        }
+        if !cols.is_multiple_of(BLOCK) {
+            return Err(ModelError::CorruptGguf {
+                path: self.file.path().to_path_buf(),
+                message: format!("`{gguf}` has rows of {cols} values, not whole blocks of {BLOCK}"),
+            });
+        }
+        let RepackedBlocks { mut codes, mut scale, mut min, bits } = blocks;
+        if let Rows::Rope(heads) = order {
+            codes = unpermute_rope_rows(&codes, heads, rows, cols * bits as usize / 32);
+            scale = unpermute_rope_rows(&scale, heads, rows, cols / BLOCK);
+            min = unpermute_rope_rows(&min, heads, rows, cols / BLOCK);
+        }
+        GroupQuantized::from_host(codes, scale, min, [rows, cols], QuantSpec::new(bits, BLOCK, 1), device)
+            .map(Some)
+            .map_err(|e| ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message: format!("`{gguf}`: {e}") })
+    }
+
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
         let (gguf, rows) = self.map_name(name).ok_or_else(|| ModelError::MissingTensor {
             name: name.to_string(),
@@ -99,10 +137,10 @@ impl TensorSource for GgufModel {
 
 /// Inverts llama.cpp's `reshape(heads, 2, half, cols).swapaxes(1, 2)` on the rows of a
 /// `[rows, cols]` matrix (or a `[rows]` bias with `cols = 1`).
-pub fn unpermute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+pub fn unpermute_rope_rows<T: Copy + Default>(values: &[T], heads: usize, rows: usize, cols: usize) -> Vec<T> {
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
-    let mut out = vec![0f32; values.len()];
+    let mut out = vec![T::default(); values.len()];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {

@@ -5,6 +5,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::Result;
+use crate::layers::projection::{Projection, QLinear};
 use crate::weights::TensorSource;
 
 /// How a checkpoint stores a projection matrix.
@@ -30,15 +31,38 @@ pub fn load_linear(
         WeightLayout::OutIn => ckpt.tensor_transposed(&name, [d_out, d_in], device)?,
         WeightLayout::InOut => ckpt.tensor(&name, [d_in, d_out], device)?,
     };
-    let bias = if bias {
+    Ok(Linear {
+        weight: Param::from_tensor(weight),
+        bias: load_bias(ckpt, prefix, d_out, bias, device)?,
+    })
+}
+
+/// `{prefix}.bias` when the layer has one.
+fn load_bias(ckpt: &impl TensorSource, prefix: &str, d_out: usize, bias: bool, device: &Device) -> Result<Option<Param<Tensor<1>>>> {
+    Ok(if bias {
         Some(Param::from_tensor(ckpt.tensor(&format!("{prefix}.bias"), [d_out], device)?))
     } else {
         None
-    };
-    Ok(Linear {
-        weight: Param::from_tensor(weight),
-        bias,
     })
+}
+
+/// Loads a projection as the checkpoint stores it: quantized (GGUF `Q4_0`/`Q4_1`/`Q8_0` blocks,
+/// kept as they are) or dense.
+pub fn load_projection(
+    ckpt: &impl TensorSource,
+    prefix: &str,
+    [d_in, d_out]: [usize; 2],
+    bias: bool,
+    layout: WeightLayout,
+    device: &Device,
+) -> Result<Projection> {
+    if layout == WeightLayout::OutIn {
+        if let Some(weight) = ckpt.quantized(&format!("{prefix}.weight"), [d_out, d_in], device)? {
+            let bias = load_bias(ckpt, prefix, d_out, bias, device)?;
+            return Ok(Projection::Quantized(QLinear::from_out_in(weight, bias)));
+        }
+    }
+    load_linear(ckpt, prefix, [d_in, d_out], bias, layout, device).map(Projection::Dense)
 }
 
 /// Splits a fused `[in, PARTS · out]` Conv1D projection (GPT-2's `c_attn`) into `PARTS` layers.

@@ -1,6 +1,7 @@
 //! Building blocks of the shared decoder, each loadable from an HF checkpoint.
 
 pub mod attention;
+pub mod embedding;
 pub mod linear;
 pub mod mlp;
 pub mod norm;

@@ -1,10 +1,11 @@
 //! Linear projections stored densely (`Linear`) or group-quantized (`QLinear`, FlexGen's 4/8-bit
-//! weight compression), behind one type so the decoder does not care which.
+//! weight compression, or a GGUF file's blocks as shipped), behind one type so the decoder does not
+//! care which.
 
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Int, Tensor};
-use burn_llm_kernels::{dequantize, qmatmul, quantize, GroupQuantized, QuantSpec};
+use burn_llm_kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, GroupQuantized, QuantSpec};
 
 use crate::error::{ModelError, Result};
 
@@ -12,14 +13,17 @@ use crate::error::{ModelError, Result};
 /// weight once and running an ordinary matmul is faster.
 pub const FUSED_MAX_ROWS: usize = 16;
 
-/// A drop-in for `Linear` whose `[in, out]` weight is group-quantized along the output axis.
+/// A drop-in for `Linear` holding a group-quantized weight, in one of two layouts:
+/// - FlexGen's: `[in, out]` grouped along the output channel (what [`QLinear::from_linear`] makes);
+/// - llama.cpp's (`input_grouped`): `[out, in]` grouped along the input channel, which is how GGUF
+///   files store `Q4_0`/`Q4_1`/`Q8_0` weights, so they load without re-encoding.
 #[derive(Module, Debug)]
 pub struct QLinear {
-    /// Packed codes, `[in, out · bits / 32]`, `U32`.
+    /// Packed codes, `U32`: `[in, out · bits / 32]`, or `[out, in · bits / 32]` when input-grouped.
     pub codes: Tensor<2, Int>,
-    /// Per-group scale, `[in, out / group]`.
+    /// Per-group scale, `[in, out / group]` or `[out, in / group]`.
     pub scale: Tensor<2>,
-    /// Per-group minimum, `[in, out / group]`.
+    /// Per-group minimum, same shape as `scale`.
     pub min: Tensor<2>,
     /// Bias, kept in full precision.
     pub bias: Option<Param<Tensor<1>>>,
@@ -31,6 +35,8 @@ pub struct QLinear {
     pub bits: u32,
     /// Values per group.
     pub group_size: usize,
+    /// Whether groups run along the input channel (`[out, in]` storage).
+    pub input_grouped: bool,
 }
 
 impl QLinear {
@@ -39,27 +45,58 @@ impl QLinear {
         let weight = linear.weight.val();
         let [d_input, d_output] = weight.dims();
         let q = quantize(weight, QuantSpec::new(bits, group_size, 1))?;
-        Ok(Self {
+        Ok(Self::from_parts(q, linear.bias.clone(), [d_input, d_output], false))
+    }
+
+    /// A layer over an `[out, in]` weight already quantized along `in` (GGUF blocks).
+    pub fn from_out_in(weight: GroupQuantized<2>, bias: Option<Param<Tensor<1>>>) -> Self {
+        let [d_output, d_input] = weight.shape;
+        Self::from_parts(weight, bias, [d_input, d_output], true)
+    }
+
+    fn from_parts(q: GroupQuantized<2>, bias: Option<Param<Tensor<1>>>, [d_input, d_output]: [usize; 2], input_grouped: bool) -> Self {
+        Self {
             codes: q.codes,
             scale: q.scale,
             min: q.min,
-            bias: linear.bias.clone(),
+            bias,
             d_input,
             d_output,
-            bits,
-            group_size,
-        })
+            bits: q.spec.bits,
+            group_size: q.spec.group_size,
+            input_grouped,
+        }
     }
 
-    /// The quantized weight.
+    /// The quantized weight, `[in, out]` or (input-grouped) `[out, in]`, quantized along axis 1.
     pub fn weight(&self) -> GroupQuantized<2> {
+        let shape = if self.input_grouped { [self.d_output, self.d_input] } else { [self.d_input, self.d_output] };
         GroupQuantized {
             codes: self.codes.clone(),
             scale: self.scale.clone(),
             min: self.min.clone(),
-            shape: [self.d_input, self.d_output],
+            shape,
             spec: QuantSpec::new(self.bits, self.group_size, 1),
         }
+    }
+
+    /// The weight in full precision, `[in, out]` (Burn's `Linear` layout).
+    pub fn dequantized_weight(&self) -> Tensor<2> {
+        let w = dequantize(&self.weight());
+        if self.input_grouped { w.transpose() } else { w }
+    }
+
+    /// The layer in full precision.
+    pub fn to_dense(&self) -> Linear {
+        Linear {
+            weight: Param::from_tensor(self.dequantized_weight()),
+            bias: self.bias.clone(),
+        }
+    }
+
+    /// Bytes of codes, scales and minimums.
+    pub fn size_bytes(&self) -> usize {
+        self.weight().size_bytes()
     }
 
     /// `x · W + b` for `x` `[..., in]`.
@@ -68,10 +105,10 @@ impl QLinear {
         let rows = dims[..D - 1].iter().product::<usize>();
         let flat: Tensor<2> = x.reshape([rows, self.d_input]);
         let weight = self.weight();
-        let out = if rows <= FUSED_MAX_ROWS {
-            qmatmul(flat, &weight).expect("QLinear weights are quantized along the output axis")
-        } else {
-            flat.matmul(dequantize(&weight))
+        let out = match (rows <= FUSED_MAX_ROWS, self.input_grouped) {
+            (true, false) => qmatmul(flat, &weight).expect("QLinear weights are quantized along the output axis"),
+            (true, true) => qmatmul_transposed(flat, &weight).expect("input-grouped QLinear weights are [out, in]"),
+            (false, _) => flat.matmul(self.dequantized_weight()),
         };
         let out = match &self.bias {
             Some(bias) => out + bias.val().unsqueeze(),
@@ -108,14 +145,36 @@ impl Projection {
         }
     }
 
-    /// The same projection with its weight quantized (already quantized ones are kept). `name`
-    /// identifies the layer in errors.
-    pub fn quantized(self, bits: u32, group_size: usize, name: &str) -> Result<Self> {
+    /// Bytes of the weight as stored (the bias is not counted).
+    pub fn weight_bytes(&self) -> usize {
         match self {
-            Projection::Dense(linear) => QLinear::from_linear(&linear, bits, group_size)
-                .map(Projection::Quantized)
-                .map_err(|e| ModelError::Quantization(format!("{name}: {e}"))),
-            quantized => Ok(quantized),
+            Projection::Dense(l) => l.weight.val().dims().iter().product::<usize>() * std::mem::size_of::<f32>(),
+            Projection::Quantized(q) => q.size_bytes(),
         }
+    }
+
+    /// The same projection in full precision.
+    pub fn dense(self) -> Self {
+        match self {
+            Projection::Quantized(q) => Projection::Dense(q.to_dense()),
+            dense => dense,
+        }
+    }
+
+    /// The same projection with its weight quantized to `bits` in groups of `group_size`. A weight
+    /// already quantized with that bit width and group size is kept as it is (a GGUF file's blocks
+    /// stay as shipped); one quantized differently is re-quantized from its dequantized values.
+    /// `name` identifies the layer in errors.
+    pub fn quantized(self, bits: u32, group_size: usize, name: &str) -> Result<Self> {
+        let linear = match self {
+            Projection::Quantized(q) if q.bits == bits && q.group_size == group_size => {
+                return Ok(Projection::Quantized(q));
+            }
+            Projection::Quantized(q) => q.to_dense(),
+            Projection::Dense(linear) => linear,
+        };
+        QLinear::from_linear(&linear, bits, group_size)
+            .map(Projection::Quantized)
+            .map_err(|e| ModelError::Quantization(format!("{name}: {e}")))
     }
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Tensor};
-use burn_llm::kernels::{dequantize, qmatmul, quantize, QuantSpec};
+use burn_llm::kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, QuantSpec};
 use burn_llm::models::{hub, Generator, Pretrained, Prompt, SamplingParams};
 use burn_llm::DeviceChoice;
 use serde::Serialize;
@@ -42,6 +42,9 @@ struct MatmulRow {
     f32_ms: f64,
     fused_ms: f64,
     fused_speedup: f64,
+    /// The GGUF layout (`W` `[n, k]` grouped along `k`, group 32 as in Q4_1).
+    fused_gguf_ms: f64,
+    fused_gguf_speedup: f64,
 }
 
 #[derive(Serialize)]
@@ -105,29 +108,6 @@ fn read_bandwidth() -> f64 {
     (data.len() * 8) as f64 / seconds / 1e9
 }
 
-/// Bytes of the weights one decode step reads (all projections and the LM head; the embedding
-/// lookup reads one row).
-fn weight_bytes(generator: &Generator, bits: Option<u32>, group: usize) -> usize {
-    let spec = generator.model().spec();
-    let (h, ffn, q, kv) = (
-        spec.hidden_size,
-        spec.intermediate_size,
-        spec.num_heads * spec.head_dim,
-        spec.num_kv_heads * spec.head_dim,
-    );
-    let per_layer = h * q * 2 + h * kv * 2 + h * ffn * if spec.gated_mlp { 3 } else { 2 };
-    let projections = spec.num_layers * per_layer;
-    let head = spec.vocab_size * spec.embed_dim;
-    // The head is quantized only when the vocabulary splits into whole groups (as
-    // `CausalLm::quantize_weights` does).
-    let quantized = |values: usize, b: u32| QuantSpec::new(b, group, 1).storage_bytes(values);
-    match bits {
-        None => (projections + head) * 4,
-        Some(b) if spec.vocab_size.is_multiple_of(group) => quantized(projections + head, b),
-        Some(b) => quantized(projections, b) + head * 4,
-    }
-}
-
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
     let bandwidth = read_bandwidth();
@@ -136,6 +116,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (k, n) = (4096, 4096);
     let w = Tensor::<2>::random([k, n], Distribution::Uniform(-1.0, 1.0), &device);
     let wq = quantize(w.clone(), QuantSpec::new(4, 64, 1))?;
+    let wq_gguf = quantize(w.clone().transpose(), QuantSpec::new(4, 32, 1))?;
     let dq_s = time(5, || {
         let out = dequantize(&wq);
         sync(&device);
@@ -153,8 +134,23 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let fused_s = time(5, || {
             let _ = qmatmul(x.clone(), &wq).map(|t| t.into_data());
         });
-        eprintln!("m = {m:>2}: f32 {:.2} ms, fused 4-bit {:.2} ms", f32_s * 1e3, fused_s * 1e3);
-        matmul.push(MatmulRow { m, f32_ms: f32_s * 1e3, fused_ms: fused_s * 1e3, fused_speedup: f32_s / fused_s });
+        let gguf_s = time(5, || {
+            let _ = qmatmul_transposed(x.clone(), &wq_gguf).map(|t| t.into_data());
+        });
+        eprintln!(
+            "m = {m:>2}: f32 {:.2} ms, fused 4-bit {:.2} ms, fused 4-bit GGUF layout {:.2} ms",
+            f32_s * 1e3,
+            fused_s * 1e3,
+            gguf_s * 1e3
+        );
+        matmul.push(MatmulRow {
+            m,
+            f32_ms: f32_s * 1e3,
+            fused_ms: fused_s * 1e3,
+            fused_speedup: f32_s / fused_s,
+            fused_gguf_ms: gguf_s * 1e3,
+            fused_gguf_speedup: f32_s / gguf_s,
+        });
     }
 
     let model = match &args.model {
@@ -163,13 +159,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model smollm2`)"))?;
     let mut decode = Vec::new();
-    for (label, bits) in [("f32", None), ("w8", Some(8)), ("w4", Some(4))] {
+    // "as loaded": a GGUF file's blocks as shipped (SmolLM2: Q4_1 projections, Q8_0 tied head).
+    let variants: [(&'static str, Option<u32>); 4] = [("as loaded", None), ("f32", Some(32)), ("w8 g64", Some(8)), ("w4 g64", Some(4))];
+    for (label, bits) in variants {
         let mut pretrained = Pretrained::load(&path, &device)?;
-        if let Some(b) = bits {
-            pretrained.model = pretrained.model.quantize_weights(b, 64)?;
-        }
+        pretrained.model = match bits {
+            None => pretrained.model,
+            Some(32) => pretrained.model.dequantize_weights(),
+            Some(b) => pretrained.model.quantize_weights(b, 64)?,
+        };
+        let bytes = pretrained.model.decode_weight_bytes();
         let generator = Generator::from(pretrained);
-        let bytes = weight_bytes(&generator, bits, 64);
         for batch in [1, 16] {
             let prompts: Vec<Prompt> = (0..batch).map(|i| Prompt::Ids(vec![1, 504 + i as u32, 3058, 282])).collect();
             let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens) };
@@ -195,13 +195,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut md = format!(
         "# Quantization cost\n\n- command: `{command}`\n- machine: {}\n- device: {}\n- host read bandwidth: {bandwidth:.1} GB/s\n\
          - dequantize, 4-bit group 64, [4096, 4096]: {dequantize_gb_s:.2} GB/s of f32 produced\n\n\
-         ## Fused dequantize-matmul vs f32 matmul ([m, 4096] × [4096, 4096], 4-bit group 64)\n\n\
-         | m | f32 ms | fused ms | fused speed-up |\n|---:|---:|---:|---:|\n",
+         ## Fused dequantize-matmul vs f32 matmul ([m, 4096] × [4096, 4096], 4-bit)\n\n\
+         FlexGen layout: `W` `[k, n]` in groups of 64 along `n`; GGUF layout: `W` `[n, k]` in groups of 32 along `k` (Q4_1 as shipped).\n\n\
+         | m | f32 ms | fused FlexGen ms | speed-up | fused GGUF ms | speed-up |\n|---:|---:|---:|---:|---:|---:|\n",
         machine.describe(),
         args.device.name()
     );
     for r in &matmul {
-        md.push_str(&format!("| {} | {:.2} | {:.2} | {:.2}× |\n", r.m, r.f32_ms, r.fused_ms, r.fused_speedup));
+        md.push_str(&format!(
+            "| {} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× |\n",
+            r.m, r.f32_ms, r.fused_ms, r.fused_speedup, r.fused_gguf_ms, r.fused_gguf_speedup
+        ));
     }
     md.push_str(&format!(
         "\n## Decode, {model} (greedy, {} new tokens)\n\nRoofline = batch × bandwidth ÷ weight bytes read per step.\n\n\
