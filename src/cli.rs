@@ -8,7 +8,7 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
-use burn_llm_models::{hub, GenerationOutput, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
+use burn_llm_models::{hub, ChatMessage, GenerationOutput, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
 
 use crate::device::DeviceChoice;
 
@@ -73,6 +73,13 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Treat each text prompt as a user message and apply the model's chat template (from
+    /// `tokenizer_config.json` or the GGUF file), opening the assistant's turn.
+    #[arg(long)]
+    pub chat: bool,
+    /// System prompt for `--chat` (default: the template's own, if it has one).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
 }
 
 /// Weight quantization choices of `--quantize`.
@@ -124,9 +131,17 @@ impl GenerateArgs {
         }
     }
 
-    /// Text prompts first, then id prompts; a default prompt when none is given.
+    /// Text prompts first (as chat conversations with `--chat`), then id prompts; a default prompt
+    /// when none is given.
     pub fn prompts(&self) -> Vec<Prompt> {
-        let mut prompts: Vec<Prompt> = self.prompts.iter().cloned().map(Prompt::Text).collect();
+        let text = |t: &String| {
+            if !self.chat {
+                return Prompt::Text(t.clone());
+            }
+            let system = self.system.iter().map(ChatMessage::system);
+            Prompt::Chat(system.chain([ChatMessage::user(t.as_str())]).collect())
+        };
+        let mut prompts: Vec<Prompt> = self.prompts.iter().map(text).collect();
         prompts.extend(self.prompt_ids.iter().cloned().map(Prompt::Ids));
         if prompts.is_empty() {
             prompts.push(Prompt::Text("Hello, my name is".into()));
@@ -278,6 +293,7 @@ fn stream(
             let prompt = match &prompts[event.request] {
                 Prompt::Text(text) => text.clone(),
                 Prompt::Ids(ids) => format!("{ids:?}"),
+                Prompt::Chat(messages) => format!("{}\n", messages.last().map_or("", |m| m.content.as_str())),
             };
             out = format!("[{}] {prompt}{}\n", event.request, std::mem::take(&mut pending[event.request]));
         }

@@ -91,6 +91,12 @@ pub enum ModelError {
     /// Weights could not be quantized as asked (group size not dividing a layer's width, …).
     #[error("cannot quantize weights: {0}")]
     Quantization(String),
+    /// The chat template could not be parsed or rendered.
+    #[error("chat template error: {0}")]
+    ChatTemplate(String),
+    /// A chat prompt was given to a model without a chat template.
+    #[error("this model has no chat template (tokenizer_config.json `chat_template` or GGUF `tokenizer.chat_template`); give a plain prompt instead")]
+    NoChatTemplate,
     /// The tokenizer could not be loaded or used.
     #[error("tokenizer error: {0}")]
     Tokenizer(String),

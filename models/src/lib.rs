@@ -31,6 +31,7 @@
 
 pub mod arch;
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generation;
@@ -42,6 +43,7 @@ pub mod pretrained;
 pub mod tokenizer;
 pub mod weights;
 
+pub use chat::{ChatMessage, ChatTemplate};
 pub use cache::{ContiguousKvCache, KvCache, KvLayout, StepInput};
 pub use config::{Architecture, DecoderSpec};
 pub use error::{ModelError, Result};

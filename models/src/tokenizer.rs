@@ -6,7 +6,25 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::{ModelError, Result};
+
+/// The chat template of a `tokenizer_config.json`: a string, or a list of named templates of which
+/// the `default` one (else the first) is used.
+fn template_source(config: &Value) -> Option<String> {
+    match config.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(named) => {
+            let template = |t: &Value| t.get("template").and_then(Value::as_str).map(str::to_string);
+            named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .or_else(|| named.first())
+                .and_then(template)
+        }
+        _ => None,
+    }
+}
 
 /// A model's tokenizer.
 #[derive(Clone)]
@@ -16,6 +34,7 @@ pub struct Tokenizer {
     eos_id: Option<u32>,
     add_bos: bool,
     add_eos: bool,
+    chat_template: Option<ChatTemplate>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -59,7 +78,15 @@ impl Tokenizer {
             inner.token_to_id(content)
         };
         let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+        let token_text = |key: &str| {
+            let token = config.get(key)?;
+            token.as_str().or_else(|| token.get("content")?.as_str()).map(str::to_string)
+        };
+        let chat_template = template_source(config).map(|source| {
+            ChatTemplate::new(source, token_text("bos_token").unwrap_or_default(), token_text("eos_token").unwrap_or_default())
+        });
         Self {
+            chat_template,
             bos_id: special("bos_token"),
             eos_id: special("eos_token"),
             add_bos: flag("add_bos_token"),
@@ -104,6 +131,33 @@ impl Tokenizer {
         self.inner
             .decode(ids, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    }
+
+    /// The model's chat template, if it ships one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// A conversation rendered with the chat template, the assistant's turn opened (HF
+    /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`).
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.chat_template.as_ref().ok_or(ModelError::NoChatTemplate)?.render(messages, true)
+    }
+
+    /// Token ids of a conversation (HF `apply_chat_template(messages, add_generation_prompt=True)`):
+    /// the template writes the special tokens itself, so none are added on top.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode_verbatim(&self.render_chat(messages)?)
+    }
+
+    /// Encodes `text` without adding any special token (special tokens written in the text are
+    /// still recognized).
+    pub fn encode_verbatim(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
     }
 
     /// The wrapped `tokenizers` object.

@@ -26,3 +26,56 @@ fn smollm2_knows_the_capital_of_france() {
     let text = &out.requests[0].text;
     assert!(text.starts_with(" Paris"), "greedy continuation was {text:?}");
 }
+
+/// The Q4_1 projections and the Q8_0 tied embedding load as quantized blocks (no `f32` copy), and
+/// the fused GGUF-layout kernels give the logits of the same weights dequantized to `f32`.
+#[test]
+fn smollm2_runs_on_its_shipped_blocks() {
+    use burn_llm::models::layers::embedding::TokenEmbedding;
+    use burn_llm::models::layers::projection::Projection;
+
+    let pretrained = Pretrained::load(&smollm2(), &Device::flex()).unwrap();
+    let model = &pretrained.model;
+    match &model.layers[0].attn.q {
+        Projection::Quantized(q) => assert_eq!((q.bits, q.group_size, q.input_grouped), (4, 32, true)),
+        Projection::Dense(_) => panic!("Q4_1 projection was expanded to f32"),
+    }
+    assert!(matches!(&model.embed_tokens, TokenEmbedding::Quantized(q) if q.bits == 8));
+    let quantized_bytes = model.decode_weight_bytes();
+
+    let prompt = [Prompt::Ids(vec![1, 504, 3058, 282, 4649, 314])];
+    let params = SamplingParams { logprobs: Some(5), ..SamplingParams::greedy(6) };
+    let shipped = Generator::from(pretrained).generate(&prompt, &params).unwrap();
+    let mut dense = Pretrained::load(&smollm2(), &Device::flex()).unwrap();
+    dense.model = dense.model.dequantize_weights();
+    assert!(dense.model.decode_weight_bytes() > 4 * quantized_bytes);
+    let reference = Generator::from(dense).generate(&prompt, &params).unwrap();
+    let (a, b) = (&shipped.requests[0], &reference.requests[0]);
+    assert_eq!(a.generated_ids, b.generated_ids);
+    let (la, lb): (Vec<_>, Vec<_>) = (a.logprobs.iter().flatten().flatten().collect(), b.logprobs.iter().flatten().flatten().collect());
+    assert_eq!(la.len(), 6 * 5);
+    for (x, y) in la.iter().zip(&lb) {
+        assert_eq!(x.id, y.id);
+        assert!((x.logprob - y.logprob).abs() < 1e-3, "{x:?} vs {y:?}");
+    }
+}
+
+/// `--chat`: the GGUF file's ChatML template is applied and the instruct model answers.
+#[test]
+fn smollm2_chat_template() {
+    use burn_llm::models::ChatMessage;
+
+    let generator = Generator::from(Pretrained::load(&smollm2(), &Device::flex()).unwrap());
+    let tokenizer = generator.tokenizer().unwrap();
+    let messages = vec![ChatMessage::user("What is the capital of France?")];
+    assert_eq!(
+        tokenizer.render_chat(&messages).unwrap(),
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = tokenizer.apply_chat_template(&messages).unwrap();
+    assert_eq!(ids[0], 1, "<|im_start|> is one special token");
+    let out = generator.generate(&[Prompt::Chat(messages)], &SamplingParams::greedy(16)).unwrap();
+    let text = &out.requests[0].text;
+    assert!(text.contains("Paris"), "chat answer was {text:?}");
+}

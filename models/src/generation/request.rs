@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::sampling::{SamplingParams, TokenLogprob};
+use crate::chat::ChatMessage;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
@@ -14,6 +15,8 @@ pub enum Prompt {
     Text(String),
     /// Token ids, used as given.
     Ids(Vec<u32>),
+    /// A conversation, rendered with the model's chat template and the assistant's turn opened.
+    Chat(Vec<ChatMessage>),
 }
 
 impl From<&str> for Prompt {
@@ -110,6 +113,14 @@ pub fn prepare_prompt(
             (Some(text.clone()), tokenizer.encode(text)?)
         }
         Prompt::Ids(ids) => (None, ids.clone()),
+        Prompt::Chat(messages) => {
+            let tokenizer = tokenizer.ok_or_else(|| {
+                ModelError::Tokenizer("a chat prompt needs a tokenizer; give token ids instead".into())
+            })?;
+            let text = tokenizer.render_chat(messages)?;
+            let ids = tokenizer.encode_verbatim(&text)?;
+            (Some(text), ids)
+        }
     };
     if ids.is_empty() {
         return Err(ModelError::EmptyPrompt { index });

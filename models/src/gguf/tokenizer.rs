@@ -41,6 +41,7 @@ pub fn tokenizer_from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         "eos_token": token(special.eos),
         "add_bos_token": special.add_bos,
         "add_eos_token": special.add_eos,
+        "chat_template": chat_template(file),
     });
     Ok(Tokenizer::new(inner, &config))
 }

@@ -1,0 +1,111 @@
+//! Chat prompts rendered with the model's own Jinja chat template (HF `apply_chat_template`), the
+//! one in `tokenizer_config.json` or in a GGUF file's `tokenizer.chat_template`.
+
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, Result};
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message from the user.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self { role: "user".into(), content: content.into() }
+    }
+
+    /// A system prompt.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self { role: "system".into(), content: content.into() }
+    }
+}
+
+/// A model's chat template with the special tokens it may refer to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplate {
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// A template from its Jinja source, with the model's BOS/EOS token strings (templates use
+    /// `{{ bos_token }}`).
+    pub fn new(source: impl Into<String>, bos_token: impl Into<String>, eos_token: impl Into<String>) -> Self {
+        Self {
+            source: source.into(),
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        }
+    }
+
+    /// The Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages`, ending with the assistant's turn opened when `add_generation_prompt`,
+    /// as transformers' `apply_chat_template(..., tokenize=False)` does (Python string methods
+    /// such as `.strip()` and the `raise_exception` helper are available to the template).
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let fail = |e: Error| {
+            let mut message = e.to_string();
+            if let Some(detail) = e.detail() {
+                message = format!("{message}: {detail}");
+            }
+            ModelError::ChatTemplate(message)
+        };
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> std::result::Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_template("chat", &self.source).map_err(fail)?;
+        let template = env.get_template("chat").map_err(fail)?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(fail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-Instruct's template (ChatML with a default system prompt).
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn renders_chatml_with_a_generation_prompt() {
+        let t = ChatTemplate::new(SMOLLM2, "<|im_start|>", "<|im_end|>");
+        let out = t.render(&[ChatMessage::user("Hi")], true).unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn python_methods_bos_and_exceptions() {
+        let source = "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}[{{ m.content.strip() }}]{% endfor %}";
+        let t = ChatTemplate::new(source, "<s>", "</s>");
+        assert_eq!(t.render(&[ChatMessage::user("  hi  ")], false).unwrap(), "<s>[hi]");
+        let err = t.render(&[ChatMessage::system("x")], false).unwrap_err();
+        assert!(err.to_string().contains("no system"), "{err}");
+        let broken = ChatTemplate::new("{% for %}", "", "");
+        assert!(matches!(broken.render(&[], false), Err(ModelError::ChatTemplate(_))));
+    }
+}
