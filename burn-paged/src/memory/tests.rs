@@ -1,0 +1,802 @@
+//! Unit tests of the paged KV memory layer, in the spirit of vLLM's block-manager tests.
+
+use super::*;
+
+fn manager(block_size: usize, device: usize, host: usize, caching: bool) -> BlockManager {
+    let config = BlockManagerConfig::new(device, host)
+        .with_block_size(block_size)
+        .with_prefix_caching(caching);
+    BlockManager::new(config).expect("valid config")
+}
+
+fn ids(v: &[u32]) -> Vec<BlockId> {
+    v.iter().copied().map(BlockId).collect()
+}
+
+fn rc(m: &BlockManager, tier: Tier, block: u32) -> u32 {
+    m.ref_count(tier, BlockId(block)).expect("block in range")
+}
+
+fn check(m: &BlockManager) {
+    if let Err(e) = m.check_invariants() {
+        panic!("invariant violated: {e}");
+    }
+}
+
+#[test]
+fn config_validation() {
+    assert_eq!(BlockManagerConfig::new(4, 4).block_size, DEFAULT_BLOCK_SIZE);
+    let zero = BlockManagerConfig::new(4, 4).with_block_size(0);
+    assert!(matches!(
+        BlockManager::new(zero),
+        Err(BlockError::InvalidConfig(_))
+    ));
+    let huge = BlockManagerConfig::new(usize::MAX, 0);
+    assert!(matches!(
+        BlockManager::new(huge),
+        Err(BlockError::InvalidConfig(_))
+    ));
+}
+
+#[test]
+fn allocates_only_what_the_prompt_needs() {
+    // Fig. 5.6: a 7-token prompt with block size 4 spans two blocks, one slot reserved.
+    let mut m = manager(4, 8, 0, false);
+    let out = m.append(1, &[10, 11, 12, 13, 14, 15, 16]).unwrap();
+    assert_eq!(out.cached_tokens, 0);
+    assert!(out.copies.is_empty());
+    assert_eq!(out.slots, vec![0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(m.block_table(1), Some(&ids(&[0, 1])[..]));
+    assert_eq!(m.num_tokens(1), Some(7));
+    assert_eq!(m.tier(1), Some(Tier::Device));
+    assert_eq!(m.table(1).unwrap().last_block_fill(), 3);
+    assert_eq!(m.used_blocks(Tier::Device), 2);
+    assert_eq!(m.num_free_blocks(Tier::Device), 6);
+    check(&m);
+}
+
+#[test]
+fn append_across_block_boundaries() {
+    let mut m = manager(4, 8, 0, false);
+    let _ = m.append(1, &[1, 2, 3]).unwrap();
+    let _ = m.append(2, &[1]).unwrap(); // interleave so block ids are not contiguous
+    let out = m.append(1, &[4]).unwrap();
+    assert_eq!(out.slots, vec![3]);
+    assert_eq!(m.block_table(1), Some(&ids(&[0])[..]));
+    let out = m.append(1, &[5]).unwrap(); // new block, after seq 2's block 1
+    assert_eq!(out.slots, vec![8]);
+    let out = m.append(1, &[6, 7, 8, 9, 10, 11]).unwrap(); // 3 more in block 2, 3 in block 3
+    assert_eq!(out.slots, vec![9, 10, 11, 12, 13, 14]);
+    assert_eq!(m.block_table(1), Some(&ids(&[0, 2, 3])[..]));
+    assert_eq!(m.num_tokens(1), Some(11));
+    assert_eq!(m.slot(1, 4), Some(8));
+    assert_eq!(m.slot(1, 10), Some(14));
+    assert_eq!(m.slot(1, 11), None);
+    assert_eq!(m.slot(99, 0), None);
+    // Empty appends change nothing but may create an empty sequence.
+    let out = m.append(1, &[]).unwrap();
+    assert_eq!(out, AppendOutcome::default());
+    let _ = m.append(3, &[]).unwrap();
+    assert_eq!(m.num_tokens(3), Some(0));
+    check(&m);
+}
+
+#[test]
+fn fork_shares_every_block() {
+    let mut m = manager(4, 8, 0, false);
+    let _ = m.append(1, &[1, 2, 3, 4, 5, 6]).unwrap();
+    m.fork(1, 2).unwrap();
+    m.fork(2, 3).unwrap();
+    assert_eq!(m.block_table(2), m.block_table(1));
+    assert_eq!(rc(&m, Tier::Device, 0), 3);
+    assert_eq!(rc(&m, Tier::Device, 1), 3);
+    assert_eq!(m.used_blocks(Tier::Device), 2);
+    assert_eq!(m.fork(9, 4), Err(BlockError::UnknownSequence(9)));
+    assert_eq!(m.fork(1, 2), Err(BlockError::SequenceExists(2)));
+    assert_eq!(m.fork(1, 1), Err(BlockError::SequenceExists(1)));
+    check(&m);
+}
+
+#[test]
+fn copy_on_write_of_shared_partial_block() {
+    // Fig. 5.8: two samples share the prompt; the first to write copies the last block.
+    let mut m = manager(4, 8, 0, false);
+    let _ = m.append(1, &[1, 2, 3, 4, 5, 6, 7]).unwrap();
+    m.fork(1, 2).unwrap();
+    assert_eq!(m.blocks_needed_to_append(2, 1), Ok(1));
+    let out = m.append(2, &[8]).unwrap();
+    assert_eq!(out.copies, vec![(BlockId(1), BlockId(2))]);
+    assert_eq!(out.slots, vec![2 * 4 + 3]);
+    assert_eq!(m.block_table(2), Some(&ids(&[0, 2])[..]));
+    assert_eq!(rc(&m, Tier::Device, 0), 2);
+    assert_eq!(rc(&m, Tier::Device, 1), 1);
+    assert_eq!(rc(&m, Tier::Device, 2), 1);
+    // The parent is now the sole owner of block 1 and writes in place.
+    assert_eq!(m.blocks_needed_to_append(1, 1), Ok(0));
+    let out = m.append(1, &[9]).unwrap();
+    assert!(out.copies.is_empty());
+    assert_eq!(out.slots, vec![7]);
+    assert_eq!(m.block_table(1), Some(&ids(&[0, 1])[..]));
+    check(&m);
+}
+
+#[test]
+fn no_copy_when_shared_last_block_is_full() {
+    let mut m = manager(4, 8, 0, false);
+    let _ = m.append(1, &[1, 2, 3, 4]).unwrap();
+    m.fork(1, 2).unwrap();
+    assert_eq!(m.blocks_needed_to_append(2, 1), Ok(1));
+    let out = m.append(2, &[5]).unwrap();
+    assert!(out.copies.is_empty());
+    assert_eq!(m.block_table(2), Some(&ids(&[0, 1])[..]));
+    assert_eq!(rc(&m, Tier::Device, 0), 2);
+    check(&m);
+}
+
+#[test]
+fn copy_on_write_with_multi_token_append() {
+    let mut m = manager(4, 8, 0, false);
+    let _ = m.append(1, &[1, 2, 3, 4, 5, 6]).unwrap();
+    m.fork(1, 2).unwrap();
+    // 6 + 5 = 11 tokens -> 3 blocks: one new block plus the CoW copy.
+    assert_eq!(m.blocks_needed_to_append(2, 5), Ok(2));
+    let free = m.num_free_blocks(Tier::Device);
+    let out = m.append(2, &[7, 8, 9, 10, 11]).unwrap();
+    assert_eq!(free - m.num_free_blocks(Tier::Device), 2);
+    assert_eq!(out.copies, vec![(BlockId(1), BlockId(2))]);
+    assert_eq!(out.slots, vec![10, 11, 12, 13, 14]);
+    check(&m);
+}
+
+#[test]
+fn free_returns_everything() {
+    let mut m = manager(4, 8, 4, false);
+    let _ = m.append(1, &[1, 2, 3, 4, 5]).unwrap();
+    m.fork(1, 2).unwrap();
+    let _ = m.append(2, &[6, 7, 8, 9]).unwrap();
+    let _ = m.append(3, &[1; 9]).unwrap();
+    let _ = m.swap_out(&[3]).unwrap();
+    for seq in [2, 1, 3] {
+        m.free(seq).unwrap();
+        check(&m);
+    }
+    assert!(m.is_empty());
+    assert!(m.all_blocks_free());
+    assert_eq!(m.num_free_blocks(Tier::Device), 8);
+    assert_eq!(m.num_free_blocks(Tier::Host), 4);
+    assert_eq!(m.free(1), Err(BlockError::UnknownSequence(1)));
+}
+
+#[test]
+fn swap_round_trip_keeps_sharing() {
+    let mut m = manager(4, 8, 8, false);
+    let _ = m.append(1, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).unwrap(); // blocks 0, 1, 2
+    m.fork(1, 2).unwrap();
+    let out = m.append(2, &[11]).unwrap(); // CoW: 2 -> 3
+    assert_eq!(out.copies, vec![(BlockId(2), BlockId(3))]);
+    assert!(m.can_swap_out(&[1, 2]));
+
+    let pairs = m.swap_out(&[1, 2, 1]).unwrap();
+    assert_eq!(
+        pairs,
+        vec![
+            (BlockId(0), BlockId(0)),
+            (BlockId(1), BlockId(1)),
+            (BlockId(2), BlockId(2)),
+            (BlockId(3), BlockId(3))
+        ]
+    );
+    assert_eq!(m.tier(1), Some(Tier::Host));
+    assert_eq!(m.block_table(1), Some(&ids(&[0, 1, 2])[..]));
+    assert_eq!(m.block_table(2), Some(&ids(&[0, 1, 3])[..]));
+    assert_eq!([0, 1, 2, 3].map(|b| rc(&m, Tier::Host, b)), [2, 2, 1, 1]);
+    assert_eq!(m.used_blocks(Tier::Device), 0);
+    assert_eq!(m.used_blocks(Tier::Host), 4);
+    check(&m);
+
+    // Swapped-out sequences cannot grow.
+    let before = m.clone();
+    assert_eq!(
+        m.append(1, &[5]),
+        Err(BlockError::WrongTier {
+            seq: 1,
+            expected: Tier::Device,
+            actual: Tier::Host
+        })
+    );
+    assert_eq!(
+        m.blocks_needed_to_append(1, 1).unwrap_err(),
+        BlockError::WrongTier {
+            seq: 1,
+            expected: Tier::Device,
+            actual: Tier::Host
+        }
+    );
+    assert_eq!(
+        m.swap_out(&[1]).unwrap_err(),
+        BlockError::WrongTier {
+            seq: 1,
+            expected: Tier::Device,
+            actual: Tier::Host
+        }
+    );
+    assert_eq!(m, before);
+
+    let _ = m.append(7, &[1; 13]).unwrap(); // occupy device blocks so ids change
+    assert!(m.can_swap_in(&[2, 1]));
+    let pairs = m.swap_in(&[2, 1]).unwrap();
+    assert_eq!(pairs.len(), 4);
+    assert_eq!(m.tier(2), Some(Tier::Device));
+    let t1 = m.block_table(1).unwrap().to_vec();
+    let t2 = m.block_table(2).unwrap().to_vec();
+    assert_eq!(&t1[..2], &t2[..2]);
+    assert_ne!(t1[2], t2[2]);
+    assert_eq!(rc(&m, Tier::Device, t1[0].0), 2);
+    assert_eq!(rc(&m, Tier::Device, t1[1].0), 2);
+    assert_eq!(rc(&m, Tier::Device, t1[2].0), 1);
+    assert_eq!(m.used_blocks(Tier::Host), 0);
+    assert_eq!((m.num_tokens(1), m.num_tokens(2)), (Some(10), Some(11)));
+    // Pairs map host blocks onto the new device tables.
+    assert!(pairs.contains(&(BlockId(0), t2[0])) && pairs.contains(&(BlockId(3), t2[2])));
+    check(&m);
+
+    let _ = m.append(1, &[12, 13]).unwrap();
+    for seq in [1, 2, 7] {
+        m.free(seq).unwrap();
+    }
+    assert!(m.all_blocks_free());
+}
+
+#[test]
+fn swap_out_leaves_blocks_shared_outside_the_group() {
+    let mut m = manager(4, 8, 8, false);
+    let _ = m.append(1, &[1, 2, 3, 4, 5]).unwrap();
+    m.fork(1, 2).unwrap(); // seq 2 stands for another group sharing seq 1's blocks
+    let pairs = m.swap_out(&[1]).unwrap();
+    assert_eq!(pairs.len(), 2);
+    assert_eq!(rc(&m, Tier::Device, 0), 1);
+    assert_eq!(rc(&m, Tier::Device, 1), 1);
+    assert_eq!(rc(&m, Tier::Host, 0), 1);
+    assert_eq!(m.used_blocks(Tier::Device), 2);
+    check(&m);
+}
+
+#[test]
+fn swap_errors_leave_manager_unchanged() {
+    let mut m = manager(4, 8, 1, false);
+    let _ = m.append(1, &[1; 6]).unwrap();
+    let _ = m.append(2, &[1; 2]).unwrap();
+    let before = m.clone();
+    assert!(!m.can_swap_out(&[1]));
+    assert_eq!(
+        m.swap_out(&[1]),
+        Err(BlockError::OutOfBlocks {
+            tier: Tier::Host,
+            needed: 2,
+            free: 1
+        })
+    );
+    assert_eq!(m.swap_out(&[2, 9]), Err(BlockError::UnknownSequence(9)));
+    assert_eq!(
+        m.swap_in(&[2]).unwrap_err(),
+        BlockError::WrongTier {
+            seq: 2,
+            expected: Tier::Host,
+            actual: Tier::Device
+        }
+    );
+    assert_eq!(m, before);
+    assert_eq!(m.swap_out(&[]), Ok(vec![]));
+    // Swap in fails when the device filled up meanwhile.
+    let _ = m.swap_out(&[2]).unwrap();
+    let _ = m.append(3, &[1; 24]).unwrap();
+    let before = m.clone();
+    assert!(!m.can_swap_in(&[2]));
+    assert_eq!(
+        m.swap_in(&[2]),
+        Err(BlockError::OutOfBlocks {
+            tier: Tier::Device,
+            needed: 1,
+            free: 0
+        })
+    );
+    assert_eq!(m, before);
+    check(&m);
+}
+
+#[test]
+fn out_of_blocks_leaves_manager_unchanged() {
+    let mut m = manager(4, 4, 0, true);
+    let _ = m.append(1, &[1; 10]).unwrap(); // 3 blocks
+    m.fork(1, 2).unwrap();
+    let before = m.clone();
+    assert!(!m.can_append(3, &[2; 8]));
+    assert_eq!(
+        m.append(3, &[2; 8]),
+        Err(BlockError::OutOfBlocks {
+            tier: Tier::Device,
+            needed: 2,
+            free: 1
+        })
+    );
+    // CoW plus one new block needs 2 as well.
+    assert_eq!(
+        m.append(2, &[3; 3]),
+        Err(BlockError::OutOfBlocks {
+            tier: Tier::Device,
+            needed: 2,
+            free: 1
+        })
+    );
+    assert_eq!(
+        m.append(4, &[5; 17]),
+        Err(BlockError::ExceedsCapacity {
+            seq: 4,
+            needed: 5,
+            total: 4
+        })
+    );
+    assert_eq!(
+        m.append(1, &[5; 7]),
+        Err(BlockError::ExceedsCapacity {
+            seq: 1,
+            needed: 5,
+            total: 4
+        })
+    );
+    assert_eq!(m, before);
+    assert!(m.can_append(2, &[3]));
+    let msg = BlockError::OutOfBlocks {
+        tier: Tier::Device,
+        needed: 2,
+        free: 1,
+    }
+    .to_string();
+    assert_eq!(
+        msg,
+        "out of KV blocks on the device tier: need 2, only 1 free"
+    );
+    check(&m);
+}
+
+#[test]
+fn prefix_hits_share_full_blocks() {
+    let mut m = manager(4, 16, 0, true);
+    let prompt: Vec<u32> = (1..=10).collect();
+    let out = m.append(1, &prompt).unwrap();
+    assert_eq!(out.cached_tokens, 0);
+    assert_eq!(m.pool(Tier::Device).num_cached(), 2); // two full blocks registered
+
+    // Same first two full blocks: mapped, not allocated.
+    let mut second: Vec<u32> = (1..=8).collect();
+    second.extend([20, 21]);
+    assert_eq!(m.blocks_needed_for_prompt(&second), 1);
+    let free = m.num_free_blocks(Tier::Device);
+    let out = m.append(2, &second).unwrap();
+    assert_eq!(out.cached_tokens, 8);
+    assert_eq!(out.slots, vec![12, 13]);
+    assert_eq!(free - m.num_free_blocks(Tier::Device), 1);
+    assert_eq!(m.block_table(2), Some(&ids(&[0, 1, 3])[..]));
+    assert_eq!(rc(&m, Tier::Device, 0), 2);
+    assert_eq!(rc(&m, Tier::Device, 1), 2);
+
+    // Block 1 equal, block 0 different: the hash chain prevents a hit.
+    let mut third = vec![50, 51, 52, 53];
+    third.extend(5..=8);
+    third.push(9);
+    let out = m.append(3, &third).unwrap();
+    assert_eq!(out.cached_tokens, 0);
+    assert_eq!(m.block_table(3), Some(&ids(&[4, 5, 6])[..]));
+    assert_eq!(rc(&m, Tier::Device, 1), 2);
+    check(&m);
+}
+
+#[test]
+fn prefix_hit_never_covers_the_last_token() {
+    let mut m = manager(4, 16, 0, true);
+    let _ = m.append(1, &(1..=12).collect::<Vec<_>>()).unwrap(); // 3 full cached blocks
+    let out = m.append(2, &(1..=8).collect::<Vec<_>>()).unwrap();
+    assert_eq!(out.cached_tokens, 4); // (8 - 1) / 4 = 1 block
+    assert_eq!(out.slots.len(), 4);
+    assert_eq!(m.block_table(2).unwrap()[0], BlockId(0));
+    assert_ne!(m.block_table(2).unwrap()[1], BlockId(1));
+    let out = m.append(3, &(1..=9).collect::<Vec<_>>()).unwrap();
+    assert_eq!(out.cached_tokens, 8);
+    let out = m.append(4, &[1, 2, 3, 4]).unwrap();
+    assert_eq!(out.cached_tokens, 0);
+    check(&m);
+}
+
+#[test]
+fn generated_tokens_are_cached_when_a_block_fills() {
+    let mut m = manager(4, 16, 0, true);
+    let _ = m.append(1, &[1, 2, 3]).unwrap();
+    assert_eq!(m.pool(Tier::Device).num_cached(), 0);
+    let _ = m.append(1, &[4]).unwrap(); // "generated" token fills block 0
+    let _ = m.append(1, &[5, 6, 7, 8, 9]).unwrap();
+    assert_eq!(m.pool(Tier::Device).num_cached(), 2);
+    let out = m.append(2, &[1, 2, 3, 4, 5, 6, 7, 8, 0]).unwrap();
+    assert_eq!(out.cached_tokens, 8);
+    // A cache hit on an aligned running sequence works too (e.g. a multi-turn continuation).
+    let _ = m.append(3, &[1, 2, 3, 4, 7]).unwrap();
+    m.free(3).unwrap();
+    let _ = m.append(4, &[1, 2, 3, 4]).unwrap();
+    // [1, 2, 3, 4] alone is never a hit (its last token must be computed), so block 0 is
+    // duplicated; the continuation still hits block 1 because identity is the hash chain.
+    let out = m.append(4, &[5, 6, 7, 8, 9]).unwrap();
+    assert_eq!(out.cached_tokens, 4);
+    assert_eq!(m.block_table(4).unwrap()[..2], ids(&[4, 1])[..]);
+    check(&m);
+}
+
+#[test]
+fn freed_cached_blocks_stay_matchable() {
+    let mut m = manager(4, 8, 0, true);
+    let _ = m.append(1, &(1..=9).collect::<Vec<_>>()).unwrap();
+    m.free(1).unwrap();
+    assert!(m.all_blocks_free());
+    assert_eq!(m.pool(Tier::Device).num_evictable(), 2);
+    assert_eq!(m.num_free_blocks(Tier::Device), 8);
+    // Reviving evictable hits consumes free blocks, so they count.
+    assert_eq!(m.blocks_needed_for_prompt(&(1..=9).collect::<Vec<_>>()), 3);
+    let out = m.append(2, &(1..=9).collect::<Vec<_>>()).unwrap();
+    assert_eq!(out.cached_tokens, 8);
+    assert_eq!(m.pool(Tier::Device).num_evictable(), 0);
+    assert_eq!(m.num_free_blocks(Tier::Device), 5);
+    assert_eq!(rc(&m, Tier::Device, 0), 1);
+    check(&m);
+}
+
+#[test]
+fn eviction_is_least_recently_used_first() {
+    let mut m = manager(2, 4, 0, true);
+    let _ = m.append(1, &[1, 2, 3, 4]).unwrap(); // blocks 0, 1, both cached
+    m.free(1).unwrap(); // released tail first: 1 is older than 0
+    let _ = m.append(2, &[5, 6, 7, 8, 9, 10]).unwrap(); // 2, 3 free; then evicts 1
+    assert_eq!(m.block_table(2), Some(&ids(&[2, 3, 1])[..]));
+    let pool = m.pool(Tier::Device);
+    assert_eq!(pool.lookup(BlockHash::new(None, &[1, 2])), Some(BlockId(0)));
+    let h0 = BlockHash::new(None, &[1, 2]);
+    assert_eq!(pool.lookup(BlockHash::new(Some(h0), &[3, 4])), None);
+    assert!(pool.is_evictable(BlockId(0)));
+    check(&m);
+}
+
+#[test]
+fn rehit_block_is_taken_off_the_eviction_list() {
+    let mut m = manager(2, 4, 0, true);
+    let _ = m.append(1, &[1, 2, 9]).unwrap(); // 0 cached, 1 partial
+    let _ = m.append(2, &[3, 4, 9]).unwrap(); // 2 cached, 3 partial
+    m.free(1).unwrap(); // 0 evictable (oldest)
+    m.free(2).unwrap(); // 2 evictable
+    let out = m.append(3, &[1, 2, 5]).unwrap(); // re-hit 0
+    assert_eq!(out.cached_tokens, 2);
+    assert!(!m.pool(Tier::Device).is_evictable(BlockId(0)));
+    let _ = m.append(4, &[7, 8, 6]).unwrap(); // takes a free block, then evicts 2 (not 0)
+    assert!(m.block_table(4).unwrap().contains(&BlockId(2)));
+    assert_eq!(
+        m.pool(Tier::Device).lookup(BlockHash::new(None, &[1, 2])),
+        Some(BlockId(0))
+    );
+    assert_eq!(
+        m.pool(Tier::Device).lookup(BlockHash::new(None, &[3, 4])),
+        None
+    );
+    check(&m);
+}
+
+#[test]
+fn no_sharing_without_prefix_caching() {
+    let mut m = manager(4, 8, 0, false);
+    let _ = m.append(1, &(1..=9).collect::<Vec<_>>()).unwrap();
+    let out = m.append(2, &(1..=9).collect::<Vec<_>>()).unwrap();
+    assert_eq!(out.cached_tokens, 0);
+    assert_eq!(m.used_blocks(Tier::Device), 6);
+    assert_eq!(m.pool(Tier::Device).num_cached(), 0);
+}
+
+#[test]
+fn reset_prefix_cache_forgets_everything() {
+    let mut m = manager(4, 8, 0, true);
+    let _ = m.append(1, &(1..=9).collect::<Vec<_>>()).unwrap();
+    let _ = m.append(2, &[7; 5]).unwrap();
+    m.free(2).unwrap();
+    assert_eq!(m.pool(Tier::Device).num_evictable(), 1);
+    assert_eq!(m.reset_prefix_cache(), 3);
+    assert_eq!(m.pool(Tier::Device).num_evictable(), 0);
+    assert_eq!(m.num_free_blocks(Tier::Device), 5);
+    let out = m.append(3, &(1..=9).collect::<Vec<_>>()).unwrap();
+    assert_eq!(out.cached_tokens, 0);
+    // New full blocks are registered again.
+    assert_eq!(m.pool(Tier::Device).num_cached(), 2);
+    check(&m);
+}
+
+#[test]
+fn swap_in_re_registers_full_blocks() {
+    let mut m = manager(4, 8, 8, true);
+    let prompt: Vec<u32> = (1..=9).collect();
+    let _ = m.append(1, &prompt).unwrap();
+    let _ = m.swap_out(&[1]).unwrap();
+    m.reset_prefix_cache();
+    let _ = m.swap_in(&[1]).unwrap();
+    assert_eq!(m.pool(Tier::Device).num_cached(), 2);
+    let out = m.append(2, &prompt).unwrap();
+    assert_eq!(out.cached_tokens, 8);
+    assert_eq!(
+        m.block_table(2).unwrap()[..2],
+        m.block_table(1).unwrap()[..2]
+    );
+    check(&m);
+}
+
+// ----- randomized stress test ---------------------------------------------------------------
+
+/// xorshift64* — tiny deterministic RNG.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn pick<T: Copy>(&mut self, items: &[T]) -> Option<T> {
+        (!items.is_empty()).then(|| items[self.below(items.len())])
+    }
+}
+
+/// Shadow of the physical KV memory: each slot stores a fingerprint of the whole prefix up to
+/// its token, which is what a real K/V vector depends on.
+struct Shadow {
+    bs: usize,
+    device: Vec<Option<u64>>,
+    host: Vec<Option<u64>>,
+    /// Expected prefix fingerprints of every live sequence.
+    seqs: std::collections::BTreeMap<SeqId, Vec<u64>>,
+    /// Counts of interesting events, to prove the test exercises them.
+    cached_tokens: usize,
+    copies: usize,
+    swapped: usize,
+}
+
+fn fingerprint(prev: Option<u64>, token: u32) -> u64 {
+    let mut h = prev.unwrap_or(0xcbf2_9ce4_8422_2325);
+    h ^= u64::from(token) + 1;
+    h.wrapping_mul(0x0000_0100_0000_01B3).rotate_left(17)
+}
+
+impl Shadow {
+    fn mem(&mut self, tier: Tier) -> &mut Vec<Option<u64>> {
+        match tier {
+            Tier::Device => &mut self.device,
+            Tier::Host => &mut self.host,
+        }
+    }
+
+    fn copy_blocks(&mut self, from: Tier, to: Tier, pairs: &[(BlockId, BlockId)]) {
+        let bs = self.bs;
+        if from != to {
+            self.swapped += pairs.len();
+        }
+        for &(src, dst) in pairs {
+            let data: Vec<_> = self.mem(from)[src.index() * bs..][..bs].to_vec();
+            self.mem(to)[dst.index() * bs..][..bs].copy_from_slice(&data);
+        }
+    }
+
+    fn verify(&self, m: &BlockManager) {
+        for (&seq, expected) in &self.seqs {
+            let mem = match m.tier(seq).unwrap() {
+                Tier::Device => &self.device,
+                Tier::Host => &self.host,
+            };
+            assert_eq!(m.num_tokens(seq), Some(expected.len()));
+            for (pos, &fp) in expected.iter().enumerate() {
+                let slot = m.slot(seq, pos).unwrap();
+                assert_eq!(mem[slot], Some(fp), "seq {seq} position {pos} corrupted");
+            }
+        }
+    }
+}
+
+fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
+    let (dev, host) = (40, 24);
+    let mut m = manager(block_size, dev, host, caching);
+    let mut rng = Rng(seed);
+    let mut shadow = Shadow {
+        bs: block_size,
+        device: vec![None; dev * block_size],
+        host: vec![None; host * block_size],
+        seqs: Default::default(),
+        cached_tokens: 0,
+        copies: 0,
+        swapped: 0,
+    };
+    let bases: Vec<Vec<u32>> = (0..4)
+        .map(|b| (0..40).map(|i| (i * 7 + b * 3) as u32 % 11).collect())
+        .collect();
+    let mut next_id: SeqId = 0;
+    let mut errors = 0;
+
+    for step in 0..ops {
+        let device: Vec<SeqId> = m
+            .sequences()
+            .filter(|&s| m.tier(s) == Some(Tier::Device))
+            .collect();
+        let hosted: Vec<SeqId> = m
+            .sequences()
+            .filter(|&s| m.tier(s) == Some(Tier::Host))
+            .collect();
+        let before = m.clone();
+        let ok = match rng.below(10) {
+            0..=1 => {
+                // New request: a prefix of a shared base prompt plus a random tail.
+                let base = &bases[rng.below(bases.len())];
+                let mut prompt = base[..rng.below(base.len())].to_vec();
+                prompt.extend((0..1 + rng.below(6)).map(|_| rng.below(11) as u32));
+                let seq = next_id;
+                next_id += 1;
+                let needed = m.blocks_needed_for_prompt(&prompt);
+                append(&mut m, &mut shadow, seq, &prompt, Some(needed))
+            }
+            2..=4 => match rng.pick(&device) {
+                Some(seq) => {
+                    let tokens: Vec<u32> = (0..1 + rng.below(3))
+                        .map(|_| rng.below(11) as u32)
+                        .collect();
+                    let needed = m.blocks_needed_to_append(seq, tokens.len()).unwrap();
+                    append(
+                        &mut m,
+                        &mut shadow,
+                        seq,
+                        &tokens,
+                        Some(needed).filter(|_| tokens.len() <= block_size),
+                    )
+                }
+                None => true,
+            },
+            5 => match rng.pick(&m.sequences().collect::<Vec<_>>()) {
+                Some(parent) => {
+                    let child = next_id;
+                    next_id += 1;
+                    m.fork(parent, child).unwrap();
+                    let data = shadow.seqs[&parent].clone();
+                    shadow.seqs.insert(child, data);
+                    true
+                }
+                None => true,
+            },
+            6..=7 => match rng.pick(&m.sequences().collect::<Vec<_>>()) {
+                Some(seq) => {
+                    m.free(seq).unwrap();
+                    shadow.seqs.remove(&seq);
+                    true
+                }
+                None => m.free(next_id + 1).is_err(),
+            },
+            8 => {
+                let group: Vec<SeqId> = (0..1 + rng.below(3))
+                    .filter_map(|_| rng.pick(&device))
+                    .collect();
+                let can = m.can_swap_out(&group);
+                let res = m.swap_out(&group);
+                assert_eq!(can, res.is_ok());
+                if let Ok(pairs) = &res {
+                    shadow.copy_blocks(Tier::Device, Tier::Host, pairs);
+                }
+                res.is_ok()
+            }
+            _ => {
+                let group: Vec<SeqId> = (0..1 + rng.below(3))
+                    .filter_map(|_| rng.pick(&hosted))
+                    .collect();
+                let can = m.can_swap_in(&group);
+                let res = m.swap_in(&group);
+                assert_eq!(can, res.is_ok());
+                if let Ok(pairs) = &res {
+                    shadow.copy_blocks(Tier::Host, Tier::Device, pairs);
+                }
+                res.is_ok()
+            }
+        };
+        if !ok {
+            errors += 1;
+            assert_eq!(m, before, "failed op changed the manager at step {step}");
+        }
+        if let Err(e) = m.check_invariants() {
+            panic!("seed {seed} step {step}: {e}");
+        }
+        if step % 16 == 0 {
+            shadow.verify(&m);
+        }
+    }
+    shadow.verify(&m);
+    assert!(
+        errors > 0,
+        "stress test never hit a full pool; make it smaller"
+    );
+    assert!(shadow.swapped > 0 && (shadow.copies > 0 || block_size == 1));
+    assert_eq!(shadow.cached_tokens > 0, caching);
+
+    for seq in m.sequences().collect::<Vec<_>>() {
+        m.free(seq).unwrap();
+    }
+    check(&m);
+    assert!(m.is_empty() && m.all_blocks_free());
+    assert_eq!(m.num_free_blocks(Tier::Device), dev);
+    assert_eq!(m.num_free_blocks(Tier::Host), host);
+}
+
+/// Appends through the manager and mirrors it in the shadow memory, checking slots, cached
+/// contents and (where given) the predicted block consumption. Returns whether it succeeded.
+fn append(
+    m: &mut BlockManager,
+    shadow: &mut Shadow,
+    seq: SeqId,
+    tokens: &[u32],
+    predicted: Option<usize>,
+) -> bool {
+    let can = m.can_append(seq, tokens);
+    let free = m.num_free_blocks(Tier::Device);
+    let start = m.num_tokens(seq).unwrap_or(0);
+    let out = match m.append(seq, tokens) {
+        Ok(out) => out,
+        Err(_) => {
+            assert!(!can);
+            return false;
+        }
+    };
+    assert!(can);
+    if let Some(needed) = predicted {
+        assert_eq!(
+            free - m.num_free_blocks(Tier::Device),
+            needed,
+            "block prediction for seq {seq}"
+        );
+    }
+    assert!(out.cached_tokens < tokens.len().max(1) && out.cached_tokens % shadow.bs == 0);
+    assert_eq!(out.slots.len(), tokens.len() - out.cached_tokens);
+    shadow.copy_blocks(Tier::Device, Tier::Device, &out.copies);
+    shadow.copies += out.copies.len();
+    shadow.cached_tokens += out.cached_tokens;
+
+    let expected = shadow.seqs.entry(seq).or_default();
+    for (i, &token) in tokens.iter().enumerate() {
+        let fp = fingerprint(expected.last().copied(), token);
+        expected.push(fp);
+        let pos = start + i;
+        let slot = m.slot(seq, pos).unwrap();
+        if i < out.cached_tokens {
+            assert_eq!(
+                shadow.device[slot],
+                Some(fp),
+                "prefix hit returned wrong KV"
+            );
+        } else {
+            assert_eq!(out.slots[i - out.cached_tokens], slot);
+            shadow.device[slot] = Some(fp);
+        }
+    }
+    true
+}
+
+#[test]
+fn stress_random_ops_with_prefix_caching() {
+    for seed in 1..=4u64 {
+        stress(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), 4, true, 3000);
+    }
+    stress(77, 1, true, 2000);
+    stress(78, 16, true, 2000);
+}
+
+#[test]
+fn stress_random_ops_without_prefix_caching() {
+    for seed in 1..=2u64 {
+        stress(seed.wrapping_mul(0xD1B5_4A32_D192_ED03), 4, false, 3000);
+    }
+}
