@@ -9,6 +9,11 @@
 //! stores `x_q = round((x − min) / (max − min) · (2^b − 1))` with its own `min` and
 //! `scale = (max − min) / (2^b − 1)`; dequantization is `x = x_q · scale + min`. Burn's built-in
 //! quantization is symmetric only (no zero point), hence this crate.
+//!
+//! And vLLM's PagedAttention kernels ([`paged`]): a KV cache stored in fixed-size blocks,
+//! written token by token ([`reshape_and_cache`]), copied block-wise for copy-on-write
+//! ([`copy_blocks`]), swapped ([`write_blocks`], [`read_blocks`]) and attended to through
+//! per-sequence block tables ([`paged_attention`]).
 
 #![warn(missing_docs)]
 
@@ -17,6 +22,12 @@ mod cube;
 #[cfg(feature = "flex")]
 mod flex;
 pub mod ops;
+pub mod paged;
+
+pub use paged::{
+    copy_blocks, copy_blocks_mut, paged_attention, read_blocks, reshape_and_cache, reshape_and_cache_mut, slot, write_blocks,
+    write_blocks_mut, PagedError, SKIP_SLOT,
+};
 
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};

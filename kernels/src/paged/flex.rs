@@ -1,0 +1,292 @@
+//! Pure-Rust twins of [`PagedKvOps`] for Burn's Flex CPU backend. Cache writes go straight into
+//! the cache's buffer (`FlexTensor::storage_mut`: copy-on-write, so a uniquely owned cache is
+//! never copied); attention is parallel over (query, head) with `f32` arithmetic.
+
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::Flex;
+use burn::tensor::{bf16, f16, DType, Element, TensorData};
+use rayon::prelude::*;
+
+use super::ops::PagedKvOps;
+
+/// Float storage types of a cache, converted to `f32` for arithmetic.
+trait Real: Element + Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+
+impl Real for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl Real for f64 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v as f64
+    }
+}
+
+impl Real for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+
+impl Real for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+/// Runs `$body` with `$E` bound to the Rust type of float dtype `$dtype`. The public wrappers
+/// only let the dtypes listed here through.
+macro_rules! with_float {
+    ($dtype:expr, $E:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $E = f32;
+                $body
+            }
+            DType::F64 => {
+                type $E = f64;
+                $body
+            }
+            DType::F16 => {
+                type $E = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $E = bf16;
+                $body
+            }
+            other => panic!("paged ops handle F32, F64, F16 and BF16 tensors, not {other:?}"),
+        }
+    };
+}
+
+/// Inputs are borrowed in place when already contiguous.
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.is_contiguous() { t } else { t.to_contiguous() }
+}
+
+/// Index tensor values (`U32` from the wrappers; other integer dtypes are converted).
+fn indices(t: FlexTensor) -> Vec<u32> {
+    let t = contiguous(t);
+    match t.dtype() {
+        DType::U32 => t.as_slice::<u32>().map(<[u32]>::to_vec),
+        DType::I32 => t.as_slice::<i32>().map(|s| s.iter().map(|&v| v as u32).collect()),
+        DType::I64 => t.as_slice::<i64>().map(|s| s.iter().map(|&v| v as u32).collect()),
+        DType::U64 => t.as_slice::<u64>().map(|s| s.iter().map(|&v| v as u32).collect()),
+        _ => None,
+    }
+    .expect("paged index tensors are contiguous U32 (or I32/I64/U64) tensors")
+}
+
+/// Element range of a contiguous tensor inside its storage buffer.
+fn range(t: &FlexTensor) -> std::ops::Range<usize> {
+    let (start, end) = t.layout().contiguous_offsets().expect("made contiguous above");
+    start..end
+}
+
+/// `cache[slot][h] = new[t][h]` for every non-skipped token.
+fn scatter_tokens<E: Copy>(cache: &mut [E], new: &[E], slots: &[u32], kv_heads: usize, block_size: usize, head_dim: usize) {
+    for (token, &slot) in slots.iter().enumerate() {
+        if slot == u32::MAX {
+            continue;
+        }
+        let (block, offset) = (slot as usize / block_size, slot as usize % block_size);
+        for head in 0..kv_heads {
+            let src = (token * kv_heads + head) * head_dim;
+            let dst = ((block * kv_heads + head) * block_size + offset) * head_dim;
+            cache[dst..dst + head_dim].copy_from_slice(&new[src..src + head_dim]);
+        }
+    }
+}
+
+/// Sizes of one attention call.
+struct Geometry {
+    heads: usize,
+    kv_heads: usize,
+    block_size: usize,
+    head_dim: usize,
+    max_blocks: usize,
+    scale: f32,
+}
+
+/// Host index arrays of one attention call.
+struct Tables<'a> {
+    block_tables: &'a [u32],
+    query_seq: &'a [u32],
+    context_lens: &'a [u32],
+}
+
+/// Output row `out` of query `idx / heads`, head `idx % heads`, using AVX2/FMA when the CPU has
+/// them.
+fn attend<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features this function is compiled for were just detected.
+        return unsafe { attend_avx2(g, t, idx, q, k, v, out) };
+    }
+    attend_portable(g, t, idx, q, k, v, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) {
+    attend_portable(g, t, idx, q, k, v, out)
+}
+
+/// Online softmax over the context, one block at a time: the block's scores (eight-lane dot
+/// products against the contiguous keys of one head), the block maximum, a rescale of the
+/// running sum and accumulator by `exp(m_old − m_new)`, then `acc += p · v` for each key.
+#[inline(always)]
+fn attend_portable<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) {
+    let d = g.head_dim;
+    let token = idx / g.heads;
+    let kv_head = idx % g.heads / (g.heads / g.kv_heads);
+    let query: Vec<f32> = q[idx * d..(idx + 1) * d].iter().map(|x| x.to_f32() * g.scale).collect();
+    let context = t.context_lens[token] as usize;
+    let row = &t.block_tables[t.query_seq[token] as usize * g.max_blocks..];
+    let mut acc = vec![0f32; d];
+    let mut scores = vec![0f32; g.block_size];
+    let (mut running_max, mut running_sum) = (f32::NEG_INFINITY, 0f32);
+    for (logical, &block) in row[..context.div_ceil(g.block_size)].iter().enumerate() {
+        let n = g.block_size.min(context - logical * g.block_size);
+        let base = (block as usize * g.kv_heads + kv_head) * g.block_size * d;
+        let mut block_max = running_max;
+        for (s, key) in scores.iter_mut().zip(k[base..base + n * d].chunks_exact(d)) {
+            *s = dot(&query, key);
+            block_max = block_max.max(*s);
+        }
+        let correction = if running_max == f32::NEG_INFINITY { 0.0 } else { (running_max - block_max).exp() };
+        running_sum *= correction;
+        acc.iter_mut().for_each(|a| *a *= correction);
+        for (s, value) in scores.iter().zip(v[base..base + n * d].chunks_exact(d)) {
+            let p = (s - block_max).exp();
+            running_sum += p;
+            for (a, x) in acc.iter_mut().zip(value) {
+                *a += p * x.to_f32();
+            }
+        }
+        running_max = block_max;
+    }
+    let inv = if running_sum > 0.0 { 1.0 / running_sum } else { 0.0 };
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = E::from_f32(a * inv);
+    }
+}
+
+/// Dot product in eight independent lanes (one AVX register), then the tail.
+#[inline(always)]
+fn dot<E: Real>(a: &[f32], b: &[E]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y.to_f32()).sum();
+    for (ca, cb) in a8.zip(b8) {
+        for l in 0..8 {
+            lanes[l] += ca[l] * cb[l].to_f32();
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+impl PagedKvOps for Flex {
+    fn reshape_and_cache(cache: FloatTensor<Self>, new: FloatTensor<Self>, slots: IntTensor<Self>) -> FloatTensor<Self> {
+        let [_, kv_heads, block_size, head_dim] = cache.layout().shape().dims::<4>();
+        let mut cache = contiguous(cache);
+        let new = contiguous(new);
+        let slots = indices(slots);
+        let range = range(&cache);
+        with_float!(cache.dtype(), E => {
+            let new = new.as_slice::<E>().expect("new K/V has the cache's dtype");
+            let data = &mut cache.storage_mut::<E>()[range];
+            scatter_tokens(data, new, &slots, kv_heads, block_size, head_dim);
+        });
+        cache
+    }
+
+    fn copy_blocks(cache: FloatTensor<Self>, pairs: IntTensor<Self>) -> FloatTensor<Self> {
+        let [_, kv_heads, block_size, head_dim] = cache.layout().shape().dims::<4>();
+        let len = kv_heads * block_size * head_dim;
+        let mut cache = contiguous(cache);
+        let pairs = indices(pairs);
+        let range = range(&cache);
+        with_float!(cache.dtype(), E => {
+            let data = &mut cache.storage_mut::<E>()[range];
+            for pair in pairs.chunks_exact(2) {
+                let (src, dst) = (pair[0] as usize, pair[1] as usize);
+                data.copy_within(src * len..(src + 1) * len, dst * len);
+            }
+        });
+        cache
+    }
+
+    fn write_blocks(cache: FloatTensor<Self>, ids: IntTensor<Self>, blocks: FloatTensor<Self>) -> FloatTensor<Self> {
+        let [_, kv_heads, block_size, head_dim] = cache.layout().shape().dims::<4>();
+        let len = kv_heads * block_size * head_dim;
+        let mut cache = contiguous(cache);
+        let blocks = contiguous(blocks);
+        let ids = indices(ids);
+        let range = range(&cache);
+        with_float!(cache.dtype(), E => {
+            let blocks = blocks.as_slice::<E>().expect("blocks have the cache's dtype");
+            let data = &mut cache.storage_mut::<E>()[range];
+            for (&id, block) in ids.iter().zip(blocks.chunks_exact(len.max(1))) {
+                data[id as usize * len..(id as usize + 1) * len].copy_from_slice(block);
+            }
+        });
+        cache
+    }
+
+    fn paged_attention(
+        q: FloatTensor<Self>,
+        k_cache: FloatTensor<Self>,
+        v_cache: FloatTensor<Self>,
+        block_tables: IntTensor<Self>,
+        query_seq: IntTensor<Self>,
+        context_lens: IntTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        let [tokens, heads, head_dim] = q.layout().shape().dims::<3>();
+        let [_, kv_heads, block_size, _] = k_cache.layout().shape().dims::<4>();
+        let max_blocks = block_tables.layout().shape().dims::<2>()[1];
+        let (q, k_cache, v_cache) = (contiguous(q), contiguous(k_cache), contiguous(v_cache));
+        let (block_tables, query_seq, context_lens) = (indices(block_tables), indices(query_seq), indices(context_lens));
+        let geometry = Geometry { heads, kv_heads, block_size, head_dim, max_blocks, scale };
+        let tables = Tables { block_tables: &block_tables, query_seq: &query_seq, context_lens: &context_lens };
+        with_float!(q.dtype(), E => {
+            let same = "q, K and V share one dtype";
+            let (qs, ks, vs) = (q.as_slice::<E>().expect(same), k_cache.as_slice::<E>().expect(same), v_cache.as_slice::<E>().expect(same));
+            let mut out = vec![E::from_f32(0.0); tokens * heads * head_dim];
+            if head_dim > 0 && heads > 0 {
+                out.par_chunks_mut(head_dim)
+                    .enumerate()
+                    .for_each(|(idx, o)| attend(&geometry, &tables, idx, qs, ks, vs, o));
+            }
+            FlexTensor::from_data(TensorData::new(out, [tokens, heads, head_dim]))
+        })
+    }
+}

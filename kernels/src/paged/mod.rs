@@ -1,0 +1,475 @@
+//! # PagedAttention kernels (vLLM, Kwon et al. SOSP '23; thesis §5.4.1 and §5.5.1)
+//!
+//! The KV cache of one layer is a pool of fixed-size *blocks* instead of one contiguous tensor
+//! per sequence, so memory is committed a block at a time and blocks can be shared between
+//! sequences (copy-on-write). This module holds the three fused kernels of §5.5.1 plus the block
+//! I/O a swapping engine needs, each a CubeCL kernel for every GPU runtime with a pure-Rust twin
+//! for Burn's Flex CPU backend:
+//!
+//! - [`reshape_and_cache`]: *fused reshape and block write*: each new token's K (or V) goes to
+//!   its slot in one launch.
+//! - [`paged_attention`]: *fused block read and attention*: `softmax(q·Kᵀ·scale)·V` with the keys
+//!   and values read through per-sequence block tables, decode and prefill queries in one launch.
+//! - [`copy_blocks`]: *fused block copy* for copy-on-write, every `(src, dst)` pair in one launch.
+//! - [`write_blocks`] / [`read_blocks`]: whole blocks in and out (swap-in / swap-out).
+//!
+//! ## Layout
+//!
+//! One layer's paged K (or V) storage is a float tensor `[num_blocks, num_kv_heads, block_size,
+//! head_dim]`: the `block_size × head_dim` values of one head in one block are contiguous, so a
+//! block is read with coalesced loads. Token position `p` of a sequence lives in logical block
+//! `p / block_size` at offset `p % block_size`; the block table maps the logical block to a
+//! physical one, and the token's *slot* is `physical_block · block_size + offset` (see
+//! [`slot`]).
+//!
+//! ## Ownership and in-place writes
+//!
+//! The cache can be gigabytes and is rewritten every step, so the writing ops never copy it when
+//! it is uniquely owned: they write into the buffer they were given and hand it back. A cache
+//! that is shared (another `Tensor` clone is alive) is copied first, so clones keep their old
+//! contents (ordinary value semantics). Two forms exist for each write:
+//!
+//! - by value ([`reshape_and_cache`], [`copy_blocks`], [`write_blocks`]): the cache moves in and
+//!   comes back; on an argument error it is dropped;
+//! - by `&mut` ([`reshape_and_cache_mut`], [`copy_blocks_mut`], [`write_blocks_mut`]): the form to
+//!   use on a cache held in a struct; arguments are checked before the cache is touched, so an
+//!   error leaves it as it was.
+//!
+//! Arguments are validated on the host (lengths, block ids, slots, context lengths, head counts,
+//! dtypes, devices) and reported as [`PagedError`]; nothing here panics on bad input.
+
+pub mod ops;
+
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube;
+#[cfg(feature = "flex")]
+mod flex;
+
+use burn::backend::Dispatch;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+
+use self::ops::PagedKvOps;
+
+/// Slot value telling [`reshape_and_cache`] to skip a token (padding, or a token whose K/V is
+/// not to be cached).
+pub const SKIP_SLOT: u32 = u32::MAX;
+
+/// The slot of offset `offset` in physical block `block`: `block · block_size + offset`.
+pub fn slot(block: u32, offset: u32, block_size: u32) -> u32 {
+    block * block_size + offset
+}
+
+/// What is wrong with a paged-cache or paged-attention request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PagedError {
+    /// A cache is not `[num_blocks, num_kv_heads, block_size, head_dim]` with non-zero heads,
+    /// block size and head size.
+    #[error("a paged cache needs non-zero kv heads, block size and head size, got shape {0:?}")]
+    CacheShape([usize; 4]),
+    /// Two tensors that must agree in shape do not.
+    #[error("{what}: expected shape {expected:?}, got {found:?}")]
+    Shape {
+        /// Which tensor.
+        what: &'static str,
+        /// Shape the cache (or the other operand) implies.
+        expected: Vec<usize>,
+        /// Shape received.
+        found: Vec<usize>,
+    },
+    /// A host slice has the wrong length.
+    #[error("{what}: expected {expected} entries, got {found}")]
+    Length {
+        /// Which argument.
+        what: &'static str,
+        /// Length the tensors imply.
+        expected: usize,
+        /// Length received.
+        found: usize,
+    },
+    /// A physical block id is outside the cache.
+    #[error("{what}: block {block} is out of range (the cache has {num_blocks} blocks)")]
+    Block {
+        /// Which argument it came from.
+        what: &'static str,
+        /// The offending id.
+        block: u32,
+        /// Blocks in the cache.
+        num_blocks: usize,
+    },
+    /// A slot is outside the cache (and is not [`SKIP_SLOT`]).
+    #[error("slot {slot} of token {token} is out of range (the cache has {num_slots} slots)")]
+    Slot {
+        /// Token index.
+        token: usize,
+        /// The offending slot.
+        slot: u32,
+        /// `num_blocks · block_size`.
+        num_slots: usize,
+    },
+    /// Two writes of one launch target the same place (the result would depend on thread order).
+    #[error("{what}: {index} is written twice")]
+    Duplicate {
+        /// Which argument.
+        what: &'static str,
+        /// The slot or block written twice.
+        index: u32,
+    },
+    /// A block is both copied from and copied to in one [`copy_blocks`] call.
+    #[error("copy_blocks: block {0} is both a source and a destination")]
+    CopyOverlap(u32),
+    /// A query names a block-table row that does not exist.
+    #[error("query {query} uses block-table row {row}, but there are {rows} rows")]
+    Sequence {
+        /// Query index.
+        query: usize,
+        /// Requested row.
+        row: u32,
+        /// Rows in the block table.
+        rows: usize,
+    },
+    /// A context is longer than a block-table row can map.
+    #[error("query {query} has context length {len}, more than max_blocks · block_size = {max}")]
+    Context {
+        /// Query index.
+        query: usize,
+        /// Its context length.
+        len: u32,
+        /// `max_blocks · block_size`.
+        max: usize,
+    },
+    /// The block table is not `rows × max_blocks` (or `max_blocks` is 0 with queries present).
+    #[error("block table of {len} entries is not a whole number of rows of max_blocks = {max_blocks}")]
+    BlockTable {
+        /// Entries received.
+        len: usize,
+        /// Row length.
+        max_blocks: usize,
+    },
+    /// Query heads are not a multiple of kv heads (grouped-query attention needs whole groups).
+    #[error("{heads} query heads are not a multiple of {kv_heads} kv heads")]
+    Heads {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
+    /// Float operands of one op have different dtypes, or a dtype the kernels do not handle.
+    #[error("dtype mismatch or unsupported: {0:?} (use one of F32, F16, BF16, F64 throughout)")]
+    DType(Vec<DType>),
+    /// Operands live on different devices.
+    #[error("operands of a paged op live on different devices")]
+    Device,
+}
+
+/// Uploads host indices as a `U32` vector on `device`.
+fn upload(values: Vec<u32>, device: &Device) -> Tensor<1, Int> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), (device, DType::U32))
+}
+
+/// Uploads host indices as a `U32` `[rows, cols]` matrix on `device`.
+fn upload2(values: Vec<u32>, rows: usize, cols: usize, device: &Device) -> Tensor<2, Int> {
+    Tensor::from_data(TensorData::new(values, [rows, cols]), (device, DType::U32))
+}
+
+/// The cache's dims, checked to be a usable paged layout.
+fn cache_dims(cache: &Tensor<4>) -> Result<[usize; 4], PagedError> {
+    let dims = cache.dims();
+    if dims[1] == 0 || dims[2] == 0 || dims[3] == 0 {
+        return Err(PagedError::CacheShape(dims));
+    }
+    Ok(dims)
+}
+
+/// All float operands share one supported dtype.
+fn same_dtype(dtypes: &[DType]) -> Result<(), PagedError> {
+    let supported = |d: &DType| matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::F64);
+    if dtypes.iter().all(supported) && dtypes.windows(2).all(|w| w[0] == w[1]) {
+        Ok(())
+    } else {
+        Err(PagedError::DType(dtypes.to_vec()))
+    }
+}
+
+/// All operands live on `devices[0]`.
+fn same_device(devices: &[Device]) -> Result<(), PagedError> {
+    if devices.windows(2).all(|w| w[0] == w[1]) { Ok(()) } else { Err(PagedError::Device) }
+}
+
+/// Checks a [`reshape_and_cache`] request.
+fn check_reshape_and_cache(cache: &Tensor<4>, new: &Tensor<3>, slots: &[u32]) -> Result<(), PagedError> {
+    let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(cache)?;
+    let [tokens, h, d] = new.dims();
+    if [h, d] != [kv_heads, head_dim] {
+        return Err(PagedError::Shape { what: "new", expected: vec![tokens, kv_heads, head_dim], found: vec![tokens, h, d] });
+    }
+    if slots.len() != tokens {
+        return Err(PagedError::Length { what: "slots", expected: tokens, found: slots.len() });
+    }
+    same_dtype(&[cache.dtype(), new.dtype()])?;
+    same_device(&[cache.device(), new.device()])?;
+    let num_slots = num_blocks * block_size;
+    let mut seen = std::collections::HashSet::with_capacity(slots.len());
+    for (token, &slot) in slots.iter().enumerate() {
+        if slot == SKIP_SLOT {
+            continue;
+        }
+        if slot as usize >= num_slots {
+            return Err(PagedError::Slot { token, slot, num_slots });
+        }
+        if !seen.insert(slot) {
+            return Err(PagedError::Duplicate { what: "slots", index: slot });
+        }
+    }
+    Ok(())
+}
+
+/// The unchecked launch behind [`reshape_and_cache`].
+fn run_reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Tensor<4> {
+    if slots.iter().all(|&s| s == SKIP_SLOT) {
+        return cache;
+    }
+    let slots = upload(slots.to_vec(), &cache.device());
+    Tensor::from_dispatch(<Dispatch as PagedKvOps>::reshape_and_cache(
+        cache.into_dispatch(),
+        new.into_dispatch(),
+        slots.into_dispatch(),
+    ))
+}
+
+/// Writes token `t`'s key (or value) vectors `new[t]` (`[T, num_kv_heads, head_dim]`) into slot
+/// `slots[t]` of `cache` (`[num_blocks, num_kv_heads, block_size, head_dim]`) in one launch and
+/// returns the cache; tokens whose slot is [`SKIP_SLOT`] are not written. The cache is written
+/// in place when uniquely owned (see the [module docs](self)).
+///
+/// Errors: shapes, dtypes or devices that do not match, `slots.len() != T`, a slot outside the
+/// cache, or two tokens writing the same slot. On error the cache is dropped; use
+/// [`reshape_and_cache_mut`] to keep it.
+pub fn reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<Tensor<4>, PagedError> {
+    check_reshape_and_cache(&cache, &new, slots)?;
+    Ok(run_reshape_and_cache(cache, new, slots))
+}
+
+/// [`reshape_and_cache`] on a cache held by `&mut` (the form for a cache stored in a struct):
+/// written in place when uniquely owned, and left untouched on an argument error.
+pub fn reshape_and_cache_mut(cache: &mut Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<(), PagedError> {
+    check_reshape_and_cache(cache, &new, slots)?;
+    cache.inplace(|c| run_reshape_and_cache(c, new, slots));
+    Ok(())
+}
+
+/// Checks a [`copy_blocks`] request.
+fn check_copy_blocks(cache: &Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedError> {
+    let [num_blocks, ..] = cache_dims(cache)?;
+    same_dtype(&[cache.dtype()])?;
+    let mut sources = std::collections::HashSet::new();
+    let mut targets = std::collections::HashSet::new();
+    for &(src, dst) in pairs {
+        for block in [src, dst] {
+            if block as usize >= num_blocks {
+                return Err(PagedError::Block { what: "copy_blocks", block, num_blocks });
+            }
+        }
+        sources.insert(src);
+        if !targets.insert(dst) {
+            return Err(PagedError::Duplicate { what: "copy_blocks destinations", index: dst });
+        }
+    }
+    if let Some(&block) = targets.iter().find(|b| sources.contains(b)) {
+        return Err(PagedError::CopyOverlap(block));
+    }
+    Ok(())
+}
+
+/// The unchecked launch behind [`copy_blocks`].
+fn run_copy_blocks(cache: Tensor<4>, pairs: &[(u32, u32)]) -> Tensor<4> {
+    if pairs.is_empty() {
+        return cache;
+    }
+    let flat = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
+    let pairs = upload2(flat, pairs.len(), 2, &cache.device());
+    Tensor::from_dispatch(<Dispatch as PagedKvOps>::copy_blocks(cache.into_dispatch(), pairs.into_dispatch()))
+}
+
+/// Copies physical block `src` onto block `dst` for every `(src, dst)` pair, all heads, in one
+/// launch (vLLM's fused block copy for copy-on-write), and returns the cache, written in place
+/// when uniquely owned. A source may be copied to several destinations (a fork).
+///
+/// Errors: a block id outside the cache, a destination named twice, or a block that is both a
+/// source and a destination (the result would depend on thread order). On error the cache is
+/// dropped; use [`copy_blocks_mut`] to keep it.
+pub fn copy_blocks(cache: Tensor<4>, pairs: &[(u32, u32)]) -> Result<Tensor<4>, PagedError> {
+    check_copy_blocks(&cache, pairs)?;
+    Ok(run_copy_blocks(cache, pairs))
+}
+
+/// [`copy_blocks`] on a cache held by `&mut`: in place when uniquely owned, untouched on error.
+pub fn copy_blocks_mut(cache: &mut Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedError> {
+    check_copy_blocks(cache, pairs)?;
+    cache.inplace(|c| run_copy_blocks(c, pairs));
+    Ok(())
+}
+
+/// Checks a [`write_blocks`] request.
+fn check_write_blocks(cache: &Tensor<4>, ids: &[u32], blocks: &Tensor<4>) -> Result<(), PagedError> {
+    let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(cache)?;
+    let found = blocks.dims();
+    if found[1..] != [kv_heads, block_size, head_dim] {
+        return Err(PagedError::Shape {
+            what: "blocks",
+            expected: vec![found[0], kv_heads, block_size, head_dim],
+            found: found.to_vec(),
+        });
+    }
+    if ids.len() != found[0] {
+        return Err(PagedError::Length { what: "write_blocks ids", expected: found[0], found: ids.len() });
+    }
+    same_dtype(&[cache.dtype(), blocks.dtype()])?;
+    same_device(&[cache.device(), blocks.device()])?;
+    check_ids("write_blocks", ids, num_blocks)?;
+    let mut seen = std::collections::HashSet::with_capacity(ids.len());
+    for &id in ids {
+        if !seen.insert(id) {
+            return Err(PagedError::Duplicate { what: "write_blocks ids", index: id });
+        }
+    }
+    Ok(())
+}
+
+/// Every id names a block of the cache.
+fn check_ids(what: &'static str, ids: &[u32], num_blocks: usize) -> Result<(), PagedError> {
+    match ids.iter().find(|&&b| b as usize >= num_blocks) {
+        Some(&block) => Err(PagedError::Block { what, block, num_blocks }),
+        None => Ok(()),
+    }
+}
+
+/// The unchecked launch behind [`write_blocks`].
+fn run_write_blocks(cache: Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Tensor<4> {
+    if ids.is_empty() {
+        return cache;
+    }
+    let ids = upload(ids.to_vec(), &cache.device());
+    Tensor::from_dispatch(<Dispatch as PagedKvOps>::write_blocks(
+        cache.into_dispatch(),
+        ids.into_dispatch(),
+        blocks.into_dispatch(),
+    ))
+}
+
+/// Writes `blocks[i]` (`[n, num_kv_heads, block_size, head_dim]`) over physical block `ids[i]`
+/// in one launch (swap-in: bring blocks back from host memory, uploaded with
+/// `Tensor::from_data`) and returns the cache, written in place when uniquely owned.
+///
+/// Errors: shapes, dtypes or devices that do not match, `ids.len() != n`, an id outside the
+/// cache, or an id named twice. On error the cache is dropped; use [`write_blocks_mut`] to keep
+/// it.
+pub fn write_blocks(cache: Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<Tensor<4>, PagedError> {
+    check_write_blocks(&cache, ids, &blocks)?;
+    Ok(run_write_blocks(cache, ids, blocks))
+}
+
+/// [`write_blocks`] on a cache held by `&mut`: in place when uniquely owned, untouched on error.
+pub fn write_blocks_mut(cache: &mut Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<(), PagedError> {
+    check_write_blocks(cache, ids, &blocks)?;
+    cache.inplace(|c| run_write_blocks(c, ids, blocks));
+    Ok(())
+}
+
+/// Blocks `ids` of the cache as a new `[ids.len(), num_kv_heads, block_size, head_dim]` tensor
+/// (swap-out: read it to the host with `into_data`). The cache is not modified.
+///
+/// Errors: an id outside the cache.
+pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedError> {
+    let [num_blocks, ..] = cache_dims(cache)?;
+    check_ids("read_blocks", ids, num_blocks)?;
+    Ok(cache.clone().select(0, upload(ids.to_vec(), &cache.device())))
+}
+
+/// Attention of `T` queries over paged keys and values, one launch for a whole batch.
+///
+/// - `q`: `[T, H, head_dim]`, one row per query token.
+/// - `k_cache`, `v_cache`: one layer's paged storage, `[num_blocks, H_kv, block_size, head_dim]`.
+/// - `block_tables`: row-major `[S, max_blocks]`; row `s` maps sequence `s`'s logical blocks to
+///   physical ones. Entries past a row's context are never read (any value).
+/// - `query_seq[t]`: the block-table row query `t` reads.
+/// - `context_lens[t]`: query `t` attends to key positions `0..context_lens[t]` of its sequence.
+///
+/// Returns `[T, H, head_dim]` with `out[t, h] = softmax(q[t, h] · Kᵀ · scale) · V` over those
+/// positions, query head `h` reading kv head `h / (H / H_kv)` (grouped-query attention; `H_kv = H`
+/// is ordinary multi-head attention). Decode (one query per sequence, each with its own context
+/// length) and prefill (many queries of one sequence with increasing `context_lens`, after
+/// [`reshape_and_cache`] has stored the prompt's K/V; the causal mask is then just
+/// `context_lens`) go in the same launch. The softmax is computed online with max subtraction
+/// (numerically stable); a query with context length 0 gets zeros.
+///
+/// Errors: shapes, dtypes or devices that do not match, `H % H_kv != 0`, a block table that is
+/// not whole rows, `query_seq`/`context_lens` lengths other than `T`, a row out of range, a
+/// context longer than `max_blocks · block_size`, or a block id (among those read) outside the
+/// cache.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: Tensor<3>,
+    k_cache: &Tensor<4>,
+    v_cache: &Tensor<4>,
+    block_tables: &[u32],
+    max_blocks: usize,
+    query_seq: &[u32],
+    context_lens: &[u32],
+    scale: f32,
+) -> Result<Tensor<3>, PagedError> {
+    let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(k_cache)?;
+    let cache_shape = [num_blocks, kv_heads, block_size, head_dim];
+    if v_cache.dims() != cache_shape {
+        return Err(PagedError::Shape { what: "v_cache", expected: cache_shape.to_vec(), found: v_cache.dims().to_vec() });
+    }
+    let [tokens, heads, d] = q.dims();
+    if d != head_dim {
+        return Err(PagedError::Shape { what: "q", expected: vec![tokens, heads, head_dim], found: vec![tokens, heads, d] });
+    }
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(PagedError::Heads { heads, kv_heads });
+    }
+    same_dtype(&[q.dtype(), k_cache.dtype(), v_cache.dtype()])?;
+    same_device(&[q.device(), k_cache.device(), v_cache.device()])?;
+    for (what, found) in [("query_seq", query_seq.len()), ("context_lens", context_lens.len())] {
+        if found != tokens {
+            return Err(PagedError::Length { what, expected: tokens, found });
+        }
+    }
+    if tokens == 0 || heads == 0 {
+        return Ok(q);
+    }
+    if max_blocks == 0 || !block_tables.len().is_multiple_of(max_blocks) {
+        return Err(PagedError::BlockTable { len: block_tables.len(), max_blocks });
+    }
+    let rows = block_tables.len() / max_blocks;
+    let max_len = max_blocks * block_size;
+    for (query, (&row, &len)) in query_seq.iter().zip(context_lens).enumerate() {
+        if row as usize >= rows {
+            return Err(PagedError::Sequence { query, row, rows });
+        }
+        if len as usize > max_len {
+            return Err(PagedError::Context { query, len, max: max_len });
+        }
+        let used = (len as usize).div_ceil(block_size);
+        let start = row as usize * max_blocks;
+        check_ids("block_tables", &block_tables[start..start + used], num_blocks)?;
+    }
+    let device = q.device();
+    let tables = upload2(block_tables.to_vec(), rows, max_blocks, &device);
+    let query_seq = upload(query_seq.to_vec(), &device);
+    let context_lens = upload(context_lens.to_vec(), &device);
+    Ok(Tensor::from_dispatch(<Dispatch as PagedKvOps>::paged_attention(
+        q.into_dispatch(),
+        k_cache.clone().into_dispatch(),
+        v_cache.clone().into_dispatch(),
+        tables.into_dispatch(),
+        query_seq.into_dispatch(),
+        context_lens.into_dispatch(),
+        scale,
+    )))
+}
+
+#[cfg(test)]
+mod tests;

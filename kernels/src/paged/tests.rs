@@ -1,0 +1,477 @@
+//! Cache writes read back exactly (skipped slots untouched, clones keep their contents), block
+//! copy/write/read round trips, paged attention equal to dense attention computed with plain
+//! Burn ops on the gathered keys, GPU kernels equal to their Flex twins, in-place writes, and
+//! argument errors. Block tables, context lengths and data are drawn at random (seeded).
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+type Rng8 = rand_chacha::ChaCha8Rng;
+
+fn devices() -> Vec<Device> {
+    let mut out = vec![Device::flex()];
+    #[cfg(feature = "wgpu")]
+    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {
+        out.push(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice));
+    }
+    out
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
+fn random(rng: &mut Rng8, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect()
+}
+
+fn tensor<const D: usize>(data: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+/// Host model of `reshape_and_cache`.
+fn scatter_host(cache: &mut [f32], new: &[f32], slots: &[u32], [_, kv_heads, block_size, head_dim]: [usize; 4]) {
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot == SKIP_SLOT {
+            continue;
+        }
+        let (block, offset) = (slot as usize / block_size, slot as usize % block_size);
+        for h in 0..kv_heads {
+            for d in 0..head_dim {
+                cache[((block * kv_heads + h) * block_size + offset) * head_dim + d] = new[(t * kv_heads + h) * head_dim + d];
+            }
+        }
+    }
+}
+
+/// Written slots hold the new values, skipped tokens and every other slot keep the old ones, a
+/// clone taken before the write keeps the old contents, and the `&mut` form does the same.
+#[test]
+fn reshape_and_cache_writes_slots_and_skips() {
+    let mut rng = Rng8::seed_from_u64(1);
+    let shape = [6, 2, 4, 8];
+    let n: usize = shape.iter().product();
+    for device in devices() {
+        let old = random(&mut rng, n);
+        let new = random(&mut rng, 5 * 2 * 8);
+        let slots = [3, SKIP_SLOT, 17, 0, 23];
+        let mut expected = old.clone();
+        scatter_host(&mut expected, &new, &slots, shape);
+
+        let cache = tensor(old.clone(), shape, &device);
+        let kept = cache.clone();
+        let written = reshape_and_cache(cache, tensor(new.clone(), [5, 2, 8], &device), &slots).unwrap();
+        assert_eq!(values(written), expected, "{device:?}");
+        assert_eq!(values(kept), old, "{device:?}: a clone saw the write");
+
+        let mut cache = tensor(old.clone(), shape, &device);
+        reshape_and_cache_mut(&mut cache, tensor(new.clone(), [5, 2, 8], &device), &slots).unwrap();
+        assert_eq!(values(cache.clone()), expected, "{device:?}");
+        // Every token skipped: nothing changes.
+        reshape_and_cache_mut(&mut cache, tensor(new, [5, 2, 8], &device), &[SKIP_SLOT; 5]).unwrap();
+        assert_eq!(values(cache), expected, "{device:?}");
+    }
+}
+
+/// Many tokens over several steps, in random slots of a larger cache, with non-contiguous input
+/// (a transposed view): the cache equals the host model after every step.
+#[test]
+fn reshape_and_cache_over_many_steps() {
+    let mut rng = Rng8::seed_from_u64(2);
+    for device in devices() {
+        let shape = [9, 4, 16, 16];
+        let n: usize = shape.iter().product();
+        let mut host = random(&mut rng, n);
+        let mut cache = tensor(host.clone(), shape, &device);
+        let mut free: Vec<u32> = (0..(9 * 16) as u32).collect();
+        free.shuffle(&mut rng);
+        for step in 0..6 {
+            let tokens = [1, 7, 16, 3, 20, 1][step];
+            let slots: Vec<u32> = (0..tokens).map(|_| free.pop().unwrap()).collect();
+            let new = random(&mut rng, tokens * 4 * 16);
+            scatter_host(&mut host, &new, &slots, shape);
+            // Build `new` as a transposed view of a [Hkv, T, D] tensor.
+            let mut heads_first = vec![0f32; new.len()];
+            for t in 0..tokens {
+                for h in 0..4 {
+                    heads_first[(h * tokens + t) * 16..][..16].copy_from_slice(&new[(t * 4 + h) * 16..][..16]);
+                }
+            }
+            let new = tensor(heads_first, [4, tokens, 16], &device).swap_dims(0, 1);
+            reshape_and_cache_mut(&mut cache, new, &slots).unwrap();
+            assert_eq!(values(cache.clone()), host, "{device:?} step {step}");
+        }
+    }
+}
+
+/// `copy_blocks` copies every pair (one source to several destinations), `write_blocks` then
+/// `read_blocks` gives the written blocks back, and untouched blocks keep their values.
+#[test]
+fn copy_write_and_read_blocks_round_trip() {
+    let mut rng = Rng8::seed_from_u64(3);
+    let shape = [8, 2, 4, 16];
+    let len = 2 * 4 * 16;
+    for device in devices() {
+        let old = random(&mut rng, 8 * len);
+        let cache = tensor(old.clone(), shape, &device);
+        let pairs = [(1, 4), (1, 5), (0, 2), (7, 6)];
+        let cache = copy_blocks(cache, &pairs).unwrap();
+        let mut expected = old.clone();
+        for &(s, d) in &pairs {
+            expected.copy_within(s as usize * len..(s as usize + 1) * len, d as usize * len);
+        }
+        assert_eq!(values(cache.clone()), expected, "{device:?}");
+
+        let swapped_in = random(&mut rng, 2 * len);
+        let mut cache = cache;
+        write_blocks_mut(&mut cache, &[3, 0], tensor(swapped_in.clone(), [2, 2, 4, 16], &device)).unwrap();
+        expected[3 * len..4 * len].copy_from_slice(&swapped_in[..len]);
+        expected[..len].copy_from_slice(&swapped_in[len..]);
+        assert_eq!(values(cache.clone()), expected, "{device:?}");
+
+        let out = read_blocks(&cache, &[3, 0, 4]).unwrap();
+        assert_eq!(out.dims(), [3, 2, 4, 16]);
+        assert_eq!(values(out), [&swapped_in[..], &expected[4 * len..5 * len]].concat(), "{device:?}");
+
+        // Swap out, then in again elsewhere: the block moves unchanged.
+        let host = read_blocks(&cache, &[5]).unwrap().into_data();
+        let cache = write_blocks(cache, &[7], Tensor::from_data(host, &device)).unwrap();
+        let both = values(read_blocks(&cache, &[5, 7]).unwrap());
+        assert_eq!(both[..len], both[len..]);
+        assert_eq!(both[..len], old[len..2 * len]);
+    }
+}
+
+/// One batch of paged-attention inputs: caches, block tables and queries.
+struct Batch {
+    shape: [usize; 4],
+    heads: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    q: Vec<f32>,
+    tables: Vec<u32>,
+    max_blocks: usize,
+    query_seq: Vec<u32>,
+    context_lens: Vec<u32>,
+}
+
+impl Batch {
+    /// Sequences of lengths `lens` in shuffled physical blocks (unused table entries are
+    /// `u32::MAX`, never read); every sequence gets a decode query at its full length, sequence
+    /// `prefill` also gets `prefill_len` prefill queries with increasing context lengths ending
+    /// just before it, and one query has an empty context.
+    fn new(rng: &mut Rng8, heads: usize, kv_heads: usize, head_dim: usize, block_size: usize, lens: &[usize], prefill: usize) -> Self {
+        let max_blocks = lens.iter().map(|l| l.div_ceil(block_size)).max().unwrap_or(0).max(1) + 1;
+        let needed: usize = lens.iter().map(|l| l.div_ceil(block_size)).sum();
+        let num_blocks = needed + 3;
+        let mut physical: Vec<u32> = (0..num_blocks as u32).collect();
+        physical.shuffle(rng);
+        let mut tables = vec![u32::MAX; lens.len() * max_blocks];
+        for (s, len) in lens.iter().enumerate() {
+            for b in 0..len.div_ceil(block_size) {
+                tables[s * max_blocks + b] = physical.pop().unwrap();
+            }
+        }
+        let (mut query_seq, mut context_lens) = (vec![], vec![]);
+        let prefill_len = lens[prefill].min(5);
+        for i in 0..prefill_len {
+            query_seq.push(prefill as u32);
+            context_lens.push((lens[prefill] - prefill_len + 1 + i) as u32);
+        }
+        for (s, &len) in lens.iter().enumerate() {
+            query_seq.push(s as u32);
+            context_lens.push(len as u32);
+        }
+        query_seq.push(0);
+        context_lens.push(0);
+        let shape = [num_blocks, kv_heads, block_size, head_dim];
+        let n: usize = shape.iter().product();
+        let tokens = query_seq.len();
+        // Queries scaled up so that the softmax is far from uniform.
+        let q = random(rng, tokens * heads * head_dim).iter().map(|x| x * 3.0).collect();
+        Batch { shape, heads, k: random(rng, n), v: random(rng, n), q, tables, max_blocks, query_seq, context_lens }
+    }
+
+    fn tokens(&self) -> usize {
+        self.query_seq.len()
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.shape[3] as f32).sqrt()
+    }
+
+    fn run(&self, device: &Device) -> Tensor<3> {
+        let q = tensor(self.q.clone(), [self.tokens(), self.heads, self.shape[3]], device);
+        let k = tensor(self.k.clone(), self.shape, device);
+        let v = tensor(self.v.clone(), self.shape, device);
+        paged_attention(q, &k, &v, &self.tables, self.max_blocks, &self.query_seq, &self.context_lens, self.scale()).unwrap()
+    }
+
+    /// Dense attention with plain Burn ops: gather each query's keys and values into contiguous
+    /// tensors (slot-major cache, `select` by slot, repeat kv heads), matmul, softmax, matmul.
+    fn reference(&self, device: &Device) -> Tensor<3> {
+        let [num_blocks, kv_heads, block_size, head_dim] = self.shape;
+        let heads = self.heads;
+        let by_slot = |data: &[f32]| {
+            tensor(data.to_vec(), self.shape, device).swap_dims(1, 2).reshape([num_blocks * block_size, kv_heads, head_dim])
+        };
+        let (k, v) = (by_slot(&self.k), by_slot(&self.v));
+        let group = heads / kv_heads;
+        let kv_of_head: Vec<i64> = (0..heads).map(|h| (h / group) as i64).collect();
+        let kv_of_head = Tensor::<1, Int>::from_data(TensorData::new(kv_of_head, [heads]), device);
+        let q = tensor(self.q.clone(), [self.tokens(), heads, head_dim], device);
+        let mut rows = vec![];
+        for t in 0..self.tokens() {
+            let n = self.context_lens[t] as usize;
+            if n == 0 {
+                rows.push(Tensor::zeros([1, heads, head_dim], device));
+                continue;
+            }
+            let table = &self.tables[self.query_seq[t] as usize * self.max_blocks..];
+            let slots: Vec<i64> = (0..n).map(|p| (table[p / block_size] as usize * block_size + p % block_size) as i64).collect();
+            let slots = Tensor::<1, Int>::from_data(TensorData::new(slots, [n]), device);
+            let gather = |c: &Tensor<3>| c.clone().select(0, slots.clone()).select(1, kv_of_head.clone()).swap_dims(0, 1);
+            let (kt, vt) = (gather(&k), gather(&v)); // [H, n, D]
+            let qt = q.clone().narrow(0, t, 1).swap_dims(0, 1); // [H, 1, D]
+            let p = softmax(qt.matmul(kt.swap_dims(1, 2)) * self.scale(), 2);
+            rows.push(p.matmul(vt).swap_dims(0, 1));
+        }
+        Tensor::cat(rows, 0)
+    }
+}
+
+/// Within 1e-4 of the largest reference value (relative, at least absolute 1e-4).
+fn assert_close(found: &[f32], reference: &[f32], what: &str) {
+    assert_eq!(found.len(), reference.len(), "{what}");
+    let scale = reference.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+    for (i, (a, b)) in found.iter().zip(reference).enumerate() {
+        assert!(a.is_finite() && (a - b).abs() <= 1e-4 * scale.max(1.0), "{what}: element {i}: {a} vs {b}");
+    }
+}
+
+/// The cases of the attention tests: (heads, kv heads, head dim, block size, sequence lengths).
+/// GQA and MHA, head dims 16 and 64, block sizes 4 and 16, lengths 1, block boundaries and
+/// lengths longer than one key tile.
+const CASES: [(usize, usize, usize, usize, &[usize]); 6] = [
+    (4, 2, 16, 4, &[1, 4, 9, 37]),
+    (4, 4, 16, 16, &[16, 1, 33]),
+    (4, 2, 64, 16, &[70, 32, 1, 17]),
+    (4, 4, 64, 4, &[8, 5, 129]),
+    (8, 2, 64, 16, &[64, 300]),
+    (2, 1, 80, 4, &[3, 12, 41]),
+];
+
+/// Paged attention equals dense attention on the gathered keys for every case, on every device:
+/// decode and prefill queries, empty contexts (zeros), GQA and MHA.
+#[test]
+fn paged_attention_equals_dense_reference() {
+    let mut rng = Rng8::seed_from_u64(4);
+    for device in devices() {
+        for (i, &(heads, kv_heads, head_dim, block_size, lens)) in CASES.iter().enumerate() {
+            let batch = Batch::new(&mut rng, heads, kv_heads, head_dim, block_size, lens, i % lens.len());
+            let found = values(batch.run(&device));
+            let reference = values(batch.reference(&device));
+            assert_close(&found, &reference, &format!("{device:?} case {i}"));
+            let d = head_dim * heads;
+            assert!(found[found.len() - d..].iter().all(|&x| x == 0.0), "empty context must give zeros");
+        }
+    }
+}
+
+/// The GPU kernels agree with the Flex twins on the same inputs: attention within 1e-5
+/// (relative), cache writes exactly.
+#[cfg(feature = "wgpu")]
+#[test]
+fn cube_kernels_equal_flex_twins() {
+    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
+        return;
+    }
+    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let cpu = Device::flex();
+    let mut rng = Rng8::seed_from_u64(5);
+    for (i, &(heads, kv_heads, head_dim, block_size, lens)) in CASES.iter().enumerate() {
+        let batch = Batch::new(&mut rng, heads, kv_heads, head_dim, block_size, lens, 0);
+        let (a, b) = (values(batch.run(&cpu)), values(batch.run(&gpu)));
+        let scale = a.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-5 * scale.max(1.0), "case {i}: flex {x} vs wgpu {y}");
+        }
+
+        let tokens = 7;
+        let new = random(&mut rng, tokens * kv_heads * head_dim);
+        let num_slots = (batch.shape[0] * block_size) as u32;
+        let mut slots: Vec<u32> = (0..num_slots).collect();
+        slots.shuffle(&mut rng);
+        slots.truncate(tokens);
+        slots[2] = SKIP_SLOT;
+        let pairs = [(0u32, batch.shape[0] as u32 - 1)];
+        let write = |d: &Device| {
+            let cache = tensor(batch.k.clone(), batch.shape, d);
+            let cache = reshape_and_cache(cache, tensor(new.clone(), [tokens, kv_heads, head_dim], d), &slots).unwrap();
+            values(copy_blocks(cache, &pairs).unwrap())
+        };
+        assert_eq!(write(&cpu), write(&gpu), "case {i}: cache writes differ");
+    }
+}
+
+/// A decode batch of many sequences, each a different random length, in one launch; and a
+/// long-context query whose scores would overflow `exp` without max subtraction.
+#[test]
+fn paged_attention_decode_batch_and_large_scores() {
+    let mut rng = Rng8::seed_from_u64(6);
+    for device in devices() {
+        let lens: Vec<usize> = (0..12).map(|_| rng.random_range(1..90)).collect();
+        let mut batch = Batch::new(&mut rng, 4, 2, 16, 16, &lens, 3);
+        assert_close(&values(batch.run(&device)), &values(batch.reference(&device)), &format!("{device:?} decode batch"));
+        // Scores in the hundreds: exp would overflow f32 without max subtraction.
+        batch.q.iter_mut().for_each(|x| *x *= 100.0);
+        let found = values(batch.run(&device));
+        assert_close(&found, &values(batch.reference(&device)), &format!("{device:?} large scores"));
+    }
+}
+
+/// Flex writes into a uniquely owned cache's own buffer (no copy) and copies a shared one,
+/// leaving the other owner's contents alone.
+#[cfg(feature = "flex")]
+#[test]
+fn flex_writes_in_place_when_unique() {
+    use burn::backend::flex::FlexTensor;
+    use burn::backend::Flex;
+    use ops::PagedKvOps;
+
+    let shape = [4, 2, 4, 8];
+    let n: usize = shape.iter().product();
+    let flex = |data: Vec<f32>, shape: Vec<usize>| FlexTensor::from_data(TensorData::new(data, shape));
+    let slots = || FlexTensor::from_data(TensorData::new(vec![5u32, 9], [2]));
+    let cache = flex(vec![0.0; n], shape.to_vec());
+    let before = cache.bytes().as_ptr();
+    let cache = <Flex as PagedKvOps>::reshape_and_cache(cache, flex(vec![1.0; 32], vec![2, 2, 8]), slots());
+    assert_eq!(cache.bytes().as_ptr(), before, "a uniquely owned cache was copied");
+    let pairs = FlexTensor::from_data(TensorData::new(vec![1u32, 2], [1, 2]));
+    let cache = <Flex as PagedKvOps>::copy_blocks(cache, pairs);
+    assert_eq!(cache.bytes().as_ptr(), before, "copy_blocks copied the cache");
+    let ids = FlexTensor::from_data(TensorData::new(vec![3u32], [1]));
+    let cache = <Flex as PagedKvOps>::write_blocks(cache, ids, flex(vec![2.0; n / 4], vec![1, 2, 4, 8]));
+    assert_eq!(cache.bytes().as_ptr(), before, "write_blocks copied the cache");
+
+    let shared = cache.clone();
+    let written = <Flex as PagedKvOps>::reshape_and_cache(cache, flex(vec![7.0; 32], vec![2, 2, 8]), slots());
+    assert_ne!(written.bytes().as_ptr(), shared.bytes().as_ptr());
+    let (a, b) = (written.into_data().try_to_vec::<f32>().unwrap(), shared.into_data().try_to_vec::<f32>().unwrap());
+    assert_eq!(a.iter().filter(|&&x| x == 7.0).count(), 32);
+    assert!(!b.contains(&7.0));
+}
+
+/// On the GPU a uniquely owned cache is written in place: rewriting a 64 MiB cache many times
+/// never makes the allocator reserve room for a second copy, while a write to a shared cache
+/// (the control) does.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_writes_in_place_when_unique() {
+    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
+        return;
+    }
+    let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let shape = [256, 4, 64, 256];
+    let bytes = (shape.iter().product::<usize>() * 4) as u64;
+    let reserved = || {
+        device.sync().unwrap();
+        device.memory_pool_usage().map(|u| u.bytes_reserved).unwrap_or(0)
+    };
+    let mut cache = Tensor::<4>::from_data(TensorData::new(vec![0.5f32; bytes as usize / 4], shape), &device);
+    let start = reserved();
+    for step in 0..8u32 {
+        let new = Tensor::<3>::full([2, 4, 256], step as f32, &device);
+        reshape_and_cache_mut(&mut cache, new, &[step * 3, 1000 + step]).unwrap();
+        copy_blocks_mut(&mut cache, &[(0, 100 + step)]).unwrap();
+    }
+    let in_place = reserved();
+    eprintln!("reserved: start {start}, after in-place writes {in_place}, cache {bytes}");
+    assert!(in_place < start + bytes / 2, "reserved grew from {start} to {in_place} bytes: the cache was copied");
+    let slice = values(read_blocks(&cache, &[100 + 7]).unwrap());
+    assert!(slice.contains(&7.0));
+
+    // Control: with a clone alive the write must copy, so the measurement can see a copy.
+    let shared = cache.clone();
+    let copied = reshape_and_cache(cache, Tensor::<3>::full([1, 4, 256], 9.0, &device), &[5]).unwrap();
+    let after = reserved();
+    eprintln!("reserved after a shared write: {after}");
+    assert!(after >= in_place + bytes / 2, "control: reserved went from {in_place} to {after} bytes");
+    assert!(!values(read_blocks(&shared, &[0]).unwrap()).contains(&9.0));
+    assert!(values(read_blocks(&copied, &[0]).unwrap()).contains(&9.0));
+}
+
+/// Bad arguments are errors, never panics; `_mut` forms leave the cache untouched on error.
+#[test]
+fn bad_arguments_are_errors() {
+    let device = Device::flex();
+    let cache = Tensor::<4>::zeros([4, 2, 4, 8], &device);
+    let new = Tensor::<3>::ones([2, 2, 8], &device);
+    let c = || cache.clone();
+    assert!(matches!(reshape_and_cache(c(), new.clone(), &[1]), Err(PagedError::Length { .. })));
+    assert!(matches!(reshape_and_cache(c(), new.clone(), &[1, 16]), Err(PagedError::Slot { slot: 16, .. })));
+    assert!(matches!(reshape_and_cache(c(), new.clone(), &[3, 3]), Err(PagedError::Duplicate { index: 3, .. })));
+    let wrong_heads = Tensor::<3>::ones([2, 1, 8], &device);
+    assert!(matches!(reshape_and_cache(c(), wrong_heads, &[1, 2]), Err(PagedError::Shape { .. })));
+    let half = Tensor::<3>::ones([2, 2, 8], (&device, burn::tensor::DType::F16));
+    assert!(matches!(reshape_and_cache(c(), half, &[1, 2]), Err(PagedError::DType(_))));
+    let empty = Tensor::<4>::zeros([4, 0, 4, 8], &device);
+    assert!(matches!(reshape_and_cache(empty, new.clone(), &[1, 2]), Err(PagedError::CacheShape(_))));
+
+    let mut kept = Tensor::<4>::ones([4, 2, 4, 8], &device);
+    assert!(reshape_and_cache_mut(&mut kept, new.clone(), &[0, 99]).is_err());
+    assert!(copy_blocks_mut(&mut kept, &[(0, 4)]).is_err());
+    assert!(write_blocks_mut(&mut kept, &[9], Tensor::zeros([1, 2, 4, 8], &device)).is_err());
+    assert!(values(kept).iter().all(|&x| x == 1.0), "a failed write touched the cache");
+
+    assert!(matches!(copy_blocks(c(), &[(0, 4)]), Err(PagedError::Block { block: 4, .. })));
+    assert!(matches!(copy_blocks(c(), &[(0, 1), (2, 1)]), Err(PagedError::Duplicate { index: 1, .. })));
+    assert!(matches!(copy_blocks(c(), &[(0, 1), (1, 2)]), Err(PagedError::CopyOverlap(1))));
+    let blocks = Tensor::<4>::zeros([2, 2, 4, 8], &device);
+    assert!(matches!(write_blocks(c(), &[0], blocks.clone()), Err(PagedError::Length { .. })));
+    assert!(matches!(write_blocks(c(), &[0, 0], blocks.clone()), Err(PagedError::Duplicate { .. })));
+    assert!(matches!(write_blocks(c(), &[0, 5], blocks), Err(PagedError::Block { block: 5, .. })));
+    assert!(matches!(write_blocks(c(), &[0], Tensor::zeros([1, 2, 2, 8], &device)), Err(PagedError::Shape { .. })));
+    assert!(matches!(read_blocks(&cache, &[4]), Err(PagedError::Block { block: 4, .. })));
+
+    let q = Tensor::<3>::ones([2, 4, 8], &device);
+    let attend = |q: Tensor<3>, tables: &[u32], max_blocks: usize, seq: &[u32], lens: &[u32]| {
+        paged_attention(q, &cache, &cache, tables, max_blocks, seq, lens, 1.0)
+    };
+    assert!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]).is_ok());
+    assert!(matches!(attend(q.clone(), &[0, 1, 2], 2, &[0, 1], &[8, 3]), Err(PagedError::BlockTable { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 0, &[0, 1], &[8, 3]), Err(PagedError::BlockTable { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0], &[8, 3]), Err(PagedError::Length { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[8]), Err(PagedError::Length { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 2], &[8, 3]), Err(PagedError::Sequence { row: 2, .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[9, 3]), Err(PagedError::Context { len: 9, .. })));
+    assert!(matches!(attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedError::Block { block: 7, .. })));
+    // An out-of-range entry past the context is never read, so it is fine.
+    assert!(attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[4, 3]).is_ok());
+    assert!(matches!(attend(Tensor::ones([2, 3, 8], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedError::Heads { .. })));
+    assert!(matches!(attend(Tensor::ones([2, 4, 4], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedError::Shape { .. })));
+    let v = Tensor::<4>::zeros([4, 2, 4, 4], &device);
+    assert!(matches!(paged_attention(q.clone(), &cache, &v, &[0], 1, &[0, 0], &[1, 1], 1.0), Err(PagedError::Shape { .. })));
+    // No queries: an empty result, whatever the table.
+    let none = paged_attention(Tensor::zeros([0, 4, 8], &device), &cache, &cache, &[], 0, &[], &[], 1.0).unwrap();
+    assert_eq!(none.dims(), [0, 4, 8]);
+}
+
+/// Mixed devices are an error, not a panic.
+#[cfg(feature = "wgpu")]
+#[test]
+fn mixed_devices_are_errors() {
+    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
+        return;
+    }
+    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let cache = Tensor::<4>::zeros([4, 2, 4, 8], &gpu);
+    let new = Tensor::<3>::ones([1, 2, 8], &Device::flex());
+    assert_eq!(reshape_and_cache(cache.clone(), new, &[0]).unwrap_err(), PagedError::Device);
+    let q = Tensor::<3>::ones([1, 2, 8], &Device::flex());
+    assert_eq!(paged_attention(q, &cache, &cache, &[0], 1, &[0], &[1], 1.0).unwrap_err(), PagedError::Device);
+}
