@@ -35,6 +35,13 @@
 //!   use on a cache held in a struct; arguments are checked before the cache is touched, so an
 //!   error leaves it as it was.
 //!
+//! ## Per-step inputs
+//!
+//! The index arrays (slots, block tables, query rows, context lengths) are the same for every
+//! layer of a step. The slice-taking functions upload them on each call; a model builds a
+//! [`SlotMapping`] and a [`PagedBatch`] once per step and passes them to
+//! [`reshape_and_cache_with`] and [`paged_attention_with`] for every layer instead.
+//!
 //! Arguments are validated on the host (lengths, block ids, slots, context lengths, head counts,
 //! dtypes, devices) and reported as [`PagedError`]; nothing here panics on bad input.
 
@@ -97,11 +104,9 @@ pub enum PagedError {
         num_blocks: usize,
     },
     /// A slot is outside the cache (and is not [`SKIP_SLOT`]).
-    #[error("slot {slot} of token {token} is out of range (the cache has {num_slots} slots)")]
+    #[error("slot {slot} is out of range (the cache has {num_slots} slots)")]
     Slot {
-        /// Token index.
-        token: usize,
-        /// The offending slot.
+        /// The (largest) offending slot.
         slot: u32,
         /// `num_blocks · block_size`.
         num_slots: usize,
@@ -196,45 +201,67 @@ fn same_device(devices: &[Device]) -> Result<(), PagedError> {
     if devices.windows(2).all(|w| w[0] == w[1]) { Ok(()) } else { Err(PagedError::Device) }
 }
 
-/// Checks a [`reshape_and_cache`] request.
-fn check_reshape_and_cache(cache: &Tensor<4>, new: &Tensor<3>, slots: &[u32]) -> Result<(), PagedError> {
-    let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(cache)?;
-    let [tokens, h, d] = new.dims();
-    if [h, d] != [kv_heads, head_dim] {
-        return Err(PagedError::Shape { what: "new", expected: vec![tokens, kv_heads, head_dim], found: vec![tokens, h, d] });
-    }
-    if slots.len() != tokens {
-        return Err(PagedError::Length { what: "slots", expected: tokens, found: slots.len() });
-    }
-    same_dtype(&[cache.dtype(), new.dtype()])?;
-    same_device(&[cache.device(), new.device()])?;
-    let num_slots = num_blocks * block_size;
-    let mut seen = std::collections::HashSet::with_capacity(slots.len());
-    for (token, &slot) in slots.iter().enumerate() {
-        if slot == SKIP_SLOT {
-            continue;
-        }
-        if slot as usize >= num_slots {
-            return Err(PagedError::Slot { token, slot, num_slots });
-        }
-        if !seen.insert(slot) {
-            return Err(PagedError::Duplicate { what: "slots", index: slot });
-        }
-    }
-    Ok(())
+/// The slots of one step's new tokens, checked and uploaded once and then shared by the K and V
+/// caches of every layer (vLLM's slot mapping). See [`reshape_and_cache_with`].
+#[derive(Debug, Clone)]
+pub struct SlotMapping {
+    /// `None` when every token is skipped (nothing to launch).
+    slots: Option<Tensor<1, Int>>,
+    tokens: usize,
+    /// Largest slot written.
+    max_slot: Option<u32>,
 }
 
-/// The unchecked launch behind [`reshape_and_cache`].
-fn run_reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Tensor<4> {
-    if slots.iter().all(|&s| s == SKIP_SLOT) {
-        return cache;
+impl SlotMapping {
+    /// Checks and uploads `slots` (one per new token; [`SKIP_SLOT`] skips a token) to `device`.
+    ///
+    /// Errors: a slot written twice. Slots are checked against the cache when used.
+    pub fn new(slots: &[u32], device: &Device) -> Result<Self, PagedError> {
+        let mut seen = std::collections::HashSet::with_capacity(slots.len());
+        for &slot in slots.iter().filter(|&&s| s != SKIP_SLOT) {
+            if !seen.insert(slot) {
+                return Err(PagedError::Duplicate { what: "slots", index: slot });
+            }
+        }
+        let max_slot = seen.iter().copied().max();
+        Ok(Self { slots: max_slot.map(|_| upload(slots.to_vec(), device)), tokens: slots.len(), max_slot })
     }
-    let slots = upload(slots.to_vec(), &cache.device());
-    Tensor::from_dispatch(<Dispatch as PagedKvOps>::reshape_and_cache(
-        cache.into_dispatch(),
-        new.into_dispatch(),
-        slots.into_dispatch(),
-    ))
+
+    /// Number of tokens `T` (skipped ones included).
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Checks these slots against `cache` and `new`.
+    fn check(&self, cache: &Tensor<4>, new: &Tensor<3>) -> Result<(), PagedError> {
+        let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(cache)?;
+        let [tokens, h, d] = new.dims();
+        if [h, d] != [kv_heads, head_dim] {
+            return Err(PagedError::Shape { what: "new", expected: vec![tokens, kv_heads, head_dim], found: vec![tokens, h, d] });
+        }
+        if self.tokens != tokens {
+            return Err(PagedError::Length { what: "slots", expected: tokens, found: self.tokens });
+        }
+        same_dtype(&[cache.dtype(), new.dtype()])?;
+        let mut devices = vec![cache.device(), new.device()];
+        devices.extend(self.slots.as_ref().map(Tensor::device));
+        same_device(&devices)?;
+        let num_slots = num_blocks * block_size;
+        if let Some(slot) = self.max_slot.filter(|&s| s as usize >= num_slots) {
+            return Err(PagedError::Slot { slot, num_slots });
+        }
+        Ok(())
+    }
+
+    /// The unchecked launch.
+    fn write(&self, cache: Tensor<4>, new: Tensor<3>) -> Tensor<4> {
+        let Some(slots) = &self.slots else { return cache };
+        Tensor::from_dispatch(<Dispatch as PagedKvOps>::reshape_and_cache(
+            cache.into_dispatch(),
+            new.into_dispatch(),
+            slots.clone().into_dispatch(),
+        ))
+    }
 }
 
 /// Writes token `t`'s key (or value) vectors `new[t]` (`[T, num_kv_heads, head_dim]`) into slot
@@ -246,15 +273,23 @@ fn run_reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Ten
 /// cache, or two tokens writing the same slot. On error the cache is dropped; use
 /// [`reshape_and_cache_mut`] to keep it.
 pub fn reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<Tensor<4>, PagedError> {
-    check_reshape_and_cache(&cache, &new, slots)?;
-    Ok(run_reshape_and_cache(cache, new, slots))
+    let slots = SlotMapping::new(slots, &cache.device())?;
+    slots.check(&cache, &new)?;
+    Ok(slots.write(cache, new))
 }
 
 /// [`reshape_and_cache`] on a cache held by `&mut` (the form for a cache stored in a struct):
 /// written in place when uniquely owned, and left untouched on an argument error.
 pub fn reshape_and_cache_mut(cache: &mut Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<(), PagedError> {
-    check_reshape_and_cache(cache, &new, slots)?;
-    cache.inplace(|c| run_reshape_and_cache(c, new, slots));
+    let slots = SlotMapping::new(slots, &cache.device())?;
+    reshape_and_cache_with(cache, new, &slots)
+}
+
+/// [`reshape_and_cache_mut`] with slots uploaded once per step ([`SlotMapping`]) instead of on
+/// every call: the form for a model writing the K and V caches of many layers.
+pub fn reshape_and_cache_with(cache: &mut Tensor<4>, new: Tensor<3>, slots: &SlotMapping) -> Result<(), PagedError> {
+    slots.check(cache, &new)?;
+    cache.inplace(|c| slots.write(c, new));
     Ok(())
 }
 
@@ -386,14 +421,85 @@ pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedErr
     Ok(cache.clone().select(0, upload(ids.to_vec(), &cache.device())))
 }
 
+/// The per-step inputs of [`paged_attention_with`], checked and uploaded once and then shared by
+/// every layer of the step (vLLM's input metadata): block tables, which table row each query
+/// reads, and each query's context length.
+#[derive(Debug, Clone)]
+pub struct PagedBatch {
+    tables: Tensor<2, Int>,
+    query_seq: Tensor<1, Int>,
+    context_lens: Tensor<1, Int>,
+    tokens: usize,
+    block_size: usize,
+    /// Largest physical block id any query reads (`None`: no query reads a block).
+    max_block: Option<u32>,
+}
+
+impl PagedBatch {
+    /// Checks and uploads to `device`:
+    ///
+    /// - `block_tables`: row-major `[S, max_blocks]`; row `s` maps sequence `s`'s logical blocks
+    ///   to physical ones. Entries past a row's context are never read (any value).
+    /// - `query_seq[t]`: the block-table row query `t` reads.
+    /// - `context_lens[t]`: query `t` attends to key positions `0..context_lens[t]` of its
+    ///   sequence.
+    /// - `block_size`: tokens per block of the caches it will be used with.
+    ///
+    /// Errors: `query_seq` and `context_lens` of different lengths, a block table that is not
+    /// whole rows (or `max_blocks = 0` with queries), a row out of range, or a context longer
+    /// than `max_blocks · block_size`. Block ids are checked against the cache when used.
+    pub fn new(
+        block_tables: &[u32],
+        max_blocks: usize,
+        block_size: usize,
+        query_seq: &[u32],
+        context_lens: &[u32],
+        device: &Device,
+    ) -> Result<Self, PagedError> {
+        let tokens = query_seq.len();
+        if context_lens.len() != tokens {
+            return Err(PagedError::Length { what: "context_lens", expected: tokens, found: context_lens.len() });
+        }
+        let whole_rows = max_blocks > 0 && block_tables.len().is_multiple_of(max_blocks);
+        if !whole_rows && (tokens > 0 || !block_tables.is_empty()) {
+            return Err(PagedError::BlockTable { len: block_tables.len(), max_blocks });
+        }
+        let rows = block_tables.len().checked_div(max_blocks).unwrap_or(0);
+        let max_len = max_blocks * block_size;
+        let mut max_block = None;
+        for (query, (&row, &len)) in query_seq.iter().zip(context_lens).enumerate() {
+            if row as usize >= rows {
+                return Err(PagedError::Sequence { query, row, rows });
+            }
+            if len as usize > max_len {
+                return Err(PagedError::Context { query, len, max: max_len });
+            }
+            let start = row as usize * max_blocks;
+            let used = &block_tables[start..start + (len as usize).div_ceil(block_size.max(1))];
+            max_block = used.iter().copied().chain(max_block).max();
+        }
+        Ok(Self {
+            tables: upload2(block_tables.to_vec(), rows, max_blocks, device),
+            query_seq: upload(query_seq.to_vec(), device),
+            context_lens: upload(context_lens.to_vec(), device),
+            tokens,
+            block_size,
+            max_block,
+        })
+    }
+
+    /// Number of queries `T`.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
 /// Attention of `T` queries over paged keys and values, one launch for a whole batch.
 ///
 /// - `q`: `[T, H, head_dim]`, one row per query token.
 /// - `k_cache`, `v_cache`: one layer's paged storage, `[num_blocks, H_kv, block_size, head_dim]`.
-/// - `block_tables`: row-major `[S, max_blocks]`; row `s` maps sequence `s`'s logical blocks to
-///   physical ones. Entries past a row's context are never read (any value).
-/// - `query_seq[t]`: the block-table row query `t` reads.
-/// - `context_lens[t]`: query `t` attends to key positions `0..context_lens[t]` of its sequence.
+/// - `block_tables`, `max_blocks`, `query_seq`, `context_lens`: as in [`PagedBatch::new`]; query
+///   `t` attends to key positions `0..context_lens[t]` of block-table row `query_seq[t]`.
 ///
 /// Returns `[T, H, head_dim]` with `out[t, h] = softmax(q[t, h] · Kᵀ · scale) · V` over those
 /// positions, query head `h` reading kv head `h / (H / H_kv)` (grouped-query attention; `H_kv = H`
@@ -403,10 +509,10 @@ pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedErr
 /// `context_lens`) go in the same launch. The softmax is computed online with max subtraction
 /// (numerically stable); a query with context length 0 gets zeros.
 ///
-/// Errors: shapes, dtypes or devices that do not match, `H % H_kv != 0`, a block table that is
-/// not whole rows, `query_seq`/`context_lens` lengths other than `T`, a row out of range, a
-/// context longer than `max_blocks · block_size`, or a block id (among those read) outside the
-/// cache.
+/// This uploads the index arrays on every call; a model with many layers should build one
+/// [`PagedBatch`] per step and call [`paged_attention_with`] per layer.
+///
+/// Errors: those of [`PagedBatch::new`] and [`paged_attention_with`].
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: Tensor<3>,
@@ -418,55 +524,62 @@ pub fn paged_attention(
     context_lens: &[u32],
     scale: f32,
 ) -> Result<Tensor<3>, PagedError> {
+    let [_, _, block_size, _] = cache_dims(k_cache)?;
+    let tokens = q.dims()[0];
+    if query_seq.len() != tokens {
+        return Err(PagedError::Length { what: "query_seq", expected: tokens, found: query_seq.len() });
+    }
+    let batch = PagedBatch::new(block_tables, max_blocks, block_size, query_seq, context_lens, &q.device())?;
+    paged_attention_with(q, k_cache, v_cache, &batch, scale)
+}
+
+/// [`paged_attention`] with the block tables, query rows and context lengths of a
+/// [`PagedBatch`] built once per step.
+///
+/// Errors: shapes, dtypes or devices that do not match (`q` must have `batch.tokens()` rows and
+/// the caches `batch`'s block size), `H % H_kv != 0`, or a block id read by some query outside
+/// the cache.
+pub fn paged_attention_with(
+    q: Tensor<3>,
+    k_cache: &Tensor<4>,
+    v_cache: &Tensor<4>,
+    batch: &PagedBatch,
+    scale: f32,
+) -> Result<Tensor<3>, PagedError> {
     let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(k_cache)?;
     let cache_shape = [num_blocks, kv_heads, block_size, head_dim];
     if v_cache.dims() != cache_shape {
         return Err(PagedError::Shape { what: "v_cache", expected: cache_shape.to_vec(), found: v_cache.dims().to_vec() });
     }
     let [tokens, heads, d] = q.dims();
-    if d != head_dim {
-        return Err(PagedError::Shape { what: "q", expected: vec![tokens, heads, head_dim], found: vec![tokens, heads, d] });
+    if d != head_dim || tokens != batch.tokens {
+        return Err(PagedError::Shape { what: "q", expected: vec![batch.tokens, heads, head_dim], found: vec![tokens, heads, d] });
+    }
+    if block_size != batch.block_size {
+        return Err(PagedError::Shape {
+            what: "cache block size (PagedBatch built for another)",
+            expected: vec![num_blocks, kv_heads, batch.block_size, head_dim],
+            found: cache_shape.to_vec(),
+        });
     }
     if !heads.is_multiple_of(kv_heads) {
         return Err(PagedError::Heads { heads, kv_heads });
     }
     same_dtype(&[q.dtype(), k_cache.dtype(), v_cache.dtype()])?;
-    same_device(&[q.device(), k_cache.device(), v_cache.device()])?;
-    for (what, found) in [("query_seq", query_seq.len()), ("context_lens", context_lens.len())] {
-        if found != tokens {
-            return Err(PagedError::Length { what, expected: tokens, found });
-        }
+    same_device(&[q.device(), k_cache.device(), v_cache.device(), batch.context_lens.device()])?;
+    if let Some(block) = batch.max_block.filter(|&b| b as usize >= num_blocks) {
+        return Err(PagedError::Block { what: "block_tables", block, num_blocks });
     }
     if tokens == 0 || heads == 0 {
         return Ok(q);
     }
-    if max_blocks == 0 || !block_tables.len().is_multiple_of(max_blocks) {
-        return Err(PagedError::BlockTable { len: block_tables.len(), max_blocks });
-    }
-    let rows = block_tables.len() / max_blocks;
-    let max_len = max_blocks * block_size;
-    for (query, (&row, &len)) in query_seq.iter().zip(context_lens).enumerate() {
-        if row as usize >= rows {
-            return Err(PagedError::Sequence { query, row, rows });
-        }
-        if len as usize > max_len {
-            return Err(PagedError::Context { query, len, max: max_len });
-        }
-        let used = (len as usize).div_ceil(block_size);
-        let start = row as usize * max_blocks;
-        check_ids("block_tables", &block_tables[start..start + used], num_blocks)?;
-    }
-    let device = q.device();
-    let tables = upload2(block_tables.to_vec(), rows, max_blocks, &device);
-    let query_seq = upload(query_seq.to_vec(), &device);
-    let context_lens = upload(context_lens.to_vec(), &device);
     Ok(Tensor::from_dispatch(<Dispatch as PagedKvOps>::paged_attention(
         q.into_dispatch(),
         k_cache.clone().into_dispatch(),
         v_cache.clone().into_dispatch(),
-        tables.into_dispatch(),
-        query_seq.into_dispatch(),
-        context_lens.into_dispatch(),
+        batch.tables.clone().into_dispatch(),
+        batch.query_seq.clone().into_dispatch(),
+        batch.context_lens.clone().into_dispatch(),
         scale,
     )))
 }

@@ -255,14 +255,16 @@ fn assert_close(found: &[f32], reference: &[f32], what: &str) {
 
 /// The cases of the attention tests: (heads, kv heads, head dim, block size, sequence lengths).
 /// GQA and MHA, head dims 16 and 64, block sizes 4 and 16, lengths 1, block boundaries and
-/// lengths longer than one key tile.
-const CASES: [(usize, usize, usize, usize, &[usize]); 6] = [
+/// lengths longer than one key tile, and head dims that are not a power of two or exceed one
+/// cube's threads (several output dims per thread on the GPU).
+const CASES: [(usize, usize, usize, usize, &[usize]); 7] = [
     (4, 2, 16, 4, &[1, 4, 9, 37]),
     (4, 4, 16, 16, &[16, 1, 33]),
     (4, 2, 64, 16, &[70, 32, 1, 17]),
     (4, 4, 64, 4, &[8, 5, 129]),
     (8, 2, 64, 16, &[64, 300]),
     (2, 1, 80, 4, &[3, 12, 41]),
+    (2, 2, 272, 4, &[1, 6, 300]),
 ];
 
 /// Paged attention equals dense attention on the gathered keys for every case, on every device:
@@ -315,6 +317,36 @@ fn cube_kernels_equal_flex_twins() {
             values(copy_blocks(cache, &pairs).unwrap())
         };
         assert_eq!(write(&cpu), write(&gpu), "case {i}: cache writes differ");
+    }
+}
+
+/// More (query, head) cubes than one grid dimension holds (65 535): 2 100 queries × 32 heads,
+/// each with a short context; the GPU result equals the Flex twin.
+#[cfg(feature = "wgpu")]
+#[test]
+fn many_queries_exceed_one_grid_dimension() {
+    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
+        return;
+    }
+    let mut rng = Rng8::seed_from_u64(9);
+    let (tokens, heads, kv_heads, head_dim, block_size) = (2100, 32, 8, 16, 4);
+    let shape = [3, kv_heads, block_size, head_dim];
+    let n: usize = shape.iter().product();
+    let batch = Batch {
+        shape,
+        heads,
+        k: random(&mut rng, n),
+        v: random(&mut rng, n),
+        q: random(&mut rng, tokens * heads * head_dim),
+        tables: vec![2, 0],
+        max_blocks: 2,
+        query_seq: vec![0; tokens],
+        context_lens: (0..tokens).map(|t| (t % 8) as u32 + 1).collect(),
+    };
+    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let (a, b) = (values(batch.run(&Device::flex())), values(batch.run(&gpu)));
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= 1e-5, "element {i}: flex {x} vs wgpu {y}");
     }
 }
 
@@ -405,6 +437,90 @@ fn wgpu_writes_in_place_when_unique() {
     assert!(values(read_blocks(&copied, &[0]).unwrap()).contains(&9.0));
 }
 
+/// The per-step forms: one [`SlotMapping`] and one [`PagedBatch`] serve the K and V caches of two
+/// layers and give the same results as the slice-taking forms; inputs that do not fit them are
+/// errors.
+#[test]
+fn per_step_inputs_serve_every_layer() {
+    let mut rng = Rng8::seed_from_u64(7);
+    for device in devices() {
+        let batch = Batch::new(&mut rng, 4, 2, 16, 4, &[5, 9, 13], 1);
+        let [num_blocks, kv_heads, block_size, head_dim] = batch.shape;
+        let mut slots: Vec<u32> = (0..(num_blocks * block_size) as u32).collect();
+        slots.shuffle(&mut rng);
+        slots.truncate(3);
+        slots.push(SKIP_SLOT);
+        let mapping = SlotMapping::new(&slots, &device).unwrap();
+        assert_eq!(mapping.tokens(), 4);
+        let step = PagedBatch::new(&batch.tables, batch.max_blocks, block_size, &batch.query_seq, &batch.context_lens, &device).unwrap();
+        assert_eq!(step.tokens(), batch.tokens());
+        let q_shape = [batch.tokens(), batch.heads, head_dim];
+        for layer in 0..2 {
+            let mut caches = vec![];
+            for data in [&batch.k, &batch.v] {
+                let new = tensor(random(&mut rng, 4 * kv_heads * head_dim), [4, kv_heads, head_dim], &device);
+                let mut cache = tensor(data.clone(), batch.shape, &device);
+                let expected = reshape_and_cache(cache.clone(), new.clone(), &slots).unwrap();
+                reshape_and_cache_with(&mut cache, new, &mapping).unwrap();
+                assert_eq!(values(cache.clone()), values(expected), "{device:?} layer {layer}");
+                caches.push(cache);
+            }
+            let q = tensor(random(&mut rng, q_shape.iter().product()), q_shape, &device);
+            let (k, v) = (&caches[0], &caches[1]);
+            let with = values(paged_attention_with(q.clone(), k, v, &step, 0.25).unwrap());
+            let direct = paged_attention(q, k, v, &batch.tables, batch.max_blocks, &batch.query_seq, &batch.context_lens, 0.25);
+            assert_eq!(with, values(direct.unwrap()), "{device:?} layer {layer}");
+        }
+        let (k, q) = (tensor(batch.k.clone(), batch.shape, &device), tensor(batch.q.clone(), q_shape, &device));
+        let other = PagedBatch::new(&batch.tables, batch.max_blocks, 2 * block_size, &batch.query_seq, &batch.context_lens, &device).unwrap();
+        assert!(matches!(paged_attention_with(q.clone(), &k, &k, &other, 1.0), Err(PagedError::Shape { .. })));
+        let fewer = PagedBatch::new(&batch.tables, batch.max_blocks, block_size, &batch.query_seq[1..], &batch.context_lens[1..], &device).unwrap();
+        assert!(matches!(paged_attention_with(q, &k, &k, &fewer, 1.0), Err(PagedError::Shape { .. })));
+        let mut k = k;
+        let three = tensor(random(&mut rng, 3 * kv_heads * head_dim), [3, kv_heads, head_dim], &device);
+        assert!(matches!(reshape_and_cache_with(&mut k, three, &mapping), Err(PagedError::Length { .. })));
+        assert!(matches!(SlotMapping::new(&[1, SKIP_SLOT, 1], &device), Err(PagedError::Duplicate { index: 1, .. })));
+        let none = SlotMapping::new(&[SKIP_SLOT, SKIP_SLOT], &device).unwrap();
+        let two = tensor(random(&mut rng, 2 * kv_heads * head_dim), [2, kv_heads, head_dim], &device);
+        let before = values(k.clone());
+        reshape_and_cache_with(&mut k, two, &none).unwrap();
+        assert_eq!(values(k), before);
+    }
+}
+
+/// Half-precision caches (F16 everywhere, BF16 on Flex): same result as f32 within the storage
+/// precision (arithmetic is f32 either way), and cache writes keep the values.
+#[test]
+fn half_precision_caches() {
+    use burn::tensor::DType;
+    let mut rng = Rng8::seed_from_u64(8);
+    for device in devices() {
+        let batch = Batch::new(&mut rng, 4, 2, 16, 4, &[5, 20, 33], 2);
+        let reference = values(batch.reference(&device));
+        let dtypes: &[DType] = if device == Device::flex() { &[DType::F16, DType::BF16] } else { &[DType::F16] };
+        for &dtype in dtypes {
+            let q = tensor(batch.q.clone(), [batch.tokens(), batch.heads, 16], &device).cast(dtype);
+            let k = tensor(batch.k.clone(), batch.shape, &device).cast(dtype);
+            let v = tensor(batch.v.clone(), batch.shape, &device).cast(dtype);
+            let out = paged_attention(q, &k, &v, &batch.tables, batch.max_blocks, &batch.query_seq, &batch.context_lens, batch.scale());
+            let out = out.unwrap();
+            assert_eq!(out.dtype(), dtype);
+            let found = values(out.cast(DType::F32));
+            let tolerance = if dtype == DType::F16 { 1e-2 } else { 5e-2 };
+            for (a, b) in found.iter().zip(&reference) {
+                assert!((a - b).abs() <= tolerance, "{device:?} {dtype:?}: {a} vs {b}");
+            }
+            let new = tensor(random(&mut rng, 2 * 2 * 16), [2, 2, 16], &device).cast(dtype);
+            let written = reshape_and_cache(k.clone(), new.clone(), &[0, 7]).unwrap();
+            let got = values(read_blocks(&written, &[0, 1]).unwrap().cast(DType::F32));
+            let want = values(new.cast(DType::F32));
+            // Slot 0: block 0, offset 0; slot 7: block 1, offset 3 (head 0 of each token).
+            assert_eq!(got[..16], want[..16], "{device:?} {dtype:?}");
+            assert_eq!(got[2 * 4 * 16 + 3 * 16..][..16], want[32..48], "{device:?} {dtype:?}");
+        }
+    }
+}
+
 /// Bad arguments are errors, never panics; `_mut` forms leave the cache untouched on error.
 #[test]
 fn bad_arguments_are_errors() {
@@ -475,3 +591,4 @@ fn mixed_devices_are_errors() {
     let q = Tensor::<3>::ones([1, 2, 8], &Device::flex());
     assert_eq!(paged_attention(q, &cache, &cache, &[0], 1, &[0], &[1], 1.0).unwrap_err(), PagedError::Device);
 }
+
