@@ -17,7 +17,7 @@
 //!
 //! One layer's paged K (or V) storage is a float tensor `[num_blocks, num_kv_heads, block_size,
 //! head_dim]`: the `block_size × head_dim` values of one head in one block are contiguous, so a
-//! block is read with coalesced loads. Token position `p` of a sequence lives in logical block
+//! block is one contiguous read per head. Token position `p` of a sequence lives in logical block
 //! `p / block_size` at offset `p % block_size`; the block table maps the logical block to a
 //! physical one, and the token's *slot* is `physical_block · block_size + offset` (see
 //! [`slot`]).

@@ -143,6 +143,12 @@ fn copy_write_and_read_blocks_round_trip() {
         let both = values(read_blocks(&cache, &[5, 7]).unwrap());
         assert_eq!(both[..len], both[len..]);
         assert_eq!(both[..len], old[len..2 * len]);
+
+        // Nothing to do: empty pair, id and block lists.
+        let cache = copy_blocks(cache, &[]).unwrap();
+        let cache = write_blocks(cache, &[], Tensor::zeros([0, 2, 4, 16], &device)).unwrap();
+        assert_eq!(read_blocks(&cache, &[]).unwrap().dims(), [0, 2, 4, 16]);
+        assert_eq!(values(read_blocks(&cache, &[5]).unwrap()), old[len..2 * len]);
     }
 }
 
