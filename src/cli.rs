@@ -8,6 +8,7 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
+use burn_paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
 use burn_llm_models::{hub, ChatMessage, GenerationOutput, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
 
 use crate::device::DeviceChoice;
@@ -80,6 +81,52 @@ pub struct GenerateArgs {
     /// System prompt for `--chat` (default: the template's own, if it has one).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
+    /// Engine: `plain` (static batch, contiguous KV cache) or `paged` (vLLM: paged KV cache,
+    /// continuous batching, parallel sampling, beam search).
+    #[arg(long, value_enum, default_value_t = EngineKind::Plain)]
+    pub engine: EngineKind,
+    /// Paged engine: device memory for the KV-cache pool (`2GiB`, `512MiB`, a fraction of RAM on
+    /// the CPU such as `0.4`, or `blocks:N`).
+    #[arg(long, default_value = "1GiB", value_parser = parse_kv_memory)]
+    pub kv_cache_memory: KvCacheMemory,
+    /// Paged engine: tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Paged engine: sequences batched at once, at most.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Paged engine: how to preempt when KV blocks run out.
+    #[arg(long, default_value = "auto", value_parser = parse_preemption)]
+    pub preemption: PreemptionMode,
+    /// Paged engine: sequences returned per prompt.
+    #[arg(long, default_value_t = 1)]
+    pub n: usize,
+    /// Paged engine: sequences sampled per prompt, of which the `n` most likely are returned.
+    #[arg(long)]
+    pub best_of: Option<usize>,
+    /// Paged engine: beam search with this many beams (returns the `n` best).
+    #[arg(long)]
+    pub beam_width: Option<usize>,
+    /// Paged engine: beam scores are divided by `generated_length ^ length_penalty`.
+    #[arg(long, default_value_t = 1.0)]
+    pub length_penalty: f32,
+}
+
+/// Engines of `--engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    /// Static batching over a contiguous KV cache.
+    Plain,
+    /// vLLM: paged KV cache and continuous batching.
+    Paged,
+}
+
+fn parse_kv_memory(text: &str) -> Result<KvCacheMemory, String> {
+    text.parse()
+}
+
+fn parse_preemption(text: &str) -> Result<PreemptionMode, String> {
+    text.parse()
 }
 
 /// Weight quantization choices of `--quantize`.
@@ -128,6 +175,27 @@ impl GenerateArgs {
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             logprobs: self.logprobs,
+        }
+    }
+
+    /// The paged engine's configuration these flags describe.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            kv_cache_memory: self.kv_cache_memory,
+            max_num_seqs: self.max_num_seqs,
+            preemption: self.preemption,
+            ..EngineConfig::default()
+        }
+    }
+
+    /// The paged engine's request parameters these flags describe.
+    pub fn request_params(&self) -> RequestParams {
+        RequestParams {
+            sampling: self.sampling(),
+            n: self.n,
+            best_of: self.best_of,
+            beam: self.beam_width.map(|width| BeamOptions { length_penalty: self.length_penalty, ..BeamOptions::new(width) }),
         }
     }
 
@@ -228,23 +296,39 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
     if let Some(quant) = args.quantize {
         pretrained.model = pretrained.model.quantize_weights(quant.bits(), args.group_size)?;
     }
-    let mut generator = Generator::from(pretrained);
-    if let Some(bits) = args.kv_quant {
-        generator = generator.with_kv_quantization(bits)?;
-    }
-    let load_s = load_start.elapsed().as_secs_f64();
-
-    let output = if args.json {
-        generator.generate(&prompts, &params)?
-    } else {
-        eprintln!(
-            "{} · {} · {} on {} (loaded in {load_s:.2} s)",
-            defaults.name,
-            model_arg,
-            generator.model().spec().arch.name(),
-            choice.name()
-        );
-        stream(&generator, &prompts, &params)?
+    let banner = |arch: &str| {
+        eprintln!("{} · {} · {} on {} ({:?} engine)", defaults.name, model_arg, arch, choice.name(), args.engine);
+    };
+    let (output, load_s) = match args.engine {
+        EngineKind::Plain => {
+            let mut generator = Generator::from(pretrained);
+            if let Some(bits) = args.kv_quant {
+                generator = generator.with_kv_quantization(bits)?;
+            }
+            let load_s = load_start.elapsed().as_secs_f64();
+            let output = if args.json {
+                generator.generate(&prompts, &params)?
+            } else {
+                banner(generator.model().spec().arch.name());
+                stream(&generator, &prompts, &params)?
+            };
+            (output, load_s)
+        }
+        EngineKind::Paged => {
+            if args.kv_quant.is_some() {
+                return Err("--kv-quant is not available with --engine paged (its blocks are f32); drop one of them".into());
+            }
+            let mut engine = LlmEngine::new(pretrained, args.engine_config())?;
+            let load_s = load_start.elapsed().as_secs_f64();
+            let request = args.request_params();
+            let output = if args.json {
+                engine.generate(&prompts, &request)?
+            } else {
+                banner(engine.model().spec().arch.name());
+                stream_paged(&mut engine, &prompts, &request)?
+            };
+            (output, load_s)
+        }
     };
 
     if args.json {
@@ -261,6 +345,42 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
         );
     }
     Ok(())
+}
+
+/// The paged engine's run: one prompt with one sequence streams token by token; otherwise every
+/// returned sequence is printed when its request finishes, with `[prompt.rank]`.
+fn stream_paged(
+    engine: &mut LlmEngine,
+    prompts: &[Prompt],
+    params: &RequestParams,
+) -> Result<GenerationOutput, Box<dyn std::error::Error>> {
+    let mut stdout = std::io::stdout().lock();
+    let single = prompts.len() == 1 && params.width() == 1 && params.beam.is_none();
+    if single {
+        if let Prompt::Text(text) = &prompts[0] {
+            write!(stdout, "{text}")?;
+        }
+    }
+    let mut write_error = None;
+    let output = engine.generate_stream(prompts, params, |_, delta| {
+        if single {
+            if let Err(e) = stdout.write_all(delta.text.as_bytes()).and_then(|_| stdout.flush()) {
+                write_error.get_or_insert(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    if !single {
+        let per_prompt = output.requests.len() / prompts.len().max(1);
+        for (k, out) in output.requests.iter().enumerate() {
+            let (i, rank) = (k / per_prompt.max(1), k % per_prompt.max(1));
+            let prompt = out.prompt.clone().unwrap_or_else(|| format!("{:?}", out.prompt_ids));
+            writeln!(stdout, "[{i}.{rank}] {prompt}{}", out.text)?;
+        }
+    }
+    Ok(output)
 }
 
 /// Generates while printing text as it arrives: a single prompt streams token by token; with

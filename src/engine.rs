@@ -2,7 +2,8 @@
 //! prompt. The plain engine is [`Generator`]; the paged (vLLM) and offloading (FlexGen) engines of
 //! the member crates implement the same trait, so the CLI and the benchmarks drive any of them.
 
-use burn_llm_models::{GenerationOutput, Generator, Prompt, Result, SamplingParams, StreamEvent};
+use burn_llm_models::{GenerationOutput, Generator, ModelError, Prompt, Result, SamplingParams, StreamEvent};
+use burn_paged::{LlmEngine, PagedError, RequestParams};
 
 /// A text-generation engine.
 pub trait Engine {
@@ -35,5 +36,30 @@ impl Engine for Generator {
         on_token: &mut dyn FnMut(StreamEvent<'_>),
     ) -> Result<GenerationOutput> {
         Generator::generate_stream(self, prompts, params, on_token)
+    }
+}
+
+impl Engine for LlmEngine {
+    fn name(&self) -> &'static str {
+        "paged"
+    }
+
+    /// One sequence per prompt; streamed events carry each token as it is sampled.
+    fn generate_stream(
+        &mut self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        on_token: &mut dyn FnMut(StreamEvent<'_>),
+    ) -> Result<GenerationOutput> {
+        let request = RequestParams::from(params.clone());
+        let out = LlmEngine::generate_stream(self, prompts, &request, |request, delta| {
+            for &token in &delta.token_ids {
+                on_token(StreamEvent { request, token, text: &delta.text, finished: delta.finish_reason.is_some() });
+            }
+        });
+        out.map_err(|e| match e {
+            PagedError::Model(m) => m,
+            other => ModelError::Device(other.to_string()),
+        })
     }
 }

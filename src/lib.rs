@@ -11,7 +11,8 @@
 //! | crate | what it holds |
 //! |---|---|
 //! | [`models`] (`burn-llm-models`) | configs, safetensors and GGUF loading, the shared decoder, KV-cache trait, sampling, plain generation |
-//! | [`kernels`] (`burn-llm-kernels`) | group-wise 4/8-bit quantization and fused dequantize-matmul: CubeCL kernels with Flex twins |
+//! | [`kernels`] (`burn-llm-kernels`) | group-wise 4/8-bit quantization and fused dequantize-matmul, paged-attention kernels: CubeCL kernels with Flex twins |
+//! | [`paged`] (`burn-paged`) | vLLM: block manager, PagedAttention KV cache, continuous-batching engine, parallel sampling, beam search |
 
 pub mod cli;
 pub mod device;
@@ -19,6 +20,7 @@ pub mod engine;
 
 pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;
+pub use burn_paged as paged;
 pub use burn_llm_models::{
     CausalLm, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt, RequestOutput,
     SamplingParams, StreamEvent, Timing, TokenLogprob,

@@ -9,6 +9,7 @@ mod common;
 mod cli;
 mod errors;
 mod gguf;
+mod paged;
 mod parity;
 mod quantized;
 mod real_model;

@@ -45,6 +45,8 @@ pub enum FinishReason {
     Length,
     /// It produced EOS, a stop token id or a stop string.
     Stop,
+    /// It was aborted by the caller, or by a serving engine that could never fit it in memory.
+    Abort,
 }
 
 /// The result of one request.
@@ -243,6 +245,24 @@ impl RequestState {
         let out = self.text[start..visible].to_string();
         self.streamed = visible.max(self.streamed);
         Ok(out)
+    }
+
+    /// Stops the request now (an abort), flushing any held-back text; returns that text.
+    pub fn abort(&mut self, tokenizer: Option<&Tokenizer>) -> Result<String> {
+        if self.finish.is_none() {
+            self.finish = Some(FinishReason::Abort);
+            if let Some(tokenizer) = tokenizer {
+                self.text.push_str(&self.decoder.flush(tokenizer)?);
+            }
+        }
+        let out = self.text[self.streamed.min(self.text.len())..].to_string();
+        self.streamed = self.text.len();
+        Ok(out)
+    }
+
+    /// Why it finished, if it has.
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
     }
 
     /// The final output.

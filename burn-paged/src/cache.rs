@@ -1,0 +1,194 @@
+//! The paged KV cache as the models see it: an implementation of [`KvCache`] over per-layer block
+//! pools on the device, plus the host (CPU RAM) swap pool that preempted groups are parked in.
+//!
+//! A step runs all its tokens (prompt chunks and decode tokens of every scheduled sequence) as one
+//! flattened sequence `[1, T]`. For each layer, [`KvCache::attend`] writes the step's keys and
+//! values into their slots (reshape-and-cache) and runs PagedAttention, each query reading its own
+//! sequence's keys through the block table up to its own position, so causality, sequence
+//! boundaries and cached prefixes all come from the metadata the engine set with
+//! [`PagedKvCache::begin_step`].
+
+use burn::tensor::{Device, Tensor, TensorData};
+use burn_llm_kernels::paged::{copy_blocks_mut, paged_attention_with, read_blocks, reshape_and_cache_with, write_blocks_mut, PagedBatch, SlotMapping};
+use burn_llm_models::{KvCache, KvLayout};
+
+use crate::error::{PagedError, Result};
+use crate::memory::BlockId;
+
+/// Block tables and slots of one step, host side.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PagedStep {
+    /// Slot of every token of the step.
+    pub slots: Vec<u32>,
+    /// Row-major `[rows, max_blocks]` block tables of the step's sequences (padded with 0).
+    pub block_tables: Vec<u32>,
+    /// Width of `block_tables`.
+    pub max_blocks: usize,
+    /// Table row of every token.
+    pub query_seq: Vec<u32>,
+    /// Keys every token attends to: its position + 1.
+    pub context_lens: Vec<u32>,
+}
+
+/// K and V block pools of every layer on the device, and their host swap space.
+pub struct PagedKvCache {
+    layout: KvLayout,
+    block_size: usize,
+    num_blocks: usize,
+    /// Per layer, updated in place by the kernels (never cloned, so never copied).
+    keys: Vec<Tensor<4>>,
+    values: Vec<Tensor<4>>,
+    /// Host swap space, per layer `[K | V]`, `num_host_blocks` blocks each; allocated on first use.
+    host: Vec<Vec<f32>>,
+    num_host_blocks: usize,
+    /// The step's slots and block tables, uploaded once and read by every layer.
+    step: Option<(SlotMapping, PagedBatch)>,
+    device: Device,
+}
+
+impl std::fmt::Debug for PagedKvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagedKvCache")
+            .field("layout", &self.layout)
+            .field("block_size", &self.block_size)
+            .field("num_blocks", &self.num_blocks)
+            .field("num_host_blocks", &self.num_host_blocks)
+            .finish()
+    }
+}
+
+impl PagedKvCache {
+    /// Values in one block of one layer's K (or V): `kv_heads · block_size · head_dim`.
+    pub fn block_values(layout: &KvLayout, block_size: usize) -> usize {
+        layout.num_kv_heads * block_size * layout.head_dim
+    }
+
+    /// Bytes one block takes over all layers, K and V, in `f32`.
+    pub fn block_bytes(layout: &KvLayout, block_size: usize) -> usize {
+        2 * layout.num_layers * Self::block_values(layout, block_size) * std::mem::size_of::<f32>()
+    }
+
+    /// Allocates `num_blocks` device blocks per layer (zeroed) and reserves `num_host_blocks` of
+    /// host swap space.
+    pub fn new(layout: KvLayout, block_size: usize, num_blocks: usize, num_host_blocks: usize, device: &Device) -> Self {
+        let shape = [num_blocks, layout.num_kv_heads, block_size, layout.head_dim];
+        let pool = || (0..layout.num_layers).map(|_| Tensor::<4>::zeros(shape, device)).collect::<Vec<_>>();
+        Self {
+            layout,
+            block_size,
+            num_blocks,
+            keys: pool(),
+            values: pool(),
+            host: vec![Vec::new(); layout.num_layers],
+            num_host_blocks,
+            step: None,
+            device: device.clone(),
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Device blocks per layer.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Uploads the block tables and slots the next forward pass uses.
+    pub fn begin_step(&mut self, step: &PagedStep) -> Result<()> {
+        let slots = SlotMapping::new(&step.slots, &self.device)?;
+        let batch = PagedBatch::new(
+            &step.block_tables,
+            step.max_blocks,
+            self.block_size,
+            &step.query_seq,
+            &step.context_lens,
+            &self.device,
+        )?;
+        self.step = Some((slots, batch));
+        Ok(())
+    }
+
+    /// Copy-on-write: copies device blocks `src → dst` in every layer.
+    pub fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let pairs: Vec<(u32, u32)> = pairs.iter().map(|(s, d)| (s.0, d.0)).collect();
+        for pool in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            copy_blocks_mut(pool, &pairs)?;
+        }
+        Ok(())
+    }
+
+    /// Swap-out: copies device blocks into host blocks (`(device, host)` pairs).
+    pub fn swap_out(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let per_block = Self::block_values(&self.layout, self.block_size);
+        let host_len = 2 * self.num_host_blocks * per_block;
+        let ids: Vec<u32> = pairs.iter().map(|(d, _)| d.0).collect();
+        for layer in 0..self.layout.num_layers {
+            let host = &mut self.host[layer];
+            if host.len() != host_len {
+                host.resize(host_len, 0.0);
+            }
+            for (half, pool) in [&self.keys[layer], &self.values[layer]].into_iter().enumerate() {
+                let blocks = read_blocks(pool, &ids)?.into_data();
+                let values = blocks.as_slice::<f32>().map_err(|e| PagedError::Device(format!("{e:?}")))?;
+                for ((_, h), chunk) in pairs.iter().zip(values.chunks_exact(per_block)) {
+                    let at = (half * self.num_host_blocks + h.index()) * per_block;
+                    host[at..at + per_block].copy_from_slice(chunk);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Swap-in: copies host blocks back into device blocks (`(host, device)` pairs).
+    pub fn swap_in(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let per_block = Self::block_values(&self.layout, self.block_size);
+        let ids: Vec<u32> = pairs.iter().map(|(_, d)| d.0).collect();
+        let shape = [pairs.len(), self.layout.num_kv_heads, self.block_size, self.layout.head_dim];
+        for layer in 0..self.layout.num_layers {
+            for half in 0..2 {
+                let host = &self.host[layer];
+                let mut data = Vec::with_capacity(pairs.len() * per_block);
+                for (h, _) in pairs {
+                    let at = (half * self.num_host_blocks + h.index()) * per_block;
+                    let block = host.get(at..at + per_block).ok_or_else(|| PagedError::Device(format!("host block {h} was never written")))?;
+                    data.extend_from_slice(block);
+                }
+                let blocks = Tensor::<4>::from_data(TensorData::new(data, shape), &self.device);
+                let pool = if half == 0 { &mut self.keys[layer] } else { &mut self.values[layer] };
+                write_blocks_mut(pool, &ids, blocks)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl KvCache for PagedKvCache {
+    /// `q` is `[1, heads, T, head_dim]`, `k`/`v` `[1, kv_heads, T, head_dim]`: the step's tokens
+    /// flattened into one row.
+    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4> {
+        let [_, heads, tokens, head_dim] = q.dims();
+        let to_rows = |t: Tensor<4>| -> Tensor<3> {
+            let [_, h, s, d] = t.dims();
+            t.reshape([h, s, d]).swap_dims(0, 1)
+        };
+        let (slots, batch) = self.step.as_ref().expect("the engine calls begin_step before every forward pass");
+        reshape_and_cache_with(&mut self.keys[layer], to_rows(k), slots).expect("the engine lays out a slot for every token");
+        reshape_and_cache_with(&mut self.values[layer], to_rows(v), slots).expect("the engine lays out a slot for every token");
+        let out = paged_attention_with(to_rows(q), &self.keys[layer], &self.values[layer], batch, scale)
+            .expect("the engine builds consistent block tables");
+        out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim])
+    }
+}
+

@@ -1,0 +1,136 @@
+//! Engine configuration: the KV-cache memory budget and the scheduler's limits.
+
+use crate::error::{PagedError, Result};
+use crate::scheduler::PreemptionMode;
+
+/// How much memory the device KV-cache pool gets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvCacheMemory {
+    /// A byte budget (`--kv-cache-memory 2GiB`).
+    Bytes(u64),
+    /// A fraction of the device's memory, after the weights (`--kv-cache-memory 0.5`). Known for
+    /// the CPU (Flex: physical RAM); GPU runtimes need a byte budget.
+    Fraction(f64),
+    /// An exact number of blocks (tests, benchmarks).
+    Blocks(usize),
+}
+
+impl std::str::FromStr for KvCacheMemory {
+    type Err = String;
+
+    /// `2GiB`, `512MiB`, `1.5GB`, `1000000` (bytes), `0.4` (a fraction), `blocks:64`.
+    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
+        let t = text.trim();
+        if let Some(n) = t.strip_prefix("blocks:") {
+            return n.parse().map(Self::Blocks).map_err(|e| format!("`{text}`: {e}"));
+        }
+        let units: [(&str, f64); 8] = [
+            ("KiB", 1024.0),
+            ("MiB", 1024.0 * 1024.0),
+            ("GiB", 1024.0 * 1024.0 * 1024.0),
+            ("KB", 1e3),
+            ("MB", 1e6),
+            ("GB", 1e9),
+            ("B", 1.0),
+            ("", 1.0),
+        ];
+        for (suffix, scale) in units {
+            if let Some(number) = t.strip_suffix(suffix) {
+                let Ok(value) = number.trim().parse::<f64>() else { continue };
+                if !value.is_finite() || value <= 0.0 {
+                    return Err(format!("`{text}`: the KV-cache memory must be positive"));
+                }
+                if suffix.is_empty() && value < 1.0 {
+                    return Ok(Self::Fraction(value));
+                }
+                return Ok(Self::Bytes((value * scale) as u64));
+            }
+        }
+        Err(format!("`{text}` is not a memory size (e.g. 2GiB, 512MiB, 0.5 for a fraction, blocks:64)"))
+    }
+}
+
+/// Settings of an [`LlmEngine`](crate::LlmEngine).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Tokens per KV block (vLLM's default is 16).
+    pub block_size: usize,
+    /// Device KV-cache pool size.
+    pub kv_cache_memory: KvCacheMemory,
+    /// Host swap space for preempted groups, in bytes (vLLM's default is 4 GiB).
+    pub swap_space: u64,
+    /// Sequences running at once, at most.
+    pub max_num_seqs: usize,
+    /// Tokens computed in one step, at most; `None`: the model's context length (at least 2048).
+    pub max_num_batched_tokens: Option<usize>,
+    /// How groups are preempted when blocks run out.
+    pub preemption: PreemptionMode,
+    /// Reuse the KV of full blocks whose tokens (and everything before them) were seen before.
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            kv_cache_memory: KvCacheMemory::Fraction(0.4),
+            swap_space: 4 << 30,
+            max_num_seqs: 256,
+            max_num_batched_tokens: None,
+            preemption: PreemptionMode::Auto,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Device blocks the budget buys, given `block_bytes` per block and `weight_bytes` of model.
+    pub fn device_blocks(&self, block_bytes: usize, weight_bytes: usize, on_cpu: bool) -> Result<(usize, u64)> {
+        let budget = match self.kv_cache_memory {
+            KvCacheMemory::Blocks(n) => return Ok((n, (n * block_bytes) as u64)),
+            KvCacheMemory::Bytes(b) => b,
+            KvCacheMemory::Fraction(f) => {
+                if !(f > 0.0 && f < 1.0) {
+                    return Err(PagedError::Config(format!("a KV-cache fraction must be in (0, 1), got {f}")));
+                }
+                let total = if on_cpu { physical_memory() } else { None }.ok_or_else(|| {
+                    PagedError::Config(
+                        "the device's memory size is unknown here: give --kv-cache-memory as bytes (e.g. 2GiB)".into(),
+                    )
+                })?;
+                ((total as f64 * f) as u64).saturating_sub(weight_bytes as u64)
+            }
+        };
+        Ok(((budget / block_bytes.max(1) as u64) as usize, budget))
+    }
+
+    /// Host blocks of swap space.
+    pub fn host_blocks(&self, block_bytes: usize) -> usize {
+        (self.swap_space / block_bytes.max(1) as u64) as usize
+    }
+}
+
+/// Physical RAM in bytes (Linux `/proc/meminfo`).
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes_parse() {
+        assert_eq!("2GiB".parse(), Ok(KvCacheMemory::Bytes(2 << 30)));
+        assert_eq!("512 MiB".parse(), Ok(KvCacheMemory::Bytes(512 << 20)));
+        assert_eq!("1.5GB".parse(), Ok(KvCacheMemory::Bytes(1_500_000_000)));
+        assert_eq!("4096".parse(), Ok(KvCacheMemory::Bytes(4096)));
+        assert_eq!("0.25".parse(), Ok(KvCacheMemory::Fraction(0.25)));
+        assert_eq!("blocks:12".parse(), Ok(KvCacheMemory::Blocks(12)));
+        assert!("lots".parse::<KvCacheMemory>().is_err());
+        assert!("-1GiB".parse::<KvCacheMemory>().is_err());
+    }
+}

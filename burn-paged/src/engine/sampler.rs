@@ -1,0 +1,140 @@
+//! Sampling for a step's rows, grouped by request: plain greedy rows of every request share one
+//! `argmax`; requests with their own sampling settings, parallel samples to start, best-of
+//! scoring or beam search are handled per request.
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_llm_models::generation::sample;
+use burn_llm_models::TokenLogprob;
+use rand_chacha::ChaCha8Rng;
+
+use super::{log_softmax_rows, sample_rng, RequestData};
+use crate::error::{PagedError, Result};
+use crate::memory::SeqId;
+use crate::scheduler::{GroupId, ScheduledSeq, Scheduler};
+
+/// What was drawn for one row (one sequence, or one parallel sample of a prompt).
+#[derive(Debug, Clone)]
+pub(crate) struct RowChoice {
+    /// The sequence whose logits these are.
+    pub seq: SeqId,
+    /// The sampled token (unused for beam search).
+    pub token: u32,
+    /// Its log-probability, when the request ranks samples by it (`best_of`).
+    pub logprob: f32,
+    /// Top-K log-probabilities, when requested.
+    pub top_logprobs: Option<Vec<TokenLogprob>>,
+    /// The whole log-softmax row (beam search only).
+    pub logprob_row: Vec<f32>,
+    /// The random stream after this draw, for a sample that does not have its own state yet.
+    pub rng: Option<ChaCha8Rng>,
+}
+
+impl RowChoice {
+    fn token(seq: SeqId, token: u32) -> Self {
+        Self { seq, token, logprob: 0.0, top_logprobs: None, logprob_row: Vec::new(), rng: None }
+    }
+}
+
+fn index(rows: &[usize], logits: &Tensor<2>) -> Tensor<1, Int> {
+    let ids: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+    Tensor::from_data(TensorData::new(ids, [rows.len()]), &logits.device())
+}
+
+fn ids_of(t: Tensor<1, Int>) -> Result<Vec<u32>> {
+    let values = t.into_data().try_into_vec_as::<i64>().map_err(|e| PagedError::Device(format!("{e:?}")))?;
+    Ok(values.into_iter().map(|v| v as u32).collect())
+}
+
+/// Draws the next token(s) of every scheduled sequence; `logits` has one row per entry of
+/// `seqs`, in order.
+pub(crate) fn sample_groups(
+    logits: Tensor<2>,
+    seqs: &[ScheduledSeq],
+    scheduler: &mut Scheduler<RequestData>,
+) -> Result<Vec<(GroupId, Vec<RowChoice>)>> {
+    let mut groups: Vec<(GroupId, Vec<usize>)> = Vec::new();
+    for (row, s) in seqs.iter().enumerate() {
+        match groups.last_mut() {
+            Some((g, rows)) if *g == s.group => rows.push(row),
+            _ => groups.push((s.group, vec![row])),
+        }
+    }
+    let mut out: Vec<(GroupId, Vec<usize>, Vec<RowChoice>)> = Vec::with_capacity(groups.len());
+    let mut greedy_rows = Vec::new();
+    for (group_id, rows) in &groups {
+        let Some(group) = scheduler.group_mut(*group_id) else { continue };
+        let data = &mut group.data;
+        let p = &data.params;
+        let ranked = p.best_of.is_some_and(|b| b > p.n);
+        if data.beam.is_some() {
+            let flat = log_softmax_rows(logits.clone().select(0, index(rows, &logits)))?;
+            let vocab = flat.len() / rows.len().max(1);
+            let choices = rows
+                .iter()
+                .zip(flat.chunks_exact(vocab.max(1)))
+                .map(|(&r, row)| RowChoice { logprob_row: row.to_vec(), ..RowChoice::token(seqs[r].seq, 0) })
+                .collect();
+            out.push((*group_id, rows.clone(), choices));
+            continue;
+        }
+        if p.sampling.is_greedy() && p.sampling.logprobs.is_none() && !ranked && data.expanded {
+            greedy_rows.extend(rows.iter().copied());
+            out.push((*group_id, rows.clone(), Vec::new()));
+            continue;
+        }
+        // Per-request sampling: the rows of its sequences, or the prompt's row once per sample.
+        let expanding = !data.expanded;
+        let width = if expanding { group.max_seqs } else { rows.len() };
+        let picked: Vec<usize> = if expanding { vec![rows[0]; width] } else { rows.clone() };
+        let seq_of = |i: usize| seqs[picked[i]].seq;
+        let mut rngs: Vec<ChaCha8Rng> = (0..width)
+            .map(|i| match data.live.get(&seq_of(i)) {
+                Some(d) if !expanding || i == 0 => d.rng.clone(),
+                _ => sample_rng(&data.params, i as u64),
+            })
+            .collect();
+        let selected = logits.clone().select(0, index(&picked, &logits));
+        let sampled = sample(selected.clone(), &data.params.sampling, &mut rngs)?;
+        let chosen_logprobs = if ranked {
+            let chosen: Vec<i64> = sampled.ids.iter().map(|&t| t as i64).collect();
+            let chosen = Tensor::<2, Int>::from_data(TensorData::new(chosen, [width, 1]), &logits.device());
+            log_softmax(selected, 1)
+                .gather(1, chosen)
+                .into_data()
+                .try_into_vec_as::<f32>()
+                .map_err(|e| PagedError::Device(format!("{e:?}")))?
+        } else {
+            vec![0.0; width]
+        };
+        let mut tops = sampled.logprobs.map(Vec::into_iter);
+        let mut choices = Vec::with_capacity(width);
+        for (i, rng) in rngs.into_iter().enumerate() {
+            let seq = seq_of(i);
+            if !expanding {
+                if let Some(d) = data.live.get_mut(&seq) {
+                    d.rng = rng.clone();
+                }
+            }
+            choices.push(RowChoice {
+                seq,
+                token: sampled.ids[i],
+                logprob: chosen_logprobs[i],
+                top_logprobs: tops.as_mut().and_then(Iterator::next),
+                logprob_row: Vec::new(),
+                rng: expanding.then_some(rng),
+            });
+        }
+        out.push((*group_id, rows.clone(), choices));
+    }
+    if !greedy_rows.is_empty() {
+        let ids = ids_of(logits.clone().select(0, index(&greedy_rows, &logits)).argmax(1).reshape([greedy_rows.len()]))?;
+        let token_of: std::collections::HashMap<usize, u32> = greedy_rows.iter().copied().zip(ids).collect();
+        for (_, rows, choices) in out.iter_mut() {
+            if choices.is_empty() {
+                *choices = rows.iter().filter_map(|r| token_of.get(r).map(|&t| RowChoice::token(seqs[*r].seq, t))).collect();
+            }
+        }
+    }
+    Ok(out.into_iter().map(|(g, _, choices)| (g, choices)).collect())
+}

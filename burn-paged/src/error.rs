@@ -1,0 +1,63 @@
+//! Errors of the paged engine.
+
+use burn_llm_models::ModelError;
+
+use crate::memory::BlockError;
+
+/// What went wrong in the paged engine.
+#[derive(Debug, thiserror::Error)]
+pub enum PagedError {
+    /// Loading, tokenizing or running the model failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A block-manager operation was refused.
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    /// A paged kernel refused its arguments.
+    #[error("paged kernel: {0}")]
+    Kernel(#[from] burn_llm_kernels::paged::PagedError),
+    /// Beam-search parameters or inputs are invalid.
+    #[error(transparent)]
+    Beam(#[from] crate::beam::BeamError),
+    /// The engine configuration is unusable.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// The KV-cache budget cannot hold what the model needs.
+    #[error("the KV cache budget of {budget_bytes} bytes holds {blocks} blocks of {block_size} tokens ({block_bytes} bytes each), but one sequence of the model's context length {max_model_len} needs {needed} blocks: raise --kv-cache-memory, lower the block size, or lower the context length")]
+    KvBudget {
+        /// Budget given.
+        budget_bytes: u64,
+        /// Blocks it holds.
+        blocks: usize,
+        /// Tokens per block.
+        block_size: usize,
+        /// Bytes per block over all layers.
+        block_bytes: usize,
+        /// Context length of the model.
+        max_model_len: usize,
+        /// Blocks one full-length sequence needs.
+        needed: usize,
+    },
+    /// Request parameters are inconsistent.
+    #[error("invalid request parameters: {0}")]
+    InvalidParams(String),
+    /// A request id is already in use.
+    #[error("a request with id `{0}` is already running")]
+    DuplicateRequest(String),
+    /// A prompt is longer than a single step may compute.
+    #[error("prompt {request} has {len} tokens but a step computes at most {max} (max_num_batched_tokens); raise it")]
+    PromptTooLong {
+        /// Request id.
+        request: String,
+        /// Prompt tokens.
+        len: usize,
+        /// The step limit.
+        max: usize,
+    },
+    /// Reading a tensor back from the device failed.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+/// Result of the paged engine.
+pub type Result<T> = std::result::Result<T, PagedError>;

@@ -1,0 +1,543 @@
+//! Iteration-level scheduling (Orca's continuous batching with vLLM's memory policy, thesis
+//! §5.4.5): every step picks the sequences to run, reserves their KV slots in the
+//! [`BlockManager`], and preempts whole sequence groups when blocks run out.
+//!
+//! Policy, in order, each step:
+//! 1. **Running** groups, first come first served: each live sequence appends its pending tokens
+//!    (usually the one just sampled). When the device pool cannot hold them, the latest-arrived
+//!    running group is preempted, all or nothing — swapped to the host pool or dropped for
+//!    recomputation — until the group fits (or is itself the victim).
+//! 2. **Swapped** groups come back next, oldest first, if no group was preempted this step.
+//! 3. **Waiting** groups (new requests and recomputation victims) are admitted oldest first only
+//!    when nothing is swapped out and nothing was preempted this step, within `max_num_seqs`,
+//!    `max_num_batched_tokens` and the free blocks (keeping a small watermark free so a new prompt
+//!    does not cause an immediate preemption).
+//!
+//! Prompts and decodes share a step; the scheduler never touches tensors: it returns the tokens
+//! to compute with their slots, and the block copies the engine must perform before the forward
+//! pass.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::memory::{BlockId, BlockManager, SeqId, Tier};
+
+/// Identifier of a sequence group (one request).
+pub type GroupId = u64;
+
+/// How a preempted group gets its KV cache back (vLLM §5.4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PreemptionMode {
+    /// Copy its blocks to the host pool and back later.
+    Swap,
+    /// Free its blocks and recompute them later from its tokens, as one prompt.
+    Recompute,
+    /// Pick per group: swap groups of several sequences (their shared blocks cannot be rebuilt
+    /// by one prompt pass), otherwise whichever [`PreemptionCost`] says is cheaper.
+    Auto,
+}
+
+impl std::str::FromStr for PreemptionMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "swap" => Ok(Self::Swap),
+            "recompute" => Ok(Self::Recompute),
+            "auto" => Ok(Self::Auto),
+            other => Err(format!("`{other}`: preemption is swap, recompute or auto")),
+        }
+    }
+}
+
+/// Estimated costs that decide [`PreemptionMode::Auto`]: moving one block out and back in
+/// (transfer of `2 · layers · block_size · kv_heads · head_dim` values each way, plus per-copy
+/// overhead) against recomputing one token in a prompt pass. Small blocks make swapping
+/// inefficient, long contexts make recomputation expensive (§5.7.3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PreemptionCost {
+    /// Seconds to swap one block out and back in.
+    pub swap_s_per_block: f64,
+    /// Seconds to recompute one token's KV in a prompt pass.
+    pub recompute_s_per_token: f64,
+}
+
+/// Limits of one scheduling step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Sequences running at once, at most.
+    pub max_num_seqs: usize,
+    /// Tokens computed in one step, at most (prompt tokens count in full).
+    pub max_num_batched_tokens: usize,
+    /// How groups are preempted.
+    pub preemption: PreemptionMode,
+    /// Costs for [`PreemptionMode::Auto`].
+    pub cost: PreemptionCost,
+    /// Device blocks kept free when admitting prompts (vLLM keeps 1%).
+    pub watermark_blocks: usize,
+}
+
+/// One sequence (a sample or beam candidate) of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sequence {
+    /// Its id in the block manager.
+    pub id: SeqId,
+    /// Prompt and generated tokens.
+    pub tokens: Vec<u32>,
+    /// Leading tokens whose KV is in the cache (or being computed this step).
+    pub num_computed: usize,
+}
+
+impl Sequence {
+    /// A sequence that has computed nothing yet.
+    pub fn new(id: SeqId, tokens: Vec<u32>) -> Self {
+        Self { id, tokens, num_computed: 0 }
+    }
+
+    /// Tokens whose KV still has to be computed.
+    pub fn pending(&self) -> &[u32] {
+        &self.tokens[self.num_computed.min(self.tokens.len())..]
+    }
+}
+
+/// Where a group is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupStatus {
+    /// Waiting for its (re)computation to be admitted.
+    Waiting,
+    /// Its KV cache is on the device and it advances every step.
+    Running,
+    /// Its KV cache is parked in the host pool.
+    Swapped,
+}
+
+/// The sequences of one request, scheduled together (gang-scheduled, §5.4.5), with the engine's
+/// per-request state `T`.
+#[derive(Debug, Clone)]
+pub struct SequenceGroup<T> {
+    /// Its id.
+    pub id: GroupId,
+    /// Arrival order (FCFS key).
+    pub arrival: u64,
+    /// Live sequences.
+    pub seqs: Vec<Sequence>,
+    /// Sequences the group will run at most (`n`, `best_of` or the beam width), counted against
+    /// `max_num_seqs` from admission on.
+    pub max_seqs: usize,
+    /// Engine state.
+    pub data: T,
+    status: GroupStatus,
+}
+
+impl<T> SequenceGroup<T> {
+    /// A new group with one sequence holding the prompt.
+    pub fn new(id: GroupId, arrival: u64, first: Sequence, max_seqs: usize, data: T) -> Self {
+        Self {
+            id,
+            arrival,
+            seqs: vec![first],
+            max_seqs: max_seqs.max(1),
+            data,
+            status: GroupStatus::Waiting,
+        }
+    }
+
+    /// Where the group is.
+    pub fn status(&self) -> GroupStatus {
+        self.status
+    }
+
+    /// Ids of its live sequences.
+    pub fn seq_ids(&self) -> Vec<SeqId> {
+        self.seqs.iter().map(|s| s.id).collect()
+    }
+
+    fn seats(&self) -> usize {
+        self.max_seqs.max(self.seqs.len())
+    }
+}
+
+/// Tokens of one sequence computed this step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    /// Its group.
+    pub group: GroupId,
+    /// The sequence.
+    pub seq: SeqId,
+    /// Position of the first computed token.
+    pub start: usize,
+    /// Token ids to compute (positions `start..start + tokens.len()`).
+    pub tokens: Vec<u32>,
+    /// KV slot of each token.
+    pub slots: Vec<usize>,
+    /// Prompt tokens the prefix cache supplied (they are not recomputed).
+    pub cached_tokens: usize,
+}
+
+/// What the engine must do this step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerOutput {
+    /// Sequences to run, in batch order.
+    pub seqs: Vec<ScheduledSeq>,
+    /// `(device, host)` block copies of groups swapped out (do these first).
+    pub swap_out: Vec<(BlockId, BlockId)>,
+    /// `(host, device)` block copies of groups swapped in.
+    pub swap_in: Vec<(BlockId, BlockId)>,
+    /// Copy-on-write `(src, dst)` device block copies (after the swaps, before the forward pass).
+    pub copies: Vec<(BlockId, BlockId)>,
+    /// Groups preempted this step and how.
+    pub preempted: Vec<(GroupId, PreemptionMode)>,
+    /// Groups that can never run (a single sequence larger than the whole device pool); the
+    /// engine must finish them.
+    pub rejected: Vec<GroupId>,
+}
+
+impl SchedulerOutput {
+    /// Tokens computed this step.
+    pub fn num_batched_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// The scheduler: the groups, their queues, and the step policy.
+#[derive(Debug)]
+pub struct Scheduler<T> {
+    config: SchedulerConfig,
+    groups: HashMap<GroupId, SequenceGroup<T>>,
+    waiting: VecDeque<GroupId>,
+    running: Vec<GroupId>,
+    swapped: VecDeque<GroupId>,
+}
+
+impl<T> Scheduler<T> {
+    /// An empty scheduler.
+    pub fn new(config: SchedulerConfig) -> Self {
+        Self {
+            config,
+            groups: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            swapped: VecDeque::new(),
+        }
+    }
+
+    /// Its limits.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Queues a new group (FCFS by `arrival`).
+    pub fn add(&mut self, group: SequenceGroup<T>) {
+        let id = group.id;
+        let at = self
+            .waiting
+            .iter()
+            .position(|g| self.groups[g].arrival > group.arrival)
+            .unwrap_or(self.waiting.len());
+        self.groups.insert(id, group);
+        self.waiting.insert(at, id);
+    }
+
+    /// The group `id`.
+    pub fn group(&self, id: GroupId) -> Option<&SequenceGroup<T>> {
+        self.groups.get(&id)
+    }
+
+    /// The group `id`, mutably (the engine appends sampled tokens and forks or drops sequences).
+    pub fn group_mut(&mut self, id: GroupId) -> Option<&mut SequenceGroup<T>> {
+        self.groups.get_mut(&id)
+    }
+
+    /// All groups.
+    pub fn groups(&self) -> impl Iterator<Item = &SequenceGroup<T>> {
+        self.groups.values()
+    }
+
+    /// Whether no group is left.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Groups in each queue: (waiting, running, swapped).
+    pub fn queue_lengths(&self) -> (usize, usize, usize) {
+        (self.waiting.len(), self.running.len(), self.swapped.len())
+    }
+
+    /// Removes a group (finished or aborted), freeing its sequences' blocks.
+    pub fn remove(&mut self, id: GroupId, blocks: &mut BlockManager) -> Option<SequenceGroup<T>> {
+        let group = self.groups.remove(&id)?;
+        self.waiting.retain(|&g| g != id);
+        self.running.retain(|&g| g != id);
+        self.swapped.retain(|&g| g != id);
+        for seq in &group.seqs {
+            // Waiting groups own no blocks; the others own one table per sequence.
+            let _ = blocks.free(seq.id);
+        }
+        Some(group)
+    }
+
+    /// Plans one step (see the module docs) and reserves its blocks.
+    pub fn schedule(&mut self, blocks: &mut BlockManager) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut token_budget = self.config.max_num_batched_tokens;
+        self.schedule_running(blocks, &mut out, &mut token_budget);
+        if out.preempted.is_empty() {
+            self.schedule_swapped(blocks, &mut out, &mut token_budget);
+        }
+        if out.preempted.is_empty() && self.swapped.is_empty() {
+            self.schedule_waiting(blocks, &mut out, &mut token_budget);
+        }
+        out
+    }
+
+    fn schedule_running(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize) {
+        self.running.sort_by_key(|g| self.groups[g].arrival);
+        let mut queue: VecDeque<GroupId> = std::mem::take(&mut self.running).into();
+        let mut kept = Vec::new();
+        'groups: while let Some(id) = queue.pop_front() {
+            let tokens = self.pending_tokens(id);
+            if tokens > *budget {
+                // Out of token budget, not of memory: it advances next step.
+                kept.push(id);
+                continue;
+            }
+            while self.blocks_to_append(id, blocks) > blocks.num_free_blocks(Tier::Device) {
+                // Preempt the latest arrival; when none is left behind this group, itself.
+                match queue.pop_back() {
+                    Some(victim) => self.preempt(victim, blocks, out),
+                    None => {
+                        self.preempt(id, blocks, out);
+                        continue 'groups;
+                    }
+                }
+            }
+            if self.append_pending(id, blocks, out) {
+                *budget -= tokens;
+                kept.push(id);
+            } else {
+                // Only reachable if the estimate above was wrong; recomputation leaves no
+                // half-appended state behind.
+                self.preempt_as(id, PreemptionMode::Recompute, blocks, out);
+            }
+        }
+        self.running = kept;
+    }
+
+    fn schedule_swapped(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize) {
+        while let Some(&id) = self.swapped.front() {
+            let group = &self.groups[&id];
+            let seqs = group.seq_ids();
+            let tokens = self.pending_tokens(id);
+            let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
+            // After swapping in, each sequence still needs room for its pending tokens.
+            let table_blocks: usize = seqs.iter().filter_map(|&s| blocks.table(s)).map(|t| t.num_blocks()).sum();
+            let growth: usize = group
+                .seqs
+                .iter()
+                .filter_map(|s| blocks.table(s.id).map(|t| (t.num_tokens() + s.pending().len()).div_ceil(blocks.block_size()) - t.num_blocks() + 1))
+                .sum();
+            let fits = blocks.can_swap_in(&seqs)
+                && table_blocks + growth <= blocks.num_free_blocks(Tier::Device)
+                && tokens <= *budget
+                && seats_used + group.seats() <= self.config.max_num_seqs;
+            if !fits {
+                break;
+            }
+            self.swapped.pop_front();
+            match blocks.swap_in(&seqs) {
+                Ok(mapping) => out.swap_in.extend(mapping),
+                Err(_) => {
+                    self.swapped.push_front(id);
+                    break;
+                }
+            }
+            self.set_status(id, GroupStatus::Running);
+            self.append_pending(id, blocks, out);
+            *budget -= tokens;
+            self.running.push(id);
+        }
+    }
+
+    fn schedule_waiting(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize) {
+        let total = blocks.total_blocks(Tier::Device);
+        while let Some(&id) = self.waiting.front() {
+            let group = &self.groups[&id];
+            let per_seq: Vec<usize> = group.seqs.iter().map(|s| blocks.blocks_needed_for_prompt(s.pending())).collect();
+            let needed: usize = per_seq.iter().sum();
+            let longest = group.seqs.iter().map(|s| s.tokens.len().div_ceil(blocks.block_size())).max().unwrap_or(0);
+            let alone = self.running.is_empty() && self.swapped.is_empty();
+            if longest > total || (alone && needed > blocks.num_free_blocks(Tier::Device)) {
+                // Even with the device pool to itself it would not fit.
+                self.waiting.pop_front();
+                out.rejected.push(id);
+                continue;
+            }
+            let tokens = self.pending_tokens(id);
+            let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
+            let free = blocks.num_free_blocks(Tier::Device);
+            let watermark = if self.running.is_empty() { 0 } else { self.config.watermark_blocks };
+            if needed + watermark > free
+                || tokens > *budget
+                || (seats_used + group.seats() > self.config.max_num_seqs && !self.running.is_empty())
+            {
+                break;
+            }
+            self.waiting.pop_front();
+            self.set_status(id, GroupStatus::Running);
+            if !self.append_pending(id, blocks, out) {
+                // Only reachable if the estimate above was wrong: put it back for a later step.
+                self.undo_admission(id, blocks);
+                self.waiting.push_front(id);
+                break;
+            }
+            *budget -= tokens;
+            self.running.push(id);
+        }
+    }
+
+    /// Device blocks the group's pending tokens need (copy-on-write included).
+    fn blocks_to_append(&self, id: GroupId, blocks: &BlockManager) -> usize {
+        self.groups[&id]
+            .seqs
+            .iter()
+            .map(|s| blocks.blocks_needed_to_append(s.id, s.pending().len()).unwrap_or(usize::MAX / 4))
+            .sum()
+    }
+
+    fn pending_tokens(&self, id: GroupId) -> usize {
+        self.groups[&id].seqs.iter().map(|s| s.pending().len()).sum()
+    }
+
+    /// Appends every sequence's pending tokens; `false` (and nothing scheduled for the group) if
+    /// the block manager refused.
+    fn append_pending(&mut self, id: GroupId, blocks: &mut BlockManager, out: &mut SchedulerOutput) -> bool {
+        let Some(group) = self.groups.get_mut(&id) else {
+            return false;
+        };
+        let mut scheduled = Vec::new();
+        let mut copies = Vec::new();
+        for seq in &mut group.seqs {
+            let pending = seq.pending().to_vec();
+            if pending.is_empty() {
+                continue;
+            }
+            match blocks.append(seq.id, &pending) {
+                Ok(outcome) => {
+                    let start = seq.num_computed + outcome.cached_tokens;
+                    seq.num_computed = seq.tokens.len();
+                    copies.extend(outcome.copies);
+                    scheduled.push(ScheduledSeq {
+                        group: id,
+                        seq: seq.id,
+                        start,
+                        tokens: pending[outcome.cached_tokens..].to_vec(),
+                        slots: outcome.slots,
+                        cached_tokens: outcome.cached_tokens,
+                    });
+                }
+                Err(_) => return false,
+            }
+        }
+        out.copies.extend(copies);
+        out.seqs.extend(scheduled);
+        true
+    }
+
+    fn undo_admission(&mut self, id: GroupId, blocks: &mut BlockManager) {
+        if let Some(group) = self.groups.get_mut(&id) {
+            for seq in &mut group.seqs {
+                let _ = blocks.free(seq.id);
+                seq.num_computed = 0;
+            }
+            group.status = GroupStatus::Waiting;
+        }
+    }
+
+    fn set_status(&mut self, id: GroupId, status: GroupStatus) {
+        if let Some(g) = self.groups.get_mut(&id) {
+            g.status = status;
+        }
+    }
+
+    /// The mode used for `id` under the configured policy.
+    fn mode_for(&self, id: GroupId, blocks: &BlockManager) -> PreemptionMode {
+        let group = &self.groups[&id];
+        let seqs = group.seq_ids();
+        let can_swap = blocks.can_swap_out(&seqs);
+        match self.config.preemption {
+            PreemptionMode::Recompute if group.seqs.len() == 1 || !can_swap => PreemptionMode::Recompute,
+            PreemptionMode::Recompute | PreemptionMode::Swap if can_swap => PreemptionMode::Swap,
+            PreemptionMode::Swap | PreemptionMode::Recompute => PreemptionMode::Recompute,
+            PreemptionMode::Auto => {
+                if !can_swap {
+                    return PreemptionMode::Recompute;
+                }
+                if group.seqs.len() > 1 {
+                    return PreemptionMode::Swap;
+                }
+                let n_blocks: usize = seqs.iter().filter_map(|&s| blocks.table(s)).map(|t| t.num_blocks()).sum();
+                let n_tokens: usize = group.seqs.iter().map(|s| s.num_computed).sum();
+                let swap = n_blocks as f64 * self.config.cost.swap_s_per_block;
+                let recompute = n_tokens as f64 * self.config.cost.recompute_s_per_token;
+                if swap < recompute { PreemptionMode::Swap } else { PreemptionMode::Recompute }
+            }
+        }
+    }
+
+    /// Preempts a running group, all or nothing, the way the policy says.
+    fn preempt(&mut self, id: GroupId, blocks: &mut BlockManager, out: &mut SchedulerOutput) {
+        let mode = self.mode_for(id, blocks);
+        self.preempt_as(id, mode, blocks, out);
+    }
+
+    /// Preempts a running group by swapping (falling back to recomputation when the host pool is
+    /// full) or by recomputation.
+    fn preempt_as(&mut self, id: GroupId, mode: PreemptionMode, blocks: &mut BlockManager, out: &mut SchedulerOutput) {
+        let seqs = self.groups[&id].seq_ids();
+        let swapped = mode == PreemptionMode::Swap && blocks.swap_out(&seqs).map(|m| out.swap_out.extend(m)).is_ok();
+        if swapped {
+            self.set_status(id, GroupStatus::Swapped);
+            let at = self
+                .swapped
+                .iter()
+                .position(|g| self.groups[g].arrival > self.groups[&id].arrival)
+                .unwrap_or(self.swapped.len());
+            self.swapped.insert(at, id);
+            out.preempted.push((id, PreemptionMode::Swap));
+        } else {
+            self.undo_admission(id, blocks);
+            let at = self
+                .waiting
+                .iter()
+                .position(|g| self.groups[g].arrival > self.groups[&id].arrival)
+                .unwrap_or(self.waiting.len());
+            self.waiting.insert(at, id);
+            out.preempted.push((id, PreemptionMode::Recompute));
+        }
+        // Work this group had already scheduled this step is void.
+        out.seqs.retain(|s| s.group != id);
+        self.running.retain(|&g| g != id);
+    }
+
+    /// Checks the scheduler's and the block manager's views agree: every running group's
+    /// sequences are on the device, swapped ones on the host, waiting ones own no blocks.
+    pub fn check_consistency(&self, blocks: &BlockManager) -> Result<(), String> {
+        for group in self.groups.values() {
+            for seq in &group.seqs {
+                let tier = blocks.tier(seq.id);
+                let expected = match group.status {
+                    GroupStatus::Waiting => None,
+                    GroupStatus::Running => Some(Tier::Device),
+                    GroupStatus::Swapped => Some(Tier::Host),
+                };
+                if tier != expected && !(group.status == GroupStatus::Running && tier.is_none() && seq.num_computed == 0) {
+                    return Err(format!("group {} ({:?}) sequence {} is on {tier:?}", group.id, group.status, seq.id));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+

@@ -1,0 +1,192 @@
+//! Scheduler policy on a fake engine: every scheduled sequence "samples" a token; groups finish
+//! after a fixed number of tokens.
+
+use super::*;
+use crate::memory::BlockManagerConfig;
+
+/// The fake engine's per-group state: tokens still to generate.
+type Left = usize;
+
+fn config(max_num_seqs: usize, preemption: PreemptionMode) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens: 64,
+        preemption,
+        cost: PreemptionCost { swap_s_per_block: 1.0, recompute_s_per_token: 1.0 },
+        watermark_blocks: 0,
+    }
+}
+
+fn manager(device: usize, host: usize) -> BlockManager {
+    BlockManager::new(BlockManagerConfig::new(device, host).with_block_size(4).with_prefix_caching(false)).unwrap()
+}
+
+fn group(id: GroupId, prompt_len: usize, generate: usize) -> SequenceGroup<Left> {
+    let tokens = (0..prompt_len as u32).map(|t| t + 100 * id as u32).collect();
+    SequenceGroup::new(id, id, Sequence::new(id * 1000, tokens), 1, generate)
+}
+
+/// Samples one token for every sequence whose tokens are all computed after `out`, finishes
+/// groups with nothing left, and returns the finished group ids.
+fn advance(s: &mut Scheduler<Left>, out: &SchedulerOutput, blocks: &mut BlockManager) -> Vec<GroupId> {
+    let mut done = Vec::new();
+    let mut groups: Vec<GroupId> = out.seqs.iter().map(|x| x.group).collect();
+    groups.dedup();
+    for id in groups {
+        let g = s.group_mut(id).unwrap();
+        for seq in &mut g.seqs {
+            seq.tokens.push(7);
+        }
+        g.data -= 1;
+        if g.data == 0 {
+            done.push(id);
+        }
+    }
+    for &id in &done {
+        s.remove(id, blocks);
+    }
+    for &id in &out.rejected {
+        s.remove(id, blocks);
+    }
+    done
+}
+
+#[test]
+fn prompts_and_decodes_share_a_step() {
+    let mut blocks = manager(64, 0);
+    let mut s = Scheduler::new(config(8, PreemptionMode::Recompute));
+    s.add(group(1, 5, 3));
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.seqs.len(), 1);
+    assert_eq!((out.seqs[0].start, out.seqs[0].tokens.len()), (0, 5));
+    advance(&mut s, &out, &mut blocks);
+
+    s.add(group(2, 3, 2));
+    let out = s.schedule(&mut blocks);
+    let shape: Vec<(GroupId, usize, usize)> = out.seqs.iter().map(|x| (x.group, x.start, x.tokens.len())).collect();
+    assert_eq!(shape, vec![(1, 5, 1), (2, 0, 3)], "the decode of 1 and the prompt of 2 in one step");
+    assert_eq!(out.seqs[0].slots, vec![5], "position 5 is slot 1 of the second block");
+}
+
+#[test]
+fn limits_on_sequences_and_tokens() {
+    let mut blocks = manager(64, 0);
+    let mut s = Scheduler::new(SchedulerConfig { max_num_batched_tokens: 10, ..config(2, PreemptionMode::Recompute) });
+    for id in 1..=3 {
+        s.add(group(id, 4, 5));
+    }
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.seqs.iter().map(|x| x.group).collect::<Vec<_>>(), vec![1, 2], "two seats");
+    assert_eq!(s.queue_lengths(), (1, 2, 0));
+
+    let mut s = Scheduler::new(SchedulerConfig { max_num_batched_tokens: 6, ..config(8, PreemptionMode::Recompute) });
+    let mut blocks = manager(64, 0);
+    s.add(group(1, 4, 5));
+    s.add(group(2, 4, 5));
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.num_batched_tokens(), 4, "the second prompt waits for the token budget");
+}
+
+#[test]
+fn preemption_by_recompute_frees_the_latest_group() {
+    // 4 blocks of 4 slots: two prompts of 7 take 2 blocks each; the next decode needs a block.
+    let mut blocks = manager(4, 0);
+    let mut s = Scheduler::new(config(8, PreemptionMode::Recompute));
+    s.add(group(1, 7, 4));
+    s.add(group(2, 7, 4));
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.seqs.len(), 2);
+    advance(&mut s, &out, &mut blocks);
+    // Both now have 8 tokens: the 8th fits in their second blocks.
+    let out = s.schedule(&mut blocks);
+    assert!(out.preempted.is_empty());
+    advance(&mut s, &out, &mut blocks);
+    // The 9th needs a third block each: group 2 (latest) is preempted, group 1 goes on.
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.preempted, vec![(2, PreemptionMode::Recompute)]);
+    assert_eq!(out.seqs.iter().map(|x| x.group).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(s.group(2).unwrap().status(), GroupStatus::Waiting);
+    assert_eq!(blocks.num_free_blocks(Tier::Device), 1);
+    s.check_consistency(&blocks).unwrap();
+}
+
+#[test]
+fn swapped_groups_come_back_before_new_ones() {
+    let mut blocks = manager(4, 8);
+    let mut s = Scheduler::new(config(8, PreemptionMode::Swap));
+    s.add(group(1, 7, 3));
+    s.add(group(2, 7, 6));
+    let out = s.schedule(&mut blocks);
+    advance(&mut s, &out, &mut blocks);
+    let out = s.schedule(&mut blocks);
+    advance(&mut s, &out, &mut blocks);
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.preempted, vec![(2, PreemptionMode::Swap)]);
+    assert_eq!(out.swap_out.len(), 2, "both blocks of group 2 move to the host");
+    assert!(out.swap_in.is_empty(), "nothing comes back in a step that preempted");
+    s.add(group(3, 3, 1));
+    s.check_consistency(&blocks).unwrap();
+    let done = advance(&mut s, &out, &mut blocks);
+    assert_eq!(done, vec![1]);
+    // Group 1 finished: group 2 swaps back in before group 3 is admitted.
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.swap_in.len(), 2);
+    let order: Vec<GroupId> = out.seqs.iter().map(|x| x.group).collect();
+    assert_eq!(order[0], 2);
+    assert_eq!(out.seqs[0].tokens.len(), 1, "it resumes decoding where it stopped");
+    s.check_consistency(&blocks).unwrap();
+}
+
+#[test]
+fn impossible_prompts_are_rejected() {
+    let mut blocks = manager(2, 0);
+    let mut s = Scheduler::new(config(8, PreemptionMode::Recompute));
+    s.add(group(1, 9, 1));
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.rejected, vec![1]);
+    assert!(out.seqs.is_empty());
+}
+
+/// Many groups through a pool that forces constant preemption, every mode: all finish, every
+/// token is computed exactly once per (re)computation, no block leaks.
+#[test]
+fn stress_no_request_lost_no_block_leaked() {
+    for mode in [PreemptionMode::Swap, PreemptionMode::Recompute, PreemptionMode::Auto] {
+        let mut blocks = manager(12, 12);
+        let mut s = Scheduler::new(config(6, mode));
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let total = 200;
+        let mut added = 0;
+        let mut finished = 0;
+        let mut preemptions = 0;
+        for _ in 0..100_000 {
+            if added < total && next() % 3 == 0 {
+                added += 1;
+                s.add(group(added, 1 + (next() % 20) as usize, 1 + (next() % 20) as usize));
+            }
+            let out = s.schedule(&mut blocks);
+            preemptions += out.preempted.len();
+            for x in &out.seqs {
+                let g = s.group(x.group).unwrap();
+                let seq = g.seqs.iter().find(|q| q.id == x.seq).unwrap();
+                assert_eq!(x.start + x.tokens.len(), seq.tokens.len());
+                assert_eq!(&seq.tokens[x.start..], x.tokens.as_slice());
+            }
+            finished += advance(&mut s, &out, &mut blocks).len() + out.rejected.len();
+            s.check_consistency(&blocks).unwrap();
+            if finished == total as usize {
+                break;
+            }
+        }
+        assert_eq!(finished, total as usize, "{mode:?}: requests lost");
+        assert!(preemptions > 10, "{mode:?}: the pool should force preemption ({preemptions})");
+        assert!(s.is_empty());
+        assert!(blocks.all_blocks_free(), "{mode:?}: blocks leaked");
+    }
+}

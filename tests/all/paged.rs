@@ -1,0 +1,252 @@
+//! The paged engine (`burn-paged`) against plain generation and HF: greedy parity with many
+//! concurrent requests, under forced preemption by swap and by recomputation, prefix caching,
+//! beam search against HF, parallel sampling, and a stress run that must lose no request and
+//! leak no block.
+
+use burn::tensor::Device;
+use burn_llm::models::{Pretrained, Prompt, SamplingParams};
+use burn_llm::paged::memory::Tier;
+use burn_llm::paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, RequestParams};
+use burn_llm::Generator;
+
+use crate::common::{devices, fixture, reference, FIXTURES};
+
+fn engine(name: &str, device: &Device, config: EngineConfig) -> LlmEngine {
+    LlmEngine::new(Pretrained::load(&fixture(name), device).unwrap(), config).unwrap()
+}
+
+fn config(blocks: usize, block_size: usize, preemption: PreemptionMode) -> EngineConfig {
+    EngineConfig {
+        block_size,
+        kv_cache_memory: KvCacheMemory::Blocks(blocks),
+        swap_space: 1 << 26,
+        max_num_seqs: 64,
+        preemption,
+        ..EngineConfig::default()
+    }
+}
+
+/// Prompts of mixed lengths: the fixtures' reference prompts plus token-id prompts cut from them.
+fn mixed_prompts(name: &str) -> Vec<Prompt> {
+    let reference = reference(name);
+    let mut prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
+    for (i, p) in reference.prompts.iter().enumerate() {
+        for cut in [1 + i, p.input_ids.len() / 2 + 1, 3 * i + 2] {
+            prompts.push(Prompt::Ids(p.input_ids[..cut.min(p.input_ids.len())].to_vec()));
+        }
+    }
+    prompts
+}
+
+fn prompt_len(p: &Prompt) -> usize {
+    match p {
+        Prompt::Ids(ids) => ids.len(),
+        // Text prompts are the reference prompts; their ids are at most this long.
+        _ => 64,
+    }
+}
+
+/// Greedy outputs of the paged engine equal the plain engine's token for token, for every
+/// architecture and device, with a roomy pool, and with pools so small that groups are
+/// preempted by swapping and by recomputation; block accounting returns to empty.
+#[test]
+fn greedy_equals_plain_generation_with_and_without_preemption() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(14) };
+    for (device_name, device) in devices() {
+        for name in FIXTURES {
+            let prompts = mixed_prompts(name);
+            let plain = Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
+            let expected: Vec<Vec<u32>> = prompts
+                .iter()
+                .map(|p| plain.generate(std::slice::from_ref(p), &params).unwrap().requests[0].generated_ids.clone())
+                .collect();
+            // Small pools hold the longest sequence and little more, so groups must be preempted.
+            let longest = prompts.iter().zip(&expected).map(|(p, e)| prompt_len(p) + e.len()).max().unwrap_or(0);
+            let tight = longest.div_ceil(4) + 2;
+            for (label, cfg) in [
+                ("roomy", config(256, 16, PreemptionMode::Auto)),
+                ("swap", config(tight, 4, PreemptionMode::Swap)),
+                ("recompute", config(tight, 4, PreemptionMode::Recompute)),
+            ] {
+                let mut engine = engine(name, &device, cfg);
+                let out = engine.generate(&prompts, &RequestParams::from(params.clone())).unwrap();
+                let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
+                assert_eq!(got, expected, "{name} on {device_name}, {label} pool");
+                let stats = engine.stats();
+                match label {
+                    "swap" => assert!(stats.swaps > 0, "{name} {label}: no swap happened"),
+                    "recompute" => assert!(stats.recomputes > 0, "{name} {label}: no recomputation happened"),
+                    _ => assert_eq!(stats.swaps + stats.recomputes, 0),
+                }
+                assert!(stats.average_batch() > 1.5, "{name} {label}: batching ({})", stats.average_batch());
+                assert!(engine.block_manager().all_blocks_free(), "{name} {label}: blocks leaked");
+            }
+        }
+    }
+}
+
+/// A request whose prompt shares full blocks with an earlier one maps them from the prefix cache
+/// and computes only the rest, with the same output.
+#[test]
+fn prefix_cache_hits_give_the_same_tokens() {
+    let device = Device::flex();
+    let reference = reference("llama");
+    let long = &reference.prompts.iter().max_by_key(|p| p.input_ids.len()).unwrap().input_ids;
+    let params = RequestParams::from(SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) });
+    let mut fresh = engine("llama", &device, config(64, 4, PreemptionMode::Auto));
+    let baseline = fresh.generate(&[Prompt::Ids(long.clone())], &params).unwrap();
+    assert_eq!(fresh.stats().cached_tokens, 0);
+    let again = fresh.generate(&[Prompt::Ids(long.clone())], &params).unwrap();
+    assert_eq!(again.requests[0].generated_ids, baseline.requests[0].generated_ids);
+    let full_blocks = (long.len() - 1) / 4 * 4;
+    assert_eq!(fresh.stats().cached_tokens, full_blocks, "every full prompt block is reused");
+}
+
+/// Beam search returns HF's `generate(num_beams=4, num_return_sequences=2)` sequences on every
+/// fixture.
+#[test]
+fn beam_search_equals_hf() {
+    for name in FIXTURES {
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap();
+        let mut engine = engine(name, &Device::flex(), config(128, 4, PreemptionMode::Auto));
+        for p in json["prompts"].as_array().unwrap() {
+            let beam = &p["beam"];
+            let ids: Vec<u32> = p["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            let params = RequestParams {
+                sampling: SamplingParams::greedy(beam["max_new_tokens"].as_u64().unwrap() as usize),
+                n: beam["num_return_sequences"].as_u64().unwrap() as usize,
+                best_of: None,
+                beam: Some(BeamOptions {
+                    length_penalty: beam["length_penalty"].as_f64().unwrap() as f32,
+                    ..BeamOptions::new(beam["num_beams"].as_u64().unwrap() as usize)
+                }),
+            };
+            let out = engine.generate(&[Prompt::Ids(ids)], &params).unwrap();
+            let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
+            let expected: Vec<Vec<u32>> = beam["sequences"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect())
+                .collect();
+            assert_eq!(got, expected, "{name}: {}", p["text"]);
+        }
+        assert!(engine.block_manager().all_blocks_free());
+    }
+}
+
+/// `n` seeded samples: reproducible, different from each other, and sharing the prompt's blocks
+/// (fewer blocks in use than `n` separate copies would need).
+#[test]
+fn parallel_samples_are_reproducible_and_share_the_prompt() {
+    let device = Device::flex();
+    let reference = reference("gpt2");
+    let prompt = Prompt::Ids(reference.prompts[0].input_ids.clone());
+    let prompt_len = reference.prompts[0].input_ids.len();
+    let params = RequestParams {
+        sampling: SamplingParams { temperature: 1.0, seed: Some(7), ignore_eos: true, ..SamplingParams::greedy(8) },
+        n: 4,
+        best_of: None,
+        beam: None,
+    };
+    let run = || {
+        let mut engine = engine("gpt2", &device, config(256, 4, PreemptionMode::Auto));
+        engine.add_request("r", prompt.clone(), params.clone()).unwrap();
+        let mut peak = 0;
+        let mut finished = None;
+        while engine.has_unfinished_requests() {
+            for out in engine.step().unwrap() {
+                if out.finished.is_some() {
+                    finished = out.finished;
+                }
+            }
+            peak = peak.max(engine.block_manager().used_blocks(Tier::Device));
+        }
+        (finished.unwrap(), peak)
+    };
+    let (a, peak) = run();
+    let (b, _) = run();
+    assert_eq!(a.len(), 4);
+    assert_eq!(a, b, "seeded samples are reproducible");
+    assert!(a.iter().any(|s| s.generated_ids != a[0].generated_ids), "samples differ");
+    let per_copy = (prompt_len + 8).div_ceil(4);
+    assert!(peak < 4 * per_copy, "prompt blocks are shared: peak {peak} blocks vs {} unshared", 4 * per_copy);
+    let shared = prompt_len / 4;
+    assert!(peak <= 4 * per_copy - 3 * shared + 4, "peak {peak} blocks");
+}
+
+/// 1 000 requests of random lengths through a pool that forces constant preemption, with random
+/// aborts: every request ends (finished or aborted), nothing is lost, no block leaks.
+#[test]
+fn stress_thousand_requests_with_aborts() {
+    let device = Device::flex();
+    let mut engine = engine("llama", &device, config(24, 4, PreemptionMode::Auto));
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let total = 1000;
+    let mut added = 0;
+    let mut ended = std::collections::HashSet::new();
+    let mut aborted = 0;
+    let mut live: Vec<String> = Vec::new();
+    while ended.len() < total {
+        while added < total && live.len() < 48 {
+            let len = 1 + (next() % 20) as usize;
+            let prompt: Vec<u32> = (0..len).map(|_| 3 + (next() % 300) as u32).collect();
+            let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1 + (next() % 12) as usize) };
+            let id = format!("req-{added}");
+            engine.add_request(id.clone(), Prompt::Ids(prompt), params.into()).unwrap();
+            live.push(id);
+            added += 1;
+        }
+        if next() % 10 == 0 && !live.is_empty() {
+            let id = live.swap_remove((next() % live.len() as u64) as usize);
+            assert!(engine.abort(&id).is_some());
+            assert!(ended.insert(id));
+            aborted += 1;
+        }
+        for out in engine.step().unwrap() {
+            if out.finished.is_some() {
+                live.retain(|l| *l != out.request_id);
+                assert!(ended.insert(out.request_id.clone()), "{} finished twice", out.request_id);
+            }
+        }
+    }
+    assert!(aborted > 10);
+    assert!(!engine.has_unfinished_requests());
+    let stats = engine.stats();
+    assert!(stats.swaps + stats.recomputes > 20, "the pool must force preemption: {stats:?}");
+    assert!(engine.block_manager().all_blocks_free(), "blocks leaked");
+}
+
+/// Bad requests and configurations are errors that leave the engine usable.
+#[test]
+fn bad_requests_are_errors() {
+    let device = Device::flex();
+    let mut e = engine("opt", &device, config(64, 4, PreemptionMode::Auto));
+    let ok = RequestParams::from(SamplingParams::greedy(2));
+    e.add_request("a", Prompt::Ids(vec![2, 10]), ok.clone()).unwrap();
+    assert!(matches!(e.add_request("a", Prompt::Ids(vec![2, 10]), ok.clone()), Err(PagedError::DuplicateRequest(_))));
+    let bad = RequestParams { n: 3, best_of: Some(2), ..ok.clone() };
+    assert!(matches!(e.add_request("b", Prompt::Ids(vec![2]), bad), Err(PagedError::InvalidParams(_))));
+    let beam_sampling = RequestParams {
+        sampling: SamplingParams { temperature: 0.7, ..SamplingParams::greedy(2) },
+        beam: Some(BeamOptions::new(2)),
+        ..ok.clone()
+    };
+    assert!(e.add_request("c", Prompt::Ids(vec![2]), beam_sampling).is_err());
+    assert!(e.add_request("d", Prompt::Ids(vec![]), ok.clone()).is_err());
+    while e.has_unfinished_requests() {
+        e.step().unwrap();
+    }
+
+    let tiny = EngineConfig { kv_cache_memory: KvCacheMemory::Bytes(10), ..EngineConfig::default() };
+    let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), tiny).unwrap_err();
+    assert!(matches!(err, PagedError::KvBudget { .. }), "{err}");
+    assert!(err.to_string().contains("--kv-cache-memory"));
+}
