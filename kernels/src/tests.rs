@@ -6,7 +6,8 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-fn devices() -> Vec<Device> {
+/// Devices the kernel tests run on: Flex, and wgpu unless `BURN_LLM_TEST_WGPU=0`.
+pub(crate) fn devices() -> Vec<Device> {
     let mut out = vec![Device::flex()];
     #[cfg(feature = "wgpu")]
     if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {

@@ -78,3 +78,50 @@ fn json_schema() {
     assert!(["length", "stop"].contains(&requests[0]["finish_reason"].as_str().unwrap()));
     assert_eq!(value["timing"]["generated_tokens"], output.timing.generated_tokens);
 }
+
+/// `--engine paged` and its flags: they map onto the engine's config and request parameters, runs
+/// (several prompts, `--n`, beam search, the streaming path) work, and the JSON has one entry per
+/// returned sequence in prompt order, then rank.
+#[test]
+fn paged_engine_flags_and_runs() {
+    use burn_llm::paged::{KvCacheMemory, LlmEngine, PreemptionMode};
+
+    let a = args(&[
+        "--engine", "paged", "--kv-cache-memory", "blocks:48", "--block-size", "4", "--max-num-seqs", "8",
+        "--preemption", "swap", "--n", "2", "--best-of", "3", "--temperature", "0.8", "--seed", "1",
+    ]);
+    let config = a.engine_config();
+    assert_eq!((config.kv_cache_memory, config.block_size, config.max_num_seqs, config.preemption), (KvCacheMemory::Blocks(48), 4, 8, PreemptionMode::Swap));
+    let p = a.request_params();
+    assert_eq!((p.n, p.best_of, p.beam.is_none()), (2, Some(3), true));
+    let b = args(&["--engine", "paged", "--beam-width", "4", "--length-penalty", "0.5"]);
+    let beam = b.request_params().beam.unwrap();
+    assert_eq!((beam.width, beam.length_penalty), (4, 0.5));
+    assert!(GenerateArgs::try_parse_from(["x", "--preemption", "sometimes"]).is_err());
+    assert!(GenerateArgs::try_parse_from(["x", "--kv-cache-memory", "lots"]).is_err());
+
+    let dir = fixture("gpt2");
+    let model = dir.to_str().unwrap();
+    let common = ["--model", model, "--device", "flex", "--engine", "paged", "--kv-cache-memory", "blocks:64", "--block-size", "4"];
+    let run_with = |extra: &[&str]| {
+        let mut argv: Vec<&str> = common.to_vec();
+        argv.extend_from_slice(extra);
+        run(&args(&argv), DEFAULTS)
+    };
+    run_with(&["--prompt", "GNU", "--max-new-tokens", "4"]).unwrap();
+    run_with(&["--prompt", "GNU", "--prompt", "The", "--n", "2", "--temperature", "0.9", "--seed", "2", "--json"]).unwrap();
+    run_with(&["--prompt", "GNU", "--beam-width", "3", "--n", "2", "--max-new-tokens", "4"]).unwrap();
+    let err = run_with(&["--prompt", "GNU", "--kv-quant", "8"]).unwrap_err().to_string();
+    assert!(err.contains("--kv-quant"), "{err}");
+
+    // The JSON order: prompt order, then rank.
+    let mut engine = LlmEngine::new(Pretrained::load(&dir, &burn::tensor::Device::flex()).unwrap(), config).unwrap();
+    let params = burn_llm::paged::RequestParams { n: 2, ..SamplingParams { temperature: 1.0, seed: Some(4), ..SamplingParams::greedy(3) }.into() };
+    let out = engine.generate(&[Prompt::from("GNU"), Prompt::Ids(vec![2, 50])], &params).unwrap();
+    assert_eq!(out.requests.len(), 4);
+    assert_eq!(out.requests[0].prompt.as_deref(), Some("GNU"));
+    assert_eq!(out.requests[1].prompt.as_deref(), Some("GNU"));
+    assert_eq!(out.requests[2].prompt_ids, vec![2, 50]);
+    let value = serde_json::to_value(JsonReport::new("m", "flex", &out, 0.1)).unwrap();
+    assert_eq!(value["requests"].as_array().unwrap().len(), 4);
+}

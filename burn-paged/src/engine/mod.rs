@@ -74,6 +74,11 @@ pub struct EngineStats {
     pub kv_slots: usize,
     /// Most device blocks in use at once.
     pub peak_blocks: usize,
+    /// Blocks the sequences' tables reference (a shared block counted once per table), summed
+    /// over model steps: what the cache would hold without sharing.
+    pub logical_blocks: usize,
+    /// Distinct device blocks in use, summed over model steps.
+    pub physical_blocks: usize,
 }
 
 impl EngineStats {
@@ -85,6 +90,12 @@ impl EngineStats {
     /// KV tokens stored ÷ KV slots reserved, over all model steps (1 − internal fragmentation).
     pub fn kv_utilization(&self) -> f64 {
         self.kv_tokens as f64 / self.kv_slots.max(1) as f64
+    }
+
+    /// Fraction of KV memory that block sharing saved (parallel samples, beams, prefixes):
+    /// `1 − physical ÷ logical` blocks over all model steps.
+    pub fn sharing_saving(&self) -> f64 {
+        1.0 - self.physical_blocks as f64 / self.logical_blocks.max(1) as f64
     }
 }
 
@@ -284,7 +295,7 @@ impl LlmEngine {
             return Ok(outputs);
         }
         let logits = self.forward(&plan.seqs)?;
-        self.record_usage(&plan.seqs);
+        self.record_usage();
         let choices = sample_groups(logits, &plan.seqs, &mut self.scheduler)?;
         for (group, rows) in choices {
             if let Some(out) = self.apply(group, rows)? {
@@ -415,7 +426,7 @@ impl LlmEngine {
     }
 
     /// KV tokens stored against slots reserved in device blocks (shared blocks counted once).
-    fn record_usage(&mut self, _seqs: &[ScheduledSeq]) {
+    fn record_usage(&mut self) {
         let bs = self.blocks.block_size();
         let mut fill: HashMap<u32, usize> = HashMap::new();
         for seq in self.blocks.sequences().collect::<Vec<_>>() {
@@ -424,6 +435,7 @@ impl LlmEngine {
                 continue;
             }
             let n = table.num_tokens();
+            self.stats.logical_blocks += table.num_blocks();
             for (i, b) in table.blocks().iter().enumerate() {
                 let f = (n - (i * bs).min(n)).min(bs);
                 let entry = fill.entry(b.0).or_default();
@@ -432,6 +444,7 @@ impl LlmEngine {
         }
         self.stats.kv_tokens += fill.values().sum::<usize>();
         self.stats.kv_slots += fill.len() * bs;
+        self.stats.physical_blocks += fill.len();
         self.stats.peak_blocks = self.stats.peak_blocks.max(self.blocks.used_blocks(Tier::Device));
     }
 

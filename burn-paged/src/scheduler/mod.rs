@@ -231,13 +231,8 @@ impl<T> Scheduler<T> {
     /// Queues a new group (FCFS by `arrival`).
     pub fn add(&mut self, group: SequenceGroup<T>) {
         let id = group.id;
-        let at = self
-            .waiting
-            .iter()
-            .position(|g| self.groups[g].arrival > group.arrival)
-            .unwrap_or(self.waiting.len());
         self.groups.insert(id, group);
-        self.waiting.insert(at, id);
+        insert_by_arrival(&mut self.waiting, id, &self.groups);
     }
 
     /// The group `id`.
@@ -499,21 +494,11 @@ impl<T> Scheduler<T> {
         let swapped = mode == PreemptionMode::Swap && blocks.swap_out(&seqs).map(|m| out.swap_out.extend(m)).is_ok();
         if swapped {
             self.set_status(id, GroupStatus::Swapped);
-            let at = self
-                .swapped
-                .iter()
-                .position(|g| self.groups[g].arrival > self.groups[&id].arrival)
-                .unwrap_or(self.swapped.len());
-            self.swapped.insert(at, id);
+            insert_by_arrival(&mut self.swapped, id, &self.groups);
             out.preempted.push((id, PreemptionMode::Swap));
         } else {
             self.undo_admission(id, blocks);
-            let at = self
-                .waiting
-                .iter()
-                .position(|g| self.groups[g].arrival > self.groups[&id].arrival)
-                .unwrap_or(self.waiting.len());
-            self.waiting.insert(at, id);
+            insert_by_arrival(&mut self.waiting, id, &self.groups);
             out.preempted.push((id, PreemptionMode::Recompute));
         }
         // Work this group had already scheduled this step is void.
@@ -541,3 +526,13 @@ impl<T> Scheduler<T> {
     }
 }
 
+
+/// Inserts `id` into `queue` keeping it ordered by arrival (FCFS).
+fn insert_by_arrival<T>(queue: &mut VecDeque<GroupId>, id: GroupId, groups: &HashMap<GroupId, SequenceGroup<T>>) {
+    let arrival = groups.get(&id).map_or(u64::MAX, |g| g.arrival);
+    let at = queue
+        .iter()
+        .position(|g| groups.get(g).is_some_and(|g| g.arrival > arrival))
+        .unwrap_or(queue.len());
+    queue.insert(at, id);
+}

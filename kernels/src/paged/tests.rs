@@ -12,14 +12,7 @@ use super::*;
 
 type Rng8 = rand_chacha::ChaCha8Rng;
 
-fn devices() -> Vec<Device> {
-    let mut out = vec![Device::flex()];
-    #[cfg(feature = "wgpu")]
-    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {
-        out.push(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice));
-    }
-    out
-}
+use crate::tests::devices;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_into_vec_as::<f32>().unwrap()

@@ -2,6 +2,7 @@
 
 mod generate;
 mod quant;
+mod serve;
 
 use clap::Subcommand;
 
@@ -12,6 +13,8 @@ pub enum Which {
     Generate(generate::Args),
     /// Cost of group quantization: dequantize GB/s, fused vs f32 matmul, decode tokens/s.
     Quant(quant::Args),
+    /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings.
+    Serve(serve::Args),
 }
 
 /// Runs one benchmark.
@@ -19,5 +22,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
     match which {
         Which::Generate(args) => generate::run(args),
         Which::Quant(args) => quant::run(args),
+        Which::Serve(args) => serve::run(args),
     }
 }
