@@ -5,6 +5,7 @@
 fn main() -> std::process::ExitCode {
     burn_llm::cli::main(burn_llm::cli::ExampleDefaults {
         name: "llama_generate",
+        engine: burn_llm::cli::EngineKind::Plain,
         model: "HuggingFaceTB/SmolLM2-135M-Instruct",
     })
 }

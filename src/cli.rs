@@ -9,7 +9,9 @@ use clap::Parser;
 use serde::Serialize;
 
 use burn_paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
-use burn_llm_models::{hub, ChatMessage, GenerationOutput, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
+use burn_offload::policy::{Compression, Placement, Policy, SearchSpace, Workload};
+use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
+use burn_llm_models::{hub, ChatMessage, GenerationOutput, PretrainedFiles, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
 
 use crate::device::DeviceChoice;
 
@@ -20,6 +22,8 @@ pub struct ExampleDefaults {
     pub name: &'static str,
     /// Model used when `--model` is not given.
     pub model: &'static str,
+    /// Engine used when `--engine` is not given.
+    pub engine: EngineKind,
 }
 
 /// Flags of the `*_generate` examples.
@@ -83,8 +87,8 @@ pub struct GenerateArgs {
     pub system: Option<String>,
     /// Engine: `plain` (static batch, contiguous KV cache) or `paged` (vLLM: paged KV cache,
     /// continuous batching, parallel sampling, beam search).
-    #[arg(long, value_enum, default_value_t = EngineKind::Plain)]
-    pub engine: EngineKind,
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineKind>,
     /// Paged engine: device memory for the KV-cache pool (`2GiB`, `512MiB`, a fraction of RAM on
     /// the CPU such as `0.4`, or `blocks:N`).
     #[arg(long, default_value = "1GiB", value_parser = parse_kv_memory)]
@@ -110,6 +114,51 @@ pub struct GenerateArgs {
     /// Paged engine: beam scores are divided by `generated_length ^ length_penalty`.
     #[arg(long, default_value_t = 1.0)]
     pub length_penalty: f32,
+    /// Offload engine: device memory budget (`2GiB`, `512MiB`), enforced.
+    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    pub gpu_mem: u64,
+    /// Offload engine: host memory budget, enforced.
+    #[arg(long, default_value = "8GiB", value_parser = parse_bytes)]
+    pub cpu_mem: u64,
+    /// Offload engine: directory of the disk tier (default: `~/.cache/burn-llm/offload`).
+    #[arg(long)]
+    pub offload_dir: Option<std::path::PathBuf>,
+    /// Offload engine: `auto` searches FlexGen's cost model; `--percent` overrides it.
+    #[arg(long, default_value = "auto")]
+    pub policy: String,
+    /// Offload engine: FlexGen's placement percentages `wg wc cg cc hg hc` (the rest of each goes
+    /// to disk).
+    #[arg(long, num_args = 6, value_names = ["WG", "WC", "CG", "CC", "HG", "HC"])]
+    pub percent: Option<Vec<f64>>,
+    /// Offload engine: GPU batch size (with `--percent`).
+    #[arg(long, default_value_t = 4)]
+    pub gbs: u32,
+    /// Offload engine: GPU batches per block (with `--percent`).
+    #[arg(long, default_value_t = 1)]
+    pub num_gb: u32,
+    /// Offload engine: 4-bit group-wise weights (FlexGen §5).
+    #[arg(long)]
+    pub compress_weight: bool,
+    /// Offload engine: 4-bit group-wise KV cache.
+    #[arg(long)]
+    pub compress_cache: bool,
+    /// Offload engine: attention on the CPU where the KV cache is on the host.
+    #[arg(long)]
+    pub cpu_attention: bool,
+    /// Offload engine: no overlap of weight loading with compute (ablation).
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Offload engine: hardware profile JSON (measured and cached there when missing).
+    #[arg(long)]
+    pub profile: Option<std::path::PathBuf>,
+}
+
+/// `2GiB`, `512MiB`, `1.5GB`, or plain bytes.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    match text.parse::<KvCacheMemory>()? {
+        KvCacheMemory::Bytes(b) => Ok(b),
+        _ => Err(format!("`{text}`: give a size such as 2GiB or 512MiB")),
+    }
 }
 
 /// Engines of `--engine`.
@@ -119,6 +168,8 @@ pub enum EngineKind {
     Plain,
     /// vLLM: paged KV cache and continuous batching.
     Paged,
+    /// FlexGen: weights and KV cache offloaded to host memory and disk.
+    Offload,
 }
 
 fn parse_kv_memory(text: &str) -> Result<KvCacheMemory, String> {
@@ -189,6 +240,44 @@ impl GenerateArgs {
         }
     }
 
+    /// The offloading policy these flags describe: `--percent` (with `--gbs`, `--num-gb` and the
+    /// switches) or the search (`--policy auto`).
+    pub fn offload_policy(&self) -> Result<PolicyChoice, String> {
+        let compression = |on: bool| on.then_some(Compression::INT4_G64);
+        match &self.percent {
+            Some(p) => {
+                let [wg, wc, cg, cc, hg, hc] = [p[0], p[1], p[2], p[3], p[4], p[5]].map(|v| v / 100.0);
+                let rest = |g: f64, c: f64| Placement::from_array([g, c, (1.0 - g - c).max(0.0)]);
+                Ok(PolicyChoice::Fixed(Policy {
+                    gpu_batch_size: self.gbs,
+                    num_gpu_batches: self.num_gb,
+                    weights: rest(wg, wc),
+                    cache: rest(cg, cc),
+                    activations: rest(hg, hc),
+                    cpu_attention: self.cpu_attention,
+                    overlap: !self.no_overlap,
+                    compress_weights: compression(self.compress_weight),
+                    compress_cache: compression(self.compress_cache),
+                }))
+            }
+            None if self.policy == "auto" => {
+                let mut space = SearchSpace::default();
+                space.overlap = !self.no_overlap;
+                if self.compress_weight {
+                    space.weight_compression = vec![Some(Compression::INT4_G64)];
+                }
+                if self.compress_cache {
+                    space.cache_compression = vec![Some(Compression::INT4_G64)];
+                }
+                if self.cpu_attention {
+                    space.cpu_attention = vec![true];
+                }
+                Ok(PolicyChoice::Auto(space))
+            }
+            None => Err(format!("--policy `{}`: use `auto`, or give --percent wg wc cg cc hg hc", self.policy)),
+        }
+    }
+
     /// The paged engine's request parameters these flags describe.
     pub fn request_params(&self) -> RequestParams {
         RequestParams {
@@ -229,6 +318,12 @@ pub struct JsonReport<'a> {
     pub requests: &'a [RequestOutput],
     /// Timings.
     pub timing: JsonTiming,
+    /// The offloading policy that ran (`--engine offload`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<serde_json::Value>,
+    /// Peak memory per tier (`--engine offload`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<serde_json::Value>,
 }
 
 impl<'a> JsonReport<'a> {
@@ -245,6 +340,8 @@ impl<'a> JsonReport<'a> {
                 generated_tokens: output.timing.generated_tokens,
                 tokens_per_s: output.timing.tokens_per_s(),
             },
+            policy: None,
+            memory: None,
         }
     }
 }
@@ -292,14 +389,18 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
 
     let load_start = Instant::now();
     let dir = hub::resolve_model(model_arg)?;
+    let engine = args.engine.unwrap_or(defaults.engine);
+    let banner = |arch: &str| {
+        eprintln!("{} · {} · {} on {} ({engine:?} engine)", defaults.name, model_arg, arch, choice.name());
+    };
+    if engine == EngineKind::Offload {
+        return run_offload(args, defaults, &dir, &device, choice.name(), &prompts, &params, load_start);
+    }
     let mut pretrained = Pretrained::load(&dir, &device)?;
     if let Some(quant) = args.quantize {
         pretrained.model = pretrained.model.quantize_weights(quant.bits(), args.group_size)?;
     }
-    let banner = |arch: &str| {
-        eprintln!("{} · {} · {} on {} ({:?} engine)", defaults.name, model_arg, arch, choice.name(), args.engine);
-    };
-    let (output, load_s) = match args.engine {
+    let (output, load_s) = match engine {
         EngineKind::Plain => {
             let mut generator = Generator::from(pretrained);
             if let Some(bits) = args.kv_quant {
@@ -329,6 +430,7 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
             };
             (output, load_s)
         }
+        EngineKind::Offload => unreachable!("handled above"),
     };
 
     if args.json {
@@ -345,6 +447,103 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
         );
     }
     Ok(())
+}
+
+/// `--engine offload`: opens the weights without loading them, places them per policy, generates,
+/// and prints the policy with its predicted and measured throughput and per-tier peak memory.
+#[allow(clippy::too_many_arguments)]
+fn run_offload(
+    args: &GenerateArgs,
+    defaults: ExampleDefaults,
+    path: &std::path::Path,
+    device: &burn::tensor::Device,
+    device_name: &str,
+    prompts: &[Prompt],
+    params: &SamplingParams,
+    load_start: Instant,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if args.kv_quant.is_some() || args.quantize.is_some() {
+        return Err("--engine offload compresses with --compress-weight / --compress-cache, not --quantize / --kv-quant".into());
+    }
+    let files = PretrainedFiles::open(path)?;
+    let host = burn::tensor::Device::flex();
+    let cache = dirs_cache().join("offload");
+    let offload_dir = args.offload_dir.clone().unwrap_or_else(|| cache.join("tensors"));
+    let profile_path = args.profile.clone().unwrap_or_else(|| cache.join(format!("profile-{device_name}.json")));
+    let hardware = burn_offload::profiler::load_or_profile(&profile_path, device, &host, &offload_dir)?;
+    let tokenizer = files.tokenizer.clone();
+    let prompt_len = prompts
+        .iter()
+        .map(|p| burn_llm_models::generation::prepare_prompt(0, p, Some(&tokenizer), files.spec.vocab_size, files.spec.max_positions).map(|(_, ids)| ids.len()))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+    let config = OffloadConfig {
+        gpu_mem: args.gpu_mem,
+        cpu_mem: args.cpu_mem,
+        offload_dir,
+        policy: args.offload_policy()?,
+        hardware,
+        workload: Workload::new(prompt_len as u64, params.max_new_tokens as u64),
+        host,
+    };
+    let engine = OffloadEngine::new(files.spec.clone(), &files.files, Some(files.tokenizer), files.eos_token_ids, config, device)?;
+    let load_s = load_start.elapsed().as_secs_f64();
+    let policy = engine.policy();
+    if !args.json {
+        eprintln!(
+            "{} · {} on {device_name} (offload engine) · policy: gbs {} × {} batches, weights {:.0}/{:.0}/{:.0}% gpu/cpu/disk, cache {:.0}/{:.0}/{:.0}%, cpu attention {}, overlap {}, compressed weights {}, cache {} · predicted {:.2} tokens/s",
+            defaults.name,
+            files.spec.arch.name(),
+            policy.gpu_batch_size,
+            policy.num_gpu_batches,
+            100.0 * policy.weights.gpu,
+            100.0 * policy.weights.cpu,
+            100.0 * policy.weights.disk,
+            100.0 * policy.cache.gpu,
+            100.0 * policy.cache.cpu,
+            100.0 * policy.cache.disk,
+            policy.cpu_attention,
+            policy.overlap,
+            policy.compress_weights.is_some(),
+            policy.compress_cache.is_some(),
+            engine.estimate().throughput_tokens_per_s,
+        );
+    }
+    let (output, report) = engine.generate(prompts, params)?;
+    if args.json {
+        let mut json = JsonReport::new(args.model.as_deref().unwrap_or(defaults.model), device_name, &output, load_s);
+        json.policy = Some(serde_json::to_value(serde_json::json!({
+            "policy": report.policy,
+            "predicted_tokens_per_s": report.predicted_tokens_per_s,
+            "measured_tokens_per_s": report.measured_tokens_per_s,
+            "effective_batch": report.effective_batch,
+        }))?);
+        json.memory = Some(serde_json::to_value(report.memory)?);
+        println!("{}", serde_json::to_string(&json)?);
+        return Ok(());
+    }
+    let mut stdout = std::io::stdout().lock();
+    for (i, out) in output.requests.iter().enumerate() {
+        let prompt = out.prompt.clone().unwrap_or_else(|| format!("{:?}", out.prompt_ids));
+        writeln!(stdout, "[{i}] {prompt}{}", out.text)?;
+    }
+    eprintln!(
+        "[load {load_s:.2} s · {} tokens · measured {:.2} tokens/s, predicted {:.2} · peak memory: device {}, host {}, disk {}]",
+        output.timing.generated_tokens,
+        report.measured_tokens_per_s,
+        report.predicted_tokens_per_s,
+        burn_offload::store::fmt_bytes(report.memory.gpu_peak_bytes),
+        burn_offload::store::fmt_bytes(report.memory.cpu_peak_bytes),
+        burn_offload::store::fmt_bytes(report.memory.disk_bytes),
+    );
+    Ok(())
+}
+
+/// `~/.cache/burn-llm`.
+fn dirs_cache() -> std::path::PathBuf {
+    std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir).join(".cache/burn-llm")
 }
 
 /// The paged engine's run: one prompt with one sequence streams token by token; otherwise every

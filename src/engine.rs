@@ -3,6 +3,7 @@
 //! the member crates implement the same trait, so the CLI and the benchmarks drive any of them.
 
 use burn_llm_models::{GenerationOutput, Generator, ModelError, Prompt, Result, SamplingParams, StreamEvent};
+use burn_offload::{OffloadEngine, OffloadError};
 use burn_paged::{LlmEngine, PagedError, RequestParams};
 
 /// A text-generation engine.
@@ -61,5 +62,32 @@ impl Engine for LlmEngine {
             PagedError::Model(m) => m,
             other => ModelError::Device(other.to_string()),
         })
+    }
+}
+
+impl Engine for OffloadEngine {
+    fn name(&self) -> &'static str {
+        "offload"
+    }
+
+    /// Runs whole blocks; tokens are reported per request once its block has finished.
+    fn generate_stream(
+        &mut self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        on_token: &mut dyn FnMut(StreamEvent<'_>),
+    ) -> Result<GenerationOutput> {
+        let (out, _) = OffloadEngine::generate(self, prompts, params).map_err(|e| match e {
+            OffloadError::Model(m) => m,
+            other => ModelError::Device(other.to_string()),
+        })?;
+        for (request, r) in out.requests.iter().enumerate() {
+            let n = r.generated_ids.len();
+            for (i, &token) in r.generated_ids.iter().enumerate() {
+                let text = if i + 1 == n { r.text.as_str() } else { "" };
+                on_token(StreamEvent { request, token, text, finished: i + 1 == n });
+            }
+        }
+        Ok(out)
     }
 }

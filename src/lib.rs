@@ -12,6 +12,7 @@
 //! |---|---|
 //! | [`models`] (`burn-llm-models`) | configs, safetensors and GGUF loading, the shared decoder, KV-cache trait, sampling, plain generation |
 //! | [`kernels`] (`burn-llm-kernels`) | group-wise 4/8-bit quantization and fused dequantize-matmul, paged-attention kernels: CubeCL kernels with Flex twins |
+//! | [`offload`] (`burn-offload`) | FlexGen: weights and KV cache across device, host and disk, LP policy search, CPU attention, compression |
 //! | [`paged`] (`burn-paged`) | vLLM: block manager, PagedAttention KV cache, continuous-batching engine, parallel sampling, beam search |
 
 pub mod cli;
@@ -21,6 +22,7 @@ pub mod engine;
 pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;
 pub use burn_paged as paged;
+pub use burn_offload as offload;
 pub use burn_llm_models::{
     CausalLm, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt, RequestOutput,
     SamplingParams, StreamEvent, Timing, TokenLogprob,

@@ -52,6 +52,6 @@ pub use generation::{
     TokenLogprob,
 };
 pub use model::CausalLm;
-pub use pretrained::Pretrained;
+pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
 pub use tokenizer::Tokenizer;
 pub use weights::Checkpoint;

@@ -35,6 +35,40 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The layer with its attention and MLP projections quantized (see
+    /// [`CausalLm::quantize_weights`]).
+    pub fn quantized(self, bits: u32, group_size: usize) -> Result<Self> {
+        self.map_projections(|p, name| p.quantized(bits, group_size, name))
+    }
+
+    /// Bytes of its projection weights as stored (norms and biases are not counted).
+    pub fn weight_bytes(&self) -> usize {
+        let attn = [&self.attn.q, &self.attn.k, &self.attn.v, &self.attn.o].iter().map(|p| p.weight_bytes()).sum::<usize>();
+        attn + self.mlp.up.weight_bytes() + self.mlp.down.weight_bytes() + self.mlp.gate.as_ref().map_or(0, Projection::weight_bytes)
+    }
+
+    /// Applies `f` to every attention and MLP projection (with its name, for errors).
+    fn map_projections(self, f: impl Fn(Projection, &str) -> Result<Projection>) -> Result<Self> {
+        let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm } = self;
+        let attn = SelfAttention {
+            q: f(attn.q, "q")?,
+            k: f(attn.k, "k")?,
+            v: f(attn.v, "v")?,
+            o: f(attn.o, "o")?,
+            ..attn
+        };
+        let mlp = Mlp {
+            up: f(mlp.up, "up")?,
+            gate: match mlp.gate {
+                Some(g) => Some(f(g, "gate")?),
+                None => None,
+            },
+            down: f(mlp.down, "down")?,
+            activation: mlp.activation,
+        };
+        Ok(DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm })
+    }
+
     /// Runs the layer on `[batch, seq, hidden]`.
     pub fn forward(
         &self,
@@ -96,6 +130,18 @@ impl CausalLm {
 
     /// Builds the model from an opened checkpoint, checking every tensor's shape against `spec`.
     pub fn from_checkpoint(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
+        let mut model = Self::skeleton(spec, ckpt, device)?;
+        model.layers = (0..model.spec.num_layers)
+            .map(|i| load_layer(&model.spec, ckpt, i, device))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(model)
+    }
+
+    /// Everything but the decoder layers (embeddings, final norm, projections, LM head), for
+    /// engines that keep layers elsewhere and run them one at a time with
+    /// [`CausalLm::load_layer`], [`CausalLm::embed`], [`DecoderLayer::forward`] and
+    /// [`CausalLm::finish`] (offloading).
+    pub fn skeleton(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
         let names = spec.arch.tensor_names();
         let (hidden, embed) = (spec.hidden_size, spec.embed_dim);
         let embedding = |name: &str, rows: usize, dim: usize| -> Result<Embedding> {
@@ -122,9 +168,6 @@ impl CausalLm {
         };
         let project_in = project(names.project_in, [embed, hidden])?;
         let project_out = project(names.project_out, [hidden, embed])?;
-        let layers = (0..spec.num_layers)
-            .map(|i| load_layer(&spec, ckpt, i, device))
-            .collect::<Result<Vec<_>>>()?;
         let final_norm = if spec.final_norm {
             Some(Norm::load(ckpt, names.final_norm, spec.norm, hidden, device)?)
         } else {
@@ -139,7 +182,7 @@ impl CausalLm {
             embed_tokens,
             embed_positions,
             project_in,
-            layers,
+            layers: Vec::new(),
             final_norm,
             project_out,
             lm_head,
@@ -230,15 +273,7 @@ impl CausalLm {
             Some(head) => head.weight_bytes(),
             None => self.embed_tokens.size_bytes(),
         };
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                let attn = [&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o].iter().map(|p| p.weight_bytes()).sum::<usize>();
-                let mlp = l.mlp.up.weight_bytes() + l.mlp.down.weight_bytes() + l.mlp.gate.as_ref().map_or(0, Projection::weight_bytes);
-                attn + mlp
-            })
-            .sum();
+        let layers: usize = self.layers.iter().map(DecoderLayer::weight_bytes).sum();
         head + layers
     }
 
@@ -246,25 +281,7 @@ impl CausalLm {
     fn map_projections(mut self, f: impl Fn(Projection, &str) -> Result<Projection>) -> Result<Self> {
         let layers = std::mem::take(&mut self.layers);
         for (i, layer) in layers.into_iter().enumerate() {
-            let name = |p: &str| format!("layer {i} {p}");
-            let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm } = layer;
-            let attn = SelfAttention {
-                q: f(attn.q, &name("q"))?,
-                k: f(attn.k, &name("k"))?,
-                v: f(attn.v, &name("v"))?,
-                o: f(attn.o, &name("o"))?,
-                ..attn
-            };
-            let mlp = Mlp {
-                up: f(mlp.up, &name("up"))?,
-                gate: match mlp.gate {
-                    Some(g) => Some(f(g, &name("gate"))?),
-                    None => None,
-                },
-                down: f(mlp.down, &name("down"))?,
-                activation: mlp.activation,
-            };
-            self.layers.push(DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm });
+            self.layers.push(layer.map_projections(|p, name| f(p, &format!("layer {i} {name}")))?);
         }
         Ok(self)
     }
@@ -272,6 +289,11 @@ impl CausalLm {
     /// The device the model lives on.
     pub fn device(&self) -> Device {
         self.embed_tokens.device()
+    }
+
+    /// Loads decoder layer `i` of the model `spec` describes from `ckpt` onto `device`.
+    pub fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &Device) -> Result<DecoderLayer> {
+        load_layer(spec, ckpt, i, device)
     }
 
     /// The architecture description.
@@ -354,9 +376,14 @@ impl CausalLm {
     /// logits of their first column, which callers ignore).
     pub fn forward_last_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<2> {
         let states = self.forward(step, cache);
+        self.last_logits(states, &step.last)
+    }
+
+    /// Logits of each row's token at column `last[row]` of `states` `[batch, seq, embed_dim]`
+    /// (column 0 for rows without one), `[batch, vocab]`.
+    pub fn last_logits(&self, states: Tensor<3>, last: &[Option<usize>]) -> Tensor<2> {
         let [b, s, e] = states.dims();
-        let rows: Vec<i64> = step
-            .last
+        let rows: Vec<i64> = last
             .iter()
             .enumerate()
             .map(|(row, last)| (row * s + last.unwrap_or(0)) as i64)

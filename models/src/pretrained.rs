@@ -6,11 +6,14 @@ use std::path::Path;
 use burn::tensor::Device;
 use serde::Deserialize;
 
-use crate::config::OneOrMany;
+use burn_llm_kernels::GroupQuantized;
+
+use crate::config::{DecoderSpec, OneOrMany};
 use crate::error::{ModelError, Result};
 use crate::gguf::{tokenizer_from_gguf, GgufModel};
 use crate::model::CausalLm;
 use crate::tokenizer::Tokenizer;
+use crate::weights::{Checkpoint, TensorSource};
 
 /// Model, tokenizer and stop ids loaded from one directory.
 #[derive(Debug)]
@@ -30,47 +33,91 @@ struct GenerationConfig {
     eos_token_id: OneOrMany,
 }
 
-impl Pretrained {
-    /// Loads everything from an HF model directory, or from a GGUF file, onto `device`.
-    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        if dir.is_file() && dir.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-            return Self::load_gguf(dir, device);
+/// A model's weight files, opened (memory-mapped) but not loaded.
+pub enum ModelFiles {
+    /// HF safetensors, single or sharded.
+    Safetensors(Checkpoint),
+    /// A GGUF file.
+    Gguf(GgufModel),
+}
+
+impl TensorSource for ModelFiles {
+    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        match self {
+            ModelFiles::Safetensors(c) => c.read_f32(name, expected),
+            ModelFiles::Gguf(g) => g.read_f32(name, expected),
         }
-        if !dir.is_dir() {
+    }
+
+    fn quantized(&self, name: &str, shape: [usize; 2], device: &Device) -> Result<Option<GroupQuantized<2>>> {
+        match self {
+            ModelFiles::Safetensors(c) => c.quantized(name, shape, device),
+            ModelFiles::Gguf(g) => g.quantized(name, shape, device),
+        }
+    }
+}
+
+/// Everything of a pretrained model but its weights in memory: the architecture, the opened weight
+/// files, the tokenizer and the stop ids. Engines that place weights themselves (offloading) load
+/// layers from `files` when they need them.
+pub struct PretrainedFiles {
+    /// The architecture.
+    pub spec: DecoderSpec,
+    /// The weights, opened.
+    pub files: ModelFiles,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Ids that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl PretrainedFiles {
+    /// Opens an HF model directory or a GGUF file without loading its weights.
+    pub fn open(path: &Path) -> Result<Self> {
+        if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            let gguf = GgufModel::open(path)?;
+            let tokenizer = tokenizer_from_gguf(gguf.file())?;
+            let spec = gguf.spec().clone();
+            let eos_token_ids = stop_ids(&spec, &tokenizer, Vec::new());
+            return Ok(Self { spec, files: ModelFiles::Gguf(gguf), tokenizer, eos_token_ids });
+        }
+        if !path.is_dir() {
             return Err(ModelError::MissingFile {
                 what: "model directory",
-                path: dir.to_path_buf(),
+                path: path.to_path_buf(),
             });
         }
-        let tokenizer = Tokenizer::from_dir(dir)?;
-        let model = CausalLm::load(dir, device)?;
-        Ok(Self::assemble(model, tokenizer, generation_eos(dir)?))
+        let tokenizer = Tokenizer::from_dir(path)?;
+        let spec = DecoderSpec::from_dir(path)?;
+        let eos_token_ids = stop_ids(&spec, &tokenizer, generation_eos(path)?);
+        Ok(Self { spec, files: ModelFiles::Safetensors(Checkpoint::open(path)?), tokenizer, eos_token_ids })
     }
 
-    /// Loads a LLaMA-architecture GGUF file (weights dequantized to `f32`, tokenizer from its
-    /// metadata) onto `device`.
-    pub fn load_gguf(path: &Path, device: &Device) -> Result<Self> {
-        let gguf = GgufModel::open(path)?;
-        let tokenizer = tokenizer_from_gguf(gguf.file())?;
-        let model = CausalLm::from_checkpoint(gguf.spec().clone(), &gguf, device)?;
-        Ok(Self::assemble(model, tokenizer, Vec::new()))
+    /// Loads the whole model onto `device`.
+    pub fn load(self, device: &Device) -> Result<Pretrained> {
+        let model = CausalLm::from_checkpoint(self.spec, &self.files, device)?;
+        Ok(Pretrained { model, tokenizer: self.tokenizer, eos_token_ids: self.eos_token_ids })
     }
+}
 
-    /// Stop ids: the generation config's, else the model config's, else the tokenizer's EOS.
-    fn assemble(model: CausalLm, tokenizer: Tokenizer, generation_eos: Vec<u32>) -> Self {
-        let mut eos_token_ids = generation_eos;
-        if eos_token_ids.is_empty() {
-            eos_token_ids = model.spec().eos_token_ids.clone();
-        }
-        if eos_token_ids.is_empty() {
-            eos_token_ids.extend(tokenizer.eos_id());
-        }
-        Self {
-            model,
-            tokenizer,
-            eos_token_ids,
-        }
+impl Pretrained {
+    /// Loads everything from an HF model directory, or from a GGUF file (quantized blocks kept as
+    /// shipped, tokenizer from its metadata), onto `device`.
+    pub fn load(path: &Path, device: &Device) -> Result<Self> {
+        PretrainedFiles::open(path)?.load(device)
     }
+}
+
+/// Stop ids: the generation config's, else the model config's, else the tokenizer's EOS.
+fn stop_ids(spec: &DecoderSpec, tokenizer: &Tokenizer, generation_eos: Vec<u32>) -> Vec<u32> {
+    let mut eos_token_ids = generation_eos;
+    if eos_token_ids.is_empty() {
+        eos_token_ids = spec.eos_token_ids.clone();
+    }
+    if eos_token_ids.is_empty() {
+        eos_token_ids.extend(tokenizer.eos_id());
+    }
+    eos_token_ids
 }
 
 fn generation_eos(dir: &Path) -> Result<Vec<u32>> {

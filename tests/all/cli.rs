@@ -9,6 +9,7 @@ use crate::common::fixture;
 const DEFAULTS: ExampleDefaults = ExampleDefaults {
     name: "test_generate",
     model: "facebook/opt-125m",
+    engine: burn_llm::cli::EngineKind::Plain,
 };
 
 fn args(extra: &[&str]) -> GenerateArgs {

@@ -9,6 +9,7 @@ mod common;
 mod cli;
 mod errors;
 mod gguf;
+mod offload;
 mod paged;
 mod parity;
 mod quantized;

@@ -26,10 +26,11 @@ pub struct PplArgs {
     /// Text file to score (default: the GNU GPL v3 shipped by the OS).
     #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
     text: PathBuf,
-    /// Variants to evaluate, comma-separated: `base` (weights as loaded), `w8`, `w4` (weights
+    /// Variants to evaluate, comma-separated: `base` (weights as loaded: a GGUF file's quantized
+    /// blocks as shipped), `f32` (every weight dequantized to f32), `w8`, `w4` (weights
     /// re-quantized in groups of `--group-size`), `kv8`, `kv4` (KV cache quantized along the head
     /// dimension), `w4kv4` (both, FlexGen's compressed setting).
-    #[arg(long, value_delimiter = ',', default_value = "base,w8,w4,kv8,kv4,w4kv4")]
+    #[arg(long, value_delimiter = ',', default_value = "base,f32,w8,w4,kv8,kv4,w4kv4")]
     variants: Vec<String>,
     /// Quantization group size.
     #[arg(long, default_value_t = 64)]
@@ -102,12 +103,13 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         let pretrained = Pretrained::load(&path, &device)?;
         let (model, kv_bits) = match variant.as_str() {
             "base" => (pretrained.model, None),
+            "f32" => (pretrained.model.dequantize_weights(), None),
             "w8" => (pretrained.model.quantize_weights(8, args.group_size)?, None),
             "w4" => (pretrained.model.quantize_weights(4, args.group_size)?, None),
             "kv8" => (pretrained.model, Some(8)),
             "kv4" => (pretrained.model, Some(4)),
             "w4kv4" => (pretrained.model.quantize_weights(4, args.group_size)?, Some(4)),
-            other => return Err(format!("unknown variant `{other}` (base, w8, w4, kv8, kv4, w4kv4)").into()),
+            other => return Err(format!("unknown variant `{other}` (base, f32, w8, w4, kv8, kv4, w4kv4)").into()),
         };
         let tokens = pretrained.tokenizer.encode(&text)?;
         let context = args.context.min(model.spec().max_positions).max(2);

@@ -95,6 +95,19 @@ pub struct ContiguousKvCache {
     /// Bias of the current step, `[batch, 1, step, used]`.
     bias: Option<Tensor<4>>,
     device: Device,
+    /// Where each layer's slots live and where its attention runs.
+    placement: Vec<KvPlacement>,
+}
+
+/// Where one layer's keys and values are stored, and where its attention runs (FlexGen's cache
+/// placement and CPU-attention delegation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvPlacement {
+    /// Device holding the slots (the compute device, or the host for an offloaded cache).
+    pub device: Device,
+    /// Run attention where the slots are (only queries, new keys/values and the output cross
+    /// the link) instead of moving the visible slots to the queries' device every step.
+    pub attend_there: bool,
 }
 
 impl ContiguousKvCache {
@@ -110,10 +123,43 @@ impl ContiguousKvCache {
         Ok(Self::build(layout, batch, capacity, device, Some(spec)))
     }
 
+    /// Like [`ContiguousKvCache::new`] (or [`ContiguousKvCache::quantized`] with `bits`), with
+    /// each layer's slots on the device `placement[layer]` names; `device` is where the model
+    /// runs (token ids, positions and attention outputs live there).
+    pub fn with_placement(
+        layout: KvLayout,
+        batch: usize,
+        capacity: usize,
+        device: &Device,
+        bits: Option<u32>,
+        placement: Vec<KvPlacement>,
+    ) -> Result<Self> {
+        if placement.len() != layout.num_layers {
+            return Err(ModelError::BatchMismatch(format!(
+                "{} KV placements for a model of {} layers",
+                placement.len(),
+                layout.num_layers
+            )));
+        }
+        let quant = bits.map(|b| kv_quant_spec(layout, b)).transpose()?;
+        let mut cache = Self::build(layout, batch, capacity, device, quant);
+        let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
+        for (layer, home) in placement.iter().enumerate() {
+            if home.device != *device {
+                cache.keys[layer] = Some(Slots::new(shape, quant, &home.device));
+                cache.values[layer] = Some(Slots::new(shape, quant, &home.device));
+            }
+        }
+        cache.placement = placement;
+        Ok(cache)
+    }
+
     fn build(layout: KvLayout, batch: usize, capacity: usize, device: &Device, quant: Option<QuantSpec>) -> Self {
         let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
         let zeros = || Some(Slots::new(shape, quant, device));
+        let home = KvPlacement { device: device.clone(), attend_there: true };
         Self {
+            placement: vec![home; layout.num_layers],
             quant,
             layout,
             batch,
@@ -149,7 +195,7 @@ impl ContiguousKvCache {
         self.next_position[b]
     }
 
-    /// Bytes held on the device by keys and values (codes plus `f32` scales and minimums when
+    /// Bytes held by keys and values on all devices (codes plus `f32` scales and minimums when
     /// quantized).
     pub fn memory_bytes(&self) -> usize {
         let dense = self.layout.bytes_per_token() * self.batch * self.capacity;
@@ -157,6 +203,12 @@ impl ContiguousKvCache {
             None => dense,
             Some(spec) => spec.storage_bytes(dense / std::mem::size_of::<f32>()),
         }
+    }
+
+    /// Bytes of keys and values stored on `device`.
+    pub fn memory_bytes_on(&self, device: &Device) -> usize {
+        let layers = self.placement.iter().filter(|p| p.device == *device).count();
+        self.memory_bytes() / self.layout.num_layers.max(1) * layers
     }
 
     /// Lays out the next step: `new_tokens[b]` are the tokens sequence `b` adds (possibly none).
@@ -234,6 +286,10 @@ impl KvCache for ContiguousKvCache {
             "attend called outside begin_step's layout"
         );
         let (start, used) = (self.step_start, self.used);
+        let home = self.placement[layer].clone();
+        let here = q.device();
+        let away = home.device != here;
+        let (k, v) = if away { (k.to_device(&home.device), v.to_device(&home.device)) } else { (k, v) };
         let store = |slot: &mut Option<Slots>, new: Tensor<4>| {
             let (full, visible) = slot
                 .take()
@@ -248,7 +304,16 @@ impl KvCache for ContiguousKvCache {
             .bias
             .clone()
             .expect("begin_step must be called before the model runs");
-        attention(q, keys, values, bias, scale)
+        if !away {
+            return attention(q, keys, values, bias, scale);
+        }
+        if home.attend_there {
+            // CPU-attention delegation: the query goes to the cache, the output comes back.
+            let (q, bias) = (q.to_device(&home.device), bias.to_device(&home.device));
+            return attention(q, keys, values, bias, scale).to_device(&here);
+        }
+        // The visible slots are loaded to the compute device for this step.
+        attention(q, keys.to_device(&here), values.to_device(&here), bias, scale)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
 mod generate;
+mod offload;
 mod quant;
 mod serve;
 
@@ -13,6 +14,8 @@ pub enum Which {
     Generate(generate::Args),
     /// Cost of group quantization: dequantize GB/s, fused vs f32 matmul, decode tokens/s.
     Quant(quant::Args),
+    /// FlexGen policies on a model larger than the device budget: searched vs baselines.
+    Offload(offload::Args),
     /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings.
     Serve(serve::Args),
 }
@@ -23,5 +26,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Generate(args) => generate::run(args),
         Which::Quant(args) => quant::run(args),
         Which::Serve(args) => serve::run(args),
+        Which::Offload(args) => offload::run(args),
     }
 }

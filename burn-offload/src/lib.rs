@@ -1,0 +1,27 @@
+//! # burn-offload
+//!
+//! FlexGen (Sheng et al., ICML '23) on Burn, with LM-Offload's quantization-aware cost model and
+//! thread control: run models larger than the device's memory by placing weights and KV cache
+//! across the device, host memory and disk, traversing layers in a zig-zag block schedule that
+//! loads each layer once per block of GPU batches, prefetching the next layer while the current
+//! one computes, and attending on the CPU where the cache lives there.
+//!
+//! - [`policy`]: hardware profile, model shape, FlexGen's cost model (Appendix A.3), the LP
+//!   placement search (`good_lp`, pure-Rust `microlp`), rounding to whole layers, thread control.
+//! - [`store`]: the disk tier (one checksummed, memory-mapped file per tensor) and the per-tier
+//!   memory ledger that enforces the budgets.
+//! - [`weights`]: tensor sources for the disk tier and for dummy weights.
+//! - [`OffloadEngine`]: places a model per policy and generates with the block schedule.
+//! - [`profiler`]: measures the cost model's constants.
+
+#![warn(missing_docs)]
+
+mod engine;
+pub mod error;
+pub mod policy;
+pub mod profiler;
+pub mod store;
+pub mod weights;
+
+pub use engine::{model_shape, MemoryReport, OffloadConfig, OffloadEngine, OffloadReport, PolicyChoice};
+pub use error::{OffloadError, Result};

@@ -1,0 +1,479 @@
+//! Tests of the disk tier and the memory ledger.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::*;
+
+/// A unique directory under `std::env::temp_dir()`, removed on drop.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(tag: &str) -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let path = std::env::temp_dir().join(format!(
+            "burn-offload-store-test-{tag}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// A not-yet-existing subdirectory (so the store creates it).
+    fn sub(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn f32_data(n: usize) -> Vec<f32> {
+    (0..n).map(|i| i as f32 * 0.5 - 3.25).collect()
+}
+
+fn u32_data(n: usize) -> Vec<u32> {
+    (0..n).map(|i| (i as u32).wrapping_mul(2_654_435_761)).collect()
+}
+
+/// Stores a small f32 tensor and returns (store, its file path, its full bytes).
+fn small_store(dir: &TestDir) -> (DiskStore, PathBuf, Vec<u8>) {
+    let mut store = DiskStore::open(dir.sub("store")).unwrap();
+    let values = f32_data(6);
+    let t = store.put("blk.0.w", HostData::f32(&[2, 3], &values)).unwrap();
+    let bytes = fs::read(t.path()).unwrap();
+    (store, t.path().to_path_buf(), bytes)
+}
+
+#[test]
+fn round_trip_both_dtypes_and_shapes() {
+    let dir = TestDir::new("roundtrip");
+    let mut store = DiskStore::open(dir.sub("store")).unwrap();
+    let shapes: &[&[usize]] = &[&[], &[0], &[1], &[7], &[2, 3], &[3, 0, 5], &[2, 3, 4, 5], &[1; 16], &[4096, 33]];
+    for (i, shape) in shapes.iter().enumerate() {
+        let n: usize = shape.iter().product();
+        let fv = f32_data(n);
+        let uv = u32_data(n);
+        let ft = store.put(&format!("f{i}"), HostData::f32(shape, &fv)).unwrap();
+        let ut = store.put(&format!("u{i}"), HostData::u32(shape, &uv)).unwrap();
+        assert_eq!(ft.shape(), *shape);
+        assert_eq!(ft.payload_bytes(), 4 * n as u64);
+        assert_eq!(ft.file_bytes(), fs::metadata(ft.path()).unwrap().len());
+        assert_eq!(ut.dtype(), DType::U32);
+
+        let m = store.get(&format!("f{i}")).unwrap();
+        assert_eq!(m.dtype(), DType::F32);
+        assert_eq!(m.shape(), *shape);
+        assert_eq!(m.numel(), n);
+        assert_eq!(m.as_f32().unwrap(), &fv[..]);
+        assert!(m.as_u32().is_none());
+        assert_eq!(m.view(), TensorView::F32(&fv));
+        assert_eq!(m.bytes().as_ptr() as usize % 4, 0);
+
+        let m = store.get_unverified(&format!("u{i}")).unwrap();
+        assert_eq!(m.as_u32().unwrap(), &uv[..]);
+        assert!(m.as_f32().is_none());
+        m.verify_checksum().unwrap();
+    }
+    // Special float values survive bit-exactly.
+    let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, f32::MIN_POSITIVE / 2.0];
+    store.put("special", HostData::f32(&[5], &special)).unwrap();
+    let m = store.get("special").unwrap();
+    let got: Vec<u32> = m.as_f32().unwrap().iter().map(|x| x.to_bits()).collect();
+    let want: Vec<u32> = special.iter().map(|x| x.to_bits()).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn put_replaces_and_accounts_bytes() {
+    let dir = TestDir::new("replace");
+    let mut store = DiskStore::open(dir.sub("store")).unwrap();
+    assert!(store.is_empty());
+    let a = store.put("a", HostData::f32(&[4], &f32_data(4))).unwrap();
+    let b = store.put("b", HostData::u32(&[2, 2], &u32_data(4))).unwrap();
+    assert_eq!(store.bytes_on_disk(), a.file_bytes() + b.file_bytes());
+    let a2 = store.put("a", HostData::u32(&[10], &u32_data(10))).unwrap();
+    assert_eq!(store.len(), 2);
+    assert_eq!(store.bytes_on_disk(), a2.file_bytes() + b.file_bytes());
+    assert_eq!(store.get("a").unwrap().as_u32().unwrap(), &u32_data(10)[..]);
+    // Only the two tensor files: no temp files left behind.
+    assert_eq!(fs::read_dir(store.dir()).unwrap().count(), 2);
+
+    let removed = store.remove("a").unwrap();
+    assert_eq!(removed.name(), "a");
+    assert!(!removed.path().exists());
+    assert_eq!(store.bytes_on_disk(), b.file_bytes());
+    assert!(matches!(store.get("a"), Err(StoreError::UnknownTensor { .. })));
+    assert!(matches!(store.remove("a"), Err(StoreError::UnknownTensor { .. })));
+    store.remove("b").unwrap();
+    assert_eq!(store.bytes_on_disk(), 0);
+}
+
+#[test]
+fn shape_errors() {
+    let dir = TestDir::new("shape");
+    let mut store = DiskStore::open(dir.sub("store")).unwrap();
+    let v = f32_data(6);
+    let e = store.put("x", HostData::f32(&[2, 2], &v)).unwrap_err();
+    assert!(matches!(e, StoreError::InvalidShape { .. }), "{e}");
+    assert!(e.to_string().contains("4 elements expected, 6 values given"), "{e}");
+    let e = store.put("x", HostData::f32(&[1; 17], &v[..1])).unwrap_err();
+    assert!(matches!(e, StoreError::InvalidShape { .. }), "{e}");
+    let e = store.put("x", HostData::f32(&[usize::MAX, 2], &v)).unwrap_err();
+    assert!(e.to_string().contains("overflows"), "{e}");
+    let e = store.put("", HostData::f32(&[6], &v)).unwrap_err();
+    assert!(matches!(e, StoreError::InvalidName { .. }), "{e}");
+    assert!(store.is_empty());
+}
+
+#[test]
+fn every_bit_flip_is_detected() {
+    let dir = TestDir::new("bitflip");
+    let (store, path, good) = small_store(&dir);
+    let header_len = 32 + 8 * 2;
+    assert_eq!(good.len(), header_len + 24);
+    for pos in 0..good.len() {
+        for bit in 0..8 {
+            let mut bad = good.clone();
+            bad[pos] ^= 1 << bit;
+            fs::write(&path, &bad).unwrap();
+            let in_payload = pos >= header_len;
+            match store.get("blk.0.w") {
+                Ok(_) => panic!("byte {pos} bit {bit}: corrupted file accepted"),
+                Err(e) if in_payload => {
+                    assert!(matches!(e, StoreError::Corrupted { .. }), "byte {pos} bit {bit}: {e}");
+                    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+                }
+                Err(e) => assert!(
+                    matches!(e, StoreError::BadHeader { .. } | StoreError::Truncated { .. }),
+                    "byte {pos} bit {bit}: {e}"
+                ),
+            }
+            // The unverified read rejects header damage; payload damage shows up in the
+            // explicit check.
+            match store.get_unverified("blk.0.w") {
+                Ok(m) => {
+                    assert!(in_payload, "byte {pos} bit {bit}: header damage accepted");
+                    assert!(matches!(m.verify_checksum(), Err(StoreError::Corrupted { .. })));
+                }
+                Err(e) => assert!(!in_payload, "byte {pos} bit {bit}: {e}"),
+            }
+        }
+    }
+    fs::write(&path, &good).unwrap();
+    assert_eq!(store.get("blk.0.w").unwrap().as_f32().unwrap(), &f32_data(6)[..]);
+}
+
+#[test]
+fn every_truncation_and_extension_is_detected() {
+    let dir = TestDir::new("truncate");
+    let (store, path, good) = small_store(&dir);
+    for len in 0..good.len() {
+        fs::write(&path, &good[..len]).unwrap();
+        let e = store.get("blk.0.w").unwrap_err();
+        assert!(matches!(e, StoreError::Truncated { .. }), "len {len}: {e}");
+        assert!(store.get_unverified("blk.0.w").is_err(), "len {len}");
+    }
+    fs::write(&path, &good[..30]).unwrap();
+    let msg = store.get("blk.0.w").unwrap_err().to_string();
+    assert!(msg.contains("truncated: needs 48 bytes, has 30") && msg.contains("blk.0.w"), "{msg}");
+    let mut long = good.clone();
+    long.push(0);
+    fs::write(&path, &long).unwrap();
+    let e = store.get("blk.0.w").unwrap_err();
+    assert!(matches!(e, StoreError::BadHeader { .. }) && e.to_string().contains("trailing"), "{e}");
+}
+
+#[test]
+fn other_valid_file_is_a_mismatch() {
+    let dir = TestDir::new("mismatch");
+    let mut store = DiskStore::open(dir.sub("store")).unwrap();
+    let a = store.put("a", HostData::f32(&[2, 3], &f32_data(6))).unwrap();
+    let b = store.put("b", HostData::f32(&[3, 2], &f32_data(6))).unwrap();
+    let c = store.put("c", HostData::u32(&[2, 3], &u32_data(6))).unwrap();
+    let d = store.put("d", HostData::f32(&[2, 3], &f32_data(7)[1..])).unwrap();
+    for (other, what) in [(&b, "shape"), (&c, "dtype"), (&d, "CRC")] {
+        fs::copy(other.path(), a.path()).unwrap();
+        let e = store.get("a").unwrap_err();
+        assert!(matches!(e, StoreError::Mismatch { .. }) && e.to_string().contains(what), "{e}");
+    }
+    fs::write(a.path(), b"definitely not a tensor file, just some text").unwrap();
+    let e = store.get("a").unwrap_err();
+    assert!(e.to_string().contains("not a tensor file"), "{e}");
+}
+
+#[test]
+fn file_deleted_behind_the_stores_back() {
+    let dir = TestDir::new("deleted");
+    let (mut store, path, _) = small_store(&dir);
+    let mapped = store.get("blk.0.w").unwrap();
+    fs::remove_file(&path).unwrap();
+    let e = store.get("blk.0.w").unwrap_err();
+    assert!(matches!(e, StoreError::Missing { .. }), "{e}");
+    assert!(e.to_string().contains("missing") && e.to_string().contains("blk.0.w"), "{e}");
+    // The existing map stays readable on Unix (it holds the inode).
+    #[cfg(unix)]
+    assert_eq!(mapped.as_f32().unwrap(), &f32_data(6)[..]);
+    drop(mapped);
+    // Removing an already-deleted file is fine.
+    store.remove("blk.0.w").unwrap();
+    assert!(store.is_empty());
+}
+
+#[test]
+fn hostile_and_unusual_names_stay_inside_the_directory() {
+    let dir = TestDir::new("names");
+    let store_dir = dir.sub("store");
+    let mut store = DiskStore::open(&store_dir).unwrap();
+    let long = "x/".repeat(500);
+    let names = [
+        "..",
+        ".",
+        "../escape",
+        "../../etc/passwd",
+        "/abs/path",
+        "a/b",
+        "a\\b",
+        "a/../../b",
+        "C:\\x",
+        "CON",
+        "nul",
+        "名前.重み",
+        "🦀 crab",
+        "tab\tnew\nline",
+        "nul\0byte",
+        "%2F",
+        "/",
+        "A",
+        "a",
+        " ",
+        "...",
+        long.as_str(),
+        "blk.3.attn_q.weight",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let values = u32_data(i + 1);
+        let t = store.put(name, HostData::u32(&[i + 1], &values)).unwrap();
+        assert_eq!(t.path().parent().unwrap(), store_dir, "{name:?}");
+        let file = t.path().file_name().unwrap().to_str().unwrap();
+        assert!(file.len() <= 120, "{file}");
+        assert!(file.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-%".contains(&b)), "{file}");
+        assert!(!file.starts_with('.'), "{file}");
+    }
+    assert_eq!(store.len(), names.len());
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(store.get(name).unwrap().as_u32().unwrap(), &u32_data(i + 1)[..], "{name:?}");
+    }
+    // Every file is a distinct entry directly in the store dir; nothing was written next to it.
+    assert_eq!(fs::read_dir(&store_dir).unwrap().count(), names.len());
+    let siblings: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(siblings, vec![std::ffi::OsString::from("store")]);
+    // Readable prefix for ordinary names.
+    assert!(store.path_for("blk.3.attn_q.weight").to_str().unwrap().ends_with("-blk.3.attn_q.weight.bot"));
+}
+
+#[test]
+fn cleanup_policies() {
+    let dir = TestDir::new("cleanup");
+    let created = dir.sub("created");
+    {
+        let mut store = DiskStore::open(&created).unwrap();
+        store.put("a", HostData::f32(&[1], &[1.0])).unwrap();
+    }
+    assert!(!created.exists(), "default cleanup removes the files and the directory it created");
+
+    let kept = dir.sub("kept");
+    let options = DiskStoreOptions { cleanup: Cleanup::Keep, fsync: true };
+    let path = {
+        let mut store = DiskStore::open_with(&kept, options).unwrap();
+        store.put("a", HostData::f32(&[1], &[1.0])).unwrap().path().to_path_buf()
+    };
+    assert!(path.exists(), "Keep leaves files");
+
+    // A pre-existing directory is not removed, and foreign files in it are left alone.
+    let foreign = kept.join("foreign.txt");
+    fs::write(&foreign, b"x").unwrap();
+    let mut store = DiskStore::open(&kept).unwrap();
+    let t = store.put("b", HostData::u32(&[2], &[1, 2])).unwrap();
+    store.close().unwrap();
+    assert!(!t.path().exists() && foreign.exists() && path.exists());
+}
+
+#[test]
+fn mapped_tensor_outlives_store_and_is_send_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<MappedTensor>();
+    assert_send_sync::<DiskStore>();
+    let dir = TestDir::new("outlive");
+    let mut store =
+        DiskStore::open_with(dir.sub("s"), DiskStoreOptions { cleanup: Cleanup::Keep, fsync: false }).unwrap();
+    store.put("t", HostData::f32(&[3], &[1.0, 2.0, 3.0])).unwrap();
+    let m = store.get("t").unwrap();
+    drop(store);
+    let handle = std::thread::spawn(move || m.as_f32().unwrap().iter().sum::<f32>());
+    assert_eq!(handle.join().unwrap(), 6.0);
+}
+
+// ---------------------------------------------------------------- ledger
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn fmt_bytes_units() {
+    assert_eq!(fmt_bytes(0), "0 B");
+    assert_eq!(fmt_bytes(1023), "1023 B");
+    assert_eq!(fmt_bytes(1024), "1.0 KiB");
+    assert_eq!(fmt_bytes(1536), "1.5 KiB");
+    assert_eq!(fmt_bytes(180 * MIB), "180.0 MiB");
+    assert_eq!(fmt_bytes(2 * GIB), "2.00 GiB");
+    assert_eq!(fmt_bytes(GIB * 19 / 10), "1.90 GiB");
+    assert_eq!(fmt_bytes(u64::MAX), "17179869184.00 GiB");
+}
+
+#[test]
+fn reservations_within_and_over_capacity() {
+    let ledger = MemoryLedger::new(Some(2 * GIB), Some(8 * GIB), None);
+    let a = ledger.reserve(Tier::Gpu, GIB, "blk.0 weights").unwrap();
+    let b = ledger.reserve(Tier::Gpu, GIB * 9 / 10, "blk.1 weights").unwrap();
+    assert_eq!(ledger.in_use(Tier::Gpu), GIB * 19 / 10);
+    assert_eq!(ledger.available(Tier::Gpu), Some(2 * GIB - GIB * 19 / 10));
+    assert_eq!(ledger.available(Tier::Disk), None);
+    assert_eq!((a.tier(), a.bytes()), (Tier::Gpu, GIB));
+
+    let e = ledger.reserve(Tier::Gpu, 180 * MIB, "blk.3 weights").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the GPU budget of 2.00 GiB cannot hold blk.3 weights (180.0 MiB): 1.90 GiB already in use; \
+         raise --gpu-mem or offload more"
+    );
+    match &e {
+        StoreError::OverBudget(o) => {
+            assert_eq!((o.tier, o.needed, o.in_use, o.capacity), (Tier::Gpu, 180 * MIB, GIB * 19 / 10, Some(2 * GIB)))
+        }
+        other => panic!("{other}"),
+    }
+    // A failed reservation changes nothing.
+    assert_eq!(ledger.in_use(Tier::Gpu), GIB * 19 / 10);
+    // Exactly filling the capacity is fine; zero bytes always fit.
+    let rest = ledger.reserve(Tier::Gpu, 2 * GIB - ledger.in_use(Tier::Gpu), "rest").unwrap();
+    let _zero = ledger.reserve(Tier::Gpu, 0, "nothing").unwrap();
+    assert!(ledger.reserve(Tier::Gpu, 1, "one byte").is_err());
+
+    // Dropping releases; tiers are independent.
+    drop(rest);
+    b.release();
+    assert_eq!(ledger.in_use(Tier::Gpu), GIB);
+    let cpu = ledger.reserve(Tier::Cpu, 5 * GIB, "kv cache").unwrap();
+    let e = ledger.reserve(Tier::Cpu, 4 * GIB, "kv cache").unwrap_err();
+    assert!(e.to_string().contains("CPU budget of 8.00 GiB") && e.to_string().contains("--cpu-mem"), "{e}");
+    drop(cpu);
+    drop(a);
+    assert_eq!(ledger.in_use(Tier::Gpu), 0);
+    assert_eq!(ledger.in_use(Tier::Cpu), 0);
+}
+
+#[test]
+fn unlimited_overflow_and_capacity_changes() {
+    let ledger = MemoryLedger::default();
+    let big = ledger.reserve(Tier::Disk, u64::MAX - 10, "everything").unwrap();
+    let e = ledger.reserve(Tier::Disk, 11, "more").unwrap_err();
+    assert!(e.to_string().contains("overflows") && e.to_string().contains("--disk-mem"), "{e}");
+    drop(big);
+
+    ledger.set_capacity(Tier::Gpu, Some(100));
+    let r = ledger.reserve(Tier::Gpu, 80, "x").unwrap();
+    ledger.set_capacity(Tier::Gpu, Some(50));
+    assert_eq!(ledger.available(Tier::Gpu), Some(0));
+    assert!(ledger.reserve(Tier::Gpu, 1, "y").is_err());
+    drop(r);
+    assert!(ledger.reserve(Tier::Gpu, 50, "z").is_ok());
+    ledger.set_capacity(Tier::Gpu, None);
+    assert_eq!(ledger.capacity(Tier::Gpu), None);
+}
+
+#[test]
+fn peaks_track_and_reset() {
+    let ledger = MemoryLedger::new(Some(1000), None, None);
+    let a = ledger.reserve(Tier::Gpu, 300, "a").unwrap();
+    let b = ledger.reserve(Tier::Gpu, 500, "b").unwrap();
+    drop(b);
+    let c = ledger.reserve(Tier::Gpu, 100, "c").unwrap();
+    assert_eq!(ledger.in_use(Tier::Gpu), 400);
+    assert_eq!(ledger.peak(Tier::Gpu), 800);
+    assert_eq!(ledger.peak(Tier::Cpu), 0);
+    ledger.reset_peaks();
+    assert_eq!(ledger.peak(Tier::Gpu), 400);
+    drop(a);
+    assert_eq!(ledger.peak(Tier::Gpu), 400);
+    drop(c);
+    let s = ledger.to_string();
+    assert!(s.starts_with("GPU 0 B / 1000 B (peak 400 B); CPU 0 B / unlimited"), "{s}");
+}
+
+#[test]
+fn concurrent_reservations_never_exceed_capacity() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<MemoryLedger>();
+    assert_send_sync::<Reservation>();
+
+    const CAPACITY: u64 = 10_000;
+    let ledger = MemoryLedger::new(Some(CAPACITY), None, None);
+    let barrier = Arc::new(Barrier::new(4));
+    let successes = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (ledger, barrier) = (ledger.clone(), Arc::clone(&barrier));
+            let (successes, failures) = (Arc::clone(&successes), Arc::clone(&failures));
+            std::thread::spawn(move || {
+                barrier.wait();
+                // Deterministic per-thread pseudo-random sizes (xorshift).
+                let mut x = 0x9E37_79B9_7F4A_7C15_u64 ^ (t + 1);
+                let mut held = Vec::new();
+                for _ in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let bytes = x % 3_000 + 1;
+                    match ledger.reserve(Tier::Gpu, bytes, "stress") {
+                        Ok(r) => {
+                            successes.fetch_add(1, Ordering::Relaxed);
+                            held.push(r);
+                        }
+                        Err(_) => {
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    assert!(ledger.in_use(Tier::Gpu) <= CAPACITY);
+                    if !held.is_empty() && (x.is_multiple_of(3) || held.len() > 3) {
+                        drop(held.swap_remove(0));
+                    }
+                    if x.is_multiple_of(97) {
+                        held.clear();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(ledger.in_use(Tier::Gpu), 0);
+    assert!(ledger.peak(Tier::Gpu) <= CAPACITY);
+    assert!(ledger.peak(Tier::Gpu) > CAPACITY / 2);
+    assert!(successes.load(Ordering::Relaxed) > 1000);
+    assert!(failures.load(Ordering::Relaxed) > 0, "the stress test should hit the capacity");
+}

@@ -1,0 +1,140 @@
+//! The offloading engine (`burn-offload`): greedy outputs identical to plain generation for every
+//! exact policy, on every device; budgets enforced; a corrupted disk tier detected.
+
+use std::path::PathBuf;
+
+use burn::tensor::Device;
+use burn_llm::models::weights::Checkpoint;
+use burn_llm::models::{DecoderSpec, Pretrained, Prompt, SamplingParams};
+use burn_llm::offload::policy::{HardwareProfile, Placement, Policy, Workload};
+use burn_llm::offload::{OffloadConfig, OffloadEngine, OffloadError, PolicyChoice};
+use burn_llm::Generator;
+
+use crate::common::{devices, fixture, reference, FIXTURES};
+
+/// The offload directory of test `tag`, under the system temp dir.
+fn offload_dir(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("burn-llm-offload-test-{}-{tag}", std::process::id()))
+}
+
+fn config(policy: Policy, tag: &str, gpu_mem: u64) -> OffloadConfig {
+    let dir = offload_dir(tag);
+    let _ = std::fs::remove_dir_all(&dir);
+    OffloadConfig {
+        gpu_mem,
+        cpu_mem: 1 << 30,
+        offload_dir: dir,
+        policy: PolicyChoice::Fixed(policy),
+        hardware: HardwareProfile::t4_like(),
+        workload: Workload::new(64, 12),
+        host: Device::flex(),
+    }
+}
+
+fn engine(name: &str, device: &Device, policy: Policy, tag: &str) -> OffloadEngine {
+    let dir = fixture(name);
+    let pretrained = Pretrained::load(&dir, &Device::flex()).unwrap();
+    let spec = DecoderSpec::from_dir(&dir).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    OffloadEngine::new(spec, &ckpt, Some(pretrained.tokenizer), pretrained.eos_token_ids, config(policy, tag, 1 << 30), device).unwrap()
+}
+
+/// The exact policies of the issue: everything on the device; weights on disk; weights and KV on
+/// the host with CPU attention; each with overlap on and off; two GPU batches of two per block.
+fn exact_policies() -> Vec<(&'static str, Policy)> {
+    let base = Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) };
+    let disk = Policy { weights: Placement::from_array([0.0, 0.0, 1.0]), ..base };
+    let host = Policy {
+        weights: Placement::from_array([0.0, 1.0, 0.0]),
+        cache: Placement::from_array([0.0, 1.0, 0.0]),
+        cpu_attention: true,
+        ..base
+    };
+    let host_gpu_attention = Policy { cpu_attention: false, ..host };
+    let mut out = Vec::new();
+    for (name, p) in [("device", base), ("disk", disk), ("host+cpu-attn", host), ("host+gpu-attn", host_gpu_attention)] {
+        out.push((name, p));
+        out.push((name, Policy { overlap: false, ..p }));
+    }
+    out
+}
+
+#[test]
+fn greedy_equals_plain_generation_for_exact_policies() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    for (device_name, device) in devices() {
+        for name in FIXTURES {
+            let reference = reference(name);
+            let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
+            let plain = Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
+            let expected: Vec<Vec<u32>> = plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
+            for (i, (label, policy)) in exact_policies().into_iter().enumerate() {
+                let e = engine(name, &device, policy, &format!("{name}-{device_name}-{i}"));
+                let (out, report) = e.generate(&prompts, &params).unwrap();
+                let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
+                assert_eq!(got, expected, "{name} on {device_name}, policy {label} (overlap {})", policy.overlap);
+                assert_eq!(report.effective_batch, 4);
+                if label == "disk" {
+                    assert!(report.memory.disk_bytes > 0, "weights were written to the offload directory");
+                }
+            }
+        }
+    }
+}
+
+/// A device budget smaller than one layer's working set is an error that says how much is
+/// needed; the host budget is enforced too.
+#[test]
+fn budgets_are_enforced() {
+    let dir = fixture("llama");
+    let pretrained = Pretrained::load(&dir, &Device::flex()).unwrap();
+    let spec = DecoderSpec::from_dir(&dir).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let all_gpu = Policy::all_on_gpu(2);
+    let err = OffloadEngine::new(spec.clone(), &ckpt, None, vec![], config(all_gpu, "tiny", 4096), &Device::flex()).unwrap_err();
+    assert!(matches!(err, OffloadError::Store(_)), "{err}");
+    assert!(err.to_string().contains("GPU"), "{err}");
+
+    let host = Policy { weights: Placement::from_array([0.0, 1.0, 0.0]), ..all_gpu };
+    let mut cfg = config(host, "tiny-host", 1 << 30);
+    cfg.cpu_mem = 1024;
+    let err = OffloadEngine::new(spec, &ckpt, Some(pretrained.tokenizer), vec![], cfg, &Device::flex()).unwrap_err();
+    assert!(err.to_string().contains("CPU"), "{err}");
+}
+
+/// A weight file of the disk tier that is corrupted after placement is detected when the layer is
+/// read, as an error.
+#[test]
+fn corrupted_disk_tier_is_an_error() {
+    let name = "gpt2";
+    let disk = Policy { weights: Placement::from_array([0.0, 0.0, 1.0]), ..Policy::all_on_gpu(1) };
+    let tag = "corrupt";
+    let e = engine(name, &Device::flex(), disk, tag);
+    let dir = offload_dir(tag);
+    let mut flipped = 0;
+    for entry in walk(&dir) {
+        let mut bytes = std::fs::read(&entry).unwrap();
+        if bytes.len() > 64 {
+            let at = bytes.len() - 5;
+            bytes[at] ^= 0x40;
+            std::fs::write(&entry, bytes).unwrap();
+            flipped += 1;
+        }
+    }
+    assert!(flipped > 0);
+    let err = e.generate(&[Prompt::Ids(vec![5, 6, 7])], &SamplingParams::greedy(2)).unwrap_err();
+    assert!(err.to_string().to_lowercase().contains("checksum") || err.to_string().contains("corrupt"), "{err}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}

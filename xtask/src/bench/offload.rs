@@ -1,0 +1,209 @@
+//! `cargo xtask bench offload`: FlexGen's workload shape (fixed prompt length, 32 generated
+//! tokens, dummy weights as the paper allows for throughput) on a model larger than the device
+//! budget, comparing in one run: the searched policy, FlexGen's "DeepSpeed" policy (all weights
+//! on the host, one GPU batch, cache on the device), the "Accelerate" policy (some weights on the
+//! device, the rest on the host, no overlap), and the searched policy without overlap and
+//! without CPU attention (the paper's ablation). Reports throughput, effective batch, latency and
+//! predicted vs measured throughput.
+
+use std::path::PathBuf;
+
+use burn::tensor::Device;
+use burn_llm::models::{DecoderSpec, Prompt, SamplingParams};
+use burn_llm::offload::policy::{largest_fitting_batch, HardwareProfile, Placement, Policy, SearchSpace, Tier, TierBytes, Workload};
+use burn_llm::offload::weights::DummyWeights;
+use burn_llm::offload::{model_shape, OffloadConfig, OffloadEngine, PolicyChoice};
+use burn_llm::DeviceChoice;
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::report;
+
+/// The benchmarked model: OPT family, dummy weights, about 1.2 GB of `f32` layers.
+const MODEL: &str = r#"{"model_type":"opt","vocab_size":8192,"hidden_size":1024,"num_hidden_layers":24,"ffn_dim":4096,
+    "num_attention_heads":16,"max_position_embeddings":2048,"do_layer_norm_before":true,
+    "word_embed_proj_dim":1024,"eos_token_id":2}"#;
+
+/// Flags of `bench offload`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Device backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    device: DeviceChoice,
+    /// Device memory budget in MiB (enforced).
+    #[arg(long, default_value_t = 512)]
+    gpu_mem_mib: u64,
+    /// Host memory budget in MiB (enforced).
+    #[arg(long, default_value_t = 8192)]
+    cpu_mem_mib: u64,
+    /// Prompt length.
+    #[arg(long, default_value_t = 64)]
+    prompt_len: usize,
+    /// Generated tokens per prompt.
+    #[arg(long, default_value_t = 32)]
+    gen_len: usize,
+    /// Directory of the disk tier.
+    #[arg(long, default_value = "target/offload-bench")]
+    offload_dir: PathBuf,
+    /// Output directory.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Row {
+    name: &'static str,
+    policy: Policy,
+    effective_batch: usize,
+    tokens_per_s: f64,
+    predicted_tokens_per_s: f64,
+    prediction_error: f64,
+    latency_s: f64,
+    gpu_peak_bytes: u64,
+    cpu_peak_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    benchmark: &'static str,
+    command: String,
+    machine: Machine,
+    device: &'static str,
+    model: &'static str,
+    hardware: HardwareProfile,
+    rows: Vec<Row>,
+    searched_vs_deepspeed: f64,
+    unix_time: u64,
+}
+
+fn run_policy(
+    name: &'static str,
+    spec: &DecoderSpec,
+    choice: PolicyChoice,
+    args: &Args,
+    hw: &HardwareProfile,
+    device: &Device,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let config = OffloadConfig {
+        gpu_mem: args.gpu_mem_mib << 20,
+        cpu_mem: args.cpu_mem_mib << 20,
+        offload_dir: args.offload_dir.join(name.replace(' ', "-")),
+        policy: choice,
+        hardware: hw.clone(),
+        workload: Workload::new(args.prompt_len as u64, args.gen_len as u64),
+        host: Device::flex(),
+    };
+    let engine = OffloadEngine::new(spec.clone(), &DummyWeights::default(), None, vec![], config, device)?;
+    let block = (engine.policy().gpu_batch_size * engine.policy().num_gpu_batches) as usize;
+    let prompts: Vec<Prompt> = (0..block).map(|i| Prompt::Ids((0..args.prompt_len).map(|t| 3 + ((t * 31 + i * 7) % 8000) as u32).collect())).collect();
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.gen_len) };
+    let (out, report) = engine.generate(&prompts, &params)?;
+    let latency = out.timing.prefill_s + out.timing.decode_s;
+    let row = Row {
+        name,
+        policy: report.policy,
+        effective_batch: report.effective_batch,
+        tokens_per_s: report.measured_tokens_per_s,
+        predicted_tokens_per_s: report.predicted_tokens_per_s,
+        prediction_error: report.predicted_tokens_per_s / report.measured_tokens_per_s - 1.0,
+        latency_s: latency,
+        gpu_peak_bytes: report.memory.gpu_peak_bytes,
+        cpu_peak_bytes: report.memory.cpu_peak_bytes,
+    };
+    eprintln!(
+        "{name}: batch {} → {:.2} tokens/s (predicted {:.2}), latency {:.1} s",
+        row.effective_batch, row.tokens_per_s, row.predicted_tokens_per_s, row.latency_s
+    );
+    Ok(row)
+}
+
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let device = args.device.device()?;
+    let spec = DecoderSpec::from_json(MODEL, "synthetic:offload-opt".as_ref())?;
+    let shape = model_shape(&spec);
+    let workload = Workload::new(args.prompt_len as u64, args.gen_len as u64);
+    let mut hw = burn_llm::offload::profiler::profile(&device, &Device::flex(), &args.offload_dir.join("profile"), 64)?;
+    hw.gpu_memory_bytes = args.gpu_mem_mib << 20;
+    hw.cpu_memory_bytes = args.cpu_mem_mib << 20;
+    eprintln!("profile: {hw:?}");
+    let reserved = TierBytes { gpu: ((spec.vocab_size * spec.hidden_size * 4) * 2) as f64, cpu: 0.0, disk: 0.0 };
+    let available = TierBytes::available(&hw, &reserved);
+    let fit = |build: &dyn Fn(u32) -> Policy| -> Result<Policy, Box<dyn std::error::Error>> {
+        largest_fitting_batch(&hw, &shape, &workload, &available, 256, build)?
+            .map(|(policy, _)| policy)
+            .ok_or_else(|| "the baseline policy does not fit the budget even at batch 1".into())
+    };
+    let deepspeed = fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu))?;
+    let accelerate_share = (hw.gpu_memory_bytes as f64 * 0.5 / (shape.layer_weight_bytes() * f64::from(shape.num_layers))).min(1.0);
+    let accelerate = fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([accelerate_share, 1.0 - accelerate_share, 0.0])))?;
+    let searched = run_policy("searched", &spec, PolicyChoice::Auto(SearchSpace::default()), &args, &hw, &device)?;
+    let mut rows = vec![searched];
+    let no_overlap = Policy { overlap: false, ..rows[0].policy };
+    let no_cpu_attention = SearchSpace { cpu_attention: vec![false], ..SearchSpace::default() };
+    rows.push(run_policy("searched, no overlap", &spec, PolicyChoice::Fixed(no_overlap), &args, &hw, &device)?);
+    rows.push(run_policy("searched, no CPU attention", &spec, PolicyChoice::Auto(no_cpu_attention), &args, &hw, &device)?);
+    rows.push(run_policy("DeepSpeed policy", &spec, PolicyChoice::Fixed(deepspeed), &args, &hw, &device)?);
+    rows.push(run_policy("Accelerate policy", &spec, PolicyChoice::Fixed(accelerate), &args, &hw, &device)?);
+    let ratio = rows[0].tokens_per_s / rows[3].tokens_per_s;
+
+    let machine = Machine::current();
+    let command = format!(
+        "cargo xtask bench offload --device {} --gpu-mem-mib {} --cpu-mem-mib {} --prompt-len {} --gen-len {}",
+        args.device.name(),
+        args.gpu_mem_mib,
+        args.cpu_mem_mib,
+        args.prompt_len,
+        args.gen_len
+    );
+    let layers_gib = shape.layer_weight_bytes() * f64::from(shape.num_layers) / (1u64 << 30) as f64;
+    let mut md = format!(
+        "# Offloading throughput (FlexGen policies)\n\n- command: `{command}`\n- machine: {}\n- device: {}\n\
+         - model: OPT family, 24 layers, hidden 1024, dummy weights, {layers_gib:.2} GiB of f32 layers; device budget {} MiB, host budget {} MiB\n\
+         - workload: prompt {} tokens, {} generated tokens\n\n\
+         | policy | gbs × batches | weights gpu/cpu/disk | cache gpu/cpu | CPU attn | overlap | tokens/s | predicted | error | latency s | device peak MiB |\n\
+         |---|---:|---|---|---|---|---:|---:|---:|---:|---:|\n",
+        machine.describe(),
+        args.device.name(),
+        args.gpu_mem_mib,
+        args.cpu_mem_mib,
+        args.prompt_len,
+        args.gen_len
+    );
+    for r in &rows {
+        let p = &r.policy;
+        md.push_str(&format!(
+            "| {} | {} × {} | {:.0}/{:.0}/{:.0}% | {:.0}/{:.0}% | {} | {} | {:.2} | {:.2} | {:+.0}% | {:.1} | {:.0} |\n",
+            r.name,
+            p.gpu_batch_size,
+            p.num_gpu_batches,
+            100.0 * p.weights.gpu,
+            100.0 * p.weights.cpu,
+            100.0 * p.weights.disk,
+            100.0 * p.cache.gpu,
+            100.0 * p.cache.cpu,
+            p.cpu_attention,
+            p.overlap,
+            r.tokens_per_s,
+            r.predicted_tokens_per_s,
+            100.0 * r.prediction_error,
+            r.latency_s,
+            r.gpu_peak_bytes as f64 / (1u64 << 20) as f64
+        ));
+    }
+    md.push_str(&format!("\nSearched policy vs DeepSpeed policy: {ratio:.2}×\n"));
+    let report = Report {
+        benchmark: "offload",
+        command,
+        machine,
+        device: args.device.name(),
+        model: "synthetic:offload-opt (OPT, 24 layers, hidden 1024, vocab 8192)",
+        hardware: hw,
+        rows,
+        searched_vs_deepspeed: ratio,
+        unix_time: report::unix_time(),
+    };
+    for path in report::write(&args.out, "offload", &report, &md)? {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
