@@ -23,7 +23,7 @@ use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingP
 use serde::Serialize;
 
 use crate::error::{OffloadError, Result};
-use crate::policy::{estimate, round_to_whole, search, CostEstimate, HardwareProfile, ModelShape, Policy, SearchSpace, Tier, TierBytes, Workload};
+use crate::policy::{estimate, search_whole, CostEstimate, HardwareProfile, ModelShape, Policy, SearchSpace, Tier, TierBytes, Workload};
 use crate::store::{fmt_bytes, DiskStore, MemoryLedger, Reservation};
 use crate::weights::{write_recorded, DiskWeights, Recording};
 
@@ -162,8 +162,7 @@ impl OffloadEngine {
             PolicyChoice::Auto(space) => {
                 let mut space = space.clone();
                 space.reserved_bytes = reserved;
-                let found = search(&hw, &shape, &config.workload, &space)?;
-                let rounded = round_to_whole(&hw, &shape, &config.workload, &found.policy, &reserved)?;
+                let rounded = search_whole(&hw, &shape, &config.workload, &space)?;
                 let kv = rounded.cache_tensors[0] / u64::from(rounded.policy.num_gpu_batches).max(1);
                 (rounded.policy, rounded.layer_tiers, kv as usize, rounded.estimate)
             }

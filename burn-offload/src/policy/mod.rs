@@ -102,7 +102,7 @@ pub use error::{PolicyError, ProfileError};
 pub use hardware::HardwareProfile;
 pub use model::{MlpKind, ModelShape, Workload};
 pub use rounding::{RoundedPolicy, round_to_whole};
-pub use search::{Binding, SearchResult, SearchSpace, search, solve_placement};
+pub use search::{Binding, SearchResult, SearchSpace, search, search_whole, solve_placement};
 pub use threads::{
     ComputeOp, ComputeSample, IoSample, IoTaskProfile, ThreadPlan, ThreadProfile, choose_threads, max_concurrency,
 };

@@ -17,6 +17,7 @@ use super::cost::{Affine, CostEstimate, HD, LinearModel, MemoryConstraint, Term,
 use super::error::{GIB, PolicyError};
 use super::hardware::HardwareProfile;
 use super::model::{ModelShape, Workload};
+use super::rounding::{RoundedPolicy, round_to_whole};
 use super::types::{Compression, Placement, Policy, PolicyShape, Tier};
 
 /// Relative tolerance when checking an LP solution against the capacities.
@@ -370,14 +371,62 @@ pub fn search(
     workload.validate()?;
     space.validate()?;
     let available = TierBytes::available(hw, &space.reserved_bytes);
+    let (best, solved, feasible) = search_by(hw, model, workload, space, &available, |policy, est| {
+        Some(((policy, est.clone()), est.throughput_tokens_per_s))
+    })?;
+
+    match best {
+        Some((policy, estimate)) => Ok(SearchResult {
+            binding: Binding::of(&estimate, &available),
+            policy,
+            estimate,
+            available,
+            shapes_solved: solved,
+            shapes_feasible: feasible,
+        }),
+        None => Err(diagnose(hw, model, workload, space, &available)),
+    }
+}
+
+/// Search like [`search`], but rank each shape's LP placement after rounding it to whole layers
+/// and tensors ([`round_to_whole`]), which is what the runtime executes: with few layers, the
+/// best fractional placement can round to a worse one than another shape's.
+pub fn search_whole(
+    hw: &HardwareProfile,
+    model: &ModelShape,
+    workload: &Workload,
+    space: &SearchSpace,
+) -> Result<RoundedPolicy, PolicyError> {
+    hw.validate()?;
+    model.validate()?;
+    workload.validate()?;
+    space.validate()?;
+    let available = TierBytes::available(hw, &space.reserved_bytes);
+    let (best, _, _) = search_by(hw, model, workload, space, &available, |policy, _| {
+        let rounded = round_to_whole(hw, model, workload, &policy, &space.reserved_bytes).ok()?;
+        let throughput = rounded.estimate.throughput_tokens_per_s;
+        Some((rounded, throughput))
+    })?;
+    best.ok_or_else(|| diagnose(hw, model, workload, space, &available))
+}
+
+/// Solves every shape of the space (pruning shapes that cannot fit) and keeps the candidate
+/// `rank` scores highest; returns it with the numbers of shapes solved and feasible.
+fn search_by<T>(
+    hw: &HardwareProfile,
+    model: &ModelShape,
+    workload: &Workload,
+    space: &SearchSpace,
+    available: &TierBytes,
+    rank: impl Fn(Policy, &CostEstimate) -> Option<(T, f64)>,
+) -> Result<(Option<T>, usize, usize), PolicyError> {
     let groups = space.groups(workload);
     if groups.is_empty() {
         return Err(PolicyError::InvalidSearchSpace(
             "no (gpu_batch_size, num_gpu_batches) pair has a block size within num_prompts".into(),
         ));
     }
-
-    let mut best: Option<(Policy, CostEstimate)> = None;
+    let mut best: Option<(T, f64)> = None;
     let (mut solved, mut feasible) = (0, 0);
     // Groups come in ascending gbs for each (delegation, compression) combination; memory only
     // grows with gbs and with the number of GPU batches, so the first infeasible shape ends its
@@ -391,14 +440,13 @@ pub fn search(
         }
         for (i, shape) in group.iter().enumerate() {
             solved += 1;
-            match solve_placement(hw, model, workload, shape, &available, space.allow_disk_activations)? {
+            match solve_placement(hw, model, workload, shape, available, space.allow_disk_activations)? {
                 Some((policy, est)) => {
                     feasible += 1;
-                    let better = best
-                        .as_ref()
-                        .is_none_or(|(_, b)| est.throughput_tokens_per_s > b.throughput_tokens_per_s * (1.0 + 1e-9));
-                    if better {
-                        best = Some((policy, est));
+                    if let Some((candidate, score)) = rank(policy, &est) {
+                        if best.as_ref().is_none_or(|(_, b)| score > b * (1.0 + 1e-9)) {
+                            best = Some((candidate, score));
+                        }
                     }
                 }
                 None => {
@@ -410,18 +458,7 @@ pub fn search(
             }
         }
     }
-
-    match best {
-        Some((policy, estimate)) => Ok(SearchResult {
-            binding: Binding::of(&estimate, &available),
-            policy,
-            estimate,
-            available,
-            shapes_solved: solved,
-            shapes_feasible: feasible,
-        }),
-        None => Err(diagnose(hw, model, workload, space, &available)),
-    }
+    Ok((best.map(|(t, _)| t), solved, feasible))
 }
 
 /// Explain why nothing fits: for the smallest shapes of the space, the least memory each tier

@@ -19,10 +19,15 @@ use serde::Serialize;
 use crate::machine::Machine;
 use crate::report;
 
-/// The benchmarked model: OPT family, dummy weights, about 1.2 GB of `f32` layers.
-const MODEL: &str = r#"{"model_type":"opt","vocab_size":8192,"hidden_size":1024,"num_hidden_layers":24,"ffn_dim":4096,
-    "num_attention_heads":16,"max_position_embeddings":2048,"do_layer_norm_before":true,
-    "word_embed_proj_dim":1024,"eos_token_id":2}"#;
+/// The benchmarked model: OPT family, dummy weights, about 340 MB of `f32` layers (sized for a
+/// 2-core CPU; the device budget below is what makes it "not fit").
+const MODEL: &str = r#"{"model_type":"opt","vocab_size":8192,"hidden_size":768,"num_hidden_layers":12,"ffn_dim":3072,
+    "num_attention_heads":12,"max_position_embeddings":2048,"do_layer_norm_before":true,
+    "word_embed_proj_dim":768,"eos_token_id":2}"#;
+
+/// Most sequences per block any policy may use (FlexGen's "unbounded dataset" would make blocks
+/// of thousands of sequences, too many for a CPU run).
+const MAX_BLOCK: u64 = 128;
 
 /// Flags of `bench offload`.
 #[derive(clap::Args)]
@@ -31,13 +36,13 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "flex")]
     device: DeviceChoice,
     /// Device memory budget in MiB (enforced).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 256)]
     gpu_mem_mib: u64,
     /// Host memory budget in MiB (enforced).
     #[arg(long, default_value_t = 8192)]
     cpu_mem_mib: u64,
     /// Prompt length.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 32)]
     prompt_len: usize,
     /// Generated tokens per prompt.
     #[arg(long, default_value_t = 32)]
@@ -90,7 +95,7 @@ fn run_policy(
         offload_dir: args.offload_dir.join(name.replace(' ', "-")),
         policy: choice,
         hardware: hw.clone(),
-        workload: Workload::new(args.prompt_len as u64, args.gen_len as u64),
+        workload: workload(args),
         host: Device::flex(),
     };
     let engine = OffloadEngine::new(spec.clone(), &DummyWeights::default(), None, vec![], config, device)?;
@@ -117,11 +122,20 @@ fn run_policy(
     Ok(row)
 }
 
+fn workload(args: &Args) -> Workload {
+    Workload { num_prompts: Some(MAX_BLOCK), ..Workload::new(args.prompt_len as u64, args.gen_len as u64) }
+}
+
+/// FlexGen's search space with blocks of at most [`MAX_BLOCK`] sequences.
+fn space() -> SearchSpace {
+    SearchSpace { gpu_batch_sizes: (1..=MAX_BLOCK as u32).collect(), num_gpu_batches: (1..=4).collect(), ..SearchSpace::default() }
+}
+
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
     let spec = DecoderSpec::from_json(MODEL, "synthetic:offload-opt".as_ref())?;
     let shape = model_shape(&spec);
-    let workload = Workload::new(args.prompt_len as u64, args.gen_len as u64);
+    let workload = workload(&args);
     let mut hw = burn_llm::offload::profiler::profile(&device, &Device::flex(), &args.offload_dir.join("profile"), 64)?;
     hw.gpu_memory_bytes = args.gpu_mem_mib << 20;
     hw.cpu_memory_bytes = args.cpu_mem_mib << 20;
@@ -129,17 +143,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let reserved = TierBytes { gpu: ((spec.vocab_size * spec.hidden_size * 4) * 2) as f64, cpu: 0.0, disk: 0.0 };
     let available = TierBytes::available(&hw, &reserved);
     let fit = |build: &dyn Fn(u32) -> Policy| -> Result<Policy, Box<dyn std::error::Error>> {
-        largest_fitting_batch(&hw, &shape, &workload, &available, 256, build)?
+        largest_fitting_batch(&hw, &shape, &workload, &available, MAX_BLOCK as u32, build)?
             .map(|(policy, _)| policy)
             .ok_or_else(|| "the baseline policy does not fit the budget even at batch 1".into())
     };
     let deepspeed = fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu))?;
     let accelerate_share = (hw.gpu_memory_bytes as f64 * 0.5 / (shape.layer_weight_bytes() * f64::from(shape.num_layers))).min(1.0);
     let accelerate = fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([accelerate_share, 1.0 - accelerate_share, 0.0])))?;
-    let searched = run_policy("searched", &spec, PolicyChoice::Auto(SearchSpace::default()), &args, &hw, &device)?;
+    let searched = run_policy("searched", &spec, PolicyChoice::Auto(space()), &args, &hw, &device)?;
     let mut rows = vec![searched];
     let no_overlap = Policy { overlap: false, ..rows[0].policy };
-    let no_cpu_attention = SearchSpace { cpu_attention: vec![false], ..SearchSpace::default() };
+    let no_cpu_attention = SearchSpace { cpu_attention: vec![false], ..space() };
     rows.push(run_policy("searched, no overlap", &spec, PolicyChoice::Fixed(no_overlap), &args, &hw, &device)?);
     rows.push(run_policy("searched, no CPU attention", &spec, PolicyChoice::Auto(no_cpu_attention), &args, &hw, &device)?);
     rows.push(run_policy("DeepSpeed policy", &spec, PolicyChoice::Fixed(deepspeed), &args, &hw, &device)?);
@@ -158,7 +172,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let layers_gib = shape.layer_weight_bytes() * f64::from(shape.num_layers) / (1u64 << 30) as f64;
     let mut md = format!(
         "# Offloading throughput (FlexGen policies)\n\n- command: `{command}`\n- machine: {}\n- device: {}\n\
-         - model: OPT family, 24 layers, hidden 1024, dummy weights, {layers_gib:.2} GiB of f32 layers; device budget {} MiB, host budget {} MiB\n\
+         - model: OPT family, 12 layers, hidden 768, dummy weights, {layers_gib:.2} GiB of f32 layers; device budget {} MiB, host budget {} MiB\n\
          - workload: prompt {} tokens, {} generated tokens\n\n\
          | policy | gbs × batches | weights gpu/cpu/disk | cache gpu/cpu | CPU attn | overlap | tokens/s | predicted | error | latency s | device peak MiB |\n\
          |---|---:|---|---|---|---|---:|---:|---:|---:|---:|\n",
@@ -196,7 +210,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         command,
         machine,
         device: args.device.name(),
-        model: "synthetic:offload-opt (OPT, 24 layers, hidden 1024, vocab 8192)",
+        model: "synthetic:offload-opt (OPT, 12 layers, hidden 768, vocab 8192)",
         hardware: hw,
         rows,
         searched_vs_deepspeed: ratio,
