@@ -261,8 +261,7 @@ impl GenerateArgs {
                 }))
             }
             None if self.policy == "auto" => {
-                let mut space = SearchSpace::default();
-                space.overlap = !self.no_overlap;
+                let mut space = SearchSpace { overlap: !self.no_overlap, ..SearchSpace::default() };
                 if self.compress_weight {
                     space.weight_compression = vec![Some(Compression::INT4_G64)];
                 }
@@ -555,17 +554,13 @@ fn stream_paged(
 ) -> Result<GenerationOutput, Box<dyn std::error::Error>> {
     let mut stdout = std::io::stdout().lock();
     let single = prompts.len() == 1 && params.width() == 1 && params.beam.is_none();
-    if single {
-        if let Prompt::Text(text) = &prompts[0] {
-            write!(stdout, "{text}")?;
-        }
+    if single && let Prompt::Text(text) = &prompts[0] {
+        write!(stdout, "{text}")?;
     }
     let mut write_error = None;
     let output = engine.generate_stream(prompts, params, |_, delta| {
-        if single {
-            if let Err(e) = stdout.write_all(delta.text.as_bytes()).and_then(|_| stdout.flush()) {
-                write_error.get_or_insert(e);
-            }
+        if single && let Err(e) = stdout.write_all(delta.text.as_bytes()).and_then(|_| stdout.flush()) {
+            write_error.get_or_insert(e);
         }
     })?;
     if let Some(e) = write_error {

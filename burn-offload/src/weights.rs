@@ -56,12 +56,15 @@ impl TensorSource for DummyWeights {
     }
 }
 
+/// `(name, shape, values)` of a tensor read through a [`Recording`].
+pub type RecordedTensor = (String, Vec<usize>, Vec<f32>);
+
 /// Reads through to `inner` and keeps a copy of every tensor read, so that a layer loaded once can
 /// be written to the disk tier under the same names.
 pub struct Recording<'a, S: TensorSource> {
     inner: &'a S,
-    /// `(name, shape, values)` of every tensor read, in order.
-    pub read: RefCell<Vec<(String, Vec<usize>, Vec<f32>)>>,
+    /// Every tensor read, in order.
+    pub read: RefCell<Vec<RecordedTensor>>,
 }
 
 impl<'a, S: TensorSource> Recording<'a, S> {

@@ -34,6 +34,7 @@ struct GenerationConfig {
 }
 
 /// A model's weight files, opened (memory-mapped) but not loaded.
+#[allow(clippy::large_enum_variant)] // one per model
 pub enum ModelFiles {
     /// HF safetensors, single or sharded.
     Safetensors(Checkpoint),

@@ -372,7 +372,7 @@ pub fn search(
     space.validate()?;
     let available = TierBytes::available(hw, &space.reserved_bytes);
     let (best, solved, feasible) = search_by(hw, model, workload, space, &available, |policy, est| {
-        Some(((policy, est.clone()), est.throughput_tokens_per_s))
+        Some(((policy, *est), est.throughput_tokens_per_s))
     })?;
 
     match best {
@@ -443,10 +443,10 @@ fn search_by<T>(
             match solve_placement(hw, model, workload, shape, available, space.allow_disk_activations)? {
                 Some((policy, est)) => {
                     feasible += 1;
-                    if let Some((candidate, score)) = rank(policy, &est) {
-                        if best.as_ref().is_none_or(|(_, b)| score > b * (1.0 + 1e-9)) {
-                            best = Some((candidate, score));
-                        }
+                    if let Some((candidate, score)) = rank(policy, &est)
+                        && best.as_ref().is_none_or(|(_, b)| score > b * (1.0 + 1e-9))
+                    {
+                        best = Some((candidate, score));
                     }
                 }
                 None => {

@@ -111,10 +111,8 @@ pub(crate) fn sample_groups(
         let mut choices = Vec::with_capacity(width);
         for (i, rng) in rngs.into_iter().enumerate() {
             let seq = seq_of(i);
-            if !expanding {
-                if let Some(d) = data.live.get_mut(&seq) {
-                    d.rng = rng.clone();
-                }
+            if !expanding && let Some(d) = data.live.get_mut(&seq) {
+                d.rng = rng.clone();
             }
             choices.push(RowChoice {
                 seq,

@@ -56,11 +56,11 @@ pub fn load_projection(
     layout: WeightLayout,
     device: &Device,
 ) -> Result<Projection> {
-    if layout == WeightLayout::OutIn {
-        if let Some(weight) = ckpt.quantized(&format!("{prefix}.weight"), [d_out, d_in], device)? {
-            let bias = load_bias(ckpt, prefix, d_out, bias, device)?;
-            return Ok(Projection::Quantized(QLinear::from_out_in(weight, bias)));
-        }
+    if layout == WeightLayout::OutIn
+        && let Some(weight) = ckpt.quantized(&format!("{prefix}.weight"), [d_out, d_in], device)?
+    {
+        let bias = load_bias(ckpt, prefix, d_out, bias, device)?;
+        return Ok(Projection::Quantized(QLinear::from_out_in(weight, bias)));
     }
     load_linear(ckpt, prefix, [d_in, d_out], bias, layout, device).map(Projection::Dense)
 }

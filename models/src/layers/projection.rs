@@ -86,10 +86,13 @@ impl QLinear {
         if self.input_grouped { w.transpose() } else { w }
     }
 
-    /// The layer in full precision.
+    /// The layer in full precision, its weight stored contiguously in `[in, out]` (a transposed
+    /// view would make every later matmul walk it with strides).
     pub fn to_dense(&self) -> Linear {
+        let weight = self.dequantized_weight();
+        let device = weight.device();
         Linear {
-            weight: Param::from_tensor(self.dequantized_weight()),
+            weight: Param::from_tensor(Tensor::from_data(weight.into_data(), &device)),
             bias: self.bias.clone(),
         }
     }
