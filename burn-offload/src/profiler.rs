@@ -104,6 +104,7 @@ pub fn profile(device: &Device, host: &Device, dir: &Path, mb: usize) -> Result<
         gpu_memory_bandwidth: None,
         cpu_attention_bandwidth: None,
         gpu_quantize_bandwidth: layer_bytes / quant_s,
+        gpu_matmul_flops_by_rows: [1, 4, 16, 64, 256, 1024].iter().map(|&m| (m as f64, matmul_flops(device, m, 1024, 1024))).collect(),
         gpu_dequantize_bandwidth: layer_bytes / dequant_s,
         cpu_quantize_bandwidth: layer_bytes / cpu_quant_s,
     })

@@ -138,3 +138,33 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Compressed policies run exactly the quantization of the kernels crate: 4-bit weights (and a
+/// 4-bit KV cache with attention on the device) give the same greedy tokens as plain generation
+/// with the same layers quantized and the same cache quantization.
+#[test]
+fn compressed_policies_equal_quantized_plain_generation() {
+    use burn_llm::offload::policy::Compression;
+
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
+    let c = Compression { bits: 4, group_size: 32 };
+    for name in FIXTURES {
+        let reference = reference(name);
+        let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
+        let mut pretrained = Pretrained::load(&fixture(name), &Device::flex()).unwrap();
+        let layers = std::mem::take(&mut pretrained.model.layers);
+        pretrained.model.layers = layers.into_iter().map(|l| l.quantized(4, 32).unwrap()).collect();
+        let plain = Generator::from(pretrained).with_kv_quantization(4).unwrap();
+        let expected: Vec<Vec<u32>> = plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
+        let policy = Policy {
+            weights: Placement::from_array([0.5, 0.5, 0.0]),
+            compress_weights: Some(c),
+            compress_cache: Some(c),
+            ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) }
+        };
+        let e = engine(name, &Device::flex(), policy, &format!("compressed-{name}"));
+        let (out, _) = e.generate(&prompts, &params).unwrap();
+        let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
+        assert_eq!(got, expected, "{name}");
+    }
+}

@@ -472,7 +472,7 @@ impl LinearModel {
         let nb = f64::from(shape.num_gpu_batches);
         let hbm = |bytes: f64| hw.gpu_memory_bandwidth.map_or(0.0, |bw| bytes / bw);
         let comp_p = Affine::constant(
-            nb * (gbs * s * lin / hw.gpu_matmul_flops).max(hbm(w_full)) + 4.0 * bls * s * s * q / hw.gpu_bmm_flops,
+            nb * (gbs * s * lin / hw.matmul_flops(gbs * s)).max(hbm(w_full)) + 4.0 * bls * s * s * q / hw.gpu_bmm_flops,
         );
 
         // ---------------- decode terms ----------------
@@ -490,7 +490,7 @@ impl LinearModel {
             * (1.0 / hw.disk_to_cpu_bandwidth);
         let ctod_g = (Affine::var(CD, k * bls) + Affine::var(HD, a * bls)) * (1.0 / hw.cpu_to_disk_bandwidth);
         let att_flops = 4.0 * bls * s_avg * q;
-        let linear_g = Affine::constant(nb * (gbs * lin / hw.gpu_matmul_flops).max(hbm(w_full)));
+        let linear_g = Affine::constant(nb * (gbs * lin / hw.matmul_flops(gbs)).max(hbm(w_full)));
         let gpu_att = (att_flops / hw.gpu_bmm_flops).max(hbm(bls * s_avg * k_full));
         let comp_g = if gpu_attn_all {
             linear_g + Affine::constant(gpu_att)

@@ -39,6 +39,11 @@ pub struct HardwareProfile {
     pub cpu_to_disk_bandwidth: f64,
     /// Device matrix-multiplication throughput, FLOP/s (`mm_flops`).
     pub gpu_matmul_flops: f64,
+    /// Device matmul throughput measured at several row counts, `(rows, FLOP/s)` sorted by rows
+    /// (FlexGen fits such piecewise rates: a matmul of a few rows runs far below peak). Empty:
+    /// `gpu_matmul_flops` for every size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_matmul_flops_by_rows: Vec<(f64, f64)>,
     /// Device batched-matmul (attention) throughput, FLOP/s (`bmm_flops`).
     pub gpu_bmm_flops: f64,
     /// CPU attention throughput, FLOP/s (`cpu_flops`).
@@ -66,6 +71,30 @@ pub struct HardwareProfile {
 }
 
 impl HardwareProfile {
+    /// Device matmul FLOP/s for a product with `rows` rows: piecewise-linear in `log(rows)` through
+    /// [`HardwareProfile::gpu_matmul_flops_by_rows`], constant beyond its ends, or
+    /// `gpu_matmul_flops` without a table.
+    pub fn matmul_flops(&self, rows: f64) -> f64 {
+        let table = &self.gpu_matmul_flops_by_rows;
+        let (Some(first), Some(last)) = (table.first(), table.last()) else {
+            return self.gpu_matmul_flops;
+        };
+        if rows <= first.0 {
+            return first.1;
+        }
+        if rows >= last.0 {
+            return last.1;
+        }
+        for pair in table.windows(2) {
+            let ((r0, f0), (r1, f1)) = (pair[0], pair[1]);
+            if rows <= r1 {
+                let t = (rows.ln() - r0.ln()) / (r1.ln() - r0.ln()).max(f64::EPSILON);
+                return f0 + t * (f1 - f0);
+            }
+        }
+        last.1
+    }
+
     /// Capacity of `tier` in bytes.
     pub fn capacity(&self, tier: Tier) -> u64 {
         match tier {
@@ -94,6 +123,7 @@ impl HardwareProfile {
             gpu_memory_bandwidth: Some(300e9),
             cpu_attention_bandwidth: Some(20e9),
             gpu_quantize_bandwidth: 100e9,
+            gpu_matmul_flops_by_rows: Vec::new(),
             gpu_dequantize_bandwidth: 100e9,
             cpu_quantize_bandwidth: 2e9,
         }
@@ -118,6 +148,7 @@ impl HardwareProfile {
             gpu_memory_bandwidth: Some(1.5e12),
             cpu_attention_bandwidth: Some(60e9),
             gpu_quantize_bandwidth: 400e9,
+            gpu_matmul_flops_by_rows: Vec::new(),
             gpu_dequantize_bandwidth: 400e9,
             cpu_quantize_bandwidth: 5e9,
         }
@@ -147,6 +178,21 @@ impl HardwareProfile {
                     reason: "must be a finite number greater than zero",
                 });
             }
+        }
+        let mut previous_rows = 0.0;
+        for &(rows, flops) in &self.gpu_matmul_flops_by_rows {
+            let bad = |value| ProfileError::Invalid {
+                field: "gpu_matmul_flops_by_rows",
+                value,
+                reason: "needs positive finite rows in increasing order and positive finite FLOP/s",
+            };
+            if !rows.is_finite() || rows <= previous_rows {
+                return Err(bad(rows));
+            }
+            if !flops.is_finite() || flops <= 0.0 {
+                return Err(bad(flops));
+            }
+            previous_rows = rows;
         }
         if self.gpu_memory_bytes == 0 {
             return Err(ProfileError::Invalid {

@@ -37,6 +37,7 @@ fn hand_hw() -> HardwareProfile {
         gpu_memory_bandwidth: None,
         cpu_attention_bandwidth: None,
         gpu_quantize_bandwidth: 1e11,
+        gpu_matmul_flops_by_rows: Vec::new(),
         gpu_dequantize_bandwidth: 1e11,
         cpu_quantize_bandwidth: 1e9,
     }
@@ -684,4 +685,19 @@ fn algorithm3_refuses_unusable_profiles() {
     let mut p = thread_profile();
     p.compute_samples[0].op_seconds.pop();
     assert!(choose_threads(&p).is_err());
+}
+
+/// The per-size matmul rate interpolates in log(rows), is flat beyond the table, and a bad table
+/// is refused.
+#[test]
+fn matmul_rate_by_rows() {
+    let mut hw = HardwareProfile::t4_like();
+    assert_eq!(hw.matmul_flops(7.0), hw.gpu_matmul_flops);
+    hw.gpu_matmul_flops_by_rows = vec![(1.0, 1e9), (100.0, 3e9)];
+    assert_eq!(hw.matmul_flops(0.5), 1e9);
+    assert_eq!(hw.matmul_flops(1000.0), 3e9);
+    assert!((hw.matmul_flops(10.0) - 2e9).abs() < 1.0);
+    hw.validate().unwrap();
+    hw.gpu_matmul_flops_by_rows = vec![(4.0, 1e9), (2.0, 3e9)];
+    assert!(hw.validate().is_err());
 }
