@@ -94,9 +94,8 @@ unsafe fn weight_rows_avx2(shape: &RowsShape, rows: std::ops::Range<usize>, x: &
     weight_rows_portable(shape, rows, x, xsum, codes, scale, min)
 }
 
-/// Per weight row and group: the codes are decoded once and scaled, then multiplied into eight
-/// running lanes per input row (one horizontal sum per output at the end, not per group); `min`
-/// needs only the slice sums `xsum`.
+/// Per weight row and group: the codes are decoded once (fixed-width shift-and-mask) and dotted
+/// with every input row's slice in eight lanes; `min` needs only the slice sums `xsum`.
 #[inline(always)]
 fn weight_rows_portable(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
     let RowsShape { m, k_len, groups, group, words, bits } = *shape;
@@ -104,31 +103,15 @@ fn weight_rows_portable(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f3
     let words_per_group = group / per;
     let mut out = vec![0f32; rows.len() * m];
     let mut decoded = vec![0f32; group];
-    let mut lanes = vec![[0f32; 8]; m];
-    let mut rest = vec![0f32; m];
     for (local, j) in rows.enumerate() {
-        lanes.iter_mut().for_each(|l| *l = [0.0; 8]);
-        rest.iter_mut().for_each(|r| *r = 0.0);
         for g in 0..groups {
             let start = j * words + g * words_per_group;
             decode_words(&codes[start..start + words_per_group], bits, &mut decoded);
             let (s, mn) = (scale[j * groups + g], min[j * groups + g]);
-            decoded.iter_mut().for_each(|d| *d *= s);
             for i in 0..m {
                 let xs = &x[i * k_len + g * group..i * k_len + (g + 1) * group];
-                let (x8, d8) = (xs.chunks_exact(8), decoded.chunks_exact(8));
-                let tail: f32 = x8.remainder().iter().zip(d8.remainder()).map(|(a, b)| a * b).sum();
-                let acc = &mut lanes[i];
-                for (cx, cd) in x8.zip(d8) {
-                    for l in 0..8 {
-                        acc[l] += cx[l] * cd[l];
-                    }
-                }
-                rest[i] += tail + mn * xsum[i * groups + g];
+                out[local * m + i] += s * dot(xs, &decoded) + mn * xsum[i * groups + g];
             }
-        }
-        for i in 0..m {
-            out[local * m + i] = lanes[i].iter().sum::<f32>() + rest[i];
         }
     }
     out
@@ -150,6 +133,20 @@ fn decode_words(packed: &[u32], bits: u32, out: &mut [f32]) {
             }
         }
     }
+}
+
+/// Dot product in eight independent lanes (one AVX register), then the tail.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    for (ca, cb) in a8.zip(b8) {
+        for l in 0..8 {
+            lanes[l] += ca[l] * cb[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// Inputs are borrowed in place, never copied: copying the codes on every call would cost as much
