@@ -148,6 +148,10 @@ pub struct GenerateArgs {
     /// Offload engine: no overlap of weight loading with compute (ablation).
     #[arg(long)]
     pub no_overlap: bool,
+    /// Offload engine: Top-K sparse attention for decode, keeping this fraction of the keys of
+    /// each query (FlexGen §5, e.g. 0.1).
+    #[arg(long)]
+    pub attn_sparsity: Option<f32>,
     /// Offload engine: hardware profile JSON (measured and cached there when missing).
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
@@ -486,6 +490,7 @@ fn run_offload(
         hardware,
         workload: Workload::new(prompt_len as u64, params.max_new_tokens as u64),
         host,
+        attention_sparsity: args.attn_sparsity,
     };
     let engine = OffloadEngine::new(files.spec.clone(), &files.files, Some(files.tokenizer), files.eos_token_ids, config, device)?;
     let load_s = load_start.elapsed().as_secs_f64();

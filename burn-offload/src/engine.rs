@@ -54,6 +54,8 @@ pub struct OffloadConfig {
     pub workload: Workload,
     /// Device holding the host tier (the CPU: `Device::flex()`).
     pub host: Device,
+    /// Top-K sparse attention for decode (FlexGen §5): the fraction of keys each query keeps.
+    pub attention_sparsity: Option<f32>,
 }
 
 /// Peak bytes per tier during a run.
@@ -112,6 +114,7 @@ pub struct OffloadEngine {
     policy: Policy,
     estimate: CostEstimate,
     kv_on_device: Vec<bool>,
+    attention_sparsity: Option<f32>,
     tokenizer: Option<Tokenizer>,
     eos_token_ids: Vec<u32>,
 }
@@ -148,6 +151,9 @@ impl OffloadEngine {
         config: OffloadConfig,
         device: &Device,
     ) -> Result<Self> {
+        if let Some(f) = config.attention_sparsity.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
+            return Err(OffloadError::Config(format!("attention sparsity must be in (0, 1], got {f}")));
+        }
         let mut hw = config.hardware.clone();
         hw.gpu_memory_bytes = config.gpu_mem;
         hw.cpu_memory_bytes = config.cpu_mem;
@@ -222,6 +228,7 @@ impl OffloadEngine {
             estimate,
             policy,
             kv_on_device,
+            attention_sparsity: config.attention_sparsity,
             tokenizer,
             eos_token_ids,
         })
@@ -313,7 +320,10 @@ impl OffloadEngine {
         let mut caches = Vec::new();
         let mut budgets = Vec::new();
         for batch in block.chunks(gbs) {
-            let cache = ContiguousKvCache::with_placement(layout, batch.len(), capacity, &self.device, cache_bits, placement.clone())?;
+            let mut cache = ContiguousKvCache::with_placement(layout, batch.len(), capacity, &self.device, cache_bits, placement.clone())?;
+            if let Some(fraction) = self.attention_sparsity {
+                cache = cache.with_attention_sparsity(fraction)?;
+            }
             // Charged per policy tier (on a GPU-less machine host and device are both the CPU).
             let device_layers = self.kv_on_device.iter().filter(|&&d| d).count() as u64;
             let on_device = cache.memory_bytes() as u64 / self.kv_on_device.len().max(1) as u64 * device_layers;

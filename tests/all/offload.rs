@@ -28,6 +28,7 @@ fn config(policy: Policy, tag: &str, gpu_mem: u64) -> OffloadConfig {
         hardware: HardwareProfile::t4_like(),
         workload: Workload::new(64, 12),
         host: Device::flex(),
+        attention_sparsity: None,
     }
 }
 
@@ -167,4 +168,49 @@ fn compressed_policies_equal_quantized_plain_generation() {
         let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
         assert_eq!(got, expected, "{name}");
     }
+}
+
+/// Top-K sparse attention: keeping every key is dense attention (same greedy tokens); keeping few
+/// keys runs and changes the attention (the scores it drops are gone), and a bad fraction is an
+/// error.
+#[test]
+fn sparse_attention_keeps_the_top_keys() {
+    use burn::tensor::{Tensor, TensorData};
+    use burn_llm::models::cache::{attention, sparse_attention};
+
+    let device = Device::flex();
+    // One query, four keys with scores 4, 1, 3, 2 (q = 1, k = score); values one-hot.
+    let q = Tensor::<4>::from_data(TensorData::new(vec![1f32], [1, 1, 1, 1]), &device);
+    let k = Tensor::<4>::from_data(TensorData::new(vec![4f32, 1.0, 3.0, 2.0], [1, 1, 4, 1]), &device);
+    let v = Tensor::<4>::from_data(TensorData::new(vec![1f32, 10.0, 100.0, 1000.0], [1, 1, 4, 1]), &device);
+    let bias = Tensor::<4>::zeros([1, 1, 1, 4], &device);
+    let dense = attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1.0).into_data().try_into_vec_as::<f32>().unwrap()[0];
+    let all = sparse_attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1.0, Some(4)).into_data().try_into_vec_as::<f32>().unwrap()[0];
+    assert_eq!(dense, all);
+    let top2 = sparse_attention(q, k, v, bias, 1.0, Some(2)).into_data().try_into_vec_as::<f32>().unwrap()[0];
+    let (e4, e3) = (4f32.exp(), 3f32.exp());
+    let expected = (e4 * 1.0 + e3 * 100.0) / (e4 + e3);
+    assert!((top2 - expected).abs() < 1e-3 * expected, "{top2} vs {expected}");
+
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
+    let prompts = [Prompt::Ids(reference("llama").prompts[2].input_ids.clone())];
+    let dense_policy = Policy::all_on_gpu(1);
+    let baseline = engine("llama", &device, dense_policy, "sparse-dense").generate(&prompts, &params).unwrap().0;
+    let dir = fixture("llama");
+    let spec = DecoderSpec::from_dir(&dir).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    for (fraction, tag) in [(1.0f32, "sparse-1"), (0.1, "sparse-0.1")] {
+        let mut cfg = config(dense_policy, tag, 1 << 30);
+        cfg.attention_sparsity = Some(fraction);
+        let e = OffloadEngine::new(spec.clone(), &ckpt, None, vec![], cfg, &device).unwrap();
+        let out = e.generate(&prompts, &params).unwrap().0;
+        if fraction == 1.0 {
+            assert_eq!(out.requests[0].generated_ids, baseline.requests[0].generated_ids);
+        }
+        assert_eq!(out.requests[0].generated_ids.len(), 6);
+    }
+    let mut cfg = config(dense_policy, "sparse-bad", 1 << 30);
+    cfg.attention_sparsity = Some(0.0);
+    let err = OffloadEngine::new(spec, &ckpt, None, vec![], cfg, &device).unwrap_err();
+    assert!(err.to_string().contains("sparsity"), "{err}");
 }

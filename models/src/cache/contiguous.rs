@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_llm_kernels::{dequantize, quantize, GroupQuantized, QuantSpec};
 
-use super::{attention, causal_bias, KvCache, KvLayout, StepInput, MASKED};
+use super::{causal_bias, sparse_attention, KvCache, KvLayout, StepInput, MASKED};
 use crate::error::{ModelError, Result};
 
 /// One layer's keys or values: `[batch, kv_heads, capacity, head_dim]` floats, or the same slots
@@ -97,6 +97,8 @@ pub struct ContiguousKvCache {
     device: Device,
     /// Where each layer's slots live and where its attention runs.
     placement: Vec<KvPlacement>,
+    /// Fraction of keys each decode query keeps (Top-K sparse attention), if set.
+    sparsity: Option<f32>,
 }
 
 /// Where one layer's keys and values are stored, and where its attention runs (FlexGen's cache
@@ -160,6 +162,7 @@ impl ContiguousKvCache {
         let home = KvPlacement { device: device.clone(), attend_there: true };
         Self {
             placement: vec![home; layout.num_layers],
+            sparsity: None,
             quant,
             layout,
             batch,
@@ -173,6 +176,16 @@ impl ContiguousKvCache {
             bias: None,
             device: device.clone(),
         }
+    }
+
+    /// Keeps only the `fraction` highest-scoring keys of each decode query (FlexGen §5's Top-K
+    /// sparse attention; prompts always attend densely). `fraction` must be in (0, 1].
+    pub fn with_attention_sparsity(mut self, fraction: f32) -> Result<Self> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(ModelError::InvalidSampling(format!("attention sparsity must be in (0, 1], got {fraction}")));
+        }
+        self.sparsity = Some(fraction);
+        Ok(self)
     }
 
     /// Sequences in the batch.
@@ -304,16 +317,21 @@ impl KvCache for ContiguousKvCache {
             .bias
             .clone()
             .expect("begin_step must be called before the model runs");
+        // Top-K sparsity applies to decode steps (one new token per sequence).
+        let keep = self
+            .sparsity
+            .filter(|_| start + 1 == used)
+            .map(|f| ((f * used as f32).ceil() as usize).max(1));
         if !away {
-            return attention(q, keys, values, bias, scale);
+            return sparse_attention(q, keys, values, bias, scale, keep);
         }
         if home.attend_there {
             // CPU-attention delegation: the query goes to the cache, the output comes back.
             let (q, bias) = (q.to_device(&home.device), bias.to_device(&home.device));
-            return attention(q, keys, values, bias, scale).to_device(&here);
+            return sparse_attention(q, keys, values, bias, scale, keep).to_device(&here);
         }
         // The visible slots are loaded to the compute device for this step.
-        attention(q, keys.to_device(&here), values.to_device(&here), bias, scale)
+        sparse_attention(q, keys.to_device(&here), values.to_device(&here), bias, scale, keep)
     }
 }
 

@@ -28,7 +28,7 @@
 mod attention;
 mod contiguous;
 
-pub use attention::{attention, causal_bias, MASKED};
+pub use attention::{attention, causal_bias, sparse_attention, MASKED};
 pub use contiguous::{kv_quant_spec, ContiguousKvCache, KvPlacement};
 
 use burn::tensor::{Int, Tensor};

@@ -97,6 +97,7 @@ fn run_policy(
         hardware: hw.clone(),
         workload: workload(args),
         host: Device::flex(),
+        attention_sparsity: None,
     };
     let engine = OffloadEngine::new(spec.clone(), &DummyWeights::default(), None, vec![], config, device)?;
     let block = (engine.policy().gpu_batch_size * engine.policy().num_gpu_batches) as usize;
