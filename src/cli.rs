@@ -152,6 +152,10 @@ pub struct GenerateArgs {
     /// each query (FlexGen §5, e.g. 0.1).
     #[arg(long)]
     pub attn_sparsity: Option<f32>,
+    /// Offload engine: profile CPU attention and weight loading at each thread count and split the
+    /// threads between them (LM-Offload Algorithm 3).
+    #[arg(long)]
+    pub thread_control: bool,
     /// Offload engine: hardware profile JSON (measured and cached there when missing).
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
@@ -482,6 +486,22 @@ fn run_offload(
         .into_iter()
         .max()
         .unwrap_or(1);
+    let threads = if args.thread_control {
+        let shape = burn_offload::model_shape(&files.spec);
+        let profile = burn_offload::profiler::profile_threads(&host, &offload_dir, 8, 512, shape.layer_weight_bytes() as usize)?;
+        let plan = burn_offload::policy::choose_threads(&profile)?;
+        if !args.json {
+            eprintln!(
+                "thread control: {} intra-op threads for compute, {:?} for weight loading (predicted step {:.1} ms)",
+                plan.intra_op_compute,
+                plan.io_threads,
+                plan.step_seconds * 1e3
+            );
+        }
+        Some(plan)
+    } else {
+        None
+    };
     let config = OffloadConfig {
         gpu_mem: args.gpu_mem,
         cpu_mem: args.cpu_mem,
@@ -491,6 +511,7 @@ fn run_offload(
         workload: Workload::new(prompt_len as u64, params.max_new_tokens as u64),
         host,
         attention_sparsity: args.attn_sparsity,
+        threads,
     };
     let engine = OffloadEngine::new(files.spec.clone(), &files.files, Some(files.tokenizer), files.eos_token_ids, config, device)?;
     let load_s = load_start.elapsed().as_secs_f64();

@@ -23,7 +23,7 @@ use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingP
 use serde::Serialize;
 
 use crate::error::{OffloadError, Result};
-use crate::policy::{estimate, search_whole, CostEstimate, HardwareProfile, ModelShape, Policy, SearchSpace, Tier, TierBytes, Workload};
+use crate::policy::{estimate, search_whole, CostEstimate, ThreadPlan, HardwareProfile, ModelShape, Policy, SearchSpace, Tier, TierBytes, Workload};
 use crate::store::{fmt_bytes, DiskStore, MemoryLedger, Reservation};
 use crate::weights::{write_recorded, DiskWeights, Recording};
 
@@ -56,6 +56,10 @@ pub struct OffloadConfig {
     pub host: Device,
     /// Top-K sparse attention for decode (FlexGen §5): the fraction of keys each query keeps.
     pub attention_sparsity: Option<f32>,
+    /// Thread counts for compute and for weight loading (LM-Offload Algorithm 3, from
+    /// [`crate::profiler::profile_threads`] and [`crate::policy::choose_threads`]); `None` uses
+    /// the global thread pool for both.
+    pub threads: Option<ThreadPlan>,
 }
 
 /// Peak bytes per tier during a run.
@@ -115,6 +119,8 @@ pub struct OffloadEngine {
     estimate: CostEstimate,
     kv_on_device: Vec<bool>,
     attention_sparsity: Option<f32>,
+    compute_pool: Option<rayon::ThreadPool>,
+    io_pool: Option<rayon::ThreadPool>,
     tokenizer: Option<Tokenizer>,
     eos_token_ids: Vec<u32>,
 }
@@ -186,6 +192,16 @@ impl OffloadEngine {
         };
         let kv_on_device: Vec<bool> = (0..num_layers).map(|j| j < kv_gpu_layers).collect();
 
+        let pool = |threads: u32| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads.max(1) as usize)
+                .build()
+                .map_err(|e| OffloadError::Config(format!("cannot build a thread pool: {e}")))
+        };
+        let (compute_pool, io_pool) = match &config.threads {
+            Some(plan) => (Some(pool(plan.intra_op_compute)?), Some(pool(plan.io_threads.first().copied().unwrap_or(1))?)),
+            None => (None, None),
+        };
         let mut store = DiskStore::open(&config.offload_dir)?;
         let mut layers = Vec::with_capacity(spec.num_layers);
         let mut layer_bytes = Vec::with_capacity(spec.num_layers);
@@ -229,6 +245,8 @@ impl OffloadEngine {
             policy,
             kv_on_device,
             attention_sparsity: config.attention_sparsity,
+            compute_pool,
+            io_pool,
             tokenizer,
             eos_token_ids,
         })
@@ -386,31 +404,42 @@ impl OffloadEngine {
     fn run_layers(&self, hidden: &mut [Option<Hidden>], caches: &mut [ContiguousKvCache]) -> Result<()> {
         let layers = self.layers.len();
         let compute = |j: usize, loaded: &Loaded, hidden: &mut [Option<Hidden>], caches: &mut [ContiguousKvCache]| {
-            for (h, cache) in hidden.iter_mut().zip(caches.iter_mut()) {
-                if let Some(state) = h.take() {
-                    let states = loaded.layer.forward(state.states, j, state.rotary.as_ref(), cache);
-                    *h = Some(Hidden { states, rotary: state.rotary });
+            self.in_pool(&self.compute_pool, || {
+                for (h, cache) in hidden.iter_mut().zip(caches.iter_mut()) {
+                    if let Some(state) = h.take() {
+                        let states = loaded.layer.forward(state.states, j, state.rotary.as_ref(), cache);
+                        *h = Some(Hidden { states, rotary: state.rotary });
+                    }
                 }
-            }
+            })
         };
+        let load = |j: usize| self.in_pool(&self.io_pool, || self.load(j));
         if !self.policy.overlap {
             for j in 0..layers {
-                let loaded = self.load(j)?;
+                let loaded = load(j)?;
                 compute(j, &loaded, hidden, caches);
             }
             return Ok(());
         }
         std::thread::scope(|scope| -> Result<()> {
-            let mut next = Some(scope.spawn(move || self.load(0)));
+            let mut next = Some(scope.spawn(move || load(0)));
             for j in 0..layers {
-                let current = next.take().map_or_else(|| self.load(j), |h| h.join().unwrap_or_else(|_| Err(loader_panicked())))?;
+                let current = next.take().map_or_else(|| load(j), |h| h.join().unwrap_or_else(|_| Err(loader_panicked())))?;
                 if j + 1 < layers {
-                    next = Some(scope.spawn(move || self.load(j + 1)));
+                    next = Some(scope.spawn(move || load(j + 1)));
                 }
                 compute(j, &current, hidden, caches);
             }
             Ok(())
         })
+    }
+
+    /// Runs `f` in `pool` when thread control gave one, else on the caller's pool.
+    fn in_pool<R: Send>(&self, pool: &Option<rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+        match pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
     }
 
     /// Layer `j` on the device, with the device budget it holds while loaded.

@@ -8,8 +8,8 @@ use std::time::Instant;
 use burn::tensor::{Device, Distribution, Tensor};
 use burn_llm_kernels::{dequantize, quantize, QuantSpec};
 
-use crate::error::Result;
-use crate::policy::HardwareProfile;
+use crate::error::{OffloadError, Result};
+use crate::policy::{ComputeOp, ComputeSample, HardwareProfile, IoSample, IoTaskProfile, ThreadProfile};
 use crate::store::{DiskStore, HostData};
 
 /// Forces pending work on a tensor's device to finish.
@@ -121,4 +121,59 @@ pub fn load_or_profile(path: &Path, device: &Device, host: &Device, dir: &Path) 
     }
     let _ = profile.save_json(path);
     Ok(profile)
+}
+
+/// Seconds of `f` run `runs` times (median) inside a rayon pool of `threads` threads.
+fn time_in(threads: u32, runs: usize, mut f: impl FnMut() + Send) -> Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads as usize)
+        .build()
+        .map_err(|e| OffloadError::Config(format!("cannot build a thread pool: {e}")))?;
+    Ok(pool.install(|| time(runs, &mut f)))
+}
+
+/// LM-Offload's one-time thread profile (input of Algorithm 3, [`crate::policy::choose_threads`]):
+/// the three dependent operators of CPU attention in decode (scores, softmax, weighted sum) for
+/// `batch` sequences of `context` cached tokens, and the weight-load task (a disk-tier read of
+/// `layer_bytes` into a tensor), each timed with 1 to all hardware threads.
+pub fn profile_threads(host: &Device, dir: &Path, batch: usize, context: usize, layer_bytes: usize) -> Result<ThreadProfile> {
+    let max_threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let (heads, head_dim) = (12, 64);
+    let q = Tensor::<4>::random([batch, heads, 1, head_dim], Distribution::Uniform(-1.0, 1.0), host);
+    let k = Tensor::<4>::random([batch, heads, context, head_dim], Distribution::Uniform(-1.0, 1.0), host);
+    let v = Tensor::<4>::random([batch, heads, context, head_dim], Distribution::Uniform(-1.0, 1.0), host);
+    let scores = q.clone().matmul(k.clone().swap_dims(2, 3));
+    let probs = burn::tensor::activation::softmax(scores.clone(), 3);
+    let mut compute_samples = Vec::new();
+    for threads in 1..=max_threads {
+        let op_seconds = vec![
+            time_in(threads, 3, || sync(&q.clone().matmul(k.clone().swap_dims(2, 3))))?,
+            time_in(threads, 3, || sync(&burn::tensor::activation::softmax(scores.clone(), 3)))?,
+            time_in(threads, 3, || sync(&probs.clone().matmul(v.clone())))?,
+        ];
+        compute_samples.push(ComputeSample { intra_op_threads: threads, op_seconds });
+    }
+    let mut store = DiskStore::open(dir)?;
+    let values = (layer_bytes / 4).max(1);
+    let data = vec![0.5f32; values];
+    store.put("threads/probe", HostData::f32(&[values], &data))?;
+    let mut samples = Vec::new();
+    for threads in 1..=max_threads {
+        let seconds = time_in(threads, 3, || {
+            if let Ok(t) = store.get("threads/probe")
+                && let Some(v) = t.as_f32()
+            {
+                sync(&Tensor::<1>::from_data(burn::tensor::TensorData::new(v.to_vec(), [v.len()]), host));
+            }
+        })?;
+        samples.push(IoSample { threads, seconds });
+    }
+    let _ = store.remove("threads/probe");
+    let op = |name: &str, deps: Vec<usize>| ComputeOp { name: name.into(), deps };
+    Ok(ThreadProfile {
+        max_threads,
+        compute_ops: vec![op("scores", vec![]), op("softmax", vec![0]), op("weighted sum", vec![1])],
+        compute_samples,
+        io_tasks: vec![IoTaskProfile { name: "load weights".into(), bytes: layer_bytes as f64, samples }],
+    })
 }

@@ -29,6 +29,7 @@ fn config(policy: Policy, tag: &str, gpu_mem: u64) -> OffloadConfig {
         workload: Workload::new(64, 12),
         host: Device::flex(),
         attention_sparsity: None,
+        threads: None,
     }
 }
 
@@ -213,4 +214,33 @@ fn sparse_attention_keeps_the_top_keys() {
     cfg.attention_sparsity = Some(0.0);
     let err = OffloadEngine::new(spec, &ckpt, None, vec![], cfg, &device).unwrap_err();
     assert!(err.to_string().contains("sparsity"), "{err}");
+}
+
+/// Thread control (LM-Offload Algorithm 3): the one-time profile gives a plan within the
+/// machine's threads, and running compute and loads in the planned pools changes no token.
+#[test]
+fn thread_control_plans_and_keeps_outputs() {
+    use burn_llm::offload::policy::choose_threads;
+    use burn_llm::offload::profiler::profile_threads;
+
+    let device = Device::flex();
+    let dir = offload_dir("threads-profile");
+    let profile = profile_threads(&device, &dir, 2, 64, 1 << 20).unwrap();
+    let plan = choose_threads(&profile).unwrap();
+    assert!(plan.intra_op_compute >= 1 && plan.intra_op_compute <= profile.max_threads);
+    assert_eq!(plan.io_threads.len(), 1);
+
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
+    let reference = reference("opt");
+    let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Ids(p.input_ids.clone())).collect();
+    let policy = Policy { weights: Placement::from_array([0.0, 0.5, 0.5]), ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) } };
+    let plain = engine("opt", &device, policy, "threads-plain").generate(&prompts, &params).unwrap().0;
+    let fixture_dir = fixture("opt");
+    let spec = DecoderSpec::from_dir(&fixture_dir).unwrap();
+    let ckpt = Checkpoint::open(&fixture_dir).unwrap();
+    let mut cfg = config(policy, "threads-planned", 1 << 30);
+    cfg.threads = Some(plan);
+    let planned = OffloadEngine::new(spec, &ckpt, None, vec![], cfg, &device).unwrap().generate(&prompts, &params).unwrap().0;
+    let ids = |o: &burn_llm::GenerationOutput| o.requests.iter().map(|r| r.generated_ids.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&planned), ids(&plain));
 }

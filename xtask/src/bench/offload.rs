@@ -98,6 +98,7 @@ fn run_policy(
         workload: workload(args),
         host: Device::flex(),
         attention_sparsity: None,
+        threads: None,
     };
     let engine = OffloadEngine::new(spec.clone(), &DummyWeights::default(), None, vec![], config, device)?;
     let block = (engine.policy().gpu_batch_size * engine.policy().num_gpu_batches) as usize;
