@@ -126,3 +126,40 @@ fn paged_engine_flags_and_runs() {
     let value = serde_json::to_value(JsonReport::new("m", "flex", &out, 0.1)).unwrap();
     assert_eq!(value["requests"].as_array().unwrap().len(), 4);
 }
+
+/// `--engine offload` (and `flexgen_generate`'s flags): an explicit `--percent` policy and the
+/// searched one run on a fixture; bad flags are errors.
+#[test]
+fn offload_engine_flags_and_runs() {
+    let a = args(&["--engine", "offload", "--percent", "0", "50", "0", "100", "100", "0", "--gbs", "2", "--num-gb", "2", "--cpu-attention"]);
+    match a.offload_policy().unwrap() {
+        burn_llm::offload::PolicyChoice::Fixed(p) => {
+            assert_eq!((p.gpu_batch_size, p.num_gpu_batches, p.cpu_attention), (2, 2, true));
+            assert_eq!((p.weights.gpu, p.weights.cpu, p.weights.disk), (0.0, 0.5, 0.5));
+        }
+        other => panic!("expected a fixed policy, got {other:?}"),
+    }
+    assert!(args(&["--policy", "fastest"]).offload_policy().is_err());
+    assert!(GenerateArgs::try_parse_from(["x", "--percent", "1", "2"]).is_err());
+    assert!(GenerateArgs::try_parse_from(["x", "--gpu-mem", "lots"]).is_err());
+
+    let dir = fixture("gpt2");
+    let scratch = std::env::temp_dir().join(format!("burn-llm-cli-offload-{}", std::process::id()));
+    let offload_dir = scratch.join("tensors");
+    let profile = scratch.join("profile.json");
+    let common = [
+        "--model", dir.to_str().unwrap(), "--device", "flex", "--engine", "offload", "--gpu-mem", "64MiB", "--cpu-mem", "1GiB",
+        "--offload-dir", offload_dir.to_str().unwrap(), "--profile", profile.to_str().unwrap(), "--prompt", "GNU", "--max-new-tokens", "3",
+    ];
+    let run_with = |extra: &[&str]| {
+        let mut argv: Vec<&str> = common.to_vec();
+        argv.extend_from_slice(extra);
+        run(&args(&argv), DEFAULTS)
+    };
+    run_with(&["--percent", "0", "50", "0", "100", "100", "0", "--gbs", "1", "--cpu-attention", "--json"]).unwrap();
+    run_with(&["--thread-control"]).unwrap();
+    assert!(profile.is_file(), "the hardware profile is cached");
+    let err = run_with(&["--quantize", "w4"]).unwrap_err().to_string();
+    assert!(err.contains("--compress-weight"), "{err}");
+    let _ = std::fs::remove_dir_all(&scratch);
+}
