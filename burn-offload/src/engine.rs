@@ -16,7 +16,7 @@ use std::time::Instant;
 use burn::module::Module;
 use burn::tensor::Device;
 use burn_llm_models::cache::{ContiguousKvCache, KvPlacement};
-use burn_llm_models::generation::{prepare_prompt, sample, RequestState};
+use burn_llm_models::generation::{prepare_prompt, record_sampled, sample, RequestState};
 use burn_llm_models::model::{DecoderLayer, Hidden};
 use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingParams, Timing, Tokenizer};
@@ -374,19 +374,15 @@ impl OffloadEngine {
                 let logits = self.skeleton.last_logits(states, &lasts[k]);
                 let range = k * gbs..(k * gbs + gbs).min(block.len());
                 let sampled = sample(logits, params, &mut rngs[range.clone()])?;
-                let mut logprobs = sampled.logprobs.map(|l| l.into_iter());
-                for (i, row) in range.enumerate() {
-                    let step_logprobs = logprobs.as_mut().and_then(Iterator::next);
-                    let request = &mut block[row];
-                    if request.is_finished() {
-                        new_tokens[row].clear();
-                        continue;
-                    }
-                    let id = sampled.ids[i];
-                    request.push(id, step_logprobs, params, &self.eos_token_ids, self.tokenizer.as_ref())?;
-                    timing.generated_tokens += 1;
-                    new_tokens[row] = if request.is_finished() { Vec::new() } else { vec![id] };
-                }
+                timing.generated_tokens += record_sampled(
+                    &mut block[range.clone()],
+                    &mut new_tokens[range],
+                    sampled,
+                    params,
+                    &self.eos_token_ids,
+                    self.tokenizer.as_ref(),
+                    |_, _, _, _| {},
+                )?;
             }
             if first {
                 timing.prefill_s += started.elapsed().as_secs_f64();

@@ -12,7 +12,6 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm_models::generation::{prepare_prompt, RequestState};
 use burn_llm_models::{CausalLm, FinishReason, GenerationOutput, Pretrained, Prompt, RequestOutput, StepInput, Timing, Tokenizer};
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 pub use config::{EngineConfig, KvCacheMemory};
@@ -624,10 +623,7 @@ impl LlmEngine {
 /// The random stream of sample `index` of a request: the request's seed (or entropy) with a
 /// stream per sample, so seeded parallel samples are reproducible and independent.
 fn sample_rng(params: &RequestParams, index: u64) -> ChaCha8Rng {
-    let mut rng = match params.sampling.seed {
-        Some(seed) => ChaCha8Rng::seed_from_u64(seed),
-        None => ChaCha8Rng::from_os_rng(),
-    };
+    let mut rng = params.sampling.rng();
     rng.set_stream(index);
     rng
 }

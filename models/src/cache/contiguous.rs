@@ -218,12 +218,6 @@ impl ContiguousKvCache {
         }
     }
 
-    /// Bytes of keys and values stored on `device`.
-    pub fn memory_bytes_on(&self, device: &Device) -> usize {
-        let layers = self.placement.iter().filter(|p| p.device == *device).count();
-        self.memory_bytes() / self.layout.num_layers.max(1) * layers
-    }
-
     /// Lays out the next step: `new_tokens[b]` are the tokens sequence `b` adds (possibly none).
     pub fn begin_step(&mut self, new_tokens: &[&[u32]]) -> Result<StepInput> {
         if new_tokens.len() != self.batch {

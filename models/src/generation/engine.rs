@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::request::{prepare_prompt, GenerationOutput, Prompt, RequestState, Timing};
+use super::request::{prepare_prompt, record_sampled, GenerationOutput, Prompt, RequestState, Timing};
 use super::sampling::{sample, SamplingParams};
 use crate::cache::ContiguousKvCache;
 use crate::error::Result;
@@ -126,24 +126,15 @@ impl Generator {
             let step = cache.begin_step(&slices)?;
             let logits = self.model.forward_last_logits(&step, &mut cache);
             let sampled = sample(logits, params, &mut rngs)?;
-            let mut logprobs = sampled.logprobs.map(|l| l.into_iter());
-            for (i, request) in requests.iter_mut().enumerate() {
-                let step_logprobs = logprobs.as_mut().and_then(Iterator::next);
-                if request.is_finished() {
-                    new_tokens[i].clear();
-                    continue;
-                }
-                let id = sampled.ids[i];
-                let text = request.push(id, step_logprobs, params, &self.eos_token_ids, tokenizer)?;
-                timing.generated_tokens += 1;
-                on_token(StreamEvent {
-                    request: i,
-                    token: id,
-                    text: &text,
-                    finished: request.is_finished(),
-                });
-                new_tokens[i] = if request.is_finished() { Vec::new() } else { vec![id] };
-            }
+            timing.generated_tokens += record_sampled(
+                &mut requests,
+                &mut new_tokens,
+                sampled,
+                params,
+                &self.eos_token_ids,
+                tokenizer,
+                |request, token, text, finished| on_token(StreamEvent { request, token, text, finished }),
+            )?;
             if first {
                 timing.prefill_s = started.elapsed().as_secs_f64();
                 first = false;

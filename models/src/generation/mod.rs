@@ -6,5 +6,5 @@ mod request;
 pub mod sampling;
 
 pub use engine::{Generator, StreamEvent};
-pub use request::{prepare_prompt, FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing};
+pub use request::{prepare_prompt, record_sampled, FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing};
 pub use sampling::{filtered_distribution, sample, Sampled, SamplingParams, TokenLogprob};

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::sampling::{SamplingParams, TokenLogprob};
+use super::sampling::{Sampled, SamplingParams, TokenLogprob};
 use crate::chat::ChatMessage;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -276,6 +276,37 @@ impl RequestState {
             logprobs: self.logprobs,
         }
     }
+}
+
+/// Records one step's sampled tokens for a batch: every unfinished request takes its token (stop
+/// rules applied) and `next[i]` becomes what it feeds the model next step (nothing once
+/// finished); `on_token(i, id, visible text, finished)` sees each token. Returns the number of
+/// tokens generated.
+#[allow(clippy::too_many_arguments)]
+pub fn record_sampled(
+    requests: &mut [RequestState],
+    next: &mut [Vec<u32>],
+    sampled: Sampled,
+    params: &SamplingParams,
+    eos_ids: &[u32],
+    tokenizer: Option<&Tokenizer>,
+    mut on_token: impl FnMut(usize, u32, &str, bool),
+) -> Result<usize> {
+    let mut logprobs = sampled.logprobs.map(|l| l.into_iter());
+    let mut generated = 0;
+    for (i, request) in requests.iter_mut().enumerate() {
+        let step_logprobs = logprobs.as_mut().and_then(Iterator::next);
+        if request.is_finished() {
+            next[i].clear();
+            continue;
+        }
+        let id = sampled.ids[i];
+        let text = request.push(id, step_logprobs, params, eos_ids, tokenizer)?;
+        generated += 1;
+        on_token(i, id, &text, request.is_finished());
+        next[i] = if request.is_finished() { Vec::new() } else { vec![id] };
+    }
+    Ok(generated)
 }
 
 fn max_len(stops: &[String]) -> usize {
