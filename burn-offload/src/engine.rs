@@ -1,21 +1,31 @@
-//! The offloading runtime: FlexGen's zig-zag block schedule over weights placed per layer on the
-//! device, the host or the disk, KV cache per layer on the device or the host (with CPU
-//! attention), under an enforced device and host byte budget.
+//! The offloading runtime: FlexGen's zig-zag block schedule over weights placed per layer, KV
+//! cache per (layer, GPU batch) and activations per GPU batch on the device, the host or the disk,
+//! under an enforced device and host byte budget.
 //!
 //! One generation step of a block runs layer by layer; within a layer every GPU batch of the block
 //! runs before the next layer, so each layer's weights cross the link once per block and step.
-//! With `overlap`, the next layer is loaded (host → device copy, or disk read, checksum and
-//! upload) on a loader thread while the current one computes: the weight prefetch task of
-//! FlexGen's Algorithm 1. KV-cache loads and stores happen inside attention (the cache stays
-//! where the policy put it; with CPU attention only queries and outputs cross), and activations
-//! stay on the device.
+//! Each (layer, batch) step overlaps FlexGen's six tasks (Algorithm 1), each on its own thread
+//! (CubeCL gives every thread its own device stream), with a synchronization per step:
+//! - load the next layer's weights (host → device copy, or disk read, checksum and upload);
+//! - load the next step's KV cache (from disk) and activations (from the host or disk);
+//! - store the previous step's new KV slots (to disk) and its output activations (to their tier);
+//! - compute this step.
+//!
+//! A KV-cache tensor on the host stays there (with CPU attention only queries, new keys/values
+//! and outputs cross the link); one on disk is read before its step and only the step's new slots
+//! are written back. `overlap = false` runs the same tasks one after the other (the ablation).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Instant;
 
 use burn::module::Module;
-use burn::tensor::Device;
-use burn_llm_models::cache::{ContiguousKvCache, KvPlacement};
+use burn::tensor::{DType, Device, TensorData};
+use burn_llm_kernels::QuantSpec;
+use burn_llm_models::cache::{ContiguousKvCache, KvPlacement, LayerSlots};
 use burn_llm_models::generation::{prepare_prompt, record_sampled, sample, RequestState};
 use burn_llm_models::model::{DecoderLayer, Hidden};
 use burn_llm_models::weights::TensorSource;
@@ -23,9 +33,11 @@ use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingP
 use serde::Serialize;
 
 use crate::error::{OffloadError, Result};
-use crate::policy::{estimate, search_whole, CostEstimate, ThreadPlan, HardwareProfile, ModelShape, Policy, SearchSpace, Tier, TierBytes, Workload};
-use crate::store::{fmt_bytes, DiskStore, MemoryLedger, Reservation};
-use crate::weights::{write_recorded, DiskWeights, Recording};
+use crate::policy::{
+    estimate, search_whole, CostEstimate, HardwareProfile, ModelShape, Placement, Policy, SearchSpace, ThreadPlan, Tier, TierBytes, Workload,
+};
+use crate::store::{fmt_bytes, DiskStore, MemoryLedger, Reservation, ScratchDir, SlotFile};
+use crate::weights::{hollow, read_layer, write_layer};
 
 /// How the policy is chosen.
 #[derive(Debug, Clone)]
@@ -94,7 +106,8 @@ enum LayerHome {
     Device(DecoderLayer),
     /// Resident in host memory, copied to the device when used.
     Host(DecoderLayer),
-    /// In the offload directory, read (memory-mapped, checksum-verified) when used.
+    /// In the offload directory as stored (compressed codes when the policy compresses weights),
+    /// read (memory-mapped, checksum-verified) when used.
     Disk,
 }
 
@@ -112,12 +125,17 @@ pub struct OffloadEngine {
     host: Device,
     layers: Vec<LayerHome>,
     layer_bytes: Vec<u64>,
+    /// The structure disk layers are read into (no weights).
+    template: Option<DecoderLayer>,
     store: DiskStore,
     ledger: MemoryLedger,
     _resident: Vec<Reservation>,
     policy: Policy,
     estimate: CostEstimate,
-    kv_on_device: Vec<bool>,
+    /// Tier of each KV-cache tensor, index `layer · num_gpu_batches + batch`.
+    cache_tiers: Vec<Tier>,
+    /// Tier each GPU batch's activations wait on between layers.
+    activation_tiers: Vec<Tier>,
     attention_sparsity: Option<f32>,
     compute_pool: Option<rayon::ThreadPool>,
     io_pool: Option<rayon::ThreadPool>,
@@ -169,28 +187,24 @@ impl OffloadEngine {
         let skeleton_bytes = (skeleton.decode_weight_bytes() + spec.vocab_size * spec.embed_dim * 4) as u64;
         let mut resident = vec![ledger.reserve(Tier::Gpu, skeleton_bytes, "embeddings and LM head")?];
         let reserved = TierBytes { gpu: skeleton_bytes as f64, cpu: 0.0, disk: 0.0 };
-        let num_layers = spec.num_layers;
-        let (policy, layer_tiers, kv_gpu_layers, estimate) = match &config.policy {
+        let num_layers = spec.num_layers as u64;
+        let (policy, layer_tiers, cache_counts, activation_counts, estimate) = match &config.policy {
             PolicyChoice::Auto(space) => {
                 let mut space = space.clone();
                 space.reserved_bytes = reserved;
                 let rounded = search_whole(&hw, &shape, &config.workload, &space)?;
-                let kv = rounded.cache_tensors[0] / u64::from(rounded.policy.num_gpu_batches).max(1);
-                (rounded.policy, rounded.layer_tiers, kv as usize, rounded.estimate)
+                (rounded.policy, rounded.layer_tiers, rounded.cache_tensors, rounded.activation_tensors, rounded.estimate)
             }
             PolicyChoice::Fixed(policy) => {
-                // A given policy runs as given: whole layers in tier order, no re-optimization.
+                // A given policy runs as given: whole layers and tensors in tier order, no
+                // re-optimization.
                 policy.validate()?;
-                let count = |share: f64| ((share * num_layers as f64).round() as usize).min(num_layers);
-                let on_gpu = count(policy.weights.gpu);
-                let on_cpu = count(policy.weights.cpu).min(num_layers - on_gpu);
-                let tiers = (0..num_layers)
-                    .map(|j| if j < on_gpu { Tier::Gpu } else if j < on_gpu + on_cpu { Tier::Cpu } else { Tier::Disk })
-                    .collect();
-                (*policy, tiers, count(policy.cache.gpu), estimate(&hw, &shape, &config.workload, policy)?)
+                let batches = u64::from(policy.num_gpu_batches.max(1));
+                let tiers = tiers_in_order(whole_counts(policy.weights, num_layers));
+                let est = estimate(&hw, &shape, &config.workload, policy)?;
+                (*policy, tiers, whole_counts(policy.cache, num_layers * batches), whole_counts(policy.activations, batches), est)
             }
         };
-        let kv_on_device: Vec<bool> = (0..num_layers).map(|j| j < kv_gpu_layers).collect();
 
         let pool = |threads: u32| {
             rayon::ThreadPoolBuilder::new()
@@ -205,27 +219,28 @@ impl OffloadEngine {
         let mut store = DiskStore::open(&config.offload_dir)?;
         let mut layers = Vec::with_capacity(spec.num_layers);
         let mut layer_bytes = Vec::with_capacity(spec.num_layers);
+        let mut template = None;
         let compress = policy.compress_weights;
         for (j, tier) in layer_tiers.iter().enumerate() {
             let what = format!("layer {j} weights");
+            let on = if *tier == Tier::Gpu { device } else { &config.host };
+            let layer = compressed(CausalLm::load_layer(&spec, source, j, on)?, compress)?;
+            let bytes = layer.weight_bytes() as u64;
+            layer_bytes.push(bytes);
             let home = match tier {
                 Tier::Gpu => {
-                    let layer = compressed(CausalLm::load_layer(&spec, source, j, device)?, compress)?;
-                    resident.push(ledger.reserve(Tier::Gpu, layer.weight_bytes() as u64, &what)?);
-                    layer_bytes.push(layer.weight_bytes() as u64);
+                    resident.push(ledger.reserve(Tier::Gpu, bytes, &what)?);
                     LayerHome::Device(layer)
                 }
                 Tier::Cpu => {
-                    let layer = compressed(CausalLm::load_layer(&spec, source, j, &config.host)?, compress)?;
-                    resident.push(ledger.reserve(Tier::Cpu, layer.weight_bytes() as u64, &what)?);
-                    layer_bytes.push(layer.weight_bytes() as u64);
+                    resident.push(ledger.reserve(Tier::Cpu, bytes, &what)?);
                     LayerHome::Host(layer)
                 }
                 Tier::Disk => {
-                    let recording = Recording::new(source);
-                    let layer = CausalLm::load_layer(&spec, &recording, j, &config.host)?;
-                    layer_bytes.push(compressed(layer, compress)?.weight_bytes() as u64);
-                    write_recorded(recording, &mut store, &format!("layer{j}/"))?;
+                    write_layer(&layer, &mut store, &format!("layer{j}/"))?;
+                    if template.is_none() {
+                        template = Some(hollow(layer));
+                    }
                     LayerHome::Disk
                 }
             };
@@ -238,12 +253,14 @@ impl OffloadEngine {
             host: config.host,
             layers,
             layer_bytes,
+            template,
             store,
             ledger,
             _resident: resident,
             estimate,
             policy,
-            kv_on_device,
+            cache_tiers: tiers_in_order(cache_counts),
+            activation_tiers: tiers_in_order(activation_counts),
             attention_sparsity: config.attention_sparsity,
             compute_pool,
             io_pool,
@@ -284,6 +301,25 @@ impl OffloadEngine {
             .collect()
     }
 
+    /// Where each KV-cache tensor lives, index `layer · num_gpu_batches + batch`.
+    pub fn cache_tiers(&self) -> &[Tier] {
+        &self.cache_tiers
+    }
+
+    /// Where each GPU batch's activations wait between layers.
+    pub fn activation_tiers(&self) -> &[Tier] {
+        &self.activation_tiers
+    }
+
+    fn cache_tier(&self, layer: usize, batch: usize) -> Tier {
+        let n = self.policy.num_gpu_batches.max(1) as usize;
+        self.cache_tiers.get(layer * n + batch).copied().unwrap_or(Tier::Gpu)
+    }
+
+    fn activation_tier(&self, batch: usize) -> Tier {
+        self.activation_tiers.get(batch).copied().unwrap_or(Tier::Gpu)
+    }
+
     /// Generates for every prompt, a block of `gpu_batch_size · num_gpu_batches` prompts at a
     /// time, and reports what ran.
     pub fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<(GenerationOutput, OffloadReport)> {
@@ -302,8 +338,9 @@ impl OffloadEngine {
         let mut timing = Timing { prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(), ..Timing::default() };
         let gbs = self.policy.gpu_batch_size.max(1) as usize;
         let block = gbs * self.policy.num_gpu_batches.max(1) as usize;
+        let mut scratch_bytes = 0;
         for chunk in requests.chunks_mut(block) {
-            self.run_block(chunk, gbs, params, &mut timing)?;
+            scratch_bytes = scratch_bytes.max(self.run_block(chunk, gbs, params, &mut timing)?);
         }
         let total = started.elapsed().as_secs_f64();
         timing.decode_s = total - timing.prefill_s;
@@ -315,7 +352,7 @@ impl OffloadEngine {
             memory: MemoryReport {
                 gpu_peak_bytes: self.ledger.peak(Tier::Gpu),
                 cpu_peak_bytes: self.ledger.peak(Tier::Cpu),
-                disk_bytes: self.store.bytes_on_disk(),
+                disk_bytes: self.store.bytes_on_disk() + scratch_bytes,
             },
             effective_batch: block,
         };
@@ -323,32 +360,52 @@ impl OffloadEngine {
     }
 
     /// One block: its GPU batches advance together, layer by layer (zig-zag), until all finish.
-    fn run_block(&self, block: &mut [RequestState], gbs: usize, params: &SamplingParams, timing: &mut Timing) -> Result<()> {
+    /// Returns the bytes its KV cache and activations took on disk.
+    fn run_block(&self, block: &mut [RequestState], gbs: usize, params: &SamplingParams, timing: &mut Timing) -> Result<u64> {
         let started = Instant::now();
         let layout = self.skeleton.kv_layout();
         let longest_prompt = block.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
         let longest_budget = block.iter().map(RequestState::budget).max().unwrap_or(1);
         let capacity = longest_prompt + longest_budget;
         let cache_bits = if self.policy.cpu_attention { None } else { self.policy.compress_cache.map(|c| u32::from(c.bits)) };
-        let placement: Vec<KvPlacement> = self
-            .kv_on_device
-            .iter()
-            .map(|&on| KvPlacement { device: if on { self.device.clone() } else { self.host.clone() }, attend_there: self.policy.cpu_attention })
-            .collect();
+        let needs_disk = self.cache_tiers.contains(&Tier::Disk) || self.activation_tiers.contains(&Tier::Disk);
+        let mut io = BlockIo {
+            scratch: needs_disk.then(|| ScratchDir::create(self.store.dir(), "run")).transpose()?,
+            kv_files: HashMap::new(),
+            activation_bytes: (0..block.len().div_ceil(gbs)).map(|_| AtomicU64::new(0)).collect(),
+        };
         let mut caches = Vec::new();
         let mut budgets = Vec::new();
-        for batch in block.chunks(gbs) {
-            let mut cache = ContiguousKvCache::with_placement(layout, batch.len(), capacity, &self.device, cache_bits, placement.clone())?;
+        for (k, batch) in block.chunks(gbs).enumerate() {
+            let placement: Vec<KvPlacement> = (0..layout.num_layers)
+                .map(|j| {
+                    let tier = self.cache_tier(j, k);
+                    KvPlacement {
+                        device: if tier == Tier::Gpu { self.device.clone() } else { self.host.clone() },
+                        attend_there: self.policy.cpu_attention,
+                        detached: tier == Tier::Disk,
+                    }
+                })
+                .collect();
+            let mut cache = ContiguousKvCache::with_placement(layout, batch.len(), capacity, &self.device, cache_bits, placement)?;
             if let Some(fraction) = self.attention_sparsity {
                 cache = cache.with_attention_sparsity(fraction)?;
             }
-            // Charged per policy tier (on a GPU-less machine host and device are both the CPU).
-            let device_layers = self.kv_on_device.iter().filter(|&&d| d).count() as u64;
-            let on_device = cache.memory_bytes() as u64 / self.kv_on_device.len().max(1) as u64 * device_layers;
-            budgets.push(self.ledger.reserve(Tier::Gpu, on_device, "KV cache of a GPU batch")?);
-            budgets.push(self.ledger.reserve(Tier::Cpu, cache.memory_bytes() as u64 - on_device, "KV cache of a GPU batch")?);
+            // Charged per policy tier (on a GPU-less machine host and device are both the CPU);
+            // a disk-resident layer is charged to the host only while it is loaded.
+            let per_layer = cache.layer_bytes() as u64;
+            for j in 0..layout.num_layers {
+                match self.cache_tier(j, k) {
+                    Tier::Disk => {
+                        let files = kv_files(io.scratch()?, &cache, j, k)?;
+                        io.kv_files.insert((j, k), Mutex::new(files));
+                    }
+                    tier => budgets.push(self.ledger.reserve(tier, per_layer, &format!("KV cache of layer {j}, GPU batch {k}"))?),
+                }
+            }
             caches.push(cache);
         }
+        let disk_bytes: u64 = io.kv_files.values().flat_map(|f| f.lock().map(|f| f.iter().map(KvFile::len_bytes).sum::<u64>())).sum();
         let mut rngs: Vec<_> = block.iter().map(|_| params.rng()).collect();
         let mut new_tokens: Vec<Vec<u32>> = block.iter().map(|r| r.prompt_ids().to_vec()).collect();
         let mut first = true;
@@ -367,7 +424,7 @@ impl OffloadEngine {
                 lasts.push(step.last.clone());
                 hidden.push(Some(self.skeleton.embed(&step)));
             }
-            self.run_layers(&mut hidden, &mut caches)?;
+            self.run_layers(&mut hidden, &mut caches, &io)?;
             for (k, h) in hidden.into_iter().enumerate() {
                 let Some(h) = h else { continue };
                 let states = self.skeleton.finish(h);
@@ -392,42 +449,187 @@ impl OffloadEngine {
             }
         }
         drop(budgets);
+        Ok(disk_bytes + io.activation_bytes.iter().map(|b| b.load(Ordering::Relaxed)).sum::<u64>())
+    }
+
+    /// Every layer over every active GPU batch of the block, one (layer, batch) step at a time,
+    /// with the next step's loads and the previous step's stores running beside each step's
+    /// compute (or after it, without overlap).
+    fn run_layers(&self, hidden: &mut [Option<Hidden>], caches: &mut [ContiguousKvCache], io: &BlockIo) -> Result<()> {
+        let layers = self.layers.len();
+        let active: Vec<usize> = (0..hidden.len()).filter(|&k| hidden[k].is_some()).collect();
+        let order: Vec<(usize, usize)> = (0..layers).flat_map(|j| active.iter().map(move |&k| (j, k))).collect();
+        let Some(&first) = order.first() else { return Ok(()) };
+        // With one batch, its activations are needed by the very next step: they never wait.
+        let park = active.len() >= 2;
+        let mut parked: Vec<Option<Parked>> = hidden.iter_mut().map(|h| h.take().map(Parked::Device)).collect();
+        let overlap = self.policy.overlap;
+        let load_weights = |j: usize| self.in_pool(&self.io_pool, || self.load(j));
+        std::thread::scope(|scope| -> Result<()> {
+            let mut next_weights = Some(Task::start(scope, overlap, move || load_weights(first.0)));
+            let mut weights: Option<(usize, Loaded)> = None;
+            let mut inputs = self.run_load(self.prepare_load(first, caches, &mut parked), io)?;
+            let mut pending: Option<StoreJob> = None;
+            for (t, &(j, k)) in order.iter().enumerate() {
+                if weights.as_ref().is_none_or(|(at, _)| *at != j) {
+                    let task = next_weights.take().ok_or_else(|| OffloadError::Config("weight prefetch missing".into()))?;
+                    weights = Some((j, task.join()?));
+                    if j + 1 < layers {
+                        next_weights = Some(Task::start(scope, overlap, move || load_weights(j + 1)));
+                    }
+                }
+                let layer = &weights.as_ref().ok_or_else(|| OffloadError::Config("layer not loaded".into()))?.1.layer;
+                // This step's inputs are in.
+                let mut kv_budget = None;
+                if let Some((slots, budget)) = inputs.kv.take() {
+                    caches[k].put_layer(j, slots)?;
+                    kv_budget = Some(budget);
+                }
+                let state = match inputs.hidden.take().or_else(|| parked[k].take()) {
+                    Some(Parked::Device(h)) => h,
+                    other => self.unpark(other, io)?,
+                };
+                // The next step's loads and the previous step's stores run beside the compute.
+                let next = order.get(t + 1).copied();
+                let load = next.map(|step| {
+                    let job = self.prepare_load(step, caches, &mut parked);
+                    Task::start(scope, overlap, move || self.run_load(job, io))
+                });
+                let store = pending.take().map(|job| (job.batch, Task::start(scope, overlap, move || self.run_store(job, io))));
+                let cache = &mut caches[k];
+                let states = self.in_pool(&self.compute_pool, || layer.forward(state.states, j, state.rotary.as_ref(), cache));
+                let out = Hidden { states, rotary: state.rotary };
+                // Synchronize.
+                if let Some((batch, task)) = store
+                    && let Some(p) = task.join()?
+                {
+                    parked[batch] = Some(p);
+                }
+                inputs = match load {
+                    Some(task) => task.join()?,
+                    None => Inputs::default(),
+                };
+                // What this step leaves for the next one to store.
+                let kv = match self.cache_tier(j, k) {
+                    Tier::Disk => {
+                        let slots = caches[k].take_layer(j).ok_or_else(|| OffloadError::Config(format!("KV cache of layer {j} missing")))?;
+                        Some((slots, caches[k].step_slots(), kv_budget))
+                    }
+                    _ => None,
+                };
+                let tier = self.activation_tier(k);
+                let out = if park && j + 1 < layers && tier != Tier::Gpu {
+                    Some((out, tier))
+                } else {
+                    parked[k] = Some(Parked::Device(out));
+                    None
+                };
+                if kv.is_some() || out.is_some() {
+                    pending = Some(StoreJob { layer: j, batch: k, kv, hidden: out });
+                }
+                // Two batches: the next step's activations were still being stored when its load
+                // started; bring them in now.
+                if let Some((_, nk)) = next
+                    && inputs.hidden.is_none()
+                    && matches!(parked[nk], Some(Parked::Host { .. } | Parked::Disk { .. }))
+                {
+                    inputs.hidden = Some(Parked::Device(self.unpark(parked[nk].take(), io)?));
+                }
+            }
+            if let Some(job) = pending.take() {
+                let batch = job.batch;
+                if let Some(p) = self.run_store(job, io)? {
+                    parked[batch] = Some(p);
+                }
+            }
+            Ok(())
+        })?;
+        for (h, p) in hidden.iter_mut().zip(parked) {
+            *h = match p {
+                None => None,
+                Some(Parked::Device(state)) => Some(state),
+                other => Some(self.unpark(other, io)?),
+            };
+        }
         Ok(())
     }
 
-    /// Every layer over every GPU batch of the block; with overlap, layer `j + 1` loads while
-    /// layer `j` computes.
-    fn run_layers(&self, hidden: &mut [Option<Hidden>], caches: &mut [ContiguousKvCache]) -> Result<()> {
-        let layers = self.layers.len();
-        let compute = |j: usize, loaded: &Loaded, hidden: &mut [Option<Hidden>], caches: &mut [ContiguousKvCache]| {
-            self.in_pool(&self.compute_pool, || {
-                for (h, cache) in hidden.iter_mut().zip(caches.iter_mut()) {
-                    if let Some(state) = h.take() {
-                        let states = loaded.layer.forward(state.states, j, state.rotary.as_ref(), cache);
-                        *h = Some(Hidden { states, rotary: state.rotary });
-                    }
-                }
-            })
+    /// What the load task of `step` has to bring in: its KV cache if on disk, its activations
+    /// if they wait off the device (taken out of `parked`).
+    fn prepare_load(&self, (layer, batch): (usize, usize), caches: &[ContiguousKvCache], parked: &mut [Option<Parked>]) -> LoadJob {
+        let kv = (self.cache_tier(layer, batch) == Tier::Disk).then(|| {
+            let cache = &caches[batch];
+            KvLoad { used: cache.step_slots().start, quant: cache.quantization(), bytes: cache.layer_bytes() as u64 }
+        });
+        let hidden = match parked[batch] {
+            Some(Parked::Host { .. } | Parked::Disk { .. }) => parked[batch].take(),
+            _ => None,
         };
-        let load = |j: usize| self.in_pool(&self.io_pool, || self.load(j));
-        if !self.policy.overlap {
-            for j in 0..layers {
-                let loaded = load(j)?;
-                compute(j, &loaded, hidden, caches);
+        LoadJob { layer, batch, kv, hidden }
+    }
+
+    /// Reads a KV-cache tensor from disk into host memory and brings parked activations to the
+    /// device.
+    fn run_load(&self, job: LoadJob, io: &BlockIo) -> Result<Inputs> {
+        let kv = match job.kv {
+            None => None,
+            Some(load) => {
+                let what = format!("KV cache of layer {}, GPU batch {} (loaded from disk)", job.layer, job.batch);
+                let budget = self.ledger.reserve(Tier::Cpu, load.bytes, &what)?;
+                let files = io.files(job.layer, job.batch)?;
+                let files = files.lock().map_err(|_| poisoned())?;
+                let parts = files
+                    .iter()
+                    .map(|f| Ok(TensorData::from_bytes_vec(f.read(load.used)?, f.shape(), f.dtype())))
+                    .collect::<Result<Vec<_>>>()?;
+                Some((LayerSlots::from_slot_data(parts, load.quant, &self.host)?, budget))
             }
-            return Ok(());
+        };
+        let hidden = job.hidden.map(|p| self.unpark(Some(p), io).map(Parked::Device)).transpose()?;
+        Ok(Inputs { kv, hidden })
+    }
+
+    /// Writes a step's new KV slots to disk and moves its output activations to their tier.
+    fn run_store(&self, job: StoreJob, io: &BlockIo) -> Result<Option<Parked>> {
+        if let Some((slots, range, _budget)) = job.kv {
+            let files = io.files(job.layer, job.batch)?;
+            let mut files = files.lock().map_err(|_| poisoned())?;
+            for (file, data) in files.iter_mut().zip(slots.slot_data(range.clone())) {
+                file.write(range.start, data.as_bytes())?;
+            }
         }
-        std::thread::scope(|scope| -> Result<()> {
-            let mut next = Some(scope.spawn(move || load(0)));
-            for j in 0..layers {
-                let current = next.take().map_or_else(|| load(j), |h| h.join().unwrap_or_else(|_| Err(loader_panicked())))?;
-                if j + 1 < layers {
-                    next = Some(scope.spawn(move || load(j + 1)));
-                }
-                compute(j, &current, hidden, caches);
+        let Some((hidden, tier)) = job.hidden else { return Ok(None) };
+        let dims = hidden.states.dims();
+        let bytes = (dims.iter().product::<usize>() * std::mem::size_of::<f32>()) as u64;
+        Ok(Some(match tier {
+            Tier::Gpu => Parked::Device(hidden),
+            Tier::Cpu => {
+                let budget = self.ledger.reserve(Tier::Cpu, bytes, &format!("activations of GPU batch {}", job.batch))?;
+                Parked::Host { hidden: Hidden { states: hidden.states.to_device(&self.host), rotary: hidden.rotary }, _budget: budget }
             }
-            Ok(())
-        })
+            Tier::Disk => {
+                io.scratch()?.write(&activation_file(job.batch), hidden.states.into_data().as_bytes())?;
+                if let Some(peak) = io.activation_bytes.get(job.batch) {
+                    peak.fetch_max(bytes, Ordering::Relaxed);
+                }
+                Parked::Disk { batch: job.batch, dims, rotary: hidden.rotary }
+            }
+        }))
+    }
+
+    /// Activations back on the device.
+    fn unpark(&self, parked: Option<Parked>, io: &BlockIo) -> Result<Hidden> {
+        match parked {
+            Some(Parked::Device(h)) => Ok(h),
+            Some(Parked::Host { hidden, _budget }) => Ok(Hidden { states: hidden.states.to_device(&self.device), rotary: hidden.rotary }),
+            Some(Parked::Disk { batch, dims, rotary }) => {
+                let len = dims.iter().product::<usize>() * std::mem::size_of::<f32>();
+                let bytes = io.scratch()?.read(&activation_file(batch), len)?;
+                let states = burn::tensor::Tensor::from_data(TensorData::from_bytes_vec(bytes, dims, DType::F32), &self.device);
+                Ok(Hidden { states, rotary })
+            }
+            None => Err(OffloadError::Config("activations of a running GPU batch are missing".into())),
+        }
     }
 
     /// Runs `f` in `pool` when thread control gave one, else on the caller's pool.
@@ -449,8 +651,8 @@ impl OffloadEngine {
             }
             LayerHome::Disk => {
                 let budget = self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?;
-                let source = DiskWeights { store: &self.store, prefix: format!("layer{j}/") };
-                let layer = compressed(CausalLm::load_layer(&self.spec, &source, j, &self.device)?, self.policy.compress_weights)?;
+                let template = self.template.as_ref().ok_or_else(|| OffloadError::Config("no disk layer template".into()))?;
+                let layer = read_layer(template, &self.store, &format!("layer{j}/"), &self.device)?;
                 Ok(Loaded { layer, _budget: Some(budget) })
             }
         }
@@ -467,8 +669,160 @@ impl OffloadEngine {
     }
 }
 
-fn loader_panicked() -> OffloadError {
-    OffloadError::Config("the weight loader thread panicked".into())
+/// Activations between layers, where their tier keeps them.
+enum Parked {
+    /// On the device.
+    Device(Hidden),
+    /// In host memory, holding their host budget.
+    Host { hidden: Hidden, _budget: Reservation },
+    /// In the block's scratch directory (the rotary angles, small, stay on the device).
+    Disk { batch: usize, dims: [usize; 3], rotary: Option<(burn::tensor::Tensor<4>, burn::tensor::Tensor<4>)> },
+}
+
+/// The KV cache a load task reads from disk.
+struct KvLoad {
+    /// Slots written so far.
+    used: usize,
+    quant: Option<QuantSpec>,
+    /// Host bytes the loaded layer takes.
+    bytes: u64,
+}
+
+/// What a load task brings in for one (layer, batch) step.
+struct LoadJob {
+    layer: usize,
+    batch: usize,
+    kv: Option<KvLoad>,
+    hidden: Option<Parked>,
+}
+
+/// What a store task takes out after one (layer, batch) step.
+struct StoreJob {
+    layer: usize,
+    batch: usize,
+    /// The layer's slots, the slots the step wrote, and the host budget they held.
+    kv: Option<(LayerSlots, std::ops::Range<usize>, Option<Reservation>)>,
+    hidden: Option<(Hidden, Tier)>,
+}
+
+/// A step's inputs, as its load task left them.
+#[derive(Default)]
+struct Inputs {
+    kv: Option<(LayerSlots, Reservation)>,
+    hidden: Option<Parked>,
+}
+
+/// The disk side of a block: KV-cache files per (layer, batch) and the scratch directory.
+struct BlockIo {
+    scratch: Option<ScratchDir>,
+    kv_files: HashMap<(usize, usize), Mutex<Vec<KvFile>>>,
+    /// Largest activation file of each GPU batch.
+    activation_bytes: Vec<AtomicU64>,
+}
+
+impl BlockIo {
+    fn scratch(&self) -> Result<&ScratchDir> {
+        self.scratch.as_ref().ok_or_else(|| OffloadError::Config("no scratch directory for a disk-resident cache or activations".into()))
+    }
+
+    fn files(&self, layer: usize, batch: usize) -> Result<&Mutex<Vec<KvFile>>> {
+        self.kv_files
+            .get(&(layer, batch))
+            .ok_or_else(|| OffloadError::Config(format!("no disk KV cache for layer {layer}, GPU batch {batch}")))
+    }
+}
+
+/// One stored part of a layer's keys or values (`f32` slots, or codes, scales, minimums).
+struct KvFile {
+    file: SlotFile,
+    /// `[batch, kv_heads, capacity, width]`.
+    shape: [usize; 4],
+    dtype: DType,
+}
+
+impl KvFile {
+    fn read(&self, used: usize) -> Result<Vec<u8>> {
+        Ok(self.file.read(used)?)
+    }
+
+    fn write(&mut self, start: usize, bytes: &[u8]) -> Result<()> {
+        Ok(self.file.write(start, bytes)?)
+    }
+
+    fn shape(&self) -> Vec<usize> {
+        self.shape.to_vec()
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn len_bytes(&self) -> u64 {
+        self.file.len_bytes()
+    }
+}
+
+/// The files holding layer `j` of GPU batch `k`'s cache, in [`LayerSlots::slot_data`] order.
+fn kv_files(scratch: &ScratchDir, cache: &ContiguousKvCache, j: usize, k: usize) -> Result<Vec<KvFile>> {
+    let layout = cache.layout();
+    let d = layout.head_dim;
+    let parts: Vec<(usize, DType)> = match cache.quantization() {
+        None => vec![(d, DType::F32)],
+        Some(spec) => vec![(d / spec.per_word(), DType::U32), (d / spec.group_size, DType::F32), (d / spec.group_size, DType::F32)],
+    };
+    let rows = cache.batch() * layout.num_kv_heads;
+    ["k", "v"]
+        .iter()
+        .flat_map(|kv| parts.iter().enumerate().map(move |(p, part)| (kv, p, *part)))
+        .map(|(kv, p, (width, dtype))| {
+            let path = scratch.path(&format!("kv-l{j}-b{k}-{kv}{p}"));
+            Ok(KvFile {
+                file: SlotFile::create(path, rows, cache.capacity(), width * 4)?,
+                shape: [cache.batch(), layout.num_kv_heads, cache.capacity(), width],
+                dtype,
+            })
+        })
+        .collect()
+}
+
+fn activation_file(batch: usize) -> String {
+    format!("act-b{batch}")
+}
+
+fn poisoned() -> OffloadError {
+    OffloadError::Config("a KV-cache file lock was poisoned by a panicking task".into())
+}
+
+/// A task of the block schedule: running on its own thread (overlap), or deferred until joined.
+enum Task<'scope, T> {
+    Running(ScopedJoinHandle<'scope, Result<T>>),
+    Deferred(Box<dyn FnOnce() -> Result<T> + Send + 'scope>),
+}
+
+impl<'scope, T: Send + 'scope> Task<'scope, T> {
+    fn start<'env>(scope: &'scope Scope<'scope, 'env>, overlap: bool, f: impl FnOnce() -> Result<T> + Send + 'scope) -> Self {
+        if overlap { Task::Running(scope.spawn(f)) } else { Task::Deferred(Box::new(f)) }
+    }
+
+    fn join(self) -> Result<T> {
+        match self {
+            Task::Running(handle) => handle.join().unwrap_or_else(|_| Err(OffloadError::Config("an offloading task panicked".into()))),
+            Task::Deferred(f) => f(),
+        }
+    }
+}
+
+/// Whole units per tier for a placement of `total` units: GPU and GPU+CPU rounded to nearest.
+fn whole_counts(share: Placement, total: u64) -> [u64; 3] {
+    let n = total as f64;
+    let gpu = ((share.gpu * n).round() as u64).min(total);
+    let gpu_cpu = (((share.gpu + share.cpu) * n).round() as u64).clamp(gpu, total);
+    [gpu, gpu_cpu - gpu, total - gpu_cpu]
+}
+
+/// `counts[tier]` units of each tier, GPU first, then CPU, then disk.
+fn tiers_in_order(counts: [u64; 3]) -> Vec<Tier> {
+    Tier::ALL.iter().flat_map(|&t| std::iter::repeat_n(t, counts[t.index()] as usize)).collect()
 }
 
 /// The layer with its projections quantized when the policy compresses weights.

@@ -1,17 +1,20 @@
-//! Where layer weights come from: the model's checkpoint, the disk tier (`--offload-dir`), or
-//! seeded dummy weights for benchmarks (FlexGen's "dummy weights").
-//!
-//! Every source is a [`TensorSource`], so one loader (`CausalLm::load_layer`) builds a layer from
-//! any of them whatever the architecture.
+//! Layer weights outside the model's checkpoint: seeded dummy weights for benchmarks (FlexGen's
+//! "dummy weights", a [`TensorSource`] like any checkpoint) and layers on the disk tier
+//! (`--offload-dir`), stored parameter by parameter exactly as they run: `f32`, or a compressed
+//! layer's 4-bit codes, so that a compressed layer reads a quarter of the bytes and is never
+//! re-quantized.
 
-use std::cell::RefCell;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::weights::TensorSource;
-use burn_llm_models::{ModelError, Result};
+use burn_llm_models::Result;
 
-use crate::store::{DiskStore, HostData};
+use crate::error::OffloadError;
+use crate::store::{DType as StoredType, DiskStore, HostData, TensorView};
 
 /// Seeded random weights by tensor name: norms get weight 1 and bias 0, other tensors uniform
 /// values of ±`scale`, so activations stay in range across many layers.
@@ -56,64 +59,129 @@ impl TensorSource for DummyWeights {
     }
 }
 
-/// `(name, shape, values)` of a tensor read through a [`Recording`].
-pub type RecordedTensor = (String, Vec<usize>, Vec<f32>);
-
-/// Reads through to `inner` and keeps a copy of every tensor read, so that a layer loaded once can
-/// be written to the disk tier under the same names.
-pub struct Recording<'a, S: TensorSource> {
-    inner: &'a S,
-    /// Every tensor read, in order.
-    pub read: RefCell<Vec<RecordedTensor>>,
-}
-
-impl<'a, S: TensorSource> Recording<'a, S> {
-    /// Wraps `inner`.
-    pub fn new(inner: &'a S) -> Self {
-        Self { inner, read: RefCell::new(Vec::new()) }
-    }
-}
-
-impl<S: TensorSource> TensorSource for Recording<'_, S> {
-    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
-        let values = self.inner.read_f32(name, expected)?;
-        self.read.borrow_mut().push((name.to_string(), expected.to_vec(), values.clone()));
-        Ok(values)
-    }
-}
-
-/// The disk tier as a tensor source: tensors written under `prefix` + their HF name, memory-mapped
-/// and checksum-verified on every read.
-pub struct DiskWeights<'a> {
-    /// The store.
-    pub store: &'a DiskStore,
-    /// Name prefix of one layer (`layer7/`).
-    pub prefix: String,
-}
-
-impl TensorSource for DiskWeights<'_> {
-    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
-        let key = format!("{}{name}", self.prefix);
-        let tensor = self
-            .store
-            .get(&key)
-            .map_err(|e| ModelError::CorruptWeights { path: self.store.dir().join(&key), message: e.to_string() })?;
-        if tensor.shape() != expected {
-            return Err(ModelError::ShapeMismatch { name: key, expected: expected.to_vec(), found: tensor.shape().to_vec() });
-        }
-        let values = tensor
-            .as_f32()
-            .ok_or_else(|| ModelError::CorruptWeights { path: self.store.dir().join(&key), message: "not an f32 tensor".into() })?;
-        Ok(values.to_vec())
-    }
-}
-
-/// Writes what `recording` read to `store` under `prefix`.
-pub fn write_recorded<S: TensorSource>(recording: Recording<'_, S>, store: &mut DiskStore, prefix: &str) -> crate::error::Result<u64> {
+/// Writes every parameter of `layer` (as it is stored: `f32`, or a compressed layer's `u32`
+/// codes with their scales and minimums) to `store` as `prefix` + its index; returns the bytes
+/// written. [`read_layer`] rebuilds the layer.
+pub fn write_layer(layer: &DecoderLayer, store: &mut DiskStore, prefix: &str) -> crate::error::Result<u64> {
+    let mut collect = Collect::default();
+    layer.visit(&mut collect);
     let mut bytes = 0u64;
-    for (name, shape, values) in recording.read.into_inner() {
-        bytes += (values.len() * 4) as u64;
-        store.put(&format!("{prefix}{name}"), HostData::f32(&shape, &values))?;
+    for (i, data) in collect.tensors.into_iter().enumerate() {
+        let name = format!("{prefix}{i}");
+        let shape = data.shape().to_vec();
+        let stored = match data.dtype() {
+            DType::F32 => store.put(&name, HostData::f32(&shape, data.as_slice::<f32>().map_err(data_error(&name))?))?,
+            DType::U32 => store.put(&name, HostData::u32(&shape, data.as_slice::<u32>().map_err(data_error(&name))?))?,
+            other => return Err(OffloadError::Config(format!("{name}: cannot store a {other:?} parameter on the disk tier"))),
+        };
+        bytes += stored.payload_bytes();
     }
     Ok(bytes)
+}
+
+/// Reads the layer [`write_layer`] wrote under `prefix` onto `device`, into the structure of
+/// `template` (any layer of the same model and compression; see [`hollow`]). Every file is
+/// checksum-verified; a missing, corrupted or mismatched tensor is an error.
+pub fn read_layer(template: &DecoderLayer, store: &DiskStore, prefix: &str, device: &Device) -> crate::error::Result<DecoderLayer> {
+    let mut restore = Restore { store, prefix, device, next: 0, error: None };
+    let layer = template.clone().map(&mut restore);
+    match restore.error {
+        Some(e) => Err(e),
+        None => Ok(layer),
+    }
+}
+
+/// `layer` with every parameter replaced by a one-element tensor: the structure
+/// [`read_layer`] fills, holding no weights.
+pub fn hollow(layer: DecoderLayer) -> DecoderLayer {
+    layer.map(&mut Hollow)
+}
+
+fn data_error(name: &str) -> impl Fn(burn::tensor::DataError) -> OffloadError + '_ {
+    move |e| OffloadError::Config(format!("{name}: unreadable parameter data: {e:?}"))
+}
+
+/// Every parameter's data, in visiting order.
+#[derive(Default)]
+struct Collect {
+    tensors: Vec<TensorData>,
+}
+
+impl ModuleVisitor for Collect {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.tensors.push(param.val().into_data());
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+        self.tensors.push(param.val().into_data());
+    }
+}
+
+/// Replaces parameters, in visiting order, with the tensors stored under a prefix.
+struct Restore<'a> {
+    store: &'a DiskStore,
+    prefix: &'a str,
+    device: &'a Device,
+    next: usize,
+    error: Option<OffloadError>,
+}
+
+impl Restore<'_> {
+    /// The next stored tensor, checked to have rank `D` and type `dtype`.
+    fn take<const D: usize>(&mut self, dtype: StoredType) -> crate::error::Result<TensorData> {
+        let name = format!("{}{}", self.prefix, self.next);
+        self.next += 1;
+        let tensor = self.store.get(&name)?;
+        if tensor.shape().len() != D || tensor.dtype() != dtype {
+            return Err(OffloadError::Config(format!(
+                "{name}: stored as {} {:?}, the model expects a rank-{D} {dtype} tensor",
+                tensor.dtype(),
+                tensor.shape()
+            )));
+        }
+        let shape = tensor.shape().to_vec();
+        Ok(match tensor.view() {
+            TensorView::F32(values) => TensorData::new(values.to_vec(), shape),
+            TensorView::U32(values) => TensorData::new(values.to_vec(), shape),
+        })
+    }
+
+    fn replace<T>(&mut self, param: Param<T>, load: impl FnOnce(&mut Self) -> crate::error::Result<T>) -> Param<T>
+    where
+        T: burn::module::ParameterValue,
+    {
+        if self.error.is_some() {
+            return param;
+        }
+        match load(self) {
+            Ok(value) => param.map(|_| value),
+            Err(e) => {
+                self.error = Some(e);
+                param
+            }
+        }
+    }
+}
+
+impl ModuleMapper for Restore<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        self.replace(param, |r| Ok(Tensor::from_data(r.take::<D>(StoredType::F32)?, r.device)))
+    }
+
+    fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
+        self.replace(param, |r| Ok(Tensor::from_data(r.take::<D>(StoredType::U32)?, (r.device, DType::U32))))
+    }
+}
+
+/// Replaces every parameter with a one-element tensor.
+struct Hollow;
+
+impl ModuleMapper for Hollow {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        param.map(|t| Tensor::zeros([1; D], &t.device()))
+    }
+
+    fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
+        param.map(|t| Tensor::zeros([1; D], (&t.device(), DType::U32)))
+    }
 }

@@ -42,7 +42,8 @@ fn engine(name: &str, device: &Device, policy: Policy, tag: &str) -> OffloadEngi
 }
 
 /// The exact policies of the issue: everything on the device; weights on disk; weights and KV on
-/// the host with CPU attention; each with overlap on and off; two GPU batches of two per block.
+/// the host with CPU attention; KV cache on disk; activations parked on the host or disk; every
+/// tier at once; each with overlap on and off; two GPU batches of two per block, or three of one.
 fn exact_policies() -> Vec<(&'static str, Policy)> {
     let base = Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) };
     let disk = Policy { weights: Placement::from_array([0.0, 0.0, 1.0]), ..base };
@@ -53,8 +54,30 @@ fn exact_policies() -> Vec<(&'static str, Policy)> {
         ..base
     };
     let host_gpu_attention = Policy { cpu_attention: false, ..host };
+    let cache_disk = Policy { cache: Placement::from_array([0.0, 0.0, 1.0]), cpu_attention: true, ..base };
+    let cache_disk_gpu_attention = Policy { cpu_attention: false, ..cache_disk };
+    let activations_host = Policy { activations: Placement::from_array([0.0, 1.0, 0.0]), ..base };
+    let three = Policy { gpu_batch_size: 1, num_gpu_batches: 3, ..base };
+    let everywhere = Policy {
+        weights: Placement::from_array([1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]),
+        cache: Placement::from_array([0.25, 0.25, 0.5]),
+        activations: Placement::from_array([1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]),
+        cpu_attention: true,
+        ..three
+    };
+    let activations_disk = Policy { activations: Placement::from_array([0.0, 0.0, 1.0]), ..three };
     let mut out = Vec::new();
-    for (name, p) in [("device", base), ("disk", disk), ("host+cpu-attn", host), ("host+gpu-attn", host_gpu_attention)] {
+    for (name, p) in [
+        ("device", base),
+        ("disk", disk),
+        ("host+cpu-attn", host),
+        ("host+gpu-attn", host_gpu_attention),
+        ("cache-disk+cpu-attn", cache_disk),
+        ("cache-disk+gpu-attn", cache_disk_gpu_attention),
+        ("activations-host", activations_host),
+        ("activations-disk", activations_disk),
+        ("every-tier", everywhere),
+    ] {
         out.push((name, p));
         out.push((name, Policy { overlap: false, ..p }));
     }
@@ -75,9 +98,16 @@ fn greedy_equals_plain_generation_for_exact_policies() {
                 let (out, report) = e.generate(&prompts, &params).unwrap();
                 let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
                 assert_eq!(got, expected, "{name} on {device_name}, policy {label} (overlap {})", policy.overlap);
-                assert_eq!(report.effective_batch, 4);
-                if label == "disk" {
-                    assert!(report.memory.disk_bytes > 0, "weights were written to the offload directory");
+                assert_eq!(report.effective_batch, (policy.gpu_batch_size * policy.num_gpu_batches) as usize);
+                if label.contains("disk") || label == "every-tier" {
+                    assert!(report.memory.disk_bytes > 0, "{label}: nothing was written to the offload directory");
+                }
+                if label == "every-tier" {
+                    use burn_llm::offload::policy::Tier;
+                    let tensors = e.spec().num_layers * 3;
+                    let on_disk = tensors - (tensors as f64 * 0.5).round() as usize;
+                    assert_eq!(e.cache_tiers().iter().filter(|t| **t == Tier::Disk).count(), on_disk);
+                    assert_eq!(e.activation_tiers(), &[Tier::Gpu, Tier::Cpu, Tier::Disk]);
                 }
             }
         }
@@ -164,10 +194,19 @@ fn compressed_policies_equal_quantized_plain_generation() {
             compress_cache: Some(c),
             ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) }
         };
-        let e = engine(name, &Device::flex(), policy, &format!("compressed-{name}"));
-        let (out, _) = e.generate(&prompts, &params).unwrap();
-        let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
-        assert_eq!(got, expected, "{name}");
+        // Compressed weights and cache on disk too: the disk tier stores the 4-bit codes.
+        let on_disk = Policy { weights: Placement::from_array([0.0, 0.5, 0.5]), cache: Placement::from_array([0.0, 0.5, 0.5]), ..policy };
+        for (label, p) in [("device+host", policy), ("host+disk", on_disk), ("host+disk, no overlap", Policy { overlap: false, ..on_disk })] {
+            let e = engine(name, &Device::flex(), p, &format!("compressed-{name}-{}", label.len()));
+            let (out, _) = e.generate(&prompts, &params).unwrap();
+            let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
+            assert_eq!(got, expected, "{name}, {label}");
+        }
+        // Weights alone on disk: the codes take well under half the bytes of f32 weights.
+        let weights_on_disk = |compress| Policy { weights: Placement::from_array([0.0, 0.0, 1.0]), compress_weights: compress, compress_cache: None, ..policy };
+        let bytes = |p: Policy, tag: &str| engine(name, &Device::flex(), p, tag).generate(&prompts, &params).unwrap().1.memory.disk_bytes;
+        let (packed, dense) = (bytes(weights_on_disk(Some(c)), "packed"), bytes(weights_on_disk(None), "dense"));
+        assert!(packed * 5 < dense * 2, "{name}: {packed} bytes of codes vs {dense} of f32");
     }
 }
 

@@ -8,6 +8,8 @@
 //! - [`DiskStore`] ([`disk`]): the disk tier. One file per tensor in a directory
 //!   (`--offload-dir`), written atomically (temp file + rename), read back through a memory map
 //!   as `&[f32]` / `&[u32]` after validating a header and a CRC-32 of the payload.
+//! - [`SlotFile`] and [`ScratchDir`] ([`slots`]): scratch files for the KV cache and activations
+//!   a run parks on disk, written slot by slot through a writable memory map.
 //! - [`MemoryLedger`] ([`ledger`]): bytes resident per [`Tier`] against optional capacities,
 //!   with RAII [`Reservation`]s, peak tracking and readable "does not fit" errors. Shared by
 //!   loader threads (`Send + Sync`, lock-free atomics).
@@ -43,6 +45,7 @@
 
 pub mod disk;
 pub mod ledger;
+pub mod slots;
 
 #[cfg(test)]
 mod tests;
@@ -55,6 +58,7 @@ pub use disk::{
     MAGIC, MAX_RANK, MappedTensor, TensorView,
 };
 pub use ledger::{MemoryLedger, OverBudget, Reservation, Tier, fmt_bytes};
+pub use slots::{ScratchDir, SlotFile};
 
 /// Errors of the storage layer (disk tier and memory ledger).
 #[derive(Debug, thiserror::Error)]

@@ -477,3 +477,45 @@ fn concurrent_reservations_never_exceed_capacity() {
     assert!(successes.load(Ordering::Relaxed) > 1000);
     assert!(failures.load(Ordering::Relaxed) > 0, "the stress test should hit the capacity");
 }
+
+/// A slot file keeps what each step wrote at its slots, returns zeros past the slots in use,
+/// refuses writes and reads outside its capacity, and disappears when dropped.
+#[test]
+fn slot_file_round_trip_and_bounds() {
+    let dir = TestDir::new("slots");
+    let (rows, capacity, slot) = (3, 5, 8);
+    let path = dir.path().join("kv");
+    let mut file = SlotFile::create(&path, rows, capacity, slot).unwrap();
+    assert_eq!(file.len_bytes(), (rows * capacity * slot) as u64);
+    // Step 1 writes slots 0..2 of every row, step 2 slot 2.
+    let step = |start: usize, count: usize| -> Vec<u8> {
+        (0..rows).flat_map(|r| (0..count * slot).map(move |i| (r * 50 + start * slot + i) as u8)).collect()
+    };
+    file.write(0, &step(0, 2)).unwrap();
+    file.write(2, &step(2, 1)).unwrap();
+    let read = file.read(3).unwrap();
+    assert_eq!(read.len(), rows * capacity * slot);
+    for r in 0..rows {
+        let row = &read[r * capacity * slot..(r + 1) * capacity * slot];
+        for (i, &b) in row.iter().enumerate() {
+            let expected = if i < 3 * slot { (r * 50 + i) as u8 } else { 0 };
+            assert_eq!(b, expected, "row {r}, byte {i}");
+        }
+    }
+    // Only the slots in use are read.
+    assert!(file.read(1).unwrap()[slot..2 * slot].iter().all(|&b| b == 0));
+    assert!(file.write(4, &step(4, 2)).is_err(), "past the capacity");
+    assert!(file.write(0, &[0u8; 7]).is_err(), "not whole slots");
+    assert!(file.read(capacity + 1).is_err());
+    assert!(SlotFile::create(dir.path().join("empty"), 0, capacity, slot).is_err());
+    drop(file);
+    assert!(!path.exists());
+
+    let scratch = ScratchDir::create(dir.path(), "run").unwrap();
+    scratch.write("a", &[1, 2, 3]).unwrap();
+    assert_eq!(scratch.read("a", 3).unwrap(), vec![1, 2, 3]);
+    assert!(matches!(scratch.read("a", 4), Err(StoreError::Truncated { .. })));
+    let root = scratch.path("");
+    drop(scratch);
+    assert!(!root.exists());
+}

@@ -10,19 +10,78 @@ use crate::error::{ModelError, Result};
 /// One layer's keys or values: `[batch, kv_heads, capacity, head_dim]` floats, or the same slots
 /// group-quantized along `head_dim` (FlexGen's KV-cache compression).
 #[allow(clippy::large_enum_variant)] // one per layer and K/V, never moved in hot loops
-enum Slots {
+#[derive(Debug, Clone)]
+pub enum Slots {
+    /// Floats.
     Dense(Tensor<4>),
+    /// Group-quantized.
     Quantized {
         /// `[batch, kv_heads, capacity, head_dim · bits / 32]`, `U32`.
         codes: Tensor<4, Int>,
         /// `[batch, kv_heads, capacity, head_dim / group]`.
         scale: Tensor<4>,
+        /// Per-group minimum, like `scale`.
         min: Tensor<4>,
+        /// The quantization.
         spec: QuantSpec,
     },
 }
 
+/// One layer's keys and values taken out of a [`ContiguousKvCache`] (see
+/// [`ContiguousKvCache::take_layer`]), e.g. to keep them on disk between steps.
+#[derive(Debug, Clone)]
+pub struct LayerSlots {
+    /// Keys.
+    pub keys: Slots,
+    /// Values.
+    pub values: Slots,
+}
+
+impl LayerSlots {
+    /// The slots `range` of every stored tensor (keys first), each `[batch, kv_heads, range, w]`
+    /// with 4-byte elements (`f32`, or `u32` codes).
+    pub fn slot_data(&self, range: std::ops::Range<usize>) -> Vec<TensorData> {
+        [&self.keys, &self.values].into_iter().flat_map(|s| s.slot_data(range.clone())).collect()
+    }
+
+    /// Rebuilds slots from `parts` laid out as [`LayerSlots::slot_data`] returns them over the
+    /// whole capacity; `quant` is the cache's quantization ([`ContiguousKvCache::quantization`]).
+    pub fn from_slot_data(parts: Vec<TensorData>, quant: Option<QuantSpec>, device: &Device) -> Result<Self> {
+        let per = if quant.is_some() { 3 } else { 1 };
+        if parts.len() != 2 * per {
+            return Err(ModelError::BatchMismatch(format!("{} KV parts for a layer that stores {}", parts.len(), 2 * per)));
+        }
+        let mut parts = parts.into_iter();
+        let mut next = || Slots::from_slot_data(parts.by_ref().take(per).collect(), quant, device);
+        Ok(Self { keys: next(), values: next() })
+    }
+}
+
 impl Slots {
+    fn slot_data(&self, range: std::ops::Range<usize>) -> Vec<TensorData> {
+        let slots = |t: [usize; 4]| [0..t[0], 0..t[1], range.clone(), 0..t[3]];
+        match self {
+            Slots::Dense(t) => vec![t.clone().slice(slots(t.dims())).into_data()],
+            Slots::Quantized { codes, scale, min, .. } => vec![
+                codes.clone().slice(slots(codes.dims())).into_data(),
+                scale.clone().slice(slots(scale.dims())).into_data(),
+                min.clone().slice(slots(min.dims())).into_data(),
+            ],
+        }
+    }
+
+    fn from_slot_data(mut parts: Vec<TensorData>, quant: Option<QuantSpec>, device: &Device) -> Self {
+        match quant {
+            None => Slots::Dense(Tensor::from_data(parts.remove(0), device)),
+            Some(spec) => {
+                let min = Tensor::from_data(parts.remove(2), device);
+                let scale = Tensor::from_data(parts.remove(1), device);
+                let codes = Tensor::from_data(parts.remove(0), (device, DType::U32));
+                Slots::Quantized { codes, scale, min, spec }
+            }
+        }
+    }
+
     fn new(shape: [usize; 4], quant: Option<QuantSpec>, device: &Device) -> Self {
         match quant {
             None => Slots::Dense(Tensor::zeros(shape, device)),
@@ -110,6 +169,10 @@ pub struct KvPlacement {
     /// Run attention where the slots are (only queries, new keys/values and the output cross
     /// the link) instead of moving the visible slots to the queries' device every step.
     pub attend_there: bool,
+    /// The slots are kept outside the cache (FlexGen's disk tier): none are allocated, and the
+    /// owner puts them in ([`ContiguousKvCache::put_layer`]) before the layer runs and takes them
+    /// out ([`ContiguousKvCache::take_layer`]) after.
+    pub detached: bool,
 }
 
 impl ContiguousKvCache {
@@ -147,7 +210,10 @@ impl ContiguousKvCache {
         let mut cache = Self::build(layout, batch, capacity, device, quant);
         let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
         for (layer, home) in placement.iter().enumerate() {
-            if home.device != *device {
+            if home.detached {
+                cache.keys[layer] = None;
+                cache.values[layer] = None;
+            } else if home.device != *device {
                 cache.keys[layer] = Some(Slots::new(shape, quant, &home.device));
                 cache.values[layer] = Some(Slots::new(shape, quant, &home.device));
             }
@@ -159,7 +225,7 @@ impl ContiguousKvCache {
     fn build(layout: KvLayout, batch: usize, capacity: usize, device: &Device, quant: Option<QuantSpec>) -> Self {
         let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
         let zeros = || Some(Slots::new(shape, quant, device));
-        let home = KvPlacement { device: device.clone(), attend_there: true };
+        let home = KvPlacement { device: device.clone(), attend_there: true, detached: false };
         Self {
             placement: vec![home; layout.num_layers],
             sparsity: None,
@@ -186,6 +252,11 @@ impl ContiguousKvCache {
         }
         self.sparsity = Some(fraction);
         Ok(self)
+    }
+
+    /// The per-layer shape of the keys and values.
+    pub fn layout(&self) -> KvLayout {
+        self.layout
     }
 
     /// Sequences in the batch.
@@ -216,6 +287,40 @@ impl ContiguousKvCache {
             None => dense,
             Some(spec) => spec.storage_bytes(dense / std::mem::size_of::<f32>()),
         }
+    }
+
+    /// Bytes one layer's keys and values hold (see [`ContiguousKvCache::memory_bytes`]).
+    pub fn layer_bytes(&self) -> usize {
+        self.memory_bytes() / self.layout.num_layers.max(1)
+    }
+
+    /// The cache's quantization, if it stores codes.
+    pub fn quantization(&self) -> Option<QuantSpec> {
+        self.quant
+    }
+
+    /// The slots written by the current step: `step_start..used`.
+    pub fn step_slots(&self) -> std::ops::Range<usize> {
+        self.step_start..self.used
+    }
+
+    /// Takes `layer`'s keys and values out of the cache (`None` if they are out already). The
+    /// layer cannot attend until they are put back.
+    pub fn take_layer(&mut self, layer: usize) -> Option<LayerSlots> {
+        let keys = self.keys.get_mut(layer)?.take();
+        let values = self.values.get_mut(layer)?.take();
+        keys.zip(values).map(|(keys, values)| LayerSlots { keys, values })
+    }
+
+    /// Puts `layer`'s keys and values (as taken, or rebuilt with [`LayerSlots::from_slot_data`])
+    /// back into the cache.
+    pub fn put_layer(&mut self, layer: usize, slots: LayerSlots) -> Result<()> {
+        if layer >= self.layout.num_layers {
+            return Err(ModelError::BatchMismatch(format!("layer {layer} of a {}-layer cache", self.layout.num_layers)));
+        }
+        self.keys[layer] = Some(slots.keys);
+        self.values[layer] = Some(slots.values);
+        Ok(())
     }
 
     /// Lays out the next step: `new_tokens[b]` are the tokens sequence `b` adds (possibly none).
@@ -300,7 +405,7 @@ impl KvCache for ContiguousKvCache {
         let store = |slot: &mut Option<Slots>, new: Tensor<4>| {
             let (full, visible) = slot
                 .take()
-                .expect("cache slots are only taken inside attend")
+                .expect("a detached layer's slots must be put back before it attends")
                 .store(new, start, used);
             *slot = Some(full);
             visible

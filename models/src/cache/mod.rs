@@ -29,7 +29,7 @@ mod attention;
 mod contiguous;
 
 pub use attention::{attention, causal_bias, sparse_attention, MASKED};
-pub use contiguous::{kv_quant_spec, ContiguousKvCache, KvPlacement};
+pub use contiguous::{kv_quant_spec, ContiguousKvCache, KvPlacement, LayerSlots, Slots};
 
 use burn::tensor::{Int, Tensor};
 

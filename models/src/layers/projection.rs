@@ -2,7 +2,7 @@
 //! weight compression, or a GGUF file's blocks as shipped), behind one type so the decoder does not
 //! care which.
 
-use burn::module::{Module, Param};
+use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::{Int, Tensor};
 use burn_llm_kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, GroupQuantized, QuantSpec};
@@ -20,11 +20,13 @@ pub const FUSED_MAX_ROWS: usize = 16;
 #[derive(Module, Debug)]
 pub struct QLinear {
     /// Packed codes, `U32`: `[in, out · bits / 32]`, or `[out, in · bits / 32]` when input-grouped.
-    pub codes: Tensor<2, Int>,
+    /// Parameters (not plain tensors) so that module visitors and mappers see them: records, and
+    /// the offloading runtime's disk tier, store the codes as they are.
+    pub codes: Param<Tensor<2, Int>>,
     /// Per-group scale, `[in, out / group]` or `[out, in / group]`.
-    pub scale: Tensor<2>,
+    pub scale: Param<Tensor<2>>,
     /// Per-group minimum, same shape as `scale`.
-    pub min: Tensor<2>,
+    pub min: Param<Tensor<2>>,
     /// Bias, kept in full precision.
     pub bias: Option<Param<Tensor<1>>>,
     /// Input width.
@@ -56,9 +58,9 @@ impl QLinear {
 
     fn from_parts(q: GroupQuantized<2>, bias: Option<Param<Tensor<1>>>, [d_input, d_output]: [usize; 2], input_grouped: bool) -> Self {
         Self {
-            codes: q.codes,
-            scale: q.scale,
-            min: q.min,
+            codes: Param::initialized(ParamId::new(), q.codes),
+            scale: Param::from_tensor(q.scale),
+            min: Param::from_tensor(q.min),
             bias,
             d_input,
             d_output,
@@ -72,9 +74,9 @@ impl QLinear {
     pub fn weight(&self) -> GroupQuantized<2> {
         let shape = if self.input_grouped { [self.d_output, self.d_input] } else { [self.d_input, self.d_output] };
         GroupQuantized {
-            codes: self.codes.clone(),
-            scale: self.scale.clone(),
-            min: self.min.clone(),
+            codes: self.codes.val(),
+            scale: self.scale.val(),
+            min: self.min.val(),
             shape,
             spec: QuantSpec::new(self.bits, self.group_size, 1),
         }
