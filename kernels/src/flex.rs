@@ -19,20 +19,9 @@ struct BlockShape {
     bits: u32,
 }
 
-/// Output columns of group `g` for every row, using AVX2/FMA when the CPU has them.
-fn group_block(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features this function is compiled for were just detected.
-        return unsafe { group_block_avx2(shape, g, x, codes, scale, min) };
-    }
-    group_block_portable(shape, g, x, codes, scale, min)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn group_block_avx2(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
-    group_block_portable(shape, g, x, codes, scale, min)
+avx2_dispatch! {
+    /// Output columns of group `g` for every row, using AVX2/FMA when the CPU has them.
+    fn group_block(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> => group_block_portable
 }
 
 /// `Σ_k (x[i,k]·scale[k,g])·q[k, cols of g] + Σ_k x[i,k]·min[k,g]`: the codes of each `k` are
@@ -77,21 +66,10 @@ struct RowsShape {
 /// Output rows (weight rows) per parallel task of the transposed product.
 const ROWS_PER_TASK: usize = 16;
 
-/// `out[j, i]` for the weight rows `rows` and every input row `i`, using AVX2/FMA when the CPU has
-/// them.
-fn weight_rows(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features this function is compiled for were just detected.
-        return unsafe { weight_rows_avx2(shape, rows, x, xsum, codes, scale, min) };
-    }
-    weight_rows_portable(shape, rows, x, xsum, codes, scale, min)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weight_rows_avx2(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
-    weight_rows_portable(shape, rows, x, xsum, codes, scale, min)
+avx2_dispatch! {
+    /// `out[j, i]` for the weight rows `rows` and every input row `i`, using AVX2/FMA when the CPU
+    /// has them.
+    fn weight_rows(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> => weight_rows_portable
 }
 
 /// Per weight row and group: the codes are decoded once (fixed-width shift-and-mask) and dotted

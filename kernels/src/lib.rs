@@ -17,6 +17,27 @@
 
 #![warn(missing_docs)]
 
+/// Defines `fn $name(args) -> ret` that calls `$portable(args)` compiled for AVX2/FMA when the CPU
+/// has them (detected at run time) and as built otherwise: the Flex twins' inner loops are
+/// written portably and vectorize much wider under AVX2.
+macro_rules! avx2_dispatch {
+    ($(#[$doc:meta])* fn $name:ident $(<$g:ident: $bound:path>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $portable:ident) => {
+        $(#[$doc])*
+        fn $name $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2 $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
+                    $portable($($arg),*)
+                }
+                // SAFETY: the features `avx2` is compiled for were just detected.
+                return unsafe { avx2($($arg),*) };
+            }
+            $portable($($arg),*)
+        }
+    };
+}
+
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;
 #[cfg(feature = "flex")]

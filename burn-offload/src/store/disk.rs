@@ -269,52 +269,32 @@ pub enum TensorView<'a> {
 /// Like every memory map, it assumes nobody else truncates or rewrites the file in place while
 /// it is alive (the store never does: it only replaces files by rename and deletes them); an
 /// outside process doing so could make reads fault (SIGBUS) or change the viewed values.
+///
+/// Its name, path, type, shape and checksum are those of the [`DiskTensor`] it dereferences to
+/// (the file was checked to match them).
 pub struct MappedTensor {
     map: Mmap,
-    name: String,
-    path: PathBuf,
-    dtype: DType,
-    shape: Vec<usize>,
+    info: DiskTensor,
     /// Payload offset in `map`; `offset <= map.len()`, `map.len() - offset` is a multiple of 4
     /// and `map[offset..]` is 4-byte aligned (all checked in `DiskStore::get`).
     offset: usize,
-    checksum: u32,
 }
 
 impl fmt::Debug for MappedTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MappedTensor")
-            .field("name", &self.name)
-            .field("path", &self.path)
-            .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
-            .field("payload_bytes", &self.payload().len())
-            .finish()
+        f.debug_struct("MappedTensor").field("info", &self.info).field("mapped_payload_bytes", &self.payload().len()).finish()
+    }
+}
+
+impl std::ops::Deref for MappedTensor {
+    type Target = DiskTensor;
+
+    fn deref(&self) -> &DiskTensor {
+        &self.info
     }
 }
 
 impl MappedTensor {
-    /// Tensor name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-    /// File path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-    /// Dimensions.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.payload().len() / 4
-    }
-
     /// Raw payload bytes (native byte order).
     pub fn bytes(&self) -> &[u8] {
         self.payload()
@@ -583,15 +563,7 @@ impl DiskStore {
                 reason: "payload is not 4-byte aligned in memory".into(),
             });
         }
-        let tensor = MappedTensor {
-            map,
-            name: name.to_owned(),
-            path: path.clone(),
-            dtype: header.dtype,
-            shape: header.shape,
-            offset: header.offset,
-            checksum: header.checksum,
-        };
+        let tensor = MappedTensor { map, info: entry.clone(), offset: header.offset };
         if verify {
             tensor.verify_checksum()?;
         }

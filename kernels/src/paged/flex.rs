@@ -142,21 +142,10 @@ struct Tables<'a> {
     context_lens: &'a [u32],
 }
 
-/// Output row `out` of query `idx / heads`, head `idx % heads`, using AVX2/FMA when the CPU has
-/// them.
-fn attend<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features this function is compiled for were just detected.
-        return unsafe { attend_avx2(g, t, idx, q, k, v, out) };
-    }
-    attend_portable(g, t, idx, q, k, v, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) {
-    attend_portable(g, t, idx, q, k, v, out)
+avx2_dispatch! {
+    /// Output row `out` of query `idx / heads`, head `idx % heads`, using AVX2/FMA when the CPU has
+    /// them.
+    fn attend<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) => attend_portable
 }
 
 /// Online softmax over the context, one block at a time: the block's scores (eight-lane dot

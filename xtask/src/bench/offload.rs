@@ -53,6 +53,10 @@ pub struct Args {
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
+    /// Name of the result files (`<name>.json`, `<name>.md`), to keep runs with different
+    /// budgets side by side.
+    #[arg(long, default_value = "offload")]
+    name: String,
 }
 
 #[derive(Serialize)]
@@ -149,9 +153,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map(|(policy, _)| policy)
             .ok_or_else(|| "the baseline policy does not fit the budget even at batch 1".into())
     };
-    let deepspeed = fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu))?;
-    let accelerate_share = (hw.gpu_memory_bytes as f64 * 0.5 / (shape.layer_weight_bytes() * f64::from(shape.num_layers))).min(1.0);
-    let accelerate = fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([accelerate_share, 1.0 - accelerate_share, 0.0])))?;
+    // The baselines keep their weights in host memory, or on disk when the host budget cannot
+    // hold them (ZeRO-Inference's NVMe offload, Accelerate's `offload_folder`).
+    let deepspeed = fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu)).or_else(|_| fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Disk)))?;
+    let weights = shape.layer_weight_bytes() * f64::from(shape.num_layers);
+    let on_gpu = (hw.gpu_memory_bytes as f64 * 0.5 / weights).min(1.0);
+    let on_cpu = (hw.cpu_memory_bytes as f64 * 0.5 / weights).min(1.0 - on_gpu);
+    let accelerate = fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([on_gpu, on_cpu, 1.0 - on_gpu - on_cpu])))?;
     let searched = run_policy("searched", &spec, PolicyChoice::Auto(space()), &args, &hw, &device)?;
     let mut rows = vec![searched];
     let no_overlap = Policy { overlap: false, ..rows[0].policy };
@@ -164,20 +172,21 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let machine = Machine::current();
     let command = format!(
-        "cargo xtask bench offload --device {} --gpu-mem-mib {} --cpu-mem-mib {} --prompt-len {} --gen-len {}",
+        "cargo xtask bench offload --device {} --gpu-mem-mib {} --cpu-mem-mib {} --prompt-len {} --gen-len {} --name {}",
         args.device.name(),
         args.gpu_mem_mib,
         args.cpu_mem_mib,
         args.prompt_len,
-        args.gen_len
+        args.gen_len,
+        args.name
     );
     let layers_gib = shape.layer_weight_bytes() * f64::from(shape.num_layers) / (1u64 << 30) as f64;
     let mut md = format!(
         "# Offloading throughput (FlexGen policies)\n\n- command: `{command}`\n- machine: {}\n- device: {}\n\
          - model: OPT family, 12 layers, hidden 768, dummy weights, {layers_gib:.2} GiB of f32 layers; device budget {} MiB, host budget {} MiB\n\
          - workload: prompt {} tokens, {} generated tokens\n\n\
-         | policy | gbs × batches | weights gpu/cpu/disk | cache gpu/cpu | CPU attn | overlap | tokens/s | predicted | error | latency s | device peak MiB |\n\
-         |---|---:|---|---|---|---|---:|---:|---:|---:|---:|\n",
+         | policy | gbs × batches | weights gpu/cpu/disk | cache gpu/cpu/disk | activations gpu/cpu/disk | CPU attn | overlap | tokens/s | predicted | error | latency s | device peak MiB | host peak MiB |\n\
+         |---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n",
         machine.describe(),
         args.device.name(),
         args.gpu_mem_mib,
@@ -187,23 +196,23 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     for r in &rows {
         let p = &r.policy;
+        let split = |p: Placement| format!("{:.0}/{:.0}/{:.0}%", 100.0 * p.gpu, 100.0 * p.cpu, 100.0 * p.disk);
         md.push_str(&format!(
-            "| {} | {} × {} | {:.0}/{:.0}/{:.0}% | {:.0}/{:.0}% | {} | {} | {:.2} | {:.2} | {:+.0}% | {:.1} | {:.0} |\n",
+            "| {} | {} × {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:+.0}% | {:.1} | {:.0} | {:.0} |\n",
             r.name,
             p.gpu_batch_size,
             p.num_gpu_batches,
-            100.0 * p.weights.gpu,
-            100.0 * p.weights.cpu,
-            100.0 * p.weights.disk,
-            100.0 * p.cache.gpu,
-            100.0 * p.cache.cpu,
+            split(p.weights),
+            split(p.cache),
+            split(p.activations),
             p.cpu_attention,
             p.overlap,
             r.tokens_per_s,
             r.predicted_tokens_per_s,
             100.0 * r.prediction_error,
             r.latency_s,
-            r.gpu_peak_bytes as f64 / (1u64 << 20) as f64
+            r.gpu_peak_bytes as f64 / (1u64 << 20) as f64,
+            r.cpu_peak_bytes as f64 / (1u64 << 20) as f64
         ));
     }
     md.push_str(&format!("\nSearched policy vs DeepSpeed policy: {ratio:.2}×\n"));
@@ -218,7 +227,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         searched_vs_deepspeed: ratio,
         unix_time: report::unix_time(),
     };
-    for path in report::write(&args.out, "offload", &report, &md)? {
+    for path in report::write(&args.out, &args.name, &report, &md)? {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
