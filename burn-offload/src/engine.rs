@@ -473,6 +473,8 @@ impl OffloadEngine {
             for (t, &(j, k)) in order.iter().enumerate() {
                 if weights.as_ref().is_none_or(|(at, _)| *at != j) {
                     let task = next_weights.take().ok_or_else(|| OffloadError::Config("weight prefetch missing".into()))?;
+                    // The previous layer leaves the device before this one's (deferred) load.
+                    weights = None;
                     weights = Some((j, task.join()?));
                     if j + 1 < layers {
                         next_weights = Some(Task::start(scope, overlap, move || load_weights(j + 1)));

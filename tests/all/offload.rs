@@ -283,3 +283,24 @@ fn thread_control_plans_and_keeps_outputs() {
     let ids = |o: &burn_llm::GenerationOutput| o.requests.iter().map(|r| r.generated_ids.clone()).collect::<Vec<_>>();
     assert_eq!(ids(&planned), ids(&plain));
 }
+
+/// Weights offloaded to the host occupy the device one layer at a time without overlap, and two
+/// (the running layer and the prefetched one) with it.
+#[test]
+fn device_holds_one_offloaded_layer_without_overlap_and_two_with() {
+    use burn_llm::models::CausalLm;
+
+    let name = "opt";
+    let spec = DecoderSpec::from_dir(&fixture(name)).unwrap();
+    let ckpt = Checkpoint::open(&fixture(name)).unwrap();
+    let layer_bytes = CausalLm::load_layer(&spec, &ckpt, 0, &Device::flex()).unwrap().weight_bytes() as u64;
+    let host = Policy { weights: Placement::from_array([0.0, 1.0, 0.0]), ..Policy::all_on_gpu(2) };
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
+    let prompts = [Prompt::Ids(vec![5, 6, 7]), Prompt::Ids(vec![8, 9])];
+    let peak = |overlap: bool| {
+        let e = engine(name, &Device::flex(), Policy { overlap, ..host }, &format!("peak-{overlap}"));
+        e.generate(&prompts, &params).unwrap().1.memory.gpu_peak_bytes
+    };
+    let (sequential, overlapped) = (peak(false), peak(true));
+    assert_eq!(overlapped - sequential, layer_bytes, "peaks {sequential} and {overlapped}, layer {layer_bytes}");
+}
