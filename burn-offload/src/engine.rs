@@ -4,11 +4,12 @@
 //!
 //! One generation step of a block runs layer by layer; within a layer every GPU batch of the block
 //! runs before the next layer, so each layer's weights cross the link once per block and step.
-//! Each (layer, batch) step overlaps FlexGen's six tasks (Algorithm 1), each on its own thread
-//! (CubeCL gives every thread its own device stream), with a synchronization per step:
+//! Each (layer, batch) step overlaps FlexGen's six tasks (Algorithm 1) on three threads (CubeCL
+//! gives every thread its own device stream), with a synchronization per step:
 //! - load the next layer's weights (host → device copy, or disk read, checksum and upload);
-//! - load the next step's KV cache (from disk) and activations (from the host or disk);
-//! - store the previous step's new KV slots (to disk) and its output activations (to their tier);
+//! - store the previous step's new KV slots (to disk) and its output activations (to their tier),
+//!   then load the next step's KV cache (from disk) and activations (from the host or disk): one
+//!   thread, so that at most two disk-resident KV tensors are in host memory at once;
 //! - compute this step.
 //!
 //! A KV-cache tensor on the host stays there (with CPU attention only queries, new keys/values
@@ -474,7 +475,7 @@ impl OffloadEngine {
                 if weights.as_ref().is_none_or(|(at, _)| *at != j) {
                     let task = next_weights.take().ok_or_else(|| OffloadError::Config("weight prefetch missing".into()))?;
                     // The previous layer leaves the device before this one's (deferred) load.
-                    weights = None;
+                    drop(weights.take());
                     weights = Some((j, task.join()?));
                     if j + 1 < layers {
                         next_weights = Some(Task::start(scope, overlap, move || load_weights(j + 1)));
@@ -491,26 +492,37 @@ impl OffloadEngine {
                     Some(Parked::Device(h)) => h,
                     other => self.unpark(other, io)?,
                 };
-                // The next step's loads and the previous step's stores run beside the compute.
+                // The previous step's stores, then the next step's loads, run beside the compute.
+                // One after the other: at most two disk-resident KV tensors are in host memory at
+                // a time (this step's and one in transit), the cost model's staging buffers.
                 let next = order.get(t + 1).copied();
-                let load = next.map(|step| {
-                    let job = self.prepare_load(step, caches, &mut parked);
-                    Task::start(scope, overlap, move || self.run_load(job, io))
+                let load = next.map(|step| self.prepare_load(step, caches, &mut parked));
+                let store = pending.take();
+                let transfers = (load.is_some() || store.is_some()).then(|| {
+                    Task::start(scope, overlap, move || {
+                        let stored = match store {
+                            Some(job) => {
+                                let batch = job.batch;
+                                self.run_store(job, io)?.map(|p| (batch, p))
+                            }
+                            None => None,
+                        };
+                        let loaded = load.map(|job| self.run_load(job, io)).transpose()?.unwrap_or_default();
+                        Ok((stored, loaded))
+                    })
                 });
-                let store = pending.take().map(|job| (job.batch, Task::start(scope, overlap, move || self.run_store(job, io))));
                 let cache = &mut caches[k];
                 let states = self.in_pool(&self.compute_pool, || layer.forward(state.states, j, state.rotary.as_ref(), cache));
                 let out = Hidden { states, rotary: state.rotary };
                 // Synchronize.
-                if let Some((batch, task)) = store
-                    && let Some(p) = task.join()?
-                {
+                let (stored, loaded) = match transfers {
+                    Some(task) => task.join()?,
+                    None => (None, Inputs::default()),
+                };
+                if let Some((batch, p)) = stored {
                     parked[batch] = Some(p);
                 }
-                inputs = match load {
-                    Some(task) => task.join()?,
-                    None => Inputs::default(),
-                };
+                inputs = loaded;
                 // What this step leaves for the next one to store.
                 let kv = match self.cache_tier(j, k) {
                     Tier::Disk => {

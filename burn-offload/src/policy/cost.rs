@@ -64,7 +64,9 @@
 //!
 //! GPU prefill: `wg·W·l + hg·s·A·bls + cg·(s+n)·K·bls·l` (home) `+ 2(1−wg)·W + (1−hg)·s·A·gbs +
 //! max(qkv, att1, att2, embed, mlp1, mlp2)` (working). GPU decode: the same with one-token
-//! activations. CPU prefill: `wc·W·l + hc·s·A·bls + cc·(s+n)·K·bls·l + (1−wg)·W + (1−hg)·s·A·gbs`.
+//! activations. CPU prefill: `wc·W·l + hc·s·A·bls + cc·(s+n)·K·bls·l + (1−wg)·W + (1−hg)·s·A·gbs
+//! + 2cd·(s+n)·K·gbs` (the last term, the two staging buffers of a disk-resident cache, is not in
+//! the paper's prefill formula; the runtime holds them in prefill as in decode).
 //! CPU decode: `wc·W·l + hc·A·bls + cc·(s+n)·K·bls·l + wd·W + 2hd·A·gbs + 2cd·(s+n)·K·gbs +
 //! nh·(s+n)·gbs·e + A·gbs`. Disk: `wd·W·l + hd·s·A·bls + cd·(s+n)·K·bls·l`. The working-set
 //! alternatives are listed in the source of `LinearModel::build`.
@@ -548,7 +550,8 @@ impl LinearModel {
             + Affine::var(HC, s * a * bls)
             + cache_home(CC)
             + one_minus(WG, w)
-            + one_minus(HG, s * a * gbs);
+            + one_minus(HG, s * a * gbs)
+            + Affine::var(CD, 2.0 * ctx * k * gbs);
         let cpu_scores = if shape.cpu_attention { e * nh * ctx * gbs } else { 0.0 };
         let cpu_g = Affine::var(WC, w * l)
             + Affine::var(HC, a * bls)
