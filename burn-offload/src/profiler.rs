@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use burn::tensor::{Device, Distribution, Tensor};
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use burn_llm_kernels::{dequantize, quantize, QuantSpec};
 
 use crate::error::{OffloadError, Result};
@@ -62,9 +62,12 @@ pub fn profile(device: &Device, host: &Device, dir: &Path, mb: usize) -> Result<
     let write = time(2, || {
         let _ = store.put("profile/probe", HostData::f32(&[values], &data));
     });
+    // A read as the runtime does it: map, verify the checksum, copy out, build the tensor.
     let read = time(2, || {
-        if let Ok(t) = store.get("profile/probe") {
-            let _ = t.as_f32().map(|v| v.iter().fold(0f32, |a, &b| a + b));
+        if let Ok(t) = store.get("profile/probe")
+            && let Some(v) = t.as_f32()
+        {
+            sync(&Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), host));
         }
     });
     let _ = store.remove("profile/probe");
