@@ -64,8 +64,8 @@
 //!
 //! GPU prefill: `wg·W·l + hg·s·A·bls + cg·(s+n)·K·bls·l` (home) `+ 2(1−wg)·W + (1−hg)·s·A·gbs +
 //! max(qkv, att1, att2, embed, mlp1, mlp2)` (working). GPU decode: the same with one-token
-//! activations. CPU prefill: `wc·W·l + hc·s·A·bls + cc·(s+n)·K·bls·l + (1−wg)·W + (1−hg)·s·A·gbs
-//! + 2cd·(s+n)·K·gbs` (the last term, the two staging buffers of a disk-resident cache, is not in
+//! activations. CPU prefill: `wc·W·l + hc·s·A·bls + cc·(s+n)·K·bls·l + (1−wg)·W + (1−hg)·s·A·gbs +
+//! 2cd·(s+n)·K·gbs` (the last term, the two staging buffers of a disk-resident cache, is not in
 //! the paper's prefill formula; the runtime holds them in prefill as in decode).
 //! CPU decode: `wc·W·l + hc·A·bls + cc·(s+n)·K·bls·l + wd·W + 2hd·A·gbs + 2cd·(s+n)·K·gbs +
 //! nh·(s+n)·gbs·e + A·gbs`. Disk: `wd·W·l + hd·s·A·bls + cd·(s+n)·K·bls·l`. The working-set
