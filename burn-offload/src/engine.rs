@@ -406,7 +406,7 @@ impl OffloadEngine {
             }
             caches.push(cache);
         }
-        let disk_bytes: u64 = io.kv_files.values().flat_map(|f| f.lock().map(|f| f.iter().map(KvFile::len_bytes).sum::<u64>())).sum();
+        let disk_bytes: u64 = io.kv_files.values().flat_map(|f| f.lock().map(|f| f.iter().map(|f| f.file.len_bytes()).sum::<u64>())).sum();
         let mut rngs: Vec<_> = block.iter().map(|_| params.rng()).collect();
         let mut new_tokens: Vec<Vec<u32>> = block.iter().map(|r| r.prompt_ids().to_vec()).collect();
         let mut first = true;
@@ -488,9 +488,11 @@ impl OffloadEngine {
                     caches[k].put_layer(j, slots)?;
                     kv_budget = Some(budget);
                 }
-                let state = match inputs.hidden.take().or_else(|| parked[k].take()) {
-                    Some(Parked::Device(h)) => h,
-                    other => self.unpark(other, io)?,
+                // Activations still parked here (two batches: they were being stored when this
+                // step's load started) come in now.
+                let state = match inputs.hidden.take() {
+                    Some(h) => h,
+                    None => self.unpark(parked[k].take().ok_or_else(missing_activations)?, io)?,
                 };
                 // The previous step's stores, then the next step's loads, run beside the compute.
                 // One after the other: at most two disk-resident KV tensors are in host memory at
@@ -541,14 +543,6 @@ impl OffloadEngine {
                 if kv.is_some() || out.is_some() {
                     pending = Some(StoreJob { layer: j, batch: k, kv, hidden: out });
                 }
-                // Two batches: the next step's activations were still being stored when its load
-                // started; bring them in now.
-                if let Some((_, nk)) = next
-                    && inputs.hidden.is_none()
-                    && matches!(parked[nk], Some(Parked::Host { .. } | Parked::Disk { .. }))
-                {
-                    inputs.hidden = Some(Parked::Device(self.unpark(parked[nk].take(), io)?));
-                }
             }
             if let Some(job) = pending.take() {
                 let batch = job.batch;
@@ -559,11 +553,7 @@ impl OffloadEngine {
             Ok(())
         })?;
         for (h, p) in hidden.iter_mut().zip(parked) {
-            *h = match p {
-                None => None,
-                Some(Parked::Device(state)) => Some(state),
-                other => Some(self.unpark(other, io)?),
-            };
+            *h = p.map(|p| self.unpark(p, io)).transpose()?;
         }
         Ok(())
     }
@@ -594,12 +584,12 @@ impl OffloadEngine {
                 let files = files.lock().map_err(|_| poisoned())?;
                 let parts = files
                     .iter()
-                    .map(|f| Ok(TensorData::from_bytes_vec(f.read(load.used)?, f.shape(), f.dtype())))
+                    .map(|f| Ok(TensorData::from_bytes_vec(f.file.read(load.used)?, f.shape.to_vec(), f.dtype)))
                     .collect::<Result<Vec<_>>>()?;
                 Some((LayerSlots::from_slot_data(parts, load.quant, &self.host)?, budget))
             }
         };
-        let hidden = job.hidden.map(|p| self.unpark(Some(p), io).map(Parked::Device)).transpose()?;
+        let hidden = job.hidden.map(|p| self.unpark(p, io)).transpose()?;
         Ok(Inputs { kv, hidden })
     }
 
@@ -609,7 +599,7 @@ impl OffloadEngine {
             let files = io.files(job.layer, job.batch)?;
             let mut files = files.lock().map_err(|_| poisoned())?;
             for (file, data) in files.iter_mut().zip(slots.slot_data(range.clone())) {
-                file.write(range.start, data.as_bytes())?;
+                file.file.write(range.start, data.as_bytes())?;
             }
         }
         let Some((hidden, tier)) = job.hidden else { return Ok(None) };
@@ -632,17 +622,16 @@ impl OffloadEngine {
     }
 
     /// Activations back on the device.
-    fn unpark(&self, parked: Option<Parked>, io: &BlockIo) -> Result<Hidden> {
+    fn unpark(&self, parked: Parked, io: &BlockIo) -> Result<Hidden> {
         match parked {
-            Some(Parked::Device(h)) => Ok(h),
-            Some(Parked::Host { hidden, _budget }) => Ok(Hidden { states: hidden.states.to_device(&self.device), rotary: hidden.rotary }),
-            Some(Parked::Disk { batch, dims, rotary }) => {
+            Parked::Device(h) => Ok(h),
+            Parked::Host { hidden, _budget } => Ok(Hidden { states: hidden.states.to_device(&self.device), rotary: hidden.rotary }),
+            Parked::Disk { batch, dims, rotary } => {
                 let len = dims.iter().product::<usize>() * std::mem::size_of::<f32>();
                 let bytes = io.scratch()?.read(&activation_file(batch), len)?;
                 let states = burn::tensor::Tensor::from_data(TensorData::from_bytes_vec(bytes, dims, DType::F32), &self.device);
                 Ok(Hidden { states, rotary })
             }
-            None => Err(OffloadError::Config("activations of a running GPU batch are missing".into())),
         }
     }
 
@@ -723,7 +712,7 @@ struct StoreJob {
 #[derive(Default)]
 struct Inputs {
     kv: Option<(LayerSlots, Reservation)>,
-    hidden: Option<Parked>,
+    hidden: Option<Hidden>,
 }
 
 /// The disk side of a block: KV-cache files per (layer, batch) and the scratch directory.
@@ -754,28 +743,6 @@ struct KvFile {
     dtype: DType,
 }
 
-impl KvFile {
-    fn read(&self, used: usize) -> Result<Vec<u8>> {
-        Ok(self.file.read(used)?)
-    }
-
-    fn write(&mut self, start: usize, bytes: &[u8]) -> Result<()> {
-        Ok(self.file.write(start, bytes)?)
-    }
-
-    fn shape(&self) -> Vec<usize> {
-        self.shape.to_vec()
-    }
-
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn len_bytes(&self) -> u64 {
-        self.file.len_bytes()
-    }
-}
-
 /// The files holding layer `j` of GPU batch `k`'s cache, in [`LayerSlots::slot_data`] order.
 fn kv_files(scratch: &ScratchDir, cache: &ContiguousKvCache, j: usize, k: usize) -> Result<Vec<KvFile>> {
     let layout = cache.layout();
@@ -801,6 +768,10 @@ fn kv_files(scratch: &ScratchDir, cache: &ContiguousKvCache, j: usize, k: usize)
 
 fn activation_file(batch: usize) -> String {
     format!("act-b{batch}")
+}
+
+fn missing_activations() -> OffloadError {
+    OffloadError::Config("activations of a running GPU batch are missing".into())
 }
 
 fn poisoned() -> OffloadError {

@@ -601,10 +601,20 @@ impl LinearModel {
         let decode_terms = breakdown(&self.decode, 0.0, self.decode_quant);
         let t_pre = prefill_terms.layer_time(self.overlap);
         let t_gen = decode_terms.layer_time(self.overlap);
+        let m = self.memory.each_ref().map(|m| m.eval(x));
+        let peak_memory = PeakMemory {
+            prefill: TierBytes { gpu: m[0], cpu: m[2], disk: m[4] },
+            decode: TierBytes { gpu: m[1], cpu: m[3], disk: m[4] },
+        };
+        self.estimate([t_pre, t_gen], [prefill_terms, decode_terms], peak_memory)
+    }
+
+    /// The estimate for per-layer prefill and decode times (with their term breakdowns) and
+    /// peak memory: the whole run's latency and throughput follow from the workload.
+    pub fn estimate(&self, [t_pre, t_gen]: [f64; 2], [prefill_terms, decode_terms]: [TermBreakdown; 2], peak_memory: PeakMemory) -> CostEstimate {
         let prefill_time = t_pre * self.layers;
         let decode_time = t_gen * (self.gen_len - 1.0) * self.layers;
         let total = prefill_time + decode_time;
-        let m = self.memory.each_ref().map(|m| m.eval(x));
         CostEstimate {
             t_prefill_layer: t_pre,
             t_decode_layer: t_gen,
@@ -613,10 +623,7 @@ impl LinearModel {
             total_latency: total,
             throughput_tokens_per_s: if total > 0.0 { self.block * self.gen_len / total } else { 0.0 },
             init_time: self.init_time,
-            peak_memory: PeakMemory {
-                prefill: TierBytes { gpu: m[0], cpu: m[2], disk: m[4] },
-                decode: TierBytes { gpu: m[1], cpu: m[3], disk: m[4] },
-            },
+            peak_memory,
             prefill_terms,
             decode_terms,
         }

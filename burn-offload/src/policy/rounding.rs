@@ -74,7 +74,7 @@ fn floor_counts(p: Placement, total: u64) -> [u64; 3] {
 /// whole-layer working buffers.
 fn evaluate_counts(lm: &LinearModel, w_stored: f64, counts: &Counts) -> CostEstimate {
     let x = counts.vector();
-    let mut base = lm.evaluate(&x);
+    let base = lm.evaluate(&x);
     let l = counts.totals[0] as f64;
     let wl = counts.kinds[0];
 
@@ -112,31 +112,17 @@ fn evaluate_counts(lm: &LinearModel, w_stored: f64, counts: &Counts) -> CostEsti
         add(&mut pre_terms, &e.prefill_terms, share);
         add(&mut gen_terms, &e.decode_terms, share);
     }
-    let prefill_time = t_pre * l;
-    let decode_time = t_gen * (lm.gen_len - 1.0) * l;
-    let total = prefill_time + decode_time;
-
     let off = (wl[1] + wl[2]) as f64;
     let disk = wl[2] as f64;
     let gpu_fix = (off.min(2.0) * w_stored - 2.0 * off / l * w_stored).max(0.0);
     let cpu_p_fix = (off.min(1.0) * w_stored - off / l * w_stored).max(0.0);
     let cpu_g_fix = (disk.min(1.0) * w_stored - disk / l * w_stored).max(0.0);
-    base.peak_memory.prefill.gpu += gpu_fix;
-    base.peak_memory.decode.gpu += gpu_fix;
-    base.peak_memory.prefill.cpu += cpu_p_fix;
-    base.peak_memory.decode.cpu += cpu_g_fix;
-
-    CostEstimate {
-        t_prefill_layer: t_pre,
-        t_decode_layer: t_gen,
-        prefill_time,
-        decode_time,
-        total_latency: total,
-        throughput_tokens_per_s: if total > 0.0 { lm.block * lm.gen_len / total } else { 0.0 },
-        prefill_terms: pre_terms,
-        decode_terms: gen_terms,
-        ..base
-    }
+    let mut peak = base.peak_memory;
+    peak.prefill.gpu += gpu_fix;
+    peak.decode.gpu += gpu_fix;
+    peak.prefill.cpu += cpu_p_fix;
+    peak.decode.cpu += cpu_g_fix;
+    lm.estimate([t_pre, t_gen], [pre_terms, gen_terms], peak)
 }
 
 /// Spread `count` marks evenly over `len` slots.
