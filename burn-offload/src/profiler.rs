@@ -17,8 +17,9 @@ fn sync<const D: usize>(t: &Tensor<D>) {
     let _ = t.clone().sum().into_data();
 }
 
-/// Median seconds of `runs` calls of `f` after one warm-up call.
-fn time(runs: usize, mut f: impl FnMut()) -> f64 {
+/// Median seconds of `runs` calls of `f` after one warm-up call; `f` must leave its work
+/// finished (read something back or sync).
+pub fn time(runs: usize, mut f: impl FnMut()) -> f64 {
     f();
     let mut samples: Vec<f64> = (0..runs)
         .map(|_| {

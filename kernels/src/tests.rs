@@ -10,10 +10,15 @@ use super::*;
 pub(crate) fn devices() -> Vec<Device> {
     let mut out = vec![Device::flex()];
     #[cfg(feature = "wgpu")]
-    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {
-        out.push(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice));
-    }
+    out.extend(wgpu_device());
     out
+}
+
+/// The wgpu device, unless `BURN_LLM_TEST_WGPU=0`.
+#[cfg(feature = "wgpu")]
+pub(crate) fn wgpu_device() -> Option<Device> {
+    let wanted = std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true);
+    wanted.then(|| Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
 }
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
@@ -74,10 +79,7 @@ fn constant_groups_are_exact() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn cube_kernels_equal_flex_twins() {
-    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
-        return;
-    }
-    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let Some(gpu) = wgpu_device() else { return };
     let cpu = Device::flex();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     for _ in 0..30 {

@@ -166,8 +166,6 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         unix_time: report::unix_time(),
         results,
     };
-    for path in report::write(&args.out, "ppl", &report, &md)? {
-        eprintln!("wrote {}", path.display());
-    }
+    report::write(&args.out, "ppl", &report, &md)?;
     Ok(())
 }

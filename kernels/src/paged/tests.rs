@@ -13,6 +13,8 @@ use super::*;
 type Rng8 = rand_chacha::ChaCha8Rng;
 
 use crate::tests::devices;
+#[cfg(feature = "wgpu")]
+use crate::tests::wgpu_device;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_into_vec_as::<f32>().unwrap()
@@ -288,10 +290,7 @@ fn paged_attention_equals_dense_reference() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn cube_kernels_equal_flex_twins() {
-    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
-        return;
-    }
-    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let Some(gpu) = wgpu_device() else { return };
     let cpu = Device::flex();
     let mut rng = Rng8::seed_from_u64(5);
     for (i, &(heads, kv_heads, head_dim, block_size, lens)) in CASES.iter().enumerate() {
@@ -324,9 +323,7 @@ fn cube_kernels_equal_flex_twins() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn many_queries_exceed_one_grid_dimension() {
-    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
-        return;
-    }
+    let Some(gpu) = wgpu_device() else { return };
     let mut rng = Rng8::seed_from_u64(9);
     let (tokens, heads, kv_heads, head_dim, block_size) = (2100, 32, 8, 16, 4);
     let shape = [3, kv_heads, block_size, head_dim];
@@ -342,7 +339,6 @@ fn many_queries_exceed_one_grid_dimension() {
         query_seq: vec![0; tokens],
         context_lens: (0..tokens).map(|t| (t % 8) as u32 + 1).collect(),
     };
-    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
     let (a, b) = (values(batch.run(&Device::flex())), values(batch.run(&gpu)));
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert!((x - y).abs() <= 1e-5, "element {i}: flex {x} vs wgpu {y}");
@@ -403,10 +399,7 @@ fn flex_writes_in_place_when_unique() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_writes_in_place_when_unique() {
-    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
-        return;
-    }
-    let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let Some(device) = wgpu_device() else { return };
     let shape = [256, 4, 64, 256];
     let bytes = (shape.iter().product::<usize>() * 4) as u64;
     let reserved = || {
@@ -580,10 +573,7 @@ fn bad_arguments_are_errors() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn mixed_devices_are_errors() {
-    if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v == "0").unwrap_or(false) {
-        return;
-    }
-    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    let Some(gpu) = wgpu_device() else { return };
     let cache = Tensor::<4>::zeros([4, 2, 4, 8], &gpu);
     let new = Tensor::<3>::ones([1, 2, 8], &Device::flex());
     assert_eq!(reshape_and_cache(cache.clone(), new, &[0]).unwrap_err(), PagedError::Device);

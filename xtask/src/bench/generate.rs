@@ -164,8 +164,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         unix_time: report::unix_time(),
         results,
     };
-    for path in report::write(&args.out, "generate", &report, &md)? {
-        eprintln!("wrote {}", path.display());
-    }
+    report::write(&args.out, "generate", &report, &md)?;
     Ok(())
 }

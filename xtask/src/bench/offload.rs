@@ -227,8 +227,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         searched_vs_deepspeed: ratio,
         unix_time: report::unix_time(),
     };
-    for path in report::write(&args.out, &args.name, &report, &md)? {
-        eprintln!("wrote {}", path.display());
-    }
+    report::write(&args.out, &args.name, &report, &md)?;
     Ok(())
 }

@@ -8,11 +8,11 @@
 //!   roofline: weight bytes read per token ÷ measured read bandwidth.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Tensor};
 use burn_llm::kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, QuantSpec};
 use burn_llm::models::{hub, Generator, Pretrained, Prompt, SamplingParams};
+use burn_llm::offload::profiler::time;
 use burn_llm::DeviceChoice;
 use serde::Serialize;
 
@@ -68,21 +68,6 @@ struct Report {
     model: String,
     decode: Vec<DecodeRow>,
     unix_time: u64,
-}
-
-/// Median seconds of `runs` calls of `f`, after one warm-up call; `f` must leave its work finished
-/// (read something back or sync).
-fn time(runs: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut samples: Vec<f64> = (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
 }
 
 fn sync(device: &Device) {
@@ -234,8 +219,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         decode,
         unix_time: report::unix_time(),
     };
-    for path in report::write(&args.out, "quant", &report, &md)? {
-        eprintln!("wrote {}", path.display());
-    }
+    report::write(&args.out, "quant", &report, &md)?;
     Ok(())
 }

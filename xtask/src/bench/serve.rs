@@ -343,8 +343,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         sharing: shared,
         unix_time: report::unix_time(),
     };
-    for path in report::write(&args.out, "serve", &report, &md)? {
-        eprintln!("wrote {}", path.display());
-    }
+    report::write(&args.out, "serve", &report, &md)?;
     Ok(())
 }
