@@ -47,7 +47,7 @@ pub mod paged;
 
 pub use paged::{
     copy_blocks, copy_blocks_mut, paged_attention, paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut,
-    reshape_and_cache_with, slot, write_blocks, write_blocks_mut, PagedBatch, PagedError, SlotMapping, SKIP_SLOT,
+    reshape_and_cache_with, slot, write_blocks, write_blocks_mut, PagedBatch, PagedKernelError, SlotMapping, SKIP_SLOT,
 };
 
 use burn::backend::Dispatch;

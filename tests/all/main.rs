@@ -7,6 +7,7 @@
 mod common;
 
 mod cli;
+mod engine;
 mod errors;
 mod gguf;
 mod offload;

@@ -33,7 +33,7 @@ fn config(policy: Policy, tag: &str, gpu_mem: u64) -> OffloadConfig {
     }
 }
 
-fn engine(name: &str, device: &Device, policy: Policy, tag: &str) -> OffloadEngine {
+pub fn engine(name: &str, device: &Device, policy: Policy, tag: &str) -> OffloadEngine {
     let dir = fixture(name);
     let pretrained = Pretrained::load(&dir, &Device::flex()).unwrap();
     let spec = DecoderSpec::from_dir(&dir).unwrap();

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::{BlockError, BlockHash, BlockId, BlockPool, BlockTable, SeqId, Tier};
+use super::{BlockError, BlockHash, BlockId, BlockPool, BlockTable, SeqId, Location};
 
 /// Default number of token slots per KV block (vLLM's default).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -139,8 +139,8 @@ impl BlockManager {
         let count =
             |n: usize| u32::try_from(n).map_err(|_| BlockError::InvalidConfig("block count"));
         Ok(Self {
-            device: BlockPool::new(Tier::Device, count(config.num_device_blocks)?),
-            host: BlockPool::new(Tier::Host, count(config.num_host_blocks)?),
+            device: BlockPool::new(Location::Device, count(config.num_device_blocks)?),
+            host: BlockPool::new(Location::Host, count(config.num_host_blocks)?),
             config,
             tables: BTreeMap::new(),
         })
@@ -179,7 +179,7 @@ impl BlockManager {
         let bs = self.config.block_size;
         let existing = self.tables.remove(&seq);
         let existed = existing.is_some();
-        let mut table = existing.unwrap_or_else(|| BlockTable::new(Tier::Device, bs));
+        let mut table = existing.unwrap_or_else(|| BlockTable::new(Location::Device, bs));
 
         for &(block, hash) in &plan.hits {
             self.device.retain(block);
@@ -263,14 +263,14 @@ impl BlockManager {
     /// the device with fewer references. Returns `(device block, host block)` pairs to copy;
     /// duplicate ids in `seqs` are ignored.
     pub fn swap_out(&mut self, seqs: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>, BlockError> {
-        self.swap(seqs, Tier::Device, Tier::Host)
+        self.swap(seqs, Location::Device, Location::Host)
     }
 
     /// Moves a swapped-out sequence group back to the device, all or nothing; the reverse of
     /// [`swap_out`](Self::swap_out). Returns `(host block, device block)` pairs to copy. Full
     /// blocks are re-registered in the prefix cache unless their content is already cached.
     pub fn swap_in(&mut self, seqs: &[SeqId]) -> Result<Vec<(BlockId, BlockId)>, BlockError> {
-        self.swap(seqs, Tier::Host, Tier::Device)
+        self.swap(seqs, Location::Host, Location::Device)
     }
 
     /// Forgets the device prefix cache (e.g. after the weights changed). Evictable blocks become
@@ -298,27 +298,27 @@ impl BlockManager {
         let Some(table) = self.tables.get(&seq) else {
             return Ok(n_tokens.div_ceil(bs));
         };
-        ensure_tier(seq, table, Tier::Device)?;
+        ensure_tier(seq, table, Location::Device)?;
         let total = (table.num_tokens() + n_tokens).div_ceil(bs);
         Ok(total - table.num_blocks() + usize::from(self.needs_cow(table, n_tokens)))
     }
 
     /// Free device blocks a new sequence with prompt `tokens` would consume, after prefix hits
     /// (hits on evictable cached blocks count, since they stop being free). Compare with
-    /// [`num_free_blocks`](Self::num_free_blocks)`(Tier::Device)`.
+    /// [`num_free_blocks`](Self::num_free_blocks)`(Location::Device)`.
     pub fn blocks_needed_for_prompt(&self, tokens: &[u32]) -> usize {
-        let empty = BlockTable::new(Tier::Device, self.config.block_size);
+        let empty = BlockTable::new(Location::Device, self.config.block_size);
         self.demand(&empty, tokens).consumed()
     }
 
     /// Whether [`swap_out`](Self::swap_out)`(seqs)` would succeed right now.
     pub fn can_swap_out(&self, seqs: &[SeqId]) -> bool {
-        self.plan_swap(seqs, Tier::Device, Tier::Host).is_ok()
+        self.plan_swap(seqs, Location::Device, Location::Host).is_ok()
     }
 
     /// Whether [`swap_in`](Self::swap_in)`(seqs)` would succeed right now.
     pub fn can_swap_in(&self, seqs: &[SeqId]) -> bool {
-        self.plan_swap(seqs, Tier::Host, Tier::Device).is_ok()
+        self.plan_swap(seqs, Location::Host, Location::Device).is_ok()
     }
 
     // ----- queries ------------------------------------------------------------------------------
@@ -338,8 +338,8 @@ impl BlockManager {
         self.table(seq).map(BlockTable::num_tokens)
     }
 
-    /// Tier `seq` lives on.
-    pub fn tier(&self, seq: SeqId) -> Option<Tier> {
+    /// Location `seq` lives on.
+    pub fn tier(&self, seq: SeqId) -> Option<Location> {
         self.table(seq).map(BlockTable::tier)
     }
 
@@ -370,39 +370,39 @@ impl BlockManager {
     }
 
     /// Free blocks on `tier`, evictable cached blocks included.
-    pub fn num_free_blocks(&self, tier: Tier) -> usize {
+    pub fn num_free_blocks(&self, tier: Location) -> usize {
         self.pool(tier).num_free()
     }
 
     /// Blocks on `tier` held by at least one sequence.
-    pub fn used_blocks(&self, tier: Tier) -> usize {
+    pub fn used_blocks(&self, tier: Location) -> usize {
         self.pool(tier).num_used()
     }
 
     /// Total blocks on `tier`.
-    pub fn total_blocks(&self, tier: Tier) -> usize {
+    pub fn total_blocks(&self, tier: Location) -> usize {
         self.pool(tier).num_blocks()
     }
 
     /// Reference count of `block` on `tier` (`None` if out of range).
-    pub fn ref_count(&self, tier: Tier, block: BlockId) -> Option<u32> {
+    pub fn ref_count(&self, tier: Location, block: BlockId) -> Option<u32> {
         self.pool(tier).ref_count(block)
     }
 
     /// The pool of `tier`, for read-only inspection (cache size, evictable blocks, ...).
-    pub fn pool(&self, tier: Tier) -> &BlockPool {
+    pub fn pool(&self, tier: Location) -> &BlockPool {
         match tier {
-            Tier::Device => &self.device,
-            Tier::Host => &self.host,
+            Location::Device => &self.device,
+            Location::Host => &self.host,
         }
     }
 
     // ----- internals -----------------------------------------------------------------------------
 
-    fn pool_mut(&mut self, tier: Tier) -> &mut BlockPool {
+    fn pool_mut(&mut self, tier: Location) -> &mut BlockPool {
         match tier {
-            Tier::Device => &mut self.device,
-            Tier::Host => &mut self.host,
+            Location::Device => &mut self.device,
+            Location::Host => &mut self.host,
         }
     }
 
@@ -411,11 +411,11 @@ impl BlockManager {
         let empty;
         let table = match self.tables.get(&seq) {
             Some(table) => {
-                ensure_tier(seq, table, Tier::Device)?;
+                ensure_tier(seq, table, Location::Device)?;
                 table
             }
             None => {
-                empty = BlockTable::new(Tier::Device, self.config.block_size);
+                empty = BlockTable::new(Location::Device, self.config.block_size);
                 &empty
             }
         };
@@ -431,7 +431,7 @@ impl BlockManager {
         let (needed, free) = (plan.consumed(), self.device.num_free());
         if needed > free {
             return Err(BlockError::OutOfBlocks {
-                tier: Tier::Device,
+                tier: Location::Device,
                 needed,
                 free,
             });
@@ -518,7 +518,7 @@ impl BlockManager {
     }
 
     /// Validates a group swap from `from` to `to` and lists the distinct blocks to move.
-    fn plan_swap(&self, seqs: &[SeqId], from: Tier, to: Tier) -> Result<SwapPlan, BlockError> {
+    fn plan_swap(&self, seqs: &[SeqId], from: Location, to: Location) -> Result<SwapPlan, BlockError> {
         let mut seen = HashSet::new();
         let group: Vec<SeqId> = seqs.iter().copied().filter(|s| seen.insert(*s)).collect();
         let mut index: HashMap<BlockId, usize> = HashMap::new();
@@ -551,8 +551,8 @@ impl BlockManager {
     fn swap(
         &mut self,
         seqs: &[SeqId],
-        from: Tier,
-        to: Tier,
+        from: Location,
+        to: Location,
     ) -> Result<Vec<(BlockId, BlockId)>, BlockError> {
         let plan = self.plan_swap(seqs, from, to)?;
         let targets = self.pool_mut(to).allocate(plan.blocks.len())?;
@@ -578,7 +578,7 @@ impl BlockManager {
                 table.remap(to, |b| mapping.get(&b).copied().unwrap_or(b));
             }
         }
-        if to == Tier::Device && self.config.enable_prefix_caching {
+        if to == Location::Device && self.config.enable_prefix_caching {
             self.register_full_blocks(&plan.group);
         }
         Ok(pairs)
@@ -599,7 +599,7 @@ impl BlockManager {
     /// holding the block (test helper).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        for tier in [Tier::Device, Tier::Host] {
+        for tier in [Location::Device, Location::Host] {
             let pool = self.pool(tier);
             pool.check_consistency()?;
             let mut holders = vec![0u32; pool.num_blocks()];
@@ -628,7 +628,7 @@ impl BlockManager {
     }
 }
 
-fn ensure_tier(seq: SeqId, table: &BlockTable, expected: Tier) -> Result<(), BlockError> {
+fn ensure_tier(seq: SeqId, table: &BlockTable, expected: Location) -> Result<(), BlockError> {
     match table.tier() {
         actual if actual == expected => Ok(()),
         actual => Err(BlockError::WrongTier {

@@ -61,20 +61,20 @@ impl fmt::Display for BlockId {
     }
 }
 
-/// Memory tier a pool (and hence a sequence's blocks) lives in.
+/// Where a block pool (and hence a sequence's blocks) lives: vLLM's GPU and CPU block allocators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Tier {
+pub enum Location {
     /// Accelerator memory: the only tier attention kernels read from.
     Device,
     /// Host RAM: swap space for preempted sequence groups.
     Host,
 }
 
-impl fmt::Display for Tier {
+impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Tier::Device => "device",
-            Tier::Host => "host",
+            Location::Device => "device",
+            Location::Host => "host",
         })
     }
 }
@@ -85,8 +85,8 @@ pub enum BlockError {
     /// Not enough free blocks right now; freeing or preempting other sequences may help.
     #[error("out of KV blocks on the {tier} tier: need {needed}, only {free} free")]
     OutOfBlocks {
-        /// Tier whose pool ran short.
-        tier: Tier,
+        /// Location whose pool ran short.
+        tier: Location,
         /// Free blocks the operation would consume.
         needed: usize,
         /// Free blocks (evictable cached ones included) available.
@@ -118,10 +118,10 @@ pub enum BlockError {
     WrongTier {
         /// Offending sequence.
         seq: SeqId,
-        /// Tier the operation requires.
-        expected: Tier,
-        /// Tier the sequence is on.
-        actual: Tier,
+        /// Location the operation requires.
+        expected: Location,
+        /// Location the sequence is on.
+        actual: Location,
     },
     /// The configuration cannot describe a valid cache.
     #[error("invalid block manager configuration: {0}")]

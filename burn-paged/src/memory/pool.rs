@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use super::{BlockError, BlockId, Tier};
+use super::{BlockError, BlockId, Location};
 
 /// Content identity of a *full* block: a hash of the parent block's hash and this block's token
 /// ids, so equal hashes mean equal tokens at equal positions all the way back to the start of the
@@ -52,7 +52,7 @@ impl BlockHash {
 /// the pool can never disagree with the tables that reference it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockPool {
-    tier: Tier,
+    tier: Location,
     ref_counts: Vec<u32>,
     /// Uncached free blocks, used as a stack (most recently freed is reused first).
     free: Vec<BlockId>,
@@ -68,7 +68,7 @@ pub struct BlockPool {
 
 impl BlockPool {
     /// A pool of `num_blocks` free blocks on `tier`, ids `0..num_blocks`.
-    pub fn new(tier: Tier, num_blocks: u32) -> Self {
+    pub fn new(tier: Location, num_blocks: u32) -> Self {
         let n = num_blocks as usize;
         Self {
             tier,
@@ -83,8 +83,8 @@ impl BlockPool {
         }
     }
 
-    /// Tier this pool manages.
-    pub fn tier(&self) -> Tier {
+    /// Location this pool manages.
+    pub fn tier(&self) -> Location {
         self.tier
     }
 

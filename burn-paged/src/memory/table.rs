@@ -1,6 +1,6 @@
 //! Per-sequence mapping from logical to physical KV blocks.
 
-use super::{BlockHash, BlockId, Tier};
+use super::{BlockHash, BlockId, Location};
 
 /// One sequence's block table: the physical block behind each logical block, how many tokens the
 /// sequence holds (the fill of the last block follows from it), and the tier its blocks live on.
@@ -13,7 +13,7 @@ use super::{BlockHash, BlockId, Tier};
 /// them through [`BlockManager::table`](super::BlockManager::table).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockTable {
-    tier: Tier,
+    tier: Location,
     block_size: usize,
     blocks: Vec<BlockId>,
     num_tokens: usize,
@@ -25,7 +25,7 @@ pub struct BlockTable {
 
 impl BlockTable {
     /// An empty table on `tier`. `block_size` must be non-zero (the manager validates it).
-    pub(crate) fn new(tier: Tier, block_size: usize) -> Self {
+    pub(crate) fn new(tier: Location, block_size: usize) -> Self {
         debug_assert!(block_size > 0);
         Self {
             tier,
@@ -37,8 +37,8 @@ impl BlockTable {
         }
     }
 
-    /// Tier whose pool the block ids refer to.
-    pub fn tier(&self) -> Tier {
+    /// Location whose pool the block ids refer to.
+    pub fn tier(&self) -> Location {
         self.tier
     }
 
@@ -158,7 +158,7 @@ impl BlockTable {
     }
 
     /// Rewrites every block id through `map` and moves the table to `tier` (swapping).
-    pub(crate) fn remap(&mut self, tier: Tier, mut map: impl FnMut(BlockId) -> BlockId) {
+    pub(crate) fn remap(&mut self, tier: Location, mut map: impl FnMut(BlockId) -> BlockId) {
         for block in &mut self.blocks {
             *block = map(*block);
         }

@@ -13,7 +13,7 @@ fn ids(v: &[u32]) -> Vec<BlockId> {
     v.iter().copied().map(BlockId).collect()
 }
 
-fn rc(m: &BlockManager, tier: Tier, block: u32) -> u32 {
+fn rc(m: &BlockManager, tier: Location, block: u32) -> u32 {
     m.ref_count(tier, BlockId(block)).expect("block in range")
 }
 
@@ -48,10 +48,10 @@ fn allocates_only_what_the_prompt_needs() {
     assert_eq!(out.slots, vec![0, 1, 2, 3, 4, 5, 6]);
     assert_eq!(m.block_table(1), Some(&ids(&[0, 1])[..]));
     assert_eq!(m.num_tokens(1), Some(7));
-    assert_eq!(m.tier(1), Some(Tier::Device));
+    assert_eq!(m.tier(1), Some(Location::Device));
     assert_eq!(m.table(1).unwrap().last_block_fill(), 3);
-    assert_eq!(m.used_blocks(Tier::Device), 2);
-    assert_eq!(m.num_free_blocks(Tier::Device), 6);
+    assert_eq!(m.used_blocks(Location::Device), 2);
+    assert_eq!(m.num_free_blocks(Location::Device), 6);
     check(&m);
 }
 
@@ -88,9 +88,9 @@ fn fork_shares_every_block() {
     m.fork(1, 2).unwrap();
     m.fork(2, 3).unwrap();
     assert_eq!(m.block_table(2), m.block_table(1));
-    assert_eq!(rc(&m, Tier::Device, 0), 3);
-    assert_eq!(rc(&m, Tier::Device, 1), 3);
-    assert_eq!(m.used_blocks(Tier::Device), 2);
+    assert_eq!(rc(&m, Location::Device, 0), 3);
+    assert_eq!(rc(&m, Location::Device, 1), 3);
+    assert_eq!(m.used_blocks(Location::Device), 2);
     assert_eq!(m.fork(9, 4), Err(BlockError::UnknownSequence(9)));
     assert_eq!(m.fork(1, 2), Err(BlockError::SequenceExists(2)));
     assert_eq!(m.fork(1, 1), Err(BlockError::SequenceExists(1)));
@@ -108,9 +108,9 @@ fn copy_on_write_of_shared_partial_block() {
     assert_eq!(out.copies, vec![(BlockId(1), BlockId(2))]);
     assert_eq!(out.slots, vec![2 * 4 + 3]);
     assert_eq!(m.block_table(2), Some(&ids(&[0, 2])[..]));
-    assert_eq!(rc(&m, Tier::Device, 0), 2);
-    assert_eq!(rc(&m, Tier::Device, 1), 1);
-    assert_eq!(rc(&m, Tier::Device, 2), 1);
+    assert_eq!(rc(&m, Location::Device, 0), 2);
+    assert_eq!(rc(&m, Location::Device, 1), 1);
+    assert_eq!(rc(&m, Location::Device, 2), 1);
     // The parent is now the sole owner of block 1 and writes in place.
     assert_eq!(m.blocks_needed_to_append(1, 1), Ok(0));
     let out = m.append(1, &[9]).unwrap();
@@ -129,7 +129,7 @@ fn no_copy_when_shared_last_block_is_full() {
     let out = m.append(2, &[5]).unwrap();
     assert!(out.copies.is_empty());
     assert_eq!(m.block_table(2), Some(&ids(&[0, 1])[..]));
-    assert_eq!(rc(&m, Tier::Device, 0), 2);
+    assert_eq!(rc(&m, Location::Device, 0), 2);
     check(&m);
 }
 
@@ -140,9 +140,9 @@ fn copy_on_write_with_multi_token_append() {
     m.fork(1, 2).unwrap();
     // 6 + 5 = 11 tokens -> 3 blocks: one new block plus the CoW copy.
     assert_eq!(m.blocks_needed_to_append(2, 5), Ok(2));
-    let free = m.num_free_blocks(Tier::Device);
+    let free = m.num_free_blocks(Location::Device);
     let out = m.append(2, &[7, 8, 9, 10, 11]).unwrap();
-    assert_eq!(free - m.num_free_blocks(Tier::Device), 2);
+    assert_eq!(free - m.num_free_blocks(Location::Device), 2);
     assert_eq!(out.copies, vec![(BlockId(1), BlockId(2))]);
     assert_eq!(out.slots, vec![10, 11, 12, 13, 14]);
     check(&m);
@@ -162,8 +162,8 @@ fn free_returns_everything() {
     }
     assert!(m.is_empty());
     assert!(m.all_blocks_free());
-    assert_eq!(m.num_free_blocks(Tier::Device), 8);
-    assert_eq!(m.num_free_blocks(Tier::Host), 4);
+    assert_eq!(m.num_free_blocks(Location::Device), 8);
+    assert_eq!(m.num_free_blocks(Location::Host), 4);
     assert_eq!(m.free(1), Err(BlockError::UnknownSequence(1)));
 }
 
@@ -186,12 +186,12 @@ fn swap_round_trip_keeps_sharing() {
             (BlockId(3), BlockId(3))
         ]
     );
-    assert_eq!(m.tier(1), Some(Tier::Host));
+    assert_eq!(m.tier(1), Some(Location::Host));
     assert_eq!(m.block_table(1), Some(&ids(&[0, 1, 2])[..]));
     assert_eq!(m.block_table(2), Some(&ids(&[0, 1, 3])[..]));
-    assert_eq!([0, 1, 2, 3].map(|b| rc(&m, Tier::Host, b)), [2, 2, 1, 1]);
-    assert_eq!(m.used_blocks(Tier::Device), 0);
-    assert_eq!(m.used_blocks(Tier::Host), 4);
+    assert_eq!([0, 1, 2, 3].map(|b| rc(&m, Location::Host, b)), [2, 2, 1, 1]);
+    assert_eq!(m.used_blocks(Location::Device), 0);
+    assert_eq!(m.used_blocks(Location::Host), 4);
     check(&m);
 
     // Swapped-out sequences cannot grow.
@@ -200,24 +200,24 @@ fn swap_round_trip_keeps_sharing() {
         m.append(1, &[5]),
         Err(BlockError::WrongTier {
             seq: 1,
-            expected: Tier::Device,
-            actual: Tier::Host
+            expected: Location::Device,
+            actual: Location::Host
         })
     );
     assert_eq!(
         m.blocks_needed_to_append(1, 1).unwrap_err(),
         BlockError::WrongTier {
             seq: 1,
-            expected: Tier::Device,
-            actual: Tier::Host
+            expected: Location::Device,
+            actual: Location::Host
         }
     );
     assert_eq!(
         m.swap_out(&[1]).unwrap_err(),
         BlockError::WrongTier {
             seq: 1,
-            expected: Tier::Device,
-            actual: Tier::Host
+            expected: Location::Device,
+            actual: Location::Host
         }
     );
     assert_eq!(m, before);
@@ -226,15 +226,15 @@ fn swap_round_trip_keeps_sharing() {
     assert!(m.can_swap_in(&[2, 1]));
     let pairs = m.swap_in(&[2, 1]).unwrap();
     assert_eq!(pairs.len(), 4);
-    assert_eq!(m.tier(2), Some(Tier::Device));
+    assert_eq!(m.tier(2), Some(Location::Device));
     let t1 = m.block_table(1).unwrap().to_vec();
     let t2 = m.block_table(2).unwrap().to_vec();
     assert_eq!(&t1[..2], &t2[..2]);
     assert_ne!(t1[2], t2[2]);
-    assert_eq!(rc(&m, Tier::Device, t1[0].0), 2);
-    assert_eq!(rc(&m, Tier::Device, t1[1].0), 2);
-    assert_eq!(rc(&m, Tier::Device, t1[2].0), 1);
-    assert_eq!(m.used_blocks(Tier::Host), 0);
+    assert_eq!(rc(&m, Location::Device, t1[0].0), 2);
+    assert_eq!(rc(&m, Location::Device, t1[1].0), 2);
+    assert_eq!(rc(&m, Location::Device, t1[2].0), 1);
+    assert_eq!(m.used_blocks(Location::Host), 0);
     assert_eq!((m.num_tokens(1), m.num_tokens(2)), (Some(10), Some(11)));
     // Pairs map host blocks onto the new device tables.
     assert!(pairs.contains(&(BlockId(0), t2[0])) && pairs.contains(&(BlockId(3), t2[2])));
@@ -254,10 +254,10 @@ fn swap_out_leaves_blocks_shared_outside_the_group() {
     m.fork(1, 2).unwrap(); // seq 2 stands for another group sharing seq 1's blocks
     let pairs = m.swap_out(&[1]).unwrap();
     assert_eq!(pairs.len(), 2);
-    assert_eq!(rc(&m, Tier::Device, 0), 1);
-    assert_eq!(rc(&m, Tier::Device, 1), 1);
-    assert_eq!(rc(&m, Tier::Host, 0), 1);
-    assert_eq!(m.used_blocks(Tier::Device), 2);
+    assert_eq!(rc(&m, Location::Device, 0), 1);
+    assert_eq!(rc(&m, Location::Device, 1), 1);
+    assert_eq!(rc(&m, Location::Host, 0), 1);
+    assert_eq!(m.used_blocks(Location::Device), 2);
     check(&m);
 }
 
@@ -271,7 +271,7 @@ fn swap_errors_leave_manager_unchanged() {
     assert_eq!(
         m.swap_out(&[1]),
         Err(BlockError::OutOfBlocks {
-            tier: Tier::Host,
+            tier: Location::Host,
             needed: 2,
             free: 1
         })
@@ -281,8 +281,8 @@ fn swap_errors_leave_manager_unchanged() {
         m.swap_in(&[2]).unwrap_err(),
         BlockError::WrongTier {
             seq: 2,
-            expected: Tier::Host,
-            actual: Tier::Device
+            expected: Location::Host,
+            actual: Location::Device
         }
     );
     assert_eq!(m, before);
@@ -295,7 +295,7 @@ fn swap_errors_leave_manager_unchanged() {
     assert_eq!(
         m.swap_in(&[2]),
         Err(BlockError::OutOfBlocks {
-            tier: Tier::Device,
+            tier: Location::Device,
             needed: 1,
             free: 0
         })
@@ -314,7 +314,7 @@ fn out_of_blocks_leaves_manager_unchanged() {
     assert_eq!(
         m.append(3, &[2; 8]),
         Err(BlockError::OutOfBlocks {
-            tier: Tier::Device,
+            tier: Location::Device,
             needed: 2,
             free: 1
         })
@@ -323,7 +323,7 @@ fn out_of_blocks_leaves_manager_unchanged() {
     assert_eq!(
         m.append(2, &[3; 3]),
         Err(BlockError::OutOfBlocks {
-            tier: Tier::Device,
+            tier: Location::Device,
             needed: 2,
             free: 1
         })
@@ -347,7 +347,7 @@ fn out_of_blocks_leaves_manager_unchanged() {
     assert_eq!(m, before);
     assert!(m.can_append(2, &[3]));
     let msg = BlockError::OutOfBlocks {
-        tier: Tier::Device,
+        tier: Location::Device,
         needed: 2,
         free: 1,
     }
@@ -365,20 +365,20 @@ fn prefix_hits_share_full_blocks() {
     let prompt: Vec<u32> = (1..=10).collect();
     let out = m.append(1, &prompt).unwrap();
     assert_eq!(out.cached_tokens, 0);
-    assert_eq!(m.pool(Tier::Device).num_cached(), 2); // two full blocks registered
+    assert_eq!(m.pool(Location::Device).num_cached(), 2); // two full blocks registered
 
     // Same first two full blocks: mapped, not allocated.
     let mut second: Vec<u32> = (1..=8).collect();
     second.extend([20, 21]);
     assert_eq!(m.blocks_needed_for_prompt(&second), 1);
-    let free = m.num_free_blocks(Tier::Device);
+    let free = m.num_free_blocks(Location::Device);
     let out = m.append(2, &second).unwrap();
     assert_eq!(out.cached_tokens, 8);
     assert_eq!(out.slots, vec![12, 13]);
-    assert_eq!(free - m.num_free_blocks(Tier::Device), 1);
+    assert_eq!(free - m.num_free_blocks(Location::Device), 1);
     assert_eq!(m.block_table(2), Some(&ids(&[0, 1, 3])[..]));
-    assert_eq!(rc(&m, Tier::Device, 0), 2);
-    assert_eq!(rc(&m, Tier::Device, 1), 2);
+    assert_eq!(rc(&m, Location::Device, 0), 2);
+    assert_eq!(rc(&m, Location::Device, 1), 2);
 
     // Block 1 equal, block 0 different: the hash chain prevents a hit.
     let mut third = vec![50, 51, 52, 53];
@@ -387,7 +387,7 @@ fn prefix_hits_share_full_blocks() {
     let out = m.append(3, &third).unwrap();
     assert_eq!(out.cached_tokens, 0);
     assert_eq!(m.block_table(3), Some(&ids(&[4, 5, 6])[..]));
-    assert_eq!(rc(&m, Tier::Device, 1), 2);
+    assert_eq!(rc(&m, Location::Device, 1), 2);
     check(&m);
 }
 
@@ -411,10 +411,10 @@ fn prefix_hit_never_covers_the_last_token() {
 fn generated_tokens_are_cached_when_a_block_fills() {
     let mut m = manager(4, 16, 0, true);
     let _ = m.append(1, &[1, 2, 3]).unwrap();
-    assert_eq!(m.pool(Tier::Device).num_cached(), 0);
+    assert_eq!(m.pool(Location::Device).num_cached(), 0);
     let _ = m.append(1, &[4]).unwrap(); // "generated" token fills block 0
     let _ = m.append(1, &[5, 6, 7, 8, 9]).unwrap();
-    assert_eq!(m.pool(Tier::Device).num_cached(), 2);
+    assert_eq!(m.pool(Location::Device).num_cached(), 2);
     let out = m.append(2, &[1, 2, 3, 4, 5, 6, 7, 8, 0]).unwrap();
     assert_eq!(out.cached_tokens, 8);
     // A cache hit on an aligned running sequence works too (e.g. a multi-turn continuation).
@@ -435,15 +435,15 @@ fn freed_cached_blocks_stay_matchable() {
     let _ = m.append(1, &(1..=9).collect::<Vec<_>>()).unwrap();
     m.free(1).unwrap();
     assert!(m.all_blocks_free());
-    assert_eq!(m.pool(Tier::Device).num_evictable(), 2);
-    assert_eq!(m.num_free_blocks(Tier::Device), 8);
+    assert_eq!(m.pool(Location::Device).num_evictable(), 2);
+    assert_eq!(m.num_free_blocks(Location::Device), 8);
     // Reviving evictable hits consumes free blocks, so they count.
     assert_eq!(m.blocks_needed_for_prompt(&(1..=9).collect::<Vec<_>>()), 3);
     let out = m.append(2, &(1..=9).collect::<Vec<_>>()).unwrap();
     assert_eq!(out.cached_tokens, 8);
-    assert_eq!(m.pool(Tier::Device).num_evictable(), 0);
-    assert_eq!(m.num_free_blocks(Tier::Device), 5);
-    assert_eq!(rc(&m, Tier::Device, 0), 1);
+    assert_eq!(m.pool(Location::Device).num_evictable(), 0);
+    assert_eq!(m.num_free_blocks(Location::Device), 5);
+    assert_eq!(rc(&m, Location::Device, 0), 1);
     check(&m);
 }
 
@@ -454,7 +454,7 @@ fn eviction_is_least_recently_used_first() {
     m.free(1).unwrap(); // released tail first: 1 is older than 0
     let _ = m.append(2, &[5, 6, 7, 8, 9, 10]).unwrap(); // 2, 3 free; then evicts 1
     assert_eq!(m.block_table(2), Some(&ids(&[2, 3, 1])[..]));
-    let pool = m.pool(Tier::Device);
+    let pool = m.pool(Location::Device);
     assert_eq!(pool.lookup(BlockHash::new(None, &[1, 2])), Some(BlockId(0)));
     let h0 = BlockHash::new(None, &[1, 2]);
     assert_eq!(pool.lookup(BlockHash::new(Some(h0), &[3, 4])), None);
@@ -471,15 +471,15 @@ fn rehit_block_is_taken_off_the_eviction_list() {
     m.free(2).unwrap(); // 2 evictable
     let out = m.append(3, &[1, 2, 5]).unwrap(); // re-hit 0
     assert_eq!(out.cached_tokens, 2);
-    assert!(!m.pool(Tier::Device).is_evictable(BlockId(0)));
+    assert!(!m.pool(Location::Device).is_evictable(BlockId(0)));
     let _ = m.append(4, &[7, 8, 6]).unwrap(); // takes a free block, then evicts 2 (not 0)
     assert!(m.block_table(4).unwrap().contains(&BlockId(2)));
     assert_eq!(
-        m.pool(Tier::Device).lookup(BlockHash::new(None, &[1, 2])),
+        m.pool(Location::Device).lookup(BlockHash::new(None, &[1, 2])),
         Some(BlockId(0))
     );
     assert_eq!(
-        m.pool(Tier::Device).lookup(BlockHash::new(None, &[3, 4])),
+        m.pool(Location::Device).lookup(BlockHash::new(None, &[3, 4])),
         None
     );
     check(&m);
@@ -491,8 +491,8 @@ fn no_sharing_without_prefix_caching() {
     let _ = m.append(1, &(1..=9).collect::<Vec<_>>()).unwrap();
     let out = m.append(2, &(1..=9).collect::<Vec<_>>()).unwrap();
     assert_eq!(out.cached_tokens, 0);
-    assert_eq!(m.used_blocks(Tier::Device), 6);
-    assert_eq!(m.pool(Tier::Device).num_cached(), 0);
+    assert_eq!(m.used_blocks(Location::Device), 6);
+    assert_eq!(m.pool(Location::Device).num_cached(), 0);
 }
 
 #[test]
@@ -501,14 +501,14 @@ fn reset_prefix_cache_forgets_everything() {
     let _ = m.append(1, &(1..=9).collect::<Vec<_>>()).unwrap();
     let _ = m.append(2, &[7; 5]).unwrap();
     m.free(2).unwrap();
-    assert_eq!(m.pool(Tier::Device).num_evictable(), 1);
+    assert_eq!(m.pool(Location::Device).num_evictable(), 1);
     assert_eq!(m.reset_prefix_cache(), 3);
-    assert_eq!(m.pool(Tier::Device).num_evictable(), 0);
-    assert_eq!(m.num_free_blocks(Tier::Device), 5);
+    assert_eq!(m.pool(Location::Device).num_evictable(), 0);
+    assert_eq!(m.num_free_blocks(Location::Device), 5);
     let out = m.append(3, &(1..=9).collect::<Vec<_>>()).unwrap();
     assert_eq!(out.cached_tokens, 0);
     // New full blocks are registered again.
-    assert_eq!(m.pool(Tier::Device).num_cached(), 2);
+    assert_eq!(m.pool(Location::Device).num_cached(), 2);
     check(&m);
 }
 
@@ -520,7 +520,7 @@ fn swap_in_re_registers_full_blocks() {
     let _ = m.swap_out(&[1]).unwrap();
     m.reset_prefix_cache();
     let _ = m.swap_in(&[1]).unwrap();
-    assert_eq!(m.pool(Tier::Device).num_cached(), 2);
+    assert_eq!(m.pool(Location::Device).num_cached(), 2);
     let out = m.append(2, &prompt).unwrap();
     assert_eq!(out.cached_tokens, 8);
     assert_eq!(
@@ -571,14 +571,14 @@ fn fingerprint(prev: Option<u64>, token: u32) -> u64 {
 }
 
 impl Shadow {
-    fn mem(&mut self, tier: Tier) -> &mut Vec<Option<u64>> {
+    fn mem(&mut self, tier: Location) -> &mut Vec<Option<u64>> {
         match tier {
-            Tier::Device => &mut self.device,
-            Tier::Host => &mut self.host,
+            Location::Device => &mut self.device,
+            Location::Host => &mut self.host,
         }
     }
 
-    fn copy_blocks(&mut self, from: Tier, to: Tier, pairs: &[(BlockId, BlockId)]) {
+    fn copy_blocks(&mut self, from: Location, to: Location, pairs: &[(BlockId, BlockId)]) {
         let bs = self.bs;
         if from != to {
             self.swapped += pairs.len();
@@ -592,8 +592,8 @@ impl Shadow {
     fn verify(&self, m: &BlockManager) {
         for (&seq, expected) in &self.seqs {
             let mem = match m.tier(seq).unwrap() {
-                Tier::Device => &self.device,
-                Tier::Host => &self.host,
+                Location::Device => &self.device,
+                Location::Host => &self.host,
             };
             assert_eq!(m.num_tokens(seq), Some(expected.len()));
             for (pos, &fp) in expected.iter().enumerate() {
@@ -626,11 +626,11 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
     for step in 0..ops {
         let device: Vec<SeqId> = m
             .sequences()
-            .filter(|&s| m.tier(s) == Some(Tier::Device))
+            .filter(|&s| m.tier(s) == Some(Location::Device))
             .collect();
         let hosted: Vec<SeqId> = m
             .sequences()
-            .filter(|&s| m.tier(s) == Some(Tier::Host))
+            .filter(|&s| m.tier(s) == Some(Location::Host))
             .collect();
         let before = m.clone();
         let ok = match rng.below(10) {
@@ -687,7 +687,7 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
                 let res = m.swap_out(&group);
                 assert_eq!(can, res.is_ok());
                 if let Ok(pairs) = &res {
-                    shadow.copy_blocks(Tier::Device, Tier::Host, pairs);
+                    shadow.copy_blocks(Location::Device, Location::Host, pairs);
                 }
                 res.is_ok()
             }
@@ -699,7 +699,7 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
                 let res = m.swap_in(&group);
                 assert_eq!(can, res.is_ok());
                 if let Ok(pairs) = &res {
-                    shadow.copy_blocks(Tier::Host, Tier::Device, pairs);
+                    shadow.copy_blocks(Location::Host, Location::Device, pairs);
                 }
                 res.is_ok()
             }
@@ -728,8 +728,8 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
     }
     check(&m);
     assert!(m.is_empty() && m.all_blocks_free());
-    assert_eq!(m.num_free_blocks(Tier::Device), dev);
-    assert_eq!(m.num_free_blocks(Tier::Host), host);
+    assert_eq!(m.num_free_blocks(Location::Device), dev);
+    assert_eq!(m.num_free_blocks(Location::Host), host);
 }
 
 /// Appends through the manager and mirrors it in the shadow memory, checking slots, cached
@@ -742,7 +742,7 @@ fn append(
     predicted: Option<usize>,
 ) -> bool {
     let can = m.can_append(seq, tokens);
-    let free = m.num_free_blocks(Tier::Device);
+    let free = m.num_free_blocks(Location::Device);
     let start = m.num_tokens(seq).unwrap_or(0);
     let out = match m.append(seq, tokens) {
         Ok(out) => out,
@@ -754,14 +754,14 @@ fn append(
     assert!(can);
     if let Some(needed) = predicted {
         assert_eq!(
-            free - m.num_free_blocks(Tier::Device),
+            free - m.num_free_blocks(Location::Device),
             needed,
             "block prediction for seq {seq}"
         );
     }
     assert!(out.cached_tokens < tokens.len().max(1) && out.cached_tokens % shadow.bs == 0);
     assert_eq!(out.slots.len(), tokens.len() - out.cached_tokens);
-    shadow.copy_blocks(Tier::Device, Tier::Device, &out.copies);
+    shadow.copy_blocks(Location::Device, Location::Device, &out.copies);
     shadow.copies += out.copies.len();
     shadow.cached_tokens += out.cached_tokens;
 

@@ -22,7 +22,7 @@ mod tests;
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::memory::{BlockId, BlockManager, SeqId, Tier};
+use crate::memory::{BlockId, BlockManager, SeqId, Location};
 
 /// Identifier of a sequence group (one request).
 pub type GroupId = u64;
@@ -298,7 +298,7 @@ impl<T> Scheduler<T> {
                 kept.push(id);
                 continue;
             }
-            while self.blocks_to_append(id, blocks) > blocks.num_free_blocks(Tier::Device) {
+            while self.blocks_to_append(id, blocks) > blocks.num_free_blocks(Location::Device) {
                 // Preempt the latest arrival; when none is left behind this group, itself.
                 match queue.pop_back() {
                     Some(victim) => self.preempt(victim, blocks, out),
@@ -334,7 +334,7 @@ impl<T> Scheduler<T> {
                 .filter_map(|s| blocks.table(s.id).map(|t| (t.num_tokens() + s.pending().len()).div_ceil(blocks.block_size()) - t.num_blocks() + 1))
                 .sum();
             let fits = blocks.can_swap_in(&seqs)
-                && table_blocks + growth <= blocks.num_free_blocks(Tier::Device)
+                && table_blocks + growth <= blocks.num_free_blocks(Location::Device)
                 && tokens <= *budget
                 && seats_used + group.seats() <= self.config.max_num_seqs;
             if !fits {
@@ -356,14 +356,14 @@ impl<T> Scheduler<T> {
     }
 
     fn schedule_waiting(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize) {
-        let total = blocks.total_blocks(Tier::Device);
+        let total = blocks.total_blocks(Location::Device);
         while let Some(&id) = self.waiting.front() {
             let group = &self.groups[&id];
             let per_seq: Vec<usize> = group.seqs.iter().map(|s| blocks.blocks_needed_for_prompt(s.pending())).collect();
             let needed: usize = per_seq.iter().sum();
             let longest = group.seqs.iter().map(|s| s.tokens.len().div_ceil(blocks.block_size())).max().unwrap_or(0);
             let alone = self.running.is_empty() && self.swapped.is_empty();
-            if longest > total || (alone && needed > blocks.num_free_blocks(Tier::Device)) {
+            if longest > total || (alone && needed > blocks.num_free_blocks(Location::Device)) {
                 // Even with the device pool to itself it would not fit.
                 self.waiting.pop_front();
                 out.rejected.push(id);
@@ -371,7 +371,7 @@ impl<T> Scheduler<T> {
             }
             let tokens = self.pending_tokens(id);
             let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
-            let free = blocks.num_free_blocks(Tier::Device);
+            let free = blocks.num_free_blocks(Location::Device);
             let watermark = if self.running.is_empty() { 0 } else { self.config.watermark_blocks };
             if needed + watermark > free
                 || tokens > *budget
@@ -514,8 +514,8 @@ impl<T> Scheduler<T> {
                 let tier = blocks.tier(seq.id);
                 let expected = match group.status {
                     GroupStatus::Waiting => None,
-                    GroupStatus::Running => Some(Tier::Device),
-                    GroupStatus::Swapped => Some(Tier::Host),
+                    GroupStatus::Running => Some(Location::Device),
+                    GroupStatus::Swapped => Some(Location::Host),
                 };
                 if tier != expected && !(group.status == GroupStatus::Running && tier.is_none() && seq.num_computed == 0) {
                     return Err(format!("group {} ({:?}) sequence {} is on {tier:?}", group.id, group.status, seq.id));

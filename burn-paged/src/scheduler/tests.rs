@@ -106,7 +106,7 @@ fn preemption_by_recompute_frees_the_latest_group() {
     assert_eq!(out.preempted, vec![(2, PreemptionMode::Recompute)]);
     assert_eq!(out.seqs.iter().map(|x| x.group).collect::<Vec<_>>(), vec![1]);
     assert_eq!(s.group(2).unwrap().status(), GroupStatus::Waiting);
-    assert_eq!(blocks.num_free_blocks(Tier::Device), 1);
+    assert_eq!(blocks.num_free_blocks(Location::Device), 1);
     s.check_consistency(&blocks).unwrap();
 }
 

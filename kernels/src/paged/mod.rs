@@ -43,7 +43,7 @@
 //! [`reshape_and_cache_with`] and [`paged_attention_with`] for every layer instead.
 //!
 //! Arguments are validated on the host (lengths, block ids, slots, context lengths, head counts,
-//! dtypes, devices) and reported as [`PagedError`]; nothing here panics on bad input.
+//! dtypes, devices) and reported as [`PagedKernelError`]; nothing here panics on bad input.
 
 pub mod ops;
 
@@ -68,7 +68,7 @@ pub fn slot(block: u32, offset: u32, block_size: u32) -> u32 {
 
 /// What is wrong with a paged-cache or paged-attention request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PagedError {
+pub enum PagedKernelError {
     /// A cache is not `[num_blocks, num_kv_heads, block_size, head_dim]` with non-zero heads,
     /// block size and head size.
     #[error("a paged cache needs non-zero kv heads, block size and head size, got shape {0:?}")]
@@ -178,27 +178,27 @@ fn upload2(values: Vec<u32>, rows: usize, cols: usize, device: &Device) -> Tenso
 }
 
 /// The cache's dims, checked to be a usable paged layout.
-fn cache_dims(cache: &Tensor<4>) -> Result<[usize; 4], PagedError> {
+fn cache_dims(cache: &Tensor<4>) -> Result<[usize; 4], PagedKernelError> {
     let dims = cache.dims();
     if dims[1] == 0 || dims[2] == 0 || dims[3] == 0 {
-        return Err(PagedError::CacheShape(dims));
+        return Err(PagedKernelError::CacheShape(dims));
     }
     Ok(dims)
 }
 
 /// All float operands share one supported dtype.
-fn same_dtype(dtypes: &[DType]) -> Result<(), PagedError> {
+fn same_dtype(dtypes: &[DType]) -> Result<(), PagedKernelError> {
     let supported = |d: &DType| matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::F64);
     if dtypes.iter().all(supported) && dtypes.windows(2).all(|w| w[0] == w[1]) {
         Ok(())
     } else {
-        Err(PagedError::DType(dtypes.to_vec()))
+        Err(PagedKernelError::DType(dtypes.to_vec()))
     }
 }
 
 /// All operands live on `devices[0]`.
-fn same_device(devices: &[Device]) -> Result<(), PagedError> {
-    if devices.windows(2).all(|w| w[0] == w[1]) { Ok(()) } else { Err(PagedError::Device) }
+fn same_device(devices: &[Device]) -> Result<(), PagedKernelError> {
+    if devices.windows(2).all(|w| w[0] == w[1]) { Ok(()) } else { Err(PagedKernelError::Device) }
 }
 
 /// The slots of one step's new tokens, checked and uploaded once and then shared by the K and V
@@ -216,11 +216,11 @@ impl SlotMapping {
     /// Checks and uploads `slots` (one per new token; [`SKIP_SLOT`] skips a token) to `device`.
     ///
     /// Errors: a slot written twice. Slots are checked against the cache when used.
-    pub fn new(slots: &[u32], device: &Device) -> Result<Self, PagedError> {
+    pub fn new(slots: &[u32], device: &Device) -> Result<Self, PagedKernelError> {
         let mut seen = std::collections::HashSet::with_capacity(slots.len());
         for &slot in slots.iter().filter(|&&s| s != SKIP_SLOT) {
             if !seen.insert(slot) {
-                return Err(PagedError::Duplicate { what: "slots", index: slot });
+                return Err(PagedKernelError::Duplicate { what: "slots", index: slot });
             }
         }
         let max_slot = seen.iter().copied().max();
@@ -233,14 +233,14 @@ impl SlotMapping {
     }
 
     /// Checks these slots against `cache` and `new`.
-    fn check(&self, cache: &Tensor<4>, new: &Tensor<3>) -> Result<(), PagedError> {
+    fn check(&self, cache: &Tensor<4>, new: &Tensor<3>) -> Result<(), PagedKernelError> {
         let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(cache)?;
         let [tokens, h, d] = new.dims();
         if [h, d] != [kv_heads, head_dim] {
-            return Err(PagedError::Shape { what: "new", expected: vec![tokens, kv_heads, head_dim], found: vec![tokens, h, d] });
+            return Err(PagedKernelError::Shape { what: "new", expected: vec![tokens, kv_heads, head_dim], found: vec![tokens, h, d] });
         }
         if self.tokens != tokens {
-            return Err(PagedError::Length { what: "slots", expected: tokens, found: self.tokens });
+            return Err(PagedKernelError::Length { what: "slots", expected: tokens, found: self.tokens });
         }
         same_dtype(&[cache.dtype(), new.dtype()])?;
         let mut devices = vec![cache.device(), new.device()];
@@ -248,7 +248,7 @@ impl SlotMapping {
         same_device(&devices)?;
         let num_slots = num_blocks * block_size;
         if let Some(slot) = self.max_slot.filter(|&s| s as usize >= num_slots) {
-            return Err(PagedError::Slot { slot, num_slots });
+            return Err(PagedKernelError::Slot { slot, num_slots });
         }
         Ok(())
     }
@@ -272,7 +272,7 @@ impl SlotMapping {
 /// Errors: shapes, dtypes or devices that do not match, `slots.len() != T`, a slot outside the
 /// cache, or two tokens writing the same slot. On error the cache is dropped; use
 /// [`reshape_and_cache_mut`] to keep it.
-pub fn reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<Tensor<4>, PagedError> {
+pub fn reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<Tensor<4>, PagedKernelError> {
     let slots = SlotMapping::new(slots, &cache.device())?;
     slots.check(&cache, &new)?;
     Ok(slots.write(cache, new))
@@ -280,21 +280,21 @@ pub fn reshape_and_cache(cache: Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Res
 
 /// [`reshape_and_cache`] on a cache held by `&mut` (the form for a cache stored in a struct):
 /// written in place when uniquely owned, and left untouched on an argument error.
-pub fn reshape_and_cache_mut(cache: &mut Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<(), PagedError> {
+pub fn reshape_and_cache_mut(cache: &mut Tensor<4>, new: Tensor<3>, slots: &[u32]) -> Result<(), PagedKernelError> {
     let slots = SlotMapping::new(slots, &cache.device())?;
     reshape_and_cache_with(cache, new, &slots)
 }
 
 /// [`reshape_and_cache_mut`] with slots uploaded once per step ([`SlotMapping`]) instead of on
 /// every call: the form for a model writing the K and V caches of many layers.
-pub fn reshape_and_cache_with(cache: &mut Tensor<4>, new: Tensor<3>, slots: &SlotMapping) -> Result<(), PagedError> {
+pub fn reshape_and_cache_with(cache: &mut Tensor<4>, new: Tensor<3>, slots: &SlotMapping) -> Result<(), PagedKernelError> {
     slots.check(cache, &new)?;
     cache.inplace(|c| slots.write(c, new));
     Ok(())
 }
 
 /// Checks a [`copy_blocks`] request.
-fn check_copy_blocks(cache: &Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedError> {
+fn check_copy_blocks(cache: &Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedKernelError> {
     let [num_blocks, ..] = cache_dims(cache)?;
     same_dtype(&[cache.dtype()])?;
     let mut sources = std::collections::HashSet::new();
@@ -302,16 +302,16 @@ fn check_copy_blocks(cache: &Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), Page
     for &(src, dst) in pairs {
         for block in [src, dst] {
             if block as usize >= num_blocks {
-                return Err(PagedError::Block { what: "copy_blocks", block, num_blocks });
+                return Err(PagedKernelError::Block { what: "copy_blocks", block, num_blocks });
             }
         }
         sources.insert(src);
         if !targets.insert(dst) {
-            return Err(PagedError::Duplicate { what: "copy_blocks destinations", index: dst });
+            return Err(PagedKernelError::Duplicate { what: "copy_blocks destinations", index: dst });
         }
     }
     if let Some(&block) = targets.iter().find(|b| sources.contains(b)) {
-        return Err(PagedError::CopyOverlap(block));
+        return Err(PagedKernelError::CopyOverlap(block));
     }
     Ok(())
 }
@@ -333,31 +333,31 @@ fn run_copy_blocks(cache: Tensor<4>, pairs: &[(u32, u32)]) -> Tensor<4> {
 /// Errors: a block id outside the cache, a destination named twice, or a block that is both a
 /// source and a destination (the result would depend on thread order). On error the cache is
 /// dropped; use [`copy_blocks_mut`] to keep it.
-pub fn copy_blocks(cache: Tensor<4>, pairs: &[(u32, u32)]) -> Result<Tensor<4>, PagedError> {
+pub fn copy_blocks(cache: Tensor<4>, pairs: &[(u32, u32)]) -> Result<Tensor<4>, PagedKernelError> {
     check_copy_blocks(&cache, pairs)?;
     Ok(run_copy_blocks(cache, pairs))
 }
 
 /// [`copy_blocks`] on a cache held by `&mut`: in place when uniquely owned, untouched on error.
-pub fn copy_blocks_mut(cache: &mut Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedError> {
+pub fn copy_blocks_mut(cache: &mut Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedKernelError> {
     check_copy_blocks(cache, pairs)?;
     cache.inplace(|c| run_copy_blocks(c, pairs));
     Ok(())
 }
 
 /// Checks a [`write_blocks`] request.
-fn check_write_blocks(cache: &Tensor<4>, ids: &[u32], blocks: &Tensor<4>) -> Result<(), PagedError> {
+fn check_write_blocks(cache: &Tensor<4>, ids: &[u32], blocks: &Tensor<4>) -> Result<(), PagedKernelError> {
     let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(cache)?;
     let found = blocks.dims();
     if found[1..] != [kv_heads, block_size, head_dim] {
-        return Err(PagedError::Shape {
+        return Err(PagedKernelError::Shape {
             what: "blocks",
             expected: vec![found[0], kv_heads, block_size, head_dim],
             found: found.to_vec(),
         });
     }
     if ids.len() != found[0] {
-        return Err(PagedError::Length { what: "write_blocks ids", expected: found[0], found: ids.len() });
+        return Err(PagedKernelError::Length { what: "write_blocks ids", expected: found[0], found: ids.len() });
     }
     same_dtype(&[cache.dtype(), blocks.dtype()])?;
     same_device(&[cache.device(), blocks.device()])?;
@@ -365,16 +365,16 @@ fn check_write_blocks(cache: &Tensor<4>, ids: &[u32], blocks: &Tensor<4>) -> Res
     let mut seen = std::collections::HashSet::with_capacity(ids.len());
     for &id in ids {
         if !seen.insert(id) {
-            return Err(PagedError::Duplicate { what: "write_blocks ids", index: id });
+            return Err(PagedKernelError::Duplicate { what: "write_blocks ids", index: id });
         }
     }
     Ok(())
 }
 
 /// Every id names a block of the cache.
-fn check_ids(what: &'static str, ids: &[u32], num_blocks: usize) -> Result<(), PagedError> {
+fn check_ids(what: &'static str, ids: &[u32], num_blocks: usize) -> Result<(), PagedKernelError> {
     match ids.iter().find(|&&b| b as usize >= num_blocks) {
-        Some(&block) => Err(PagedError::Block { what, block, num_blocks }),
+        Some(&block) => Err(PagedKernelError::Block { what, block, num_blocks }),
         None => Ok(()),
     }
 }
@@ -399,13 +399,13 @@ fn run_write_blocks(cache: Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Tensor<
 /// Errors: shapes, dtypes or devices that do not match, `ids.len() != n`, an id outside the
 /// cache, or an id named twice. On error the cache is dropped; use [`write_blocks_mut`] to keep
 /// it.
-pub fn write_blocks(cache: Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<Tensor<4>, PagedError> {
+pub fn write_blocks(cache: Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<Tensor<4>, PagedKernelError> {
     check_write_blocks(&cache, ids, &blocks)?;
     Ok(run_write_blocks(cache, ids, blocks))
 }
 
 /// [`write_blocks`] on a cache held by `&mut`: in place when uniquely owned, untouched on error.
-pub fn write_blocks_mut(cache: &mut Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<(), PagedError> {
+pub fn write_blocks_mut(cache: &mut Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<(), PagedKernelError> {
     check_write_blocks(cache, ids, &blocks)?;
     cache.inplace(|c| run_write_blocks(c, ids, blocks));
     Ok(())
@@ -415,7 +415,7 @@ pub fn write_blocks_mut(cache: &mut Tensor<4>, ids: &[u32], blocks: Tensor<4>) -
 /// (swap-out: read it to the host with `into_data`). The cache is not modified.
 ///
 /// Errors: an id outside the cache.
-pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedError> {
+pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedKernelError> {
     let [num_blocks, ..] = cache_dims(cache)?;
     check_ids("read_blocks", ids, num_blocks)?;
     Ok(cache.clone().select(0, upload(ids.to_vec(), &cache.device())))
@@ -455,24 +455,24 @@ impl PagedBatch {
         query_seq: &[u32],
         context_lens: &[u32],
         device: &Device,
-    ) -> Result<Self, PagedError> {
+    ) -> Result<Self, PagedKernelError> {
         let tokens = query_seq.len();
         if context_lens.len() != tokens {
-            return Err(PagedError::Length { what: "context_lens", expected: tokens, found: context_lens.len() });
+            return Err(PagedKernelError::Length { what: "context_lens", expected: tokens, found: context_lens.len() });
         }
         let whole_rows = max_blocks > 0 && block_tables.len().is_multiple_of(max_blocks);
         if !whole_rows && (tokens > 0 || !block_tables.is_empty()) {
-            return Err(PagedError::BlockTable { len: block_tables.len(), max_blocks });
+            return Err(PagedKernelError::BlockTable { len: block_tables.len(), max_blocks });
         }
         let rows = block_tables.len().checked_div(max_blocks).unwrap_or(0);
         let max_len = max_blocks * block_size;
         let mut max_block = None;
         for (query, (&row, &len)) in query_seq.iter().zip(context_lens).enumerate() {
             if row as usize >= rows {
-                return Err(PagedError::Sequence { query, row, rows });
+                return Err(PagedKernelError::Sequence { query, row, rows });
             }
             if len as usize > max_len {
-                return Err(PagedError::Context { query, len, max: max_len });
+                return Err(PagedKernelError::Context { query, len, max: max_len });
             }
             let start = row as usize * max_blocks;
             let used = &block_tables[start..start + (len as usize).div_ceil(block_size.max(1))];
@@ -523,11 +523,11 @@ pub fn paged_attention(
     query_seq: &[u32],
     context_lens: &[u32],
     scale: f32,
-) -> Result<Tensor<3>, PagedError> {
+) -> Result<Tensor<3>, PagedKernelError> {
     let [_, _, block_size, _] = cache_dims(k_cache)?;
     let tokens = q.dims()[0];
     if query_seq.len() != tokens {
-        return Err(PagedError::Length { what: "query_seq", expected: tokens, found: query_seq.len() });
+        return Err(PagedKernelError::Length { what: "query_seq", expected: tokens, found: query_seq.len() });
     }
     let batch = PagedBatch::new(block_tables, max_blocks, block_size, query_seq, context_lens, &q.device())?;
     paged_attention_with(q, k_cache, v_cache, &batch, scale)
@@ -545,30 +545,30 @@ pub fn paged_attention_with(
     v_cache: &Tensor<4>,
     batch: &PagedBatch,
     scale: f32,
-) -> Result<Tensor<3>, PagedError> {
+) -> Result<Tensor<3>, PagedKernelError> {
     let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(k_cache)?;
     let cache_shape = [num_blocks, kv_heads, block_size, head_dim];
     if v_cache.dims() != cache_shape {
-        return Err(PagedError::Shape { what: "v_cache", expected: cache_shape.to_vec(), found: v_cache.dims().to_vec() });
+        return Err(PagedKernelError::Shape { what: "v_cache", expected: cache_shape.to_vec(), found: v_cache.dims().to_vec() });
     }
     let [tokens, heads, d] = q.dims();
     if d != head_dim || tokens != batch.tokens {
-        return Err(PagedError::Shape { what: "q", expected: vec![batch.tokens, heads, head_dim], found: vec![tokens, heads, d] });
+        return Err(PagedKernelError::Shape { what: "q", expected: vec![batch.tokens, heads, head_dim], found: vec![tokens, heads, d] });
     }
     if block_size != batch.block_size {
-        return Err(PagedError::Shape {
+        return Err(PagedKernelError::Shape {
             what: "cache block size (PagedBatch built for another)",
             expected: vec![num_blocks, kv_heads, batch.block_size, head_dim],
             found: cache_shape.to_vec(),
         });
     }
     if !heads.is_multiple_of(kv_heads) {
-        return Err(PagedError::Heads { heads, kv_heads });
+        return Err(PagedKernelError::Heads { heads, kv_heads });
     }
     same_dtype(&[q.dtype(), k_cache.dtype(), v_cache.dtype()])?;
     same_device(&[q.device(), k_cache.device(), v_cache.device(), batch.context_lens.device()])?;
     if let Some(block) = batch.max_block.filter(|&b| b as usize >= num_blocks) {
-        return Err(PagedError::Block { what: "block_tables", block, num_blocks });
+        return Err(PagedKernelError::Block { what: "block_tables", block, num_blocks });
     }
     if tokens == 0 || heads == 0 {
         return Ok(q);

@@ -465,13 +465,13 @@ fn per_step_inputs_serve_every_layer() {
         }
         let (k, q) = (tensor(batch.k.clone(), batch.shape, &device), tensor(batch.q.clone(), q_shape, &device));
         let other = PagedBatch::new(&batch.tables, batch.max_blocks, 2 * block_size, &batch.query_seq, &batch.context_lens, &device).unwrap();
-        assert!(matches!(paged_attention_with(q.clone(), &k, &k, &other, 1.0), Err(PagedError::Shape { .. })));
+        assert!(matches!(paged_attention_with(q.clone(), &k, &k, &other, 1.0), Err(PagedKernelError::Shape { .. })));
         let fewer = PagedBatch::new(&batch.tables, batch.max_blocks, block_size, &batch.query_seq[1..], &batch.context_lens[1..], &device).unwrap();
-        assert!(matches!(paged_attention_with(q, &k, &k, &fewer, 1.0), Err(PagedError::Shape { .. })));
+        assert!(matches!(paged_attention_with(q, &k, &k, &fewer, 1.0), Err(PagedKernelError::Shape { .. })));
         let mut k = k;
         let three = tensor(random(&mut rng, 3 * kv_heads * head_dim), [3, kv_heads, head_dim], &device);
-        assert!(matches!(reshape_and_cache_with(&mut k, three, &mapping), Err(PagedError::Length { .. })));
-        assert!(matches!(SlotMapping::new(&[1, SKIP_SLOT, 1], &device), Err(PagedError::Duplicate { index: 1, .. })));
+        assert!(matches!(reshape_and_cache_with(&mut k, three, &mapping), Err(PagedKernelError::Length { .. })));
+        assert!(matches!(SlotMapping::new(&[1, SKIP_SLOT, 1], &device), Err(PagedKernelError::Duplicate { index: 1, .. })));
         let none = SlotMapping::new(&[SKIP_SLOT, SKIP_SLOT], &device).unwrap();
         let two = tensor(random(&mut rng, 2 * kv_heads * head_dim), [2, kv_heads, head_dim], &device);
         let before = values(k.clone());
@@ -520,15 +520,15 @@ fn bad_arguments_are_errors() {
     let cache = Tensor::<4>::zeros([4, 2, 4, 8], &device);
     let new = Tensor::<3>::ones([2, 2, 8], &device);
     let c = || cache.clone();
-    assert!(matches!(reshape_and_cache(c(), new.clone(), &[1]), Err(PagedError::Length { .. })));
-    assert!(matches!(reshape_and_cache(c(), new.clone(), &[1, 16]), Err(PagedError::Slot { slot: 16, .. })));
-    assert!(matches!(reshape_and_cache(c(), new.clone(), &[3, 3]), Err(PagedError::Duplicate { index: 3, .. })));
+    assert!(matches!(reshape_and_cache(c(), new.clone(), &[1]), Err(PagedKernelError::Length { .. })));
+    assert!(matches!(reshape_and_cache(c(), new.clone(), &[1, 16]), Err(PagedKernelError::Slot { slot: 16, .. })));
+    assert!(matches!(reshape_and_cache(c(), new.clone(), &[3, 3]), Err(PagedKernelError::Duplicate { index: 3, .. })));
     let wrong_heads = Tensor::<3>::ones([2, 1, 8], &device);
-    assert!(matches!(reshape_and_cache(c(), wrong_heads, &[1, 2]), Err(PagedError::Shape { .. })));
+    assert!(matches!(reshape_and_cache(c(), wrong_heads, &[1, 2]), Err(PagedKernelError::Shape { .. })));
     let half = Tensor::<3>::ones([2, 2, 8], (&device, burn::tensor::DType::F16));
-    assert!(matches!(reshape_and_cache(c(), half, &[1, 2]), Err(PagedError::DType(_))));
+    assert!(matches!(reshape_and_cache(c(), half, &[1, 2]), Err(PagedKernelError::DType(_))));
     let empty = Tensor::<4>::zeros([4, 0, 4, 8], &device);
-    assert!(matches!(reshape_and_cache(empty, new.clone(), &[1, 2]), Err(PagedError::CacheShape(_))));
+    assert!(matches!(reshape_and_cache(empty, new.clone(), &[1, 2]), Err(PagedKernelError::CacheShape(_))));
 
     let mut kept = Tensor::<4>::ones([4, 2, 4, 8], &device);
     assert!(reshape_and_cache_mut(&mut kept, new.clone(), &[0, 99]).is_err());
@@ -536,34 +536,34 @@ fn bad_arguments_are_errors() {
     assert!(write_blocks_mut(&mut kept, &[9], Tensor::zeros([1, 2, 4, 8], &device)).is_err());
     assert!(values(kept).iter().all(|&x| x == 1.0), "a failed write touched the cache");
 
-    assert!(matches!(copy_blocks(c(), &[(0, 4)]), Err(PagedError::Block { block: 4, .. })));
-    assert!(matches!(copy_blocks(c(), &[(0, 1), (2, 1)]), Err(PagedError::Duplicate { index: 1, .. })));
-    assert!(matches!(copy_blocks(c(), &[(0, 1), (1, 2)]), Err(PagedError::CopyOverlap(1))));
+    assert!(matches!(copy_blocks(c(), &[(0, 4)]), Err(PagedKernelError::Block { block: 4, .. })));
+    assert!(matches!(copy_blocks(c(), &[(0, 1), (2, 1)]), Err(PagedKernelError::Duplicate { index: 1, .. })));
+    assert!(matches!(copy_blocks(c(), &[(0, 1), (1, 2)]), Err(PagedKernelError::CopyOverlap(1))));
     let blocks = Tensor::<4>::zeros([2, 2, 4, 8], &device);
-    assert!(matches!(write_blocks(c(), &[0], blocks.clone()), Err(PagedError::Length { .. })));
-    assert!(matches!(write_blocks(c(), &[0, 0], blocks.clone()), Err(PagedError::Duplicate { .. })));
-    assert!(matches!(write_blocks(c(), &[0, 5], blocks), Err(PagedError::Block { block: 5, .. })));
-    assert!(matches!(write_blocks(c(), &[0], Tensor::zeros([1, 2, 2, 8], &device)), Err(PagedError::Shape { .. })));
-    assert!(matches!(read_blocks(&cache, &[4]), Err(PagedError::Block { block: 4, .. })));
+    assert!(matches!(write_blocks(c(), &[0], blocks.clone()), Err(PagedKernelError::Length { .. })));
+    assert!(matches!(write_blocks(c(), &[0, 0], blocks.clone()), Err(PagedKernelError::Duplicate { .. })));
+    assert!(matches!(write_blocks(c(), &[0, 5], blocks), Err(PagedKernelError::Block { block: 5, .. })));
+    assert!(matches!(write_blocks(c(), &[0], Tensor::zeros([1, 2, 2, 8], &device)), Err(PagedKernelError::Shape { .. })));
+    assert!(matches!(read_blocks(&cache, &[4]), Err(PagedKernelError::Block { block: 4, .. })));
 
     let q = Tensor::<3>::ones([2, 4, 8], &device);
     let attend = |q: Tensor<3>, tables: &[u32], max_blocks: usize, seq: &[u32], lens: &[u32]| {
         paged_attention(q, &cache, &cache, tables, max_blocks, seq, lens, 1.0)
     };
     assert!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]).is_ok());
-    assert!(matches!(attend(q.clone(), &[0, 1, 2], 2, &[0, 1], &[8, 3]), Err(PagedError::BlockTable { .. })));
-    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 0, &[0, 1], &[8, 3]), Err(PagedError::BlockTable { .. })));
-    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0], &[8, 3]), Err(PagedError::Length { .. })));
-    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[8]), Err(PagedError::Length { .. })));
-    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 2], &[8, 3]), Err(PagedError::Sequence { row: 2, .. })));
-    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[9, 3]), Err(PagedError::Context { len: 9, .. })));
-    assert!(matches!(attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedError::Block { block: 7, .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2], 2, &[0, 1], &[8, 3]), Err(PagedKernelError::BlockTable { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 0, &[0, 1], &[8, 3]), Err(PagedKernelError::BlockTable { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0], &[8, 3]), Err(PagedKernelError::Length { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[8]), Err(PagedKernelError::Length { .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 2], &[8, 3]), Err(PagedKernelError::Sequence { row: 2, .. })));
+    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[9, 3]), Err(PagedKernelError::Context { len: 9, .. })));
+    assert!(matches!(attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedKernelError::Block { block: 7, .. })));
     // An out-of-range entry past the context is never read, so it is fine.
     assert!(attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[4, 3]).is_ok());
-    assert!(matches!(attend(Tensor::ones([2, 3, 8], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedError::Heads { .. })));
-    assert!(matches!(attend(Tensor::ones([2, 4, 4], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedError::Shape { .. })));
+    assert!(matches!(attend(Tensor::ones([2, 3, 8], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedKernelError::Heads { .. })));
+    assert!(matches!(attend(Tensor::ones([2, 4, 4], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedKernelError::Shape { .. })));
     let v = Tensor::<4>::zeros([4, 2, 4, 4], &device);
-    assert!(matches!(paged_attention(q.clone(), &cache, &v, &[0], 1, &[0, 0], &[1, 1], 1.0), Err(PagedError::Shape { .. })));
+    assert!(matches!(paged_attention(q.clone(), &cache, &v, &[0], 1, &[0, 0], &[1, 1], 1.0), Err(PagedKernelError::Shape { .. })));
     // No queries: an empty result, whatever the table.
     let none = paged_attention(Tensor::zeros([0, 4, 8], &device), &cache, &cache, &[], 0, &[], &[], 1.0).unwrap();
     assert_eq!(none.dims(), [0, 4, 8]);
@@ -576,8 +576,8 @@ fn mixed_devices_are_errors() {
     let Some(gpu) = wgpu_device() else { return };
     let cache = Tensor::<4>::zeros([4, 2, 4, 8], &gpu);
     let new = Tensor::<3>::ones([1, 2, 8], &Device::flex());
-    assert_eq!(reshape_and_cache(cache.clone(), new, &[0]).unwrap_err(), PagedError::Device);
+    assert_eq!(reshape_and_cache(cache.clone(), new, &[0]).unwrap_err(), PagedKernelError::Device);
     let q = Tensor::<3>::ones([1, 2, 8], &Device::flex());
-    assert_eq!(paged_attention(q, &cache, &cache, &[0], 1, &[0], &[1], 1.0).unwrap_err(), PagedError::Device);
+    assert_eq!(paged_attention(q, &cache, &cache, &[0], 1, &[0], &[1], 1.0).unwrap_err(), PagedKernelError::Device);
 }
 
