@@ -45,7 +45,8 @@ pub struct TensorParallel {
     /// Devices available to the whole pipeline (`Σ degree ≤ devices`).
     pub devices: usize,
     /// Degrees beyond 1 with the per-layer latency measured at that degree (communication
-    /// included). Degree 1 is always available, with `layer_latency_ms`.
+    /// included). Degree 1 is always available, with `layer_latency_ms`; a degree larger than
+    /// `devices` is never chosen.
     pub degrees: Vec<TpDegree>,
 }
 
@@ -138,10 +139,10 @@ pub fn plan(input: &StagesInput) -> Result<StagesOutput, StagesError> {
         check::count("tensor_parallel.devices", tp.devices, MAX_LAYERS)?;
         for (i, d) in tp.degrees.iter().enumerate() {
             let field = format!("tensor_parallel.degrees[{i}]");
-            if d.degree < 2 || d.degree > tp.devices {
+            if d.degree < 2 || d.degree > MAX_LAYERS {
                 return Err(InputError::new(
                     format!("{field}.degree"),
-                    format!("{} must be between 2 and `devices` ({})", d.degree, tp.devices),
+                    format!("{} must be between 2 and {MAX_LAYERS}", d.degree),
                 )
                 .into());
             }

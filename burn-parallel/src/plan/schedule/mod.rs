@@ -17,8 +17,6 @@ mod lengths;
 mod search;
 mod xsim;
 
-use std::cell::Cell;
-
 use serde::{Deserialize, Serialize};
 
 pub use lengths::{LengthDistribution, Lengths, TruncatedNormal};
@@ -172,7 +170,7 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
     degrees.extend(input.profile.tensor_parallel.iter().map(|t| t.degree));
 
     let sim = XSim::new(cost, in_lengths, out_lengths, input.device_memory_bytes, percentile);
-    let searcher = Searcher { sim: &sim, max_batch, bound_s, calls: Cell::new(0) };
+    let searcher = Searcher::new(&sim, max_batch, bound_s);
     let n = input.devices;
     let mut spaces: Vec<(Strategy, Space)> = Vec::new();
     for &strategy in &strategies {
@@ -259,6 +257,6 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         latency_output_tokens: sim.target_len,
         latency_bound_s: bound_s,
         search: if input.exhaustive { "exhaustive" } else { "branch-and-bound" }.to_string(),
-        simulations: searcher.calls.get(),
+        simulations: searcher.simulations(),
     })
 }

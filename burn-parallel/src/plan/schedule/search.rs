@@ -10,12 +10,13 @@
 //! Because the bounds are valid for every point of a block, the result equals the exhaustive
 //! search's optimum.
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use super::xsim::{Perf, Pipe, XSim};
 
 /// One space of the search: the strategy's fixed variables.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Space {
     /// RRA on `pipe`, `N_D ∈ 1..=nd_max`.
     Rra { pipe: Pipe, nd_max: usize },
@@ -30,12 +31,31 @@ pub(crate) struct Point {
     pub decode_iterations: Option<usize>,
 }
 
-/// The simulator with a count of its calls.
+/// The simulator, remembering what it has simulated (each distinct simulation counts once).
 pub(crate) struct Searcher<'a> {
-    pub sim: &'a XSim,
-    pub max_batch: usize,
-    pub bound_s: f64,
-    pub calls: Cell<usize>,
+    sim: &'a XSim,
+    max_batch: usize,
+    bound_s: f64,
+    evaluated: RefCell<HashMap<(Space, Vec<usize>), Perf>>,
+    upper: RefCell<HashMap<(Space, [usize; 3]), f64>>,
+}
+
+impl<'a> Searcher<'a> {
+    /// A searcher over encode batches `1..=max_batch` for the latency bound `bound_s`.
+    pub fn new(sim: &'a XSim, max_batch: usize, bound_s: f64) -> Self {
+        Self {
+            sim,
+            max_batch,
+            bound_s,
+            evaluated: RefCell::default(),
+            upper: RefCell::default(),
+        }
+    }
+
+    /// Distinct simulations run so far.
+    pub fn simulations(&self) -> usize {
+        self.evaluated.borrow().len() + self.upper.borrow().len()
+    }
 }
 
 impl Searcher<'_> {
@@ -56,12 +76,17 @@ impl Searcher<'_> {
 
     /// Simulates the point at coordinates `c`.
     pub fn evaluate(&self, space: &Space, c: &[usize]) -> Perf {
-        self.calls.set(self.calls.get() + 1);
+        let key = (*space, c.to_vec());
+        if let Some(perf) = self.evaluated.borrow().get(&key) {
+            return *perf;
+        }
         let p = self.point(space, c);
-        match space {
+        let perf = match space {
             Space::Rra { pipe, .. } => self.sim.rra(p.encode_batch as f64, p.decode_iterations.unwrap_or(1), pipe),
             Space::Waa { encoders, micro, pipe } => self.sim.waa(p.encode_batch as f64, *micro, *encoders, pipe),
-        }
+        };
+        self.evaluated.borrow_mut().insert(key, perf);
+        perf
     }
 
     fn feasible(&self, perf: &Perf) -> bool {
@@ -78,10 +103,11 @@ impl Searcher<'_> {
     /// The most throughput any point of the block `lo..=hi` can have.
     fn most_throughput(&self, space: &Space, lo: &[usize], hi: &[usize]) -> f64 {
         match space {
-            Space::Rra { pipe, nd_max } => {
-                self.calls.set(self.calls.get() + 1);
-                self.sim.rra_upper((hi[0] + 1) as f64, nd_max - hi[1], nd_max - lo[1], pipe)
-            }
+            Space::Rra { pipe, nd_max } => *self
+                .upper
+                .borrow_mut()
+                .entry((*space, [hi[0], lo[1], hi[1]]))
+                .or_insert_with(|| self.sim.rra_upper((hi[0] + 1) as f64, nd_max - hi[1], nd_max - lo[1], pipe)),
             Space::Waa { .. } => self.evaluate(space, hi).throughput_qps,
         }
     }

@@ -27,7 +27,7 @@ use super::lengths::Lengths;
 
 /// A pipeline: `tp_groups` tensor-parallel stages of `degree` devices, then `plain` one-device
 /// stages.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Pipe {
     pub plain: usize,
     pub tp_groups: usize,
@@ -195,15 +195,21 @@ impl XSim {
         }
     }
 
-    /// An upper bound on RRA's throughput over `B_E ≤ b_e`, `n_lo ≤ N_D ≤ n_hi`: throughput
-    /// grows with `B_E`, a cycle has at least `n_lo` iterations, each at least as long as at the
-    /// smallest decode batch `b_e / Σ P_D(n_hi)`.
+    /// An upper bound on RRA's throughput over `B_E ≤ b_e`, `n_lo ≤ N_D ≤ n_hi`. Throughput grows
+    /// with `B_E`, so take `B_E = b_e`; a cycle is `E + N·I(b_e / q(N))` with `q = Σ_U P_D(U)`
+    /// non-decreasing in `N`. Two lower bounds on `N·I(…)`: `n_lo · I(b_e / q(n_hi))` (the
+    /// smallest count of the cheapest iterations), and, since an iteration's time per query never
+    /// grows with the batch, `min_N (N / q(N)) · q(n_lo) · I(b_e / q(n_lo))`.
     pub fn rra_upper(&self, b_e: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
         let m = pipe.stages() as f64;
-        let b_d = b_e / self.completion(n_hi);
         let encode = fill(&self.encode_times(pipe, b_e / m), m);
-        let iteration = cyclic(&self.decode_times(pipe, b_d / m), m);
-        b_e / ((encode + n_lo as f64 * iteration) / 1000.0)
+        let iteration = |n: usize| cyclic(&self.decode_times(pipe, b_e / self.completion(n) / m), m);
+        let fewest = n_lo as f64 * iteration(n_hi);
+        let per_query = (n_lo..=n_hi)
+            .map(|n| n as f64 / self.completion(n))
+            .fold(f64::INFINITY, f64::min);
+        let amortised = per_query * self.completion(n_lo) * iteration(n_lo);
+        b_e / ((encode + fewest.max(amortised)) / 1000.0)
     }
 
     /// WAA with `encoders` encoding devices, encode batch `b_e`, `micro` decoder micro-batches and
