@@ -19,7 +19,10 @@ pub const EXIT_ERROR: i32 = 2;
 
 /// Arguments of `plan`.
 #[derive(Debug, Parser)]
-#[command(name = "plan", about = "Plan stages, token slices, placements or schedules from measured costs; prints one JSON object")]
+#[command(
+    name = "plan",
+    about = "Plan stages, token slices, placements or schedules from measured costs; prints one JSON object"
+)]
 struct Args {
     /// Which planner to run.
     planner: Planner,
@@ -59,7 +62,9 @@ where
         Ok(a) => a,
         Err(e) => {
             return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => (e.to_string(), 0),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    (e.to_string(), 0)
+                }
                 _ => error(e.to_string()),
             };
         }
@@ -72,7 +77,10 @@ where
 
 fn error(message: String) -> (String, i32) {
     let message = message.trim().to_string();
-    (serde_json::json!({ "error": message }).to_string(), EXIT_ERROR)
+    (
+        serde_json::json!({ "error": message }).to_string(),
+        EXIT_ERROR,
+    )
 }
 
 fn dispatch(args: &Args) -> Result<String, String> {
@@ -87,7 +95,8 @@ fn dispatch(args: &Args) -> Result<String, String> {
     match args.planner {
         Planner::Stages => to_json(stages::plan(&parse::<StagesInput>(&text)?)),
         Planner::Slices => {
-            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("invalid JSON input: {e}"))?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| format!("invalid JSON input: {e}"))?;
             if value.get("batch").is_some() {
                 to_json(slices::plan_batch(&parse::<BatchSlicesInput>(&text)?))
             } else {

@@ -176,7 +176,9 @@ pub enum PlacementError {
         source: StagesError,
     },
     /// Nothing fits anywhere.
-    #[error("no model fits on any group of the {devices} devices with {memory} bytes each; add devices or memory")]
+    #[error(
+        "no model fits on any group of the {devices} devices with {memory} bytes each; add devices or memory"
+    )]
     NothingFits {
         /// Devices.
         devices: usize,
@@ -202,20 +204,17 @@ pub fn plan(input: &PlacementInput) -> Result<PlacementOutput, PlacementError> {
     for g in group_sizes {
         for &t in degrees.iter().filter(|&&t| g % t == 0) {
             let mut shapes = vec![(g / t, t); input.devices / g];
-            if input.devices % g != 0 {
+            if !input.devices.is_multiple_of(g) {
                 shapes.push((input.devices % g, 1));
             }
             let selection = problem.greedy(&shapes)?;
-            if best
-                .as_ref()
-                .is_none_or(|b| selection.attainment > b.attainment)
-            {
+            if best.as_ref().is_none_or(|b| selection.better_than(b)) {
                 best = Some(selection);
             }
         }
     }
     let best = best
-        .filter(|b| b.replicas.iter().any(|r| !r.is_empty()))
+        .filter(|b| !b.is_empty())
         .ok_or(PlacementError::NothingFits {
             devices: input.devices,
             memory: input.device_memory_bytes,
@@ -243,6 +242,17 @@ struct Selection {
     latencies: Vec<Option<f64>>,
 }
 
+impl Selection {
+    fn is_empty(&self) -> bool {
+        self.replicas.iter().all(Vec::is_empty)
+    }
+
+    /// More attainment, or the first placement that serves anything at all.
+    fn better_than(&self, other: &Selection) -> bool {
+        !self.is_empty() && (other.is_empty() || self.attainment > other.attainment)
+    }
+}
+
 /// Checked input and the derived workload.
 struct Checked<'a> {
     input: &'a PlacementInput,
@@ -260,27 +270,47 @@ impl<'a> Checked<'a> {
         for (i, m) in input.models.iter().enumerate() {
             let f = |name: &str| format!("models[{i}].{name}");
             if input.models[..i].iter().any(|o| o.name == m.name) {
-                return Err(InputError::new(f("name"), format!("`{}` is used twice", m.name)).into());
+                return Err(
+                    InputError::new(f("name"), format!("`{}` is used twice", m.name)).into(),
+                );
             }
             check::latencies(&f("layer_latency_ms"), &m.layer_latency_ms)?;
             let layers = m.layer_latency_ms.len();
-            check::same_len(&f("layer_memory_bytes"), &m.layer_memory_bytes, layers, "layers")?;
+            check::same_len(
+                &f("layer_memory_bytes"),
+                &m.layer_memory_bytes,
+                layers,
+                "layers",
+            )?;
             check::positive(&f("slo_s"), m.slo_s)?;
             for (j, d) in m.tensor_parallel.iter().enumerate() {
                 let tf = f(&format!("tensor_parallel[{j}]"));
                 if d.degree < 2 || d.degree > MAX_DEVICES {
-                    return Err(InputError::new(format!("{tf}.degree"), "must be between 2 and 4096").into());
+                    return Err(InputError::new(
+                        format!("{tf}.degree"),
+                        "must be between 2 and 4096",
+                    )
+                    .into());
                 }
                 if m.tensor_parallel[..j].iter().any(|o| o.degree == d.degree) {
                     return Err(InputError::new(format!("{tf}.degree"), "is listed twice").into());
                 }
-                check::same_len(&format!("{tf}.layer_latency_ms"), &d.layer_latency_ms, layers, "layers")?;
+                check::same_len(
+                    &format!("{tf}.layer_latency_ms"),
+                    &d.layer_latency_ms,
+                    layers,
+                    "layers",
+                )?;
                 check::latencies(&format!("{tf}.layer_latency_ms"), &d.layer_latency_ms)?;
             }
         }
         let requests = workload(input)?;
         if requests.is_empty() {
-            return Err(InputError::new("workload", "has no requests; give a trace or positive rates and duration").into());
+            return Err(InputError::new(
+                "workload",
+                "has no requests; give a trace or positive rates and duration",
+            )
+            .into());
         }
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[a].arrival_s.total_cmp(&requests[b].arrival_s));
@@ -294,7 +324,11 @@ impl<'a> Checked<'a> {
     }
 
     /// The split of `model` over a group of shape `(stages, degree)`, if it fits alone.
-    fn split(&self, model: usize, (stages, degree): (usize, usize)) -> Result<Option<Split>, PlacementError> {
+    fn split(
+        &self,
+        model: usize,
+        (stages, degree): (usize, usize),
+    ) -> Result<Option<Split>, PlacementError> {
         let m = &self.input.models[model];
         let latency = if degree == 1 {
             &m.layer_latency_ms
@@ -313,7 +347,10 @@ impl<'a> Checked<'a> {
             stages,
             None,
         )
-        .map_err(|source| PlacementError::Stages { model: m.name.clone(), source })?;
+        .map_err(|source| PlacementError::Stages {
+            model: m.name.clone(),
+            source,
+        })?;
         match problem.solve() {
             Ok(p) => Ok(Some(Split {
                 ranges: p.ranges,
@@ -321,7 +358,10 @@ impl<'a> Checked<'a> {
                 device_memory_bytes: p.device_memory_bytes,
             })),
             Err(StagesError::DoesNotFit { .. }) => Ok(None),
-            Err(source) => Err(PlacementError::Stages { model: m.name.clone(), source }),
+            Err(source) => Err(PlacementError::Stages {
+                model: m.name.clone(),
+                source,
+            }),
         }
     }
 
@@ -331,16 +371,21 @@ impl<'a> Checked<'a> {
         // splits[group][model]
         let mut splits = Vec::with_capacity(shapes.len());
         for &shape in shapes {
-            let row: Vec<Option<Split>> = (0..models).map(|m| self.split(m, shape)).collect::<Result<_, _>>()?;
+            let row: Vec<Option<Split>> = (0..models)
+                .map(|m| self.split(m, shape))
+                .collect::<Result<_, _>>()?;
             splits.push(row);
         }
-        let empty = self.evaluate(Selection {
-            shapes: shapes.to_vec(),
-            replicas: vec![Vec::new(); shapes.len()],
-            used: shapes.iter().map(|&(p, _)| vec![0; p]).collect(),
-            attainment: 0.0,
-            latencies: Vec::new(),
-        }, &splits);
+        let empty = self.evaluate(
+            Selection {
+                shapes: shapes.to_vec(),
+                replicas: vec![Vec::new(); shapes.len()],
+                used: shapes.iter().map(|&(p, _)| vec![0; p]).collect(),
+                attainment: 0.0,
+                latencies: Vec::new(),
+            },
+            &splits,
+        );
         let mut best = empty.clone();
         let mut beam = vec![empty];
         loop {
@@ -352,9 +397,12 @@ impl<'a> Checked<'a> {
                         if sel.replicas[gi].contains(&m) {
                             continue;
                         }
-                        let fits = sel.used[gi].iter().zip(&split.device_memory_bytes).all(|(&u, &need)| {
-                            u.checked_add(need).is_some_and(|t| t <= self.input.device_memory_bytes)
-                        });
+                        let fits = sel.used[gi].iter().zip(&split.device_memory_bytes).all(
+                            |(&u, &need)| {
+                                u.checked_add(need)
+                                    .is_some_and(|t| t <= self.input.device_memory_bytes)
+                            },
+                        );
                         if !fits {
                             continue;
                         }
@@ -375,7 +423,7 @@ impl<'a> Checked<'a> {
             }
             next.sort_by(|a, b| b.attainment.total_cmp(&a.attainment));
             next.truncate(self.beam);
-            if next[0].attainment > best.attainment {
+            if next[0].better_than(&best) {
                 best = next[0].clone();
             }
             beam = next;
@@ -394,7 +442,14 @@ impl<'a> Checked<'a> {
                     .iter()
                     .filter_map(|&m| {
                         let split = splits[gi][m].as_ref()?;
-                        Some((m, split.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect()))
+                        Some((
+                            m,
+                            split
+                                .stage_latency_ms
+                                .iter()
+                                .map(|ms| ms / 1000.0)
+                                .collect(),
+                        ))
                     })
                     .collect(),
             })
@@ -427,7 +482,12 @@ impl<'a> Checked<'a> {
                     })
                 })
                 .collect();
-            groups.push(GroupPlan { devices, pipeline_stages: p, tensor_parallel: t, models });
+            groups.push(GroupPlan {
+                devices,
+                pipeline_stages: p,
+                tensor_parallel: t,
+                models,
+            });
         }
         let mut latencies_s = vec![None; self.requests.len()];
         for (sorted, &original) in self.order.iter().enumerate() {
@@ -446,15 +506,28 @@ impl<'a> Checked<'a> {
                     .filter(|(r, _)| r.model == mi)
                     .map(|(_, l)| *l)
                     .collect();
-                let ok = lat.iter().filter(|l| l.is_some_and(|l| l <= m.slo_s + SLO_SLACK_S)).count();
+                let ok = lat
+                    .iter()
+                    .filter(|l| l.is_some_and(|l| l <= m.slo_s + SLO_SLACK_S))
+                    .count();
                 ModelAttainment {
                     model: m.name.clone(),
                     requests: lat.len(),
-                    slo_attainment: if lat.is_empty() { 1.0 } else { ok as f64 / lat.len() as f64 },
+                    slo_attainment: if lat.is_empty() {
+                        1.0
+                    } else {
+                        ok as f64 / lat.len() as f64
+                    },
                 }
             })
             .collect();
-        PlacementOutput { groups, slo_attainment: sel.attainment, models, latencies_s, baseline }
+        PlacementOutput {
+            groups,
+            slo_attainment: sel.attainment,
+            models,
+            latencies_s,
+            baseline,
+        }
     }
 }
 
@@ -474,7 +547,10 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
     let resolve = |field: &str, r: &ModelRef| -> Result<usize, InputError> {
         match r {
             ModelRef::Index(i) if *i < input.models.len() => Ok(*i),
-            ModelRef::Index(i) => Err(InputError::new(field, format!("model index {i} is out of range"))),
+            ModelRef::Index(i) => Err(InputError::new(
+                field,
+                format!("model index {i} is out of range"),
+            )),
             ModelRef::Name(n) => input
                 .models
                 .iter()
@@ -490,14 +566,22 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
                 .enumerate()
                 .map(|(i, (t, m))| {
                     let field = format!("workload.trace[{i}]");
-                    Ok(Request { arrival_s: check::non_negative(&field, *t)?, model: resolve(&field, m)? })
+                    Ok(Request {
+                        arrival_s: check::non_negative(&field, *t)?,
+                        model: resolve(&field, m)?,
+                    })
                 })
                 .collect()
         }
         (None, Some(arrivals)) => {
             let duration = check::positive(
                 "workload.duration_s",
-                w.duration_s.ok_or_else(|| InputError::new("workload.duration_s", "is missing; generated arrivals need a duration"))?,
+                w.duration_s.ok_or_else(|| {
+                    InputError::new(
+                        "workload.duration_s",
+                        "is missing; generated arrivals need a duration",
+                    )
+                })?,
             )?;
             let seed = w.seed.unwrap_or(0);
             let mut requests = Vec::new();
@@ -507,7 +591,10 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
                 let rate = check::positive(&f("rate"), a.rate)?;
                 let cv = check::non_negative(&f("cv"), a.cv)?;
                 if rate * duration > MAX_REQUESTS as f64 {
-                    return Err(InputError::new(f("rate"), format!("rate × duration exceeds {MAX_REQUESTS} requests")));
+                    return Err(InputError::new(
+                        f("rate"),
+                        format!("rate × duration exceeds {MAX_REQUESTS} requests"),
+                    ));
                 }
                 if cv > 1e3 {
                     return Err(InputError::new(f("cv"), "must be at most 1000"));
@@ -516,12 +603,18 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
                 requests.extend(
                     sim::gamma_arrivals(rate, cv, duration, &mut rng)
                         .into_iter()
-                        .map(|t| Request { arrival_s: t, model }),
+                        .map(|t| Request {
+                            arrival_s: t,
+                            model,
+                        }),
                 );
             }
             requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
             Ok(requests)
         }
-        _ => Err(InputError::new("workload", "give exactly one of `trace` and `arrivals`")),
+        _ => Err(InputError::new(
+            "workload",
+            "give exactly one of `trace` and `arrivals`",
+        )),
     }
 }

@@ -139,6 +139,15 @@ impl Profile {
     /// Checks every field (`field` prefixes the names in errors) and builds the cost model.
     pub fn cost_model(&self, field: &str) -> Result<CostModel, InputError> {
         let f = |name: &str| format!("{field}.{name}");
+        if self.version != 1 {
+            return Err(InputError::new(
+                f("version"),
+                format!(
+                    "version {} is not supported; this planner reads version 1",
+                    self.version
+                ),
+            ));
+        }
         check::count(&f("layers"), self.layers, 1 << 20)?;
         let prefill = Grid::new(
             &f("prefill"),
@@ -240,14 +249,19 @@ impl Grid {
         (other_name, other, other_min): (&str, &[f64], f64),
         (values_name, values): (&str, &[Vec<f64>]),
     ) -> Result<Self, InputError> {
-        for (name, axis, min) in [(batch_name, batch, batch_min), (other_name, other, other_min)] {
+        for (name, axis, min) in [
+            (batch_name, batch, batch_min),
+            (other_name, other, other_min),
+        ] {
             let name = format!("{field}.{name}");
             check::count(&name, axis.len(), MAX_POINTS)?;
             for (i, &p) in axis.iter().enumerate() {
                 if !p.is_finite() || p < min || (i > 0 && p <= axis[i - 1]) {
                     return Err(InputError::new(
                         format!("{name}[{i}]"),
-                        format!("{p} must be finite, at least {min} and larger than the point before"),
+                        format!(
+                            "{p} must be finite, at least {min} and larger than the point before"
+                        ),
                     ));
                 }
             }

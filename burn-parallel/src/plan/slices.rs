@@ -120,7 +120,11 @@ impl Table {
         self.rows[k - 1][j]
     }
 
-    fn from_json(field: &str, rows: &[Vec<Option<f64>>], seq_len: usize) -> Result<Self, InputError> {
+    fn from_json(
+        field: &str,
+        rows: &[Vec<Option<f64>>],
+        seq_len: usize,
+    ) -> Result<Self, InputError> {
         check::same_len(field, rows, seq_len, "tokens in `seq_len`")?;
         let mut out = Vec::with_capacity(seq_len);
         for (r, row) in rows.iter().enumerate() {
@@ -130,28 +134,46 @@ impl Table {
             if row.len() < needed {
                 return Err(InputError::new(
                     row_field,
-                    format!("has {} entries; a slice of {i} tokens needs contexts 0..={}", row.len(), seq_len - i),
+                    format!(
+                        "has {} entries; a slice of {i} tokens needs contexts 0..={}",
+                        row.len(),
+                        seq_len - i
+                    ),
                 ));
             }
             let mut vals = Vec::with_capacity(needed);
             for (j, v) in row[..needed].iter().enumerate() {
                 let name = format!("{row_field}[{j}]");
-                let v = v.ok_or_else(|| InputError::new(&name, "is null but i + j ≤ seq_len uses it"))?;
+                let v =
+                    v.ok_or_else(|| InputError::new(&name, "is null but i + j ≤ seq_len uses it"))?;
                 vals.push(check::non_negative(&name, v)?);
             }
             out.push(vals);
         }
-        Ok(Self { units: seq_len, rows: out })
+        Ok(Self {
+            units: seq_len,
+            rows: out,
+        })
     }
 
-    fn from_profile(model: &CostModel, stages: usize, batch: usize, units: usize, unit: usize) -> Self {
+    fn from_profile(
+        model: &CostModel,
+        stages: usize,
+        batch: usize,
+        units: usize,
+        unit: usize,
+    ) -> Self {
         let layers_per_stage = model.profile().layers as f64 / stages as f64;
         let rows = (1..=units)
             .map(|k| {
                 (0..=units - k)
                     .map(|j| {
                         layers_per_stage
-                            * model.prefill_layer_ms(batch as f64, (k * unit) as f64, (j * unit) as f64)
+                            * model.prefill_layer_ms(
+                                batch as f64,
+                                (k * unit) as f64,
+                                (j * unit) as f64,
+                            )
                     })
                     .collect()
             })
@@ -162,7 +184,12 @@ impl Table {
 
 /// Plans the slices for `input` (see the module docs).
 pub fn plan(input: &SlicesInput) -> Result<SlicesOutput, SlicesError> {
-    let common = Common::check(input.seq_len, input.stages, input.epsilon_ms, input.unit_tokens)?;
+    let common = Common::check(
+        input.seq_len,
+        input.stages,
+        input.epsilon_ms,
+        input.unit_tokens,
+    )?;
     let table = match (&input.t_fwd_ms, &input.profile) {
         (Some(rows), None) => {
             common.table_only(input.unit_tokens)?;
@@ -183,16 +210,28 @@ pub fn plan(input: &SlicesInput) -> Result<SlicesOutput, SlicesError> {
 
 /// Plans micro-batches and their slices for `input` (§2.3.4).
 pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesError> {
-    let common = Common::check(input.seq_len, input.stages, input.epsilon_ms, input.unit_tokens)?;
+    let common = Common::check(
+        input.seq_len,
+        input.stages,
+        input.epsilon_ms,
+        input.unit_tokens,
+    )?;
     check::count("batch", input.batch, MAX_UNITS)?;
     let tables: Vec<Table> = match (&input.t_fwd_ms_by_batch, &input.profile) {
         (Some(by_batch), None) => {
             common.table_only(input.unit_tokens)?;
-            check::same_len("t_fwd_ms_by_batch", by_batch, input.batch, "micro-batch sizes in `batch`")?;
+            check::same_len(
+                "t_fwd_ms_by_batch",
+                by_batch,
+                input.batch,
+                "micro-batch sizes in `batch`",
+            )?;
             by_batch
                 .iter()
                 .enumerate()
-                .map(|(b, rows)| Table::from_json(&format!("t_fwd_ms_by_batch[{b}]"), rows, input.seq_len))
+                .map(|(b, rows)| {
+                    Table::from_json(&format!("t_fwd_ms_by_batch[{b}]"), rows, input.seq_len)
+                })
                 .collect::<Result<_, _>>()?
         }
         (None, Some(profile)) => {
@@ -236,7 +275,10 @@ pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesE
 }
 
 fn one_source_error(table: &str) -> InputError {
-    InputError::new(table, format!("give exactly one of `{table}` and `profile`"))
+    InputError::new(
+        table,
+        format!("give exactly one of `{table}` and `profile`"),
+    )
 }
 
 /// Checked fields shared by both inputs.
@@ -247,27 +289,44 @@ struct Common {
 }
 
 impl Common {
-    fn check(seq_len: usize, stages: usize, epsilon: Option<f64>, unit: Option<usize>) -> Result<Self, InputError> {
+    fn check(
+        seq_len: usize,
+        stages: usize,
+        epsilon: Option<f64>,
+        unit: Option<usize>,
+    ) -> Result<Self, InputError> {
         check::count("seq_len", seq_len, usize::MAX)?;
         check::count("stages", stages, 1 << 20)?;
         let epsilon = check::non_negative("epsilon_ms", epsilon.unwrap_or(0.0))?;
         let unit = check::count("unit_tokens", unit.unwrap_or(1), seq_len)?;
-        if seq_len % unit != 0 {
-            return Err(InputError::new("unit_tokens", format!("{unit} does not divide `seq_len` {seq_len}")));
+        if !seq_len.is_multiple_of(unit) {
+            return Err(InputError::new(
+                "unit_tokens",
+                format!("{unit} does not divide `seq_len` {seq_len}"),
+            ));
         }
         let units = seq_len / unit;
         if units > MAX_UNITS {
             return Err(InputError::new(
                 "seq_len",
-                format!("{units} slicing units are more than {MAX_UNITS}; set `unit_tokens` to group tokens"),
+                format!(
+                    "{units} slicing units are more than {MAX_UNITS}; set `unit_tokens` to group tokens"
+                ),
             ));
         }
-        Ok(Self { units, unit, epsilon })
+        Ok(Self {
+            units,
+            unit,
+            epsilon,
+        })
     }
 
     fn table_only(&self, unit: Option<usize>) -> Result<(), InputError> {
         match unit {
-            Some(u) if u != 1 => Err(InputError::new("unit_tokens", "only applies with `profile`")),
+            Some(u) if u != 1 => Err(InputError::new(
+                "unit_tokens",
+                "only applies with `profile`",
+            )),
             _ => Ok(()),
         }
     }
@@ -344,7 +403,9 @@ mod tests {
     fn table(n: usize, f: impl Fn(usize, usize) -> f64) -> Table {
         Table {
             units: n,
-            rows: (1..=n).map(|k| (0..=n - k).map(|j| f(k, j)).collect()).collect(),
+            rows: (1..=n)
+                .map(|k| (0..=n - k).map(|j| f(k, j)).collect())
+                .collect(),
         }
     }
 

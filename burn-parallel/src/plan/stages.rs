@@ -81,7 +81,9 @@ pub enum StagesError {
     #[error(transparent)]
     Input(#[from] InputError),
     /// More stages than layers: some stage would be empty.
-    #[error("{stages} stages cannot split {layers} layers (every stage needs a layer); ask for at most {layers} stages")]
+    #[error(
+        "{stages} stages cannot split {layers} layers (every stage needs a layer); ask for at most {layers} stages"
+    )]
     TooManyStages {
         /// Stages asked for.
         stages: usize,
@@ -89,7 +91,9 @@ pub enum StagesError {
         layers: usize,
     },
     /// Even one device per stage exceeds the device budget.
-    #[error("{stages} stages need at least {stages} devices but `tensor_parallel.devices` is {devices}; give more devices or fewer stages")]
+    #[error(
+        "{stages} stages need at least {stages} devices but `tensor_parallel.devices` is {devices}; give more devices or fewer stages"
+    )]
     NotEnoughDevices {
         /// Stages asked for.
         stages: usize,
@@ -97,7 +101,9 @@ pub enum StagesError {
         devices: usize,
     },
     /// No split fits the per-device memory.
-    #[error("no split into {stages} stages fits {cap} bytes per device; raise `stage_memory_bytes`, use more stages or tensor-parallel degrees")]
+    #[error(
+        "no split into {stages} stages fits {cap} bytes per device; raise `stage_memory_bytes`, use more stages or tensor-parallel degrees"
+    )]
     DoesNotFit {
         /// Stages asked for.
         stages: usize,
@@ -448,6 +454,9 @@ mod tests {
             plan(&input(&[1.0, f64::NAN], 1)),
             Err(StagesError::Input(_))
         ));
-        assert!(matches!(plan(&input(&[1.0], 0)), Err(StagesError::Input(_))));
+        assert!(matches!(
+            plan(&input(&[1.0], 0)),
+            Err(StagesError::Input(_))
+        ));
     }
 }

@@ -75,7 +75,13 @@ pub(crate) fn cyclic(t: &[f64], m: f64) -> f64 {
 }
 
 impl XSim {
-    pub fn new(cost: CostModel, input: Lengths, output: Lengths, cap: u64, percentile: f64) -> Self {
+    pub fn new(
+        cost: CostModel,
+        input: Lengths,
+        output: Lengths,
+        cap: u64,
+        percentile: f64,
+    ) -> Self {
         let target_len = output.percentile(percentile);
         Self {
             layers: cost.profile().layers as f64,
@@ -99,7 +105,13 @@ impl XSim {
         self.output
             .points()
             .iter()
-            .map(|&(s, p)| if s <= n_d { p } else { p / s.div_ceil(n_d) as f64 })
+            .map(|&(s, p)| {
+                if s <= n_d {
+                    p
+                } else {
+                    p / s.div_ceil(n_d) as f64
+                }
+            })
             .sum()
     }
 
@@ -135,9 +147,14 @@ impl XSim {
     fn fits(&self, pipe: &Pipe, kv_tokens: f64) -> bool {
         let prof = self.cost.profile();
         let p = pipe.stages();
-        let per_layer = prof.weight_bytes_per_layer as f64 + kv_tokens * prof.kv_bytes_per_token_per_layer as f64;
+        let per_layer = prof.weight_bytes_per_layer as f64
+            + kv_tokens * prof.kv_bytes_per_token_per_layer as f64;
         (0..p).all(|k| {
-            let degree = if k < pipe.tp_groups { pipe.degree as f64 } else { 1.0 };
+            let degree = if k < pipe.tp_groups {
+                pipe.degree as f64
+            } else {
+                1.0
+            };
             let mut bytes = self.layers / p as f64 * per_layer / degree;
             if k == 0 {
                 bytes += prof.embedding.weight_bytes as f64;
@@ -203,7 +220,8 @@ impl XSim {
     pub fn rra_upper(&self, b_e: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
         let m = pipe.stages() as f64;
         let encode = fill(&self.encode_times(pipe, b_e / m), m);
-        let iteration = |n: usize| cyclic(&self.decode_times(pipe, b_e / self.completion(n) / m), m);
+        let iteration =
+            |n: usize| cyclic(&self.decode_times(pipe, b_e / self.completion(n) / m), m);
         let fewest = n_lo as f64 * iteration(n_hi);
         let per_query = (n_lo..=n_hi)
             .map(|n| n as f64 / self.completion(n))
@@ -215,7 +233,11 @@ impl XSim {
     /// WAA with `encoders` encoding devices, encode batch `b_e`, `micro` decoder micro-batches and
     /// the decoding devices arranged as `decode`.
     pub fn waa(&self, b_e: f64, micro: usize, encoders: usize, decode: &Pipe) -> Perf {
-        let enc_pipe = Pipe { plain: encoders, tp_groups: 0, degree: 1 };
+        let enc_pipe = Pipe {
+            plain: encoders,
+            tp_groups: 0,
+            degree: 1,
+        };
         let b_d = b_e * self.mean_out;
         let enc = self.encode_times(&enc_pipe, b_e);
         let m = micro as f64;
@@ -225,13 +247,18 @@ impl XSim {
         Perf {
             throughput_qps: b_e / (period / 1000.0),
             latency_s: (pass + self.target_len as f64 * period) / 1000.0,
-            fits: self.fits(&enc_pipe, b_e * self.mean_in) && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
+            fits: self.fits(&enc_pipe, b_e * self.mean_in)
+                && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
         }
     }
 
     /// WAA-C's encoder share: devices in proportion to one query's encode and decode time.
     pub fn waa_c_encoders(&self, devices: usize) -> usize {
-        let one = Pipe { plain: 1, tp_groups: 0, degree: 1 };
+        let one = Pipe {
+            plain: 1,
+            tp_groups: 0,
+            degree: 1,
+        };
         let encode: f64 = self.encode_times(&one, 1.0).iter().sum();
         let decode: f64 = self.decode_times(&one, self.mean_out).iter().sum();
         split(devices, encode, decode)
@@ -242,7 +269,11 @@ impl XSim {
     pub fn waa_m_encoders(&self, devices: usize, max_b_e: usize) -> usize {
         let prof = self.cost.profile();
         let weights = self.layers * prof.weight_bytes_per_layer as f64;
-        let kv = max_b_e as f64 * self.mean_out * (self.mean_in + self.mean_out) * self.layers * prof.kv_bytes_per_token_per_layer as f64;
+        let kv = max_b_e as f64
+            * self.mean_out
+            * (self.mean_in + self.mean_out)
+            * self.layers
+            * prof.kv_bytes_per_token_per_layer as f64;
         split(devices, weights, weights + kv)
     }
 }
@@ -276,7 +307,10 @@ mod tests {
                 ends.push(ready[m - 1]);
             }
             let period = ends[49] - ends[48];
-            assert!((period - cyclic(&t, m as f64)).abs() < 1e-9, "m={m} period={period}");
+            assert!(
+                (period - cyclic(&t, m as f64)).abs() < 1e-9,
+                "m={m} period={period}"
+            );
         }
     }
 }
