@@ -679,6 +679,49 @@ fn plan_bad_input_is_an_error_not_a_panic() {
     ] {
         assert!(stages::plan(&bad).is_err(), "{bad:?}");
     }
+    // Sizes past what the planners can allocate are errors, not aborts.
+    let huge = StagesInput {
+        layer_latency_ms: vec![1.0; 4096],
+        stages: 4096,
+        ..base.clone()
+    };
+    assert!(matches!(
+        stages::plan(&huge),
+        Err(StagesError::TooLarge { .. })
+    ));
+    let many = StagesInput {
+        layer_latency_ms: vec![1.0; 5000],
+        ..base.clone()
+    };
+    assert!(stages::plan(&many).is_err());
+    let batch = BatchSlicesInput {
+        seq_len: 4096,
+        stages: 2,
+        batch: 4096,
+        t_fwd_ms_by_batch: None,
+        profile: Some(profile(&mut ChaCha8Rng::seed_from_u64(1))),
+        epsilon_ms: None,
+        unit_tokens: None,
+    };
+    assert!(slices::plan_batch(&batch).is_err());
+    let flood = PlacementInput {
+        models: vec![model("a", 1, 1.0, 1.0)],
+        devices: 1,
+        device_memory_bytes: 1 << 30,
+        workload: Workload {
+            trace: None,
+            arrivals: Some(vec![Arrivals {
+                model: ModelRef::Index(0),
+                rate: 1e9,
+                cv: 1.0,
+            }]),
+            duration_s: Some(1e9),
+            seed: None,
+        },
+        baseline: None,
+        beam: None,
+    };
+    assert!(placement::plan(&flood).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 2, 1, None)).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(f64::INFINITY)]], 1, 1, None)).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 1, 0, None)).is_err());

@@ -239,7 +239,8 @@ struct Selection {
     /// Bytes used on each device of each stage of each group.
     used: Vec<Vec<u64>>,
     attainment: f64,
-    latencies: Vec<Option<f64>>,
+    /// The selection as the simulator sees it.
+    groups: Vec<Group>,
 }
 
 impl Selection {
@@ -275,7 +276,11 @@ impl<'a> Checked<'a> {
                 );
             }
             check::latencies(&f("layer_latency_ms"), &m.layer_latency_ms)?;
-            let layers = m.layer_latency_ms.len();
+            let layers = check::count(
+                &f("layer_latency_ms"),
+                m.layer_latency_ms.len(),
+                MAX_DEVICES,
+            )?;
             check::same_len(
                 &f("layer_memory_bytes"),
                 &m.layer_memory_bytes,
@@ -382,7 +387,7 @@ impl<'a> Checked<'a> {
                 replicas: vec![Vec::new(); shapes.len()],
                 used: shapes.iter().map(|&(p, _)| vec![0; p]).collect(),
                 attainment: 0.0,
-                latencies: Vec::new(),
+                groups: Vec::new(),
             },
             &splits,
         );
@@ -430,9 +435,9 @@ impl<'a> Checked<'a> {
         }
     }
 
-    /// Simulates `sel` and records its attainment and latencies.
+    /// Simulates `sel` and records its attainment.
     fn evaluate(&self, mut sel: Selection, splits: &[Vec<Option<Split>>]) -> Selection {
-        let groups: Vec<Group> = sel
+        sel.groups = sel
             .replicas
             .iter()
             .enumerate()
@@ -454,15 +459,18 @@ impl<'a> Checked<'a> {
                     .collect(),
             })
             .collect();
-        sel.latencies = sim::simulate(&groups, &self.requests);
-        let attained = sel
-            .latencies
+        let attained = sim::simulate(&sel.groups, &self.requests)
             .iter()
             .zip(&self.requests)
-            .filter(|(l, r)| l.is_some_and(|l| l <= self.input.models[r.model].slo_s + SLO_SLACK_S))
+            .filter(|(l, r)| self.attained(**l, r))
             .count();
         sel.attainment = attained as f64 / self.requests.len() as f64;
         sel
+    }
+
+    /// Whether a request with latency `latency` met its model's SLO.
+    fn attained(&self, latency: Option<f64>, request: &Request) -> bool {
+        latency.is_some_and(|l| l <= self.input.models[request.model].slo_s + SLO_SLACK_S)
     }
 
     fn output(&self, sel: &Selection, baseline: Option<Baseline>) -> PlacementOutput {
@@ -489,9 +497,10 @@ impl<'a> Checked<'a> {
                 models,
             });
         }
+        let latencies = sim::simulate(&sel.groups, &self.requests);
         let mut latencies_s = vec![None; self.requests.len()];
         for (sorted, &original) in self.order.iter().enumerate() {
-            latencies_s[original] = sel.latencies[sorted];
+            latencies_s[original] = latencies[sorted];
         }
         let models = self
             .input
@@ -499,24 +508,20 @@ impl<'a> Checked<'a> {
             .iter()
             .enumerate()
             .map(|(mi, m)| {
-                let lat: Vec<Option<f64>> = self
-                    .requests
-                    .iter()
-                    .zip(&sel.latencies)
-                    .filter(|(r, _)| r.model == mi)
-                    .map(|(_, l)| *l)
-                    .collect();
-                let ok = lat
-                    .iter()
-                    .filter(|l| l.is_some_and(|l| l <= m.slo_s + SLO_SLACK_S))
-                    .count();
+                let (mut requests, mut ok) = (0usize, 0usize);
+                for (r, &l) in self.requests.iter().zip(&latencies) {
+                    if r.model == mi {
+                        requests += 1;
+                        ok += usize::from(self.attained(l, r));
+                    }
+                }
                 ModelAttainment {
                     model: m.name.clone(),
-                    requests: lat.len(),
-                    slo_attainment: if lat.is_empty() {
+                    requests,
+                    slo_attainment: if requests == 0 {
                         1.0
                     } else {
-                        ok as f64 / lat.len() as f64
+                        ok as f64 / requests as f64
                     },
                 }
             })
@@ -599,15 +604,21 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
                 if cv > 1e3 {
                     return Err(InputError::new(f("cv"), "must be at most 1000"));
                 }
+                let left = MAX_REQUESTS - requests.len();
                 let mut rng = sim::rng(seed, i as u64);
-                requests.extend(
-                    sim::gamma_arrivals(rate, cv, duration, &mut rng)
-                        .into_iter()
-                        .map(|t| Request {
-                            arrival_s: t,
-                            model,
-                        }),
-                );
+                let times = sim::gamma_arrivals(rate, cv, duration, left + 1, &mut rng);
+                if times.len() > left {
+                    return Err(InputError::new(
+                        f("rate"),
+                        format!(
+                            "the workload has more than {MAX_REQUESTS} requests; lower the rates or the duration"
+                        ),
+                    ));
+                }
+                requests.extend(times.into_iter().map(|t| Request {
+                    arrival_s: t,
+                    model,
+                }));
             }
             requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
             Ok(requests)

@@ -166,6 +166,12 @@ impl Profile {
         )?;
         check::non_negative(&f("embedding.ms_per_token"), self.embedding.ms_per_token)?;
         check::non_negative(&f("lm_head.ms_per_token"), self.lm_head.ms_per_token)?;
+        if self.tensor_parallel.len() > 64 {
+            return Err(InputError::new(
+                f("tensor_parallel"),
+                "lists more than 64 degrees",
+            ));
+        }
         for (i, tp) in self.tensor_parallel.iter().enumerate() {
             let name = f(&format!("tensor_parallel[{i}]"));
             if tp.degree < 2 || tp.degree > 1 << 16 {

@@ -97,8 +97,14 @@ pub fn simulate(groups: &[Group], requests: &[Request]) -> Vec<Option<f64>> {
 
 /// Arrival times of a gamma process over `[0, duration_s)`: inter-arrival gaps with mean
 /// `1/rate` and coefficient of variation `cv` (shape `1/cv²`; `cv = 0` gives even spacing,
-/// `cv = 1` a Poisson process), from `rng`.
-pub fn gamma_arrivals(rate: f64, cv: f64, duration_s: f64, rng: &mut ChaCha8Rng) -> Vec<f64> {
+/// `cv = 1` a Poisson process), from `rng`; at most `limit` of them.
+pub fn gamma_arrivals(
+    rate: f64,
+    cv: f64,
+    duration_s: f64,
+    limit: usize,
+    rng: &mut ChaCha8Rng,
+) -> Vec<f64> {
     let mut out = Vec::new();
     let mut t = 0.0;
     loop {
@@ -109,7 +115,7 @@ pub fn gamma_arrivals(rate: f64, cv: f64, duration_s: f64, rng: &mut ChaCha8Rng)
             gamma(shape, rng) / (shape * rate)
         };
         t += gap;
-        if t >= duration_s {
+        if t >= duration_s || out.len() == limit {
             return out;
         }
         out.push(t);
@@ -168,7 +174,7 @@ mod tests {
     #[test]
     fn sim_gamma_arrivals_have_the_asked_rate_and_cv() {
         let mut r = rng(7, 0);
-        let times = gamma_arrivals(50.0, 3.0, 2000.0, &mut r);
+        let times = gamma_arrivals(50.0, 3.0, 2000.0, usize::MAX, &mut r);
         let n = times.len() as f64;
         assert!((n / 2000.0 - 50.0).abs() < 5.0, "rate {}", n / 2000.0);
         let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
@@ -176,6 +182,9 @@ mod tests {
         let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
         let cv = var.sqrt() / mean;
         assert!((cv - 3.0).abs() < 0.5, "cv {cv}");
-        assert_eq!(times, gamma_arrivals(50.0, 3.0, 2000.0, &mut rng(7, 0)));
+        assert_eq!(
+            times,
+            gamma_arrivals(50.0, 3.0, 2000.0, usize::MAX, &mut rng(7, 0))
+        );
     }
 }

@@ -19,6 +19,8 @@ use super::profile::{CostModel, Profile};
 
 /// Largest number of slicing units (tokens, or `unit_tokens` groups) the DP accepts.
 const MAX_UNITS: usize = 4096;
+/// Most slice times held at once (all micro-batch sizes together).
+const MAX_TABLE_ENTRIES: usize = 1 << 24;
 
 /// Input of [`plan`]. JSON: `{"seq_len": L, "stages": K, "t_fwd_ms": [[f64; L]; L]}` (or
 /// `"profile"` instead of `"t_fwd_ms"`), optional `"epsilon_ms"`, `"unit_tokens"`.
@@ -217,6 +219,16 @@ pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesE
         input.unit_tokens,
     )?;
     check::count("batch", input.batch, MAX_UNITS)?;
+    let entries = input
+        .batch
+        .saturating_mul(common.units * (common.units + 1) / 2);
+    if entries > MAX_TABLE_ENTRIES {
+        return Err(InputError::new(
+            "batch",
+            format!("{entries} table entries for {} micro-batch sizes are more than {MAX_TABLE_ENTRIES}; set `unit_tokens` or a smaller batch", input.batch),
+        )
+        .into());
+    }
     let tables: Vec<Table> = match (&input.t_fwd_ms_by_batch, &input.profile) {
         (Some(by_batch), None) => {
             common.table_only(input.unit_tokens)?;

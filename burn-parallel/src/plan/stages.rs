@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
 
-/// Largest number of layers or stages accepted (keeps the DP tables allocatable).
-const MAX_LAYERS: usize = 1 << 16;
+/// Largest number of layers, stages, devices or degrees accepted.
+const MAX_LAYERS: usize = 4096;
+/// Largest DP table (states) and candidate list the planner allocates.
+const MAX_ENTRIES: usize = 1 << 24;
 
 /// Input of [`plan`]. JSON: `{"layer_latency_ms": [f64; L], "stages": S}` plus the optional fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -99,6 +101,16 @@ pub enum StagesError {
         stages: usize,
         /// Devices available.
         devices: usize,
+    },
+    /// The DP would not fit in memory.
+    #[error(
+        "the search needs {entries} table entries, more than {max}; use fewer layers, stages, devices or degrees"
+    )]
+    TooLarge {
+        /// Entries needed.
+        entries: usize,
+        /// Entries allowed.
+        max: usize,
     },
     /// No split fits the per-device memory.
     #[error(
@@ -252,6 +264,18 @@ impl Problem {
             && devices < stages * options.iter().map(|o| o.degree).min().unwrap_or(1)
         {
             return Err(StagesError::NotEnoughDevices { stages, devices });
+        }
+        let d_max = devices.unwrap_or(0);
+        let states = (stages + 1)
+            .saturating_mul(layers + 1)
+            .saturating_mul(d_max + 1);
+        let candidates = options.len().saturating_mul(layers * (layers + 1) / 2);
+        let entries = states.max(candidates);
+        if entries > MAX_ENTRIES {
+            return Err(StagesError::TooLarge {
+                entries,
+                max: MAX_ENTRIES,
+            });
         }
         let memory = memory.map(|(mem, cap)| {
             let mut prefix = Vec::with_capacity(layers + 1);

@@ -10,7 +10,7 @@
 //! Because the bounds are valid for every point of a block, the result equals the exhaustive
 //! search's optimum.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use super::xsim::{Perf, Pipe, XSim};
@@ -42,6 +42,8 @@ pub(crate) struct Searcher<'a> {
     bound_s: f64,
     evaluated: RefCell<HashMap<(Space, Vec<usize>), Perf>>,
     upper: RefCell<HashMap<(Space, [usize; 3]), f64>>,
+    /// Simulations of the exhaustive search, which visits each point once and keeps none.
+    uncached: Cell<usize>,
 }
 
 impl<'a> Searcher<'a> {
@@ -53,12 +55,13 @@ impl<'a> Searcher<'a> {
             bound_s,
             evaluated: RefCell::default(),
             upper: RefCell::default(),
+            uncached: Cell::new(0),
         }
     }
 
     /// Distinct simulations run so far.
     pub fn simulations(&self) -> usize {
-        self.evaluated.borrow().len() + self.upper.borrow().len()
+        self.evaluated.borrow().len() + self.upper.borrow().len() + self.uncached.get()
     }
 }
 
@@ -90,8 +93,15 @@ impl Searcher<'_> {
         if let Some(perf) = self.evaluated.borrow().get(&key) {
             return *perf;
         }
+        let perf = self.simulate(space, c);
+        self.evaluated.borrow_mut().insert(key, perf);
+        perf
+    }
+
+    /// Runs the simulator at coordinates `c`.
+    fn simulate(&self, space: &Space, c: &[usize]) -> Perf {
         let p = self.point(space, c);
-        let perf = match space {
+        match space {
             Space::Rra { pipe, .. } => self.sim.rra(
                 p.encode_batch as f64,
                 p.decode_iterations.unwrap_or(1),
@@ -102,9 +112,7 @@ impl Searcher<'_> {
                 micro,
                 pipe,
             } => self.sim.waa(p.encode_batch as f64, *micro, *encoders, pipe),
-        };
-        self.evaluated.borrow_mut().insert(key, perf);
-        perf
+        }
     }
 
     fn feasible(&self, perf: &Perf) -> bool {
@@ -139,7 +147,8 @@ impl Searcher<'_> {
         let mut best: Option<(Vec<usize>, Perf)> = None;
         let mut c = vec![0usize; dims.len()];
         loop {
-            let perf = self.evaluate(space, &c);
+            self.uncached.set(self.uncached.get() + 1);
+            let perf = self.simulate(space, &c);
             if self.feasible(&perf)
                 && best
                     .as_ref()
