@@ -373,12 +373,15 @@ impl<'a> Checked<'a> {
     /// Algorithm 3: simulator-guided greedy model selection with beam `k` on groups of `shapes`.
     fn greedy(&self, shapes: &[(usize, usize)]) -> Result<Selection, PlacementError> {
         let models = self.input.models.len();
-        // splits[group][model]
-        let mut splits = Vec::with_capacity(shapes.len());
-        for &shape in shapes {
-            let row: Vec<Option<Split>> = (0..models)
-                .map(|m| self.split(m, shape))
-                .collect::<Result<_, _>>()?;
+        // splits[group][model], solved once per distinct shape.
+        let mut splits: Vec<Vec<Option<Split>>> = Vec::with_capacity(shapes.len());
+        for (gi, &shape) in shapes.iter().enumerate() {
+            let row = match shapes[..gi].iter().position(|&s| s == shape) {
+                Some(same) => splits[same].clone(),
+                None => (0..models)
+                    .map(|m| self.split(m, shape))
+                    .collect::<Result<_, _>>()?,
+            };
             splits.push(row);
         }
         let empty = self.evaluate(

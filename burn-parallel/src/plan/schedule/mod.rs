@@ -4,11 +4,15 @@
 //! Control variables (§4): the strategy (RRA, WAA-C or WAA-M), the encode batch `B_E`, the
 //! decode batch `B_D` (derived from `B_E` as §6 does: `B_E / Σ_U P_D(U)` for RRA, `B_E·S̄_D` for
 //! WAA), decode iterations between prefills `N_D` (RRA), decoder micro-batches `B_m` (WAA) and
-//! partial tensor parallelism (a degree from the profile and how many stage groups use it) when
-//! there is more than one device. As the paper does for the tensor-parallel degree, the
-//! variables on which throughput is not monotone here (degree, groups, `B_m`, the WAA split) are
-//! enumerated and branch-and-bound runs over the others (`B_E`, `N_D`). `exhaustive: true` scans
-//! the same space point by point; both return the same optimum.
+//! partial tensor parallelism (a degree from the profile and how many stages use it, on the
+//! decoding devices) when there is more than one device.
+//!
+//! As the paper does for the tensor-parallel degree, variables without a usable monotonicity
+//! (degree, tensor-parallel stages, `B_m`, the WAA device split) are enumerated, and
+//! branch-and-bound runs over `B_E` (throughput and latency grow with it) and `N_D` (latency
+//! falls as it grows; its throughput bound is computed, since `⌈S/N_D⌉` makes throughput
+//! non-monotone). `exhaustive: true` scans the same space point by point; both return the same
+//! optimum because every pruning bound holds for every point it prunes.
 //!
 //! The latency is that of generating the 99th-percentile output length (ExeGPT §7.1; set
 //! `latency_percentile` to change it), from the start of the query's prefill.
