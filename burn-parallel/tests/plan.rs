@@ -8,7 +8,7 @@ use burn_parallel::plan::placement::{
 use burn_parallel::plan::profile::{DecodeTable, Extra, PrefillTable, Profile, TpScaling};
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use burn_parallel::plan::sim::{self, Group, Request};
-use burn_parallel::plan::slices::{self, BatchSlicesInput, SlicesInput};
+use burn_parallel::plan::slices::{self, SlicesInput};
 use burn_parallel::plan::stages::{self, StagesError, StagesInput, TensorParallel, TpDegree};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -202,9 +202,8 @@ fn slices_input(
         seq_len: n,
         stages,
         t_fwd_ms: Some(table),
-        profile: None,
         epsilon_ms: epsilon,
-        unit_tokens: None,
+        ..SlicesInput::default()
     }
 }
 
@@ -296,14 +295,12 @@ fn plan_slices_batch_extension_matches_brute_force_knapsack() {
                 .fold(f64::INFINITY, f64::min)
         }
         let expected = best_sum(batch, batch, &per_size);
-        let out = slices::plan_batch(&BatchSlicesInput {
+        let out = slices::plan_batch(&SlicesInput {
             seq_len: n,
             stages,
-            batch,
+            batch: Some(batch),
             t_fwd_ms_by_batch: Some(tables),
-            profile: None,
-            epsilon_ms: None,
-            unit_tokens: None,
+            ..SlicesInput::default()
         })
         .unwrap();
         assert!(close(out.latency_ms, expected));
@@ -376,10 +373,9 @@ fn plan_slices_accept_a_profile_instead_of_the_table() {
     let input = SlicesInput {
         seq_len: 64,
         stages: 4,
-        t_fwd_ms: None,
         profile: Some(p.clone()),
-        epsilon_ms: None,
         unit_tokens: Some(4),
+        ..SlicesInput::default()
     };
     let out = slices::plan(&input).unwrap();
     assert_eq!(out.slices.iter().sum::<usize>(), 64);
@@ -694,16 +690,22 @@ fn plan_bad_input_is_an_error_not_a_panic() {
         ..base.clone()
     };
     assert!(stages::plan(&many).is_err());
-    let batch = BatchSlicesInput {
+    let batch = SlicesInput {
         seq_len: 4096,
         stages: 2,
-        batch: 4096,
-        t_fwd_ms_by_batch: None,
+        batch: Some(4096),
         profile: Some(profile(&mut ChaCha8Rng::seed_from_u64(1))),
-        epsilon_ms: None,
-        unit_tokens: None,
+        ..SlicesInput::default()
     };
     assert!(slices::plan_batch(&batch).is_err());
+    // The batch extension is its own function.
+    assert!(
+        slices::plan(&SlicesInput {
+            batch: Some(1),
+            ..slices_input(vec![vec![Some(1.0)]], 1, 1, None)
+        })
+        .is_err()
+    );
     let flood = PlacementInput {
         models: vec![model("a", 1, 1.0, 1.0)],
         devices: 1,

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use super::placement::{self, Baseline, PlacementInput};
 use super::schedule::{self, ScheduleInput};
-use super::slices::{self, BatchSlicesInput, SlicesInput};
+use super::slices::{self, SlicesInput};
 use super::stages::{self, StagesInput};
 
 /// Exit code of every failure: bad arguments, bad input, infeasible problems.
@@ -95,12 +95,11 @@ fn dispatch(args: &Args) -> Result<String, String> {
     match args.planner {
         Planner::Stages => to_json(stages::plan(&parse::<StagesInput>(&text)?)),
         Planner::Slices => {
-            let value: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| format!("invalid JSON input: {e}"))?;
-            if value.get("batch").is_some() {
-                to_json(slices::plan_batch(&parse::<BatchSlicesInput>(&text)?))
+            let input = parse::<SlicesInput>(&text)?;
+            if input.batch.is_some() {
+                to_json(slices::plan_batch(&input))
             } else {
-                to_json(slices::plan(&parse::<SlicesInput>(&text)?))
+                to_json(slices::plan(&input))
             }
         }
         Planner::Placement => {

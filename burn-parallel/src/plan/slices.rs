@@ -22,12 +22,13 @@ const MAX_UNITS: usize = 4096;
 /// Most slice times held at once (all micro-batch sizes together).
 const MAX_TABLE_ENTRIES: usize = 1 << 24;
 
-/// Input of [`plan`]. JSON: `{"seq_len": L, "stages": K, "t_fwd_ms": [[f64; L]; L]}` (or
-/// `"profile"` instead of `"t_fwd_ms"`), optional `"epsilon_ms"`, `"unit_tokens"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Input of [`plan`] and [`plan_batch`]. JSON: `{"seq_len": L, "stages": K, "t_fwd_ms": [[f64;
+/// L]; L]}` (or `"profile"` instead of `"t_fwd_ms"`), optional `"epsilon_ms"`, `"unit_tokens"`;
+/// for the batch extension also `"batch": B`, with `"t_fwd_ms_by_batch"` instead of `"t_fwd_ms"`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlicesInput {
-    /// Prompt length `L` in tokens.
+    /// Prompt length `L` in tokens (of every sequence).
     pub seq_len: usize,
     /// Pipeline stages `K`.
     pub stages: usize,
@@ -35,8 +36,9 @@ pub struct SlicesInput {
     /// stage; entries with `i + j > L` are ignored (and may be `null`).
     #[serde(default)]
     pub t_fwd_ms: Option<Vec<Vec<Option<f64>>>>,
-    /// A profile instead of the table: a stage holds `layers / K` layers, so its slice time is
-    /// that many times the profile's per-layer prefill time at batch 1.
+    /// A profile instead of the table(s): a stage holds `layers / K` layers, so its slice time is
+    /// that many times the profile's per-layer prefill time (at batch 1, or at each micro-batch
+    /// size `b`).
     #[serde(default)]
     pub profile: Option<Profile>,
     /// ε of the t_max enumeration (default 0: exact).
@@ -46,6 +48,13 @@ pub struct SlicesInput {
     /// the DP small for long prompts. `seq_len` must be a multiple of it.
     #[serde(default)]
     pub unit_tokens: Option<usize>,
+    /// [`plan_batch`]: sequences in the batch `B`.
+    #[serde(default)]
+    pub batch: Option<usize>,
+    /// [`plan_batch`]: `t_fwd_ms_by_batch[b−1]` is the `t_fwd_ms` table of a micro-batch of `b`
+    /// sequences.
+    #[serde(default)]
+    pub t_fwd_ms_by_batch: Option<Vec<Vec<Vec<Option<f64>>>>>,
 }
 
 /// Output of [`plan`]: `{"slices": [l_1, …, l_M], "latency_ms": T}`.
@@ -55,31 +64,6 @@ pub struct SlicesOutput {
     pub slices: Vec<usize>,
     /// `Σ t_i + (K−1)·max t_i` of these slices.
     pub latency_ms: f64,
-}
-
-/// Input of [`plan_batch`]: like [`SlicesInput`] plus `"batch": B`, with one table per
-/// micro-batch size in `"t_fwd_ms_by_batch"` (entry `b−1` for `b` sequences) or a profile.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BatchSlicesInput {
-    /// Prompt length `L` of every sequence.
-    pub seq_len: usize,
-    /// Pipeline stages `K`.
-    pub stages: usize,
-    /// Sequences in the batch `B`.
-    pub batch: usize,
-    /// `t_fwd_ms_by_batch[b−1]`: the `t_fwd_ms` table of a micro-batch of `b` sequences.
-    #[serde(default)]
-    pub t_fwd_ms_by_batch: Option<Vec<Vec<Vec<Option<f64>>>>>,
-    /// A profile instead of the tables (per-layer prefill at batch `b`).
-    #[serde(default)]
-    pub profile: Option<Profile>,
-    /// ε of the t_max enumeration (default 0: exact).
-    #[serde(default)]
-    pub epsilon_ms: Option<f64>,
-    /// As in [`SlicesInput::unit_tokens`].
-    #[serde(default)]
-    pub unit_tokens: Option<usize>,
 }
 
 /// Output of [`plan_batch`].
@@ -186,12 +170,14 @@ impl Table {
 
 /// Plans the slices for `input` (see the module docs).
 pub fn plan(input: &SlicesInput) -> Result<SlicesOutput, SlicesError> {
-    let common = Common::check(
-        input.seq_len,
-        input.stages,
-        input.epsilon_ms,
-        input.unit_tokens,
-    )?;
+    if input.batch.is_some() || input.t_fwd_ms_by_batch.is_some() {
+        return Err(InputError::new(
+            "batch",
+            "asks for the batch extension: use `plan_batch` (the CLI does when `batch` is given)",
+        )
+        .into());
+    }
+    let common = Common::check(input)?;
     let table = match (&input.t_fwd_ms, &input.profile) {
         (Some(rows), None) => {
             common.table_only(input.unit_tokens)?;
@@ -211,21 +197,24 @@ pub fn plan(input: &SlicesInput) -> Result<SlicesOutput, SlicesError> {
 }
 
 /// Plans micro-batches and their slices for `input` (§2.3.4).
-pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesError> {
-    let common = Common::check(
-        input.seq_len,
-        input.stages,
-        input.epsilon_ms,
-        input.unit_tokens,
-    )?;
-    check::count("batch", input.batch, MAX_UNITS)?;
-    let entries = input
+pub fn plan_batch(input: &SlicesInput) -> Result<BatchSlicesOutput, SlicesError> {
+    let common = Common::check(input)?;
+    let batch = input
         .batch
-        .saturating_mul(common.units * (common.units + 1) / 2);
+        .ok_or_else(|| InputError::new("batch", "is missing; the batch extension needs it"))?;
+    let batch = check::count("batch", batch, MAX_UNITS)?;
+    if input.t_fwd_ms.is_some() {
+        return Err(InputError::new(
+            "t_fwd_ms",
+            "is for one sequence; give `t_fwd_ms_by_batch` with `batch`",
+        )
+        .into());
+    }
+    let entries = batch.saturating_mul(common.units * (common.units + 1) / 2);
     if entries > MAX_TABLE_ENTRIES {
         return Err(InputError::new(
             "batch",
-            format!("{entries} table entries for {} micro-batch sizes are more than {MAX_TABLE_ENTRIES}; set `unit_tokens` or a smaller batch", input.batch),
+            format!("{entries} table entries for {} micro-batch sizes are more than {MAX_TABLE_ENTRIES}; set `unit_tokens` or a smaller batch", batch),
         )
         .into());
     }
@@ -235,7 +224,7 @@ pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesE
             check::same_len(
                 "t_fwd_ms_by_batch",
                 by_batch,
-                input.batch,
+                batch,
                 "micro-batch sizes in `batch`",
             )?;
             by_batch
@@ -248,7 +237,7 @@ pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesE
         }
         (None, Some(profile)) => {
             let model = profile.cost_model("profile")?;
-            (1..=input.batch)
+            (1..=batch)
                 .map(|b| Table::from_profile(&model, input.stages, b, common.units, common.unit))
                 .collect()
         }
@@ -259,15 +248,15 @@ pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesE
         .map(|t| optimal_slices(t, input.stages, common.epsilon))
         .collect();
     // Knapsack: best[n] = min_b best[n − b] + T_b.
-    let mut best = vec![(0.0f64, 0usize); input.batch + 1];
-    for n in 1..=input.batch {
+    let mut best = vec![(0.0f64, 0usize); batch + 1];
+    for n in 1..=batch {
         best[n] = (1..=n)
             .map(|b| (best[n - b].0 + per_size[b - 1].1, b))
             .min_by(|x, y| x.0.total_cmp(&y.0))
             .unwrap_or((f64::INFINITY, 1));
     }
     let mut sizes = Vec::new();
-    let mut n = input.batch;
+    let mut n = batch;
     while n > 0 {
         sizes.push(best[n].1);
         n -= best[n].1;
@@ -282,7 +271,7 @@ pub fn plan_batch(input: &BatchSlicesInput) -> Result<BatchSlicesOutput, SlicesE
                 latency_ms: per_size[b - 1].1,
             })
             .collect(),
-        latency_ms: best[input.batch].0,
+        latency_ms: best[batch].0,
     })
 }
 
@@ -301,16 +290,11 @@ struct Common {
 }
 
 impl Common {
-    fn check(
-        seq_len: usize,
-        stages: usize,
-        epsilon: Option<f64>,
-        unit: Option<usize>,
-    ) -> Result<Self, InputError> {
-        check::count("seq_len", seq_len, usize::MAX)?;
-        check::count("stages", stages, 1 << 20)?;
-        let epsilon = check::non_negative("epsilon_ms", epsilon.unwrap_or(0.0))?;
-        let unit = check::count("unit_tokens", unit.unwrap_or(1), seq_len)?;
+    fn check(input: &SlicesInput) -> Result<Self, InputError> {
+        let seq_len = check::count("seq_len", input.seq_len, usize::MAX)?;
+        check::count("stages", input.stages, 1 << 20)?;
+        let epsilon = check::non_negative("epsilon_ms", input.epsilon_ms.unwrap_or(0.0))?;
+        let unit = check::count("unit_tokens", input.unit_tokens.unwrap_or(1), seq_len)?;
         if !seq_len.is_multiple_of(unit) {
             return Err(InputError::new(
                 "unit_tokens",
