@@ -61,7 +61,9 @@ pub struct ScheduleInput {
     /// Percentile of the output length whose latency is bounded (default 99).
     #[serde(default)]
     pub latency_percentile: Option<f64>,
-    /// Search every point instead of branch-and-bound (the CLI's `--exhaustive`).
+    /// Search every point instead of branch-and-bound (the CLI's `--exhaustive`): about
+    /// `max_encode_batch × max_decode_iterations` simulations per strategy and tensor-parallel
+    /// choice, so keep the ranges small.
     #[serde(default)]
     pub exhaustive: bool,
 }

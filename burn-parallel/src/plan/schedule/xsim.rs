@@ -21,6 +21,9 @@
 //! (`mean input + mean output` tokens each), split by the tensor-parallel degree; the embedding
 //! sits on the first stage and the LM head on the last.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use crate::plan::profile::{CostModel, TpScaling};
 
 use super::lengths::Lengths;
@@ -62,6 +65,8 @@ pub(crate) struct XSim {
     layers: f64,
     mean_in: f64,
     mean_out: f64,
+    /// `Σ_U P_D(U)` by `N_D`, as computed so far (the search asks for the same values often).
+    completion: RefCell<HashMap<usize, f64>>,
 }
 
 /// `m` equal micro-batches through stages taking `t` each: the last leaves at this time.
@@ -92,6 +97,7 @@ impl XSim {
             output,
             cap: cap as f64,
             target_len,
+            completion: RefCell::default(),
         }
     }
 
@@ -102,17 +108,19 @@ impl XSim {
     /// `Σ_U P_D(U)`: the chance that a query in the decode batch completes within one phase of
     /// `n_d` iterations (§6).
     pub fn completion(&self, n_d: usize) -> f64 {
-        self.output
-            .points()
-            .iter()
-            .map(|&(s, p)| {
-                if s <= n_d {
-                    p
-                } else {
-                    p / s.div_ceil(n_d) as f64
-                }
-            })
-            .sum()
+        *self.completion.borrow_mut().entry(n_d).or_insert_with(|| {
+            self.output
+                .points()
+                .iter()
+                .map(|&(s, p)| {
+                    if s <= n_d {
+                        p
+                    } else {
+                        p / s.div_ceil(n_d) as f64
+                    }
+                })
+                .sum()
+        })
     }
 
     /// Tensor-parallel scaling of a pipe (identity without tensor parallelism).
