@@ -1,0 +1,9 @@
+//! `cargo run --example plan -- <stages|slices|placement|schedule> --input FILE.json
+//! [--exhaustive] [--baseline replication]`: runs one planner and prints one JSON object on
+//! stdout (an `{"error": …}` object and exit code 2 on bad input).
+
+fn main() {
+    let (json, code) = burn_parallel::plan::cli::run(std::env::args_os());
+    println!("{json}");
+    std::process::exit(code);
+}

@@ -1,0 +1,634 @@
+//! Model placement for serving (AlpaServe, thesis ch. 4 §4.4.2): partition the devices into
+//! groups, give each group a pipeline/tensor-parallel configuration, and choose which models each
+//! group serves so that the most requests meet their SLO in the [simulator](super::sim).
+//!
+//! Algorithm 4 enumerates group partitions — groups of equal size `g`, plus one group of the
+//! remaining devices (as AlpaServe assumes) — and a configuration `(stages p, degree t)` with
+//! `p·t = g` shared by the equal groups (the remainder group runs a `rem`-stage pipeline). For
+//! each, Algorithm 3 (simulator-guided greedy with beam `k`) adds (model, group) replicas one at a
+//! time, each time keeping the `k` selections of highest SLO attainment, until no replica fits;
+//! a model is split over a group's stages by the [`stages`](super::stages) DP (§4.4.1). All
+//! models form one bucket (AlpaServe's size buckets are left out). `baseline: "replication"`
+//! restricts the search to one-device groups: replication only, on the same simulator.
+
+use serde::{Deserialize, Serialize};
+
+use super::check::{self, InputError};
+use super::sim::{self, Group, Request};
+use super::stages::{Problem, StageOption, StagesError, TpDegree};
+
+/// Largest device count, model count and request count accepted.
+const MAX_DEVICES: usize = 4096;
+const MAX_MODELS: usize = 4096;
+const MAX_REQUESTS: usize = 10_000_000;
+/// Slack on the SLO comparison (one nanosecond) so that rounding cannot miss an exact deadline.
+const SLO_SLACK_S: f64 = 1e-9;
+
+/// Input of [`plan`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementInput {
+    /// The models to serve.
+    pub models: Vec<ModelSpec>,
+    /// Devices in the cluster.
+    pub devices: usize,
+    /// Memory of each device in bytes.
+    pub device_memory_bytes: u64,
+    /// Requests to serve.
+    pub workload: Workload,
+    /// `"replication"`: only one-device groups (the baseline).
+    #[serde(default)]
+    pub baseline: Option<Baseline>,
+    /// Beam size `k` of Algorithm 3 (default 1).
+    #[serde(default)]
+    pub beam: Option<usize>,
+}
+
+/// One model: per-layer costs (from a profile) and its SLO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Name used in traces and the output.
+    pub name: String,
+    /// Latency of each layer on one device, in milliseconds.
+    pub layer_latency_ms: Vec<f64>,
+    /// Bytes of each layer.
+    pub layer_memory_bytes: Vec<u64>,
+    /// Latency objective of one request, in seconds.
+    pub slo_s: f64,
+    /// Per-layer latencies at tensor-parallel degrees ≥ 2 (optional).
+    #[serde(default)]
+    pub tensor_parallel: Vec<TpDegree>,
+}
+
+/// The placement baselines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Baseline {
+    /// Every group is one device: models are only replicated.
+    Replication,
+}
+
+/// Requests: an explicit `trace`, or gamma-process `arrivals` over `duration_s` from `seed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// `[[time_s, model], …]`, model by name or index.
+    #[serde(default)]
+    pub trace: Option<Vec<(f64, ModelRef)>>,
+    /// One arrival process per model with traffic.
+    #[serde(default)]
+    pub arrivals: Option<Vec<Arrivals>>,
+    /// Length of the generated workload in seconds.
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    /// Seed of the generated workload (default 0).
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// A gamma arrival process for one model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Arrivals {
+    /// The model, by name or index.
+    pub model: ModelRef,
+    /// Mean requests per second.
+    pub rate: f64,
+    /// Coefficient of variation of the inter-arrival gaps (1: Poisson; larger: burstier).
+    pub cv: f64,
+}
+
+/// A model named by its name or its index in `models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ModelRef {
+    /// Index into `models`.
+    Index(usize),
+    /// A model's `name`.
+    Name(String),
+}
+
+/// Output of [`plan`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlacementOutput {
+    /// The device groups and what they serve.
+    pub groups: Vec<GroupPlan>,
+    /// Fraction of all requests that met their SLO.
+    pub slo_attainment: f64,
+    /// Attainment per model.
+    pub models: Vec<ModelAttainment>,
+    /// Latency of every request in seconds, in trace order (generated workloads: arrival order);
+    /// `null` for a request whose model no group serves.
+    pub latencies_s: Vec<Option<f64>>,
+    /// The baseline this placement was restricted to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
+}
+
+/// One device group of a placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupPlan {
+    /// Device indices.
+    pub devices: Vec<usize>,
+    /// Pipeline stages.
+    pub pipeline_stages: usize,
+    /// Tensor-parallel degree of every stage.
+    pub tensor_parallel: usize,
+    /// Models the group serves.
+    pub models: Vec<PlacedModel>,
+}
+
+/// A model replica on a group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlacedModel {
+    /// Model name.
+    pub model: String,
+    /// Its layers on each stage (half-open ranges).
+    pub stages: Vec<[usize; 2]>,
+    /// Its latency on each stage in milliseconds.
+    pub stage_latency_ms: Vec<f64>,
+}
+
+/// SLO attainment of one model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelAttainment {
+    /// Model name.
+    pub model: String,
+    /// Requests for it.
+    pub requests: usize,
+    /// Fraction of them that met the SLO (1 when it had none).
+    pub slo_attainment: f64,
+}
+
+/// Why no placement could be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlacementError {
+    /// A field cannot be used.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The model cannot be split.
+    #[error("model `{model}`: {source}")]
+    Stages {
+        /// Model name.
+        model: String,
+        /// Why.
+        source: StagesError,
+    },
+    /// Nothing fits anywhere.
+    #[error(
+        "no model fits on any group of the {devices} devices with {memory} bytes each; add devices or memory"
+    )]
+    NothingFits {
+        /// Devices.
+        devices: usize,
+        /// Memory per device.
+        memory: u64,
+    },
+}
+
+/// Plans the placement for `input` (see the module docs).
+pub fn plan(input: &PlacementInput) -> Result<PlacementOutput, PlacementError> {
+    let problem = Checked::new(input)?;
+    let group_sizes: Vec<usize> = match input.baseline {
+        Some(Baseline::Replication) => vec![1],
+        None => (1..=input.devices).collect(),
+    };
+    let mut degrees: Vec<usize> = vec![1];
+    for m in &input.models {
+        degrees.extend(m.tensor_parallel.iter().map(|d| d.degree));
+    }
+    degrees.sort_unstable();
+    degrees.dedup();
+    let mut best: Option<Selection> = None;
+    for g in group_sizes {
+        for &t in degrees.iter().filter(|&&t| g % t == 0) {
+            let mut shapes = vec![(g / t, t); input.devices / g];
+            if !input.devices.is_multiple_of(g) {
+                shapes.push((input.devices % g, 1));
+            }
+            let selection = problem.greedy(&shapes)?;
+            if best.as_ref().is_none_or(|b| selection.better_than(b)) {
+                best = Some(selection);
+            }
+        }
+    }
+    let best = best
+        .filter(|b| !b.is_empty())
+        .ok_or(PlacementError::NothingFits {
+            devices: input.devices,
+            memory: input.device_memory_bytes,
+        })?;
+    Ok(problem.output(&best, input.baseline))
+}
+
+/// A model split for one group shape.
+#[derive(Debug, Clone)]
+struct Split {
+    ranges: Vec<[usize; 2]>,
+    stage_latency_ms: Vec<f64>,
+    device_memory_bytes: Vec<u64>,
+}
+
+/// A (partial) placement: group shapes, replicas, and how it simulates.
+#[derive(Debug, Clone)]
+struct Selection {
+    shapes: Vec<(usize, usize)>,
+    /// Models on each group, in the order they were added.
+    replicas: Vec<Vec<usize>>,
+    /// Bytes used on each device of each stage of each group.
+    used: Vec<Vec<u64>>,
+    attainment: f64,
+    /// The selection as the simulator sees it.
+    groups: Vec<Group>,
+}
+
+impl Selection {
+    fn is_empty(&self) -> bool {
+        self.replicas.iter().all(Vec::is_empty)
+    }
+
+    /// More attainment, or the first placement that serves anything at all.
+    fn better_than(&self, other: &Selection) -> bool {
+        !self.is_empty() && (other.is_empty() || self.attainment > other.attainment)
+    }
+}
+
+/// Checked input and the derived workload.
+struct Checked<'a> {
+    input: &'a PlacementInput,
+    /// Requests sorted by arrival, and their index in trace order.
+    requests: Vec<Request>,
+    order: Vec<usize>,
+    beam: usize,
+}
+
+impl<'a> Checked<'a> {
+    fn new(input: &'a PlacementInput) -> Result<Self, PlacementError> {
+        check::count("models", input.models.len(), MAX_MODELS)?;
+        check::count("devices", input.devices, MAX_DEVICES)?;
+        let beam = check::count("beam", input.beam.unwrap_or(1), 1024)?;
+        for (i, m) in input.models.iter().enumerate() {
+            let f = |name: &str| format!("models[{i}].{name}");
+            if input.models[..i].iter().any(|o| o.name == m.name) {
+                return Err(
+                    InputError::new(f("name"), format!("`{}` is used twice", m.name)).into(),
+                );
+            }
+            check::latencies(&f("layer_latency_ms"), &m.layer_latency_ms)?;
+            let layers = check::count(
+                &f("layer_latency_ms"),
+                m.layer_latency_ms.len(),
+                MAX_DEVICES,
+            )?;
+            check::same_len(
+                &f("layer_memory_bytes"),
+                &m.layer_memory_bytes,
+                layers,
+                "layers",
+            )?;
+            check::positive(&f("slo_s"), m.slo_s)?;
+            for (j, d) in m.tensor_parallel.iter().enumerate() {
+                let tf = f(&format!("tensor_parallel[{j}]"));
+                if d.degree < 2 || d.degree > MAX_DEVICES {
+                    return Err(InputError::new(
+                        format!("{tf}.degree"),
+                        "must be between 2 and 4096",
+                    )
+                    .into());
+                }
+                if m.tensor_parallel[..j].iter().any(|o| o.degree == d.degree) {
+                    return Err(InputError::new(format!("{tf}.degree"), "is listed twice").into());
+                }
+                check::same_len(
+                    &format!("{tf}.layer_latency_ms"),
+                    &d.layer_latency_ms,
+                    layers,
+                    "layers",
+                )?;
+                check::latencies(&format!("{tf}.layer_latency_ms"), &d.layer_latency_ms)?;
+            }
+        }
+        let requests = workload(input)?;
+        if requests.is_empty() {
+            return Err(InputError::new(
+                "workload",
+                "has no requests; give a trace or positive rates and duration",
+            )
+            .into());
+        }
+        let mut order: Vec<usize> = (0..requests.len()).collect();
+        order.sort_by(|&a, &b| requests[a].arrival_s.total_cmp(&requests[b].arrival_s));
+        let sorted = order.iter().map(|&i| requests[i]).collect();
+        Ok(Self {
+            input,
+            requests: sorted,
+            order,
+            beam,
+        })
+    }
+
+    /// The split of `model` over a group of shape `(stages, degree)`, if it fits alone.
+    fn split(
+        &self,
+        model: usize,
+        (stages, degree): (usize, usize),
+    ) -> Result<Option<Split>, PlacementError> {
+        let m = &self.input.models[model];
+        let latency = if degree == 1 {
+            &m.layer_latency_ms
+        } else {
+            match m.tensor_parallel.iter().find(|d| d.degree == degree) {
+                Some(d) => &d.layer_latency_ms,
+                None => return Ok(None),
+            }
+        };
+        if stages > latency.len() {
+            return Ok(None);
+        }
+        let problem = Problem::new(
+            vec![StageOption::new(degree, latency)],
+            Some((&m.layer_memory_bytes, self.input.device_memory_bytes)),
+            stages,
+            None,
+        )
+        .map_err(|source| PlacementError::Stages {
+            model: m.name.clone(),
+            source,
+        })?;
+        match problem.solve() {
+            Ok(p) => Ok(Some(Split {
+                ranges: p.ranges,
+                stage_latency_ms: p.stage_latency_ms,
+                device_memory_bytes: p.device_memory_bytes,
+            })),
+            Err(StagesError::DoesNotFit { .. }) => Ok(None),
+            Err(source) => Err(PlacementError::Stages {
+                model: m.name.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Algorithm 3: simulator-guided greedy model selection with beam `k` on groups of `shapes`.
+    fn greedy(&self, shapes: &[(usize, usize)]) -> Result<Selection, PlacementError> {
+        let models = self.input.models.len();
+        // splits[group][model], solved once per distinct shape.
+        let mut splits: Vec<Vec<Option<Split>>> = Vec::with_capacity(shapes.len());
+        for (gi, &shape) in shapes.iter().enumerate() {
+            let row = match shapes[..gi].iter().position(|&s| s == shape) {
+                Some(same) => splits[same].clone(),
+                None => (0..models)
+                    .map(|m| self.split(m, shape))
+                    .collect::<Result<_, _>>()?,
+            };
+            splits.push(row);
+        }
+        let empty = self.evaluate(
+            Selection {
+                shapes: shapes.to_vec(),
+                replicas: vec![Vec::new(); shapes.len()],
+                used: shapes.iter().map(|&(p, _)| vec![0; p]).collect(),
+                attainment: 0.0,
+                groups: Vec::new(),
+            },
+            &splits,
+        );
+        let mut best = empty.clone();
+        let mut beam = vec![empty];
+        loop {
+            let mut next: Vec<Selection> = Vec::new();
+            for sel in &beam {
+                for m in 0..models {
+                    for (gi, row) in splits.iter().enumerate() {
+                        let Some(split) = &row[m] else { continue };
+                        if sel.replicas[gi].contains(&m) {
+                            continue;
+                        }
+                        let fits = sel.used[gi].iter().zip(&split.device_memory_bytes).all(
+                            |(&u, &need)| {
+                                u.checked_add(need)
+                                    .is_some_and(|t| t <= self.input.device_memory_bytes)
+                            },
+                        );
+                        if !fits {
+                            continue;
+                        }
+                        let mut new = sel.clone();
+                        new.replicas[gi].push(m);
+                        for (u, &need) in new.used[gi].iter_mut().zip(&split.device_memory_bytes) {
+                            *u += need;
+                        }
+                        if next.iter().any(|o| same_replicas(o, &new)) {
+                            continue;
+                        }
+                        next.push(self.evaluate(new, &splits));
+                    }
+                }
+            }
+            if next.is_empty() {
+                return Ok(best);
+            }
+            next.sort_by(|a, b| b.attainment.total_cmp(&a.attainment));
+            next.truncate(self.beam);
+            if next[0].better_than(&best) {
+                best = next[0].clone();
+            }
+            beam = next;
+        }
+    }
+
+    /// Simulates `sel` and records its attainment.
+    fn evaluate(&self, mut sel: Selection, splits: &[Vec<Option<Split>>]) -> Selection {
+        sel.groups = sel
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(gi, models)| Group {
+                stages: sel.shapes[gi].0,
+                models: models
+                    .iter()
+                    .filter_map(|&m| {
+                        let split = splits[gi][m].as_ref()?;
+                        Some((
+                            m,
+                            split
+                                .stage_latency_ms
+                                .iter()
+                                .map(|ms| ms / 1000.0)
+                                .collect(),
+                        ))
+                    })
+                    .collect(),
+            })
+            .collect();
+        let attained = sim::simulate(&sel.groups, &self.requests)
+            .iter()
+            .zip(&self.requests)
+            .filter(|(l, r)| self.attained(**l, r))
+            .count();
+        sel.attainment = attained as f64 / self.requests.len() as f64;
+        sel
+    }
+
+    /// Whether a request with latency `latency` met its model's SLO.
+    fn attained(&self, latency: Option<f64>, request: &Request) -> bool {
+        latency.is_some_and(|l| l <= self.input.models[request.model].slo_s + SLO_SLACK_S)
+    }
+
+    fn output(&self, sel: &Selection, baseline: Option<Baseline>) -> PlacementOutput {
+        let mut groups = Vec::new();
+        let mut first_device = 0;
+        for (gi, &(p, t)) in sel.shapes.iter().enumerate() {
+            let devices: Vec<usize> = (first_device..first_device + p * t).collect();
+            first_device += p * t;
+            let models = sel.replicas[gi]
+                .iter()
+                .filter_map(|&m| {
+                    let split = self.split(m, (p, t)).ok().flatten()?;
+                    Some(PlacedModel {
+                        model: self.input.models[m].name.clone(),
+                        stages: split.ranges,
+                        stage_latency_ms: split.stage_latency_ms,
+                    })
+                })
+                .collect();
+            groups.push(GroupPlan {
+                devices,
+                pipeline_stages: p,
+                tensor_parallel: t,
+                models,
+            });
+        }
+        let latencies = sim::simulate(&sel.groups, &self.requests);
+        let mut latencies_s = vec![None; self.requests.len()];
+        for (sorted, &original) in self.order.iter().enumerate() {
+            latencies_s[original] = latencies[sorted];
+        }
+        let models = self
+            .input
+            .models
+            .iter()
+            .enumerate()
+            .map(|(mi, m)| {
+                let (mut requests, mut ok) = (0usize, 0usize);
+                for (r, &l) in self.requests.iter().zip(&latencies) {
+                    if r.model == mi {
+                        requests += 1;
+                        ok += usize::from(self.attained(l, r));
+                    }
+                }
+                ModelAttainment {
+                    model: m.name.clone(),
+                    requests,
+                    slo_attainment: if requests == 0 {
+                        1.0
+                    } else {
+                        ok as f64 / requests as f64
+                    },
+                }
+            })
+            .collect();
+        PlacementOutput {
+            groups,
+            slo_attainment: sel.attainment,
+            models,
+            latencies_s,
+            baseline,
+        }
+    }
+}
+
+/// Whether two selections hold the same replicas (in any order of addition).
+fn same_replicas(a: &Selection, b: &Selection) -> bool {
+    a.replicas.iter().zip(&b.replicas).all(|(x, y)| {
+        let (mut x, mut y) = (x.clone(), y.clone());
+        x.sort_unstable();
+        y.sort_unstable();
+        x == y
+    })
+}
+
+/// The requests of `input.workload`, in trace order (generated: arrival order).
+fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
+    let w = &input.workload;
+    let resolve = |field: &str, r: &ModelRef| -> Result<usize, InputError> {
+        match r {
+            ModelRef::Index(i) if *i < input.models.len() => Ok(*i),
+            ModelRef::Index(i) => Err(InputError::new(
+                field,
+                format!("model index {i} is out of range"),
+            )),
+            ModelRef::Name(n) => input
+                .models
+                .iter()
+                .position(|m| &m.name == n)
+                .ok_or_else(|| InputError::new(field, format!("no model is named `{n}`"))),
+        }
+    };
+    match (&w.trace, &w.arrivals) {
+        (Some(trace), None) => {
+            check::count("workload.trace", trace.len(), MAX_REQUESTS)?;
+            trace
+                .iter()
+                .enumerate()
+                .map(|(i, (t, m))| {
+                    let field = format!("workload.trace[{i}]");
+                    Ok(Request {
+                        arrival_s: check::non_negative(&field, *t)?,
+                        model: resolve(&field, m)?,
+                    })
+                })
+                .collect()
+        }
+        (None, Some(arrivals)) => {
+            let duration = check::positive(
+                "workload.duration_s",
+                w.duration_s.ok_or_else(|| {
+                    InputError::new(
+                        "workload.duration_s",
+                        "is missing; generated arrivals need a duration",
+                    )
+                })?,
+            )?;
+            let seed = w.seed.unwrap_or(0);
+            let mut requests = Vec::new();
+            for (i, a) in arrivals.iter().enumerate() {
+                let f = |name: &str| format!("workload.arrivals[{i}].{name}");
+                let model = resolve(&f("model"), &a.model)?;
+                let rate = check::positive(&f("rate"), a.rate)?;
+                let cv = check::non_negative(&f("cv"), a.cv)?;
+                if rate * duration > MAX_REQUESTS as f64 {
+                    return Err(InputError::new(
+                        f("rate"),
+                        format!("rate × duration exceeds {MAX_REQUESTS} requests"),
+                    ));
+                }
+                if cv > 1e3 {
+                    return Err(InputError::new(f("cv"), "must be at most 1000"));
+                }
+                let left = MAX_REQUESTS - requests.len();
+                let mut rng = sim::rng(seed, i as u64);
+                let times = sim::gamma_arrivals(rate, cv, duration, left + 1, &mut rng);
+                if times.len() > left {
+                    return Err(InputError::new(
+                        f("rate"),
+                        format!(
+                            "the workload has more than {MAX_REQUESTS} requests; lower the rates or the duration"
+                        ),
+                    ));
+                }
+                requests.extend(times.into_iter().map(|t| Request {
+                    arrival_s: t,
+                    model,
+                }));
+            }
+            requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+            Ok(requests)
+        }
+        _ => Err(InputError::new(
+            "workload",
+            "give exactly one of `trace` and `arrivals`",
+        )),
+    }
+}

@@ -1,0 +1,372 @@
+//! The cost profile every planner can take: what a model's layers cost on one device, as a later
+//! Burn profiler (`plan profile`) will measure and write it.
+//!
+//! ```json
+//! {
+//!   "version": 1, "model": "SmolLM2-135M", "device": "flex",
+//!   "layers": 30,
+//!   "prefill": {"batch": [1, 4], "tokens": [1, 16, 64, 256],
+//!               "base_ms": [[0.2, 0.3, 0.6, 2.0], [0.4, 0.9, 2.1, 7.5]],
+//!               "context_ms": [0.01, 0.0, 0.0001, 0.00001]},
+//!   "decode": {"batch": [1, 8, 32], "context": [16, 256, 1024],
+//!              "ms": [[0.2, 0.21, 0.25], [0.22, 0.26, 0.4], [0.3, 0.45, 0.9]]},
+//!   "weight_bytes_per_layer": 7077888, "kv_bytes_per_token_per_layer": 1152,
+//!   "embedding": {"weight_bytes": 28311552, "ms_per_token": 0.0001},
+//!   "lm_head": {"weight_bytes": 28311552, "ms_per_token": 0.05},
+//!   "tensor_parallel": [{"degree": 2, "time_scale": 0.55, "sync_ms_per_layer": 0.02}]
+//! }
+//! ```
+//!
+//! All times are for **one layer** in milliseconds:
+//! - `prefill`: TeraPipe's `t_fwd(i, j) = t_fwd(i, 0) + t_ctx(i, j)` (Eq. 2.9). `base_ms[b][t]` is
+//!   the time of a prefill of `batch[b]` sequences of `tokens[t]` tokens each with no context
+//!   (tabulated); `context_ms = [a0, a1, a2, a3]` is the fitted per-sequence context overhead
+//!   `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j`, added (times the batch) when `j > 0`.
+//! - `decode`: `ms[b][c]`, one decode step of `batch[b]` sequences whose context is
+//!   `context[c]` tokens (tabulated).
+//! - `embedding.ms_per_token` is paid per input token, `lm_head.ms_per_token` per sequence and step
+//!   (one row of logits). Their weights are outside the per-layer figures.
+//! - `tensor_parallel`: at `degree` d a layer takes `time_scale ·` its one-device time `+
+//!   sync_ms_per_layer`, and its weights and KV are split over the d devices.
+//!
+//! Tables are interpolated piecewise-linearly (held constant below the first point, extended with
+//! the last segment's slope beyond the last). Along the batch axis a table is read as
+//! non-decreasing, with a time per sequence that never grows with the batch (a running maximum,
+//! then a running minimum of the per-sequence time): measurement noise cannot make a larger batch
+//! cheaper or a smaller one more efficient, which is the monotonicity ExeGPT's search relies on
+//! (§5.1).
+
+use serde::{Deserialize, Serialize};
+
+use super::check::{self, InputError};
+
+/// Largest axis a profile table may have.
+const MAX_POINTS: usize = 4096;
+
+/// A model's measured costs on one device (see the module docs for the JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Format version; 1.
+    #[serde(default = "version_one")]
+    pub version: u32,
+    /// Model the profile was measured on (informative).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Device the profile was measured on (informative).
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Transformer layers of the model.
+    pub layers: usize,
+    /// Prefill cost of one layer.
+    pub prefill: PrefillTable,
+    /// Decode cost of one layer.
+    pub decode: DecodeTable,
+    /// Weight bytes of one layer.
+    pub weight_bytes_per_layer: u64,
+    /// KV-cache bytes one token occupies in one layer.
+    pub kv_bytes_per_token_per_layer: u64,
+    /// Token embedding.
+    pub embedding: Extra,
+    /// Output projection to the vocabulary.
+    pub lm_head: Extra,
+    /// Tensor-parallel degrees the model can run at (none: one device per layer).
+    #[serde(default)]
+    pub tensor_parallel: Vec<TpScaling>,
+}
+
+fn version_one() -> u32 {
+    1
+}
+
+/// Prefill time of one layer: tabulated without context, fitted context overhead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillTable {
+    /// Batch sizes measured (strictly increasing, ≥ 1).
+    pub batch: Vec<f64>,
+    /// Tokens per sequence measured (strictly increasing, ≥ 1).
+    pub tokens: Vec<f64>,
+    /// `base_ms[b][t]`: time for `batch[b]` sequences of `tokens[t]` tokens, no context.
+    pub base_ms: Vec<Vec<f64>>,
+    /// `[a0, a1, a2, a3]` of `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j` per sequence (all ≥ 0).
+    pub context_ms: [f64; 4],
+}
+
+/// Decode-step time of one layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeTable {
+    /// Batch sizes measured (strictly increasing, ≥ 1).
+    pub batch: Vec<f64>,
+    /// Context lengths measured (strictly increasing, ≥ 0).
+    pub context: Vec<f64>,
+    /// `ms[b][c]`: one step of `batch[b]` sequences with `context[c]` tokens of context.
+    pub ms: Vec<Vec<f64>>,
+}
+
+/// Embedding or LM head: weights and time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Extra {
+    /// Weight bytes.
+    pub weight_bytes: u64,
+    /// Milliseconds per token it processes.
+    pub ms_per_token: f64,
+}
+
+/// How one tensor-parallel degree changes a layer's time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpScaling {
+    /// Devices a layer is split over (≥ 2).
+    pub degree: usize,
+    /// Fraction of the one-device time the split layer's compute takes.
+    pub time_scale: f64,
+    /// Synchronisation (all-reduce) time per layer and step.
+    pub sync_ms_per_layer: f64,
+}
+
+/// A checked profile with its tables ready to read.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    profile: Profile,
+    prefill: Grid,
+    decode: Grid,
+}
+
+impl Profile {
+    /// Checks every field (`field` prefixes the names in errors) and builds the cost model.
+    pub fn cost_model(&self, field: &str) -> Result<CostModel, InputError> {
+        let f = |name: &str| format!("{field}.{name}");
+        if self.version != 1 {
+            return Err(InputError::new(
+                f("version"),
+                format!(
+                    "version {} is not supported; this planner reads version 1",
+                    self.version
+                ),
+            ));
+        }
+        check::count(&f("layers"), self.layers, 1 << 20)?;
+        let prefill = Grid::new(
+            &f("prefill"),
+            ("batch", &self.prefill.batch, 1.0),
+            ("tokens", &self.prefill.tokens, 1.0),
+            ("base_ms", &self.prefill.base_ms),
+        )?;
+        for (i, &a) in self.prefill.context_ms.iter().enumerate() {
+            check::non_negative(&f(&format!("prefill.context_ms[{i}]")), a)?;
+        }
+        let decode = Grid::new(
+            &f("decode"),
+            ("batch", &self.decode.batch, 1.0),
+            ("context", &self.decode.context, 0.0),
+            ("ms", &self.decode.ms),
+        )?;
+        check::non_negative(&f("embedding.ms_per_token"), self.embedding.ms_per_token)?;
+        check::non_negative(&f("lm_head.ms_per_token"), self.lm_head.ms_per_token)?;
+        if self.tensor_parallel.len() > 64 {
+            return Err(InputError::new(
+                f("tensor_parallel"),
+                "lists more than 64 degrees",
+            ));
+        }
+        for (i, tp) in self.tensor_parallel.iter().enumerate() {
+            let name = f(&format!("tensor_parallel[{i}]"));
+            if tp.degree < 2 || tp.degree > 1 << 16 {
+                return Err(InputError::new(
+                    format!("{name}.degree"),
+                    "must be between 2 and 65536",
+                ));
+            }
+            if self.tensor_parallel[..i]
+                .iter()
+                .any(|o| o.degree == tp.degree)
+            {
+                return Err(InputError::new(
+                    format!("{name}.degree"),
+                    format!("degree {} is listed twice", tp.degree),
+                ));
+            }
+            check::positive(&format!("{name}.time_scale"), tp.time_scale)?;
+            check::non_negative(&format!("{name}.sync_ms_per_layer"), tp.sync_ms_per_layer)?;
+        }
+        Ok(CostModel {
+            profile: self.clone(),
+            prefill,
+            decode,
+        })
+    }
+}
+
+impl CostModel {
+    /// The profile this model reads.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// One layer's prefill of `batch` sequences, each a slice of `tokens` tokens after
+    /// `context` tokens of context (TeraPipe's `t_fwd(i, j)` for a batch).
+    pub fn prefill_layer_ms(&self, batch: f64, tokens: f64, context: f64) -> f64 {
+        let base = self.prefill.eval(batch, tokens);
+        if context > 0.0 {
+            let [a0, a1, a2, a3] = self.profile.prefill.context_ms;
+            base + batch * (a0 + a1 * tokens + a2 * context + a3 * tokens * context)
+        } else {
+            base
+        }
+    }
+
+    /// One layer's decode step of `batch` sequences with `context` tokens of context.
+    pub fn decode_layer_ms(&self, batch: f64, context: f64) -> f64 {
+        self.decode.eval(batch, context)
+    }
+
+    /// The scaling at tensor-parallel `degree` (degree 1: identity).
+    pub fn tensor_parallel(&self, degree: usize) -> Option<TpScaling> {
+        if degree == 1 {
+            return Some(TpScaling {
+                degree: 1,
+                time_scale: 1.0,
+                sync_ms_per_layer: 0.0,
+            });
+        }
+        self.profile
+            .tensor_parallel
+            .iter()
+            .find(|t| t.degree == degree)
+            .cloned()
+    }
+}
+
+/// A table over (batch, second axis), read as described in the module docs.
+#[derive(Debug, Clone)]
+struct Grid {
+    batch: Vec<f64>,
+    other: Vec<f64>,
+    values: Vec<Vec<f64>>,
+}
+
+impl Grid {
+    fn new(
+        field: &str,
+        (batch_name, batch, batch_min): (&str, &[f64], f64),
+        (other_name, other, other_min): (&str, &[f64], f64),
+        (values_name, values): (&str, &[Vec<f64>]),
+    ) -> Result<Self, InputError> {
+        for (name, axis, min) in [
+            (batch_name, batch, batch_min),
+            (other_name, other, other_min),
+        ] {
+            let name = format!("{field}.{name}");
+            check::count(&name, axis.len(), MAX_POINTS)?;
+            for (i, &p) in axis.iter().enumerate() {
+                if !p.is_finite() || p < min || (i > 0 && p <= axis[i - 1]) {
+                    return Err(InputError::new(
+                        format!("{name}[{i}]"),
+                        format!(
+                            "{p} must be finite, at least {min} and larger than the point before"
+                        ),
+                    ));
+                }
+            }
+        }
+        let values_field = format!("{field}.{values_name}");
+        check::same_len(&values_field, values, batch.len(), "batch sizes")?;
+        for (b, row) in values.iter().enumerate() {
+            let row_field = format!("{values_field}[{b}]");
+            check::same_len(&row_field, row, other.len(), other_name)?;
+            for (i, &v) in row.iter().enumerate() {
+                check::non_negative(&format!("{row_field}[{i}]"), v)?;
+            }
+        }
+        Ok(Self {
+            batch: batch.to_vec(),
+            other: other.to_vec(),
+            values: values.to_vec(),
+        })
+    }
+
+    fn eval(&self, batch: f64, other: f64) -> f64 {
+        // Read every batch row at `other`, then make the batch curve monotone before reading it.
+        let mut curve: Vec<f64> = self
+            .values
+            .iter()
+            .map(|row| interpolate(&self.other, row, other).max(0.0))
+            .collect();
+        for i in 1..curve.len() {
+            curve[i] = curve[i].max(curve[i - 1]);
+        }
+        for i in 1..curve.len() {
+            let per_seq = curve[i - 1] / self.batch[i - 1];
+            curve[i] = curve[i].min(per_seq * self.batch[i]);
+        }
+        interpolate(&self.batch, &curve, batch).max(0.0)
+    }
+}
+
+/// Piecewise-linear `ys` over increasing `xs` at `x`: constant below the first point, extended
+/// with the last segment's slope beyond the last.
+pub(crate) fn interpolate(xs: &[f64], ys: &[f64], x: f64) -> f64 {
+    if xs.len() == 1 || x <= xs[0] {
+        return ys[0];
+    }
+    let seg = xs[..xs.len() - 1]
+        .iter()
+        .rposition(|&p| p <= x)
+        .unwrap_or(0);
+    let w = (x - xs[seg]) / (xs[seg + 1] - xs[seg]);
+    ys[seg] + w * (ys[seg + 1] - ys[seg])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid(values: Vec<Vec<f64>>) -> Grid {
+        Grid::new(
+            "g",
+            ("batch", &[1.0, 2.0, 4.0], 1.0),
+            ("tokens", &[1.0, 10.0], 1.0),
+            ("v", &values),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn profile_grid_interpolates_and_extrapolates() {
+        let g = grid(vec![vec![1.0, 10.0], vec![2.0, 20.0], vec![4.0, 40.0]]);
+        assert!((g.eval(1.0, 5.5) - 5.5).abs() < 1e-12);
+        assert!((g.eval(3.0, 1.0) - 3.0).abs() < 1e-12);
+        assert!((g.eval(8.0, 1.0) - 8.0).abs() < 1e-12);
+        assert!((g.eval(1.0, 19.0) - 19.0).abs() < 1e-12);
+        assert_eq!(g.eval(0.5, 1.0), 1.0);
+    }
+
+    #[test]
+    fn profile_grid_is_monotone_in_batch_with_non_increasing_time_per_sequence() {
+        // Noisy: batch 2 faster than batch 1, batch 4 superlinear.
+        let g = grid(vec![vec![2.0, 2.0], vec![1.0, 1.0], vec![20.0, 20.0]]);
+        assert_eq!(g.eval(2.0, 1.0), 2.0);
+        assert_eq!(g.eval(4.0, 1.0), 4.0);
+    }
+
+    #[test]
+    fn profile_rejects_bad_tables() {
+        let bad = Grid::new(
+            "g",
+            ("batch", &[2.0, 1.0], 1.0),
+            ("tokens", &[1.0], 1.0),
+            ("v", &[vec![1.0], vec![1.0]]),
+        );
+        assert!(bad.is_err());
+        let short = Grid::new(
+            "g",
+            ("batch", &[1.0], 1.0),
+            ("tokens", &[1.0, 2.0], 1.0),
+            ("v", &[vec![1.0]]),
+        );
+        assert!(short.is_err());
+    }
+}

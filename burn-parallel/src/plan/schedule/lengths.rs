@@ -1,0 +1,182 @@
+//! Sequence-length distributions `P_E(S)` and `P_D(S)` (ExeGPT §6): a histogram, an explicit
+//! trace of lengths, or a seeded sample of a truncated normal (the shape ExeGPT fits to its
+//! datasets, §7.1).
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::check::{self, InputError};
+use crate::plan::sim;
+
+/// Longest sequence length accepted.
+const MAX_LEN: usize = 1 << 20;
+/// Most samples a truncated normal may draw.
+const MAX_SAMPLES: usize = 1_000_000;
+
+/// A length distribution in the input JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum LengthDistribution {
+    /// `{"histogram": [[length, weight], …]}`: weights need not sum to 1.
+    Histogram(Vec<(usize, f64)>),
+    /// `{"trace": [length, …]}`: the empirical distribution of these lengths.
+    Trace(Vec<usize>),
+    /// `{"truncated_normal": {"mean", "std", "max", "count", "seed"}}`: `count` seeded samples of
+    /// a normal, rounded, kept within `1..=max`.
+    TruncatedNormal(TruncatedNormal),
+}
+
+/// Parameters of [`LengthDistribution::TruncatedNormal`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TruncatedNormal {
+    /// Mean before truncation.
+    pub mean: f64,
+    /// Standard deviation before truncation.
+    pub std: f64,
+    /// Longest length kept.
+    pub max: usize,
+    /// Samples to draw (default 10000).
+    #[serde(default)]
+    pub count: Option<usize>,
+    /// Seed (default 0).
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// A checked distribution: lengths in increasing order with probabilities summing to 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lengths {
+    points: Vec<(usize, f64)>,
+}
+
+impl Lengths {
+    /// Checks `dist` (named `field` in errors).
+    pub fn new(field: &str, dist: &LengthDistribution) -> Result<Self, InputError> {
+        let mut points: Vec<(usize, f64)> = match dist {
+            LengthDistribution::Histogram(h) => {
+                check::count(&format!("{field}.histogram"), h.len(), MAX_SAMPLES)?;
+                for (i, &(len, w)) in h.iter().enumerate() {
+                    check::count(&format!("{field}.histogram[{i}][0]"), len, MAX_LEN)?;
+                    check::non_negative(&format!("{field}.histogram[{i}][1]"), w)?;
+                }
+                h.clone()
+            }
+            LengthDistribution::Trace(t) => {
+                check::count(&format!("{field}.trace"), t.len(), MAX_SAMPLES)?;
+                for (i, &len) in t.iter().enumerate() {
+                    check::count(&format!("{field}.trace[{i}]"), len, MAX_LEN)?;
+                }
+                t.iter().map(|&l| (l, 1.0)).collect()
+            }
+            LengthDistribution::TruncatedNormal(n) => {
+                truncated_normal(&format!("{field}.truncated_normal"), n)?
+            }
+        };
+        points.sort_by_key(|p| p.0);
+        let mut merged: Vec<(usize, f64)> = Vec::with_capacity(points.len());
+        for (len, w) in points {
+            match merged.last_mut() {
+                Some(last) if last.0 == len => last.1 += w,
+                _ => merged.push((len, w)),
+            }
+        }
+        let total: f64 = merged.iter().map(|p| p.1).sum();
+        if !(total > 0.0 && total.is_finite()) {
+            return Err(InputError::new(
+                field,
+                "has no weight; give at least one length with a positive weight",
+            ));
+        }
+        merged.retain(|p| p.1 > 0.0);
+        for p in &mut merged {
+            p.1 /= total;
+        }
+        Ok(Self { points: merged })
+    }
+
+    /// `(length, probability)` in increasing length.
+    pub fn points(&self) -> &[(usize, f64)] {
+        &self.points
+    }
+
+    /// Expected length.
+    pub fn mean(&self) -> f64 {
+        self.points.iter().map(|&(l, p)| l as f64 * p).sum()
+    }
+
+    /// Longest length with positive probability.
+    pub fn max(&self) -> usize {
+        self.points.last().map_or(1, |p| p.0)
+    }
+
+    /// Smallest length whose cumulative probability reaches `percent`%.
+    pub fn percentile(&self, percent: f64) -> usize {
+        let target = percent / 100.0 - 1e-12;
+        let mut acc = 0.0;
+        for &(len, p) in &self.points {
+            acc += p;
+            if acc >= target {
+                return len;
+            }
+        }
+        self.max()
+    }
+}
+
+fn truncated_normal(field: &str, n: &TruncatedNormal) -> Result<Vec<(usize, f64)>, InputError> {
+    let mean = check::non_negative(&format!("{field}.mean"), n.mean)?;
+    let std = check::non_negative(&format!("{field}.std"), n.std)?;
+    let max = check::count(&format!("{field}.max"), n.max, MAX_LEN)?;
+    let count = check::count(
+        &format!("{field}.count"),
+        n.count.unwrap_or(10_000),
+        MAX_SAMPLES,
+    )?;
+    let mut rng = sim::rng(n.seed.unwrap_or(0), 0);
+    let mut out = Vec::with_capacity(count);
+    let mut tries = 0usize;
+    while out.len() < count {
+        tries += 1;
+        if tries > 100 * count {
+            return Err(InputError::new(
+                field,
+                "almost no samples fall within 1..=max; check mean, std and max",
+            ));
+        }
+        let x = (mean + std * sim::normal(&mut rng)).round();
+        if x >= 1.0 && x <= max as f64 {
+            out.push((x as usize, 1.0));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_lengths_normalise_and_give_percentiles() {
+        let l = Lengths::new(
+            "d",
+            &LengthDistribution::Histogram(vec![(10, 1.0), (20, 2.0), (10, 1.0)]),
+        )
+        .unwrap();
+        assert_eq!(l.points(), &[(10, 0.5), (20, 0.5)]);
+        assert_eq!(l.mean(), 15.0);
+        assert_eq!(l.percentile(50.0), 10);
+        assert_eq!(l.percentile(99.0), 20);
+        let n = LengthDistribution::TruncatedNormal(TruncatedNormal {
+            mean: 50.0,
+            std: 10.0,
+            max: 80,
+            count: Some(2000),
+            seed: Some(3),
+        });
+        let a = Lengths::new("d", &n).unwrap();
+        assert!((a.mean() - 50.0).abs() < 2.0);
+        assert_eq!(a, Lengths::new("d", &n).unwrap());
+        assert!(Lengths::new("d", &LengthDistribution::Trace(vec![])).is_err());
+        assert!(Lengths::new("d", &LengthDistribution::Histogram(vec![(3, 0.0)])).is_err());
+    }
+}

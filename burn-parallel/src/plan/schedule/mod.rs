@@ -1,0 +1,319 @@
+//! Constraint-aware scheduling (ExeGPT): the configuration of most throughput whose latency
+//! meets a bound, searched by branch-and-bound (§5.1) over the [XSimulator](xsim) (§6).
+//!
+//! Control variables (§4): the strategy (RRA, WAA-C or WAA-M), the encode batch `B_E`, the
+//! decode batch `B_D` (derived from `B_E` as §6 does: `B_E / Σ_U P_D(U)` for RRA, `B_E·S̄_D` for
+//! WAA), decode iterations between prefills `N_D` (RRA), decoder micro-batches `B_m` (WAA) and
+//! partial tensor parallelism (a degree from the profile and how many stages use it, on the
+//! decoding devices) when there is more than one device.
+//!
+//! As the paper does for the tensor-parallel degree, variables without a usable monotonicity
+//! (degree, tensor-parallel stages, `B_m`, the WAA device split) are enumerated, and
+//! branch-and-bound runs over `B_E` (throughput and latency grow with it) and `N_D` (latency
+//! falls as it grows; its throughput bound is computed, since `⌈S/N_D⌉` makes throughput
+//! non-monotone). `exhaustive: true` scans the same space point by point; both return the same
+//! optimum because every pruning bound holds for every point it prunes.
+//!
+//! The latency is that of generating the 99th-percentile output length (ExeGPT §7.1; set
+//! `latency_percentile` to change it), from the start of the query's prefill.
+
+mod lengths;
+mod search;
+mod xsim;
+
+use serde::{Deserialize, Serialize};
+
+pub use lengths::{LengthDistribution, Lengths, TruncatedNormal};
+
+use super::check::{self, InputError};
+use super::profile::Profile;
+use search::{Searcher, Space};
+use xsim::{Pipe, XSim};
+
+/// Largest encode batch and decode-iteration range searched.
+const MAX_RANGE: usize = 1 << 16;
+
+/// Input of [`plan`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleInput {
+    /// The model's costs.
+    pub profile: Profile,
+    /// Prompt lengths `P_E(S)`.
+    pub input_lengths: LengthDistribution,
+    /// Output lengths `P_D(S)`.
+    pub output_lengths: LengthDistribution,
+    /// Devices to use.
+    pub devices: usize,
+    /// Memory of each device in bytes.
+    pub device_memory_bytes: u64,
+    /// Latency the percentile-length output must meet, in seconds.
+    pub latency_bound_s: f64,
+    /// Strategies to consider (default all three; WAA needs two devices).
+    #[serde(default)]
+    pub strategies: Option<Vec<Strategy>>,
+    /// Largest encode batch `B_E` searched (default 256).
+    #[serde(default)]
+    pub max_encode_batch: Option<usize>,
+    /// Largest `N_D` searched (default: the longest output length).
+    #[serde(default)]
+    pub max_decode_iterations: Option<usize>,
+    /// Percentile of the output length whose latency is bounded (default 99).
+    #[serde(default)]
+    pub latency_percentile: Option<f64>,
+    /// Search every point instead of branch-and-bound (the CLI's `--exhaustive`): about
+    /// `max_encode_batch × max_decode_iterations` simulations per strategy and tensor-parallel
+    /// choice, so keep the ranges small.
+    #[serde(default)]
+    pub exhaustive: bool,
+}
+
+/// ExeGPT's scheduling strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Strategy {
+    /// Round-robin allocation: every device holds a slice of the layers; prefill then `N_D`
+    /// decode iterations, repeated.
+    #[serde(rename = "rra")]
+    Rra,
+    /// Workload-aware allocation balancing compute between encoding and decoding devices.
+    #[serde(rename = "waa-c")]
+    WaaC,
+    /// Workload-aware allocation balancing memory.
+    #[serde(rename = "waa-m")]
+    WaaM,
+}
+
+/// Output of [`plan`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleOutput {
+    /// Chosen strategy.
+    pub strategy: Strategy,
+    /// Queries prefilled together, `B_E`.
+    pub encode_batch: usize,
+    /// Queries decoded together, `B_D` (rounded up from the simulator's expected value).
+    pub decode_batch: usize,
+    /// Decode iterations between prefills, `N_D` (RRA only).
+    pub decode_iterations: Option<usize>,
+    /// Micro-batches a decode batch is split into, `B_m` (RRA: one per pipeline stage).
+    pub decoder_micro_batches: usize,
+    /// Tensor-parallel degree of the tensor-parallel stages (1: none).
+    pub tensor_parallel_degree: usize,
+    /// Stages that run tensor-parallel.
+    pub tensor_parallel_stages: usize,
+    /// Devices that prefill (RRA: all).
+    pub encode_devices: usize,
+    /// Devices that decode (RRA: all).
+    pub decode_devices: usize,
+    /// Pipeline stages of the decoding devices.
+    pub pipeline_stages: usize,
+    /// Predicted queries per second.
+    pub throughput_qps: f64,
+    /// Predicted latency of the percentile-length output, in seconds.
+    pub latency_s: f64,
+    /// The percentile the latency is for.
+    pub latency_percentile: f64,
+    /// Output tokens at that percentile.
+    pub latency_output_tokens: usize,
+    /// The bound it meets.
+    pub latency_bound_s: f64,
+    /// `"branch-and-bound"` or `"exhaustive"`.
+    pub search: String,
+    /// Simulator calls the search made.
+    pub simulations: usize,
+}
+
+/// Why no schedule could be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScheduleError {
+    /// A field cannot be used.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// Some configuration fits, none meets the bound.
+    #[error(
+        "no configuration meets the latency bound of {bound_s} s; the lowest reachable latency is {best_latency_s} s: relax the bound or add devices"
+    )]
+    Infeasible {
+        /// The bound asked for.
+        bound_s: f64,
+        /// The least latency any configuration that fits in memory reaches.
+        best_latency_s: f64,
+    },
+    /// No configuration fits in memory.
+    #[error("no configuration fits in {memory} bytes per device; add memory or devices")]
+    DoesNotFit {
+        /// Memory per device.
+        memory: u64,
+    },
+    /// The requested strategies cannot run on these devices.
+    #[error(
+        "no requested strategy runs on {devices} device(s) (WAA needs at least 2); add `rra` to `strategies`"
+    )]
+    NoStrategy {
+        /// Devices.
+        devices: usize,
+    },
+}
+
+/// Plans the schedule for `input` (see the module docs).
+pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
+    let cost = input.profile.cost_model("profile")?;
+    let in_lengths = Lengths::new("input_lengths", &input.input_lengths)?;
+    let out_lengths = Lengths::new("output_lengths", &input.output_lengths)?;
+    check::count("devices", input.devices, 4096)?;
+    let bound_s = check::positive("latency_bound_s", input.latency_bound_s)?;
+    let max_batch = check::count(
+        "max_encode_batch",
+        input.max_encode_batch.unwrap_or(256),
+        MAX_RANGE,
+    )?;
+    let nd_max = check::count(
+        "max_decode_iterations",
+        input.max_decode_iterations.unwrap_or(out_lengths.max()),
+        MAX_RANGE,
+    )?;
+    let percentile = input.latency_percentile.unwrap_or(99.0);
+    if !(percentile > 0.0 && percentile <= 100.0) {
+        return Err(InputError::new("latency_percentile", "must be in (0, 100]").into());
+    }
+    let strategies = input
+        .strategies
+        .clone()
+        .unwrap_or_else(|| vec![Strategy::Rra, Strategy::WaaC, Strategy::WaaM]);
+    check::count("strategies", strategies.len(), 3)?;
+    let mut degrees: Vec<usize> = vec![1];
+    degrees.extend(input.profile.tensor_parallel.iter().map(|t| t.degree));
+
+    let sim = XSim::new(
+        cost,
+        in_lengths,
+        out_lengths,
+        input.device_memory_bytes,
+        percentile,
+    );
+    let searcher = Searcher::new(&sim, max_batch, bound_s);
+    let n = input.devices;
+    let mut spaces: Vec<(Strategy, Space)> = Vec::new();
+    for &strategy in &strategies {
+        let (encoders, decoders) = match strategy {
+            Strategy::Rra => (0, n),
+            _ if n < 2 => continue,
+            Strategy::WaaC => {
+                let e = sim.waa_c_encoders(n);
+                (e, n - e)
+            }
+            Strategy::WaaM => {
+                let e = sim.waa_m_encoders(n, max_batch);
+                (e, n - e)
+            }
+        };
+        for &degree in &degrees {
+            let max_groups = if degree == 1 { 0 } else { decoders / degree };
+            for tp_groups in 0..=max_groups {
+                if degree > 1 && tp_groups == 0 {
+                    continue;
+                }
+                let pipe = Pipe {
+                    plain: decoders - tp_groups * degree,
+                    tp_groups,
+                    degree,
+                };
+                match strategy {
+                    Strategy::Rra => spaces.push((strategy, Space::Rra { pipe, nd_max })),
+                    _ => {
+                        for micro in 1..=pipe.stages() {
+                            spaces.push((
+                                strategy,
+                                Space::Waa {
+                                    encoders,
+                                    micro,
+                                    pipe,
+                                },
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if spaces.is_empty() {
+        return Err(ScheduleError::NoStrategy { devices: n });
+    }
+    let mut best: Option<(Strategy, Space, Vec<usize>, xsim::Perf)> = None;
+    for (strategy, space) in &spaces {
+        let found = if input.exhaustive {
+            searcher.exhaustive(space)
+        } else {
+            searcher.branch_and_bound(space)
+        };
+        if let Some((c, perf)) = found
+            && best
+                .as_ref()
+                .is_none_or(|b| perf.throughput_qps > b.3.throughput_qps)
+        {
+            best = Some((*strategy, *space, c, perf));
+        }
+    }
+    let Some((strategy, space, c, perf)) = best else {
+        // The least latency of each space is at its lowest corner (monotonicity).
+        let least = spaces
+            .iter()
+            .map(|(_, s)| searcher.least_latency(s, &[0, 0]))
+            .fold(f64::INFINITY, f64::min);
+        return Err(if least.is_finite() {
+            ScheduleError::Infeasible {
+                bound_s,
+                best_latency_s: least,
+            }
+        } else {
+            ScheduleError::DoesNotFit {
+                memory: input.device_memory_bytes,
+            }
+        });
+    };
+    let point = searcher.point(&space, &c);
+    let (pipe, encoders, micro, decode_batch) = match space {
+        Space::Rra { pipe, .. } => {
+            let n_d = point.decode_iterations.unwrap_or(1);
+            (
+                pipe,
+                n,
+                pipe.stages(),
+                point.encode_batch as f64 / sim.completion(n_d),
+            )
+        }
+        Space::Waa {
+            encoders,
+            micro,
+            pipe,
+        } => (
+            pipe,
+            encoders,
+            micro,
+            point.encode_batch as f64 * sim.mean_out(),
+        ),
+    };
+    Ok(ScheduleOutput {
+        strategy,
+        encode_batch: point.encode_batch,
+        decode_batch: (decode_batch - 1e-9).ceil().max(1.0) as usize,
+        decode_iterations: point.decode_iterations,
+        decoder_micro_batches: micro,
+        tensor_parallel_degree: pipe.degree,
+        tensor_parallel_stages: pipe.tp_groups,
+        encode_devices: encoders,
+        decode_devices: pipe.plain + pipe.tp_groups * pipe.degree,
+        pipeline_stages: pipe.stages(),
+        throughput_qps: perf.throughput_qps,
+        latency_s: perf.latency_s,
+        latency_percentile: percentile,
+        latency_output_tokens: sim.target_len,
+        latency_bound_s: bound_s,
+        search: if input.exhaustive {
+            "exhaustive"
+        } else {
+            "branch-and-bound"
+        }
+        .to_string(),
+        simulations: searcher.simulations(),
+    })
+}

@@ -1,0 +1,324 @@
+//! XSimulator (ExeGPT §6): throughput, latency and memory of one configuration from the profile
+//! and the length distributions.
+//!
+//! The model is decoder-only (prefill is "encoding"). Layers are spread evenly over a pipeline's
+//! stages (fractionally: an estimate, like the paper's); a tensor-parallel stage runs its layers at
+//! `time_scale · t + sync`. Batches are expected values (real numbers), as in §6. Timelines use
+//! the [simulator's](crate::plan::sim) flow-shop rule in closed form: `m` equal micro-batches pass
+//! `k` stages in `Σ t_k + (m−1)·max t_k` ([`fill`]); `m` micro-batches cycling through the stages
+//! (decode iterations) repeat every `max(m·max t_k, Σ t_k)` ([`cyclic`]).
+//!
+//! - **RRA** (§4.1, Fig. 4a): `P` stages, batches split into `P` micro-batches. Each cycle
+//!   encodes `B_E` queries then runs `N_D` decode iterations of `B_D = B_E / Σ_U P_D(U)`, with
+//!   `P_D(U|S)` as in §6. Throughput `B_E / (E + N_D·I)`; the latency of the percentile-length
+//!   output `S` is `⌈S/N_D⌉·E + S·I` (it spans `⌈S/N_D⌉` encode phases and `S` iterations).
+//! - **WAA** (§4.1, Fig. 4b): `G_E` devices encode batches of `B_E`, the rest decode
+//!   `B_D = B_E·S̄_D` in `B_m` micro-batches; the decoder merges an encoded batch every iteration,
+//!   so the period is `T = max(encoder bottleneck, decode iteration)`, throughput `B_E / T`, latency
+//!   `encode pass + S·T`. Each side holds a copy of the weights.
+//!
+//! Memory per device: its layers' weights and the KV cache of the queries in flight
+//! (`mean input + mean output` tokens each), split by the tensor-parallel degree; the embedding
+//! sits on the first stage and the LM head on the last.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::plan::profile::{CostModel, TpScaling};
+
+use super::lengths::Lengths;
+
+/// A pipeline: `tp_groups` tensor-parallel stages of `degree` devices, then `plain` one-device
+/// stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Pipe {
+    pub plain: usize,
+    pub tp_groups: usize,
+    pub degree: usize,
+}
+
+impl Pipe {
+    pub fn stages(&self) -> usize {
+        self.plain + self.tp_groups
+    }
+}
+
+/// What the simulator predicts for one configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Perf {
+    /// Queries per second.
+    pub throughput_qps: f64,
+    /// Latency of the percentile-length output, in seconds.
+    pub latency_s: f64,
+    /// Whether every device's memory holds.
+    pub fits: bool,
+}
+
+/// The simulator's fixed inputs.
+pub(crate) struct XSim {
+    cost: CostModel,
+    input: Lengths,
+    output: Lengths,
+    cap: f64,
+    /// Output length whose latency is bounded (the percentile).
+    pub target_len: usize,
+    layers: f64,
+    mean_in: f64,
+    mean_out: f64,
+    /// `Σ_U P_D(U)` by `N_D`, as computed so far (the search asks for the same values often).
+    completion: RefCell<HashMap<usize, f64>>,
+}
+
+/// `m` equal micro-batches through stages taking `t` each: the last leaves at this time.
+pub(crate) fn fill(t: &[f64], m: f64) -> f64 {
+    t.iter().sum::<f64>() + (m - 1.0) * t.iter().copied().fold(0.0, f64::max)
+}
+
+/// `m` micro-batches cycling through stages taking `t` each: the steady-state period.
+pub(crate) fn cyclic(t: &[f64], m: f64) -> f64 {
+    (m * t.iter().copied().fold(0.0, f64::max)).max(t.iter().sum())
+}
+
+impl XSim {
+    pub fn new(
+        cost: CostModel,
+        input: Lengths,
+        output: Lengths,
+        cap: u64,
+        percentile: f64,
+    ) -> Self {
+        let target_len = output.percentile(percentile);
+        Self {
+            layers: cost.profile().layers as f64,
+            mean_in: input.mean(),
+            mean_out: output.mean(),
+            cost,
+            input,
+            output,
+            cap: cap as f64,
+            target_len,
+            completion: RefCell::default(),
+        }
+    }
+
+    pub fn mean_out(&self) -> f64 {
+        self.mean_out
+    }
+
+    /// `Σ_U P_D(U)`: the chance that a query in the decode batch completes within one phase of
+    /// `n_d` iterations (§6).
+    pub fn completion(&self, n_d: usize) -> f64 {
+        *self.completion.borrow_mut().entry(n_d).or_insert_with(|| {
+            self.output
+                .points()
+                .iter()
+                .map(|&(s, p)| {
+                    if s <= n_d {
+                        p
+                    } else {
+                        p / s.div_ceil(n_d) as f64
+                    }
+                })
+                .sum()
+        })
+    }
+
+    /// Tensor-parallel scaling of a pipe (identity without tensor parallelism).
+    fn scaling(&self, pipe: &Pipe) -> TpScaling {
+        self.cost.tensor_parallel(pipe.degree).unwrap_or(TpScaling {
+            degree: 1,
+            time_scale: 1.0,
+            sync_ms_per_layer: 0.0,
+        })
+    }
+
+    /// Stage times (ms) of a pass whose per-layer time is `layer_ms`, with `first`/`last` extra.
+    fn stage_times(&self, pipe: &Pipe, layer_ms: f64, first: f64, last: f64) -> Vec<f64> {
+        let p = pipe.stages();
+        let per_stage = self.layers / p as f64;
+        let tp = self.scaling(pipe);
+        let mut t: Vec<f64> = (0..p)
+            .map(|k| {
+                if k < pipe.tp_groups {
+                    per_stage * (tp.time_scale * layer_ms + tp.sync_ms_per_layer)
+                } else {
+                    per_stage * layer_ms
+                }
+            })
+            .collect();
+        t[0] += first;
+        t[p - 1] += last;
+        t
+    }
+
+    /// Whether every device of `pipe` holds its weights and the KV of `kv_tokens` tokens.
+    fn fits(&self, pipe: &Pipe, kv_tokens: f64) -> bool {
+        let prof = self.cost.profile();
+        let p = pipe.stages();
+        let per_layer = prof.weight_bytes_per_layer as f64
+            + kv_tokens * prof.kv_bytes_per_token_per_layer as f64;
+        (0..p).all(|k| {
+            let degree = if k < pipe.tp_groups {
+                pipe.degree as f64
+            } else {
+                1.0
+            };
+            let mut bytes = self.layers / p as f64 * per_layer / degree;
+            if k == 0 {
+                bytes += prof.embedding.weight_bytes as f64;
+            }
+            if k == p - 1 {
+                bytes += prof.lm_head.weight_bytes as f64;
+            }
+            bytes <= self.cap
+        })
+    }
+
+    /// Per-layer prefill time of `batch` queries, expected over the input lengths.
+    fn encode_layer_ms(&self, batch: f64) -> f64 {
+        self.input
+            .points()
+            .iter()
+            .map(|&(s, p)| p * self.cost.prefill_layer_ms(batch, s as f64, 0.0))
+            .sum()
+    }
+
+    /// Stage times of encoding `batch` queries.
+    fn encode_times(&self, pipe: &Pipe, batch: f64) -> Vec<f64> {
+        let prof = self.cost.profile();
+        self.stage_times(
+            pipe,
+            self.encode_layer_ms(batch),
+            batch * self.mean_in * prof.embedding.ms_per_token,
+            batch * prof.lm_head.ms_per_token,
+        )
+    }
+
+    /// Stage times of one decode step of `batch` queries at the mean decode context.
+    fn decode_times(&self, pipe: &Pipe, batch: f64) -> Vec<f64> {
+        let prof = self.cost.profile();
+        let context = self.mean_in + self.mean_out / 2.0;
+        self.stage_times(
+            pipe,
+            self.cost.decode_layer_ms(batch, context),
+            batch * prof.embedding.ms_per_token,
+            batch * prof.lm_head.ms_per_token,
+        )
+    }
+
+    /// RRA with encode batch `b_e` and `n_d` decode iterations per phase on `pipe`.
+    pub fn rra(&self, b_e: f64, n_d: usize, pipe: &Pipe) -> Perf {
+        let m = pipe.stages() as f64;
+        let b_d = b_e / self.completion(n_d);
+        let encode = fill(&self.encode_times(pipe, b_e / m), m);
+        let iteration = cyclic(&self.decode_times(pipe, b_d / m), m);
+        let s = self.target_len;
+        Perf {
+            throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
+            latency_s: (s.div_ceil(n_d) as f64 * encode + s as f64 * iteration) / 1000.0,
+            fits: self.fits(pipe, b_d * (self.mean_in + self.mean_out)),
+        }
+    }
+
+    /// An upper bound on RRA's throughput over `B_E ≤ b_e`, `n_lo ≤ N_D ≤ n_hi`. Throughput grows
+    /// with `B_E`, so take `B_E = b_e`; a cycle is `E + N·I(b_e / q(N))` with `q = Σ_U P_D(U)`
+    /// non-decreasing in `N`. Two lower bounds on `N·I(…)`: `n_lo · I(b_e / q(n_hi))` (the
+    /// smallest count of the cheapest iterations), and, since an iteration's time per query never
+    /// grows with the batch, `min_N (N / q(N)) · q(n_lo) · I(b_e / q(n_lo))`.
+    pub fn rra_upper(&self, b_e: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
+        let m = pipe.stages() as f64;
+        let encode = fill(&self.encode_times(pipe, b_e / m), m);
+        let iteration =
+            |n: usize| cyclic(&self.decode_times(pipe, b_e / self.completion(n) / m), m);
+        let fewest = n_lo as f64 * iteration(n_hi);
+        let per_query = (n_lo..=n_hi)
+            .map(|n| n as f64 / self.completion(n))
+            .fold(f64::INFINITY, f64::min);
+        let amortised = per_query * self.completion(n_lo) * iteration(n_lo);
+        b_e / ((encode + fewest.max(amortised)) / 1000.0)
+    }
+
+    /// WAA with `encoders` encoding devices, encode batch `b_e`, `micro` decoder micro-batches and
+    /// the decoding devices arranged as `decode`.
+    pub fn waa(&self, b_e: f64, micro: usize, encoders: usize, decode: &Pipe) -> Perf {
+        let enc_pipe = Pipe {
+            plain: encoders,
+            tp_groups: 0,
+            degree: 1,
+        };
+        let b_d = b_e * self.mean_out;
+        let enc = self.encode_times(&enc_pipe, b_e);
+        let m = micro as f64;
+        let iteration = cyclic(&self.decode_times(decode, b_d / m), m);
+        let period = enc.iter().copied().fold(iteration, f64::max);
+        let pass: f64 = enc.iter().sum();
+        Perf {
+            throughput_qps: b_e / (period / 1000.0),
+            latency_s: (pass + self.target_len as f64 * period) / 1000.0,
+            fits: self.fits(&enc_pipe, b_e * self.mean_in)
+                && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
+        }
+    }
+
+    /// WAA-C's encoder share: devices in proportion to one query's encode and decode time.
+    pub fn waa_c_encoders(&self, devices: usize) -> usize {
+        let one = Pipe {
+            plain: 1,
+            tp_groups: 0,
+            degree: 1,
+        };
+        let encode: f64 = self.encode_times(&one, 1.0).iter().sum();
+        let decode: f64 = self.decode_times(&one, self.mean_out).iter().sum();
+        split(devices, encode, decode)
+    }
+
+    /// WAA-M's encoder share: devices in proportion to each side's memory at encode batch
+    /// `max_b_e` (one weight copy each, the decoders also the KV cache).
+    pub fn waa_m_encoders(&self, devices: usize, max_b_e: usize) -> usize {
+        let prof = self.cost.profile();
+        let weights = self.layers * prof.weight_bytes_per_layer as f64;
+        let kv = max_b_e as f64
+            * self.mean_out
+            * (self.mean_in + self.mean_out)
+            * self.layers
+            * prof.kv_bytes_per_token_per_layer as f64;
+        split(devices, weights, weights + kv)
+    }
+}
+
+/// Devices for the first of two sides in proportion `a : b`, at least one each.
+fn split(devices: usize, a: f64, b: f64) -> usize {
+    let share = if a + b > 0.0 { a / (a + b) } else { 0.5 };
+    ((devices as f64 * share).round() as usize).clamp(1, devices - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::sim::Pipeline;
+
+    #[test]
+    fn schedule_closed_forms_match_the_event_simulator() {
+        let t = [1.0, 3.0, 2.0];
+        let mut p = Pipeline::new(3);
+        let finish = (0..4).map(|_| p.run(0.0, &t)).fold(0.0, f64::max);
+        assert_eq!(finish, fill(&t, 4.0));
+        // Cycling micro-batches: each re-enters when it leaves the last stage.
+        for m in [1usize, 2, 5] {
+            let mut p = Pipeline::new(3);
+            let mut ready = vec![0.0; m];
+            let mut ends = Vec::new();
+            for _ in 0..50 {
+                for r in ready.iter_mut() {
+                    *r = p.run(*r, &t);
+                }
+                ends.push(ready[m - 1]);
+            }
+            let period = ends[49] - ends[48];
+            assert!(
+                (period - cyclic(&t, m as f64)).abs() < 1e-9,
+                "m={m} period={period}"
+            );
+        }
+    }
+}
