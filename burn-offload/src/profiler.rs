@@ -32,6 +32,17 @@ pub fn time(runs: usize, mut f: impl FnMut()) -> f64 {
     samples[samples.len() / 2]
 }
 
+/// Reads a probe tensor back from the disk tier as the runtime reads a layer's weights (see
+/// `weights::read_layer`): map and validate the file, verify its checksum, copy the values out and
+/// build a tensor on `host`.
+fn read_probe(store: &DiskStore, name: &str, host: &Device) {
+    if let Ok(t) = store.get(name)
+        && let Some(v) = t.as_f32()
+    {
+        sync(&Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), host));
+    }
+}
+
 fn matmul_flops(device: &Device, m: usize, k: usize, n: usize) -> f64 {
     let a = Tensor::<2>::random([m, k], Distribution::Uniform(-1.0, 1.0), device);
     let b = Tensor::<2>::random([k, n], Distribution::Uniform(-1.0, 1.0), device);
@@ -63,14 +74,7 @@ pub fn profile(device: &Device, host: &Device, dir: &Path, mb: usize) -> Result<
     let write = time(2, || {
         let _ = store.put("profile/probe", HostData::f32(&[values], &data));
     });
-    // A read as the runtime does it: map, verify the checksum, copy out, build the tensor.
-    let read = time(2, || {
-        if let Ok(t) = store.get("profile/probe")
-            && let Some(v) = t.as_f32()
-        {
-            sync(&Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), host));
-        }
-    });
+    let read = time(2, || read_probe(&store, "profile/probe", host));
     let _ = store.remove("profile/probe");
 
     let w = Tensor::<2>::random([1024, 1024], Distribution::Uniform(-1.0, 1.0), device);
@@ -163,13 +167,7 @@ pub fn profile_threads(host: &Device, dir: &Path, batch: usize, context: usize, 
     store.put("threads/probe", HostData::f32(&[values], &data))?;
     let mut samples = Vec::new();
     for threads in 1..=max_threads {
-        let seconds = time_in(threads, 3, || {
-            if let Ok(t) = store.get("threads/probe")
-                && let Some(v) = t.as_f32()
-            {
-                sync(&Tensor::<1>::from_data(burn::tensor::TensorData::new(v.to_vec(), [v.len()]), host));
-            }
-        })?;
+        let seconds = time_in(threads, 3, || read_probe(&store, "threads/probe", host))?;
         samples.push(IoSample { threads, seconds });
     }
     let _ = store.remove("threads/probe");
