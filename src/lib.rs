@@ -14,6 +14,7 @@
 //! | [`kernels`] (`burn-llm-kernels`) | group-wise 4/8-bit quantization and fused dequantize-matmul, paged-attention kernels: CubeCL kernels with Flex twins |
 //! | [`offload`] (`burn-offload`) | FlexGen: weights and KV cache across device, host and disk, LP policy search, CPU attention, compression |
 //! | [`paged`] (`burn-paged`) | vLLM: block manager, PagedAttention KV cache, continuous-batching engine, parallel sampling, beam search |
+//! | [`parallel`] (`burn-parallel`) | planners: Alpa/AlpaServe stages, TeraPipe slices, AlpaServe placement, ExeGPT schedules (pure functions over JSON cost inputs) |
 
 pub mod cli;
 pub mod device;
@@ -23,6 +24,7 @@ pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;
 pub use burn_paged as paged;
 pub use burn_offload as offload;
+pub use burn_parallel as parallel;
 pub use burn_llm_models::{
     BeamSearchParams, CausalLm, EarlyStopping, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt,
     RequestOutput, SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,

@@ -3,7 +3,7 @@
 //! stdout (an `{"error": …}` object and exit code 2 on bad input).
 
 fn main() {
-    let (json, code) = burn_parallel::plan::cli::run(std::env::args_os());
+    let (json, code) = burn_llm::parallel::plan::cli::run(std::env::args_os());
     println!("{json}");
     std::process::exit(code);
 }
