@@ -8,10 +8,10 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
-use burn_paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
+use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
 use burn_offload::policy::{Compression, Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
-use burn_llm_models::{hub, ChatMessage, GenerationOutput, PretrainedFiles, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
+use burn_llm_models::{hub, BeamSearchParams, ChatMessage, GenerationOutput, PretrainedFiles, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
 
 use crate::device::DeviceChoice;
 
@@ -291,7 +291,7 @@ impl GenerateArgs {
             sampling: self.sampling(),
             n: self.n,
             best_of: self.best_of,
-            beam: self.beam_width.map(|width| BeamOptions { length_penalty: self.length_penalty, ..BeamOptions::new(width) }),
+            beam: self.beam_width.map(|width| BeamSearchParams::new(width).with_length_penalty(self.length_penalty)),
         }
     }
 

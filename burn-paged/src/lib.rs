@@ -24,5 +24,5 @@ pub mod scheduler;
 
 pub use engine::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, SequenceDelta, StepOutput};
 pub use error::{PagedError, Result};
-pub use params::{BeamOptions, RequestParams};
+pub use params::RequestParams;
 pub use scheduler::PreemptionMode;

@@ -1,29 +1,10 @@
 //! Per-request parameters of the paged engine: the foundation's [`SamplingParams`] plus vLLM's
 //! parallel sampling (`n`, `best_of`) and beam search.
 
-use burn_llm_models::SamplingParams;
+use burn_llm_models::{BeamSearchParams, SamplingParams};
 use serde::{Deserialize, Serialize};
 
-use crate::beam::EarlyStopping;
 use crate::error::{PagedError, Result};
-
-/// Beam search settings (`use_beam_search` in vLLM).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct BeamOptions {
-    /// Live candidates kept per step.
-    pub width: usize,
-    /// Scores are divided by `generated_length ^ length_penalty` (HF's convention).
-    pub length_penalty: f32,
-    /// When a beam search may stop before `max_new_tokens` (HF's `early_stopping`).
-    pub early_stopping: EarlyStopping,
-}
-
-impl BeamOptions {
-    /// HF's defaults for `width` beams: length penalty 1, no early stopping.
-    pub fn new(width: usize) -> Self {
-        Self { width, length_penalty: 1.0, early_stopping: EarlyStopping::Heuristic }
-    }
-}
 
 /// Everything a request asks for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,7 +17,7 @@ pub struct RequestParams {
     /// returned. `None` means `n`.
     pub best_of: Option<usize>,
     /// Beam search instead of sampling; returns the `n` best beams.
-    pub beam: Option<BeamOptions>,
+    pub beam: Option<BeamSearchParams>,
 }
 
 impl From<SamplingParams> for RequestParams {
@@ -65,9 +46,7 @@ impl RequestParams {
             return fail(format!("best_of ({best_of}) must be at least n ({})", self.n));
         }
         if let Some(beam) = &self.beam {
-            if beam.width == 0 {
-                return fail("the beam width must be at least 1".into());
-            }
+            beam.validate()?;
             if self.n > beam.width {
                 return fail(format!("n ({}) cannot exceed the beam width ({})", self.n, beam.width));
             }
@@ -76,9 +55,6 @@ impl RequestParams {
             }
             if self.best_of.is_some() {
                 return fail("best_of does not apply to beam search (the beam width does)".into());
-            }
-            if !beam.length_penalty.is_finite() {
-                return fail("the length penalty must be finite".into());
             }
         }
         Ok(())

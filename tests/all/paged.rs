@@ -4,9 +4,9 @@
 //! leak no block.
 
 use burn::tensor::Device;
-use burn_llm::models::{Pretrained, Prompt, SamplingParams};
+use burn_llm::models::{BeamSearchParams, Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Tier;
-use burn_llm::paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, RequestParams};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, RequestParams};
 use burn_llm::Generator;
 
 use crate::common::{devices, fixture, reference, FIXTURES};
@@ -117,9 +117,9 @@ fn beam_search_equals_hf() {
                 sampling: SamplingParams::greedy(beam["max_new_tokens"].as_u64().unwrap() as usize),
                 n: beam["num_return_sequences"].as_u64().unwrap() as usize,
                 best_of: None,
-                beam: Some(BeamOptions {
+                beam: Some(BeamSearchParams {
                     length_penalty: beam["length_penalty"].as_f64().unwrap() as f32,
-                    ..BeamOptions::new(beam["num_beams"].as_u64().unwrap() as usize)
+                    ..BeamSearchParams::new(beam["num_beams"].as_u64().unwrap() as usize)
                 }),
             };
             let out = engine.generate(&[Prompt::Ids(ids)], &params).unwrap();
@@ -236,7 +236,7 @@ fn bad_requests_are_errors() {
     assert!(matches!(e.add_request("b", Prompt::Ids(vec![2]), bad), Err(PagedError::InvalidParams(_))));
     let beam_sampling = RequestParams {
         sampling: SamplingParams { temperature: 0.7, ..SamplingParams::greedy(2) },
-        beam: Some(BeamOptions::new(2)),
+        beam: Some(BeamSearchParams::new(2)),
         ..ok.clone()
     };
     assert!(e.add_request("c", Prompt::Ids(vec![2]), beam_sampling).is_err());

@@ -1,10 +1,13 @@
-//! Generation: sampling parameters, the on-device sampler, per-request bookkeeping (stops,
-//! streaming text) and the plain static-batch engine built on the contiguous KV cache.
+//! Generation: sampling and beam search parameters, the on-device sampler, per-request
+//! bookkeeping (stops, streaming text) and the plain static-batch engine built on the contiguous
+//! KV cache.
 
+pub mod beam;
 mod engine;
 mod request;
 pub mod sampling;
 
+pub use beam::{BeamSearchParams, EarlyStopping};
 pub use engine::{Generator, StreamEvent};
 pub use request::{prepare_prompt, record_sampled, FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing};
 pub use sampling::{filtered_distribution, sample, Sampled, SamplingParams, TokenLogprob};

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_llm::models::{CausalLm, DecoderSpec, Generator, Prompt, SamplingParams};
-use burn_llm::paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
+use burn_llm::models::{BeamSearchParams, CausalLm, DecoderSpec, Generator, Prompt, SamplingParams};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
 use burn_llm::DeviceChoice;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -126,7 +126,7 @@ struct Report {
 
 fn model(device: &Device) -> Result<CausalLm, Box<dyn std::error::Error>> {
     let spec = DecoderSpec::from_json(MODEL, "synthetic:serve-opt".as_ref())?;
-    Ok(CausalLm::random(spec, device))
+    Ok(CausalLm::random(spec, device)?)
 }
 
 fn requests(w: &Workload, n: usize, vocab: usize, max_len: usize, rng: &mut impl Rng) -> Vec<(Vec<u32>, usize)> {
@@ -221,7 +221,7 @@ fn sharing(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)], beam: bool)
     let mut engine = LlmEngine::from_parts(model(device)?, None, vec![], config)?;
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = if beam {
-            RequestParams { beam: Some(BeamOptions::new(4)), ..SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) }.into() }
+            RequestParams { beam: Some(BeamSearchParams::new(4)), ..SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) }.into() }
         } else {
             RequestParams {
                 n: 4,
