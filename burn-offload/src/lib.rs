@@ -10,7 +10,7 @@
 //!   placement search (`good_lp`, pure-Rust `microlp`), rounding to whole layers, thread control.
 //! - [`store`]: the disk tier (one checksummed, memory-mapped file per tensor) and the per-tier
 //!   memory ledger that enforces the budgets.
-//! - [`weights`]: tensor sources for the disk tier and for dummy weights.
+//! - [`weights`]: layers stored on the disk tier.
 //! - [`OffloadEngine`]: places a model per policy and generates with the block schedule.
 //! - [`profiler`]: measures the cost model's constants.
 

@@ -1,63 +1,15 @@
-//! Layer weights outside the model's checkpoint: seeded dummy weights for benchmarks (FlexGen's
-//! "dummy weights", a [`TensorSource`] like any checkpoint) and layers on the disk tier
-//! (`--offload-dir`), stored parameter by parameter exactly as they run: `f32`, or a compressed
-//! layer's 4-bit codes, so that a compressed layer reads a quarter of the bytes and is never
-//! re-quantized.
-
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+//! Layer weights on the disk tier (`--offload-dir`), stored parameter by parameter exactly as
+//! they run: `f32`, or a compressed layer's 4-bit codes, so that a compressed layer reads a
+//! quarter of the bytes and is never re-quantized. (Benchmarks without a checkpoint load
+//! [`RandomWeights`](burn_llm_models::weights::RandomWeights), FlexGen's dummy weights, like any
+//! other source.)
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_llm_models::model::DecoderLayer;
-use burn_llm_models::weights::TensorSource;
-use burn_llm_models::Result;
 
 use crate::error::OffloadError;
 use crate::store::{DType as StoredType, DiskStore, HostData, TensorView};
-
-/// Seeded random weights by tensor name: norms get weight 1 and bias 0, other tensors uniform
-/// values of ±`scale`, so activations stay in range across many layers.
-#[derive(Debug, Clone, Copy)]
-pub struct DummyWeights {
-    /// Seed mixed into every tensor's stream.
-    pub seed: u64,
-    /// Half-width of the uniform distribution.
-    pub scale: f32,
-}
-
-impl Default for DummyWeights {
-    fn default() -> Self {
-        Self { seed: 0, scale: 0.02 }
-    }
-}
-
-fn is_norm(name: &str) -> bool {
-    name.contains("norm") || name.contains("ln_")
-}
-
-impl TensorSource for DummyWeights {
-    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
-        let n: usize = expected.iter().product();
-        if is_norm(name) {
-            let value = if name.ends_with("bias") { 0.0 } else { 1.0 };
-            return Ok(vec![value; n]);
-        }
-        let mut hasher = DefaultHasher::new();
-        (self.seed, name).hash(&mut hasher);
-        let mut state = hasher.finish() | 1;
-        Ok((0..n)
-            .map(|_| {
-                // xorshift64*: cheap, deterministic, good enough for dummy weights.
-                state ^= state >> 12;
-                state ^= state << 25;
-                state ^= state >> 27;
-                let bits = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-                (bits as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * self.scale
-            })
-            .collect())
-    }
-}
 
 /// Writes every parameter of `layer` (as it is stored: `f32`, or a compressed layer's `u32`
 /// codes with their scales and minimums) to `store` as `prefix` + its index; returns the bytes

@@ -8,8 +8,8 @@
 //! - [`cache`]: the [`KvCache`] trait through which the model stores keys/values and attends, and
 //!   the contiguous cache of the plain engine. Read its docs for how the paged (vLLM) and
 //!   offloaded (FlexGen) caches plug into the same model code.
-//! - [`generation`]: [`SamplingParams`], the on-device sampler, stop rules, streaming, and the plain
-//!   [`Generator`].
+//! - [`generation`]: [`SamplingParams`], [`BeamSearchParams`], the on-device sampler, stop rules,
+//!   streaming, and the plain [`Generator`].
 //! - [`tokenizer`]: HF `tokenizer.json` with BOS/EOS handling and incremental detokenization.
 //! - [`gguf`]: llama.cpp's GGUF files (LLaMA architecture; F32/F16/BF16/Q8_0/Q4_0/Q4_1) and
 //!   their tokenizers.
@@ -57,4 +57,4 @@ pub use generation::{
 pub use model::CausalLm;
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
 pub use tokenizer::Tokenizer;
-pub use weights::Checkpoint;
+pub use weights::{Checkpoint, RandomWeights};

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use burn::module::{Module, Param};
-use burn::nn::{Embedding, EmbeddingConfig, Linear};
+use burn::nn::{Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::arch::QkvNames;
@@ -13,11 +13,11 @@ use crate::config::{DecoderSpec, PositionKind};
 use crate::error::Result;
 use crate::layers::attention::SelfAttention;
 use crate::layers::embedding::TokenEmbedding;
-use crate::layers::linear::{init_linear, load_fused_in_out, load_linear, load_projection, WeightLayout};
+use crate::layers::linear::{load_fused_in_out, load_linear, load_projection, WeightLayout};
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::Norm;
 use crate::layers::projection::{Projection, QLinear};
-use crate::weights::{Checkpoint, TensorSource};
+use crate::weights::{Checkpoint, RandomWeights, TensorSource};
 
 /// One decoder layer.
 #[derive(Module, Debug)]
@@ -190,55 +190,11 @@ impl CausalLm {
         })
     }
 
-    /// A model with random weights (Burn's default initializers), for benchmarks that only need the
-    /// shape of a model, as FlexGen's dummy weights.
-    pub fn random(spec: DecoderSpec, device: &Device) -> Self {
-        let (hidden, embed) = (spec.hidden_size, spec.embed_dim);
-        let embedding = |rows: usize, dim: usize| EmbeddingConfig::new(rows, dim).init(device);
-        let projections = embed != hidden;
-        let layers = (0..spec.num_layers)
-            .map(|i| {
-                let q_out = spec.num_heads * spec.head_dim;
-                let kv_out = spec.num_kv_heads * spec.head_dim;
-                let ab = spec.attention_bias;
-                DecoderLayer {
-                    attn_norm: Norm::init(spec.norm, hidden, device),
-                    attn: SelfAttention {
-                        q: init_linear([hidden, q_out], ab, device).into(),
-                        k: init_linear([hidden, kv_out], ab, device).into(),
-                        v: init_linear([hidden, kv_out], ab, device).into(),
-                        o: init_linear([q_out, hidden], ab, device).into(),
-                        num_heads: spec.num_heads,
-                        num_kv_heads: spec.num_kv_heads,
-                        head_dim: spec.head_dim,
-                        scale: attention_scale(&spec, i),
-                    },
-                    mlp_norm: Norm::init(spec.norm, hidden, device),
-                    mlp: Mlp {
-                        up: init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device).into(),
-                        gate: spec
-                            .gated_mlp
-                            .then(|| init_linear([hidden, spec.intermediate_size], spec.mlp_bias, device).into()),
-                        down: init_linear([spec.intermediate_size, hidden], spec.mlp_bias, device).into(),
-                        activation: spec.activation,
-                    },
-                    pre_norm: spec.pre_norm,
-                }
-            })
-            .collect();
-        Self {
-            embed_tokens: TokenEmbedding::Dense(embedding(spec.vocab_size, embed)),
-            embed_positions: match &spec.positions {
-                PositionKind::Learned { rows, .. } => Some(embedding(*rows, hidden)),
-                PositionKind::Rotary(_) => None,
-            },
-            project_in: projections.then(|| init_linear([embed, hidden], false, device)),
-            layers,
-            final_norm: spec.final_norm.then(|| Norm::init(spec.norm, hidden, device)),
-            project_out: projections.then(|| init_linear([hidden, embed], false, device)),
-            lm_head: (!spec.tie_word_embeddings).then(|| init_linear([embed, spec.vocab_size], false, device).into()),
-            spec,
-        }
+    /// A model of `spec`'s shape with seeded random weights ([`RandomWeights::default`]), built
+    /// by the same loader as a checkpoint: for benchmarks that only need the shape of a model
+    /// (FlexGen's dummy weights).
+    pub fn random(spec: DecoderSpec, device: &Device) -> Result<Self> {
+        Self::from_checkpoint(spec, &RandomWeights::default(), device)
     }
 
     /// The model with every attention and MLP projection and the LM head group-quantized to `bits`

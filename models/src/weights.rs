@@ -1,6 +1,8 @@
-//! Reading HF safetensors checkpoints: one `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`. Files are memory-mapped and fully validated (header, offsets,
-//! sizes) before any tensor is read, so a truncated or corrupt file is an error, never garbage.
+//! Where a model's tensors come from ([`TensorSource`]), and HF safetensors checkpoints: one
+//! `model.safetensors`, or shards listed in `model.safetensors.index.json`. Files are
+//! memory-mapped and fully validated (header, offsets, sizes) before any tensor is read, so a
+//! truncated or corrupt file is an error, never garbage. Seeded [`RandomWeights`] stand in for a
+//! checkpoint in benchmarks.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -13,6 +15,10 @@ use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensors;
 
 use crate::error::{ModelError, Result};
+
+pub mod random;
+
+pub use random::RandomWeights;
 
 /// One memory-mapped safetensors file with its parsed header.
 struct Shard {
@@ -29,9 +35,9 @@ pub struct Checkpoint {
     location: HashMap<String, usize>,
 }
 
-/// Where a model's tensors come from (safetensors checkpoints, GGUF files). Names and shapes are
-/// those of the HF checkpoint (`[out, in]` for `nn.Linear`); each source maps them to its own
-/// layout, so the model is built by one loader whatever the file format.
+/// Where a model's tensors come from (safetensors checkpoints, GGUF files, [`RandomWeights`]).
+/// Names and shapes are those of the HF checkpoint (`[out, in]` for `nn.Linear`); each source
+/// maps them to its own layout, so the model is built by one loader whatever the source.
 pub trait TensorSource {
     /// Reads `name` as `f32` values, checking that its HF shape is `expected`.
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>>;

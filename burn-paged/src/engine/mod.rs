@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 pub use config::{EngineConfig, KvCacheMemory};
 pub use output::{SequenceDelta, StepOutput};
 
-use crate::beam::{BeamSearch, BeamSearchParams};
+use crate::beam::{BeamRun, BeamSearch};
 use crate::cache::{PagedKvCache, PagedStep};
 use crate::error::{PagedError, Result};
 use crate::memory::{BlockManager, BlockManagerConfig, SeqId, Location};
@@ -223,18 +223,8 @@ impl LlmEngine {
                 let room = (spec.max_positions + 1).saturating_sub(prompt_ids.len()).max(1);
                 let mut eos_token_ids = if params.ignore_eos { Vec::new() } else { self.eos_token_ids.clone() };
                 eos_token_ids.extend(&params.stop_token_ids);
-                Some(BeamSearch::new(
-                    BeamSearchParams {
-                        beam_width: b.width,
-                        length_penalty: b.length_penalty,
-                        early_stopping: b.early_stopping,
-                        num_return: params.n,
-                        max_new_tokens: params.max_new_tokens.min(room),
-                        eos_token_ids,
-                    },
-                    prompt_ids.len(),
-                )
-                ?)
+                let run = BeamRun { num_return: params.n, max_new_tokens: params.max_new_tokens.min(room), eos_token_ids };
+                Some(BeamSearch::new(*b, run, prompt_ids.len())?)
             }
             None => None,
         };

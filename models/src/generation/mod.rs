@@ -1,5 +1,6 @@
-//! Generation: sampling parameters, the on-device sampler, per-request bookkeeping (stops,
-//! streaming text) and the plain static-batch engine built on the contiguous KV cache.
+//! Generation: sampling and beam search parameters, the on-device sampler, per-request
+//! bookkeeping (stops, streaming text) and the plain static-batch engine built on the contiguous
+//! KV cache.
 
 pub mod beam;
 mod engine;

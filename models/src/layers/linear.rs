@@ -1,7 +1,7 @@
 //! Loading Burn `Linear` layers from HF tensors, whatever way round the checkpoint stores them.
 
 use burn::module::Param;
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::Result;
@@ -88,9 +88,4 @@ pub fn load_fused_in_out<const PARTS: usize>(
                 bias: Some(Param::from_tensor(Tensor::from_data(TensorData::new(b, [d_out]), device))),
             }
     }))
-}
-
-/// A randomly initialized layer (Burn's default initializer), for dummy-weight models.
-pub fn init_linear([d_in, d_out]: [usize; 2], bias: bool, device: &Device) -> Linear {
-    LinearConfig::new(d_in, d_out).with_bias(bias).init(device)
 }

@@ -36,14 +36,6 @@ impl Norm {
         })
     }
 
-    /// A freshly initialized layer (γ = 1, β = 0), for random-weight models.
-    pub fn init(kind: NormKind, dim: usize, device: &Device) -> Self {
-        match kind {
-            NormKind::Layer { eps } => Norm::Layer(LayerNormConfig::new(dim).with_epsilon(eps).init(device)),
-            NormKind::Rms { eps } => Norm::Rms(burn::nn::RmsNormConfig::new(dim).with_epsilon(eps).init(device)),
-        }
-    }
-
     /// Normalizes over the last dimension.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         match self {

@@ -87,7 +87,7 @@ struct Report<'a> {
 fn load(model: &str, device: &burn::tensor::Device) -> Result<Generator, Box<dyn std::error::Error>> {
     if let Some((_, config)) = SYNTHETIC.iter().find(|(name, _)| *name == model) {
         let spec = DecoderSpec::from_json(config, model.as_ref())?;
-        return Ok(Generator::new(CausalLm::random(spec, device), None, vec![]));
+        return Ok(Generator::new(CausalLm::random(spec, device)?, None, vec![]));
     }
     Ok(Generator::from(Pretrained::load(&hub::resolve_model(model)?, device)?))
 }

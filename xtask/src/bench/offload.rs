@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use burn_llm::models::{DecoderSpec, Prompt, SamplingParams};
 use burn_llm::offload::policy::{largest_fitting_batch, HardwareProfile, Placement, Policy, SearchSpace, Tier, TierBytes, Workload};
-use burn_llm::offload::weights::DummyWeights;
+use burn_llm::models::weights::RandomWeights;
 use burn_llm::offload::{model_shape, OffloadConfig, OffloadEngine, PolicyChoice};
 use burn_llm::DeviceChoice;
 use serde::Serialize;
@@ -104,7 +104,7 @@ fn run_policy(
         attention_sparsity: None,
         threads: None,
     };
-    let engine = OffloadEngine::new(spec.clone(), &DummyWeights::default(), None, vec![], config, device)?;
+    let engine = OffloadEngine::new(spec.clone(), &RandomWeights::default(), None, vec![], config, device)?;
     let block = (engine.policy().gpu_batch_size * engine.policy().num_gpu_batches) as usize;
     let prompts: Vec<Prompt> = (0..block).map(|i| Prompt::Ids((0..args.prompt_len).map(|t| 3 + ((t * 31 + i * 7) % 8000) as u32).collect())).collect();
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.gen_len) };

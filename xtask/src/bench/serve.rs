@@ -127,7 +127,7 @@ struct Report {
 
 fn model(device: &Device) -> Result<CausalLm, Box<dyn std::error::Error>> {
     let spec = DecoderSpec::from_json(MODEL, "synthetic:serve-opt".as_ref())?;
-    Ok(CausalLm::random(spec, device))
+    Ok(CausalLm::random(spec, device)?)
 }
 
 fn requests(w: &Workload, n: usize, vocab: usize, max_len: usize, rng: &mut impl Rng) -> Vec<(Vec<u32>, usize)> {
