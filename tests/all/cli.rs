@@ -165,8 +165,9 @@ fn offload_engine_flags_and_runs() {
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
-/// What varies between two runs of the same flags: timings, measured and predicted throughput.
-/// The `[load …]` summary line is dropped (it is all timing), JSON timing fields are zeroed.
+/// What varies between two runs of the same flags: timings, measured and predicted throughput,
+/// the checkout's path. The `[load …]` summary line is dropped (it is all timing), JSON timing
+/// fields are zeroed.
 fn mask_varying(stdout: &str) -> String {
     let mut lines = Vec::new();
     for line in stdout.lines() {
@@ -177,6 +178,14 @@ fn mask_varying(stdout: &str) -> String {
             Ok(mut json) if json.is_object() => {
                 for key in ["load_s", "prefill_s", "decode_s", "tokens_per_s"] {
                     json["timing"][key] = serde_json::json!(0);
+                }
+                // The model path is where the checkout is; disk bytes are file sizes, which the
+                // disk tier's safetensors headers changed (the values stored are the same).
+                if let Some(model) = json["model"].as_str() {
+                    json["model"] = serde_json::json!(model.rsplit('/').next().unwrap_or(model));
+                }
+                if let Some(memory) = json.get_mut("memory").and_then(|m| m.as_object_mut()) {
+                    memory.insert("disk_bytes".into(), serde_json::json!(0));
                 }
                 if let Some(policy) = json.get_mut("policy").and_then(|p| p.as_object_mut()) {
                     policy.insert("predicted_tokens_per_s".into(), serde_json::json!(0));
