@@ -10,5 +10,6 @@ fn main() -> std::process::ExitCode {
         name: "flexgen_generate",
         model: "facebook/opt-125m",
         engine: burn_llm::cli::EngineKind::Offload,
+        fallback: None,
     })
 }

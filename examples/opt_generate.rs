@@ -6,6 +6,7 @@ fn main() -> std::process::ExitCode {
     burn_llm::cli::main(burn_llm::cli::ExampleDefaults {
         name: "opt_generate",
         engine: burn_llm::cli::EngineKind::Plain,
+        fallback: None,
         model: "facebook/opt-125m",
     })
 }

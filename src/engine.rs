@@ -1,27 +1,197 @@
-//! The interface every engine offers: give it prompts and sampling parameters, get one output per
-//! prompt. The plain engine is [`Generator`]; the paged (vLLM) and offloading (FlexGen) engines of
-//! the member crates implement the same trait, so the CLI and the benchmarks drive any of them.
+//! The one interface every engine offers ([`Engine`]): the CLI, the benchmarks and the server
+//! drive the plain engine ([`Generator`]), the paged engine ([`LlmEngine`], vLLM) and the
+//! offloading engine ([`OffloadEngine`], FlexGen) through it and nothing else.
+//!
+//! Two levels:
+//! - **Offline**: [`Engine::generate_stream`] takes prompts and one [`SamplingParams`] (which
+//!   carries `n`, `best_of` and beam search, as vLLM's does), calls back per token, and returns
+//!   the outputs with a [`RunReport`] of what ran (timing, memory, policy or scheduler counters).
+//! - **Step-level** (engines whose [`Capabilities::step_level`] is set): [`Engine::add_request`],
+//!   [`Engine::step`] (incremental [`StepOutput`]s), [`Engine::abort`]. A server runs an engine
+//!   this way; the others answer [`EngineError::Unsupported`].
+//!
+//! An engine that cannot honour a request's settings (several sequences per prompt on the plain
+//! or offloading engine) returns an error naming the setting, never a silently different result.
 
-use burn_llm_models::{GenerationOutput, Generator, ModelError, Prompt, Result, SamplingParams, StreamEvent};
-use burn_offload::{OffloadEngine, OffloadError};
-use burn_paged::{LlmEngine, PagedError, RequestParams};
+use burn_llm_models::{
+    DecoderSpec, GenerationOutput, Generator, ModelError, Prompt, RequestOutput, SamplingParams, StepOutput,
+    StreamEvent, Timing,
+};
+use burn_offload::{OffloadEngine, OffloadError, OffloadReport};
+use burn_paged::{EngineStats, LlmEngine, PagedError};
+use serde::Serialize;
+
+/// What can go wrong in an engine: each engine's own error, passed through unchanged (its message
+/// says what happened and what to do), or a request for something the engine does not do.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Loading, tokenizing, sampling or running the model failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The paged engine refused or failed (KV budget, bad request, ...).
+    #[error(transparent)]
+    Paged(#[from] PagedError),
+    /// The offloading engine refused or failed (no policy fits, disk tier, ...).
+    #[error(transparent)]
+    Offload(#[from] OffloadError),
+    /// The engine does not offer this operation.
+    #[error("the {engine} engine cannot {what}: {hint}")]
+    Unsupported {
+        /// The engine's name.
+        engine: &'static str,
+        /// What was asked for.
+        what: &'static str,
+        /// What to use instead.
+        hint: &'static str,
+    },
+}
+
+/// Result of an engine call.
+pub type EngineResult<T> = std::result::Result<T, EngineError>;
+
+/// What an engine can do beyond offline generation of one sequence per prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// Tokens reach the callback as they are sampled (not all at the end of a block).
+    pub streams_tokens: bool,
+    /// Several sequences per prompt: `n`, `best_of`, beam search.
+    pub multiple_sequences: bool,
+    /// `add_request` / `step` / `abort`.
+    pub step_level: bool,
+}
+
+/// Peak memory per tier during a run, where the engine measures it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct MemoryUsage {
+    /// Device.
+    pub gpu_peak_bytes: u64,
+    /// Host.
+    pub cpu_peak_bytes: u64,
+    /// Disk.
+    pub disk_bytes: u64,
+}
+
+/// The engine-specific part of a [`RunReport`].
+#[derive(Debug, Clone)]
+pub enum EngineDetails {
+    /// The plain engine: nothing beyond timing.
+    Plain,
+    /// The paged engine's scheduler and KV-cache counters over the engine's life.
+    Paged(EngineStats),
+    /// The offloading engine's policy, its prediction and what was measured.
+    Offload(OffloadReport),
+}
+
+/// What an engine ran: the same shape for every engine.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The engine's name.
+    pub engine: &'static str,
+    /// Wall-clock time and token counts of the call.
+    pub timing: Timing,
+    /// Peak memory per tier, where the engine measures it.
+    pub memory: Option<MemoryUsage>,
+    /// Policy, predictions or scheduler counters.
+    pub details: EngineDetails,
+}
+
+impl RunReport {
+    /// The configuration that ran, as the CLI's `--json` prints it (`policy`): the offloading
+    /// policy with its predicted and measured throughput; `None` for engines without a policy.
+    pub fn policy_json(&self) -> Option<serde_json::Value> {
+        match &self.details {
+            EngineDetails::Offload(r) => Some(serde_json::json!({
+                "policy": r.policy,
+                "predicted_tokens_per_s": r.predicted_tokens_per_s,
+                "measured_tokens_per_s": r.measured_tokens_per_s,
+                "effective_batch": r.effective_batch,
+            })),
+            _ => None,
+        }
+    }
+
+    /// The cost model's predicted throughput, for engines that predict one.
+    pub fn predicted_tokens_per_s(&self) -> Option<f64> {
+        match &self.details {
+            EngineDetails::Offload(r) => Some(r.predicted_tokens_per_s),
+            _ => None,
+        }
+    }
+}
+
+/// Outputs of an offline call and what ran.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// One entry per returned sequence: prompt order, then rank.
+    pub output: GenerationOutput,
+    /// What ran.
+    pub report: RunReport,
+}
 
 /// A text-generation engine.
 pub trait Engine {
-    /// Short name shown in outputs and benchmark reports.
+    /// Short name shown in outputs and benchmark reports (`plain`, `paged`, `offload`).
     fn name(&self) -> &'static str;
 
-    /// Generates a continuation for every prompt, calling `on_token` as tokens are produced.
+    /// The model's shape.
+    fn spec(&self) -> &DecoderSpec;
+
+    /// What the engine can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One line on how the engine is configured (empty when there is nothing beyond its name).
+    fn describe(&self) -> String {
+        String::new()
+    }
+
+    /// Generates for every prompt, calling `on_token` as tokens are produced (per sequence, with
+    /// the text that became visible).
     fn generate_stream(
         &mut self,
         prompts: &[Prompt],
         params: &SamplingParams,
         on_token: &mut dyn FnMut(StreamEvent<'_>),
-    ) -> Result<GenerationOutput>;
+    ) -> EngineResult<Generation>;
 
-    /// Generates a continuation for every prompt.
-    fn generate(&mut self, prompts: &[Prompt], params: &SamplingParams) -> Result<GenerationOutput> {
+    /// Generates for every prompt.
+    fn generate(&mut self, prompts: &[Prompt], params: &SamplingParams) -> EngineResult<Generation> {
         self.generate_stream(prompts, params, &mut |_| {})
+    }
+
+    /// Queues a request to run on later [`step`](Engine::step)s.
+    fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams) -> EngineResult<()> {
+        let _ = (request_id, prompt, params);
+        Err(no_steps(self.name()))
+    }
+
+    /// Runs one iteration over the queued requests and reports what changed.
+    fn step(&mut self) -> EngineResult<Vec<StepOutput>> {
+        Err(no_steps(self.name()))
+    }
+
+    /// Stops a request now; returns what it had produced, or `None` for an unknown id.
+    fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {
+        let _ = request_id;
+        Err(no_steps(self.name()))
+    }
+
+    /// Whether any queued request has not finished.
+    fn has_unfinished_requests(&self) -> bool {
+        false
+    }
+
+    /// Counters of what the engine has run so far, in the shape of a report over `timing`.
+    fn report(&self, timing: Timing) -> RunReport {
+        RunReport { engine: self.name(), timing, memory: None, details: EngineDetails::Plain }
+    }
+}
+
+/// The error step-level calls answer on engines without them.
+fn no_steps(engine: &'static str) -> EngineError {
+    EngineError::Unsupported {
+        engine,
+        what: "run requests step by step (add_request / step / abort)",
+        hint: "use the paged engine (--engine paged)",
     }
 }
 
@@ -30,13 +200,23 @@ impl Engine for Generator {
         "plain"
     }
 
+    fn spec(&self) -> &DecoderSpec {
+        self.model().spec()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { streams_tokens: true, multiple_sequences: false, step_level: false }
+    }
+
     fn generate_stream(
         &mut self,
         prompts: &[Prompt],
         params: &SamplingParams,
         on_token: &mut dyn FnMut(StreamEvent<'_>),
-    ) -> Result<GenerationOutput> {
-        Generator::generate_stream(self, prompts, params, on_token)
+    ) -> EngineResult<Generation> {
+        let output = Generator::generate_stream(self, prompts, params, on_token)?;
+        let report = Engine::report(self, output.timing);
+        Ok(Generation { output, report })
     }
 }
 
@@ -45,23 +225,45 @@ impl Engine for LlmEngine {
         "paged"
     }
 
-    /// One sequence per prompt; streamed events carry each token as it is sampled.
+    fn spec(&self) -> &DecoderSpec {
+        self.model().spec()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { streams_tokens: true, multiple_sequences: true, step_level: true }
+    }
+
     fn generate_stream(
         &mut self,
         prompts: &[Prompt],
         params: &SamplingParams,
         on_token: &mut dyn FnMut(StreamEvent<'_>),
-    ) -> Result<GenerationOutput> {
-        let request = RequestParams::from(params.clone());
-        let out = LlmEngine::generate_stream(self, prompts, &request, |request, delta| {
-            for &token in &delta.token_ids {
-                on_token(StreamEvent { request, token, text: &delta.text, finished: delta.finish_reason.is_some() });
-            }
-        });
-        out.map_err(|e| match e {
-            PagedError::Model(m) => m,
-            other => ModelError::Device(other.to_string()),
-        })
+    ) -> EngineResult<Generation> {
+        let output = LlmEngine::generate_stream(self, prompts, params, |request, delta| {
+            delta.events(request).for_each(&mut *on_token);
+        })?;
+        let report = Engine::report(self, output.timing);
+        Ok(Generation { output, report })
+    }
+
+    fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams) -> EngineResult<()> {
+        Ok(LlmEngine::add_request(self, request_id, prompt, params)?)
+    }
+
+    fn step(&mut self) -> EngineResult<Vec<StepOutput>> {
+        Ok(LlmEngine::step(self)?)
+    }
+
+    fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {
+        Ok(LlmEngine::abort(self, request_id))
+    }
+
+    fn has_unfinished_requests(&self) -> bool {
+        LlmEngine::has_unfinished_requests(self)
+    }
+
+    fn report(&self, timing: Timing) -> RunReport {
+        RunReport { engine: "paged", timing, memory: None, details: EngineDetails::Paged(self.stats()) }
     }
 }
 
@@ -70,24 +272,56 @@ impl Engine for OffloadEngine {
         "offload"
     }
 
+    fn spec(&self) -> &DecoderSpec {
+        OffloadEngine::spec(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { streams_tokens: false, multiple_sequences: false, step_level: false }
+    }
+
+    fn describe(&self) -> String {
+        let p = self.policy();
+        format!(
+            "policy: gbs {} × {} batches, weights {:.0}/{:.0}/{:.0}% gpu/cpu/disk, cache {:.0}/{:.0}/{:.0}%, cpu attention {}, overlap {}, compressed weights {}, cache {} · predicted {:.2} tokens/s",
+            p.gpu_batch_size,
+            p.num_gpu_batches,
+            100.0 * p.weights.gpu,
+            100.0 * p.weights.cpu,
+            100.0 * p.weights.disk,
+            100.0 * p.cache.gpu,
+            100.0 * p.cache.cpu,
+            100.0 * p.cache.disk,
+            p.cpu_attention,
+            p.overlap,
+            p.compress_weights.is_some(),
+            p.compress_cache.is_some(),
+            self.estimate().throughput_tokens_per_s,
+        )
+    }
+
     /// Runs whole blocks; tokens are reported per request once its block has finished.
     fn generate_stream(
         &mut self,
         prompts: &[Prompt],
         params: &SamplingParams,
         on_token: &mut dyn FnMut(StreamEvent<'_>),
-    ) -> Result<GenerationOutput> {
-        let (out, _) = OffloadEngine::generate(self, prompts, params).map_err(|e| match e {
-            OffloadError::Model(m) => m,
-            other => ModelError::Device(other.to_string()),
-        })?;
-        for (request, r) in out.requests.iter().enumerate() {
+    ) -> EngineResult<Generation> {
+        params.require_single_sequence("offload")?;
+        let (output, run) = OffloadEngine::generate(self, prompts, params)?;
+        for (request, r) in output.requests.iter().enumerate() {
             let n = r.generated_ids.len();
             for (i, &token) in r.generated_ids.iter().enumerate() {
-                let text = if i + 1 == n { r.text.as_str() } else { "" };
-                on_token(StreamEvent { request, token, text, finished: i + 1 == n });
+                let last = i + 1 == n;
+                on_token(StreamEvent { request, sequence: 0, token, text: if last { &r.text } else { "" }, finished: last });
             }
         }
-        Ok(out)
+        let memory = MemoryUsage {
+            gpu_peak_bytes: run.memory.gpu_peak_bytes,
+            cpu_peak_bytes: run.memory.cpu_peak_bytes,
+            disk_bytes: run.memory.disk_bytes,
+        };
+        let report = RunReport { engine: "offload", timing: output.timing, memory: Some(memory), details: EngineDetails::Offload(run) };
+        Ok(Generation { output, report })
     }
 }

@@ -24,8 +24,8 @@ pub use burn_llm_models as models;
 pub use burn_paged as paged;
 pub use burn_offload as offload;
 pub use burn_llm_models::{
-    CausalLm, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt, RequestOutput,
-    SamplingParams, StreamEvent, Timing, TokenLogprob,
+    BeamSearchParams, CausalLm, EarlyStopping, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt,
+    RequestOutput, SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
 pub use device::DeviceChoice;
-pub use engine::Engine;
+pub use engine::{Capabilities, Engine, EngineDetails, EngineError, Generation, MemoryUsage, RunReport};

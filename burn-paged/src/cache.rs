@@ -162,7 +162,7 @@ impl PagedKvCache {
                 let mut data = Vec::with_capacity(pairs.len() * per_block);
                 for (h, _) in pairs {
                     let at = (half * self.num_host_blocks + h.index()) * per_block;
-                    let block = host.get(at..at + per_block).ok_or_else(|| PagedError::Device(format!("host block {h} was never written")))?;
+                    let block = host.get(at..at + per_block).ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
                     data.extend_from_slice(block);
                 }
                 let blocks = Tensor::<4>::from_data(TensorData::new(data, shape), &self.device);

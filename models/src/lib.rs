@@ -14,6 +14,7 @@
 //! - [`gguf`]: llama.cpp's GGUF files (LLaMA architecture; F32/F16/BF16/Q8_0/Q4_0/Q4_1) and
 //!   their tokenizers.
 //! - [`hub`]: local directories, GGUF files or hub ids.
+//! - [`pypi`]: model files shipped in PyPI wheels (SmolLM2 GGUF), for machines without the hub.
 //!
 //! ```no_run
 //! use burn::tensor::Device;
@@ -33,6 +34,7 @@ pub mod arch;
 pub mod cache;
 pub mod chat;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod generation;
 pub mod gguf;
@@ -40,6 +42,7 @@ pub mod hub;
 pub mod layers;
 pub mod model;
 pub mod pretrained;
+pub mod pypi;
 pub mod tokenizer;
 pub mod weights;
 
@@ -48,8 +51,8 @@ pub use cache::{ContiguousKvCache, KvCache, KvLayout, StepInput};
 pub use config::{Architecture, DecoderSpec};
 pub use error::{ModelError, Result};
 pub use generation::{
-    FinishReason, GenerationOutput, Generator, Prompt, RequestOutput, SamplingParams, StreamEvent, Timing,
-    TokenLogprob,
+    BeamSearchParams, EarlyStopping, FinishReason, GenerationOutput, Generator, Prompt, RequestOutput, SamplingParams,
+    SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
 pub use model::CausalLm;
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};

@@ -10,6 +10,7 @@ const DEFAULTS: ExampleDefaults = ExampleDefaults {
     name: "test_generate",
     model: "facebook/opt-125m",
     engine: burn_llm::cli::EngineKind::Plain,
+        fallback: None,
 };
 
 fn args(extra: &[&str]) -> GenerateArgs {
@@ -93,10 +94,10 @@ fn paged_engine_flags_and_runs() {
     ]);
     let config = a.engine_config();
     assert_eq!((config.kv_cache_memory, config.block_size, config.max_num_seqs, config.preemption), (KvCacheMemory::Blocks(48), 4, 8, PreemptionMode::Swap));
-    let p = a.request_params();
+    let p = a.sampling();
     assert_eq!((p.n, p.best_of, p.beam.is_none()), (2, Some(3), true));
     let b = args(&["--engine", "paged", "--beam-width", "4", "--length-penalty", "0.5"]);
-    let beam = b.request_params().beam.unwrap();
+    let beam = b.sampling().beam.unwrap();
     assert_eq!((beam.width, beam.length_penalty), (4, 0.5));
     assert!(GenerateArgs::try_parse_from(["x", "--preemption", "sometimes"]).is_err());
     assert!(GenerateArgs::try_parse_from(["x", "--kv-cache-memory", "lots"]).is_err());
@@ -117,7 +118,7 @@ fn paged_engine_flags_and_runs() {
 
     // The JSON order: prompt order, then rank.
     let mut engine = LlmEngine::new(Pretrained::load(&dir, &burn::tensor::Device::flex()).unwrap(), config).unwrap();
-    let params = burn_llm::paged::RequestParams { n: 2, ..SamplingParams { temperature: 1.0, seed: Some(4), ..SamplingParams::greedy(3) }.into() };
+    let params = SamplingParams { n: 2, temperature: 1.0, seed: Some(4), ..SamplingParams::greedy(3) };
     let out = engine.generate(&[Prompt::from("GNU"), Prompt::Ids(vec![2, 50])], &params).unwrap();
     assert_eq!(out.requests.len(), 4);
     assert_eq!(out.requests[0].prompt.as_deref(), Some("GNU"));
@@ -161,5 +162,58 @@ fn offload_engine_flags_and_runs() {
     assert!(profile.is_file(), "the hardware profile is cached");
     let err = run_with(&["--quantize", "w4"]).unwrap_err().to_string();
     assert!(err.contains("--compress-weight"), "{err}");
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// What varies between two runs of the same flags: timings, measured and predicted throughput.
+/// The `[load …]` summary line is dropped (it is all timing), JSON timing fields are zeroed.
+fn mask_varying(stdout: &str) -> String {
+    let mut lines = Vec::new();
+    for line in stdout.lines() {
+        if line.starts_with("[load ") {
+            continue;
+        }
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(mut json) if json.is_object() => {
+                for key in ["load_s", "prefill_s", "decode_s", "tokens_per_s"] {
+                    json["timing"][key] = serde_json::json!(0);
+                }
+                if let Some(policy) = json.get_mut("policy").and_then(|p| p.as_object_mut()) {
+                    policy.insert("predicted_tokens_per_s".into(), serde_json::json!(0));
+                    policy.insert("measured_tokens_per_s".into(), serde_json::json!(0));
+                }
+                lines.push(json.to_string());
+            }
+            _ => lines.push(line.to_string()),
+        }
+    }
+    lines.join("\n").trim_end().to_string()
+}
+
+/// Every engine prints through one path (`cli::run_with` over a `Box<dyn Engine>`), and for the
+/// same flags stdout is what the example binaries printed before that path existed
+/// (`tests/fixtures/cli-golden/*.out`, captured by `scripts/capture_cli_golden.py`; see its
+/// README for the one intended difference).
+#[test]
+fn outputs_are_byte_identical_to_the_golden_runs() {
+    let golden = fixture("cli-golden");
+    let cases: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(golden.join("cases.json")).unwrap()).unwrap();
+    let scratch = std::env::temp_dir().join(format!("burn-llm-cli-golden-{}", std::process::id()));
+    for (name, argv) in cases {
+        let argv: Vec<String> = argv.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+        let model = fixture(&argv[0]);
+        let mut full = vec!["x".to_string(), "--model".into(), model.to_str().unwrap().into(), "--device".into(), "flex".into()];
+        full.extend(argv[1..].iter().cloned());
+        if argv.iter().any(|a| a == "offload") {
+            full.extend(["--offload-dir".into(), scratch.join("tensors").to_str().unwrap().into()]);
+            full.extend(["--profile".into(), scratch.join("profile.json").to_str().unwrap().into()]);
+        }
+        let parsed = GenerateArgs::try_parse_from(&full).unwrap();
+        let (mut out, mut log) = (Vec::new(), Vec::new());
+        burn_llm::cli::run_with(&parsed, DEFAULTS, &mut out, &mut log).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let expected = std::fs::read_to_string(golden.join(format!("{name}.out"))).unwrap();
+        assert_eq!(mask_varying(&String::from_utf8(out).unwrap()), mask_varying(&expected), "{name}");
+    }
     let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -6,7 +6,8 @@
 use burn::tensor::Device;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Tier;
-use burn_llm::paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, RequestParams};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode};
+use burn_llm::BeamSearchParams;
 use burn_llm::Generator;
 
 use crate::common::{devices, fixture, reference, FIXTURES};
@@ -69,7 +70,7 @@ fn greedy_equals_plain_generation_with_and_without_preemption() {
                 ("recompute", config(tight, 4, PreemptionMode::Recompute)),
             ] {
                 let mut engine = engine(name, &device, cfg);
-                let out = engine.generate(&prompts, &RequestParams::from(params.clone())).unwrap();
+                let out = engine.generate(&prompts, &params).unwrap();
                 let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
                 assert_eq!(got, expected, "{name} on {device_name}, {label} pool");
                 let stats = engine.stats();
@@ -92,7 +93,7 @@ fn prefix_cache_hits_give_the_same_tokens() {
     let device = Device::flex();
     let reference = reference("llama");
     let long = &reference.prompts.iter().max_by_key(|p| p.input_ids.len()).unwrap().input_ids;
-    let params = RequestParams::from(SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) });
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
     let mut fresh = engine("llama", &device, config(64, 4, PreemptionMode::Auto));
     let baseline = fresh.generate(&[Prompt::Ids(long.clone())], &params).unwrap();
     assert_eq!(fresh.stats().cached_tokens, 0);
@@ -113,14 +114,13 @@ fn beam_search_equals_hf() {
         for p in json["prompts"].as_array().unwrap() {
             let beam = &p["beam"];
             let ids: Vec<u32> = p["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-            let params = RequestParams {
-                sampling: SamplingParams::greedy(beam["max_new_tokens"].as_u64().unwrap() as usize),
+            let params = SamplingParams {
                 n: beam["num_return_sequences"].as_u64().unwrap() as usize,
-                best_of: None,
-                beam: Some(BeamOptions {
+                beam: Some(BeamSearchParams {
                     length_penalty: beam["length_penalty"].as_f64().unwrap() as f32,
-                    ..BeamOptions::new(beam["num_beams"].as_u64().unwrap() as usize)
+                    ..BeamSearchParams::new(beam["num_beams"].as_u64().unwrap() as usize)
                 }),
+                ..SamplingParams::greedy(beam["max_new_tokens"].as_u64().unwrap() as usize)
             };
             let out = engine.generate(&[Prompt::Ids(ids)], &params).unwrap();
             let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
@@ -144,12 +144,7 @@ fn parallel_samples_are_reproducible_and_share_the_prompt() {
     let reference = reference("gpt2");
     let prompt = Prompt::Ids(reference.prompts[0].input_ids.clone());
     let prompt_len = reference.prompts[0].input_ids.len();
-    let params = RequestParams {
-        sampling: SamplingParams { temperature: 1.0, seed: Some(7), ignore_eos: true, ..SamplingParams::greedy(8) },
-        n: 4,
-        best_of: None,
-        beam: None,
-    };
+    let params = SamplingParams { temperature: 1.0, seed: Some(7), ignore_eos: true, n: 4, ..SamplingParams::greedy(8) };
     let run = || {
         let mut engine = engine("gpt2", &device, config(256, 4, PreemptionMode::Auto));
         engine.add_request("r", prompt.clone(), params.clone()).unwrap();
@@ -229,16 +224,12 @@ fn stress_thousand_requests_with_aborts() {
 fn bad_requests_are_errors() {
     let device = Device::flex();
     let mut e = engine("opt", &device, config(64, 4, PreemptionMode::Auto));
-    let ok = RequestParams::from(SamplingParams::greedy(2));
+    let ok = SamplingParams::greedy(2);
     e.add_request("a", Prompt::Ids(vec![2, 10]), ok.clone()).unwrap();
     assert!(matches!(e.add_request("a", Prompt::Ids(vec![2, 10]), ok.clone()), Err(PagedError::DuplicateRequest(_))));
-    let bad = RequestParams { n: 3, best_of: Some(2), ..ok.clone() };
-    assert!(matches!(e.add_request("b", Prompt::Ids(vec![2]), bad), Err(PagedError::InvalidParams(_))));
-    let beam_sampling = RequestParams {
-        sampling: SamplingParams { temperature: 0.7, ..SamplingParams::greedy(2) },
-        beam: Some(BeamOptions::new(2)),
-        ..ok.clone()
-    };
+    let bad = SamplingParams { n: 3, best_of: Some(2), ..ok.clone() };
+    assert!(matches!(e.add_request("b", Prompt::Ids(vec![2]), bad), Err(PagedError::Model(burn_llm::ModelError::InvalidSampling(_)))));
+    let beam_sampling = SamplingParams { temperature: 0.7, beam: Some(BeamSearchParams::new(2)), ..ok.clone() };
     assert!(e.add_request("c", Prompt::Ids(vec![2]), beam_sampling).is_err());
     assert!(e.add_request("d", Prompt::Ids(vec![]), ok.clone()).is_err());
     while e.has_unfinished_requests() {

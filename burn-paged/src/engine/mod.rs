@@ -11,7 +11,7 @@ use std::time::Instant;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm_models::generation::{prepare_prompt, RequestState};
-use burn_llm_models::{CausalLm, FinishReason, GenerationOutput, Pretrained, Prompt, RequestOutput, StepInput, Timing, Tokenizer};
+use burn_llm_models::{CausalLm, FinishReason, GenerationOutput, Pretrained, Prompt, RequestOutput, SamplingParams, StepInput, Timing, Tokenizer};
 use rand_chacha::ChaCha8Rng;
 
 pub use config::{EngineConfig, KvCacheMemory};
@@ -21,7 +21,6 @@ use crate::beam::{BeamSearch, BeamSearchParams};
 use crate::cache::{PagedKvCache, PagedStep};
 use crate::error::{PagedError, Result};
 use crate::memory::{BlockManager, BlockManagerConfig, SeqId, Tier};
-use crate::params::RequestParams;
 use crate::scheduler::{GroupId, PreemptionCost, PreemptionMode, ScheduledSeq, Scheduler, SchedulerConfig, Sequence, SequenceGroup};
 use sampler::{sample_groups, RowChoice};
 
@@ -38,7 +37,7 @@ struct SeqData {
 #[derive(Debug)]
 struct RequestData {
     request_id: String,
-    params: RequestParams,
+    params: SamplingParams,
     prompt: Option<String>,
     prompt_ids: Vec<u32>,
     live: HashMap<SeqId, SeqData>,
@@ -134,7 +133,7 @@ impl LlmEngine {
         }
         let block_bytes = PagedKvCache::block_bytes(&layout, config.block_size);
         let device = model.device();
-        let on_cpu = format!("{device:?}").to_lowercase().contains("flex");
+        let on_cpu = burn_llm_models::device::is_host_device(&device);
         let (device_blocks, budget) = config.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)?;
         let needed = spec.max_positions.div_ceil(config.block_size);
         // A byte budget must hold one sequence of full context length (as vLLM requires); an
@@ -206,7 +205,7 @@ impl LlmEngine {
 
     /// Queues a request. Errors (duplicate id, bad parameters, a prompt that can never fit) leave
     /// the engine unchanged.
-    pub fn add_request(&mut self, request_id: impl Into<String>, prompt: Prompt, params: RequestParams) -> Result<()> {
+    pub fn add_request(&mut self, request_id: impl Into<String>, prompt: Prompt, params: SamplingParams) -> Result<()> {
         let request_id = request_id.into();
         let spec = self.model.spec().clone();
         params.validate(spec.vocab_size)?;
@@ -222,15 +221,15 @@ impl LlmEngine {
         let beam = match &params.beam {
             Some(b) => {
                 let room = (spec.max_positions + 1).saturating_sub(prompt_ids.len()).max(1);
-                let mut eos_token_ids = if params.sampling.ignore_eos { Vec::new() } else { self.eos_token_ids.clone() };
-                eos_token_ids.extend(&params.sampling.stop_token_ids);
+                let mut eos_token_ids = if params.ignore_eos { Vec::new() } else { self.eos_token_ids.clone() };
+                eos_token_ids.extend(&params.stop_token_ids);
                 Some(BeamSearch::new(
                     BeamSearchParams {
                         beam_width: b.width,
                         length_penalty: b.length_penalty,
                         early_stopping: b.early_stopping,
                         num_return: params.n,
-                        max_new_tokens: params.sampling.max_new_tokens.min(room),
+                        max_new_tokens: params.max_new_tokens.min(room),
                         eos_token_ids,
                     },
                     prompt_ids.len(),
@@ -242,7 +241,7 @@ impl LlmEngine {
         let seq_id = self.alloc_seq();
         let first = SeqData {
             index: 0,
-            state: RequestState::new(prompt_text.clone(), prompt_ids.clone(), &params.sampling, spec.max_positions),
+            state: RequestState::new(prompt_text.clone(), prompt_ids.clone(), &params, spec.max_positions),
             rng: sample_rng(&params, 0),
             cumulative_logprob: 0.0,
         };
@@ -306,7 +305,7 @@ impl LlmEngine {
 
     /// Runs every request to completion (offline batch inference) with a progress bar, returning
     /// one entry per returned sequence: prompt order, then rank.
-    pub fn generate(&mut self, prompts: &[Prompt], params: &RequestParams) -> Result<GenerationOutput> {
+    pub fn generate(&mut self, prompts: &[Prompt], params: &SamplingParams) -> Result<GenerationOutput> {
         self.generate_stream(prompts, params, |_, _| {})
     }
 
@@ -315,7 +314,7 @@ impl LlmEngine {
     pub fn generate_stream(
         &mut self,
         prompts: &[Prompt],
-        params: &RequestParams,
+        params: &SamplingParams,
         mut on_delta: impl FnMut(usize, &SequenceDelta),
     ) -> Result<GenerationOutput> {
         let base = self.next_group;
@@ -506,10 +505,10 @@ impl LlmEngine {
     fn push_token(&mut self, group_id: GroupId, seq: SeqId, row: RowChoice) -> Result<SequenceDelta> {
         let tokenizer = self.tokenizer.as_ref();
         let eos = &self.eos_token_ids;
-        let group = self.scheduler.group_mut(group_id).ok_or_else(|| PagedError::Device("group vanished".into()))?;
-        let data = group.data.live.get_mut(&seq).ok_or_else(|| PagedError::Device("sequence vanished".into()))?;
+        let group = self.scheduler.group_mut(group_id).ok_or_else(|| PagedError::Internal(format!("request group {group_id} vanished")))?;
+        let data = group.data.live.get_mut(&seq).ok_or_else(|| PagedError::Internal(format!("sequence {seq:?} vanished")))?;
         data.cumulative_logprob += row.logprob as f64;
-        let text = data.state.push(row.token, row.top_logprobs, &group.data.params.sampling, eos, tokenizer)?;
+        let text = data.state.push(row.token, row.top_logprobs, &group.data.params, eos, tokenizer)?;
         let finish_reason = data.state.finish_reason();
         let index = data.index;
         if let Some(s) = group.seqs.iter_mut().find(|s| s.id == seq) {
@@ -577,7 +576,7 @@ impl LlmEngine {
         let group = self
             .scheduler
             .remove(group_id, &mut self.blocks)
-            .ok_or_else(|| PagedError::Device(format!("unknown group {group_id}")))?;
+            .ok_or_else(|| PagedError::Internal(format!("unknown request group {group_id}")))?;
         let mut data = group.data;
         self.requests.remove(&data.request_id);
         if let Some(search) = data.beam.take() {
@@ -593,7 +592,7 @@ impl LlmEngine {
                         Some(t) => t.decode(&h.tokens)?,
                         None => String::new(),
                     };
-                    let stopped = h.tokens.last().is_some_and(|t| eos.contains(t) || data.params.sampling.stop_token_ids.contains(t));
+                    let stopped = h.tokens.last().is_some_and(|t| eos.contains(t) || data.params.stop_token_ids.contains(t));
                     Ok(RequestOutput {
                         prompt: data.prompt.clone(),
                         prompt_ids: data.prompt_ids.clone(),
@@ -622,8 +621,8 @@ impl LlmEngine {
 
 /// The random stream of sample `index` of a request: the request's seed (or entropy) with a
 /// stream per sample, so seeded parallel samples are reproducible and independent.
-fn sample_rng(params: &RequestParams, index: u64) -> ChaCha8Rng {
-    let mut rng = params.sampling.rng();
+fn sample_rng(params: &SamplingParams, index: u64) -> ChaCha8Rng {
+    let mut rng = params.rng();
     rng.set_stream(index);
     rng
 }

@@ -78,7 +78,7 @@ pub(crate) fn sample_groups(
             out.push((*group_id, rows.clone(), choices));
             continue;
         }
-        if p.sampling.is_greedy() && p.sampling.logprobs.is_none() && !ranked && data.expanded {
+        if p.is_greedy() && p.logprobs.is_none() && !ranked && data.expanded {
             greedy_rows.extend(rows.iter().copied());
             out.push((*group_id, rows.clone(), Vec::new()));
             continue;
@@ -95,7 +95,7 @@ pub(crate) fn sample_groups(
             })
             .collect();
         let selected = logits.clone().select(0, index(&picked, &logits));
-        let sampled = sample(selected.clone(), &data.params.sampling, &mut rngs)?;
+        let sampled = sample(selected.clone(), &data.params, &mut rngs)?;
         let chosen_logprobs = if ranked {
             let chosen: Vec<i64> = sampled.ids.iter().map(|&t| t as i64).collect();
             let chosen = Tensor::<2, Int>::from_data(TensorData::new(chosen, [width, 1]), &logits.device());

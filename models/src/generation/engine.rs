@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use super::events::StreamEvent;
 use super::request::{prepare_prompt, record_sampled, GenerationOutput, Prompt, RequestState, Timing};
 use super::sampling::{sample, SamplingParams};
 use crate::cache::ContiguousKvCache;
@@ -9,19 +10,6 @@ use crate::error::Result;
 use crate::model::CausalLm;
 use crate::pretrained::Pretrained;
 use crate::tokenizer::Tokenizer;
-
-/// One generated token, as streamed to a callback.
-#[derive(Debug, Clone, Copy)]
-pub struct StreamEvent<'a> {
-    /// Index of the request in the prompt list.
-    pub request: usize,
-    /// The token id.
-    pub token: u32,
-    /// Text that became visible with this token (may be empty).
-    pub text: &'a str,
-    /// Whether the request finished with this token.
-    pub finished: bool,
-}
 
 /// Generates text with a model on its device: prompts are prefilled together (left-padded), then
 /// decoded one token per step until every request has stopped.
@@ -89,6 +77,7 @@ impl Generator {
     ) -> Result<GenerationOutput> {
         let spec = self.model.spec();
         params.validate(spec.vocab_size)?;
+        params.require_single_sequence("plain")?;
         let tokenizer = self.tokenizer.as_ref();
         let mut requests = prompts
             .iter()
@@ -133,7 +122,7 @@ impl Generator {
                 params,
                 &self.eos_token_ids,
                 tokenizer,
-                |request, token, text, finished| on_token(StreamEvent { request, token, text, finished }),
+                |request, token, text, finished| on_token(StreamEvent { request, sequence: 0, token, text, finished }),
             )?;
             if first {
                 timing.prefill_s = started.elapsed().as_secs_f64();

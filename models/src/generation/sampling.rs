@@ -11,10 +11,15 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use super::beam::BeamSearchParams;
 use crate::error::{ModelError, Result};
 
-/// How to pick tokens and when to stop, per request (vLLM's `SamplingParams`).
+/// How to pick tokens, how many sequences to return and when to stop, per request (vLLM's
+/// `SamplingParams`, which also carries `n`, `best_of` and beam search). Every engine takes these;
+/// an engine that cannot honour a setting (the plain and offloading engines return one sequence
+/// per prompt) rejects it with an error instead of ignoring it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SamplingParams {
     /// Tokens to generate at most.
     pub max_new_tokens: usize,
@@ -34,6 +39,13 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Return the top-K log-probabilities of every generated step.
     pub logprobs: Option<usize>,
+    /// Sequences returned per prompt.
+    pub n: usize,
+    /// Sequences generated per prompt (≥ `n`), of which the `n` with the highest cumulative
+    /// log-probability are returned. `None` means `n`.
+    pub best_of: Option<usize>,
+    /// Beam search instead of sampling; returns the `n` best beams.
+    pub beam: Option<BeamSearchParams>,
 }
 
 impl Default for SamplingParams {
@@ -49,6 +61,9 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            n: 1,
+            best_of: None,
+            beam: None,
         }
     }
 }
@@ -60,6 +75,32 @@ impl SamplingParams {
             max_new_tokens,
             ..Self::default()
         }
+    }
+
+    /// Sequences the request runs at once (its seats in a batch): the beam width, else `best_of`,
+    /// else `n`.
+    pub fn width(&self) -> usize {
+        match &self.beam {
+            Some(b) => b.width,
+            None => self.best_of.unwrap_or(self.n),
+        }
+    }
+
+    /// Whether the request asks for exactly one sequence, sampled (no `n`, `best_of` or beam).
+    pub fn is_single_sequence(&self) -> bool {
+        self.n == 1 && self.best_of.is_none_or(|b| b == 1) && self.beam.is_none()
+    }
+
+    /// For engines that return one sampled sequence per prompt: an error naming `engine` when the
+    /// request asks for parallel sampling or beam search.
+    pub fn require_single_sequence(&self, engine: &str) -> Result<()> {
+        if self.is_single_sequence() {
+            return Ok(());
+        }
+        let what = if self.beam.is_some() { "beam search" } else { "several sequences per prompt (n / best_of)" };
+        Err(ModelError::InvalidSampling(format!(
+            "the {engine} engine returns one sampled sequence per prompt and cannot run {what}: use the paged engine (--engine paged)"
+        )))
     }
 
     /// Whether tokens are chosen by argmax.
@@ -84,6 +125,24 @@ impl SamplingParams {
         }
         if self.stop.iter().any(String::is_empty) {
             return fail("stop strings must not be empty".into());
+        }
+        if self.n == 0 {
+            return fail("n must be at least 1".into());
+        }
+        if let Some(best_of) = self.best_of.filter(|&b| b < self.n) {
+            return fail(format!("best_of ({best_of}) must be at least n ({})", self.n));
+        }
+        if let Some(beam) = &self.beam {
+            beam.validate()?;
+            if self.n > beam.width {
+                return fail(format!("n ({}) cannot exceed the beam width ({})", self.n, beam.width));
+            }
+            if !self.is_greedy() {
+                return fail("beam search is deterministic: use temperature 0".into());
+            }
+            if self.best_of.is_some() {
+                return fail("best_of does not apply to beam search (the beam width does)".into());
+            }
         }
         Ok(())
     }

@@ -140,7 +140,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => crate::fetch::cache_dir().join(crate::fetch::SMOLLM2_FILE).display().to_string(),
+        None => burn_llm::models::pypi::SMOLLM2_GGUF.cached_path().display().to_string(),
     };
     let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model smollm2`)"))?;
     let mut decode = Vec::new();

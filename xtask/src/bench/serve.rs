@@ -13,7 +13,8 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use burn_llm::models::{CausalLm, DecoderSpec, Generator, Prompt, SamplingParams};
-use burn_llm::paged::{BeamOptions, EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, RequestParams};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode};
+use burn_llm::BeamSearchParams;
 use burn_llm::DeviceChoice;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -221,12 +222,9 @@ fn sharing(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)], beam: bool)
     let mut engine = LlmEngine::from_parts(model(device)?, None, vec![], config)?;
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = if beam {
-            RequestParams { beam: Some(BeamOptions::new(4)), ..SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) }.into() }
+            SamplingParams { beam: Some(BeamSearchParams::new(4)), ignore_eos: true, ..SamplingParams::greedy(*out) }
         } else {
-            RequestParams {
-                n: 4,
-                ..SamplingParams { temperature: 1.0, seed: Some(i as u64), ignore_eos: true, ..SamplingParams::greedy(*out) }.into()
-            }
+            SamplingParams { n: 4, temperature: 1.0, seed: Some(i as u64), ignore_eos: true, ..SamplingParams::greedy(*out) }
         };
         engine.add_request(i.to_string(), Prompt::Ids(prompt.clone()), params)?;
     }
