@@ -72,25 +72,7 @@ use thiserror::Error;
 /// candidates that may not continue / may not become hypotheses, empty hypothesis slots.
 const NEG_LARGE: f32 = -1.0e9;
 
-/// When the search may stop before `max_new_tokens` (HF's `early_stopping`). Serialised in
-/// lowercase (`"heuristic"`, `"eager"`, `"never"`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum EarlyStopping {
-    /// HF's default, `early_stopping=False`: stop once all `beam_width` hypothesis slots are
-    /// finished and the best live beam, scored with the *current* generated length, is no better
-    /// than the worst hypothesis.
-    #[default]
-    Heuristic,
-    /// `early_stopping=True`: stop as soon as all `beam_width` hypothesis slots are finished.
-    Eager,
-    /// `early_stopping="never"`: like [`Heuristic`](Self::Heuristic), but with a positive length
-    /// penalty the best live beam is scored with the longest possible length (`max_new_tokens`),
-    /// so the search only stops when no live beam can still win (canonical beam search).
-    Never,
-}
+pub use burn_llm_models::EarlyStopping;
 
 /// Parameters of one beam search request.
 #[derive(Debug, Clone, PartialEq)]

