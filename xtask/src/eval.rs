@@ -14,8 +14,7 @@ use burn_llm::models::{hub, CausalLm, ContiguousKvCache, Pretrained};
 use burn_llm::DeviceChoice;
 use serde::Serialize;
 
-use crate::machine::Machine;
-use crate::report;
+use crate::report::{self, table, Align::Left, Align::Right, Header};
 
 /// Flags of `eval ppl`.
 #[derive(clap::Args)]
@@ -60,14 +59,11 @@ struct Row {
 
 #[derive(Serialize)]
 struct Report {
-    benchmark: &'static str,
-    command: String,
-    machine: Machine,
-    model: String,
+    #[serde(flatten)]
+    header: Header,
     text: String,
     context: usize,
     group_size: usize,
-    unix_time: u64,
     results: Vec<Row>,
 }
 
@@ -97,7 +93,6 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let path = hub::resolve_model(&args.model)?;
     let text = std::fs::read_to_string(&args.text)
         .map_err(|e| format!("cannot read {}: {e}", args.text.display()))?;
-    let machine = Machine::current();
     let mut results: Vec<Row> = Vec::new();
     for variant in &args.variants {
         let pretrained = Pretrained::load(&path, &device)?;
@@ -145,25 +140,26 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         args.context,
         args.device.name()
     );
-    let mut md = format!(
-        "# Perplexity\n\n- command: `{command}`\n- machine: {}\n- text: {} (context {} tokens, non-overlapping windows)\n\n\
-         | variant | perplexity | Δ vs first | scored tokens |\n|---|---:|---:|---:|\n",
-        machine.describe(),
-        args.text.display(),
-        args.context
-    );
-    for r in &results {
-        md.push_str(&format!("| {} | {:.3} | {:+.2}% | {} |\n", r.variant, r.perplexity, r.delta_percent, r.scored_tokens));
-    }
+    // The device is in the command line; the report keeps the shape it has always had, without it.
+    let header = Header::new("ppl", command, None, &args.model);
+    let mut md = header.markdown("Perplexity");
+    md.push_str(&format!("- text: {} (context {} tokens, non-overlapping windows)\n\n", args.text.display(), args.context));
+    md.push_str(&table(
+        &[("variant", Left), ("perplexity", Right), ("Δ vs first", Right), ("scored tokens", Right)],
+        results.iter().map(|r| {
+            vec![
+                r.variant.clone(),
+                format!("{:.3}", r.perplexity),
+                format!("{:+.2}%", r.delta_percent),
+                r.scored_tokens.to_string(),
+            ]
+        }),
+    ));
     let report = Report {
-        benchmark: "ppl",
-        command,
-        machine,
-        model: args.model.clone(),
+        header,
         text: args.text.display().to_string(),
         context: args.context,
         group_size: args.group_size,
-        unix_time: report::unix_time(),
         results,
     };
     report::write(&args.out, "ppl", &report, &md)?;

@@ -9,12 +9,11 @@
 use std::path::PathBuf;
 
 use burn_llm::models::{hub, CausalLm, DecoderSpec, Generator, Pretrained, Prompt, SamplingParams};
-use burn_llm::DeviceChoice;
+use burn_llm::{DeviceChoice, Engine};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::machine::Machine;
-use crate::report;
+use crate::report::{self, table, Align::Right, Header};
 
 /// Built-in model shapes for dummy-weight runs, as HF `config.json` text.
 const SYNTHETIC: [(&str, &str); 3] = [
@@ -72,30 +71,27 @@ struct Row {
 }
 
 #[derive(Serialize)]
-struct Report<'a> {
-    benchmark: &'static str,
-    command: String,
-    machine: Machine,
-    device: &'static str,
-    model: &'a str,
+struct Report {
+    #[serde(flatten)]
+    header: Header,
     prompt_len: usize,
     new_tokens: usize,
-    unix_time: u64,
     results: Vec<Row>,
 }
 
-fn load(model: &str, device: &burn::tensor::Device) -> Result<Generator, Box<dyn std::error::Error>> {
+/// The plain engine on `model`: a built-in shape with random weights, or a checkpoint.
+fn load(model: &str, device: &burn::tensor::Device) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
     if let Some((_, config)) = SYNTHETIC.iter().find(|(name, _)| *name == model) {
         let spec = DecoderSpec::from_json(config, model.as_ref())?;
-        return Ok(Generator::new(CausalLm::random(spec, device)?, None, vec![]));
+        return Ok(Box::new(Generator::new(CausalLm::random(spec, device)?, None, vec![])));
     }
-    Ok(Generator::from(Pretrained::load(&hub::resolve_model(model)?, device)?))
+    Ok(Box::new(Generator::from(Pretrained::load(&hub::resolve_model(model)?, device)?)))
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
-    let generator = load(&args.model, &device)?;
-    let vocab = generator.model().spec().vocab_size as u32;
+    let mut engine = load(&args.model, &device)?;
+    let vocab = engine.spec().vocab_size as u32;
     let params = SamplingParams {
         ignore_eos: true,
         ..SamplingParams::greedy(args.new_tokens.max(2))
@@ -107,12 +103,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     // Warm-up: first-use allocations and kernel compilation stay out of the figures.
-    generator.generate(&prompts(1), &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(2) })?;
+    engine.generate(&prompts(1), &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(2) })?;
 
     let mut results = Vec::new();
     for &batch in &args.batch_sizes {
-        let out = generator.generate(&prompts(batch), &params)?;
-        let t = out.timing;
+        let t = engine.generate(&prompts(batch), &params)?.report.timing;
         let row = Row {
             batch,
             prefill_tokens_per_s: (batch * args.prompt_len) as f64 / t.prefill_s,
@@ -128,7 +123,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         results.push(row);
     }
 
-    let machine = Machine::current();
     let command = format!(
         "cargo xtask bench generate --device {} --model {} --batch-sizes {} --prompt-len {} --new-tokens {}",
         args.device.name(),
@@ -137,33 +131,31 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.prompt_len,
         args.new_tokens
     );
-    let mut md = format!(
-        "# Plain-engine generation throughput\n\n- command: `{command}`\n- machine: {}\n- device: {}\n- model: {} \
-         (prompt {} tokens, {} new tokens per prompt, greedy, EOS ignored)\n\n\
-         | batch | prefill tokens/s | decode tokens/s | prefill s | decode s |\n|---:|---:|---:|---:|---:|\n",
-        machine.describe(),
-        args.device.name(),
-        args.model,
-        args.prompt_len,
-        args.new_tokens
-    );
-    for r in &results {
-        md.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.3} | {:.3} |\n",
-            r.batch, r.prefill_tokens_per_s, r.decode_tokens_per_s, r.prefill_s, r.decode_s
-        ));
-    }
-    let report = Report {
-        benchmark: "generate",
-        command,
-        machine,
-        device: args.device.name(),
-        model: &args.model,
-        prompt_len: args.prompt_len,
-        new_tokens: args.new_tokens,
-        unix_time: report::unix_time(),
-        results,
-    };
+    let header = Header::new("generate", command, Some(args.device.name()), &args.model);
+    let mut md = header.markdown("Plain-engine generation throughput");
+    md.push_str(&format!(
+        "- model: {} (prompt {} tokens, {} new tokens per prompt, greedy, EOS ignored)\n\n",
+        args.model, args.prompt_len, args.new_tokens
+    ));
+    md.push_str(&table(
+        &[
+            ("batch", Right),
+            ("prefill tokens/s", Right),
+            ("decode tokens/s", Right),
+            ("prefill s", Right),
+            ("decode s", Right),
+        ],
+        results.iter().map(|r| {
+            vec![
+                r.batch.to_string(),
+                format!("{:.1}", r.prefill_tokens_per_s),
+                format!("{:.1}", r.decode_tokens_per_s),
+                format!("{:.3}", r.prefill_s),
+                format!("{:.3}", r.decode_s),
+            ]
+        }),
+    ));
+    let report = Report { header, prompt_len: args.prompt_len, new_tokens: args.new_tokens, results };
     report::write(&args.out, "generate", &report, &md)?;
     Ok(())
 }

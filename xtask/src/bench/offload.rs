@@ -13,11 +13,10 @@ use burn_llm::models::{DecoderSpec, Prompt, SamplingParams};
 use burn_llm::offload::policy::{largest_fitting_batch, HardwareProfile, Placement, Policy, SearchSpace, Tier, TierBytes, Workload};
 use burn_llm::models::weights::RandomWeights;
 use burn_llm::offload::{model_shape, OffloadConfig, OffloadEngine, PolicyChoice};
-use burn_llm::DeviceChoice;
+use burn_llm::{DeviceChoice, Engine, EngineDetails};
 use serde::Serialize;
 
-use crate::machine::Machine;
-use crate::report;
+use crate::report::{self, table, Align::Left, Align::Right, Header};
 
 /// The benchmarked model: OPT family, dummy weights, about 340 MB of `f32` layers (sized for a
 /// 2-core CPU; the device budget below is what makes it "not fit").
@@ -74,15 +73,11 @@ struct Row {
 
 #[derive(Serialize)]
 struct Report {
-    benchmark: &'static str,
-    command: String,
-    machine: Machine,
-    device: &'static str,
-    model: &'static str,
+    #[serde(flatten)]
+    header: Header,
     hardware: HardwareProfile,
     rows: Vec<Row>,
     searched_vs_deepspeed: f64,
-    unix_time: u64,
 }
 
 fn run_policy(
@@ -104,22 +99,26 @@ fn run_policy(
         attention_sparsity: None,
         threads: None,
     };
-    let engine = OffloadEngine::new(spec.clone(), &RandomWeights::default(), None, vec![], config, device)?;
-    let block = (engine.policy().gpu_batch_size * engine.policy().num_gpu_batches) as usize;
+    let offload = OffloadEngine::new(spec.clone(), &RandomWeights::default(), None, vec![], config, device)?;
+    // One block of prompts: the policy's gpu batch size × number of gpu batches.
+    let block = (offload.policy().gpu_batch_size * offload.policy().num_gpu_batches) as usize;
+    let mut engine: Box<dyn Engine> = Box::new(offload);
     let prompts: Vec<Prompt> = (0..block).map(|i| Prompt::Ids((0..args.prompt_len).map(|t| 3 + ((t * 31 + i * 7) % 8000) as u32).collect())).collect();
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.gen_len) };
-    let (out, report) = engine.generate(&prompts, &params)?;
-    let latency = out.timing.prefill_s + out.timing.decode_s;
+    let report = engine.generate(&prompts, &params)?.report;
+    let (EngineDetails::Offload(run), Some(memory)) = (&report.details, report.memory) else {
+        return Err(format!("the {} engine reported no offloading policy or peak memory", report.engine).into());
+    };
     let row = Row {
         name,
-        policy: report.policy,
-        effective_batch: report.effective_batch,
-        tokens_per_s: report.measured_tokens_per_s,
-        predicted_tokens_per_s: report.predicted_tokens_per_s,
-        prediction_error: report.predicted_tokens_per_s / report.measured_tokens_per_s - 1.0,
-        latency_s: latency,
-        gpu_peak_bytes: report.memory.gpu_peak_bytes,
-        cpu_peak_bytes: report.memory.cpu_peak_bytes,
+        policy: run.policy,
+        effective_batch: run.effective_batch,
+        tokens_per_s: run.measured_tokens_per_s,
+        predicted_tokens_per_s: run.predicted_tokens_per_s,
+        prediction_error: run.predicted_tokens_per_s / run.measured_tokens_per_s - 1.0,
+        latency_s: report.timing.prefill_s + report.timing.decode_s,
+        gpu_peak_bytes: memory.gpu_peak_bytes,
+        cpu_peak_bytes: memory.cpu_peak_bytes,
     };
     eprintln!(
         "{name}: batch {} → {:.2} tokens/s (predicted {:.2}), latency {:.1} s",
@@ -170,7 +169,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     rows.push(run_policy("Accelerate policy", &spec, PolicyChoice::Fixed(accelerate), &args, &hw, &device)?);
     let ratio = rows[0].tokens_per_s / rows[3].tokens_per_s;
 
-    let machine = Machine::current();
     let command = format!(
         "cargo xtask bench offload --device {} --gpu-mem-mib {} --cpu-mem-mib {} --prompt-len {} --gen-len {} --name {}",
         args.device.name(),
@@ -180,53 +178,53 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.gen_len,
         args.name
     );
+    let header = Header::new("offload", command, Some(args.device.name()), "synthetic:offload-opt (OPT, 12 layers, hidden 768, vocab 8192)");
     let layers_gib = shape.layer_weight_bytes() * f64::from(shape.num_layers) / (1u64 << 30) as f64;
-    let mut md = format!(
-        "# Offloading throughput (FlexGen policies)\n\n- command: `{command}`\n- machine: {}\n- device: {}\n\
-         - model: OPT family, 12 layers, hidden 768, dummy weights, {layers_gib:.2} GiB of f32 layers; device budget {} MiB, host budget {} MiB\n\
-         - workload: prompt {} tokens, {} generated tokens\n\n\
-         | policy | gbs × batches | weights gpu/cpu/disk | cache gpu/cpu/disk | activations gpu/cpu/disk | CPU attn | overlap | tokens/s | predicted | error | latency s | device peak MiB | host peak MiB |\n\
-         |---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n",
-        machine.describe(),
-        args.device.name(),
-        args.gpu_mem_mib,
-        args.cpu_mem_mib,
-        args.prompt_len,
-        args.gen_len
-    );
-    for r in &rows {
-        let p = &r.policy;
-        let split = |p: Placement| format!("{:.0}/{:.0}/{:.0}%", 100.0 * p.gpu, 100.0 * p.cpu, 100.0 * p.disk);
-        md.push_str(&format!(
-            "| {} | {} × {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:+.0}% | {:.1} | {:.0} | {:.0} |\n",
-            r.name,
-            p.gpu_batch_size,
-            p.num_gpu_batches,
-            split(p.weights),
-            split(p.cache),
-            split(p.activations),
-            p.cpu_attention,
-            p.overlap,
-            r.tokens_per_s,
-            r.predicted_tokens_per_s,
-            100.0 * r.prediction_error,
-            r.latency_s,
-            r.gpu_peak_bytes as f64 / (1u64 << 20) as f64,
-            r.cpu_peak_bytes as f64 / (1u64 << 20) as f64
-        ));
-    }
+    let mut md = header.markdown("Offloading throughput (FlexGen policies)");
+    md.push_str(&format!(
+        "- model: OPT family, 12 layers, hidden 768, dummy weights, {layers_gib:.2} GiB of f32 layers; device budget {} MiB, host budget {} MiB\n\
+         - workload: prompt {} tokens, {} generated tokens\n\n",
+        args.gpu_mem_mib, args.cpu_mem_mib, args.prompt_len, args.gen_len
+    ));
+    let split = |p: Placement| format!("{:.0}/{:.0}/{:.0}%", 100.0 * p.gpu, 100.0 * p.cpu, 100.0 * p.disk);
+    let mib = |bytes: u64| format!("{:.0}", bytes as f64 / (1u64 << 20) as f64);
+    md.push_str(&table(
+        &[
+            ("policy", Left),
+            ("gbs × batches", Right),
+            ("weights gpu/cpu/disk", Left),
+            ("cache gpu/cpu/disk", Left),
+            ("activations gpu/cpu/disk", Left),
+            ("CPU attn", Left),
+            ("overlap", Left),
+            ("tokens/s", Right),
+            ("predicted", Right),
+            ("error", Right),
+            ("latency s", Right),
+            ("device peak MiB", Right),
+            ("host peak MiB", Right),
+        ],
+        rows.iter().map(|r| {
+            let p = &r.policy;
+            vec![
+                r.name.to_string(),
+                format!("{} × {}", p.gpu_batch_size, p.num_gpu_batches),
+                split(p.weights),
+                split(p.cache),
+                split(p.activations),
+                p.cpu_attention.to_string(),
+                p.overlap.to_string(),
+                format!("{:.2}", r.tokens_per_s),
+                format!("{:.2}", r.predicted_tokens_per_s),
+                format!("{:+.0}%", 100.0 * r.prediction_error),
+                format!("{:.1}", r.latency_s),
+                mib(r.gpu_peak_bytes),
+                mib(r.cpu_peak_bytes),
+            ]
+        }),
+    ));
     md.push_str(&format!("\nSearched policy vs DeepSpeed policy: {ratio:.2}×\n"));
-    let report = Report {
-        benchmark: "offload",
-        command,
-        machine,
-        device: args.device.name(),
-        model: "synthetic:offload-opt (OPT, 12 layers, hidden 768, vocab 8192)",
-        hardware: hw,
-        rows,
-        searched_vs_deepspeed: ratio,
-        unix_time: report::unix_time(),
-    };
+    let report = Report { header, hardware: hw, rows, searched_vs_deepspeed: ratio };
     report::write(&args.out, &args.name, &report, &md)?;
     Ok(())
 }

@@ -13,11 +13,10 @@ use burn::tensor::{Device, Distribution, Tensor};
 use burn_llm::kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, QuantSpec};
 use burn_llm::models::{hub, Generator, Pretrained, Prompt, SamplingParams};
 use burn_llm::offload::profiler::time;
-use burn_llm::DeviceChoice;
+use burn_llm::{DeviceChoice, Engine};
 use serde::Serialize;
 
-use crate::machine::Machine;
-use crate::report;
+use crate::report::{self, table, Align::Left, Align::Right, Header};
 
 /// Flags of `bench quant`.
 #[derive(clap::Args)]
@@ -58,16 +57,12 @@ struct DecodeRow {
 
 #[derive(Serialize)]
 struct Report {
-    benchmark: &'static str,
-    command: String,
-    machine: Machine,
-    device: &'static str,
+    #[serde(flatten)]
+    header: Header,
     read_bandwidth_gb_s: f64,
     dequantize_gb_s: f64,
     matmul: Vec<MatmulRow>,
-    model: String,
     decode: Vec<DecodeRow>,
-    unix_time: u64,
 }
 
 fn sync(device: &Device) {
@@ -154,12 +149,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(b) => pretrained.model.quantize_weights(b, 64)?,
         };
         let bytes = pretrained.model.decode_weight_bytes();
-        let generator = Generator::from(pretrained);
+        let mut engine: Box<dyn Engine> = Box::new(Generator::from(pretrained));
         for batch in [1, 16] {
             let prompts: Vec<Prompt> = (0..batch).map(|i| Prompt::Ids(vec![1, 504 + i as u32, 3058, 282])).collect();
             let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens) };
-            let out = generator.generate(&prompts, &params)?;
-            let t = out.timing;
+            let t = engine.generate(&prompts, &params)?.report.timing;
             let row = DecodeRow {
                 weights: label,
                 batch,
@@ -175,50 +169,58 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let machine = Machine::current();
     let command = format!("cargo xtask bench quant --device {} --model {model} --new-tokens {}", args.device.name(), args.new_tokens);
-    let mut md = format!(
-        "# Quantization cost\n\n- command: `{command}`\n- machine: {}\n- device: {}\n- host read bandwidth: {bandwidth:.1} GB/s\n\
+    let header = Header::new("quant", command, Some(args.device.name()), model);
+    let mut md = header.markdown("Quantization cost");
+    md.push_str(&format!(
+        "- host read bandwidth: {bandwidth:.1} GB/s\n\
          - dequantize, 4-bit group 64, [4096, 4096]: {dequantize_gb_s:.2} GB/s of f32 produced\n\n\
          ## Fused dequantize-matmul vs f32 matmul ([m, 4096] × [4096, 4096], 4-bit)\n\n\
-         FlexGen layout: `W` `[k, n]` in groups of 64 along `n`; GGUF layout: `W` `[n, k]` in groups of 32 along `k` (Q4_1 as shipped).\n\n\
-         | m | f32 ms | fused FlexGen ms | speed-up | fused GGUF ms | speed-up |\n|---:|---:|---:|---:|---:|---:|\n",
-        machine.describe(),
-        args.device.name()
-    );
-    for r in &matmul {
-        md.push_str(&format!(
-            "| {} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× |\n",
-            r.m, r.f32_ms, r.fused_ms, r.fused_speedup, r.fused_gguf_ms, r.fused_gguf_speedup
-        ));
-    }
-    md.push_str(&format!(
-        "\n## Decode, {model} (greedy, {} new tokens)\n\nRoofline = batch × bandwidth ÷ weight bytes read per step.\n\n\
-         | weights | batch | tokens/s | weight MB read per step | roofline tokens/s |\n|---|---:|---:|---:|---:|\n",
-        args.new_tokens
+         FlexGen layout: `W` `[k, n]` in groups of 64 along `n`; GGUF layout: `W` `[n, k]` in groups of 32 along `k` (Q4_1 as shipped).\n\n"
     ));
-    for r in &decode {
-        md.push_str(&format!(
-            "| {} | {} | {:.1} | {:.0} | {:.1} |\n",
-            r.weights,
-            r.batch,
-            r.tokens_per_s,
-            r.weight_bytes as f64 / 1e6,
-            r.roofline_tokens_per_s
-        ));
-    }
-    let report = Report {
-        benchmark: "quant",
-        command,
-        machine,
-        device: args.device.name(),
-        read_bandwidth_gb_s: bandwidth,
-        dequantize_gb_s,
-        matmul,
-        model,
-        decode,
-        unix_time: report::unix_time(),
-    };
+    md.push_str(&table(
+        &[
+            ("m", Right),
+            ("f32 ms", Right),
+            ("fused FlexGen ms", Right),
+            ("speed-up", Right),
+            ("fused GGUF ms", Right),
+            ("speed-up", Right),
+        ],
+        matmul.iter().map(|r| {
+            vec![
+                r.m.to_string(),
+                format!("{:.2}", r.f32_ms),
+                format!("{:.2}", r.fused_ms),
+                format!("{:.2}×", r.fused_speedup),
+                format!("{:.2}", r.fused_gguf_ms),
+                format!("{:.2}×", r.fused_gguf_speedup),
+            ]
+        }),
+    ));
+    md.push_str(&format!(
+        "\n## Decode, {} (greedy, {} new tokens)\n\nRoofline = batch × bandwidth ÷ weight bytes read per step.\n\n",
+        header.model, args.new_tokens
+    ));
+    md.push_str(&table(
+        &[
+            ("weights", Left),
+            ("batch", Right),
+            ("tokens/s", Right),
+            ("weight MB read per step", Right),
+            ("roofline tokens/s", Right),
+        ],
+        decode.iter().map(|r| {
+            vec![
+                r.weights.to_string(),
+                r.batch.to_string(),
+                format!("{:.1}", r.tokens_per_s),
+                format!("{:.0}", r.weight_bytes as f64 / 1e6),
+                format!("{:.1}", r.roofline_tokens_per_s),
+            ]
+        }),
+    ));
+    let report = Report { header, read_bandwidth_gb_s: bandwidth, dequantize_gb_s, matmul, decode };
     report::write(&args.out, "quant", &report, &md)?;
     Ok(())
 }

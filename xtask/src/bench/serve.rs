@@ -13,14 +13,12 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use burn_llm::models::{CausalLm, DecoderSpec, Generator, Prompt, SamplingParams};
-use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode};
-use burn_llm::BeamSearchParams;
-use burn_llm::DeviceChoice;
+use burn_llm::paged::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PreemptionMode};
+use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, Timing};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::machine::Machine;
-use crate::report;
+use crate::report::{self, table, Align::Left, Align::Right, Header};
 
 /// The served model: OPT-family, random weights, small enough for many requests on a CPU.
 const MODEL: &str = r#"{"model_type":"opt","vocab_size":8192,"hidden_size":256,"num_hidden_layers":4,"ffn_dim":1024,
@@ -111,18 +109,14 @@ struct SharingResult {
 
 #[derive(Serialize)]
 struct Report {
-    benchmark: &'static str,
-    command: String,
-    machine: Machine,
-    device: &'static str,
-    model: &'static str,
+    #[serde(flatten)]
+    header: Header,
     kv_tokens: usize,
     max_model_len: usize,
     block_size: usize,
     baseline_batch: usize,
     workloads: Vec<WorkloadResult>,
     sharing: Vec<SharingResult>,
-    unix_time: u64,
 }
 
 fn model(device: &Device) -> Result<CausalLm, Box<dyn std::error::Error>> {
@@ -152,11 +146,11 @@ fn run_paged(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Result
         enable_prefix_caching: false,
         ..EngineConfig::default()
     };
-    let mut engine = LlmEngine::from_parts(model(device)?, None, vec![], config)?;
+    let mut engine: Box<dyn Engine> = Box::new(LlmEngine::from_parts(model(device)?, None, vec![], config)?);
     let started = Instant::now();
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) };
-        engine.add_request(i.to_string(), Prompt::Ids(prompt.clone()), params.into())?;
+        engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params)?;
     }
     let mut output_tokens = 0;
     while engine.has_unfinished_requests() {
@@ -165,7 +159,7 @@ fn run_paged(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Result
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let stats = engine.stats();
+    let stats = paged_stats(engine.as_ref())?;
     Ok((
         SystemResult {
             tokens_per_s: output_tokens as f64 / seconds,
@@ -182,13 +176,13 @@ fn run_paged(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Result
 /// until its longest request is done (finished requests idle in their reserved slots).
 fn run_baseline(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
     let batch = (args.kv_tokens / args.max_model_len).max(1);
-    let generator = Generator::new(model(device)?, None, vec![]);
+    let mut engine: Box<dyn Engine> = Box::new(Generator::new(model(device)?, None, vec![]));
     let started = Instant::now();
     let (mut steps, mut batched, mut stored, mut reserved) = (0usize, 0usize, 0f64, 0f64);
     for chunk in reqs.chunks(batch) {
         let longest = chunk.iter().map(|(_, o)| *o).max().unwrap_or(1);
         let prompts: Vec<Prompt> = chunk.iter().map(|(p, _)| Prompt::Ids(p.clone())).collect();
-        generator.generate(&prompts, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(longest) })?;
+        engine.generate(&prompts, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(longest) })?;
         for t in 0..longest {
             let live: Vec<&(Vec<u32>, usize)> = chunk.iter().filter(|(_, o)| t < *o).collect();
             batched += live.len();
@@ -219,19 +213,27 @@ fn sharing(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)], beam: bool)
         enable_prefix_caching: false,
         ..EngineConfig::default()
     };
-    let mut engine = LlmEngine::from_parts(model(device)?, None, vec![], config)?;
+    let mut engine: Box<dyn Engine> = Box::new(LlmEngine::from_parts(model(device)?, None, vec![], config)?);
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = if beam {
             SamplingParams { beam: Some(BeamSearchParams::new(4)), ignore_eos: true, ..SamplingParams::greedy(*out) }
         } else {
             SamplingParams { n: 4, temperature: 1.0, seed: Some(i as u64), ignore_eos: true, ..SamplingParams::greedy(*out) }
         };
-        engine.add_request(i.to_string(), Prompt::Ids(prompt.clone()), params)?;
+        engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params)?;
     }
     while engine.has_unfinished_requests() {
         engine.step()?;
     }
-    Ok(engine.stats().sharing_saving())
+    Ok(paged_stats(engine.as_ref())?.sharing_saving())
+}
+
+/// The paged engine's scheduler and KV-cache counters, from its report.
+fn paged_stats(engine: &dyn Engine) -> Result<EngineStats, Box<dyn std::error::Error>> {
+    match engine.report(Timing::default()).details {
+        EngineDetails::Paged(stats) => Ok(stats),
+        _ => Err(format!("the {} engine reports no paged KV-cache counters", engine.name()).into()),
+    }
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -282,7 +284,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         shared.push(SharingResult { decoding: label.into(), requests: share_reqs.len(), memory_saved: saved });
     }
 
-    let machine = Machine::current();
     let command = format!(
         "cargo xtask bench serve --device {} --requests {} --kv-tokens {} --max-model-len {} --block-size {} --scale {} --seed {}",
         args.device.name(),
@@ -293,53 +294,57 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.scale,
         args.seed
     );
-    let mut md = format!(
-        "# Serving throughput: paged engine vs static batching\n\n- command: `{command}`\n- machine: {}\n- device: {}\n\
-         - model: OPT-family, 4 layers, hidden 256, vocab 8192, random weights\n\
-         - KV budget: {} tokens for both systems; paged blocks of {} tokens; the baseline reserves {} tokens per request, so it batches {baseline_batch} requests\n\n\
-         | workload | prompt mean (σ) | output mean (σ) | paged tokens/s | baseline tokens/s | ratio | paged batch | baseline batch | paged KV use | baseline KV use | preemptions |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        machine.describe(),
-        args.device.name(),
-        args.kv_tokens,
-        args.block_size,
-        args.max_model_len
-    );
-    for r in &results {
-        md.push_str(&format!(
-            "| {} | {:.1} ({}) | {:.1} ({}) | {:.1} | {:.1} | {:.2}× | {:.1} | {:.1} | {:.1}% | {:.1}% | {} |\n",
-            r.workload.name,
-            r.mean_prompt,
-            r.workload.prompt.sigma,
-            r.mean_output,
-            r.workload.output.sigma,
-            r.paged.tokens_per_s,
-            r.baseline.tokens_per_s,
-            r.throughput_ratio,
-            r.paged.average_batch,
-            r.baseline.average_batch,
-            100.0 * r.paged.kv_utilization,
-            100.0 * r.baseline.kv_utilization,
-            r.preemptions
-        ));
-    }
-    md.push_str("\n## Memory saved by block sharing\n\n| decoding | requests | KV memory saved |\n|---|---:|---:|\n");
-    for s in &shared {
-        md.push_str(&format!("| {} | {} | {:.1}% |\n", s.decoding, s.requests, 100.0 * s.memory_saved));
-    }
+    let header = Header::new("serve", command, Some(args.device.name()), "synthetic:serve-opt (OPT, 4 layers, hidden 256, vocab 8192)");
+    let mut md = header.markdown("Serving throughput: paged engine vs static batching");
+    md.push_str(&format!(
+        "- model: OPT-family, 4 layers, hidden 256, vocab 8192, random weights\n\
+         - KV budget: {} tokens for both systems; paged blocks of {} tokens; the baseline reserves {} tokens per request, so it batches {baseline_batch} requests\n\n",
+        args.kv_tokens, args.block_size, args.max_model_len
+    ));
+    let percent = |x: f64| format!("{:.1}%", 100.0 * x);
+    md.push_str(&table(
+        &[
+            ("workload", Left),
+            ("prompt mean (σ)", Right),
+            ("output mean (σ)", Right),
+            ("paged tokens/s", Right),
+            ("baseline tokens/s", Right),
+            ("ratio", Right),
+            ("paged batch", Right),
+            ("baseline batch", Right),
+            ("paged KV use", Right),
+            ("baseline KV use", Right),
+            ("preemptions", Right),
+        ],
+        results.iter().map(|r| {
+            vec![
+                r.workload.name.to_string(),
+                format!("{:.1} ({})", r.mean_prompt, r.workload.prompt.sigma),
+                format!("{:.1} ({})", r.mean_output, r.workload.output.sigma),
+                format!("{:.1}", r.paged.tokens_per_s),
+                format!("{:.1}", r.baseline.tokens_per_s),
+                format!("{:.2}×", r.throughput_ratio),
+                format!("{:.1}", r.paged.average_batch),
+                format!("{:.1}", r.baseline.average_batch),
+                percent(r.paged.kv_utilization),
+                percent(r.baseline.kv_utilization),
+                r.preemptions.to_string(),
+            ]
+        }),
+    ));
+    md.push_str("\n## Memory saved by block sharing\n\n");
+    md.push_str(&table(
+        &[("decoding", Left), ("requests", Right), ("KV memory saved", Right)],
+        shared.iter().map(|s| vec![s.decoding.clone(), s.requests.to_string(), percent(s.memory_saved)]),
+    ));
     let report = Report {
-        benchmark: "serve",
-        command,
-        machine,
-        device: args.device.name(),
-        model: "synthetic:serve-opt (OPT, 4 layers, hidden 256, vocab 8192)",
+        header,
         kv_tokens: args.kv_tokens,
         max_model_len: args.max_model_len,
         block_size: args.block_size,
         baseline_batch,
         workloads: results,
         sharing: shared,
-        unix_time: report::unix_time(),
     };
     report::write(&args.out, "serve", &report, &md)?;
     Ok(())
