@@ -195,7 +195,7 @@ fn stress_thousand_requests_with_aborts() {
             let prompt: Vec<u32> = (0..len).map(|_| 3 + (next() % 300) as u32).collect();
             let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1 + (next() % 12) as usize) };
             let id = format!("req-{added}");
-            engine.add_request(id.clone(), Prompt::Ids(prompt), params.into()).unwrap();
+            engine.add_request(id.clone(), Prompt::Ids(prompt), params).unwrap();
             live.push(id);
             added += 1;
         }
