@@ -9,7 +9,8 @@ use clap::Parser;
 use serde::Serialize;
 
 use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode};
-use burn_offload::policy::{Compression, Placement, Policy, SearchSpace, Workload};
+use burn_llm_models::cache::{fit_kv_quant, KvLayout};
+use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
 use burn_llm_models::{
     hub, pypi::PypiModel, BeamSearchParams, ModelError, ChatMessage, GenerationOutput, Generator, Pretrained, PretrainedFiles, Prompt, RequestOutput, SamplingParams,
@@ -18,6 +19,9 @@ use burn_llm_models::{
 
 use crate::device::DeviceChoice;
 use crate::engine::{Capabilities, Engine, RunReport};
+use quant::fit_cache_compression;
+
+mod quant;
 
 /// Defaults that differ between the example binaries.
 #[derive(Debug, Clone, Copy)]
@@ -70,13 +74,15 @@ pub struct GenerateArgs {
     /// Also report the top-K log-probabilities of each generated token.
     #[arg(long)]
     pub logprobs: Option<usize>,
-    /// Quantize attention and MLP weights at load (group-wise asymmetric, FlexGen style).
+    /// Quantize attention and MLP weights at load (group-wise asymmetric, FlexGen style; see
+    /// [`GenerateArgs::weight_quant`]).
     #[arg(long, value_enum)]
     pub quantize: Option<WeightQuant>,
     /// Values per quantization group (along each weight's output channel).
     #[arg(long, default_value_t = 64)]
     pub group_size: usize,
-    /// Store the KV cache as 4- or 8-bit group-quantized codes (groups along the head dimension).
+    /// Store the KV cache as 4- or 8-bit group-quantized codes (groups along the head dimension; see
+    /// [`GenerateArgs::kv_quant_spec`]).
     #[arg(long, value_parser = parse_kv_bits)]
     pub kv_quant: Option<u32>,
     /// Device backend (default: the best one compiled in).
@@ -259,9 +265,10 @@ impl GenerateArgs {
     }
 
     /// The offloading policy these flags describe: `--percent` (with `--gbs`, `--num-gb` and the
-    /// switches) or the search (`--policy auto`).
+    /// switches) or the search (`--policy auto`). `--compress-weight` and `--compress-cache` are
+    /// FlexGen's 4-bit groups of 64.
     pub fn offload_policy(&self) -> Result<PolicyChoice, String> {
-        let compression = |on: bool| on.then_some(Compression::INT4_G64);
+        let (compress_weights, compress_cache) = self.compression()?;
         match &self.percent {
             Some(p) => {
                 let [wg, wc, cg, cc, hg, hc] = [p[0], p[1], p[2], p[3], p[4], p[5]].map(|v| v / 100.0);
@@ -274,17 +281,17 @@ impl GenerateArgs {
                     activations: rest(hg, hc),
                     cpu_attention: self.cpu_attention,
                     overlap: !self.no_overlap,
-                    compress_weights: compression(self.compress_weight),
-                    compress_cache: compression(self.compress_cache),
+                    compress_weights,
+                    compress_cache,
                 }))
             }
             None if self.policy == "auto" => {
                 let mut space = SearchSpace { overlap: !self.no_overlap, ..SearchSpace::default() };
-                if self.compress_weight {
-                    space.weight_compression = vec![Some(Compression::INT4_G64)];
+                if compress_weights.is_some() {
+                    space.weight_compression = vec![compress_weights];
                 }
-                if self.compress_cache {
-                    space.cache_compression = vec![Some(Compression::INT4_G64)];
+                if compress_cache.is_some() {
+                    space.cache_compression = vec![compress_cache];
                 }
                 if self.cpu_attention {
                     space.cpu_attention = vec![true];
@@ -474,15 +481,16 @@ pub fn build_engine(
         return Err("--kv-quant is not available with --engine paged (its blocks are f32); drop one of them".into());
     }
     let mut pretrained = Pretrained::load(dir, device)?;
-    if let Some(quant) = args.quantize {
-        pretrained.model = pretrained.model.quantize_weights(quant.bits(), args.group_size)?;
+    if let Some(spec) = args.weight_quant()? {
+        pretrained.model = pretrained.model.quantize_weights(spec)?;
     }
     Ok(match kind {
         EngineKind::Paged => Box::new(LlmEngine::new(pretrained, args.engine_config())?),
         _ => {
             let mut generator = Generator::from(pretrained);
-            if let Some(bits) = args.kv_quant {
-                generator = generator.with_kv_quantization(bits)?;
+            if let Some(spec) = args.kv_quant_spec()? {
+                let spec = fit_kv_quant(generator.model().kv_layout(), spec)?;
+                generator = generator.with_kv_quantization(spec)?;
             }
             Box::new(generator)
         }
@@ -534,11 +542,12 @@ fn build_offload(
     } else {
         None
     };
+    let kv_layout = KvLayout { num_layers: files.spec.num_layers, num_kv_heads: files.spec.num_kv_heads, head_dim: files.spec.head_dim };
     let config = OffloadConfig {
         gpu_mem: args.gpu_mem,
         cpu_mem: args.cpu_mem,
         offload_dir,
-        policy: args.offload_policy()?,
+        policy: fit_cache_compression(args.offload_policy()?, kv_layout)?,
         hardware,
         workload: Workload::new(prompt_len as u64, params.max_new_tokens as u64),
         host,

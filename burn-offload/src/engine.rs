@@ -368,7 +368,7 @@ impl OffloadEngine {
         let longest_prompt = block.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
         let longest_budget = block.iter().map(RequestState::budget).max().unwrap_or(1);
         let capacity = longest_prompt + longest_budget;
-        let cache_bits = if self.policy.cpu_attention { None } else { self.policy.compress_cache.map(|c| u32::from(c.bits)) };
+        let cache_quant = self.policy.shape().effective_cache_compression();
         let needs_disk = self.cache_tiers.contains(&Tier::Disk) || self.activation_tiers.contains(&Tier::Disk);
         let mut io = BlockIo {
             scratch: needs_disk.then(|| ScratchDir::create(self.store.dir(), "run")).transpose()?,
@@ -388,7 +388,7 @@ impl OffloadEngine {
                     }
                 })
                 .collect();
-            let mut cache = ContiguousKvCache::with_placement(layout, batch.len(), capacity, &self.device, cache_bits, placement)?;
+            let mut cache = ContiguousKvCache::with_placement(layout, batch.len(), capacity, &self.device, cache_quant, placement)?;
             if let Some(fraction) = self.attention_sparsity {
                 cache = cache.with_attention_sparsity(fraction)?;
             }
@@ -749,7 +749,7 @@ fn kv_files(scratch: &ScratchDir, cache: &ContiguousKvCache, j: usize, k: usize)
     let d = layout.head_dim;
     let parts: Vec<(usize, DType)> = match cache.quantization() {
         None => vec![(d, DType::F32)],
-        Some(spec) => vec![(d / spec.per_word(), DType::U32), (d / spec.group_size, DType::F32), (d / spec.group_size, DType::F32)],
+        Some(spec) => vec![(d / spec.per_word(), DType::U32), (d / spec.group_size(), DType::F32), (d / spec.group_size(), DType::F32)],
     };
     let rows = cache.batch() * layout.num_kv_heads;
     ["k", "v"]
@@ -811,9 +811,9 @@ fn tiers_in_order(counts: [u64; 3]) -> Vec<Tier> {
 }
 
 /// The layer with its projections quantized when the policy compresses weights.
-fn compressed(layer: DecoderLayer, compress: Option<crate::policy::Compression>) -> Result<DecoderLayer> {
+fn compressed(layer: DecoderLayer, compress: Option<QuantSpec>) -> Result<DecoderLayer> {
     Ok(match compress {
-        Some(c) => layer.quantized(u32::from(c.bits), c.group_size as usize)?,
+        Some(spec) => layer.quantized(spec)?,
         None => layer,
     })
 }

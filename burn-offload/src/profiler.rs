@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Tensor, TensorData};
-use burn_llm_kernels::{dequantize, quantize, QuantSpec};
+use burn_llm_kernels::{dequantize, quantize};
 
 use crate::error::{OffloadError, Result};
 use crate::policy::{ComputeOp, ComputeSample, HardwareProfile, IoSample, IoTaskProfile, ThreadProfile};
@@ -78,7 +78,7 @@ pub fn profile(device: &Device, host: &Device, dir: &Path, mb: usize) -> Result<
     let _ = store.remove("profile/probe");
 
     let w = Tensor::<2>::random([1024, 1024], Distribution::Uniform(-1.0, 1.0), device);
-    let spec = QuantSpec::new(4, 64, 1);
+    let spec = crate::policy::FLEXGEN_WEIGHTS;
     let quant_s = time(3, || {
         if let Ok(q) = quantize(w.clone(), spec) {
             sync(&q.scale);

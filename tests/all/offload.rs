@@ -173,25 +173,31 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
 
 /// Compressed policies run exactly the quantization of the kernels crate: 4-bit weights (and a
 /// 4-bit KV cache with attention on the device) give the same greedy tokens as plain generation
-/// with the same layers quantized and the same cache quantization.
+/// with the same layers quantized and the same cache quantization. The cache is stored in the
+/// groups the policy (and so the cost model) names: smaller groups take more bytes, and groups
+/// that do not tile a head are an error, not silently replaced.
 #[test]
 fn compressed_policies_equal_quantized_plain_generation() {
-    use burn_llm::offload::policy::Compression;
+    use burn_llm::kernels::QuantSpec;
+    use burn_llm::models::cache::KV_QUANT_AXIS;
+    use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
-    let c = Compression { bits: 4, group_size: 32 };
+    let weights = QuantSpec::new(4, 32, WEIGHT_QUANT_AXIS).unwrap();
+    // The fixtures' heads hold 16 values.
+    let cache = |group| QuantSpec::new(4, group, KV_QUANT_AXIS).unwrap();
     for name in FIXTURES {
         let reference = reference(name);
         let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
         let mut pretrained = Pretrained::load(&fixture(name), &Device::flex()).unwrap();
         let layers = std::mem::take(&mut pretrained.model.layers);
-        pretrained.model.layers = layers.into_iter().map(|l| l.quantized(4, 32).unwrap()).collect();
-        let plain = Generator::from(pretrained).with_kv_quantization(4).unwrap();
+        pretrained.model.layers = layers.into_iter().map(|l| l.quantized(weights).unwrap()).collect();
+        let plain = Generator::from(pretrained).with_kv_quantization(cache(16)).unwrap();
         let expected: Vec<Vec<u32>> = plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
         let policy = Policy {
             weights: Placement::from_array([0.5, 0.5, 0.0]),
-            compress_weights: Some(c),
-            compress_cache: Some(c),
+            compress_weights: Some(weights),
+            compress_cache: Some(cache(16)),
             ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) }
         };
         // Compressed weights and cache on disk too: the disk tier stores the 4-bit codes.
@@ -205,8 +211,15 @@ fn compressed_policies_equal_quantized_plain_generation() {
         // Weights alone on disk: the codes take well under half the bytes of f32 weights.
         let weights_on_disk = |compress| Policy { weights: Placement::from_array([0.0, 0.0, 1.0]), compress_weights: compress, compress_cache: None, ..policy };
         let bytes = |p: Policy, tag: &str| engine(name, &Device::flex(), p, tag).generate(&prompts, &params).unwrap().1.memory.disk_bytes;
-        let (packed, dense) = (bytes(weights_on_disk(Some(c)), "packed"), bytes(weights_on_disk(None), "dense"));
+        let (packed, dense) = (bytes(weights_on_disk(Some(weights)), "packed"), bytes(weights_on_disk(None), "dense"));
         assert!(packed * 5 < dense * 2, "{name}: {packed} bytes of codes vs {dense} of f32");
+        // The cache alone on disk, in the policy's groups: 4-bit codes with a scale and a minimum
+        // per 8 values take 1.5 bytes a value, per 16 values 1 byte.
+        let cache_on_disk = |group| Policy { cache: Placement::from_array([0.0, 0.0, 1.0]), compress_weights: None, compress_cache: Some(cache(group)), ..policy };
+        let (g8, g16) = (bytes(cache_on_disk(8), "cache-g8"), bytes(cache_on_disk(16), "cache-g16"));
+        assert!(g8 > g16, "{name}: groups of 8 take {g8} bytes on disk, of 16 {g16}");
+        let untiled = engine(name, &Device::flex(), cache_on_disk(32), "cache-g32").generate(&prompts, &params).unwrap_err().to_string();
+        assert!(untiled.contains("group size 32"), "{untiled}");
     }
 }
 

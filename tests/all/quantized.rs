@@ -2,6 +2,9 @@
 //! dequantize-then-matmul prefill path agree inside the model, and 8-bit weights stay close to HF.
 
 use burn::tensor::Device;
+use burn_llm::kernels::QuantSpec;
+use burn_llm::models::cache::{fit_kv_quant, KV_QUANT_AXIS};
+use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{ContiguousKvCache, Pretrained};
 
 use crate::common::{devices, fixture, max_abs_diff, reference, FIXTURES};
@@ -11,7 +14,7 @@ fn fused_decode_equals_prefill_path_and_w8_stays_close() {
     for (device_name, device) in devices() {
         for name in FIXTURES {
             let reference = reference(name);
-            let model = Pretrained::load(&fixture(name), &device).unwrap().model.quantize_weights(8, 32).unwrap();
+            let model = Pretrained::load(&fixture(name), &device).unwrap().model.quantize_weights(QuantSpec::new(8, 32, WEIGHT_QUANT_AXIS).unwrap()).unwrap();
             let prompt = &reference.prompts[2];
             let ids = &prompt.input_ids;
             assert!(ids.len() > 16, "this prompt must take the dequantize-then-matmul path");
@@ -38,8 +41,12 @@ fn fused_decode_equals_prefill_path_and_w8_stays_close() {
 #[test]
 fn group_sizes_that_do_not_divide_a_layer_are_errors() {
     let model = Pretrained::load(&fixture("llama"), &Device::flex()).unwrap().model;
-    let err = model.quantize_weights(4, 48).unwrap_err().to_string();
+    let err = model.quantize_weights(QuantSpec::new(4, 48, WEIGHT_QUANT_AXIS).unwrap()).unwrap_err().to_string();
     assert!(err.contains("layer 0") && err.contains("group size 48"), "{err}");
+    // Weights are grouped along their output channel only.
+    let model = Pretrained::load(&fixture("llama"), &Device::flex()).unwrap().model;
+    let err = model.quantize_weights(QuantSpec::new(4, 32, 0).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("axis 1"), "{err}");
 }
 
 /// An 8-bit KV cache stays close to HF's logits and decodes; 4-bit runs through the same path.
@@ -52,7 +59,8 @@ fn quantized_kv_cache() {
             let pretrained = Pretrained::load(&fixture(name), &device).unwrap();
             let prompt = &reference.prompts[1];
             let ids = &prompt.input_ids;
-            let mut cache = ContiguousKvCache::quantized(pretrained.model.kv_layout(), 1, ids.len(), &device, 8).unwrap();
+            let kv8 = QuantSpec::new(8, 16, KV_QUANT_AXIS).unwrap();
+            let mut cache = ContiguousKvCache::quantized(pretrained.model.kv_layout(), 1, ids.len(), &device, kv8).unwrap();
             // 8-bit codes plus f32 scale and min per group of 16: 1.5 bytes a value instead of 4.
             assert!(cache.memory_bytes() * 2 < ContiguousKvCache::new(pretrained.model.kv_layout(), 1, ids.len(), &device).memory_bytes());
             let step = cache.begin_step(&[ids]).unwrap();
@@ -62,9 +70,11 @@ fn quantized_kv_cache() {
             assert!(error <= 0.05 * range, "{name} on {device_name}: kv8 logits off by {error} (range {range})");
 
             for bits in [8, 4] {
-                let generator = burn_llm::Generator::from(Pretrained::load(&fixture(name), &device).unwrap())
-                    .with_kv_quantization(bits)
-                    .unwrap();
+                let generator = burn_llm::Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
+                // FlexGen's groups of 64, fitted to the fixtures' 16-value heads.
+                let spec = fit_kv_quant(generator.model().kv_layout(), QuantSpec::new(bits, 64, KV_QUANT_AXIS).unwrap()).unwrap();
+                assert_eq!(spec, QuantSpec::new(bits, 16, KV_QUANT_AXIS).unwrap());
+                let generator = generator.with_kv_quantization(spec).unwrap();
                 let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
                 let out = generator.generate(&[prompt.text.as_str().into(), "GNU".into()], &params).unwrap();
                 assert!(out.requests.iter().all(|r| r.generated_ids.len() == 6), "{name} kv{bits}");
@@ -72,5 +82,10 @@ fn quantized_kv_cache() {
         }
     }
     let generator = burn_llm::Generator::from(Pretrained::load(&fixture("opt"), &Device::flex()).unwrap());
-    assert!(generator.with_kv_quantization(3).is_err());
+    // Exactly the groups asked for: 32 do not tile a 16-value head, and keys are grouped along
+    // the head dimension only.
+    let err = generator.with_kv_quantization(QuantSpec::new(4, 32, KV_QUANT_AXIS).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("group size 32"), "{err}");
+    let generator = burn_llm::Generator::from(Pretrained::load(&fixture("opt"), &Device::flex()).unwrap());
+    assert!(generator.with_kv_quantization(QuantSpec::new(4, 16, 2).unwrap()).is_err());
 }

@@ -10,6 +10,9 @@ use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_llm::kernels::QuantSpec;
+use burn_llm::models::cache::{fit_kv_quant, KV_QUANT_AXIS};
+use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{hub, CausalLm, ContiguousKvCache, Pretrained};
 use burn_llm::DeviceChoice;
 use serde::Serialize;
@@ -76,7 +79,11 @@ fn window_nll(
 ) -> Result<(f64, usize), Box<dyn std::error::Error>> {
     let mut cache = match kv_bits {
         None => ContiguousKvCache::new(model.kv_layout(), 1, window.len(), device),
-        Some(bits) => ContiguousKvCache::quantized(model.kv_layout(), 1, window.len(), device, bits)?,
+        Some(bits) => {
+            // FlexGen's groups of 64, or the whole head where 64 does not tile it.
+            let spec = fit_kv_quant(model.kv_layout(), QuantSpec::new(bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS)?)?;
+            ContiguousKvCache::quantized(model.kv_layout(), 1, window.len(), device, spec)?
+        }
     };
     let step = cache.begin_step(&[window])?;
     let logits = model.forward_all_logits(&step, &mut cache);
@@ -96,14 +103,15 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut results: Vec<Row> = Vec::new();
     for variant in &args.variants {
         let pretrained = Pretrained::load(&path, &device)?;
+        let weights = |bits| QuantSpec::new(bits, args.group_size, WEIGHT_QUANT_AXIS);
         let (model, kv_bits) = match variant.as_str() {
             "base" => (pretrained.model, None),
             "f32" => (pretrained.model.dequantize_weights(), None),
-            "w8" => (pretrained.model.quantize_weights(8, args.group_size)?, None),
-            "w4" => (pretrained.model.quantize_weights(4, args.group_size)?, None),
+            "w8" => (pretrained.model.quantize_weights(weights(8)?)?, None),
+            "w4" => (pretrained.model.quantize_weights(weights(4)?)?, None),
             "kv8" => (pretrained.model, Some(8)),
             "kv4" => (pretrained.model, Some(4)),
-            "w4kv4" => (pretrained.model.quantize_weights(4, args.group_size)?, Some(4)),
+            "w4kv4" => (pretrained.model.quantize_weights(weights(4)?)?, Some(4)),
             other => return Err(format!("unknown variant `{other}` (base, f32, w8, w4, kv8, kv4, w4kv4)").into()),
         };
         let tokens = pretrained.tokenizer.encode(&text)?;

@@ -47,7 +47,8 @@
 //! # Quantization (LM-Offload §3.2)
 //!
 //! Storage is `bits/8 + 8/group` bytes per value
-//! ([`Compression::bytes_per_value`](super::Compression::bytes_per_value)), so `W` and `K`
+//! ([`QuantSpec::bytes_per_value`](super::QuantSpec::bytes_per_value), the per-value form of the
+//! [`QuantSpec::storage_bytes`](super::QuantSpec::storage_bytes) the runtime allocates), so `W` and `K`
 //! shrink everywhere: in every memory tier and in every transfer.
 //! - Weights: quantized once on the CPU at load (`init_time`, LM-Offload Eq. 3, not part of the
 //!   throughput, which FlexGen defines over an unbounded stream of blocks), dequantized on the

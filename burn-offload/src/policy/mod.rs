@@ -28,8 +28,9 @@
 //!
 //! - [`HardwareProfile`] ([`hardware`]): machine constants, JSON load/save.
 //! - [`ModelShape`], [`Workload`] ([`model`]): per-layer sizes for OPT, LLaMA, GQA.
-//! - [`Policy`], [`Placement`], [`Compression`] ([`types`]), with the DeepSpeed-like and
-//!   Accelerate-like baseline constructors.
+//! - [`Policy`], [`Placement`] ([`types`]), with the DeepSpeed-like and Accelerate-like baseline
+//!   constructors; compression is the kernels crate's [`QuantSpec`] ([`compression`]: FlexGen's
+//!   settings, the policy-file shape).
 //! - [`estimate`] ([`cost`]): the A.3 cost model + LM-Offload terms → [`CostEstimate`].
 //! - [`search()`] ([`mod@search`]): enumeration + LP placement (good_lp / microlp).
 //! - [`round_to_whole`] ([`rounding`]): LP percentages → whole layers and tensors, re-checked.
@@ -83,6 +84,7 @@
 //! 12. **Infeasibility** is explained: the error names the tier and the least memory it needs for
 //!     the smallest shapes of the space (found by small LPs minimising that tier's peak).
 
+pub mod compression;
 pub mod cost;
 pub mod error;
 pub mod hardware;
@@ -106,4 +108,6 @@ pub use search::{Binding, SearchResult, SearchSpace, search, search_whole, solve
 pub use threads::{
     ComputeOp, ComputeSample, IoSample, IoTaskProfile, ThreadPlan, ThreadProfile, choose_threads, max_concurrency,
 };
-pub use types::{Compression, Placement, Policy, PolicyShape, Tier};
+pub use burn_llm_kernels::QuantSpec;
+pub use compression::{FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
+pub use types::{Placement, Policy, PolicyShape, Tier};

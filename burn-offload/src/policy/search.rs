@@ -10,15 +10,17 @@
 //! terms) makes the LP prefer, among placements with the same latency, the one that moves the
 //! fewest bytes.
 
+use burn_llm_kernels::QuantSpec;
 use good_lp::{Expression, ProblemVariables, ResolutionError, Solution, SolverModel, Variable, microlp, variable};
 use serde::{Deserialize, Serialize};
 
+use super::compression::{self, check_cache, check_weights, FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
 use super::cost::{Affine, CostEstimate, HD, LinearModel, MemoryConstraint, Term, TierBytes};
 use super::error::{GIB, PolicyError};
 use super::hardware::HardwareProfile;
 use super::model::{ModelShape, Workload};
 use super::rounding::{RoundedPolicy, round_to_whole};
-use super::types::{Compression, Placement, Policy, PolicyShape, Tier};
+use super::types::{Placement, Policy, PolicyShape, Tier};
 
 /// Relative tolerance when checking an LP solution against the capacities.
 const LP_MEMORY_TOLERANCE: f64 = 1e-6;
@@ -36,9 +38,11 @@ pub struct SearchSpace {
     /// CPU-delegation choices to try.
     pub cpu_attention: Vec<bool>,
     /// Weight compression choices (`None` = uncompressed).
-    pub weight_compression: Vec<Option<Compression>>,
+    #[serde(serialize_with = "compression::serialize_choices", deserialize_with = "compression::weight_choices")]
+    pub weight_compression: Vec<Option<QuantSpec>>,
     /// KV-cache compression choices (only tried with GPU attention).
-    pub cache_compression: Vec<Option<Compression>>,
+    #[serde(serialize_with = "compression::serialize_choices", deserialize_with = "compression::cache_choices")]
+    pub cache_compression: Vec<Option<QuantSpec>>,
     /// Overlap I/O with compute (FlexGen Algorithm 1).
     pub overlap: bool,
     /// Allow activations on disk (`hd > 0`). Off by default: activations are a few MB, and every
@@ -72,8 +76,8 @@ impl SearchSpace {
     /// Also try FlexGen's 4-bit, group-64 quantization for weights and for the KV cache
     /// (LM-Offload: decide per tensor kind).
     pub fn with_compression(mut self) -> Self {
-        self.weight_compression = vec![None, Some(Compression::INT4_G64)];
-        self.cache_compression = vec![None, Some(Compression::INT4_G64)];
+        self.weight_compression = vec![None, Some(FLEXGEN_WEIGHTS)];
+        self.cache_compression = vec![None, Some(FLEXGEN_CACHE)];
         self
     }
 
@@ -98,9 +102,10 @@ impl SearchSpace {
         if self.gpu_batch_sizes.contains(&0) || self.num_gpu_batches.contains(&0) {
             return Err(PolicyError::InvalidSearchSpace("batch sizes must be ≥ 1".into()));
         }
-        for c in self.weight_compression.iter().chain(&self.cache_compression).flatten() {
-            c.validate("search-space").map_err(|e| PolicyError::InvalidSearchSpace(e.to_string()))?;
-        }
+        let axes = self.weight_compression.iter().map(|&c| check_weights(c));
+        axes.chain(self.cache_compression.iter().map(|&c| check_cache(c)))
+            .collect::<Result<(), _>>()
+            .map_err(|e| PolicyError::InvalidSearchSpace(e.to_string()))?;
         let r = &self.reserved_bytes;
         if [r.gpu, r.cpu, r.disk].iter().any(|v| !v.is_finite() || *v < 0.0) {
             return Err(PolicyError::InvalidSearchSpace("reserved_bytes must be finite and ≥ 0".into()));
@@ -431,7 +436,7 @@ fn search_by<T>(
     // Groups come in ascending gbs for each (delegation, compression) combination; memory only
     // grows with gbs and with the number of GPU batches, so the first infeasible shape ends its
     // group and an infeasible first shape ends the combination's larger batch sizes.
-    let mut dead_combo: Option<(bool, Option<Compression>, Option<Compression>)> = None;
+    let mut dead_combo: Option<(bool, Option<QuantSpec>, Option<QuantSpec>)> = None;
     for group in &groups {
         let first = group[0];
         let combo = (first.cpu_attention, first.compress_weights, first.compress_cache);

@@ -195,9 +195,9 @@ fn no_overlap_sums_the_terms() {
 #[test]
 fn compression_shrinks_bytes_and_adds_lm_offload_terms() {
     let (hw, m, wl) = (hand_hw(), hand_model(), hand_wl());
-    let c = Compression::INT4_G64;
+    let (cw, cc) = (FLEXGEN_WEIGHTS, FLEXGEN_CACHE);
     // 4/8 + 8/64 = 0.625 bytes per value.
-    assert_close!(c.bytes_per_value(), 0.625);
+    assert_close!(cw.bytes_per_value(), 0.625);
     let base = Policy {
         gpu_batch_size: 4,
         num_gpu_batches: 1,
@@ -209,7 +209,7 @@ fn compression_shrinks_bytes_and_adds_lm_offload_terms() {
         compress_weights: None,
         compress_cache: None,
     };
-    let comp = Policy { compress_weights: Some(c), compress_cache: Some(c), ..base };
+    let comp = Policy { compress_weights: Some(cw), compress_cache: Some(cc), ..base };
     let e = estimate(&hw, &m, &wl, &comp).unwrap();
     // Decode ctog = (W_q + s̄·K_q·bls)/ctog + W_full/deq + s̄·K_full·bls/deq with
     // W_q = 12 582 912·0.625 = 7 864 320, K_q = 2·1024·0.625 = 1 280, s̄ = 132, bls = 4.
@@ -227,7 +227,7 @@ fn compression_shrinks_bytes_and_adds_lm_offload_terms() {
     // With CPU attention the cache never crosses PCIe: cache compression changes nothing.
     let cpu_att = Policy { cpu_attention: true, ..base };
     let a = estimate(&hw, &m, &wl, &cpu_att).unwrap();
-    let b = estimate(&hw, &m, &wl, &Policy { compress_cache: Some(c), ..cpu_att }).unwrap();
+    let b = estimate(&hw, &m, &wl, &Policy { compress_cache: Some(cc), ..cpu_att }).unwrap();
     assert_eq!(a, b);
 }
 
@@ -253,8 +253,8 @@ fn invalid_inputs_are_errors_not_panics() {
     p.weights = Placement { gpu: f64::NAN, cpu: 0.0, disk: 1.0 };
     assert!(matches!(estimate(&hw, &m, &wl, &p), Err(PolicyError::InvalidPolicy(_))));
     assert!(estimate(&hw, &m, &wl, &Policy::all_on_gpu(0)).is_err());
-    let bad_c = Policy { compress_weights: Some(Compression { bits: 0, group_size: 64 }), ..Policy::all_on_gpu(1) };
-    assert!(estimate(&hw, &m, &wl, &bad_c).is_err());
+    let bad_c = Policy { compress_weights: Some(FLEXGEN_CACHE), ..Policy::all_on_gpu(1) };
+    assert!(matches!(estimate(&hw, &m, &wl, &bad_c), Err(PolicyError::InvalidPolicy(e)) if e.contains("axis 1")));
     assert!(estimate(&hw, &m, &Workload::new(128, 0), &Policy::all_on_gpu(1)).is_err());
     assert!(estimate(&hw, &m, &Workload::new(0, 8), &Policy::all_on_gpu(1)).is_err());
     let mut bad_m = m.clone();
@@ -437,7 +437,7 @@ fn compression_changes_the_binding_constraint_when_memory_is_tight() {
     assert!(plain.binding.tight_memory.iter().any(|c| c.tier() == Tier::Cpu), "{:?}", plain.binding);
     assert_eq!(plain.binding.decode_bottleneck, Term::DiskToCpu);
 
-    let space = SearchSpace { weight_compression: vec![Some(Compression::INT4_G64)], ..small_space() };
+    let space = SearchSpace { weight_compression: vec![Some(FLEXGEN_WEIGHTS)], ..small_space() };
     let comp = search(&hw, &m, &wl, &space).unwrap();
     assert_valid(&comp);
     assert!(comp.policy.weights.disk < 1e-9, "{:?}", comp.policy.weights);
@@ -700,4 +700,28 @@ fn matmul_rate_by_rows() {
     hw.validate().unwrap();
     hw.gpu_matmul_flops_by_rows = vec![(4.0, 1e9), (2.0, 3e9)];
     assert!(hw.validate().is_err());
+}
+
+/// Compression settings serialize as `{"bits", "group_size"}` (the shape of policy files before
+/// they held `QuantSpec`s), come back along their kind's axis, and are checked when read.
+#[test]
+fn compression_serializes_as_bits_and_group_size() {
+    let policy = Policy { compress_weights: Some(FLEXGEN_WEIGHTS), compress_cache: Some(FLEXGEN_CACHE), ..Policy::all_on_gpu(1) };
+    let shape = policy.shape();
+    let json = serde_json::to_string(&policy).unwrap();
+    assert!(json.ends_with(r#""compress_weights":{"bits":4,"group_size":64},"compress_cache":{"bits":4,"group_size":64}}"#), "{json}");
+    assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), policy);
+    assert_eq!(serde_json::from_str::<PolicyShape>(&serde_json::to_string(&shape).unwrap()).unwrap(), shape);
+    let uncompressed = serde_json::to_string(&Policy::all_on_gpu(1)).unwrap();
+    assert!(uncompressed.ends_with(r#""compress_weights":null,"compress_cache":null}"#), "{uncompressed}");
+    let space = SearchSpace::default().with_compression();
+    let json = serde_json::to_string(&space).unwrap();
+    assert!(json.contains(r#""cache_compression":[null,{"bits":4,"group_size":64}]"#), "{json}");
+    assert_eq!(serde_json::from_str::<SearchSpace>(&json).unwrap(), space);
+
+    let three_bits = json.replacen(r#"{"bits":4"#, r#"{"bits":3"#, 1);
+    let err = serde_json::from_str::<SearchSpace>(&three_bits).unwrap_err().to_string();
+    assert!(err.contains("3-bit"), "{err}");
+    let bad_group = serde_json::to_string(&policy).unwrap().replacen(r#""group_size":64"#, r#""group_size":6"#, 1);
+    assert!(serde_json::from_str::<Policy>(&bad_group).unwrap_err().to_string().contains("group size 6"));
 }

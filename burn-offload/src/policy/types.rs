@@ -1,9 +1,12 @@
-//! Policy data types: memory tiers, placements, compression settings and the [`Policy`] itself.
+//! Policy data types: memory tiers, placements and the [`Policy`] itself, whose compression
+//! settings are the kernels crate's [`QuantSpec`] (see [`super::compression`]).
 
 use std::fmt;
 
+use burn_llm_kernels::QuantSpec;
 use serde::{Deserialize, Serialize};
 
+use super::compression::{self, check_cache, check_weights};
 use super::error::PolicyError;
 
 /// Tolerance on placement percentages (bounds and per-kind sums).
@@ -111,42 +114,6 @@ impl Placement {
     }
 }
 
-/// Group-wise asymmetric min/max quantization (FlexGen §5): `group_size` contiguous values share
-/// one `min` and one `max`/scale, each value is stored in `bits` bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Compression {
-    /// Bits per quantized value (FlexGen uses 4).
-    pub bits: u8,
-    /// Values per group (FlexGen uses 64).
-    pub group_size: u32,
-}
-
-impl Compression {
-    /// FlexGen's setting: 4 bits, groups of 64.
-    pub const INT4_G64: Compression = Compression { bits: 4, group_size: 64 };
-
-    /// Stored bytes per value: `bits / 8 + 8 / group_size` (the payload plus an f32 scale and
-    /// an f32 minimum per group). 4 bits / 64 → 0.625 bytes per value, 0.3125× of fp16.
-    pub fn bytes_per_value(self) -> f64 {
-        f64::from(self.bits) / 8.0 + 8.0 / f64::from(self.group_size.max(1))
-    }
-
-    /// Check `1 ≤ bits ≤ 16` and `group_size ≥ 1`.
-    pub fn validate(self, kind: &str) -> Result<(), PolicyError> {
-        if self.bits == 0 || self.bits > 16 {
-            return Err(PolicyError::InvalidPolicy(format!(
-                "{kind} compression bits = {} (must be 1..=16)",
-                self.bits
-            )));
-        }
-        if self.group_size == 0 {
-            return Err(PolicyError::InvalidPolicy(format!("{kind} compression group_size = 0")));
-        }
-        Ok(())
-    }
-}
-
 /// The scalar part of a policy: everything except the nine placement percentages. The LP of
 /// FlexGen's Eq. (1) is solved once per [`PolicyShape`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -161,10 +128,14 @@ pub struct PolicyShape {
     pub cpu_attention: bool,
     /// Overlap weight/cache/activation I/O with compute (FlexGen Algorithm 1).
     pub overlap: bool,
-    /// Quantize weights (all tiers); `None` keeps them at the model's precision.
-    pub compress_weights: Option<Compression>,
-    /// Quantize the KV cache (all tiers). Ignored when `cpu_attention` is on (LM-Offload §3.2).
-    pub compress_cache: Option<Compression>,
+    /// Quantize weights (all tiers, along each weight's output channel); `None` keeps them at the
+    /// model's precision.
+    #[serde(default, serialize_with = "compression::serialize", deserialize_with = "compression::weights")]
+    pub compress_weights: Option<QuantSpec>,
+    /// Quantize the KV cache (all tiers, along the head dimension). Ignored when `cpu_attention` is
+    /// on (LM-Offload §3.2).
+    #[serde(default, serialize_with = "compression::serialize", deserialize_with = "compression::cache")]
+    pub compress_cache: Option<QuantSpec>,
 }
 
 impl PolicyShape {
@@ -176,11 +147,12 @@ impl PolicyShape {
     /// The cache compression that actually applies: none when attention runs on the CPU, because
     /// the CPU-resident cache then never crosses PCIe (LM-Offload §3.2: "load_cache = 0 and
     /// store_cache = 0", so quantization has no benefit and no cost).
-    pub fn effective_cache_compression(&self) -> Option<Compression> {
+    pub fn effective_cache_compression(&self) -> Option<QuantSpec> {
         if self.cpu_attention { None } else { self.compress_cache }
     }
 
-    /// Check batch sizes and compression settings.
+    /// Check batch sizes and the compression axes (bits and group sizes are checked when a
+    /// [`QuantSpec`] is built).
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.gpu_batch_size == 0 {
             return Err(PolicyError::InvalidPolicy("gpu_batch_size = 0".into()));
@@ -188,13 +160,8 @@ impl PolicyShape {
         if self.num_gpu_batches == 0 {
             return Err(PolicyError::InvalidPolicy("num_gpu_batches = 0".into()));
         }
-        if let Some(c) = self.compress_weights {
-            c.validate("weight")?;
-        }
-        if let Some(c) = self.compress_cache {
-            c.validate("cache")?;
-        }
-        Ok(())
+        check_weights(self.compress_weights)?;
+        check_cache(self.compress_cache)
     }
 }
 
@@ -217,11 +184,13 @@ pub struct Policy {
     pub cpu_attention: bool,
     /// Overlap I/O with compute (FlexGen Algorithm 1).
     pub overlap: bool,
-    /// Weight quantization, if any.
-    pub compress_weights: Option<Compression>,
-    /// KV-cache quantization, if any (ignored with `cpu_attention`, see
+    /// Weight quantization, if any (along each weight's output channel).
+    #[serde(default, serialize_with = "compression::serialize", deserialize_with = "compression::weights")]
+    pub compress_weights: Option<QuantSpec>,
+    /// KV-cache quantization, if any (along the head dimension; ignored with `cpu_attention`, see
     /// [`PolicyShape::effective_cache_compression`]).
-    pub compress_cache: Option<Compression>,
+    #[serde(default, serialize_with = "compression::serialize", deserialize_with = "compression::cache")]
+    pub compress_cache: Option<QuantSpec>,
 }
 
 impl Policy {

@@ -12,9 +12,9 @@ use super::*;
 
 type Rng8 = rand_chacha::ChaCha8Rng;
 
-use crate::tests::devices;
+use crate::test_devices::devices;
 #[cfg(feature = "wgpu")]
-use crate::tests::wgpu_device;
+use crate::test_devices::wgpu_device;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_into_vec_as::<f32>().unwrap()

@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_llm_kernels::{dequantize, quantize, GroupQuantized, QuantSpec};
 
-use super::{causal_bias, sparse_attention, KvCache, KvLayout, StepInput, MASKED};
+use super::{causal_bias, check_kv_quant, sparse_attention, KvCache, KvLayout, StepInput, MASKED};
 use crate::error::{ModelError, Result};
 
 /// One layer's keys or values: `[batch, kv_heads, capacity, head_dim]` floats, or the same slots
@@ -87,7 +87,7 @@ impl Slots {
             None => Slots::Dense(Tensor::zeros(shape, device)),
             Some(spec) => {
                 let [b, h, cap, d] = shape;
-                let groups = [b, h, cap, d / spec.group_size];
+                let groups = [b, h, cap, d / spec.group_size()];
                 Slots::Quantized {
                     codes: Tensor::zeros([b, h, cap, d / spec.per_word()], (device, DType::U32)),
                     scale: Tensor::zeros(groups, device),
@@ -181,14 +181,14 @@ impl ContiguousKvCache {
         Self::build(layout, batch, capacity, device, None)
     }
 
-    /// Like [`ContiguousKvCache::new`], storing keys and values as `bits`-bit codes (4 or 8) in
-    /// groups along the head dimension (64 values, or the whole head when it is smaller).
-    pub fn quantized(layout: KvLayout, batch: usize, capacity: usize, device: &Device, bits: u32) -> Result<Self> {
-        let spec = kv_quant_spec(layout, bits)?;
+    /// Like [`ContiguousKvCache::new`], storing keys and values as group-quantized codes exactly
+    /// as `spec` says (along the head dimension, see [`check_kv_quant`]).
+    pub fn quantized(layout: KvLayout, batch: usize, capacity: usize, device: &Device, spec: QuantSpec) -> Result<Self> {
+        check_kv_quant(layout, spec)?;
         Ok(Self::build(layout, batch, capacity, device, Some(spec)))
     }
 
-    /// Like [`ContiguousKvCache::new`] (or [`ContiguousKvCache::quantized`] with `bits`), with
+    /// Like [`ContiguousKvCache::new`] (or [`ContiguousKvCache::quantized`] with `quant`), with
     /// each layer's slots on the device `placement[layer]` names; `device` is where the model
     /// runs (token ids, positions and attention outputs live there).
     pub fn with_placement(
@@ -196,7 +196,7 @@ impl ContiguousKvCache {
         batch: usize,
         capacity: usize,
         device: &Device,
-        bits: Option<u32>,
+        quant: Option<QuantSpec>,
         placement: Vec<KvPlacement>,
     ) -> Result<Self> {
         if placement.len() != layout.num_layers {
@@ -206,7 +206,9 @@ impl ContiguousKvCache {
                 layout.num_layers
             )));
         }
-        let quant = bits.map(|b| kv_quant_spec(layout, b)).transpose()?;
+        if let Some(spec) = quant {
+            check_kv_quant(layout, spec)?;
+        }
         let mut cache = Self::build(layout, batch, capacity, device, quant);
         let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
         for (layer, home) in placement.iter().enumerate() {
@@ -432,13 +434,4 @@ impl KvCache for ContiguousKvCache {
         // The visible slots are loaded to the compute device for this step.
         sparse_attention(q, keys.to_device(&here), values.to_device(&here), bias, scale, keep)
     }
-}
-
-/// KV quantization of `bits` along the head dimension: groups of 64 values, or the whole head.
-pub fn kv_quant_spec(layout: KvLayout, bits: u32) -> Result<QuantSpec> {
-    let group = if layout.head_dim.is_multiple_of(64) { 64 } else { layout.head_dim };
-    let spec = QuantSpec::new(bits, group, 3);
-    spec.validate(&[1, 1, 1, layout.head_dim])
-        .map_err(|e| ModelError::Quantization(format!("KV cache: {e}")))?;
-    Ok(spec)
 }

@@ -27,9 +27,11 @@
 
 mod attention;
 mod contiguous;
+mod quant;
 
 pub use attention::{attention, causal_bias, sparse_attention, MASKED};
-pub use contiguous::{kv_quant_spec, ContiguousKvCache, KvPlacement, LayerSlots, Slots};
+pub use contiguous::{ContiguousKvCache, KvPlacement, LayerSlots, Slots};
+pub use quant::{check_kv_quant, fit_kv_quant, KV_QUANT_AXIS};
 
 use burn::tensor::{Int, Tensor};
 

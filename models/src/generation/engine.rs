@@ -3,6 +3,8 @@
 use std::time::Instant;
 
 use super::events::StreamEvent;
+use burn_llm_kernels::QuantSpec;
+
 use super::request::{prepare_prompt, record_sampled, GenerationOutput, Prompt, RequestState, Timing};
 use super::sampling::{sample, SamplingParams};
 use crate::cache::ContiguousKvCache;
@@ -18,7 +20,7 @@ pub struct Generator {
     model: CausalLm,
     tokenizer: Option<Tokenizer>,
     eos_token_ids: Vec<u32>,
-    kv_bits: Option<u32>,
+    kv_quant: Option<QuantSpec>,
 }
 
 impl From<Pretrained> for Generator {
@@ -35,15 +37,17 @@ impl Generator {
             model,
             tokenizer,
             eos_token_ids,
-            kv_bits: None,
+            kv_quant: None,
         }
     }
 
-    /// Stores the KV cache as `bits`-bit group-quantized codes (4 or 8), dequantized when
-    /// attention reads it; checked against the model's head dimension.
-    pub fn with_kv_quantization(mut self, bits: u32) -> Result<Self> {
-        crate::cache::kv_quant_spec(self.model.kv_layout(), bits)?;
-        self.kv_bits = Some(bits);
+    /// Stores the KV cache as group-quantized codes exactly as `spec` says, dequantized when
+    /// attention reads it; checked against the model's head dimension
+    /// ([`check_kv_quant`](crate::cache::check_kv_quant); [`fit_kv_quant`](crate::cache::fit_kv_quant)
+    /// fits a requested group size to the heads).
+    pub fn with_kv_quantization(mut self, spec: QuantSpec) -> Result<Self> {
+        crate::cache::check_kv_quant(self.model.kv_layout(), spec)?;
+        self.kv_quant = Some(spec);
         Ok(self)
     }
 
@@ -97,9 +101,9 @@ impl Generator {
         let longest_budget = requests.iter().map(RequestState::budget).max().unwrap_or(1);
         let device = self.model.device();
         let (layout, capacity) = (self.model.kv_layout(), longest_prompt + longest_budget - 1);
-        let mut cache = match self.kv_bits {
+        let mut cache = match self.kv_quant {
             None => ContiguousKvCache::new(layout, requests.len(), capacity, &device),
-            Some(bits) => ContiguousKvCache::quantized(layout, requests.len(), capacity, &device, bits)?,
+            Some(spec) => ContiguousKvCache::quantized(layout, requests.len(), capacity, &device, spec)?,
         };
         let mut rngs: Vec<_> = requests.iter().map(|_| params.rng()).collect();
         let mut timing = Timing {

@@ -16,6 +16,7 @@ use super::quant::{repack_blocks, RepackedBlocks, BLOCK};
 use super::{GgufFile, GgufValue};
 use crate::config::DecoderSpec;
 use crate::error::{ModelError, Result};
+use crate::layers::projection::WEIGHT_QUANT_AXIS;
 use crate::weights::TensorSource;
 
 /// A GGUF model file with its decoder description.
@@ -110,7 +111,8 @@ impl TensorSource for GgufModel {
             scale = unpermute_rope_rows(&scale, heads, rows, cols / BLOCK);
             min = unpermute_rope_rows(&min, heads, rows, cols / BLOCK);
         }
-        GroupQuantized::from_host(codes, scale, min, [rows, cols], QuantSpec::new(bits, BLOCK, 1), device)
+        QuantSpec::new(bits, BLOCK, WEIGHT_QUANT_AXIS)
+            .and_then(|spec| GroupQuantized::from_host(codes, scale, min, [rows, cols], spec, device))
             .map(Some)
             .map_err(|e| ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message: format!("`{gguf}`: {e}") })
     }

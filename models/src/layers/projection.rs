@@ -9,6 +9,10 @@ use burn_llm_kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, GroupQ
 
 use crate::error::{ModelError, Result};
 
+/// Axis a weight is quantized along: its last, the output channel of FlexGen's `[in, out]`
+/// layout (and the input channel of GGUF's `[out, in]` one). A [`QuantSpec`] for weights names it.
+pub const WEIGHT_QUANT_AXIS: usize = 1;
+
 /// Rows of input up to which the fused dequantize-matmul kernel is used; above, dequantizing the
 /// weight once and running an ordinary matmul is faster.
 pub const FUSED_MAX_ROWS: usize = 16;
@@ -42,11 +46,17 @@ pub struct QLinear {
 }
 
 impl QLinear {
-    /// Quantizes a dense layer's weight with `bits` and `group_size` along its output axis.
-    pub fn from_linear(linear: &Linear, bits: u32, group_size: usize) -> std::result::Result<Self, burn_llm_kernels::KernelError> {
+    /// Quantizes a dense layer's weight as `spec` says, along its output channel: the spec's axis
+    /// must be [`WEIGHT_QUANT_AXIS`] and its group size must divide the output width.
+    pub fn from_linear(linear: &Linear, spec: QuantSpec) -> Result<Self> {
+        if spec.axis() != WEIGHT_QUANT_AXIS {
+            return Err(ModelError::Quantization(format!(
+                "{spec}: weights are quantized along their output channel, axis {WEIGHT_QUANT_AXIS}"
+            )));
+        }
         let weight = linear.weight.val();
         let [d_input, d_output] = weight.dims();
-        let q = quantize(weight, QuantSpec::new(bits, group_size, 1))?;
+        let q = quantize(weight, spec).map_err(|e| ModelError::Quantization(e.to_string()))?;
         Ok(Self::from_parts(q, linear.bias.clone(), [d_input, d_output], false))
     }
 
@@ -64,10 +74,15 @@ impl QLinear {
             bias,
             d_input,
             d_output,
-            bits: q.spec.bits,
-            group_size: q.spec.group_size,
+            bits: q.spec.bits(),
+            group_size: q.spec.group_size(),
             input_grouped,
         }
+    }
+
+    /// How the weight is quantized (along [`WEIGHT_QUANT_AXIS`] in either layout).
+    pub fn spec(&self) -> QuantSpec {
+        QuantSpec::new(self.bits, self.group_size, WEIGHT_QUANT_AXIS).expect("a QLinear is built from a checked QuantSpec")
     }
 
     /// The quantized weight, `[in, out]` or (input-grouped) `[out, in]`, quantized along axis 1.
@@ -78,7 +93,7 @@ impl QLinear {
             scale: self.scale.val(),
             min: self.min.val(),
             shape,
-            spec: QuantSpec::new(self.bits, self.group_size, 1),
+            spec: self.spec(),
         }
     }
 
@@ -166,20 +181,19 @@ impl Projection {
         }
     }
 
-    /// The same projection with its weight quantized to `bits` in groups of `group_size`. A weight
-    /// already quantized with that bit width and group size is kept as it is (a GGUF file's blocks
-    /// stay as shipped); one quantized differently is re-quantized from its dequantized values.
-    /// `name` identifies the layer in errors.
-    pub fn quantized(self, bits: u32, group_size: usize, name: &str) -> Result<Self> {
+    /// The same projection with its weight quantized as `spec` says (along
+    /// [`WEIGHT_QUANT_AXIS`]). A weight already quantized with that bit width and group size is
+    /// kept as it is (a GGUF file's blocks stay as shipped); one quantized differently is
+    /// re-quantized from its dequantized values. `name` identifies the layer in errors.
+    pub fn quantized(self, spec: QuantSpec, name: &str) -> Result<Self> {
         let linear = match self {
-            Projection::Quantized(q) if q.bits == bits && q.group_size == group_size => {
-                return Ok(Projection::Quantized(q));
-            }
+            Projection::Quantized(q) if q.spec() == spec => return Ok(Projection::Quantized(q)),
             Projection::Quantized(q) => q.to_dense(),
             Projection::Dense(linear) => linear,
         };
-        QLinear::from_linear(&linear, bits, group_size)
-            .map(Projection::Quantized)
-            .map_err(|e| ModelError::Quantization(format!("{name}: {e}")))
+        QLinear::from_linear(&linear, spec).map(Projection::Quantized).map_err(|e| match e {
+            ModelError::Quantization(why) => ModelError::Quantization(format!("{name}: {why}")),
+            other => other,
+        })
     }
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use burn::tensor::{Device, Distribution, Tensor};
 use burn_llm::kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, QuantSpec};
+use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{hub, Generator, Pretrained, Prompt, SamplingParams};
 use burn_llm::offload::profiler::time;
 use burn_llm::{DeviceChoice, Engine};
@@ -95,8 +96,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let (k, n) = (4096, 4096);
     let w = Tensor::<2>::random([k, n], Distribution::Uniform(-1.0, 1.0), &device);
-    let wq = quantize(w.clone(), QuantSpec::new(4, 64, 1))?;
-    let wq_gguf = quantize(w.clone().transpose(), QuantSpec::new(4, 32, 1))?;
+    let wq = quantize(w.clone(), QuantSpec::new(4, 64, 1)?)?;
+    let wq_gguf = quantize(w.clone().transpose(), QuantSpec::new(4, 32, 1)?)?;
     let dq_s = time(5, || {
         let out = dequantize(&wq);
         sync(&device);
@@ -146,7 +147,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         pretrained.model = match bits {
             None => pretrained.model,
             Some(32) => pretrained.model.dequantize_weights(),
-            Some(b) => pretrained.model.quantize_weights(b, 64)?,
+            Some(b) => pretrained.model.quantize_weights(QuantSpec::new(b, 64, WEIGHT_QUANT_AXIS)?)?,
         };
         let bytes = pretrained.model.decode_weight_bytes();
         let mut engine: Box<dyn Engine> = Box::new(Generator::from(pretrained));

@@ -9,7 +9,7 @@ use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::CubeBackend;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
-use crate::ops::GroupQuantOps;
+use super::ops::GroupQuantOps;
 
 /// One thread per output word: quantizes its `32 / bits` values and packs them.
 #[cube(launch)]

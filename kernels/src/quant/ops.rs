@@ -1,5 +1,5 @@
 //! The custom ops behind group quantization, as a Burn backend extension: a CubeCL kernel for
-//! every GPU runtime ([`crate::cube`]) and a pure-Rust twin for Flex ([`crate::flex`]).
+//! every GPU runtime ([`super::cube`]) and a pure-Rust twin for Flex ([`super::flex`]).
 //!
 //! Layout shared by both: a row-major `[rows, cols]` matrix quantized in groups of `group`
 //! consecutive columns; `scale` and `min` are `[rows, cols / group]`; codes are packed

@@ -6,7 +6,7 @@ use burn::backend::Flex;
 use burn::tensor::TensorData;
 use rayon::prelude::*;
 
-use crate::ops::GroupQuantOps;
+use super::ops::GroupQuantOps;
 
 /// Sizes of one fused-matmul call.
 struct BlockShape {

@@ -5,21 +5,9 @@ use burn::tensor::{Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
 use super::*;
-
-/// Devices the kernel tests run on: Flex, and wgpu unless `BURN_LLM_TEST_WGPU=0`.
-pub(crate) fn devices() -> Vec<Device> {
-    let mut out = vec![Device::flex()];
-    #[cfg(feature = "wgpu")]
-    out.extend(wgpu_device());
-    out
-}
-
-/// The wgpu device, unless `BURN_LLM_TEST_WGPU=0`.
+use crate::test_devices::devices;
 #[cfg(feature = "wgpu")]
-pub(crate) fn wgpu_device() -> Option<Device> {
-    let wanted = std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true);
-    wanted.then(|| Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
-}
+use crate::test_devices::wgpu_device;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_into_vec_as::<f32>().unwrap()
@@ -39,7 +27,7 @@ fn case(rng: &mut impl Rng) -> ([usize; 3], QuantSpec, Vec<f32>) {
     let data = (0..n)
         .map(|_| if constant { 1.25 } else { (rng.random::<f32>() - 0.3) * spread })
         .collect();
-    (shape, QuantSpec::new(bits, group, axis), data)
+    (shape, QuantSpec::new(bits, group, axis).unwrap(), data)
 }
 
 /// Each value is back within half a step of its group (plus float rounding).
@@ -54,7 +42,7 @@ fn round_trip_error_is_at_most_half_a_step() {
             let back = values(dequantize(&q));
             // Step of each element's group: scale broadcast back through the same layout.
             let steps = q.scale.clone().reshape([q.scale.dims()[0], q.scale.dims()[1], 1]);
-            let steps = steps.repeat_dim(2, spec.group_size).reshape(moved_last(shape, spec.axis)).swap_dims(spec.axis, 2);
+            let steps = steps.repeat_dim(2, spec.group_size()).reshape(moved_last(shape, spec.axis())).swap_dims(spec.axis(), 2);
             let steps = values(steps);
             for ((x, y), step) in data.iter().zip(&back).zip(&steps) {
                 let tolerance = step / 2.0 + 1e-5 * x.abs().max(1.0);
@@ -69,7 +57,7 @@ fn round_trip_error_is_at_most_half_a_step() {
 fn constant_groups_are_exact() {
     for device in devices() {
         let x = Tensor::<2>::from_data(TensorData::new(vec![-3.5f32; 4 * 64], [4, 64]), &device);
-        let q = quantize(x, QuantSpec::new(4, 32, 1)).unwrap();
+        let q = quantize(x, QuantSpec::new(4, 32, 1).unwrap()).unwrap();
         assert!(values(dequantize(&q)).iter().all(|&v| v == -3.5));
     }
 }
@@ -104,19 +92,36 @@ fn cube_kernels_equal_flex_twins() {
     }
 }
 
+/// Bit widths and group sizes are checked when a spec is built, the axis and the axis length
+/// against each tensor.
 #[test]
 fn bad_specs_are_errors() {
+    assert_eq!(QuantSpec::new(3, 32, 1).unwrap_err(), KernelError::Bits(3));
+    assert_eq!(QuantSpec::new(8, 6, 1).unwrap_err(), KernelError::GroupWords { group: 6, bits: 8, per_word: 4 });
+    assert!(matches!(QuantSpec::new(4, 0, 1), Err(KernelError::GroupWords { group: 0, .. })));
     let x = Tensor::<2>::zeros([4, 48], &Device::flex());
-    assert_eq!(quantize(x.clone(), QuantSpec::new(3, 32, 1)).unwrap_err(), KernelError::Bits(3));
-    assert!(matches!(quantize(x.clone(), QuantSpec::new(4, 32, 1)), Err(KernelError::GroupSize { .. })));
-    assert!(matches!(quantize(x.clone(), QuantSpec::new(8, 6, 1)), Err(KernelError::GroupSize { .. })));
-    assert!(matches!(quantize(x, QuantSpec::new(4, 8, 2)), Err(KernelError::Axis { axis: 2, rank: 2 })));
+    let spec = |bits, group, axis| QuantSpec::new(bits, group, axis).unwrap();
+    assert!(matches!(quantize(x.clone(), spec(4, 32, 1)), Err(KernelError::GroupSize { group: 32, len: 48, .. })));
+    assert!(matches!(quantize(x, spec(4, 8, 2)), Err(KernelError::Axis { axis: 2, rank: 2 })));
+    assert_eq!(QuantSpec::flexgen(3), spec(4, 64, 3));
+    assert_eq!(spec(8, 32, 0).along(1), spec(8, 32, 1));
+}
+
+/// The size the cost model prices per value is the size quantized tensors take.
+#[test]
+fn bytes_per_value_matches_storage_bytes() {
+    for (bits, group) in [(4, 64), (8, 32), (4, 8)] {
+        let spec = QuantSpec::new(bits, group, 0).unwrap();
+        let values = 3 * group;
+        assert_eq!(spec.storage_bytes(values) as f64, spec.bytes_per_value() * values as f64, "{spec}");
+    }
+    assert_eq!(QuantSpec::flexgen(0).bytes_per_value(), 0.625);
 }
 
 #[test]
 fn four_bits_pack_eight_codes_a_word() {
     let x = Tensor::<2>::from_data(TensorData::new((0..64).map(|v| v as f32).collect::<Vec<_>>(), [1, 64]), &Device::flex());
-    let q = quantize(x, QuantSpec::new(4, 64, 1)).unwrap();
+    let q = quantize(x, QuantSpec::new(4, 64, 1).unwrap()).unwrap();
     assert_eq!(q.codes.dims(), [1, 8]);
     assert_eq!(q.scale.dims(), [1, 1]);
     assert_eq!(q.size_bytes(), 8 * 4 + 2 * 4);
@@ -133,7 +138,7 @@ fn fused_qmatmul_equals_dequantize_then_matmul() {
             let x: Vec<f32> = (0..m * k).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
             let w = Tensor::<2>::from_data(TensorData::new(w, [k, n]), &device);
             let x = Tensor::<2>::from_data(TensorData::new(x, [m, k]), &device);
-            let q = quantize(w, QuantSpec::new(bits, group, 1)).unwrap();
+            let q = quantize(w, QuantSpec::new(bits, group, 1).unwrap()).unwrap();
             let reference = values(x.clone().matmul(dequantize(&q)));
             assert_close(&values(qmatmul(x, &q).unwrap()), &reference, (m, k, n));
         }
@@ -160,7 +165,7 @@ fn fused_qmatmul_transposed_equals_dequantize_then_matmul() {
             let x: Vec<f32> = (0..m * k).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
             let w = Tensor::<2>::from_data(TensorData::new(w, [n, k]), &device);
             let x = Tensor::<2>::from_data(TensorData::new(x, [m, k]), &device);
-            let q = quantize(w, QuantSpec::new(bits, group, 1)).unwrap();
+            let q = quantize(w, QuantSpec::new(bits, group, 1).unwrap()).unwrap();
             let reference = values(x.clone().matmul(dequantize(&q).transpose()));
             assert_close(&values(qmatmul_transposed(x, &q).unwrap()), &reference, (m, k, n));
         }
@@ -174,7 +179,7 @@ fn host_buffers_and_row_selection() {
     for device in devices() {
         let data: Vec<f32> = (0..4 * 64).map(|v| ((v * 37) % 23) as f32 - 11.0).collect();
         let x = Tensor::<2>::from_data(TensorData::new(data.clone(), [4, 64]), &device);
-        let spec = QuantSpec::new(4, 32, 1);
+        let spec = QuantSpec::new(4, 32, 1).unwrap();
         let q = quantize(x, spec).unwrap();
         let codes = q.codes.clone().into_data().try_into_vec_as::<u32>().unwrap();
         let (scale, min) = (values(q.scale.clone()), values(q.min.clone()));
@@ -193,7 +198,7 @@ fn host_buffers_and_row_selection() {
 #[test]
 fn qmatmul_checks_the_layout() {
     let w = Tensor::<2>::zeros([64, 32], &Device::flex());
-    let q = quantize(w, QuantSpec::new(4, 32, 0)).unwrap();
+    let q = quantize(w, QuantSpec::new(4, 32, 0).unwrap()).unwrap();
     let x = Tensor::<2>::zeros([1, 64], &Device::flex());
     assert!(qmatmul(x.clone(), &q).is_err());
     assert!(qmatmul_transposed(x, &q).is_err());
