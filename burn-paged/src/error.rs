@@ -23,7 +23,9 @@ pub enum PagedError {
     #[error("invalid engine configuration: {0}")]
     Config(String),
     /// The KV-cache budget cannot hold what the model needs.
-    #[error("the KV cache budget of {budget_bytes} bytes holds {blocks} blocks of {block_size} tokens ({block_bytes} bytes each), but one sequence of the model's context length {max_model_len} needs {needed} blocks: raise --kv-cache-memory, lower the block size, or lower the context length")]
+    #[error("the KV cache budget of {budget} holds {blocks} blocks of {block_size} tokens ({block} each), but one sequence of the model's context length {max_model_len} needs {needed} blocks: raise --kv-cache-memory, lower the block size, or lower the context length",
+        budget = burn_llm_models::units::fmt_bytes(*budget_bytes),
+        block = burn_llm_models::units::fmt_bytes(*block_bytes as u64))]
     KvBudget {
         /// Budget given.
         budget_bytes: u64,

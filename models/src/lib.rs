@@ -44,6 +44,7 @@ pub mod model;
 pub mod pretrained;
 pub mod pypi;
 pub mod tokenizer;
+pub mod units;
 pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};

@@ -240,4 +240,7 @@ fn bad_requests_are_errors() {
     let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), tiny).unwrap_err();
     assert!(matches!(err, PagedError::KvBudget { .. }), "{err}");
     assert!(err.to_string().contains("--kv-cache-memory"));
+    let small = EngineConfig { kv_cache_memory: KvCacheMemory::Bytes(600_000), block_size: 1024, ..EngineConfig::default() };
+    let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), small).unwrap_err().to_string();
+    assert!(err.contains("budget of 585.9 KiB"), "byte figures use a unit that shows them: {err}");
 }

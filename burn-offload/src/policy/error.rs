@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::types::Tier;
+use crate::store::fmt_bytes;
 
 /// A hardware profile file could not be read, parsed or accepted.
 #[derive(Debug, thiserror::Error)]
@@ -60,9 +61,9 @@ pub enum PolicyError {
     InvalidThreadProfile(String),
     /// No policy in the search space fits in memory; `tier` is the memory that is too small.
     #[error(
-        "no policy fits: {what} needs {needed_gib:.2} GiB of {tier} memory, have {available_gib:.2} GiB",
-        needed_gib = *needed_bytes / GIB,
-        available_gib = *available_bytes / GIB
+        "no policy fits: {what} needs {needed} of {tier} memory, have {available}",
+        needed = fmt_bytes(*needed_bytes as u64),
+        available = fmt_bytes(*available_bytes as u64)
     )]
     InsufficientMemory {
         /// The memory tier that is too small.

@@ -462,7 +462,7 @@ fn infeasible_gpu_budget_names_the_needed_bytes() {
         e => panic!("unexpected {e}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("GiB of GPU (device) memory, have 0.25 GiB"), "{msg}");
+    assert!(msg.contains("of GPU (device) memory, have 256.0 MiB"), "{msg}");
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! before it allocates, so a plan that does not fit fails early with a readable message
 //! ([`OverBudget`]) instead of an allocator abort deep in a kernel.
 
+pub use burn_llm_models::units::fmt_bytes;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -33,24 +34,6 @@ fn hint(tier: Tier) -> &'static str {
         Tier::Gpu => "raise --gpu-mem or offload more",
         Tier::Cpu => "raise --cpu-mem or offload more to disk",
         Tier::Disk => "raise --disk-mem or free space in --offload-dir",
-    }
-}
-
-/// Human-readable byte count in binary units: `"2.00 GiB"`, `"180.0 MiB"`, `"4.0 KiB"`,
-/// `"512 B"` (two decimals for GiB, one for MiB and KiB).
-pub fn fmt_bytes(bytes: u64) -> String {
-    const KIB: u64 = 1 << 10;
-    const MIB: u64 = 1 << 20;
-    const GIB: u64 = 1 << 30;
-    let b = bytes as f64;
-    if bytes >= GIB {
-        format!("{:.2} GiB", b / GIB as f64)
-    } else if bytes >= MIB {
-        format!("{:.1} MiB", b / MIB as f64)
-    } else if bytes >= KIB {
-        format!("{:.1} KiB", b / KIB as f64)
-    } else {
-        format!("{bytes} B")
     }
 }
 
