@@ -288,6 +288,7 @@ pub fn reshape_and_cache_mut(cache: &mut Tensor<4>, new: Tensor<3>, slots: &[u32
 /// [`reshape_and_cache_mut`] with slots uploaded once per step ([`SlotMapping`]) instead of on
 /// every call: the form for a model writing the K and V caches of many layers.
 pub fn reshape_and_cache_with(cache: &mut Tensor<4>, new: Tensor<3>, slots: &SlotMapping) -> Result<(), PagedKernelError> {
+    let _span = tracing::trace_span!("kernel", op = "reshape_and_cache").entered();
     slots.check(cache, &new)?;
     cache.inplace(|c| slots.write(c, new));
     Ok(())
@@ -340,6 +341,7 @@ pub fn copy_blocks(cache: Tensor<4>, pairs: &[(u32, u32)]) -> Result<Tensor<4>, 
 
 /// [`copy_blocks`] on a cache held by `&mut`: in place when uniquely owned, untouched on error.
 pub fn copy_blocks_mut(cache: &mut Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedKernelError> {
+    let _span = tracing::trace_span!("kernel", op = "copy_blocks", pairs = pairs.len()).entered();
     check_copy_blocks(cache, pairs)?;
     cache.inplace(|c| run_copy_blocks(c, pairs));
     Ok(())
@@ -406,6 +408,7 @@ pub fn write_blocks(cache: Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<
 
 /// [`write_blocks`] on a cache held by `&mut`: in place when uniquely owned, untouched on error.
 pub fn write_blocks_mut(cache: &mut Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<(), PagedKernelError> {
+    let _span = tracing::trace_span!("kernel", op = "write_blocks", blocks = ids.len()).entered();
     check_write_blocks(cache, ids, &blocks)?;
     cache.inplace(|c| run_write_blocks(c, ids, blocks));
     Ok(())
@@ -546,6 +549,7 @@ pub fn paged_attention_with(
     batch: &PagedBatch,
     scale: f32,
 ) -> Result<Tensor<3>, PagedKernelError> {
+    let _span = tracing::trace_span!("kernel", op = "paged_attention", tokens = batch.tokens).entered();
     let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(k_cache)?;
     let cache_shape = [num_blocks, kv_heads, block_size, head_dim];
     if v_cache.dims() != cache_shape {

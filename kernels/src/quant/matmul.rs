@@ -35,6 +35,7 @@ pub fn qmatmul_transposed(x: Tensor<2>, w: &GroupQuantized<2>) -> Result<Tensor<
 /// The fused product with `W` `[k, n]` (FlexGen) or, `transposed`, `[n, k]` (GGUF), both
 /// quantized along axis 1.
 fn fused(x: Tensor<2>, w: &GroupQuantized<2>, transposed: bool) -> Result<Tensor<2>, QMatmulLayout> {
+    let _span = tracing::trace_span!("kernel", op = "qmatmul", rows = x.dims()[0], transposed).entered();
     let k = x.dims()[1];
     let shared = if transposed { w.shape[1] } else { w.shape[0] };
     if w.spec.axis() != 1 || shared != k {

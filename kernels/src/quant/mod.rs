@@ -109,6 +109,7 @@ fn moved_last<const D: usize>(mut shape: [usize; D], axis: usize) -> [usize; D] 
 
 /// Quantizes `x` group-wise on its own device.
 pub fn quantize<const D: usize>(x: Tensor<D>, spec: QuantSpec) -> Result<GroupQuantized<D>, KernelError> {
+    let _span = tracing::trace_span!("kernel", op = "quantize").entered();
     let shape: [usize; D] = x.dims();
     spec.validate(&shape)?;
     let last = moved_last(shape, spec.axis());
@@ -132,6 +133,7 @@ pub fn quantize<const D: usize>(x: Tensor<D>, spec: QuantSpec) -> Result<GroupQu
 
 /// Restores a tensor of the original shape, on the device the codes live on.
 pub fn dequantize<const D: usize>(q: &GroupQuantized<D>) -> Tensor<D> {
+    let _span = tracing::trace_span!("kernel", op = "dequantize").entered();
     let flat: Tensor<2> = Tensor::from_dispatch(<Dispatch as GroupQuantOps>::unpack_groups(
         q.codes.clone().into_dispatch(),
         q.scale.clone().into_dispatch(),
