@@ -179,3 +179,6 @@ impl KvCache for OffloadKvCache {
         sparse_attention(q, keys.to_device(&here), values.to_device(&here), bias, scale, keep)
     }
 }
+
+#[cfg(test)]
+mod tests;
