@@ -47,8 +47,36 @@ impl<'scope, T: Send + 'scope> Task<'scope, T> {
 
 /// A layer ready to run on the device, with the budget it holds while loaded.
 pub(super) struct Loaded {
-    pub(super) layer: DecoderLayer,
+    layer: DecoderLayer,
     _budget: Option<Reservation>,
+}
+
+/// The layer on the device and the next layer's load (FlexGen's weight prefetch).
+pub(super) struct Weights<'scope> {
+    current: Option<(usize, Loaded)>,
+    next: Option<Task<'scope, Loaded>>,
+}
+
+impl<'scope> Weights<'scope> {
+    /// Nothing on the device yet, `first` loading.
+    pub(super) fn new(first: Task<'scope, Loaded>) -> Self {
+        Self { current: None, next: Some(first) }
+    }
+
+    /// Layer `j` on the device. At its first step the previous layer leaves the device, `j`'s
+    /// load is joined (or, deferred, runs now) and `prefetch` starts the next one's.
+    pub(super) fn layer(&mut self, j: usize, prefetch: impl FnOnce() -> Option<Task<'scope, Loaded>>) -> Result<&DecoderLayer> {
+        if self.current.as_ref().is_none_or(|(at, _)| *at != j) {
+            let task = self.next.take().ok_or_else(|| OffloadError::Config(format!("layer {j} was not loading")))?;
+            drop(self.current.take());
+            self.current = Some((j, task.join()?));
+            self.next = prefetch();
+        }
+        match &self.current {
+            Some((_, loaded)) => Ok(&loaded.layer),
+            None => Err(OffloadError::Config(format!("layer {j} not loaded"))),
+        }
+    }
 }
 
 /// The KV cache a `load_cache` task reads from disk.

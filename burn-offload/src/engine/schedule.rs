@@ -22,7 +22,7 @@
 use burn_llm_models::model::{DecoderLayer, Hidden};
 use tracing::{debug_span, trace_span};
 
-use super::io::{BlockIo, Inputs, KvLoad, KvStore, Loaded, LoadJob, StoreJob, Task};
+use super::io::{BlockIo, Inputs, KvLoad, KvStore, LoadJob, StoreJob, Task, Weights};
 use super::parking::Parked;
 use super::OffloadEngine;
 use crate::cache::OffloadKvCache;
@@ -49,24 +49,15 @@ impl OffloadEngine {
         let overlap = self.policy.overlap;
         std::thread::scope(|scope| -> Result<()> {
             // Before the first step: its weights start loading, its cache and activations come in.
-            let mut next_weights = Some(Task::start(scope, overlap, move || self.load_weight(first.0)));
-            let mut weights: Option<(usize, Loaded)> = None;
+            let mut weights = Weights::new(Task::start(scope, overlap, move || self.load_weight(first.0)));
             let mut inputs = self.load_inputs(self.load_job(first, caches, &mut parked), io)?;
             let mut pending: Option<StoreJob> = None;
             for (t, &(j, k)) in order.iter().enumerate() {
                 let _step = debug_span!("step", layer = j, batch = k).entered();
-                // load_weight(j + 1): at a layer's first batch, its weights are in and the next
+                // load_weight(j + 1): at a layer's first batch its weights are in, and the next
                 // layer's start loading.
-                if weights.as_ref().is_none_or(|(at, _)| *at != j) {
-                    let task = next_weights.take().ok_or_else(|| OffloadError::Config("weight prefetch missing".into()))?;
-                    // The previous layer leaves the device before this one's (deferred) load.
-                    drop(weights.take());
-                    weights = Some((j, task.join()?));
-                    if j + 1 < layers {
-                        next_weights = Some(Task::start(scope, overlap, move || self.load_weight(j + 1)));
-                    }
-                }
-                let layer = &weights.as_ref().ok_or_else(|| OffloadError::Config("layer not loaded".into()))?.1.layer;
+                let next_layer = (j + 1 < layers).then_some(j + 1);
+                let layer = weights.layer(j, || next_layer.map(|n| Task::start(scope, overlap, move || self.load_weight(n))))?;
                 // This step's cache and activations, loaded during the previous step, go in.
                 let (state, kv_budget) = self.take_inputs(&mut inputs, &mut caches[k], &mut parked[k], j, io)?;
                 // store_cache(j, k − 1), store_hidden(j, k − 1), then load_cache(j, k + 1),
