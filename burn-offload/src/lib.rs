@@ -8,6 +8,8 @@
 //!
 //! - [`policy`]: hardware profile, model shape, FlexGen's cost model (Appendix A.3), the LP
 //!   placement search (`good_lp`, pure-Rust `microlp`), rounding to whole layers, thread control.
+//! - [`cache`]: the offloaded KV cache the models attend through: each layer's slots on the
+//!   device, the host or disk, attention where they live, Top-K sparse attention.
 //! - [`store`]: the disk tier (one checksummed, memory-mapped file per tensor) and the per-tier
 //!   memory ledger that enforces the budgets.
 //! - [`weights`]: layers stored on the disk tier.
@@ -16,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cache;
 mod engine;
 pub mod error;
 pub mod policy;

@@ -229,7 +229,8 @@ fn compressed_policies_equal_quantized_plain_generation() {
 #[test]
 fn sparse_attention_keeps_the_top_keys() {
     use burn::tensor::{Tensor, TensorData};
-    use burn_llm::models::cache::{attention, sparse_attention};
+    use burn_llm::models::cache::attention;
+    use burn_llm::offload::cache::sparse::sparse_attention;
 
     let device = Device::flex();
     // One query, four keys with scores 4, 1, 3, 2 (q = 1, k = score); values one-hot.

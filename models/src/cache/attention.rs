@@ -14,27 +14,27 @@ pub const MASKED: f32 = -1.0e30;
 /// Grouped-query attention folds the query heads that share a key/value head into the sequence
 /// axis (`[b, kv_heads, group · s, d]`), so keys and values are never repeated in memory.
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>, scale: f32) -> Tensor<4> {
-    sparse_attention(q, k, v, bias, scale, None)
+    attention_with(q, k, v, bias, scale, |scores| scores)
 }
 
-/// [`attention`] where each query keeps only its `keep` highest-scoring keys (FlexGen §5's Top-K
-/// sparse attention: the other keys' values are never needed); `None` or a `keep` at least the
-/// number of keys is dense attention. Ties at the threshold are all kept.
-pub fn sparse_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>, scale: f32, keep: Option<usize>) -> Tensor<4> {
+/// [`attention`] with `adjust` applied to the biased scores before the softmax, for a cache that
+/// changes which keys a query weighs (e.g. drops low scores). The scores are
+/// `[b, kv_heads, group · s, t]`, keys on the last axis.
+pub fn attention_with(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    scale: f32,
+    adjust: impl FnOnce(Tensor<4>) -> Tensor<4>,
+) -> Tensor<4> {
     let [b, heads, s, d] = q.dims();
-    let [_, kv_heads, t, _] = k.dims();
+    let [_, kv_heads, _, _] = k.dims();
     let group = heads / kv_heads;
     let q = q.reshape([b, kv_heads, group * s, d]);
     let scores = q.matmul(k.swap_dims(2, 3)) * scale;
     let bias = if group > 1 { bias.repeat_dim(2, group) } else { bias };
-    let mut scores = scores + bias;
-    if let Some(keep) = keep.filter(|&keep| keep > 0 && keep < t) {
-        // The keep-th largest score of each query is its threshold; lower scores are masked.
-        let threshold = scores.clone().topk(keep, 3).narrow(3, keep - 1, 1);
-        let dropped = scores.clone().lower(threshold);
-        scores = scores.mask_fill(dropped, MASKED);
-    }
-    softmax(scores, 3).matmul(v).reshape([b, heads, s, d])
+    softmax(adjust(scores + bias), 3).matmul(v).reshape([b, heads, s, d])
 }
 
 /// Bias `[1, 1, s, t]` that lets query `i` (at absolute slot `start + i`) see key slots

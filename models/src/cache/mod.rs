@@ -10,17 +10,18 @@
 //! new token ids and receives a [`StepInput`] (token ids, positions, and where each sequence's last
 //! token ended up) to run the model on.
 //!
-//! How the later caches implement the same trait without touching model code:
+//! How the caches implement the same trait without touching model code:
 //! - **Contiguous** ([`ContiguousKvCache`], this crate): one preallocated
-//!   `[batch, kv_heads, capacity, head_dim]` tensor per layer, sequences left-padded within a step,
-//!   an additive mask that hides padding and future slots.
+//!   `[batch, kv_heads, capacity, head_dim]` tensor pair per layer ([`LayerSlots`], dense or
+//!   group-quantized [`Slots`]) on the model's device, sequences left-padded within a step on a
+//!   shared slot axis ([`StepSlots`]), an additive mask that hides padding and future slots.
 //! - **Paged** (vLLM, `burn-paged`): `attend` writes the new K/V into their block slots with a
 //!   reshape-and-cache kernel and runs PagedAttention through the block tables prepared by the
 //!   scheduler at `begin_step` time; `StepInput` carries per-token positions, so sequences at
 //!   different lengths share one launch.
-//! - **Offloaded** (FlexGen, `burn-offload`): `attend` stores K/V to the tier the policy chose
-//!   (device, host, disk, optionally group-quantized) and computes attention where the cache lives
-//!   (on the CPU when it is on the host), returning only the attention output across the link.
+//! - **Offloaded** (FlexGen, `burn-offload`): builds on the contiguous cache's public pieces
+//!   ([`StepSlots`], [`LayerSlots`], [`attention_with`]) to keep each layer's slots where its
+//!   policy says and to compute attention there.
 //!
 //! The layer index lets a cache keep per-layer state; the model calls `attend` once per layer, in
 //! layer order, for each step.
@@ -28,12 +29,17 @@
 mod attention;
 mod contiguous;
 mod quant;
+mod slots;
+mod steps;
 
-pub use attention::{attention, causal_bias, sparse_attention, MASKED};
-pub use contiguous::{ContiguousKvCache, KvPlacement, LayerSlots, Slots};
+pub use attention::{attention, attention_with, causal_bias, MASKED};
+pub use contiguous::ContiguousKvCache;
 pub use quant::{check_kv_quant, fit_kv_quant, KV_QUANT_AXIS};
+pub use slots::{LayerSlots, Slots};
+pub use steps::StepSlots;
 
 use burn::tensor::{Int, Tensor};
+use burn_llm_kernels::QuantSpec;
 
 /// The storage and attention side of a decoder's self-attention.
 pub trait KvCache {
@@ -75,4 +81,17 @@ impl KvLayout {
     pub fn bytes_per_token(&self) -> usize {
         2 * self.num_layers * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
     }
+
+    /// Bytes `slots` token slots (sequences × slots each) take over all layers: `f32`, or
+    /// `quant` codes plus an `f32` scale and minimum per group.
+    pub fn storage_bytes(&self, slots: usize, quant: Option<QuantSpec>) -> usize {
+        let dense = self.bytes_per_token() * slots;
+        match quant {
+            None => dense,
+            Some(spec) => spec.storage_bytes(dense / std::mem::size_of::<f32>()),
+        }
+    }
 }
+
+#[cfg(test)]
+mod tests;

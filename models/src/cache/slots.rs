@@ -1,0 +1,111 @@
+//! One layer's key/value storage over a slot axis: `[batch, kv_heads, capacity, head_dim]` floats,
+//! or the same slots group-quantized along `head_dim` (KV-cache compression).
+//!
+//! These are the storage pieces of [`ContiguousKvCache`](super::ContiguousKvCache), public so that
+//! a cache keeping layers elsewhere (another device, or outside memory between steps) can reuse
+//! them: the variants and their fields are the quantized layout such a cache reads and writes.
+
+use std::ops::Range;
+
+use burn::tensor::{DType, Device, Int, Tensor};
+use burn_llm_kernels::{dequantize, quantize, GroupQuantized, QuantSpec};
+
+use super::KvLayout;
+
+/// One layer's keys or values.
+#[allow(clippy::large_enum_variant)] // one per layer and K/V, never moved in hot loops
+#[derive(Debug, Clone)]
+pub enum Slots {
+    /// Floats, `[batch, kv_heads, capacity, head_dim]`.
+    Dense(Tensor<4>),
+    /// Group-quantized along `head_dim`.
+    Quantized {
+        /// `[batch, kv_heads, capacity, head_dim · bits / 32]`, `U32`.
+        codes: Tensor<4, Int>,
+        /// `[batch, kv_heads, capacity, head_dim / group]`.
+        scale: Tensor<4>,
+        /// Per-group minimum, like `scale`.
+        min: Tensor<4>,
+        /// The quantization.
+        spec: QuantSpec,
+    },
+}
+
+impl Slots {
+    /// Zeroed slots of `shape` (`[batch, kv_heads, capacity, head_dim]`) on `device`, as floats
+    /// or as `quant` codes.
+    pub fn zeros(shape: [usize; 4], quant: Option<QuantSpec>, device: &Device) -> Self {
+        match quant {
+            None => Slots::Dense(Tensor::zeros(shape, device)),
+            Some(spec) => {
+                let [b, h, cap, d] = shape;
+                let groups = [b, h, cap, d / spec.group_size()];
+                Slots::Quantized {
+                    codes: Tensor::zeros([b, h, cap, d / spec.per_word()], (device, DType::U32)),
+                    scale: Tensor::zeros(groups, device),
+                    min: Tensor::zeros(groups, device),
+                    spec,
+                }
+            }
+        }
+    }
+
+    /// Writes `new` (`[b, h, s, d]`, `s = step.len()`) at slots `step` and returns slots
+    /// `0..step.end` as floats for attention. Taken by value so the write can happen in place.
+    pub fn store(self, new: Tensor<4>, step: Range<usize>) -> (Self, Tensor<4>) {
+        let [b, h, s, d] = new.dims();
+        let write = |t: usize| [0..b, 0..h, step.start..step.start + s, 0..t];
+        let read = |t: usize| [0..b, 0..h, 0..step.end, 0..t];
+        match self {
+            Slots::Dense(full) => {
+                let full = full.slice_assign(write(d), new);
+                let visible = full.clone().slice(read(d));
+                (Slots::Dense(full), visible)
+            }
+            Slots::Quantized { codes, scale, min, spec } => {
+                // The spec was validated against this head width by `check_kv_quant` when the
+                // cache was built, and the layout of `new` is the cache's own.
+                let q = quantize(new, spec).expect("KV quantization spec validated for the head width");
+                let (words, groups) = (q.codes.dims()[1], q.scale.dims()[1]);
+                let codes = codes.slice_assign(write(words), q.codes.reshape([b, h, s, words]));
+                let scale = scale.slice_assign(write(groups), q.scale.reshape([b, h, s, groups]));
+                let min = min.slice_assign(write(groups), q.min.reshape([b, h, s, groups]));
+                let rows = b * h * step.end;
+                let visible = dequantize(&GroupQuantized {
+                    codes: codes.clone().slice(read(words)).reshape([rows, words]),
+                    scale: scale.clone().slice(read(groups)).reshape([rows, groups]),
+                    min: min.clone().slice(read(groups)).reshape([rows, groups]),
+                    shape: [b, h, step.end, d],
+                    spec,
+                });
+                (Slots::Quantized { codes, scale, min, spec }, visible)
+            }
+        }
+    }
+}
+
+/// One layer's keys and values.
+#[derive(Debug, Clone)]
+pub struct LayerSlots {
+    /// Keys.
+    pub keys: Slots,
+    /// Values.
+    pub values: Slots,
+}
+
+impl LayerSlots {
+    /// Zeroed keys and values for `batch` sequences of `capacity` slots of a model with `layout`.
+    pub fn zeros(layout: KvLayout, batch: usize, capacity: usize, quant: Option<QuantSpec>, device: &Device) -> Self {
+        let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
+        Self { keys: Slots::zeros(shape, quant, device), values: Slots::zeros(shape, quant, device) }
+    }
+
+    /// Writes this step's keys `k` and values `v` at slots `step` and returns slots `0..step.end`
+    /// of both as floats (see [`Slots::store`]).
+    pub fn store(self, k: Tensor<4>, v: Tensor<4>, step: Range<usize>) -> (Self, Tensor<4>, Tensor<4>) {
+        let (keys, k) = self.keys.store(k, step.clone());
+        let (values, v) = self.values.store(v, step);
+        (Self { keys, values }, k, v)
+    }
+}
+
