@@ -23,6 +23,11 @@ pub enum OffloadError {
     /// The configuration is unusable.
     #[error("invalid offloading configuration: {0}")]
     Config(String),
+    /// The engine's own bookkeeping disagrees with itself (a task panicked, a layer or cache
+    /// that the schedule loaded is not there): a bug in burn-offload, not a problem with the
+    /// request, the configuration or the machine.
+    #[error("internal error in the offloading engine (please report this as a bug): {0}")]
+    Internal(String),
 }
 
 /// Result of the offloading engine.

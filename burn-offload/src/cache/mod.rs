@@ -138,7 +138,7 @@ impl OffloadKvCache {
     /// Puts `layer`'s keys and values (as taken, or rebuilt with [`parts::from_slot_data`]) in.
     pub fn put_layer(&mut self, layer: usize, slots: LayerSlots) -> Result<()> {
         let num_layers = self.layout.num_layers;
-        let home = self.layers.get_mut(layer).ok_or_else(|| OffloadError::Config(format!("layer {layer} of a {num_layers}-layer KV cache")))?;
+        let home = self.layers.get_mut(layer).ok_or_else(|| OffloadError::Internal(format!("layer {layer} of a {num_layers}-layer KV cache")))?;
         *home = Some(slots);
         Ok(())
     }
@@ -146,7 +146,7 @@ impl OffloadKvCache {
     /// Fails if a layer attended while its slots were out (its output was zeros).
     pub fn check(&mut self) -> Result<()> {
         match self.missing.take() {
-            Some(layer) => Err(OffloadError::Config(format!("the KV cache of layer {layer} was not loaded when the layer ran"))),
+            Some(layer) => Err(OffloadError::Internal(format!("the KV cache of layer {layer} was not loaded when the layer ran"))),
             None => Ok(()),
         }
     }

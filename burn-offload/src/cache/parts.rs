@@ -31,7 +31,7 @@ pub fn slot_data(slots: &LayerSlots, range: Range<usize>) -> Vec<TensorData> {
 pub fn from_slot_data(parts: Vec<TensorData>, quant: Option<QuantSpec>, device: &Device) -> Result<LayerSlots> {
     let per = if quant.is_some() { 3 } else { 1 };
     if parts.len() != 2 * per {
-        return Err(OffloadError::Config(format!("{} KV parts read for a layer that stores {}", parts.len(), 2 * per)));
+        return Err(OffloadError::Internal(format!("{} KV parts read for a layer that stores {}", parts.len(), 2 * per)));
     }
     let mut parts = parts.into_iter();
     let mut next = || slots_of(parts.by_ref().take(per).collect(), quant, device);

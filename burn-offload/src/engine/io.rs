@@ -39,7 +39,7 @@ impl<'scope, T: Send + 'scope> Task<'scope, T> {
     /// The task's result: waits for its thread, or runs it now.
     pub(super) fn join(self) -> Result<T> {
         match self {
-            Task::Running(handle) => handle.join().unwrap_or_else(|_| Err(OffloadError::Config("an offloading task panicked".into()))),
+            Task::Running(handle) => handle.join().unwrap_or_else(|_| Err(OffloadError::Internal("an offloading task panicked".into()))),
             Task::Deferred(f) => f(),
         }
     }
@@ -67,14 +67,14 @@ impl<'scope> Weights<'scope> {
     /// load is joined (or, deferred, runs now) and `prefetch` starts the next one's.
     pub(super) fn layer(&mut self, j: usize, prefetch: impl FnOnce() -> Option<Task<'scope, Loaded>>) -> Result<&DecoderLayer> {
         if self.current.as_ref().is_none_or(|(at, _)| *at != j) {
-            let task = self.next.take().ok_or_else(|| OffloadError::Config(format!("layer {j} was not loading")))?;
+            let task = self.next.take().ok_or_else(|| OffloadError::Internal(format!("layer {j} was not loading")))?;
             drop(self.current.take());
             self.current = Some((j, task.join()?));
             self.next = prefetch();
         }
         match &self.current {
             Some((_, loaded)) => Ok(&loaded.layer),
-            None => Err(OffloadError::Config(format!("layer {j} not loaded"))),
+            None => Err(OffloadError::Internal(format!("layer {j} not loaded"))),
         }
     }
 }
@@ -146,7 +146,7 @@ impl BlockIo {
     }
 
     pub(super) fn scratch(&self) -> Result<&ScratchDir> {
-        self.scratch.as_ref().ok_or_else(|| OffloadError::Config("no scratch directory for a disk-resident cache or activations".into()))
+        self.scratch.as_ref().ok_or_else(|| OffloadError::Internal("no scratch directory for a disk-resident cache or activations".into()))
     }
 
     /// Creates the files of layer `j` of GPU batch `k`'s cache, in [`part_shapes`] order.
@@ -175,7 +175,7 @@ impl BlockIo {
     fn files(&self, layer: usize, batch: usize) -> Result<&Mutex<Vec<KvFile>>> {
         self.kv_files
             .get(&(layer, batch))
-            .ok_or_else(|| OffloadError::Config(format!("no disk KV cache for layer {layer}, GPU batch {batch}")))
+            .ok_or_else(|| OffloadError::Internal(format!("no disk KV cache for layer {layer}, GPU batch {batch}")))
     }
 
     /// Raises GPU batch `batch`'s largest activation file to `bytes`.
@@ -201,7 +201,7 @@ struct KvFile {
 }
 
 fn poisoned() -> OffloadError {
-    OffloadError::Config("a KV-cache file lock was poisoned by a panicking task".into())
+    OffloadError::Internal("a KV-cache file lock was poisoned by a panicking task".into())
 }
 
 impl OffloadEngine {
@@ -219,7 +219,7 @@ impl OffloadEngine {
                 }
                 LayerHome::Disk => {
                     let budget = self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?;
-                    let template = self.template.as_ref().ok_or_else(|| OffloadError::Config("no disk layer template".into()))?;
+                    let template = self.template.as_ref().ok_or_else(|| OffloadError::Internal("no disk layer template".into()))?;
                     let layer = read_layer(template, &self.store, &format!("layer{j}/"), &self.device)?;
                     Ok(Loaded { layer, _budget: Some(budget) })
                 }

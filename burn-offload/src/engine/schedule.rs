@@ -162,7 +162,7 @@ impl OffloadEngine {
     ) -> Result<Option<StoreJob>> {
         let kv = match self.cache_tier(j, k) {
             Tier::Disk => {
-                let slots = cache.take_layer(j).ok_or_else(|| OffloadError::Config(format!("KV cache of layer {j} missing")))?;
+                let slots = cache.take_layer(j).ok_or_else(|| OffloadError::Internal(format!("KV cache of layer {j} missing")))?;
                 Some(KvStore { slots, step: cache.steps().range(), _budget: kv_budget })
             }
             _ => None,
@@ -193,5 +193,5 @@ fn sync(transfers: Option<Task<'_, Transfers>>, parked: &mut [Option<Parked>]) -
 }
 
 fn missing_activations() -> OffloadError {
-    OffloadError::Config("activations of a running GPU batch are missing".into())
+    OffloadError::Internal("activations of a running GPU batch are missing".into())
 }
