@@ -149,10 +149,10 @@ pub struct GenerateArgs {
     /// Offload engine: GPU batches per block (with `--percent`).
     #[arg(long, default_value_t = 1)]
     pub num_gb: u32,
-    /// Offload engine: 4-bit group-wise weights (FlexGen §5).
+    /// FlexGen's name for `--quantize w4 --group-size 64` (4-bit group-wise weights, §5).
     #[arg(long)]
     pub compress_weight: bool,
-    /// Offload engine: 4-bit group-wise KV cache.
+    /// FlexGen's name for `--kv-quant 4` (4-bit group-wise KV cache).
     #[arg(long)]
     pub compress_cache: bool,
     /// Offload engine: attention on the CPU where the KV cache is on the host.
@@ -477,8 +477,8 @@ pub fn build_engine(
     if kind == EngineKind::Offload {
         return Ok(Box::new(build_offload(args, dir, device, choice, prompts, params, log)?));
     }
-    if kind == EngineKind::Paged && args.kv_quant.is_some() {
-        return Err("--kv-quant is not available with --engine paged (its blocks are f32); drop one of them".into());
+    if kind == EngineKind::Paged && args.kv_quant_spec()?.is_some() {
+        return Err("--kv-quant / --compress-cache is not available with --engine paged (its blocks are f32); drop one of them".into());
     }
     let mut pretrained = Pretrained::load(dir, device)?;
     if let Some(spec) = args.weight_quant()? {
@@ -508,9 +508,6 @@ fn build_offload(
     params: &SamplingParams,
     log: &mut dyn Write,
 ) -> Result<OffloadEngine, Box<dyn std::error::Error>> {
-    if args.kv_quant.is_some() || args.quantize.is_some() {
-        return Err("--engine offload compresses with --compress-weight / --compress-cache, not --quantize / --kv-quant".into());
-    }
     let files = PretrainedFiles::open(path)?;
     let host = burn::tensor::Device::flex();
     let cache = dirs_cache().join("offload");

@@ -1,5 +1,7 @@
-//! The quantization flags (`--quantize` with `--group-size`, `--kv-quant`, `--compress-weight`,
-//! `--compress-cache`) as the kernels' [`QuantSpec`], built in one place.
+//! The quantization flags as the kernels' [`QuantSpec`], built in one place for every engine:
+//! `--quantize w4|w8 --group-size G` for weights and `--kv-quant 4|8` for the KV cache, with
+//! FlexGen's names `--compress-weight` (= `--quantize w4 --group-size 64`) and `--compress-cache`
+//! (= `--kv-quant 4`) as spellings of the same thing.
 
 use burn_llm_kernels::QuantSpec;
 use burn_llm_models::cache::{fit_kv_quant, KvLayout, KV_QUANT_AXIS};
@@ -20,24 +22,31 @@ fn flexgen(flag: &str, on: bool, axis: usize) -> Result<Option<QuantSpec>, Strin
 }
 
 impl GenerateArgs {
-    /// `--quantize` with `--group-size`: weights in groups along their output channel.
+    /// `--quantize` with `--group-size` (or FlexGen's name for `--quantize w4 --group-size 64`,
+    /// `--compress-weight`): weights in groups along their output channel, on every engine.
     pub fn weight_quant(&self) -> Result<Option<QuantSpec>, String> {
-        self.quantize.map(|w| quant_spec("--quantize/--group-size", w.bits(), self.group_size, WEIGHT_QUANT_AXIS)).transpose()
+        match (self.quantize, self.compress_weight) {
+            (Some(_), true) => Err("--quantize and --compress-weight both quantize the weights: give one".into()),
+            (Some(w), false) => quant_spec("--quantize/--group-size", w.bits(), self.group_size, WEIGHT_QUANT_AXIS).map(Some),
+            (None, on) => flexgen("--compress-weight", on, WEIGHT_QUANT_AXIS),
+        }
     }
 
-    /// `--kv-quant`: FlexGen's groups of 64 along the head dimension, fitted to the model's heads
-    /// when it is loaded ([`fit_kv_quant`]: the whole head when 64 does not tile it).
+    /// `--kv-quant` (or FlexGen's name for `--kv-quant 4`, `--compress-cache`): groups of 64
+    /// along the head dimension, fitted to the model's heads when it is loaded
+    /// ([`fit_kv_quant`]: the whole head when 64 does not tile it).
     pub fn kv_quant_spec(&self) -> Result<Option<QuantSpec>, String> {
-        self.kv_quant.map(|bits| quant_spec("--kv-quant", bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS)).transpose()
+        match (self.kv_quant, self.compress_cache) {
+            (Some(_), true) => Err("--kv-quant and --compress-cache both quantize the KV cache: give one".into()),
+            (Some(bits), false) => quant_spec("--kv-quant", bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS).map(Some),
+            (None, on) => flexgen("--compress-cache", on, KV_QUANT_AXIS),
+        }
     }
 
-    /// `--compress-weight` and `--compress-cache` (offload engine): FlexGen's 4-bit groups of 64,
-    /// for weights and for the KV cache.
+    /// The offload engine's weight and cache compression: the same flags as every engine's
+    /// ([`GenerateArgs::weight_quant`], [`GenerateArgs::kv_quant_spec`]).
     pub fn compression(&self) -> Result<(Option<QuantSpec>, Option<QuantSpec>), String> {
-        Ok((
-            flexgen("--compress-weight", self.compress_weight, WEIGHT_QUANT_AXIS)?,
-            flexgen("--compress-cache", self.compress_cache, KV_QUANT_AXIS)?,
-        ))
+        Ok((self.weight_quant()?, self.kv_quant_spec()?))
     }
 }
 

