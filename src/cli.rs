@@ -304,18 +304,7 @@ impl GenerateArgs {
         let plan = match (&self.plan, self.latency_bound_s, &self.profile_json) {
             (Some(path), _, _) => schedule::read_plan(path)?,
             (None, Some(bound), Some(profile)) => {
-                let spec = model.model.spec();
-                let prompt_lens = prompts
-                    .iter()
-                    .map(|p| burn_llm_models::generation::prepare_prompt(0, p, Some(&model.tokenizer), spec.vocab_size, spec.max_positions).map(|(_, ids)| ids.len()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let (blocks, _) = self.engine_config().device_blocks_for(&model.model)?;
-                let workload = schedule::Workload {
-                    prompt_lens,
-                    max_new_tokens: params.max_new_tokens,
-                    kv_tokens: blocks * self.block_size,
-                    max_encode_batch: self.max_num_seqs,
-                };
+                let workload = schedule::Workload::new(model, &self.engine_config(), prompts, params.max_new_tokens)?;
                 schedule::plan_rra(schedule::read_profile(profile)?, &workload, bound)?
             }
             _ => return Err("--schedule exegpt needs a plan: --plan FILE.json, or --latency-bound-s SECONDS with --profile-json FILE".into()),

@@ -9,7 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use burn_paged::SchedulingPolicy;
+use burn_llm_models::generation::prepare_prompt;
+use burn_llm_models::{ModelError, Pretrained, Prompt};
+use burn_paged::{EngineConfig, PagedError, SchedulingPolicy};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::{
     self, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy,
@@ -64,6 +66,12 @@ pub enum PlanError {
     /// The planner found no schedule (bad profile, infeasible bound, ...).
     #[error("ExeGPT planner: {0}")]
     Planner(#[from] ScheduleError),
+    /// A prompt cannot be tokenized for the workload.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The KV-cache budget cannot be sized for the planner's memory.
+    #[error(transparent)]
+    Paged(#[from] PagedError),
 }
 
 /// The phased schedule an RRA plan on one device describes.
@@ -136,6 +144,39 @@ pub struct Workload {
     pub kv_tokens: usize,
     /// Largest encode batch searched (the engine's `max_num_seqs`).
     pub max_encode_batch: usize,
+}
+
+impl Workload {
+    /// The workload of generating up to `max_new_tokens` tokens for each of `prompts` with
+    /// `model` on a paged engine configured by `config`.
+    pub fn new(
+        model: &Pretrained,
+        config: &EngineConfig,
+        prompts: &[Prompt],
+        max_new_tokens: usize,
+    ) -> Result<Self, PlanError> {
+        let spec = model.model.spec();
+        let prompt_lens = prompts
+            .iter()
+            .map(|p| {
+                prepare_prompt(
+                    0,
+                    p,
+                    Some(&model.tokenizer),
+                    spec.vocab_size,
+                    spec.max_positions,
+                )
+                .map(|(_, ids)| ids.len())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (blocks, _) = config.device_blocks_for(&model.model)?;
+        Ok(Self {
+            prompt_lens,
+            max_new_tokens,
+            kv_tokens: blocks * config.block_size,
+            max_encode_batch: config.max_num_seqs,
+        })
+    }
 }
 
 /// Plans ExeGPT's RRA schedule on one device for `workload` under `latency_bound_s`, with the
