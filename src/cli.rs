@@ -8,7 +8,7 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
-use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode};
+use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, SchedulingPolicy};
 use burn_llm_models::cache::{fit_kv_quant, KvLayout};
 use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
@@ -22,6 +22,7 @@ use crate::engine::{Capabilities, Engine, RunReport};
 use quant::fit_cache_compression;
 
 mod quant;
+use crate::schedule;
 
 /// Defaults that differ between the example binaries.
 #[derive(Debug, Clone, Copy)]
@@ -127,6 +128,23 @@ pub struct GenerateArgs {
     /// Paged engine: beam scores are divided by `generated_length ^ length_penalty`.
     #[arg(long, default_value_t = 1.0)]
     pub length_penalty: f32,
+    /// Paged engine: `fcfs` (vLLM, the default) or `exegpt` (ExeGPT's RRA schedule: prefill a
+    /// batch, then a fixed number of decode iterations without prefills, repeated), from `--plan`
+    /// or planned at start-up with `--latency-bound-s` and `--profile-json`.
+    #[arg(long, value_enum)]
+    pub schedule: Option<ScheduleKind>,
+    /// `--schedule exegpt`: a saved ExeGPT plan (the output of `cargo run --example plan --
+    /// schedule`), RRA on one device.
+    #[arg(long, conflicts_with = "latency_bound_s")]
+    pub plan: Option<std::path::PathBuf>,
+    /// `--schedule exegpt`: plan at start-up for this bound on the latency of a request, in
+    /// seconds (the prompts and `--max-new-tokens` are the workload, the KV-cache pool the memory).
+    #[arg(long, requires = "profile_json")]
+    pub latency_bound_s: Option<f64>,
+    /// `--schedule exegpt` with `--latency-bound-s`: the planner's cost profile of the model on
+    /// this device (format: burn-parallel's `plan::profile`).
+    #[arg(long, requires = "latency_bound_s")]
+    pub profile_json: Option<std::path::PathBuf>,
     /// Offload engine: device memory budget (`2GiB`, `512MiB`), enforced.
     #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
     pub gpu_mem: u64,
@@ -191,6 +209,15 @@ pub enum EngineKind {
     Paged,
     /// FlexGen: weights and KV cache offloaded to host memory and disk.
     Offload,
+}
+
+/// Scheduling policies of `--schedule` (paged engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScheduleKind {
+    /// vLLM's first-come-first-served continuous batching: prompts and decodes share steps.
+    Fcfs,
+    /// ExeGPT's RRA schedule: prefill phases and decode phases of `N_D` iterations.
+    Exegpt,
 }
 
 fn parse_kv_memory(text: &str) -> Result<KvCacheMemory, String> {
@@ -262,6 +289,37 @@ impl GenerateArgs {
             preemption: self.preemption,
             ..EngineConfig::default()
         }
+    }
+
+    /// The paged engine's scheduling policy these flags describe, for `model` (whose KV-cache pool
+    /// is the planner's memory) and the run's `prompts` and `params` (the planner's workload):
+    /// FCFS, a saved plan (`--plan`), or a plan made now (`--latency-bound-s`).
+    pub fn scheduling_policy(
+        &self,
+        model: &Pretrained,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        log: &mut dyn Write,
+    ) -> Result<SchedulingPolicy, Box<dyn std::error::Error>> {
+        if self.schedule != Some(ScheduleKind::Exegpt) {
+            if self.plan.is_some() || self.latency_bound_s.is_some() {
+                return Err("--plan and --latency-bound-s choose an ExeGPT schedule: add --schedule exegpt".into());
+            }
+            return Ok(SchedulingPolicy::Fcfs);
+        }
+        let plan = match (&self.plan, self.latency_bound_s, &self.profile_json) {
+            (Some(path), _, _) => schedule::read_plan(path)?,
+            (None, Some(bound), Some(profile)) => {
+                let workload = schedule::Workload::new(model, &self.engine_config(), prompts, params.max_new_tokens)?;
+                schedule::plan_rra(schedule::read_profile(profile)?, &workload, bound)?
+            }
+            _ => return Err("--schedule exegpt needs a plan: --plan FILE.json, or --latency-bound-s SECONDS with --profile-json FILE".into()),
+        };
+        let policy = schedule::phased_policy(&plan)?;
+        if !self.json {
+            writeln!(log, "{}", schedule::describe(&plan))?;
+        }
+        Ok(policy)
     }
 
     /// The offloading policy these flags describe: `--percent` (with `--gbs`, `--num-gb` and the
@@ -474,6 +532,9 @@ pub fn build_engine(
     params: &SamplingParams,
     log: &mut dyn Write,
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+    if kind != EngineKind::Paged && (args.schedule.is_some() || args.plan.is_some() || args.latency_bound_s.is_some()) {
+        return Err("--schedule, --plan and --latency-bound-s apply to --engine paged only; add --engine paged or drop them".into());
+    }
     if kind == EngineKind::Offload {
         return Ok(Box::new(build_offload(args, dir, device, choice, prompts, params, log)?));
     }
@@ -485,7 +546,10 @@ pub fn build_engine(
         pretrained.model = pretrained.model.quantize_weights(spec)?;
     }
     Ok(match kind {
-        EngineKind::Paged => Box::new(LlmEngine::new(pretrained, args.engine_config())?),
+        EngineKind::Paged => {
+            let scheduling = args.scheduling_policy(&pretrained, prompts, params, log)?;
+            Box::new(LlmEngine::new(pretrained, EngineConfig { scheduling, ..args.engine_config() })?)
+        }
         _ => {
             let mut generator = Generator::from(pretrained);
             if let Some(spec) = args.kv_quant_spec()? {

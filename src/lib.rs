@@ -19,6 +19,7 @@
 pub mod cli;
 pub mod device;
 pub mod engine;
+pub mod schedule;
 
 pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;

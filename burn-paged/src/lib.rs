@@ -7,7 +7,8 @@
 //! preempting by swap or recomputation when blocks run out.
 //!
 //! - [`memory`]: block pools, block tables and the block manager (bookkeeping only).
-//! - [`scheduler`]: iteration-level batching, FCFS, preemption by swap or recomputation.
+//! - [`scheduler`]: iteration-level batching, FCFS or ExeGPT's phased RRA schedule, preemption by
+//!   swap or recomputation.
 //! - [`cache`]: the paged KV cache the models attend through (reshape-and-cache, PagedAttention).
 //! - [`beam`]: beam-search bookkeeping equal to Hugging Face's `generate(num_beams=…)`.
 //! - [`LlmEngine`]: `add_request` / `step` / `abort`, and offline `generate`.
@@ -23,4 +24,4 @@ pub mod scheduler;
 
 pub use engine::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, SequenceDelta, StepOutput};
 pub use error::{PagedError, Result};
-pub use scheduler::PreemptionMode;
+pub use scheduler::{PreemptionMode, SchedulingPolicy};

@@ -128,6 +128,87 @@ fn paged_engine_flags_and_runs() {
     assert_eq!(value["requests"].as_array().unwrap().len(), 4);
 }
 
+/// `--schedule exegpt`: a saved RRA plan (`--plan`) and one planned at start-up
+/// (`--latency-bound-s` with `--profile-json`) run on the paged engine with the same greedy
+/// outputs as FCFS; WAA or multi-device plans, unreadable files, missing flags, other engines and
+/// an unreachable bound are errors that say what to do.
+#[test]
+fn exegpt_schedule_flags_and_errors() {
+    use burn_llm::paged::SchedulingPolicy;
+    use burn_llm::parallel::plan::schedule::{plan, ScheduleInput, ScheduleOutput, Strategy};
+
+    let inputs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("burn-parallel/inputs");
+    let input: ScheduleInput = serde_json::from_str(&std::fs::read_to_string(inputs.join("schedule.json")).unwrap()).unwrap();
+    let rra = plan(&input).unwrap();
+    assert_eq!((rra.strategy, rra.decode_devices), (Strategy::Rra, 1), "the sample input plans RRA on one device");
+    let expected = SchedulingPolicy::Phased {
+        encode_batch: rra.encode_batch,
+        decode_batch: rra.decode_batch,
+        decode_iterations: rra.decode_iterations.unwrap(),
+    };
+    assert_eq!(burn_llm::schedule::phased_policy(&rra).unwrap(), expected);
+
+    let scratch = std::env::temp_dir().join(format!("burn-llm-cli-exegpt-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let write = |name: &str, text: String| {
+        let path = scratch.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let save = |name: &str, plan: ScheduleOutput| write(name, serde_json::to_string_pretty(&plan).unwrap());
+    let rra_file = save("rra.json", rra.clone());
+    let waa_file = save("waa.json", ScheduleOutput { strategy: Strategy::WaaC, ..rra.clone() });
+    let wide_file = save("wide.json", ScheduleOutput { encode_devices: 2, decode_devices: 2, pipeline_stages: 2, ..rra.clone() });
+    let zero_file = save("zero.json", ScheduleOutput { decode_iterations: Some(0), ..rra.clone() });
+    let bad_file = write("bad.json", "{\"strategy\": \"rra\"}".into());
+    let profile = inputs.join("profile.json");
+    let profile = profile.to_str().unwrap();
+
+    let dir = fixture("gpt2");
+    let common = [
+        "--model", dir.to_str().unwrap(), "--device", "flex", "--kv-cache-memory", "blocks:64", "--block-size", "4", "--prompt", "GNU",
+        "--prompt", "The", "--prompt-ids", "2,50,7,9,11", "--max-new-tokens", "5", "--ignore-eos",
+    ];
+    let run_with = |extra: &[&str]| {
+        let mut argv: Vec<&str> = common.to_vec();
+        argv.extend_from_slice(extra);
+        let (mut out, mut log) = (Vec::new(), Vec::new());
+        burn_llm::cli::run_with(&args(&argv), DEFAULTS, &mut out, &mut log)
+            .map(|()| (String::from_utf8(out).unwrap(), String::from_utf8(log).unwrap()))
+            .map_err(|e| e.to_string())
+    };
+    let generated = |json: &str| -> Vec<serde_json::Value> {
+        let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+        value["requests"].as_array().unwrap().iter().map(|r| r["generated_ids"].clone()).collect()
+    };
+    let (fcfs, _) = run_with(&["--engine", "paged", "--json"]).unwrap();
+    let (phased, _) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file, "--json"]).unwrap();
+    assert_eq!(generated(&phased), generated(&fcfs), "a saved plan");
+    let (planned, _) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "60", "--profile-json", profile, "--json"]).unwrap();
+    assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up");
+    let (_, log) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file]).unwrap();
+    assert!(log.contains("ExeGPT RRA schedule"), "the text run names its schedule: {log}");
+
+    let fails = |extra: &[&str], needle: &str| {
+        let err = run_with(extra).unwrap_err();
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    };
+    fails(&["--engine", "paged", "--schedule", "exegpt", "--plan", &waa_file], "RRA");
+    fails(&["--engine", "paged", "--schedule", "exegpt", "--plan", &wide_file], "one device");
+    fails(&["--engine", "paged", "--schedule", "exegpt", "--plan", &zero_file], "decode_iterations");
+    fails(&["--engine", "paged", "--schedule", "exegpt", "--plan", &bad_file], "is not an ExeGPT plan");
+    fails(&["--engine", "paged", "--schedule", "exegpt", "--plan", "/no/such/plan.json"], "/no/such/plan.json");
+    fails(&["--engine", "paged", "--schedule", "exegpt"], "--plan FILE.json");
+    fails(&["--engine", "paged", "--plan", &rra_file], "--schedule exegpt");
+    fails(&["--engine", "plain", "--schedule", "exegpt", "--plan", &rra_file], "--engine paged");
+    fails(&["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "1e-6", "--profile-json", profile], "lowest reachable latency");
+    fails(&["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "60", "--profile-json", &bad_file], "is not a planner cost profile");
+    assert!(GenerateArgs::try_parse_from(["x", "--latency-bound-s", "5"]).is_err(), "needs --profile-json");
+    assert!(GenerateArgs::try_parse_from(["x", "--plan", "p.json", "--latency-bound-s", "5", "--profile-json", "f.json"]).is_err());
+    assert!(GenerateArgs::try_parse_from(["x", "--schedule", "fifo"]).is_err());
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
 /// `--engine offload` (and `flexgen_generate`'s flags): an explicit `--percent` policy and the
 /// searched one run on a fixture; bad flags are errors.
 #[test]

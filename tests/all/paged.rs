@@ -1,12 +1,13 @@
 //! The paged engine (`burn-paged`) against plain generation and HF: greedy parity with many
-//! concurrent requests, under forced preemption by swap and by recomputation, prefix caching,
+//! concurrent requests, under forced preemption by swap and by recomputation, with FCFS and with
+//! ExeGPT's phased schedule, prefix caching,
 //! beam search against HF, parallel sampling, and a stress run that must lose no request and
 //! leak no block.
 
 use burn::tensor::Device;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Location;
-use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, SchedulingPolicy};
 use burn_llm::BeamSearchParams;
 use burn_llm::Generator;
 
@@ -52,6 +53,22 @@ fn prompt_len(p: &Prompt) -> usize {
 /// preempted by swapping and by recomputation; block accounting returns to empty.
 #[test]
 fn greedy_equals_plain_generation_with_and_without_preemption() {
+    assert_greedy_parity(|cfg| cfg);
+}
+
+/// The same parity under ExeGPT's phased (RRA) schedule: prefills of 3 requests, then 4 decode
+/// iterations over at most 5 sequences, with and without forced preemption.
+#[test]
+fn phased_schedule_greedy_equals_plain_generation() {
+    let scheduling = SchedulingPolicy::Phased { encode_batch: 3, decode_batch: 5, decode_iterations: 4 };
+    assert_greedy_parity(|cfg| EngineConfig { scheduling, ..cfg });
+}
+
+/// Runs [`mixed_prompts`] greedily on every fixture and device through the paged engine with each
+/// pool (roomy, tight with swapping, tight with recomputation) after `adapt` sets the rest of
+/// its configuration, and asserts the outputs equal plain generation's, that the tight pools
+/// preempted the way they say, that requests were batched, and that no block leaked.
+fn assert_greedy_parity(adapt: impl Fn(EngineConfig) -> EngineConfig) {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(14) };
     for (device_name, device) in devices() {
         for name in FIXTURES {
@@ -69,18 +86,20 @@ fn greedy_equals_plain_generation_with_and_without_preemption() {
                 ("swap", config(tight, 4, PreemptionMode::Swap)),
                 ("recompute", config(tight, 4, PreemptionMode::Recompute)),
             ] {
+                let cfg = adapt(cfg);
+                let what = format!("{name} on {device_name}, {label} pool, {:?}", cfg.scheduling);
                 let mut engine = engine(name, &device, cfg);
                 let out = engine.generate(&prompts, &params).unwrap();
                 let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
-                assert_eq!(got, expected, "{name} on {device_name}, {label} pool");
+                assert_eq!(got, expected, "{what}");
                 let stats = engine.stats();
                 match label {
-                    "swap" => assert!(stats.swaps > 0, "{name} {label}: no swap happened"),
-                    "recompute" => assert!(stats.recomputes > 0, "{name} {label}: no recomputation happened"),
-                    _ => assert_eq!(stats.swaps + stats.recomputes, 0),
+                    "swap" => assert!(stats.swaps > 0, "{what}: no swap happened"),
+                    "recompute" => assert!(stats.recomputes > 0, "{what}: no recomputation happened"),
+                    _ => assert_eq!(stats.swaps + stats.recomputes, 0, "{what}"),
                 }
-                assert!(stats.average_batch() > 1.5, "{name} {label}: batching ({})", stats.average_batch());
-                assert!(engine.block_manager().all_blocks_free(), "{name} {label}: blocks leaked");
+                assert!(stats.average_batch() > 1.5, "{what}: batching ({})", stats.average_batch());
+                assert!(engine.block_manager().all_blocks_free(), "{what}: blocks leaked");
             }
         }
     }

@@ -1,7 +1,10 @@
 //! Engine configuration: the KV-cache memory budget and the scheduler's limits.
 
+use burn_llm_models::CausalLm;
+
+use crate::cache::PagedKvCache;
 use crate::error::{PagedError, Result};
-use crate::scheduler::PreemptionMode;
+use crate::scheduler::{PreemptionMode, SchedulingPolicy};
 
 /// How much memory the device KV-cache pool gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,6 +70,9 @@ pub struct EngineConfig {
     pub preemption: PreemptionMode,
     /// Reuse the KV of full blocks whose tokens (and everything before them) were seen before.
     pub enable_prefix_caching: bool,
+    /// Which steps prefill and which decode: FCFS (vLLM, the default) or ExeGPT's phased RRA
+    /// schedule.
+    pub scheduling: SchedulingPolicy,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +85,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: None,
             preemption: PreemptionMode::Auto,
             enable_prefix_caching: true,
+            scheduling: SchedulingPolicy::Fcfs,
         }
     }
 }
@@ -102,6 +109,15 @@ impl EngineConfig {
             }
         };
         Ok(((budget / block_bytes.max(1) as u64) as usize, budget))
+    }
+
+    /// Device blocks (and the budget in bytes) the budget buys for `model`'s KV cache on its
+    /// device: what an engine built with this configuration will hold (before it checks that one
+    /// full-length sequence fits).
+    pub fn device_blocks_for(&self, model: &CausalLm) -> Result<(usize, u64)> {
+        let block_bytes = PagedKvCache::block_bytes(&model.kv_layout(), self.block_size);
+        let on_cpu = burn_llm_models::device::is_host_device(&model.device());
+        self.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)
     }
 
     /// Host blocks of swap space.

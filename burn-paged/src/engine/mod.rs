@@ -131,10 +131,10 @@ impl LlmEngine {
         if config.block_size == 0 || config.max_num_seqs == 0 {
             return Err(PagedError::Config("block_size and max_num_seqs must be at least 1".into()));
         }
+        config.scheduling.validate().map_err(PagedError::Config)?;
         let block_bytes = PagedKvCache::block_bytes(&layout, config.block_size);
         let device = model.device();
-        let on_cpu = burn_llm_models::device::is_host_device(&device);
-        let (device_blocks, budget) = config.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)?;
+        let (device_blocks, budget) = config.device_blocks_for(&model)?;
         let needed = spec.max_positions.div_ceil(config.block_size);
         // A byte budget must hold one sequence of full context length (as vLLM requires); an
         // explicit block count is taken as given (tiny pools force preemption in tests).
@@ -162,6 +162,7 @@ impl LlmEngine {
             preemption: config.preemption,
             cost: default_cost(block_bytes, &model),
             watermark_blocks: device_blocks / 100,
+            scheduling: config.scheduling,
         });
         let cache = PagedKvCache::new(layout, config.block_size, device_blocks, host_blocks, &device);
         Ok(Self {

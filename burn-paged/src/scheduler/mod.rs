@@ -13,12 +13,21 @@
 //!    `max_num_batched_tokens` and the free blocks (keeping a small watermark free so a new prompt
 //!    does not cause an immediate preemption).
 //!
-//! Prompts and decodes share a step; the scheduler never touches tensors: it returns the tokens
-//! to compute with their slots, and the block copies the engine must perform before the forward
-//! pass.
+//! Prompts and decodes share a step under the default [`SchedulingPolicy::Fcfs`].
+//! [`SchedulingPolicy::Phased`] (ExeGPT's RRA schedule) separates them instead: a prefill step
+//! admits waiting groups (step 3 alone, within `encode_batch` groups and without taking the blocks
+//! the running groups need next), then `decode_iterations` steps run steps 1 and 2 alone, within
+//! `decode_batch` sequences.
+//!
+//! The scheduler never touches tensors: it returns the tokens to compute with their slots, and
+//! the block copies the engine must perform before the forward pass.
 
+mod policy;
 #[cfg(test)]
 mod tests;
+
+pub use policy::SchedulingPolicy;
+use policy::Admission;
 
 use std::collections::{HashMap, VecDeque};
 
@@ -77,6 +86,8 @@ pub struct SchedulerConfig {
     pub cost: PreemptionCost,
     /// Device blocks kept free when admitting prompts (vLLM keeps 1%).
     pub watermark_blocks: usize,
+    /// Which steps prefill and which decode.
+    pub scheduling: SchedulingPolicy,
 }
 
 /// One sequence (a sample or beam candidate) of a group.
@@ -209,6 +220,8 @@ pub struct Scheduler<T> {
     waiting: VecDeque<GroupId>,
     running: Vec<GroupId>,
     swapped: VecDeque<GroupId>,
+    /// Decode steps since the last prefill step ([`SchedulingPolicy::Phased`]).
+    decodes_since_prefill: usize,
 }
 
 impl<T> Scheduler<T> {
@@ -220,6 +233,7 @@ impl<T> Scheduler<T> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             swapped: VecDeque::new(),
+            decodes_since_prefill: usize::MAX,
         }
     }
 
@@ -275,14 +289,53 @@ impl<T> Scheduler<T> {
 
     /// Plans one step (see the module docs) and reserves its blocks.
     pub fn schedule(&mut self, blocks: &mut BlockManager) -> SchedulerOutput {
+        match self.config.scheduling {
+            SchedulingPolicy::Fcfs => self.schedule_fcfs(blocks),
+            SchedulingPolicy::Phased { encode_batch, decode_batch, decode_iterations } => {
+                self.schedule_phased(blocks, encode_batch, decode_batch, decode_iterations)
+            }
+        }
+    }
+
+    /// One FCFS step: running groups, then swapped ones, then waiting ones.
+    fn schedule_fcfs(&mut self, blocks: &mut BlockManager) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut token_budget = self.config.max_num_batched_tokens;
+        let seats = self.config.max_num_seqs;
         self.schedule_running(blocks, &mut out, &mut token_budget);
         if out.preempted.is_empty() {
-            self.schedule_swapped(blocks, &mut out, &mut token_budget);
+            self.schedule_swapped(blocks, &mut out, &mut token_budget, seats);
         }
         if out.preempted.is_empty() && self.swapped.is_empty() {
-            self.schedule_waiting(blocks, &mut out, &mut token_budget);
+            self.schedule_waiting(blocks, &mut out, &mut token_budget, Admission::fcfs(seats));
+        }
+        out
+    }
+
+    /// One step of ExeGPT's RRA schedule: a prefill step when one is due (after
+    /// `decode_iterations` decode steps, or when nothing runs) and it admits something; otherwise
+    /// a decode step over the running groups (and swapped ones coming back).
+    fn schedule_phased(&mut self, blocks: &mut BlockManager, encode_batch: usize, decode_batch: usize, decode_iterations: usize) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut token_budget = self.config.max_num_batched_tokens;
+        let seats = self.config.max_num_seqs.min(decode_batch);
+        let due = self.running.is_empty() || self.decodes_since_prefill >= decode_iterations;
+        if due && self.swapped.is_empty() {
+            // The prompts must not take the blocks the running groups need for their next decode.
+            let reserved_blocks = self.running.iter().map(|&g| self.blocks_to_append(g, blocks)).sum();
+            let admission = Admission { seats, groups: encode_batch, reserved_blocks };
+            self.schedule_waiting(blocks, &mut out, &mut token_budget, admission);
+            if !out.seqs.is_empty() {
+                self.decodes_since_prefill = 0;
+                return out;
+            }
+        }
+        self.schedule_running(blocks, &mut out, &mut token_budget);
+        if out.preempted.is_empty() {
+            self.schedule_swapped(blocks, &mut out, &mut token_budget, seats);
+        }
+        if !out.seqs.is_empty() {
+            self.decodes_since_prefill = self.decodes_since_prefill.saturating_add(1);
         }
         out
     }
@@ -320,7 +373,7 @@ impl<T> Scheduler<T> {
         self.running = kept;
     }
 
-    fn schedule_swapped(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize) {
+    fn schedule_swapped(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize, seats: usize) {
         while let Some(&id) = self.swapped.front() {
             let group = &self.groups[&id];
             let seqs = group.seq_ids();
@@ -336,7 +389,7 @@ impl<T> Scheduler<T> {
             let fits = blocks.can_swap_in(&seqs)
                 && table_blocks + growth <= blocks.num_free_blocks(Location::Device)
                 && tokens <= *budget
-                && seats_used + group.seats() <= self.config.max_num_seqs;
+                && seats_used + group.seats() <= seats;
             if !fits {
                 break;
             }
@@ -355,9 +408,13 @@ impl<T> Scheduler<T> {
         }
     }
 
-    fn schedule_waiting(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize) {
+    fn schedule_waiting(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize, limits: Admission) {
         let total = blocks.total_blocks(Location::Device);
+        let mut admitted = 0;
         while let Some(&id) = self.waiting.front() {
+            if admitted == limits.groups {
+                break;
+            }
             let group = &self.groups[&id];
             let per_seq: Vec<usize> = group.seqs.iter().map(|s| blocks.blocks_needed_for_prompt(s.pending())).collect();
             let needed: usize = per_seq.iter().sum();
@@ -373,9 +430,9 @@ impl<T> Scheduler<T> {
             let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
             let free = blocks.num_free_blocks(Location::Device);
             let watermark = if self.running.is_empty() { 0 } else { self.config.watermark_blocks };
-            if needed + watermark > free
+            if needed + watermark + limits.reserved_blocks > free
                 || tokens > *budget
-                || (seats_used + group.seats() > self.config.max_num_seqs && !self.running.is_empty())
+                || (seats_used + group.seats() > limits.seats && !self.running.is_empty())
             {
                 break;
             }
@@ -389,6 +446,7 @@ impl<T> Scheduler<T> {
             }
             *budget -= tokens;
             self.running.push(id);
+            admitted += 1;
         }
     }
 

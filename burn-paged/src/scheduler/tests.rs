@@ -14,6 +14,7 @@ fn config(max_num_seqs: usize, preemption: PreemptionMode) -> SchedulerConfig {
         preemption,
         cost: PreemptionCost { swap_s_per_block: 1.0, recompute_s_per_token: 1.0 },
         watermark_blocks: 0,
+        scheduling: SchedulingPolicy::Fcfs,
     }
 }
 
@@ -152,41 +153,164 @@ fn impossible_prompts_are_rejected() {
 #[test]
 fn stress_no_request_lost_no_block_leaked() {
     for mode in [PreemptionMode::Swap, PreemptionMode::Recompute, PreemptionMode::Auto] {
-        let mut blocks = manager(12, 12);
-        let mut s = Scheduler::new(config(6, mode));
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        let total = 200;
-        let mut added = 0;
-        let mut finished = 0;
-        let mut preemptions = 0;
-        for _ in 0..100_000 {
-            if added < total && next() % 3 == 0 {
-                added += 1;
-                s.add(group(added, 1 + (next() % 20) as usize, 1 + (next() % 20) as usize));
-            }
-            let out = s.schedule(&mut blocks);
-            preemptions += out.preempted.len();
-            for x in &out.seqs {
-                let g = s.group(x.group).unwrap();
-                let seq = g.seqs.iter().find(|q| q.id == x.seq).unwrap();
-                assert_eq!(x.start + x.tokens.len(), seq.tokens.len());
-                assert_eq!(&seq.tokens[x.start..], x.tokens.as_slice());
-            }
-            finished += advance(&mut s, &out, &mut blocks).len() + out.rejected.len();
-            s.check_consistency(&blocks).unwrap();
-            if finished == total as usize {
-                break;
-            }
-        }
-        assert_eq!(finished, total as usize, "{mode:?}: requests lost");
-        assert!(preemptions > 10, "{mode:?}: the pool should force preemption ({preemptions})");
-        assert!(s.is_empty());
-        assert!(blocks.all_blocks_free(), "{mode:?}: blocks leaked");
+        stress(config(6, mode), |_, _| {});
     }
+}
+
+/// Runs 200 random groups through a pool of 12 device and 12 host blocks under `config`, calling
+/// `check(scheduler, output)` after every step, and asserts that every group finishes, that
+/// every scheduled token is the sequence's next, that preemption happened, and that no block
+/// leaks.
+fn stress(config: SchedulerConfig, mut check: impl FnMut(&Scheduler<Left>, &SchedulerOutput)) {
+    let mode = config.preemption;
+    let mut blocks = manager(12, 12);
+    let mut s = Scheduler::new(config);
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let total = 200;
+    let mut added = 0;
+    let mut finished = 0;
+    let mut preemptions = 0;
+    for _ in 0..100_000 {
+        if added < total && next() % 3 == 0 {
+            added += 1;
+            s.add(group(added, 1 + (next() % 20) as usize, 1 + (next() % 20) as usize));
+        }
+        let out = s.schedule(&mut blocks);
+        preemptions += out.preempted.len();
+        for x in &out.seqs {
+            let g = s.group(x.group).unwrap();
+            let seq = g.seqs.iter().find(|q| q.id == x.seq).unwrap();
+            assert_eq!(x.start + x.tokens.len(), seq.tokens.len());
+            assert_eq!(&seq.tokens[x.start..], x.tokens.as_slice());
+        }
+        check(&s, &out);
+        finished += advance(&mut s, &out, &mut blocks).len() + out.rejected.len();
+        s.check_consistency(&blocks).unwrap();
+        if finished == total as usize {
+            break;
+        }
+    }
+    assert_eq!(finished, total as usize, "{mode:?}: requests lost");
+    assert!(preemptions > 10, "{mode:?}: the pool should force preemption ({preemptions})");
+    assert!(s.is_empty());
+    assert!(blocks.all_blocks_free(), "{mode:?}: blocks leaked");
+}
+
+fn phased(encode_batch: usize, decode_batch: usize, decode_iterations: usize, base: SchedulerConfig) -> SchedulerConfig {
+    SchedulerConfig { scheduling: SchedulingPolicy::Phased { encode_batch, decode_batch, decode_iterations }, ..base }
+}
+
+/// What one step computed: `P[groups]` (prompts only), `D[groups]` (decodes only), `-` (nothing)
+/// or `mixed`. Without prefix caching a prompt (or a recomputation) starts at position 0 and a
+/// decode never does.
+fn kind(out: &SchedulerOutput) -> String {
+    let groups = |prefill: bool| -> Vec<GroupId> { out.seqs.iter().filter(|x| (x.start == 0) == prefill).map(|x| x.group).collect() };
+    match (groups(true), groups(false)) {
+        (p, d) if p.is_empty() && d.is_empty() => "-".into(),
+        (p, d) if d.is_empty() => format!("P{p:?}"),
+        (p, d) if p.is_empty() => format!("D{d:?}"),
+        _ => "mixed".into(),
+    }
+}
+
+#[test]
+fn fcfs_is_the_default_and_mixes_prompts_with_decodes() {
+    assert_eq!(SchedulingPolicy::default(), SchedulingPolicy::Fcfs);
+    assert_eq!(crate::EngineConfig::default().scheduling, SchedulingPolicy::Fcfs);
+    let mut blocks = manager(64, 0);
+    let mut s = Scheduler::new(config(8, PreemptionMode::Recompute));
+    s.add(group(1, 5, 3));
+    let out = s.schedule(&mut blocks);
+    advance(&mut s, &out, &mut blocks);
+    s.add(group(2, 5, 3));
+    s.add(group(3, 5, 3));
+    let out = s.schedule(&mut blocks);
+    assert_eq!(kind(&out), "mixed", "FCFS decodes 1 and prefills 2 and 3 in one step");
+    assert_eq!(out.seqs.iter().map(|x| x.group).collect::<Vec<_>>(), vec![1, 2, 3]);
+}
+
+/// ExeGPT's RRA pattern: a prefill of at most `B_E` requests, then `N_D` decode steps over at
+/// most `B_D` sequences, repeated; a due prefill that has no seat decodes instead.
+#[test]
+fn phased_schedule_alternates_prefill_and_decode_phases() {
+    let mut blocks = manager(64, 0);
+    let mut s = Scheduler::new(phased(2, 3, 2, config(8, PreemptionMode::Recompute)));
+    s.add(group(1, 5, 3));
+    for id in 2..=6 {
+        s.add(group(id, 5, 8));
+    }
+    let mut steps = Vec::new();
+    while !s.is_empty() {
+        let out = s.schedule(&mut blocks);
+        steps.push(kind(&out));
+        advance(&mut s, &out, &mut blocks);
+        assert!(steps.len() < 100, "the schedule stalls: {steps:?}");
+    }
+    let expected = [
+        "P[1, 2]", "D[1, 2]", "D[1, 2]", // B_E = 2, then N_D = 2 decodes; 1 finishes
+        "P[3, 4]", "D[2, 3, 4]", "D[2, 3, 4]", // two free seats: B_E = 2 more, B_D = 3 reached
+        "D[2, 3, 4]", "D[2, 3, 4]", "D[2, 3, 4]", // prefills due, but no seat: 2 finishes
+        "P[5]", "D[3, 4, 5]", "D[3, 4, 5]", // 3 and 4 finish
+        "P[6]", "D[5, 6]", "D[5, 6]",
+    ];
+    assert_eq!(steps[..expected.len()], expected, "{steps:?}");
+    assert!(steps[expected.len()..].iter().all(|k| k.starts_with('D')), "{steps:?}");
+    assert!(blocks.all_blocks_free());
+}
+
+/// A prefill does not take the block a running group needs for its next decode (which would get
+/// the new group preempted right away): the prompt waits, the running group decodes.
+#[test]
+fn phased_prefill_leaves_the_running_groups_next_blocks() {
+    // 4 blocks of 4 slots: group 1 (prompt 8) fills 3 blocks after 4 decodes and its 13th token
+    // needs the last block, which group 2's prompt would take.
+    let mut blocks = manager(4, 0);
+    let mut s = Scheduler::new(phased(1, 4, 4, config(8, PreemptionMode::Recompute)));
+    s.add(group(1, 8, 20));
+    s.add(group(2, 4, 2));
+    let mut steps = Vec::new();
+    for _ in 0..6 {
+        let out = s.schedule(&mut blocks);
+        assert!(out.preempted.is_empty());
+        steps.push(kind(&out));
+        advance(&mut s, &out, &mut blocks);
+    }
+    assert_eq!(steps, ["P[1]", "D[1]", "D[1]", "D[1]", "D[1]", "D[1]"]);
+    assert_eq!(s.queue_lengths(), (1, 1, 0), "group 2 still waits");
+}
+
+/// Under a pool that forces preemption, the phased schedule keeps its shape (no step mixes
+/// prompts and decodes, at most `B_E` prompts per step, at most `B_D` sequences running) and, like
+/// FCFS, loses no request and leaks no block.
+#[test]
+fn phased_schedule_under_preemption_loses_nothing() {
+    for mode in [PreemptionMode::Swap, PreemptionMode::Recompute, PreemptionMode::Auto] {
+        for (encode_batch, decode_batch, decode_iterations) in [(2, 4, 3), (1, 6, 1), (4, 4, 8)] {
+            stress(phased(encode_batch, decode_batch, decode_iterations, config(6, mode)), |s, out| {
+                let k = kind(out);
+                assert_ne!(k, "mixed", "{mode:?}: a step mixed prompts and decodes");
+                if k.starts_with('P') {
+                    let mut groups: Vec<GroupId> = out.seqs.iter().map(|x| x.group).collect();
+                    groups.dedup();
+                    assert!(groups.len() <= encode_batch, "{k}: more than B_E = {encode_batch}");
+                }
+                let (_, running, _) = s.queue_lengths();
+                assert!(running <= decode_batch.min(6), "{running} running, more than B_D = {decode_batch}");
+            });
+        }
+    }
+}
+
+#[test]
+fn phased_schedule_with_a_zero_is_invalid() {
+    let ok = SchedulingPolicy::Phased { encode_batch: 1, decode_batch: 1, decode_iterations: 1 };
+    assert_eq!(ok.validate(), Ok(()));
+    let err = SchedulingPolicy::Phased { encode_batch: 4, decode_batch: 8, decode_iterations: 0 }.validate().unwrap_err();
+    assert!(err.contains("decode_iterations"), "{err}");
 }

@@ -1,0 +1,231 @@
+//! ExeGPT plans in the paged engine: turns the planner's output ([`ScheduleOutput`], from
+//! `cargo run --example plan -- schedule` or planned here at start-up) into the paged engine's
+//! [`SchedulingPolicy::Phased`]. The paged engine knows only the schedule's shape; this facade
+//! knows the planner.
+//!
+//! Only ExeGPT's RRA strategy on one device maps onto the engine: prefill `B_E` requests, decode
+//! `N_D` iterations over at most `B_D` sequences, repeat (ExeGPT §4.1). WAA needs separate
+//! encoding and decoding devices, and pipeline or tensor parallelism more than one device.
+
+use std::path::{Path, PathBuf};
+
+use burn_llm_models::generation::prepare_prompt;
+use burn_llm_models::{ModelError, Pretrained, Prompt};
+use burn_paged::{EngineConfig, PagedError, SchedulingPolicy};
+use burn_parallel::plan::profile::Profile;
+use burn_parallel::plan::schedule::{
+    self, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy,
+};
+
+/// Why an ExeGPT plan cannot run in the paged engine.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A file cannot be read.
+    #[error("cannot read {what} {path}: {source}")]
+    Read {
+        /// What the file should hold.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file is not the JSON expected.
+    #[error("{path} is not {what}: {source}")]
+    Parse {
+        /// What the file should hold.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// The plan is a WAA plan.
+    #[error(
+        "the plan uses ExeGPT's {strategy:?} strategy; the paged engine runs only RRA on one device: plan with `\"strategies\": [\"rra\"]` and `\"devices\": 1`"
+    )]
+    NotRra {
+        /// The plan's strategy.
+        strategy: Strategy,
+    },
+    /// The plan needs more than one device.
+    #[error(
+        "the plan runs on {devices} devices ({stages} pipeline stages, tensor-parallel degree {degree}); the paged engine runs on one device: plan with `\"devices\": 1`"
+    )]
+    NotOneDevice {
+        /// Devices it uses.
+        devices: usize,
+        /// Its pipeline stages.
+        stages: usize,
+        /// Its tensor-parallel degree.
+        degree: usize,
+    },
+    /// The plan's batch sizes or `N_D` cannot run.
+    #[error("the plan cannot run: {0}")]
+    Invalid(String),
+    /// The planner found no schedule (bad profile, infeasible bound, ...).
+    #[error("ExeGPT planner: {0}")]
+    Planner(#[from] ScheduleError),
+    /// A prompt cannot be tokenized for the workload.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The KV-cache budget cannot be sized for the planner's memory.
+    #[error(transparent)]
+    Paged(#[from] PagedError),
+}
+
+/// The phased schedule an RRA plan on one device describes.
+pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanError> {
+    if plan.strategy != Strategy::Rra {
+        return Err(PlanError::NotRra {
+            strategy: plan.strategy,
+        });
+    }
+    let devices = plan.encode_devices.max(plan.decode_devices);
+    if devices != 1 || plan.pipeline_stages != 1 || plan.tensor_parallel_degree != 1 {
+        return Err(PlanError::NotOneDevice {
+            devices,
+            stages: plan.pipeline_stages,
+            degree: plan.tensor_parallel_degree,
+        });
+    }
+    let decode_iterations = plan.decode_iterations.ok_or_else(|| {
+        PlanError::Invalid("an RRA plan needs `decode_iterations` (N_D); re-run the planner".into())
+    })?;
+    let policy = SchedulingPolicy::Phased {
+        encode_batch: plan.encode_batch,
+        decode_batch: plan.decode_batch,
+        decode_iterations,
+    };
+    policy.validate().map_err(PlanError::Invalid)?;
+    Ok(policy)
+}
+
+/// Reads a saved planner output (`cargo run --example plan -- schedule --input … > FILE.json`).
+pub fn read_plan(path: &Path) -> Result<ScheduleOutput, PlanError> {
+    read_json(
+        path,
+        "an ExeGPT plan (the JSON output of `cargo run --example plan -- schedule`)",
+    )
+}
+
+/// Reads a planner cost profile (format: [`burn_parallel::plan::profile`]).
+pub fn read_profile(path: &Path) -> Result<Profile, PlanError> {
+    read_json(
+        path,
+        "a planner cost profile (see burn-parallel/src/plan/profile.rs)",
+    )
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &'static str,
+) -> Result<T, PlanError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| PlanError::Parse {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The workload and the device an RRA plan is made for at start-up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// Token length of every prompt.
+    pub prompt_lens: Vec<usize>,
+    /// Tokens generated per prompt at most (every output is taken to be this long).
+    pub max_new_tokens: usize,
+    /// Tokens the engine's KV-cache pool holds.
+    pub kv_tokens: usize,
+    /// Largest encode batch searched (the engine's `max_num_seqs`).
+    pub max_encode_batch: usize,
+}
+
+impl Workload {
+    /// The workload of generating up to `max_new_tokens` tokens for each of `prompts` with
+    /// `model` on a paged engine configured by `config`.
+    pub fn new(
+        model: &Pretrained,
+        config: &EngineConfig,
+        prompts: &[Prompt],
+        max_new_tokens: usize,
+    ) -> Result<Self, PlanError> {
+        let spec = model.model.spec();
+        let prompt_lens = prompts
+            .iter()
+            .map(|p| {
+                prepare_prompt(
+                    0,
+                    p,
+                    Some(&model.tokenizer),
+                    spec.vocab_size,
+                    spec.max_positions,
+                )
+                .map(|(_, ids)| ids.len())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (blocks, _) = config.device_blocks_for(&model.model)?;
+        Ok(Self {
+            prompt_lens,
+            max_new_tokens,
+            kv_tokens: blocks * config.block_size,
+            max_encode_batch: config.max_num_seqs,
+        })
+    }
+}
+
+/// Plans ExeGPT's RRA schedule on one device for `workload` under `latency_bound_s`, with the
+/// costs of `profile`. The device's memory is the profile's weights plus `kv_tokens` tokens of KV
+/// cache (the engine's pool, in the profile's bytes per token), so the planner's memory check is
+/// the pool's.
+pub fn plan_rra(
+    profile: Profile,
+    workload: &Workload,
+    latency_bound_s: f64,
+) -> Result<ScheduleOutput, PlanError> {
+    if workload.prompt_lens.is_empty() || workload.max_new_tokens == 0 {
+        return Err(PlanError::Invalid(
+            "planning needs at least one prompt and --max-new-tokens ≥ 1".into(),
+        ));
+    }
+    let weights = (profile.layers as u64)
+        .saturating_mul(profile.weight_bytes_per_layer)
+        .saturating_add(profile.embedding.weight_bytes)
+        .saturating_add(profile.lm_head.weight_bytes);
+    let kv = (workload.kv_tokens as u64)
+        .saturating_mul(profile.kv_bytes_per_token_per_layer)
+        .saturating_mul(profile.layers as u64);
+    let input = ScheduleInput {
+        profile,
+        input_lengths: LengthDistribution::Trace(workload.prompt_lens.clone()),
+        output_lengths: LengthDistribution::Trace(vec![workload.max_new_tokens]),
+        devices: 1,
+        device_memory_bytes: weights.saturating_add(kv),
+        latency_bound_s,
+        strategies: Some(vec![Strategy::Rra]),
+        max_encode_batch: Some(workload.max_encode_batch),
+        max_decode_iterations: None,
+        latency_percentile: None,
+        exhaustive: false,
+    };
+    Ok(schedule::plan(&input)?)
+}
+
+/// One line describing a plan: the schedule and what the planner predicts.
+pub fn describe(plan: &ScheduleOutput) -> String {
+    format!(
+        "ExeGPT RRA schedule: prefill B_E = {}, then N_D = {} decode iterations at B_D ≤ {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
+        plan.encode_batch,
+        plan.decode_iterations.unwrap_or(0),
+        plan.decode_batch,
+        plan.throughput_qps,
+        plan.latency_percentile,
+        plan.latency_s,
+        plan.latency_bound_s
+    )
+}
