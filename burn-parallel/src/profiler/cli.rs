@@ -24,7 +24,11 @@ use crate::plan::cli::{error, parse_args};
 )]
 struct Args {
     /// A model directory (`config.json`) or a `.gguf` file; only its shape is used (random weights).
-    #[arg(long, conflicts_with = "synthetic", required_unless_present = "synthetic")]
+    #[arg(
+        long,
+        conflicts_with = "synthetic",
+        required_unless_present = "synthetic"
+    )]
     model: Option<PathBuf>,
     /// A built-in model shape instead of `--model`: smollm2-135m, opt-125m or gpt2.
     #[arg(long)]
@@ -109,7 +113,8 @@ fn dispatch(
         GridChoice::Full => ProfileGrid::full(),
     };
     let started = Instant::now();
-    let mut profile = profile(&spec, &burn_device, &grid, !args.quiet).map_err(|e| e.to_string())?;
+    let mut profile =
+        profile(&spec, &burn_device, &grid, !args.quiet).map_err(|e| e.to_string())?;
     let seconds = started.elapsed().as_secs_f64();
     profile.model = Some(model_name.clone());
     profile.device = Some(args.device.clone());
@@ -133,7 +138,10 @@ fn model_spec(args: &Args) -> Result<(DecoderSpec, String), String> {
         let config = synthetic(name).ok_or_else(|| {
             format!("unknown synthetic model `{name}`: use smollm2-135m, opt-125m or gpt2")
         })?;
-        let label = format!("synthetic:{}", name.strip_prefix("synthetic:").unwrap_or(name));
+        let label = format!(
+            "synthetic:{}",
+            name.strip_prefix("synthetic:").unwrap_or(name)
+        );
         let spec = DecoderSpec::from_json(&config.to_string(), Path::new(&label))
             .map_err(|e| e.to_string())?;
         return Ok((spec, label));
@@ -156,8 +164,9 @@ fn model_spec(args: &Args) -> Result<(DecoderSpec, String), String> {
         ));
     }
     .map_err(|e| e.to_string())?;
-    let name = path
-        .file_stem()
-        .map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().into_owned());
+    let name = path.file_stem().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
     Ok((spec, name))
 }

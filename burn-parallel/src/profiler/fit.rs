@@ -59,7 +59,12 @@ pub fn context_overhead(samples: &[ContextSample]) -> [f64; 4] {
 
 /// Unconstrained least squares over the columns `free` (scaled by `scale`), by the normal
 /// equations; `None` when they are singular (too few distinct samples for those columns).
-fn least_squares(rows: &[[f64; 4]], ys: &[f64], free: &[usize], scale: &[f64; 4]) -> Option<Vec<f64>> {
+fn least_squares(
+    rows: &[[f64; 4]],
+    ys: &[f64],
+    free: &[usize],
+    scale: &[f64; 4],
+) -> Option<Vec<f64>> {
     let n = free.len();
     let mut m = vec![vec![0.0; n + 1]; n];
     for (r, y) in rows.iter().zip(ys) {
@@ -84,10 +89,12 @@ fn solve(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
             return None;
         }
         m.swap(col, pivot);
-        for row in col + 1..n {
-            let f = m[row][col] / m[col][col];
-            for k in col..=n {
-                m[row][k] -= f * m[col][k];
+        let (top, below) = m.split_at_mut(col + 1);
+        let pivot_row = &top[col];
+        for row in below {
+            let f = row[col] / pivot_row[col];
+            for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= f * p;
             }
         }
     }
@@ -99,10 +106,11 @@ fn solve(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
     Some(x)
 }
 
-/// The least-squares slope `c` of `y = c·x` over `(x, y)` points, clamped at 0 (0 without points).
-pub fn slope_through_origin(points: &[(f64, f64)]) -> f64 {
-    let xx: f64 = points.iter().map(|(x, _)| x * x).sum();
-    let xy: f64 = points.iter().map(|(x, y)| x * y).sum();
+/// The least-squares slope `c` of `y = c·x` through the points `(xs[k], ys[k])`, clamped at 0
+/// (0 without points).
+pub fn slope_through_origin(xs: &[f64], ys: &[f64]) -> f64 {
+    let xx: f64 = xs.iter().map(|x| x * x).sum();
+    let xy: f64 = xs.iter().zip(ys).map(|(x, y)| x * y).sum();
     if xx > 0.0 { (xy / xx).max(0.0) } else { 0.0 }
 }
 
@@ -150,8 +158,8 @@ mod tests {
 
     #[test]
     fn profile_fit_slope_through_origin() {
-        assert!((slope_through_origin(&[(1.0, 2.0), (4.0, 8.0)]) - 2.0).abs() < 1e-12);
-        assert_eq!(slope_through_origin(&[]), 0.0);
-        assert_eq!(slope_through_origin(&[(2.0, -1.0)]), 0.0);
+        assert!((slope_through_origin(&[1.0, 4.0], &[2.0, 8.0]) - 2.0).abs() < 1e-12);
+        assert_eq!(slope_through_origin(&[], &[]), 0.0);
+        assert_eq!(slope_through_origin(&[2.0], &[-1.0]), 0.0);
     }
 }

@@ -81,8 +81,12 @@ impl<'a> Bench<'a> {
         let before = self.token_ids(context);
         let what = format!("prefill: {batch} × {tokens} tokens after {context}");
         self.median_ms(what, || {
-            let mut cache =
-                ContiguousKvCache::new(self.model.kv_layout(), batch, context + tokens, self.device);
+            let mut cache = ContiguousKvCache::new(
+                self.model.kv_layout(),
+                batch,
+                context + tokens,
+                self.device,
+            );
             if context > 0 {
                 // Lays the context out without computing it: its slots stay zero.
                 cache.begin_step(&vec![before.as_slice(); batch])?;
@@ -97,7 +101,8 @@ impl<'a> Bench<'a> {
     /// cached tokens (the runs share one cache, so the context grows by one token per run).
     pub(super) fn decode_ms(&self, batch: usize, context: usize) -> Result<f64, ProfileError> {
         let capacity = context + self.warmup + self.repeats;
-        let mut cache = ContiguousKvCache::new(self.model.kv_layout(), batch, capacity, self.device);
+        let mut cache =
+            ContiguousKvCache::new(self.model.kv_layout(), batch, capacity, self.device);
         if context > 0 {
             cache.begin_step(&vec![self.token_ids(context).as_slice(); batch])?;
         }

@@ -140,7 +140,7 @@ impl ProfileGrid {
 
     /// Timed points in all (for the progress bar).
     fn points(&self, pairs: usize) -> usize {
-        self.prefill_batch.len() * self.prefill_tokens.len()
+        1 + self.prefill_batch.len() * self.prefill_tokens.len()
             + pairs
             + self.decode_batch.len() * self.decode_context.len()
             + self.prefill_tokens.len()
@@ -162,7 +162,9 @@ pub enum ProfileError {
     #[error(transparent)]
     Model(#[from] ModelError),
     /// The device reported an error while synchronising.
-    #[error("the device failed while profiling: {0}; check that the device works (e.g. with `--device flex`)")]
+    #[error(
+        "the device failed while profiling: {0}; check that the device works (e.g. with `--device flex`)"
+    )]
     Device(String),
 }
 
@@ -185,16 +187,17 @@ pub fn profile(
     let progress = Progress::new(grid.points(pairs.len()) as u64, progress);
     let bench = Bench::new(&model, device, grid.warmup, grid.repeats, &progress);
 
-    let base_ms = grid
-        .prefill_batch
-        .iter()
-        .map(|&b| {
-            grid.prefill_tokens
-                .iter()
-                .map(|&t| bench.prefill_ms(b, t, 0))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    // One untimed pass over the largest prefill first: allocators, thread pools and kernel
+    // caches warm up before the first timed point.
+    let largest = |axis: &[usize]| axis.last().copied().unwrap_or(1);
+    bench.prefill_ms(
+        largest(&grid.prefill_batch),
+        largest(&grid.prefill_tokens),
+        0,
+    )?;
+    let base_ms = table(&grid.prefill_batch, &grid.prefill_tokens, |b, t| {
+        bench.prefill_ms(b, t, 0)
+    })?;
     let mut samples = Vec::with_capacity(pairs.len());
     for &(i, j) in &pairs {
         // The same slice without context, as measured for the table when it has batch 1.
@@ -210,26 +213,11 @@ pub fn profile(
         });
     }
     let context_ms = fit::context_overhead(&samples);
-    let decode_ms = grid
-        .decode_batch
-        .iter()
-        .map(|&b| {
-            grid.decode_context
-                .iter()
-                .map(|&c| bench.decode_ms(b, c))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let embed = grid
-        .prefill_tokens
-        .iter()
-        .map(|&t| Ok((t as f64, bench.embed_ms(t)?)))
-        .collect::<Result<Vec<_>, ProfileError>>()?;
-    let head = grid
-        .decode_batch
-        .iter()
-        .map(|&b| Ok((b as f64, bench.lm_head_ms(b)?)))
-        .collect::<Result<Vec<_>, ProfileError>>()?;
+    let decode_ms = table(&grid.decode_batch, &grid.decode_context, |b, c| {
+        bench.decode_ms(b, c)
+    })?;
+    let embed = table(&[1], &grid.prefill_tokens, |_, t| bench.embed_ms(t))?;
+    let head = table(&[1], &grid.decode_batch, |_, b| bench.lm_head_ms(b))?;
     progress.finish();
 
     let head_bytes = match &model.lm_head {
@@ -257,14 +245,25 @@ pub fn profile(
         kv_bytes_per_token_per_layer: kv.bytes_per_token() as u64 / kv.num_layers as u64,
         embedding: Extra {
             weight_bytes: model.embed_tokens.size_bytes() as u64,
-            ms_per_token: fit::slope_through_origin(&embed),
+            ms_per_token: fit::slope_through_origin(&as_f64(&grid.prefill_tokens), &embed[0]),
         },
         lm_head: Extra {
             weight_bytes: head_bytes as u64,
-            ms_per_token: fit::slope_through_origin(&head),
+            ms_per_token: fit::slope_through_origin(&as_f64(&grid.decode_batch), &head[0]),
         },
         tensor_parallel: Vec::new(),
     })
+}
+
+/// `time(row, column)` for every point of the two axes, as rows of the table.
+fn table(
+    rows: &[usize],
+    columns: &[usize],
+    mut time: impl FnMut(usize, usize) -> Result<f64, ProfileError>,
+) -> Result<Vec<Vec<f64>>, ProfileError> {
+    rows.iter()
+        .map(|&r| columns.iter().map(|&c| time(r, c)).collect())
+        .collect()
 }
 
 fn as_f64(axis: &[usize]) -> Vec<f64> {
