@@ -47,19 +47,16 @@ fn profile_has_the_grid_shape_and_the_model_sizes() {
     assert_eq!(p.decode.batch, axis(&grid.decode_batch));
     // The fixture has 128 positions: every decode context of the small grid fits.
     assert_eq!(p.decode.context, axis(&grid.decode_context));
-    assert_eq!(p.prefill.base_ms.len(), grid.prefill_batch.len());
-    assert!(
-        p.prefill
-            .base_ms
-            .iter()
-            .all(|r| r.len() == grid.prefill_tokens.len())
+    let shape = |t: &[Vec<f64>]| t.iter().map(Vec::len).collect::<Vec<_>>();
+    let rows = |n: usize, width: usize| vec![width; n];
+    let (prefill, decode) = (&grid.prefill_batch, &grid.decode_batch);
+    assert_eq!(
+        shape(&p.prefill.base_ms),
+        rows(prefill.len(), grid.prefill_tokens.len())
     );
-    assert_eq!(p.decode.ms.len(), grid.decode_batch.len());
-    assert!(
-        p.decode
-            .ms
-            .iter()
-            .all(|r| r.len() == grid.decode_context.len())
+    assert_eq!(
+        shape(&p.decode.ms),
+        rows(decode.len(), grid.decode_context.len())
     );
     // hidden 64, 4 heads × 16, 2 KV heads, MLP 128 (gated), vocab 384, untied head; f32.
     let projections = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3;
