@@ -16,9 +16,8 @@ fn main() {
     let args: Vec<_> = std::env::args_os().collect();
     let (json, code) = if args.get(1).is_some_and(|a| a == "profile") {
         profiler::cli::run(args, |name| {
-            let choice = DeviceChoice::from_str(name, true).map_err(|_| {
-                format!("unknown device `{name}`: use flex, wgpu, vulkan, cuda or metal")
-            })?;
+            let choice = DeviceChoice::from_str(name, true)
+                .map_err(|_| format!("unknown device `{name}`: use flex, wgpu, vulkan, cuda or metal"))?;
             choice.device().map_err(|e| e.to_string())
         })
     } else {

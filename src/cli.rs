@@ -8,14 +8,14 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
-use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, SchedulingPolicy};
-use burn_llm_models::cache::{fit_kv_quant, KvLayout};
+use burn_llm_models::cache::{KvLayout, fit_kv_quant};
+use burn_llm_models::{
+    BeamSearchParams, ChatMessage, GenerationOutput, Generator, ModelError, Pretrained, PretrainedFiles, Prompt,
+    RequestOutput, SamplingParams, StreamEvent, hub, pypi::PypiModel,
+};
 use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
-use burn_llm_models::{
-    hub, pypi::PypiModel, BeamSearchParams, ModelError, ChatMessage, GenerationOutput, Generator, Pretrained, PretrainedFiles, Prompt, RequestOutput, SamplingParams,
-    StreamEvent,
-};
+use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, SchedulingPolicy};
 
 use crate::device::DeviceChoice;
 use crate::engine::{Capabilities, Engine, RunReport};
@@ -256,9 +256,7 @@ fn parse_kv_bits(text: &str) -> Result<u32, String> {
 }
 
 fn parse_ids(text: &str) -> Result<Vec<u32>, String> {
-    text.split(',')
-        .map(|t| t.trim().parse::<u32>().map_err(|e| format!("`{t}` is not a token id: {e}")))
-        .collect()
+    text.split(',').map(|t| t.trim().parse::<u32>().map_err(|e| format!("`{t}` is not a token id: {e}"))).collect()
 }
 
 impl GenerateArgs {
@@ -276,7 +274,9 @@ impl GenerateArgs {
             logprobs: self.logprobs,
             n: self.n,
             best_of: self.best_of,
-            beam: self.beam_width.map(|width| BeamSearchParams { length_penalty: self.length_penalty, ..BeamSearchParams::new(width) }),
+            beam: self
+                .beam_width
+                .map(|width| BeamSearchParams { length_penalty: self.length_penalty, ..BeamSearchParams::new(width) }),
         }
     }
 
@@ -493,11 +493,19 @@ pub fn run_with(
 
     if args.json {
         let generation = engine.generate(&prompts, &params)?;
-        let report = JsonReport::new(model_arg, choice.name(), &generation.output, load_s).with_report(&generation.report);
+        let report =
+            JsonReport::new(model_arg, choice.name(), &generation.output, load_s).with_report(&generation.report);
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
-    let mut banner = format!("{} · {} · {} on {} ({} engine)", defaults.name, model_arg, engine.spec().arch.name(), choice.name(), engine.name());
+    let mut banner = format!(
+        "{} · {} · {} on {} ({} engine)",
+        defaults.name,
+        model_arg,
+        engine.spec().arch.name(),
+        choice.name(),
+        engine.name()
+    );
     let description = engine.describe();
     if !description.is_empty() {
         banner.push_str(&format!(" · {description}"));
@@ -533,13 +541,19 @@ pub fn build_engine(
     log: &mut dyn Write,
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
     if kind != EngineKind::Paged && (args.schedule.is_some() || args.plan.is_some() || args.latency_bound_s.is_some()) {
-        return Err("--schedule, --plan and --latency-bound-s apply to --engine paged only; add --engine paged or drop them".into());
+        return Err(
+            "--schedule, --plan and --latency-bound-s apply to --engine paged only; add --engine paged or drop them"
+                .into(),
+        );
     }
     if kind == EngineKind::Offload {
         return Ok(Box::new(build_offload(args, dir, device, choice, prompts, params, log)?));
     }
     if kind == EngineKind::Paged && args.kv_quant_spec()?.is_some() {
-        return Err("--kv-quant / --compress-cache is not available with --engine paged (its blocks are f32); drop one of them".into());
+        return Err(
+            "--kv-quant / --compress-cache is not available with --engine paged (its blocks are f32); drop one of them"
+                .into(),
+        );
     }
     let mut pretrained = Pretrained::load(dir, device)?;
     if let Some(spec) = args.weight_quant()? {
@@ -581,14 +595,24 @@ fn build_offload(
     let tokenizer = files.tokenizer.clone();
     let prompt_len = prompts
         .iter()
-        .map(|p| burn_llm_models::generation::prepare_prompt(0, p, Some(&tokenizer), files.spec.vocab_size, files.spec.max_positions).map(|(_, ids)| ids.len()))
+        .map(|p| {
+            burn_llm_models::generation::prepare_prompt(
+                0,
+                p,
+                Some(&tokenizer),
+                files.spec.vocab_size,
+                files.spec.max_positions,
+            )
+            .map(|(_, ids)| ids.len())
+        })
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .max()
         .unwrap_or(1);
     let threads = if args.thread_control {
         let shape = burn_offload::model_shape(&files.spec);
-        let profile = burn_offload::profiler::profile_threads(&host, &offload_dir, 8, 512, shape.layer_weight_bytes() as usize)?;
+        let profile =
+            burn_offload::profiler::profile_threads(&host, &offload_dir, 8, 512, shape.layer_weight_bytes() as usize)?;
         let plan = burn_offload::policy::choose_threads(&profile)?;
         if !args.json {
             writeln!(
@@ -603,7 +627,11 @@ fn build_offload(
     } else {
         None
     };
-    let kv_layout = KvLayout { num_layers: files.spec.num_layers, num_kv_heads: files.spec.num_kv_heads, head_dim: files.spec.head_dim };
+    let kv_layout = KvLayout {
+        num_layers: files.spec.num_layers,
+        num_kv_heads: files.spec.num_kv_heads,
+        head_dim: files.spec.head_dim,
+    };
     let config = OffloadConfig {
         gpu_mem: args.gpu_mem,
         cpu_mem: args.cpu_mem,
@@ -615,7 +643,14 @@ fn build_offload(
         attention_sparsity: args.attn_sparsity,
         threads,
     };
-    Ok(OffloadEngine::new(files.spec.clone(), &files.files, Some(files.tokenizer), files.eos_token_ids, config, device)?)
+    Ok(OffloadEngine::new(
+        files.spec.clone(),
+        &files.files,
+        Some(files.tokenizer),
+        files.eos_token_ids,
+        config,
+        device,
+    )?)
 }
 
 /// `~/.cache/burn-llm`.
@@ -640,7 +675,12 @@ pub fn summary(report: &RunReport, load_s: f64) -> String {
     }
     if let Some(m) = &report.memory {
         let fmt = burn_offload::store::fmt_bytes;
-        line.push_str(&format!(" · peak memory: device {}, host {}, disk {}", fmt(m.gpu_peak_bytes), fmt(m.cpu_peak_bytes), fmt(m.disk_bytes)));
+        line.push_str(&format!(
+            " · peak memory: device {}, host {}, disk {}",
+            fmt(m.gpu_peak_bytes),
+            fmt(m.cpu_peak_bytes),
+            fmt(m.disk_bytes)
+        ));
     }
     line.push(']');
     line

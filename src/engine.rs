@@ -313,7 +313,13 @@ impl Engine for OffloadEngine {
             let n = r.generated_ids.len();
             for (i, &token) in r.generated_ids.iter().enumerate() {
                 let last = i + 1 == n;
-                on_token(StreamEvent { request, sequence: 0, token, text: if last { &r.text } else { "" }, finished: last });
+                on_token(StreamEvent {
+                    request,
+                    sequence: 0,
+                    token,
+                    text: if last { &r.text } else { "" },
+                    finished: last,
+                });
             }
         }
         let memory = MemoryUsage {
@@ -321,7 +327,12 @@ impl Engine for OffloadEngine {
             cpu_peak_bytes: run.memory.cpu_peak_bytes,
             disk_bytes: run.memory.disk_bytes,
         };
-        let report = RunReport { engine: "offload", timing: output.timing, memory: Some(memory), details: EngineDetails::Offload(run) };
+        let report = RunReport {
+            engine: "offload",
+            timing: output.timing,
+            memory: Some(memory),
+            details: EngineDetails::Offload(run),
+        };
         Ok(Generation { output, report })
     }
 }

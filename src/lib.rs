@@ -23,12 +23,12 @@ pub mod schedule;
 
 pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;
-pub use burn_paged as paged;
-pub use burn_offload as offload;
-pub use burn_parallel as parallel;
 pub use burn_llm_models::{
-    BeamSearchParams, CausalLm, EarlyStopping, FinishReason, GenerationOutput, Generator, ModelError, Pretrained, Prompt,
-    RequestOutput, SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
+    BeamSearchParams, CausalLm, EarlyStopping, FinishReason, GenerationOutput, Generator, ModelError, Pretrained,
+    Prompt, RequestOutput, SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
+pub use burn_offload as offload;
+pub use burn_paged as paged;
+pub use burn_parallel as parallel;
 pub use device::DeviceChoice;
 pub use engine::{Capabilities, Engine, EngineDetails, EngineError, Generation, MemoryUsage, RunReport};

@@ -13,9 +13,7 @@ use burn_llm_models::generation::prepare_prompt;
 use burn_llm_models::{ModelError, Pretrained, Prompt};
 use burn_paged::{EngineConfig, PagedError, SchedulingPolicy};
 use burn_parallel::plan::profile::Profile;
-use burn_parallel::plan::schedule::{
-    self, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy,
-};
+use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy};
 
 /// Why an ExeGPT plan cannot run in the paged engine.
 #[derive(Debug, thiserror::Error)]
@@ -77,9 +75,7 @@ pub enum PlanError {
 /// The phased schedule an RRA plan on one device describes.
 pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanError> {
     if plan.strategy != Strategy::Rra {
-        return Err(PlanError::NotRra {
-            strategy: plan.strategy,
-        });
+        return Err(PlanError::NotRra { strategy: plan.strategy });
     }
     let devices = plan.encode_devices.max(plan.decode_devices);
     if devices != 1 || plan.pipeline_stages != 1 || plan.tensor_parallel_degree != 1 {
@@ -89,9 +85,9 @@ pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanErro
             degree: plan.tensor_parallel_degree,
         });
     }
-    let decode_iterations = plan.decode_iterations.ok_or_else(|| {
-        PlanError::Invalid("an RRA plan needs `decode_iterations` (N_D); re-run the planner".into())
-    })?;
+    let decode_iterations = plan
+        .decode_iterations
+        .ok_or_else(|| PlanError::Invalid("an RRA plan needs `decode_iterations` (N_D); re-run the planner".into()))?;
     let policy = SchedulingPolicy::Phased {
         encode_batch: plan.encode_batch,
         decode_batch: plan.decode_batch,
@@ -103,34 +99,18 @@ pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanErro
 
 /// Reads a saved planner output (`cargo run --example plan -- schedule --input … > FILE.json`).
 pub fn read_plan(path: &Path) -> Result<ScheduleOutput, PlanError> {
-    read_json(
-        path,
-        "an ExeGPT plan (the JSON output of `cargo run --example plan -- schedule`)",
-    )
+    read_json(path, "an ExeGPT plan (the JSON output of `cargo run --example plan -- schedule`)")
 }
 
 /// Reads a planner cost profile (format: [`burn_parallel::plan::profile`]).
 pub fn read_profile(path: &Path) -> Result<Profile, PlanError> {
-    read_json(
-        path,
-        "a planner cost profile (see burn-parallel/src/plan/profile.rs)",
-    )
+    read_json(path, "a planner cost profile (see burn-parallel/src/plan/profile.rs)")
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    what: &'static str,
-) -> Result<T, PlanError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
-        what,
-        path: path.to_owned(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|source| PlanError::Parse {
-        what,
-        path: path.to_owned(),
-        source,
-    })
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &'static str) -> Result<T, PlanError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| PlanError::Read { what, path: path.to_owned(), source })?;
+    serde_json::from_str(&text).map_err(|source| PlanError::Parse { what, path: path.to_owned(), source })
 }
 
 /// The workload and the device an RRA plan is made for at start-up.
@@ -159,14 +139,8 @@ impl Workload {
         let prompt_lens = prompts
             .iter()
             .map(|p| {
-                prepare_prompt(
-                    0,
-                    p,
-                    Some(&model.tokenizer),
-                    spec.vocab_size,
-                    spec.max_positions,
-                )
-                .map(|(_, ids)| ids.len())
+                prepare_prompt(0, p, Some(&model.tokenizer), spec.vocab_size, spec.max_positions)
+                    .map(|(_, ids)| ids.len())
             })
             .collect::<Result<Vec<_>, _>>()?;
         let (blocks, _) = config.device_blocks_for(&model.model)?;
@@ -183,15 +157,9 @@ impl Workload {
 /// costs of `profile`. The device's memory is the profile's weights plus `kv_tokens` tokens of KV
 /// cache (the engine's pool, in the profile's bytes per token), so the planner's memory check is
 /// the pool's.
-pub fn plan_rra(
-    profile: Profile,
-    workload: &Workload,
-    latency_bound_s: f64,
-) -> Result<ScheduleOutput, PlanError> {
+pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> Result<ScheduleOutput, PlanError> {
     if workload.prompt_lens.is_empty() || workload.max_new_tokens == 0 {
-        return Err(PlanError::Invalid(
-            "planning needs at least one prompt and --max-new-tokens ≥ 1".into(),
-        ));
+        return Err(PlanError::Invalid("planning needs at least one prompt and --max-new-tokens ≥ 1".into()));
     }
     let weights = (profile.layers as u64)
         .saturating_mul(profile.weight_bytes_per_layer)

@@ -26,5 +26,5 @@ pub mod profiler;
 pub mod store;
 pub mod weights;
 
-pub use engine::{model_shape, MemoryReport, OffloadConfig, OffloadEngine, OffloadReport, PolicyChoice};
+pub use engine::{MemoryReport, OffloadConfig, OffloadEngine, OffloadReport, PolicyChoice, model_shape};
 pub use error::{OffloadError, Result};

@@ -112,7 +112,10 @@ pub fn profile(device: &Device, host: &Device, dir: &Path, mb: usize) -> Result<
         gpu_memory_bandwidth: None,
         cpu_attention_bandwidth: None,
         gpu_quantize_bandwidth: layer_bytes / quant_s,
-        gpu_matmul_flops_by_rows: [1, 4, 16, 64, 256, 1024].iter().map(|&m| (m as f64, matmul_flops(device, m, 1024, 1024))).collect(),
+        gpu_matmul_flops_by_rows: [1, 4, 16, 64, 256, 1024]
+            .iter()
+            .map(|&m| (m as f64, matmul_flops(device, m, 1024, 1024)))
+            .collect(),
         gpu_dequantize_bandwidth: layer_bytes / dequant_s,
         cpu_quantize_bandwidth: layer_bytes / cpu_quant_s,
     })
@@ -144,7 +147,13 @@ fn time_in(threads: u32, runs: usize, mut f: impl FnMut() + Send) -> Result<f64>
 /// the three dependent operators of CPU attention in decode (scores, softmax, weighted sum) for
 /// `batch` sequences of `context` cached tokens, and the weight-load task (a disk-tier read of
 /// `layer_bytes` into a tensor), each timed with 1 to all hardware threads.
-pub fn profile_threads(host: &Device, dir: &Path, batch: usize, context: usize, layer_bytes: usize) -> Result<ThreadProfile> {
+pub fn profile_threads(
+    host: &Device,
+    dir: &Path,
+    batch: usize,
+    context: usize,
+    layer_bytes: usize,
+) -> Result<ThreadProfile> {
     let max_threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let (heads, head_dim) = (12, 64);
     let q = Tensor::<4>::random([batch, heads, 1, head_dim], Distribution::Uniform(-1.0, 1.0), host);

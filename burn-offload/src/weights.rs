@@ -22,9 +22,17 @@ pub fn write_layer(layer: &DecoderLayer, store: &mut DiskStore, prefix: &str) ->
         let name = format!("{prefix}{i}");
         let shape = data.shape().to_vec();
         let stored = match data.dtype() {
-            DType::F32 => store.put(&name, HostData::f32(&shape, data.as_slice::<f32>().map_err(data_error(&name))?))?,
-            DType::U32 => store.put(&name, HostData::u32(&shape, data.as_slice::<u32>().map_err(data_error(&name))?))?,
-            other => return Err(OffloadError::Config(format!("{name}: cannot store a {other:?} parameter on the disk tier"))),
+            DType::F32 => {
+                store.put(&name, HostData::f32(&shape, data.as_slice::<f32>().map_err(data_error(&name))?))?
+            }
+            DType::U32 => {
+                store.put(&name, HostData::u32(&shape, data.as_slice::<u32>().map_err(data_error(&name))?))?
+            }
+            other => {
+                return Err(OffloadError::Config(format!(
+                    "{name}: cannot store a {other:?} parameter on the disk tier"
+                )));
+            }
         };
         bytes += stored.payload_bytes();
     }
@@ -34,7 +42,12 @@ pub fn write_layer(layer: &DecoderLayer, store: &mut DiskStore, prefix: &str) ->
 /// Reads the layer [`write_layer`] wrote under `prefix` onto `device`, into the structure of
 /// `template` (any layer of the same model and compression; see [`hollow`]). Every file is
 /// checksum-verified; a missing, corrupted or mismatched tensor is an error.
-pub fn read_layer(template: &DecoderLayer, store: &DiskStore, prefix: &str, device: &Device) -> crate::error::Result<DecoderLayer> {
+pub fn read_layer(
+    template: &DecoderLayer,
+    store: &DiskStore,
+    prefix: &str,
+    device: &Device,
+) -> crate::error::Result<DecoderLayer> {
     let mut restore = Restore { store, prefix, device, next: 0, error: None };
     let layer = template.clone().map(&mut restore);
     match restore.error {

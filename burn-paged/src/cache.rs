@@ -9,7 +9,10 @@
 //! [`PagedKvCache::begin_step`].
 
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_llm_kernels::paged::{copy_blocks_mut, paged_attention_with, read_blocks, reshape_and_cache_with, write_blocks_mut, PagedBatch, SlotMapping};
+use burn_llm_kernels::paged::{
+    PagedBatch, SlotMapping, copy_blocks_mut, paged_attention_with, read_blocks, reshape_and_cache_with,
+    write_blocks_mut,
+};
 use burn_llm_models::{KvCache, KvLayout};
 
 use crate::error::{PagedError, Result};
@@ -70,7 +73,13 @@ impl PagedKvCache {
 
     /// Allocates `num_blocks` device blocks per layer (zeroed) and reserves `num_host_blocks` of
     /// host swap space.
-    pub fn new(layout: KvLayout, block_size: usize, num_blocks: usize, num_host_blocks: usize, device: &Device) -> Self {
+    pub fn new(
+        layout: KvLayout,
+        block_size: usize,
+        num_blocks: usize,
+        num_host_blocks: usize,
+        device: &Device,
+    ) -> Self {
         let shape = [num_blocks, layout.num_kv_heads, block_size, layout.head_dim];
         let pool = || (0..layout.num_layers).map(|_| Tensor::<4>::zeros(shape, device)).collect::<Vec<_>>();
         Self {
@@ -162,7 +171,9 @@ impl PagedKvCache {
                 let mut data = Vec::with_capacity(pairs.len() * per_block);
                 for (h, _) in pairs {
                     let at = (half * self.num_host_blocks + h.index()) * per_block;
-                    let block = host.get(at..at + per_block).ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
+                    let block = host
+                        .get(at..at + per_block)
+                        .ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
                     data.extend_from_slice(block);
                 }
                 let blocks = Tensor::<4>::from_data(TensorData::new(data, shape), &self.device);
@@ -184,11 +195,12 @@ impl KvCache for PagedKvCache {
             t.reshape([h, s, d]).swap_dims(0, 1)
         };
         let (slots, batch) = self.step.as_ref().expect("the engine calls begin_step before every forward pass");
-        reshape_and_cache_with(&mut self.keys[layer], to_rows(k), slots).expect("the engine lays out a slot for every token");
-        reshape_and_cache_with(&mut self.values[layer], to_rows(v), slots).expect("the engine lays out a slot for every token");
+        reshape_and_cache_with(&mut self.keys[layer], to_rows(k), slots)
+            .expect("the engine lays out a slot for every token");
+        reshape_and_cache_with(&mut self.values[layer], to_rows(v), slots)
+            .expect("the engine lays out a slot for every token");
         let out = paged_attention_with(to_rows(q), &self.keys[layer], &self.values[layer], batch, scale)
             .expect("the engine builds consistent block tables");
         out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim])
     }
 }
-

@@ -2,9 +2,7 @@
 //! hand-computed simulator timelines, and bad input through the library and the CLI.
 
 use burn_parallel::plan::cli;
-use burn_parallel::plan::placement::{
-    self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload,
-};
+use burn_parallel::plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload};
 use burn_parallel::plan::profile::{DecodeTable, Extra, PrefillTable, Profile, TpScaling};
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use burn_parallel::plan::sim::{self, Group, Request};
@@ -25,13 +23,7 @@ fn close(a: f64, b: f64) -> bool {
 
 /// Every split of `0..layers` into `stages` non-empty contiguous ranges.
 fn partitions(layers: usize, stages: usize) -> Vec<Vec<[usize; 2]>> {
-    fn go(
-        start: usize,
-        layers: usize,
-        left: usize,
-        acc: &mut Vec<[usize; 2]>,
-        out: &mut Vec<Vec<[usize; 2]>>,
-    ) {
+    fn go(start: usize, layers: usize, left: usize, acc: &mut Vec<[usize; 2]>, out: &mut Vec<Vec<[usize; 2]>>) {
         if left == 1 {
             acc.push([start, layers]);
             out.push(acc.clone());
@@ -54,11 +46,7 @@ fn stages_brute(input: &StagesInput) -> Option<f64> {
     let layers = input.layer_latency_ms.len();
     let mut options: Vec<(usize, &[f64])> = vec![(1, &input.layer_latency_ms)];
     if let Some(tp) = &input.tensor_parallel {
-        options.extend(
-            tp.degrees
-                .iter()
-                .map(|d| (d.degree, d.layer_latency_ms.as_slice())),
-        );
+        options.extend(tp.degrees.iter().map(|d| (d.degree, d.layer_latency_ms.as_slice())));
     }
     let devices = input.tensor_parallel.as_ref().map(|t| t.devices);
     let mut best: Option<f64> = None;
@@ -71,9 +59,7 @@ fn stages_brute(input: &StagesInput) -> Option<f64> {
                 code /= options.len();
                 used += degree;
                 bottleneck = bottleneck.max(lat[r[0]..r[1]].iter().sum());
-                if let (Some(mem), Some(cap)) =
-                    (&input.layer_memory_bytes, input.stage_memory_bytes)
-                {
+                if let (Some(mem), Some(cap)) = (&input.layer_memory_bytes, input.stage_memory_bytes) {
                     let bytes: u64 = mem[r[0]..r[1]].iter().sum();
                     ok &= bytes.div_ceil(degree as u64) <= cap;
                 }
@@ -95,9 +81,7 @@ fn plan_stages_match_brute_force_on_random_inputs() {
     for case in 0..300 {
         let layers = rng.random_range(1..=8);
         let stages = rng.random_range(1..=layers);
-        let lat: Vec<f64> = (0..layers)
-            .map(|_| rng.random_range(0..20) as f64 * 0.5)
-            .collect();
+        let lat: Vec<f64> = (0..layers).map(|_| rng.random_range(0..20) as f64 * 0.5).collect();
         let mut input = StagesInput {
             layer_latency_ms: lat.clone(),
             stages,
@@ -121,14 +105,8 @@ fn plan_stages_match_brute_force_on_random_inputs() {
         let expected = stages_brute(&input);
         match stages::plan(&input) {
             Ok(out) => {
-                let best = expected.unwrap_or_else(|| {
-                    panic!("case {case}: planner found a plan brute force did not")
-                });
-                assert!(
-                    close(out.bottleneck_ms, best),
-                    "case {case}: {} vs {best}",
-                    out.bottleneck_ms
-                );
+                let best = expected.unwrap_or_else(|| panic!("case {case}: planner found a plan brute force did not"));
+                assert!(close(out.bottleneck_ms, best), "case {case}: {} vs {best}", out.bottleneck_ms);
                 assert_eq!(out.stages.len(), stages);
                 assert_eq!(out.stages[0][0], 0);
                 assert_eq!(out.stages[stages - 1][1], layers);
@@ -152,13 +130,7 @@ fn plan_stages_match_brute_force_on_random_inputs() {
 // ---------------------------------------------------------------- slices
 
 fn random_table(rng: &mut ChaCha8Rng, n: usize) -> Vec<Vec<Option<f64>>> {
-    (1..=n)
-        .map(|i| {
-            (0..n)
-                .map(|j| (i + j <= n).then(|| rng.random_range(0..40) as f64 * 0.25))
-                .collect()
-        })
-        .collect()
+    (1..=n).map(|i| (0..n).map(|j| (i + j <= n).then(|| rng.random_range(0..40) as f64 * 0.25)).collect()).collect()
 }
 
 fn t_of(table: &[Vec<Option<f64>>], i: usize, j: usize) -> f64 {
@@ -196,44 +168,22 @@ fn slices_brute(table: &[Vec<Option<f64>>], n: usize, stages: usize) -> f64 {
     best
 }
 
-fn slices_input(
-    table: Vec<Vec<Option<f64>>>,
-    n: usize,
-    stages: usize,
-    epsilon: Option<f64>,
-) -> SlicesInput {
-    SlicesInput {
-        seq_len: n,
-        stages,
-        t_fwd_ms: Some(table),
-        epsilon_ms: epsilon,
-        ..SlicesInput::default()
-    }
+fn slices_input(table: Vec<Vec<Option<f64>>>, n: usize, stages: usize, epsilon: Option<f64>) -> SlicesInput {
+    SlicesInput { seq_len: n, stages, t_fwd_ms: Some(table), epsilon_ms: epsilon, ..SlicesInput::default() }
 }
 
 #[test]
 fn plan_slices_match_brute_force_on_all_compositions() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     for case in 0..80 {
-        let n = if case < 4 {
-            16
-        } else {
-            rng.random_range(1..=12)
-        };
+        let n = if case < 4 { 16 } else { rng.random_range(1..=12) };
         let stages = rng.random_range(1..=6);
         let table = random_table(&mut rng, n);
         let best = slices_brute(&table, n, stages);
         let out = slices::plan(&slices_input(table.clone(), n, stages, None)).unwrap();
         assert_eq!(out.slices.iter().sum::<usize>(), n);
-        assert!(close(
-            out.latency_ms,
-            terapipe_latency(&table, &out.slices, stages)
-        ));
-        assert!(
-            close(out.latency_ms, best),
-            "case {case}: {} vs {best}",
-            out.latency_ms
-        );
+        assert!(close(out.latency_ms, terapipe_latency(&table, &out.slices, stages)));
+        assert!(close(out.latency_ms, best), "case {case}: {} vs {best}", out.latency_ms);
         // ε pruning stays within K·ε of the optimum.
         let eps = 0.6;
         let pruned = slices::plan(&slices_input(table, n, stages, Some(eps))).unwrap();
@@ -246,11 +196,7 @@ fn attention_table(n: usize) -> Vec<Vec<Option<f64>>> {
     (1..=n)
         .map(|i| {
             (0..n)
-                .map(|j| {
-                    (i + j <= n).then(|| {
-                        1.0 + 0.05 * i as f64 + 0.002 * i as f64 * (j as f64 + i as f64 / 2.0)
-                    })
-                })
+                .map(|j| (i + j <= n).then(|| 1.0 + 0.05 * i as f64 + 0.002 * i as f64 * (j as f64 + i as f64 / 2.0)))
                 .collect()
         })
         .collect()
@@ -261,32 +207,20 @@ fn plan_slices_shrink_along_the_sequence_and_beat_uniform_slicing() {
     let (n, stages) = (48, 8);
     let table = attention_table(n);
     let out = slices::plan(&slices_input(table.clone(), n, stages, None)).unwrap();
-    assert!(
-        out.slices.windows(2).all(|w| w[0] >= w[1]),
-        "{:?}",
-        out.slices
-    );
+    assert!(out.slices.windows(2).all(|w| w[0] >= w[1]), "{:?}", out.slices);
     assert!(out.slices.first() > out.slices.last(), "{:?}", out.slices);
     let uniform = (1..=n)
         .filter(|m| n % m == 0)
         .map(|m| terapipe_latency(&table, &vec![n / m; m], stages))
         .fold(f64::INFINITY, f64::min);
-    assert!(
-        out.latency_ms < uniform,
-        "{} vs uniform {uniform}",
-        out.latency_ms
-    );
+    assert!(out.latency_ms < uniform, "{} vs uniform {uniform}", out.latency_ms);
 }
 
 #[test]
 fn plan_slices_batch_extension_matches_brute_force_knapsack() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     for _ in 0..20 {
-        let (n, stages, batch) = (
-            rng.random_range(1..=6),
-            rng.random_range(1..=4),
-            rng.random_range(1..=6),
-        );
+        let (n, stages, batch) = (rng.random_range(1..=6), rng.random_range(1..=4), rng.random_range(1..=6));
         let tables: Vec<_> = (0..batch).map(|_| random_table(&mut rng, n)).collect();
         let per_size: Vec<f64> = tables.iter().map(|t| slices_brute(t, n, stages)).collect();
         // Brute force over integer partitions of the batch.
@@ -294,9 +228,7 @@ fn plan_slices_batch_extension_matches_brute_force_knapsack() {
             if left == 0 {
                 return 0.0;
             }
-            (1..=left.min(max_part))
-                .map(|b| per[b - 1] + best_sum(left - b, b, per))
-                .fold(f64::INFINITY, f64::min)
+            (1..=left.min(max_part)).map(|b| per[b - 1] + best_sum(left - b, b, per)).fold(f64::INFINITY, f64::min)
         }
         let expected = best_sum(batch, batch, &per_size);
         let out = slices::plan_batch(&SlicesInput {
@@ -308,10 +240,7 @@ fn plan_slices_batch_extension_matches_brute_force_knapsack() {
         })
         .unwrap();
         assert!(close(out.latency_ms, expected));
-        assert_eq!(
-            out.micro_batches.iter().map(|m| m.batch).sum::<usize>(),
-            batch
-        );
+        assert_eq!(out.micro_batches.iter().map(|m| m.batch).sum::<usize>(), batch);
     }
 }
 
@@ -321,52 +250,22 @@ fn profile(rng: &mut ChaCha8Rng) -> Profile {
     let batch = vec![1.0, 4.0, 16.0];
     let tokens = vec![1.0, 8.0, 64.0];
     let (a, b) = (rng.random_range(0.05..0.5), rng.random_range(0.001..0.02));
-    let base_ms = batch
-        .iter()
-        .map(|&bb: &f64| tokens.iter().map(|&t: &f64| a + b * bb * t).collect())
-        .collect();
-    let (c, d, e) = (
-        rng.random_range(0.05..0.3),
-        rng.random_range(0.001..0.05),
-        rng.random_range(0.0..0.0005),
-    );
+    let base_ms = batch.iter().map(|&bb: &f64| tokens.iter().map(|&t: &f64| a + b * bb * t).collect()).collect();
+    let (c, d, e) = (rng.random_range(0.05..0.3), rng.random_range(0.001..0.05), rng.random_range(0.0..0.0005));
     let context = vec![0.0, 64.0, 256.0];
-    let ms = batch
-        .iter()
-        .map(|&bb: &f64| {
-            context
-                .iter()
-                .map(|&cc: &f64| c + d * bb + e * bb * cc)
-                .collect()
-        })
-        .collect();
+    let ms = batch.iter().map(|&bb: &f64| context.iter().map(|&cc: &f64| c + d * bb + e * bb * cc).collect()).collect();
     Profile {
         version: 1,
         model: None,
         device: None,
         layers: rng.random_range(2..=8),
-        prefill: PrefillTable {
-            batch: batch.clone(),
-            tokens,
-            base_ms,
-            context_ms: [0.0, 0.0, 0.0, 0.0001],
-        },
+        prefill: PrefillTable { batch: batch.clone(), tokens, base_ms, context_ms: [0.0, 0.0, 0.0, 0.0001] },
         decode: DecodeTable { batch, context, ms },
         weight_bytes_per_layer: 1000,
         kv_bytes_per_token_per_layer: 2,
-        embedding: Extra {
-            weight_bytes: 500,
-            ms_per_token: 0.0001,
-        },
-        lm_head: Extra {
-            weight_bytes: 500,
-            ms_per_token: rng.random_range(0.0..0.05),
-        },
-        tensor_parallel: vec![TpScaling {
-            degree: 2,
-            time_scale: rng.random_range(0.5..0.9),
-            sync_ms_per_layer: 0.01,
-        }],
+        embedding: Extra { weight_bytes: 500, ms_per_token: 0.0001 },
+        lm_head: Extra { weight_bytes: 500, ms_per_token: rng.random_range(0.0..0.05) },
+        tensor_parallel: vec![TpScaling { degree: 2, time_scale: rng.random_range(0.5..0.9), sync_ms_per_layer: 0.01 }],
     }
 }
 
@@ -390,11 +289,7 @@ fn plan_slices_accept_a_profile_instead_of_the_table() {
     let table: Vec<Vec<Option<f64>>> = (1..=16)
         .map(|i| {
             (0..16)
-                .map(|j| {
-                    (i + j <= 16).then(|| {
-                        per_stage * model.prefill_layer_ms(1.0, (4 * i) as f64, (4 * j) as f64)
-                    })
-                })
+                .map(|j| (i + j <= 16).then(|| per_stage * model.prefill_layer_ms(1.0, (4 * i) as f64, (4 * j) as f64)))
                 .collect()
         })
         .collect();
@@ -407,37 +302,19 @@ fn plan_slices_accept_a_profile_instead_of_the_table() {
 #[test]
 fn plan_sim_matches_hand_computed_timelines() {
     // One group, two stages of 1 s and 2 s; requests at 0, 0, 1, 10.
-    let groups = [Group {
-        stages: 2,
-        models: vec![(0, vec![1.0, 2.0])],
-    }];
-    let req = |t: f64| Request {
-        arrival_s: t,
-        model: 0,
-    };
+    let groups = [Group { stages: 2, models: vec![(0, vec![1.0, 2.0])] }];
+    let req = |t: f64| Request { arrival_s: t, model: 0 };
     let lat = sim::simulate(&groups, &[req(0.0), req(0.0), req(1.0), req(10.0)]);
     // r0: s0 0–1, s1 1–3. r1: s0 1–2, s1 3–5. r2: s0 2–3, s1 5–7. r3: 10–11, 11–13.
     assert_eq!(lat, vec![Some(3.0), Some(5.0), Some(6.0), Some(3.0)]);
 
     // Two one-stage groups of model 0, one of model 1; shortest queue first, ties to the lowest.
     let groups = [
-        Group {
-            stages: 1,
-            models: vec![(0, vec![1.0])],
-        },
-        Group {
-            stages: 1,
-            models: vec![(0, vec![1.0]), (1, vec![0.5])],
-        },
+        Group { stages: 1, models: vec![(0, vec![1.0])] },
+        Group { stages: 1, models: vec![(0, vec![1.0]), (1, vec![0.5])] },
     ];
-    let r = |t: f64, m: usize| Request {
-        arrival_s: t,
-        model: m,
-    };
-    let lat = sim::simulate(
-        &groups,
-        &[r(0.0, 1), r(0.1, 0), r(0.2, 0), r(0.3, 0), r(0.4, 2)],
-    );
+    let r = |t: f64, m: usize| Request { arrival_s: t, model: m };
+    let lat = sim::simulate(&groups, &[r(0.0, 1), r(0.1, 0), r(0.2, 0), r(0.3, 0), r(0.4, 2)]);
     // m1 → g1: 0–0.5. m0@0.1 → g0 (queues 0 vs 1): 0.1–1.1. m0@0.2 → g0 (1 vs 1, tie to the
     // lowest): 1.1–2.1. m0@0.3 → g1 (2 vs 1): 0.5–1.5. Model 2: no group serves it.
     assert_eq!(lat[0], Some(0.5));
@@ -498,16 +375,8 @@ fn plan_placement_model_parallelism_beats_replication_on_bursty_two_model_traffi
         workload: Workload {
             trace: None,
             arrivals: Some(vec![
-                Arrivals {
-                    model: ModelRef::Name("a".into()),
-                    rate: 1.0,
-                    cv: 4.0,
-                },
-                Arrivals {
-                    model: ModelRef::Name("b".into()),
-                    rate: 1.0,
-                    cv: 4.0,
-                },
+                Arrivals { model: ModelRef::Name("a".into()), rate: 1.0, cv: 4.0 },
+                Arrivals { model: ModelRef::Name("b".into()), rate: 1.0, cv: 4.0 },
             ]),
             duration_s: Some(2000.0),
             seed: Some(1),
@@ -516,19 +385,10 @@ fn plan_placement_model_parallelism_beats_replication_on_bursty_two_model_traffi
         beam: None,
     };
     let best = placement::plan(&input).unwrap();
-    let replication = placement::plan(&PlacementInput {
-        baseline: Some(Baseline::Replication),
-        ..input.clone()
-    })
-    .unwrap();
+    let replication =
+        placement::plan(&PlacementInput { baseline: Some(Baseline::Replication), ..input.clone() }).unwrap();
     assert!(replication.groups.iter().all(|g| g.pipeline_stages == 1));
-    assert!(
-        best.groups
-            .iter()
-            .any(|g| g.pipeline_stages == 2 && g.models.len() == 2),
-        "{:?}",
-        best.groups
-    );
+    assert!(best.groups.iter().any(|g| g.pipeline_stages == 2 && g.models.len() == 2), "{:?}", best.groups);
     assert!(
         best.slo_attainment > replication.slo_attainment + 0.02,
         "model parallel {} vs replication {}",
@@ -542,9 +402,7 @@ fn plan_placement_model_parallelism_beats_replication_on_bursty_two_model_traffi
 
 fn random_lengths(rng: &mut ChaCha8Rng, max: usize) -> LengthDistribution {
     LengthDistribution::Histogram(
-        (0..rng.random_range(1..=4))
-            .map(|_| (rng.random_range(1..=max), rng.random_range(0.1..1.0)))
-            .collect(),
+        (0..rng.random_range(1..=4)).map(|_| (rng.random_range(1..=max), rng.random_range(0.1..1.0))).collect(),
     )
 }
 
@@ -572,22 +430,13 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
         match (&bnb, &all) {
             (Ok(a), Ok(b)) => {
                 feasible += 1;
-                assert!(
-                    close(a.throughput_qps, b.throughput_qps),
-                    "case {case}: {a:?} vs {b:?}"
-                );
+                assert!(close(a.throughput_qps, b.throughput_qps), "case {case}: {a:?} vs {b:?}");
                 // Never violates its own bound.
-                assert!(
-                    a.latency_s <= input.latency_bound_s && b.latency_s <= input.latency_bound_s
-                );
+                assert!(a.latency_s <= input.latency_bound_s && b.latency_s <= input.latency_bound_s);
             }
             (
-                Err(ScheduleError::Infeasible {
-                    best_latency_s: x, ..
-                }),
-                Err(ScheduleError::Infeasible {
-                    best_latency_s: y, ..
-                }),
+                Err(ScheduleError::Infeasible { best_latency_s: x, .. }),
+                Err(ScheduleError::Infeasible { best_latency_s: y, .. }),
             ) => {
                 assert!(close(*x, *y) && *x > input.latency_bound_s, "case {case}");
                 // The reported best latency is reachable.
@@ -629,12 +478,7 @@ fn plan_schedule_trades_throughput_for_latency() {
         i.exhaustive = true;
         let all = schedule::plan(&i).unwrap();
         assert!(close(all.throughput_qps, out.throughput_qps));
-        assert!(
-            out.simulations * 4 < all.simulations,
-            "{} vs {}",
-            out.simulations,
-            all.simulations
-        );
+        assert!(out.simulations * 4 < all.simulations, "{} vs {}", out.simulations, all.simulations);
     }
 }
 
@@ -650,49 +494,23 @@ fn plan_bad_input_is_an_error_not_a_panic() {
         tensor_parallel: None,
     };
     for bad in [
-        StagesInput {
-            layer_latency_ms: vec![f64::NAN, 1.0],
-            ..base.clone()
-        },
-        StagesInput {
-            layer_latency_ms: vec![-1.0, 1.0],
-            ..base.clone()
-        },
-        StagesInput {
-            layer_latency_ms: vec![],
-            ..base.clone()
-        },
-        StagesInput {
-            stages: 3,
-            ..base.clone()
-        },
+        StagesInput { layer_latency_ms: vec![f64::NAN, 1.0], ..base.clone() },
+        StagesInput { layer_latency_ms: vec![-1.0, 1.0], ..base.clone() },
+        StagesInput { layer_latency_ms: vec![], ..base.clone() },
+        StagesInput { stages: 3, ..base.clone() },
         StagesInput {
             layer_memory_bytes: Some(vec![u64::MAX, u64::MAX]),
             stage_memory_bytes: Some(u64::MAX),
             ..base.clone()
         },
-        StagesInput {
-            layer_memory_bytes: Some(vec![1]),
-            stage_memory_bytes: Some(1),
-            ..base.clone()
-        },
+        StagesInput { layer_memory_bytes: Some(vec![1]), stage_memory_bytes: Some(1), ..base.clone() },
     ] {
         assert!(stages::plan(&bad).is_err(), "{bad:?}");
     }
     // Sizes past what the planners can allocate are errors, not aborts.
-    let huge = StagesInput {
-        layer_latency_ms: vec![1.0; 4096],
-        stages: 4096,
-        ..base.clone()
-    };
-    assert!(matches!(
-        stages::plan(&huge),
-        Err(StagesError::TooLarge { .. })
-    ));
-    let many = StagesInput {
-        layer_latency_ms: vec![1.0; 5000],
-        ..base.clone()
-    };
+    let huge = StagesInput { layer_latency_ms: vec![1.0; 4096], stages: 4096, ..base.clone() };
+    assert!(matches!(stages::plan(&huge), Err(StagesError::TooLarge { .. })));
+    let many = StagesInput { layer_latency_ms: vec![1.0; 5000], ..base.clone() };
     assert!(stages::plan(&many).is_err());
     let batch = SlicesInput {
         seq_len: 4096,
@@ -703,24 +521,14 @@ fn plan_bad_input_is_an_error_not_a_panic() {
     };
     assert!(slices::plan_batch(&batch).is_err());
     // The batch extension is its own function.
-    assert!(
-        slices::plan(&SlicesInput {
-            batch: Some(1),
-            ..slices_input(vec![vec![Some(1.0)]], 1, 1, None)
-        })
-        .is_err()
-    );
+    assert!(slices::plan(&SlicesInput { batch: Some(1), ..slices_input(vec![vec![Some(1.0)]], 1, 1, None) }).is_err());
     let flood = PlacementInput {
         models: vec![model("a", 1, 1.0, 1.0)],
         devices: 1,
         device_memory_bytes: 1 << 30,
         workload: Workload {
             trace: None,
-            arrivals: Some(vec![Arrivals {
-                model: ModelRef::Index(0),
-                rate: 1e9,
-                cv: 1.0,
-            }]),
+            arrivals: Some(vec![Arrivals { model: ModelRef::Index(0), rate: 1e9, cv: 1.0 }]),
             duration_s: Some(1e9),
             seed: None,
         },
@@ -737,85 +545,35 @@ fn plan_bad_input_is_an_error_not_a_panic() {
 fn cli_run(planner: &str, json: &str, extra: &[&str]) -> (serde_json::Value, i32) {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!(
-        "burn-parallel-plan-{}-{n}.json",
-        std::process::id()
-    ));
+    let path = std::env::temp_dir().join(format!("burn-parallel-plan-{}-{n}.json", std::process::id()));
     std::fs::write(&path, json).unwrap();
-    let mut args = vec![
-        "plan".to_string(),
-        planner.to_string(),
-        "--input".into(),
-        path.display().to_string(),
-    ];
+    let mut args = vec!["plan".to_string(), planner.to_string(), "--input".into(), path.display().to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let (out, code) = cli::run(args);
     std::fs::remove_file(&path).ok();
-    (
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}")),
-        code,
-    )
+    (serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}")), code)
 }
 
 #[test]
 fn plan_cli_prints_one_json_object_and_exits_2_on_bad_input() {
-    let (out, code) = cli_run(
-        "stages",
-        r#"{"layer_latency_ms": [1, 2, 3, 4], "stages": 2}"#,
-        &[],
-    );
+    let (out, code) = cli_run("stages", r#"{"layer_latency_ms": [1, 2, 3, 4], "stages": 2}"#, &[]);
     assert_eq!(code, 0);
     assert_eq!(out["stages"], serde_json::json!([[0, 3], [3, 4]]));
     assert_eq!(out["bottleneck_ms"], 6.0);
-    let (out, code) = cli_run(
-        "slices",
-        r#"{"seq_len": 2, "stages": 2, "t_fwd_ms": [[1, 1], [3, null]]}"#,
-        &[],
-    );
-    assert_eq!(
-        (code, out["slices"].clone()),
-        (0, serde_json::json!([1, 1]))
-    );
+    let (out, code) = cli_run("slices", r#"{"seq_len": 2, "stages": 2, "t_fwd_ms": [[1, 1], [3, null]]}"#, &[]);
+    assert_eq!((code, out["slices"].clone()), (0, serde_json::json!([1, 1])));
     for (planner, json, extra) in [
         ("stages", r#"{"stages": 2}"#, &[][..]),
-        (
-            "stages",
-            r#"{"layer_latency_ms": [1, -2], "stages": 1}"#,
-            &[],
-        ),
+        ("stages", r#"{"layer_latency_ms": [1, -2], "stages": 1}"#, &[]),
         ("stages", r#"{"layer_latency_ms": [NaN], "stages": 1}"#, &[]),
         ("stages", r#"{"layer_latency_ms": [], "stages": 1}"#, &[]),
-        (
-            "stages",
-            r#"{"layer_latency_ms": [1], "stages": 18446744073709551616}"#,
-            &[],
-        ),
-        (
-            "stages",
-            r#"{"layer_latency_ms": [1e400], "stages": 1}"#,
-            &[],
-        ),
+        ("stages", r#"{"layer_latency_ms": [1], "stages": 18446744073709551616}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [1e400], "stages": 1}"#, &[]),
         ("stages", r#"{"layer_latency_ms": [1], "stages": 2}"#, &[]),
-        (
-            "stages",
-            r#"{"layer_latency_ms": [1], "stages": 1, "typo": 1}"#,
-            &[],
-        ),
-        (
-            "stages",
-            r#"{"layer_latency_ms": [1], "stages": 1}"#,
-            &["--exhaustive"],
-        ),
-        (
-            "slices",
-            r#"{"seq_len": 3, "stages": 1, "t_fwd_ms": [[1]]}"#,
-            &[],
-        ),
-        (
-            "slices",
-            r#"{"seq_len": 100000, "stages": 1, "t_fwd_ms": []}"#,
-            &[],
-        ),
+        ("stages", r#"{"layer_latency_ms": [1], "stages": 1, "typo": 1}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [1], "stages": 1}"#, &["--exhaustive"]),
+        ("slices", r#"{"seq_len": 3, "stages": 1, "t_fwd_ms": [[1]]}"#, &[]),
+        ("slices", r#"{"seq_len": 100000, "stages": 1, "t_fwd_ms": []}"#, &[]),
         (
             "placement",
             r#"{"models": [], "devices": 1, "device_memory_bytes": 1, "workload": {"trace": [[0, "a"]]}}"#,
@@ -836,10 +594,7 @@ fn plan_cli_prints_one_json_object_and_exits_2_on_bad_input() {
     ] {
         let (out, code) = cli_run(planner, json, extra);
         assert_eq!(code, 2, "{planner} {json}: {out}");
-        assert!(
-            out["error"].as_str().is_some_and(|e| !e.is_empty()),
-            "{out}"
-        );
+        assert!(out["error"].as_str().is_some_and(|e| !e.is_empty()), "{out}");
     }
     let (out, code) = cli::run(["plan", "stages", "--input", "/nonexistent/plan.json"]);
     assert_eq!(code, 2, "{out}");
@@ -867,19 +622,13 @@ fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
     let (all, code) = cli_run("schedule", &json, &["--exhaustive"]);
     assert_eq!(code, 0, "{all}");
     assert_eq!(all["search"], "exhaustive");
-    assert!(close(
-        bnb["throughput_qps"].as_f64().unwrap(),
-        all["throughput_qps"].as_f64().unwrap()
-    ));
+    assert!(close(bnb["throughput_qps"].as_f64().unwrap(), all["throughput_qps"].as_f64().unwrap()));
     let placement = r#"{"models": [{"name": "a", "layer_latency_ms": [100, 100], "layer_memory_bytes": [1, 1], "slo_s": 1}],
         "devices": 2, "device_memory_bytes": 2, "workload": {"arrivals": [{"model": "a", "rate": 2, "cv": 2}], "duration_s": 20, "seed": 3}}"#;
     let (out, code) = cli_run("placement", placement, &["--baseline", "replication"]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(out["baseline"], "replication");
-    assert_eq!(
-        out["latencies_s"].as_array().unwrap().len(),
-        out["models"][0]["requests"].as_u64().unwrap() as usize
-    );
+    assert_eq!(out["latencies_s"].as_array().unwrap().len(), out["models"][0]["requests"].as_u64().unwrap() as usize);
 }
 
 #[test]
@@ -889,19 +638,13 @@ fn plan_sample_inputs_all_plan() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let Some(planner) = ["stages", "slices", "placement", "schedule"]
-            .into_iter()
-            .find(|p| name.starts_with(p))
+        let Some(planner) = ["stages", "slices", "placement", "schedule"].into_iter().find(|p| name.starts_with(p))
         else {
             continue;
         };
         let (out, code) = cli::run(["plan", planner, "--input", path.to_str().unwrap()]);
         assert_eq!(code, 0, "{name}: {out}");
-        assert!(
-            serde_json::from_str::<serde_json::Value>(&out)
-                .unwrap()
-                .is_object()
-        );
+        assert!(serde_json::from_str::<serde_json::Value>(&out).unwrap().is_object());
         ran += 1;
     }
     assert!(ran >= 9, "ran {ran} sample inputs");
@@ -931,8 +674,5 @@ fn plan_placement_with_unreachable_slo_still_places_every_model() {
     assert!(out.groups.iter().any(|g| !g.models.is_empty()));
     assert!(close(out.latencies_s[0].unwrap(), 1.0));
     input.device_memory_bytes = 1;
-    assert!(matches!(
-        placement::plan(&input),
-        Err(placement::PlacementError::NothingFits { .. })
-    ));
+    assert!(matches!(placement::plan(&input), Err(placement::PlacementError::NothingFits { .. })));
 }

@@ -48,7 +48,10 @@ pub mod quant;
 mod test_devices;
 
 pub use paged::{
-    copy_blocks, copy_blocks_mut, paged_attention, paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut,
-    reshape_and_cache_with, slot, write_blocks, write_blocks_mut, PagedBatch, PagedKernelError, SlotMapping, SKIP_SLOT,
+    PagedBatch, PagedKernelError, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut, paged_attention,
+    paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut, reshape_and_cache_with, slot,
+    write_blocks, write_blocks_mut,
 };
-pub use quant::{dequantize, ops, qmatmul, qmatmul_transposed, quantize, GroupQuantized, KernelError, QMatmulLayout, QuantSpec};
+pub use quant::{
+    GroupQuantized, KernelError, QMatmulLayout, QuantSpec, dequantize, ops, qmatmul, qmatmul_transposed, quantize,
+};

@@ -1,7 +1,7 @@
 //! Chat prompts rendered with the model's own Jinja chat template (HF `apply_chat_template`), the
 //! one in `tokenizer_config.json` or in a GGUF file's `tokenizer.chat_template`.
 
-use minijinja::{context, Environment, Error, ErrorKind};
+use minijinja::{Environment, Error, ErrorKind, context};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
@@ -39,11 +39,7 @@ impl ChatTemplate {
     /// A template from its Jinja source, with the model's BOS/EOS token strings (templates use
     /// `{{ bos_token }}`).
     pub fn new(source: impl Into<String>, bos_token: impl Into<String>, eos_token: impl Into<String>) -> Self {
-        Self {
-            source: source.into(),
-            bos_token: bos_token.into(),
-            eos_token: eos_token.into(),
-        }
+        Self { source: source.into(), bos_token: bos_token.into(), eos_token: eos_token.into() }
     }
 
     /// The Jinja source.

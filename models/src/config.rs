@@ -148,10 +148,7 @@ impl DecoderSpec {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         if !path.is_file() {
-            return Err(ModelError::MissingFile {
-                what: "config.json",
-                path,
-            });
+            return Err(ModelError::MissingFile { what: "config.json", path });
         }
         let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
         Self::from_json(&text, &path)
@@ -163,16 +160,11 @@ impl DecoderSpec {
             serde_json::from_str(text).map_err(|e| ModelError::config(path, e.to_string()))?;
         let arch = detect_architecture(&value).map_err(|found| match found {
             Some(name) => ModelError::UnsupportedArchitecture(name),
-            None => ModelError::config(
-                path,
-                "no `model_type` or `architectures` field: is this an HF config.json?",
-            ),
+            None => ModelError::config(path, "no `model_type` or `architectures` field: is this an HF config.json?"),
         })?;
         let parse_err = |e: serde_json::Error| ModelError::config(path, e.to_string());
         let spec = match arch {
-            Architecture::Opt => OptConfig::deserialize(&value)
-                .map_err(parse_err)?
-                .to_spec(),
+            Architecture::Opt => OptConfig::deserialize(&value).map_err(parse_err)?.to_spec(),
             Architecture::Llama => LlamaConfig::deserialize(&value)
                 .map_err(parse_err)?
                 .to_spec()
@@ -236,11 +228,7 @@ fn detect_architecture(value: &serde_json::Value) -> std::result::Result<Archite
     if let Some(t) = model_type {
         return from_type(t).ok_or_else(|| Some(t.to_string()));
     }
-    let first = value
-        .get("architectures")
-        .and_then(|a| a.as_array())
-        .and_then(|a| a.first())
-        .and_then(|a| a.as_str());
+    let first = value.get("architectures").and_then(|a| a.as_array()).and_then(|a| a.first()).and_then(|a| a.as_str());
     match first {
         Some(name) if name.starts_with("OPT") => Ok(Architecture::Opt),
         Some(name) if name.starts_with("Llama") => Ok(Architecture::Llama),

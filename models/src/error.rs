@@ -63,7 +63,9 @@ pub enum ModelError {
         message: String,
     },
     /// A GGUF tensor uses a quantization type we do not read.
-    #[error("tensor `{name}` has GGUF type {kind}, which burn-llm does not read (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]
+    #[error(
+        "tensor `{name}` has GGUF type {kind}, which burn-llm does not read (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+    )]
     UnsupportedGgufType {
         /// The tensor name.
         name: String,
@@ -95,7 +97,9 @@ pub enum ModelError {
     #[error("chat template error: {0}")]
     ChatTemplate(String),
     /// A chat prompt was given to a model without a chat template.
-    #[error("this model has no chat template (tokenizer_config.json `chat_template` or GGUF `tokenizer.chat_template`); give a plain prompt instead")]
+    #[error(
+        "this model has no chat template (tokenizer_config.json `chat_template` or GGUF `tokenizer.chat_template`); give a plain prompt instead"
+    )]
     NoChatTemplate,
     /// The tokenizer could not be loaded or used.
     #[error("tokenizer error: {0}")]
@@ -172,16 +176,10 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io {
-            path: path.into(),
-            source,
-        }
+        Self::Io { path: path.into(), source }
     }
 
     pub(crate) fn config(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Self::InvalidConfig {
-            path: path.into(),
-            message: message.into(),
-        }
+        Self::InvalidConfig { path: path.into(), message: message.into() }
     }
 }

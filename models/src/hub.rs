@@ -27,10 +27,7 @@ pub fn resolve_model(model: &str) -> Result<PathBuf> {
         });
     }
     if !looks_like_hub_id(model) {
-        return Err(ModelError::MissingFile {
-            what: "model directory",
-            path: path.to_path_buf(),
-        });
+        return Err(ModelError::MissingFile { what: "model directory", path: path.to_path_buf() });
     }
     fetch(model)
 }
@@ -46,17 +43,11 @@ fn looks_like_hub_id(model: &str) -> bool {
 fn fetch(id: &str) -> Result<PathBuf> {
     use hf_hub::api::sync::ApiBuilder;
 
-    let hub_err = |e: &dyn std::fmt::Display| ModelError::Hub {
-        id: id.to_string(),
-        message: e.to_string(),
-    };
+    let hub_err = |e: &dyn std::fmt::Display| ModelError::Hub { id: id.to_string(), message: e.to_string() };
     if let Some(dir) = cached(id) {
         return Ok(dir);
     }
-    let api = ApiBuilder::from_env()
-        .with_progress(true)
-        .build()
-        .map_err(|e| hub_err(&e))?;
+    let api = ApiBuilder::from_env().with_progress(true).build().map_err(|e| hub_err(&e))?;
     let repo = api.model(id.to_string());
     let config = repo.get(REQUIRED[0]).map_err(|e| hub_err(&e))?;
     repo.get(REQUIRED[1]).map_err(|e| hub_err(&e))?;
@@ -74,10 +65,7 @@ fn fetch(id: &str) -> Result<PathBuf> {
             repo.get("model.safetensors").map_err(|e| hub_err(&e))?;
         }
     }
-    config
-        .parent()
-        .map(Path::to_path_buf)
-        .ok_or_else(|| hub_err(&"the cache returned a file without a directory"))
+    config.parent().map(Path::to_path_buf).ok_or_else(|| hub_err(&"the cache returned a file without a directory"))
 }
 
 /// The snapshot directory of `id` when everything it needs is already in the HF cache.

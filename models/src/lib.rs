@@ -47,8 +47,8 @@ pub mod tokenizer;
 pub mod units;
 pub mod weights;
 
-pub use chat::{ChatMessage, ChatTemplate};
 pub use cache::{ContiguousKvCache, KvCache, KvLayout, StepInput};
+pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, DecoderSpec};
 pub use error::{ModelError, Result};
 pub use generation::{

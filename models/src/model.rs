@@ -14,7 +14,7 @@ use crate::config::{DecoderSpec, PositionKind};
 use crate::error::Result;
 use crate::layers::attention::SelfAttention;
 use crate::layers::embedding::TokenEmbedding;
-use crate::layers::linear::{load_fused_in_out, load_linear, load_projection, WeightLayout};
+use crate::layers::linear::{WeightLayout, load_fused_in_out, load_linear, load_projection};
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::Norm;
 use crate::layers::projection::{Projection, QLinear};
@@ -44,20 +44,18 @@ impl DecoderLayer {
 
     /// Bytes of its projection weights as stored (norms and biases are not counted).
     pub fn weight_bytes(&self) -> usize {
-        let attn = [&self.attn.q, &self.attn.k, &self.attn.v, &self.attn.o].iter().map(|p| p.weight_bytes()).sum::<usize>();
-        attn + self.mlp.up.weight_bytes() + self.mlp.down.weight_bytes() + self.mlp.gate.as_ref().map_or(0, Projection::weight_bytes)
+        let attn =
+            [&self.attn.q, &self.attn.k, &self.attn.v, &self.attn.o].iter().map(|p| p.weight_bytes()).sum::<usize>();
+        attn + self.mlp.up.weight_bytes()
+            + self.mlp.down.weight_bytes()
+            + self.mlp.gate.as_ref().map_or(0, Projection::weight_bytes)
     }
 
     /// Applies `f` to every attention and MLP projection (with its name, for errors).
     fn map_projections(self, f: impl Fn(Projection, &str) -> Result<Projection>) -> Result<Self> {
         let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm } = self;
-        let attn = SelfAttention {
-            q: f(attn.q, "q")?,
-            k: f(attn.k, "k")?,
-            v: f(attn.v, "v")?,
-            o: f(attn.o, "o")?,
-            ..attn
-        };
+        let attn =
+            SelfAttention { q: f(attn.q, "q")?, k: f(attn.k, "k")?, v: f(attn.v, "v")?, o: f(attn.o, "o")?, ..attn };
         let mlp = Mlp {
             up: f(mlp.up, "up")?,
             gate: match mlp.gate {
@@ -132,9 +130,8 @@ impl CausalLm {
     /// Builds the model from an opened checkpoint, checking every tensor's shape against `spec`.
     pub fn from_checkpoint(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
         let mut model = Self::skeleton(spec, ckpt, device)?;
-        model.layers = (0..model.spec.num_layers)
-            .map(|i| load_layer(&model.spec, ckpt, i, device))
-            .collect::<Result<Vec<_>>>()?;
+        model.layers =
+            (0..model.spec.num_layers).map(|i| load_layer(&model.spec, ckpt, i, device)).collect::<Result<Vec<_>>>()?;
         Ok(model)
     }
 
@@ -146,9 +143,7 @@ impl CausalLm {
         let names = spec.arch.tensor_names();
         let (hidden, embed) = (spec.hidden_size, spec.embed_dim);
         let embedding = |name: &str, rows: usize, dim: usize| -> Result<Embedding> {
-            Ok(Embedding {
-                weight: Param::from_tensor(ckpt.tensor(name, [rows, dim], device)?),
-            })
+            Ok(Embedding { weight: Param::from_tensor(ckpt.tensor(name, [rows, dim], device)?) })
         };
         let embed_tokens = match ckpt.quantized(names.embed_tokens, [spec.vocab_size, embed], device)? {
             Some(table) => TokenEmbedding::Quantized(QLinear::from_out_in(table, None)),
@@ -161,19 +156,14 @@ impl CausalLm {
         let projections = embed != hidden;
         let project = |name: Option<&str>, dims: [usize; 2]| -> Result<Option<Linear>> {
             match name {
-                Some(name) if projections => {
-                    Ok(Some(load_linear(ckpt, name, dims, false, names.layout, device)?))
-                }
+                Some(name) if projections => Ok(Some(load_linear(ckpt, name, dims, false, names.layout, device)?)),
                 _ => Ok(None),
             }
         };
         let project_in = project(names.project_in, [embed, hidden])?;
         let project_out = project(names.project_out, [hidden, embed])?;
-        let final_norm = if spec.final_norm {
-            Some(Norm::load(ckpt, names.final_norm, spec.norm, hidden, device)?)
-        } else {
-            None
-        };
+        let final_norm =
+            if spec.final_norm { Some(Norm::load(ckpt, names.final_norm, spec.norm, hidden, device)?) } else { None };
         let lm_head = if spec.tie_word_embeddings {
             None
         } else {
@@ -343,11 +333,7 @@ impl CausalLm {
     /// (column 0 for rows without one), `[batch, vocab]`.
     pub fn last_logits(&self, states: Tensor<3>, last: &[Option<usize>]) -> Tensor<2> {
         let [b, s, e] = states.dims();
-        let rows: Vec<i64> = last
-            .iter()
-            .enumerate()
-            .map(|(row, last)| (row * s + last.unwrap_or(0)) as i64)
-            .collect();
+        let rows: Vec<i64> = last.iter().enumerate().map(|(row, last)| (row * s + last.unwrap_or(0)) as i64).collect();
         let index = Tensor::<1, Int>::from_data(TensorData::new(rows, [b]), &states.device());
         self.logits(states.reshape([b * s, e]).select(0, index))
     }
@@ -356,11 +342,7 @@ impl CausalLm {
 /// `1/sqrt(head_dim)`, with GPT-2's optional `1/(layer+1)`.
 fn attention_scale(spec: &DecoderSpec, layer: usize) -> f64 {
     let base = 1.0 / (spec.head_dim as f64).sqrt();
-    if spec.scale_attn_by_inverse_layer_idx {
-        base / (layer + 1) as f64
-    } else {
-        base
-    }
+    if spec.scale_attn_by_inverse_layer_idx { base / (layer + 1) as f64 } else { base }
 }
 
 fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &Device) -> Result<DecoderLayer> {

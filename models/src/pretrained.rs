@@ -10,7 +10,7 @@ use burn_llm_kernels::GroupQuantized;
 
 use crate::config::{DecoderSpec, OneOrMany};
 use crate::error::{ModelError, Result};
-use crate::gguf::{tokenizer_from_gguf, GgufModel};
+use crate::gguf::{GgufModel, tokenizer_from_gguf};
 use crate::model::CausalLm;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Checkpoint, TensorSource};
@@ -83,10 +83,7 @@ impl PretrainedFiles {
             return Ok(Self { spec, files: ModelFiles::Gguf(gguf), tokenizer, eos_token_ids });
         }
         if !path.is_dir() {
-            return Err(ModelError::MissingFile {
-                what: "model directory",
-                path: path.to_path_buf(),
-            });
+            return Err(ModelError::MissingFile { what: "model directory", path: path.to_path_buf() });
         }
         let tokenizer = Tokenizer::from_dir(path)?;
         let spec = DecoderSpec::from_dir(path)?;
@@ -127,7 +124,6 @@ fn generation_eos(dir: &Path) -> Result<Vec<u32>> {
         return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-    let config: GenerationConfig =
-        serde_json::from_str(&text).map_err(|e| ModelError::config(&path, e.to_string()))?;
+    let config: GenerationConfig = serde_json::from_str(&text).map_err(|e| ModelError::config(&path, e.to_string()))?;
     Ok(config.eos_token_id.to_vec())
 }

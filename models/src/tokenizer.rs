@@ -52,10 +52,7 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
-            return Err(ModelError::MissingFile {
-                what: "tokenizer (tokenizer.json)",
-                path,
-            });
+            return Err(ModelError::MissingFile { what: "tokenizer (tokenizer.json)", path });
         }
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
@@ -83,7 +80,11 @@ impl Tokenizer {
             token.as_str().or_else(|| token.get("content")?.as_str()).map(str::to_string)
         };
         let chat_template = template_source(config).map(|source| {
-            ChatTemplate::new(source, token_text("bos_token").unwrap_or_default(), token_text("eos_token").unwrap_or_default())
+            ChatTemplate::new(
+                source,
+                token_text("bos_token").unwrap_or_default(),
+                token_text("eos_token").unwrap_or_default(),
+            )
         });
         Self {
             chat_template,
@@ -112,10 +113,7 @@ impl Tokenizer {
 
     /// Encodes `text` with the special tokens the model expects (as `tokenizer(text)` in HF).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let encoding = self.inner.encode(text, true).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let mut ids = encoding.get_ids().to_vec();
         if let Some(bos) = self.bos_id.filter(|&b| self.add_bos && ids.first() != Some(&b)) {
             ids.insert(0, bos);
@@ -128,9 +126,7 @@ impl Tokenizer {
 
     /// Decodes ids to text, dropping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+        self.inner.decode(ids, true).map_err(|e| ModelError::Tokenizer(e.to_string()))
     }
 
     /// The model's chat template, if it ships one.
@@ -153,10 +149,7 @@ impl Tokenizer {
     /// Encodes `text` without adding any special token (special tokens written in the text are
     /// still recognized).
     pub fn encode_verbatim(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let encoding = self.inner.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
 

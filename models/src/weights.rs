@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_kernels::GroupQuantized;
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensors;
+use safetensors::tensor::{Dtype, Metadata};
 
 use crate::error::{ModelError, Result};
 
@@ -95,26 +95,14 @@ impl Checkpoint {
             // SAFETY: the map is read-only and lives as long as `Checkpoint`; a file truncated
             // underneath us is the usual mmap caveat, the same one burn-store and candle accept.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
-            let (header_len, metadata) =
-                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::CorruptWeights {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
+            let (header_len, metadata) = SafeTensors::read_metadata(&mmap)
+                .map_err(|e| ModelError::CorruptWeights { path: path.clone(), message: e.to_string() })?;
             for name in metadata.tensors().keys() {
                 location.insert(name.clone(), shards.len());
             }
-            shards.push(Shard {
-                path,
-                mmap,
-                header_len,
-                metadata,
-            });
+            shards.push(Shard { path, mmap, header_len, metadata });
         }
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            shards,
-            location,
-        })
+        Ok(Self { dir: dir.to_path_buf(), shards, location })
     }
 
     /// The directory the checkpoint was opened from.
@@ -134,9 +122,7 @@ impl Checkpoint {
             return Some(name.to_string());
         }
         let stripped = name.split_once('.').map(|(_, rest)| rest)?;
-        self.location
-            .contains_key(stripped)
-            .then(|| stripped.to_string())
+        self.location.contains_key(stripped).then(|| stripped.to_string())
     }
 
     /// Whether the checkpoint holds `name` (see [`Checkpoint::resolve`]).
@@ -148,18 +134,14 @@ impl Checkpoint {
 impl TensorSource for Checkpoint {
     /// Reads `name` as `f32` values, checking that its shape is `expected`.
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
-        let resolved = self.resolve(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            dir: self.dir.clone(),
-        })?;
+        let resolved = self
+            .resolve(name)
+            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), dir: self.dir.clone() })?;
         let shard = &self.shards[self.location[&resolved]];
         let info = shard
             .metadata
             .info(&resolved)
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: name.to_string(),
-                dir: self.dir.clone(),
-            })?;
+            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), dir: self.dir.clone() })?;
         if info.shape != expected {
             return Err(ModelError::ShapeMismatch {
                 name: resolved,
@@ -169,17 +151,12 @@ impl TensorSource for Checkpoint {
         }
         let start = 8 + shard.header_len + info.data_offsets.0;
         let end = 8 + shard.header_len + info.data_offsets.1;
-        let bytes = shard
-            .mmap
-            .get(start..end)
-            .ok_or_else(|| ModelError::CorruptWeights {
-                path: shard.path.clone(),
-                message: format!("tensor `{resolved}` lies outside the file"),
-            })?;
-        decode_floats(bytes, info.dtype).ok_or_else(|| ModelError::UnsupportedDtype {
-            name: resolved,
-            dtype: format!("{:?}", info.dtype),
-        })
+        let bytes = shard.mmap.get(start..end).ok_or_else(|| ModelError::CorruptWeights {
+            path: shard.path.clone(),
+            message: format!("tensor `{resolved}` lies outside the file"),
+        })?;
+        decode_floats(bytes, info.dtype)
+            .ok_or_else(|| ModelError::UnsupportedDtype { name: resolved, dtype: format!("{:?}", info.dtype) })
     }
 }
 
@@ -187,8 +164,7 @@ impl TensorSource for Checkpoint {
 /// names that are not plain file names are refused.
 pub fn index_shards(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| ModelError::config(index, e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::config(index, e.to_string()))?;
     let mut files: Vec<String> = value
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -215,10 +191,7 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
         for file in files {
             let path = dir.join(&file);
             if !path.is_file() {
-                return Err(ModelError::MissingFile {
-                    what: "weight shard",
-                    path,
-                });
+                return Err(ModelError::MissingFile { what: "weight shard", path });
             }
             paths.push(path);
         }
@@ -250,18 +223,9 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Little-endian F32/F16/BF16 bytes to `f32`; `None` for other dtypes.
 fn decode_floats(bytes: &[u8], dtype: Dtype) -> Option<Vec<f32>> {
     Some(match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
+        Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         _ => return None,
     })
 }

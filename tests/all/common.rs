@@ -37,12 +37,7 @@ pub struct Reference {
 }
 
 fn ids(value: &serde_json::Value) -> Vec<u32> {
-    value
-        .as_array()
-        .expect("id list")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
+    value.as_array().expect("id list").iter().map(|v| v.as_u64().expect("id") as u32).collect()
 }
 
 pub fn reference(name: &str) -> Reference {
@@ -59,11 +54,7 @@ pub fn reference(name: &str) -> Reference {
         .map(|(i, p)| {
             let view = tensors.tensor(&format!("logits.{i}")).unwrap();
             assert_eq!(view.dtype(), safetensors::Dtype::F32);
-            let logits = view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
+            let logits = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             ReferencePrompt {
                 text: p["text"].as_str().unwrap().to_string(),
                 input_ids: ids(&p["input_ids"]),
@@ -73,10 +64,7 @@ pub fn reference(name: &str) -> Reference {
             }
         })
         .collect();
-    Reference {
-        vocab_size: json["vocab_size"].as_u64().unwrap() as usize,
-        prompts,
-    }
+    Reference { vocab_size: json["vocab_size"].as_u64().unwrap() as usize, prompts }
 }
 
 /// Largest absolute difference.

@@ -2,7 +2,7 @@
 //! reproduces HF's logits; corrupted and truncated files are errors, never panics.
 
 use burn::tensor::Device;
-use burn_llm::models::gguf::{dequantize, permute_rope_rows, GgufHeader};
+use burn_llm::models::gguf::{GgufHeader, dequantize, permute_rope_rows};
 use burn_llm::models::weights::TensorSource;
 use burn_llm::models::{Checkpoint, ContiguousKvCache, DecoderSpec, ModelError, Pretrained};
 use rand::{Rng, SeedableRng};

@@ -4,13 +4,13 @@
 use std::path::PathBuf;
 
 use burn::tensor::Device;
+use burn_llm::Generator;
 use burn_llm::models::weights::Checkpoint;
 use burn_llm::models::{DecoderSpec, Pretrained, Prompt, SamplingParams};
 use burn_llm::offload::policy::{HardwareProfile, Placement, Policy, Workload};
 use burn_llm::offload::{OffloadConfig, OffloadEngine, OffloadError, PolicyChoice};
-use burn_llm::Generator;
 
-use crate::common::{devices, fixture, reference, FIXTURES};
+use crate::common::{FIXTURES, devices, fixture, reference};
 
 /// The offload directory of test `tag`, under the system temp dir.
 fn offload_dir(tag: &str) -> PathBuf {
@@ -38,7 +38,15 @@ pub fn engine(name: &str, device: &Device, policy: Policy, tag: &str) -> Offload
     let pretrained = Pretrained::load(&dir, &Device::flex()).unwrap();
     let spec = DecoderSpec::from_dir(&dir).unwrap();
     let ckpt = Checkpoint::open(&dir).unwrap();
-    OffloadEngine::new(spec, &ckpt, Some(pretrained.tokenizer), pretrained.eos_token_ids, config(policy, tag, 1 << 30), device).unwrap()
+    OffloadEngine::new(
+        spec,
+        &ckpt,
+        Some(pretrained.tokenizer),
+        pretrained.eos_token_ids,
+        config(policy, tag, 1 << 30),
+        device,
+    )
+    .unwrap()
 }
 
 /// The exact policies of the issue: everything on the device; weights on disk; weights and KV on
@@ -92,7 +100,8 @@ fn greedy_equals_plain_generation_for_exact_policies() {
             let reference = reference(name);
             let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
             let plain = Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
-            let expected: Vec<Vec<u32>> = plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
+            let expected: Vec<Vec<u32>> =
+                plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
             for (i, (label, policy)) in exact_policies().into_iter().enumerate() {
                 let e = engine(name, &device, policy, &format!("{name}-{device_name}-{i}"));
                 let (out, report) = e.generate(&prompts, &params).unwrap();
@@ -123,7 +132,8 @@ fn budgets_are_enforced() {
     let spec = DecoderSpec::from_dir(&dir).unwrap();
     let ckpt = Checkpoint::open(&dir).unwrap();
     let all_gpu = Policy::all_on_gpu(2);
-    let err = OffloadEngine::new(spec.clone(), &ckpt, None, vec![], config(all_gpu, "tiny", 4096), &Device::flex()).unwrap_err();
+    let err = OffloadEngine::new(spec.clone(), &ckpt, None, vec![], config(all_gpu, "tiny", 4096), &Device::flex())
+        .unwrap_err();
     assert!(matches!(err, OffloadError::Store(_)), "{err}");
     assert!(err.to_string().contains("GPU"), "{err}");
 
@@ -193,7 +203,8 @@ fn compressed_policies_equal_quantized_plain_generation() {
         let layers = std::mem::take(&mut pretrained.model.layers);
         pretrained.model.layers = layers.into_iter().map(|l| l.quantized(weights).unwrap()).collect();
         let plain = Generator::from(pretrained).with_kv_quantization(cache(16)).unwrap();
-        let expected: Vec<Vec<u32>> = plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
+        let expected: Vec<Vec<u32>> =
+            plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
         let policy = Policy {
             weights: Placement::from_array([0.5, 0.5, 0.0]),
             compress_weights: Some(weights),
@@ -201,24 +212,47 @@ fn compressed_policies_equal_quantized_plain_generation() {
             ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) }
         };
         // Compressed weights and cache on disk too: the disk tier stores the 4-bit codes.
-        let on_disk = Policy { weights: Placement::from_array([0.0, 0.5, 0.5]), cache: Placement::from_array([0.0, 0.5, 0.5]), ..policy };
-        for (label, p) in [("device+host", policy), ("host+disk", on_disk), ("host+disk, no overlap", Policy { overlap: false, ..on_disk })] {
+        let on_disk = Policy {
+            weights: Placement::from_array([0.0, 0.5, 0.5]),
+            cache: Placement::from_array([0.0, 0.5, 0.5]),
+            ..policy
+        };
+        for (label, p) in [
+            ("device+host", policy),
+            ("host+disk", on_disk),
+            ("host+disk, no overlap", Policy { overlap: false, ..on_disk }),
+        ] {
             let e = engine(name, &Device::flex(), p, &format!("compressed-{name}-{}", label.len()));
             let (out, _) = e.generate(&prompts, &params).unwrap();
             let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
             assert_eq!(got, expected, "{name}, {label}");
         }
         // Weights alone on disk: the codes take well under half the bytes of f32 weights.
-        let weights_on_disk = |compress| Policy { weights: Placement::from_array([0.0, 0.0, 1.0]), compress_weights: compress, compress_cache: None, ..policy };
-        let bytes = |p: Policy, tag: &str| engine(name, &Device::flex(), p, tag).generate(&prompts, &params).unwrap().1.memory.disk_bytes;
+        let weights_on_disk = |compress| Policy {
+            weights: Placement::from_array([0.0, 0.0, 1.0]),
+            compress_weights: compress,
+            compress_cache: None,
+            ..policy
+        };
+        let bytes = |p: Policy, tag: &str| {
+            engine(name, &Device::flex(), p, tag).generate(&prompts, &params).unwrap().1.memory.disk_bytes
+        };
         let (packed, dense) = (bytes(weights_on_disk(Some(weights)), "packed"), bytes(weights_on_disk(None), "dense"));
         assert!(packed * 5 < dense * 2, "{name}: {packed} bytes of codes vs {dense} of f32");
         // The cache alone on disk, in the policy's groups: 4-bit codes with a scale and a minimum
         // per 8 values take 1.5 bytes a value, per 16 values 1 byte.
-        let cache_on_disk = |group| Policy { cache: Placement::from_array([0.0, 0.0, 1.0]), compress_weights: None, compress_cache: Some(cache(group)), ..policy };
+        let cache_on_disk = |group| Policy {
+            cache: Placement::from_array([0.0, 0.0, 1.0]),
+            compress_weights: None,
+            compress_cache: Some(cache(group)),
+            ..policy
+        };
         let (g8, g16) = (bytes(cache_on_disk(8), "cache-g8"), bytes(cache_on_disk(16), "cache-g16"));
         assert!(g8 > g16, "{name}: groups of 8 take {g8} bytes on disk, of 16 {g16}");
-        let untiled = engine(name, &Device::flex(), cache_on_disk(32), "cache-g32").generate(&prompts, &params).unwrap_err().to_string();
+        let untiled = engine(name, &Device::flex(), cache_on_disk(32), "cache-g32")
+            .generate(&prompts, &params)
+            .unwrap_err()
+            .to_string();
         assert!(untiled.contains("group size 32"), "{untiled}");
     }
 }
@@ -238,8 +272,12 @@ fn sparse_attention_keeps_the_top_keys() {
     let k = Tensor::<4>::from_data(TensorData::new(vec![4f32, 1.0, 3.0, 2.0], [1, 1, 4, 1]), &device);
     let v = Tensor::<4>::from_data(TensorData::new(vec![1f32, 10.0, 100.0, 1000.0], [1, 1, 4, 1]), &device);
     let bias = Tensor::<4>::zeros([1, 1, 1, 4], &device);
-    let dense = attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1.0).into_data().try_into_vec_as::<f32>().unwrap()[0];
-    let all = sparse_attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1.0, Some(4)).into_data().try_into_vec_as::<f32>().unwrap()[0];
+    let dense =
+        attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1.0).into_data().try_into_vec_as::<f32>().unwrap()[0];
+    let all = sparse_attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1.0, Some(4))
+        .into_data()
+        .try_into_vec_as::<f32>()
+        .unwrap()[0];
     assert_eq!(dense, all);
     let top2 = sparse_attention(q, k, v, bias, 1.0, Some(2)).into_data().try_into_vec_as::<f32>().unwrap()[0];
     let (e4, e3) = (4f32.exp(), 3f32.exp());
@@ -286,14 +324,18 @@ fn thread_control_plans_and_keeps_outputs() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
     let reference = reference("opt");
     let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Ids(p.input_ids.clone())).collect();
-    let policy = Policy { weights: Placement::from_array([0.0, 0.5, 0.5]), ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) } };
+    let policy = Policy {
+        weights: Placement::from_array([0.0, 0.5, 0.5]),
+        ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) }
+    };
     let plain = engine("opt", &device, policy, "threads-plain").generate(&prompts, &params).unwrap().0;
     let fixture_dir = fixture("opt");
     let spec = DecoderSpec::from_dir(&fixture_dir).unwrap();
     let ckpt = Checkpoint::open(&fixture_dir).unwrap();
     let mut cfg = config(policy, "threads-planned", 1 << 30);
     cfg.threads = Some(plan);
-    let planned = OffloadEngine::new(spec, &ckpt, None, vec![], cfg, &device).unwrap().generate(&prompts, &params).unwrap().0;
+    let planned =
+        OffloadEngine::new(spec, &ckpt, None, vec![], cfg, &device).unwrap().generate(&prompts, &params).unwrap().0;
     let ids = |o: &burn_llm::GenerationOutput| o.requests.iter().map(|r| r.generated_ids.clone()).collect::<Vec<_>>();
     assert_eq!(ids(&planned), ids(&plain));
 }

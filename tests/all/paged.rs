@@ -5,13 +5,13 @@
 //! leak no block.
 
 use burn::tensor::Device;
+use burn_llm::BeamSearchParams;
+use burn_llm::Generator;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Location;
 use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, SchedulingPolicy};
-use burn_llm::BeamSearchParams;
-use burn_llm::Generator;
 
-use crate::common::{devices, fixture, reference, FIXTURES};
+use crate::common::{FIXTURES, devices, fixture, reference};
 
 pub fn engine(name: &str, device: &Device, config: EngineConfig) -> LlmEngine {
     LlmEngine::new(Pretrained::load(&fixture(name), device).unwrap(), config).unwrap()
@@ -163,7 +163,8 @@ fn parallel_samples_are_reproducible_and_share_the_prompt() {
     let reference = reference("gpt2");
     let prompt = Prompt::Ids(reference.prompts[0].input_ids.clone());
     let prompt_len = reference.prompts[0].input_ids.len();
-    let params = SamplingParams { temperature: 1.0, seed: Some(7), ignore_eos: true, n: 4, ..SamplingParams::greedy(8) };
+    let params =
+        SamplingParams { temperature: 1.0, seed: Some(7), ignore_eos: true, n: 4, ..SamplingParams::greedy(8) };
     let run = || {
         let mut engine = engine("gpt2", &device, config(256, 4, PreemptionMode::Auto));
         engine.add_request("r", prompt.clone(), params.clone()).unwrap();
@@ -247,7 +248,10 @@ fn bad_requests_are_errors() {
     e.add_request("a", Prompt::Ids(vec![2, 10]), ok.clone()).unwrap();
     assert!(matches!(e.add_request("a", Prompt::Ids(vec![2, 10]), ok.clone()), Err(PagedError::DuplicateRequest(_))));
     let bad = SamplingParams { n: 3, best_of: Some(2), ..ok.clone() };
-    assert!(matches!(e.add_request("b", Prompt::Ids(vec![2]), bad), Err(PagedError::Model(burn_llm::ModelError::InvalidSampling(_)))));
+    assert!(matches!(
+        e.add_request("b", Prompt::Ids(vec![2]), bad),
+        Err(PagedError::Model(burn_llm::ModelError::InvalidSampling(_)))
+    ));
     let beam_sampling = SamplingParams { temperature: 0.7, beam: Some(BeamSearchParams::new(2)), ..ok.clone() };
     assert!(e.add_request("c", Prompt::Ids(vec![2]), beam_sampling).is_err());
     assert!(e.add_request("d", Prompt::Ids(vec![]), ok.clone()).is_err());
@@ -259,7 +263,8 @@ fn bad_requests_are_errors() {
     let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), tiny).unwrap_err();
     assert!(matches!(err, PagedError::KvBudget { .. }), "{err}");
     assert!(err.to_string().contains("--kv-cache-memory"));
-    let small = EngineConfig { kv_cache_memory: KvCacheMemory::Bytes(600_000), block_size: 1024, ..EngineConfig::default() };
+    let small =
+        EngineConfig { kv_cache_memory: KvCacheMemory::Bytes(600_000), block_size: 1024, ..EngineConfig::default() };
     let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), small).unwrap_err().to_string();
     assert!(err.contains("budget of 585.9 KiB"), "byte figures use a unit that shows them: {err}");
 }

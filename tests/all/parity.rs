@@ -2,7 +2,7 @@
 
 use burn_llm::models::{ContiguousKvCache, Pretrained, Prompt, SamplingParams};
 
-use crate::common::{devices, fixture, max_abs_diff, reference, FIXTURES};
+use crate::common::{FIXTURES, devices, fixture, max_abs_diff, reference};
 
 /// Every position's logits within 1e-4 of HF (f32), one prompt at a time.
 #[test]
@@ -41,10 +41,7 @@ fn tokenizer_matches_hf() {
 /// different lengths or one by one, and the streamed text equals HF's decode.
 #[test]
 fn greedy_matches_hf_batched_and_alone() {
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(16)
-    };
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) };
     for (device_name, device) in devices() {
         for name in FIXTURES {
             let reference = reference(name);
@@ -56,7 +53,10 @@ fn greedy_matches_hf_batched_and_alone() {
                 assert_eq!(out.generated_ids, expected.greedy_ids, "{name} on {device_name}, prompt {i} in a batch");
                 assert_eq!(out.text, expected.greedy_text, "{name} on {device_name}, prompt {i} text");
                 let alone = generator.generate(&prompts[i..=i], &params).unwrap();
-                assert_eq!(alone.requests[0].generated_ids, expected.greedy_ids, "{name} on {device_name}, prompt {i} alone");
+                assert_eq!(
+                    alone.requests[0].generated_ids, expected.greedy_ids,
+                    "{name} on {device_name}, prompt {i} alone"
+                );
             }
             assert_eq!(batched.timing.generated_tokens, 16 * prompts.len());
         }
@@ -66,7 +66,8 @@ fn greedy_matches_hf_batched_and_alone() {
 /// Token-id prompts give the same result as the text they encode.
 #[test]
 fn id_prompts_equal_text_prompts() {
-    let generator = burn_llm::Generator::from(Pretrained::load(&fixture("llama"), &burn::tensor::Device::flex()).unwrap());
+    let generator =
+        burn_llm::Generator::from(Pretrained::load(&fixture("llama"), &burn::tensor::Device::flex()).unwrap());
     let reference = reference("llama");
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
     let by_text = generator.generate(&[Prompt::Text(reference.prompts[1].text.clone())], &params).unwrap();

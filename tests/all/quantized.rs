@@ -3,18 +3,22 @@
 
 use burn::tensor::Device;
 use burn_llm::kernels::QuantSpec;
-use burn_llm::models::cache::{fit_kv_quant, KV_QUANT_AXIS};
+use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{ContiguousKvCache, Pretrained};
 
-use crate::common::{devices, fixture, max_abs_diff, reference, FIXTURES};
+use crate::common::{FIXTURES, devices, fixture, max_abs_diff, reference};
 
 #[test]
 fn fused_decode_equals_prefill_path_and_w8_stays_close() {
     for (device_name, device) in devices() {
         for name in FIXTURES {
             let reference = reference(name);
-            let model = Pretrained::load(&fixture(name), &device).unwrap().model.quantize_weights(QuantSpec::new(8, 32, WEIGHT_QUANT_AXIS).unwrap()).unwrap();
+            let model = Pretrained::load(&fixture(name), &device)
+                .unwrap()
+                .model
+                .quantize_weights(QuantSpec::new(8, 32, WEIGHT_QUANT_AXIS).unwrap())
+                .unwrap();
             let prompt = &reference.prompts[2];
             let ids = &prompt.input_ids;
             assert!(ids.len() > 16, "this prompt must take the dequantize-then-matmul path");
@@ -26,7 +30,8 @@ fn fused_decode_equals_prefill_path_and_w8_stays_close() {
             let mut decode = Vec::new();
             for id in ids {
                 let step = cache.begin_step(&[&[*id]]).unwrap();
-                decode.extend(model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap());
+                decode
+                    .extend(model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap());
             }
             let diff = max_abs_diff(&prefill, &decode);
             assert!(diff <= 1e-4, "{name} on {device_name}: fused vs dequantized paths differ by {diff}");
@@ -60,11 +65,16 @@ fn quantized_kv_cache() {
             let prompt = &reference.prompts[1];
             let ids = &prompt.input_ids;
             let kv8 = QuantSpec::new(8, 16, KV_QUANT_AXIS).unwrap();
-            let mut cache = ContiguousKvCache::quantized(pretrained.model.kv_layout(), 1, ids.len(), &device, kv8).unwrap();
+            let mut cache =
+                ContiguousKvCache::quantized(pretrained.model.kv_layout(), 1, ids.len(), &device, kv8).unwrap();
             // 8-bit codes plus f32 scale and min per group of 16: 1.5 bytes a value instead of 4.
-            assert!(cache.memory_bytes() * 2 < ContiguousKvCache::new(pretrained.model.kv_layout(), 1, ids.len(), &device).memory_bytes());
+            assert!(
+                cache.memory_bytes() * 2
+                    < ContiguousKvCache::new(pretrained.model.kv_layout(), 1, ids.len(), &device).memory_bytes()
+            );
             let step = cache.begin_step(&[ids]).unwrap();
-            let logits = pretrained.model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap();
+            let logits =
+                pretrained.model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap();
             let range = prompt.logits.iter().fold(0f32, |m, v| m.max(v.abs()));
             let error = max_abs_diff(&logits, &prompt.logits);
             assert!(error <= 0.05 * range, "{name} on {device_name}: kv8 logits off by {error} (range {range})");
@@ -72,7 +82,9 @@ fn quantized_kv_cache() {
             for bits in [8, 4] {
                 let generator = burn_llm::Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
                 // FlexGen's groups of 64, fitted to the fixtures' 16-value heads.
-                let spec = fit_kv_quant(generator.model().kv_layout(), QuantSpec::new(bits, 64, KV_QUANT_AXIS).unwrap()).unwrap();
+                let spec =
+                    fit_kv_quant(generator.model().kv_layout(), QuantSpec::new(bits, 64, KV_QUANT_AXIS).unwrap())
+                        .unwrap();
                 assert_eq!(spec, QuantSpec::new(bits, 16, KV_QUANT_AXIS).unwrap());
                 let generator = generator.with_kv_quantization(spec).unwrap();
                 let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };

@@ -17,9 +17,7 @@ fn smollm2_knows_the_capital_of_france() {
     let generator = Generator::from(Pretrained::load(&smollm2(), &Device::flex()).unwrap());
     let tokenizer = generator.tokenizer().unwrap();
     assert_eq!(tokenizer.vocab_size(), 49152);
-    let out = generator
-        .generate(&[Prompt::from("The capital of France is")], &SamplingParams::greedy(4))
-        .unwrap();
+    let out = generator.generate(&[Prompt::from("The capital of France is")], &SamplingParams::greedy(4)).unwrap();
     let text = &out.requests[0].text;
     assert!(text.starts_with(" Paris"), "greedy continuation was {text:?}");
 }
@@ -49,7 +47,8 @@ fn smollm2_runs_on_its_shipped_blocks() {
     let reference = Generator::from(dense).generate(&prompt, &params).unwrap();
     let (a, b) = (&shipped.requests[0], &reference.requests[0]);
     assert_eq!(a.generated_ids, b.generated_ids);
-    let (la, lb): (Vec<_>, Vec<_>) = (a.logprobs.iter().flatten().flatten().collect(), b.logprobs.iter().flatten().flatten().collect());
+    let (la, lb): (Vec<_>, Vec<_>) =
+        (a.logprobs.iter().flatten().flatten().collect(), b.logprobs.iter().flatten().flatten().collect());
     assert_eq!(la.len(), 6 * 5);
     for (x, y) in la.iter().zip(&lb) {
         assert_eq!(x.id, y.id);

@@ -95,7 +95,13 @@ fn top_k_one_is_greedy_and_logprobs_are_sorted() {
     let top1 = generator
         .generate(
             &prompts,
-            &SamplingParams { temperature: 1.5, top_k: 1, seed: Some(1), ignore_eos: true, ..SamplingParams::greedy(8) },
+            &SamplingParams {
+                temperature: 1.5,
+                top_k: 1,
+                seed: Some(1),
+                ignore_eos: true,
+                ..SamplingParams::greedy(8)
+            },
         )
         .unwrap();
     assert_eq!(greedy.requests[0].generated_ids, top1.requests[0].generated_ids);
@@ -114,9 +120,8 @@ fn top_k_one_is_greedy_and_logprobs_are_sorted() {
 fn stop_strings_and_ids() {
     let generator = burn_llm::Generator::from(Pretrained::load(&fixture("opt"), &Device::flex()).unwrap());
     let prompts = [Prompt::from("The licenses for most software")];
-    let free = generator
-        .generate(&prompts, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) })
-        .unwrap();
+    let free =
+        generator.generate(&prompts, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) }).unwrap();
     let full = &free.requests[0];
     let third = full.generated_ids[2];
     let by_id = generator
@@ -131,7 +136,10 @@ fn stop_strings_and_ids() {
 
     let stop: String = full.text.chars().skip(3).take(3).collect();
     let by_text = generator
-        .generate(&prompts, &SamplingParams { ignore_eos: true, stop: vec![stop.clone()], ..SamplingParams::greedy(16) })
+        .generate(
+            &prompts,
+            &SamplingParams { ignore_eos: true, stop: vec![stop.clone()], ..SamplingParams::greedy(16) },
+        )
         .unwrap();
     let out = &by_text.requests[0];
     assert_eq!(out.finish_reason, burn_llm::FinishReason::Stop);

@@ -10,14 +10,14 @@ use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_llm::kernels::QuantSpec;
-use burn_llm::models::cache::{fit_kv_quant, KV_QUANT_AXIS};
-use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
-use burn_llm::models::{hub, CausalLm, ContiguousKvCache, Pretrained};
 use burn_llm::DeviceChoice;
+use burn_llm::kernels::QuantSpec;
+use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant};
+use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
+use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained, hub};
 use serde::Serialize;
 
-use crate::report::{self, table, Align::Left, Align::Right, Header};
+use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// Flags of `eval ppl`.
 #[derive(clap::Args)]
@@ -81,7 +81,8 @@ fn window_nll(
         None => ContiguousKvCache::new(model.kv_layout(), 1, window.len(), device),
         Some(bits) => {
             // FlexGen's groups of 64, or the whole head where 64 does not tile it.
-            let spec = fit_kv_quant(model.kv_layout(), QuantSpec::new(bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS)?)?;
+            let spec =
+                fit_kv_quant(model.kv_layout(), QuantSpec::new(bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS)?)?;
             ContiguousKvCache::quantized(model.kv_layout(), 1, window.len(), device, spec)?
         }
     };
@@ -98,8 +99,7 @@ fn window_nll(
 pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
     let path = hub::resolve_model(&args.model)?;
-    let text = std::fs::read_to_string(&args.text)
-        .map_err(|e| format!("cannot read {}: {e}", args.text.display()))?;
+    let text = std::fs::read_to_string(&args.text).map_err(|e| format!("cannot read {}: {e}", args.text.display()))?;
     let mut results: Vec<Row> = Vec::new();
     for variant in &args.variants {
         let pretrained = Pretrained::load(&path, &device)?;
@@ -136,7 +136,10 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
             scored_tokens: count,
             seconds: started.elapsed().as_secs_f64(),
         };
-        eprintln!("{:>6}: perplexity {:.3} ({:+.2}%) over {} tokens in {:.1} s", row.variant, row.perplexity, row.delta_percent, row.scored_tokens, row.seconds);
+        eprintln!(
+            "{:>6}: perplexity {:.3} ({:+.2}%) over {} tokens in {:.1} s",
+            row.variant, row.perplexity, row.delta_percent, row.scored_tokens, row.seconds
+        );
         results.push(row);
     }
     let command = format!(
@@ -151,7 +154,11 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The device is in the command line; the report keeps the shape it has always had, without it.
     let header = Header::new("ppl", command, None, &args.model);
     let mut md = header.markdown("Perplexity");
-    md.push_str(&format!("- text: {} (context {} tokens, non-overlapping windows)\n\n", args.text.display(), args.context));
+    md.push_str(&format!(
+        "- text: {} (context {} tokens, non-overlapping windows)\n\n",
+        args.text.display(),
+        args.context
+    ));
     md.push_str(&table(
         &[("variant", Left), ("perplexity", Right), ("Δ vs first", Right), ("scored tokens", Right)],
         results.iter().map(|r| {

@@ -21,7 +21,9 @@ impl Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
             .lines()
-            .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+            .find_map(|l| {
+                l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string())
+            })
             .unwrap_or_else(|| "unknown".into());
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let memory_kib: f64 = meminfo

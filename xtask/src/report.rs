@@ -28,7 +28,12 @@ pub struct Header {
 
 impl Header {
     /// A header for a run finishing now, on this machine.
-    pub fn new(benchmark: &'static str, command: String, device: Option<&'static str>, model: impl Into<String>) -> Self {
+    pub fn new(
+        benchmark: &'static str,
+        command: String,
+        device: Option<&'static str>,
+        model: impl Into<String>,
+    ) -> Self {
         Self { benchmark, command, machine: Machine::current(), device, model: model.into(), unix_time: unix_time() }
     }
 
@@ -90,10 +95,7 @@ pub fn write(dir: &Path, name: &str, json: &impl Serialize, markdown: &str) -> s
 
 /// Seconds since the Unix epoch, for stamping reports.
 fn unix_time() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -102,7 +104,10 @@ mod tests {
 
     #[test]
     fn table_has_header_alignment_and_rows() {
-        let md = table(&[("name", Align::Left), ("tokens/s", Align::Right)], [vec!["a".into(), "1.0".into()], vec!["b".into(), "2.5".into()]]);
+        let md = table(
+            &[("name", Align::Left), ("tokens/s", Align::Right)],
+            [vec!["a".into(), "1.0".into()], vec!["b".into(), "2.5".into()]],
+        );
         assert_eq!(md, "| name | tokens/s |\n|---|---:|\n| a | 1.0 |\n| b | 2.5 |\n");
     }
 

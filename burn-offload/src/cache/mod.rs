@@ -19,7 +19,7 @@ pub mod sparse;
 
 use burn::tensor::{Device, Tensor};
 use burn_llm_kernels::QuantSpec;
-use burn_llm_models::cache::{check_kv_quant, LayerSlots, StepSlots};
+use burn_llm_models::cache::{LayerSlots, StepSlots, check_kv_quant};
 use burn_llm_models::{KvCache, KvLayout, StepInput};
 
 use crate::error::{OffloadError, Result};
@@ -90,7 +90,15 @@ impl OffloadKvCache {
             .iter()
             .map(|home| (!home.on_disk).then(|| LayerSlots::zeros(layout, batch, capacity, quant, &home.device)))
             .collect();
-        Ok(Self { layout, quant, steps: StepSlots::new(batch, capacity, device), layers, placement, sparsity: None, missing: None })
+        Ok(Self {
+            layout,
+            quant,
+            steps: StepSlots::new(batch, capacity, device),
+            layers,
+            placement,
+            sparsity: None,
+            missing: None,
+        })
     }
 
     /// Keeps only the `fraction` highest-scoring keys of each decode query (FlexGen §5's Top-K
@@ -121,7 +129,8 @@ impl OffloadKvCache {
     /// Bytes one layer's keys and values hold (codes plus `f32` scales and minimums when
     /// quantized).
     pub fn layer_bytes(&self) -> usize {
-        self.layout.storage_bytes(self.steps.batch() * self.steps.capacity(), self.quant) / self.layout.num_layers.max(1)
+        self.layout.storage_bytes(self.steps.batch() * self.steps.capacity(), self.quant)
+            / self.layout.num_layers.max(1)
     }
 
     /// Lays out the next step: `new_tokens[b]` are the tokens sequence `b` adds (possibly none).
@@ -138,7 +147,10 @@ impl OffloadKvCache {
     /// Puts `layer`'s keys and values (as taken, or rebuilt with [`parts::from_slot_data`]) in.
     pub fn put_layer(&mut self, layer: usize, slots: LayerSlots) -> Result<()> {
         let num_layers = self.layout.num_layers;
-        let home = self.layers.get_mut(layer).ok_or_else(|| OffloadError::Internal(format!("layer {layer} of a {num_layers}-layer KV cache")))?;
+        let home = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| OffloadError::Internal(format!("layer {layer} of a {num_layers}-layer KV cache")))?;
         *home = Some(slots);
         Ok(())
     }
@@ -146,7 +158,9 @@ impl OffloadKvCache {
     /// Fails if a layer attended while its slots were out (its output was zeros).
     pub fn check(&mut self) -> Result<()> {
         match self.missing.take() {
-            Some(layer) => Err(OffloadError::Internal(format!("the KV cache of layer {layer} was not loaded when the layer ran"))),
+            Some(layer) => {
+                Err(OffloadError::Internal(format!("the KV cache of layer {layer} was not loaded when the layer ran")))
+            }
             None => Ok(()),
         }
     }

@@ -6,8 +6,8 @@ use std::ops::Range;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_llm_kernels::QuantSpec;
-use burn_llm_models::cache::{LayerSlots, Slots};
 use burn_llm_models::KvLayout;
+use burn_llm_models::cache::{LayerSlots, Slots};
 
 use crate::error::{OffloadError, Result};
 
@@ -16,7 +16,11 @@ pub fn part_shapes(layout: KvLayout, quant: Option<QuantSpec>) -> Vec<(usize, DT
     let d = layout.head_dim;
     let per_kv = match quant {
         None => vec![(d, DType::F32)],
-        Some(spec) => vec![(d / spec.per_word(), DType::U32), (d / spec.group_size(), DType::F32), (d / spec.group_size(), DType::F32)],
+        Some(spec) => vec![
+            (d / spec.per_word(), DType::U32),
+            (d / spec.group_size(), DType::F32),
+            (d / spec.group_size(), DType::F32),
+        ],
     };
     [per_kv.clone(), per_kv].concat()
 }
@@ -31,7 +35,11 @@ pub fn slot_data(slots: &LayerSlots, range: Range<usize>) -> Vec<TensorData> {
 pub fn from_slot_data(parts: Vec<TensorData>, quant: Option<QuantSpec>, device: &Device) -> Result<LayerSlots> {
     let per = if quant.is_some() { 3 } else { 1 };
     if parts.len() != 2 * per {
-        return Err(OffloadError::Internal(format!("{} KV parts read for a layer that stores {}", parts.len(), 2 * per)));
+        return Err(OffloadError::Internal(format!(
+            "{} KV parts read for a layer that stores {}",
+            parts.len(),
+            2 * per
+        )));
     }
     let mut parts = parts.into_iter();
     let mut next = || slots_of(parts.by_ref().take(per).collect(), quant, device);

@@ -2,12 +2,19 @@
 //! other keys' values are never needed.
 
 use burn::tensor::Tensor;
-use burn_llm_models::cache::{attention_with, MASKED};
+use burn_llm_models::cache::{MASKED, attention_with};
 
 /// The models' masked attention where each query keeps only its `keep` highest-scoring keys;
 /// `None` or a `keep` at least the number of keys is dense attention. Ties at the threshold are
 /// all kept.
-pub fn sparse_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>, scale: f32, keep: Option<usize>) -> Tensor<4> {
+pub fn sparse_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    scale: f32,
+    keep: Option<usize>,
+) -> Tensor<4> {
     let keys = k.dims()[2];
     attention_with(q, k, v, bias, scale, |scores| match keep.filter(|&keep| keep > 0 && keep < keys) {
         Some(keep) => {

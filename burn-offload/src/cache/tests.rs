@@ -3,7 +3,7 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_kernels::QuantSpec;
-use burn_llm_models::cache::{LayerSlots, KV_QUANT_AXIS};
+use burn_llm_models::cache::{KV_QUANT_AXIS, LayerSlots};
 use burn_llm_models::{KvCache, KvLayout};
 
 use super::parts::{from_slot_data, part_shapes, slot_data};

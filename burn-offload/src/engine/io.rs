@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use burn::module::Module;
@@ -17,8 +17,8 @@ use tracing::trace_span;
 
 use super::parking::Parked;
 use super::{LayerHome, OffloadEngine};
-use crate::cache::parts::{from_slot_data, part_shapes, slot_data};
 use crate::cache::OffloadKvCache;
+use crate::cache::parts::{from_slot_data, part_shapes, slot_data};
 use crate::error::{OffloadError, Result};
 use crate::policy::Tier;
 use crate::store::{Reservation, ScratchDir, SlotFile};
@@ -32,14 +32,20 @@ pub(super) enum Task<'scope, T> {
 
 impl<'scope, T: Send + 'scope> Task<'scope, T> {
     /// Starts `f` on a thread of `scope` when `overlap`, else keeps it for [`Task::join`].
-    pub(super) fn start<'env>(scope: &'scope Scope<'scope, 'env>, overlap: bool, f: impl FnOnce() -> Result<T> + Send + 'scope) -> Self {
+    pub(super) fn start<'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        overlap: bool,
+        f: impl FnOnce() -> Result<T> + Send + 'scope,
+    ) -> Self {
         if overlap { Task::Running(scope.spawn(f)) } else { Task::Deferred(Box::new(f)) }
     }
 
     /// The task's result: waits for its thread, or runs it now.
     pub(super) fn join(self) -> Result<T> {
         match self {
-            Task::Running(handle) => handle.join().unwrap_or_else(|_| Err(OffloadError::Internal("an offloading task panicked".into()))),
+            Task::Running(handle) => {
+                handle.join().unwrap_or_else(|_| Err(OffloadError::Internal("an offloading task panicked".into())))
+            }
             Task::Deferred(f) => f(),
         }
     }
@@ -65,7 +71,11 @@ impl<'scope> Weights<'scope> {
 
     /// Layer `j` on the device. At its first step the previous layer leaves the device, `j`'s
     /// load is joined (or, deferred, runs now) and `prefetch` starts the next one's.
-    pub(super) fn layer(&mut self, j: usize, prefetch: impl FnOnce() -> Option<Task<'scope, Loaded>>) -> Result<&DecoderLayer> {
+    pub(super) fn layer(
+        &mut self,
+        j: usize,
+        prefetch: impl FnOnce() -> Option<Task<'scope, Loaded>>,
+    ) -> Result<&DecoderLayer> {
         if self.current.as_ref().is_none_or(|(at, _)| *at != j) {
             let task = self.next.take().ok_or_else(|| OffloadError::Internal(format!("layer {j} was not loading")))?;
             drop(self.current.take());
@@ -146,7 +156,9 @@ impl BlockIo {
     }
 
     pub(super) fn scratch(&self) -> Result<&ScratchDir> {
-        self.scratch.as_ref().ok_or_else(|| OffloadError::Internal("no scratch directory for a disk-resident cache or activations".into()))
+        self.scratch.as_ref().ok_or_else(|| {
+            OffloadError::Internal("no scratch directory for a disk-resident cache or activations".into())
+        })
     }
 
     /// Creates the files of layer `j` of GPU batch `k`'s cache, in [`part_shapes`] order.
@@ -187,7 +199,11 @@ impl BlockIo {
 
     /// Bytes the block's KV cache and activations took on disk.
     pub(super) fn disk_bytes(&self) -> u64 {
-        let kv: u64 = self.kv_files.values().flat_map(|f| f.lock().map(|f| f.iter().map(|f| f.file.len_bytes()).sum::<u64>())).sum();
+        let kv: u64 = self
+            .kv_files
+            .values()
+            .flat_map(|f| f.lock().map(|f| f.iter().map(|f| f.file.len_bytes()).sum::<u64>()))
+            .sum();
         kv + self.activation_bytes.iter().map(|b| b.load(Ordering::Relaxed)).sum::<u64>()
     }
 }
@@ -219,7 +235,10 @@ impl OffloadEngine {
                 }
                 LayerHome::Disk => {
                     let budget = self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?;
-                    let template = self.template.as_ref().ok_or_else(|| OffloadError::Internal("no disk layer template".into()))?;
+                    let template = self
+                        .template
+                        .as_ref()
+                        .ok_or_else(|| OffloadError::Internal("no disk layer template".into()))?;
                     let layer = read_layer(template, &self.store, &format!("layer{j}/"), &self.device)?;
                     Ok(Loaded { layer, _budget: Some(budget) })
                 }
@@ -228,7 +247,13 @@ impl OffloadEngine {
     }
 
     /// `load_cache`: reads a disk layer's KV cache into host memory, against the host budget.
-    pub(super) fn load_cache(&self, layer: usize, batch: usize, load: KvLoad, io: &BlockIo) -> Result<(LayerSlots, Reservation)> {
+    pub(super) fn load_cache(
+        &self,
+        layer: usize,
+        batch: usize,
+        load: KvLoad,
+        io: &BlockIo,
+    ) -> Result<(LayerSlots, Reservation)> {
         let _span = trace_span!("load_cache", layer, batch).entered();
         let what = format!("KV cache of layer {layer}, GPU batch {batch} (loaded from disk)");
         let budget = self.ledger.reserve(Tier::Cpu, load.bytes, &what)?;

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_llm_models::generation::{prepare_prompt, record_sampled, sample, RequestState};
+use burn_llm_models::generation::{RequestState, prepare_prompt, record_sampled, sample};
 use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingParams, Timing, Tokenizer};
@@ -37,10 +37,10 @@ use serde::Serialize;
 use crate::cache::{KvPlacement, OffloadKvCache};
 use crate::error::{OffloadError, Result};
 use crate::policy::{
-    estimate, search_whole, CostEstimate, HardwareProfile, ModelShape, Placement, Policy, QuantSpec, SearchSpace, ThreadPlan, Tier, TierBytes,
-    Workload,
+    CostEstimate, HardwareProfile, ModelShape, Placement, Policy, QuantSpec, SearchSpace, ThreadPlan, Tier, TierBytes,
+    Workload, estimate, search_whole,
 };
-use crate::store::{fmt_bytes, DiskStore, MemoryLedger, Reservation, ScratchDir};
+use crate::store::{DiskStore, MemoryLedger, Reservation, ScratchDir, fmt_bytes};
 use crate::weights::{hollow, write_layer};
 use io::BlockIo;
 
@@ -151,7 +151,8 @@ impl std::fmt::Debug for OffloadEngine {
 /// The cost model's view of a decoder (`f32` weights and cache, as the runtime stores them).
 pub fn model_shape(spec: &DecoderSpec) -> ModelShape {
     let heads = spec.num_heads as u64;
-    let mut shape = ModelShape::paper_opt(spec.num_layers as u32, spec.hidden_size as u64, spec.intermediate_size as u64, heads);
+    let mut shape =
+        ModelShape::paper_opt(spec.num_layers as u32, spec.hidden_size as u64, spec.intermediate_size as u64, heads);
     shape.name = spec.arch.name().to_string();
     shape.num_kv_heads = spec.num_kv_heads as u64;
     shape.head_dim = spec.head_dim as u64;
@@ -192,7 +193,13 @@ impl OffloadEngine {
                 let mut space = space.clone();
                 space.reserved_bytes = reserved;
                 let rounded = search_whole(&hw, &shape, &config.workload, &space)?;
-                (rounded.policy, rounded.layer_tiers, rounded.cache_tensors, rounded.activation_tensors, rounded.estimate)
+                (
+                    rounded.policy,
+                    rounded.layer_tiers,
+                    rounded.cache_tensors,
+                    rounded.activation_tensors,
+                    rounded.estimate,
+                )
             }
             PolicyChoice::Fixed(policy) => {
                 // A given policy runs as given: whole layers and tensors in tier order, no
@@ -201,7 +208,13 @@ impl OffloadEngine {
                 let batches = u64::from(policy.num_gpu_batches.max(1));
                 let tiers = tiers_in_order(whole_counts(policy.weights, num_layers));
                 let est = estimate(&hw, &shape, &config.workload, policy)?;
-                (*policy, tiers, whole_counts(policy.cache, num_layers * batches), whole_counts(policy.activations, batches), est)
+                (
+                    *policy,
+                    tiers,
+                    whole_counts(policy.cache, num_layers * batches),
+                    whole_counts(policy.activations, batches),
+                    est,
+                )
             }
         };
 
@@ -212,7 +225,9 @@ impl OffloadEngine {
                 .map_err(|e| OffloadError::Config(format!("cannot build a thread pool: {e}")))
         };
         let (compute_pool, io_pool) = match &config.threads {
-            Some(plan) => (Some(pool(plan.intra_op_compute)?), Some(pool(plan.io_threads.first().copied().unwrap_or(1))?)),
+            Some(plan) => {
+                (Some(pool(plan.intra_op_compute)?), Some(pool(plan.io_threads.first().copied().unwrap_or(1))?))
+            }
             None => (None, None),
         };
         let mut store = DiskStore::open(&config.offload_dir)?;
@@ -334,7 +349,8 @@ impl OffloadEngine {
             .collect::<Result<Vec<_>>>()?;
         self.ledger.reset_peaks();
         let started = Instant::now();
-        let mut timing = Timing { prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(), ..Timing::default() };
+        let mut timing =
+            Timing { prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(), ..Timing::default() };
         let gbs = self.policy.gpu_batch_size.max(1) as usize;
         let block = gbs * self.policy.num_gpu_batches.max(1) as usize;
         let mut scratch_bytes = 0;
@@ -343,7 +359,8 @@ impl OffloadEngine {
         }
         let total = started.elapsed().as_secs_f64();
         timing.decode_s = total - timing.prefill_s;
-        let output = GenerationOutput { requests: requests.into_iter().map(RequestState::into_output).collect(), timing };
+        let output =
+            GenerationOutput { requests: requests.into_iter().map(RequestState::into_output).collect(), timing };
         let report = OffloadReport {
             policy: self.policy,
             predicted_tokens_per_s: self.estimate.throughput_tokens_per_s,
@@ -360,7 +377,13 @@ impl OffloadEngine {
 
     /// One block: its GPU batches advance together, layer by layer (zig-zag), until all finish.
     /// Returns the bytes its KV cache and activations took on disk.
-    fn run_block(&self, block: &mut [RequestState], gbs: usize, params: &SamplingParams, timing: &mut Timing) -> Result<u64> {
+    fn run_block(
+        &self,
+        block: &mut [RequestState],
+        gbs: usize,
+        params: &SamplingParams,
+        timing: &mut Timing,
+    ) -> Result<u64> {
         let started = Instant::now();
         let layout = self.skeleton.kv_layout();
         let longest_prompt = block.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
@@ -379,7 +402,11 @@ impl OffloadEngine {
             for j in 0..layout.num_layers {
                 match self.cache_tier(j, k) {
                     Tier::Disk => io.add_kv_files(&cache, j, k)?,
-                    tier => budgets.push(self.ledger.reserve(tier, per_layer, &format!("KV cache of layer {j}, GPU batch {k}"))?),
+                    tier => budgets.push(self.ledger.reserve(
+                        tier,
+                        per_layer,
+                        &format!("KV cache of layer {j}, GPU batch {k}"),
+                    )?),
                 }
             }
             caches.push(cache);

@@ -6,8 +6,8 @@ use burn::tensor::{DType, Tensor, TensorData};
 use burn_llm_models::model::Hidden;
 use tracing::trace_span;
 
-use super::io::BlockIo;
 use super::OffloadEngine;
+use super::io::BlockIo;
 use crate::error::Result;
 use crate::policy::Tier;
 use crate::store::Reservation;
@@ -40,7 +40,10 @@ impl OffloadEngine {
             Tier::Gpu => Parked::Device(hidden),
             Tier::Cpu => {
                 let budget = self.ledger.reserve(Tier::Cpu, bytes, &format!("activations of GPU batch {batch}"))?;
-                Parked::Host { hidden: Hidden { states: hidden.states.to_device(&self.host), rotary: hidden.rotary }, _budget: budget }
+                Parked::Host {
+                    hidden: Hidden { states: hidden.states.to_device(&self.host), rotary: hidden.rotary },
+                    _budget: budget,
+                }
             }
             Tier::Disk => {
                 io.scratch()?.write(&activation_file(batch), hidden.states.into_data().as_bytes())?;
@@ -55,7 +58,9 @@ impl OffloadEngine {
         let _span = trace_span!("load_hidden", away = parked.is_away()).entered();
         match parked {
             Parked::Device(h) => Ok(h),
-            Parked::Host { hidden, _budget } => Ok(Hidden { states: hidden.states.to_device(&self.device), rotary: hidden.rotary }),
+            Parked::Host { hidden, _budget } => {
+                Ok(Hidden { states: hidden.states.to_device(&self.device), rotary: hidden.rotary })
+            }
             Parked::Disk { batch, dims, rotary } => {
                 let len = dims.iter().product::<usize>() * std::mem::size_of::<f32>();
                 let bytes = io.scratch()?.read(&activation_file(batch), len)?;

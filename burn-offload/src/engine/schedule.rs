@@ -22,9 +22,9 @@
 use burn_llm_models::model::{DecoderLayer, Hidden};
 use tracing::{debug_span, trace_span};
 
+use super::OffloadEngine;
 use super::io::{BlockIo, Inputs, KvLoad, KvStore, LoadJob, StoreJob, Task, Weights};
 use super::parking::Parked;
-use super::OffloadEngine;
 use crate::cache::OffloadKvCache;
 use crate::error::{OffloadError, Result};
 use crate::policy::Tier;
@@ -38,7 +38,12 @@ impl OffloadEngine {
     /// Every layer over every active GPU batch of the block (`hidden[k]` is `None` for a batch
     /// with nothing left to generate), one (layer, batch) step at a time; the hidden states come
     /// back on the device.
-    pub(super) fn run_layers(&self, hidden: &mut [Option<Hidden>], caches: &mut [OffloadKvCache], io: &BlockIo) -> Result<()> {
+    pub(super) fn run_layers(
+        &self,
+        hidden: &mut [Option<Hidden>],
+        caches: &mut [OffloadKvCache],
+        io: &BlockIo,
+    ) -> Result<()> {
         let layers = self.layers.len();
         let active: Vec<usize> = (0..hidden.len()).filter(|&k| hidden[k].is_some()).collect();
         let order: Vec<(usize, usize)> = (0..layers).flat_map(|j| active.iter().map(move |&k| (j, k))).collect();
@@ -57,7 +62,8 @@ impl OffloadEngine {
                 // load_weight(j + 1): at a layer's first batch its weights are in, and the next
                 // layer's start loading.
                 let next_layer = (j + 1 < layers).then_some(j + 1);
-                let layer = weights.layer(j, || next_layer.map(|n| Task::start(scope, overlap, move || self.load_weight(n))))?;
+                let layer = weights
+                    .layer(j, || next_layer.map(|n| Task::start(scope, overlap, move || self.load_weight(n))))?;
                 // This step's cache and activations, loaded during the previous step, go in.
                 let (state, kv_budget) = self.take_inputs(&mut inputs, &mut caches[k], &mut parked[k], j, io)?;
                 // store_cache(j, k − 1), store_hidden(j, k − 1), then load_cache(j, k + 1),
@@ -77,7 +83,8 @@ impl OffloadEngine {
                 // sync.
                 inputs = sync(transfers, &mut parked)?;
                 // What this step leaves for the next one to store.
-                pending = self.store_job((j, k), out, kv_budget, park && j + 1 < layers, &mut caches[k], &mut parked[k])?;
+                pending =
+                    self.store_job((j, k), out, kv_budget, park && j + 1 < layers, &mut caches[k], &mut parked[k])?;
             }
             // The last step's stores.
             if let Some((batch, p)) = pending.take().map(|job| self.store_outputs(job, io)).transpose()?.flatten() {
@@ -94,7 +101,12 @@ impl OffloadEngine {
     /// What the load tasks of `step` have to bring in: its KV cache if on disk, its activations
     /// if they wait off the device (taken out of `parked`; activations still being stored are
     /// not there yet and come in when the step starts).
-    fn load_job(&self, (layer, batch): (usize, usize), caches: &[OffloadKvCache], parked: &mut [Option<Parked>]) -> LoadJob {
+    fn load_job(
+        &self,
+        (layer, batch): (usize, usize),
+        caches: &[OffloadKvCache],
+        parked: &mut [Option<Parked>],
+    ) -> LoadJob {
         let kv = (self.cache_tier(layer, batch) == Tier::Disk).then(|| KvLoad::of(&caches[batch]));
         let hidden = if parked[batch].as_ref().is_some_and(Parked::is_away) { parked[batch].take() } else { None };
         LoadJob { layer, batch, kv, hidden }
@@ -141,9 +153,17 @@ impl OffloadEngine {
     }
 
     /// `compute`: layer `j` over GPU batch `k`'s activations, in the compute pool.
-    fn compute(&self, layer: &DecoderLayer, j: usize, k: usize, state: Hidden, cache: &mut OffloadKvCache) -> Result<Hidden> {
+    fn compute(
+        &self,
+        layer: &DecoderLayer,
+        j: usize,
+        k: usize,
+        state: Hidden,
+        cache: &mut OffloadKvCache,
+    ) -> Result<Hidden> {
         let _span = trace_span!("compute", layer = j, batch = k).entered();
-        let states = self.in_pool(&self.compute_pool, || layer.forward(state.states, j, state.rotary.as_ref(), &mut *cache));
+        let states =
+            self.in_pool(&self.compute_pool, || layer.forward(state.states, j, state.rotary.as_ref(), &mut *cache));
         cache.check()?;
         Ok(Hidden { states, rotary: state.rotary })
     }
@@ -162,7 +182,9 @@ impl OffloadEngine {
     ) -> Result<Option<StoreJob>> {
         let kv = match self.cache_tier(j, k) {
             Tier::Disk => {
-                let slots = cache.take_layer(j).ok_or_else(|| OffloadError::Internal(format!("KV cache of layer {j} missing")))?;
+                let slots = cache
+                    .take_layer(j)
+                    .ok_or_else(|| OffloadError::Internal(format!("KV cache of layer {j} missing")))?;
                 Some(KvStore { slots, step: cache.steps().range(), _budget: kv_budget })
             }
             _ => None,

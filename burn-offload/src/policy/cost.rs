@@ -612,7 +612,12 @@ impl LinearModel {
 
     /// The estimate for per-layer prefill and decode times (with their term breakdowns) and
     /// peak memory: the whole run's latency and throughput follow from the workload.
-    pub fn estimate(&self, [t_pre, t_gen]: [f64; 2], [prefill_terms, decode_terms]: [TermBreakdown; 2], peak_memory: PeakMemory) -> CostEstimate {
+    pub fn estimate(
+        &self,
+        [t_pre, t_gen]: [f64; 2],
+        [prefill_terms, decode_terms]: [TermBreakdown; 2],
+        peak_memory: PeakMemory,
+    ) -> CostEstimate {
         let prefill_time = t_pre * self.layers;
         let decode_time = t_gen * (self.gen_len - 1.0) * self.layers;
         let total = prefill_time + decode_time;

@@ -97,6 +97,8 @@ pub mod types;
 #[cfg(test)]
 mod tests;
 
+pub use burn_llm_kernels::QuantSpec;
+pub use compression::{FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
 pub use cost::{
     CostEstimate, MemoryConstraint, PeakMemory, Term, TermBreakdown, TierBytes, estimate, largest_fitting_batch,
 };
@@ -108,6 +110,4 @@ pub use search::{Binding, SearchResult, SearchSpace, search, search_whole, solve
 pub use threads::{
     ComputeOp, ComputeSample, IoSample, IoTaskProfile, ThreadPlan, ThreadProfile, choose_threads, max_concurrency,
 };
-pub use burn_llm_kernels::QuantSpec;
-pub use compression::{FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
 pub use types::{Placement, Policy, PolicyShape, Tier};

@@ -14,7 +14,7 @@ use burn_llm_kernels::QuantSpec;
 use good_lp::{Expression, ProblemVariables, ResolutionError, Solution, SolverModel, Variable, microlp, variable};
 use serde::{Deserialize, Serialize};
 
-use super::compression::{self, check_cache, check_weights, FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
+use super::compression::{self, FLEXGEN_CACHE, FLEXGEN_WEIGHTS, check_cache, check_weights};
 use super::cost::{Affine, CostEstimate, HD, LinearModel, MemoryConstraint, Term, TierBytes};
 use super::error::{GIB, PolicyError};
 use super::hardware::HardwareProfile;

@@ -706,10 +706,17 @@ fn matmul_rate_by_rows() {
 /// they held `QuantSpec`s), come back along their kind's axis, and are checked when read.
 #[test]
 fn compression_serializes_as_bits_and_group_size() {
-    let policy = Policy { compress_weights: Some(FLEXGEN_WEIGHTS), compress_cache: Some(FLEXGEN_CACHE), ..Policy::all_on_gpu(1) };
+    let policy = Policy {
+        compress_weights: Some(FLEXGEN_WEIGHTS),
+        compress_cache: Some(FLEXGEN_CACHE),
+        ..Policy::all_on_gpu(1)
+    };
     let shape = policy.shape();
     let json = serde_json::to_string(&policy).unwrap();
-    assert!(json.ends_with(r#""compress_weights":{"bits":4,"group_size":64},"compress_cache":{"bits":4,"group_size":64}}"#), "{json}");
+    assert!(
+        json.ends_with(r#""compress_weights":{"bits":4,"group_size":64},"compress_cache":{"bits":4,"group_size":64}}"#),
+        "{json}"
+    );
     assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), policy);
     assert_eq!(serde_json::from_str::<PolicyShape>(&serde_json::to_string(&shape).unwrap()).unwrap(), shape);
     let uncompressed = serde_json::to_string(&Policy::all_on_gpu(1)).unwrap();

@@ -298,9 +298,11 @@ impl DiskStore {
         };
         let tmp = path.with_extension("tmp");
         let written = write_file(&tmp, dtype, shape, payload, checksum).and_then(|file_bytes| {
-            fs::rename(&tmp, &path)
-                .map(|()| file_bytes)
-                .map_err(|source| StoreError::Io { op: "renaming temp file to", path: path.clone(), source })
+            fs::rename(&tmp, &path).map(|()| file_bytes).map_err(|source| StoreError::Io {
+                op: "renaming temp file to",
+                path: path.clone(),
+                source,
+            })
         });
         let file_bytes = written.inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
@@ -354,8 +356,8 @@ impl DiskStore {
             source,
         })?;
 
-        let (header_len, metadata) = SafeTensors::read_metadata(&map)
-            .map_err(|e| bad_header(format!("safetensors header: {e}")))?;
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(&map).map_err(|e| bad_header(format!("safetensors header: {e}")))?;
         let info = metadata.info(TENSOR_KEY).ok_or_else(|| bad_header(format!("no tensor `{TENSOR_KEY}`")))?;
         let stored_checksum = metadata
             .metadata()

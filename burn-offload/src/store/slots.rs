@@ -36,13 +36,17 @@ pub struct SlotFile {
 
 impl SlotFile {
     /// Creates (or truncates) the file at `path`, zero-filled.
-    pub fn create(path: impl Into<PathBuf>, rows: usize, capacity: usize, slot_bytes: usize) -> Result<Self, StoreError> {
+    pub fn create(
+        path: impl Into<PathBuf>,
+        rows: usize,
+        capacity: usize,
+        slot_bytes: usize,
+    ) -> Result<Self, StoreError> {
         let path = path.into();
-        let len = rows
-            .checked_mul(capacity)
-            .and_then(|n| n.checked_mul(slot_bytes))
-            .filter(|&n| n > 0)
-            .ok_or_else(|| bad_size(&path, format!("{rows} rows × {capacity} slots × {slot_bytes} bytes is empty or too large")))?;
+        let len =
+            rows.checked_mul(capacity).and_then(|n| n.checked_mul(slot_bytes)).filter(|&n| n > 0).ok_or_else(|| {
+                bad_size(&path, format!("{rows} rows × {capacity} slots × {slot_bytes} bytes is empty or too large"))
+            })?;
         let file: File = OpenOptions::new()
             .read(true)
             .write(true)
@@ -73,11 +77,17 @@ impl SlotFile {
     pub fn write(&mut self, start: usize, bytes: &[u8]) -> Result<(), StoreError> {
         let step = self.rows * self.slot_bytes;
         if !bytes.len().is_multiple_of(step) {
-            return Err(bad_size(&self.path, format!("{} bytes are not whole slots of {} rows", bytes.len(), self.rows)));
+            return Err(bad_size(
+                &self.path,
+                format!("{} bytes are not whole slots of {} rows", bytes.len(), self.rows),
+            ));
         }
         let count = bytes.len() / step;
         if start + count > self.capacity {
-            return Err(bad_size(&self.path, format!("slots {start}..{} past the capacity {}", start + count, self.capacity)));
+            return Err(bad_size(
+                &self.path,
+                format!("slots {start}..{} past the capacity {}", start + count, self.capacity),
+            ));
         }
         if count == 0 {
             return Ok(());
@@ -145,7 +155,12 @@ impl ScratchDir {
         let path = self.path(name);
         let bytes = fs::read(&path).map_err(|e| io_error("reading", &path, e))?;
         if bytes.len() != len {
-            return Err(StoreError::Truncated { name: name.to_string(), path, expected: len as u64, actual: bytes.len() as u64 });
+            return Err(StoreError::Truncated {
+                name: name.to_string(),
+                path,
+                expected: len as u64,
+                actual: bytes.len() as u64,
+            });
         }
         Ok(bytes)
     }

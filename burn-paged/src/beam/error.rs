@@ -31,9 +31,7 @@ pub enum BeamError {
     InvalidVocab(usize),
     /// `beam_width * vocab` is smaller than the number of candidates HF keeps per step
     /// (`torch.topk` would fail).
-    #[error(
-        "vocabulary of {vocab} tokens too small: beam search keeps {candidates} candidates per step"
-    )]
+    #[error("vocabulary of {vocab} tokens too small: beam search keeps {candidates} candidates per step")]
     VocabTooSmall {
         /// Vocabulary size.
         vocab: usize,

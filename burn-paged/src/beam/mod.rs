@@ -115,10 +115,7 @@ pub struct StepResult {
 
 impl StepResult {
     fn done() -> Self {
-        Self {
-            beams: Vec::new(),
-            done: true,
-        }
+        Self { beams: Vec::new(), done: true }
     }
 }
 
@@ -159,12 +156,7 @@ struct Slot {
 
 impl Slot {
     fn empty() -> Self {
-        Self {
-            tokens: Vec::new(),
-            score: NEG_LARGE,
-            sum_logprobs: NEG_LARGE,
-            finished: false,
-        }
+        Self { tokens: Vec::new(), score: NEG_LARGE, sum_logprobs: NEG_LARGE, finished: false }
     }
 }
 
@@ -204,38 +196,26 @@ impl BeamSearch {
     /// length penalty and a candidate count that fits in `usize`). `prompt_len` is only recorded
     /// ([`prompt_len`](Self::prompt_len)): HF's length penalty and `max_new_tokens` count
     /// generated tokens only.
-    pub(crate) fn new(
-        params: BeamSearchParams,
-        run: BeamRun,
-        prompt_len: usize,
-    ) -> Result<Self, BeamError> {
-        params
-            .validate()
-            .map_err(|e| BeamError::Params(e.to_string()))?;
+    pub(crate) fn new(params: BeamSearchParams, run: BeamRun, prompt_len: usize) -> Result<Self, BeamError> {
+        params.validate().map_err(|e| BeamError::Params(e.to_string()))?;
         if run.num_return == 0 {
             return Err(BeamError::ZeroNumReturn);
         }
         if run.num_return > params.width {
-            return Err(BeamError::NumReturnExceedsBeamWidth {
-                num_return: run.num_return,
-                beam_width: params.width,
-            });
+            return Err(BeamError::NumReturnExceedsBeamWidth { num_return: run.num_return, beam_width: params.width });
         }
         if run.max_new_tokens == 0 {
             return Err(BeamError::ZeroMaxNewTokens);
         }
-        let candidates = candidates_per_step(params.width, run.eos_token_ids.len())
-            .ok_or(BeamError::TooManyCandidates)?;
+        let candidates =
+            candidates_per_step(params.width, run.eos_token_ids.len()).ok_or(BeamError::TooManyCandidates)?;
         Ok(Self {
             params,
             run,
             prompt_len,
             candidates,
             generated: 0,
-            live: vec![LiveBeam {
-                tokens: Vec::new(),
-                score: 0.0,
-            }],
+            live: vec![LiveBeam { tokens: Vec::new(), score: 0.0 }],
             slots: vec![Slot::empty(); params.width],
             improvement_possible: true,
             done: false,
@@ -297,21 +277,14 @@ impl BeamSearch {
         }
         let live_beams = self.live.len();
         if live_beams.checked_mul(vocab) != Some(logprobs.len()) {
-            return Err(BeamError::LogprobsShape {
-                live_beams,
-                vocab,
-                got: logprobs.len(),
-            });
+            return Err(BeamError::LogprobsShape { live_beams, vocab, got: logprobs.len() });
         }
         let width = self.params.width;
         if width == 1 {
             return Ok(self.greedy_step(logprobs));
         }
         if width.checked_mul(vocab).is_none_or(|n| n < self.candidates) {
-            return Err(BeamError::VocabTooSmall {
-                vocab,
-                candidates: self.candidates,
-            });
+            return Err(BeamError::VocabTooSmall { vocab, candidates: self.candidates });
         }
         Ok(self.beam_step(logprobs, vocab))
     }
@@ -330,19 +303,12 @@ impl BeamSearch {
         beam.score += value;
         self.generated += 1;
         if !self.hits_stop(token, self.generated) {
-            return StepResult {
-                beams: vec![(0, token)],
-                done: false,
-            };
+            return StepResult { beams: vec![(0, token)], done: false };
         }
         let beam = self.live.pop().expect("greedy search has one live beam");
         let denominator = length_denominator(self.generated, self.params.length_penalty);
-        self.slots[0] = Slot {
-            score: beam.score / denominator,
-            sum_logprobs: beam.score,
-            tokens: beam.tokens,
-            finished: true,
-        };
+        self.slots[0] =
+            Slot { score: beam.score / denominator, sum_logprobs: beam.score, tokens: beam.tokens, finished: true };
         self.done = true;
         StepResult::done()
     }
@@ -405,28 +371,14 @@ impl BeamSearch {
     fn next_live_beams(&self, candidates: &[Candidate]) -> Vec<Child> {
         let mut running = TopK::new(self.params.width);
         for (i, c) in candidates.iter().enumerate() {
-            running.push(
-                if c.hits_stop {
-                    c.acc + NEG_LARGE
-                } else {
-                    c.acc
-                },
-                i,
-            );
+            running.push(if c.hits_stop { c.acc + NEG_LARGE } else { c.acc }, i);
         }
         running
             .items
             .iter()
             .map(|&(score, i)| {
                 let c = &candidates[i];
-                Child {
-                    parent: c.parent,
-                    token: c.token,
-                    beam: LiveBeam {
-                        tokens: self.extended(c),
-                        score,
-                    },
-                }
+                Child { parent: c.parent, token: c.token, beam: LiveBeam { tokens: self.extended(c), score } }
             })
             .collect()
     }
@@ -436,8 +388,7 @@ impl BeamSearch {
     fn hypotheses(&self, candidates: &[Candidate]) -> Vec<Slot> {
         let width = self.params.width;
         let denominator = length_denominator(self.generated + 1, self.params.length_penalty);
-        let slots_full = self.params.early_stopping == EarlyStopping::Eager
-            && self.slots.iter().all(|s| s.finished);
+        let slots_full = self.params.early_stopping == EarlyStopping::Eager && self.slots.iter().all(|s| s.finished);
         let mut merged = TopK::new(width);
         for (j, slot) in self.slots.iter().enumerate() {
             merged.push(slot.score, j);
@@ -462,12 +413,7 @@ impl BeamSearch {
                 None => self.slots[j].clone(),
                 Some(i) => {
                     let c = &candidates[i];
-                    Slot {
-                        tokens: self.extended(c),
-                        score,
-                        sum_logprobs: c.acc,
-                        finished: c.hits_stop && i < width,
-                    }
+                    Slot { tokens: self.extended(c), score, sum_logprobs: c.acc, finished: c.hits_stop && i < width }
                 }
             })
             .collect()
@@ -486,10 +432,7 @@ impl BeamSearch {
         };
         let best_running = best_live_score / length_denominator(hypothetical_len, lp);
         let worst_slot = torch_min(self.slots.iter().map(|s| s.score));
-        let can_improve = self
-            .slots
-            .iter()
-            .any(|s| best_running > if s.finished { worst_slot } else { NEG_LARGE });
+        let can_improve = self.slots.iter().any(|s| best_running > if s.finished { worst_slot } else { NEG_LARGE });
         self.improvement_possible &= can_improve;
         let all_finished = self.slots.iter().all(|s| s.finished);
         let open_beam = !(all_finished && self.params.early_stopping == EarlyStopping::Eager);
@@ -518,11 +461,7 @@ impl BeamSearch {
             .into_iter()
             .take(self.run.num_return)
             .filter(|s| s.finished)
-            .map(|s| Hypothesis {
-                tokens: s.tokens,
-                score: s.score,
-                sum_logprobs: s.sum_logprobs,
-            })
+            .map(|s| Hypothesis { tokens: s.tokens, score: s.score, sum_logprobs: s.sum_logprobs })
             .collect()
     }
 }

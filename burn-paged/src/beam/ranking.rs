@@ -13,13 +13,7 @@ pub(super) fn length_denominator(generated_len: usize, length_penalty: f32) -> f
 
 /// `torch.min` of the slot scores: NaN if any is NaN.
 pub(super) fn torch_min(values: impl Iterator<Item = f32>) -> f32 {
-    values.fold(f32::INFINITY, |m, v| {
-        if m.is_nan() || v.is_nan() {
-            f32::NAN
-        } else {
-            m.min(v)
-        }
-    })
+    values.fold(f32::INFINITY, |m, v| if m.is_nan() || v.is_nan() { f32::NAN } else { m.min(v) })
 }
 
 /// Whether `(value, index)` `a` ranks before `b`: higher value first, NaN above everything, then
@@ -41,10 +35,7 @@ pub(super) struct TopK {
 
 impl TopK {
     pub(super) fn new(k: usize) -> Self {
-        Self {
-            k,
-            items: Vec::with_capacity(k.saturating_add(1).min(1024)),
-        }
+        Self { k, items: Vec::with_capacity(k.saturating_add(1).min(1024)) }
     }
 
     pub(super) fn push(&mut self, value: f32, index: usize) {

@@ -10,8 +10,11 @@ use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_llm_models::generation::{prepare_prompt, RequestState};
-use burn_llm_models::{CausalLm, FinishReason, GenerationOutput, Pretrained, Prompt, RequestOutput, SamplingParams, StepInput, Timing, Tokenizer};
+use burn_llm_models::generation::{RequestState, prepare_prompt};
+use burn_llm_models::{
+    CausalLm, FinishReason, GenerationOutput, Pretrained, Prompt, RequestOutput, SamplingParams, StepInput, Timing,
+    Tokenizer,
+};
 use rand_chacha::ChaCha8Rng;
 
 pub use config::{EngineConfig, KvCacheMemory};
@@ -20,9 +23,11 @@ pub use output::{SequenceDelta, StepOutput};
 use crate::beam::{BeamRun, BeamSearch};
 use crate::cache::{PagedKvCache, PagedStep};
 use crate::error::{PagedError, Result};
-use crate::memory::{BlockManager, BlockManagerConfig, SeqId, Location};
-use crate::scheduler::{GroupId, PreemptionCost, PreemptionMode, ScheduledSeq, Scheduler, SchedulerConfig, Sequence, SequenceGroup};
-use sampler::{sample_groups, RowChoice};
+use crate::memory::{BlockManager, BlockManagerConfig, Location, SeqId};
+use crate::scheduler::{
+    GroupId, PreemptionCost, PreemptionMode, ScheduledSeq, Scheduler, SchedulerConfig, Sequence, SequenceGroup,
+};
+use sampler::{RowChoice, sample_groups};
 
 /// One sequence's engine state: stop rules and text, its random stream, its score.
 #[derive(Debug, Clone)]
@@ -125,7 +130,12 @@ impl LlmEngine {
 
     /// An engine for a model without the [`Pretrained`] wrapper (`tokenizer` may be absent: then
     /// prompts must be token ids).
-    pub fn from_parts(model: CausalLm, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>, config: EngineConfig) -> Result<Self> {
+    pub fn from_parts(
+        model: CausalLm,
+        tokenizer: Option<Tokenizer>,
+        eos_token_ids: Vec<u32>,
+        config: EngineConfig,
+    ) -> Result<Self> {
         let layout = model.kv_layout();
         let spec = model.spec();
         if config.block_size == 0 || config.max_num_seqs == 0 {
@@ -213,7 +223,8 @@ impl LlmEngine {
         if self.requests.contains_key(&request_id) {
             return Err(PagedError::DuplicateRequest(request_id));
         }
-        let (prompt_text, prompt_ids) = prepare_prompt(self.requests.len(), &prompt, self.tokenizer.as_ref(), spec.vocab_size, spec.max_positions)?;
+        let (prompt_text, prompt_ids) =
+            prepare_prompt(self.requests.len(), &prompt, self.tokenizer.as_ref(), spec.vocab_size, spec.max_positions)?;
         let max = self.scheduler.config().max_num_batched_tokens;
         if prompt_ids.len() > max {
             return Err(PagedError::PromptTooLong { request: request_id, len: prompt_ids.len(), max });
@@ -224,7 +235,8 @@ impl LlmEngine {
                 let room = (spec.max_positions + 1).saturating_sub(prompt_ids.len()).max(1);
                 let mut eos_token_ids = if params.ignore_eos { Vec::new() } else { self.eos_token_ids.clone() };
                 eos_token_ids.extend(&params.stop_token_ids);
-                let run = BeamRun { num_return: params.n, max_new_tokens: params.max_new_tokens.min(room), eos_token_ids };
+                let run =
+                    BeamRun { num_return: params.n, max_new_tokens: params.max_new_tokens.min(room), eos_token_ids };
                 Some(BeamSearch::new(*b, run, prompt_ids.len())?)
             }
             None => None,
@@ -497,8 +509,12 @@ impl LlmEngine {
     fn push_token(&mut self, group_id: GroupId, seq: SeqId, row: RowChoice) -> Result<SequenceDelta> {
         let tokenizer = self.tokenizer.as_ref();
         let eos = &self.eos_token_ids;
-        let group = self.scheduler.group_mut(group_id).ok_or_else(|| PagedError::Internal(format!("request group {group_id} vanished")))?;
-        let data = group.data.live.get_mut(&seq).ok_or_else(|| PagedError::Internal(format!("sequence {seq:?} vanished")))?;
+        let group = self
+            .scheduler
+            .group_mut(group_id)
+            .ok_or_else(|| PagedError::Internal(format!("request group {group_id} vanished")))?;
+        let data =
+            group.data.live.get_mut(&seq).ok_or_else(|| PagedError::Internal(format!("sequence {seq:?} vanished")))?;
         data.cumulative_logprob += row.logprob as f64;
         let text = data.state.push(row.token, row.top_logprobs, &group.data.params, eos, tokenizer)?;
         let finish_reason = data.state.finish_reason();
@@ -529,10 +545,8 @@ impl LlmEngine {
         let Some(search) = group.data.beam.as_mut() else { return Ok(None) };
         let result = search.step(&flat, vocab)?;
         self.stats.generated_tokens += result.beams.len();
-        let parents: Vec<Sequence> = order
-            .iter()
-            .filter_map(|id| group.seqs.iter().find(|s| s.id == *id).cloned())
-            .collect();
+        let parents: Vec<Sequence> =
+            order.iter().filter_map(|id| group.seqs.iter().find(|s| s.id == *id).cloned()).collect();
         let mut used = vec![false; parents.len()];
         let mut next = Vec::with_capacity(result.beams.len());
         let mut forks = Vec::new();
@@ -558,7 +572,8 @@ impl LlmEngine {
         }
         let Some(group) = self.scheduler.group_mut(group_id) else { return Ok(None) };
         group.seqs = next;
-        let finished = if result.done || group.seqs.is_empty() { Some(self.finish_group(group_id, false)?) } else { None };
+        let finished =
+            if result.done || group.seqs.is_empty() { Some(self.finish_group(group_id, false)?) } else { None };
         Ok(Some(StepOutput { request_id, sequences: Vec::new(), finished }))
     }
 
@@ -584,13 +599,20 @@ impl LlmEngine {
                         Some(t) => t.decode(&h.tokens)?,
                         None => String::new(),
                     };
-                    let stopped = h.tokens.last().is_some_and(|t| eos.contains(t) || data.params.stop_token_ids.contains(t));
+                    let stopped =
+                        h.tokens.last().is_some_and(|t| eos.contains(t) || data.params.stop_token_ids.contains(t));
                     Ok(RequestOutput {
                         prompt: data.prompt.clone(),
                         prompt_ids: data.prompt_ids.clone(),
                         generated_ids: h.tokens,
                         text,
-                        finish_reason: if abort { FinishReason::Abort } else if stopped { FinishReason::Stop } else { FinishReason::Length },
+                        finish_reason: if abort {
+                            FinishReason::Abort
+                        } else if stopped {
+                            FinishReason::Stop
+                        } else {
+                            FinishReason::Length
+                        },
                         logprobs: None,
                     })
                 })
@@ -631,8 +653,5 @@ fn default_cost(block_bytes: usize, model: &CausalLm) -> PreemptionCost {
 
 /// Log-softmax of rows, to the host (beam search ranks every continuation).
 pub(crate) fn log_softmax_rows(logits: Tensor<2>) -> Result<Vec<f32>> {
-    log_softmax(logits, 1)
-        .into_data()
-        .try_into_vec_as::<f32>()
-        .map_err(|e| PagedError::Device(format!("{e:?}")))
+    log_softmax(logits, 1).into_data().try_into_vec_as::<f32>().map_err(|e| PagedError::Device(format!("{e:?}")))
 }

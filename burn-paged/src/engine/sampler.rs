@@ -4,11 +4,11 @@
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_llm_models::generation::sample;
 use burn_llm_models::TokenLogprob;
+use burn_llm_models::generation::sample;
 use rand_chacha::ChaCha8Rng;
 
-use super::{log_softmax_rows, sample_rng, RequestData};
+use super::{RequestData, log_softmax_rows, sample_rng};
 use crate::error::{PagedError, Result};
 use crate::memory::SeqId;
 use crate::scheduler::{GroupId, ScheduledSeq, Scheduler};
@@ -126,11 +126,13 @@ pub(crate) fn sample_groups(
         out.push((*group_id, rows.clone(), choices));
     }
     if !greedy_rows.is_empty() {
-        let ids = ids_of(logits.clone().select(0, index(&greedy_rows, &logits)).argmax(1).reshape([greedy_rows.len()]))?;
+        let ids =
+            ids_of(logits.clone().select(0, index(&greedy_rows, &logits)).argmax(1).reshape([greedy_rows.len()]))?;
         let token_of: std::collections::HashMap<usize, u32> = greedy_rows.iter().copied().zip(ids).collect();
         for (_, rows, choices) in out.iter_mut() {
             if choices.is_empty() {
-                *choices = rows.iter().filter_map(|r| token_of.get(r).map(|&t| RowChoice::token(seqs[*r].seq, t))).collect();
+                *choices =
+                    rows.iter().filter_map(|r| token_of.get(r).map(|&t| RowChoice::token(seqs[*r].seq, t))).collect();
             }
         }
     }

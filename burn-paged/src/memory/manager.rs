@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::{BlockError, BlockHash, BlockId, BlockPool, BlockTable, SeqId, Location};
+use super::{BlockError, BlockHash, BlockId, BlockPool, BlockTable, Location, SeqId};
 
 /// Default number of token slots per KV block (vLLM's default).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -29,12 +29,7 @@ impl BlockManagerConfig {
     /// `num_device_blocks` / `num_host_blocks` blocks of [`DEFAULT_BLOCK_SIZE`] slots, prefix
     /// caching on (as in vLLM v1).
     pub fn new(num_device_blocks: usize, num_host_blocks: usize) -> Self {
-        Self {
-            block_size: DEFAULT_BLOCK_SIZE,
-            num_device_blocks,
-            num_host_blocks,
-            enable_prefix_caching: true,
-        }
+        Self { block_size: DEFAULT_BLOCK_SIZE, num_device_blocks, num_host_blocks, enable_prefix_caching: true }
     }
 
     /// The same configuration with `block_size` slots per block.
@@ -57,14 +52,10 @@ impl BlockManagerConfig {
         }
         for blocks in [self.num_device_blocks, self.num_host_blocks] {
             if u32::try_from(blocks).is_err() {
-                return Err(BlockError::InvalidConfig(
-                    "block count does not fit in a u32 block id",
-                ));
+                return Err(BlockError::InvalidConfig("block count does not fit in a u32 block id"));
             }
             if blocks.checked_mul(self.block_size).is_none() {
-                return Err(BlockError::InvalidConfig(
-                    "block count * block_size overflows usize",
-                ));
+                return Err(BlockError::InvalidConfig("block count * block_size overflows usize"));
             }
         }
         Ok(())
@@ -136,8 +127,7 @@ impl BlockManager {
     /// A manager with every block free, after validating `config`.
     pub fn new(config: BlockManagerConfig) -> Result<Self, BlockError> {
         config.validate()?;
-        let count =
-            |n: usize| u32::try_from(n).map_err(|_| BlockError::InvalidConfig("block count"));
+        let count = |n: usize| u32::try_from(n).map_err(|_| BlockError::InvalidConfig("block count"));
         Ok(Self {
             device: BlockPool::new(Location::Device, count(config.num_device_blocks)?),
             host: BlockPool::new(Location::Host, count(config.num_host_blocks)?),
@@ -216,20 +206,13 @@ impl BlockManager {
         debug_assert_eq!(table.num_blocks(), plan.total_blocks);
 
         self.tables.insert(seq, table);
-        Ok(AppendOutcome {
-            cached_tokens,
-            slots,
-            copies,
-        })
+        Ok(AppendOutcome { cached_tokens, slots, copies })
     }
 
     /// Creates `child` sharing all of `parent`'s blocks (every reference count + 1), for parallel
     /// sampling and beam search. Works on either tier; never allocates.
     pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<(), BlockError> {
-        let table = self
-            .table(parent)
-            .ok_or(BlockError::UnknownSequence(parent))?
-            .clone();
+        let table = self.table(parent).ok_or(BlockError::UnknownSequence(parent))?.clone();
         if self.tables.contains_key(&child) {
             return Err(BlockError::SequenceExists(child));
         }
@@ -245,10 +228,7 @@ impl BlockManager {
     /// to their pool; cached ones stay matchable until evicted. Blocks are released tail first so
     /// a prefix's later blocks are evicted before its earlier, more shareable ones.
     pub fn free(&mut self, seq: SeqId) -> Result<(), BlockError> {
-        let table = self
-            .tables
-            .remove(&seq)
-            .ok_or(BlockError::UnknownSequence(seq))?;
+        let table = self.tables.remove(&seq).ok_or(BlockError::UnknownSequence(seq))?;
         let pool = self.pool_mut(table.tier());
         for &block in table.blocks().iter().rev() {
             pool.release(block);
@@ -289,11 +269,7 @@ impl BlockManager {
     /// Free device blocks appending `n_tokens` (of unknown content, so no prefix hits) to `seq`
     /// would consume, copy-on-write included. An unknown `seq` counts as new. Summing this over
     /// forked siblings over-counts copy-on-write (only all but one sibling copy), which is safe.
-    pub fn blocks_needed_to_append(
-        &self,
-        seq: SeqId,
-        n_tokens: usize,
-    ) -> Result<usize, BlockError> {
+    pub fn blocks_needed_to_append(&self, seq: SeqId, n_tokens: usize) -> Result<usize, BlockError> {
         let bs = self.config.block_size;
         let Some(table) = self.tables.get(&seq) else {
             return Ok(n_tokens.div_ceil(bs));
@@ -422,19 +398,11 @@ impl BlockManager {
         let plan = self.demand(table, tokens);
         let total = self.device.num_blocks();
         if plan.total_blocks > total {
-            return Err(BlockError::ExceedsCapacity {
-                seq,
-                needed: plan.total_blocks,
-                total,
-            });
+            return Err(BlockError::ExceedsCapacity { seq, needed: plan.total_blocks, total });
         }
         let (needed, free) = (plan.consumed(), self.device.num_free());
         if needed > free {
-            return Err(BlockError::OutOfBlocks {
-                tier: Location::Device,
-                needed,
-                free,
-            });
+            return Err(BlockError::OutOfBlocks { tier: Location::Device, needed, free });
         }
         Ok(plan)
     }
@@ -443,10 +411,7 @@ impl BlockManager {
     fn demand(&self, table: &BlockTable, tokens: &[u32]) -> AppendPlan {
         let hits = self.match_prefix(table, tokens);
         let total_blocks = (table.num_tokens() + tokens.len()).div_ceil(self.config.block_size);
-        let revived = hits
-            .iter()
-            .filter(|&&(b, _)| self.device.ref_count(b) == Some(0))
-            .count();
+        let revived = hits.iter().filter(|&&(b, _)| self.device.ref_count(b) == Some(0)).count();
         AppendPlan {
             cow: hits.is_empty() && self.needs_cow(table, tokens.len()),
             fresh: total_blocks - table.num_blocks() - hits.len(),
@@ -483,10 +448,7 @@ impl BlockManager {
     fn needs_cow(&self, table: &BlockTable, n_tokens: usize) -> bool {
         n_tokens > 0
             && !table.is_block_aligned()
-            && table
-                .last_block()
-                .and_then(|b| self.pool(table.tier()).ref_count(b))
-                .is_some_and(|rc| rc > 1)
+            && table.last_block().and_then(|b| self.pool(table.tier()).ref_count(b)).is_some_and(|rc| rc > 1)
     }
 
     /// Records `tokens` into `table`'s last block (which has room for them), pushing their slots
@@ -497,9 +459,7 @@ impl BlockManager {
             if let Some(slot) = table.next_slot() {
                 slots.push(slot);
             }
-            if let (Some(hash), Some(block)) =
-                (table.push_token(token, hashing), table.last_block())
-            {
+            if let (Some(hash), Some(block)) = (table.push_token(token, hashing), table.last_block()) {
                 self.device.register(block, hash);
             }
         }
@@ -524,10 +484,7 @@ impl BlockManager {
         let mut index: HashMap<BlockId, usize> = HashMap::new();
         let mut blocks: Vec<(BlockId, u32)> = Vec::new();
         for &seq in &group {
-            let table = self
-                .tables
-                .get(&seq)
-                .ok_or(BlockError::UnknownSequence(seq))?;
+            let table = self.tables.get(&seq).ok_or(BlockError::UnknownSequence(seq))?;
             ensure_tier(seq, table, from)?;
             for &block in table.blocks() {
                 let i = *index.entry(block).or_insert_with(|| {
@@ -539,29 +496,16 @@ impl BlockManager {
         }
         let (needed, free) = (blocks.len(), self.pool(to).num_free());
         if needed > free {
-            return Err(BlockError::OutOfBlocks {
-                tier: to,
-                needed,
-                free,
-            });
+            return Err(BlockError::OutOfBlocks { tier: to, needed, free });
         }
         Ok(SwapPlan { group, blocks })
     }
 
-    fn swap(
-        &mut self,
-        seqs: &[SeqId],
-        from: Location,
-        to: Location,
-    ) -> Result<Vec<(BlockId, BlockId)>, BlockError> {
+    fn swap(&mut self, seqs: &[SeqId], from: Location, to: Location) -> Result<Vec<(BlockId, BlockId)>, BlockError> {
         let plan = self.plan_swap(seqs, from, to)?;
         let targets = self.pool_mut(to).allocate(plan.blocks.len())?;
-        let pairs: Vec<(BlockId, BlockId)> = plan
-            .blocks
-            .iter()
-            .zip(&targets)
-            .map(|(&(src, _), &dst)| (src, dst))
-            .collect();
+        let pairs: Vec<(BlockId, BlockId)> =
+            plan.blocks.iter().zip(&targets).map(|(&(src, _), &dst)| (src, dst)).collect();
         for (&(_, holders), &dst) in plan.blocks.iter().zip(&targets) {
             for _ in 1..holders {
                 self.pool_mut(to).retain(dst);
@@ -611,17 +555,12 @@ impl BlockManager {
             for (i, &h) in holders.iter().enumerate() {
                 let rc = pool.ref_count(BlockId(i as u32)).unwrap_or(u32::MAX);
                 if rc != h {
-                    return Err(format!(
-                        "{tier} block {i}: ref count {rc}, held by {h} tables"
-                    ));
+                    return Err(format!("{tier} block {i}: ref count {rc}, held by {h} tables"));
                 }
             }
             let used = holders.iter().filter(|&&h| h > 0).count();
             if used != pool.num_used() || used + pool.num_free() != pool.num_blocks() {
-                return Err(format!(
-                    "{tier}: used {used} + free {} != total",
-                    pool.num_free()
-                ));
+                return Err(format!("{tier}: used {used} + free {} != total", pool.num_free()));
             }
         }
         Ok(())
@@ -631,10 +570,6 @@ impl BlockManager {
 fn ensure_tier(seq: SeqId, table: &BlockTable, expected: Location) -> Result<(), BlockError> {
     match table.tier() {
         actual if actual == expected => Ok(()),
-        actual => Err(BlockError::WrongTier {
-            seq,
-            expected,
-            actual,
-        }),
+        actual => Err(BlockError::WrongTier { seq, expected, actual }),
     }
 }

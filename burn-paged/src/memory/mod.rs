@@ -112,9 +112,7 @@ pub enum BlockError {
     #[error("sequence {0} already exists")]
     SequenceExists(SeqId),
     /// The sequence lives on a tier the operation cannot act on (e.g. appending while swapped out).
-    #[error(
-        "sequence {seq} is on the {actual} tier, but the operation needs it on the {expected} tier"
-    )]
+    #[error("sequence {seq} is on the {actual} tier, but the operation needs it on the {expected} tier")]
     WrongTier {
         /// Offending sequence.
         seq: SeqId,

@@ -125,9 +125,7 @@ impl BlockPool {
 
     /// Whether `block` is free but cached, i.e. on the eviction list.
     pub fn is_evictable(&self, block: BlockId) -> bool {
-        self.lru_tick
-            .get(block.index())
-            .is_some_and(Option::is_some)
+        self.lru_tick.get(block.index()).is_some_and(Option::is_some)
     }
 
     /// The cached block holding the content identified by `hash`, if any.
@@ -141,11 +139,7 @@ impl BlockPool {
     pub(crate) fn allocate(&mut self, n: usize) -> Result<Vec<BlockId>, BlockError> {
         let free = self.num_free();
         if n > free {
-            return Err(BlockError::OutOfBlocks {
-                tier: self.tier,
-                needed: n,
-                free,
-            });
+            return Err(BlockError::OutOfBlocks { tier: self.tier, needed: n, free });
         }
         let blocks: Vec<BlockId> = (0..n).filter_map(|_| self.take_one()).collect();
         debug_assert_eq!(blocks.len(), n);
@@ -171,10 +165,7 @@ impl BlockPool {
     pub(crate) fn retain(&mut self, block: BlockId) {
         let i = block.index();
         if self.ref_counts[i] == 0 {
-            debug_assert!(
-                self.is_evictable(block),
-                "retaining a block that is neither used nor cached"
-            );
+            debug_assert!(self.is_evictable(block), "retaining a block that is neither used nor cached");
             if let Some(tick) = self.lru_tick[i].take() {
                 self.evictable.remove(&tick);
             }
@@ -247,16 +238,10 @@ impl BlockPool {
         for (&tick, &b) in &self.evictable {
             seen[b.index()] += 1;
             if self.ref_counts[b.index()] != 0 || self.hashes[b.index()].is_none() {
-                return Err(format!(
-                    "{:?} evictable block {b} is used or uncached",
-                    self.tier
-                ));
+                return Err(format!("{:?} evictable block {b} is used or uncached", self.tier));
             }
             if self.lru_tick[b.index()] != Some(tick) {
-                return Err(format!(
-                    "{:?} evictable block {b} has a stale tick",
-                    self.tier
-                ));
+                return Err(format!("{:?} evictable block {b} has a stale tick", self.tier));
             }
         }
         for (i, (&states, &rc)) in seen.iter().zip(&self.ref_counts).enumerate() {
@@ -271,17 +256,11 @@ impl BlockPool {
         }
         for (h, b) in &self.cache {
             if self.hashes[b.index()] != Some(*h) {
-                return Err(format!(
-                    "{:?} cache entry for {b} disagrees with its hash",
-                    self.tier
-                ));
+                return Err(format!("{:?} cache entry for {b} disagrees with its hash", self.tier));
             }
         }
         if self.hashes.iter().flatten().count() != self.cache.len() {
-            return Err(format!(
-                "{:?} registered blocks and cache size differ",
-                self.tier
-            ));
+            return Err(format!("{:?} registered blocks and cache size differ", self.tier));
         }
         Ok(())
     }

@@ -124,19 +124,14 @@ impl BlockTable {
     pub(crate) fn pop_cached_blocks(&mut self, n: usize) -> Vec<BlockId> {
         let keep = self.blocks.len().saturating_sub(n);
         let popped = self.blocks.split_off(keep);
-        self.block_hashes
-            .truncate(self.block_hashes.len().saturating_sub(popped.len()));
-        self.num_tokens = self
-            .num_tokens
-            .saturating_sub(popped.len() * self.block_size);
+        self.block_hashes.truncate(self.block_hashes.len().saturating_sub(popped.len()));
+        self.num_tokens = self.num_tokens.saturating_sub(popped.len() * self.block_size);
         popped
     }
 
     /// Points the last logical block at `block` (copy-on-write) and returns the old one.
     pub(crate) fn replace_last_block(&mut self, block: BlockId) -> Option<BlockId> {
-        self.blocks
-            .last_mut()
-            .map(|last| std::mem::replace(last, block))
+        self.blocks.last_mut().map(|last| std::mem::replace(last, block))
     }
 
     /// Records one more token in the last block. With `hashing`, returns the hash of the last

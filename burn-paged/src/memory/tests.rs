@@ -3,9 +3,7 @@
 use super::*;
 
 fn manager(block_size: usize, device: usize, host: usize, caching: bool) -> BlockManager {
-    let config = BlockManagerConfig::new(device, host)
-        .with_block_size(block_size)
-        .with_prefix_caching(caching);
+    let config = BlockManagerConfig::new(device, host).with_block_size(block_size).with_prefix_caching(caching);
     BlockManager::new(config).expect("valid config")
 }
 
@@ -27,15 +25,9 @@ fn check(m: &BlockManager) {
 fn config_validation() {
     assert_eq!(BlockManagerConfig::new(4, 4).block_size, DEFAULT_BLOCK_SIZE);
     let zero = BlockManagerConfig::new(4, 4).with_block_size(0);
-    assert!(matches!(
-        BlockManager::new(zero),
-        Err(BlockError::InvalidConfig(_))
-    ));
+    assert!(matches!(BlockManager::new(zero), Err(BlockError::InvalidConfig(_))));
     let huge = BlockManagerConfig::new(usize::MAX, 0);
-    assert!(matches!(
-        BlockManager::new(huge),
-        Err(BlockError::InvalidConfig(_))
-    ));
+    assert!(matches!(BlockManager::new(huge), Err(BlockError::InvalidConfig(_))));
 }
 
 #[test]
@@ -179,12 +171,7 @@ fn swap_round_trip_keeps_sharing() {
     let pairs = m.swap_out(&[1, 2, 1]).unwrap();
     assert_eq!(
         pairs,
-        vec![
-            (BlockId(0), BlockId(0)),
-            (BlockId(1), BlockId(1)),
-            (BlockId(2), BlockId(2)),
-            (BlockId(3), BlockId(3))
-        ]
+        vec![(BlockId(0), BlockId(0)), (BlockId(1), BlockId(1)), (BlockId(2), BlockId(2)), (BlockId(3), BlockId(3))]
     );
     assert_eq!(m.tier(1), Some(Location::Host));
     assert_eq!(m.block_table(1), Some(&ids(&[0, 1, 2])[..]));
@@ -198,27 +185,15 @@ fn swap_round_trip_keeps_sharing() {
     let before = m.clone();
     assert_eq!(
         m.append(1, &[5]),
-        Err(BlockError::WrongTier {
-            seq: 1,
-            expected: Location::Device,
-            actual: Location::Host
-        })
+        Err(BlockError::WrongTier { seq: 1, expected: Location::Device, actual: Location::Host })
     );
     assert_eq!(
         m.blocks_needed_to_append(1, 1).unwrap_err(),
-        BlockError::WrongTier {
-            seq: 1,
-            expected: Location::Device,
-            actual: Location::Host
-        }
+        BlockError::WrongTier { seq: 1, expected: Location::Device, actual: Location::Host }
     );
     assert_eq!(
         m.swap_out(&[1]).unwrap_err(),
-        BlockError::WrongTier {
-            seq: 1,
-            expected: Location::Device,
-            actual: Location::Host
-        }
+        BlockError::WrongTier { seq: 1, expected: Location::Device, actual: Location::Host }
     );
     assert_eq!(m, before);
 
@@ -268,22 +243,11 @@ fn swap_errors_leave_manager_unchanged() {
     let _ = m.append(2, &[1; 2]).unwrap();
     let before = m.clone();
     assert!(!m.can_swap_out(&[1]));
-    assert_eq!(
-        m.swap_out(&[1]),
-        Err(BlockError::OutOfBlocks {
-            tier: Location::Host,
-            needed: 2,
-            free: 1
-        })
-    );
+    assert_eq!(m.swap_out(&[1]), Err(BlockError::OutOfBlocks { tier: Location::Host, needed: 2, free: 1 }));
     assert_eq!(m.swap_out(&[2, 9]), Err(BlockError::UnknownSequence(9)));
     assert_eq!(
         m.swap_in(&[2]).unwrap_err(),
-        BlockError::WrongTier {
-            seq: 2,
-            expected: Location::Host,
-            actual: Location::Device
-        }
+        BlockError::WrongTier { seq: 2, expected: Location::Host, actual: Location::Device }
     );
     assert_eq!(m, before);
     assert_eq!(m.swap_out(&[]), Ok(vec![]));
@@ -292,14 +256,7 @@ fn swap_errors_leave_manager_unchanged() {
     let _ = m.append(3, &[1; 24]).unwrap();
     let before = m.clone();
     assert!(!m.can_swap_in(&[2]));
-    assert_eq!(
-        m.swap_in(&[2]),
-        Err(BlockError::OutOfBlocks {
-            tier: Location::Device,
-            needed: 1,
-            free: 0
-        })
-    );
+    assert_eq!(m.swap_in(&[2]), Err(BlockError::OutOfBlocks { tier: Location::Device, needed: 1, free: 0 }));
     assert_eq!(m, before);
     check(&m);
 }
@@ -311,51 +268,15 @@ fn out_of_blocks_leaves_manager_unchanged() {
     m.fork(1, 2).unwrap();
     let before = m.clone();
     assert!(!m.can_append(3, &[2; 8]));
-    assert_eq!(
-        m.append(3, &[2; 8]),
-        Err(BlockError::OutOfBlocks {
-            tier: Location::Device,
-            needed: 2,
-            free: 1
-        })
-    );
+    assert_eq!(m.append(3, &[2; 8]), Err(BlockError::OutOfBlocks { tier: Location::Device, needed: 2, free: 1 }));
     // CoW plus one new block needs 2 as well.
-    assert_eq!(
-        m.append(2, &[3; 3]),
-        Err(BlockError::OutOfBlocks {
-            tier: Location::Device,
-            needed: 2,
-            free: 1
-        })
-    );
-    assert_eq!(
-        m.append(4, &[5; 17]),
-        Err(BlockError::ExceedsCapacity {
-            seq: 4,
-            needed: 5,
-            total: 4
-        })
-    );
-    assert_eq!(
-        m.append(1, &[5; 7]),
-        Err(BlockError::ExceedsCapacity {
-            seq: 1,
-            needed: 5,
-            total: 4
-        })
-    );
+    assert_eq!(m.append(2, &[3; 3]), Err(BlockError::OutOfBlocks { tier: Location::Device, needed: 2, free: 1 }));
+    assert_eq!(m.append(4, &[5; 17]), Err(BlockError::ExceedsCapacity { seq: 4, needed: 5, total: 4 }));
+    assert_eq!(m.append(1, &[5; 7]), Err(BlockError::ExceedsCapacity { seq: 1, needed: 5, total: 4 }));
     assert_eq!(m, before);
     assert!(m.can_append(2, &[3]));
-    let msg = BlockError::OutOfBlocks {
-        tier: Location::Device,
-        needed: 2,
-        free: 1,
-    }
-    .to_string();
-    assert_eq!(
-        msg,
-        "out of KV blocks on the device tier: need 2, only 1 free"
-    );
+    let msg = BlockError::OutOfBlocks { tier: Location::Device, needed: 2, free: 1 }.to_string();
+    assert_eq!(msg, "out of KV blocks on the device tier: need 2, only 1 free");
     check(&m);
 }
 
@@ -474,14 +395,8 @@ fn rehit_block_is_taken_off_the_eviction_list() {
     assert!(!m.pool(Location::Device).is_evictable(BlockId(0)));
     let _ = m.append(4, &[7, 8, 6]).unwrap(); // takes a free block, then evicts 2 (not 0)
     assert!(m.block_table(4).unwrap().contains(&BlockId(2)));
-    assert_eq!(
-        m.pool(Location::Device).lookup(BlockHash::new(None, &[1, 2])),
-        Some(BlockId(0))
-    );
-    assert_eq!(
-        m.pool(Location::Device).lookup(BlockHash::new(None, &[3, 4])),
-        None
-    );
+    assert_eq!(m.pool(Location::Device).lookup(BlockHash::new(None, &[1, 2])), Some(BlockId(0)));
+    assert_eq!(m.pool(Location::Device).lookup(BlockHash::new(None, &[3, 4])), None);
     check(&m);
 }
 
@@ -523,10 +438,7 @@ fn swap_in_re_registers_full_blocks() {
     assert_eq!(m.pool(Location::Device).num_cached(), 2);
     let out = m.append(2, &prompt).unwrap();
     assert_eq!(out.cached_tokens, 8);
-    assert_eq!(
-        m.block_table(2).unwrap()[..2],
-        m.block_table(1).unwrap()[..2]
-    );
+    assert_eq!(m.block_table(2).unwrap()[..2], m.block_table(1).unwrap()[..2]);
     check(&m);
 }
 
@@ -617,21 +529,13 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
         copies: 0,
         swapped: 0,
     };
-    let bases: Vec<Vec<u32>> = (0..4)
-        .map(|b| (0..40).map(|i| (i * 7 + b * 3) as u32 % 11).collect())
-        .collect();
+    let bases: Vec<Vec<u32>> = (0..4).map(|b| (0..40).map(|i| (i * 7 + b * 3) as u32 % 11).collect()).collect();
     let mut next_id: SeqId = 0;
     let mut errors = 0;
 
     for step in 0..ops {
-        let device: Vec<SeqId> = m
-            .sequences()
-            .filter(|&s| m.tier(s) == Some(Location::Device))
-            .collect();
-        let hosted: Vec<SeqId> = m
-            .sequences()
-            .filter(|&s| m.tier(s) == Some(Location::Host))
-            .collect();
+        let device: Vec<SeqId> = m.sequences().filter(|&s| m.tier(s) == Some(Location::Device)).collect();
+        let hosted: Vec<SeqId> = m.sequences().filter(|&s| m.tier(s) == Some(Location::Host)).collect();
         let before = m.clone();
         let ok = match rng.below(10) {
             0..=1 => {
@@ -646,17 +550,9 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
             }
             2..=4 => match rng.pick(&device) {
                 Some(seq) => {
-                    let tokens: Vec<u32> = (0..1 + rng.below(3))
-                        .map(|_| rng.below(11) as u32)
-                        .collect();
+                    let tokens: Vec<u32> = (0..1 + rng.below(3)).map(|_| rng.below(11) as u32).collect();
                     let needed = m.blocks_needed_to_append(seq, tokens.len()).unwrap();
-                    append(
-                        &mut m,
-                        &mut shadow,
-                        seq,
-                        &tokens,
-                        Some(needed).filter(|_| tokens.len() <= block_size),
-                    )
+                    append(&mut m, &mut shadow, seq, &tokens, Some(needed).filter(|_| tokens.len() <= block_size))
                 }
                 None => true,
             },
@@ -680,9 +576,7 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
                 None => m.free(next_id + 1).is_err(),
             },
             8 => {
-                let group: Vec<SeqId> = (0..1 + rng.below(3))
-                    .filter_map(|_| rng.pick(&device))
-                    .collect();
+                let group: Vec<SeqId> = (0..1 + rng.below(3)).filter_map(|_| rng.pick(&device)).collect();
                 let can = m.can_swap_out(&group);
                 let res = m.swap_out(&group);
                 assert_eq!(can, res.is_ok());
@@ -692,9 +586,7 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
                 res.is_ok()
             }
             _ => {
-                let group: Vec<SeqId> = (0..1 + rng.below(3))
-                    .filter_map(|_| rng.pick(&hosted))
-                    .collect();
+                let group: Vec<SeqId> = (0..1 + rng.below(3)).filter_map(|_| rng.pick(&hosted)).collect();
                 let can = m.can_swap_in(&group);
                 let res = m.swap_in(&group);
                 assert_eq!(can, res.is_ok());
@@ -716,10 +608,7 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
         }
     }
     shadow.verify(&m);
-    assert!(
-        errors > 0,
-        "stress test never hit a full pool; make it smaller"
-    );
+    assert!(errors > 0, "stress test never hit a full pool; make it smaller");
     assert!(shadow.swapped > 0 && (shadow.copies > 0 || block_size == 1));
     assert_eq!(shadow.cached_tokens > 0, caching);
 
@@ -734,13 +623,7 @@ fn stress(seed: u64, block_size: usize, caching: bool, ops: usize) {
 
 /// Appends through the manager and mirrors it in the shadow memory, checking slots, cached
 /// contents and (where given) the predicted block consumption. Returns whether it succeeded.
-fn append(
-    m: &mut BlockManager,
-    shadow: &mut Shadow,
-    seq: SeqId,
-    tokens: &[u32],
-    predicted: Option<usize>,
-) -> bool {
+fn append(m: &mut BlockManager, shadow: &mut Shadow, seq: SeqId, tokens: &[u32], predicted: Option<usize>) -> bool {
     let can = m.can_append(seq, tokens);
     let free = m.num_free_blocks(Location::Device);
     let start = m.num_tokens(seq).unwrap_or(0);
@@ -753,11 +636,7 @@ fn append(
     };
     assert!(can);
     if let Some(needed) = predicted {
-        assert_eq!(
-            free - m.num_free_blocks(Location::Device),
-            needed,
-            "block prediction for seq {seq}"
-        );
+        assert_eq!(free - m.num_free_blocks(Location::Device), needed, "block prediction for seq {seq}");
     }
     assert!(out.cached_tokens < tokens.len().max(1) && out.cached_tokens % shadow.bs == 0);
     assert_eq!(out.slots.len(), tokens.len() - out.cached_tokens);
@@ -772,11 +651,7 @@ fn append(
         let pos = start + i;
         let slot = m.slot(seq, pos).unwrap();
         if i < out.cached_tokens {
-            assert_eq!(
-                shadow.device[slot],
-                Some(fp),
-                "prefix hit returned wrong KV"
-            );
+            assert_eq!(shadow.device[slot], Some(fp), "prefix hit returned wrong KV");
         } else {
             assert_eq!(out.slots[i - out.cached_tokens], slot);
             shadow.device[slot] = Some(fp);

@@ -26,12 +26,12 @@ mod policy;
 #[cfg(test)]
 mod tests;
 
-pub use policy::SchedulingPolicy;
 use policy::Admission;
+pub use policy::SchedulingPolicy;
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::memory::{BlockId, BlockManager, SeqId, Location};
+use crate::memory::{BlockId, BlockManager, Location, SeqId};
 
 /// Identifier of a sequence group (one request).
 pub type GroupId = u64;
@@ -145,14 +145,7 @@ pub struct SequenceGroup<T> {
 impl<T> SequenceGroup<T> {
     /// A new group with one sequence holding the prompt.
     pub fn new(id: GroupId, arrival: u64, first: Sequence, max_seqs: usize, data: T) -> Self {
-        Self {
-            id,
-            arrival,
-            seqs: vec![first],
-            max_seqs: max_seqs.max(1),
-            data,
-            status: GroupStatus::Waiting,
-        }
+        Self { id, arrival, seqs: vec![first], max_seqs: max_seqs.max(1), data, status: GroupStatus::Waiting }
     }
 
     /// Where the group is.
@@ -315,7 +308,13 @@ impl<T> Scheduler<T> {
     /// One step of ExeGPT's RRA schedule: a prefill step when one is due (after
     /// `decode_iterations` decode steps, or when nothing runs) and it admits something; otherwise
     /// a decode step over the running groups (and swapped ones coming back).
-    fn schedule_phased(&mut self, blocks: &mut BlockManager, encode_batch: usize, decode_batch: usize, decode_iterations: usize) -> SchedulerOutput {
+    fn schedule_phased(
+        &mut self,
+        blocks: &mut BlockManager,
+        encode_batch: usize,
+        decode_batch: usize,
+        decode_iterations: usize,
+    ) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut token_budget = self.config.max_num_batched_tokens;
         let seats = self.config.max_num_seqs.min(decode_batch);
@@ -373,7 +372,13 @@ impl<T> Scheduler<T> {
         self.running = kept;
     }
 
-    fn schedule_swapped(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize, seats: usize) {
+    fn schedule_swapped(
+        &mut self,
+        blocks: &mut BlockManager,
+        out: &mut SchedulerOutput,
+        budget: &mut usize,
+        seats: usize,
+    ) {
         while let Some(&id) = self.swapped.front() {
             let group = &self.groups[&id];
             let seqs = group.seq_ids();
@@ -384,7 +389,11 @@ impl<T> Scheduler<T> {
             let growth: usize = group
                 .seqs
                 .iter()
-                .filter_map(|s| blocks.table(s.id).map(|t| (t.num_tokens() + s.pending().len()).div_ceil(blocks.block_size()) - t.num_blocks() + 1))
+                .filter_map(|s| {
+                    blocks.table(s.id).map(|t| {
+                        (t.num_tokens() + s.pending().len()).div_ceil(blocks.block_size()) - t.num_blocks() + 1
+                    })
+                })
                 .sum();
             let fits = blocks.can_swap_in(&seqs)
                 && table_blocks + growth <= blocks.num_free_blocks(Location::Device)
@@ -408,7 +417,13 @@ impl<T> Scheduler<T> {
         }
     }
 
-    fn schedule_waiting(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize, limits: Admission) {
+    fn schedule_waiting(
+        &mut self,
+        blocks: &mut BlockManager,
+        out: &mut SchedulerOutput,
+        budget: &mut usize,
+        limits: Admission,
+    ) {
         let total = blocks.total_blocks(Location::Device);
         let mut admitted = 0;
         while let Some(&id) = self.waiting.front() {
@@ -575,7 +590,9 @@ impl<T> Scheduler<T> {
                     GroupStatus::Running => Some(Location::Device),
                     GroupStatus::Swapped => Some(Location::Host),
                 };
-                if tier != expected && !(group.status == GroupStatus::Running && tier.is_none() && seq.num_computed == 0) {
+                if tier != expected
+                    && !(group.status == GroupStatus::Running && tier.is_none() && seq.num_computed == 0)
+                {
                     return Err(format!("group {} ({:?}) sequence {} is on {tier:?}", group.id, group.status, seq.id));
                 }
             }
@@ -584,13 +601,9 @@ impl<T> Scheduler<T> {
     }
 }
 
-
 /// Inserts `id` into `queue` keeping it ordered by arrival (FCFS).
 fn insert_by_arrival<T>(queue: &mut VecDeque<GroupId>, id: GroupId, groups: &HashMap<GroupId, SequenceGroup<T>>) {
     let arrival = groups.get(&id).map_or(u64::MAX, |g| g.arrival);
-    let at = queue
-        .iter()
-        .position(|g| groups.get(g).is_some_and(|g| g.arrival > arrival))
-        .unwrap_or(queue.len());
+    let at = queue.iter().position(|g| groups.get(g).is_some_and(|g| g.arrival > arrival)).unwrap_or(queue.len());
     queue.insert(at, id);
 }

@@ -36,20 +36,14 @@ impl SchedulingPolicy {
     pub fn validate(&self) -> Result<(), String> {
         match *self {
             Self::Fcfs => Ok(()),
-            Self::Phased {
-                encode_batch,
-                decode_batch,
-                decode_iterations,
-            } => {
+            Self::Phased { encode_batch, decode_batch, decode_iterations } => {
                 for (name, value) in [
                     ("encode_batch", encode_batch),
                     ("decode_batch", decode_batch),
                     ("decode_iterations", decode_iterations),
                 ] {
                     if value == 0 {
-                        return Err(format!(
-                            "a phased (ExeGPT RRA) schedule needs {name} ≥ 1, got 0"
-                        ));
+                        return Err(format!("a phased (ExeGPT RRA) schedule needs {name} ≥ 1, got 0"));
                     }
                 }
                 Ok(())
@@ -72,10 +66,6 @@ pub(super) struct Admission {
 impl Admission {
     /// FCFS admission: only the seat limit.
     pub fn fcfs(seats: usize) -> Self {
-        Self {
-            seats,
-            groups: usize::MAX,
-            reserved_blocks: 0,
-        }
+        Self { seats, groups: usize::MAX, reserved_blocks: 0 }
     }
 }

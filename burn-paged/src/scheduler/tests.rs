@@ -202,7 +202,12 @@ fn stress(config: SchedulerConfig, mut check: impl FnMut(&Scheduler<Left>, &Sche
     assert!(blocks.all_blocks_free(), "{mode:?}: blocks leaked");
 }
 
-fn phased(encode_batch: usize, decode_batch: usize, decode_iterations: usize, base: SchedulerConfig) -> SchedulerConfig {
+fn phased(
+    encode_batch: usize,
+    decode_batch: usize,
+    decode_iterations: usize,
+    base: SchedulerConfig,
+) -> SchedulerConfig {
     SchedulerConfig { scheduling: SchedulingPolicy::Phased { encode_batch, decode_batch, decode_iterations }, ..base }
 }
 
@@ -210,7 +215,9 @@ fn phased(encode_batch: usize, decode_batch: usize, decode_iterations: usize, ba
 /// or `mixed`. Without prefix caching a prompt (or a recomputation) starts at position 0 and a
 /// decode never does.
 fn kind(out: &SchedulerOutput) -> String {
-    let groups = |prefill: bool| -> Vec<GroupId> { out.seqs.iter().filter(|x| (x.start == 0) == prefill).map(|x| x.group).collect() };
+    let groups = |prefill: bool| -> Vec<GroupId> {
+        out.seqs.iter().filter(|x| (x.start == 0) == prefill).map(|x| x.group).collect()
+    };
     match (groups(true), groups(false)) {
         (p, d) if p.is_empty() && d.is_empty() => "-".into(),
         (p, d) if d.is_empty() => format!("P{p:?}"),
@@ -253,11 +260,21 @@ fn phased_schedule_alternates_prefill_and_decode_phases() {
         assert!(steps.len() < 100, "the schedule stalls: {steps:?}");
     }
     let expected = [
-        "P[1, 2]", "D[1, 2]", "D[1, 2]", // B_E = 2, then N_D = 2 decodes; 1 finishes
-        "P[3, 4]", "D[2, 3, 4]", "D[2, 3, 4]", // two free seats: B_E = 2 more, B_D = 3 reached
-        "D[2, 3, 4]", "D[2, 3, 4]", "D[2, 3, 4]", // prefills due, but no seat: 2 finishes
-        "P[5]", "D[3, 4, 5]", "D[3, 4, 5]", // 3 and 4 finish
-        "P[6]", "D[5, 6]", "D[5, 6]",
+        "P[1, 2]",
+        "D[1, 2]",
+        "D[1, 2]", // B_E = 2, then N_D = 2 decodes; 1 finishes
+        "P[3, 4]",
+        "D[2, 3, 4]",
+        "D[2, 3, 4]", // two free seats: B_E = 2 more, B_D = 3 reached
+        "D[2, 3, 4]",
+        "D[2, 3, 4]",
+        "D[2, 3, 4]", // prefills due, but no seat: 2 finishes
+        "P[5]",
+        "D[3, 4, 5]",
+        "D[3, 4, 5]", // 3 and 4 finish
+        "P[6]",
+        "D[5, 6]",
+        "D[5, 6]",
     ];
     assert_eq!(steps[..expected.len()], expected, "{steps:?}");
     assert!(steps[expected.len()..].iter().all(|k| k.starts_with('D')), "{steps:?}");
@@ -311,6 +328,7 @@ fn phased_schedule_under_preemption_loses_nothing() {
 fn phased_schedule_with_a_zero_is_invalid() {
     let ok = SchedulingPolicy::Phased { encode_batch: 1, decode_batch: 1, decode_iterations: 1 };
     assert_eq!(ok.validate(), Ok(()));
-    let err = SchedulingPolicy::Phased { encode_batch: 4, decode_batch: 8, decode_iterations: 0 }.validate().unwrap_err();
+    let err =
+        SchedulingPolicy::Phased { encode_batch: 4, decode_batch: 8, decode_iterations: 0 }.validate().unwrap_err();
     assert!(err.contains("decode_iterations"), "{err}");
 }

@@ -14,10 +14,7 @@ pub struct InputError {
 impl InputError {
     /// An error about `field`.
     pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            problem: problem.into(),
-        }
+        Self { field: field.into(), problem: problem.into() }
     }
 }
 
@@ -26,10 +23,7 @@ pub fn non_negative(field: &str, value: f64) -> Result<f64, InputError> {
     if value.is_finite() && value >= 0.0 {
         Ok(value)
     } else {
-        Err(InputError::new(
-            field,
-            format!("{value} is not a finite, non-negative number"),
-        ))
+        Err(InputError::new(field, format!("{value} is not a finite, non-negative number")))
     }
 }
 
@@ -38,10 +32,7 @@ pub fn positive(field: &str, value: f64) -> Result<f64, InputError> {
     if value.is_finite() && value > 0.0 {
         Ok(value)
     } else {
-        Err(InputError::new(
-            field,
-            format!("{value} is not a finite, positive number"),
-        ))
+        Err(InputError::new(field, format!("{value} is not a finite, positive number")))
     }
 }
 
@@ -62,10 +53,7 @@ pub fn count(field: &str, value: usize, max: usize) -> Result<usize, InputError>
     if value == 0 {
         Err(InputError::new(field, "must be at least 1"))
     } else if value > max {
-        Err(InputError::new(
-            field,
-            format!("{value} is larger than the supported maximum {max}"),
-        ))
+        Err(InputError::new(field, format!("{value} is larger than the supported maximum {max}")))
     } else {
         Ok(value)
     }
@@ -76,9 +64,6 @@ pub fn same_len<T>(field: &str, values: &[T], len: usize, what: &str) -> Result<
     if values.len() == len {
         Ok(())
     } else {
-        Err(InputError::new(
-            field,
-            format!("has {} entries but there are {len} {what}", values.len()),
-        ))
+        Err(InputError::new(field, format!("has {} entries but there are {len} {what}", values.len())))
     }
 }

@@ -77,9 +77,7 @@ where
     T: Into<OsString> + Clone,
 {
     A::try_parse_from(args).map_err(|e| match e.kind() {
-        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-            (e.to_string(), 0)
-        }
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => (e.to_string(), 0),
         _ => error(e.to_string()),
     })
 }
@@ -87,10 +85,7 @@ where
 /// `{"error": message}` and [`EXIT_ERROR`].
 pub(crate) fn error(message: String) -> (String, i32) {
     let message = message.trim().to_string();
-    (
-        serde_json::json!({ "error": message }).to_string(),
-        EXIT_ERROR,
-    )
+    (serde_json::json!({ "error": message }).to_string(), EXIT_ERROR)
 }
 
 fn dispatch(args: &Args) -> Result<String, String> {
@@ -100,17 +95,13 @@ fn dispatch(args: &Args) -> Result<String, String> {
     if args.baseline.is_some() && args.planner != Planner::Placement {
         return Err("--baseline only applies to `placement`".into());
     }
-    let text = std::fs::read_to_string(&args.input)
-        .map_err(|e| format!("cannot read {}: {e}", args.input.display()))?;
+    let text =
+        std::fs::read_to_string(&args.input).map_err(|e| format!("cannot read {}: {e}", args.input.display()))?;
     match args.planner {
         Planner::Stages => to_json(stages::plan(&parse::<StagesInput>(&text)?)),
         Planner::Slices => {
             let input = parse::<SlicesInput>(&text)?;
-            if input.batch.is_some() {
-                to_json(slices::plan_batch(&input))
-            } else {
-                to_json(slices::plan(&input))
-            }
+            if input.batch.is_some() { to_json(slices::plan_batch(&input)) } else { to_json(slices::plan(&input)) }
         }
         Planner::Placement => {
             let mut input = parse::<PlacementInput>(&text)?;

@@ -176,9 +176,7 @@ pub enum PlacementError {
         source: StagesError,
     },
     /// Nothing fits anywhere.
-    #[error(
-        "no model fits on any group of the {devices} devices with {memory} bytes each; add devices or memory"
-    )]
+    #[error("no model fits on any group of the {devices} devices with {memory} bytes each; add devices or memory")]
     NothingFits {
         /// Devices.
         devices: usize,
@@ -215,10 +213,7 @@ pub fn plan(input: &PlacementInput) -> Result<PlacementOutput, PlacementError> {
     }
     let best = best
         .filter(|b| !b.is_empty())
-        .ok_or(PlacementError::NothingFits {
-            devices: input.devices,
-            memory: input.device_memory_bytes,
-        })?;
+        .ok_or(PlacementError::NothingFits { devices: input.devices, memory: input.device_memory_bytes })?;
     Ok(problem.output(&best, input.baseline))
 }
 
@@ -271,69 +266,38 @@ impl<'a> Checked<'a> {
         for (i, m) in input.models.iter().enumerate() {
             let f = |name: &str| format!("models[{i}].{name}");
             if input.models[..i].iter().any(|o| o.name == m.name) {
-                return Err(
-                    InputError::new(f("name"), format!("`{}` is used twice", m.name)).into(),
-                );
+                return Err(InputError::new(f("name"), format!("`{}` is used twice", m.name)).into());
             }
             check::latencies(&f("layer_latency_ms"), &m.layer_latency_ms)?;
-            let layers = check::count(
-                &f("layer_latency_ms"),
-                m.layer_latency_ms.len(),
-                MAX_DEVICES,
-            )?;
-            check::same_len(
-                &f("layer_memory_bytes"),
-                &m.layer_memory_bytes,
-                layers,
-                "layers",
-            )?;
+            let layers = check::count(&f("layer_latency_ms"), m.layer_latency_ms.len(), MAX_DEVICES)?;
+            check::same_len(&f("layer_memory_bytes"), &m.layer_memory_bytes, layers, "layers")?;
             check::positive(&f("slo_s"), m.slo_s)?;
             for (j, d) in m.tensor_parallel.iter().enumerate() {
                 let tf = f(&format!("tensor_parallel[{j}]"));
                 if d.degree < 2 || d.degree > MAX_DEVICES {
-                    return Err(InputError::new(
-                        format!("{tf}.degree"),
-                        "must be between 2 and 4096",
-                    )
-                    .into());
+                    return Err(InputError::new(format!("{tf}.degree"), "must be between 2 and 4096").into());
                 }
                 if m.tensor_parallel[..j].iter().any(|o| o.degree == d.degree) {
                     return Err(InputError::new(format!("{tf}.degree"), "is listed twice").into());
                 }
-                check::same_len(
-                    &format!("{tf}.layer_latency_ms"),
-                    &d.layer_latency_ms,
-                    layers,
-                    "layers",
-                )?;
+                check::same_len(&format!("{tf}.layer_latency_ms"), &d.layer_latency_ms, layers, "layers")?;
                 check::latencies(&format!("{tf}.layer_latency_ms"), &d.layer_latency_ms)?;
             }
         }
         let requests = workload(input)?;
         if requests.is_empty() {
-            return Err(InputError::new(
-                "workload",
-                "has no requests; give a trace or positive rates and duration",
-            )
-            .into());
+            return Err(
+                InputError::new("workload", "has no requests; give a trace or positive rates and duration").into()
+            );
         }
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[a].arrival_s.total_cmp(&requests[b].arrival_s));
         let sorted = order.iter().map(|&i| requests[i]).collect();
-        Ok(Self {
-            input,
-            requests: sorted,
-            order,
-            beam,
-        })
+        Ok(Self { input, requests: sorted, order, beam })
     }
 
     /// The split of `model` over a group of shape `(stages, degree)`, if it fits alone.
-    fn split(
-        &self,
-        model: usize,
-        (stages, degree): (usize, usize),
-    ) -> Result<Option<Split>, PlacementError> {
+    fn split(&self, model: usize, (stages, degree): (usize, usize)) -> Result<Option<Split>, PlacementError> {
         let m = &self.input.models[model];
         let latency = if degree == 1 {
             &m.layer_latency_ms
@@ -352,10 +316,7 @@ impl<'a> Checked<'a> {
             stages,
             None,
         )
-        .map_err(|source| PlacementError::Stages {
-            model: m.name.clone(),
-            source,
-        })?;
+        .map_err(|source| PlacementError::Stages { model: m.name.clone(), source })?;
         match problem.solve() {
             Ok(p) => Ok(Some(Split {
                 ranges: p.ranges,
@@ -363,10 +324,7 @@ impl<'a> Checked<'a> {
                 device_memory_bytes: p.device_memory_bytes,
             })),
             Err(StagesError::DoesNotFit { .. }) => Ok(None),
-            Err(source) => Err(PlacementError::Stages {
-                model: m.name.clone(),
-                source,
-            }),
+            Err(source) => Err(PlacementError::Stages { model: m.name.clone(), source }),
         }
     }
 
@@ -378,9 +336,7 @@ impl<'a> Checked<'a> {
         for (gi, &shape) in shapes.iter().enumerate() {
             let row = match shapes[..gi].iter().position(|&s| s == shape) {
                 Some(same) => splits[same].clone(),
-                None => (0..models)
-                    .map(|m| self.split(m, shape))
-                    .collect::<Result<_, _>>()?,
+                None => (0..models).map(|m| self.split(m, shape)).collect::<Result<_, _>>()?,
             };
             splits.push(row);
         }
@@ -405,12 +361,9 @@ impl<'a> Checked<'a> {
                         if sel.replicas[gi].contains(&m) {
                             continue;
                         }
-                        let fits = sel.used[gi].iter().zip(&split.device_memory_bytes).all(
-                            |(&u, &need)| {
-                                u.checked_add(need)
-                                    .is_some_and(|t| t <= self.input.device_memory_bytes)
-                            },
-                        );
+                        let fits = sel.used[gi].iter().zip(&split.device_memory_bytes).all(|(&u, &need)| {
+                            u.checked_add(need).is_some_and(|t| t <= self.input.device_memory_bytes)
+                        });
                         if !fits {
                             continue;
                         }
@@ -450,14 +403,7 @@ impl<'a> Checked<'a> {
                     .iter()
                     .filter_map(|&m| {
                         let split = splits[gi][m].as_ref()?;
-                        Some((
-                            m,
-                            split
-                                .stage_latency_ms
-                                .iter()
-                                .map(|ms| ms / 1000.0)
-                                .collect(),
-                        ))
+                        Some((m, split.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect()))
                     })
                     .collect(),
             })
@@ -493,12 +439,7 @@ impl<'a> Checked<'a> {
                     })
                 })
                 .collect();
-            groups.push(GroupPlan {
-                devices,
-                pipeline_stages: p,
-                tensor_parallel: t,
-                models,
-            });
+            groups.push(GroupPlan { devices, pipeline_stages: p, tensor_parallel: t, models });
         }
         let latencies = sim::simulate(&sel.groups, &self.requests);
         let mut latencies_s = vec![None; self.requests.len()];
@@ -521,21 +462,11 @@ impl<'a> Checked<'a> {
                 ModelAttainment {
                     model: m.name.clone(),
                     requests,
-                    slo_attainment: if requests == 0 {
-                        1.0
-                    } else {
-                        ok as f64 / requests as f64
-                    },
+                    slo_attainment: if requests == 0 { 1.0 } else { ok as f64 / requests as f64 },
                 }
             })
             .collect();
-        PlacementOutput {
-            groups,
-            slo_attainment: sel.attainment,
-            models,
-            latencies_s,
-            baseline,
-        }
+        PlacementOutput { groups, slo_attainment: sel.attainment, models, latencies_s, baseline }
     }
 }
 
@@ -555,10 +486,7 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
     let resolve = |field: &str, r: &ModelRef| -> Result<usize, InputError> {
         match r {
             ModelRef::Index(i) if *i < input.models.len() => Ok(*i),
-            ModelRef::Index(i) => Err(InputError::new(
-                field,
-                format!("model index {i} is out of range"),
-            )),
+            ModelRef::Index(i) => Err(InputError::new(field, format!("model index {i} is out of range"))),
             ModelRef::Name(n) => input
                 .models
                 .iter()
@@ -574,10 +502,7 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
                 .enumerate()
                 .map(|(i, (t, m))| {
                     let field = format!("workload.trace[{i}]");
-                    Ok(Request {
-                        arrival_s: check::non_negative(&field, *t)?,
-                        model: resolve(&field, m)?,
-                    })
+                    Ok(Request { arrival_s: check::non_negative(&field, *t)?, model: resolve(&field, m)? })
                 })
                 .collect()
         }
@@ -585,10 +510,7 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
             let duration = check::positive(
                 "workload.duration_s",
                 w.duration_s.ok_or_else(|| {
-                    InputError::new(
-                        "workload.duration_s",
-                        "is missing; generated arrivals need a duration",
-                    )
+                    InputError::new("workload.duration_s", "is missing; generated arrivals need a duration")
                 })?,
             )?;
             let seed = w.seed.unwrap_or(0);
@@ -599,10 +521,7 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
                 let rate = check::positive(&f("rate"), a.rate)?;
                 let cv = check::non_negative(&f("cv"), a.cv)?;
                 if rate * duration > MAX_REQUESTS as f64 {
-                    return Err(InputError::new(
-                        f("rate"),
-                        format!("rate × duration exceeds {MAX_REQUESTS} requests"),
-                    ));
+                    return Err(InputError::new(f("rate"), format!("rate × duration exceeds {MAX_REQUESTS} requests")));
                 }
                 if cv > 1e3 {
                     return Err(InputError::new(f("cv"), "must be at most 1000"));
@@ -613,22 +532,14 @@ fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
                 if times.len() > left {
                     return Err(InputError::new(
                         f("rate"),
-                        format!(
-                            "the workload has more than {MAX_REQUESTS} requests; lower the rates or the duration"
-                        ),
+                        format!("the workload has more than {MAX_REQUESTS} requests; lower the rates or the duration"),
                     ));
                 }
-                requests.extend(times.into_iter().map(|t| Request {
-                    arrival_s: t,
-                    model,
-                }));
+                requests.extend(times.into_iter().map(|t| Request { arrival_s: t, model }));
             }
             requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
             Ok(requests)
         }
-        _ => Err(InputError::new(
-            "workload",
-            "give exactly one of `trace` and `arrivals`",
-        )),
+        _ => Err(InputError::new("workload", "give exactly one of `trace` and `arrivals`")),
     }
 }

@@ -142,10 +142,7 @@ impl Profile {
         if self.version != 1 {
             return Err(InputError::new(
                 f("version"),
-                format!(
-                    "version {} is not supported; this planner reads version 1",
-                    self.version
-                ),
+                format!("version {} is not supported; this planner reads version 1", self.version),
             ));
         }
         check::count(&f("layers"), self.layers, 1 << 20)?;
@@ -167,36 +164,20 @@ impl Profile {
         check::non_negative(&f("embedding.ms_per_token"), self.embedding.ms_per_token)?;
         check::non_negative(&f("lm_head.ms_per_token"), self.lm_head.ms_per_token)?;
         if self.tensor_parallel.len() > 64 {
-            return Err(InputError::new(
-                f("tensor_parallel"),
-                "lists more than 64 degrees",
-            ));
+            return Err(InputError::new(f("tensor_parallel"), "lists more than 64 degrees"));
         }
         for (i, tp) in self.tensor_parallel.iter().enumerate() {
             let name = f(&format!("tensor_parallel[{i}]"));
             if tp.degree < 2 || tp.degree > 1 << 16 {
-                return Err(InputError::new(
-                    format!("{name}.degree"),
-                    "must be between 2 and 65536",
-                ));
+                return Err(InputError::new(format!("{name}.degree"), "must be between 2 and 65536"));
             }
-            if self.tensor_parallel[..i]
-                .iter()
-                .any(|o| o.degree == tp.degree)
-            {
-                return Err(InputError::new(
-                    format!("{name}.degree"),
-                    format!("degree {} is listed twice", tp.degree),
-                ));
+            if self.tensor_parallel[..i].iter().any(|o| o.degree == tp.degree) {
+                return Err(InputError::new(format!("{name}.degree"), format!("degree {} is listed twice", tp.degree)));
             }
             check::positive(&format!("{name}.time_scale"), tp.time_scale)?;
             check::non_negative(&format!("{name}.sync_ms_per_layer"), tp.sync_ms_per_layer)?;
         }
-        Ok(CostModel {
-            profile: self.clone(),
-            prefill,
-            decode,
-        })
+        Ok(CostModel { profile: self.clone(), prefill, decode })
     }
 }
 
@@ -226,17 +207,9 @@ impl CostModel {
     /// The scaling at tensor-parallel `degree` (degree 1: identity).
     pub fn tensor_parallel(&self, degree: usize) -> Option<TpScaling> {
         if degree == 1 {
-            return Some(TpScaling {
-                degree: 1,
-                time_scale: 1.0,
-                sync_ms_per_layer: 0.0,
-            });
+            return Some(TpScaling { degree: 1, time_scale: 1.0, sync_ms_per_layer: 0.0 });
         }
-        self.profile
-            .tensor_parallel
-            .iter()
-            .find(|t| t.degree == degree)
-            .cloned()
+        self.profile.tensor_parallel.iter().find(|t| t.degree == degree).cloned()
     }
 }
 
@@ -255,19 +228,14 @@ impl Grid {
         (other_name, other, other_min): (&str, &[f64], f64),
         (values_name, values): (&str, &[Vec<f64>]),
     ) -> Result<Self, InputError> {
-        for (name, axis, min) in [
-            (batch_name, batch, batch_min),
-            (other_name, other, other_min),
-        ] {
+        for (name, axis, min) in [(batch_name, batch, batch_min), (other_name, other, other_min)] {
             let name = format!("{field}.{name}");
             check::count(&name, axis.len(), MAX_POINTS)?;
             for (i, &p) in axis.iter().enumerate() {
                 if !p.is_finite() || p < min || (i > 0 && p <= axis[i - 1]) {
                     return Err(InputError::new(
                         format!("{name}[{i}]"),
-                        format!(
-                            "{p} must be finite, at least {min} and larger than the point before"
-                        ),
+                        format!("{p} must be finite, at least {min} and larger than the point before"),
                     ));
                 }
             }
@@ -281,20 +249,12 @@ impl Grid {
                 check::non_negative(&format!("{row_field}[{i}]"), v)?;
             }
         }
-        Ok(Self {
-            batch: batch.to_vec(),
-            other: other.to_vec(),
-            values: values.to_vec(),
-        })
+        Ok(Self { batch: batch.to_vec(), other: other.to_vec(), values: values.to_vec() })
     }
 
     fn eval(&self, batch: f64, other: f64) -> f64 {
         // Read every batch row at `other`, then make the batch curve monotone before reading it.
-        let mut curve: Vec<f64> = self
-            .values
-            .iter()
-            .map(|row| interpolate(&self.other, row, other).max(0.0))
-            .collect();
+        let mut curve: Vec<f64> = self.values.iter().map(|row| interpolate(&self.other, row, other).max(0.0)).collect();
         for i in 1..curve.len() {
             curve[i] = curve[i].max(curve[i - 1]);
         }
@@ -312,10 +272,7 @@ pub(crate) fn interpolate(xs: &[f64], ys: &[f64], x: f64) -> f64 {
     if xs.len() == 1 || x <= xs[0] {
         return ys[0];
     }
-    let seg = xs[..xs.len() - 1]
-        .iter()
-        .rposition(|&p| p <= x)
-        .unwrap_or(0);
+    let seg = xs[..xs.len() - 1].iter().rposition(|&p| p <= x).unwrap_or(0);
     let w = (x - xs[seg]) / (xs[seg + 1] - xs[seg]);
     ys[seg] + w * (ys[seg + 1] - ys[seg])
 }
@@ -325,13 +282,7 @@ mod tests {
     use super::*;
 
     fn grid(values: Vec<Vec<f64>>) -> Grid {
-        Grid::new(
-            "g",
-            ("batch", &[1.0, 2.0, 4.0], 1.0),
-            ("tokens", &[1.0, 10.0], 1.0),
-            ("v", &values),
-        )
-        .unwrap()
+        Grid::new("g", ("batch", &[1.0, 2.0, 4.0], 1.0), ("tokens", &[1.0, 10.0], 1.0), ("v", &values)).unwrap()
     }
 
     #[test]
@@ -354,19 +305,9 @@ mod tests {
 
     #[test]
     fn profile_rejects_bad_tables() {
-        let bad = Grid::new(
-            "g",
-            ("batch", &[2.0, 1.0], 1.0),
-            ("tokens", &[1.0], 1.0),
-            ("v", &[vec![1.0], vec![1.0]]),
-        );
+        let bad = Grid::new("g", ("batch", &[2.0, 1.0], 1.0), ("tokens", &[1.0], 1.0), ("v", &[vec![1.0], vec![1.0]]));
         assert!(bad.is_err());
-        let short = Grid::new(
-            "g",
-            ("batch", &[1.0], 1.0),
-            ("tokens", &[1.0, 2.0], 1.0),
-            ("v", &[vec![1.0]]),
-        );
+        let short = Grid::new("g", ("batch", &[1.0], 1.0), ("tokens", &[1.0, 2.0], 1.0), ("v", &[vec![1.0]]));
         assert!(short.is_err());
     }
 }

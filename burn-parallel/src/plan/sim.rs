@@ -27,9 +27,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// A pipeline of `stages` idle stages.
     pub fn new(stages: usize) -> Self {
-        Self {
-            free_at: vec![0.0; stages],
-        }
+        Self { free_at: vec![0.0; stages] }
     }
 
     /// Runs the next request in FCFS order, ready at `ready`, through the stages with the given
@@ -98,13 +96,7 @@ pub fn simulate(groups: &[Group], requests: &[Request]) -> Vec<Option<f64>> {
 /// Arrival times of a gamma process over `[0, duration_s)`: inter-arrival gaps with mean
 /// `1/rate` and coefficient of variation `cv` (shape `1/cv²`; `cv = 0` gives even spacing,
 /// `cv = 1` a Poisson process), from `rng`; at most `limit` of them.
-pub fn gamma_arrivals(
-    rate: f64,
-    cv: f64,
-    duration_s: f64,
-    limit: usize,
-    rng: &mut ChaCha8Rng,
-) -> Vec<f64> {
+pub fn gamma_arrivals(rate: f64, cv: f64, duration_s: f64, limit: usize, rng: &mut ChaCha8Rng) -> Vec<f64> {
     let mut out = Vec::new();
     let mut t = 0.0;
     loop {
@@ -182,9 +174,6 @@ mod tests {
         let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
         let cv = var.sqrt() / mean;
         assert!((cv - 3.0).abs() < 0.5, "cv {cv}");
-        assert_eq!(
-            times,
-            gamma_arrivals(50.0, 3.0, 2000.0, usize::MAX, &mut rng(7, 0))
-        );
+        assert_eq!(times, gamma_arrivals(50.0, 3.0, 2000.0, usize::MAX, &mut rng(7, 0)));
     }
 }

@@ -106,11 +106,7 @@ impl Table {
         self.rows[k - 1][j]
     }
 
-    fn from_json(
-        field: &str,
-        rows: &[Vec<Option<f64>>],
-        seq_len: usize,
-    ) -> Result<Self, InputError> {
+    fn from_json(field: &str, rows: &[Vec<Option<f64>>], seq_len: usize) -> Result<Self, InputError> {
         check::same_len(field, rows, seq_len, "tokens in `seq_len`")?;
         let mut out = Vec::with_capacity(seq_len);
         for (r, row) in rows.iter().enumerate() {
@@ -120,46 +116,27 @@ impl Table {
             if row.len() < needed {
                 return Err(InputError::new(
                     row_field,
-                    format!(
-                        "has {} entries; a slice of {i} tokens needs contexts 0..={}",
-                        row.len(),
-                        seq_len - i
-                    ),
+                    format!("has {} entries; a slice of {i} tokens needs contexts 0..={}", row.len(), seq_len - i),
                 ));
             }
             let mut vals = Vec::with_capacity(needed);
             for (j, v) in row[..needed].iter().enumerate() {
                 let name = format!("{row_field}[{j}]");
-                let v =
-                    v.ok_or_else(|| InputError::new(&name, "is null but i + j ≤ seq_len uses it"))?;
+                let v = v.ok_or_else(|| InputError::new(&name, "is null but i + j ≤ seq_len uses it"))?;
                 vals.push(check::non_negative(&name, v)?);
             }
             out.push(vals);
         }
-        Ok(Self {
-            units: seq_len,
-            rows: out,
-        })
+        Ok(Self { units: seq_len, rows: out })
     }
 
-    fn from_profile(
-        model: &CostModel,
-        stages: usize,
-        batch: usize,
-        units: usize,
-        unit: usize,
-    ) -> Self {
+    fn from_profile(model: &CostModel, stages: usize, batch: usize, units: usize, unit: usize) -> Self {
         let layers_per_stage = model.profile().layers as f64 / stages as f64;
         let rows = (1..=units)
             .map(|k| {
                 (0..=units - k)
                     .map(|j| {
-                        layers_per_stage
-                            * model.prefill_layer_ms(
-                                batch as f64,
-                                (k * unit) as f64,
-                                (j * unit) as f64,
-                            )
+                        layers_per_stage * model.prefill_layer_ms(batch as f64, (k * unit) as f64, (j * unit) as f64)
                     })
                     .collect()
             })
@@ -190,25 +167,16 @@ pub fn plan(input: &SlicesInput) -> Result<SlicesOutput, SlicesError> {
         _ => return Err(one_source_error("t_fwd_ms").into()),
     };
     let (slices, latency_ms) = optimal_slices(&table, input.stages, common.epsilon);
-    Ok(SlicesOutput {
-        slices: slices.into_iter().map(|k| k * common.unit).collect(),
-        latency_ms,
-    })
+    Ok(SlicesOutput { slices: slices.into_iter().map(|k| k * common.unit).collect(), latency_ms })
 }
 
 /// Plans micro-batches and their slices for `input` (§2.3.4).
 pub fn plan_batch(input: &SlicesInput) -> Result<BatchSlicesOutput, SlicesError> {
     let common = Common::check(input)?;
-    let batch = input
-        .batch
-        .ok_or_else(|| InputError::new("batch", "is missing; the batch extension needs it"))?;
+    let batch = input.batch.ok_or_else(|| InputError::new("batch", "is missing; the batch extension needs it"))?;
     let batch = check::count("batch", batch, MAX_UNITS)?;
     if input.t_fwd_ms.is_some() {
-        return Err(InputError::new(
-            "t_fwd_ms",
-            "is for one sequence; give `t_fwd_ms_by_batch` with `batch`",
-        )
-        .into());
+        return Err(InputError::new("t_fwd_ms", "is for one sequence; give `t_fwd_ms_by_batch` with `batch`").into());
     }
     let entries = batch.saturating_mul(common.units * (common.units + 1) / 2);
     if entries > MAX_TABLE_ENTRIES {
@@ -221,32 +189,21 @@ pub fn plan_batch(input: &SlicesInput) -> Result<BatchSlicesOutput, SlicesError>
     let tables: Vec<Table> = match (&input.t_fwd_ms_by_batch, &input.profile) {
         (Some(by_batch), None) => {
             common.table_only(input.unit_tokens)?;
-            check::same_len(
-                "t_fwd_ms_by_batch",
-                by_batch,
-                batch,
-                "micro-batch sizes in `batch`",
-            )?;
+            check::same_len("t_fwd_ms_by_batch", by_batch, batch, "micro-batch sizes in `batch`")?;
             by_batch
                 .iter()
                 .enumerate()
-                .map(|(b, rows)| {
-                    Table::from_json(&format!("t_fwd_ms_by_batch[{b}]"), rows, input.seq_len)
-                })
+                .map(|(b, rows)| Table::from_json(&format!("t_fwd_ms_by_batch[{b}]"), rows, input.seq_len))
                 .collect::<Result<_, _>>()?
         }
         (None, Some(profile)) => {
             let model = profile.cost_model("profile")?;
-            (1..=batch)
-                .map(|b| Table::from_profile(&model, input.stages, b, common.units, common.unit))
-                .collect()
+            (1..=batch).map(|b| Table::from_profile(&model, input.stages, b, common.units, common.unit)).collect()
         }
         _ => return Err(one_source_error("t_fwd_ms_by_batch").into()),
     };
-    let per_size: Vec<(Vec<usize>, f64)> = tables
-        .iter()
-        .map(|t| optimal_slices(t, input.stages, common.epsilon))
-        .collect();
+    let per_size: Vec<(Vec<usize>, f64)> =
+        tables.iter().map(|t| optimal_slices(t, input.stages, common.epsilon)).collect();
     // Knapsack: best[n] = min_b best[n − b] + T_b.
     let mut best = vec![(0.0f64, 0usize); batch + 1];
     for n in 1..=batch {
@@ -276,10 +233,7 @@ pub fn plan_batch(input: &SlicesInput) -> Result<BatchSlicesOutput, SlicesError>
 }
 
 fn one_source_error(table: &str) -> InputError {
-    InputError::new(
-        table,
-        format!("give exactly one of `{table}` and `profile`"),
-    )
+    InputError::new(table, format!("give exactly one of `{table}` and `profile`"))
 }
 
 /// Checked fields shared by both inputs.
@@ -296,33 +250,21 @@ impl Common {
         let epsilon = check::non_negative("epsilon_ms", input.epsilon_ms.unwrap_or(0.0))?;
         let unit = check::count("unit_tokens", input.unit_tokens.unwrap_or(1), seq_len)?;
         if !seq_len.is_multiple_of(unit) {
-            return Err(InputError::new(
-                "unit_tokens",
-                format!("{unit} does not divide `seq_len` {seq_len}"),
-            ));
+            return Err(InputError::new("unit_tokens", format!("{unit} does not divide `seq_len` {seq_len}")));
         }
         let units = seq_len / unit;
         if units > MAX_UNITS {
             return Err(InputError::new(
                 "seq_len",
-                format!(
-                    "{units} slicing units are more than {MAX_UNITS}; set `unit_tokens` to group tokens"
-                ),
+                format!("{units} slicing units are more than {MAX_UNITS}; set `unit_tokens` to group tokens"),
             ));
         }
-        Ok(Self {
-            units,
-            unit,
-            epsilon,
-        })
+        Ok(Self { units, unit, epsilon })
     }
 
     fn table_only(&self, unit: Option<usize>) -> Result<(), InputError> {
         match unit {
-            Some(u) if u != 1 => Err(InputError::new(
-                "unit_tokens",
-                "only applies with `profile`",
-            )),
+            Some(u) if u != 1 => Err(InputError::new("unit_tokens", "only applies with `profile`")),
             _ => Ok(()),
         }
     }
@@ -397,12 +339,7 @@ mod tests {
     use super::*;
 
     fn table(n: usize, f: impl Fn(usize, usize) -> f64) -> Table {
-        Table {
-            units: n,
-            rows: (1..=n)
-                .map(|k| (0..=n - k).map(|j| f(k, j)).collect())
-                .collect(),
-        }
+        Table { units: n, rows: (1..=n).map(|k| (0..=n - k).map(|j| f(k, j)).collect()).collect() }
     }
 
     #[test]

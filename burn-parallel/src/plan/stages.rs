@@ -103,9 +103,7 @@ pub enum StagesError {
         devices: usize,
     },
     /// The DP would not fit in memory.
-    #[error(
-        "the search needs {entries} table entries, more than {max}; use fewer layers, stages, devices or degrees"
-    )]
+    #[error("the search needs {entries} table entries, more than {max}; use fewer layers, stages, devices or degrees")]
     TooLarge {
         /// Entries needed.
         entries: usize,
@@ -137,18 +135,10 @@ pub fn plan(input: &StagesInput) -> Result<StagesOutput, StagesError> {
             Some((mem.as_slice(), cap))
         }
         (Some(_), None) => {
-            return Err(InputError::new(
-                "stage_memory_bytes",
-                "is missing; give it with `layer_memory_bytes`",
-            )
-            .into());
+            return Err(InputError::new("stage_memory_bytes", "is missing; give it with `layer_memory_bytes`").into());
         }
         (None, Some(_)) => {
-            return Err(InputError::new(
-                "layer_memory_bytes",
-                "is missing; give it with `stage_memory_bytes`",
-            )
-            .into());
+            return Err(InputError::new("layer_memory_bytes", "is missing; give it with `stage_memory_bytes`").into());
         }
     };
     let mut options = vec![StageOption::new(1, &input.layer_latency_ms)];
@@ -165,18 +155,11 @@ pub fn plan(input: &StagesInput) -> Result<StagesOutput, StagesError> {
                 .into());
             }
             if options.iter().any(|o| o.degree == d.degree) {
-                return Err(InputError::new(
-                    format!("{field}.degree"),
-                    format!("degree {} is listed twice", d.degree),
-                )
-                .into());
+                return Err(
+                    InputError::new(format!("{field}.degree"), format!("degree {} is listed twice", d.degree)).into()
+                );
             }
-            check::same_len(
-                &format!("{field}.layer_latency_ms"),
-                &d.layer_latency_ms,
-                layers,
-                "layers",
-            )?;
+            check::same_len(&format!("{field}.layer_latency_ms"), &d.layer_latency_ms, layers, "layers")?;
             check::latencies(&format!("{field}.layer_latency_ms"), &d.layer_latency_ms)?;
             options.push(StageOption::new(d.degree, &d.layer_latency_ms));
         }
@@ -185,10 +168,7 @@ pub fn plan(input: &StagesInput) -> Result<StagesOutput, StagesError> {
     let problem = Problem::new(options, memory, input.stages, devices)?;
     let partition = problem.solve()?;
     Ok(StagesOutput {
-        tensor_parallel_degrees: input
-            .tensor_parallel
-            .as_ref()
-            .map(|_| partition.degrees.clone()),
+        tensor_parallel_degrees: input.tensor_parallel.as_ref().map(|_| partition.degrees.clone()),
         stages: partition.ranges,
         stage_latency_ms: partition.stage_latency_ms,
         bottleneck_ms: partition.bottleneck_ms,
@@ -213,11 +193,7 @@ impl StageOption {
             acc += l;
             prefix.push(acc);
         }
-        Self {
-            degree,
-            layer_latency_ms: layer_latency_ms.to_vec(),
-            prefix,
-        }
+        Self { degree, layer_latency_ms: layer_latency_ms.to_vec(), prefix }
     }
 
     /// Latency of layers `a..b` as the DP compares it.
@@ -266,16 +242,11 @@ impl Problem {
             return Err(StagesError::NotEnoughDevices { stages, devices });
         }
         let d_max = devices.unwrap_or(0);
-        let states = (stages + 1)
-            .saturating_mul(layers + 1)
-            .saturating_mul(d_max + 1);
+        let states = (stages + 1).saturating_mul(layers + 1).saturating_mul(d_max + 1);
         let candidates = options.len().saturating_mul(layers * (layers + 1) / 2);
         let entries = states.max(candidates);
         if entries > MAX_ENTRIES {
-            return Err(StagesError::TooLarge {
-                entries,
-                max: MAX_ENTRIES,
-            });
+            return Err(StagesError::TooLarge { entries, max: MAX_ENTRIES });
         }
         let memory = memory.map(|(mem, cap)| {
             let mut prefix = Vec::with_capacity(layers + 1);
@@ -285,26 +256,16 @@ impl Problem {
             }
             (prefix, cap)
         });
-        Ok(Self {
-            options,
-            memory,
-            stages,
-            devices,
-            layers,
-        })
+        Ok(Self { options, memory, stages, devices, layers })
     }
 
     /// Bytes per device of layers `a..b` at `degree`.
     fn device_bytes(&self, degree: usize, a: usize, b: usize) -> u128 {
-        self.memory.as_ref().map_or(0, |(prefix, _)| {
-            (prefix[b] - prefix[a]).div_ceil(degree as u128)
-        })
+        self.memory.as_ref().map_or(0, |(prefix, _)| (prefix[b] - prefix[a]).div_ceil(degree as u128))
     }
 
     fn fits(&self, degree: usize, a: usize, b: usize) -> bool {
-        self.memory
-            .as_ref()
-            .is_none_or(|(_, cap)| self.device_bytes(degree, a, b) <= u128::from(*cap))
+        self.memory.as_ref().is_none_or(|(_, cap)| self.device_bytes(degree, a, b) <= u128::from(*cap))
     }
 
     /// The optimal partition (least bottleneck, then least total latency, then fewest devices).
@@ -321,10 +282,8 @@ impl Problem {
         }
         candidates.sort_by(f64::total_cmp);
         candidates.dedup();
-        let infeasible = || StagesError::DoesNotFit {
-            stages: self.stages,
-            cap: self.memory.as_ref().map_or(u64::MAX, |m| m.1),
-        };
+        let infeasible =
+            || StagesError::DoesNotFit { stages: self.stages, cap: self.memory.as_ref().map_or(u64::MAX, |m| m.1) };
         let Some(&largest) = candidates.last() else {
             return Err(infeasible());
         };
@@ -406,9 +365,7 @@ impl Problem {
             partition.stage_latency_ms.push(latency);
             partition.bottleneck_ms = partition.bottleneck_ms.max(latency);
             // Fits was checked against a u64 cap, so this converts.
-            partition
-                .device_memory_bytes
-                .push(u64::try_from(self.device_bytes(o.degree, a, b)).unwrap_or(u64::MAX));
+            partition.device_memory_bytes.push(u64::try_from(self.device_bytes(o.degree, a, b)).unwrap_or(u64::MAX));
         }
         Some(partition)
     }
@@ -452,10 +409,7 @@ mod tests {
         let mut i = input(&[1.0, 1.0, 8.0], 2);
         i.tensor_parallel = Some(TensorParallel {
             devices: 3,
-            degrees: vec![TpDegree {
-                degree: 2,
-                layer_latency_ms: vec![0.6, 0.6, 4.5],
-            }],
+            degrees: vec![TpDegree { degree: 2, layer_latency_ms: vec![0.6, 0.6, 4.5] }],
         });
         let out = plan(&i).unwrap();
         assert_eq!(out.stages, vec![[0, 2], [2, 3]]);
@@ -465,22 +419,10 @@ mod tests {
 
     #[test]
     fn stages_reject_bad_input() {
-        assert!(matches!(
-            plan(&input(&[1.0], 2)),
-            Err(StagesError::TooManyStages { .. })
-        ));
+        assert!(matches!(plan(&input(&[1.0], 2)), Err(StagesError::TooManyStages { .. })));
         assert!(matches!(plan(&input(&[], 1)), Err(StagesError::Input(_))));
-        assert!(matches!(
-            plan(&input(&[1.0, -1.0], 1)),
-            Err(StagesError::Input(_))
-        ));
-        assert!(matches!(
-            plan(&input(&[1.0, f64::NAN], 1)),
-            Err(StagesError::Input(_))
-        ));
-        assert!(matches!(
-            plan(&input(&[1.0], 0)),
-            Err(StagesError::Input(_))
-        ));
+        assert!(matches!(plan(&input(&[1.0, -1.0], 1)), Err(StagesError::Input(_))));
+        assert!(matches!(plan(&input(&[1.0, f64::NAN], 1)), Err(StagesError::Input(_))));
+        assert!(matches!(plan(&input(&[1.0], 0)), Err(StagesError::Input(_))));
     }
 }

@@ -24,11 +24,7 @@ use crate::plan::cli::{error, parse_args};
 )]
 struct Args {
     /// A model directory (`config.json`) or a `.gguf` file; only its shape is used (random weights).
-    #[arg(
-        long,
-        conflicts_with = "synthetic",
-        required_unless_present = "synthetic"
-    )]
+    #[arg(long, conflicts_with = "synthetic", required_unless_present = "synthetic")]
     model: Option<PathBuf>,
     /// A built-in model shape instead of `--model`: smollm2-135m, opt-125m or gpt2.
     #[arg(long)]
@@ -102,10 +98,7 @@ where
     }
 }
 
-fn dispatch(
-    args: &Args,
-    device: impl FnOnce(&str) -> Result<Device, String>,
-) -> Result<String, String> {
+fn dispatch(args: &Args, device: impl FnOnce(&str) -> Result<Device, String>) -> Result<String, String> {
     let (spec, model_name) = model_spec(args)?;
     let burn_device = device(&args.device)?;
     let grid = match args.grid {
@@ -113,15 +106,12 @@ fn dispatch(
         GridChoice::Full => ProfileGrid::full(),
     };
     let started = Instant::now();
-    let mut profile =
-        profile(&spec, &burn_device, &grid, !args.quiet).map_err(|e| e.to_string())?;
+    let mut profile = profile(&spec, &burn_device, &grid, !args.quiet).map_err(|e| e.to_string())?;
     let seconds = started.elapsed().as_secs_f64();
     profile.model = Some(model_name.clone());
     profile.device = Some(args.device.clone());
-    let text = serde_json::to_string_pretty(&profile)
-        .map_err(|e| format!("cannot write the profile: {e}"))?;
-    std::fs::write(&args.out, text + "\n")
-        .map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    let text = serde_json::to_string_pretty(&profile).map_err(|e| format!("cannot write the profile: {e}"))?;
+    std::fs::write(&args.out, text + "\n").map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
     Ok(serde_json::json!({
         "profile": args.out.display().to_string(),
         "model": model_name,
@@ -135,38 +125,22 @@ fn dispatch(
 /// The model's shape and a name for it, from `--model` or `--synthetic`.
 fn model_spec(args: &Args) -> Result<(DecoderSpec, String), String> {
     if let Some(name) = &args.synthetic {
-        let config = synthetic(name).ok_or_else(|| {
-            format!("unknown synthetic model `{name}`: use smollm2-135m, opt-125m or gpt2")
-        })?;
-        let label = format!(
-            "synthetic:{}",
-            name.strip_prefix("synthetic:").unwrap_or(name)
-        );
-        let spec = DecoderSpec::from_json(&config.to_string(), Path::new(&label))
-            .map_err(|e| e.to_string())?;
+        let config = synthetic(name)
+            .ok_or_else(|| format!("unknown synthetic model `{name}`: use smollm2-135m, opt-125m or gpt2"))?;
+        let label = format!("synthetic:{}", name.strip_prefix("synthetic:").unwrap_or(name));
+        let spec = DecoderSpec::from_json(&config.to_string(), Path::new(&label)).map_err(|e| e.to_string())?;
         return Ok((spec, label));
     }
-    let path = args
-        .model
-        .as_deref()
-        .ok_or("give --model DIR_OR_GGUF or --synthetic NAME")?;
-    let is_gguf = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let path = args.model.as_deref().ok_or("give --model DIR_OR_GGUF or --synthetic NAME")?;
+    let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let spec = if path.is_file() && is_gguf {
         GgufModel::open(path).map(|m| m.spec().clone())
     } else if path.is_dir() {
         DecoderSpec::from_dir(path)
     } else {
-        return Err(format!(
-            "--model {}: no such model directory or .gguf file",
-            path.display()
-        ));
+        return Err(format!("--model {}: no such model directory or .gguf file", path.display()));
     }
     .map_err(|e| e.to_string())?;
-    let name = path.file_stem().map_or_else(
-        || path.display().to_string(),
-        |s| s.to_string_lossy().into_owned(),
-    );
+    let name = path.file_stem().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().into_owned());
     Ok((spec, name))
 }

@@ -18,10 +18,7 @@ pub struct ContextSample {
 /// `a ≥ 0` (all zeros without samples). Exact non-negative least squares: with four unknowns,
 /// every set of free coefficients is solved and the best feasible one kept.
 pub fn context_overhead(samples: &[ContextSample]) -> [f64; 4] {
-    let rows: Vec<[f64; 4]> = samples
-        .iter()
-        .map(|s| [1.0, s.tokens, s.context, s.tokens * s.context])
-        .collect();
+    let rows: Vec<[f64; 4]> = samples.iter().map(|s| [1.0, s.tokens, s.context, s.tokens * s.context]).collect();
     let ys: Vec<f64> = samples.iter().map(|s| s.overhead_ms).collect();
     // Columns scaled to a largest entry of 1, so that the normal equations stay well conditioned.
     let scale: [f64; 4] = std::array::from_fn(|c| {
@@ -59,12 +56,7 @@ pub fn context_overhead(samples: &[ContextSample]) -> [f64; 4] {
 
 /// Unconstrained least squares over the columns `free` (scaled by `scale`), by the normal
 /// equations; `None` when they are singular (too few distinct samples for those columns).
-fn least_squares(
-    rows: &[[f64; 4]],
-    ys: &[f64],
-    free: &[usize],
-    scale: &[f64; 4],
-) -> Option<Vec<f64>> {
+fn least_squares(rows: &[[f64; 4]], ys: &[f64], free: &[usize], scale: &[f64; 4]) -> Option<Vec<f64>> {
     let n = free.len();
     let mut m = vec![vec![0.0; n + 1]; n];
     for (r, y) in rows.iter().zip(ys) {
@@ -120,10 +112,8 @@ mod tests {
 
     fn samples(a: [f64; 4], noise: impl Fn(usize) -> f64) -> Vec<ContextSample> {
         let mut out = Vec::new();
-        for (k, (i, j)) in [1.0, 16.0, 64.0, 256.0]
-            .iter()
-            .flat_map(|&i| [32.0, 128.0, 512.0].map(|j| (i, j)))
-            .enumerate()
+        for (k, (i, j)) in
+            [1.0, 16.0, 64.0, 256.0].iter().flat_map(|&i| [32.0, 128.0, 512.0].map(|j| (i, j))).enumerate()
         {
             out.push(ContextSample {
                 tokens: i,

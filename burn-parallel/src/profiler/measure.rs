@@ -60,33 +60,17 @@ impl<'a> Bench<'a> {
         repeats: usize,
         progress: &'a Progress,
     ) -> Self {
-        Self {
-            model,
-            device,
-            warmup,
-            repeats,
-            progress,
-        }
+        Self { model, device, warmup, repeats, progress }
     }
 
     /// The layer's forward over `batch` sequences of `tokens` new tokens after `context` cached
     /// tokens each (a fresh cache per run, so every run sees the same context).
-    pub(super) fn prefill_ms(
-        &self,
-        batch: usize,
-        tokens: usize,
-        context: usize,
-    ) -> Result<f64, ProfileError> {
+    pub(super) fn prefill_ms(&self, batch: usize, tokens: usize, context: usize) -> Result<f64, ProfileError> {
         let slice = self.token_ids(tokens);
         let before = self.token_ids(context);
         let what = format!("prefill: {batch} × {tokens} tokens after {context}");
         self.median_ms(what, || {
-            let mut cache = ContiguousKvCache::new(
-                self.model.kv_layout(),
-                batch,
-                context + tokens,
-                self.device,
-            );
+            let mut cache = ContiguousKvCache::new(self.model.kv_layout(), batch, context + tokens, self.device);
             if context > 0 {
                 // Lays the context out without computing it: its slots stay zero.
                 cache.begin_step(&vec![before.as_slice(); batch])?;
@@ -101,8 +85,7 @@ impl<'a> Bench<'a> {
     /// cached tokens (the runs share one cache, so the context grows by one token per run).
     pub(super) fn decode_ms(&self, batch: usize, context: usize) -> Result<f64, ProfileError> {
         let capacity = context + self.warmup + self.repeats;
-        let mut cache =
-            ContiguousKvCache::new(self.model.kv_layout(), batch, capacity, self.device);
+        let mut cache = ContiguousKvCache::new(self.model.kv_layout(), batch, capacity, self.device);
         if context > 0 {
             cache.begin_step(&vec![self.token_ids(context).as_slice(); batch])?;
         }
@@ -128,17 +111,10 @@ impl<'a> Bench<'a> {
     /// Final norm and logits of `rows` positions (one per sequence of a decode step).
     pub(super) fn lm_head_ms(&self, rows: usize) -> Result<f64, ProfileError> {
         let spec = self.model.spec();
-        let states = Tensor::<3>::random(
-            [rows, 1, spec.hidden_size],
-            Distribution::Uniform(-1.0, 1.0),
-            self.device,
-        );
+        let states = Tensor::<3>::random([rows, 1, spec.hidden_size], Distribution::Uniform(-1.0, 1.0), self.device);
         let embed_dim = spec.embed_dim;
         self.median_ms(format!("LM head: {rows} rows"), || {
-            let hidden = Hidden {
-                states: states.clone(),
-                rotary: None,
-            };
+            let hidden = Hidden { states: states.clone(), rotary: None };
             self.timed(|| {
                 let last = self.model.finish(hidden);
                 self.model.logits(last.reshape([rows, embed_dim]))
@@ -147,18 +123,12 @@ impl<'a> Bench<'a> {
     }
 
     /// `warmup` untimed runs, then the median of `repeats` timed ones.
-    fn median_ms(
-        &self,
-        what: String,
-        mut run: impl FnMut() -> Result<f64, ProfileError>,
-    ) -> Result<f64, ProfileError> {
+    fn median_ms(&self, what: String, mut run: impl FnMut() -> Result<f64, ProfileError>) -> Result<f64, ProfileError> {
         self.progress.start(what);
         for _ in 0..self.warmup {
             run()?;
         }
-        let mut samples = (0..self.repeats)
-            .map(|_| run())
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut samples = (0..self.repeats).map(|_| run()).collect::<Result<Vec<_>, _>>()?;
         samples.sort_by(f64::total_cmp);
         self.progress.done();
         Ok(samples[samples.len() / 2])
@@ -177,9 +147,7 @@ impl<'a> Bench<'a> {
     }
 
     fn sync(&self) -> Result<(), ProfileError> {
-        self.device
-            .sync()
-            .map_err(|e| ProfileError::Device(e.to_string()))
+        self.device.sync().map_err(|e| ProfileError::Device(e.to_string()))
     }
 
     /// `n` token ids cycling through the vocabulary.

@@ -162,9 +162,7 @@ pub enum ProfileError {
     #[error(transparent)]
     Model(#[from] ModelError),
     /// The device reported an error while synchronising.
-    #[error(
-        "the device failed while profiling: {0}; check that the device works (e.g. with `--device flex`)"
-    )]
+    #[error("the device failed while profiling: {0}; check that the device works (e.g. with `--device flex`)")]
     Device(String),
 }
 
@@ -179,10 +177,7 @@ pub fn profile(
 ) -> Result<Profile, ProfileError> {
     let grid = grid.fitted_to(spec.max_positions)?;
     let pairs = grid.context_pairs(spec.max_positions);
-    let one_layer = DecoderSpec {
-        num_layers: 1,
-        ..spec.clone()
-    };
+    let one_layer = DecoderSpec { num_layers: 1, ..spec.clone() };
     let model = CausalLm::random(one_layer, device)?;
     let progress = Progress::new(grid.points(pairs.len()) as u64, progress);
     let bench = Bench::new(&model, device, grid.warmup, grid.repeats, &progress);
@@ -190,14 +185,8 @@ pub fn profile(
     // One untimed pass over the largest prefill first: allocators, thread pools and kernel
     // caches warm up before the first timed point.
     let largest = |axis: &[usize]| axis.last().copied().unwrap_or(1);
-    bench.prefill_ms(
-        largest(&grid.prefill_batch),
-        largest(&grid.prefill_tokens),
-        0,
-    )?;
-    let base_ms = table(&grid.prefill_batch, &grid.prefill_tokens, |b, t| {
-        bench.prefill_ms(b, t, 0)
-    })?;
+    bench.prefill_ms(largest(&grid.prefill_batch), largest(&grid.prefill_tokens), 0)?;
+    let base_ms = table(&grid.prefill_batch, &grid.prefill_tokens, |b, t| bench.prefill_ms(b, t, 0))?;
     let mut samples = Vec::with_capacity(pairs.len());
     for &(i, j) in &pairs {
         // The same slice without context, as measured for the table when it has batch 1.
@@ -213,9 +202,7 @@ pub fn profile(
         });
     }
     let context_ms = fit::context_overhead(&samples);
-    let decode_ms = table(&grid.decode_batch, &grid.decode_context, |b, c| {
-        bench.decode_ms(b, c)
-    })?;
+    let decode_ms = table(&grid.decode_batch, &grid.decode_context, |b, c| bench.decode_ms(b, c))?;
     let embed = table(&[1], &grid.prefill_tokens, |_, t| bench.embed_ms(t))?;
     let head = table(&[1], &grid.decode_batch, |_, b| bench.lm_head_ms(b))?;
     progress.finish();
@@ -236,11 +223,7 @@ pub fn profile(
             base_ms,
             context_ms,
         },
-        decode: DecodeTable {
-            batch: as_f64(&grid.decode_batch),
-            context: as_f64(&grid.decode_context),
-            ms: decode_ms,
-        },
+        decode: DecodeTable { batch: as_f64(&grid.decode_batch), context: as_f64(&grid.decode_context), ms: decode_ms },
         weight_bytes_per_layer: model.layers[0].weight_bytes() as u64,
         kv_bytes_per_token_per_layer: kv.bytes_per_token() as u64 / kv.num_layers as u64,
         embedding: Extra {
@@ -261,9 +244,7 @@ fn table(
     columns: &[usize],
     mut time: impl FnMut(usize, usize) -> Result<f64, ProfileError>,
 ) -> Result<Vec<Vec<f64>>, ProfileError> {
-    rows.iter()
-        .map(|&r| columns.iter().map(|&c| time(r, c)).collect())
-        .collect()
+    rows.iter().map(|&r| columns.iter().map(|&c| time(r, c)).collect()).collect()
 }
 
 fn as_f64(axis: &[usize]) -> Vec<f64> {

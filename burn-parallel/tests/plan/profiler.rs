@@ -27,10 +27,7 @@ fn measured() -> &'static Profile {
     PROFILE.get_or_init(|| {
         let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
         let spec = DecoderSpec::from_dir(&fixture()).unwrap();
-        let grid = ProfileGrid {
-            repeats: 5,
-            ..ProfileGrid::small()
-        };
+        let grid = ProfileGrid { repeats: 5, ..ProfileGrid::small() };
         profiler::profile(&spec, &Device::flex(), &grid, false).unwrap()
     })
 }
@@ -50,14 +47,8 @@ fn profile_has_the_grid_shape_and_the_model_sizes() {
     let shape = |t: &[Vec<f64>]| t.iter().map(Vec::len).collect::<Vec<_>>();
     let rows = |n: usize, width: usize| vec![width; n];
     let (prefill, decode) = (&grid.prefill_batch, &grid.decode_batch);
-    assert_eq!(
-        shape(&p.prefill.base_ms),
-        rows(prefill.len(), grid.prefill_tokens.len())
-    );
-    assert_eq!(
-        shape(&p.decode.ms),
-        rows(decode.len(), grid.decode_context.len())
-    );
+    assert_eq!(shape(&p.prefill.base_ms), rows(prefill.len(), grid.prefill_tokens.len()));
+    assert_eq!(shape(&p.decode.ms), rows(decode.len(), grid.decode_context.len()));
     // hidden 64, 4 heads × 16, 2 KV heads, MLP 128 (gated), vocab 384, untied head; f32.
     let projections = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3;
     assert_eq!(p.weight_bytes_per_layer, projections * 4);
@@ -76,12 +67,7 @@ fn profile_times_are_positive_and_more_work_is_never_much_cheaper() {
         assert!(t.is_finite() && t >= 0.0, "{t}");
     }
     assert!(p.prefill.base_ms.iter().flatten().all(|&t| t > 0.0));
-    assert!(
-        p.prefill
-            .context_ms
-            .iter()
-            .all(|&a| a.is_finite() && a >= 0.0)
-    );
+    assert!(p.prefill.context_ms.iter().all(|&a| a.is_finite() && a >= 0.0));
     // 32 tokens against 1, batch 4 with 96 tokens of context against batch 1 with none: far more
     // work, so never less than half the time, however noisy the machine.
     for row in &p.prefill.base_ms {
@@ -100,13 +86,9 @@ fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
             let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
             (x - y).abs() <= 1e-14 * x.abs().max(y.abs())
         }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
-        }
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y)),
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
         }
         _ => a == b,
     }
@@ -117,10 +99,7 @@ fn profile_round_trips_through_serde() {
     let p = measured();
     let text = serde_json::to_string(p).unwrap();
     let back: Profile = serde_json::from_str(&text).unwrap();
-    let (a, b) = (
-        serde_json::to_value(p).unwrap(),
-        serde_json::to_value(&back).unwrap(),
-    );
+    let (a, b) = (serde_json::to_value(p).unwrap(), serde_json::to_value(&back).unwrap());
     assert!(same_json(&a, &b), "{a}\n{b}");
     assert_eq!(back.prefill.batch, p.prefill.batch);
     assert_eq!(back.weight_bytes_per_layer, p.weight_bytes_per_layer);
@@ -129,13 +108,9 @@ fn profile_round_trips_through_serde() {
 #[test]
 fn profile_feeds_the_slices_and_schedule_planners() {
     let p = measured();
-    let sliced = slices::plan(&SlicesInput {
-        seq_len: 64,
-        stages: 2,
-        profile: Some(p.clone()),
-        ..SlicesInput::default()
-    })
-    .unwrap();
+    let sliced =
+        slices::plan(&SlicesInput { seq_len: 64, stages: 2, profile: Some(p.clone()), ..SlicesInput::default() })
+            .unwrap();
     assert_eq!(sliced.slices.iter().sum::<usize>(), 64);
     assert!(sliced.latency_ms > 0.0);
     let input: ScheduleInput = serde_json::from_value(serde_json::json!({
@@ -150,17 +125,11 @@ fn profile_feeds_the_slices_and_schedule_planners() {
     .unwrap();
     let planned = schedule::plan(&input).unwrap();
     let planned = serde_json::to_value(planned).unwrap();
-    assert!(
-        planned["throughput_qps"].as_f64().unwrap() > 0.0,
-        "{planned}"
-    );
+    assert!(planned["throughput_qps"].as_f64().unwrap() > 0.0, "{planned}");
 }
 
 fn run_cli(args: &[&str]) -> (serde_json::Value, i32) {
-    let argv = ["plan", "profile"]
-        .iter()
-        .chain(args)
-        .map(|s| s.to_string());
+    let argv = ["plan", "profile"].iter().chain(args).map(|s| s.to_string());
     let (text, code) = profiler::cli::run(argv, |name| match name {
         "flex" => Ok(Device::flex()),
         other => Err(format!("unknown device `{other}`")),
@@ -172,14 +141,11 @@ fn run_cli(args: &[&str]) -> (serde_json::Value, i32) {
 #[test]
 fn profile_cli_writes_the_profile_and_rejects_bad_input_with_exit_2() {
     let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let out =
-        std::env::temp_dir().join(format!("burn-parallel-profile-{}.json", std::process::id()));
+    let out = std::env::temp_dir().join(format!("burn-parallel-profile-{}.json", std::process::id()));
     let out_arg = out.to_str().unwrap();
     let model = fixture();
     let model = model.to_str().unwrap();
-    let (json, code) = run_cli(&[
-        "--model", model, "--device", "flex", "--out", out_arg, "--quiet",
-    ]);
+    let (json, code) = run_cli(&["--model", model, "--device", "flex", "--out", out_arg, "--quiet"]);
     assert_eq!(code, 0, "{json}");
     assert_eq!(json["layers"], 2);
     let written: Profile = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
@@ -189,28 +155,16 @@ fn profile_cli_writes_the_profile_and_rejects_bad_input_with_exit_2() {
     written.cost_model("profile").unwrap();
 
     let bad: [&[&str]; 5] = [
-        &[
-            "--model",
-            "/nonexistent/model",
-            "--device",
-            "flex",
-            "--out",
-            out_arg,
-        ],
+        &["--model", "/nonexistent/model", "--device", "flex", "--out", out_arg],
         &["--model", model, "--device", "tpu", "--out", out_arg],
         &["--synthetic", "gpt5", "--device", "flex", "--out", out_arg],
         &["--device", "flex", "--out", out_arg],
-        &[
-            "--model", model, "--device", "flex", "--out", out_arg, "--grid", "huge",
-        ],
+        &["--model", model, "--device", "flex", "--out", out_arg, "--grid", "huge"],
     ];
     for args in bad {
         let (json, code) = run_cli(args);
         assert_eq!(code, 2, "{args:?}: {json}");
-        assert!(
-            json["error"].as_str().is_some_and(|e| !e.is_empty()),
-            "{json}"
-        );
+        assert!(json["error"].as_str().is_some_and(|e| !e.is_empty()), "{json}");
     }
     assert!(!out.exists());
 }

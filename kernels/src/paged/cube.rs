@@ -1,12 +1,12 @@
 //! CubeCL kernels of [`PagedKvOps`] for every GPU runtime (wgpu, Vulkan, CUDA, Metal).
 
+use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::TensorMetadata;
+use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::CubeBackend;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
 use super::ops::PagedKvOps;
@@ -215,11 +215,7 @@ fn paged_attention_kernel<F: Float>(
 /// other references keep the old contents). Same rule as burn-cubecl's `slice_assign`.
 fn writable(cache: CubeTensor) -> CubeTensor {
     let cache = into_contiguous(cache);
-    if cache.can_mut() && cache.is_nonoverlapping() {
-        cache
-    } else {
-        cache.copy()
-    }
+    if cache.can_mut() && cache.is_nonoverlapping() { cache } else { cache.copy() }
 }
 
 /// One-dimensional elementwise launch geometry for `n` threads.
@@ -229,7 +225,11 @@ fn elementwise(client: &cubecl::client::Client, n: usize) -> (CubeCount, CubeDim
 }
 
 impl PagedKvOps for CubeBackend {
-    fn reshape_and_cache(cache: FloatTensor<Self>, new: FloatTensor<Self>, slots: IntTensor<Self>) -> FloatTensor<Self> {
+    fn reshape_and_cache(
+        cache: FloatTensor<Self>,
+        new: FloatTensor<Self>,
+        slots: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
         let [_, kv_heads, block_size, head_dim] = cache.shape().dims::<4>();
         let cache = writable(cache);
         let (new, slots) = (into_contiguous(new), into_contiguous(slots));

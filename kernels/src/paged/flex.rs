@@ -2,10 +2,10 @@
 //! the cache's buffer (`FlexTensor::storage_mut`: copy-on-write, so a uniquely owned cache is
 //! never copied); attention is parallel over (query, head) with `f32` arithmetic.
 
+use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::Flex;
-use burn::tensor::{bf16, f16, DType, Element, TensorData};
+use burn::tensor::{DType, Element, TensorData, bf16, f16};
 use rayon::prelude::*;
 
 use super::ops::PagedKvOps;
@@ -111,7 +111,14 @@ fn range(t: &FlexTensor) -> std::ops::Range<usize> {
 }
 
 /// `cache[slot][h] = new[t][h]` for every non-skipped token.
-fn scatter_tokens<E: Copy>(cache: &mut [E], new: &[E], slots: &[u32], kv_heads: usize, block_size: usize, head_dim: usize) {
+fn scatter_tokens<E: Copy>(
+    cache: &mut [E],
+    new: &[E],
+    slots: &[u32],
+    kv_heads: usize,
+    block_size: usize,
+    head_dim: usize,
+) {
     for (token, &slot) in slots.iter().enumerate() {
         if slot == u32::MAX {
             continue;
@@ -203,7 +210,11 @@ fn dot<E: Real>(a: &[f32], b: &[E]) -> f32 {
 }
 
 impl PagedKvOps for Flex {
-    fn reshape_and_cache(cache: FloatTensor<Self>, new: FloatTensor<Self>, slots: IntTensor<Self>) -> FloatTensor<Self> {
+    fn reshape_and_cache(
+        cache: FloatTensor<Self>,
+        new: FloatTensor<Self>,
+        slots: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
         let [_, kv_heads, block_size, head_dim] = cache.layout().shape().dims::<4>();
         let mut cache = contiguous(cache);
         let new = contiguous(new);
@@ -263,7 +274,8 @@ impl PagedKvOps for Flex {
         let [_, kv_heads, block_size, _] = k_cache.layout().shape().dims::<4>();
         let max_blocks = block_tables.layout().shape().dims::<2>()[1];
         let (q, k_cache, v_cache) = (contiguous(q), contiguous(k_cache), contiguous(v_cache));
-        let (block_tables, query_seq, context_lens) = (indices(block_tables), indices(query_seq), indices(context_lens));
+        let (block_tables, query_seq, context_lens) =
+            (indices(block_tables), indices(query_seq), indices(context_lens));
         let geometry = Geometry { heads, kv_heads, block_size, head_dim, max_blocks, scale };
         let tables = Tables { block_tables: &block_tables, query_seq: &query_seq, context_lens: &context_lens };
         with_float!(q.dtype(), E => {

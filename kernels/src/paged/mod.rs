@@ -237,7 +237,11 @@ impl SlotMapping {
         let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(cache)?;
         let [tokens, h, d] = new.dims();
         if [h, d] != [kv_heads, head_dim] {
-            return Err(PagedKernelError::Shape { what: "new", expected: vec![tokens, kv_heads, head_dim], found: vec![tokens, h, d] });
+            return Err(PagedKernelError::Shape {
+                what: "new",
+                expected: vec![tokens, kv_heads, head_dim],
+                found: vec![tokens, h, d],
+            });
         }
         if self.tokens != tokens {
             return Err(PagedKernelError::Length { what: "slots", expected: tokens, found: self.tokens });
@@ -287,7 +291,11 @@ pub fn reshape_and_cache_mut(cache: &mut Tensor<4>, new: Tensor<3>, slots: &[u32
 
 /// [`reshape_and_cache_mut`] with slots uploaded once per step ([`SlotMapping`]) instead of on
 /// every call: the form for a model writing the K and V caches of many layers.
-pub fn reshape_and_cache_with(cache: &mut Tensor<4>, new: Tensor<3>, slots: &SlotMapping) -> Result<(), PagedKernelError> {
+pub fn reshape_and_cache_with(
+    cache: &mut Tensor<4>,
+    new: Tensor<3>,
+    slots: &SlotMapping,
+) -> Result<(), PagedKernelError> {
     let _span = tracing::trace_span!("kernel", op = "reshape_and_cache").entered();
     slots.check(cache, &new)?;
     cache.inplace(|c| slots.write(c, new));
@@ -553,11 +561,19 @@ pub fn paged_attention_with(
     let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(k_cache)?;
     let cache_shape = [num_blocks, kv_heads, block_size, head_dim];
     if v_cache.dims() != cache_shape {
-        return Err(PagedKernelError::Shape { what: "v_cache", expected: cache_shape.to_vec(), found: v_cache.dims().to_vec() });
+        return Err(PagedKernelError::Shape {
+            what: "v_cache",
+            expected: cache_shape.to_vec(),
+            found: v_cache.dims().to_vec(),
+        });
     }
     let [tokens, heads, d] = q.dims();
     if d != head_dim || tokens != batch.tokens {
-        return Err(PagedKernelError::Shape { what: "q", expected: vec![batch.tokens, heads, head_dim], found: vec![tokens, heads, d] });
+        return Err(PagedKernelError::Shape {
+            what: "q",
+            expected: vec![batch.tokens, heads, head_dim],
+            found: vec![tokens, heads, d],
+        });
     }
     if block_size != batch.block_size {
         return Err(PagedKernelError::Shape {

@@ -8,7 +8,7 @@
 //! backend holds the only reference and copied first otherwise.
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{backend_extension, Backend};
+use burn::backend::{Backend, backend_extension};
 
 /// Paged KV-cache ops (vLLM's fused kernels).
 #[backend_extension(
@@ -20,7 +20,8 @@ pub trait PagedKvOps: Backend {
     /// `cache[slot / bs, h, slot % bs, :] = new[t, h, :]` for every token `t` with
     /// `slot = slots[t] != u32::MAX` (`new`: `[T, num_kv_heads, head_dim]`, `slots`: `[T]`).
     #[fusion(dtype = cache, shape = cache)]
-    fn reshape_and_cache(cache: FloatTensor<Self>, new: FloatTensor<Self>, slots: IntTensor<Self>) -> FloatTensor<Self>;
+    fn reshape_and_cache(cache: FloatTensor<Self>, new: FloatTensor<Self>, slots: IntTensor<Self>)
+    -> FloatTensor<Self>;
 
     /// `cache[dst] = cache[src]` for every row `(src, dst)` of `pairs` (`[n, 2]`); no block may be
     /// both a source and a destination.

@@ -37,7 +37,8 @@ fn scatter_host(cache: &mut [f32], new: &[f32], slots: &[u32], [_, kv_heads, blo
         let (block, offset) = (slot as usize / block_size, slot as usize % block_size);
         for h in 0..kv_heads {
             for d in 0..head_dim {
-                cache[((block * kv_heads + h) * block_size + offset) * head_dim + d] = new[(t * kv_heads + h) * head_dim + d];
+                cache[((block * kv_heads + h) * block_size + offset) * head_dim + d] =
+                    new[(t * kv_heads + h) * head_dim + d];
             }
         }
     }
@@ -165,7 +166,15 @@ impl Batch {
     /// `u32::MAX`, never read); every sequence gets a decode query at its full length, sequence
     /// `prefill` also gets `prefill_len` prefill queries with increasing context lengths ending
     /// just before it, and one query has an empty context.
-    fn new(rng: &mut Rng8, heads: usize, kv_heads: usize, head_dim: usize, block_size: usize, lens: &[usize], prefill: usize) -> Self {
+    fn new(
+        rng: &mut Rng8,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        lens: &[usize],
+        prefill: usize,
+    ) -> Self {
         let max_blocks = lens.iter().map(|l| l.div_ceil(block_size)).max().unwrap_or(0).max(1) + 1;
         let needed: usize = lens.iter().map(|l| l.div_ceil(block_size)).sum();
         let num_blocks = needed + 3;
@@ -209,7 +218,8 @@ impl Batch {
         let q = tensor(self.q.clone(), [self.tokens(), self.heads, self.shape[3]], device);
         let k = tensor(self.k.clone(), self.shape, device);
         let v = tensor(self.v.clone(), self.shape, device);
-        paged_attention(q, &k, &v, &self.tables, self.max_blocks, &self.query_seq, &self.context_lens, self.scale()).unwrap()
+        paged_attention(q, &k, &v, &self.tables, self.max_blocks, &self.query_seq, &self.context_lens, self.scale())
+            .unwrap()
     }
 
     /// Dense attention with plain Burn ops: gather each query's keys and values into contiguous
@@ -218,7 +228,11 @@ impl Batch {
         let [num_blocks, kv_heads, block_size, head_dim] = self.shape;
         let heads = self.heads;
         let by_slot = |data: &[f32]| {
-            tensor(data.to_vec(), self.shape, device).swap_dims(1, 2).reshape([num_blocks * block_size, kv_heads, head_dim])
+            tensor(data.to_vec(), self.shape, device).swap_dims(1, 2).reshape([
+                num_blocks * block_size,
+                kv_heads,
+                head_dim,
+            ])
         };
         let (k, v) = (by_slot(&self.k), by_slot(&self.v));
         let group = heads / kv_heads;
@@ -233,9 +247,11 @@ impl Batch {
                 continue;
             }
             let table = &self.tables[self.query_seq[t] as usize * self.max_blocks..];
-            let slots: Vec<i64> = (0..n).map(|p| (table[p / block_size] as usize * block_size + p % block_size) as i64).collect();
+            let slots: Vec<i64> =
+                (0..n).map(|p| (table[p / block_size] as usize * block_size + p % block_size) as i64).collect();
             let slots = Tensor::<1, Int>::from_data(TensorData::new(slots, [n]), device);
-            let gather = |c: &Tensor<3>| c.clone().select(0, slots.clone()).select(1, kv_of_head.clone()).swap_dims(0, 1);
+            let gather =
+                |c: &Tensor<3>| c.clone().select(0, slots.clone()).select(1, kv_of_head.clone()).swap_dims(0, 1);
             let (kt, vt) = (gather(&k), gather(&v)); // [H, n, D]
             let qt = q.clone().narrow(0, t, 1).swap_dims(0, 1); // [H, 1, D]
             let p = softmax(qt.matmul(kt.swap_dims(1, 2)) * self.scale(), 2);
@@ -353,7 +369,11 @@ fn paged_attention_decode_batch_and_large_scores() {
     for device in devices() {
         let lens: Vec<usize> = (0..12).map(|_| rng.random_range(1..90)).collect();
         let mut batch = Batch::new(&mut rng, 4, 2, 16, 16, &lens, 3);
-        assert_close(&values(batch.run(&device)), &values(batch.reference(&device)), &format!("{device:?} decode batch"));
+        assert_close(
+            &values(batch.run(&device)),
+            &values(batch.reference(&device)),
+            &format!("{device:?} decode batch"),
+        );
         // Scores in the hundreds: exp would overflow f32 without max subtraction.
         batch.q.iter_mut().for_each(|x| *x *= 100.0);
         let found = values(batch.run(&device));
@@ -366,8 +386,8 @@ fn paged_attention_decode_batch_and_large_scores() {
 #[cfg(feature = "flex")]
 #[test]
 fn flex_writes_in_place_when_unique() {
-    use burn::backend::flex::FlexTensor;
     use burn::backend::Flex;
+    use burn::backend::flex::FlexTensor;
     use ops::PagedKvOps;
 
     let shape = [4, 2, 4, 8];
@@ -444,7 +464,15 @@ fn per_step_inputs_serve_every_layer() {
         slots.push(SKIP_SLOT);
         let mapping = SlotMapping::new(&slots, &device).unwrap();
         assert_eq!(mapping.tokens(), 4);
-        let step = PagedBatch::new(&batch.tables, batch.max_blocks, block_size, &batch.query_seq, &batch.context_lens, &device).unwrap();
+        let step = PagedBatch::new(
+            &batch.tables,
+            batch.max_blocks,
+            block_size,
+            &batch.query_seq,
+            &batch.context_lens,
+            &device,
+        )
+        .unwrap();
         assert_eq!(step.tokens(), batch.tokens());
         let q_shape = [batch.tokens(), batch.heads, head_dim];
         for layer in 0..2 {
@@ -460,18 +488,38 @@ fn per_step_inputs_serve_every_layer() {
             let q = tensor(random(&mut rng, q_shape.iter().product()), q_shape, &device);
             let (k, v) = (&caches[0], &caches[1]);
             let with = values(paged_attention_with(q.clone(), k, v, &step, 0.25).unwrap());
-            let direct = paged_attention(q, k, v, &batch.tables, batch.max_blocks, &batch.query_seq, &batch.context_lens, 0.25);
+            let direct =
+                paged_attention(q, k, v, &batch.tables, batch.max_blocks, &batch.query_seq, &batch.context_lens, 0.25);
             assert_eq!(with, values(direct.unwrap()), "{device:?} layer {layer}");
         }
         let (k, q) = (tensor(batch.k.clone(), batch.shape, &device), tensor(batch.q.clone(), q_shape, &device));
-        let other = PagedBatch::new(&batch.tables, batch.max_blocks, 2 * block_size, &batch.query_seq, &batch.context_lens, &device).unwrap();
+        let other = PagedBatch::new(
+            &batch.tables,
+            batch.max_blocks,
+            2 * block_size,
+            &batch.query_seq,
+            &batch.context_lens,
+            &device,
+        )
+        .unwrap();
         assert!(matches!(paged_attention_with(q.clone(), &k, &k, &other, 1.0), Err(PagedKernelError::Shape { .. })));
-        let fewer = PagedBatch::new(&batch.tables, batch.max_blocks, block_size, &batch.query_seq[1..], &batch.context_lens[1..], &device).unwrap();
+        let fewer = PagedBatch::new(
+            &batch.tables,
+            batch.max_blocks,
+            block_size,
+            &batch.query_seq[1..],
+            &batch.context_lens[1..],
+            &device,
+        )
+        .unwrap();
         assert!(matches!(paged_attention_with(q, &k, &k, &fewer, 1.0), Err(PagedKernelError::Shape { .. })));
         let mut k = k;
         let three = tensor(random(&mut rng, 3 * kv_heads * head_dim), [3, kv_heads, head_dim], &device);
         assert!(matches!(reshape_and_cache_with(&mut k, three, &mapping), Err(PagedKernelError::Length { .. })));
-        assert!(matches!(SlotMapping::new(&[1, SKIP_SLOT, 1], &device), Err(PagedKernelError::Duplicate { index: 1, .. })));
+        assert!(matches!(
+            SlotMapping::new(&[1, SKIP_SLOT, 1], &device),
+            Err(PagedKernelError::Duplicate { index: 1, .. })
+        ));
         let none = SlotMapping::new(&[SKIP_SLOT, SKIP_SLOT], &device).unwrap();
         let two = tensor(random(&mut rng, 2 * kv_heads * head_dim), [2, kv_heads, head_dim], &device);
         let before = values(k.clone());
@@ -494,7 +542,16 @@ fn half_precision_caches() {
             let q = tensor(batch.q.clone(), [batch.tokens(), batch.heads, 16], &device).cast(dtype);
             let k = tensor(batch.k.clone(), batch.shape, &device).cast(dtype);
             let v = tensor(batch.v.clone(), batch.shape, &device).cast(dtype);
-            let out = paged_attention(q, &k, &v, &batch.tables, batch.max_blocks, &batch.query_seq, &batch.context_lens, batch.scale());
+            let out = paged_attention(
+                q,
+                &k,
+                &v,
+                &batch.tables,
+                batch.max_blocks,
+                &batch.query_seq,
+                &batch.context_lens,
+                batch.scale(),
+            );
             let out = out.unwrap();
             assert_eq!(out.dtype(), dtype);
             let found = values(out.cast(DType::F32));
@@ -543,7 +600,10 @@ fn bad_arguments_are_errors() {
     assert!(matches!(write_blocks(c(), &[0], blocks.clone()), Err(PagedKernelError::Length { .. })));
     assert!(matches!(write_blocks(c(), &[0, 0], blocks.clone()), Err(PagedKernelError::Duplicate { .. })));
     assert!(matches!(write_blocks(c(), &[0, 5], blocks), Err(PagedKernelError::Block { block: 5, .. })));
-    assert!(matches!(write_blocks(c(), &[0], Tensor::zeros([1, 2, 2, 8], &device)), Err(PagedKernelError::Shape { .. })));
+    assert!(matches!(
+        write_blocks(c(), &[0], Tensor::zeros([1, 2, 2, 8], &device)),
+        Err(PagedKernelError::Shape { .. })
+    ));
     assert!(matches!(read_blocks(&cache, &[4]), Err(PagedKernelError::Block { block: 4, .. })));
 
     let q = Tensor::<3>::ones([2, 4, 8], &device);
@@ -555,15 +615,33 @@ fn bad_arguments_are_errors() {
     assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 0, &[0, 1], &[8, 3]), Err(PagedKernelError::BlockTable { .. })));
     assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0], &[8, 3]), Err(PagedKernelError::Length { .. })));
     assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[8]), Err(PagedKernelError::Length { .. })));
-    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 2], &[8, 3]), Err(PagedKernelError::Sequence { row: 2, .. })));
-    assert!(matches!(attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[9, 3]), Err(PagedKernelError::Context { len: 9, .. })));
-    assert!(matches!(attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedKernelError::Block { block: 7, .. })));
+    assert!(matches!(
+        attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 2], &[8, 3]),
+        Err(PagedKernelError::Sequence { row: 2, .. })
+    ));
+    assert!(matches!(
+        attend(q.clone(), &[0, 1, 2, 3], 2, &[0, 1], &[9, 3]),
+        Err(PagedKernelError::Context { len: 9, .. })
+    ));
+    assert!(matches!(
+        attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[8, 3]),
+        Err(PagedKernelError::Block { block: 7, .. })
+    ));
     // An out-of-range entry past the context is never read, so it is fine.
     assert!(attend(q.clone(), &[0, 7, 2, 3], 2, &[0, 1], &[4, 3]).is_ok());
-    assert!(matches!(attend(Tensor::ones([2, 3, 8], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedKernelError::Heads { .. })));
-    assert!(matches!(attend(Tensor::ones([2, 4, 4], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]), Err(PagedKernelError::Shape { .. })));
+    assert!(matches!(
+        attend(Tensor::ones([2, 3, 8], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]),
+        Err(PagedKernelError::Heads { .. })
+    ));
+    assert!(matches!(
+        attend(Tensor::ones([2, 4, 4], &device), &[0, 1, 2, 3], 2, &[0, 1], &[8, 3]),
+        Err(PagedKernelError::Shape { .. })
+    ));
     let v = Tensor::<4>::zeros([4, 2, 4, 4], &device);
-    assert!(matches!(paged_attention(q.clone(), &cache, &v, &[0], 1, &[0, 0], &[1, 1], 1.0), Err(PagedKernelError::Shape { .. })));
+    assert!(matches!(
+        paged_attention(q.clone(), &cache, &v, &[0], 1, &[0, 0], &[1, 1], 1.0),
+        Err(PagedKernelError::Shape { .. })
+    ));
     // No queries: an empty result, whatever the table.
     let none = paged_attention(Tensor::zeros([0, 4, 8], &device), &cache, &cache, &[], 0, &[], &[], 1.0).unwrap();
     assert_eq!(none.dims(), [0, 4, 8]);
@@ -580,4 +658,3 @@ fn mixed_devices_are_errors() {
     let q = Tensor::<3>::ones([1, 2, 8], &Device::flex());
     assert_eq!(paged_attention(q, &cache, &cache, &[0], 1, &[0], &[1], 1.0).unwrap_err(), PagedKernelError::Device);
 }
-

@@ -1,12 +1,12 @@
 //! CubeCL kernels of [`GroupQuantOps`] for every GPU runtime (wgpu, Vulkan, CUDA, Metal).
 
+use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::TensorMetadata;
 use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
-use burn_cubecl::CubeBackend;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
 use super::ops::GroupQuantOps;

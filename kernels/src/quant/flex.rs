@@ -1,8 +1,8 @@
 //! Pure-Rust twins of [`GroupQuantOps`] for Burn's Flex CPU backend, parallel over rows.
 
-use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::TensorData;
 use rayon::prelude::*;
 
@@ -27,7 +27,14 @@ avx2_dispatch! {
 /// `Σ_k (x[i,k]·scale[k,g])·q[k, cols of g] + Σ_k x[i,k]·min[k,g]`: the codes of each `k` are
 /// decoded once (fixed-width shift-and-mask, which vectorizes) and reused for every row.
 #[inline(always)]
-fn group_block_portable(shape: &BlockShape, g: usize, x: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+fn group_block_portable(
+    shape: &BlockShape,
+    g: usize,
+    x: &[f32],
+    codes: &[u32],
+    scale: &[f32],
+    min: &[f32],
+) -> Vec<f32> {
     let BlockShape { m, k_len, groups, group, words, per, bits } = *shape;
     let words_per_group = group / per;
     let mut acc = vec![0f32; m * group];
@@ -75,7 +82,15 @@ avx2_dispatch! {
 /// Per weight row and group: the codes are decoded once (fixed-width shift-and-mask) and dotted
 /// with every input row's slice in eight lanes; `min` needs only the slice sums `xsum`.
 #[inline(always)]
-fn weight_rows_portable(shape: &RowsShape, rows: std::ops::Range<usize>, x: &[f32], xsum: &[f32], codes: &[u32], scale: &[f32], min: &[f32]) -> Vec<f32> {
+fn weight_rows_portable(
+    shape: &RowsShape,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    xsum: &[f32],
+    codes: &[u32],
+    scale: &[f32],
+    min: &[f32],
+) -> Vec<f32> {
     let RowsShape { m, k_len, groups, group, words, bits } = *shape;
     let per = 32 / bits as usize;
     let words_per_group = group / per;
@@ -162,10 +177,8 @@ impl GroupQuantOps for Flex {
         let n = words * per;
         let groups = n / group;
         let shape = BlockShape { m, k_len, groups, group, words, per, bits };
-        let blocks: Vec<Vec<f32>> = (0..groups)
-            .into_par_iter()
-            .map(|g| group_block(&shape, g, x, codes, scale, min))
-            .collect();
+        let blocks: Vec<Vec<f32>> =
+            (0..groups).into_par_iter().map(|g| group_block(&shape, g, x, codes, scale, min)).collect();
         let mut out = vec![0f32; m * n];
         for (g, block) in blocks.iter().enumerate() {
             for i in 0..m {
@@ -226,11 +239,8 @@ impl GroupQuantOps for Flex {
         let top = ((1u32 << bits) - 1) as f32;
         let groups = cols / group;
         let mut codes = vec![0u32; rows * cols / per];
-        codes
-            .par_chunks_mut((cols / per).max(1))
-            .zip(x.par_chunks(cols.max(1)))
-            .enumerate()
-            .for_each(|(row, (out, values))| {
+        codes.par_chunks_mut((cols / per).max(1)).zip(x.par_chunks(cols.max(1))).enumerate().for_each(
+            |(row, (out, values))| {
                 for (w, word) in out.iter_mut().enumerate() {
                     let mut packed = 0u32;
                     for i in 0..per {
@@ -242,7 +252,8 @@ impl GroupQuantOps for Flex {
                     }
                     *word = packed;
                 }
-            });
+            },
+        );
         FlexTensor::from_data(TensorData::new(codes, [rows, cols / per]))
     }
 

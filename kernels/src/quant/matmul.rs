@@ -3,12 +3,14 @@
 use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 
-use super::ops::GroupQuantOps;
 use super::GroupQuantized;
+use super::ops::GroupQuantOps;
 
 /// The weight layout [`qmatmul`] or [`qmatmul_transposed`] needs is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the fused matmul needs a weight quantized along axis 1 whose shared dimension is k = {k}; got shape {shape:?} along axis {axis}")]
+#[error(
+    "the fused matmul needs a weight quantized along axis 1 whose shared dimension is k = {k}; got shape {shape:?} along axis {axis}"
+)]
 pub struct QMatmulLayout {
     /// Columns of `x`.
     pub k: usize,
@@ -55,4 +57,3 @@ fn fused(x: Tensor<2>, w: &GroupQuantized<2>, transposed: bool) -> Result<Tensor
         w.spec.group_size(),
     )))
 }
-

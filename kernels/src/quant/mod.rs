@@ -22,7 +22,7 @@ mod cube;
 #[cfg(feature = "flex")]
 mod flex;
 
-pub use matmul::{qmatmul, qmatmul_transposed, QMatmulLayout};
+pub use matmul::{QMatmulLayout, qmatmul, qmatmul_transposed};
 pub use spec::{KernelError, QuantSpec};
 
 use burn::backend::Dispatch;

@@ -7,7 +7,7 @@
 //! `[rows, cols · bits / 32]` of dtype `U32`.
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{backend_extension, Backend};
+use burn::backend::{Backend, backend_extension};
 
 /// Group-wise asymmetric quantization ops.
 #[backend_extension(

@@ -24,9 +24,7 @@ fn case(rng: &mut impl Rng) -> ([usize; 3], QuantSpec, Vec<f32>) {
     let n: usize = shape.iter().product();
     let spread = 10f32.powi(rng.random_range(-2..3));
     let constant = rng.random_bool(0.2);
-    let data = (0..n)
-        .map(|_| if constant { 1.25 } else { (rng.random::<f32>() - 0.3) * spread })
-        .collect();
+    let data = (0..n).map(|_| if constant { 1.25 } else { (rng.random::<f32>() - 0.3) * spread }).collect();
     (shape, QuantSpec::new(bits, group, axis).unwrap(), data)
 }
 
@@ -42,7 +40,10 @@ fn round_trip_error_is_at_most_half_a_step() {
             let back = values(dequantize(&q));
             // Step of each element's group: scale broadcast back through the same layout.
             let steps = q.scale.clone().reshape([q.scale.dims()[0], q.scale.dims()[1], 1]);
-            let steps = steps.repeat_dim(2, spec.group_size()).reshape(moved_last(shape, spec.axis())).swap_dims(spec.axis(), 2);
+            let steps = steps
+                .repeat_dim(2, spec.group_size())
+                .reshape(moved_last(shape, spec.axis()))
+                .swap_dims(spec.axis(), 2);
             let steps = values(steps);
             for ((x, y), step) in data.iter().zip(&back).zip(&steps) {
                 let tolerance = step / 2.0 + 1e-5 * x.abs().max(1.0);
@@ -120,7 +121,10 @@ fn bytes_per_value_matches_storage_bytes() {
 
 #[test]
 fn four_bits_pack_eight_codes_a_word() {
-    let x = Tensor::<2>::from_data(TensorData::new((0..64).map(|v| v as f32).collect::<Vec<_>>(), [1, 64]), &Device::flex());
+    let x = Tensor::<2>::from_data(
+        TensorData::new((0..64).map(|v| v as f32).collect::<Vec<_>>(), [1, 64]),
+        &Device::flex(),
+    );
     let q = quantize(x, QuantSpec::new(4, 64, 1).unwrap()).unwrap();
     assert_eq!(q.codes.dims(), [1, 8]);
     assert_eq!(q.scale.dims(), [1, 1]);
@@ -133,7 +137,9 @@ fn four_bits_pack_eight_codes_a_word() {
 fn fused_qmatmul_equals_dequantize_then_matmul() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     for device in devices() {
-        for (m, k, n, bits, group) in [(1, 64, 128, 4, 64), (3, 96, 64, 8, 32), (8, 40, 256, 4, 32), (32, 17, 64, 8, 64)] {
+        for (m, k, n, bits, group) in
+            [(1, 64, 128, 4, 64), (3, 96, 64, 8, 32), (8, 40, 256, 4, 32), (32, 17, 64, 8, 64)]
+        {
             let w: Vec<f32> = (0..k * n).map(|_| rng.random::<f32>() - 0.5).collect();
             let x: Vec<f32> = (0..m * k).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
             let w = Tensor::<2>::from_data(TensorData::new(w, [k, n]), &device);
@@ -160,7 +166,8 @@ fn assert_close(found: &[f32], reference: &[f32], case: (usize, usize, usize)) {
 fn fused_qmatmul_transposed_equals_dequantize_then_matmul() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
     for device in devices() {
-        for (m, k, n, bits, group) in [(1, 64, 40, 4, 32), (2, 96, 17, 8, 32), (16, 128, 33, 4, 64), (33, 64, 8, 8, 4)] {
+        for (m, k, n, bits, group) in [(1, 64, 40, 4, 32), (2, 96, 17, 8, 32), (16, 128, 33, 4, 64), (33, 64, 8, 8, 4)]
+        {
             let w: Vec<f32> = (0..k * n).map(|_| rng.random::<f32>() - 0.5).collect();
             let x: Vec<f32> = (0..m * k).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
             let w = Tensor::<2>::from_data(TensorData::new(w, [n, k]), &device);
@@ -183,7 +190,8 @@ fn host_buffers_and_row_selection() {
         let q = quantize(x, spec).unwrap();
         let codes = q.codes.clone().into_data().try_into_vec_as::<u32>().unwrap();
         let (scale, min) = (values(q.scale.clone()), values(q.min.clone()));
-        let rebuilt = GroupQuantized::from_host(codes.clone(), scale.clone(), min.clone(), [4, 64], spec, &device).unwrap();
+        let rebuilt =
+            GroupQuantized::from_host(codes.clone(), scale.clone(), min.clone(), [4, 64], spec, &device).unwrap();
         assert_eq!(values(dequantize(&rebuilt)), values(dequantize(&q)));
         let short = GroupQuantized::<2>::from_host(codes[1..].to_vec(), scale, min, [4, 64], spec, &device);
         assert!(matches!(short, Err(KernelError::HostBuffers { .. })));

@@ -4,8 +4,8 @@
 use serde::Deserialize;
 
 use super::{QkvNames, TensorNames};
-use crate::layers::linear::WeightLayout;
 use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
+use crate::layers::linear::WeightLayout;
 
 /// GPT-2's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -56,9 +56,8 @@ impl Gpt2Config {
         if !self.scale_attn_weights {
             return Err("scale_attn_weights = false is not supported".into());
         }
-        let activation = Activation::from_hf(&self.activation_function).ok_or_else(|| {
-            format!("unsupported activation_function `{}`", self.activation_function)
-        })?;
+        let activation = Activation::from_hf(&self.activation_function)
+            .ok_or_else(|| format!("unsupported activation_function `{}`", self.activation_function))?;
         Ok(DecoderSpec {
             arch: Architecture::Gpt2,
             vocab_size: self.vocab_size,
@@ -70,19 +69,14 @@ impl Gpt2Config {
             head_dim: self.n_embd.checked_div(self.n_head).unwrap_or(0),
             intermediate_size: self.n_inner.unwrap_or(4 * self.n_embd),
             max_positions: self.n_positions,
-            norm: NormKind::Layer {
-                eps: self.layer_norm_epsilon,
-            },
+            norm: NormKind::Layer { eps: self.layer_norm_epsilon },
             pre_norm: true,
             final_norm: true,
             activation,
             gated_mlp: false,
             attention_bias: true,
             mlp_bias: true,
-            positions: PositionKind::Learned {
-                rows: self.n_positions,
-                offset: 0,
-            },
+            positions: PositionKind::Learned { rows: self.n_positions, offset: 0 },
             tie_word_embeddings: self.tie_word_embeddings,
             scale_attn_by_inverse_layer_idx: self.scale_attn_by_inverse_layer_idx,
             bos_token_id: self.ids.bos_token_id,

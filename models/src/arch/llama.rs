@@ -5,8 +5,8 @@
 use serde::Deserialize;
 
 use super::{QkvNames, TensorNames};
-use crate::layers::linear::WeightLayout;
 use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
+use crate::layers::linear::WeightLayout;
 use crate::layers::rope::{RopeScaling, RopeSpec};
 
 /// LLaMA's `config.json`.
@@ -70,9 +70,7 @@ impl LlamaConfig {
     /// Lowers to the shared decoder description.
     pub fn to_spec(&self) -> Result<DecoderSpec, String> {
         let heads = self.num_attention_heads;
-        let head_dim = self
-            .head_dim
-            .unwrap_or(self.hidden_size.checked_div(heads).unwrap_or(0));
+        let head_dim = self.head_dim.unwrap_or(self.hidden_size.checked_div(heads).unwrap_or(0));
         let activation = Activation::from_hf(&self.hidden_act)
             .ok_or_else(|| format!("unsupported hidden_act `{}`", self.hidden_act))?;
         Ok(DecoderSpec {
@@ -86,9 +84,7 @@ impl LlamaConfig {
             head_dim,
             intermediate_size: self.intermediate_size,
             max_positions: self.max_position_embeddings,
-            norm: NormKind::Rms {
-                eps: self.rms_norm_eps,
-            },
+            norm: NormKind::Rms { eps: self.rms_norm_eps },
             pre_norm: true,
             final_norm: true,
             activation,
@@ -104,34 +100,19 @@ impl LlamaConfig {
     }
 
     fn rope_spec(&self, head_dim: usize) -> Result<RopeSpec, String> {
-        let params = self
-            .rope_parameters
-            .as_ref()
-            .or(self.rope_scaling.as_ref())
-            .filter(|v| !v.is_null());
+        let params = self.rope_parameters.as_ref().or(self.rope_scaling.as_ref()).filter(|v| !v.is_null());
         let field = |name: &str| params.and_then(|p| p.get(name));
         let number = |name: &str| -> Result<f64, String> {
-            field(name)
-                .and_then(|v| v.as_f64())
-                .ok_or_else(|| format!("rope scaling needs a numeric `{name}`"))
+            field(name).and_then(|v| v.as_f64()).ok_or_else(|| format!("rope scaling needs a numeric `{name}`"))
         };
-        let theta = self
-            .rope_theta
-            .or_else(|| field("rope_theta").and_then(|v| v.as_f64()))
-            .unwrap_or(10_000.0);
-        let kind = field("rope_type")
-            .or_else(|| field("type"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("default");
+        let theta = self.rope_theta.or_else(|| field("rope_theta").and_then(|v| v.as_f64())).unwrap_or(10_000.0);
+        let kind = field("rope_type").or_else(|| field("type")).and_then(|v| v.as_str()).unwrap_or("default");
         let scaling = match kind {
             "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: number("factor")?,
-            },
-            "dynamic" => RopeScaling::Dynamic {
-                factor: number("factor")?,
-                max_positions: self.max_position_embeddings,
-            },
+            "linear" => RopeScaling::Linear { factor: number("factor")? },
+            "dynamic" => {
+                RopeScaling::Dynamic { factor: number("factor")?, max_positions: self.max_position_embeddings }
+            }
             "llama3" => RopeScaling::Llama3 {
                 factor: number("factor")?,
                 low_freq_factor: number("low_freq_factor")?,
@@ -144,11 +125,7 @@ impl LlamaConfig {
                 ));
             }
         };
-        Ok(RopeSpec {
-            theta,
-            dim: head_dim,
-            scaling,
-        })
+        Ok(RopeSpec { theta, dim: head_dim, scaling })
     }
 }
 

@@ -5,8 +5,8 @@
 use serde::Deserialize;
 
 use super::{QkvNames, TensorNames};
-use crate::layers::linear::WeightLayout;
 use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
+use crate::layers::linear::WeightLayout;
 
 /// OPT's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -72,10 +72,7 @@ impl OptConfig {
             gated_mlp: false,
             attention_bias: self.enable_bias,
             mlp_bias: self.enable_bias,
-            positions: PositionKind::Learned {
-                rows: self.max_position_embeddings + 2,
-                offset: 2,
-            },
+            positions: PositionKind::Learned { rows: self.max_position_embeddings + 2, offset: 2 },
             tie_word_embeddings: self.tie_word_embeddings,
             scale_attn_by_inverse_layer_idx: false,
             bos_token_id: self.ids.bos_token_id,

@@ -4,7 +4,7 @@
 use burn::tensor::{Device, Tensor};
 use burn_llm_kernels::QuantSpec;
 
-use super::{attention, check_kv_quant, KvCache, KvLayout, LayerSlots, StepInput, StepSlots};
+use super::{KvCache, KvLayout, LayerSlots, StepInput, StepSlots, attention, check_kv_quant};
 use crate::error::Result;
 
 /// Keys and values of a batch in `[batch, kv_heads, capacity, head_dim]` tensors, one pair per
@@ -24,7 +24,13 @@ impl ContiguousKvCache {
 
     /// Like [`ContiguousKvCache::new`], storing keys and values as group-quantized codes exactly
     /// as `spec` says (along the head dimension, see [`check_kv_quant`]).
-    pub fn quantized(layout: KvLayout, batch: usize, capacity: usize, device: &Device, spec: QuantSpec) -> Result<Self> {
+    pub fn quantized(
+        layout: KvLayout,
+        batch: usize,
+        capacity: usize,
+        device: &Device,
+        spec: QuantSpec,
+    ) -> Result<Self> {
         check_kv_quant(layout, spec)?;
         Ok(Self::build(layout, batch, capacity, device, Some(spec)))
     }

@@ -32,9 +32,9 @@ mod quant;
 mod slots;
 mod steps;
 
-pub use attention::{attention, attention_with, causal_bias, MASKED};
+pub use attention::{MASKED, attention, attention_with, causal_bias};
 pub use contiguous::ContiguousKvCache;
-pub use quant::{check_kv_quant, fit_kv_quant, KV_QUANT_AXIS};
+pub use quant::{KV_QUANT_AXIS, check_kv_quant, fit_kv_quant};
 pub use slots::{LayerSlots, Slots};
 pub use steps::StepSlots;
 

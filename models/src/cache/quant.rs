@@ -18,8 +18,7 @@ pub fn check_kv_quant(layout: KvLayout, spec: QuantSpec) -> Result<()> {
             "KV cache: {spec}: keys and values are quantized along the head dimension, axis {KV_QUANT_AXIS}"
         )));
     }
-    spec.validate(&[1, 1, 1, layout.head_dim])
-        .map_err(|e| ModelError::Quantization(format!("KV cache: {e}")))
+    spec.validate(&[1, 1, 1, layout.head_dim]).map_err(|e| ModelError::Quantization(format!("KV cache: {e}")))
 }
 
 /// `requested` fitted to `layout`: its bits and group size along the head dimension, or groups

@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use burn::tensor::{DType, Device, Int, Tensor};
-use burn_llm_kernels::{dequantize, quantize, GroupQuantized, QuantSpec};
+use burn_llm_kernels::{GroupQuantized, QuantSpec, dequantize, quantize};
 
 use super::KvLayout;
 
@@ -108,4 +108,3 @@ impl LayerSlots {
         (Self { keys, values }, k, v)
     }
 }
-

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::{causal_bias, KvLayout, StepInput, MASKED};
+use super::{KvLayout, MASKED, StepInput, causal_bias};
 use crate::error::{ModelError, Result};
 
 /// Step layout of [`ContiguousKvCache`](super::ContiguousKvCache), public for caches that store
@@ -104,10 +104,7 @@ impl StepSlots {
         }
         let needed = self.used + width;
         if needed > self.capacity {
-            return Err(ModelError::CacheFull {
-                needed,
-                capacity: self.capacity,
-            });
+            return Err(ModelError::CacheFull { needed, capacity: self.capacity });
         }
         let mut tokens = vec![0i64; self.batch * width];
         let mut positions = vec![0i64; self.batch * width];
@@ -139,11 +136,8 @@ impl StepSlots {
         }
         let key_bias: Tensor<4> =
             Tensor::from_data(TensorData::new(key_bias, [self.batch, 1, 1, self.used]), &self.device);
-        self.bias = if width > 1 {
-            key_bias + causal_bias(self.step_start, width, self.used, &self.device)
-        } else {
-            key_bias
-        };
+        self.bias =
+            if width > 1 { key_bias + causal_bias(self.step_start, width, self.used, &self.device) } else { key_bias };
 
         let shape = [self.batch, width];
         Ok(StepInput {

@@ -2,7 +2,7 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use super::{attention, causal_bias, ContiguousKvCache, KvCache, KvLayout, StepSlots};
+use super::{ContiguousKvCache, KvCache, KvLayout, StepSlots, attention, causal_bias};
 use crate::error::ModelError;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
@@ -26,7 +26,14 @@ fn steps_left_pad_and_let_sequences_sit_out() {
     let bias = values(steps.bias());
     let masked: Vec<bool> = bias.iter().map(|&b| b < -1.0).collect();
     // Row 1's padding queries see nothing; its token sees only its own slot.
-    let rows = [[false, true, true], [false, false, true], [false, false, false], [true, true, true], [true, true, true], [true, true, false]];
+    let rows = [
+        [false, true, true],
+        [false, false, true],
+        [false, false, false],
+        [true, true, true],
+        [true, true, true],
+        [true, true, false],
+    ];
     assert_eq!(masked, rows.concat());
 
     let second = steps.begin_step(&[&[5], &[]]).unwrap();
@@ -42,7 +49,10 @@ fn steps_refuse_bad_layouts() {
     let mut steps = StepSlots::new(2, 3, &Device::flex());
     assert!(matches!(steps.begin_step(&[&[1]]), Err(ModelError::BatchMismatch(_))));
     assert!(matches!(steps.begin_step(&[&[], &[]]), Err(ModelError::BatchMismatch(_))));
-    assert!(matches!(steps.begin_step(&[&[1, 2], &[3, 4, 5, 6]]), Err(ModelError::CacheFull { needed: 4, capacity: 3 })));
+    assert!(matches!(
+        steps.begin_step(&[&[1, 2], &[3, 4, 5, 6]]),
+        Err(ModelError::CacheFull { needed: 4, capacity: 3 })
+    ));
     assert_eq!(steps.used(), 0, "a refused step changes nothing");
 }
 

@@ -25,11 +25,7 @@ impl BeamSearchParams {
     /// `width` beams with HF's defaults otherwise: length penalty 1.0,
     /// [`EarlyStopping::Heuristic`].
     pub fn new(width: usize) -> Self {
-        Self {
-            width,
-            length_penalty: 1.0,
-            early_stopping: EarlyStopping::Heuristic,
-        }
+        Self { width, length_penalty: 1.0, early_stopping: EarlyStopping::Heuristic }
     }
 
     /// The same parameters with another length penalty.
@@ -51,10 +47,7 @@ impl BeamSearchParams {
             return fail("the beam width must be at least 1".into());
         }
         if !self.length_penalty.is_finite() {
-            return fail(format!(
-                "the length penalty must be finite, got {}",
-                self.length_penalty
-            ));
+            return fail(format!("the length penalty must be finite, got {}", self.length_penalty));
         }
         Ok(())
     }
@@ -85,10 +78,7 @@ mod tests {
     #[test]
     fn new_has_hf_defaults() {
         let p = BeamSearchParams::new(4);
-        assert_eq!(
-            (p.width, p.length_penalty, p.early_stopping),
-            (4, 1.0, EarlyStopping::Heuristic)
-        );
+        assert_eq!((p.width, p.length_penalty, p.early_stopping), (4, 1.0, EarlyStopping::Heuristic));
         assert!(p.validate().is_ok());
     }
 
@@ -99,17 +89,9 @@ mod tests {
             BeamSearchParams::new(2).with_length_penalty(f32::NAN),
             BeamSearchParams::new(2).with_length_penalty(f32::NEG_INFINITY),
         ] {
-            assert!(
-                matches!(bad.validate(), Err(ModelError::InvalidSampling(_))),
-                "{bad:?}"
-            );
+            assert!(matches!(bad.validate(), Err(ModelError::InvalidSampling(_))), "{bad:?}");
         }
-        assert!(
-            BeamSearchParams::new(1)
-                .with_length_penalty(-2.0)
-                .validate()
-                .is_ok()
-        );
+        assert!(BeamSearchParams::new(1).with_length_penalty(-2.0).validate().is_ok());
     }
 
     #[test]

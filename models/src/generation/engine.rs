@@ -5,8 +5,8 @@ use std::time::Instant;
 use super::events::StreamEvent;
 use burn_llm_kernels::QuantSpec;
 
-use super::request::{prepare_prompt, record_sampled, GenerationOutput, Prompt, RequestState, Timing};
-use super::sampling::{sample, SamplingParams};
+use super::request::{GenerationOutput, Prompt, RequestState, Timing, prepare_prompt, record_sampled};
+use super::sampling::{SamplingParams, sample};
 use crate::cache::ContiguousKvCache;
 use crate::error::Result;
 use crate::model::CausalLm;
@@ -33,12 +33,7 @@ impl Generator {
     /// A generator over `model`; `tokenizer` is needed for text prompts and output text;
     /// `eos_token_ids` end a request unless `ignore_eos` is set.
     pub fn new(model: CausalLm, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>) -> Self {
-        Self {
-            model,
-            tokenizer,
-            eos_token_ids,
-            kv_quant: None,
-        }
+        Self { model, tokenizer, eos_token_ids, kv_quant: None }
     }
 
     /// Stores the KV cache as group-quantized codes exactly as `spec` says, dequantized when
@@ -92,10 +87,7 @@ impl Generator {
             })
             .collect::<Result<Vec<_>>>()?;
         if requests.is_empty() {
-            return Ok(GenerationOutput {
-                requests: Vec::new(),
-                timing: Timing::default(),
-            });
+            return Ok(GenerationOutput { requests: Vec::new(), timing: Timing::default() });
         }
         let longest_prompt = requests.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
         let longest_budget = requests.iter().map(RequestState::budget).max().unwrap_or(1);
@@ -106,10 +98,8 @@ impl Generator {
             Some(spec) => ContiguousKvCache::quantized(layout, requests.len(), capacity, &device, spec)?,
         };
         let mut rngs: Vec<_> = requests.iter().map(|_| params.rng()).collect();
-        let mut timing = Timing {
-            prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(),
-            ..Timing::default()
-        };
+        let mut timing =
+            Timing { prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(), ..Timing::default() };
 
         let started = Instant::now();
         let mut new_tokens: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt_ids().to_vec()).collect();
@@ -137,9 +127,6 @@ impl Generator {
             }
         }
         timing.decode_s = started.elapsed().as_secs_f64() - timing.prefill_s;
-        Ok(GenerationOutput {
-            requests: requests.into_iter().map(RequestState::into_output).collect(),
-            timing,
-        })
+        Ok(GenerationOutput { requests: requests.into_iter().map(RequestState::into_output).collect(), timing })
     }
 }

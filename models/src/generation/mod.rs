@@ -11,5 +11,7 @@ pub mod sampling;
 pub use beam::{BeamSearchParams, EarlyStopping};
 pub use engine::Generator;
 pub use events::{SequenceDelta, StepOutput, StreamEvent};
-pub use request::{prepare_prompt, record_sampled, FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing};
-pub use sampling::{filtered_distribution, sample, Sampled, SamplingParams, TokenLogprob};
+pub use request::{
+    FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing, prepare_prompt, record_sampled,
+};
+pub use sampling::{Sampled, SamplingParams, TokenLogprob, filtered_distribution, sample};

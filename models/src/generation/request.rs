@@ -131,11 +131,7 @@ pub fn prepare_prompt(
         return Err(ModelError::TokenOutOfVocab { index, id, vocab_size });
     }
     if ids.len() > max_positions {
-        return Err(ModelError::PromptTooLong {
-            index,
-            len: ids.len(),
-            max: max_positions,
-        });
+        return Err(ModelError::PromptTooLong { index, len: ids.len(), max: max_positions });
     }
     Ok((text, ids))
 }
@@ -208,8 +204,7 @@ impl RequestState {
         if let (Some(all), Some(step)) = (self.logprobs.as_mut(), logprobs) {
             all.push(step);
         }
-        let stops_by_id =
-            (!params.ignore_eos && eos_ids.contains(&id)) || params.stop_token_ids.contains(&id);
+        let stops_by_id = (!params.ignore_eos && eos_ids.contains(&id)) || params.stop_token_ids.contains(&id);
         let at_budget = self.generated.len() >= self.budget;
         if let Some(tokenizer) = tokenizer {
             let mut delta = self.decoder.push(tokenizer, id)?;

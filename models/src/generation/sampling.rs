@@ -71,10 +71,7 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding of `max_new_tokens` tokens.
     pub fn greedy(max_new_tokens: usize) -> Self {
-        Self {
-            max_new_tokens,
-            ..Self::default()
-        }
+        Self { max_new_tokens, ..Self::default() }
     }
 
     /// Sequences the request runs at once (its seats in a batch): the beam width, else `best_of`,
@@ -177,7 +174,12 @@ pub struct Sampled {
 /// The distribution that sampling draws from, after temperature, top-k and top-p: `probs[b, j]`
 /// is the (unnormalized, filtered) probability of token `ids[b, j]`, sorted by decreasing
 /// probability; removed tokens have probability 0 or are cut off the end.
-pub fn filtered_distribution(logits: Tensor<2>, temperature: f32, top_k: usize, top_p: f32) -> (Tensor<2>, Tensor<2, Int>) {
+pub fn filtered_distribution(
+    logits: Tensor<2>,
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+) -> (Tensor<2>, Tensor<2, Int>) {
     let [batch, vocab] = logits.dims();
     let (mut sorted, mut ids) = (logits / temperature).sort_descending_with_indices(1);
     if top_k > 0 && top_k < vocab {
@@ -214,37 +216,21 @@ pub fn sample(logits: Tensor<2>, params: &SamplingParams, rngs: &mut [ChaCha8Rng
         let below = cdf.lower(target).int().sum_dim(1).clamp_max((n - 1) as i64);
         ids.gather(1, below)
     };
-    Ok(Sampled {
-        ids: read_ids(chosen)?,
-        logprobs,
-    })
+    Ok(Sampled { ids: read_ids(chosen)?, logprobs })
 }
 
 fn top_logprobs(logits: Tensor<2>, k: usize) -> Result<Vec<Vec<TokenLogprob>>> {
     let [batch, _] = logits.dims();
     let (values, ids) = log_softmax(logits, 1).topk_with_indices(k, 1);
-    let values = values
-        .into_data()
-        .try_into_vec_as::<f32>()
-        .map_err(|e| ModelError::Device(format!("{e:?}")))?;
+    let values = values.into_data().try_into_vec_as::<f32>().map_err(|e| ModelError::Device(format!("{e:?}")))?;
     let ids = read_ids(ids)?;
     Ok((0..batch)
-        .map(|b| {
-            (0..k)
-                .map(|j| TokenLogprob {
-                    id: ids[b * k + j],
-                    logprob: values[b * k + j],
-                })
-                .collect()
-        })
+        .map(|b| (0..k).map(|j| TokenLogprob { id: ids[b * k + j], logprob: values[b * k + j] }).collect())
         .collect())
 }
 
 /// Reads an int tensor back as token ids.
 pub(crate) fn read_ids<const D: usize>(ids: Tensor<D, Int>) -> Result<Vec<u32>> {
-    let values = ids
-        .into_data()
-        .try_into_vec_as::<i64>()
-        .map_err(|e| ModelError::Device(format!("{e:?}")))?;
+    let values = ids.into_data().try_into_vec_as::<i64>().map_err(|e| ModelError::Device(format!("{e:?}")))?;
     Ok(values.into_iter().map(|v| v as u32).collect())
 }

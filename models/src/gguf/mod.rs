@@ -7,8 +7,8 @@ mod source;
 mod spm;
 mod tokenizer;
 
-pub use quant::{dequantize, repack_blocks, GgmlType, RepackedBlocks};
-pub use source::{permute_rope_rows, unpermute_rope_rows, GgufModel};
+pub use quant::{GgmlType, RepackedBlocks, dequantize, repack_blocks};
+pub use source::{GgufModel, permute_rope_rows, unpermute_rope_rows};
 pub use tokenizer::{chat_template, tokenizer_from_gguf};
 
 use std::collections::BTreeMap;
@@ -177,23 +177,16 @@ impl GgufHeader {
             let start = data_start
                 .checked_add(offset)
                 .filter(|s| offset % alignment == 0 && *s <= bytes.len() as u64)
-                .ok_or_else(|| format!("tensor `{name}`: data offset {offset} is misaligned or past the end of the file"))?;
+                .ok_or_else(|| {
+                    format!("tensor `{name}`: data offset {offset} is misaligned or past the end of the file")
+                })?;
             let end = start
                 .checked_add(size)
                 .filter(|e| *e <= bytes.len() as u64)
                 .ok_or_else(|| format!("tensor `{name}`: {size} bytes of data run past the end of the file"))?;
-            tensors.push(GgufTensorInfo {
-                name,
-                dims,
-                kind,
-                range: start as usize..end as usize,
-            });
+            tensors.push(GgufTensorInfo { name, dims, kind, range: start as usize..end as usize });
         }
-        Ok(Self {
-            version,
-            metadata,
-            tensors,
-        })
+        Ok(Self { version, metadata, tensors })
     }
 }
 
@@ -212,22 +205,10 @@ impl GgufFile {
         // SAFETY: read-only map kept alive by `self`; the usual mmap caveat about files truncated
         // underneath us applies, as for every mmap-based model loader.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        let header = GgufHeader::parse(&mmap).map_err(|message| ModelError::CorruptGguf {
-            path: path.to_path_buf(),
-            message,
-        })?;
-        let by_name = header
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        Ok(Self {
-            path: path.to_path_buf(),
-            mmap,
-            header,
-            by_name,
-        })
+        let header = GgufHeader::parse(&mmap)
+            .map_err(|message| ModelError::CorruptGguf { path: path.to_path_buf(), message })?;
+        let by_name = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(Self { path: path.to_path_buf(), mmap, header, by_name })
     }
 
     /// The file's path.
@@ -257,10 +238,9 @@ impl GgufFile {
 
     /// Tensor `name` dequantized to `f32`, in PyTorch order.
     pub fn read_f32(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
-        let info = self.tensor_info(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            dir: self.path.clone(),
-        })?;
+        let info = self
+            .tensor_info(name)
+            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), dir: self.path.clone() })?;
         let values = dequantize(info.kind, self.tensor_bytes(info)).ok_or_else(|| ModelError::UnsupportedGgufType {
             name: name.to_string(),
             kind: format!("{:?}", info.kind),

@@ -69,10 +69,7 @@ pub fn dequantize(kind: GgmlType, bytes: &[u8]) -> Option<Vec<f32>> {
     Some(match kind {
         GgmlType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         GgmlType::F16 => bytes.chunks_exact(2).map(half).collect(),
-        GgmlType::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
+        GgmlType::Bf16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         GgmlType::Q4_0 => nibble_blocks(bytes, 18, |b| (half(&b[0..2]), -8.0 * half(&b[0..2]), &b[2..])),
         GgmlType::Q4_1 => nibble_blocks(bytes, 20, |b| (half(&b[0..2]), half(&b[2..4]), &b[4..])),
         GgmlType::Q8_0 => bytes
@@ -150,11 +147,13 @@ pub fn repack_blocks(kind: GgmlType, bytes: &[u8]) -> Option<RepackedBlocks> {
                 }
             }
             _ => {
-                let (min, qs) = if kind == GgmlType::Q4_1 { (half(&block[2..4]), &block[4..]) } else { (-8.0 * d, &block[2..]) };
+                let (min, qs) =
+                    if kind == GgmlType::Q4_1 { (half(&block[2..4]), &block[4..]) } else { (-8.0 * d, &block[2..]) };
                 out.scale.push(d);
                 out.min.push(min);
                 // Element e is the low nibble of byte e (e < 16) or the high nibble of byte e − 16.
-                let code = |e: usize| if e < BLOCK / 2 { (qs[e] & 0x0F) as u32 } else { (qs[e - BLOCK / 2] >> 4) as u32 };
+                let code =
+                    |e: usize| if e < BLOCK / 2 { (qs[e] & 0x0F) as u32 } else { (qs[e - BLOCK / 2] >> 4) as u32 };
                 for w in 0..BLOCK / 8 {
                     out.codes.push((0..8).fold(0u32, |word, t| word | (code(8 * w + t) << (4 * t))));
                 }

@@ -12,7 +12,7 @@ use serde_json::json;
 use burn::tensor::Device;
 use burn_llm_kernels::{GroupQuantized, QuantSpec};
 
-use super::quant::{repack_blocks, RepackedBlocks, BLOCK};
+use super::quant::{BLOCK, RepackedBlocks, repack_blocks};
 use super::{GgufFile, GgufValue};
 use crate::config::DecoderSpec;
 use crate::error::{ModelError, Result};
@@ -114,25 +114,25 @@ impl TensorSource for GgufModel {
         QuantSpec::new(bits, BLOCK, WEIGHT_QUANT_AXIS)
             .and_then(|spec| GroupQuantized::from_host(codes, scale, min, [rows, cols], spec, device))
             .map(Some)
-            .map_err(|e| ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message: format!("`{gguf}`: {e}") })
+            .map_err(|e| ModelError::CorruptGguf {
+                path: self.file.path().to_path_buf(),
+                message: format!("`{gguf}`: {e}"),
+            })
     }
 
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
-        let (gguf, rows) = self.map_name(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            dir: self.file.path().to_path_buf(),
-        })?;
+        let (gguf, rows) = self
+            .map_name(name)
+            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), dir: self.file.path().to_path_buf() })?;
         let (values, shape) = self.file.read_f32(&gguf)?;
         if shape != expected {
-            return Err(ModelError::ShapeMismatch {
-                name: gguf,
-                expected: expected.to_vec(),
-                found: shape,
-            });
+            return Err(ModelError::ShapeMismatch { name: gguf, expected: expected.to_vec(), found: shape });
         }
         Ok(match rows {
             Rows::AsIs => values,
-            Rows::Rope(heads) => unpermute_rope_rows(&values, heads, expected[0], expected.get(1).copied().unwrap_or(1)),
+            Rows::Rope(heads) => {
+                unpermute_rope_rows(&values, heads, expected[0], expected.get(1).copied().unwrap_or(1))
+            }
         })
     }
 }
@@ -148,7 +148,8 @@ pub fn unpermute_rope_rows<T: Copy + Default>(values: &[T], heads: usize, rows: 
             for j in 0..2 {
                 let hf_row = h * head_dim + j * half + i;
                 let gguf_row = h * head_dim + i * 2 + j;
-                out[hf_row * cols..(hf_row + 1) * cols].copy_from_slice(&values[gguf_row * cols..(gguf_row + 1) * cols]);
+                out[hf_row * cols..(hf_row + 1) * cols]
+                    .copy_from_slice(&values[gguf_row * cols..(gguf_row + 1) * cols]);
             }
         }
     }
@@ -176,13 +177,9 @@ pub fn permute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize)
 /// models go through the same validation as `config.json`.
 fn spec_from_metadata(file: &GgufFile) -> Result<DecoderSpec> {
     let path = file.path();
-    let arch = file
-        .meta("general.architecture")
-        .and_then(GgufValue::as_str)
-        .ok_or_else(|| ModelError::CorruptGguf {
-            path: path.to_path_buf(),
-            message: "no general.architecture".into(),
-        })?;
+    let arch = file.meta("general.architecture").and_then(GgufValue::as_str).ok_or_else(|| {
+        ModelError::CorruptGguf { path: path.to_path_buf(), message: "no general.architecture".into() }
+    })?;
     if arch != "llama" {
         return Err(ModelError::UnsupportedArchitecture(format!("{arch} (GGUF)")));
     }
@@ -191,11 +188,8 @@ fn spec_from_metadata(file: &GgufFile) -> Result<DecoderSpec> {
             .and_then(GgufValue::as_u64)
             .ok_or_else(|| ModelError::config(path, format!("GGUF metadata `llama.{key}` missing or not an integer")))
     };
-    let float = |key: &str, default: f64| {
-        file.meta(&format!("llama.{key}"))
-            .and_then(GgufValue::as_f64)
-            .unwrap_or(default)
-    };
+    let float =
+        |key: &str, default: f64| file.meta(&format!("llama.{key}")).and_then(GgufValue::as_f64).unwrap_or(default);
     let heads = int("attention.head_count")?;
     let vocab = match file.meta("llama.vocab_size").and_then(GgufValue::as_u64) {
         Some(v) => v,

@@ -4,13 +4,13 @@
 //! generated from the pieces and their scores, a normalizer that writes spaces as `▁` (and
 //! prepends one), and a decoder that undoes both.
 
+use tokenizers::AddedToken;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
-use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
-use tokenizers::AddedToken;
 
 use crate::error::{ModelError, Result};
 
@@ -89,33 +89,19 @@ pub(crate) fn spm_tokenizer(spm: &SpmVocab<'_>) -> Result<tokenizers::Tokenizer>
     let unk = token("unknown-token", spm.unk)?;
 
     // A piece listed twice keeps its last id, as in HF's `{piece: id}` dict.
-    let vocab: Vocab = spm
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
+    let vocab: Vocab = spm.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let merges = generate_merges(spm.tokens, spm.scores, &vocab);
-    let mut bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .fuse_unk(true)
-        .byte_fallback(true);
+    let mut bpe = BPE::builder().vocab_and_merges(vocab, merges).fuse_unk(true).byte_fallback(true);
     if let Some(unk) = unk {
         bpe = bpe.unk_token(unk.to_string());
     }
-    let bpe = bpe
-        .build()
-        .map_err(|e| fail(format!("cannot build the BPE model: {e}")))?;
+    let bpe = bpe.build().map_err(|e| fail(format!("cannot build the BPE model: {e}")))?;
 
     let replace = |from: &str, to: &str| {
         Replace::new(from, to).map_err(|e| fail(format!("cannot build a `{from}` → `{to}` replacement: {e}")))
     };
     let mut normalizers = Vec::new();
-    let mut decoders = vec![
-        replace(SPACE, " ")?.into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-    ];
+    let mut decoders = vec![replace(SPACE, " ")?.into(), ByteFallback::new().into(), Fuse::new().into()];
     if spm.add_space_prefix {
         normalizers.push(Prepend::new(SPACE.to_string()).into());
         decoders.push(Strip::new(' ', 1, 0).into());
@@ -184,15 +170,9 @@ fn generate_merges(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(Str
         }));
     }
     merges.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then(b.left_chars.cmp(&a.left_chars))
-            .then(b.right_chars.cmp(&a.right_chars))
+        b.score.total_cmp(&a.score).then(b.left_chars.cmp(&a.left_chars)).then(b.right_chars.cmp(&a.right_chars))
     });
-    merges
-        .into_iter()
-        .map(|m| (m.left.to_string(), m.right.to_string()))
-        .collect()
+    merges.into_iter().map(|m| (m.left.to_string(), m.right.to_string())).collect()
 }
 
 #[cfg(test)]
@@ -218,15 +198,9 @@ mod tests {
         let array = |key: &str| json[key].as_array().unwrap_or_else(|| panic!("no {key}")).clone();
         let id = |key: &str| json[key].as_u64().unwrap() as u32;
         Fixture {
-            tokens: array("tokens")
-                .iter()
-                .map(|t| t.as_str().unwrap().to_string())
-                .collect(),
+            tokens: array("tokens").iter().map(|t| t.as_str().unwrap().to_string()).collect(),
             scores: array("scores").iter().map(|s| s.as_f64().unwrap() as f32).collect(),
-            types: array("token_types")
-                .iter()
-                .map(|t| t.as_u64().unwrap() as u32)
-                .collect(),
+            types: array("token_types").iter().map(|t| t.as_u64().unwrap() as u32).collect(),
             bos: id("bos_token_id"),
             eos: id("eos_token_id"),
             unk: id("unknown_token_id"),
@@ -257,31 +231,17 @@ mod tests {
         let mut failures = Vec::new();
         for case in cases {
             let text = case["text"].as_str().unwrap();
-            let want: Vec<u32> = case["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i.as_u64().unwrap() as u32)
-                .collect();
+            let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect();
             let got = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
             if got != want {
                 failures.push(format!("encode {text:?}: got {got:?}, sentencepiece {want:?}"));
             }
             let decoded = tokenizer.decode(&want, true).unwrap();
             if decoded != case["decoded"].as_str().unwrap() {
-                failures.push(format!(
-                    "decode {text:?}: got {decoded:?}, sentencepiece {:?}",
-                    case["decoded"]
-                ));
+                failures.push(format!("decode {text:?}: got {decoded:?}, sentencepiece {:?}", case["decoded"]));
             }
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {} cases differ:\n{}",
-            failures.len(),
-            cases.len(),
-            failures.join("\n")
-        );
+        assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
     }
 
     #[test]
@@ -291,27 +251,15 @@ mod tests {
         let bos = &f.tokens[f.bos as usize];
         let ids = tokenizer.encode(format!("{bos}hi"), false).unwrap().get_ids().to_vec();
         assert_eq!(ids[0], f.bos);
-        assert_eq!(
-            tokenizer.decode(&ids, true).unwrap(),
-            tokenizer.decode(&ids[1..], true).unwrap()
-        );
+        assert_eq!(tokenizer.decode(&ids, true).unwrap(), tokenizer.decode(&ids[1..], true).unwrap());
     }
 
     #[test]
     fn without_space_prefix() {
         let f = fixture();
-        let tokenizer = spm_tokenizer(&SpmVocab {
-            add_space_prefix: false,
-            ..f.vocab()
-        })
-        .unwrap();
+        let tokenizer = spm_tokenizer(&SpmVocab { add_space_prefix: false, ..f.vocab() }).unwrap();
         let ids = tokenizer.encode(" a b", false).unwrap().get_ids().to_vec();
-        let with_prefix = spm_tokenizer(&f.vocab())
-            .unwrap()
-            .encode("a b", false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
+        let with_prefix = spm_tokenizer(&f.vocab()).unwrap().encode("a b", false).unwrap().get_ids().to_vec();
         assert_eq!(ids, with_prefix);
         assert_eq!(tokenizer.decode(&ids, true).unwrap(), " a b");
     }
@@ -320,44 +268,18 @@ mod tests {
     fn bad_metadata_is_an_error() {
         let f = fixture();
         let short_scores = &f.scores[..f.scores.len() - 1];
-        let err = spm_tokenizer(&SpmVocab {
-            scores: short_scores,
-            ..f.vocab()
-        })
-        .unwrap_err();
+        let err = spm_tokenizer(&SpmVocab { scores: short_scores, ..f.vocab() }).unwrap_err();
         assert!(err.to_string().contains("scores"), "{err}");
-        let err = spm_tokenizer(&SpmVocab {
-            scores: &[],
-            ..f.vocab()
-        })
-        .unwrap_err();
+        let err = spm_tokenizer(&SpmVocab { scores: &[], ..f.vocab() }).unwrap_err();
         assert!(err.to_string().contains("scores"), "{err}");
-        let err = spm_tokenizer(&SpmVocab {
-            types: &f.types[1..],
-            ..f.vocab()
-        })
-        .unwrap_err();
+        let err = spm_tokenizer(&SpmVocab { types: &f.types[1..], ..f.vocab() }).unwrap_err();
         assert!(err.to_string().contains("types"), "{err}");
         let out = f.tokens.len() as u32;
-        let err = spm_tokenizer(&SpmVocab {
-            unk: Some(out),
-            ..f.vocab()
-        })
-        .unwrap_err();
+        let err = spm_tokenizer(&SpmVocab { unk: Some(out), ..f.vocab() }).unwrap_err();
         assert!(err.to_string().contains("outside"), "{err}");
-        let err = spm_tokenizer(&SpmVocab {
-            eos: Some(u32::MAX),
-            ..f.vocab()
-        })
-        .unwrap_err();
+        let err = spm_tokenizer(&SpmVocab { eos: Some(u32::MAX), ..f.vocab() }).unwrap_err();
         assert!(err.to_string().contains("outside"), "{err}");
-        let err = spm_tokenizer(&SpmVocab {
-            tokens: &[],
-            scores: &[],
-            types: &[],
-            ..f.vocab()
-        })
-        .unwrap_err();
+        let err = spm_tokenizer(&SpmVocab { tokens: &[], scores: &[], types: &[], ..f.vocab() }).unwrap_err();
         assert!(err.to_string().contains("no tokens"), "{err}");
     }
 
@@ -368,12 +290,7 @@ mod tests {
         let mut scores = f.scores.clone();
         scores[300] = f32::NAN;
         tokens[301] = tokens[300].clone();
-        let tokenizer = spm_tokenizer(&SpmVocab {
-            tokens: &tokens,
-            scores: &scores,
-            ..f.vocab()
-        })
-        .unwrap();
+        let tokenizer = spm_tokenizer(&SpmVocab { tokens: &tokens, scores: &scores, ..f.vocab() }).unwrap();
         tokenizer.encode("the quick brown fox", false).unwrap();
     }
 }

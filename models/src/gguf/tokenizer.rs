@@ -3,9 +3,9 @@
 //! llama.cpp associates with `tokenizer.ggml.pre`) or a SentencePiece BPE (`"llama"`: pieces and
 //! scores, see [`super::spm`]).
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use super::spm::{piece_type, spm_tokenizer, SpmVocab};
+use super::spm::{SpmVocab, piece_type, spm_tokenizer};
 use super::{GgufFile, GgufValue};
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
@@ -23,15 +23,14 @@ pub fn tokenizer_from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         .get("tokenizer.ggml.model")
         .and_then(GgufValue::as_str)
         .ok_or_else(|| meta.fail("no tokenizer.ggml.model"))?;
-    let build = match model {
-        "gpt2" => byte_level_bpe,
-        "llama" => sentencepiece,
-        other => {
-            return Err(meta.fail(format!(
+    let build =
+        match model {
+            "gpt2" => byte_level_bpe,
+            "llama" => sentencepiece,
+            other => return Err(meta.fail(format!(
                 "GGUF tokenizer model `{other}` is not supported (byte-level BPE `gpt2` and SentencePiece `llama` are)"
-            )))
-        }
-    };
+            ))),
+        };
     let tokens = meta.strings("tokenizer.ggml.tokens")?;
     let types = meta.token_types(tokens.len())?;
     let (inner, special) = build(&meta, &tokens, &types)?;
@@ -75,13 +74,13 @@ fn byte_level_bpe(meta: &Meta<'_>, tokens: &[String], types: &[u32]) -> Result<(
             {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": false},
             byte_level(false)
         ]}),
-        other => return Err(meta.fail(format!("GGUF pre-tokenizer `{other}` is not supported (default, gpt2, smollm, llama-bpe are)"))),
+        other => {
+            return Err(meta.fail(format!(
+                "GGUF pre-tokenizer `{other}` is not supported (default, gpt2, smollm, llama-bpe are)"
+            )));
+        }
     };
-    let vocab: serde_json::Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+    let vocab: serde_json::Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
     let added: Vec<Value> = tokens
         .iter()
         .zip(types)
@@ -107,10 +106,7 @@ fn byte_level_bpe(meta: &Meta<'_>, tokens: &[String], types: &[u32]) -> Result<(
             "vocab": vocab, "merges": merges
         }
     });
-    let inner = spec
-        .to_string()
-        .parse()
-        .map_err(|e| meta.fail(format!("cannot build the tokenizer: {e}")))?;
+    let inner = spec.to_string().parse().map_err(|e| meta.fail(format!("cannot build the tokenizer: {e}")))?;
     Ok((inner, special))
 }
 

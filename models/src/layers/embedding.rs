@@ -36,10 +36,9 @@ impl TokenEmbedding {
     /// copied; the dense one is transposed into a new tensor.
     pub fn tied_head(&self) -> Projection {
         match self {
-            TokenEmbedding::Dense(e) => Projection::Dense(Linear {
-                weight: Param::from_tensor(e.weight.val().transpose()),
-                bias: None,
-            }),
+            TokenEmbedding::Dense(e) => {
+                Projection::Dense(Linear { weight: Param::from_tensor(e.weight.val().transpose()), bias: None })
+            }
             TokenEmbedding::Quantized(q) => Projection::Quantized(q.clone()),
         }
     }
@@ -55,9 +54,9 @@ impl TokenEmbedding {
     /// The same table in full precision.
     pub fn dense(self) -> Self {
         match self {
-            TokenEmbedding::Quantized(q) => TokenEmbedding::Dense(Embedding {
-                weight: Param::from_tensor(dequantize(&q.weight())),
-            }),
+            TokenEmbedding::Quantized(q) => {
+                TokenEmbedding::Dense(Embedding { weight: Param::from_tensor(dequantize(&q.weight())) })
+            }
             dense => dense,
         }
     }

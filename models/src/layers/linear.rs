@@ -31,19 +31,18 @@ pub fn load_linear(
         WeightLayout::OutIn => ckpt.tensor_transposed(&name, [d_out, d_in], device)?,
         WeightLayout::InOut => ckpt.tensor(&name, [d_in, d_out], device)?,
     };
-    Ok(Linear {
-        weight: Param::from_tensor(weight),
-        bias: load_bias(ckpt, prefix, d_out, bias, device)?,
-    })
+    Ok(Linear { weight: Param::from_tensor(weight), bias: load_bias(ckpt, prefix, d_out, bias, device)? })
 }
 
 /// `{prefix}.bias` when the layer has one.
-fn load_bias(ckpt: &impl TensorSource, prefix: &str, d_out: usize, bias: bool, device: &Device) -> Result<Option<Param<Tensor<1>>>> {
-    Ok(if bias {
-        Some(Param::from_tensor(ckpt.tensor(&format!("{prefix}.bias"), [d_out], device)?))
-    } else {
-        None
-    })
+fn load_bias(
+    ckpt: &impl TensorSource,
+    prefix: &str,
+    d_out: usize,
+    bias: bool,
+    device: &Device,
+) -> Result<Option<Param<Tensor<1>>>> {
+    Ok(if bias { Some(Param::from_tensor(ckpt.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None })
 }
 
 /// Loads a projection as the checkpoint stores it: quantized (GGUF `Q4_0`/`Q4_1`/`Q8_0` blocks,
@@ -77,15 +76,12 @@ pub fn load_fused_in_out<const PARTS: usize>(
     let weight = ckpt.read_f32(&format!("{prefix}.weight"), &[d_in, total])?;
     let bias = ckpt.read_f32(&format!("{prefix}.bias"), &[total])?;
     Ok(std::array::from_fn(|p| {
-            let cols = p * d_out..(p + 1) * d_out;
-            let w: Vec<f32> = weight
-                .chunks_exact(total)
-                .flat_map(|row| row[cols.clone()].iter().copied())
-                .collect();
-            let b = bias[cols].to_vec();
-            Linear {
-                weight: Param::from_tensor(Tensor::from_data(TensorData::new(w, [d_in, d_out]), device)),
-                bias: Some(Param::from_tensor(Tensor::from_data(TensorData::new(b, [d_out]), device))),
-            }
+        let cols = p * d_out..(p + 1) * d_out;
+        let w: Vec<f32> = weight.chunks_exact(total).flat_map(|row| row[cols.clone()].iter().copied()).collect();
+        let b = bias[cols].to_vec();
+        Linear {
+            weight: Param::from_tensor(Tensor::from_data(TensorData::new(w, [d_in, d_out]), device)),
+            bias: Some(Param::from_tensor(Tensor::from_data(TensorData::new(b, [d_out]), device))),
+        }
     }))
 }

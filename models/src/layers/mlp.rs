@@ -1,9 +1,9 @@
 //! The feed-forward block: `fc2(act(fc1(x)))`, or gated `down(act(gate(x)) · up(x))` (SwiGLU).
 
-use burn::module::Module;
 use crate::layers::projection::Projection;
-use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
+use burn::module::Module;
 use burn::tensor::Tensor;
+use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 
 use crate::config::Activation;
 

@@ -1,8 +1,8 @@
 //! LayerNorm or RMSNorm, chosen by the architecture and loaded from HF names.
 
 use burn::module::Module;
-use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm};
 use burn::module::Param;
+use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm};
 use burn::tensor::{Device, Tensor};
 
 use crate::config::NormKind;
@@ -29,10 +29,7 @@ impl Norm {
                 norm.beta = Some(Param::from_tensor(ckpt.tensor(&format!("{prefix}.bias"), [dim], device)?));
                 Norm::Layer(norm)
             }
-            NormKind::Rms { eps } => Norm::Rms(RmsNorm {
-                gamma: Param::from_tensor(gamma),
-                epsilon: eps,
-            }),
+            NormKind::Rms { eps } => Norm::Rms(RmsNorm { gamma: Param::from_tensor(gamma), epsilon: eps }),
         })
     }
 

@@ -5,7 +5,7 @@
 use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::{Int, Tensor};
-use burn_llm_kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, GroupQuantized, QuantSpec};
+use burn_llm_kernels::{GroupQuantized, QuantSpec, dequantize, qmatmul, qmatmul_transposed, quantize};
 
 use crate::error::{ModelError, Result};
 
@@ -66,7 +66,12 @@ impl QLinear {
         Self::from_parts(weight, bias, [d_input, d_output], true)
     }
 
-    fn from_parts(q: GroupQuantized<2>, bias: Option<Param<Tensor<1>>>, [d_input, d_output]: [usize; 2], input_grouped: bool) -> Self {
+    fn from_parts(
+        q: GroupQuantized<2>,
+        bias: Option<Param<Tensor<1>>>,
+        [d_input, d_output]: [usize; 2],
+        input_grouped: bool,
+    ) -> Self {
         Self {
             codes: Param::initialized(ParamId::new(), q.codes),
             scale: Param::from_tensor(q.scale),
@@ -82,7 +87,8 @@ impl QLinear {
 
     /// How the weight is quantized (along [`WEIGHT_QUANT_AXIS`] in either layout).
     pub fn spec(&self) -> QuantSpec {
-        QuantSpec::new(self.bits, self.group_size, WEIGHT_QUANT_AXIS).expect("a QLinear is built from a checked QuantSpec")
+        QuantSpec::new(self.bits, self.group_size, WEIGHT_QUANT_AXIS)
+            .expect("a QLinear is built from a checked QuantSpec")
     }
 
     /// The quantized weight, `[in, out]` or (input-grouped) `[out, in]`, quantized along axis 1.
@@ -108,10 +114,7 @@ impl QLinear {
     pub fn to_dense(&self) -> Linear {
         let weight = self.dequantized_weight();
         let device = weight.device();
-        Linear {
-            weight: Param::from_tensor(Tensor::from_data(weight.into_data(), &device)),
-            bias: self.bias.clone(),
-        }
+        Linear { weight: Param::from_tensor(Tensor::from_data(weight.into_data(), &device)), bias: self.bias.clone() }
     }
 
     /// Bytes of codes, scales and minimums.

@@ -52,10 +52,7 @@ impl RopeSpec {
     pub fn inv_freq(&self, seq_len: usize) -> Vec<f32> {
         let d = self.dim;
         let base = match &self.scaling {
-            RopeScaling::Dynamic {
-                factor,
-                max_positions,
-            } if seq_len > *max_positions => {
+            RopeScaling::Dynamic { factor, max_positions } if seq_len > *max_positions => {
                 let ratio = factor * seq_len as f64 / *max_positions as f64 - (factor - 1.0);
                 self.theta * ratio.powf(d as f64 / (d as f64 - 2.0))
             }
@@ -68,18 +65,9 @@ impl RopeSpec {
         match &self.scaling {
             RopeScaling::None | RopeScaling::Dynamic { .. } => plain.collect(),
             RopeScaling::Linear { factor } => plain.map(|f| f / *factor as f32).collect(),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_positions,
-            } => {
-                let (factor, low, high, original) = (
-                    *factor as f32,
-                    *low_freq_factor as f32,
-                    *high_freq_factor as f32,
-                    *original_max_positions as f32,
-                );
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
+                let (factor, low, high, original) =
+                    (*factor as f32, *low_freq_factor as f32, *high_freq_factor as f32, *original_max_positions as f32);
                 let low_freq_wavelen = original / low;
                 let high_freq_wavelen = original / high;
                 plain
@@ -106,8 +94,7 @@ impl RopeSpec {
         let [batch, seq] = positions.dims();
         let half = self.dim / 2;
         let inv_freq = self.inv_freq(max_position + 1);
-        let inv_freq: Tensor<3> =
-            Tensor::from_data(TensorData::new(inv_freq, [1, 1, half]), &device);
+        let inv_freq: Tensor<3> = Tensor::from_data(TensorData::new(inv_freq, [1, 1, half]), &device);
         let angles = positions.clone().float().reshape([batch, seq, 1]) * inv_freq;
         let angles = angles.reshape([batch, 1, seq, half]);
         (angles.clone().cos(), angles.sin())
@@ -159,11 +146,8 @@ mod tests {
 
     #[test]
     fn dynamic_grows_base_only_past_the_context() {
-        let spec = RopeSpec {
-            theta: 10_000.0,
-            dim: 16,
-            scaling: RopeScaling::Dynamic { factor: 2.0, max_positions: 64 },
-        };
+        let spec =
+            RopeSpec { theta: 10_000.0, dim: 16, scaling: RopeScaling::Dynamic { factor: 2.0, max_positions: 64 } };
         let plain = RopeSpec { scaling: RopeScaling::None, ..spec.clone() };
         assert_eq!(spec.inv_freq(64), plain.inv_freq(64));
         assert!(spec.inv_freq(128)[3] < plain.inv_freq(128)[3]);

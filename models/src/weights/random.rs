@@ -22,10 +22,7 @@ pub struct RandomWeights {
 impl Default for RandomWeights {
     /// Seed 0, values in ±0.02 (HF's `initializer_range` for OPT, LLaMA and GPT-2).
     fn default() -> Self {
-        Self {
-            seed: 0,
-            scale: 0.02,
-        }
+        Self { seed: 0, scale: 0.02 }
     }
 }
 
@@ -72,34 +69,16 @@ mod tests {
     #[test]
     fn random_values_are_seeded_per_name_and_bounded() {
         let w = RandomWeights::default();
-        let a = w
-            .read_f32("model.layers.0.mlp.up_proj.weight", &[4, 8])
-            .unwrap();
+        let a = w.read_f32("model.layers.0.mlp.up_proj.weight", &[4, 8]).unwrap();
         assert_eq!(a.len(), 32);
-        assert_eq!(
-            a,
-            w.read_f32("model.layers.0.mlp.up_proj.weight", &[4, 8])
-                .unwrap()
-        );
-        assert_ne!(
-            a,
-            w.read_f32("model.layers.1.mlp.up_proj.weight", &[4, 8])
-                .unwrap()
-        );
+        assert_eq!(a, w.read_f32("model.layers.0.mlp.up_proj.weight", &[4, 8]).unwrap());
+        assert_ne!(a, w.read_f32("model.layers.1.mlp.up_proj.weight", &[4, 8]).unwrap());
         let other_seed = RandomWeights { seed: 1, ..w };
-        assert_ne!(
-            a,
-            other_seed
-                .read_f32("model.layers.0.mlp.up_proj.weight", &[4, 8])
-                .unwrap()
-        );
+        assert_ne!(a, other_seed.read_f32("model.layers.0.mlp.up_proj.weight", &[4, 8]).unwrap());
         assert!(a.iter().all(|v| v.abs() <= w.scale));
         assert!(a.iter().any(|v| *v != a[0]));
         assert_eq!(w.read_f32("model.norm.weight", &[3]).unwrap(), vec![1.0; 3]);
-        assert_eq!(
-            w.read_f32("transformer.h.0.ln_1.bias", &[3]).unwrap(),
-            vec![0.0; 3]
-        );
+        assert_eq!(w.read_f32("transformer.h.0.ln_1.bias", &[3]).unwrap(), vec![0.0; 3]);
     }
 
     /// Every parameter's shape, in visiting order.
@@ -129,13 +108,7 @@ mod tests {
     fn random_model_has_the_checkpoint_structure() {
         let device = Device::flex();
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-        for name in [
-            "opt",
-            "opt-postln-proj",
-            "llama",
-            "llama-tied-sharded",
-            "gpt2",
-        ] {
+        for name in ["opt", "opt-postln-proj", "llama", "llama-tied-sharded", "gpt2"] {
             let dir = fixtures.join(name);
             let loaded = CausalLm::load(&dir, &device).unwrap();
             let random = CausalLm::random(DecoderSpec::from_dir(&dir).unwrap(), &device).unwrap();

@@ -8,12 +8,12 @@
 
 use std::path::PathBuf;
 
-use burn_llm::models::{hub, CausalLm, DecoderSpec, Generator, Pretrained, Prompt, SamplingParams};
+use burn_llm::models::{CausalLm, DecoderSpec, Generator, Pretrained, Prompt, SamplingParams, hub};
 use burn_llm::{DeviceChoice, Engine};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::report::{self, table, Align::Right, Header};
+use crate::report::{self, Align::Right, Header, table};
 
 /// Built-in model shapes for dummy-weight runs, as HF `config.json` text.
 const SYNTHETIC: [(&str, &str); 3] = [
@@ -92,15 +92,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
     let mut engine = load(&args.model, &device)?;
     let vocab = engine.spec().vocab_size as u32;
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(args.new_tokens.max(2))
-    };
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens.max(2)) };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let mut prompts = |n: usize| -> Vec<Prompt> {
-        (0..n)
-            .map(|_| Prompt::Ids((0..args.prompt_len).map(|_| rng.random_range(0..vocab)).collect()))
-            .collect()
+        (0..n).map(|_| Prompt::Ids((0..args.prompt_len).map(|_| rng.random_range(0..vocab)).collect())).collect()
     };
     // Warm-up: first-use allocations and kernel compilation stay out of the figures.
     engine.generate(&prompts(1), &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(2) })?;

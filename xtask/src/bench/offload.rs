@@ -9,14 +9,16 @@
 use std::path::PathBuf;
 
 use burn::tensor::Device;
-use burn_llm::models::{DecoderSpec, Prompt, SamplingParams};
-use burn_llm::offload::policy::{largest_fitting_batch, HardwareProfile, Placement, Policy, SearchSpace, Tier, TierBytes, Workload};
 use burn_llm::models::weights::RandomWeights;
-use burn_llm::offload::{model_shape, OffloadConfig, OffloadEngine, PolicyChoice};
+use burn_llm::models::{DecoderSpec, Prompt, SamplingParams};
+use burn_llm::offload::policy::{
+    HardwareProfile, Placement, Policy, SearchSpace, Tier, TierBytes, Workload, largest_fitting_batch,
+};
+use burn_llm::offload::{OffloadConfig, OffloadEngine, PolicyChoice, model_shape};
 use burn_llm::{DeviceChoice, Engine, EngineDetails};
 use serde::Serialize;
 
-use crate::report::{self, table, Align::Left, Align::Right, Header};
+use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// The benchmarked model: OPT family, dummy weights, about 340 MB of `f32` layers (sized for a
 /// 2-core CPU; the device budget below is what makes it "not fit").
@@ -103,7 +105,9 @@ fn run_policy(
     // One block of prompts: the policy's gpu batch size × number of gpu batches.
     let block = (offload.policy().gpu_batch_size * offload.policy().num_gpu_batches) as usize;
     let mut engine: Box<dyn Engine> = Box::new(offload);
-    let prompts: Vec<Prompt> = (0..block).map(|i| Prompt::Ids((0..args.prompt_len).map(|t| 3 + ((t * 31 + i * 7) % 8000) as u32).collect())).collect();
+    let prompts: Vec<Prompt> = (0..block)
+        .map(|i| Prompt::Ids((0..args.prompt_len).map(|t| 3 + ((t * 31 + i * 7) % 8000) as u32).collect()))
+        .collect();
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.gen_len) };
     let report = engine.generate(&prompts, &params)?.report;
     let (EngineDetails::Offload(run), Some(memory)) = (&report.details, report.memory) else {
@@ -133,7 +137,11 @@ fn workload(args: &Args) -> Workload {
 
 /// FlexGen's search space with blocks of at most [`MAX_BLOCK`] sequences.
 fn space() -> SearchSpace {
-    SearchSpace { gpu_batch_sizes: (1..=MAX_BLOCK as u32).collect(), num_gpu_batches: (1..=4).collect(), ..SearchSpace::default() }
+    SearchSpace {
+        gpu_batch_sizes: (1..=MAX_BLOCK as u32).collect(),
+        num_gpu_batches: (1..=4).collect(),
+        ..SearchSpace::default()
+    }
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -154,17 +162,26 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     // The baselines keep their weights in host memory, or on disk when the host budget cannot
     // hold them (ZeRO-Inference's NVMe offload, Accelerate's `offload_folder`).
-    let deepspeed = fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu)).or_else(|_| fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Disk)))?;
+    let deepspeed = fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu))
+        .or_else(|_| fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Disk)))?;
     let weights = shape.layer_weight_bytes() * f64::from(shape.num_layers);
     let on_gpu = (hw.gpu_memory_bytes as f64 * 0.5 / weights).min(1.0);
     let on_cpu = (hw.cpu_memory_bytes as f64 * 0.5 / weights).min(1.0 - on_gpu);
-    let accelerate = fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([on_gpu, on_cpu, 1.0 - on_gpu - on_cpu])))?;
+    let accelerate =
+        fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([on_gpu, on_cpu, 1.0 - on_gpu - on_cpu])))?;
     let searched = run_policy("searched", &spec, PolicyChoice::Auto(space()), &args, &hw, &device)?;
     let mut rows = vec![searched];
     let no_overlap = Policy { overlap: false, ..rows[0].policy };
     let no_cpu_attention = SearchSpace { cpu_attention: vec![false], ..space() };
     rows.push(run_policy("searched, no overlap", &spec, PolicyChoice::Fixed(no_overlap), &args, &hw, &device)?);
-    rows.push(run_policy("searched, no CPU attention", &spec, PolicyChoice::Auto(no_cpu_attention), &args, &hw, &device)?);
+    rows.push(run_policy(
+        "searched, no CPU attention",
+        &spec,
+        PolicyChoice::Auto(no_cpu_attention),
+        &args,
+        &hw,
+        &device,
+    )?);
     rows.push(run_policy("DeepSpeed policy", &spec, PolicyChoice::Fixed(deepspeed), &args, &hw, &device)?);
     rows.push(run_policy("Accelerate policy", &spec, PolicyChoice::Fixed(accelerate), &args, &hw, &device)?);
     let ratio = rows[0].tokens_per_s / rows[3].tokens_per_s;
@@ -178,7 +195,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.gen_len,
         args.name
     );
-    let header = Header::new("offload", command, Some(args.device.name()), "synthetic:offload-opt (OPT, 12 layers, hidden 768, vocab 8192)");
+    let header = Header::new(
+        "offload",
+        command,
+        Some(args.device.name()),
+        "synthetic:offload-opt (OPT, 12 layers, hidden 768, vocab 8192)",
+    );
     let layers_gib = shape.layer_weight_bytes() * f64::from(shape.num_layers) / (1u64 << 30) as f64;
     let mut md = header.markdown("Offloading throughput (FlexGen policies)");
     md.push_str(&format!(

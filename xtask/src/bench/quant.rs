@@ -10,14 +10,14 @@
 use std::path::PathBuf;
 
 use burn::tensor::{Device, Distribution, Tensor};
-use burn_llm::kernels::{dequantize, qmatmul, qmatmul_transposed, quantize, QuantSpec};
+use burn_llm::kernels::{QuantSpec, dequantize, qmatmul, qmatmul_transposed, quantize};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
-use burn_llm::models::{hub, Generator, Pretrained, Prompt, SamplingParams};
+use burn_llm::models::{Generator, Pretrained, Prompt, SamplingParams, hub};
 use burn_llm::offload::profiler::time;
 use burn_llm::{DeviceChoice, Engine};
 use serde::Serialize;
 
-use crate::report::{self, table, Align::Left, Align::Right, Header};
+use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// Flags of `bench quant`.
 #[derive(clap::Args)]
@@ -141,7 +141,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model smollm2`)"))?;
     let mut decode = Vec::new();
     // "as loaded": a GGUF file's blocks as shipped (SmolLM2: Q4_1 projections, Q8_0 tied head).
-    let variants: [(&'static str, Option<u32>); 4] = [("as loaded", None), ("f32", Some(32)), ("w8 g64", Some(8)), ("w4 g64", Some(4))];
+    let variants: [(&'static str, Option<u32>); 4] =
+        [("as loaded", None), ("f32", Some(32)), ("w8 g64", Some(8)), ("w4 g64", Some(4))];
     for (label, bits) in variants {
         let mut pretrained = Pretrained::load(&path, &device)?;
         pretrained.model = match bits {
@@ -170,7 +171,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let command = format!("cargo xtask bench quant --device {} --model {model} --new-tokens {}", args.device.name(), args.new_tokens);
+    let command = format!(
+        "cargo xtask bench quant --device {} --model {model} --new-tokens {}",
+        args.device.name(),
+        args.new_tokens
+    );
     let header = Header::new("quant", command, Some(args.device.name()), model);
     let mut md = header.markdown("Quantization cost");
     md.push_str(&format!(

@@ -18,7 +18,7 @@ use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, Timing};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::report::{self, table, Align::Left, Align::Right, Header};
+use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// The served model: OPT-family, random weights, small enough for many requests on a CPU.
 const MODEL: &str = r#"{"model_type":"opt","vocab_size":8192,"hidden_size":256,"num_hidden_layers":4,"ffn_dim":1024,
@@ -136,7 +136,11 @@ fn requests(w: &Workload, n: usize, vocab: usize, max_len: usize, rng: &mut impl
 }
 
 /// The paged engine on all requests at once.
-fn run_paged(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
+fn run_paged(
+    device: &Device,
+    args: &Args,
+    reqs: &[(Vec<u32>, usize)],
+) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
     let config = EngineConfig {
         block_size: args.block_size,
         kv_cache_memory: KvCacheMemory::Blocks(args.kv_tokens / args.block_size),
@@ -174,7 +178,11 @@ fn run_paged(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Result
 
 /// Static batching: batches of `kv_tokens / max_model_len` requests in arrival order, each run
 /// until its longest request is done (finished requests idle in their reserved slots).
-fn run_baseline(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
+fn run_baseline(
+    device: &Device,
+    args: &Args,
+    reqs: &[(Vec<u32>, usize)],
+) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
     let batch = (args.kv_tokens / args.max_model_len).max(1);
     let mut engine: Box<dyn Engine> = Box::new(Generator::new(model(device)?, None, vec![]));
     let started = Instant::now();
@@ -206,7 +214,12 @@ fn run_baseline(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)]) -> Res
 }
 
 /// Memory saved by sharing for `n = 4` parallel samples or beam width 4 (§5.6.3).
-fn sharing(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)], beam: bool) -> Result<f64, Box<dyn std::error::Error>> {
+fn sharing(
+    device: &Device,
+    args: &Args,
+    reqs: &[(Vec<u32>, usize)],
+    beam: bool,
+) -> Result<f64, Box<dyn std::error::Error>> {
     let config = EngineConfig {
         block_size: args.block_size,
         kv_cache_memory: KvCacheMemory::Blocks(4 * args.kv_tokens / args.block_size),
@@ -218,7 +231,13 @@ fn sharing(device: &Device, args: &Args, reqs: &[(Vec<u32>, usize)], beam: bool)
         let params = if beam {
             SamplingParams { beam: Some(BeamSearchParams::new(4)), ignore_eos: true, ..SamplingParams::greedy(*out) }
         } else {
-            SamplingParams { n: 4, temperature: 1.0, seed: Some(i as u64), ignore_eos: true, ..SamplingParams::greedy(*out) }
+            SamplingParams {
+                n: 4,
+                temperature: 1.0,
+                seed: Some(i as u64),
+                ignore_eos: true,
+                ..SamplingParams::greedy(*out)
+            }
         };
         engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params)?;
     }
@@ -262,10 +281,20 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let mean_output = reqs.iter().map(|(_, o)| *o).sum::<usize>() as f64 / reqs.len() as f64;
         eprintln!("{}: {} requests, mean prompt {mean_prompt:.1}, mean output {mean_output:.1}", w.name, reqs.len());
         let (paged, preemptions) = run_paged(&device, &args, &reqs)?;
-        eprintln!("  paged:    {:.1} tokens/s, batch {:.1}, KV utilization {:.1}%", paged.tokens_per_s, paged.average_batch, 100.0 * paged.kv_utilization);
+        eprintln!(
+            "  paged:    {:.1} tokens/s, batch {:.1}, KV utilization {:.1}%",
+            paged.tokens_per_s,
+            paged.average_batch,
+            100.0 * paged.kv_utilization
+        );
         let (baseline, batch) = run_baseline(&device, &args, &reqs)?;
         baseline_batch = batch;
-        eprintln!("  baseline: {:.1} tokens/s, batch {:.1}, KV utilization {:.1}%", baseline.tokens_per_s, baseline.average_batch, 100.0 * baseline.kv_utilization);
+        eprintln!(
+            "  baseline: {:.1} tokens/s, batch {:.1}, KV utilization {:.1}%",
+            baseline.tokens_per_s,
+            baseline.average_batch,
+            100.0 * baseline.kv_utilization
+        );
         results.push(WorkloadResult {
             throughput_ratio: paged.tokens_per_s / baseline.tokens_per_s,
             workload: w,
@@ -294,7 +323,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.scale,
         args.seed
     );
-    let header = Header::new("serve", command, Some(args.device.name()), "synthetic:serve-opt (OPT, 4 layers, hidden 256, vocab 8192)");
+    let header = Header::new(
+        "serve",
+        command,
+        Some(args.device.name()),
+        "synthetic:serve-opt (OPT, 4 layers, hidden 256, vocab 8192)",
+    );
     let mut md = header.markdown("Serving throughput: paged engine vs static batching");
     md.push_str(&format!(
         "- model: OPT-family, 4 layers, hidden 256, vocab 8192, random weights\n\

@@ -68,9 +68,7 @@ impl Lengths {
                 }
                 t.iter().map(|&l| (l, 1.0)).collect()
             }
-            LengthDistribution::TruncatedNormal(n) => {
-                truncated_normal(&format!("{field}.truncated_normal"), n)?
-            }
+            LengthDistribution::TruncatedNormal(n) => truncated_normal(&format!("{field}.truncated_normal"), n)?,
         };
         points.sort_by_key(|p| p.0);
         let mut merged: Vec<(usize, f64)> = Vec::with_capacity(points.len());
@@ -82,10 +80,7 @@ impl Lengths {
         }
         let total: f64 = merged.iter().map(|p| p.1).sum();
         if !(total > 0.0 && total.is_finite()) {
-            return Err(InputError::new(
-                field,
-                "has no weight; give at least one length with a positive weight",
-            ));
+            return Err(InputError::new(field, "has no weight; give at least one length with a positive weight"));
         }
         merged.retain(|p| p.1 > 0.0);
         for p in &mut merged {
@@ -127,21 +122,14 @@ fn truncated_normal(field: &str, n: &TruncatedNormal) -> Result<Vec<(usize, f64)
     let mean = check::non_negative(&format!("{field}.mean"), n.mean)?;
     let std = check::non_negative(&format!("{field}.std"), n.std)?;
     let max = check::count(&format!("{field}.max"), n.max, MAX_LEN)?;
-    let count = check::count(
-        &format!("{field}.count"),
-        n.count.unwrap_or(10_000),
-        MAX_SAMPLES,
-    )?;
+    let count = check::count(&format!("{field}.count"), n.count.unwrap_or(10_000), MAX_SAMPLES)?;
     let mut rng = sim::rng(n.seed.unwrap_or(0), 0);
     let mut out = Vec::with_capacity(count);
     let mut tries = 0usize;
     while out.len() < count {
         tries += 1;
         if tries > 100 * count {
-            return Err(InputError::new(
-                field,
-                "almost no samples fall within 1..=max; check mean, std and max",
-            ));
+            return Err(InputError::new(field, "almost no samples fall within 1..=max; check mean, std and max"));
         }
         let x = (mean + std * sim::normal(&mut rng)).round();
         if x >= 1.0 && x <= max as f64 {
@@ -157,11 +145,7 @@ mod tests {
 
     #[test]
     fn schedule_lengths_normalise_and_give_percentiles() {
-        let l = Lengths::new(
-            "d",
-            &LengthDistribution::Histogram(vec![(10, 1.0), (20, 2.0), (10, 1.0)]),
-        )
-        .unwrap();
+        let l = Lengths::new("d", &LengthDistribution::Histogram(vec![(10, 1.0), (20, 2.0), (10, 1.0)])).unwrap();
         assert_eq!(l.points(), &[(10, 0.5), (20, 0.5)]);
         assert_eq!(l.mean(), 15.0);
         assert_eq!(l.percentile(50.0), 10);

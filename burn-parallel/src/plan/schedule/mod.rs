@@ -145,9 +145,7 @@ pub enum ScheduleError {
         memory: u64,
     },
     /// The requested strategies cannot run on these devices.
-    #[error(
-        "no requested strategy runs on {devices} device(s) (WAA needs at least 2); add `rra` to `strategies`"
-    )]
+    #[error("no requested strategy runs on {devices} device(s) (WAA needs at least 2); add `rra` to `strategies`")]
     NoStrategy {
         /// Devices.
         devices: usize,
@@ -161,35 +159,19 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
     let out_lengths = Lengths::new("output_lengths", &input.output_lengths)?;
     check::count("devices", input.devices, 4096)?;
     let bound_s = check::positive("latency_bound_s", input.latency_bound_s)?;
-    let max_batch = check::count(
-        "max_encode_batch",
-        input.max_encode_batch.unwrap_or(256),
-        MAX_RANGE,
-    )?;
-    let nd_max = check::count(
-        "max_decode_iterations",
-        input.max_decode_iterations.unwrap_or(out_lengths.max()),
-        MAX_RANGE,
-    )?;
+    let max_batch = check::count("max_encode_batch", input.max_encode_batch.unwrap_or(256), MAX_RANGE)?;
+    let nd_max =
+        check::count("max_decode_iterations", input.max_decode_iterations.unwrap_or(out_lengths.max()), MAX_RANGE)?;
     let percentile = input.latency_percentile.unwrap_or(99.0);
     if !(percentile > 0.0 && percentile <= 100.0) {
         return Err(InputError::new("latency_percentile", "must be in (0, 100]").into());
     }
-    let strategies = input
-        .strategies
-        .clone()
-        .unwrap_or_else(|| vec![Strategy::Rra, Strategy::WaaC, Strategy::WaaM]);
+    let strategies = input.strategies.clone().unwrap_or_else(|| vec![Strategy::Rra, Strategy::WaaC, Strategy::WaaM]);
     check::count("strategies", strategies.len(), 3)?;
     let mut degrees: Vec<usize> = vec![1];
     degrees.extend(input.profile.tensor_parallel.iter().map(|t| t.degree));
 
-    let sim = XSim::new(
-        cost,
-        in_lengths,
-        out_lengths,
-        input.device_memory_bytes,
-        percentile,
-    );
+    let sim = XSim::new(cost, in_lengths, out_lengths, input.device_memory_bytes, percentile);
     let searcher = Searcher::new(&sim, max_batch, bound_s);
     let n = input.devices;
     let mut spaces: Vec<(Strategy, Space)> = Vec::new();
@@ -212,23 +194,12 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
                 if degree > 1 && tp_groups == 0 {
                     continue;
                 }
-                let pipe = Pipe {
-                    plain: decoders - tp_groups * degree,
-                    tp_groups,
-                    degree,
-                };
+                let pipe = Pipe { plain: decoders - tp_groups * degree, tp_groups, degree };
                 match strategy {
                     Strategy::Rra => spaces.push((strategy, Space::Rra { pipe, nd_max })),
                     _ => {
                         for micro in 1..=pipe.stages() {
-                            spaces.push((
-                                strategy,
-                                Space::Waa {
-                                    encoders,
-                                    micro,
-                                    pipe,
-                                },
-                            ));
+                            spaces.push((strategy, Space::Waa { encoders, micro, pipe }));
                         }
                     }
                 }
@@ -240,57 +211,29 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
     }
     let mut best: Option<(Strategy, Space, Vec<usize>, xsim::Perf)> = None;
     for (strategy, space) in &spaces {
-        let found = if input.exhaustive {
-            searcher.exhaustive(space)
-        } else {
-            searcher.branch_and_bound(space)
-        };
+        let found = if input.exhaustive { searcher.exhaustive(space) } else { searcher.branch_and_bound(space) };
         if let Some((c, perf)) = found
-            && best
-                .as_ref()
-                .is_none_or(|b| perf.throughput_qps > b.3.throughput_qps)
+            && best.as_ref().is_none_or(|b| perf.throughput_qps > b.3.throughput_qps)
         {
             best = Some((*strategy, *space, c, perf));
         }
     }
     let Some((strategy, space, c, perf)) = best else {
         // The least latency of each space is at its lowest corner (monotonicity).
-        let least = spaces
-            .iter()
-            .map(|(_, s)| searcher.least_latency(s, &[0, 0]))
-            .fold(f64::INFINITY, f64::min);
+        let least = spaces.iter().map(|(_, s)| searcher.least_latency(s, &[0, 0])).fold(f64::INFINITY, f64::min);
         return Err(if least.is_finite() {
-            ScheduleError::Infeasible {
-                bound_s,
-                best_latency_s: least,
-            }
+            ScheduleError::Infeasible { bound_s, best_latency_s: least }
         } else {
-            ScheduleError::DoesNotFit {
-                memory: input.device_memory_bytes,
-            }
+            ScheduleError::DoesNotFit { memory: input.device_memory_bytes }
         });
     };
     let point = searcher.point(&space, &c);
     let (pipe, encoders, micro, decode_batch) = match space {
         Space::Rra { pipe, .. } => {
             let n_d = point.decode_iterations.unwrap_or(1);
-            (
-                pipe,
-                n,
-                pipe.stages(),
-                point.encode_batch as f64 / sim.completion(n_d),
-            )
+            (pipe, n, pipe.stages(), point.encode_batch as f64 / sim.completion(n_d))
         }
-        Space::Waa {
-            encoders,
-            micro,
-            pipe,
-        } => (
-            pipe,
-            encoders,
-            micro,
-            point.encode_batch as f64 * sim.mean_out(),
-        ),
+        Space::Waa { encoders, micro, pipe } => (pipe, encoders, micro, point.encode_batch as f64 * sim.mean_out()),
     };
     Ok(ScheduleOutput {
         strategy,
@@ -308,12 +251,7 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         latency_percentile: percentile,
         latency_output_tokens: sim.target_len,
         latency_bound_s: bound_s,
-        search: if input.exhaustive {
-            "exhaustive"
-        } else {
-            "branch-and-bound"
-        }
-        .to_string(),
+        search: if input.exhaustive { "exhaustive" } else { "branch-and-bound" }.to_string(),
         simulations: searcher.simulations(),
     })
 }

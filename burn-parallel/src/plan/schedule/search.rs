@@ -21,11 +21,7 @@ pub(crate) enum Space {
     /// RRA on `pipe`, `N_D ∈ 1..=nd_max`.
     Rra { pipe: Pipe, nd_max: usize },
     /// WAA with `encoders` encoding devices, `micro` decoder micro-batches, decoders as `pipe`.
-    Waa {
-        encoders: usize,
-        micro: usize,
-        pipe: Pipe,
-    },
+    Waa { encoders: usize, micro: usize, pipe: Pipe },
 }
 
 /// A point of a space in its control variables.
@@ -76,14 +72,8 @@ impl Searcher<'_> {
     /// The control variables at coordinates `c`.
     pub fn point(&self, space: &Space, c: &[usize]) -> Point {
         match space {
-            Space::Rra { nd_max, .. } => Point {
-                encode_batch: c[0] + 1,
-                decode_iterations: Some(nd_max - c[1]),
-            },
-            Space::Waa { .. } => Point {
-                encode_batch: c[0] + 1,
-                decode_iterations: None,
-            },
+            Space::Rra { nd_max, .. } => Point { encode_batch: c[0] + 1, decode_iterations: Some(nd_max - c[1]) },
+            Space::Waa { .. } => Point { encode_batch: c[0] + 1, decode_iterations: None },
         }
     }
 
@@ -102,16 +92,8 @@ impl Searcher<'_> {
     fn simulate(&self, space: &Space, c: &[usize]) -> Perf {
         let p = self.point(space, c);
         match space {
-            Space::Rra { pipe, .. } => self.sim.rra(
-                p.encode_batch as f64,
-                p.decode_iterations.unwrap_or(1),
-                pipe,
-            ),
-            Space::Waa {
-                encoders,
-                micro,
-                pipe,
-            } => self.sim.waa(p.encode_batch as f64, *micro, *encoders, pipe),
+            Space::Rra { pipe, .. } => self.sim.rra(p.encode_batch as f64, p.decode_iterations.unwrap_or(1), pipe),
+            Space::Waa { encoders, micro, pipe } => self.sim.waa(p.encode_batch as f64, *micro, *encoders, pipe),
         }
     }
 
@@ -133,10 +115,7 @@ impl Searcher<'_> {
                 .upper
                 .borrow_mut()
                 .entry((*space, [hi[0], lo[1], hi[1]]))
-                .or_insert_with(|| {
-                    self.sim
-                        .rra_upper((hi[0] + 1) as f64, nd_max - hi[1], nd_max - lo[1], pipe)
-                }),
+                .or_insert_with(|| self.sim.rra_upper((hi[0] + 1) as f64, nd_max - hi[1], nd_max - lo[1], pipe)),
             Space::Waa { .. } => self.evaluate(space, hi).throughput_qps,
         }
     }
@@ -149,11 +128,7 @@ impl Searcher<'_> {
         loop {
             self.uncached.set(self.uncached.get() + 1);
             let perf = self.simulate(space, &c);
-            if self.feasible(&perf)
-                && best
-                    .as_ref()
-                    .is_none_or(|b| perf.throughput_qps > b.1.throughput_qps)
-            {
+            if self.feasible(&perf) && best.as_ref().is_none_or(|b| perf.throughput_qps > b.1.throughput_qps) {
                 best = Some((c.clone(), perf));
             }
             // Next coordinate, last dimension fastest.
@@ -179,11 +154,7 @@ impl Searcher<'_> {
         let root_hi: Vec<usize> = dims.iter().map(|d| d - 1).collect();
         let mut best: Option<(Vec<usize>, Perf)> = None;
         let consider = |c: &[usize], perf: Perf, best: &mut Option<(Vec<usize>, Perf)>| {
-            if self.feasible(&perf)
-                && best
-                    .as_ref()
-                    .is_none_or(|b| perf.throughput_qps > b.1.throughput_qps)
-            {
+            if self.feasible(&perf) && best.as_ref().is_none_or(|b| perf.throughput_qps > b.1.throughput_qps) {
                 *best = Some((c.to_vec(), perf));
             }
         };

@@ -80,13 +80,7 @@ pub(crate) fn cyclic(t: &[f64], m: f64) -> f64 {
 }
 
 impl XSim {
-    pub fn new(
-        cost: CostModel,
-        input: Lengths,
-        output: Lengths,
-        cap: u64,
-        percentile: f64,
-    ) -> Self {
+    pub fn new(cost: CostModel, input: Lengths, output: Lengths, cap: u64, percentile: f64) -> Self {
         let target_len = output.percentile(percentile);
         Self {
             layers: cost.profile().layers as f64,
@@ -109,17 +103,7 @@ impl XSim {
     /// `n_d` iterations (§6).
     pub fn completion(&self, n_d: usize) -> f64 {
         *self.completion.borrow_mut().entry(n_d).or_insert_with(|| {
-            self.output
-                .points()
-                .iter()
-                .map(|&(s, p)| {
-                    if s <= n_d {
-                        p
-                    } else {
-                        p / s.div_ceil(n_d) as f64
-                    }
-                })
-                .sum()
+            self.output.points().iter().map(|&(s, p)| if s <= n_d { p } else { p / s.div_ceil(n_d) as f64 }).sum()
         })
     }
 
@@ -155,14 +139,9 @@ impl XSim {
     fn fits(&self, pipe: &Pipe, kv_tokens: f64) -> bool {
         let prof = self.cost.profile();
         let p = pipe.stages();
-        let per_layer = prof.weight_bytes_per_layer as f64
-            + kv_tokens * prof.kv_bytes_per_token_per_layer as f64;
+        let per_layer = prof.weight_bytes_per_layer as f64 + kv_tokens * prof.kv_bytes_per_token_per_layer as f64;
         (0..p).all(|k| {
-            let degree = if k < pipe.tp_groups {
-                pipe.degree as f64
-            } else {
-                1.0
-            };
+            let degree = if k < pipe.tp_groups { pipe.degree as f64 } else { 1.0 };
             let mut bytes = self.layers / p as f64 * per_layer / degree;
             if k == 0 {
                 bytes += prof.embedding.weight_bytes as f64;
@@ -176,11 +155,7 @@ impl XSim {
 
     /// Per-layer prefill time of `batch` queries, expected over the input lengths.
     fn encode_layer_ms(&self, batch: f64) -> f64 {
-        self.input
-            .points()
-            .iter()
-            .map(|&(s, p)| p * self.cost.prefill_layer_ms(batch, s as f64, 0.0))
-            .sum()
+        self.input.points().iter().map(|&(s, p)| p * self.cost.prefill_layer_ms(batch, s as f64, 0.0)).sum()
     }
 
     /// Stage times of encoding `batch` queries.
@@ -228,12 +203,9 @@ impl XSim {
     pub fn rra_upper(&self, b_e: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
         let m = pipe.stages() as f64;
         let encode = fill(&self.encode_times(pipe, b_e / m), m);
-        let iteration =
-            |n: usize| cyclic(&self.decode_times(pipe, b_e / self.completion(n) / m), m);
+        let iteration = |n: usize| cyclic(&self.decode_times(pipe, b_e / self.completion(n) / m), m);
         let fewest = n_lo as f64 * iteration(n_hi);
-        let per_query = (n_lo..=n_hi)
-            .map(|n| n as f64 / self.completion(n))
-            .fold(f64::INFINITY, f64::min);
+        let per_query = (n_lo..=n_hi).map(|n| n as f64 / self.completion(n)).fold(f64::INFINITY, f64::min);
         let amortised = per_query * self.completion(n_lo) * iteration(n_lo);
         b_e / ((encode + fewest.max(amortised)) / 1000.0)
     }
@@ -241,11 +213,7 @@ impl XSim {
     /// WAA with `encoders` encoding devices, encode batch `b_e`, `micro` decoder micro-batches and
     /// the decoding devices arranged as `decode`.
     pub fn waa(&self, b_e: f64, micro: usize, encoders: usize, decode: &Pipe) -> Perf {
-        let enc_pipe = Pipe {
-            plain: encoders,
-            tp_groups: 0,
-            degree: 1,
-        };
+        let enc_pipe = Pipe { plain: encoders, tp_groups: 0, degree: 1 };
         let b_d = b_e * self.mean_out;
         let enc = self.encode_times(&enc_pipe, b_e);
         let m = micro as f64;
@@ -255,18 +223,13 @@ impl XSim {
         Perf {
             throughput_qps: b_e / (period / 1000.0),
             latency_s: (pass + self.target_len as f64 * period) / 1000.0,
-            fits: self.fits(&enc_pipe, b_e * self.mean_in)
-                && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
+            fits: self.fits(&enc_pipe, b_e * self.mean_in) && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
         }
     }
 
     /// WAA-C's encoder share: devices in proportion to one query's encode and decode time.
     pub fn waa_c_encoders(&self, devices: usize) -> usize {
-        let one = Pipe {
-            plain: 1,
-            tp_groups: 0,
-            degree: 1,
-        };
+        let one = Pipe { plain: 1, tp_groups: 0, degree: 1 };
         let encode: f64 = self.encode_times(&one, 1.0).iter().sum();
         let decode: f64 = self.decode_times(&one, self.mean_out).iter().sum();
         split(devices, encode, decode)
@@ -315,10 +278,7 @@ mod tests {
                 ends.push(ready[m - 1]);
             }
             let period = ends[49] - ends[48];
-            assert!(
-                (period - cyclic(&t, m as f64)).abs() < 1e-9,
-                "m={m} period={period}"
-            );
+            assert!((period - cyclic(&t, m as f64)).abs() < 1e-9, "m={m} period={period}");
         }
     }
 }
