@@ -1,11 +1,29 @@
 //! `cargo run --example plan -- <stages|slices|placement|schedule> --input FILE.json
 //! [--exhaustive] [--baseline replication]`: runs one planner and prints one JSON object on
 //! stdout (an `{"error": …}` object and exit code 2 on bad input).
+//!
+//! `cargo run --release --example plan -- profile --model DIR_OR_GGUF|--synthetic NAME
+//! --device flex|wgpu|… --out FILE.json [--grid small|full]`: measures the profile the planners
+//! read on a device of this build (see `burn_parallel::profiler`).
+
+use burn_llm::DeviceChoice;
+use burn_llm::parallel::{plan, profiler};
+use clap::ValueEnum;
 
 use std::io::Write;
 
 fn main() {
-    let (json, code) = burn_llm::parallel::plan::cli::run(std::env::args_os());
+    let args: Vec<_> = std::env::args_os().collect();
+    let (json, code) = if args.get(1).is_some_and(|a| a == "profile") {
+        profiler::cli::run(args, |name| {
+            let choice = DeviceChoice::from_str(name, true).map_err(|_| {
+                format!("unknown device `{name}`: use flex, wgpu, vulkan, cuda or metal")
+            })?;
+            choice.device().map_err(|e| e.to_string())
+        })
+    } else {
+        plan::cli::run(args)
+    };
     // A closed stdout (`| head`) is not worth a panic.
     let _ = writeln!(std::io::stdout(), "{json}");
     std::process::exit(code);

@@ -15,5 +15,27 @@
 //! Shared pieces: [`plan::sim`], the discrete-event pipeline simulator whose semantics are part
 //! of the interface; [`plan::profile`], the cost profile a Burn profiler writes and the planners
 //! read; [`plan::cli`], the command line behind the example.
+//!
+//! ## Profiler (feature `profiler`, on by default)
+//!
+//! `profiler` measures the [`plan::profile::Profile`] the planners read, on a real Burn device
+//! (the pure `plan` module builds without Burn when the feature is off):
+//! `cargo run --release --example plan -- profile --model DIR_OR_GGUF | --synthetic NAME
+//! --device flex|wgpu|vulkan|cuda|metal --out FILE.json [--grid small|full] [--quiet]`. It builds
+//! the model with random weights and one decoder layer (every layer has the same shape) and
+//! times, after a warm-up, as the median of a few runs between device synchronisations:
+//!
+//! | what | grid (`small` / `full`) | written as |
+//! | --- | --- | --- |
+//! | prefill of a layer, no context | batch 1, 2 / 1, 4, 16 × tokens 1, 8, 32 / 1, 16, 64, 256, 1024 | `prefill.base_ms[b][t]` (table) |
+//! | prefill after `j` tokens of context | batch 1, tokens as above × context 16, 48 / 64, 256, 1024 | `prefill.context_ms`: TeraPipe's `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j`, non-negative least squares |
+//! | one decode step of a layer | batch 1, 4 / 1, 8, 32, 64 × context 0, 32, 96 / 0, 256, 1024, 2048 | `decode.ms[b][c]` (table) |
+//! | embedding, LM head (final norm + logits) | the prefill tokens / the decode batches | `embedding`, `lm_head`: `ms_per_token` (slope through the origin) and `weight_bytes` |
+//! | bytes | — | `weight_bytes_per_layer` (projections as stored), `kv_bytes_per_token_per_layer` (`f32` K and V) |
+//!
+//! Points beyond the model's positions are dropped; `tensor_parallel` is left empty (one device).
+//! The output is a [`plan::profile::Profile`] file that `slices`, `schedule` and the others take.
 
 pub mod plan;
+#[cfg(feature = "profiler")]
+pub mod profiler;

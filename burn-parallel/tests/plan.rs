@@ -13,6 +13,10 @@ use burn_parallel::plan::stages::{self, StagesError, StagesInput, TensorParallel
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+#[cfg(feature = "profiler")]
+#[path = "plan/profiler.rs"]
+mod profiler;
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
 }

@@ -58,16 +58,9 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let args = match Args::try_parse_from(args) {
+    let args = match parse_args::<Args, _, _>(args) {
         Ok(a) => a,
-        Err(e) => {
-            return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    (e.to_string(), 0)
-                }
-                _ => error(e.to_string()),
-            };
-        }
+        Err(done) => return done,
     };
     match dispatch(&args) {
         Ok(json) => (json, 0),
@@ -75,7 +68,24 @@ where
     }
 }
 
-fn error(message: String) -> (String, i32) {
+/// Parses command-line `args` into `A`; `Err` holds what to print and the exit code instead (the
+/// help text and 0, or a JSON error and [`EXIT_ERROR`]).
+pub(crate) fn parse_args<A, I, T>(args: I) -> Result<A, (String, i32)>
+where
+    A: Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    A::try_parse_from(args).map_err(|e| match e.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+            (e.to_string(), 0)
+        }
+        _ => error(e.to_string()),
+    })
+}
+
+/// `{"error": message}` and [`EXIT_ERROR`].
+pub(crate) fn error(message: String) -> (String, i32) {
     let message = message.trim().to_string();
     (
         serde_json::json!({ "error": message }).to_string(),

@@ -1,0 +1,165 @@
+//! Least-squares fits of measured times: TeraPipe's context overhead
+//! `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j` with every coefficient ≥ 0 (the profile's
+//! `prefill.context_ms`), and a per-token cost as a slope through the origin.
+
+/// One measurement of the context overhead: a slice of `tokens` tokens after `context` tokens
+/// took `overhead_ms` longer than the same slice without context.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ContextSample {
+    /// Tokens in the slice (`i`).
+    pub tokens: f64,
+    /// Tokens of context before it (`j`).
+    pub context: f64,
+    /// Measured `t(i, j) − t(i, 0)` in milliseconds (may be negative from noise).
+    pub overhead_ms: f64,
+}
+
+/// `[a0, a1, a2, a3]` minimising `Σ (a0 + a1·i + a2·j + a3·i·j − overhead)²` subject to every
+/// `a ≥ 0` (all zeros without samples). Exact non-negative least squares: with four unknowns,
+/// every set of free coefficients is solved and the best feasible one kept.
+pub fn context_overhead(samples: &[ContextSample]) -> [f64; 4] {
+    let rows: Vec<[f64; 4]> = samples
+        .iter()
+        .map(|s| [1.0, s.tokens, s.context, s.tokens * s.context])
+        .collect();
+    let ys: Vec<f64> = samples.iter().map(|s| s.overhead_ms).collect();
+    // Columns scaled to a largest entry of 1, so that the normal equations stay well conditioned.
+    let scale: [f64; 4] = std::array::from_fn(|c| {
+        let max = rows.iter().map(|r| r[c].abs()).fold(0.0, f64::max);
+        if max > 0.0 { max } else { 1.0 }
+    });
+    let residual = |a: &[f64; 4]| -> f64 {
+        rows.iter()
+            .zip(&ys)
+            .map(|(r, y)| {
+                let fit: f64 = (0..4).map(|c| a[c] * r[c]).sum();
+                (fit - y).powi(2)
+            })
+            .sum()
+    };
+    let mut best = ([0.0; 4], residual(&[0.0; 4]));
+    for mask in 1u32..16 {
+        let free: Vec<usize> = (0..4).filter(|c| mask & (1 << c) != 0).collect();
+        let Some(solution) = least_squares(&rows, &ys, &free, &scale) else {
+            continue;
+        };
+        let mut a = [0.0; 4];
+        for (&c, &x) in free.iter().zip(&solution) {
+            a[c] = x / scale[c];
+        }
+        if a.iter().all(|&x| x >= 0.0 && x.is_finite()) {
+            let r = residual(&a);
+            if r < best.1 {
+                best = (a, r);
+            }
+        }
+    }
+    best.0
+}
+
+/// Unconstrained least squares over the columns `free` (scaled by `scale`), by the normal
+/// equations; `None` when they are singular (too few distinct samples for those columns).
+fn least_squares(
+    rows: &[[f64; 4]],
+    ys: &[f64],
+    free: &[usize],
+    scale: &[f64; 4],
+) -> Option<Vec<f64>> {
+    let n = free.len();
+    let mut m = vec![vec![0.0; n + 1]; n];
+    for (r, y) in rows.iter().zip(ys) {
+        let x: Vec<f64> = free.iter().map(|&c| r[c] / scale[c]).collect();
+        for i in 0..n {
+            for k in 0..n {
+                m[i][k] += x[i] * x[k];
+            }
+            m[i][n] += x[i] * y;
+        }
+    }
+    solve(m)
+}
+
+/// Gaussian elimination with partial pivoting on an augmented `n × (n + 1)` matrix.
+fn solve(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
+    let n = m.len();
+    let norm = m.iter().flatten().fold(0.0f64, |a, v| a.max(v.abs()));
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        if m[pivot][col].abs() <= 1e-12 * norm.max(f64::MIN_POSITIVE) {
+            return None;
+        }
+        m.swap(col, pivot);
+        let (top, below) = m.split_at_mut(col + 1);
+        let pivot_row = &top[col];
+        for row in below {
+            let f = row[col] / pivot_row[col];
+            for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= f * p;
+            }
+        }
+    }
+    let mut x = vec![0.0; n];
+    for row in (0..n).rev() {
+        let rest: f64 = (row + 1..n).map(|k| m[row][k] * x[k]).sum();
+        x[row] = (m[row][n] - rest) / m[row][row];
+    }
+    Some(x)
+}
+
+/// The least-squares slope `c` of `y = c·x` through the points `(xs[k], ys[k])`, clamped at 0
+/// (0 without points).
+pub fn slope_through_origin(xs: &[f64], ys: &[f64]) -> f64 {
+    let xx: f64 = xs.iter().map(|x| x * x).sum();
+    let xy: f64 = xs.iter().zip(ys).map(|(x, y)| x * y).sum();
+    if xx > 0.0 { (xy / xx).max(0.0) } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(a: [f64; 4], noise: impl Fn(usize) -> f64) -> Vec<ContextSample> {
+        let mut out = Vec::new();
+        for (k, (i, j)) in [1.0, 16.0, 64.0, 256.0]
+            .iter()
+            .flat_map(|&i| [32.0, 128.0, 512.0].map(|j| (i, j)))
+            .enumerate()
+        {
+            out.push(ContextSample {
+                tokens: i,
+                context: j,
+                overhead_ms: a[0] + a[1] * i + a[2] * j + a[3] * i * j + noise(k),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn profile_fit_recovers_exact_context_coefficients() {
+        let a = [0.01, 0.002, 0.0003, 0.00004];
+        let fit = context_overhead(&samples(a, |_| 0.0));
+        for (f, t) in fit.iter().zip(a) {
+            assert!((f - t).abs() <= 1e-9 * (1.0 + t), "{fit:?} vs {a:?}");
+        }
+    }
+
+    #[test]
+    fn profile_fit_keeps_coefficients_non_negative() {
+        // Overhead falling with the slice length: the best non-negative fit drops `a1`.
+        let fit = context_overhead(&samples([0.5, -0.001, 0.0, 0.0], |k| 0.01 * (k % 3) as f64));
+        assert!(fit.iter().all(|&a| a >= 0.0), "{fit:?}");
+        assert_eq!(fit[1], 0.0);
+        assert!(fit[0] > 0.0);
+        // Pure noise around zero, and no samples at all: no negative cost.
+        let fit = context_overhead(&samples([0.0; 4], |k| if k % 2 == 0 { -0.1 } else { 0.05 }));
+        assert!(fit.iter().all(|&a| a >= 0.0), "{fit:?}");
+        assert_eq!(context_overhead(&[]), [0.0; 4]);
+    }
+
+    #[test]
+    fn profile_fit_slope_through_origin() {
+        assert!((slope_through_origin(&[1.0, 4.0], &[2.0, 8.0]) - 2.0).abs() < 1e-12);
+        assert_eq!(slope_through_origin(&[], &[]), 0.0);
+        assert_eq!(slope_through_origin(&[2.0], &[-1.0]), 0.0);
+    }
+}

@@ -1,0 +1,271 @@
+//! The Burn profiler: times one decoder layer of a model on a real device and writes the
+//! [`Profile`] every planner reads (`cargo run --release --example plan -- profile …`).
+//!
+//! The model is built with random weights through the ordinary loader ([`CausalLm::random`]):
+//! timing depends on shapes, not values. Every decoder layer of a model has the same shape, so the
+//! profiler builds the model with **one** layer, times it, and reports the spec's layer count:
+//! that keeps memory at one layer's weights and KV cache however deep the model is.
+//!
+//! What is measured, each point after `warmup` runs as the median of `repeats` runs, with the
+//! device synchronised before the clock starts and before it is read:
+//! - **prefill** `base_ms[b][t]`: the layer's forward over `batch[b]` sequences of `tokens[t]` new
+//!   tokens each, no context, through a [`ContiguousKvCache`];
+//! - **context overhead**: at batch 1, the same for every (`i` tokens, `j` tokens of context) pair
+//!   of the grid with `i + j` within the model's positions; TeraPipe's
+//!   `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j` is fitted to `t(i, j) − t(i, 0)` by non-negative
+//!   least squares ([`fit`]);
+//! - **decode** `ms[b][c]`: one step of `batch[b]` sequences, one new token each, after
+//!   `context[c]` cached tokens;
+//! - **embedding** and **LM head** (final norm and logits), timed at several token counts;
+//!   `ms_per_token` is the least-squares slope through the origin;
+//! - bytes: the layer's projection weights as stored, its `f32` keys and values per token, the
+//!   embedding table and the LM head (a tied head counts its own copy: a pipeline's last stage
+//!   needs one).
+//!
+//! Context is laid out with [`ContiguousKvCache::begin_step`] without running the layer over it:
+//! the cached slots then stay zero, which costs the attention exactly what real keys would.
+//! Tensor-parallel scaling is not measured (one device): `tensor_parallel` is left empty.
+
+pub mod cli;
+pub mod fit;
+mod measure;
+
+use burn::tensor::Device;
+use burn_llm_models::{CausalLm, DecoderSpec, ModelError};
+use serde::{Deserialize, Serialize};
+
+use crate::plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
+use measure::{Bench, Progress};
+
+/// The points the profiler measures. Points a model cannot hold (more positions than it was
+/// trained for) are dropped before measuring.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileGrid {
+    /// Prefill batch sizes (the profile's `prefill.batch`).
+    pub prefill_batch: Vec<usize>,
+    /// Tokens per sequence in a prefill slice (`prefill.tokens`).
+    pub prefill_tokens: Vec<usize>,
+    /// Tokens of context before a slice, for the context fit (each > 0).
+    pub prefill_context: Vec<usize>,
+    /// Decode batch sizes (`decode.batch`).
+    pub decode_batch: Vec<usize>,
+    /// Cached tokens before a decode step (`decode.context`).
+    pub decode_context: Vec<usize>,
+    /// Untimed runs before each point.
+    pub warmup: usize,
+    /// Timed runs per point (the median is kept).
+    pub repeats: usize,
+}
+
+impl ProfileGrid {
+    /// A grid that runs in seconds on a CPU: for tests and a first look.
+    pub fn small() -> Self {
+        Self {
+            prefill_batch: vec![1, 2],
+            prefill_tokens: vec![1, 8, 32],
+            prefill_context: vec![16, 48],
+            decode_batch: vec![1, 4],
+            decode_context: vec![0, 32, 96],
+            warmup: 1,
+            repeats: 3,
+        }
+    }
+
+    /// The grid for planning real workloads (prompts up to 1024 tokens, contexts up to 2048).
+    pub fn full() -> Self {
+        Self {
+            prefill_batch: vec![1, 4, 16],
+            prefill_tokens: vec![1, 16, 64, 256, 1024],
+            prefill_context: vec![64, 256, 1024],
+            decode_batch: vec![1, 8, 32, 64],
+            decode_context: vec![0, 256, 1024, 2048],
+            warmup: 1,
+            repeats: 5,
+        }
+    }
+
+    /// The grid restricted to what a model of `max_positions` positions can hold, checked.
+    fn fitted_to(&self, max_positions: usize) -> Result<Self, ProfileError> {
+        let axes = [
+            ("prefill_batch", &self.prefill_batch, 1),
+            ("prefill_tokens", &self.prefill_tokens, 1),
+            ("prefill_context", &self.prefill_context, 1),
+            ("decode_batch", &self.decode_batch, 1),
+            ("decode_context", &self.decode_context, 0),
+        ];
+        for (name, axis, min) in axes {
+            if axis.windows(2).any(|w| w[1] <= w[0]) || axis.first().is_some_and(|&p| p < min) {
+                return Err(ProfileError::Grid(format!(
+                    "`{name}` must be strictly increasing and at least {min}, got {axis:?}"
+                )));
+            }
+        }
+        if self.repeats == 0 {
+            return Err(ProfileError::Grid("`repeats` must be at least 1".into()));
+        }
+        let steps = self.warmup + self.repeats;
+        let grid = Self {
+            prefill_tokens: keep(&self.prefill_tokens, |t| t <= max_positions),
+            prefill_context: keep(&self.prefill_context, |c| c < max_positions),
+            decode_context: keep(&self.decode_context, |c| c + steps <= max_positions),
+            ..self.clone()
+        };
+        for (name, axis) in [
+            ("prefill_batch", &grid.prefill_batch),
+            ("prefill_tokens", &grid.prefill_tokens),
+            ("decode_batch", &grid.decode_batch),
+            ("decode_context", &grid.decode_context),
+        ] {
+            if axis.is_empty() {
+                return Err(ProfileError::Grid(format!(
+                    "no point of `{name}` fits the model's {max_positions} positions: give smaller ones"
+                )));
+            }
+        }
+        Ok(grid)
+    }
+
+    /// The (tokens, context) pairs of the context fit the model can hold.
+    fn context_pairs(&self, max_positions: usize) -> Vec<(usize, usize)> {
+        let mut pairs = Vec::new();
+        for &j in &self.prefill_context {
+            for &i in &self.prefill_tokens {
+                if i + j <= max_positions {
+                    pairs.push((i, j));
+                }
+            }
+        }
+        pairs
+    }
+
+    /// Timed points in all (for the progress bar).
+    fn points(&self, pairs: usize) -> usize {
+        1 + self.prefill_batch.len() * self.prefill_tokens.len()
+            + pairs
+            + self.decode_batch.len() * self.decode_context.len()
+            + self.prefill_tokens.len()
+            + self.decode_batch.len()
+    }
+}
+
+fn keep(axis: &[usize], fits: impl Fn(usize) -> bool) -> Vec<usize> {
+    axis.iter().copied().filter(|&p| fits(p)).collect()
+}
+
+/// Why a profile could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The grid cannot be measured on this model.
+    #[error("bad profile grid: {0}")]
+    Grid(String),
+    /// The model could not be built or run.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The device reported an error while synchronising.
+    #[error(
+        "the device failed while profiling: {0}; check that the device works (e.g. with `--device flex`)"
+    )]
+    Device(String),
+}
+
+/// Measures `spec`'s costs on `device` over `grid` (see the module docs). `progress` shows a
+/// progress bar on the terminal. The returned profile's `model` and `device` are left for the
+/// caller to name.
+pub fn profile(
+    spec: &DecoderSpec,
+    device: &Device,
+    grid: &ProfileGrid,
+    progress: bool,
+) -> Result<Profile, ProfileError> {
+    let grid = grid.fitted_to(spec.max_positions)?;
+    let pairs = grid.context_pairs(spec.max_positions);
+    let one_layer = DecoderSpec {
+        num_layers: 1,
+        ..spec.clone()
+    };
+    let model = CausalLm::random(one_layer, device)?;
+    let progress = Progress::new(grid.points(pairs.len()) as u64, progress);
+    let bench = Bench::new(&model, device, grid.warmup, grid.repeats, &progress);
+
+    // One untimed pass over the largest prefill first: allocators, thread pools and kernel
+    // caches warm up before the first timed point.
+    let largest = |axis: &[usize]| axis.last().copied().unwrap_or(1);
+    bench.prefill_ms(
+        largest(&grid.prefill_batch),
+        largest(&grid.prefill_tokens),
+        0,
+    )?;
+    let base_ms = table(&grid.prefill_batch, &grid.prefill_tokens, |b, t| {
+        bench.prefill_ms(b, t, 0)
+    })?;
+    let mut samples = Vec::with_capacity(pairs.len());
+    for &(i, j) in &pairs {
+        // The same slice without context, as measured for the table when it has batch 1.
+        let measured = grid.prefill_tokens.iter().position(|&t| t == i);
+        let without = match measured {
+            Some(k) if grid.prefill_batch[0] == 1 => base_ms[0][k],
+            _ => bench.prefill_ms(1, i, 0)?,
+        };
+        samples.push(fit::ContextSample {
+            tokens: i as f64,
+            context: j as f64,
+            overhead_ms: bench.prefill_ms(1, i, j)? - without,
+        });
+    }
+    let context_ms = fit::context_overhead(&samples);
+    let decode_ms = table(&grid.decode_batch, &grid.decode_context, |b, c| {
+        bench.decode_ms(b, c)
+    })?;
+    let embed = table(&[1], &grid.prefill_tokens, |_, t| bench.embed_ms(t))?;
+    let head = table(&[1], &grid.decode_batch, |_, b| bench.lm_head_ms(b))?;
+    progress.finish();
+
+    let head_bytes = match &model.lm_head {
+        Some(head) => head.weight_bytes(),
+        None => model.embed_tokens.size_bytes(),
+    };
+    let kv = model.kv_layout();
+    Ok(Profile {
+        version: 1,
+        model: None,
+        device: None,
+        layers: spec.num_layers,
+        prefill: PrefillTable {
+            batch: as_f64(&grid.prefill_batch),
+            tokens: as_f64(&grid.prefill_tokens),
+            base_ms,
+            context_ms,
+        },
+        decode: DecodeTable {
+            batch: as_f64(&grid.decode_batch),
+            context: as_f64(&grid.decode_context),
+            ms: decode_ms,
+        },
+        weight_bytes_per_layer: model.layers[0].weight_bytes() as u64,
+        kv_bytes_per_token_per_layer: kv.bytes_per_token() as u64 / kv.num_layers as u64,
+        embedding: Extra {
+            weight_bytes: model.embed_tokens.size_bytes() as u64,
+            ms_per_token: fit::slope_through_origin(&as_f64(&grid.prefill_tokens), &embed[0]),
+        },
+        lm_head: Extra {
+            weight_bytes: head_bytes as u64,
+            ms_per_token: fit::slope_through_origin(&as_f64(&grid.decode_batch), &head[0]),
+        },
+        tensor_parallel: Vec::new(),
+    })
+}
+
+/// `time(row, column)` for every point of the two axes, as rows of the table.
+fn table(
+    rows: &[usize],
+    columns: &[usize],
+    mut time: impl FnMut(usize, usize) -> Result<f64, ProfileError>,
+) -> Result<Vec<Vec<f64>>, ProfileError> {
+    rows.iter()
+        .map(|&r| columns.iter().map(|&c| time(r, c)).collect())
+        .collect()
+}
+
+fn as_f64(axis: &[usize]) -> Vec<f64> {
+    axis.iter().map(|&p| p as f64).collect()
+}

@@ -1,0 +1,235 @@
+//! The Burn profiler on the tiny LLaMA fixture (flex, small grid): the profile has the grid's
+//! shape and the model's sizes, is sane, round-trips through serde, and the planners accept it;
+//! the `plan profile` command line writes it and answers bad input with a JSON error. No
+//! assertion depends on absolute times.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use burn::tensor::Device;
+use burn_llm_models::DecoderSpec;
+use burn_parallel::plan::profile::Profile;
+use burn_parallel::plan::schedule::{self, ScheduleInput};
+use burn_parallel::plan::slices::{self, SlicesInput};
+use burn_parallel::profiler::{self, ProfileGrid};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama")
+}
+
+/// Serialises the tests that time things, so that one profile is not measured while another
+/// test loads the CPU.
+static TIMING: Mutex<()> = Mutex::new(());
+
+/// The fixture's profile, measured once for every test of the binary.
+fn measured() -> &'static Profile {
+    static PROFILE: OnceLock<Profile> = OnceLock::new();
+    PROFILE.get_or_init(|| {
+        let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+        let spec = DecoderSpec::from_dir(&fixture()).unwrap();
+        let grid = ProfileGrid {
+            repeats: 5,
+            ..ProfileGrid::small()
+        };
+        profiler::profile(&spec, &Device::flex(), &grid, false).unwrap()
+    })
+}
+
+#[test]
+fn profile_has_the_grid_shape_and_the_model_sizes() {
+    let p = measured();
+    let grid = ProfileGrid::small();
+    let axis = |v: &[usize]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    assert_eq!(p.version, 1);
+    assert_eq!(p.layers, 2);
+    assert_eq!(p.prefill.batch, axis(&grid.prefill_batch));
+    assert_eq!(p.prefill.tokens, axis(&grid.prefill_tokens));
+    assert_eq!(p.decode.batch, axis(&grid.decode_batch));
+    // The fixture has 128 positions: every decode context of the small grid fits.
+    assert_eq!(p.decode.context, axis(&grid.decode_context));
+    assert_eq!(p.prefill.base_ms.len(), grid.prefill_batch.len());
+    assert!(
+        p.prefill
+            .base_ms
+            .iter()
+            .all(|r| r.len() == grid.prefill_tokens.len())
+    );
+    assert_eq!(p.decode.ms.len(), grid.decode_batch.len());
+    assert!(
+        p.decode
+            .ms
+            .iter()
+            .all(|r| r.len() == grid.decode_context.len())
+    );
+    // hidden 64, 4 heads × 16, 2 KV heads, MLP 128 (gated), vocab 384, untied head; f32.
+    let projections = 64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3;
+    assert_eq!(p.weight_bytes_per_layer, projections * 4);
+    assert_eq!(p.kv_bytes_per_token_per_layer, 2 * 2 * 16 * 4);
+    assert_eq!(p.embedding.weight_bytes, 384 * 64 * 4);
+    assert_eq!(p.lm_head.weight_bytes, 384 * 64 * 4);
+    assert!(p.tensor_parallel.is_empty());
+    p.cost_model("profile").unwrap();
+}
+
+#[test]
+fn profile_times_are_positive_and_more_work_is_never_much_cheaper() {
+    let p = measured();
+    let times = p.prefill.base_ms.iter().chain(&p.decode.ms).flatten();
+    for &t in times.chain([&p.embedding.ms_per_token, &p.lm_head.ms_per_token]) {
+        assert!(t.is_finite() && t >= 0.0, "{t}");
+    }
+    assert!(p.prefill.base_ms.iter().flatten().all(|&t| t > 0.0));
+    assert!(
+        p.prefill
+            .context_ms
+            .iter()
+            .all(|&a| a.is_finite() && a >= 0.0)
+    );
+    // 32 tokens against 1, batch 4 with 96 tokens of context against batch 1 with none: far more
+    // work, so never less than half the time, however noisy the machine.
+    for row in &p.prefill.base_ms {
+        assert!(row[row.len() - 1] >= 0.5 * row[0], "{row:?}");
+    }
+    let (first, last) = (&p.decode.ms[0], &p.decode.ms[p.decode.ms.len() - 1]);
+    assert!(last[last.len() - 1] >= 0.5 * first[0], "{:?}", p.decode.ms);
+}
+
+/// Same JSON tree, numbers equal to the last bit or two (serde_json's default float parsing may
+/// be one ulp off).
+fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            (x - y).abs() <= 1e-14 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+#[test]
+fn profile_round_trips_through_serde() {
+    let p = measured();
+    let text = serde_json::to_string(p).unwrap();
+    let back: Profile = serde_json::from_str(&text).unwrap();
+    let (a, b) = (
+        serde_json::to_value(p).unwrap(),
+        serde_json::to_value(&back).unwrap(),
+    );
+    assert!(same_json(&a, &b), "{a}\n{b}");
+    assert_eq!(back.prefill.batch, p.prefill.batch);
+    assert_eq!(back.weight_bytes_per_layer, p.weight_bytes_per_layer);
+}
+
+#[test]
+fn profile_feeds_the_slices_and_schedule_planners() {
+    let p = measured();
+    let sliced = slices::plan(&SlicesInput {
+        seq_len: 64,
+        stages: 2,
+        profile: Some(p.clone()),
+        ..SlicesInput::default()
+    })
+    .unwrap();
+    assert_eq!(sliced.slices.iter().sum::<usize>(), 64);
+    assert!(sliced.latency_ms > 0.0);
+    let input: ScheduleInput = serde_json::from_value(serde_json::json!({
+        "profile": p,
+        "input_lengths": {"truncated_normal": {"mean": 32, "std": 8, "max": 64, "count": 50, "seed": 1}},
+        "output_lengths": {"truncated_normal": {"mean": 16, "std": 4, "max": 32, "count": 50, "seed": 2}},
+        "devices": 1,
+        "device_memory_bytes": 1_000_000_000u64,
+        "latency_bound_s": 1000.0,
+        "max_encode_batch": 8,
+    }))
+    .unwrap();
+    let planned = schedule::plan(&input).unwrap();
+    let planned = serde_json::to_value(planned).unwrap();
+    assert!(
+        planned["throughput_qps"].as_f64().unwrap() > 0.0,
+        "{planned}"
+    );
+}
+
+fn run_cli(args: &[&str]) -> (serde_json::Value, i32) {
+    let argv = ["plan", "profile"]
+        .iter()
+        .chain(args)
+        .map(|s| s.to_string());
+    let (text, code) = profiler::cli::run(argv, |name| match name {
+        "flex" => Ok(Device::flex()),
+        other => Err(format!("unknown device `{other}`")),
+    });
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (json, code)
+}
+
+#[test]
+fn profile_cli_writes_the_profile_and_rejects_bad_input_with_exit_2() {
+    let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let out =
+        std::env::temp_dir().join(format!("burn-parallel-profile-{}.json", std::process::id()));
+    let out_arg = out.to_str().unwrap();
+    let model = fixture();
+    let model = model.to_str().unwrap();
+    let (json, code) = run_cli(&[
+        "--model", model, "--device", "flex", "--out", out_arg, "--quiet",
+    ]);
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(json["layers"], 2);
+    let written: Profile = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(written.model.as_deref(), Some("llama"));
+    assert_eq!(written.device.as_deref(), Some("flex"));
+    written.cost_model("profile").unwrap();
+
+    let bad: [&[&str]; 5] = [
+        &[
+            "--model",
+            "/nonexistent/model",
+            "--device",
+            "flex",
+            "--out",
+            out_arg,
+        ],
+        &["--model", model, "--device", "tpu", "--out", out_arg],
+        &["--synthetic", "gpt5", "--device", "flex", "--out", out_arg],
+        &["--device", "flex", "--out", out_arg],
+        &[
+            "--model", model, "--device", "flex", "--out", out_arg, "--grid", "huge",
+        ],
+    ];
+    for args in bad {
+        let (json, code) = run_cli(args);
+        assert_eq!(code, 2, "{args:?}: {json}");
+        assert!(
+            json["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{json}"
+        );
+    }
+    assert!(!out.exists());
+}
+
+#[test]
+fn profile_measured_on_smollm2_is_a_valid_planner_input() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("inputs/smollm2-flex-profile.json");
+    let p: Profile = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(p.layers, 30);
+    let sliced = slices::plan(&SlicesInput {
+        seq_len: 256,
+        stages: 3,
+        profile: Some(p),
+        unit_tokens: Some(16),
+        ..SlicesInput::default()
+    })
+    .unwrap();
+    assert_eq!(sliced.slices.iter().sum::<usize>(), 256);
+}
