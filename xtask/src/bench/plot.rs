@@ -14,11 +14,14 @@ const FONTS: [&str; 3] = [
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
 
-/// One chart: named series of (latency bound, throughput) points; `None` where a system meets
-/// no bound there (drawn as a gap).
+/// A named series of (latency bound, throughput) points; `None` where the system has no
+/// configuration meeting that bound (drawn as a gap).
+pub type Series = (String, Vec<(f64, Option<f64>)>);
+
+/// One chart.
 pub struct Panel {
     pub title: String,
-    pub series: Vec<(String, Vec<(f64, Option<f64>)>)>,
+    pub series: Vec<Series>,
 }
 
 /// Draws throughput (requests/s) against latency bound (log scale), one panel per workload, to

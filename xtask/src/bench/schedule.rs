@@ -560,8 +560,9 @@ fn markdown(header: &Header, model: &str, args: &Args, profile_source: &str, pct
                 ("measured/predicted", Right),
             ],
             w.bounds.iter().filter_map(|b| b.exegpt.as_ref().ok().map(|p| (b.latency_bound_s, p))).map(|(bound, p)| {
+                let unreachable = if p.plan.decode_batch > w.requests { " †" } else { "" };
                 vec![
-                    format!("{bound:.3}"),
+                    format!("{bound:.3}{unreachable}"),
                     format!("{:.2}", p.plan.throughput_qps),
                     format!("{:.2}", p.verdict.run.requests_per_s),
                     format!("{:.2}", p.throughput_measured_over_predicted),
@@ -571,6 +572,13 @@ fn markdown(header: &Header, model: &str, args: &Args, profile_source: &str, pct
                 ]
             }),
         ));
+        if w.bounds.iter().any(|b| b.exegpt.as_ref().is_ok_and(|p| p.plan.decode_batch > w.requests)) {
+            md.push_str(&format!(
+                "\n† the plan decodes more sequences at once (B_D) than the run's {} requests: a closed run of this size never \
+                 reaches the steady state the planner predicts for it (more `--requests` would).\n",
+                w.requests
+            ));
+        }
         md.push_str("\nFCFS grid (b) picks from:\n\n");
         md.push_str(&table(
             &[
