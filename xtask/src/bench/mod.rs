@@ -2,8 +2,11 @@
 
 mod generate;
 mod offload;
+mod plot;
 mod quant;
+mod schedule;
 mod serve;
+mod workload;
 
 use clap::Subcommand;
 
@@ -18,6 +21,8 @@ pub enum Which {
     Offload(offload::Args),
     /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings.
     Serve(serve::Args),
+    /// ExeGPT's latency-bounded schedule vs FCFS (default and tuned) on the paged engine.
+    Schedule(schedule::Args),
 }
 
 /// Runs one benchmark.
@@ -27,5 +32,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Quant(args) => quant::run(args),
         Which::Serve(args) => serve::run(args),
         Which::Offload(args) => offload::run(args),
+        Which::Schedule(args) => schedule::run(args),
     }
 }

@@ -3,10 +3,8 @@
 //! "Orca (Max)"), under the same KV memory budget, on synthetic ShareGPT-like and Alpaca-like
 //! workloads; then the memory block sharing saves for parallel sampling and beam search.
 //!
-//! Lengths are drawn from log-normal distributions (seeded) whose means are those of the ShareGPT
-//! and Alpaca traces in the vLLM paper (§5.6.1), scaled by `--scale` so that a run fits a small
-//! machine; the parameters are written into the results. Every request generates exactly its
-//! drawn output length (EOS ignored), as in vLLM's benchmarks.
+//! The workloads are [`Workload::standard`]'s, scaled by `--scale`. Every request generates
+//! exactly its drawn output length (EOS ignored), as in vLLM's benchmarks.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -15,9 +13,10 @@ use burn::tensor::Device;
 use burn_llm::models::{CausalLm, DecoderSpec, Generator, Prompt, SamplingParams};
 use burn_llm::paged::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PreemptionMode};
 use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, Timing};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use serde::Serialize;
 
+use super::workload::{Request, Workload};
 use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// The served model: OPT-family, random weights, small enough for many requests on a CPU.
@@ -52,32 +51,6 @@ pub struct Args {
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
-}
-
-/// A length distribution: log-normal with this mean and shape, clamped.
-#[derive(Debug, Clone, Copy, Serialize)]
-struct LengthDist {
-    mean: f64,
-    sigma: f64,
-    min: usize,
-    max: usize,
-}
-
-impl LengthDist {
-    fn draw(&self, rng: &mut impl Rng) -> usize {
-        // ln X ~ N(μ, σ²) with E[X] = exp(μ + σ²/2) = mean.
-        let mu = self.mean.ln() - self.sigma * self.sigma / 2.0;
-        let (u1, u2): (f64, f64) = (rng.random::<f64>().max(1e-12), rng.random());
-        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-        ((mu + self.sigma * z).exp().round() as usize).clamp(self.min, self.max)
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Workload {
-    name: &'static str,
-    prompt: LengthDist,
-    output: LengthDist,
 }
 
 #[derive(Serialize)]
@@ -124,22 +97,11 @@ fn model(device: &Device) -> Result<CausalLm, Box<dyn std::error::Error>> {
     Ok(CausalLm::random(spec, device)?)
 }
 
-fn requests(w: &Workload, n: usize, vocab: usize, max_len: usize, rng: &mut impl Rng) -> Vec<(Vec<u32>, usize)> {
-    (0..n)
-        .map(|_| {
-            let prompt_len = w.prompt.draw(rng);
-            let output_len = w.output.draw(rng).min(max_len - prompt_len).max(1);
-            let prompt = (0..prompt_len).map(|_| rng.random_range(3..vocab as u32)).collect();
-            (prompt, output_len)
-        })
-        .collect()
-}
-
 /// The paged engine on all requests at once.
 fn run_paged(
     device: &Device,
     args: &Args,
-    reqs: &[(Vec<u32>, usize)],
+    reqs: &[Request],
 ) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
     let config = EngineConfig {
         block_size: args.block_size,
@@ -181,7 +143,7 @@ fn run_paged(
 fn run_baseline(
     device: &Device,
     args: &Args,
-    reqs: &[(Vec<u32>, usize)],
+    reqs: &[Request],
 ) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
     let batch = (args.kv_tokens / args.max_model_len).max(1);
     let mut engine: Box<dyn Engine> = Box::new(Generator::new(model(device)?, None, vec![]));
@@ -192,7 +154,7 @@ fn run_baseline(
         let prompts: Vec<Prompt> = chunk.iter().map(|(p, _)| Prompt::Ids(p.clone())).collect();
         engine.generate(&prompts, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(longest) })?;
         for t in 0..longest {
-            let live: Vec<&(Vec<u32>, usize)> = chunk.iter().filter(|(_, o)| t < *o).collect();
+            let live: Vec<&Request> = chunk.iter().filter(|(_, o)| t < *o).collect();
             batched += live.len();
             stored += live.iter().map(|(p, _)| (p.len() + t + 1) as f64).sum::<f64>();
             reserved += (batch * args.max_model_len) as f64;
@@ -214,12 +176,7 @@ fn run_baseline(
 }
 
 /// Memory saved by sharing for `n = 4` parallel samples or beam width 4 (§5.6.3).
-fn sharing(
-    device: &Device,
-    args: &Args,
-    reqs: &[(Vec<u32>, usize)],
-    beam: bool,
-) -> Result<f64, Box<dyn std::error::Error>> {
+fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result<f64, Box<dyn std::error::Error>> {
     let config = EngineConfig {
         block_size: args.block_size,
         kv_cache_memory: KvCacheMemory::Blocks(4 * args.kv_tokens / args.block_size),
@@ -258,25 +215,12 @@ fn paged_stats(engine: &dyn Engine) -> Result<EngineStats, Box<dyn std::error::E
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
     let vocab = 8192;
-    let s = args.scale;
-    let cap = |m: f64| ((m * 4.0) as usize).min(args.max_model_len / 2);
-    let workloads = [
-        Workload {
-            name: "ShareGPT-like",
-            prompt: LengthDist { mean: 161.0 * s, sigma: 0.9, min: 4, max: cap(161.0 * s) },
-            output: LengthDist { mean: 338.0 * s, sigma: 0.9, min: 4, max: cap(338.0 * s) },
-        },
-        Workload {
-            name: "Alpaca-like",
-            prompt: LengthDist { mean: 19.3 * s.max(1.0), sigma: 0.7, min: 2, max: cap(19.3 * s.max(1.0)) },
-            output: LengthDist { mean: 58.5 * s.max(1.0), sigma: 0.9, min: 2, max: cap(58.5 * s.max(1.0)) },
-        },
-    ];
+    let workloads = Workload::standard(args.scale, args.max_model_len);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
     let mut baseline_batch = 0;
     for w in workloads.iter().cloned() {
-        let reqs = requests(&w, args.requests, vocab, args.max_model_len, &mut rng);
+        let reqs = w.requests(args.requests, vocab, args.max_model_len, &mut rng);
         let mean_prompt = reqs.iter().map(|(p, _)| p.len()).sum::<usize>() as f64 / reqs.len() as f64;
         let mean_output = reqs.iter().map(|(_, o)| *o).sum::<usize>() as f64 / reqs.len() as f64;
         eprintln!("{}: {} requests, mean prompt {mean_prompt:.1}, mean output {mean_output:.1}", w.name, reqs.len());
@@ -305,7 +249,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             preemptions,
         });
     }
-    let share_reqs = requests(&workloads[1], 32, vocab, args.max_model_len, &mut rng);
+    let share_reqs = workloads[1].requests(32, vocab, args.max_model_len, &mut rng);
     let mut shared = Vec::new();
     for (label, beam) in [("parallel sampling n = 4", false), ("beam search, width 4", true)] {
         let saved = sharing(&device, &args, &share_reqs, beam)?;

@@ -1,0 +1,622 @@
+//! `cargo xtask bench schedule`: ExeGPT's constraint-aware schedule against FCFS on the paged
+//! engine, at three latency bounds, on seeded ShareGPT-like and Alpaca-like workloads.
+//!
+//! The model has SmolLM2-135M's shape (from its GGUF when cached, else the same shape written
+//! out) with random weights and `--layers` decoder layers. Its costs are profiled once at
+//! start-up with the Burn profiler (or read from `--profile`). For each workload and bound:
+//! - (a) FCFS with the default configuration (`max_num_seqs` 256);
+//! - (b) FCFS with `max_num_seqs` tuned on a grid: the best throughput among the points whose
+//!   measured latency meets the bound;
+//! - (c) the ExeGPT RRA plan for the bound ([`plan_rra`], run as [`phased_policy`]).
+//!
+//! Latency is measured as the planner defines it (`burn_llm::parallel::plan::schedule`): in a
+//! closed (offline) run, from the start of the step that prefills a request to the end of the
+//! step that finishes it, at the planner's percentile (p99) over requests. Queueing before the
+//! prefill is outside the planner's model; it is reported separately (`latency_from_arrival_s`).
+//! [`plan_rra`] plans for every output being `max_new_tokens` long, so every request generates
+//! exactly its workload's output length (EOS ignored); prompt lengths follow the workload.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::tensor::Device;
+use burn_llm::models::gguf::GgufModel;
+use burn_llm::models::pypi::SMOLLM2_GGUF;
+use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, SchedulingPolicy};
+use burn_llm::parallel::plan::profile::Profile;
+use burn_llm::parallel::plan::schedule::ScheduleOutput;
+use burn_llm::parallel::profiler::{self, ProfileGrid};
+use burn_llm::schedule::{Workload as PlanWorkload, phased_policy, plan_rra, read_profile};
+use burn_llm::{DeviceChoice, Engine};
+use rand::SeedableRng;
+use serde::Serialize;
+
+use super::plot;
+use super::workload::{Request, Workload};
+use crate::report::{self, Align::Left, Align::Right, Header, table};
+
+/// SmolLM2-135M's shape, for when its GGUF is not in the model cache.
+const SMOLLM2_SHAPE: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
+    "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"max_position_embeddings":8192,
+    "rms_norm_eps":1e-5,"rope_theta":100000.0,"tie_word_embeddings":true}"#;
+
+/// Longest prompt + output a request may reach.
+const MAX_LEN: usize = 2048;
+
+/// Flags of `bench schedule`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Device backend.
+    #[arg(long, value_enum, default_value = "flex")]
+    device: DeviceChoice,
+    /// Decoder layers of the model (SmolLM2-135M has 30); fewer make a run shorter.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Requests per workload.
+    #[arg(long, default_value_t = 32)]
+    requests: usize,
+    /// Tokens every request generates (default: the workload's mean output length).
+    #[arg(long)]
+    output_len: Option<usize>,
+    /// Multiplies the paper's mean lengths (ShareGPT 161 in / 338 out, Alpaca 19.3 / 58.5).
+    #[arg(long, default_value_t = 0.25)]
+    scale: f64,
+    /// KV-cache pool in tokens (every system).
+    #[arg(long, default_value_t = 16384)]
+    kv_tokens: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Largest batch: the largest `max_num_seqs` of FCFS's grid and encode batch the planner
+    /// searches.
+    #[arg(long, default_value_t = 32)]
+    max_batch: usize,
+    /// Three latency bounds in seconds, tightest first (default: per workload, from the profile:
+    /// 1.1× the tightest bound the planner can meet, 1.5× the latency of its unconstrained plan,
+    /// and their geometric mean).
+    #[arg(long, value_delimiter = ',', num_args = 3)]
+    latency_bounds: Option<Vec<f64>>,
+    /// A planner cost profile of this model and device (`cargo run --example plan -- profile`);
+    /// default: profile the model at start-up on a small grid.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Random seed of the workloads.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output directory.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+/// One closed run of the paged engine over a workload.
+#[derive(Debug, Clone, Serialize)]
+struct Run {
+    /// `max_num_seqs` of the configuration.
+    max_num_seqs: usize,
+    /// Wall-clock seconds from the first request queued to the last finished.
+    seconds: f64,
+    requests_per_s: f64,
+    /// Generated tokens per second.
+    tokens_per_s: f64,
+    /// The planner's latency (prefill start to finish) at its percentile over requests.
+    latency_s: f64,
+    /// Mean of the same latency.
+    mean_latency_s: f64,
+    /// Finish − arrival at the same percentile: queueing included.
+    latency_from_arrival_s: f64,
+}
+
+/// A run judged against a bound.
+#[derive(Debug, Clone, Serialize)]
+struct Verdict {
+    #[serde(flatten)]
+    run: Run,
+    meets_bound: bool,
+}
+
+/// The ExeGPT plan for a bound and its run.
+#[derive(Serialize)]
+struct Planned {
+    plan: ScheduleOutput,
+    #[serde(flatten)]
+    verdict: Verdict,
+    /// Measured requests/s ÷ the plan's predicted queries/s.
+    throughput_measured_over_predicted: f64,
+    /// Measured latency ÷ the plan's predicted latency.
+    latency_measured_over_predicted: f64,
+}
+
+#[derive(Serialize)]
+struct BoundResult {
+    latency_bound_s: f64,
+    fcfs_default: Verdict,
+    /// `None`: no point of the grid meets the bound.
+    fcfs_tuned: Option<Verdict>,
+    /// `Err`: the planner found no schedule meeting the bound.
+    exegpt: Result<Planned, String>,
+    /// (c)'s requests/s ÷ (b)'s, where both exist.
+    exegpt_over_tuned: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct WorkloadResult {
+    workload: Workload,
+    requests: usize,
+    mean_prompt: f64,
+    output_len: usize,
+    bounds_from_profile: bool,
+    fcfs_grid: Vec<Run>,
+    bounds: Vec<BoundResult>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(flatten)]
+    header: Header,
+    layers: usize,
+    kv_tokens: usize,
+    block_size: usize,
+    latency_percentile: f64,
+    profile: Profile,
+    profile_source: String,
+    workloads: Vec<WorkloadResult>,
+}
+
+/// SmolLM2-135M's shape with `layers` layers, and where the shape came from.
+fn model_spec(layers: Option<usize>) -> Result<(DecoderSpec, String), Box<dyn std::error::Error>> {
+    let path = SMOLLM2_GGUF.cached_path();
+    let (mut spec, source) = if path.is_file() {
+        (GgufModel::open(&path)?.spec().clone(), SMOLLM2_GGUF.file.to_string())
+    } else {
+        let label = "synthetic:smollm2-135m";
+        (DecoderSpec::from_json(SMOLLM2_SHAPE, label.as_ref())?, label.to_string())
+    };
+    if let Some(layers) = layers {
+        if layers == 0 {
+            return Err("--layers must be at least 1".into());
+        }
+        spec.num_layers = layers;
+    }
+    Ok((spec, source))
+}
+
+/// The profile to plan with: `--profile`, checked against the model, or measured now.
+fn profile(args: &Args, spec: &DecoderSpec, device: &Device) -> Result<(Profile, String), Box<dyn std::error::Error>> {
+    if let Some(path) = &args.profile {
+        let profile = read_profile(path)?;
+        if profile.layers != spec.num_layers {
+            return Err(format!(
+                "{} profiles {} layers but the model has {}: pass --layers {} or profile this model",
+                path.display(),
+                profile.layers,
+                spec.num_layers,
+                profile.layers
+            )
+            .into());
+        }
+        return Ok((profile, path.display().to_string()));
+    }
+    let upto = |axis: &[usize], max: usize| -> Vec<usize> {
+        let mut kept: Vec<usize> = axis.iter().copied().filter(|&b| b < max).collect();
+        kept.push(max);
+        kept
+    };
+    let grid = ProfileGrid {
+        prefill_batch: upto(&[1, 4, 16], args.max_batch),
+        prefill_tokens: vec![1, 16, 64, 256],
+        prefill_context: vec![32, 128],
+        decode_batch: upto(&[1, 4, 16], args.max_batch),
+        decode_context: vec![0, 64, 256],
+        warmup: 1,
+        repeats: 3,
+    };
+    eprintln!("profiling the model on {} ...", args.device.name());
+    let started = Instant::now();
+    let mut profile = profiler::profile(spec, device, &grid, false)?;
+    profile.model = Some(format!("SmolLM2-135M shape, {} layers, random weights", spec.num_layers));
+    profile.device = Some(args.device.name().to_string());
+    eprintln!("  profiled in {:.1} s", started.elapsed().as_secs_f64());
+    Ok((profile, format!("measured at start-up ({grid:?})")))
+}
+
+/// Index `p` percent of the way through `values` (nearest rank).
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied().unwrap_or(0.0)
+}
+
+/// Runs every request of `reqs` (all queued at once) on a paged engine configured by `config`.
+fn measure(
+    model: &CausalLm,
+    config: EngineConfig,
+    reqs: &[Request],
+    pct: f64,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    let max_num_seqs = config.max_num_seqs;
+    let mut engine: Box<dyn Engine> = Box::new(LlmEngine::from_parts(model.clone(), None, vec![], config)?);
+    let started = Instant::now();
+    for (i, (prompt, out)) in reqs.iter().enumerate() {
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) };
+        engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params)?;
+    }
+    let (mut prefilled, mut finished) = (vec![None; reqs.len()], vec![None; reqs.len()]);
+    let mut tokens = 0;
+    while engine.has_unfinished_requests() {
+        let step_start = started.elapsed().as_secs_f64();
+        let outputs = engine.step()?;
+        let step_end = started.elapsed().as_secs_f64();
+        for out in outputs {
+            let i: usize = out.request_id.parse()?;
+            tokens += out.sequences.iter().map(|d| d.token_ids.len()).sum::<usize>();
+            prefilled[i].get_or_insert(step_start);
+            if out.finished.is_some() {
+                finished[i] = Some(step_end);
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut latency = Vec::with_capacity(reqs.len());
+    let mut from_arrival = Vec::with_capacity(reqs.len());
+    for (i, (start, end)) in prefilled.iter().zip(&finished).enumerate() {
+        let (Some(start), Some(end)) = (start, end) else {
+            return Err(format!("request {i} never finished").into());
+        };
+        latency.push(end - start);
+        from_arrival.push(*end);
+    }
+    Ok(Run {
+        max_num_seqs,
+        seconds,
+        requests_per_s: reqs.len() as f64 / seconds,
+        tokens_per_s: tokens as f64 / seconds,
+        latency_s: percentile(&latency, pct),
+        mean_latency_s: latency.iter().sum::<f64>() / latency.len().max(1) as f64,
+        latency_from_arrival_s: percentile(&from_arrival, pct),
+    })
+}
+
+/// The three default bounds for a workload (see `--latency-bounds`).
+fn default_bounds(profile: &Profile, workload: &PlanWorkload) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    let loose = plan_rra(profile.clone(), workload, 1e6)?.latency_s;
+    let (mut infeasible, mut feasible) = (0.0, loose);
+    for _ in 0..20 {
+        let mid = (infeasible + feasible) / 2.0;
+        if plan_rra(profile.clone(), workload, mid).is_ok() {
+            feasible = mid;
+        } else {
+            infeasible = mid;
+        }
+    }
+    let (tight, loose) = (1.1 * feasible, 1.5 * loose);
+    Ok(vec![tight, (tight * loose).sqrt(), loose])
+}
+
+fn judge(run: &Run, bound: f64) -> Verdict {
+    Verdict { run: run.clone(), meets_bound: run.latency_s <= bound }
+}
+
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.requests == 0 || args.max_batch == 0 || args.block_size == 0 {
+        return Err("--requests, --max-batch and --block-size must be at least 1".into());
+    }
+    if let Some(bounds) = &args.latency_bounds
+        && bounds.iter().any(|b| !(b.is_finite() && *b > 0.0))
+    {
+        return Err(format!("--latency-bounds must be positive seconds, got {bounds:?}").into());
+    }
+    let device = args.device.device()?;
+    let (spec, source) = model_spec(args.layers)?;
+    let model_name = format!("SmolLM2-135M shape ({source}), {} layers, random weights", spec.num_layers);
+    eprintln!("model: {model_name}");
+    let (profile, profile_source) = profile(&args, &spec, &device)?;
+    let model = CausalLm::random(spec.clone(), &device)?;
+    let blocks = args.kv_tokens / args.block_size;
+    let base = EngineConfig {
+        block_size: args.block_size,
+        kv_cache_memory: KvCacheMemory::Blocks(blocks),
+        ..EngineConfig::default()
+    };
+    let mut grid: Vec<usize> = (0..).map(|k| 1usize << k).take_while(|&b| b < args.max_batch).collect();
+    grid.push(args.max_batch);
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
+    let mut results = Vec::new();
+    let mut pct = 99.0;
+    for w in Workload::standard(args.scale, MAX_LEN) {
+        let output_len = args.output_len.unwrap_or(w.output.mean.round() as usize).clamp(1, MAX_LEN / 2);
+        let mut reqs = w.requests(args.requests, spec.vocab_size, MAX_LEN, &mut rng);
+        reqs.iter_mut().for_each(|r| r.1 = output_len);
+        let mean_prompt = reqs.iter().map(|(p, _)| p.len()).sum::<usize>() as f64 / reqs.len() as f64;
+        let plan_workload = PlanWorkload {
+            prompt_lens: reqs.iter().map(|(p, _)| p.len()).collect(),
+            max_new_tokens: output_len,
+            kv_tokens: blocks * args.block_size,
+            max_encode_batch: args.max_batch,
+        };
+        let (bounds, from_profile) = match &args.latency_bounds {
+            Some(b) => (b.clone(), false),
+            None => (default_bounds(&profile, &plan_workload)?, true),
+        };
+        eprintln!(
+            "{}: {} requests, mean prompt {mean_prompt:.1}, output {output_len}; bounds {bounds:.3?} s",
+            w.name,
+            reqs.len()
+        );
+        let plans: Vec<Result<ScheduleOutput, String>> =
+            bounds.iter().map(|&b| plan_rra(profile.clone(), &plan_workload, b).map_err(|e| e.to_string())).collect();
+        if let Some(plan) = plans.iter().flatten().next() {
+            pct = plan.latency_percentile;
+        }
+
+        let default = measure(&model, base.clone(), &reqs, pct)?;
+        eprintln!("  (a) FCFS default: {:.2} req/s, p{pct} {:.3} s", default.requests_per_s, default.latency_s);
+        let mut fcfs_grid = Vec::new();
+        for &seqs in &grid {
+            let r = measure(&model, EngineConfig { max_num_seqs: seqs, ..base.clone() }, &reqs, pct)?;
+            eprintln!("  (b) FCFS max_num_seqs {seqs}: {:.2} req/s, p{pct} {:.3} s", r.requests_per_s, r.latency_s);
+            fcfs_grid.push(r);
+        }
+        let mut per_bound = Vec::new();
+        for (&bound, plan) in bounds.iter().zip(plans) {
+            let tuned = fcfs_grid
+                .iter()
+                .filter(|r| r.latency_s <= bound)
+                .max_by(|x, y| x.requests_per_s.total_cmp(&y.requests_per_s))
+                .map(|r| judge(r, bound));
+            let exegpt = match plan {
+                Ok(plan) => {
+                    let policy = phased_policy(&plan)?;
+                    let SchedulingPolicy::Phased { encode_batch, decode_batch, .. } = policy else {
+                        return Err("phased_policy returned a non-phased policy".into());
+                    };
+                    let config = EngineConfig {
+                        max_num_seqs: encode_batch.max(decode_batch),
+                        scheduling: policy,
+                        ..base.clone()
+                    };
+                    let r = measure(&model, config, &reqs, pct)?;
+                    eprintln!(
+                        "  (c) ExeGPT B_E {} N_D {} B_D {} at {bound:.3} s: {:.2} req/s (predicted {:.2}), p{pct} {:.3} s (predicted {:.3})",
+                        plan.encode_batch,
+                        plan.decode_iterations.unwrap_or(0),
+                        plan.decode_batch,
+                        r.requests_per_s,
+                        plan.throughput_qps,
+                        r.latency_s,
+                        plan.latency_s
+                    );
+                    Ok(Planned {
+                        throughput_measured_over_predicted: r.requests_per_s / plan.throughput_qps,
+                        latency_measured_over_predicted: r.latency_s / plan.latency_s,
+                        verdict: judge(&r, bound),
+                        plan,
+                    })
+                }
+                Err(e) => {
+                    eprintln!("  (c) ExeGPT at {bound:.3} s: no plan ({e})");
+                    Err(e)
+                }
+            };
+            let exegpt_over_tuned = match (&exegpt, &tuned) {
+                (Ok(c), Some(b)) => Some(c.verdict.run.requests_per_s / b.run.requests_per_s),
+                _ => None,
+            };
+            per_bound.push(BoundResult {
+                latency_bound_s: bound,
+                fcfs_default: judge(&default, bound),
+                fcfs_tuned: tuned,
+                exegpt,
+                exegpt_over_tuned,
+            });
+        }
+        results.push(WorkloadResult {
+            workload: w,
+            requests: reqs.len(),
+            mean_prompt,
+            output_len,
+            bounds_from_profile: from_profile,
+            fcfs_grid,
+            bounds: per_bound,
+        });
+    }
+
+    let mut command = format!(
+        "cargo xtask bench schedule --device {} --layers {} --requests {} --scale {} --kv-tokens {} --block-size {} --max-batch {} --seed {}",
+        args.device.name(),
+        spec.num_layers,
+        args.requests,
+        args.scale,
+        args.kv_tokens,
+        args.block_size,
+        args.max_batch,
+        args.seed
+    );
+    if let Some(n) = args.output_len {
+        command.push_str(&format!(" --output-len {n}"));
+    }
+    if let Some(b) = &args.latency_bounds {
+        command.push_str(&format!(" --latency-bounds {}", b.iter().map(f64::to_string).collect::<Vec<_>>().join(",")));
+    }
+    if let Some(p) = &args.profile {
+        command.push_str(&format!(" --profile {}", p.display()));
+    }
+    let header = Header::new("schedule", command, Some(args.device.name()), model_name.clone());
+    let md = markdown(&header, &model_name, &args, &profile_source, pct, &results);
+    let png = plot::schedule_png(&args.out.join("schedule.png"), &plot_series(&results));
+    let report = Report {
+        header,
+        layers: spec.num_layers,
+        kv_tokens: args.kv_tokens,
+        block_size: args.block_size,
+        latency_percentile: pct,
+        profile,
+        profile_source,
+        workloads: results,
+    };
+    report::write(&args.out, "schedule", &report, &md)?;
+    match png {
+        Ok(path) => eprintln!("wrote {}", path.display()),
+        Err(e) => eprintln!("no plot: {e}"),
+    }
+    Ok(())
+}
+
+/// Throughput against bound per workload, for the plot: (a), (b) and (c), `None` where the
+/// system has no configuration meeting the bound.
+fn plot_series(results: &[WorkloadResult]) -> Vec<plot::Panel> {
+    results
+        .iter()
+        .map(|w| {
+            let series = |pick: &dyn Fn(&BoundResult) -> Option<f64>| -> Vec<(f64, Option<f64>)> {
+                w.bounds.iter().map(|b| (b.latency_bound_s, pick(b))).collect()
+            };
+            let met = |v: &Verdict| v.meets_bound.then_some(v.run.requests_per_s);
+            plot::Panel {
+                title: w.workload.name.to_string(),
+                series: vec![
+                    ("(a) FCFS default".into(), series(&|b| met(&b.fcfs_default))),
+                    ("(b) FCFS tuned".into(), series(&|b| b.fcfs_tuned.as_ref().map(|v| v.run.requests_per_s))),
+                    ("(c) ExeGPT plan".into(), series(&|b| b.exegpt.as_ref().ok().and_then(|p| met(&p.verdict)))),
+                ],
+            }
+        })
+        .collect()
+}
+
+fn markdown(
+    header: &Header,
+    model: &str,
+    args: &Args,
+    profile_source: &str,
+    pct: f64,
+    results: &[WorkloadResult],
+) -> String {
+    let mut md = header.markdown("ExeGPT schedule vs FCFS under latency bounds");
+    md.push_str(&format!(
+        "- model: {model}\n- KV pool: {} tokens in blocks of {}; FCFS grid of `max_num_seqs` up to {}\n\
+         - profile: {profile_source}\n\
+         - latency: p{pct} over requests of (finish − start of the request's prefill step), as the planner defines it; \
+         closed run, all requests queued at t = 0. \"met\" compares it with the bound. (a) counts as meeting a bound only if its one run does.\n\
+         - every request generates exactly the workload's output length (the planner's RRA model); prompts follow the workload's distribution\n\
+         - numbers are noisy: the machine's cores were shared with other builds while this ran\n",
+        args.kv_tokens, args.block_size, args.max_batch
+    ));
+    let yes = |b: bool| if b { "yes" } else { "**no**" }.to_string();
+    let rate = |r: &Run| format!("{:.2} / {:.1}", r.requests_per_s, r.tokens_per_s);
+    for w in results {
+        md.push_str(&format!(
+            "\n## {}: {} requests, mean prompt {:.1} tokens, {} output tokens each\n\nBounds {}.\n\n",
+            w.workload.name,
+            w.requests,
+            w.mean_prompt,
+            w.output_len,
+            if w.bounds_from_profile { "chosen from the profile" } else { "given by --latency-bounds" }
+        ));
+        md.push_str(&table(
+            &[
+                ("bound s", Right),
+                ("(a) req/s / tok/s", Right),
+                (&format!("(a) p{pct} s"), Right),
+                ("(a) met", Left),
+                ("(b) max_num_seqs", Right),
+                ("(b) req/s / tok/s", Right),
+                (&format!("(b) p{pct} s"), Right),
+                ("(c) B_E, N_D, B_D", Right),
+                ("(c) req/s / tok/s", Right),
+                (&format!("(c) p{pct} s"), Right),
+                ("(c) met", Left),
+                ("(c)/(b)", Right),
+            ],
+            w.bounds.iter().map(|b| {
+                let (seqs, b_rate, b_lat) = match &b.fcfs_tuned {
+                    Some(v) => (v.run.max_num_seqs.to_string(), rate(&v.run), format!("{:.3}", v.run.latency_s)),
+                    None => ("none meets".into(), "–".into(), "–".into()),
+                };
+                let (shape, c_rate, c_lat, c_met) = match &b.exegpt {
+                    Ok(p) => (
+                        format!(
+                            "{}, {}, {}",
+                            p.plan.encode_batch,
+                            p.plan.decode_iterations.unwrap_or(0),
+                            p.plan.decode_batch
+                        ),
+                        rate(&p.verdict.run),
+                        format!("{:.3}", p.verdict.run.latency_s),
+                        yes(p.verdict.meets_bound),
+                    ),
+                    Err(_) => ("no plan".into(), "–".into(), "–".into(), "–".into()),
+                };
+                vec![
+                    format!("{:.3}", b.latency_bound_s),
+                    rate(&b.fcfs_default.run),
+                    format!("{:.3}", b.fcfs_default.run.latency_s),
+                    yes(b.fcfs_default.meets_bound),
+                    seqs,
+                    b_rate,
+                    b_lat,
+                    shape,
+                    c_rate,
+                    c_lat,
+                    c_met,
+                    b.exegpt_over_tuned.map_or("–".into(), |r| format!("{r:.2}×")),
+                ]
+            }),
+        ));
+        md.push_str("\nThe plan's predictions against the run:\n\n");
+        md.push_str(&table(
+            &[
+                ("bound s", Right),
+                ("predicted req/s", Right),
+                ("measured req/s", Right),
+                ("measured/predicted", Right),
+                (&format!("predicted p{pct} s"), Right),
+                (&format!("measured p{pct} s"), Right),
+                ("measured/predicted", Right),
+            ],
+            w.bounds.iter().filter_map(|b| b.exegpt.as_ref().ok().map(|p| (b.latency_bound_s, p))).map(|(bound, p)| {
+                let unreachable = if p.plan.decode_batch > w.requests { " †" } else { "" };
+                vec![
+                    format!("{bound:.3}{unreachable}"),
+                    format!("{:.2}", p.plan.throughput_qps),
+                    format!("{:.2}", p.verdict.run.requests_per_s),
+                    format!("{:.2}", p.throughput_measured_over_predicted),
+                    format!("{:.3}", p.plan.latency_s),
+                    format!("{:.3}", p.verdict.run.latency_s),
+                    format!("{:.2}", p.latency_measured_over_predicted),
+                ]
+            }),
+        ));
+        if w.bounds.iter().any(|b| b.exegpt.as_ref().is_ok_and(|p| p.plan.decode_batch > w.requests)) {
+            md.push_str(&format!(
+                "\n† the plan decodes more sequences at once (B_D) than the run's {} requests: a closed run of this size never \
+                 reaches the steady state the planner predicts for it (more `--requests` would).\n",
+                w.requests
+            ));
+        }
+        md.push_str("\nFCFS grid (b) picks from:\n\n");
+        md.push_str(&table(
+            &[
+                ("max_num_seqs", Right),
+                ("req/s", Right),
+                ("tokens/s", Right),
+                (&format!("p{pct} latency s"), Right),
+                ("mean latency s", Right),
+                (&format!("p{pct} from arrival s"), Right),
+            ],
+            w.fcfs_grid.iter().map(|r| {
+                vec![
+                    r.max_num_seqs.to_string(),
+                    format!("{:.2}", r.requests_per_s),
+                    format!("{:.1}", r.tokens_per_s),
+                    format!("{:.3}", r.latency_s),
+                    format!("{:.3}", r.mean_latency_s),
+                    format!("{:.3}", r.latency_from_arrival_s),
+                ]
+            }),
+        ));
+    }
+    md
+}
