@@ -391,40 +391,11 @@ fn offload_engine_flags_and_runs() {
     run_with(&["--percent", "0", "50", "0", "100", "100", "0", "--gbs", "1", "--cpu-attention", "--json"]).unwrap();
     run_with(&["--thread-control"]).unwrap();
     // FlexGen's cache groups of 64 fitted to the fixture's 16-value heads (priced and stored so).
-    run_with(&[
-        "--percent",
-        "0",
-        "50",
-        "0",
-        "50",
-        "100",
-        "0",
-        "--gbs",
-        "1",
-        "--compress-weight",
-        "--compress-cache",
-        "--json",
-    ])
-    .unwrap();
+    let half_on_host = ["--percent", "0", "50", "0", "50", "100", "0", "--gbs", "1", "--json"];
+    run_with(&[&half_on_host[..], &["--compress-weight", "--compress-cache"]].concat()).unwrap();
     assert!(profile.is_file(), "the hardware profile is cached");
     // One family of flags: `--quantize w4` / `--kv-quant 4` are the offload engine's compression.
-    run_with(&[
-        "--percent",
-        "0",
-        "50",
-        "0",
-        "50",
-        "100",
-        "0",
-        "--gbs",
-        "1",
-        "--quantize",
-        "w4",
-        "--kv-quant",
-        "4",
-        "--json",
-    ])
-    .unwrap();
+    run_with(&[&half_on_host[..], &["--quantize", "w4", "--kv-quant", "4"]].concat()).unwrap();
     let err = run_with(&["--quantize", "w4", "--compress-weight"]).unwrap_err().to_string();
     assert!(err.contains("give one"), "{err}");
     let _ = std::fs::remove_dir_all(&scratch);
