@@ -36,6 +36,8 @@
 //! Points beyond the model's positions are dropped; `tensor_parallel` is left empty (one device).
 //! The output is a [`plan::profile::Profile`] file that `slices`, `schedule` and the others take.
 
+#[cfg(feature = "runtime")]
+pub mod block;
 pub mod plan;
 #[cfg(feature = "profiler")]
 pub mod profiler;

@@ -1,0 +1,53 @@
+//! One decoder layer as a pipeline stage runs it: a whole layer on one device, or (tensor
+//! parallelism) a layer split over ranks on several devices whose partial sums are reduced.
+//!
+//! KV-cache addressing is shared by every block so that one cache serves any split: with a
+//! tensor-parallel degree `tp`, rank `r` of decoder layer `l` reads and writes cache layer
+//! `l * tp + r`, holding `num_kv_heads / tp` heads, on that rank's device ([`LayerBlock::kv_devices`]).
+//! A whole layer is the case `tp = 1`.
+
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
+use burn_llm_models::KvCache;
+use burn_llm_models::model::DecoderLayer;
+
+/// A decoder layer, whole or split, as seen by the stage that runs it.
+pub trait LayerBlock: Send {
+    /// Runs decoder layer `layer` on `x` (`[batch, seq, hidden]` on [`LayerBlock::device`]) with
+    /// the step's rotary angles (on the same device), returning the layer's output there.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        layer: usize,
+        rotary: Option<&(Tensor<4>, Tensor<4>)>,
+        cache: &mut dyn KvCache,
+    ) -> Tensor<3>;
+
+    /// The device that holds the block's input and output.
+    fn device(&self) -> Device;
+
+    /// The device of each cache layer the block addresses, in rank order (one entry for a
+    /// whole layer, `tp` entries for a split one).
+    fn kv_devices(&self) -> Vec<Device>;
+}
+
+impl LayerBlock for DecoderLayer {
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        layer: usize,
+        rotary: Option<&(Tensor<4>, Tensor<4>)>,
+        cache: &mut dyn KvCache,
+    ) -> Tensor<3> {
+        DecoderLayer::forward(self, x, layer, rotary, cache)
+    }
+
+    fn device(&self) -> Device {
+        // Every parameter of a layer is loaded onto one device; a layer always has projections.
+        Module::devices(self).into_iter().next().unwrap_or_default()
+    }
+
+    fn kv_devices(&self) -> Vec<Device> {
+        vec![LayerBlock::device(self)]
+    }
+}
