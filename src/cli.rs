@@ -277,6 +277,7 @@ impl GenerateArgs {
             beam: self
                 .beam_width
                 .map(|width| BeamSearchParams { length_penalty: self.length_penalty, ..BeamSearchParams::new(width) }),
+            ..SamplingParams::default()
         }
     }
 

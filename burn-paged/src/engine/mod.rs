@@ -516,6 +516,7 @@ impl LlmEngine {
         let data =
             group.data.live.get_mut(&seq).ok_or_else(|| PagedError::Internal(format!("sequence {seq:?} vanished")))?;
         data.cumulative_logprob += row.logprob as f64;
+        let logprobs = row.top_logprobs.clone().map(|step| vec![step]);
         let text = data.state.push(row.token, row.top_logprobs, &group.data.params, eos, tokenizer)?;
         let finish_reason = data.state.finish_reason();
         let index = data.index;
@@ -530,7 +531,7 @@ impl LlmEngine {
             self.blocks.free(seq)?;
         }
         self.stats.generated_tokens += 1;
-        Ok(SequenceDelta { index, token_ids: vec![row.token], text, finish_reason })
+        Ok(SequenceDelta { index, token_ids: vec![row.token], text, logprobs, finish_reason })
     }
 
     /// One beam-search step: the search picks the next live beams (parent, token); parents kept by

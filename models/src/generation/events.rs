@@ -3,6 +3,7 @@
 //! the benchmarks and the server read every engine the same way.
 
 use super::request::{FinishReason, RequestOutput};
+use super::sampling::TokenLogprob;
 
 /// One generated token, as streamed to a callback.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +29,9 @@ pub struct SequenceDelta {
     pub token_ids: Vec<u32>,
     /// Text that became visible this step.
     pub text: String,
+    /// With `SamplingParams::logprobs`: for each token of `token_ids`, the sampled token's
+    /// log-probability first, then the top-K alternatives (as in `RequestOutput::logprobs`).
+    pub logprobs: Option<Vec<Vec<TokenLogprob>>>,
     /// Set when this sequence finished.
     pub finish_reason: Option<FinishReason>,
 }

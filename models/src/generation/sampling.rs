@@ -46,6 +46,15 @@ pub struct SamplingParams {
     pub best_of: Option<usize>,
     /// Beam search instead of sampling; returns the `n` best beams.
     pub beam: Option<BeamSearchParams>,
+    /// OpenAI's presence penalty, in [-2, 2]: subtracted once from the logit of every token that
+    /// already appears in the generated text. `0` disables it.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty, in [-2, 2]: subtracted from a token's logit once per time it
+    /// appears in the generated text. `0` disables it.
+    pub frequency_penalty: f32,
+    /// HF/CTRL repetition penalty, > 0: the logit of every token in the prompt or the generated
+    /// text is divided by it when positive and multiplied by it when negative. `1` disables it.
+    pub repetition_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -64,6 +73,9 @@ impl Default for SamplingParams {
             n: 1,
             best_of: None,
             beam: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -119,6 +131,14 @@ impl SamplingParams {
         }
         if let Some(k) = self.logprobs.filter(|&k| k == 0 || k > vocab_size) {
             return fail(format!("logprobs must be between 1 and the vocabulary size {vocab_size}, got {k}"));
+        }
+        for (name, value) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&value) {
+                return fail(format!("{name} must be in [-2, 2], got {value}"));
+            }
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return fail(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
         if self.stop.iter().any(String::is_empty) {
             return fail("stop strings must not be empty".into());
