@@ -130,7 +130,7 @@ pub struct GenerateArgs {
     pub length_penalty: f32,
     /// Paged engine: `fcfs` (vLLM, the default) or `exegpt` (ExeGPT's RRA schedule: prefill a
     /// batch, then a fixed number of decode iterations without prefills, repeated), from `--plan`
-    /// or planned at start-up with `--latency-bound-s` and `--profile-json`.
+    /// or planned at start-up with `--latency-bound-s`.
     #[arg(long, value_enum)]
     pub schedule: Option<ScheduleKind>,
     /// `--schedule exegpt`: a saved ExeGPT plan (the output of `cargo run --example plan --
@@ -138,11 +138,13 @@ pub struct GenerateArgs {
     #[arg(long, conflicts_with = "latency_bound_s")]
     pub plan: Option<std::path::PathBuf>,
     /// `--schedule exegpt`: plan at start-up for this bound on the latency of a request, in
-    /// seconds (the prompts and `--max-new-tokens` are the workload, the KV-cache pool the memory).
-    #[arg(long, requires = "profile_json")]
+    /// seconds (the prompts and `--max-new-tokens` are the workload, the KV-cache pool the memory),
+    /// from the model's cost profile: `--profile-json`, or measured now on the device.
+    #[arg(long)]
     pub latency_bound_s: Option<f64>,
     /// `--schedule exegpt` with `--latency-bound-s`: the planner's cost profile of the model on
-    /// this device (format: burn-parallel's `plan::profile`).
+    /// this device (format: burn-parallel's `plan::profile`); measured and written there when
+    /// the file does not exist yet.
     #[arg(long, requires = "latency_bound_s")]
     pub profile_json: Option<std::path::PathBuf>,
     /// Offload engine: device memory budget (`2GiB`, `512MiB`), enforced.
@@ -308,13 +310,15 @@ impl GenerateArgs {
             }
             return Ok(SchedulingPolicy::Fcfs);
         }
-        let plan = match (&self.plan, self.latency_bound_s, &self.profile_json) {
-            (Some(path), _, _) => schedule::read_plan(path)?,
-            (None, Some(bound), Some(profile)) => {
+        let plan = match (&self.plan, self.latency_bound_s) {
+            (Some(path), _) => schedule::read_plan(path)?,
+            (None, Some(bound)) => {
                 let workload = schedule::Workload::new(model, &self.engine_config(), prompts, params.max_new_tokens)?;
-                schedule::plan_rra(schedule::read_profile(profile)?, &workload, bound)?
+                let profile =
+                    schedule::load_or_profile(self.profile_json.as_deref(), &model.model, workload.max_num_seqs, log)?;
+                schedule::plan_rra(profile, &workload, bound)?
             }
-            _ => return Err("--schedule exegpt needs a plan: --plan FILE.json, or --latency-bound-s SECONDS with --profile-json FILE".into()),
+            _ => return Err("--schedule exegpt needs a plan: --plan FILE.json, or --latency-bound-s SECONDS (with --profile-json FILE to reuse a saved profile)".into()),
         };
         let policy = schedule::phased_policy(&plan)?;
         if !self.json {

@@ -32,6 +32,7 @@
 //! | one decode step of a layer | batch 1, 4 / 1, 8, 32, 64 × context 0, 32, 96 / 0, 256, 1024, 2048 | `decode.ms[b][c]` (table) |
 //! | embedding, LM head (final norm + logits) | the prefill tokens / the decode batches | `embedding`, `lm_head`: `ms_per_token` (slope through the origin) and `weight_bytes` |
 //! | bytes | — | `weight_bytes_per_layer` (projections as stored), `kv_bytes_per_token_per_layer` (`f32` K and V) |
+//! | serving-engine steps, timed by the caller ([`profiler::cli::run_with_engine`]) | [`profiler::EngineStepGrid`] | `engine_step`: per-step overhead beyond the tables, non-negative least squares (optional) |
 //!
 //! Points beyond the model's positions are dropped; `tensor_parallel` is left empty (one device).
 //! The output is a [`plan::profile::Profile`] file that `slices`, `schedule` and the others take.
