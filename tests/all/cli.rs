@@ -246,8 +246,12 @@ fn exegpt_schedule_flags_and_errors() {
         save("wide.json", ScheduleOutput { encode_devices: 2, decode_devices: 2, pipeline_stages: 2, ..rra.clone() });
     let zero_file = save("zero.json", ScheduleOutput { decode_iterations: Some(0), ..rra.clone() });
     let bad_file = write("bad.json", "{\"strategy\": \"rra\"}".into());
-    let profile = inputs.join("profile.json");
-    let profile = profile.to_str().unwrap();
+    // The sample profile, as if measured on the fixture's 2 layers (a profile must match the model).
+    let mut sample: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(inputs.join("profile.json")).unwrap()).unwrap();
+    sample["layers"] = 2.into();
+    let profile = write("profile.json", sample.to_string());
+    let profile = profile.as_str();
 
     let dir = fixture("gpt2");
     let common = [
