@@ -29,7 +29,7 @@ pub fn config(blocks: usize, block_size: usize, preemption: PreemptionMode) -> E
 }
 
 /// Prompts of mixed lengths: the fixtures' reference prompts plus token-id prompts cut from them.
-fn mixed_prompts(name: &str) -> Vec<Prompt> {
+pub fn mixed_prompts(name: &str) -> Vec<Prompt> {
     let reference = reference(name);
     let mut prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
     for (i, p) in reference.prompts.iter().enumerate() {
@@ -40,7 +40,7 @@ fn mixed_prompts(name: &str) -> Vec<Prompt> {
     prompts
 }
 
-fn prompt_len(p: &Prompt) -> usize {
+pub fn prompt_len(p: &Prompt) -> usize {
     match p {
         Prompt::Ids(ids) => ids.len(),
         // Text prompts are the reference prompts; their ids are at most this long.
