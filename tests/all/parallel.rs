@@ -4,6 +4,7 @@
 //! parallelism flags run and every bad value is an error that says what to do.
 
 use burn::tensor::Device;
+use burn_llm::GenerationOutput;
 use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
 use burn_llm::models::{Generator, LanguageModel, Pretrained, PretrainedFiles, SamplingParams};
 use burn_llm::paged::{EngineConfig, LlmEngine, PreemptionMode};
@@ -11,7 +12,7 @@ use burn_llm::parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use clap::Parser;
 
 use crate::common::{devices, fixture};
-use crate::paged::{config, mixed_prompts, prompt_len};
+use crate::paged::{assert_pool_behaviour, config, mixed_prompts, one_by_one, pools};
 
 /// Stage devices under test: flex twice, and flex + wgpu when wgpu is tested.
 fn stage_devices() -> Vec<(String, Vec<Device>)> {
@@ -21,6 +22,11 @@ fn stage_devices() -> Vec<(String, Vec<Device>)> {
         sets.push((format!("flex,{name}"), vec![Device::flex(), other.clone()]));
     }
     sets
+}
+
+/// The generated ids of every returned sequence.
+fn ids(out: &GenerationOutput) -> Vec<Vec<u32>> {
+    out.requests.iter().map(|r| r.generated_ids.clone()).collect()
 }
 
 fn pipeline(name: &str, devices: &[Device]) -> (PipelineLm, PretrainedFiles) {
@@ -38,35 +44,17 @@ fn paged_engine_over_stages_equals_plain_generation() {
     for name in ["opt", "llama", "gpt2"] {
         let prompts = mixed_prompts(name);
         let plain = Generator::from(Pretrained::load(&fixture(name), &Device::flex()).unwrap());
-        let expected: Vec<Vec<u32>> = prompts
-            .iter()
-            .map(|p| plain.generate(std::slice::from_ref(p), &params).unwrap().requests[0].generated_ids.clone())
-            .collect();
-        let longest = prompts.iter().zip(&expected).map(|(p, e)| prompt_len(p) + e.len()).max().unwrap_or(0);
-        let tight = longest.div_ceil(4) + 2;
+        let expected = one_by_one(&plain, &prompts, &params);
         for (label, devices) in stage_devices() {
-            for (pool, cfg) in [
-                ("roomy", config(256, 16, PreemptionMode::Auto)),
-                ("swap", config(tight, 4, PreemptionMode::Swap)),
-                ("recompute", config(tight, 4, PreemptionMode::Recompute)),
-            ] {
+            for (pool, cfg) in pools(&prompts, &expected) {
                 for micro_batches in [None, Some(3)] {
                     let what = format!("{name} on {label}, {pool} pool, micro-batches {micro_batches:?}");
                     let (model, files) = pipeline(name, &devices);
                     let cfg = EngineConfig { micro_batches, ..cfg.clone() };
                     let mut engine =
                         LlmEngine::from_parts(model, Some(files.tokenizer), files.eos_token_ids, cfg).unwrap();
-                    let out = engine.generate(&prompts, &params).unwrap();
-                    let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
-                    assert_eq!(got, expected, "{what}");
-                    let stats = engine.stats();
-                    match pool {
-                        "swap" => assert!(stats.swaps > 0, "{what}: no swap happened"),
-                        "recompute" => assert!(stats.recomputes > 0, "{what}: no recomputation happened"),
-                        _ => assert_eq!(stats.swaps + stats.recomputes, 0, "{what}"),
-                    }
-                    assert!(stats.average_batch() > 1.5, "{what}: batching ({})", stats.average_batch());
-                    assert!(engine.block_manager().all_blocks_free(), "{what}: blocks leaked");
+                    assert_eq!(ids(&engine.generate(&prompts, &params).unwrap()), expected, "{what}");
+                    assert_pool_behaviour(pool, engine.stats(), engine.block_manager().all_blocks_free(), &what);
                     assert!(engine.model().stage_transfer_bytes() > 0, "{what}");
                 }
             }
@@ -86,9 +74,6 @@ fn plain_engine_over_stages_equals_one_device() {
             let (model, files) = pipeline(name, &devices);
             let generator = Generator::new(model, Some(files.tokenizer), files.eos_token_ids);
             let got = generator.generate(&prompts, &params).unwrap();
-            let ids = |o: &burn_llm::GenerationOutput| -> Vec<Vec<u32>> {
-                o.requests.iter().map(|r| r.generated_ids.clone()).collect()
-            };
             assert_eq!(ids(&got), ids(&expected), "{name} on {label}");
         }
     }
@@ -184,8 +169,7 @@ fn smollm2_gguf_in_three_stages_equals_one_device() {
     let prompts = [burn_llm::Prompt::from("The capital of France is"), burn_llm::Prompt::from("Rust is")];
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
     let single = Generator::from(Pretrained::load(&path, &Device::flex()).unwrap());
-    let expected: Vec<Vec<u32>> =
-        single.generate(&prompts, &params).unwrap().requests.iter().map(|r| r.generated_ids.clone()).collect();
+    let expected = ids(&single.generate(&prompts, &params).unwrap());
     let open = || {
         let files = PretrainedFiles::open(&path).unwrap();
         let layout = StageLayout::parse("0-4,5-19,20-29", files.spec.num_layers).unwrap();
@@ -194,14 +178,12 @@ fn smollm2_gguf_in_three_stages_equals_one_device() {
     };
     let (model, files) = open();
     let plain = Generator::new(model, Some(files.tokenizer), files.eos_token_ids);
-    let got: Vec<Vec<u32>> =
-        plain.generate(&prompts, &params).unwrap().requests.iter().map(|r| r.generated_ids.clone()).collect();
+    let got = ids(&plain.generate(&prompts, &params).unwrap());
     assert_eq!(got, expected, "plain engine");
     let (model, files) = open();
     let mut paged =
         LlmEngine::from_parts(model, Some(files.tokenizer), files.eos_token_ids, config(64, 16, PreemptionMode::Auto))
             .unwrap();
-    let got: Vec<Vec<u32>> =
-        paged.generate(&prompts, &params).unwrap().requests.iter().map(|r| r.generated_ids.clone()).collect();
+    let got = ids(&paged.generate(&prompts, &params).unwrap());
     assert_eq!(got, expected, "paged engine");
 }
