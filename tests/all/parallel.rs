@@ -187,3 +187,12 @@ fn smollm2_gguf_in_three_stages_equals_one_device() {
     let got = ids(&paged.generate(&prompts, &params).unwrap());
     assert_eq!(got, expected, "paged engine");
 }
+
+/// The engines over stages can move to a thread of their own (the server runs the paged engine
+/// on one): a compile-time check.
+#[test]
+fn engines_over_stages_are_send() {
+    fn send<T: Send>() {}
+    send::<LlmEngine<PipelineLm>>();
+    send::<Generator<PipelineLm>>();
+}

@@ -424,7 +424,8 @@ impl<M: LanguageModel> LlmEngine<M> {
             .zip(lasts)
             .map(|(states, last)| {
                 let [_, n, embed] = states.dims();
-                let rows = Tensor::<1, Int>::from_data(TensorData::new(last.clone(), [last.len()]), &states.device());
+                let count = last.len();
+                let rows = Tensor::<1, Int>::from_data(TensorData::new(last, [count]), &states.device());
                 self.model.logits(states.reshape([n, embed]).select(0, rows))
             })
             .collect();

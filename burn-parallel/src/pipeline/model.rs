@@ -80,6 +80,7 @@ impl PipelinePlan {
 }
 
 /// Where a block's weights come from.
+#[allow(clippy::large_enum_variant)] // one per layer, consumed at once
 pub enum LayerWeights<'a, S: TensorSource> {
     /// Read from a checkpoint straight onto the block's devices, quantized as given.
     Checkpoint {
