@@ -21,8 +21,10 @@ use crate::device::DeviceChoice;
 use crate::engine::{Capabilities, Engine, RunReport};
 use quant::fit_cache_compression;
 
+mod parallel;
 mod quant;
 use crate::schedule;
+pub use parallel::{ParallelArgs, parse_device};
 
 /// Defaults that differ between the example binaries.
 #[derive(Debug, Clone, Copy)]
@@ -192,6 +194,9 @@ pub struct GenerateArgs {
     /// Offload engine: hardware profile JSON (measured and cached there when missing).
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
+    /// Pipeline (and tensor) parallelism over several devices.
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
 }
 
 /// `2GiB`, `512MiB`, `1.5GB`, or plain bytes.
@@ -401,6 +406,9 @@ pub struct JsonReport<'a> {
     /// Peak memory per tier (`--engine offload`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<serde_json::Value>,
+    /// Which devices ran which stages and the bytes handed between them (parallel runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
 }
 
 impl<'a> JsonReport<'a> {
@@ -419,6 +427,7 @@ impl<'a> JsonReport<'a> {
             },
             policy: None,
             memory: None,
+            placement: None,
         }
     }
 
@@ -498,8 +507,9 @@ pub fn run_with(
 
     if args.json {
         let generation = engine.generate(&prompts, &params)?;
-        let report =
+        let mut report =
             JsonReport::new(model_arg, choice.name(), &generation.output, load_s).with_report(&generation.report);
+        report.placement = engine.placement();
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
@@ -529,7 +539,11 @@ pub fn run_with(
         return Err(e.into());
     }
     printer.finish(&generation.output, out)?;
-    writeln!(out, "\n{}", summary(&generation.report, load_s))?;
+    let mut line = summary(&generation.report, load_s);
+    if let Some(placement) = engine.placement() {
+        line.insert_str(line.len() - 1, &format!(" · {placement}"));
+    }
+    writeln!(out, "\n{line}")?;
     Ok(())
 }
 
@@ -550,6 +564,9 @@ pub fn build_engine(
             "--schedule, --plan and --latency-bound-s apply to --engine paged only; add --engine paged or drop them"
                 .into(),
         );
+    }
+    if args.parallel.is_set() {
+        return parallel::build_parallel_engine(kind, args, dir, (choice.name(), device), log);
     }
     if kind == EngineKind::Offload {
         return Ok(Box::new(build_offload(args, dir, device, choice, prompts, params, log)?));

@@ -29,6 +29,10 @@ pub trait LayerBlock: Send {
     /// The device of each cache layer the block addresses, in rank order (one entry for a
     /// whole layer, `tp` entries for a split one).
     fn kv_devices(&self) -> Vec<Device>;
+
+    /// Bytes of projection weights one decode step reads, over all ranks (for the paged engine's
+    /// preemption costs and KV budget).
+    fn weight_bytes(&self) -> usize;
 }
 
 impl LayerBlock for DecoderLayer {
@@ -49,5 +53,9 @@ impl LayerBlock for DecoderLayer {
 
     fn kv_devices(&self) -> Vec<Device> {
         vec![LayerBlock::device(self)]
+    }
+
+    fn weight_bytes(&self) -> usize {
+        DecoderLayer::weight_bytes(self)
     }
 }

@@ -1,4 +1,5 @@
-//! Planners that decide how a model is split and scheduled, from measured costs. Each is a pure
+//! Pipeline execution ([`pipeline`]: [`pipeline::PipelineLm`], stages of decoder layers on their
+//! own devices, run by the plain and paged engines) and planners that decide how a model is split and scheduled, from measured costs. Each is a pure
 //! function from a serde input to a serde output, with `thiserror` errors naming the bad field;
 //! none depends on Burn. The example `plan` runs them from JSON files:
 //! `cargo run --example plan -- <stages|slices|placement|schedule> --input FILE.json
@@ -39,6 +40,7 @@
 
 #[cfg(feature = "runtime")]
 pub mod block;
+pub mod pipeline;
 pub mod plan;
 #[cfg(feature = "profiler")]
 pub mod profiler;

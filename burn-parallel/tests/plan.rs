@@ -1,5 +1,6 @@
 //! The planners against brute force on seeded random inputs, the papers' qualitative claims,
-//! hand-computed simulator timelines, and bad input through the library and the CLI.
+//! hand-computed simulator timelines, and bad input through the library and the CLI; pipeline
+//! execution against one device (`pipeline/`).
 
 use burn_parallel::plan::cli;
 use burn_parallel::plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload};
@@ -11,6 +12,8 @@ use burn_parallel::plan::stages::{self, StagesError, StagesInput, TensorParallel
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+#[cfg(feature = "runtime")]
+mod pipeline;
 #[cfg(feature = "profiler")]
 #[path = "plan/profiler.rs"]
 mod profiler;

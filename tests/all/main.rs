@@ -12,6 +12,7 @@ mod errors;
 mod gguf;
 mod offload;
 mod paged;
+mod parallel;
 mod parity;
 mod quantized;
 mod real_model;

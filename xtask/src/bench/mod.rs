@@ -2,6 +2,7 @@
 
 mod generate;
 mod offload;
+mod parallel;
 mod plot;
 mod quant;
 mod schedule;
@@ -23,6 +24,8 @@ pub enum Which {
     Serve(serve::Args),
     /// ExeGPT's latency-bounded schedule vs FCFS (default and tuned) on the paged engine.
     Schedule(schedule::Args),
+    /// Pipeline parallelism over local devices: time and bytes between stages vs one device.
+    Parallel(parallel::Args),
 }
 
 /// Runs one benchmark.
@@ -33,5 +36,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Serve(args) => serve::run(args),
         Which::Offload(args) => offload::run(args),
         Which::Schedule(args) => schedule::run(args),
+        Which::Parallel(args) => parallel::run(args),
     }
 }

@@ -44,7 +44,7 @@ use super::workload::{Request, Workload};
 use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// SmolLM2-135M's shape, for when its GGUF is not in the model cache.
-const SMOLLM2_SHAPE: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
+pub(super) const SMOLLM2_SHAPE: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
     "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"max_position_embeddings":8192,
     "rms_norm_eps":1e-5,"rope_theta":100000.0,"tie_word_embeddings":true}"#;
 
