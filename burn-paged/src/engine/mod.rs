@@ -173,6 +173,7 @@ impl LlmEngine {
             cost: default_cost(block_bytes, &model),
             watermark_blocks: device_blocks / 100,
             scheduling: config.scheduling,
+            max_model_len: spec.max_positions,
         });
         let cache = PagedKvCache::new(layout, config.block_size, device_blocks, host_blocks, &device);
         Ok(Self {
@@ -260,7 +261,9 @@ impl LlmEngine {
             beam,
             expanded: width == 1,
         };
-        self.scheduler.add(SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data));
+        let max_new_tokens = data.params.max_new_tokens;
+        let group = SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data);
+        self.scheduler.add(group.with_max_new_tokens(max_new_tokens));
         self.requests.insert(request_id, group_id);
         Ok(())
     }
