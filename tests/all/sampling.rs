@@ -415,7 +415,7 @@ fn penalties_are_validated() {
     ];
     for params in bad {
         let err = params.validate(384).unwrap_err().to_string();
-        assert!(err.contains("penalty"), "{params:?}: {err}");
+        assert!(err.contains("penalt"), "{params:?}: {err}");
     }
 }
 
