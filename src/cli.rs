@@ -305,7 +305,6 @@ impl GenerateArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
-            ..SamplingParams::default()
         }
     }
 
