@@ -15,7 +15,7 @@ use burn_llm_models::{
 };
 use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
-use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, SchedulingPolicy};
+use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, Reservation, SchedulingPolicy};
 
 use crate::device::DeviceChoice;
 use crate::engine::{Capabilities, Engine, RunReport};
@@ -74,9 +74,21 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Also report the top-K log-probabilities of each generated token.
+    /// Also report each generated token's log-probability and the top-K alternatives.
     #[arg(long)]
     pub logprobs: Option<usize>,
+    /// OpenAI presence penalty in [-2, 2]: subtracted once from the logit of every token already
+    /// generated.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty in [-2, 2]: subtracted from a token's logit once per time it was
+    /// generated.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// HF/CTRL repetition penalty (> 0; 1 is off): logits of tokens in the prompt or the output are
+    /// divided by it when positive, multiplied when negative.
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
     /// Quantize attention and MLP weights at load (group-wise asymmetric, FlexGen style; see
     /// [`GenerateArgs::weight_quant`]).
     #[arg(long, value_enum)]
@@ -132,7 +144,10 @@ pub struct GenerateArgs {
     pub length_penalty: f32,
     /// Paged engine: `fcfs` (vLLM, the default) or `exegpt` (ExeGPT's RRA schedule: prefill a
     /// batch, then a fixed number of decode iterations without prefills, repeated), from `--plan`
-    /// or planned at start-up with `--latency-bound-s`.
+    /// or planned at start-up with `--latency-bound-s` (`--profile-json` reuses a saved profile); or a baseline of the
+    /// vLLM paper: `orca-max`, `orca-pow2`, `orca-oracle` (Orca's iteration-level scheduling with
+    /// contiguous per-request KV reservations of the model's length, prompt + output rounded to a
+    /// power of two, or prompt + output) and `static` (request-level static batching).
     #[arg(long, value_enum)]
     pub schedule: Option<ScheduleKind>,
     /// `--schedule exegpt`: a saved ExeGPT plan (the output of `cargo run --example plan --
@@ -225,6 +240,16 @@ pub enum ScheduleKind {
     Fcfs,
     /// ExeGPT's RRA schedule: prefill phases and decode phases of `N_D` iterations.
     Exegpt,
+    /// Orca (Max): iteration-level batching, each request reserving the model's maximum length.
+    OrcaMax,
+    /// Orca (Pow2): each request reserving its prompt plus its output budget rounded up to a
+    /// power of two.
+    OrcaPow2,
+    /// Orca (Oracle): each request reserving exactly its prompt plus its output budget.
+    OrcaOracle,
+    /// Request-level static batching (FasterTransformer): a batch runs until its longest request
+    /// is done before the next is admitted; max-length reservations.
+    Static,
 }
 
 fn parse_kv_memory(text: &str) -> Result<KvCacheMemory, String> {
@@ -284,7 +309,9 @@ impl GenerateArgs {
             beam: self
                 .beam_width
                 .map(|width| BeamSearchParams { length_penalty: self.length_penalty, ..BeamSearchParams::new(width) }),
-            ..SamplingParams::default()
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
         }
     }
 
@@ -313,7 +340,13 @@ impl GenerateArgs {
             if self.plan.is_some() || self.latency_bound_s.is_some() {
                 return Err("--plan and --latency-bound-s choose an ExeGPT schedule: add --schedule exegpt".into());
             }
-            return Ok(SchedulingPolicy::Fcfs);
+            return Ok(match self.schedule {
+                Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(Reservation::Max),
+                Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(Reservation::Pow2),
+                Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(Reservation::Oracle),
+                Some(ScheduleKind::Static) => SchedulingPolicy::Static,
+                _ => SchedulingPolicy::Fcfs,
+            });
         }
         let plan = match (&self.plan, self.latency_bound_s) {
             (Some(path), _) => schedule::read_plan(path)?,

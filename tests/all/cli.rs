@@ -126,7 +126,7 @@ fn json_schema() {
     assert!(requests[1]["prompt"].is_null());
     assert_eq!(requests[1]["prompt_ids"], serde_json::json!([2, 50]));
     let step = &requests[0]["logprobs"][0];
-    assert_eq!(step.as_array().unwrap().len(), 2);
+    assert_eq!(step.as_array().unwrap().len(), 3, "the sampled token, then the top 2");
     assert_eq!(keys(&step[0]), ["id", "logprob"]);
     assert!(["length", "stop"].contains(&requests[0]["finish_reason"].as_str().unwrap()));
     assert_eq!(value["timing"]["generated_tokens"], output.timing.generated_tokens);

@@ -10,7 +10,7 @@ use burn_llm::Generator;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Location;
 use burn_llm::paged::{
-    EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, SchedulingPolicy,
+    EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, Reservation, SchedulingPolicy,
 };
 
 use crate::common::{FIXTURES, devices, fixture, reference};
@@ -284,4 +284,43 @@ fn bad_requests_are_errors() {
         EngineConfig { kv_cache_memory: KvCacheMemory::Bytes(600_000), block_size: 1024, ..EngineConfig::default() };
     let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), small).unwrap_err().to_string();
     assert!(err.contains("budget of 585.9 KiB"), "byte figures use a unit that shows them: {err}");
+}
+
+/// The baselines of the vLLM paper as scheduling policies of the paged engine (Orca with max,
+/// power-of-two and oracle reservations; request-level static batching) give plain generation's
+/// greedy tokens, never preempt, and batch no more requests than their reservations allow: with
+/// 80 blocks of 4 slots and the fixtures' 128 positions, max-length reservations run at most two
+/// requests at once, exact ones more.
+#[test]
+fn reserving_schedules_greedy_equal_plain_generation() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) };
+    let device = Device::flex();
+    for name in ["opt", "llama"] {
+        let prompts = mixed_prompts(name);
+        let plain = Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
+        let expected: Vec<Vec<u32>> =
+            plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
+        let mut batches = Vec::new();
+        for scheduling in [
+            SchedulingPolicy::Orca(Reservation::Max),
+            SchedulingPolicy::Orca(Reservation::Pow2),
+            SchedulingPolicy::Orca(Reservation::Oracle),
+            SchedulingPolicy::Static,
+        ] {
+            let what = format!("{name}, {}", scheduling.name());
+            let cfg = EngineConfig { scheduling, ..config(80, 4, PreemptionMode::Auto) };
+            let mut engine = engine(name, &device, cfg);
+            let out = engine.generate(&prompts, &params).unwrap();
+            let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
+            assert_eq!(got, expected, "{what}");
+            let stats = engine.stats();
+            assert_eq!(stats.swaps + stats.recomputes, 0, "{what}: a reservation was outgrown");
+            assert!(engine.block_manager().all_blocks_free(), "{what}: blocks leaked");
+            batches.push(stats.average_batch());
+        }
+        let [max, pow2, oracle, fixed] = batches[..] else { unreachable!() };
+        assert!(max <= 2.0 && fixed <= 2.0, "{name}: max-length reservations batch ≤ 2 ({max}, {fixed})");
+        assert!(oracle > max && pow2 > max && oracle >= pow2, "{name}: {oracle} ≥ {pow2} > {max}");
+        assert!(fixed <= max, "{name}: static batching never batches more than Orca (Max) ({fixed} vs {max})");
+    }
 }

@@ -49,7 +49,7 @@ fn smollm2_runs_on_its_shipped_blocks() {
     assert_eq!(a.generated_ids, b.generated_ids);
     let (la, lb): (Vec<_>, Vec<_>) =
         (a.logprobs.iter().flatten().flatten().collect(), b.logprobs.iter().flatten().flatten().collect());
-    assert_eq!(la.len(), 6 * 5);
+    assert_eq!(la.len(), 6 * 6, "per step: the sampled token, then the top 5");
     for (x, y) in la.iter().zip(&lb) {
         assert_eq!(x.id, y.id);
         assert!((x.logprob - y.logprob).abs() < 1e-3, "{x:?} vs {y:?}");

@@ -183,6 +183,7 @@ impl<M: LanguageModel> LlmEngine<M> {
             cost: default_cost(block_bytes, &model),
             watermark_blocks: device_blocks / 100,
             scheduling: config.scheduling,
+            max_model_len: spec.max_positions,
         });
         let cache = PagedKvCache::placed(layout, config.block_size, device_blocks, host_blocks, model.kv_devices())?;
         let micro_batches = config.micro_batches.unwrap_or(model.num_stages());
@@ -272,7 +273,9 @@ impl<M: LanguageModel> LlmEngine<M> {
             beam,
             expanded: width == 1,
         };
-        self.scheduler.add(SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data));
+        let max_new_tokens = data.params.max_new_tokens;
+        let group = SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data);
+        self.scheduler.add(group.with_max_new_tokens(max_new_tokens));
         self.requests.insert(request_id, group_id);
         Ok(())
     }

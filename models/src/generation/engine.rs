@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::events::StreamEvent;
 use burn_llm_kernels::QuantSpec;
 
-use super::request::{GenerationOutput, Prompt, RequestState, Timing, prepare_prompt, record_sampled};
+use super::request::{GenerationOutput, Prompt, RequestState, Timing, histories, prepare_prompt, record_sampled};
 use super::sampling::{SamplingParams, sample};
 use crate::cache::ContiguousKvCache;
 use crate::error::Result;
@@ -115,7 +115,7 @@ impl<M: LanguageModel> Generator<M> {
             let slices: Vec<&[u32]> = new_tokens.iter().map(Vec::as_slice).collect();
             let step = cache.begin_step(&slices)?;
             let logits = self.model.forward_last_logits(&step, &mut cache);
-            let sampled = sample(logits, params, &mut rngs)?;
+            let sampled = sample(logits, params, &mut rngs, &histories(&requests))?;
             timing.generated_tokens += record_sampled(
                 &mut requests,
                 &mut new_tokens,
