@@ -41,3 +41,5 @@ pub mod block;
 pub mod plan;
 #[cfg(feature = "profiler")]
 pub mod profiler;
+#[cfg(feature = "runtime")]
+pub mod tensor;
