@@ -55,7 +55,13 @@ pub trait TensorSource {
     /// `shape`) as row-major `f32` values: a tensor-parallel rank's shard, read without building
     /// the rest on a device. The default reads the whole matrix on the host and copies the window
     /// out; [`Checkpoint`] decodes only the window's bytes from its memory map.
-    fn read_f32_window(&self, name: &str, shape: [usize; 2], rows: Range<usize>, cols: Range<usize>) -> Result<Vec<f32>> {
+    fn read_f32_window(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>> {
         check_window(name, shape, &rows, &cols)?;
         Ok(window(&self.read_f32(name, &shape)?, shape[1], rows, cols))
     }
@@ -143,7 +149,13 @@ pub fn quantized_window(
 ) -> Result<GroupQuantized<2>> {
     check_window(name, q.shape, &rows, &cols)?;
     let group = q.spec.group_size();
-    let error = |why: String| ModelError::Window { name: name.to_string(), shape: q.shape, rows: rows.clone(), cols: cols.clone(), why };
+    let error = |why: String| ModelError::Window {
+        name: name.to_string(),
+        shape: q.shape,
+        rows: rows.clone(),
+        cols: cols.clone(),
+        why,
+    };
     if q.spec.axis() != 1 {
         return Err(error(format!("it is quantized along axis {}, not along its columns", q.spec.axis())));
     }
@@ -157,7 +169,10 @@ pub fn quantized_window(
     let (r, n) = (rows.start, rows.len());
     let codes = q.codes.clone().narrow(0, r, n).narrow(1, cols.start / per_word, cols.len() / per_word);
     let part = |t: &Tensor<2>| {
-        Tensor::from_data(t.clone().narrow(0, r, n).narrow(1, cols.start / group, cols.len() / group).into_data(), device)
+        Tensor::from_data(
+            t.clone().narrow(0, r, n).narrow(1, cols.start / group, cols.len() / group).into_data(),
+            device,
+        )
     };
     Ok(GroupQuantized {
         codes: Tensor::from_data(codes.into_data(), (device, DType::U32)),
@@ -256,7 +271,13 @@ impl TensorSource for Checkpoint {
     }
 
     /// Decodes only the window's rows and columns from the memory map.
-    fn read_f32_window(&self, name: &str, shape: [usize; 2], rows: Range<usize>, cols: Range<usize>) -> Result<Vec<f32>> {
+    fn read_f32_window(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>> {
         check_window(name, shape, &rows, &cols)?;
         let (bytes, dtype, resolved) = self.raw(name, &shape)?;
         let unsupported = || ModelError::UnsupportedDtype { name: resolved.clone(), dtype: format!("{dtype:?}") };

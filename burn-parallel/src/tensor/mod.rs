@@ -214,7 +214,9 @@ impl LayerBlock for TensorParallelLayer {
         };
         let mlp = |xs: &[Tensor<3>], norm: bool| -> Vec<Tensor<3>> {
             let ranks = self.ranks.iter().zip(xs);
-            ranks.map(|(rank, x)| rank.mlp.forward(if norm { rank.mlp_norm.forward(x.clone()) } else { x.clone() })).collect()
+            ranks
+                .map(|(rank, x)| rank.mlp.forward(if norm { rank.mlp_norm.forward(x.clone()) } else { x.clone() }))
+                .collect()
         };
         let xs = reducer.scatter(x);
         if self.ranks[0].pre_norm {
@@ -226,8 +228,12 @@ impl LayerBlock for TensorParallelLayer {
         } else {
             // norm(x + attn(x)), then norm(· + mlp(·)).
             let sums = reducer.sum_everywhere(attend(&xs, false));
-            let xs: Vec<Tensor<3>> =
-                self.ranks.iter().zip(xs.into_iter().zip(sums)).map(|(rank, (x, s))| rank.attn_norm.forward(x + s)).collect();
+            let xs: Vec<Tensor<3>> = self
+                .ranks
+                .iter()
+                .zip(xs.into_iter().zip(sums))
+                .map(|(rank, (x, s))| rank.attn_norm.forward(x + s))
+                .collect();
             let sum = reducer.sum_at_root(mlp(&xs, false));
             let x = xs.into_iter().next().expect("a tensor-parallel layer has at least one rank");
             self.ranks[0].mlp_norm.forward(x + sum)

@@ -87,7 +87,11 @@ impl ShardPlan {
             return Err(TensorParallelError::KvHeads { degree, kv_heads, heads });
         }
         if !ffn.is_multiple_of(degree) {
-            return Err(TensorParallelError::Indivisible { degree, count: ffn, what: "MLP columns (intermediate size)" });
+            return Err(TensorParallelError::Indivisible {
+                degree,
+                count: ffn,
+                what: "MLP columns (intermediate size)",
+            });
         }
         Ok(Self { degree, heads, kv_heads, head_dim, ffn })
     }

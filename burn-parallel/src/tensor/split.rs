@@ -7,12 +7,12 @@ use std::ops::Range;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
+use burn_llm_models::Result;
 use burn_llm_models::layers::attention::SelfAttention;
 use burn_llm_models::layers::mlp::Mlp;
 use burn_llm_models::layers::projection::{Projection, QLinear};
 use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::weights::quantized_window;
-use burn_llm_models::Result;
 
 use super::plan::ShardPlan;
 
@@ -26,11 +26,17 @@ enum Cut {
 }
 
 /// Rank `rank`'s module of `layer`, on `device`.
-pub(crate) fn split_layer(layer: &DecoderLayer, plan: &ShardPlan, rank: usize, device: &Device) -> Result<DecoderLayer> {
+pub(crate) fn split_layer(
+    layer: &DecoderLayer,
+    plan: &ShardPlan,
+    rank: usize,
+    device: &Device,
+) -> Result<DecoderLayer> {
     let (q, kv, ffn) = (plan.q_range(rank), plan.kv_range(rank), plan.ffn_range(rank));
     // Row-split biases are added once: by rank 0's partial sum.
     let keep = rank == 0;
-    let column = |p: &Projection, cut: &Range<usize>, name: &str| cut_projection(p, Cut::Column, cut, true, name, device);
+    let column =
+        |p: &Projection, cut: &Range<usize>, name: &str| cut_projection(p, Cut::Column, cut, true, name, device);
     let row = |p: &Projection, cut: &Range<usize>, name: &str| cut_projection(p, Cut::Row, cut, keep, name, device);
     let attn = &layer.attn;
     let mlp = &layer.mlp;

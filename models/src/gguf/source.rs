@@ -115,7 +115,14 @@ impl GgufModel {
     }
 
     /// Uploads host blocks of an `HF` `[rows, cols]` matrix to `device`.
-    fn upload(&self, name: &str, blocks: RepackedBlocks, shape: [usize; 2], spec: QuantSpec, device: &Device) -> Result<GroupQuantized<2>> {
+    fn upload(
+        &self,
+        name: &str,
+        blocks: RepackedBlocks,
+        shape: [usize; 2],
+        spec: QuantSpec,
+        device: &Device,
+    ) -> Result<GroupQuantized<2>> {
         GroupQuantized::from_host(blocks.codes, blocks.scale, blocks.min, shape, spec, device).map_err(|e| {
             ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message: format!("`{name}`: {e}") }
         })
@@ -152,7 +159,9 @@ impl TensorSource for GgufModel {
                 shape,
                 rows,
                 cols,
-                why: format!("the columns do not start and end on its blocks of {BLOCK} values; choose a split whose shards are whole blocks"),
+                why: format!(
+                    "the columns do not start and end on its blocks of {BLOCK} values; choose a split whose shards are whole blocks"
+                ),
             });
         }
         let per_word = spec.per_word();
