@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use burn::nn::Linear;
 use burn::module::Param;
+use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_models::layers::projection::{Projection, QLinear};
 use burn_llm_models::weights::TensorSource;
@@ -31,7 +31,10 @@ fn prompts() -> Vec<Vec<u32>> {
 
 /// Greedy decoding of [`prompts`] for [`STEPS`] steps through `run` (one step's last-token
 /// logits, `[batch, vocab]`, over a cache of `layout`): every step's logits and the tokens chosen.
-fn greedy(layout: KvLayout, run: impl Fn(&StepInput, &mut ContiguousKvCache) -> Tensor<2>) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
+fn greedy(
+    layout: KvLayout,
+    run: impl Fn(&StepInput, &mut ContiguousKvCache) -> Tensor<2>,
+) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
     let device = Device::flex();
     let mut cache = ContiguousKvCache::new(layout, prompts().len(), 16, &device);
     let mut new = prompts();
@@ -72,7 +75,9 @@ fn parallel(model: &CausalLm, blocks: &[TensorParallelLayer]) -> (Vec<Vec<f32>>,
 
 /// Asserts that two runs agree: logits within [`TOLERANCE`], tokens identical.
 fn assert_same(what: &str, expected: &(Vec<Vec<f32>>, Vec<Vec<u32>>), found: &(Vec<Vec<f32>>, Vec<Vec<u32>>)) {
+    assert_eq!(expected.0.len(), found.0.len(), "{what}: steps");
     for (step, (a, b)) in expected.0.iter().zip(&found.0).enumerate() {
+        assert!(!a.is_empty() && a.len() == b.len(), "{what}: step {step} has {} and {} logits", a.len(), b.len());
         let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(diff <= TOLERANCE, "{what}: step {step} logits differ by {diff}");
     }
@@ -113,9 +118,12 @@ fn tensor_parallel_matches_single_device() {
                 .collect();
             assert_same(&format!("{name} TP={tp} split"), &expected, &parallel(&model, &split));
 
-            // Each rank holds 1/tp of the layer's projection weights.
+            // Each rank holds 1/tp of the layer's projection weights, plus the k/v columns of
+            // kv heads replicated on several ranks.
+            let plan = loaded[0].plan();
+            let replicated = (tp * plan.kv_heads_per_rank() - plan.kv_heads) * plan.head_dim * spec.hidden_size * 4 * 2;
             let whole = model.layers[0].weight_bytes();
-            assert_eq!(loaded[0].rank_weight_bytes().iter().sum::<usize>(), whole, "{name} TP={tp}");
+            assert_eq!(loaded[0].rank_weight_bytes().iter().sum::<usize>(), whole + replicated, "{name} TP={tp}");
         }
     }
 }
@@ -165,7 +173,12 @@ impl TensorSource for Quantized {
         self.0.read_f32(name, expected)
     }
 
-    fn quantized(&self, name: &str, shape: [usize; 2], device: &Device) -> Result<Option<GroupQuantized<2>>, ModelError> {
+    fn quantized(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        device: &Device,
+    ) -> Result<Option<GroupQuantized<2>>, ModelError> {
         if !(name.starts_with("model.layers.") && name.ends_with("_proj.weight")) {
             return Ok(None);
         }
