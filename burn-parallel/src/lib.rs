@@ -44,3 +44,5 @@ pub mod pipeline;
 pub mod plan;
 #[cfg(feature = "profiler")]
 pub mod profiler;
+#[cfg(feature = "runtime")]
+pub mod tensor;

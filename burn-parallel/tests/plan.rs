@@ -18,6 +18,10 @@ mod pipeline;
 #[path = "plan/profiler.rs"]
 mod profiler;
 
+#[cfg(feature = "flex")]
+#[path = "parallel/tensor.rs"]
+mod tensor_parallel;
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
 }

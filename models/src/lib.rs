@@ -64,3 +64,7 @@ pub use model::CausalLm;
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
 pub use tokenizer::Tokenizer;
 pub use weights::{Checkpoint, RandomWeights};
+
+/// The kernels' quantized-weight types, for crates that cut or build quantized projections
+/// (tensor parallelism) without depending on the kernels crate themselves.
+pub use burn_llm_kernels::{GroupQuantized, QuantSpec};

@@ -66,7 +66,9 @@ impl QLinear {
         Self::from_parts(weight, bias, [d_input, d_output], true)
     }
 
-    fn from_parts(
+    /// A layer over `q` as it is: `[in, out]` grouped along `out`, or (`input_grouped`) `[out, in]`
+    /// grouped along `in` (tensor parallelism builds rank shards with it).
+    pub fn from_parts(
         q: GroupQuantized<2>,
         bias: Option<Param<Tensor<1>>>,
         [d_input, d_output]: [usize; 2],
