@@ -33,6 +33,17 @@ pub trait LayerBlock: Send {
     /// Bytes of projection weights one decode step reads, over all ranks (for the paged engine's
     /// preemption costs and KV budget).
     fn weight_bytes(&self) -> usize;
+
+    /// Bytes moved between tensor-parallel ranks since the block was built (0 for a whole layer).
+    fn rank_transfer_bytes(&self) -> u64 {
+        0
+    }
+
+    /// How a split layer reduces its ranks' partial sums (`all_reduce` or `to_device`); `None`
+    /// for a whole layer.
+    fn reduce_path(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl LayerBlock for DecoderLayer {

@@ -55,7 +55,8 @@ pub trait LanguageModel: Send + std::fmt::Debug {
     /// LM head: `[n, embed_dim] → [n, vocab]` logits.
     fn logits(&self, states: Tensor<2>) -> Tensor<2>;
 
-    /// Bytes handed from one stage to the next so far (0 on one device).
+    /// Bytes handed from one stage to the next and between tensor-parallel ranks so far (0 on one
+    /// device).
     fn stage_transfer_bytes(&self) -> u64 {
         0
     }

@@ -58,13 +58,12 @@ pub use generation::{
     BeamSearchParams, EarlyStopping, FinishReason, GenerationOutput, Generator, Prompt, RequestOutput, SamplingParams,
     SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
-pub use burn_llm_kernels::QuantSpec;
 pub use language_model::{LanguageModel, MicroBatchCache};
 pub use model::CausalLm;
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
 pub use tokenizer::Tokenizer;
 pub use weights::{Checkpoint, RandomWeights};
 
-/// The kernels' quantized-weight types, for crates that cut or build quantized projections
-/// (tensor parallelism) without depending on the kernels crate themselves.
+/// The kernels' quantization types, for crates that cut, build or describe quantized projections
+/// (pipeline and tensor parallelism) without depending on the kernels crate themselves.
 pub use burn_llm_kernels::{GroupQuantized, QuantSpec};

@@ -133,6 +133,51 @@ fn parallel_flags_run_and_name_the_stages() {
     assert_eq!(text(&paged.unwrap()), text(&single));
 }
 
+/// Tensor parallelism (TP=2), alone and inside two pipeline stages (PP=2 × TP=2), on flex ranks
+/// and on flex + wgpu ranks, through the plain and the paged engine, equals one device; the
+/// placement says how the ranks' partial sums were reduced.
+#[test]
+fn tensor_parallel_engines_equal_one_device() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let all = devices();
+    let mut rank_sets = vec![("flex+flex".to_string(), [Device::flex(), Device::flex()])];
+    if let Some((name, other)) = all.iter().find(|(n, _)| *n != "flex") {
+        rank_sets.push((format!("flex+{name}"), [Device::flex(), other.clone()]));
+    }
+    for name in ["opt", "llama", "gpt2"] {
+        let prompts = mixed_prompts(name);
+        let plain = Generator::from(Pretrained::load(&fixture(name), &Device::flex()).unwrap());
+        let expected = ids(&plain.generate(&prompts, &params).unwrap());
+        for (label, ranks) in &rank_sets {
+            for stages in [1, 2] {
+                let what = format!("{name}, PP={stages} × TP=2 on {label}");
+                let open = || {
+                    let files = PretrainedFiles::open(&fixture(name)).unwrap();
+                    let devices: Vec<Device> = (0..stages).flat_map(|_| ranks.clone()).collect();
+                    let layout = StageLayout::even(files.spec.num_layers, stages).unwrap();
+                    let plan = PipelinePlan::new(layout, 2, devices).unwrap();
+                    (PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &plan, None).unwrap(), files)
+                };
+                let (model, files) = open();
+                let placement = model.placement_summary().unwrap();
+                assert!(placement.contains("tensor-parallel 2 (reduced by to_device)"), "{what}: {placement}");
+                let generator = Generator::new(model, Some(files.tokenizer), files.eos_token_ids);
+                assert_eq!(ids(&generator.generate(&prompts, &params).unwrap()), expected, "{what}: plain engine");
+                assert!(generator.model().stage_transfer_bytes() > 0, "{what}");
+                let (model, files) = open();
+                let cfg = config(64, 4, PreemptionMode::Auto);
+                let mut engine = LlmEngine::from_parts(model, Some(files.tokenizer), files.eos_token_ids, cfg).unwrap();
+                assert_eq!(ids(&engine.generate(&prompts, &params).unwrap()), expected, "{what}: paged engine");
+                assert!(engine.block_manager().all_blocks_free(), "{what}");
+            }
+        }
+    }
+    let single = cli(&[]).unwrap();
+    let split = cli(&["--tensor-parallel-size", "2", "--devices", "flex,flex"]).unwrap();
+    assert_eq!(text(&split), text(&single));
+    assert!(split.contains("tensor-parallel 2 (reduced by to_device)"), "{split}");
+}
+
 /// Every bad parallelism flag is an error naming the problem.
 #[test]
 fn bad_parallel_flags_are_errors() {
@@ -146,7 +191,7 @@ fn bad_parallel_flags_are_errors() {
         (&["--devices", "flex", "--pipeline-parallel-size", "2"], "1 devices given for 2 pipeline stages"),
         (&["--devices", "flex,ws://127.0.0.1:3001", "--pipeline-parallel-size", "2"], "remote devices"),
         (&["--devices", "flex,tpu", "--pipeline-parallel-size", "2"], "not a device"),
-        (&["--tensor-parallel-size", "2", "--devices", "flex,flex"], "tensor parallelism"),
+        (&["--tensor-parallel-size", "3", "--devices", "flex,flex,flex"], "degree 3 does not divide"),
         (&["--engine", "offload", "--pipeline-parallel-size", "2"], "offload"),
     ];
     for (flags, expected) in cases {

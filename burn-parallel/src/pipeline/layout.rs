@@ -53,12 +53,9 @@ pub enum PipelineError {
         /// `stages × tp`.
         needed: usize,
     },
-    /// Tensor-parallel blocks are not part of this build.
-    #[error(
-        "tensor parallelism (degree {0}) is not available in this build yet: use --tensor-parallel-size 1 \
-         (pipeline parallelism works)"
-    )]
-    TensorParallelUnavailable(usize),
+    /// A layer cannot be split over the tensor-parallel ranks.
+    #[error(transparent)]
+    TensorParallel(#[from] crate::tensor::TensorParallelError),
     /// A device entry cannot be used.
     #[error("device `{entry}`: {reason}")]
     Device {

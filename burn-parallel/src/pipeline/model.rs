@@ -19,6 +19,7 @@ use burn_llm_models::{CausalLm, DecoderSpec, KvCache, LanguageModel, QuantSpec, 
 
 use super::layout::{PipelineError, Result, StageLayout, check_device_count};
 use crate::block::LayerBlock;
+use crate::tensor::{TensorParallelLayer, rank_kv_layout};
 
 /// How a model is split: the stages' layers, the tensor-parallel degree inside each stage, and
 /// the devices, `devices[s * tensor_parallel + r]` for stage `s`, rank `r`.
@@ -102,12 +103,23 @@ pub fn build_block<S: TensorSource>(
     weights: LayerWeights<'_, S>,
     devices: &[Device],
 ) -> Result<Box<dyn LayerBlock>> {
-    let [device] = devices else {
-        return Err(if devices.is_empty() {
-            PipelineError::Zero("the tensor-parallel size")
-        } else {
-            PipelineError::TensorParallelUnavailable(devices.len())
-        });
+    let device = match devices {
+        [] => return Err(PipelineError::Zero("the tensor-parallel size")),
+        [device] => device,
+        ranks => {
+            // Tensor parallelism: each rank loads only its shard onto its device.
+            let split = match weights {
+                LayerWeights::Checkpoint { source, quant } => {
+                    let loaded = TensorParallelLayer::load(spec, source, layer, ranks)?;
+                    match quant {
+                        Some(q) => loaded.quantized(q)?,
+                        None => loaded,
+                    }
+                }
+                LayerWeights::Loaded(loaded) => TensorParallelLayer::split(loaded, ranks)?,
+            };
+            return Ok(Box::new(split));
+        }
     };
     let block = match weights {
         LayerWeights::Checkpoint { source, quant } => {
@@ -295,11 +307,8 @@ impl LanguageModel for PipelineLm {
 
     fn kv_layout(&self) -> KvLayout {
         let spec = &self.embed.spec;
-        KvLayout {
-            num_layers: spec.num_layers * self.tensor_parallel,
-            num_kv_heads: spec.num_kv_heads / self.tensor_parallel,
-            head_dim: spec.head_dim,
-        }
+        let whole = KvLayout { num_layers: spec.num_layers, num_kv_heads: spec.num_kv_heads, head_dim: spec.head_dim };
+        rank_kv_layout(whole, self.tensor_parallel)
     }
 
     fn kv_devices(&self) -> LayerDevices {
@@ -343,7 +352,8 @@ impl LanguageModel for PipelineLm {
     }
 
     fn stage_transfer_bytes(&self) -> u64 {
-        self.moved.load(Ordering::Relaxed)
+        let ranks: u64 = self.stages.iter().flat_map(|s| &s.blocks).map(|b| b.rank_transfer_bytes()).sum();
+        self.moved.load(Ordering::Relaxed) + ranks
     }
 
     fn placement_summary(&self) -> Option<String> {
@@ -353,8 +363,9 @@ impl LanguageModel for PipelineLm {
             .enumerate()
             .map(|(i, s)| format!("stage {i}: layers {}-{} on {}", s.layers.start, s.layers.end - 1, s.name))
             .collect();
+        let reduce = self.stages.iter().flat_map(|s| &s.blocks).find_map(|b| b.reduce_path());
         let tp = if self.tensor_parallel > 1 {
-            format!(" × tensor-parallel {}", self.tensor_parallel)
+            format!(" × tensor-parallel {} (reduced by {})", self.tensor_parallel, reduce.unwrap_or("to_device"))
         } else {
             String::new()
         };

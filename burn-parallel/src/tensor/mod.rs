@@ -188,6 +188,18 @@ fn without_row_biases(mut layer: DecoderLayer) -> DecoderLayer {
 }
 
 impl LayerBlock for TensorParallelLayer {
+    fn weight_bytes(&self) -> usize {
+        self.rank_weight_bytes().iter().sum()
+    }
+
+    fn rank_transfer_bytes(&self) -> u64 {
+        self.transfer_stats().bytes
+    }
+
+    fn reduce_path(&self) -> Option<&'static str> {
+        Some(self.reducer.path.name())
+    }
+
     fn forward(
         &self,
         x: Tensor<3>,
