@@ -75,6 +75,10 @@ pub struct GenerateArgs {
     /// Also report the top-K log-probabilities of each generated token.
     #[arg(long)]
     pub logprobs: Option<usize>,
+    /// Multiply GGUF-layout quantized weights by `f32` input rows on the CPU instead of rows
+    /// quantized to 8 bits (llama.cpp's way, the default): slower, equal to the dequantized model.
+    #[arg(long)]
+    pub exact_matmul: bool,
     /// Quantize attention and MLP weights at load (group-wise asymmetric, FlexGen style; see
     /// [`GenerateArgs::weight_quant`]).
     #[arg(long, value_enum)]
@@ -473,6 +477,9 @@ pub fn run_with(
     out: &mut dyn Write,
     log: &mut dyn Write,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if args.exact_matmul {
+        crate::kernels::set_matmul_precision(crate::kernels::MatmulPrecision::Exact);
+    }
     let mut model_arg = args.model.as_deref().unwrap_or(defaults.model);
     let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
     let device = choice.device()?;
