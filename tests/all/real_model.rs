@@ -67,9 +67,12 @@ fn smollm2_runs_on_its_shipped_blocks() {
     }
 }
 
-/// `--chat`: the GGUF file's ChatML template is applied and the instruct model answers.
+/// `--chat`: the GGUF file's ChatML template is applied and the instruct model answers. In exact
+/// precision (the HF model's arithmetic) the answer names Paris; with 8-bit input rows the greedy
+/// path, like llama.cpp's on the same file, starts "L'Étoile, la …", so the check runs exact.
 #[test]
 fn smollm2_chat_template() {
+    use burn_llm::kernels::{MatmulPrecision, with_matmul_precision};
     use burn_llm::models::ChatMessage;
 
     let generator = Generator::from(Pretrained::load(&smollm2(), &Device::flex()).unwrap());
@@ -82,7 +85,10 @@ fn smollm2_chat_template() {
     );
     let ids = tokenizer.apply_chat_template(&messages).unwrap();
     assert_eq!(ids[0], 1, "<|im_start|> is one special token");
-    let out = generator.generate(&[Prompt::Chat(messages)], &SamplingParams::greedy(16)).unwrap();
+    let out = with_matmul_precision(MatmulPrecision::Exact, || {
+        generator.generate(&[Prompt::Chat(messages)], &SamplingParams::greedy(16))
+    })
+    .unwrap();
     let text = &out.requests[0].text;
     assert!(text.contains("Paris"), "chat answer was {text:?}");
 }

@@ -1,7 +1,7 @@
 //! Integer dot products on packed codes, the way llama.cpp's CPU backend multiplies `Q4_1`/`Q4_0`/
 //! `Q8_0` weights (`ggml_vec_dot_q4_1_q8_1` in `ggml/src/ggml-cpu/arch/x86/quants.c`): each input
-//! row is quantized once per matmul to signed 8-bit codes in blocks of 32 with one `f32` scale
-//! `d = max|x| / 127` per block ([`QuantizedRows`], `quantize_row_q8_1`), then every block of 32
+//! row is quantized once per matmul to signed 8-bit codes in blocks of 32 with one scale
+//! `d = max|x| / 127` (at `f16` precision, as llama.cpp stores it) per block ([`QuantizedRows`], `quantize_row_q8_1`), then every block of 32
 //! unsigned weight codes is multiplied with the 32 activation codes in 8-bit × 8-bit integer
 //! multiply-adds (AVX-512 VNNI `vpdpbusd` on 512-bit registers, two blocks at a time; AVX2
 //! `vpmaddubsw` + `vpmaddwd`; or scalar), converted to `f32` once per pair of blocks and scaled
@@ -119,13 +119,16 @@ impl QuantizedRows {
         for i in 0..m {
             for b in 0..blocks {
                 let values = &x[i * k + b * BLOCK..][..BLOCK];
+                // As `quantize_row_q8_1`: codes from the `f32` scale, rounded half to even; the
+                // scale kept at `f16` precision, so that the codes and scales are llama.cpp's.
                 let amax = values.iter().fold(0f32, |a, v| a.max(v.abs()));
                 let d = amax / 127.0;
-                let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let d = f16_precision(d);
                 let q = &mut rows.q[(i * pairs + b / 2) * PAIR..][..PAIR];
                 let mut sum = 0;
                 for (t, v) in values.iter().enumerate() {
-                    let c = (v * inv).round() as i8;
+                    let c = (v * inv).round_ties_even() as i8;
                     sum += c as i32;
                     q[position(b % 2, t, bits)] = c;
                 }
@@ -178,6 +181,21 @@ impl QuantizedRows {
         let lane = (0..LANES).find(|&l| lane_block(l, self.bits) == b % 2).unwrap_or(0);
         (std::array::from_fn(|t| q[position(b % 2, t, self.bits)]), self.d[(i * self.pairs() + b / 2) * LANES + lane])
     }
+}
+
+/// `x` rounded to the nearest `f16` value (half to even), for `0 ≤ x < 65504`: llama.cpp stores
+/// activation scales as `f16`.
+fn f16_precision(x: f32) -> f32 {
+    const MIN_NORMAL: f32 = f32::from_bits(0x3880_0000); // 2^-14
+    if x < MIN_NORMAL {
+        // Subnormal `f16`: a fixed step of 2^-24.
+        const STEP: f32 = f32::from_bits(0x3380_0000);
+        return (x / STEP).round_ties_even() * STEP;
+    }
+    // Keep 10 of the 23 mantissa bits, rounding the 13 dropped ones half to even.
+    let bits = x.to_bits();
+    let rounded = bits + 0x0FFF + ((bits >> 13) & 1);
+    f32::from_bits(rounded & !0x1FFF)
 }
 
 /// Where element `t` of the `half`-th block (0 or 1) of a pair sits among the pair's 64

@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+use burn_llm::kernels::{MatmulPrecision, set_matmul_precision};
 use burn_llm::models::{Generator, Pretrained, Prompt, SamplingParams, hub};
 use burn_llm::{DeviceChoice, Engine};
 use rand::{Rng, SeedableRng};
@@ -49,6 +50,9 @@ pub struct Args {
     /// Virtual environment holding llama-cpp-python (built there when missing).
     #[arg(long)]
     venv: Option<PathBuf>,
+    /// burn-llm multiplies by `f32` input rows instead of 8-bit ones (`--exact-matmul` of the CLI).
+    #[arg(long)]
+    exact_matmul: bool,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -81,6 +85,8 @@ struct Report {
     llama_cpp_system_info: String,
     read_bandwidth_gb_s: f64,
     weight_bytes_per_step: usize,
+    /// `Int8Activations` (default) or `Exact`.
+    matmul_precision: String,
     figures: Vec<Figure>,
 }
 
@@ -232,6 +238,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut llama = LlamaCpp::start(&python, &path, threads, max_batch, n_batch)?;
     eprintln!("llama-cpp-python {}: {}", llama.hello.version, llama.hello.system_info);
 
+    let precision = if args.exact_matmul { MatmulPrecision::Exact } else { MatmulPrecision::Int8Activations };
+    set_matmul_precision(precision);
     let device = DeviceChoice::Flex.device()?;
     let pretrained = Pretrained::load(&path, &device)?;
     let weight_bytes = pretrained.model.decode_weight_bytes();
@@ -306,16 +314,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     figures.push(prompt);
 
     let command = format!(
-        "cargo xtask bench cpu --model {model} --runs {} --new-tokens {} --prompt-tokens {} --batch-sizes {}",
+        "cargo xtask bench cpu --model {model} --runs {} --new-tokens {} --prompt-tokens {} --batch-sizes {}{}",
         args.runs,
         args.new_tokens,
         args.prompt_tokens,
-        args.batch_sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+        args.batch_sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+        if args.exact_matmul { " --exact-matmul" } else { "" }
     );
     let header = Header::new("cpu", command, Some("flex"), model);
     let mut md = header.markdown("CPU: burn-llm (Flex) vs llama.cpp, same GGUF file");
     md.push_str(&format!(
-        "- threads: {threads} each (burn-llm's rayon pool, llama.cpp's `n_threads`)\n\
+        "- threads: {threads} each (burn-llm's rayon pool, llama.cpp's `n_threads`); burn-llm's matmul precision: {precision:?}\n\
          - llama.cpp: llama-cpp-python {} built by pip from PyPI with `CMAKE_ARGS={LLAMA_CMAKE_ARGS}`; {}\n\
          - host read bandwidth: {bandwidth:.1} GB/s; burn-llm reads {:.1} MB of weights per decode step\n\
          - figures: median (min–max) of {} runs, burn-llm then llama.cpp back to back each run; ratio = burn-llm ÷ llama.cpp per run\n\
@@ -365,6 +374,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         llama_cpp_system_info: llama.hello.system_info.clone(),
         read_bandwidth_gb_s: bandwidth,
         weight_bytes_per_step: weight_bytes,
+        matmul_precision: format!("{precision:?}"),
         figures,
     };
     report::write(&args.out, "cpu", &report, &md)?;
