@@ -86,6 +86,10 @@ pub struct QuantizedRows {
     /// Per pair of blocks, the scale `d = max|x| / 127` of the block each of the 16 `i32` lanes of
     /// a 512-bit integer dot belongs to, `[m, pairs · 16]`.
     d: Vec<f32>,
+    /// Per pair of blocks, lane by lane as `d`: `d_b · Σ_{k∈b} q_k / 8` of the block `b` the lane
+    /// belongs to (eight lanes per block, so the lanes add up to the block sum that `min`
+    /// multiplies), `[m, pairs · 16]`.
+    sx: Vec<f32>,
     /// Per weight group, `Σ_{b∈g} d_b · Σ_{k∈b} q_k` (what `min` multiplies), `[m, k / group]`.
     group_sum: Vec<f32>,
     m: usize,
@@ -109,6 +113,7 @@ impl QuantizedRows {
         let mut rows = Self {
             q: vec![0; m * pairs * PAIR],
             d: vec![0.0; m * pairs * LANES],
+            sx: vec![0.0; m * pairs * LANES],
             group_sum: vec![0.0; m * groups],
             m,
             blocks,
@@ -132,10 +137,12 @@ impl QuantizedRows {
                     sum += c as i32;
                     q[position(b % 2, t, bits)] = c;
                 }
-                let lanes = &mut rows.d[(i * pairs + b / 2) * LANES..][..LANES];
-                for (l, lane) in lanes.iter_mut().enumerate() {
+                let at = (i * pairs + b / 2) * LANES;
+                let lanes = rows.d[at..at + LANES].iter_mut().zip(&mut rows.sx[at..at + LANES]);
+                for (l, (lane_d, lane_sx)) in lanes.enumerate() {
                     if lane_block(l, bits) == b % 2 {
-                        *lane = d;
+                        *lane_d = d;
+                        *lane_sx = d * sum as f32 / 8.0;
                     }
                 }
                 rows.group_sum[i * groups + b / per_group] += d * sum as f32;
@@ -150,6 +157,7 @@ impl QuantizedRows {
         let mut all = Self {
             q: Vec::new(),
             d: Vec::new(),
+            sx: Vec::new(),
             group_sum: Vec::new(),
             m: 0,
             blocks: first.0,
@@ -160,6 +168,7 @@ impl QuantizedRows {
             debug_assert_eq!((part.blocks, part.groups, part.bits), first);
             all.q.extend_from_slice(&part.q);
             all.d.extend_from_slice(&part.d);
+            all.sx.extend_from_slice(&part.sx);
             all.group_sum.extend_from_slice(&part.group_sum);
             all.m += part.m;
         }
@@ -254,25 +263,15 @@ pub fn weight_rows(
         block_sums(w, a, rows.clone(), i0, isa, sums);
         for (j, row) in rows.clone().zip(sums.chunks_exact(t)) {
             for (r, v) in row.iter().enumerate() {
-                out(i0 + r, j, v + min_term(w, a, j, i0 + r, isa));
+                out(i0 + r, j, *v);
             }
         }
     }
 }
 
-/// `Σ_g min[j, g] · group_sum[i, g]`, plus, for the AVX2 8-bit kernel (which multiplies codes
-/// shifted to `q − 128`), `128 · Σ_g scale[j, g] · group_sum[i, g]`.
-#[inline]
-fn min_term(w: &Weights, a: &QuantizedRows, j: usize, i: usize, isa: Isa) -> f32 {
-    let sums = &a.group_sum[i * a.groups..(i + 1) * a.groups];
-    let mut total = dot(&w.min[j * a.groups..(j + 1) * a.groups], sums);
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && w.bits == 8 {
-        total += 128.0 * dot(&w.scale[j * a.groups..(j + 1) * a.groups], sums);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = isa;
-    total
+/// `Σ_g min[j, g] · group_sum[i, g]` (the SIMD kernels add it lane by lane instead).
+fn min_term(w: &Weights, a: &QuantizedRows, j: usize, i: usize) -> f32 {
+    dot(&w.min[j * a.groups..(j + 1) * a.groups], &a.group_sum[i * a.groups..(i + 1) * a.groups])
 }
 
 /// Dot product in eight independent lanes, then the tail.
@@ -289,14 +288,16 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `Σ_g scale[j, g] · Σ_{b∈g} d[i, b] · (q_j · qx_i)_b` for the weight rows `rows` and the input
-/// rows `i0..i0 + t`, into `out[(j − rows.start) · t + (i − i0)]`.
+/// `Σ_g scale[j, g] · Σ_{b∈g} d[i, b] · (q_j · qx_i)_b + min[j, g] · group_sum[i, g]` for the weight
+/// rows `rows` and the input rows `i0..i0 + t`, into `out[(j − rows.start) · t + (i − i0)]`.
 fn block_sums(w: &Weights, a: &QuantizedRows, rows: Range<usize>, i0: usize, isa: Isa, out: &mut [f32]) {
     match isa {
         Isa::Scalar => {
             let t = out.len() / rows.len().max(1);
             for (j, row) in rows.zip(out.chunks_exact_mut(t.max(1))) {
-                row.iter_mut().enumerate().for_each(|(r, o)| *o = scalar_row(w, a, j, i0 + r));
+                row.iter_mut()
+                    .enumerate()
+                    .for_each(|(r, o)| *o = scalar_row(w, a, j, i0 + r) + min_term(w, a, j, i0 + r));
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -458,7 +459,8 @@ mod x86 {
 
     /// The shared skeleton: for each pair of blocks, `$load` the weight codes once, then for each
     /// input row of the tile `$step` them into that row's accumulators; `$sum` reduces them.
-    /// `$scales` builds the pair's per-lane weight scales from `scale[g(b0)]` and `scale[g(b1)]`.
+    /// `$scales` builds the pair's per-lane weight scales and minimums from those of the groups of
+    /// its two blocks (for a lone last block, its own twice: the missing block's lanes are zeros).
     macro_rules! kernel {
         ($(#[$doc:meta])* $name:ident, $features:literal, $zero:expr, $load:ident, $scales:ident, $step:ident, $sum:ident) => {
             $(#[$doc])*
@@ -475,6 +477,7 @@ mod x86 {
                 let per_group = w.group / BLOCK;
                 for (j, out) in rows.zip(out.chunks_exact_mut(T)) {
                 let scale = &w.scale[j * a.groups..(j + 1) * a.groups];
+                let min = &w.min[j * a.groups..(j + 1) * a.groups];
                 // SAFETY (every pointer below): `weight_rows` checked that row `j` holds
                 // `blocks` blocks of codes and rows `i0..i0 + T` hold `pairs` pairs of codes and
                 // scales; a pair is read in full only when both its blocks exist.
@@ -485,14 +488,19 @@ mod x86 {
                     ($p:expr, $acc:ident) => {{
                         let p = $p;
                         let full = 2 * p + 1 < a.blocks;
-                        let s0 = unsafe { *scale.get_unchecked(group_of(2 * p)) };
-                        let s1 = if full { unsafe { *scale.get_unchecked(group_of(2 * p + 1)) } } else { 0.0 };
-                        let sv = unsafe { $scales(s0, s1) };
+                        let (g0, g1) = (group_of(2 * p), if full { group_of(2 * p + 1) } else { group_of(2 * p) });
+                        let (sv, mv) = unsafe {
+                            let (s0, m0) = (*scale.get_unchecked(g0), *min.get_unchecked(g0));
+                            let (s1, m1) = (*scale.get_unchecked(g1), *min.get_unchecked(g1));
+                            $scales([s0, s1], [m0, m1])
+                        };
                         let u = unsafe { $load(codes.add(p * pair_bytes), full) };
                         for t in 0..T {
-                            let row = (i0 + t) * pairs + p;
-                            let (q, d) = unsafe { (a.q.as_ptr().add(row * PAIR), a.d.as_ptr().add(row * LANES)) };
-                            $acc[t] = unsafe { $step($acc[t], u, sv, q, d) };
+                            let at = ((i0 + t) * pairs + p) * LANES;
+                            let (q, d, sx) = unsafe {
+                                (a.q.as_ptr().add(at / LANES * PAIR), a.d.as_ptr().add(at), a.sx.as_ptr().add(at))
+                            };
+                            $acc[t] = unsafe { $step($acc[t], u, sv, mv, q, d, sx) };
                         }
                     }};
                 }
@@ -515,22 +523,37 @@ mod x86 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn scales4_512(s0: f32, s1: f32) -> __m512 {
-        _mm512_mask_blend_ps(HIGH_LANES_4, _mm512_set1_ps(s0), _mm512_set1_ps(s1))
+    unsafe fn lanes512(mask: __mmask16, v: [f32; 2]) -> __m512 {
+        _mm512_mask_blend_ps(mask, _mm512_set1_ps(v[0]), _mm512_set1_ps(v[1]))
     }
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn scales8_512(s0: f32, s1: f32) -> __m512 {
-        _mm512_mask_blend_ps(HIGH_LANES_8, _mm512_set1_ps(s0), _mm512_set1_ps(s1))
+    unsafe fn scales4_512(s: [f32; 2], m: [f32; 2]) -> (__m512, __m512) {
+        unsafe { (lanes512(HIGH_LANES_4, s), lanes512(HIGH_LANES_4, m)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scales8_512(s: [f32; 2], m: [f32; 2]) -> (__m512, __m512) {
+        unsafe { (lanes512(HIGH_LANES_8, s), lanes512(HIGH_LANES_8, m)) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,avx512f,avx512vnni")]
-    unsafe fn step_vnni(acc: __m512, u: __m512i, sv: __m512, q: *const i8, d: *const f32) -> __m512 {
+    unsafe fn step_vnni(
+        acc: __m512,
+        u: __m512i,
+        sv: __m512,
+        mv: __m512,
+        q: *const i8,
+        d: *const f32,
+        sx: *const f32,
+    ) -> __m512 {
         unsafe {
             let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(q as *const __m512i));
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_loadu_ps(d)), acc)
+            let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_loadu_ps(d)), acc);
+            _mm512_fmadd_ps(mv, _mm512_loadu_ps(sx), acc)
         }
     }
 
@@ -552,25 +575,40 @@ mod x86 {
     /// 4-bit lanes of a 256-bit dot: `[b0 × 4, b1 × 4]`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn scales4_256(s0: f32, s1: f32) -> __m256 {
-        _mm256_blend_ps::<0b1111_0000>(_mm256_set1_ps(s0), _mm256_set1_ps(s1))
+    unsafe fn scales4_256(s: [f32; 2], m: [f32; 2]) -> (__m256, __m256) {
+        let lanes = |v: [f32; 2]| _mm256_blend_ps::<0b1111_0000>(_mm256_set1_ps(v[0]), _mm256_set1_ps(v[1]));
+        (lanes(s), lanes(m))
     }
 
+    /// The first eight of a pair's 16 lanes (`[b0 × 4, b1 × 4]` for 4-bit codes); `sx` adds the
+    /// second eight, which repeat the pattern, so that each block's lanes still sum to its sum.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn step_avx2_4(acc: __m256, u: (__m256i, __m256i), sv: __m256, q: *const i8, d: *const f32) -> __m256 {
+    unsafe fn step_avx2_4(
+        acc: __m256,
+        u: (__m256i, __m256i),
+        sv: __m256,
+        mv: __m256,
+        q: *const i8,
+        d: *const f32,
+        sx: *const f32,
+    ) -> __m256 {
         unsafe {
             let lo = dot_avx2(u.0, _mm256_loadu_si256(q as *const __m256i));
             let hi = dot_avx2(u.1, _mm256_loadu_si256(q.add(BLOCK) as *const __m256i));
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), _mm256_mul_ps(sv, _mm256_loadu_ps(d)), acc)
+            let p = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+            let acc = _mm256_fmadd_ps(p, _mm256_mul_ps(sv, _mm256_loadu_ps(d)), acc);
+            _mm256_fmadd_ps(mv, _mm256_add_ps(_mm256_loadu_ps(sx), _mm256_loadu_ps(sx.add(8))), acc)
         }
     }
 
-    /// 8-bit: the two blocks' scales, each for a whole 256-bit dot.
+    /// 8-bit: the two blocks' scales, each for a whole 256-bit dot, and their minimums plus
+    /// `128 · scale`, which puts back the shift of the codes to `code − 128`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn scales8_256(s0: f32, s1: f32) -> (__m256, __m256) {
-        (_mm256_set1_ps(s0), _mm256_set1_ps(s1))
+    unsafe fn scales8_256(s: [f32; 2], m: [f32; 2]) -> ([__m256; 2], [__m256; 2]) {
+        let shifted = |b: usize| _mm256_set1_ps(m[b] + 128.0 * s[b]);
+        ([_mm256_set1_ps(s[0]), _mm256_set1_ps(s[1])], [shifted(0), shifted(1)])
     }
 
     #[inline]
@@ -578,15 +616,19 @@ mod x86 {
     unsafe fn step_avx2_8(
         acc: __m256,
         c: (__m256i, __m256i),
-        sv: (__m256, __m256),
+        sv: [__m256; 2],
+        mv: [__m256; 2],
         q: *const i8,
         d: *const f32,
+        sx: *const f32,
     ) -> __m256 {
         unsafe {
             let first = dot_avx2_signed(c.0, _mm256_loadu_si256(q as *const __m256i));
             let second = dot_avx2_signed(c.1, _mm256_loadu_si256(q.add(BLOCK) as *const __m256i));
-            let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first), _mm256_mul_ps(sv.0, _mm256_loadu_ps(d)), acc);
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(second), _mm256_mul_ps(sv.1, _mm256_loadu_ps(d.add(8))), acc)
+            let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first), _mm256_mul_ps(sv[0], _mm256_loadu_ps(d)), acc);
+            let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second), _mm256_mul_ps(sv[1], _mm256_loadu_ps(d.add(8))), acc);
+            let acc = _mm256_fmadd_ps(mv[0], _mm256_loadu_ps(sx), acc);
+            _mm256_fmadd_ps(mv[1], _mm256_loadu_ps(sx.add(8)), acc)
         }
     }
 
@@ -601,7 +643,7 @@ mod x86 {
         avx2_4, "avx2,fma", _mm256_setzero_ps(), nibbles256, scales4_256, step_avx2_4, sum256
     );
     kernel!(
-        /// 8-bit codes, AVX2, shifted to `code − 128` (`min_term` adds `128 · Σ qx` back).
+        /// 8-bit codes, AVX2, shifted to `code − 128` (`scales8_256` adds `128 · scale · Σ qx` back).
         avx2_8, "avx2,fma", _mm256_setzero_ps(), bytes_signed, scales8_256, step_avx2_8, sum256
     );
 
