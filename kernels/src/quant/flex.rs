@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::ops::GroupQuantOps;
 use super::precision::{MatmulPrecision, matmul_precision};
-use super::q8;
+use super::{q8, split};
 
 /// Sizes of one fused-matmul call.
 struct BlockShape {
@@ -167,8 +167,9 @@ const INT8_ROWS_PER_TASK: usize = 64;
 const INT8_SERIAL_MACS: usize = 1 << 18;
 
 /// `x · Wᵀ` in integer arithmetic ([`q8`]): the input rows quantized once, then the weight rows
-/// split across threads: in as many parts as threads for decode-sized `m` (each weight byte read
-/// once, no task overhead beyond one split), in cache-sized parts for prefill-sized `m`.
+/// split across threads: for decode-sized `m`, in as many parts as threads (on two cores, this
+/// thread and the [`split`] helper, without a round trip through rayon's sleep and wake-up); for
+/// prefill-sized `m`, in cache-sized parts.
 fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     if m == 0 || k == 0 || n == 0 {
         return vec![0.0; m * n];
@@ -189,8 +190,20 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
         q8::weight_rows(w, &a, 0..n, isa, |i, j, v| out[i * n + j] = v);
         return out;
     }
-    let per_task = if m <= q8::TILE { n.div_ceil(rayon::current_num_threads()) } else { INT8_ROWS_PER_TASK };
     let shared = SharedOut(out.as_mut_ptr());
+    let threads = rayon::current_num_threads();
+    if m <= q8::TILE && threads == 2 {
+        // Decode on two cores: half the weight rows here, half on the split helper.
+        let half = n.div_ceil(2);
+        split::split2(&|part| {
+            let rows = part * half..((part + 1) * half).min(n);
+            // SAFETY: the halves own disjoint column ranges of the `[m, n]` output, which
+            // outlives the split; `i < m` and `j < n`.
+            q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) });
+        });
+        return out;
+    }
+    let per_task = if m <= q8::TILE { n.div_ceil(threads) } else { INT8_ROWS_PER_TASK };
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
         let rows = t * per_task..((t + 1) * per_task).min(n);
         // SAFETY: tasks own disjoint column ranges `rows` of the `[m, n]` output, which outlives

@@ -20,6 +20,8 @@ mod precision;
 #[cfg(feature = "flex")]
 mod q8;
 mod spec;
+#[cfg(feature = "flex")]
+mod split;
 
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;
