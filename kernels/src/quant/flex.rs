@@ -105,7 +105,7 @@ fn weight_rows_portable(
             let (s, mn) = (scale[j * groups + g], min[j * groups + g]);
             for i in 0..m {
                 let xs = &x[i * k_len + g * group..i * k_len + (g + 1) * group];
-                out[local * m + i] += s * dot(xs, &decoded) + mn * xsum[i * groups + g];
+                out[local * m + i] += s * q8::dot(xs, &decoded) + mn * xsum[i * groups + g];
             }
         }
     }
@@ -128,20 +128,6 @@ fn decode_words(packed: &[u32], bits: u32, out: &mut [f32]) {
             }
         }
     }
-}
-
-/// Dot product in eight independent lanes (one AVX register), then the tail.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
-    for (ca, cb) in a8.zip(b8) {
-        for l in 0..8 {
-            lanes[l] += ca[l] * cb[l];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// Inputs are borrowed in place, never copied: copying the codes on every call would cost as much

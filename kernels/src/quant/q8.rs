@@ -274,9 +274,9 @@ fn min_term(w: &Weights, a: &QuantizedRows, j: usize, i: usize) -> f32 {
     dot(&w.min[j * a.groups..(j + 1) * a.groups], &a.group_sum[i * a.groups..(i + 1) * a.groups])
 }
 
-/// Dot product in eight independent lanes, then the tail.
+/// Dot product in eight independent lanes (one AVX register), then the tail.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();

@@ -75,6 +75,31 @@ struct Figure {
     first_difference: Option<usize>,
 }
 
+impl Figure {
+    fn new(what: String, batch: usize, roofline_tokens_per_s: Option<f64>) -> Self {
+        Self {
+            what,
+            batch,
+            burn_tokens_per_s: vec![],
+            llama_cpp_tokens_per_s: vec![],
+            ratio: vec![],
+            roofline_tokens_per_s,
+            same_ids: None,
+            first_difference: None,
+        }
+    }
+
+    /// One run: both speeds, and how the greedy ids compare (the last run's comparison is kept).
+    fn record(&mut self, ours: f64, theirs: f64, our_ids: &[Vec<u32>], their_ids: &[Vec<u32>]) {
+        self.burn_tokens_per_s.push(ours);
+        self.llama_cpp_tokens_per_s.push(theirs);
+        self.ratio.push(ours / theirs);
+        let (same, first) = compare_ids(our_ids, their_ids);
+        self.same_ids = Some(same);
+        self.first_difference = first;
+    }
+}
+
 #[derive(Serialize)]
 struct Report {
     #[serde(flatten)]
@@ -257,16 +282,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut figures = Vec::new();
     for &batch in &args.batch_sizes {
         let prompts = decode_prompts(batch);
-        let mut figure = Figure {
-            what: "decode".into(),
-            batch,
-            burn_tokens_per_s: vec![],
-            llama_cpp_tokens_per_s: vec![],
-            ratio: vec![],
-            roofline_tokens_per_s: Some(batch as f64 * bandwidth * 1e9 / weight_bytes as f64),
-            same_ids: None,
-            first_difference: None,
-        };
+        let mut figure =
+            Figure::new("decode".into(), batch, Some(batch as f64 * bandwidth * 1e9 / weight_bytes as f64));
         for run in 0..args.runs {
             let (ours, ids) = burn_generate(engine.as_mut(), &prompts, args.new_tokens)?;
             let theirs = llama.generate(&prompts, args.new_tokens)?;
@@ -275,25 +292,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 batch as f64 * theirs.decode_steps as f64 / theirs.decode_s,
             );
             eprintln!("decode batch {batch} run {run}: burn-llm {ours_tps:.1} tokens/s, llama.cpp {theirs_tps:.1}");
-            figure.burn_tokens_per_s.push(ours_tps);
-            figure.llama_cpp_tokens_per_s.push(theirs_tps);
-            figure.ratio.push(ours_tps / theirs_tps);
-            let (same, first) = compare_ids(&ids, &theirs.ids);
-            figure.same_ids = Some(same);
-            figure.first_difference = first;
+            figure.record(ours_tps, theirs_tps, &ids, &theirs.ids);
         }
         figures.push(figure);
     }
-    let mut prompt = Figure {
-        what: format!("prompt processing, {} tokens", args.prompt_tokens),
-        batch: 1,
-        burn_tokens_per_s: vec![],
-        llama_cpp_tokens_per_s: vec![],
-        ratio: vec![],
-        roofline_tokens_per_s: None,
-        same_ids: None,
-        first_difference: None,
-    };
+    let mut prompt = Figure::new(format!("prompt processing, {} tokens", args.prompt_tokens), 1, None);
     for run in 0..args.runs {
         let prompts = [long_prompt.clone()];
         let (ours, ids) = burn_generate(engine.as_mut(), &prompts, 1)?;
@@ -304,12 +307,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "prompt {} run {run}: burn-llm {ours_tps:.1} tokens/s, llama.cpp {theirs_tps:.1}",
             args.prompt_tokens
         );
-        prompt.burn_tokens_per_s.push(ours_tps);
-        prompt.llama_cpp_tokens_per_s.push(theirs_tps);
-        prompt.ratio.push(ours_tps / theirs_tps);
-        let (same, first) = compare_ids(&ids, &theirs.ids);
-        prompt.same_ids = Some(same);
-        prompt.first_difference = first;
+        prompt.record(ours_tps, theirs_tps, &ids, &theirs.ids);
     }
     figures.push(prompt);
 
