@@ -133,7 +133,7 @@ impl QuantizedRows {
                 let q = &mut rows.q[(i * pairs + b / 2) * PAIR..][..PAIR];
                 let mut sum = 0;
                 for (t, v) in values.iter().enumerate() {
-                    let c = (v * inv).round_ties_even() as i8;
+                    let c = round_ties_even(v * inv) as i8;
                     sum += c as i32;
                     q[position(b % 2, t, bits)] = c;
                 }
@@ -190,6 +190,14 @@ impl QuantizedRows {
         let lane = (0..LANES).find(|&l| lane_block(l, self.bits) == b % 2).unwrap_or(0);
         (std::array::from_fn(|t| q[position(b % 2, t, self.bits)]), self.d[(i * self.pairs() + b / 2) * LANES + lane])
     }
+}
+
+/// `x` rounded to the nearest integer, half to even, for `|x| ≤ 2^22`: adding and subtracting
+/// 1.5 · 2^23 leaves no fraction bits (`f32::round_ties_even` is a libm call without SSE4.1).
+#[inline(always)]
+fn round_ties_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
 }
 
 /// `x` rounded to the nearest `f16` value (half to even), for `0 ≤ x < 65504`: llama.cpp stores

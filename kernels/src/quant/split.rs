@@ -4,7 +4,10 @@
 //! Handing each to rayon from a thread outside its pool costs a sleep and a wake-up of the
 //! caller per call (the scheduler and `sched_yield` took about a tenth of decode time in `perf`).
 //! Here the caller computes half of the rows itself while a helper, which spins for a short while
-//! after each job before it parks (as llama.cpp's thread pool does), computes the other half.
+//! after each job before it parks (as llama.cpp's thread pool does), computes the other half. If
+//! the helper has not picked its half up by the time the caller is done with its own (it is
+//! parked, or another process holds the second core), the caller takes that half back and runs it
+//! too: a busy machine costs the parallelism, never a wait on a thread that is not running.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -14,7 +17,8 @@ use std::time::{Duration, Instant};
 
 const IDLE: u8 = 0;
 const POSTED: u8 = 1;
-const DONE: u8 = 2;
+const RUNNING: u8 = 2;
+const DONE: u8 = 3;
 /// How long the helper waits, spinning, for the next job before it parks.
 const SPIN: Duration = Duration::from_micros(200);
 
@@ -57,7 +61,8 @@ fn serve(helper: &'static Helper) {
     loop {
         let mut since = Instant::now();
         let mut spins = 0u32;
-        while helper.state.load(Ordering::Acquire) != POSTED {
+        // Claim a posted job (the caller may take it back first).
+        while helper.state.compare_exchange(POSTED, RUNNING, Ordering::Acquire, Ordering::Relaxed).is_err() {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(256) && since.elapsed() > SPIN {
                 std::thread::park_timeout(Duration::from_millis(50));
@@ -76,11 +81,26 @@ fn serve(helper: &'static Helper) {
     }
 }
 
-/// Waits for the helper to finish the posted job, also while the caller unwinds.
+/// Waits for the helper to finish the posted job, also while the caller unwinds (a job the
+/// helper has not claimed is withdrawn instead).
 struct AwaitHelper(&'static Helper);
+
+impl AwaitHelper {
+    /// Withdraws the job if the helper has not claimed it: then the caller runs it.
+    fn take_back(&self) -> bool {
+        let taken = self.0.state.compare_exchange(POSTED, IDLE, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        if taken {
+            self.0.job.lock().ok().and_then(|mut j| j.take());
+        }
+        taken
+    }
+}
 
 impl Drop for AwaitHelper {
     fn drop(&mut self) {
+        if self.take_back() {
+            return;
+        }
         let mut spins = 0u32;
         while self.0.state.load(Ordering::Acquire) != DONE {
             spins = spins.wrapping_add(1);
@@ -111,7 +131,13 @@ pub(super) fn split2(f: &(dyn Fn(usize) + Sync)) {
     thread.unpark();
     let wait = AwaitHelper(helper);
     f(0);
-    drop(wait);
+    if wait.take_back() {
+        // Withdrawn: nothing left to wait for.
+        std::mem::forget(wait);
+        f(1);
+    } else {
+        drop(wait);
+    }
     assert!(!helper.panicked.swap(false, Ordering::Relaxed), "the helper thread's half of a split product panicked");
 }
 
