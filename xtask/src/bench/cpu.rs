@@ -379,12 +379,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The greedy ids of each sequence.
+type GreedyIds = Vec<Vec<u32>>;
+
 /// burn-llm's greedy generation of `new_tokens` per prompt: its timing and ids.
 fn burn_generate(
     engine: &mut dyn Engine,
     prompts: &[Vec<u32>],
     new_tokens: usize,
-) -> Result<(burn_llm::Timing, Vec<Vec<u32>>), Box<dyn std::error::Error>> {
+) -> Result<(burn_llm::Timing, GreedyIds), Box<dyn std::error::Error>> {
     let prompts: Vec<Prompt> = prompts.iter().map(|p| Prompt::Ids(p.clone())).collect();
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(new_tokens) };
     let generation = engine.generate(&prompts, &params)?;
