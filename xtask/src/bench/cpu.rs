@@ -248,10 +248,13 @@ fn compare_ids(ours: &[Vec<u32>], theirs: &[Vec<u32>]) -> (usize, Option<usize>)
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let default = &burn_llm::models::pypi::SMOLLM2_GGUF;
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => burn_llm::models::pypi::SMOLLM2_GGUF.cached_path().display().to_string(),
+        None => default.cached_path().display().to_string(),
     };
+    // Reports name the default model by its file, not by this machine's cache path.
+    let label = args.model.clone().unwrap_or_else(|| format!("{} (model cache)", default.file));
     let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model smollm2`)"))?;
     // Next to the model cache (`~/.cache/burn-llm/models`), outside the repository.
     let venv =
@@ -312,14 +315,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     figures.push(prompt);
 
     let command = format!(
-        "cargo xtask bench cpu --model {model} --runs {} --new-tokens {} --prompt-tokens {} --batch-sizes {}{}",
+        "cargo xtask bench cpu{} --runs {} --new-tokens {} --prompt-tokens {} --batch-sizes {}{}",
+        args.model.as_ref().map_or(String::new(), |m| format!(" --model {m}")),
         args.runs,
         args.new_tokens,
         args.prompt_tokens,
         args.batch_sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
         if args.exact_matmul { " --exact-matmul" } else { "" }
     );
-    let header = Header::new("cpu", command, Some("flex"), model);
+    let header = Header::new("cpu", command, Some("flex"), label);
     let mut md = header.markdown("CPU: burn-llm (Flex) vs llama.cpp, same GGUF file");
     md.push_str(&format!(
         "- threads: {threads} each (burn-llm's rayon pool, llama.cpp's `n_threads`); burn-llm's matmul precision: {precision:?}\n\
