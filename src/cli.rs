@@ -89,6 +89,10 @@ pub struct GenerateArgs {
     /// divided by it when positive, multiplied when negative.
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
+    /// Multiply GGUF-layout quantized weights by `f32` input rows on the CPU instead of rows
+    /// quantized to 8 bits (llama.cpp's way, the default): slower, equal to the dequantized model.
+    #[arg(long)]
+    pub exact_matmul: bool,
     /// Quantize attention and MLP weights at load (group-wise asymmetric, FlexGen style; see
     /// [`GenerateArgs::weight_quant`]).
     #[arg(long, value_enum)]
@@ -519,6 +523,9 @@ pub fn run_with(
     out: &mut dyn Write,
     log: &mut dyn Write,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if args.exact_matmul {
+        crate::kernels::set_matmul_precision(crate::kernels::MatmulPrecision::Exact);
+    }
     let mut model_arg = args.model.as_deref().unwrap_or(defaults.model);
     let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
     let device = choice.device()?;

@@ -1,5 +1,6 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
+mod cpu;
 mod generate;
 mod offload;
 mod parallel;
@@ -16,6 +17,8 @@ use clap::Subcommand;
 pub enum Which {
     /// Prefill and decode tokens/s of the plain engine at batch sizes 1, 8, 32.
     Generate(generate::Args),
+    /// burn-llm's CPU path vs llama.cpp on the same GGUF file: decode, prompt processing, batch.
+    Cpu(cpu::Args),
     /// Cost of group quantization: dequantize GB/s, fused vs f32 matmul, decode tokens/s.
     Quant(quant::Args),
     /// FlexGen policies on a model larger than the device budget: searched vs baselines.
@@ -32,6 +35,7 @@ pub enum Which {
 pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
     match which {
         Which::Generate(args) => generate::run(args),
+        Which::Cpu(args) => cpu::run(args),
         Which::Quant(args) => quant::run(args),
         Which::Serve(args) => serve::run(args),
         Which::Offload(args) => offload::run(args),
