@@ -155,8 +155,8 @@ fn bytes_between_stages_are_counted() {
     assert!(summary.contains("3 pipeline stages") && summary.contains("layers 2-2"), "{summary}");
 }
 
-/// Bad splits are errors before any weight is read: a layout for another depth, a degree
-/// without tensor-parallel blocks, device lists of the wrong length.
+/// Bad splits are errors before any weight is read: a layout for another depth, a
+/// tensor-parallel degree that does not divide the heads, device lists of the wrong length.
 #[test]
 fn bad_plans_are_errors() {
     let spec = DecoderSpec::from_dir(&fixture("opt")).unwrap();
@@ -166,8 +166,9 @@ fn bad_plans_are_errors() {
     assert!(err(PipelineLm::from_checkpoint(spec.clone(), &source, &three, None)).contains("the model has 2 layers"));
     let model = CausalLm::random(spec.clone(), &Device::flex()).unwrap();
     assert!(err(PipelineLm::from_model(model, &three)).contains("the model has 2 layers"));
-    let tp = PipelinePlan::new(StageLayout::even(2, 2).unwrap(), 2, vec![Device::flex(); 4]).unwrap();
-    assert!(err(PipelineLm::from_checkpoint(spec.clone(), &source, &tp, None)).contains("tensor parallelism"));
+    let tp = PipelinePlan::new(StageLayout::even(2, 2).unwrap(), 3, vec![Device::flex(); 6]).unwrap();
+    let message = err(PipelineLm::from_checkpoint(spec.clone(), &source, &tp, None));
+    assert!(message.contains("degree 3 does not divide"), "{message}");
     let few = PipelinePlan::new(StageLayout::even(2, 2).unwrap(), 2, vec![Device::flex(); 3]).unwrap_err();
     assert!(few.to_string().contains("3 devices given for 2 pipeline stages × 2"), "{few}");
     assert!(StageLayout::even(2, 3).unwrap_err().to_string().contains("3 pipeline stages for a model of 2 layers"));
