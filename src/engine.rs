@@ -195,7 +195,7 @@ pub trait Engine {
 /// [`Engine::placement`] of an engine over `model`.
 fn placement_of(model: &impl LanguageModel) -> Option<String> {
     let summary = model.placement_summary()?;
-    let moved = burn_offload::store::fmt_bytes(model.stage_transfer_bytes());
+    let moved = burn_llm_models::units::fmt_bytes(model.stage_transfer_bytes());
     Some(format!("{summary}, {moved} handed between stages"))
 }
 
