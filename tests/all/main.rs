@@ -15,4 +15,6 @@ mod paged;
 mod parity;
 mod quantized;
 mod real_model;
+#[cfg(feature = "remote")]
+mod remote;
 mod sampling;

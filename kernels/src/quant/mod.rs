@@ -21,6 +21,8 @@ mod spec;
 mod cube;
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
+pub(crate) mod remote;
 
 pub use matmul::{QMatmulLayout, qmatmul, qmatmul_transposed};
 pub use spec::{KernelError, QuantSpec};
