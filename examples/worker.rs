@@ -61,8 +61,9 @@ fn serve(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
     let device = choice.device()?;
-    let listener = std::net::TcpListener::bind(&args.listen)
-        .map_err(|e| format!("cannot listen on {}: {e} (is the port taken? pick another with --listen)", args.listen))?;
+    let listener = std::net::TcpListener::bind(&args.listen).map_err(|e| {
+        format!("cannot listen on {}: {e} (is the port taken? pick another with --listen)", args.listen)
+    })?;
     let address = listener.local_addr()?;
     let mut server = RemoteServer::new([device]);
     if let Some(token) = token {

@@ -17,14 +17,19 @@ use burn::tensor::Device;
 /// client, `--token` on the worker).
 pub const WORKER_TOKEN_ENV: &str = "BURN_LLM_WORKER_TOKEN";
 
-/// How long [`remote_device`] waits for a worker's answer before giving up.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long [`remote_device`] waits for a worker's answer before giving up. Longer than the
+/// ≈16 s Burn spends retrying a refused connection before it reports the worker unreachable
+/// (`burn-remote-0.22.1/src/client/service/conn.rs`, `OPEN_RETRY_DELAYS`), so that answer comes
+/// first; this bound catches a worker that accepts the connection and never answers.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a worker's device could not be connected. Each message names the worker and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteDeviceError {
     /// The address is not `ws://HOST:PORT[#INDEX]`.
-    #[error("`{address}` is not a worker address ({problem}): write ws://HOST:PORT, or ws://HOST:PORT#INDEX for device INDEX of the worker")]
+    #[error(
+        "`{address}` is not a worker address ({problem}): write ws://HOST:PORT, or ws://HOST:PORT#INDEX for device INDEX of the worker"
+    )]
     Address {
         /// What was given.
         address: String,
@@ -32,7 +37,9 @@ pub enum RemoteDeviceError {
         problem: &'static str,
     },
     /// Nothing answered at the address.
-    #[error("worker {worker} is unreachable ({reason}): start it there (`cargo run --release --example worker -- --listen HOST:PORT --token TOKEN`) or fix the address")]
+    #[error(
+        "worker {worker} is unreachable ({reason}): start it there (`cargo run --release --example worker -- --listen HOST:PORT --token TOKEN`) or fix the address"
+    )]
     Unreachable {
         /// The worker's address.
         worker: String,
@@ -40,7 +47,9 @@ pub enum RemoteDeviceError {
         reason: String,
     },
     /// The worker refused the token (or its absence).
-    #[error("worker {worker} refused the token: pass the token the worker was started with (--worker-token or {WORKER_TOKEN_ENV})")]
+    #[error(
+        "worker {worker} refused the token: pass the token the worker was started with (--worker-token or {WORKER_TOKEN_ENV})"
+    )]
     Unauthorized {
         /// The worker's address.
         worker: String,
@@ -141,7 +150,8 @@ fn connect(address: &WorkerAddress, token: Option<String>) -> Result<Device, Rem
     // the connection and never answers costs `CONNECT_TIMEOUT`, not forever.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || options.init())).map_err(super::watch::panic_message);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || options.init()))
+            .map_err(super::watch::panic_message);
         let _ = tx.send(result);
     });
     match rx.recv_timeout(CONNECT_TIMEOUT) {

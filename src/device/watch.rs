@@ -32,7 +32,9 @@ use crate::engine::{Capabilities, Engine, EngineResult, Generation, RunReport};
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum WorkerError {
     /// No answer within the timeout.
-    #[error("worker {workers} did not answer within {timeout_s}s while {what}: it is stalled, overloaded or cut off; check it and start the run again")]
+    #[error(
+        "worker {workers} did not answer within {timeout_s}s while {what}: it is stalled, overloaded or cut off; check it and start the run again"
+    )]
     Stalled {
         /// The workers the engine runs on.
         workers: String,
@@ -127,7 +129,9 @@ impl WatchedEngine {
             }
         });
         if let Err(err) = thread {
-            return Err(WorkerError::Failed { workers, what: "starting the engine thread", reason: err.to_string() }.into());
+            return Err(
+                WorkerError::Failed { workers, what: "starting the engine thread", reason: err.to_string() }.into()
+            );
         }
         let what = "loading the model";
         match ready_rx.recv_timeout(timeout) {
@@ -203,7 +207,11 @@ impl WatchedEngine {
                 Ok(Reply::Panicked(reason)) => return Err(failed(reason)),
                 Err(RecvTimeoutError::Timeout) => {
                     self.closed.store(true, Ordering::Release);
-                    return Err(WorkerError::Stalled { workers: workers(), what, timeout_s: self.timeout.as_secs_f64() });
+                    return Err(WorkerError::Stalled {
+                        workers: workers(),
+                        what,
+                        timeout_s: self.timeout.as_secs_f64(),
+                    });
                 }
                 Err(RecvTimeoutError::Disconnected) => return Err(failed("the engine thread ended".into())),
             }

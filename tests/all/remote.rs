@@ -104,7 +104,9 @@ fn random(rng: &mut rand_chacha::ChaCha8Rng, n: usize) -> Vec<f32> {
 /// Every kernel op of ours, run on `device` over fixed random inputs: the outputs, flattened.
 fn kernel_outputs(device: &Device) -> Vec<(&'static str, Vec<f32>)> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-    let t2 = |rng: &mut _, shape: [usize; 2]| Tensor::<2>::from_data(TensorData::new(random(rng, shape[0] * shape[1]), shape), device);
+    let t2 = |rng: &mut _, shape: [usize; 2]| {
+        Tensor::<2>::from_data(TensorData::new(random(rng, shape[0] * shape[1]), shape), device)
+    };
     let mut out = Vec::new();
 
     let w = t2(&mut rng, [64, 96]);
@@ -120,7 +122,8 @@ fn kernel_outputs(device: &Device) -> Vec<(&'static str, Vec<f32>)> {
     }
 
     let shape = [6, 2, 4, 8];
-    let cache = |rng: &mut _| Tensor::<4>::from_data(TensorData::new(random(rng, shape.iter().product()), shape), device);
+    let cache =
+        |rng: &mut _| Tensor::<4>::from_data(TensorData::new(random(rng, shape.iter().product()), shape), device);
     let (mut k, mut v) = (cache(&mut rng), cache(&mut rng));
     let new = Tensor::<3>::from_data(TensorData::new(random(&mut rng, 5 * 2 * 8), [5, 2, 8]), device);
     let slots = [3, kernels::SKIP_SLOT, 17, 0, 23];
@@ -202,12 +205,20 @@ fn models_on_a_remote_worker_equal_local() {
             let bytes: u64 = std::fs::read_dir(fixture(name))
                 .unwrap()
                 .filter_map(|e| e.ok())
-                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors") && !e.path().ends_with("reference.safetensors"))
+                .filter(|e| {
+                    e.path().extension().is_some_and(|x| x == "safetensors")
+                        && !e.path().ends_with("reference.safetensors")
+                })
                 .map(|e| e.metadata().unwrap().len())
                 .sum();
-            eprintln!("{name} (quantized: {quantize}): weights ({bytes} bytes on disk) moved to the worker in {upload:?}");
+            eprintln!(
+                "{name} (quantized: {quantize}): weights ({bytes} bytes on disk) moved to the worker in {upload:?}"
+            );
             for prompt in &reference.prompts {
-                let diff = max_abs_diff(&logits(&there, &prompt.input_ids, &remote), &logits(&here, &prompt.input_ids, &local));
+                let diff = max_abs_diff(
+                    &logits(&there, &prompt.input_ids, &remote),
+                    &logits(&here, &prompt.input_ids, &local),
+                );
                 assert!(diff <= 1e-4, "{name} (quantized: {quantize}): remote logits differ by {diff}");
             }
             let expected = greedy_ids(&mut Generator::from(here), &prompts, 12);
@@ -222,7 +233,11 @@ fn models_on_a_remote_worker_equal_local() {
                 let mut paged = LlmEngine::new(again, config()).unwrap();
                 assert_eq!(greedy_ids(&mut paged, &prompts, 12), expected, "{name}: paged engine on the worker");
             }
-            assert_eq!(greedy_ids(&mut Generator::from(there), &prompts, 12), expected, "{name} (quantized: {quantize}): plain engine on the worker");
+            assert_eq!(
+                greedy_ids(&mut Generator::from(there), &prompts, 12),
+                expected,
+                "{name} (quantized: {quantize}): plain engine on the worker"
+            );
         }
     }
 }
@@ -285,6 +300,7 @@ fn assert_fault_is_an_error(fault: &str, expect_stalled: bool) {
     let err = result.expect_err("generation went on after the worker's fault");
     assert!(faulted_at.elapsed() < timeout + Duration::from_secs(10), "took {:?}", faulted_at.elapsed());
     assert!(err.to_string().contains(&worker.url), "{err}");
+    eprintln!("{fault} after the first token: error after {:?}: {err}", faulted_at.elapsed());
     match (&err, expect_stalled) {
         (EngineError::Worker(WorkerError::Stalled { .. }), true) => {}
         (EngineError::Worker(WorkerError::Failed { .. } | WorkerError::Stalled { .. }), false) => {}
