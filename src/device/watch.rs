@@ -269,12 +269,7 @@ impl Engine for WatchedEngine {
 
     /// The engine's own report, or the plain one once the engine is closed.
     fn report(&self, timing: Timing) -> RunReport {
-        let name = self.name;
-        self.call("reporting", &mut |_| {}, move |engine, _| engine.report(timing)).unwrap_or_else(|_| RunReport {
-            engine: name,
-            timing,
-            memory: None,
-            details: crate::engine::EngineDetails::Plain,
-        })
+        let plain = RunReport { engine: self.name, timing, memory: None, details: crate::engine::EngineDetails::Plain };
+        self.call("reporting", &mut |_| {}, move |engine, _| engine.report(timing)).unwrap_or(plain)
     }
 }
