@@ -10,7 +10,8 @@
 //! - Refuses to start without a token (`--token` or `BURN_LLM_WORKER_TOKEN`) unless `--insecure`.
 //!   The WebSocket transport is unencrypted, and its `/data` route (worker-to-worker tensor
 //!   downloads) checks no token: keep workers on a private network.
-//! - Stops cleanly on Ctrl+C or SIGTERM.
+//! - Stops cleanly on Ctrl+C or SIGTERM (Burn installs the handlers as serving starts, a moment
+//!   after the ready line; a signal in between ends the process with the default action).
 
 use std::io::Write;
 use std::process::ExitCode;

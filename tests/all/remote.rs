@@ -340,6 +340,9 @@ fn tensors_move_between_two_workers() {
 #[test]
 fn worker_exits_cleanly_on_sigterm() {
     let mut worker = Worker::start("flex");
+    // Burn installs its signal handlers inside `serve`, just after the ready line: a connected
+    // session proves they are in place.
+    let _device = worker.device();
     worker.signal("-TERM");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
