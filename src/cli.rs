@@ -107,6 +107,10 @@ pub struct GenerateArgs {
     /// Device backend (default: the best one compiled in).
     #[arg(long, value_enum)]
     pub device: Option<DeviceChoice>,
+    /// Token for remote workers (`ws://HOST:PORT[#INDEX]` devices, served by the `worker`
+    /// example); default: $BURN_LLM_WORKER_TOKEN. See `burn_llm::device::remote_device`.
+    #[arg(long)]
+    pub worker_token: Option<String>,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,

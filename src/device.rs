@@ -1,4 +1,12 @@
-//! Choosing the Burn device to run on, by name, among the backends compiled in.
+//! Choosing the Burn device to run on: by name, among the backends compiled in
+//! ([`DeviceChoice`]), or on another process or machine by the address of a worker serving it
+//! ([`remote_device`], `ws://HOST:PORT[#INDEX]`; [`WatchedEngine`] bounds the waits on it).
+
+mod remote;
+mod watch;
+
+pub use remote::{CONNECT_TIMEOUT, RemoteDeviceError, WORKER_TOKEN_ENV, WorkerAddress, remote_device};
+pub use watch::{WatchedEngine, WorkerError};
 
 use burn::tensor::Device;
 

@@ -34,6 +34,9 @@ pub enum EngineError {
     /// The offloading engine refused or failed (no policy fits, disk tier, ...).
     #[error(transparent)]
     Offload(#[from] OffloadError),
+    /// A worker the model runs on died or stalled (see [`crate::device::WatchedEngine`]).
+    #[error(transparent)]
+    Worker(#[from] crate::device::WorkerError),
     /// The engine does not offer this operation.
     #[error("the {engine} engine cannot {what}: {hint}")]
     Unsupported {

@@ -14,6 +14,10 @@
 //!   ([`copy_blocks`]), swapped ([`write_blocks`], [`read_blocks`]) and attended to through
 //!   per-sequence block tables ([`paged_attention`]).
 //!
+//! With the `remote` feature (and a GPU feature, which brings Burn's IR types), [`remote`] makes
+//! both modules' ops run on devices of other processes and machines (Burn's remote backend):
+//! client-side glue, and `remote::register_ops` for the server.
+//!
 //! Both modules' public items are re-exported here, so `burn_llm_kernels::QuantSpec` and
 //! `burn_llm_kernels::quant::QuantSpec` name the same type.
 
@@ -44,6 +48,8 @@ macro_rules! avx2_dispatch {
 
 pub mod paged;
 pub mod quant;
+#[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
+pub mod remote;
 #[cfg(test)]
 mod test_devices;
 

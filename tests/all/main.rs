@@ -16,4 +16,6 @@ mod parallel;
 mod parity;
 mod quantized;
 mod real_model;
+#[cfg(feature = "remote")]
+mod remote;
 mod sampling;

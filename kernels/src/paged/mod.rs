@@ -51,6 +51,8 @@ pub mod ops;
 mod cube;
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
+pub(crate) mod remote;
 
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};

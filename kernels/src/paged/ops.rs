@@ -14,7 +14,8 @@ use burn::backend::{Backend, backend_extension};
 #[backend_extension(
     Cube: cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")),
     Fusion: cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")),
-    Flex: cfg(feature = "flex")
+    Flex: cfg(feature = "flex"),
+    Remote: cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))
 )]
 pub trait PagedKvOps: Backend {
     /// `cache[slot / bs, h, slot % bs, :] = new[t, h, :]` for every token `t` with

@@ -27,6 +27,8 @@ mod split;
 mod cube;
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
+pub(crate) mod remote;
 
 pub use matmul::{QMatmulLayout, qmatmul, qmatmul_transposed};
 pub use precision::{MatmulPrecision, matmul_precision, set_matmul_precision, with_matmul_precision};

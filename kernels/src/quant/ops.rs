@@ -13,7 +13,8 @@ use burn::backend::{Backend, backend_extension};
 #[backend_extension(
     Cube: cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")),
     Fusion: cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")),
-    Flex: cfg(feature = "flex")
+    Flex: cfg(feature = "flex"),
+    Remote: cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))
 )]
 pub trait GroupQuantOps: Backend {
     /// Codes `q = clamp(round((x − min) / scale), 0, 2^bits − 1)` packed into `u32` words

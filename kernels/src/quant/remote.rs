@@ -1,0 +1,124 @@
+//! [`GroupQuantOps`] on remote devices: the client-side glue for Burn's router backend and the
+//! server-side handlers (wire format: see [`crate::remote`]).
+
+use burn::backend::Scalar;
+use burn::backend::TensorMetadata;
+use burn::backend::ir::{BackendIr, CustomOpIr};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::tensor::DType;
+use burn_router::{BackendRouter, CustomOpRegistry, RouterChannel};
+
+use super::ops::GroupQuantOps;
+use crate::remote::{launch, scalar_usize};
+
+impl<C: RouterChannel> GroupQuantOps for BackendRouter<C> {
+    fn pack_groups(
+        x: FloatTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> IntTensor<Self> {
+        let mut shape = x.shape();
+        let last = shape.num_dims() - 1;
+        shape[last] = shape[last] * bits as usize / 32;
+        launch("pack_groups", vec![x, scale, min], shape, DType::U32, &layout(bits, group))
+    }
+
+    fn unpack_groups(
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let mut shape = codes.shape();
+        let last = shape.num_dims() - 1;
+        shape[last] = shape[last] * 32 / bits as usize;
+        let dtype = scale.dtype();
+        launch("unpack_groups", vec![codes, scale, min], shape, dtype, &layout(bits, group))
+    }
+
+    fn fused_qmatmul(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let mut shape = x.shape();
+        shape[1] = codes.shape()[1] * 32 / bits as usize;
+        let dtype = x.dtype();
+        launch("fused_qmatmul", vec![x, codes, scale, min], shape, dtype, &layout(bits, group))
+    }
+
+    fn fused_qmatmul_nt(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scale: FloatTensor<Self>,
+        min: FloatTensor<Self>,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let mut shape = x.shape();
+        shape[1] = codes.shape()[0];
+        let dtype = x.dtype();
+        launch("fused_qmatmul_nt", vec![x, codes, scale, min], shape, dtype, &layout(bits, group))
+    }
+}
+
+/// The scalars every op of the trait ships: bits per code, then the group size.
+fn layout(bits: u32, group: usize) -> [Scalar; 2] {
+    [Scalar::from(bits), Scalar::from(group)]
+}
+
+/// The `(bits, group)` a shipped op carries (see [`layout`]).
+fn read_layout(ir: &CustomOpIr) -> (u32, usize) {
+    (scalar_usize(ir, 0) as u32, scalar_usize(ir, 1))
+}
+
+/// Registers the server-side handlers of every [`GroupQuantOps`] op for backend `B`.
+pub(crate) fn register<B: BackendIr + GroupQuantOps>(registry: &mut CustomOpRegistry<B>) {
+    registry.register("pack_groups", |handles, ir, _device| {
+        let ([x, scale, min], [out]) = ir.as_fixed::<3, 1>();
+        let (bits, group) = read_layout(ir);
+        let codes = B::pack_groups(
+            handles.get_float_tensor::<B>(x),
+            handles.get_float_tensor::<B>(scale),
+            handles.get_float_tensor::<B>(min),
+            bits,
+            group,
+        );
+        handles.register_int_tensor::<B>(&out.id, codes);
+    });
+    registry.register("unpack_groups", |handles, ir, _device| {
+        let ([codes, scale, min], [out]) = ir.as_fixed::<3, 1>();
+        let (bits, group) = read_layout(ir);
+        let x = B::unpack_groups(
+            handles.get_int_tensor::<B>(codes),
+            handles.get_float_tensor::<B>(scale),
+            handles.get_float_tensor::<B>(min),
+            bits,
+            group,
+        );
+        handles.register_float_tensor::<B>(&out.id, x);
+    });
+    // The two fused matmuls share one wire layout (x, codes, scale, min; bits, group).
+    for (id, transposed) in [("fused_qmatmul", false), ("fused_qmatmul_nt", true)] {
+        registry.register(id, move |handles, ir, _device| {
+            let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
+            let (bits, group) = read_layout(ir);
+            let op = if transposed { B::fused_qmatmul_nt } else { B::fused_qmatmul };
+            let y = op(
+                handles.get_float_tensor::<B>(x),
+                handles.get_int_tensor::<B>(codes),
+                handles.get_float_tensor::<B>(scale),
+                handles.get_float_tensor::<B>(min),
+                bits,
+                group,
+            );
+            handles.register_float_tensor::<B>(&out.id, y);
+        });
+    }
+}
