@@ -2,8 +2,13 @@
 //! `--pipeline-parallel-size N`, `--tensor-parallel-size N`, `--stage-layers 0-11,12-23`
 //! (inclusive ranges) and `--micro-batches N`, turned into a checked
 //! [`PipelinePlan`] before any weight is loaded, and the pipeline-parallel engines built from it.
+//! Entries `ws://HOST:PORT[#INDEX]` are devices of remote workers (the `worker` example,
+//! `--worker-token`); an engine using any runs behind [`WatchedEngine`], so that a worker that
+//! dies or stalls fails its requests with an error naming it after `--worker-timeout-s`.
 
 use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_llm_models::{Generator, LanguageModel, PretrainedFiles};
@@ -12,7 +17,7 @@ use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayo
 use clap::ValueEnum;
 
 use super::{EngineKind, GenerateArgs};
-use crate::device::DeviceChoice;
+use crate::device::{DeviceChoice, WatchedEngine, WorkerAddress, remote_device};
 use crate::engine::Engine;
 
 /// Flags that split a model over several devices.
@@ -27,7 +32,8 @@ pub struct ParallelArgs {
     /// else 1.
     #[arg(long)]
     pub pipeline_parallel_size: Option<usize>,
-    /// Tensor-parallel ranks per stage (not available in this build beyond 1).
+    /// Tensor-parallel ranks per stage: each layer of a stage split Megatron-style over this
+    /// many devices.
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
     /// Layers of each stage as inclusive ranges in layer order, e.g. `0-11,12-23` for 24
@@ -38,6 +44,11 @@ pub struct ParallelArgs {
     /// one per stage).
     #[arg(long)]
     pub micro_batches: Option<usize>,
+    /// Remote workers in `--devices`: the longest the engine may go without a sign of progress
+    /// (the model's upload, a token, a step) before its requests fail with an error naming the
+    /// workers.
+    #[arg(long, default_value_t = 120.0)]
+    pub worker_timeout_s: f64,
 }
 
 impl ParallelArgs {
@@ -54,7 +65,13 @@ impl ParallelArgs {
     /// (`default` on every stage and rank when `--devices` is absent). Errors before any work:
     /// more stages than layers, a bad `--stage-layers`, a device list that does not match
     /// stages × ranks, a device that cannot be used.
-    pub fn plan(&self, num_layers: usize, default: (&str, &Device)) -> Result<PipelinePlan, PipelineError> {
+    /// Remote entries connect now, with `token` (default: `$BURN_LLM_WORKER_TOKEN`).
+    pub fn plan(
+        &self,
+        num_layers: usize,
+        default: (&str, &Device),
+        token: Option<&str>,
+    ) -> Result<PipelinePlan, PipelineError> {
         let layout = match (&self.stage_layers, self.pipeline_parallel_size) {
             (Some(text), size) => {
                 let layout = StageLayout::parse(text, num_layers)?;
@@ -72,7 +89,7 @@ impl ParallelArgs {
         let (names, devices): (Vec<String>, Vec<Device>) = match &self.devices {
             Some(entries) => entries
                 .iter()
-                .map(|e| parse_device(e).map(|d| (e.trim().to_string(), d)))
+                .map(|e| parse_device(e, token).map(|d| (e.trim().to_string(), d)))
                 .collect::<Result<Vec<_>, _>>()?
                 .into_iter()
                 .unzip(),
@@ -80,16 +97,27 @@ impl ParallelArgs {
         };
         Ok(PipelinePlan::new(layout, tp, devices)?.with_names(names))
     }
+
+    /// The remote entries of `--devices`, comma-separated (empty when all are local).
+    pub fn workers(&self) -> String {
+        let entries = self.devices.iter().flatten().map(|e| e.trim());
+        entries.filter(|e| WorkerAddress::is_worker(e)).collect::<Vec<_>>().join(", ")
+    }
 }
 
 /// One `--devices` entry: a local backend by its `--device` name (`flex`, `wgpu`, `vulkan`,
-/// `cuda`, `metal`). Remote devices (`ws://…`, `wss://…`) are not wired into this build yet.
-pub fn parse_device(entry: &str) -> Result<Device, PipelineError> {
+/// `cuda`, `metal`), or a remote worker's device `ws://HOST:PORT[#INDEX]`, connected now with
+/// `token` (see [`remote_device`]).
+pub fn parse_device(entry: &str, token: Option<&str>) -> Result<Device, PipelineError> {
     let entry = entry.trim();
     let error = |reason: String| PipelineError::Device { entry: entry.to_string(), reason };
-    if entry.starts_with("ws://") || entry.starts_with("wss://") {
+    if WorkerAddress::is_worker(entry) {
+        return remote_device(entry, token).map_err(|e| error(e.to_string()));
+    }
+    if entry.starts_with("wss://") {
         return Err(error(
-            "remote devices are not available in this build yet: list local devices (flex, wgpu, …)".into(),
+            "Burn's WebSocket transport has no TLS: use ws://HOST:PORT on a private network (see README, Remote workers)"
+                .into(),
         ));
     }
     let choice = DeviceChoice::from_str(entry, true).map_err(|_| {
@@ -122,16 +150,46 @@ pub(super) fn build_parallel_engine(
         return Err("--schedule plans for one device: drop it, or drop the parallelism flags".into());
     }
     let files = PretrainedFiles::open(dir)?;
-    let plan = parallel.plan(files.spec.num_layers, default)?;
-    let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &plan, args.weight_quant()?)?;
-    let (tokenizer, eos) = (Some(files.tokenizer), files.eos_token_ids);
-    if !args.json {
-        let summary = model.placement_summary().unwrap_or_default();
-        writeln!(log, "{summary}")?;
+    let plan = parallel.plan(files.spec.num_layers, default, args.worker_token.as_deref())?;
+    let workers = parallel.workers();
+    if workers.is_empty() {
+        let (engine, summary) = build_on_plan(kind, args, files, &plan)?;
+        if !args.json {
+            writeln!(log, "{summary}")?;
+        }
+        return Ok(engine);
     }
-    Ok(match kind {
+    let timeout = parallel.worker_timeout_s;
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(format!("--worker-timeout-s must be a positive number of seconds, got {timeout}").into());
+    }
+    let json = args.json;
+    let (args, dir): (GenerateArgs, PathBuf) = (args.clone(), dir.to_path_buf());
+    let engine = WatchedEngine::spawn(workers, Duration::from_secs_f64(timeout), move || {
+        // The checkpoint is opened again on the engine's thread, which owns everything it uses.
+        let files = PretrainedFiles::open(&dir).map_err(|e| e.to_string())?;
+        build_on_plan(kind, &args, files, &plan).map(|(engine, _)| engine).map_err(|e| e.to_string())
+    })?;
+    if !json {
+        writeln!(log, "{}", engine.placement().unwrap_or_default())?;
+    }
+    Ok(Box::new(engine))
+}
+
+/// The plain or paged engine over `plan`'s stages, each stage's weights loaded onto its devices,
+/// and the placement summary.
+fn build_on_plan(
+    kind: EngineKind,
+    args: &GenerateArgs,
+    files: PretrainedFiles,
+    plan: &PipelinePlan,
+) -> Result<(Box<dyn Engine>, String), Box<dyn std::error::Error>> {
+    let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, plan, args.weight_quant()?)?;
+    let (tokenizer, eos) = (Some(files.tokenizer), files.eos_token_ids);
+    let summary = model.placement_summary().unwrap_or_default();
+    let engine: Box<dyn Engine> = match kind {
         EngineKind::Paged => {
-            let config = EngineConfig { micro_batches: parallel.micro_batches, ..args.engine_config() };
+            let config = EngineConfig { micro_batches: args.parallel.micro_batches, ..args.engine_config() };
             Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?)
         }
         _ => {
@@ -142,5 +200,6 @@ pub(super) fn build_parallel_engine(
             }
             Box::new(generator)
         }
-    })
+    };
+    Ok((engine, summary))
 }

@@ -267,6 +267,11 @@ impl Engine for WatchedEngine {
             .unwrap_or(false)
     }
 
+    /// The engine's placement (stages, devices, bytes moved), or `None` once it is closed.
+    fn placement(&self) -> Option<String> {
+        self.call("reading the placement", &mut |_| {}, |engine, _| engine.placement()).ok().flatten()
+    }
+
     /// The engine's own report, or the plain one once the engine is closed.
     fn report(&self, timing: Timing) -> RunReport {
         let plain = RunReport { engine: self.name, timing, memory: None, details: crate::engine::EngineDetails::Plain };

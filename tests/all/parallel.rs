@@ -87,7 +87,7 @@ const DEFAULTS: ExampleDefaults = ExampleDefaults {
 };
 
 /// Runs the CLI on the GPT-2 fixture with `extra` flags; stdout on success, the error otherwise.
-fn cli(extra: &[&str]) -> Result<String, String> {
+pub(crate) fn cli(extra: &[&str]) -> Result<String, String> {
     let dir = fixture("gpt2");
     let mut argv = vec!["x", "--model", dir.to_str().unwrap(), "--prompt", "GNU", "--max-new-tokens", "4"];
     argv.extend_from_slice(extra);
@@ -98,7 +98,7 @@ fn cli(extra: &[&str]) -> Result<String, String> {
 }
 
 /// The text of a CLI run, without its summary line.
-fn text(stdout: &str) -> String {
+pub(crate) fn text(stdout: &str) -> String {
     stdout.lines().filter(|l| !l.starts_with('[')).collect::<Vec<_>>().join("\n")
 }
 
@@ -189,7 +189,7 @@ fn bad_parallel_flags_are_errors() {
         (&["--stage-layers", "1-1"], "belong to no stage"),
         (&["--stage-layers", "0-0,1-1", "--pipeline-parallel-size", "3"], "make them agree"),
         (&["--devices", "flex", "--pipeline-parallel-size", "2"], "1 devices given for 2 pipeline stages"),
-        (&["--devices", "flex,ws://127.0.0.1:3001", "--pipeline-parallel-size", "2"], "remote devices"),
+        (&["--devices", "flex,wss://127.0.0.1:3001", "--pipeline-parallel-size", "2"], "no TLS"),
         (&["--devices", "flex,tpu", "--pipeline-parallel-size", "2"], "not a device"),
         (&["--tensor-parallel-size", "3", "--devices", "flex,flex,flex"], "degree 3 does not divide"),
         (&["--engine", "offload", "--pipeline-parallel-size", "2"], "offload"),

@@ -23,6 +23,7 @@ use burn_llm::{Engine, EngineError, Generator, Pretrained};
 use rand::{Rng, SeedableRng};
 
 use crate::common::{fixture, max_abs_diff, reference};
+use crate::parallel::{cli, text};
 
 const TOKEN: &str = "test-token-0123";
 
@@ -321,6 +322,32 @@ fn killed_worker_mid_generation_is_an_error() {
 #[test]
 fn stalled_worker_mid_generation_is_an_error() {
     assert_fault_is_an_error("-STOP", true);
+}
+
+/// Pipeline and tensor parallelism over worker processes through the CLI's `--devices`: two
+/// stages on two workers, a local stage and a worker's, and two stages × two tensor-parallel
+/// ranks over three workers and local Flex, on the plain and the paged engine, give the same
+/// greedy text as one local device; the summary names the workers.
+#[test]
+fn parallel_engines_over_workers_equal_one_device() {
+    let workers = [Worker::start("flex"), Worker::start("flex"), Worker::start("flex")];
+    let [a, b, c] = [&workers[0].url, &workers[1].url, &workers[2].url];
+    let single = cli(&[]).unwrap();
+    let cases: [Vec<String>; 3] = [
+        vec!["--devices".into(), format!("{a},{b}")],
+        vec!["--devices".into(), format!("flex,{a}")],
+        vec!["--devices".into(), format!("{a},{b},{c},flex"), "--tensor-parallel-size".into(), "2".into()],
+    ];
+    for engine in ["plain", "paged"] {
+        for case in &cases {
+            let mut flags: Vec<&str> = case.iter().map(String::as_str).collect();
+            flags.extend(["--engine", engine, "--worker-token", TOKEN]);
+            let out = cli(&flags).unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            assert_eq!(text(&out), text(&single), "{flags:?}");
+        }
+    }
+    let err = cli(&["--devices", &format!("flex,{a}"), "--worker-token", "wrong-token"]).unwrap_err();
+    assert!(err.contains(a.as_str()), "{err}");
 }
 
 /// `Tensor::to_device` from one worker to another (downloaded worker-to-worker) and back here.
