@@ -151,15 +151,19 @@ fn assert_same_outputs(what: &str, remote: &[(&str, Vec<f32>)], local: &[(&str, 
 }
 
 /// Our kernels on a remote Flex worker (and a remote wgpu worker unless `BURN_LLM_TEST_WGPU=0`)
-/// give local Flex's results.
+/// give local Flex's results: the Flex worker's in Flex's default precision (8-bit input rows for
+/// GGUF-layout matmuls, in both processes), the wgpu worker's in the exact precision its kernels
+/// compute in.
 #[test]
 fn kernels_on_remote_workers_equal_local() {
     let local = kernel_outputs(&Device::flex());
     let flex = Worker::start("flex");
     assert_same_outputs("flex worker", &kernel_outputs(&flex.device()), &local);
     if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {
+        let exact =
+            kernels::with_matmul_precision(kernels::MatmulPrecision::Exact, || kernel_outputs(&Device::flex()));
         let wgpu = Worker::start("wgpu");
-        assert_same_outputs("wgpu worker", &kernel_outputs(&wgpu.device()), &local);
+        assert_same_outputs("wgpu worker", &kernel_outputs(&wgpu.device()), &exact);
     }
 }
 
