@@ -1,7 +1,9 @@
-//! `cargo xtask bench parallel`: the cost of pipeline parallelism over local devices.
+//! `cargo xtask bench parallel`: the cost of pipeline and tensor parallelism over local devices
+//! and remote workers.
 //!
 //! For each setup (one device without stages as the baseline, then pipeline parallelism with 1, 2
-//! and 3 stages), one batch of random prompts is prefilled and decoded greedily through the
+//! and 3 stages, tensor parallelism with 3 ranks alone and in two stages — SmolLM2's 9 query and 3
+//! KV heads divide by 3, not by 2 — and, with `--workers ws://…`, stages on remote workers), one batch of random prompts is prefilled and decoded greedily through the
 //! model's placed contiguous cache (what the plain engine does); the prefill and every decode step
 //! are timed to a host read of the sampled ids, and the bytes handed between stages are counted.
 //! Each setup's time is reported as a ratio to the baseline run back to back. The model is
@@ -10,8 +12,8 @@
 //!
 //! Every stage here runs on the same 2-core CPU (Flex devices in one process), so stages cannot
 //! overlap and parallelism cannot speed anything up: the figures measure overhead (moving the
-//! residual stream between stages, per-device step metadata). Adding a setup (tensor parallelism,
-//! remote workers) is one entry of `setups`.
+//! residual stream between stages and ranks, per-device step metadata; for workers, the loopback
+//! WebSocket round trips). Adding a setup is one entry of `setups`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -40,6 +42,10 @@ pub struct Args {
     /// Decode steps timed after the prefill.
     #[arg(long, default_value_t = 16)]
     steps: usize,
+    /// Workers (`ws://HOST:PORT`, started with the `worker` example; token from
+    /// `$BURN_LLM_WORKER_TOKEN`) for the rows with stages on remote devices; none: local rows only.
+    #[arg(long, value_delimiter = ',')]
+    workers: Vec<String>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -50,6 +56,7 @@ struct Row {
     setup: String,
     stages: String,
     prefill_s: f64,
+    /// Between stages and between tensor-parallel ranks.
     prefill_bytes_between_stages: u64,
     decode_step_ms: f64,
     decode_step_bytes_between_stages: u64,
@@ -68,8 +75,9 @@ struct Report {
     results: Vec<Row>,
 }
 
-const NOTE: &str = "Every stage runs on the same 2-core CPU (Flex devices in one process): stages cannot overlap, so \
-    parallelism cannot speed anything up here; the figures measure its overhead against one device.";
+const NOTE: &str = "Every stage and rank runs on the same 2-core CPU (Flex devices in one process, or workers on \
+    loopback): nothing can overlap, so parallelism cannot speed anything up here; the figures measure its overhead \
+    against one device. Tensor parallelism reduces by to_device (Burn's all_reduce serves CUDA devices only).";
 
 /// What one setup measured: prefill seconds and bytes, median decode-step seconds and bytes.
 struct Measured {
@@ -120,37 +128,54 @@ fn measure(
 /// Builds one setup's model.
 type Build<'a> = Box<dyn Fn() -> Result<Box<dyn LanguageModel>, Box<dyn std::error::Error>> + 'a>;
 
-/// The setups, baseline first: adding a row (tensor parallelism, remote workers) is one entry.
-fn setups<'a, S: TensorSource>(spec: &'a DecoderSpec, source: &'a S) -> Vec<(&'static str, Build<'a>)> {
-    let pipeline = |stages: usize| -> Build<'a> {
+/// The setups, baseline first: adding a row is one entry. `workers` are remote devices with
+/// their addresses.
+fn setups<'a, S: TensorSource>(
+    spec: &'a DecoderSpec,
+    source: &'a S,
+    workers: &'a [(String, Device)],
+) -> Vec<(String, Build<'a>)> {
+    let split = |stages: usize, tp: usize, devices: Vec<(String, Device)>| -> Build<'a> {
         Box::new(move || {
             let layout = StageLayout::even(spec.num_layers, stages)?;
-            let plan =
-                PipelinePlan::new(layout, 1, vec![Device::flex(); stages])?.with_names(vec!["flex".into(); stages]);
+            let (names, devices): (Vec<String>, Vec<Device>) = devices.iter().cloned().unzip();
+            let plan = PipelinePlan::new(layout, tp, devices)?.with_names(names);
             Ok(Box::new(PipelineLm::from_checkpoint(spec.clone(), source, &plan, None)?))
         })
     };
-    vec![
+    let flex = |n: usize| vec![("flex".to_string(), Device::flex()); n];
+    let mut setups: Vec<(String, Build<'a>)> = vec![
         (
-            "1 device, no stages",
+            "1 device, no stages".into(),
             Box::new(move || Ok(Box::new(CausalLm::from_checkpoint(spec.clone(), source, &Device::flex())?))),
         ),
-        ("PP=1 (flex)", pipeline(1)),
-        ("PP=2 (flex, flex)", pipeline(2)),
-        ("PP=3 (flex, flex, flex)", pipeline(3)),
-    ]
+        ("PP=1 (flex)".into(), split(1, 1, flex(1))),
+        ("PP=2 (flex, flex)".into(), split(2, 1, flex(2))),
+        ("PP=3 (flex, flex, flex)".into(), split(3, 1, flex(3))),
+        ("TP=3 (flex × 3)".into(), split(1, 3, flex(3))),
+        ("PP=2 × TP=3 (flex × 6)".into(), split(2, 3, flex(6))),
+    ];
+    if let Some(a) = workers.first() {
+        setups.push((format!("PP=1 on worker {}", a.0), split(1, 1, vec![a.clone()])));
+        setups.push((format!("PP=2 (flex, worker {})", a.0), split(2, 1, vec![flex(1)[0].clone(), a.clone()])));
+    }
+    if let [a, b, ..] = workers {
+        setups.push((format!("PP=2 (workers {}, {})", a.0, b.0), split(2, 1, vec![a.clone(), b.clone()])));
+    }
+    setups
 }
 
 /// Measures every setup (each once to warm up, then for the figures) against the first.
 fn measure_all<S: TensorSource>(
     spec: &DecoderSpec,
     source: &S,
+    workers: &[(String, Device)],
     prompts: &[Vec<u32>],
     steps: usize,
 ) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let mut rows: Vec<Row> = Vec::new();
     let mut baseline: Option<(f64, f64)> = None;
-    for (label, build) in setups(spec, source) {
+    for (label, build) in setups(spec, source, workers) {
         let model = build()?;
         measure(model.as_ref(), &prompts[..1], 2)?;
         let m = measure(model.as_ref(), prompts, steps)?;
@@ -164,7 +189,7 @@ fn measure_all<S: TensorSource>(
             m.step_bytes
         );
         rows.push(Row {
-            setup: label.to_string(),
+            setup: label,
             stages,
             prefill_s: m.prefill_s,
             prefill_bytes_between_stages: m.prefill_bytes,
@@ -198,18 +223,26 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let vocab = spec.vocab_size as u32;
     let prompts: Vec<Vec<u32>> =
         (0..args.batch).map(|_| (0..args.prompt_len).map(|_| rng.random_range(0..vocab)).collect()).collect();
+    let workers = args
+        .workers
+        .iter()
+        .map(|url| Ok((url.clone(), burn_llm::device::remote_device(url, None)?)))
+        .collect::<Result<Vec<_>, burn_llm::device::RemoteDeviceError>>()?;
     eprintln!("{NOTE}");
     let results = match &files {
-        Some(f) => measure_all(&spec, &f.files, &prompts, args.steps)?,
-        None => measure_all(&spec, &RandomWeights::default(), &prompts, args.steps)?,
+        Some(f) => measure_all(&spec, &f.files, &workers, &prompts, args.steps)?,
+        None => measure_all(&spec, &RandomWeights::default(), &workers, &prompts, args.steps)?,
     };
 
-    let command = format!(
+    let mut command = format!(
         "cargo xtask bench parallel --batch {} --prompt-len {} --steps {}",
         args.batch, args.prompt_len, args.steps
     );
+    if !args.workers.is_empty() {
+        command.push_str(&format!(" --workers {}", args.workers.join(",")));
+    }
     let header = Header::new("parallel", command, Some("flex"), &model_name);
-    let mut md = header.markdown("Pipeline parallelism: overhead against one device");
+    let mut md = header.markdown("Pipeline and tensor parallelism: overhead against one device");
     md.push_str(&format!(
         "- model: {model_name} ({} layers)\n- workload: {} prompts of {} tokens prefilled as one batch, then {} greedy \
          decode steps (median step shown)\n- **{NOTE}**\n\n",
@@ -219,9 +252,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         &[
             ("setup", Left),
             ("prefill s", Right),
-            ("prefill bytes between stages", Right),
+            ("prefill bytes between stages/ranks", Right),
             ("decode step ms", Right),
-            ("step bytes between stages", Right),
+            ("step bytes between stages/ranks", Right),
             ("prefill × baseline", Right),
             ("decode × baseline", Right),
         ],
