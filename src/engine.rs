@@ -15,9 +15,10 @@
 
 use burn_llm_models::{
     DecoderSpec, GenerationOutput, Generator, ModelError, Prompt, RequestOutput, SamplingParams, StepOutput,
-    StreamEvent, Timing,
+    StreamEvent, Timing, Tokenizer,
 };
 use burn_offload::{OffloadEngine, OffloadError, OffloadReport};
+use burn_paged::memory::Location;
 use burn_paged::{EngineStats, LlmEngine, PagedError};
 use serde::Serialize;
 
@@ -119,6 +120,22 @@ impl RunReport {
     }
 }
 
+/// What a scheduling engine holds right now: its queues and its KV-cache pool (the server's
+/// `/metrics` gauges, vLLM's `num_requests_*` and cache usage).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EngineLoad {
+    /// Requests queued and not yet scheduled.
+    pub waiting: usize,
+    /// Requests in the running batch.
+    pub running: usize,
+    /// Requests preempted to host memory.
+    pub swapped: usize,
+    /// Device KV blocks in use.
+    pub kv_blocks_used: usize,
+    /// Device KV blocks in the pool.
+    pub kv_blocks_total: usize,
+}
+
 /// Outputs of an offline call and what ran.
 #[derive(Debug, Clone)]
 pub struct Generation {
@@ -180,6 +197,16 @@ pub trait Engine {
         false
     }
 
+    /// Queues and KV pool now, for engines that schedule requests step by step.
+    fn load(&self) -> Option<EngineLoad> {
+        None
+    }
+
+    /// The model's tokenizer, when it has one (the server tokenizes and renders chats with it).
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        None
+    }
+
     /// Counters of what the engine has run so far, in the shape of a report over `timing`.
     fn report(&self, timing: Timing) -> RunReport {
         RunReport { engine: self.name(), timing, memory: None, details: EngineDetails::Plain }
@@ -206,6 +233,10 @@ impl Engine for Generator {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities { streams_tokens: true, multiple_sequences: false, step_level: false }
+    }
+
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        Generator::tokenizer(self)
     }
 
     fn generate_stream(
@@ -260,6 +291,22 @@ impl Engine for LlmEngine {
 
     fn has_unfinished_requests(&self) -> bool {
         LlmEngine::has_unfinished_requests(self)
+    }
+
+    fn load(&self) -> Option<EngineLoad> {
+        let (waiting, running, swapped) = self.queue_lengths();
+        let blocks = self.block_manager();
+        Some(EngineLoad {
+            waiting,
+            running,
+            swapped,
+            kv_blocks_used: blocks.used_blocks(Location::Device),
+            kv_blocks_total: blocks.total_blocks(Location::Device),
+        })
+    }
+
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        LlmEngine::tokenizer(self)
     }
 
     fn report(&self, timing: Timing) -> RunReport {

@@ -16,3 +16,4 @@ mod parity;
 mod quantized;
 mod real_model;
 mod sampling;
+mod server;
