@@ -16,14 +16,7 @@ use super::streaming::{self, ChunkFormat, finish_reason, usage};
 use super::{AppState, logprobs, parse_body, unix_now};
 
 /// The route.
-pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match chat(state, body).await {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let request: ChatRequest = parse_body(body, state.config.max_body_bytes)?;
     state.check_model(request.model.as_deref())?;
     let messages = request.messages()?;

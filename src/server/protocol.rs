@@ -144,7 +144,7 @@ impl SamplingFields {
         };
         params.validate(vocab_size).map_err(|e| {
             let message = e.to_string();
-            ApiError::bad_request(message.clone(), Some(param_of(&message)))
+            ApiError::bad_request(message.clone(), param_of(&message))
         })?;
         if self.streams() && params.best_of.is_some_and(|b| b > params.n) {
             return Err(ApiError::bad_request(
@@ -156,8 +156,9 @@ impl SamplingFields {
     }
 }
 
-/// The request field a sampling-validation message is about (its first word, in the API's names).
-fn param_of(message: &str) -> &'static str {
+/// The request field a sampling-validation message is about (the first word after the error's
+/// prefix, in the API's names).
+fn param_of(message: &str) -> Option<&'static str> {
     const FIELDS: [&str; 9] = [
         "temperature",
         "top_p",
@@ -169,11 +170,12 @@ fn param_of(message: &str) -> &'static str {
         "best_of",
         "n",
     ];
-    let word = message.split(|c: char| !(c.is_alphanumeric() || c == '_')).find(|w| !w.is_empty()).unwrap_or("");
+    let detail = message.split_once(": ").map_or(message, |(_, rest)| rest);
+    let word = detail.split(|c: char| !(c.is_alphanumeric() || c == '_')).find(|w| !w.is_empty())?;
     if word == "max_new_tokens" {
-        return "max_tokens";
+        return Some("max_tokens");
     }
-    FIELDS.into_iter().find(|f| *f == word).unwrap_or("")
+    FIELDS.into_iter().find(|f| *f == word)
 }
 
 /// `prompt` of `/v1/completions`: text, texts, token ids, or lists of token ids.

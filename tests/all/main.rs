@@ -10,6 +10,7 @@ mod cli;
 mod engine;
 mod errors;
 mod gguf;
+mod http_client;
 mod offload;
 mod paged;
 mod parity;

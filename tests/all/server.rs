@@ -1,6 +1,6 @@
 //! The OpenAI-compatible server over loopback: a real server on a fixture model (paged engine on
-//! the CPU), `reqwest` as the client, the official `openai` Python client, and the chat page in
-//! headless Chromium.
+//! the CPU), a small HTTP/1.1 client (`http_client`; see there why not `reqwest`), the official
+//! `openai` Python client, and the chat page in headless Chromium.
 
 use std::path::Path;
 use std::time::Duration;
@@ -9,11 +9,11 @@ use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
 use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
 use clap::Parser;
-use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::common::{Scratch, scratch_copy};
+use crate::http_client::Client;
 
 /// A minimal chat template (none of the fixtures ships one).
 const TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
@@ -41,7 +41,9 @@ struct Running {
 fn start(model: &Path, extra: &[&str]) -> Running {
     let model = model.to_str().unwrap();
     let mut argv = vec!["serve", "--model", model, "--device", "flex", "--served-model-name", "fixture"];
-    argv.extend_from_slice(&["--kv-cache-memory", "blocks:96", "--port", "0"]);
+    if !extra.contains(&"--kv-cache-memory") {
+        argv.extend_from_slice(&["--kv-cache-memory", "blocks:96"]);
+    }
     argv.extend_from_slice(extra);
     let args = ServeArgs::try_parse_from(argv).unwrap();
     let server = Server::start(args.engine_builder(), args.server_config().unwrap()).unwrap();
@@ -85,7 +87,7 @@ fn cli_json(model: &Path, extra: &[&str]) -> Value {
     serde_json::from_slice(&out).unwrap()
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
+async fn post(client: &Client, url: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
     let mut request = client.post(url).json(body);
     if let Some(key) = key {
         request = request.bearer_auth(key);
@@ -108,14 +110,14 @@ fn parse_sse(text: &str) -> Vec<Value> {
         .collect()
 }
 
-async fn stream(client: &reqwest::Client, url: &str, body: &Value, key: Option<&str>) -> Vec<Value> {
+async fn stream(client: &Client, url: &str, body: &Value, key: Option<&str>) -> Vec<Value> {
     let mut request = client.post(url).json(body);
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
     let response = request.send().await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
+    let content_type = response.header("content-type").to_string();
     assert!(content_type.starts_with("text/event-stream"), "{content_type}");
     parse_sse(&response.text().await.unwrap())
 }
@@ -144,7 +146,7 @@ fn greedy_completions_and_chat_equal_the_cli_and_stream_the_same_text() {
     let cli_chat = cli_json(dir.path(), &["--prompt", PROMPT, "--chat"]);
     let server = start(dir.path(), &[]);
     server.runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let url = server.url("/v1/completions");
         let body = json!({"model": "fixture", "prompt": PROMPT, "max_tokens": 8, "temperature": 0});
         let (status, r) = post(&client, &url, &body, None).await;
@@ -233,7 +235,7 @@ fn n_best_of_logprobs_stop_echo_and_seed_behave_as_in_the_engine() {
     let dir = chat_fixture();
     let server = start(dir.path(), &[]);
     server.runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let url = server.url("/v1/completions");
         let greedy = json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0});
         let (_, r) = post(&client, &url, &greedy, None).await;
@@ -328,7 +330,7 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
     let dir = chat_fixture();
     let server = start(dir.path(), &["--api-key", KEY, "--max-body-bytes", "4096"]);
     server.runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let url = server.url("/v1/completions");
         let good = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": true, "stream": true});
         let pending = client.post(&url).bearer_auth(KEY).json(&good).send();
@@ -423,7 +425,7 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
     // --max-waiting 0: every generation request is turned away with 503.
     let server = start(dir.path(), &["--max-waiting", "0"]);
     server.runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let (got, r) = post(&client, &server.url("/v1/completions"), &json!({"prompt": PROMPT}), None).await;
         assert_eq!(got, 503, "{r}");
         check_error(&r, "max waiting");
@@ -448,7 +450,7 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
     let url = server.url("/v1/completions");
     let metrics_url = server.url("/metrics");
     server.runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
         let mut tasks = Vec::new();
         for i in 0..64u64 {
@@ -460,16 +462,17 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
             });
             let (client, url) = (client.clone(), url.clone());
             tasks.push(tokio::spawn(async move {
-                let response = client.post(&url).json(&body).send().await.unwrap();
+                let mut response = client.post(&url).json(&body).send().await.unwrap();
                 assert_eq!(response.status().as_u16(), 200);
-                let mut bytes = response.bytes_stream();
-                let mut text = String::new();
-                while let Some(piece) = bytes.next().await {
-                    text.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
-                    if disconnect_after.is_some_and(|n| text.matches("\n\n").count() >= n) {
+                let mut raw = Vec::new();
+                while let Some(piece) = response.next_raw().await {
+                    raw.extend_from_slice(&piece);
+                    let events = raw.windows(2).filter(|w| w == b"\n\n").count();
+                    if disconnect_after.is_some_and(|n| events >= n) {
                         return None; // drops the connection mid-stream
                     }
                 }
+                let text = String::from_utf8(response.decode(&raw)).unwrap();
                 Some((max_tokens, parse_sse(&text)))
             }));
         }
@@ -503,7 +506,7 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
         }
         assert!(complete > 20, "only {complete} streams completed");
         // Aborted and finished requests are gone and every block is back.
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let metrics = client.get(&metrics_url).send().await.unwrap().text().await.unwrap();
@@ -562,7 +565,7 @@ fn the_official_openai_python_client_works() {
     let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!((&seen["not_found"], &seen["auth"], &seen["models"]), (&json!(404), &json!(401), &json!(["fixture"])));
     server.runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let body = json!({"prompt": "Hello, my name is", "max_tokens": 8, "temperature": 0});
         let (_, r) = post(&client, &server.url("/v1/completions"), &body, Some(KEY)).await;
         assert_eq!(seen["completion"], r["choices"][0]["text"]);
@@ -583,7 +586,7 @@ fn the_chat_page_streams_a_reply_in_headless_chromium() {
     let server = start(dir.path(), &[]);
     let message = "Hi there";
     let expected = server.runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = Client::new();
         let body = json!({"model": "fixture", "messages": [{"role": "user", "content": message}], "max_tokens": 8, "temperature": 0, "top_p": 1});
         let (_, r) = post(&client, &server.url("/v1/chat/completions"), &body, None).await;
         r["choices"][0]["message"]["content"].as_str().unwrap().to_string()
