@@ -31,7 +31,7 @@ pub struct ModelInfo {
 
 /// A message to the engine thread.
 enum Command {
-    Add(Admission),
+    Add(Box<Admission>),
     Abort(String),
     Stop,
 }
@@ -142,8 +142,14 @@ impl EngineHandle {
         for (tag, prompt) in prompts.into_iter().enumerate() {
             let request_id = format!("req-{id}-{tag}");
             guard.ids.push(request_id.clone());
-            let admission =
-                Admission { request_id, tag, prompt, params: params.clone(), events: events.clone(), arrived };
+            let admission = Box::new(Admission {
+                request_id,
+                tag,
+                prompt,
+                params: params.clone(),
+                events: events.clone(),
+                arrived,
+            });
             if self.commands.send(Command::Add(admission)).is_err() {
                 self.pending.fetch_sub(k - tag, Ordering::SeqCst);
                 return Err(ApiError::unavailable("the engine has stopped: the server is shutting down"));
@@ -276,7 +282,7 @@ impl EngineLoop {
             };
             for command in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
                 match command {
-                    Command::Add(admission) => self.admit(admission),
+                    Command::Add(admission) => self.admit(*admission),
                     Command::Abort(id) => self.abort(&id),
                     Command::Stop => break 'serve,
                 }

@@ -14,7 +14,6 @@ use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
 use burn_llm::{DeviceChoice, Engine, paged::LlmEngine};
 use clap::Parser;
-use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
@@ -23,6 +22,14 @@ use super::plot::{self, Panel};
 use super::serve::model;
 use super::workload::{Request, Workload};
 use crate::report::{self, Align::Left, Align::Right, Header, table};
+use http_client::Client;
+
+/// The server tests' loopback HTTP/1.1 client, shared (`reqwest` cannot build a client in this
+/// workspace: Burn's remote feature turns on its `rustls-no-provider`; see the file).
+/// The bench uses part of it (the tests use all of it).
+#[allow(dead_code)]
+#[path = "../../../tests/all/http_client.rs"]
+mod http_client;
 
 /// Flags of the online mode.
 #[derive(clap::Args)]
@@ -109,7 +116,7 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
         let task = runtime.spawn(server.serve(listener, async {
             let _ = stopped.await;
         }));
-        let client = reqwest::Client::new();
+        let client = Client::new();
         runtime.block_on(send(&client, &url, &requests[..1], 1.0, &mut rng))?; // warm-up
         let mut points = Vec::new();
         for &rate in &args.rates {
@@ -137,7 +144,7 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
 
 /// Sends `requests` with Poisson arrivals at `rate`, each streamed; returns what each measured.
 async fn send(
-    client: &reqwest::Client,
+    client: &Client,
     url: &str,
     requests: &[Request],
     rate: f64,
@@ -157,15 +164,17 @@ async fn send(
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(send_at).await;
             let sent = Instant::now();
-            let response = client.post(&url).json(&body).send().await?.error_for_status()?;
-            let mut body = response.bytes_stream();
+            let mut response = client.post(&url).json(&body).send().await?;
+            if response.status().as_u16() != 200 {
+                let status = response.status().as_u16();
+                return Err(std::io::Error::other(format!("HTTP {status}: {}", response.text().await?)));
+            }
             let mut first = None;
-            while let Some(piece) = body.next().await {
-                piece?;
+            while response.next_raw().await.is_some() {
                 first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
             }
             let e2e = sent.elapsed().as_secs_f64();
-            Ok::<Sample, reqwest::Error>((first.unwrap_or(e2e), e2e, output))
+            Ok::<Sample, std::io::Error>((first.unwrap_or(e2e), e2e, output))
         }));
     }
     let mut samples = Vec::new();
