@@ -4,9 +4,15 @@
 //!
 //! `cargo run --release --example plan -- profile --model DIR_OR_GGUF|--synthetic NAME
 //! --device flex|wgpu|… --out FILE.json [--grid small|full]`: measures the profile the planners
-//! read on a device of this build (see `burn_parallel::profiler`).
+//! read on a device of this build (see `burn_parallel::profiler`), with the paged engine's
+//! per-step overhead (`engine_step`, timed by `burn_llm::schedule::engine_step`; `--no-engine-step`
+//! skips it).
 
+use burn::tensor::Device;
 use burn_llm::DeviceChoice;
+use burn_llm::models::{CausalLm, DecoderSpec};
+use burn_llm::parallel::plan::profile::Profile;
+use burn_llm::parallel::profiler::EngineStepGrid;
 use burn_llm::parallel::{plan, profiler};
 use clap::ValueEnum;
 
@@ -15,11 +21,18 @@ use std::io::Write;
 fn main() {
     let args: Vec<_> = std::env::args_os().collect();
     let (json, code) = if args.get(1).is_some_and(|a| a == "profile") {
-        profiler::cli::run(args, |name| {
+        let device = |name: &str| {
             let choice = DeviceChoice::from_str(name, true)
                 .map_err(|_| format!("unknown device `{name}`: use flex, wgpu, vulkan, cuda or metal"))?;
             choice.device().map_err(|e| e.to_string())
-        })
+        };
+        // The whole model (random weights) through the paged engine, against the layer tables.
+        let engine: profiler::cli::EngineTimer<'_> =
+            Box::new(|spec: &DecoderSpec, device: &Device, profile: &Profile, grid: &EngineStepGrid| {
+                let model = CausalLm::random(spec.clone(), device).map_err(|e| e.to_string())?;
+                burn_llm::schedule::engine_step(&model, profile, grid).map_err(|e| e.to_string())
+            });
+        profiler::cli::run_with_engine(args, device, Some(engine))
     } else {
         plan::cli::run(args)
     };

@@ -22,6 +22,13 @@ Each fixture directory holds:
   not treated as a stop), beam search results (4 beams, 12 new tokens, 2 best
   sequences and their ``sequences_scores``), versions of the generating
   libraries.
+* ``penalties.json`` + ``penalties.safetensors``: sampling penalties (see
+  ``penalty_references``): for each penalty setting and prompt, the greedy
+  continuation of HF ``generate`` with HF's ``RepetitionPenaltyLogitsProcessor``
+  and vLLM's presence/frequency formula as a logits processor, and one step's
+  raw and processed logits (``raw.{case}.{i}``, ``processed.{case}.{i}``).
+  ``--penalties`` writes only these two files from the checkpoints on disk,
+  leaving every other file untouched.
 
 Fixtures:
 
@@ -80,9 +87,12 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
     OPTConfig,
     OPTForCausalLM,
     PreTrainedTokenizerFast,
+    RepetitionPenaltyLogitsProcessor,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -375,6 +385,20 @@ def beam_search(model, ids: list[int], eos: int, pad: int | None):
 
 
 @torch.no_grad()
+def greedy_generate(model, input_ids, n: int, eos: int, pad: int | None, **kwargs):
+    """HF ``generate``, greedy, ``n`` new tokens, EOS not a stop (see ``reference_outputs``)."""
+    return model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=n,
+        eos_token_id=None,
+        pad_token_id=pad if pad is not None else eos,
+        **kwargs,
+    )
+
+
 def reference_outputs(model, tok, tok_hf, prompt_ids: list[list[int]], eos: int, pad: int | None):
     logits_tensors = {}
     prompts = []
@@ -390,15 +414,7 @@ def reference_outputs(model, tok, tok_hf, prompt_ids: list[list[int]], eos: int,
         # object with eos_token_id=None gets its None filled back in from the model's
         # generation_config by transformers 5 (None means "unset" there).
         greedy_manual, _ = manual_greedy(model, ids, GREEDY_NEW_TOKENS)
-        out = model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            do_sample=False,
-            num_beams=1,
-            max_new_tokens=GREEDY_NEW_TOKENS,
-            eos_token_id=None,
-            pad_token_id=pad if pad is not None else eos,
-        )
+        out = greedy_generate(model, input_ids, GREEDY_NEW_TOKENS, eos, pad)
         greedy = out[0, len(ids):].tolist()
         assert len(greedy) == GREEDY_NEW_TOKENS, (len(greedy), greedy)
         assert greedy == greedy_manual, (greedy, greedy_manual)
@@ -507,7 +523,100 @@ def verify(name: str):
     return worst, size
 
 
+# --------------------------------------------------------------------------- penalties
+
+# Penalty settings checked against the Rust sampler: HF's repetition penalty (above and below 1),
+# OpenAI's presence and frequency penalties as vLLM applies them, and all three at once.
+PENALTY_CASES = [
+    {"name": "repetition", "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.4},
+    {"name": "repetition_below_one", "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 0.8},
+    {"name": "presence", "presence_penalty": 1.5, "frequency_penalty": 0.0, "repetition_penalty": 1.0},
+    {"name": "frequency", "presence_penalty": 0.0, "frequency_penalty": 0.9, "repetition_penalty": 1.0},
+    {"name": "all", "presence_penalty": -0.5, "frequency_penalty": 0.6, "repetition_penalty": 1.5},
+]
+PENALTY_NEW_TOKENS = 12
+# Generated tokens in the history of the step whose logits are stored.
+PENALTY_STEP = 8
+
+
+class OpenAIPenalties(LogitsProcessor):
+    """vLLM's ``apply_penalties`` for presence and frequency: over the generated tokens only
+    (``input_ids`` past the prompt), ``logits -= frequency * count`` then
+    ``logits -= presence * (count > 0)``. HF transformers has no processor for them."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len = prompt_len
+        self.presence = presence
+        self.frequency = frequency
+
+    def __call__(self, input_ids, scores):
+        output = input_ids[:, self.prompt_len:]
+        counts = torch.zeros_like(scores).scatter_add_(1, output, torch.ones_like(output, dtype=scores.dtype))
+        scores = scores - self.frequency * counts
+        return scores - self.presence * (counts > 0).to(scores.dtype)
+
+
+def penalty_processors(case: dict, prompt_len: int) -> LogitsProcessorList:
+    """vLLM's order: repetition (HF's processor, over prompt + output), then frequency, then
+    presence."""
+    processors = LogitsProcessorList()
+    if case["repetition_penalty"] != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(case["repetition_penalty"]))
+    if case["presence_penalty"] != 0.0 or case["frequency_penalty"] != 0.0:
+        processors.append(OpenAIPenalties(prompt_len, case["presence_penalty"], case["frequency_penalty"]))
+    return processors
+
+
+@torch.no_grad()
+def penalty_references(name: str):
+    """Writes ``penalties.json`` and ``penalties.safetensors`` for fixture ``name`` from its
+    checkpoint on disk: per case and prompt, HF ``generate``'s greedy continuation with the
+    penalties (EOS not a stop), the smallest top-1/top-2 margin of the processed scores over its
+    steps, and the raw and processed logits of the step after ``PENALTY_STEP`` tokens."""
+    out = FIXTURES / name
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    ref = json.loads((out / "reference.json").read_text())
+    eos, pad = ref["eos_token_id"], ref["pad_token_id"]
+    tensors = {}
+    cases = []
+    for case in PENALTY_CASES:
+        prompts = []
+        for i, p in enumerate(ref["prompts"]):
+            ids = p["input_ids"]
+            input_ids = torch.tensor([ids])
+            processors = penalty_processors(case, len(ids))
+            generated = greedy_generate(model, input_ids, PENALTY_NEW_TOKENS, eos, pad, logits_processor=processors,
+                                        output_scores=True, return_dict_in_generate=True)
+            greedy = generated.sequences[0, len(ids):].tolist()
+            assert len(greedy) == PENALTY_NEW_TOKENS, (name, case["name"], greedy)
+            margin = min(float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in generated.scores)
+            history = ids + greedy[:PENALTY_STEP]
+            history_ids = torch.tensor([history])
+            raw = model(history_ids).logits[:, -1, :].float()
+            processed = processors(history_ids, raw.clone())
+            tensors[f"raw.{case['name']}.{i}"] = raw[0].contiguous()
+            tensors[f"processed.{case['name']}.{i}"] = processed[0].contiguous()
+            prompts.append({"input_ids": ids, "greedy_ids": greedy, "min_top2_margin": margin,
+                            "step_history": history})
+        cases.append({**case, "prompts": prompts})
+    save_file(tensors, str(out / "penalties.safetensors"), metadata={"format": "pt"})
+    doc = {
+        "generator": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "max_new_tokens": PENALTY_NEW_TOKENS,
+        "step_generated_tokens": PENALTY_STEP,
+        "cases": cases,
+    }
+    (out / "penalties.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    worst = min(p["min_top2_margin"] for c in cases for p in c["prompts"])
+    print(f"[{name}] penalties: min greedy top-2 margin {worst:.4f}")
+
+
 def main():
+    if sys.argv[1:] == ["--penalties"]:
+        for spec in FIXTURE_SPECS:
+            penalty_references(spec[0])
+        return 0
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"tokenizers {tokenizers.__version__}, safetensors {safetensors.__version__}")
     FIXTURES.mkdir(parents=True, exist_ok=True)
@@ -525,6 +634,8 @@ def main():
     for spec in FIXTURE_SPECS:
         worst, size = verify(spec[0])
         print(f"verified {spec[0]:20s} total {size:8d} bytes, max |logits diff| on reload {worst:.2e}")
+    for spec in FIXTURE_SPECS:
+        penalty_references(spec[0])
     return 0
 
 

@@ -15,14 +15,16 @@ use burn_llm_models::{
 };
 use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
-use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, SchedulingPolicy};
+use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, Reservation, SchedulingPolicy};
 
 use crate::device::DeviceChoice;
 use crate::engine::{Capabilities, Engine, RunReport};
 use quant::fit_cache_compression;
 
+mod parallel;
 mod quant;
 use crate::schedule;
+pub use parallel::{ParallelArgs, parse_device};
 
 /// Defaults that differ between the example binaries.
 #[derive(Debug, Clone, Copy)]
@@ -72,9 +74,25 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Also report the top-K log-probabilities of each generated token.
+    /// Also report each generated token's log-probability and the top-K alternatives.
     #[arg(long)]
     pub logprobs: Option<usize>,
+    /// OpenAI presence penalty in [-2, 2]: subtracted once from the logit of every token already
+    /// generated.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty in [-2, 2]: subtracted from a token's logit once per time it was
+    /// generated.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// HF/CTRL repetition penalty (> 0; 1 is off): logits of tokens in the prompt or the output are
+    /// divided by it when positive, multiplied when negative.
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Multiply GGUF-layout quantized weights by `f32` input rows on the CPU instead of rows
+    /// quantized to 8 bits (llama.cpp's way, the default): slower, equal to the dequantized model.
+    #[arg(long)]
+    pub exact_matmul: bool,
     /// Quantize attention and MLP weights at load (group-wise asymmetric, FlexGen style; see
     /// [`GenerateArgs::weight_quant`]).
     #[arg(long, value_enum)]
@@ -130,7 +148,10 @@ pub struct GenerateArgs {
     pub length_penalty: f32,
     /// Paged engine: `fcfs` (vLLM, the default) or `exegpt` (ExeGPT's RRA schedule: prefill a
     /// batch, then a fixed number of decode iterations without prefills, repeated), from `--plan`
-    /// or planned at start-up with `--latency-bound-s` and `--profile-json`.
+    /// or planned at start-up with `--latency-bound-s` (`--profile-json` reuses a saved profile); or a baseline of the
+    /// vLLM paper: `orca-max`, `orca-pow2`, `orca-oracle` (Orca's iteration-level scheduling with
+    /// contiguous per-request KV reservations of the model's length, prompt + output rounded to a
+    /// power of two, or prompt + output) and `static` (request-level static batching).
     #[arg(long, value_enum)]
     pub schedule: Option<ScheduleKind>,
     /// `--schedule exegpt`: a saved ExeGPT plan (the output of `cargo run --example plan --
@@ -138,11 +159,13 @@ pub struct GenerateArgs {
     #[arg(long, conflicts_with = "latency_bound_s")]
     pub plan: Option<std::path::PathBuf>,
     /// `--schedule exegpt`: plan at start-up for this bound on the latency of a request, in
-    /// seconds (the prompts and `--max-new-tokens` are the workload, the KV-cache pool the memory).
-    #[arg(long, requires = "profile_json")]
+    /// seconds (the prompts and `--max-new-tokens` are the workload, the KV-cache pool the memory),
+    /// from the model's cost profile: `--profile-json`, or measured now on the device.
+    #[arg(long)]
     pub latency_bound_s: Option<f64>,
     /// `--schedule exegpt` with `--latency-bound-s`: the planner's cost profile of the model on
-    /// this device (format: burn-parallel's `plan::profile`).
+    /// this device (format: burn-parallel's `plan::profile`); measured and written there when
+    /// the file does not exist yet.
     #[arg(long, requires = "latency_bound_s")]
     pub profile_json: Option<std::path::PathBuf>,
     /// Offload engine: device memory budget (`2GiB`, `512MiB`), enforced.
@@ -190,6 +213,9 @@ pub struct GenerateArgs {
     /// Offload engine: hardware profile JSON (measured and cached there when missing).
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
+    /// Pipeline (and tensor) parallelism over several devices.
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
 }
 
 /// `2GiB`, `512MiB`, `1.5GB`, or plain bytes.
@@ -218,6 +244,16 @@ pub enum ScheduleKind {
     Fcfs,
     /// ExeGPT's RRA schedule: prefill phases and decode phases of `N_D` iterations.
     Exegpt,
+    /// Orca (Max): iteration-level batching, each request reserving the model's maximum length.
+    OrcaMax,
+    /// Orca (Pow2): each request reserving its prompt plus its output budget rounded up to a
+    /// power of two.
+    OrcaPow2,
+    /// Orca (Oracle): each request reserving exactly its prompt plus its output budget.
+    OrcaOracle,
+    /// Request-level static batching (FasterTransformer): a batch runs until its longest request
+    /// is done before the next is admitted; max-length reservations.
+    Static,
 }
 
 fn parse_kv_memory(text: &str) -> Result<KvCacheMemory, String> {
@@ -277,7 +313,9 @@ impl GenerateArgs {
             beam: self
                 .beam_width
                 .map(|width| BeamSearchParams { length_penalty: self.length_penalty, ..BeamSearchParams::new(width) }),
-            ..SamplingParams::default()
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
         }
     }
 
@@ -306,15 +344,23 @@ impl GenerateArgs {
             if self.plan.is_some() || self.latency_bound_s.is_some() {
                 return Err("--plan and --latency-bound-s choose an ExeGPT schedule: add --schedule exegpt".into());
             }
-            return Ok(SchedulingPolicy::Fcfs);
+            return Ok(match self.schedule {
+                Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(Reservation::Max),
+                Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(Reservation::Pow2),
+                Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(Reservation::Oracle),
+                Some(ScheduleKind::Static) => SchedulingPolicy::Static,
+                _ => SchedulingPolicy::Fcfs,
+            });
         }
-        let plan = match (&self.plan, self.latency_bound_s, &self.profile_json) {
-            (Some(path), _, _) => schedule::read_plan(path)?,
-            (None, Some(bound), Some(profile)) => {
+        let plan = match (&self.plan, self.latency_bound_s) {
+            (Some(path), _) => schedule::read_plan(path)?,
+            (None, Some(bound)) => {
                 let workload = schedule::Workload::new(model, &self.engine_config(), prompts, params.max_new_tokens)?;
-                schedule::plan_rra(schedule::read_profile(profile)?, &workload, bound)?
+                let profile =
+                    schedule::load_or_profile(self.profile_json.as_deref(), &model.model, workload.max_num_seqs, log)?;
+                schedule::plan_rra(profile, &workload, bound)?
             }
-            _ => return Err("--schedule exegpt needs a plan: --plan FILE.json, or --latency-bound-s SECONDS with --profile-json FILE".into()),
+            _ => return Err("--schedule exegpt needs a plan: --plan FILE.json, or --latency-bound-s SECONDS (with --profile-json FILE to reuse a saved profile)".into()),
         };
         let policy = schedule::phased_policy(&plan)?;
         if !self.json {
@@ -397,6 +443,9 @@ pub struct JsonReport<'a> {
     /// Peak memory per tier (`--engine offload`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<serde_json::Value>,
+    /// Which devices ran which stages and the bytes handed between them (parallel runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
 }
 
 impl<'a> JsonReport<'a> {
@@ -415,6 +464,7 @@ impl<'a> JsonReport<'a> {
             },
             policy: None,
             memory: None,
+            placement: None,
         }
     }
 
@@ -473,6 +523,9 @@ pub fn run_with(
     out: &mut dyn Write,
     log: &mut dyn Write,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if args.exact_matmul {
+        crate::kernels::set_matmul_precision(crate::kernels::MatmulPrecision::Exact);
+    }
     let mut model_arg = args.model.as_deref().unwrap_or(defaults.model);
     let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
     let device = choice.device()?;
@@ -494,8 +547,9 @@ pub fn run_with(
 
     if args.json {
         let generation = engine.generate(&prompts, &params)?;
-        let report =
+        let mut report =
             JsonReport::new(model_arg, choice.name(), &generation.output, load_s).with_report(&generation.report);
+        report.placement = engine.placement();
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
@@ -525,7 +579,11 @@ pub fn run_with(
         return Err(e.into());
     }
     printer.finish(&generation.output, out)?;
-    writeln!(out, "\n{}", summary(&generation.report, load_s))?;
+    let mut line = summary(&generation.report, load_s);
+    if let Some(placement) = engine.placement() {
+        line.insert_str(line.len() - 1, &format!(" · {placement}"));
+    }
+    writeln!(out, "\n{line}")?;
     Ok(())
 }
 
@@ -546,6 +604,9 @@ pub fn build_engine(
             "--schedule, --plan and --latency-bound-s apply to --engine paged only; add --engine paged or drop them"
                 .into(),
         );
+    }
+    if args.parallel.is_set() {
+        return parallel::build_parallel_engine(kind, args, dir, (choice.name(), device), log);
     }
     if kind == EngineKind::Offload {
         return Ok(Box::new(build_offload(args, dir, device, choice, prompts, params, log)?));

@@ -14,8 +14,8 @@
 //! or offloading engine) returns an error naming the setting, never a silently different result.
 
 use burn_llm_models::{
-    DecoderSpec, GenerationOutput, Generator, ModelError, Prompt, RequestOutput, SamplingParams, StepOutput,
-    StreamEvent, Timing, Tokenizer,
+    DecoderSpec, GenerationOutput, Generator, LanguageModel, ModelError, Prompt, RequestOutput, SamplingParams,
+    StepOutput, StreamEvent, Timing, Tokenizer,
 };
 use burn_offload::{OffloadEngine, OffloadError, OffloadReport};
 use burn_paged::memory::Location;
@@ -211,6 +211,19 @@ pub trait Engine {
     fn report(&self, timing: Timing) -> RunReport {
         RunReport { engine: self.name(), timing, memory: None, details: EngineDetails::Plain }
     }
+
+    /// Which devices run which layers and the bytes handed between them so far, for engines
+    /// whose model is split over several devices (`None` on one device).
+    fn placement(&self) -> Option<String> {
+        None
+    }
+}
+
+/// [`Engine::placement`] of an engine over `model`.
+fn placement_of(model: &impl LanguageModel) -> Option<String> {
+    let summary = model.placement_summary()?;
+    let moved = burn_offload::store::fmt_bytes(model.stage_transfer_bytes());
+    Some(format!("{summary}, {moved} handed between stages"))
 }
 
 /// The error step-level calls answer on engines without them.
@@ -222,7 +235,7 @@ fn no_steps(engine: &'static str) -> EngineError {
     }
 }
 
-impl Engine for Generator {
+impl<M: LanguageModel + 'static> Engine for Generator<M> {
     fn name(&self) -> &'static str {
         "plain"
     }
@@ -239,6 +252,10 @@ impl Engine for Generator {
         Generator::tokenizer(self)
     }
 
+    fn placement(&self) -> Option<String> {
+        placement_of(self.model())
+    }
+
     fn generate_stream(
         &mut self,
         prompts: &[Prompt],
@@ -251,7 +268,7 @@ impl Engine for Generator {
     }
 }
 
-impl Engine for LlmEngine {
+impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
     fn name(&self) -> &'static str {
         "paged"
     }
@@ -262,6 +279,10 @@ impl Engine for LlmEngine {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities { streams_tokens: true, multiple_sequences: true, step_level: true }
+    }
+
+    fn placement(&self) -> Option<String> {
+        placement_of(self.model())
     }
 
     fn generate_stream(

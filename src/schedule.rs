@@ -6,6 +6,13 @@
 //! Only ExeGPT's RRA strategy on one device maps onto the engine: prefill `B_E` requests, decode
 //! `N_D` iterations over at most `B_D` sequences, repeat (ExeGPT §4.1). WAA needs separate
 //! encoding and decoding devices, and pipeline or tensor parallelism more than one device.
+//!
+//! Planning at start-up needs the model's cost profile on this device: a saved one, or one
+//! measured now ([`profiling`]: the layers, then the paged engine's per-step overhead).
+
+mod profiling;
+
+pub use profiling::{check_layers, engine_step, load_or_profile, measure_profile, time_engine_steps};
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +21,7 @@ use burn_llm_models::{ModelError, Pretrained, Prompt};
 use burn_paged::{EngineConfig, PagedError, SchedulingPolicy};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy};
+use burn_parallel::profiler::ProfileError;
 
 /// Why an ExeGPT plan cannot run in the paged engine.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +31,14 @@ pub enum PlanError {
     Read {
         /// What the file should hold.
         what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file cannot be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
         /// The file.
         path: PathBuf,
         /// The I/O error.
@@ -61,6 +77,12 @@ pub enum PlanError {
     /// The plan's batch sizes or `N_D` cannot run.
     #[error("the plan cannot run: {0}")]
     Invalid(String),
+    /// The model could not be profiled on its device.
+    #[error("cannot profile the model for the ExeGPT planner: {0}")]
+    Profiler(#[from] ProfileError),
+    /// A profile does not fit the model, or cannot be measured on it.
+    #[error("{0}")]
+    Profile(String),
     /// The planner found no schedule (bad profile, infeasible bound, ...).
     #[error("ExeGPT planner: {0}")]
     Planner(#[from] ScheduleError),
@@ -122,8 +144,9 @@ pub struct Workload {
     pub max_new_tokens: usize,
     /// Tokens the engine's KV-cache pool holds.
     pub kv_tokens: usize,
-    /// Largest encode batch searched (the engine's `max_num_seqs`).
-    pub max_encode_batch: usize,
+    /// The engine's `max_num_seqs`: the largest encode batch searched and the largest decode
+    /// batch the engine runs.
+    pub max_num_seqs: usize,
 }
 
 impl Workload {
@@ -148,7 +171,7 @@ impl Workload {
             prompt_lens,
             max_new_tokens,
             kv_tokens: blocks * config.block_size,
-            max_encode_batch: config.max_num_seqs,
+            max_num_seqs: config.max_num_seqs,
         })
     }
 }
@@ -156,7 +179,7 @@ impl Workload {
 /// Plans ExeGPT's RRA schedule on one device for `workload` under `latency_bound_s`, with the
 /// costs of `profile`. The device's memory is the profile's weights plus `kv_tokens` tokens of KV
 /// cache (the engine's pool, in the profile's bytes per token), so the planner's memory check is
-/// the pool's.
+/// the pool's; the decode batch is capped at the engine's `max_num_seqs`.
 pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> Result<ScheduleOutput, PlanError> {
     if workload.prompt_lens.is_empty() || workload.max_new_tokens == 0 {
         return Err(PlanError::Invalid("planning needs at least one prompt and --max-new-tokens ≥ 1".into()));
@@ -176,8 +199,9 @@ pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> 
         device_memory_bytes: weights.saturating_add(kv),
         latency_bound_s,
         strategies: Some(vec![Strategy::Rra]),
-        max_encode_batch: Some(workload.max_encode_batch),
+        max_encode_batch: Some(workload.max_num_seqs),
         max_decode_iterations: None,
+        max_decode_batch: Some(workload.max_num_seqs),
         latency_percentile: None,
         exhaustive: false,
     };

@@ -7,13 +7,19 @@
 //! sequence's keys through the block table up to its own position, so causality, sequence
 //! boundaries and cached prefixes all come from the metadata the engine set with
 //! [`PagedKvCache::begin_step`].
+//!
+//! Each layer's pools may live on their own device ([`LayerDevices`], pipeline stages): the step's
+//! slots and block tables are then uploaded once per device, swaps read and write each layer on its
+//! device, and a step split into micro-batches keeps one layout per micro-batch
+//! ([`PagedKvCache::begin_micro_batches`], [`MicroBatchCache`]).
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_kernels::paged::{
     PagedBatch, SlotMapping, copy_blocks_mut, paged_attention_with, read_blocks, reshape_and_cache_with,
     write_blocks_mut,
 };
-use burn_llm_models::{KvCache, KvLayout};
+use burn_llm_models::cache::LayerDevices;
+use burn_llm_models::{KvCache, KvLayout, MicroBatchCache};
 
 use crate::error::{PagedError, Result};
 use crate::memory::BlockId;
@@ -33,7 +39,10 @@ pub struct PagedStep {
     pub context_lens: Vec<u32>,
 }
 
-/// K and V block pools of every layer on the device, and their host swap space.
+/// Slots and block tables of one (micro-)batch on one device.
+type DeviceStep = (SlotMapping, PagedBatch);
+
+/// K and V block pools of every layer on its device, and their host swap space.
 pub struct PagedKvCache {
     layout: KvLayout,
     block_size: usize,
@@ -44,9 +53,12 @@ pub struct PagedKvCache {
     /// Host swap space, per layer `[K | V]`, `num_host_blocks` blocks each; allocated on first use.
     host: Vec<Vec<f32>>,
     num_host_blocks: usize,
-    /// The step's slots and block tables, uploaded once and read by every layer.
-    step: Option<(SlotMapping, PagedBatch)>,
-    device: Device,
+    /// The step's slots and block tables per micro-batch, per distinct device of `placement`,
+    /// uploaded once and read by every layer there.
+    steps: Vec<Vec<DeviceStep>>,
+    /// The micro-batch `attend` serves.
+    current: usize,
+    placement: LayerDevices,
 }
 
 impl std::fmt::Debug for PagedKvCache {
@@ -80,8 +92,34 @@ impl PagedKvCache {
         num_host_blocks: usize,
         device: &Device,
     ) -> Self {
+        let placement = LayerDevices::uniform(device, layout.num_layers);
+        Self::build(layout, block_size, num_blocks, num_host_blocks, placement)
+    }
+
+    /// Like [`PagedKvCache::new`], with layer `i`'s pools on `placement.device(i)` (the same
+    /// `num_blocks` on every layer: a block id names the same slots in every layer). Errors when
+    /// the placement does not name one device per layer.
+    pub fn placed(
+        layout: KvLayout,
+        block_size: usize,
+        num_blocks: usize,
+        num_host_blocks: usize,
+        placement: LayerDevices,
+    ) -> Result<Self> {
+        placement.check(&layout)?;
+        Ok(Self::build(layout, block_size, num_blocks, num_host_blocks, placement))
+    }
+
+    fn build(
+        layout: KvLayout,
+        block_size: usize,
+        num_blocks: usize,
+        num_host_blocks: usize,
+        placement: LayerDevices,
+    ) -> Self {
         let shape = [num_blocks, layout.num_kv_heads, block_size, layout.head_dim];
-        let pool = || (0..layout.num_layers).map(|_| Tensor::<4>::zeros(shape, device)).collect::<Vec<_>>();
+        let pool =
+            || (0..layout.num_layers).map(|i| Tensor::<4>::zeros(shape, placement.device(i))).collect::<Vec<_>>();
         Self {
             layout,
             block_size,
@@ -90,8 +128,9 @@ impl PagedKvCache {
             values: pool(),
             host: vec![Vec::new(); layout.num_layers],
             num_host_blocks,
-            step: None,
-            device: device.clone(),
+            steps: Vec::new(),
+            current: 0,
+            placement,
         }
     }
 
@@ -107,17 +146,42 @@ impl PagedKvCache {
 
     /// Uploads the block tables and slots the next forward pass uses.
     pub fn begin_step(&mut self, step: &PagedStep) -> Result<()> {
-        let slots = SlotMapping::new(&step.slots, &self.device)?;
-        let batch = PagedBatch::new(
-            &step.block_tables,
-            step.max_blocks,
-            self.block_size,
-            &step.query_seq,
-            &step.context_lens,
-            &self.device,
-        )?;
-        self.step = Some((slots, batch));
+        self.begin_micro_batches(std::slice::from_ref(step))
+    }
+
+    /// Uploads the layouts of a step split into micro-batches (each a [`PagedStep`] of its own
+    /// sequences) to every device; `attend` serves micro-batch 0 until
+    /// [`MicroBatchCache::select_micro_batch`] picks another.
+    pub fn begin_micro_batches(&mut self, steps: &[PagedStep]) -> Result<()> {
+        let mut uploaded = Vec::with_capacity(steps.len());
+        for step in steps {
+            let per_device = self
+                .placement
+                .distinct()
+                .iter()
+                .map(|device| -> Result<DeviceStep> {
+                    let slots = SlotMapping::new(&step.slots, device)?;
+                    let batch = PagedBatch::new(
+                        &step.block_tables,
+                        step.max_blocks,
+                        self.block_size,
+                        &step.query_seq,
+                        &step.context_lens,
+                        device,
+                    )?;
+                    Ok((slots, batch))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            uploaded.push(per_device);
+        }
+        self.steps = uploaded;
+        self.current = 0;
         Ok(())
+    }
+
+    /// The device of each layer's pools.
+    pub fn placement(&self) -> &LayerDevices {
+        &self.placement
     }
 
     /// Copy-on-write: copies device blocks `src → dst` in every layer.
@@ -176,7 +240,7 @@ impl PagedKvCache {
                         .ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
                     data.extend_from_slice(block);
                 }
-                let blocks = Tensor::<4>::from_data(TensorData::new(data, shape), &self.device);
+                let blocks = Tensor::<4>::from_data(TensorData::new(data, shape), self.placement.device(layer));
                 let pool = if half == 0 { &mut self.keys[layer] } else { &mut self.values[layer] };
                 write_blocks_mut(pool, &ids, blocks)?;
             }
@@ -194,7 +258,11 @@ impl KvCache for PagedKvCache {
             let [_, h, s, d] = t.dims();
             t.reshape([h, s, d]).swap_dims(0, 1)
         };
-        let (slots, batch) = self.step.as_ref().expect("the engine calls begin_step before every forward pass");
+        let (slots, batch) = self
+            .steps
+            .get(self.current)
+            .and_then(|per_device| per_device.get(self.placement.slot(layer)))
+            .expect("the engine calls begin_step before every forward pass");
         reshape_and_cache_with(&mut self.keys[layer], to_rows(k), slots)
             .expect("the engine lays out a slot for every token");
         reshape_and_cache_with(&mut self.values[layer], to_rows(v), slots)
@@ -202,5 +270,11 @@ impl KvCache for PagedKvCache {
         let out = paged_attention_with(to_rows(q), &self.keys[layer], &self.values[layer], batch, scale)
             .expect("the engine builds consistent block tables");
         out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim])
+    }
+}
+
+impl MicroBatchCache for PagedKvCache {
+    fn select_micro_batch(&mut self, index: usize) {
+        self.current = index;
     }
 }

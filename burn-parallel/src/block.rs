@@ -29,6 +29,21 @@ pub trait LayerBlock: Send {
     /// The device of each cache layer the block addresses, in rank order (one entry for a
     /// whole layer, `tp` entries for a split one).
     fn kv_devices(&self) -> Vec<Device>;
+
+    /// Bytes of projection weights one decode step reads, over all ranks (for the paged engine's
+    /// preemption costs and KV budget).
+    fn weight_bytes(&self) -> usize;
+
+    /// Bytes moved between tensor-parallel ranks since the block was built (0 for a whole layer).
+    fn rank_transfer_bytes(&self) -> u64 {
+        0
+    }
+
+    /// How a split layer reduces its ranks' partial sums (`all_reduce` or `to_device`); `None`
+    /// for a whole layer.
+    fn reduce_path(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl LayerBlock for DecoderLayer {
@@ -49,5 +64,9 @@ impl LayerBlock for DecoderLayer {
 
     fn kv_devices(&self) -> Vec<Device> {
         vec![LayerBlock::device(self)]
+    }
+
+    fn weight_bytes(&self) -> usize {
+        DecoderLayer::weight_bytes(self)
     }
 }

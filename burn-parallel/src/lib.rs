@@ -1,4 +1,5 @@
-//! Planners that decide how a model is split and scheduled, from measured costs. Each is a pure
+//! Pipeline execution ([`pipeline`]: [`pipeline::PipelineLm`], stages of decoder layers on their
+//! own devices, run by the plain and paged engines) and planners that decide how a model is split and scheduled, from measured costs. Each is a pure
 //! function from a serde input to a serde output, with `thiserror` errors naming the bad field;
 //! none depends on Burn. The example `plan` runs them from JSON files:
 //! `cargo run --example plan -- <stages|slices|placement|schedule> --input FILE.json
@@ -32,12 +33,16 @@
 //! | one decode step of a layer | batch 1, 4 / 1, 8, 32, 64 × context 0, 32, 96 / 0, 256, 1024, 2048 | `decode.ms[b][c]` (table) |
 //! | embedding, LM head (final norm + logits) | the prefill tokens / the decode batches | `embedding`, `lm_head`: `ms_per_token` (slope through the origin) and `weight_bytes` |
 //! | bytes | — | `weight_bytes_per_layer` (projections as stored), `kv_bytes_per_token_per_layer` (`f32` K and V) |
+//! | serving-engine steps, timed by the caller ([`profiler::cli::run_with_engine`]) | [`profiler::EngineStepGrid`] | `engine_step`: per-step overhead beyond the tables, non-negative least squares (optional) |
 //!
 //! Points beyond the model's positions are dropped; `tensor_parallel` is left empty (one device).
 //! The output is a [`plan::profile::Profile`] file that `slices`, `schedule` and the others take.
 
 #[cfg(feature = "runtime")]
 pub mod block;
+pub mod pipeline;
 pub mod plan;
 #[cfg(feature = "profiler")]
 pub mod profiler;
+#[cfg(feature = "runtime")]
+pub mod tensor;

@@ -1,9 +1,10 @@
 //! The planners against brute force on seeded random inputs, the papers' qualitative claims,
-//! hand-computed simulator timelines, and bad input through the library and the CLI.
+//! hand-computed simulator timelines, and bad input through the library and the CLI; pipeline
+//! execution against one device (`pipeline/`).
 
 use burn_parallel::plan::cli;
 use burn_parallel::plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload};
-use burn_parallel::plan::profile::{DecodeTable, Extra, PrefillTable, Profile, TpScaling};
+use burn_parallel::plan::profile::{DecodeTable, EngineStep, Extra, PrefillTable, Profile, TpScaling};
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use burn_parallel::plan::sim::{self, Group, Request};
 use burn_parallel::plan::slices::{self, SlicesInput};
@@ -11,9 +12,15 @@ use burn_parallel::plan::stages::{self, StagesError, StagesInput, TensorParallel
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+#[cfg(feature = "runtime")]
+mod pipeline;
 #[cfg(feature = "profiler")]
 #[path = "plan/profiler.rs"]
 mod profiler;
+
+#[cfg(feature = "flex")]
+#[path = "parallel/tensor.rs"]
+mod tensor_parallel;
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
@@ -266,6 +273,13 @@ fn profile(rng: &mut ChaCha8Rng) -> Profile {
         embedding: Extra { weight_bytes: 500, ms_per_token: 0.0001 },
         lm_head: Extra { weight_bytes: 500, ms_per_token: rng.random_range(0.0..0.05) },
         tensor_parallel: vec![TpScaling { degree: 2, time_scale: rng.random_range(0.5..0.9), sync_ms_per_layer: 0.01 }],
+        engine_step: rng.random_bool(0.7).then(|| EngineStep {
+            prefill_ms_fixed: rng.random_range(0.0..2.0),
+            prefill_ms_per_seq: rng.random_range(0.0..0.3),
+            prefill_ms_per_token: rng.random_range(0.0..0.01),
+            decode_ms_fixed: rng.random_range(0.0..2.0),
+            decode_ms_per_seq: rng.random_range(0.0..0.3),
+        }),
     }
 }
 
@@ -421,6 +435,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
             strategies: None,
             max_encode_batch: Some(rng.random_range(1..=12)),
             max_decode_iterations: None,
+            max_decode_batch: rng.random_bool(0.4).then(|| rng.random_range(1..=24)),
             latency_percentile: None,
             exhaustive: false,
         };
@@ -463,6 +478,7 @@ fn plan_schedule_trades_throughput_for_latency() {
         strategies: None,
         max_encode_batch: Some(64),
         max_decode_iterations: None,
+        max_decode_batch: None,
         latency_percentile: None,
         exhaustive: false,
     };
@@ -480,6 +496,91 @@ fn plan_schedule_trades_throughput_for_latency() {
         assert!(close(all.throughput_qps, out.throughput_qps));
         assert!(out.simulations * 4 < all.simulations, "{} vs {}", out.simulations, all.simulations);
     }
+}
+
+/// One layer table entry per phase, so that every step's time is hand-computable: 2 layers of
+/// 1 ms per prefill and 0.5 ms per decode step at any batch, an LM head of 0.25 ms per row, and
+/// the engine's step overhead (prefill 3 ms + 1 ms per sequence + 0.1 ms per token; decode
+/// 2 ms + 0.5 ms per sequence).
+fn hand_profile(engine_step: Option<EngineStep>) -> Profile {
+    Profile {
+        version: 1,
+        model: None,
+        device: None,
+        layers: 2,
+        prefill: PrefillTable {
+            batch: vec![1.0],
+            tokens: vec![1.0, 10.0],
+            base_ms: vec![vec![1.0, 1.0]],
+            context_ms: [0.0; 4],
+        },
+        decode: DecodeTable { batch: vec![1.0], context: vec![0.0], ms: vec![vec![0.5]] },
+        weight_bytes_per_layer: 1,
+        kv_bytes_per_token_per_layer: 1,
+        embedding: Extra { weight_bytes: 1, ms_per_token: 0.0 },
+        lm_head: Extra { weight_bytes: 1, ms_per_token: 0.25 },
+        tensor_parallel: vec![],
+        engine_step,
+    }
+}
+
+#[test]
+fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline() {
+    let overhead = EngineStep {
+        prefill_ms_fixed: 3.0,
+        prefill_ms_per_seq: 1.0,
+        prefill_ms_per_token: 0.1,
+        decode_ms_fixed: 2.0,
+        decode_ms_per_seq: 0.5,
+    };
+    let input = |bound: f64, step: Option<EngineStep>, max_decode_batch: Option<usize>| ScheduleInput {
+        profile: hand_profile(step),
+        input_lengths: LengthDistribution::Histogram(vec![(10, 1.0)]),
+        output_lengths: LengthDistribution::Histogram(vec![(5, 1.0)]),
+        devices: 1,
+        device_memory_bytes: 1 << 30,
+        latency_bound_s: bound,
+        strategies: Some(vec![schedule::Strategy::Rra]),
+        max_encode_batch: Some(1),
+        max_decode_iterations: Some(2),
+        max_decode_batch,
+        latency_percentile: None,
+        exhaustive: false,
+    };
+    // B_E = 1 prompt of 10 tokens: E = 2 layers × 1 + head 0.25 + overhead 3 + 1 + 10 × 0.1
+    // = 7.25 ms. 5 output tokens: the prefill emits the first, 4 decode iterations follow.
+    // N_D = 1: 4 phases, B_D = 4, I = 2 × 0.5 + 4 × 0.25 + 2 + 4 × 0.5 = 6 ms;
+    //   throughput 1 / (7.25 + 6) ms, latency 4 × 7.25 + 4 × 6 = 53 ms.
+    // N_D = 2: 2 phases, B_D = 2, I = 1 + 0.5 + 2 + 1 = 4.5 ms;
+    //   throughput 1 / (7.25 + 2 × 4.5) ms, latency 2 × 7.25 + 4 × 4.5 = 32.5 ms.
+    let loose = schedule::plan(&input(1.0, Some(overhead), None)).unwrap();
+    assert_eq!((loose.decode_iterations, loose.decode_batch), (Some(1), 4));
+    assert!(close(loose.throughput_qps, 1000.0 / 13.25), "{loose:?}");
+    assert!(close(loose.latency_s, 0.053), "{loose:?}");
+    let tight = schedule::plan(&input(0.04, Some(overhead), None)).unwrap();
+    assert_eq!((tight.decode_iterations, tight.decode_batch), (Some(2), 2));
+    assert!(close(tight.throughput_qps, 1000.0 / 16.25), "{tight:?}");
+    assert!(close(tight.latency_s, 0.0325), "{tight:?}");
+    // The engine cannot decode 4 at once: the loose bound also gets N_D = 2.
+    let capped = schedule::plan(&input(1.0, Some(overhead), Some(3))).unwrap();
+    assert_eq!(capped.decode_iterations, Some(2));
+    assert!(matches!(schedule::plan(&input(1.0, Some(overhead), Some(1))), Err(ScheduleError::DoesNotFit { .. })));
+    // Without the overhead (an old profile): E = 2.25 ms, I(N_D = 1) = 1 + 1 = 2 ms.
+    let bare = schedule::plan(&input(1.0, None, None)).unwrap();
+    assert!(close(bare.throughput_qps, 1000.0 / 4.25), "{bare:?}");
+    assert!(close(bare.latency_s, (4.0 * 2.25 + 4.0 * 2.0) / 1000.0), "{bare:?}");
+    // An old profile's JSON (no `engine_step`) still loads, and the field round-trips.
+    let mut json = serde_json::to_value(hand_profile(Some(overhead))).unwrap();
+    let back: Profile = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(back.engine_step, Some(overhead));
+    json.as_object_mut().unwrap().remove("engine_step");
+    let old: Profile = serde_json::from_value(json).unwrap();
+    assert_eq!(old.engine_step, None);
+    assert!(!serde_json::to_string(&old).unwrap().contains("engine_step"));
+    // A negative overhead is an input error naming the field.
+    let bad = EngineStep { decode_ms_per_seq: -1.0, ..overhead };
+    let err = schedule::plan(&input(1.0, Some(bad), None)).unwrap_err().to_string();
+    assert!(err.contains("engine_step.decode_ms_per_seq"), "{err}");
 }
 
 // ---------------------------------------------------------------- bad input
@@ -613,6 +714,7 @@ fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
         strategies: None,
         max_encode_batch: Some(8),
         max_decode_iterations: None,
+        max_decode_batch: None,
         latency_percentile: None,
         exhaustive: false,
     };

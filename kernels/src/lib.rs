@@ -53,5 +53,6 @@ pub use paged::{
     write_blocks, write_blocks_mut,
 };
 pub use quant::{
-    GroupQuantized, KernelError, QMatmulLayout, QuantSpec, dequantize, ops, qmatmul, qmatmul_transposed, quantize,
+    GroupQuantized, KernelError, MatmulPrecision, QMatmulLayout, QuantSpec, dequantize, matmul_precision, ops, qmatmul,
+    qmatmul_transposed, quantize, set_matmul_precision, with_matmul_precision,
 };

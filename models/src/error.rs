@@ -169,6 +169,21 @@ pub enum ModelError {
     /// A device read-back failed.
     #[error("device error: {0}")]
     Device(String),
+    /// A window of a tensor (a tensor-parallel shard) that does not fit the tensor, or a window of
+    /// a quantized tensor that does not fall on its group boundaries.
+    #[error("cannot read rows {rows:?} x columns {cols:?} of tensor `{name}` of shape {shape:?}: {why}")]
+    Window {
+        /// The tensor.
+        name: String,
+        /// Its shape.
+        shape: [usize; 2],
+        /// The rows asked for.
+        rows: std::ops::Range<usize>,
+        /// The columns asked for.
+        cols: std::ops::Range<usize>,
+        /// What is wrong with the window.
+        why: String,
+    },
 }
 
 /// Result alias of this crate.

@@ -5,6 +5,8 @@
 //!
 //! - [`config`]: HF configs per architecture, lowered to one [`DecoderSpec`].
 //! - [`model`]: the decoder ([`CausalLm`]), shared by every architecture and every engine.
+//! - [`language_model`]: [`LanguageModel`], what engines run: a [`CausalLm`] on one device or a
+//!   model split into pipeline stages (`burn-parallel`).
 //! - [`cache`]: the [`KvCache`] trait through which the model stores keys/values and attends, and
 //!   the contiguous cache of the plain engine. Read its docs for how the paged (vLLM) and
 //!   offloaded (FlexGen) caches plug into the same model code.
@@ -39,6 +41,7 @@ pub mod error;
 pub mod generation;
 pub mod gguf;
 pub mod hub;
+pub mod language_model;
 pub mod layers;
 pub mod model;
 pub mod pretrained;
@@ -55,7 +58,12 @@ pub use generation::{
     BeamSearchParams, EarlyStopping, FinishReason, GenerationOutput, Generator, Prompt, RequestOutput, SamplingParams,
     SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
+pub use language_model::{LanguageModel, MicroBatchCache};
 pub use model::CausalLm;
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
 pub use tokenizer::Tokenizer;
 pub use weights::{Checkpoint, RandomWeights};
+
+/// The kernels' quantization types, for crates that cut, build or describe quantized projections
+/// (pipeline and tensor parallelism) without depending on the kernels crate themselves.
+pub use burn_llm_kernels::{GroupQuantized, QuantSpec};

@@ -5,13 +5,14 @@ use std::path::Path;
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use burn_llm_kernels::QuantSpec;
 
 use crate::arch::QkvNames;
 use crate::cache::{KvCache, KvLayout, StepInput};
 use crate::config::{DecoderSpec, PositionKind};
 use crate::error::Result;
+use crate::language_model::LanguageModel;
 use crate::layers::attention::SelfAttention;
 use crate::layers::embedding::TokenEmbedding;
 use crate::layers::linear::{WeightLayout, load_fused_in_out, load_linear, load_projection};
@@ -300,11 +301,7 @@ impl CausalLm {
 
     /// The whole stack for one step: final hidden states `[batch, seq, embed_dim]`.
     pub fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<3> {
-        let mut hidden = self.embed(step);
-        for layer in 0..self.layers.len() {
-            hidden = self.run_layer(layer, hidden, cache);
-        }
-        self.finish(hidden)
+        LanguageModel::forward(self, step, cache)
     }
 
     /// LM head: `[n, embed_dim] → [n, vocab]` logits.
@@ -325,17 +322,13 @@ impl CausalLm {
     /// Logits of each row's last new token, `[batch, vocab]` (rows without a new token get the
     /// logits of their first column, which callers ignore).
     pub fn forward_last_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<2> {
-        let states = self.forward(step, cache);
-        self.last_logits(states, &step.last)
+        LanguageModel::forward_last_logits(self, step, cache)
     }
 
     /// Logits of each row's token at column `last[row]` of `states` `[batch, seq, embed_dim]`
     /// (column 0 for rows without one), `[batch, vocab]`.
     pub fn last_logits(&self, states: Tensor<3>, last: &[Option<usize>]) -> Tensor<2> {
-        let [b, s, e] = states.dims();
-        let rows: Vec<i64> = last.iter().enumerate().map(|(row, last)| (row * s + last.unwrap_or(0)) as i64).collect();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(rows, [b]), &states.device());
-        self.logits(states.reshape([b * s, e]).select(0, index))
+        LanguageModel::last_logits(self, states, last)
     }
 }
 

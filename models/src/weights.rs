@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_llm_kernels::GroupQuantized;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
@@ -50,6 +51,41 @@ pub trait TensorSource {
         Ok(None)
     }
 
+    /// Reads the window `rows` x `cols` of the HF `[r, c]` matrix `name` (whose shape must be
+    /// `shape`) as row-major `f32` values: a tensor-parallel rank's shard, read without building
+    /// the rest on a device. The default reads the whole matrix on the host and copies the window
+    /// out; [`Checkpoint`] decodes only the window's bytes from its memory map.
+    fn read_f32_window(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>> {
+        check_window(name, shape, &rows, &cols)?;
+        Ok(window(&self.read_f32(name, &shape)?, shape[1], rows, cols))
+    }
+
+    /// The window `rows` x `cols` of the HF `[r, c]` matrix `name` in the quantized form the file
+    /// stores it in (groups along `cols`, which must start and end on group boundaries), or `None`
+    /// when the file stores it in floating point. The default quantizes nothing more than
+    /// [`TensorSource::quantized`] does: it loads the whole matrix onto `device` and copies the
+    /// window into its own buffers ([`quantized_window`]); GGUF files cut their blocks on the host.
+    fn quantized_window(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: Range<usize>,
+        cols: Range<usize>,
+        device: &Device,
+    ) -> Result<Option<GroupQuantized<2>>> {
+        check_window(name, shape, &rows, &cols)?;
+        match self.quantized(name, shape, device)? {
+            Some(q) => quantized_window(&q, name, rows, cols, device).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Reads `name` into a device tensor of shape `expected`.
     fn tensor<const D: usize>(&self, name: &str, expected: [usize; D], device: &Device) -> Result<Tensor<D>>
     where
@@ -79,6 +115,72 @@ pub fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+/// The window `rows` x `cols` of a row-major matrix `width` values wide, row-major.
+pub fn window<T: Copy>(values: &[T], width: usize, rows: Range<usize>, cols: Range<usize>) -> Vec<T> {
+    rows.flat_map(|r| values[r * width + cols.start..r * width + cols.end].iter().copied()).collect()
+}
+
+/// Checks that the window `rows` x `cols` lies inside a `shape` matrix named `name`.
+pub fn check_window(name: &str, shape: [usize; 2], rows: &Range<usize>, cols: &Range<usize>) -> Result<()> {
+    if rows.start <= rows.end && rows.end <= shape[0] && cols.start <= cols.end && cols.end <= shape[1] {
+        return Ok(());
+    }
+    Err(ModelError::Window {
+        name: name.to_string(),
+        shape,
+        rows: rows.clone(),
+        cols: cols.clone(),
+        why: "the window lies outside the tensor".into(),
+    })
+}
+
+/// The window `rows` x `cols` of a `[r, c]` matrix quantized along its columns, still quantized
+/// and copied into buffers of its own on `device` (a view would keep the whole matrix alive and
+/// make kernels walk it with strides). `cols` must start and end on group boundaries; `name`
+/// identifies the tensor in errors.
+pub fn quantized_window(
+    q: &GroupQuantized<2>,
+    name: &str,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    device: &Device,
+) -> Result<GroupQuantized<2>> {
+    check_window(name, q.shape, &rows, &cols)?;
+    let group = q.spec.group_size();
+    let error = |why: String| ModelError::Window {
+        name: name.to_string(),
+        shape: q.shape,
+        rows: rows.clone(),
+        cols: cols.clone(),
+        why,
+    };
+    if q.spec.axis() != 1 {
+        return Err(error(format!("it is quantized along axis {}, not along its columns", q.spec.axis())));
+    }
+    if !cols.start.is_multiple_of(group) || !cols.end.is_multiple_of(group) {
+        return Err(error(format!(
+            "the columns do not start and end on its quantization groups of {group} values; choose a split \
+             whose shards are whole groups"
+        )));
+    }
+    let per_word = q.spec.per_word();
+    let (r, n) = (rows.start, rows.len());
+    let codes = q.codes.clone().narrow(0, r, n).narrow(1, cols.start / per_word, cols.len() / per_word);
+    let part = |t: &Tensor<2>| {
+        Tensor::from_data(
+            t.clone().narrow(0, r, n).narrow(1, cols.start / group, cols.len() / group).into_data(),
+            device,
+        )
+    };
+    Ok(GroupQuantized {
+        codes: Tensor::from_data(codes.into_data(), (device, DType::U32)),
+        scale: part(&q.scale),
+        min: part(&q.min),
+        shape: [n, cols.len()],
+        spec: q.spec,
+    })
 }
 
 /// Name of the index that lists the shards of a sharded checkpoint.
@@ -131,9 +233,10 @@ impl Checkpoint {
     }
 }
 
-impl TensorSource for Checkpoint {
-    /// Reads `name` as `f32` values, checking that its shape is `expected`.
-    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+impl Checkpoint {
+    /// The stored bytes and dtype of `name` (resolved, see [`Checkpoint::resolve`]), checking that
+    /// its shape is `expected`.
+    fn raw(&self, name: &str, expected: &[usize]) -> Result<(&[u8], Dtype, String)> {
         let resolved = self
             .resolve(name)
             .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), dir: self.dir.clone() })?;
@@ -155,8 +258,44 @@ impl TensorSource for Checkpoint {
             path: shard.path.clone(),
             message: format!("tensor `{resolved}` lies outside the file"),
         })?;
-        decode_floats(bytes, info.dtype)
-            .ok_or_else(|| ModelError::UnsupportedDtype { name: resolved, dtype: format!("{:?}", info.dtype) })
+        Ok((bytes, info.dtype, resolved))
+    }
+}
+
+impl TensorSource for Checkpoint {
+    /// Reads `name` as `f32` values, checking that its shape is `expected`.
+    fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        let (bytes, dtype, resolved) = self.raw(name, expected)?;
+        decode_floats(bytes, dtype)
+            .ok_or_else(|| ModelError::UnsupportedDtype { name: resolved, dtype: format!("{dtype:?}") })
+    }
+
+    /// Decodes only the window's rows and columns from the memory map.
+    fn read_f32_window(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>> {
+        check_window(name, shape, &rows, &cols)?;
+        let (bytes, dtype, resolved) = self.raw(name, &shape)?;
+        let unsupported = || ModelError::UnsupportedDtype { name: resolved.clone(), dtype: format!("{dtype:?}") };
+        let size = match dtype {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            _ => return Err(unsupported()),
+        };
+        let mut values = Vec::with_capacity(rows.len() * cols.len());
+        for r in rows {
+            let at = |c: usize| (r * shape[1] + c) * size;
+            let row = bytes.get(at(cols.start)..at(cols.end)).ok_or_else(|| ModelError::CorruptWeights {
+                path: self.dir.clone(),
+                message: format!("tensor `{resolved}` is shorter than its shape"),
+            })?;
+            values.extend(decode_floats(row, dtype).ok_or_else(unsupported)?);
+        }
+        Ok(values)
     }
 }
 

@@ -126,7 +126,7 @@ fn json_schema() {
     assert!(requests[1]["prompt"].is_null());
     assert_eq!(requests[1]["prompt_ids"], serde_json::json!([2, 50]));
     let step = &requests[0]["logprobs"][0];
-    assert_eq!(step.as_array().unwrap().len(), 2);
+    assert_eq!(step.as_array().unwrap().len(), 3, "the sampled token, then the top 2");
     assert_eq!(keys(&step[0]), ["id", "logprob"]);
     assert!(["length", "stop"].contains(&requests[0]["finish_reason"].as_str().unwrap()));
     assert_eq!(value["timing"]["generated_tokens"], output.timing.generated_tokens);
@@ -211,9 +211,10 @@ fn paged_engine_flags_and_runs() {
 }
 
 /// `--schedule exegpt`: a saved RRA plan (`--plan`) and one planned at start-up
-/// (`--latency-bound-s` with `--profile-json`) run on the paged engine with the same greedy
-/// outputs as FCFS; WAA or multi-device plans, unreadable files, missing flags, other engines and
-/// an unreachable bound are errors that say what to do.
+/// (`--latency-bound-s` with a saved `--profile-json`, with one measured now and cached there,
+/// and with one measured now and not kept) run on the paged engine with the same greedy outputs
+/// as FCFS; WAA or multi-device plans, unreadable files, missing flags, other engines and an
+/// unreachable bound are errors that say what to do.
 #[test]
 fn exegpt_schedule_flags_and_errors() {
     use burn_llm::paged::SchedulingPolicy;
@@ -245,8 +246,12 @@ fn exegpt_schedule_flags_and_errors() {
         save("wide.json", ScheduleOutput { encode_devices: 2, decode_devices: 2, pipeline_stages: 2, ..rra.clone() });
     let zero_file = save("zero.json", ScheduleOutput { decode_iterations: Some(0), ..rra.clone() });
     let bad_file = write("bad.json", "{\"strategy\": \"rra\"}".into());
-    let profile = inputs.join("profile.json");
-    let profile = profile.to_str().unwrap();
+    // The sample profile, as if measured on the fixture's 2 layers (a profile must match the model).
+    let mut sample: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(inputs.join("profile.json")).unwrap()).unwrap();
+    sample["layers"] = 2.into();
+    let profile = write("profile.json", sample.to_string());
+    let profile = profile.as_str();
 
     let dir = fixture("gpt2");
     let common = [
@@ -299,6 +304,37 @@ fn exegpt_schedule_flags_and_errors() {
     let (_, log) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file]).unwrap();
     assert!(log.contains("ExeGPT RRA schedule"), "the text run names its schedule: {log}");
 
+    // No saved profile: measured on the device at start-up (layers, then paged-engine steps),
+    // written to --profile-json for the next run, which reads it instead.
+    let cached = scratch.join("auto-profile.json");
+    let cached_arg = cached.to_str().unwrap();
+    let auto = |profile: Option<&str>| {
+        let mut extra =
+            vec!["--engine", "paged", "--max-num-seqs", "4", "--schedule", "exegpt", "--latency-bound-s", "60"];
+        if let Some(p) = profile {
+            extra.extend(["--profile-json", p]);
+        }
+        extra.push("--json");
+        run_with(&extra).unwrap()
+    };
+    let (first, log) = auto(Some(cached_arg));
+    assert_eq!(generated(&first), generated(&fcfs), "a plan from a profile measured at start-up");
+    assert!(log.contains("profiled in"), "says how long profiling took: {log}");
+    let measured: burn_llm::parallel::plan::profile::Profile =
+        serde_json::from_str(&std::fs::read_to_string(&cached).unwrap()).unwrap();
+    assert_eq!(measured.layers, 2, "the gpt2 fixture's layers");
+    assert!(measured.engine_step.is_some(), "the paged engine's step overhead is measured");
+    measured.cost_model("profile").unwrap();
+    let (second, log) = auto(Some(cached_arg));
+    assert_eq!(generated(&second), generated(&fcfs));
+    assert!(!log.contains("profiled in"), "the cached profile is read, not measured again: {log}");
+    let (uncached, log) = auto(None);
+    assert_eq!(generated(&uncached), generated(&fcfs), "profiled and not kept");
+    assert!(log.contains("profiled in"), "{log}");
+    let mut deeper = measured.clone();
+    deeper.layers = 3;
+    let deeper_file = write("deeper.json", serde_json::to_string(&deeper).unwrap());
+
     let fails = |extra: &[&str], needle: &str| {
         let err = run_with(extra).unwrap_err();
         assert!(err.contains(needle), "{extra:?}: {err}");
@@ -319,7 +355,13 @@ fn exegpt_schedule_flags_and_errors() {
         &["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "60", "--profile-json", &bad_file],
         "is not a planner cost profile",
     );
-    assert!(GenerateArgs::try_parse_from(["x", "--latency-bound-s", "5"]).is_err(), "needs --profile-json");
+    // A cached profile of another model is refused.
+    fails(
+        &["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s", "60", "--profile-json", &deeper_file],
+        "3 layers",
+    );
+    assert!(GenerateArgs::try_parse_from(["x", "--latency-bound-s", "5"]).is_ok(), "profiles at start-up");
+    assert!(GenerateArgs::try_parse_from(["x", "--profile-json", "f.json"]).is_err(), "needs --latency-bound-s");
     assert!(
         GenerateArgs::try_parse_from(["x", "--plan", "p.json", "--latency-bound-s", "5", "--profile-json", "f.json"])
             .is_err()

@@ -13,6 +13,7 @@ mod gguf;
 mod http_client;
 mod offload;
 mod paged;
+mod parallel;
 mod parity;
 mod quantized;
 mod real_model;

@@ -9,7 +9,9 @@ use burn_llm::BeamSearchParams;
 use burn_llm::Generator;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Location;
-use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, SchedulingPolicy};
+use burn_llm::paged::{
+    EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, Reservation, SchedulingPolicy,
+};
 
 use crate::common::{FIXTURES, devices, fixture, reference};
 
@@ -29,7 +31,7 @@ pub fn config(blocks: usize, block_size: usize, preemption: PreemptionMode) -> E
 }
 
 /// Prompts of mixed lengths: the fixtures' reference prompts plus token-id prompts cut from them.
-fn mixed_prompts(name: &str) -> Vec<Prompt> {
+pub fn mixed_prompts(name: &str) -> Vec<Prompt> {
     let reference = reference(name);
     let mut prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
     for (i, p) in reference.prompts.iter().enumerate() {
@@ -74,35 +76,50 @@ fn assert_greedy_parity(adapt: impl Fn(EngineConfig) -> EngineConfig) {
         for name in FIXTURES {
             let prompts = mixed_prompts(name);
             let plain = Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
-            let expected: Vec<Vec<u32>> = prompts
-                .iter()
-                .map(|p| plain.generate(std::slice::from_ref(p), &params).unwrap().requests[0].generated_ids.clone())
-                .collect();
-            // Small pools hold the longest sequence and little more, so groups must be preempted.
-            let longest = prompts.iter().zip(&expected).map(|(p, e)| prompt_len(p) + e.len()).max().unwrap_or(0);
-            let tight = longest.div_ceil(4) + 2;
-            for (label, cfg) in [
-                ("roomy", config(256, 16, PreemptionMode::Auto)),
-                ("swap", config(tight, 4, PreemptionMode::Swap)),
-                ("recompute", config(tight, 4, PreemptionMode::Recompute)),
-            ] {
+            let expected = one_by_one(&plain, &prompts, &params);
+            for (label, cfg) in pools(&prompts, &expected) {
                 let cfg = adapt(cfg);
                 let what = format!("{name} on {device_name}, {label} pool, {:?}", cfg.scheduling);
                 let mut engine = engine(name, &device, cfg);
                 let out = engine.generate(&prompts, &params).unwrap();
                 let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
                 assert_eq!(got, expected, "{what}");
-                let stats = engine.stats();
-                match label {
-                    "swap" => assert!(stats.swaps > 0, "{what}: no swap happened"),
-                    "recompute" => assert!(stats.recomputes > 0, "{what}: no recomputation happened"),
-                    _ => assert_eq!(stats.swaps + stats.recomputes, 0, "{what}"),
-                }
-                assert!(stats.average_batch() > 1.5, "{what}: batching ({})", stats.average_batch());
-                assert!(engine.block_manager().all_blocks_free(), "{what}: blocks leaked");
+                assert_pool_behaviour(label, engine.stats(), engine.block_manager().all_blocks_free(), &what);
             }
         }
     }
+}
+
+/// Greedy outputs of `plain` for each prompt on its own: the reference a batched engine must equal.
+pub fn one_by_one(plain: &Generator, prompts: &[Prompt], params: &SamplingParams) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .map(|p| plain.generate(std::slice::from_ref(p), params).unwrap().requests[0].generated_ids.clone())
+        .collect()
+}
+
+/// A roomy pool, and pools so small that groups must be preempted by swapping and by
+/// recomputation: they hold the longest of `prompts` with its `expected` output and little more.
+pub fn pools(prompts: &[Prompt], expected: &[Vec<u32>]) -> [(&'static str, EngineConfig); 3] {
+    let longest = prompts.iter().zip(expected).map(|(p, e)| prompt_len(p) + e.len()).max().unwrap_or(0);
+    let tight = longest.div_ceil(4) + 2;
+    [
+        ("roomy", config(256, 16, PreemptionMode::Auto)),
+        ("swap", config(tight, 4, PreemptionMode::Swap)),
+        ("recompute", config(tight, 4, PreemptionMode::Recompute)),
+    ]
+}
+
+/// Asserts that a run in pool `label` of [`pools`] preempted the way the pool says, batched
+/// requests, and left no block in use.
+pub fn assert_pool_behaviour(label: &str, stats: EngineStats, all_blocks_free: bool, what: &str) {
+    match label {
+        "swap" => assert!(stats.swaps > 0, "{what}: no swap happened"),
+        "recompute" => assert!(stats.recomputes > 0, "{what}: no recomputation happened"),
+        _ => assert_eq!(stats.swaps + stats.recomputes, 0, "{what}"),
+    }
+    assert!(stats.average_batch() > 1.5, "{what}: batching ({})", stats.average_batch());
+    assert!(all_blocks_free, "{what}: blocks leaked");
 }
 
 /// A request whose prompt shares full blocks with an earlier one maps them from the prefix cache
@@ -267,4 +284,43 @@ fn bad_requests_are_errors() {
         EngineConfig { kv_cache_memory: KvCacheMemory::Bytes(600_000), block_size: 1024, ..EngineConfig::default() };
     let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), small).unwrap_err().to_string();
     assert!(err.contains("budget of 585.9 KiB"), "byte figures use a unit that shows them: {err}");
+}
+
+/// The baselines of the vLLM paper as scheduling policies of the paged engine (Orca with max,
+/// power-of-two and oracle reservations; request-level static batching) give plain generation's
+/// greedy tokens, never preempt, and batch no more requests than their reservations allow: with
+/// 80 blocks of 4 slots and the fixtures' 128 positions, max-length reservations run at most two
+/// requests at once, exact ones more.
+#[test]
+fn reserving_schedules_greedy_equal_plain_generation() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) };
+    let device = Device::flex();
+    for name in ["opt", "llama"] {
+        let prompts = mixed_prompts(name);
+        let plain = Generator::from(Pretrained::load(&fixture(name), &device).unwrap());
+        let expected: Vec<Vec<u32>> =
+            plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
+        let mut batches = Vec::new();
+        for scheduling in [
+            SchedulingPolicy::Orca(Reservation::Max),
+            SchedulingPolicy::Orca(Reservation::Pow2),
+            SchedulingPolicy::Orca(Reservation::Oracle),
+            SchedulingPolicy::Static,
+        ] {
+            let what = format!("{name}, {}", scheduling.name());
+            let cfg = EngineConfig { scheduling, ..config(80, 4, PreemptionMode::Auto) };
+            let mut engine = engine(name, &device, cfg);
+            let out = engine.generate(&prompts, &params).unwrap();
+            let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
+            assert_eq!(got, expected, "{what}");
+            let stats = engine.stats();
+            assert_eq!(stats.swaps + stats.recomputes, 0, "{what}: a reservation was outgrown");
+            assert!(engine.block_manager().all_blocks_free(), "{what}: blocks leaked");
+            batches.push(stats.average_batch());
+        }
+        let [max, pow2, oracle, fixed] = batches[..] else { unreachable!() };
+        assert!(max <= 2.0 && fixed <= 2.0, "{name}: max-length reservations batch ≤ 2 ({max}, {fixed})");
+        assert!(oracle > max && pow2 > max && oracle >= pow2, "{name}: {oracle} ≥ {pow2} > {max}");
+        assert!(fixed <= max, "{name}: static batching never batches more than Orca (Max) ({fixed} vs {max})");
+    }
 }

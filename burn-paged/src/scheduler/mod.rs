@@ -19,6 +19,12 @@
 //! the running groups need next), then `decode_iterations` steps run steps 1 and 2 alone, within
 //! `decode_batch` sequences.
 //!
+//! The baselines of the thesis (§5.6.1) run on the same machinery: [`SchedulingPolicy::Orca`]
+//! admits like FCFS but only while every admitted group's contiguous reservation
+//! ([`Reservation`]) fits the device pool, so running groups never outgrow their memory and
+//! nothing is preempted; [`SchedulingPolicy::Static`] admits only when nothing runs (a batch
+//! waits for its longest request), with max-length reservations.
+//!
 //! The scheduler never touches tensors: it returns the tokens to compute with their slots, and
 //! the block copies the engine must perform before the forward pass.
 
@@ -27,7 +33,7 @@ mod policy;
 mod tests;
 
 use policy::Admission;
-pub use policy::SchedulingPolicy;
+pub use policy::{Reservation, SchedulingPolicy};
 
 use std::collections::{HashMap, VecDeque};
 
@@ -88,6 +94,8 @@ pub struct SchedulerConfig {
     pub watermark_blocks: usize,
     /// Which steps prefill and which decode.
     pub scheduling: SchedulingPolicy,
+    /// The model's maximum sequence length (prompt + output): what [`Reservation::Max`] reserves.
+    pub max_model_len: usize,
 }
 
 /// One sequence (a sample or beam candidate) of a group.
@@ -139,13 +147,34 @@ pub struct SequenceGroup<T> {
     pub max_seqs: usize,
     /// Engine state.
     pub data: T,
+    /// Prompt tokens at arrival (reservations are sized from them).
+    pub prompt_len: usize,
+    /// Tokens each sequence may generate at most (`usize::MAX` when unbounded): what
+    /// [`Reservation::Oracle`] and [`Reservation::Pow2`] reserve beyond the prompt.
+    pub max_new_tokens: usize,
     status: GroupStatus,
 }
 
 impl<T> SequenceGroup<T> {
     /// A new group with one sequence holding the prompt.
     pub fn new(id: GroupId, arrival: u64, first: Sequence, max_seqs: usize, data: T) -> Self {
-        Self { id, arrival, seqs: vec![first], max_seqs: max_seqs.max(1), data, status: GroupStatus::Waiting }
+        let prompt_len = first.tokens.len();
+        Self {
+            id,
+            arrival,
+            seqs: vec![first],
+            max_seqs: max_seqs.max(1),
+            data,
+            prompt_len,
+            max_new_tokens: usize::MAX,
+            status: GroupStatus::Waiting,
+        }
+    }
+
+    /// Bounds the tokens each sequence may generate (sizes Orca's reservations).
+    pub fn with_max_new_tokens(mut self, max_new_tokens: usize) -> Self {
+        self.max_new_tokens = max_new_tokens;
+        self
     }
 
     /// Where the group is.
@@ -287,7 +316,44 @@ impl<T> Scheduler<T> {
             SchedulingPolicy::Phased { encode_batch, decode_batch, decode_iterations } => {
                 self.schedule_phased(blocks, encode_batch, decode_batch, decode_iterations)
             }
+            SchedulingPolicy::Orca(reservation) => self.schedule_reserved(blocks, reservation, false),
+            SchedulingPolicy::Static => self.schedule_reserved(blocks, Reservation::Max, true),
         }
+    }
+
+    /// One step of Orca (iteration-level: running groups advance, then waiting ones are admitted
+    /// while their reservations fit) or, with `static_batches`, of request-level static batching
+    /// (waiting groups are admitted only once every running group has finished).
+    fn schedule_reserved(
+        &mut self,
+        blocks: &mut BlockManager,
+        reservation: Reservation,
+        static_batches: bool,
+    ) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut token_budget = self.config.max_num_batched_tokens;
+        let seats = self.config.max_num_seqs;
+        let batch_done = self.running.is_empty() && self.swapped.is_empty();
+        self.schedule_running(blocks, &mut out, &mut token_budget);
+        if out.preempted.is_empty() {
+            self.schedule_swapped(blocks, &mut out, &mut token_budget, seats);
+        }
+        if out.preempted.is_empty() && self.swapped.is_empty() && (batch_done || !static_batches) {
+            let admission = Admission { reservation: Some(reservation), ..Admission::fcfs(seats) };
+            // A static batch is every request the reservations admit, formed at once: its prompts
+            // are not split across steps by the token budget (a later step would not admit them).
+            let mut whole_batch = usize::MAX;
+            let budget = if static_batches { &mut whole_batch } else { &mut token_budget };
+            self.schedule_waiting(blocks, &mut out, budget, admission);
+        }
+        out
+    }
+
+    /// Device blocks `id` reserves under `reservation`: one contiguous reservation per seat.
+    fn reserved_blocks(&self, id: GroupId, reservation: Reservation, block_size: usize) -> usize {
+        let g = &self.groups[&id];
+        let tokens = reservation.tokens(g.prompt_len, g.max_new_tokens, self.config.max_model_len);
+        g.seats() * tokens.div_ceil(block_size.max(1))
     }
 
     /// One FCFS step: running groups, then swapped ones, then waiting ones.
@@ -322,7 +388,7 @@ impl<T> Scheduler<T> {
         if due && self.swapped.is_empty() {
             // The prompts must not take the blocks the running groups need for their next decode.
             let reserved_blocks = self.running.iter().map(|&g| self.blocks_to_append(g, blocks)).sum();
-            let admission = Admission { seats, groups: encode_batch, reserved_blocks };
+            let admission = Admission { seats, groups: encode_batch, reserved_blocks, reservation: None };
             self.schedule_waiting(blocks, &mut out, &mut token_budget, admission);
             if !out.seqs.is_empty() {
                 self.decodes_since_prefill = 0;
@@ -435,7 +501,12 @@ impl<T> Scheduler<T> {
             let needed: usize = per_seq.iter().sum();
             let longest = group.seqs.iter().map(|s| s.tokens.len().div_ceil(blocks.block_size())).max().unwrap_or(0);
             let alone = self.running.is_empty() && self.swapped.is_empty();
-            if longest > total || (alone && needed > blocks.num_free_blocks(Location::Device)) {
+            let bs = blocks.block_size();
+            let reserve = limits.reservation.map(|r| (r, self.reserved_blocks(id, r, bs)));
+            if longest > total
+                || (alone && needed > blocks.num_free_blocks(Location::Device))
+                || reserve.is_some_and(|(_, reserved)| reserved > total)
+            {
                 // Even with the device pool to itself it would not fit.
                 self.waiting.pop_front();
                 out.rejected.push(id);
@@ -444,8 +515,14 @@ impl<T> Scheduler<T> {
             let tokens = self.pending_tokens(id);
             let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
             let free = blocks.num_free_blocks(Location::Device);
-            let watermark = if self.running.is_empty() { 0 } else { self.config.watermark_blocks };
-            if needed + watermark + limits.reserved_blocks > free
+            let watermark = if self.running.is_empty() || reserve.is_some() { 0 } else { self.config.watermark_blocks };
+            let over_reserved = reserve.is_some_and(|(r, mine)| {
+                let held: usize =
+                    self.running.iter().chain(&self.swapped).map(|&g| self.reserved_blocks(g, r, bs)).sum();
+                held + mine > total
+            });
+            if over_reserved
+                || needed + watermark + limits.reserved_blocks > free
                 || tokens > *budget
                 || (seats_used + group.seats() > limits.seats && !self.running.is_empty())
             {

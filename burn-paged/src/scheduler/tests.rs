@@ -15,6 +15,7 @@ fn config(max_num_seqs: usize, preemption: PreemptionMode) -> SchedulerConfig {
         cost: PreemptionCost { swap_s_per_block: 1.0, recompute_s_per_token: 1.0 },
         watermark_blocks: 0,
         scheduling: SchedulingPolicy::Fcfs,
+        max_model_len: 64,
     }
 }
 
@@ -331,4 +332,83 @@ fn phased_schedule_with_a_zero_is_invalid() {
     let err =
         SchedulingPolicy::Phased { encode_batch: 4, decode_batch: 8, decode_iterations: 0 }.validate().unwrap_err();
     assert!(err.contains("decode_iterations"), "{err}");
+}
+
+fn reserving(scheduling: SchedulingPolicy, max_model_len: usize) -> SchedulerConfig {
+    SchedulerConfig { scheduling, max_model_len, ..config(8, PreemptionMode::Recompute) }
+}
+
+/// Three requests of 4 prompt tokens generating 2, 6 and 3 tokens, under `scheduling` with a model
+/// of 32 positions and 16 blocks of 4 slots, run to the end: the groups of each step. Reserving
+/// policies never preempt nor reject them.
+fn run_three(scheduling: SchedulingPolicy) -> Vec<Vec<GroupId>> {
+    let mut blocks = manager(16, 0);
+    let mut s = Scheduler::new(reserving(scheduling, 32));
+    for (id, out) in [(1, 2), (2, 6), (3, 3)] {
+        s.add(group(id, 4, out).with_max_new_tokens(out));
+    }
+    let mut steps = Vec::new();
+    while !s.is_empty() {
+        let out = s.schedule(&mut blocks);
+        assert!(out.preempted.is_empty() && out.rejected.is_empty());
+        steps.push(groups_of(&out));
+        advance(&mut s, &out, &mut blocks);
+        assert!(steps.len() < 50, "stalls: {steps:?}");
+    }
+    assert!(blocks.all_blocks_free());
+    steps
+}
+
+/// Groups scheduled by a step, in batch order.
+fn groups_of(out: &SchedulerOutput) -> Vec<GroupId> {
+    let mut groups: Vec<GroupId> = out.seqs.iter().map(|x| x.group).collect();
+    groups.dedup();
+    groups
+}
+
+#[test]
+fn reservations_follow_the_thesis_variants() {
+    // Prompt 10, output budget 25, model length 64.
+    assert_eq!(Reservation::Max.tokens(10, 25, 64), 64);
+    assert_eq!(Reservation::Pow2.tokens(10, 25, 64), 10 + 32);
+    assert_eq!(Reservation::Oracle.tokens(10, 25, 64), 35);
+    // Capped by the model's length.
+    assert_eq!(Reservation::Pow2.tokens(40, 20, 64), 64);
+    assert_eq!(Reservation::Oracle.tokens(40, usize::MAX, 64), 64);
+    assert_eq!(SchedulingPolicy::Static.reservation(), Some(Reservation::Max));
+    assert_eq!(SchedulingPolicy::Fcfs.reservation(), None);
+}
+
+/// Orca (Max): 16 blocks of 4 slots hold two reservations of the model's 32 positions, however
+/// short the requests; a finished request's reservation is refilled at the next step
+/// (iteration-level), and nothing is ever preempted.
+#[test]
+fn orca_max_admits_by_reservation_and_refills_at_the_next_step() {
+    let steps = run_three(SchedulingPolicy::Orca(Reservation::Max));
+    // FCFS on this pool would run all three at once (they use 2 blocks each).
+    assert_eq!(steps[..3], [vec![1, 2], vec![1, 2], vec![2, 3]], "{steps:?}");
+}
+
+/// Orca (Oracle) reserves only prompt + output, so the same pool runs all three at once.
+#[test]
+fn orca_oracle_reserves_what_the_request_needs() {
+    assert_eq!(run_three(SchedulingPolicy::Orca(Reservation::Oracle))[0], vec![1, 2, 3]);
+}
+
+/// Static batching: the second batch starts only when the first one's longest request is done.
+#[test]
+fn static_batches_wait_for_their_longest_request() {
+    let batch = |groups: Vec<GroupId>, n: usize| std::iter::repeat_n(groups, n);
+    let expected: Vec<Vec<GroupId>> = batch(vec![1, 2], 2).chain(batch(vec![2], 4)).chain(batch(vec![3], 3)).collect();
+    assert_eq!(run_three(SchedulingPolicy::Static), expected);
+}
+
+/// A reservation larger than the whole pool can never be admitted: the group is rejected.
+#[test]
+fn a_reservation_beyond_the_pool_is_rejected() {
+    let mut blocks = manager(4, 0);
+    let mut s = Scheduler::new(reserving(SchedulingPolicy::Orca(Reservation::Max), 32));
+    s.add(group(1, 4, 2));
+    let out = s.schedule(&mut blocks);
+    assert_eq!(out.rejected, vec![1]);
 }

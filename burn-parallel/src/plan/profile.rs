@@ -13,7 +13,9 @@
 //!   "weight_bytes_per_layer": 7077888, "kv_bytes_per_token_per_layer": 1152,
 //!   "embedding": {"weight_bytes": 28311552, "ms_per_token": 0.0001},
 //!   "lm_head": {"weight_bytes": 28311552, "ms_per_token": 0.05},
-//!   "tensor_parallel": [{"degree": 2, "time_scale": 0.55, "sync_ms_per_layer": 0.02}]
+//!   "tensor_parallel": [{"degree": 2, "time_scale": 0.55, "sync_ms_per_layer": 0.02}],
+//!   "engine_step": {"prefill_ms_fixed": 9.0, "prefill_ms_per_seq": 0.4, "prefill_ms_per_token": 0.01,
+//!                   "decode_ms_fixed": 8.5, "decode_ms_per_seq": 0.3}
 //! }
 //! ```
 //!
@@ -28,6 +30,13 @@
 //!   (one row of logits). Their weights are outside the per-layer figures.
 //! - `tensor_parallel`: at `degree` d a layer takes `time_scale ·` its one-device time `+
 //!   sync_ms_per_layer`, and its weights and KV are split over the d devices.
+//! - `engine_step` (optional; absent means zero): what one step of the serving engine costs
+//!   beyond the model's layers, embedding and head as the tables above predict them — scheduling,
+//!   block tables, host round trips, sampling, and whatever the engine's attention path costs
+//!   beyond the profiled one. Fitted to timed steps of the paged engine
+//!   ([`EngineStep`]); a step of `b` sequences pays `prefill_ms_fixed + prefill_ms_per_seq·b +
+//!   prefill_ms_per_token·(new tokens)` when it prefills and `decode_ms_fixed +
+//!   decode_ms_per_seq·b` when it decodes. These are **whole-model** times, not per layer.
 //!
 //! Tables are interpolated piecewise-linearly (held constant below the first point, extended with
 //! the last segment's slope beyond the last). Along the batch axis a table is read as
@@ -73,6 +82,9 @@ pub struct Profile {
     /// Tensor-parallel degrees the model can run at (none: one device per layer).
     #[serde(default)]
     pub tensor_parallel: Vec<TpScaling>,
+    /// Per-step cost of the serving engine beyond the model's compute (absent: none measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_step: Option<EngineStep>,
 }
 
 fn version_one() -> u32 {
@@ -127,6 +139,36 @@ pub struct TpScaling {
     pub sync_ms_per_layer: f64,
 }
 
+/// What one engine step costs beyond the model's compute, in milliseconds for the whole model
+/// (see the module docs). Every coefficient is ≥ 0.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineStep {
+    /// Fixed cost of a prefill step.
+    pub prefill_ms_fixed: f64,
+    /// Cost per sequence a prefill step prefills.
+    pub prefill_ms_per_seq: f64,
+    /// Cost per prompt token a prefill step computes.
+    #[serde(default)]
+    pub prefill_ms_per_token: f64,
+    /// Fixed cost of a decode step.
+    pub decode_ms_fixed: f64,
+    /// Cost per sequence a decode step advances.
+    pub decode_ms_per_seq: f64,
+}
+
+impl EngineStep {
+    /// Overhead of a prefill step of `batch` sequences of `tokens` new tokens each.
+    pub fn prefill_ms(&self, batch: f64, tokens: f64) -> f64 {
+        self.prefill_ms_fixed + batch * (self.prefill_ms_per_seq + tokens * self.prefill_ms_per_token)
+    }
+
+    /// Overhead of a decode step of `batch` sequences.
+    pub fn decode_ms(&self, batch: f64) -> f64 {
+        self.decode_ms_fixed + batch * self.decode_ms_per_seq
+    }
+}
+
 /// A checked profile with its tables ready to read.
 #[derive(Debug, Clone)]
 pub struct CostModel {
@@ -177,6 +219,18 @@ impl Profile {
             check::positive(&format!("{name}.time_scale"), tp.time_scale)?;
             check::non_negative(&format!("{name}.sync_ms_per_layer"), tp.sync_ms_per_layer)?;
         }
+        if let Some(step) = &self.engine_step {
+            let values = [
+                ("prefill_ms_fixed", step.prefill_ms_fixed),
+                ("prefill_ms_per_seq", step.prefill_ms_per_seq),
+                ("prefill_ms_per_token", step.prefill_ms_per_token),
+                ("decode_ms_fixed", step.decode_ms_fixed),
+                ("decode_ms_per_seq", step.decode_ms_per_seq),
+            ];
+            for (name, v) in values {
+                check::non_negative(&f(&format!("engine_step.{name}")), v)?;
+            }
+        }
         Ok(CostModel { profile: self.clone(), prefill, decode })
     }
 }
@@ -202,6 +256,28 @@ impl CostModel {
     /// One layer's decode step of `batch` sequences with `context` tokens of context.
     pub fn decode_layer_ms(&self, batch: f64, context: f64) -> f64 {
         self.decode.eval(batch, context)
+    }
+
+    /// The engine's per-step overhead (zero when the profile has none).
+    pub fn engine_step(&self) -> EngineStep {
+        self.profile.engine_step.unwrap_or_default()
+    }
+
+    /// The model's compute for one prefill step on one device, as the tables predict it (no
+    /// engine overhead): every layer over `batch` sequences of `tokens` tokens, their embedding,
+    /// and one row of logits per sequence.
+    pub fn prefill_compute_ms(&self, batch: f64, tokens: f64) -> f64 {
+        let p = &self.profile;
+        p.layers as f64 * self.prefill_layer_ms(batch, tokens, 0.0)
+            + batch * (tokens * p.embedding.ms_per_token + p.lm_head.ms_per_token)
+    }
+
+    /// The model's compute for one decode step of `batch` sequences with `context` tokens of
+    /// context on one device (no engine overhead).
+    pub fn decode_compute_ms(&self, batch: f64, context: f64) -> f64 {
+        let p = &self.profile;
+        p.layers as f64 * self.decode_layer_ms(batch, context)
+            + batch * (p.embedding.ms_per_token + p.lm_head.ms_per_token)
     }
 
     /// The scaling at tensor-parallel `degree` (degree 1: identity).

@@ -2,7 +2,10 @@
 //! [--grid small|full] [--quiet]`: measures a profile and writes it to `--out`; prints one JSON
 //! object (where the profile went, the model, the device, the seconds it took), or
 //! `{"error": "…"}` with exit code 2. The device is named by the caller's resolver, so this crate
-//! need not know which backends the binary was built with.
+//! need not know which backends the binary was built with. With an engine timer
+//! ([`run_with_engine`], as the `plan` example passes the paged engine's) the profile also gets
+//! its `engine_step` overhead, fitted to timed engine steps over the grid's [`EngineStepGrid`]
+//! (`--no-engine-step` skips it).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -13,8 +16,14 @@ use burn_llm_models::DecoderSpec;
 use burn_llm_models::gguf::GgufModel;
 use clap::{Parser, ValueEnum};
 
-use super::{ProfileGrid, profile};
+use super::{EngineStepGrid, ProfileGrid, profile};
 use crate::plan::cli::{error, parse_args};
+use crate::plan::profile::{EngineStep, Profile};
+
+/// Times a model's steps in a serving engine and fits the profile's `engine_step` from them
+/// (the model's shape, the device, the profile measured so far, the steps to time).
+pub type EngineTimer<'a> =
+    Box<dyn FnOnce(&DecoderSpec, &Device, &Profile, &EngineStepGrid) -> Result<EngineStep, String> + 'a>;
 
 /// Arguments of `plan profile`.
 #[derive(Debug, Parser)]
@@ -41,6 +50,9 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Do not time the serving engine's steps (the profile gets no `engine_step`).
+    #[arg(long)]
+    no_engine_step: bool,
 }
 
 /// The measurement grids.
@@ -84,6 +96,20 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    run_with_engine(args, device, None)
+}
+
+/// [`run`], timing the serving engine's steps with `engine` (when given) for the profile's
+/// `engine_step`.
+pub fn run_with_engine<I, T>(
+    args: I,
+    device: impl FnOnce(&str) -> Result<Device, String>,
+    engine: Option<EngineTimer<'_>>,
+) -> (String, i32)
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
     let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
     if args.get(1).is_some_and(|a| a == "profile") {
         args.remove(1);
@@ -92,21 +118,29 @@ where
         Ok(a) => a,
         Err(done) => return done,
     };
-    match dispatch(&args, device) {
+    match dispatch(&args, device, engine.filter(|_| !args.no_engine_step)) {
         Ok(json) => (json, 0),
         Err(message) => error(message),
     }
 }
 
-fn dispatch(args: &Args, device: impl FnOnce(&str) -> Result<Device, String>) -> Result<String, String> {
+fn dispatch(
+    args: &Args,
+    device: impl FnOnce(&str) -> Result<Device, String>,
+    engine: Option<EngineTimer<'_>>,
+) -> Result<String, String> {
     let (spec, model_name) = model_spec(args)?;
     let burn_device = device(&args.device)?;
-    let grid = match args.grid {
-        GridChoice::Small => ProfileGrid::small(),
-        GridChoice::Full => ProfileGrid::full(),
+    let (grid, steps) = match args.grid {
+        GridChoice::Small => (ProfileGrid::small(), EngineStepGrid::small()),
+        GridChoice::Full => (ProfileGrid::full(), EngineStepGrid::full()),
     };
     let started = Instant::now();
     let mut profile = profile(&spec, &burn_device, &grid, !args.quiet).map_err(|e| e.to_string())?;
+    if let Some(engine) = engine {
+        let step = engine(&spec, &burn_device, &profile, &steps)?;
+        profile.engine_step = Some(step);
+    }
     let seconds = started.elapsed().as_secs_f64();
     profile.model = Some(model_name.clone());
     profile.device = Some(args.device.clone());

@@ -1,6 +1,9 @@
 //! Least-squares fits of measured times: TeraPipe's context overhead
 //! `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j` with every coefficient ≥ 0 (the profile's
-//! `prefill.context_ms`), and a per-token cost as a slope through the origin.
+//! `prefill.context_ms`), the serving engine's per-step overhead (`engine_step`), and a per-token
+//! cost as a slope through the origin.
+
+use crate::plan::profile::{CostModel, EngineStep};
 
 /// One measurement of the context overhead: a slice of `tokens` tokens after `context` tokens
 /// took `overhead_ms` longer than the same slice without context.
@@ -20,6 +23,66 @@ pub struct ContextSample {
 pub fn context_overhead(samples: &[ContextSample]) -> [f64; 4] {
     let rows: Vec<[f64; 4]> = samples.iter().map(|s| [1.0, s.tokens, s.context, s.tokens * s.context]).collect();
     let ys: Vec<f64> = samples.iter().map(|s| s.overhead_ms).collect();
+    non_negative_least_squares(&rows, &ys)
+}
+
+/// What one timed step of the serving engine did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// It prefilled the prompts of its sequences.
+    Prefill,
+    /// It decoded one token of each of its sequences.
+    Decode,
+}
+
+/// One timed step of the serving engine (see [`engine_step`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepSample {
+    /// Prefill or decode.
+    pub kind: StepKind,
+    /// Sequences in the step.
+    pub batch: usize,
+    /// New tokens per sequence (the prompt length for a prefill, 1 for a decode).
+    pub tokens: usize,
+    /// Tokens of context per sequence before the step.
+    pub context: usize,
+    /// Wall-clock milliseconds of the step.
+    pub ms: f64,
+}
+
+/// The engine's per-step overhead: the part of each sample's time the profile's tables do not
+/// predict (`ms − cost.prefill_compute_ms(…)` or `… decode_compute_ms(…)`), fitted by exact
+/// non-negative least squares as `fixed + per_seq·batch + per_token·batch·tokens` for prefills
+/// and `fixed + per_seq·batch` for decodes. An engine faster than the tables gets zeros.
+pub fn engine_step(cost: &CostModel, samples: &[StepSample]) -> EngineStep {
+    let fit = |kind: StepKind| {
+        let (rows, ys): (Vec<[f64; 4]>, Vec<f64>) = samples
+            .iter()
+            .filter(|s| s.kind == kind)
+            .map(|s| {
+                let (b, t) = (s.batch as f64, s.tokens as f64);
+                match kind {
+                    StepKind::Prefill => ([1.0, b, b * t, 0.0], s.ms - cost.prefill_compute_ms(b, t)),
+                    StepKind::Decode => ([1.0, b, 0.0, 0.0], s.ms - cost.decode_compute_ms(b, s.context as f64)),
+                }
+            })
+            .unzip();
+        non_negative_least_squares(&rows, &ys)
+    };
+    let (prefill, decode) = (fit(StepKind::Prefill), fit(StepKind::Decode));
+    EngineStep {
+        prefill_ms_fixed: prefill[0],
+        prefill_ms_per_seq: prefill[1],
+        prefill_ms_per_token: prefill[2],
+        decode_ms_fixed: decode[0],
+        decode_ms_per_seq: decode[1],
+    }
+}
+
+/// `a` minimising `Σ (rows[k]·a − ys[k])²` subject to every `a ≥ 0` (all zeros without rows).
+/// Exact: with four unknowns, every set of free coefficients is solved and the best feasible one
+/// kept. A column of zeros is never freed.
+fn non_negative_least_squares(rows: &[[f64; 4]], ys: &[f64]) -> [f64; 4] {
     // Columns scaled to a largest entry of 1, so that the normal equations stay well conditioned.
     let scale: [f64; 4] = std::array::from_fn(|c| {
         let max = rows.iter().map(|r| r[c].abs()).fold(0.0, f64::max);
@@ -27,7 +90,7 @@ pub fn context_overhead(samples: &[ContextSample]) -> [f64; 4] {
     });
     let residual = |a: &[f64; 4]| -> f64 {
         rows.iter()
-            .zip(&ys)
+            .zip(ys)
             .map(|(r, y)| {
                 let fit: f64 = (0..4).map(|c| a[c] * r[c]).sum();
                 (fit - y).powi(2)
@@ -37,7 +100,7 @@ pub fn context_overhead(samples: &[ContextSample]) -> [f64; 4] {
     let mut best = ([0.0; 4], residual(&[0.0; 4]));
     for mask in 1u32..16 {
         let free: Vec<usize> = (0..4).filter(|c| mask & (1 << c) != 0).collect();
-        let Some(solution) = least_squares(&rows, &ys, &free, &scale) else {
+        let Some(solution) = least_squares(rows, ys, &free, &scale) else {
             continue;
         };
         let mut a = [0.0; 4];
@@ -144,6 +207,80 @@ mod tests {
         let fit = context_overhead(&samples([0.0; 4], |k| if k % 2 == 0 { -0.1 } else { 0.05 }));
         assert!(fit.iter().all(|&a| a >= 0.0), "{fit:?}");
         assert_eq!(context_overhead(&[]), [0.0; 4]);
+    }
+
+    fn cost() -> CostModel {
+        use crate::plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
+        let profile = Profile {
+            version: 1,
+            model: None,
+            device: None,
+            layers: 2,
+            prefill: PrefillTable {
+                batch: vec![1.0, 4.0],
+                tokens: vec![1.0, 16.0],
+                base_ms: vec![vec![1.0, 2.0], vec![2.0, 8.0]],
+                context_ms: [0.0; 4],
+            },
+            decode: DecodeTable {
+                batch: vec![1.0, 4.0],
+                context: vec![0.0, 64.0],
+                ms: vec![vec![0.5, 0.6], vec![1.0, 1.2]],
+            },
+            weight_bytes_per_layer: 1,
+            kv_bytes_per_token_per_layer: 1,
+            embedding: Extra { weight_bytes: 1, ms_per_token: 0.01 },
+            lm_head: Extra { weight_bytes: 1, ms_per_token: 0.25 },
+            tensor_parallel: vec![],
+            engine_step: None,
+        };
+        profile.cost_model("p").unwrap()
+    }
+
+    fn steps(cost: &CostModel, overhead: EngineStep, noise: f64) -> Vec<StepSample> {
+        let mut out = Vec::new();
+        for (k, (batch, tokens)) in [(1usize, 8usize), (1, 16), (2, 8), (4, 16), (3, 4)].into_iter().enumerate() {
+            let (b, t) = (batch as f64, tokens as f64);
+            let jitter = if k % 2 == 0 { noise } else { -noise };
+            let ms = cost.prefill_compute_ms(b, t) + overhead.prefill_ms(b, t) + jitter;
+            out.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms });
+            for step in 0..3 {
+                let context = tokens + step;
+                let ms = cost.decode_compute_ms(b, context as f64) + overhead.decode_ms(b) - jitter;
+                out.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context, ms });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn profile_fit_recovers_the_engine_step_overhead() {
+        let cost = cost();
+        let truth = EngineStep {
+            prefill_ms_fixed: 3.0,
+            prefill_ms_per_seq: 1.0,
+            prefill_ms_per_token: 0.1,
+            decode_ms_fixed: 2.0,
+            decode_ms_per_seq: 0.5,
+        };
+        let fit = engine_step(&cost, &steps(&cost, truth, 0.0));
+        let pairs = [
+            (fit.prefill_ms_fixed, truth.prefill_ms_fixed),
+            (fit.prefill_ms_per_seq, truth.prefill_ms_per_seq),
+            (fit.prefill_ms_per_token, truth.prefill_ms_per_token),
+            (fit.decode_ms_fixed, truth.decode_ms_fixed),
+            (fit.decode_ms_per_seq, truth.decode_ms_per_seq),
+        ];
+        for (f, t) in pairs {
+            assert!((f - t).abs() < 1e-9, "{fit:?} vs {truth:?}");
+        }
+        // An engine faster than the tables has no overhead, never a negative one.
+        let fast = engine_step(&cost, &steps(&cost, EngineStep::default(), 0.3));
+        assert!(fast.decode_ms_per_seq >= 0.0 && fast.prefill_ms_per_token >= 0.0, "{fast:?}");
+        let none: Vec<StepSample> =
+            steps(&cost, EngineStep::default(), 0.0).into_iter().map(|s| StepSample { ms: s.ms * 0.5, ..s }).collect();
+        assert_eq!(engine_step(&cost, &none), EngineStep::default());
+        assert_eq!(engine_step(&cost, &[]), EngineStep::default());
     }
 
     #[test]

@@ -25,6 +25,11 @@
 //! Context is laid out with [`ContiguousKvCache::begin_step`] without running the layer over it:
 //! the cached slots then stay zero, which costs the attention exactly what real keys would.
 //! Tensor-parallel scaling is not measured (one device): `tensor_parallel` is left empty.
+//!
+//! The serving engine's per-step overhead (`engine_step`) is fitted here ([`fit::engine_step`])
+//! but timed by the caller: the paged engine lives in a crate this one does not depend on, so
+//! `burn_llm::schedule` times its steps over an [`EngineStepGrid`] and
+//! [`cli::run_with_engine`] takes that timer.
 
 pub mod cli;
 pub mod fit;
@@ -81,6 +86,22 @@ impl ProfileGrid {
             decode_context: vec![0, 256, 1024, 2048],
             warmup: 1,
             repeats: 5,
+        }
+    }
+
+    /// The grid a serving engine of at most `max_batch` sequences plans with (the schedule bench
+    /// and `--schedule exegpt` at start-up): batches 1, 4, 16 up to `max_batch`, prompts up to
+    /// 256 tokens, contexts up to 256; seconds to a minute on a CPU.
+    pub fn serving(max_batch: usize) -> Self {
+        let batch = upto(&[1, 4, 16], max_batch.max(1));
+        Self {
+            prefill_batch: batch.clone(),
+            prefill_tokens: vec![1, 16, 64, 256],
+            prefill_context: vec![32, 128],
+            decode_batch: batch,
+            decode_context: vec![0, 64, 256],
+            warmup: 1,
+            repeats: 3,
         }
     }
 
@@ -145,6 +166,54 @@ impl ProfileGrid {
             + self.decode_batch.len() * self.decode_context.len()
             + self.prefill_tokens.len()
             + self.decode_batch.len()
+    }
+}
+
+/// The points of `axis` below `max`, then `max`.
+fn upto(axis: &[usize], max: usize) -> Vec<usize> {
+    let mut kept: Vec<usize> = axis.iter().copied().filter(|&b| b < max).collect();
+    kept.push(max);
+    kept
+}
+
+/// The engine steps the per-step overhead is fitted to: for every batch and prompt length, the
+/// engine prefills `batch` prompts of that length in one step, then decodes them for
+/// `decode_steps` steps; the run is repeated `warmup` times untimed, then `repeats` times, and
+/// each step's median time is kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineStepGrid {
+    /// Sequences per step.
+    pub batch: Vec<usize>,
+    /// Prompt lengths.
+    pub prompt_tokens: Vec<usize>,
+    /// Decode steps timed after each prefill.
+    pub decode_steps: usize,
+    /// Untimed runs before each point.
+    pub warmup: usize,
+    /// Timed runs per point (the median is kept).
+    pub repeats: usize,
+}
+
+impl EngineStepGrid {
+    /// Seconds on a CPU, for tests and small models.
+    pub fn small() -> Self {
+        Self { batch: vec![1, 4], prompt_tokens: vec![8, 32], decode_steps: 4, warmup: 1, repeats: 3 }
+    }
+
+    /// The grid matching [`ProfileGrid::serving`]`(max_batch)`.
+    pub fn serving(max_batch: usize) -> Self {
+        Self {
+            batch: upto(&[1, 4, 16], max_batch.max(1)),
+            prompt_tokens: vec![16, 64],
+            decode_steps: 4,
+            warmup: 1,
+            repeats: 3,
+        }
+    }
+
+    /// The grid matching [`ProfileGrid::full`].
+    pub fn full() -> Self {
+        Self { batch: vec![1, 8, 32], prompt_tokens: vec![16, 128], decode_steps: 4, warmup: 1, repeats: 5 }
     }
 }
 
@@ -235,6 +304,7 @@ pub fn profile(
             ms_per_token: fit::slope_through_origin(&as_f64(&grid.decode_batch), &head[0]),
         },
         tensor_parallel: Vec::new(),
+        engine_step: None,
     })
 }
 

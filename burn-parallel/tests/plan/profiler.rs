@@ -129,13 +129,61 @@ fn profile_feeds_the_slices_and_schedule_planners() {
 }
 
 fn run_cli(args: &[&str]) -> (serde_json::Value, i32) {
+    run_cli_with(args, None)
+}
+
+fn run_cli_with(args: &[&str], engine: Option<profiler::cli::EngineTimer<'_>>) -> (serde_json::Value, i32) {
     let argv = ["plan", "profile"].iter().chain(args).map(|s| s.to_string());
-    let (text, code) = profiler::cli::run(argv, |name| match name {
+    let device = |name: &str| match name {
         "flex" => Ok(Device::flex()),
         other => Err(format!("unknown device `{other}`")),
-    });
+    };
+    let (text, code) = profiler::cli::run_with_engine(argv, device, engine);
     let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     (json, code)
+}
+
+/// `plan profile` with an engine timer (the `plan` example passes the paged engine's) writes
+/// the timer's `engine_step`, handing it the model's shape, the layer profile and the grid;
+/// `--no-engine-step` leaves the field out, and a failing timer is a JSON error.
+#[test]
+fn profile_cli_records_the_engine_timer_overhead() {
+    use burn_parallel::plan::profile::EngineStep;
+    use burn_parallel::profiler::EngineStepGrid;
+
+    let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let out = std::env::temp_dir().join(format!("burn-parallel-profile-engine-{}.json", std::process::id()));
+    let out_arg = out.to_str().unwrap();
+    let model = fixture();
+    let model = model.to_str().unwrap();
+    let step = EngineStep { prefill_ms_fixed: 1.5, decode_ms_fixed: 0.5, ..EngineStep::default() };
+    let timer: profiler::cli::EngineTimer<'_> =
+        Box::new(move |spec: &DecoderSpec, _: &Device, profile: &Profile, grid: &EngineStepGrid| {
+            assert_eq!((spec.num_layers, profile.layers), (2, 2));
+            assert_eq!(grid, &EngineStepGrid::small());
+            Ok(step)
+        });
+    let (json, code) = run_cli_with(&["--model", model, "--device", "flex", "--out", out_arg, "--quiet"], Some(timer));
+    assert_eq!(code, 0, "{json}");
+    let written: Profile = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(written.engine_step, Some(step));
+
+    let unused: profiler::cli::EngineTimer<'_> =
+        Box::new(|_: &DecoderSpec, _: &Device, _: &Profile, _: &EngineStepGrid| Err("must not run".into()));
+    let args = ["--model", model, "--device", "flex", "--out", out_arg, "--quiet", "--no-engine-step"];
+    let (json, code) = run_cli_with(&args, Some(unused));
+    assert_eq!(code, 0, "{json}");
+    let written: Profile = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(written.engine_step, None);
+    let _ = std::fs::remove_file(&out);
+
+    let failing: profiler::cli::EngineTimer<'_> =
+        Box::new(|_: &DecoderSpec, _: &Device, _: &Profile, _: &EngineStepGrid| Err("the engine broke".into()));
+    let (json, code) =
+        run_cli_with(&["--model", model, "--device", "flex", "--out", out_arg, "--quiet"], Some(failing));
+    assert_eq!(code, 2, "{json}");
+    assert!(json["error"].as_str().is_some_and(|e| e.contains("the engine broke")), "{json}");
+    assert!(!out.exists());
 }
 
 #[test]

@@ -7,6 +7,8 @@ use burn::tensor::TensorData;
 use rayon::prelude::*;
 
 use super::ops::GroupQuantOps;
+use super::precision::{MatmulPrecision, matmul_precision};
+use super::{q8, split};
 
 /// Sizes of one fused-matmul call.
 struct BlockShape {
@@ -103,7 +105,7 @@ fn weight_rows_portable(
             let (s, mn) = (scale[j * groups + g], min[j * groups + g]);
             for i in 0..m {
                 let xs = &x[i * k_len + g * group..i * k_len + (g + 1) * group];
-                out[local * m + i] += s * dot(xs, &decoded) + mn * xsum[i * groups + g];
+                out[local * m + i] += s * q8::dot(xs, &decoded) + mn * xsum[i * groups + g];
             }
         }
     }
@@ -128,20 +130,6 @@ fn decode_words(packed: &[u32], bits: u32, out: &mut [f32]) {
     }
 }
 
-/// Dot product in eight independent lanes (one AVX register), then the tail.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
-    for (ca, cb) in a8.zip(b8) {
-        for l in 0..8 {
-            lanes[l] += ca[l] * cb[l];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
 /// Inputs are borrowed in place, never copied: copying the codes on every call would cost as much
 /// memory traffic as the product itself.
 fn contiguous(t: FlexTensor) -> FlexTensor {
@@ -154,6 +142,80 @@ fn f32s(t: &FlexTensor) -> &[f32] {
 
 fn u32s(t: &FlexTensor) -> &[u32] {
     t.as_slice::<u32>().expect("codes are contiguous u32 tensors")
+}
+
+/// Input rows quantized per parallel task when a product has many (prefill).
+const QUANTIZE_ROWS_PER_TASK: usize = 32;
+/// Weight rows per parallel task of a many-row product: their codes (tens of KB) stay in cache
+/// while every tile of input rows passes over them.
+const INT8_ROWS_PER_TASK: usize = 64;
+/// Products with fewer multiply-adds run on the calling thread: waking another costs more.
+const INT8_SERIAL_MACS: usize = 1 << 18;
+
+/// `x · Wᵀ` in integer arithmetic ([`q8`]): the input rows quantized once, then the weight rows
+/// split across threads: for decode-sized `m`, in as many parts as threads (on two cores, this
+/// thread and the [`split`] helper, without a round trip through rayon's sleep and wake-up); for
+/// prefill-sized `m`, in cache-sized parts.
+fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    if m == 0 || k == 0 || n == 0 {
+        return vec![0.0; m * n];
+    }
+    let a = if m > QUANTIZE_ROWS_PER_TASK {
+        q8::QuantizedRows::concat(
+            x.par_chunks(QUANTIZE_ROWS_PER_TASK * k)
+                .map(|rows| q8::QuantizedRows::new(rows, rows.len() / k, k, w.group, w.bits))
+                .collect(),
+        )
+    } else {
+        q8::QuantizedRows::new(x, m, k, w.group, w.bits)
+    };
+    debug_assert_eq!(a.rows(), m);
+    let isa = *ISA.get_or_init(q8::Isa::best);
+    let mut out = vec![0f32; m * n];
+    if m * n * k <= INT8_SERIAL_MACS {
+        q8::weight_rows(w, &a, 0..n, isa, |i, j, v| out[i * n + j] = v);
+        return out;
+    }
+    let shared = SharedOut(out.as_mut_ptr());
+    let threads = rayon::current_num_threads();
+    if m <= q8::TILE && threads == 2 {
+        // Decode on two cores: half the weight rows here, half on the split helper.
+        let half = n.div_ceil(2);
+        split::split2(&|part| {
+            let rows = part * half..((part + 1) * half).min(n);
+            // SAFETY: the halves own disjoint column ranges of the `[m, n]` output, which
+            // outlives the split; `i < m` and `j < n`.
+            q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) });
+        });
+        return out;
+    }
+    let per_task = if m <= q8::TILE { n.div_ceil(threads) } else { INT8_ROWS_PER_TASK };
+    (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
+        let rows = t * per_task..((t + 1) * per_task).min(n);
+        // SAFETY: tasks own disjoint column ranges `rows` of the `[m, n]` output, which outlives
+        // the parallel loop; `i < m` and `j < n`.
+        q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) });
+    });
+    out
+}
+
+/// The instruction set the integer kernels use, detected once.
+static ISA: std::sync::OnceLock<q8::Isa> = std::sync::OnceLock::new();
+
+/// The output buffer, written by parallel tasks at disjoint indices.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+
+// SAFETY: only used for writes at disjoint indices from tasks that finish before the buffer is read.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// # Safety
+    /// `index` is in bounds and no other task writes it.
+    unsafe fn write(self, index: usize, value: f32) {
+        unsafe { *self.0.add(index) = value };
+    }
 }
 
 impl GroupQuantOps for Flex {
@@ -188,8 +250,10 @@ impl GroupQuantOps for Flex {
         FlexTensor::from_data(TensorData::new(out, [m, n]))
     }
 
-    /// Parallel over blocks of weight rows (output columns); each packed word is read once per
-    /// call and decoded once for all input rows.
+    /// Integer arithmetic on 8-bit input rows ([`int8_nt`]) unless [`MatmulPrecision::Exact`] is
+    /// in force or the groups are not whole blocks of 32; otherwise `f32`, parallel over blocks of
+    /// weight rows (output columns), each packed word read once per call and decoded once for all
+    /// input rows.
     fn fused_qmatmul_nt(
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
@@ -203,6 +267,10 @@ impl GroupQuantOps for Flex {
         let (x, codes, scale, min) = (contiguous(x), contiguous(codes), contiguous(scale), contiguous(min));
         let (x, codes) = (f32s(&x), u32s(&codes));
         let (scale, min) = (f32s(&scale), f32s(&min));
+        if matmul_precision() == MatmulPrecision::Int8Activations && group.is_multiple_of(q8::BLOCK) {
+            let w = q8::Weights { codes, scale, min, bits, group };
+            return FlexTensor::from_data(TensorData::new(int8_nt(&w, x, m, k_len, n), [m, n]));
+        }
         let groups = k_len / group;
         let xsum: Vec<f32> = x.chunks_exact(group).map(|c| c.iter().sum()).collect();
         let shape = RowsShape { m, k_len, groups, group, words, bits };

@@ -9,13 +9,19 @@
 //!   describe a group quantization.
 //! - [`quantize`] / [`dequantize`]: a tensor to [`GroupQuantized`] codes and back.
 //! - [`qmatmul`] / [`qmatmul_transposed`]: fused dequantize-matmul that never materializes the
-//!   full-precision weight.
+//!   full-precision weight. On the CPU the GGUF-layout product runs in integer arithmetic on
+//!   8-bit-quantized input rows (llama.cpp's way) unless [`MatmulPrecision::Exact`] is set.
 //!
 //! Each op is a CubeCL kernel for every GPU runtime with a pure-Rust twin for Flex ([`ops`]).
 
 mod matmul;
 pub mod ops;
+mod precision;
+#[cfg(feature = "flex")]
+mod q8;
 mod spec;
+#[cfg(feature = "flex")]
+mod split;
 
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;
@@ -23,6 +29,7 @@ mod cube;
 mod flex;
 
 pub use matmul::{QMatmulLayout, qmatmul, qmatmul_transposed};
+pub use precision::{MatmulPrecision, matmul_precision, set_matmul_precision, with_matmul_precision};
 pub use spec::{KernelError, QuantSpec};
 
 use burn::backend::Dispatch;

@@ -160,8 +160,8 @@ fn assert_close(found: &[f32], reference: &[f32], case: (usize, usize, usize)) {
     }
 }
 
-/// The transposed kernel (GGUF layout: `W` `[n, k]` grouped along `k`) equals dequantize +
-/// `x · Wᵀ` on every device, including shapes whose rows do not fill a parallel task.
+/// The transposed kernel (GGUF layout: `W` `[n, k]` grouped along `k`) in exact precision equals
+/// dequantize + `x · Wᵀ` on every device, including shapes whose rows do not fill a parallel task.
 #[test]
 fn fused_qmatmul_transposed_equals_dequantize_then_matmul() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
@@ -174,7 +174,8 @@ fn fused_qmatmul_transposed_equals_dequantize_then_matmul() {
             let x = Tensor::<2>::from_data(TensorData::new(x, [m, k]), &device);
             let q = quantize(w, QuantSpec::new(bits, group, 1).unwrap()).unwrap();
             let reference = values(x.clone().matmul(dequantize(&q).transpose()));
-            assert_close(&values(qmatmul_transposed(x, &q).unwrap()), &reference, (m, k, n));
+            let found = with_matmul_precision(MatmulPrecision::Exact, || qmatmul_transposed(x, &q).unwrap());
+            assert_close(&values(found), &reference, (m, k, n));
         }
     }
 }
@@ -210,4 +211,224 @@ fn qmatmul_checks_the_layout() {
     let x = Tensor::<2>::zeros([1, 64], &Device::flex());
     assert!(qmatmul(x.clone(), &q).is_err());
     assert!(qmatmul_transposed(x, &q).is_err());
+}
+
+/// Random codes, scales and minimums of a `[n, k]` GGUF-layout weight, and `[m, k]` input rows.
+struct Int8Case {
+    m: usize,
+    k: usize,
+    n: usize,
+    bits: u32,
+    group: usize,
+    codes: Vec<u32>,
+    scale: Vec<f32>,
+    min: Vec<f32>,
+    x: Vec<f32>,
+}
+
+impl Int8Case {
+    fn new(rng: &mut impl Rng, (m, k, n, bits, group): (usize, usize, usize, u32, usize)) -> Self {
+        let groups = n * k / group;
+        Self {
+            m,
+            k,
+            n,
+            bits,
+            group,
+            codes: (0..n * k * bits as usize / 32).map(|_| rng.random()).collect(),
+            scale: (0..groups).map(|_| rng.random::<f32>() * 0.02).collect(),
+            min: (0..groups).map(|_| -rng.random::<f32>() * 0.1).collect(),
+            x: (0..m * k)
+                .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * if rng.random_bool(0.1) { 8.0 } else { 1.0 })
+                .collect(),
+        }
+    }
+
+    fn weights(&self) -> q8::Weights<'_> {
+        q8::Weights { codes: &self.codes, scale: &self.scale, min: &self.min, bits: self.bits, group: self.group }
+    }
+
+    /// `out[i, j]` of the integer formula in `f64` from the quantized rows, and `Σ |terms|` (the
+    /// scale of `f32` rounding error).
+    fn reference(&self, a: &q8::QuantizedRows) -> (Vec<f64>, Vec<f64>) {
+        let (per, groups, blocks) = (32 / self.bits as usize, self.k / self.group, self.k / q8::BLOCK);
+        let block_words = q8::BLOCK / per;
+        let (mut out, mut magnitude) = (vec![0f64; self.m * self.n], vec![0f64; self.m * self.n]);
+        for i in 0..self.m {
+            for j in 0..self.n {
+                for b in 0..blocks {
+                    let (q, d) = a.block(i, b);
+                    let words = &self.codes[(j * blocks + b) * block_words..][..block_words];
+                    let dot = q8::block_dot_scalar(words, &q, self.bits) as f64;
+                    let qsum: f64 = q.iter().map(|&v| v as f64).sum();
+                    let g = j * groups + b * q8::BLOCK / self.group;
+                    let terms = [self.scale[g] as f64 * d as f64 * dot, self.min[g] as f64 * d as f64 * qsum];
+                    out[i * self.n + j] += terms[0] + terms[1];
+                    magnitude[i * self.n + j] += terms[0].abs() + terms[1].abs();
+                }
+            }
+        }
+        (out, magnitude)
+    }
+}
+
+/// Every SIMD integer dot (AVX-512 VNNI, AVX2, whichever this CPU has) over a pair of blocks gives
+/// exactly the scalar integer result, for 4- and 8-bit codes of every bit pattern and activation
+/// codes at the ends of their range.
+#[test]
+fn int8_pair_dots_are_exact_on_every_isa() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    for bits in [4, 8] {
+        for round in 0..2000 {
+            let words: Vec<u32> = (0..2 * q8::BLOCK * bits as usize / 32)
+                .map(|_| if round % 10 == 0 { u32::MAX } else { rng.random() })
+                .collect();
+            // ±1 everywhere quantizes to ±127; otherwise random values with one spike per block.
+            let x: Vec<f32> = (0..2 * q8::BLOCK)
+                .map(|t| match round % 10 {
+                    1 => -1.0,
+                    2 => {
+                        if t % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        }
+                    }
+                    _ => rng.random::<f32>() * 2.0 - 1.0,
+                })
+                .collect();
+            let a = q8::QuantizedRows::new(&x, 1, x.len(), q8::BLOCK, bits);
+            let scalar = q8::pair_dot(&words, &a, q8::Isa::Scalar);
+            for isa in q8::Isa::available() {
+                assert_eq!(q8::pair_dot(&words, &a, isa), scalar, "{isa:?}, {bits} bits, round {round}");
+            }
+        }
+    }
+}
+
+/// The integer kernels on every instruction set equal the `f64` integer formula within `f32`
+/// rounding, for both code widths, groups of one, two and three blocks (pairs of blocks that
+/// straddle groups), odd block counts, tiles of 1–4 input rows with remainders, and weight row
+/// ranges that do not start at 0.
+#[test]
+fn int8_kernels_equal_the_integer_formula() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
+    let shapes = [(1, 32, 7, 4, 32), (2, 96, 9, 8, 32), (5, 128, 13, 4, 64), (7, 64, 3, 8, 64), (4, 576, 5, 4, 32)];
+    for shape in shapes.into_iter().chain([(3, 192, 5, 4, 96), (6, 96, 4, 8, 96)]) {
+        let case = Int8Case::new(&mut rng, shape);
+        let a = q8::QuantizedRows::new(&case.x, case.m, case.k, case.group, case.bits);
+        let (reference, magnitude) = case.reference(&a);
+        for isa in q8::Isa::available() {
+            let rows = 1..case.n;
+            let mut out = vec![f32::NAN; case.m * case.n];
+            q8::weight_rows(&case.weights(), &a, rows.clone(), isa, |i, j, v| out[i * case.n + j] = v);
+            for i in 0..case.m {
+                for j in rows.clone() {
+                    let (found, want) = (out[i * case.n + j] as f64, reference[i * case.n + j]);
+                    let tolerance = 1e-6 * magnitude[i * case.n + j] + 1e-9;
+                    assert!((found - want).abs() <= tolerance, "{isa:?} {shape:?} [{i}, {j}]: {found} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+/// Activation quantization: `|x − d·q| ≤ d/2`, `d = max|x| / 127` (at `f16` precision) per block of 32,
+/// `f16` rounding as the hardware rounds, zero blocks
+/// give zero codes, and rows quantized in parts and concatenated equal rows quantized at once.
+#[test]
+fn int8_rows_round_within_half_a_step() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+    let case = Int8Case::new(&mut rng, (6, 64, 1, 8, 32));
+    let mut x = case.x.clone();
+    x[32..64].iter_mut().for_each(|v| *v = 0.0);
+    let a = q8::QuantizedRows::new(&x, 6, 64, 32, 8);
+    for (b, block) in x.chunks_exact(32).enumerate() {
+        let (q, d) = a.block(b / 2, b % 2);
+        let exact = block.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        assert!((d - exact).abs() <= exact / 2048.0, "scale {d} is {exact} at f16 precision");
+        for (v, c) in block.iter().zip(q) {
+            assert!((v - d * c as f32).abs() <= d / 2.0 * 1.002 + 127.0 * (d - exact).abs(), "{v} vs {c}·{d}");
+        }
+    }
+    assert!(a.block(0, 1).0.iter().all(|&c| c == 0));
+    // f16 values: 1 + 2^-10 is one, 1 + 2^-11 a tie (to even: 1), 2^-20 a subnormal step multiple.
+    let one = 1.0 + 2f32.powi(-10);
+    let cases = [
+        (one, one),
+        (1.0 + 2f32.powi(-11), 1.0),
+        (one + 2f32.powi(-11), 1.0 + 2f32.powi(-9)),
+        (2f32.powi(-20), 2f32.powi(-20)),
+    ];
+    for (x, rounded) in cases {
+        let rows = q8::QuantizedRows::new(&[x * 127.0; 32], 1, 32, 32, 4);
+        assert_eq!(rows.block(0, 0).1, rounded, "{x}");
+    }
+    let parts = q8::QuantizedRows::concat(vec![
+        q8::QuantizedRows::new(&x[..128], 2, 64, 32, 8),
+        q8::QuantizedRows::new(&x[128..], 4, 64, 32, 8),
+    ]);
+    assert_eq!(parts.rows(), 6);
+    for i in 0..6 {
+        assert_eq!(parts.block(i, 1), a.block(i, 1));
+    }
+}
+
+/// The Flex op in its default precision runs the integer kernels, split across threads (decode:
+/// one part per thread; prefill: row tiles and quantization in parallel), serially for small
+/// products, and falls back to `f32` for groups that are not whole blocks of 32. Row counts are
+/// not multiples of the thread count.
+#[test]
+fn int8_fused_qmatmul_transposed_on_flex() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(24);
+    let device = Device::flex();
+    for shape in [(1, 576, 999, 4, 32), (3, 96, 1001, 8, 32), (40, 256, 301, 4, 64), (2, 64, 5, 4, 32)] {
+        let case = Int8Case::new(&mut rng, shape);
+        let (m, k, n) = (case.m, case.k, case.n);
+        let groups = k / case.group;
+        let w = GroupQuantized::from_host(
+            case.codes.clone(),
+            case.scale.clone(),
+            case.min.clone(),
+            [n, k],
+            QuantSpec::new(case.bits, case.group, 1).unwrap(),
+            &device,
+        )
+        .unwrap();
+        assert_eq!(w.scale.dims(), [n, groups]);
+        let x = Tensor::<2>::from_data(TensorData::new(case.x.clone(), [m, k]), &device);
+        let found = values(with_matmul_precision(MatmulPrecision::Int8Activations, || {
+            qmatmul_transposed(x.clone(), &w).unwrap()
+        }));
+        let a = q8::QuantizedRows::new(&case.x, m, k, case.group, case.bits);
+        let (reference, magnitude) = case.reference(&a);
+        for ((f, r), mag) in found.iter().zip(&reference).zip(&magnitude) {
+            assert!((*f as f64 - r).abs() <= 1e-6 * mag + 1e-9, "{shape:?}: {f} vs {r}");
+        }
+        // Within the activations' rounding of the exact product.
+        let exact = values(qmatmul_transposed_exact(x, &w));
+        let scale = exact.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+        for (f, e) in found.iter().zip(&exact) {
+            assert!((f - e).abs() <= 2e-2 * scale, "{shape:?}: int8 {f} vs exact {e}");
+        }
+    }
+    // Groups of 8 codes are not whole activation blocks: the f32 path, equal to the exact one.
+    let x = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 2 * 64], [2, 64]), &device);
+    let w = quantize(Tensor::<2>::ones([3, 64], &device), QuantSpec::new(4, 8, 1).unwrap()).unwrap();
+    assert_eq!(values(qmatmul_transposed(x.clone(), &w).unwrap()), values(qmatmul_transposed_exact(x, &w)));
+}
+
+fn qmatmul_transposed_exact(x: Tensor<2>, w: &GroupQuantized<2>) -> Tensor<2> {
+    with_matmul_precision(MatmulPrecision::Exact, || qmatmul_transposed(x, w).unwrap())
+}
+
+/// The precision is a process-wide default with a per-thread override that is restored after.
+#[test]
+fn matmul_precision_override_is_scoped() {
+    let outer = matmul_precision();
+    let inner = with_matmul_precision(MatmulPrecision::Exact, || {
+        std::thread::spawn(matmul_precision).join().map(|other| (matmul_precision(), other))
+    });
+    assert_eq!(inner.unwrap(), (MatmulPrecision::Exact, MatmulPrecision::Int8Activations));
+    assert_eq!(matmul_precision(), outer);
 }

@@ -1,25 +1,30 @@
 //! A preallocated, contiguous per-layer KV cache for a static batch of sequences of different
-//! lengths (the layout HF transformers uses for batched generation).
+//! lengths (the layout HF transformers uses for batched generation). Each layer may live on its
+//! own device ([`LayerDevices`]); the step's mask is then copied once per step to each device.
 
 use burn::tensor::{Device, Tensor};
 use burn_llm_kernels::QuantSpec;
 
-use super::{KvCache, KvLayout, LayerSlots, StepInput, StepSlots, attention, check_kv_quant};
+use super::{KvCache, KvLayout, LayerDevices, LayerSlots, StepInput, StepSlots, attention, check_kv_quant};
 use crate::error::Result;
 
 /// Keys and values of a batch in `[batch, kv_heads, capacity, head_dim]` tensors, one pair per
-/// layer, on the device the model runs on, over the slot axis of a [`StepSlots`].
+/// layer, on the device the model runs on (or each on its own, [`ContiguousKvCache::placed`]),
+/// over the slot axis of a [`StepSlots`].
 pub struct ContiguousKvCache {
     layout: KvLayout,
     quant: Option<QuantSpec>,
     steps: StepSlots,
     layers: Vec<LayerSlots>,
+    placement: LayerDevices,
+    /// The current step's mask on each of `placement`'s distinct devices.
+    biases: Vec<Tensor<4>>,
 }
 
 impl ContiguousKvCache {
     /// Allocates `capacity` slots for `batch` sequences of a model with `layout`.
     pub fn new(layout: KvLayout, batch: usize, capacity: usize, device: &Device) -> Self {
-        Self::build(layout, batch, capacity, device, None)
+        Self::build(layout, batch, capacity, device, LayerDevices::uniform(device, layout.num_layers), None)
     }
 
     /// Like [`ContiguousKvCache::new`], storing keys and values as group-quantized codes exactly
@@ -32,16 +37,39 @@ impl ContiguousKvCache {
         spec: QuantSpec,
     ) -> Result<Self> {
         check_kv_quant(layout, spec)?;
-        Ok(Self::build(layout, batch, capacity, device, Some(spec)))
+        Ok(Self::build(layout, batch, capacity, device, LayerDevices::uniform(device, layout.num_layers), Some(spec)))
     }
 
-    fn build(layout: KvLayout, batch: usize, capacity: usize, device: &Device, quant: Option<QuantSpec>) -> Self {
-        Self {
-            layout,
-            quant,
-            steps: StepSlots::new(batch, capacity, device),
-            layers: (0..layout.num_layers).map(|_| LayerSlots::zeros(layout, batch, capacity, quant, device)).collect(),
+    /// Like [`ContiguousKvCache::new`] (dense, or quantized as `quant` says), with cache layer `i`
+    /// on `placement.device(i)`; token ids and positions are laid out on `input` (where the model
+    /// embeds them). Errors when the placement does not name one device per layer.
+    pub fn placed(
+        layout: KvLayout,
+        batch: usize,
+        capacity: usize,
+        input: &Device,
+        placement: LayerDevices,
+        quant: Option<QuantSpec>,
+    ) -> Result<Self> {
+        placement.check(&layout)?;
+        if let Some(spec) = quant {
+            check_kv_quant(layout, spec)?;
         }
+        Ok(Self::build(layout, batch, capacity, input, placement, quant))
+    }
+
+    fn build(
+        layout: KvLayout,
+        batch: usize,
+        capacity: usize,
+        input: &Device,
+        placement: LayerDevices,
+        quant: Option<QuantSpec>,
+    ) -> Self {
+        let layers = (0..layout.num_layers)
+            .map(|i| LayerSlots::zeros(layout, batch, capacity, quant, placement.device(i)))
+            .collect();
+        Self { layout, quant, steps: StepSlots::new(batch, capacity, input), layers, placement, biases: Vec::new() }
     }
 
     /// The per-layer shape of the keys and values.
@@ -66,7 +94,15 @@ impl ContiguousKvCache {
 
     /// Lays out the next step: `new_tokens[b]` are the tokens sequence `b` adds (possibly none).
     pub fn begin_step(&mut self, new_tokens: &[&[u32]]) -> Result<StepInput> {
-        self.steps.begin_step(new_tokens)
+        let input = self.steps.begin_step(new_tokens)?;
+        let bias = self.steps.bias();
+        self.biases = self.placement.distinct().iter().map(|d| bias.clone().to_device(d)).collect();
+        Ok(input)
+    }
+
+    /// The device of each cache layer.
+    pub fn placement(&self) -> &LayerDevices {
+        &self.placement
     }
 }
 
@@ -80,6 +116,6 @@ impl KvCache for ContiguousKvCache {
         self.layers.push(slots);
         let last = self.layers.len() - 1;
         self.layers.swap(layer, last);
-        attention(q, keys, values, self.steps.bias(), scale)
+        attention(q, keys, values, self.biases[self.placement.slot(layer)].clone(), scale)
     }
 }

@@ -13,7 +13,8 @@
 //! How the caches implement the same trait without touching model code:
 //! - **Contiguous** ([`ContiguousKvCache`], this crate): one preallocated
 //!   `[batch, kv_heads, capacity, head_dim]` tensor pair per layer ([`LayerSlots`], dense or
-//!   group-quantized [`Slots`]) on the model's device, sequences left-padded within a step on a
+//!   group-quantized [`Slots`]) on the model's device, or on each layer's own device
+//!   ([`LayerDevices`], pipeline stages), sequences left-padded within a step on a
 //!   shared slot axis ([`StepSlots`]), an additive mask that hides padding and future slots.
 //! - **Paged** (vLLM, `burn-paged`): `attend` writes the new K/V into their block slots with a
 //!   reshape-and-cache kernel and runs PagedAttention through the block tables prepared by the
@@ -28,12 +29,14 @@
 
 mod attention;
 mod contiguous;
+mod placement;
 mod quant;
 mod slots;
 mod steps;
 
 pub use attention::{MASKED, attention, attention_with, causal_bias};
 pub use contiguous::ContiguousKvCache;
+pub use placement::LayerDevices;
 pub use quant::{KV_QUANT_AXIS, check_kv_quant, fit_kv_quant};
 pub use slots::{LayerSlots, Slots};
 pub use steps::StepSlots;

@@ -1,14 +1,17 @@
-//! The plain engine: a static batch of requests run to completion on a [`ContiguousKvCache`].
+//! The plain engine: a static batch of requests run to completion on a [`ContiguousKvCache`], over
+//! any [`LanguageModel`] (a [`CausalLm`] on one device, or pipeline stages on several: each cache
+//! layer then lives on its stage's device).
 
 use std::time::Instant;
 
 use super::events::StreamEvent;
 use burn_llm_kernels::QuantSpec;
 
-use super::request::{GenerationOutput, Prompt, RequestState, Timing, prepare_prompt, record_sampled};
+use super::request::{GenerationOutput, Prompt, RequestState, Timing, histories, prepare_prompt, record_sampled};
 use super::sampling::{SamplingParams, sample};
 use crate::cache::ContiguousKvCache;
 use crate::error::Result;
+use crate::language_model::LanguageModel;
 use crate::model::CausalLm;
 use crate::pretrained::Pretrained;
 use crate::tokenizer::Tokenizer;
@@ -16,8 +19,8 @@ use crate::tokenizer::Tokenizer;
 /// Generates text with a model on its device: prompts are prefilled together (left-padded), then
 /// decoded one token per step until every request has stopped.
 #[derive(Debug)]
-pub struct Generator {
-    model: CausalLm,
+pub struct Generator<M: LanguageModel = CausalLm> {
+    model: M,
     tokenizer: Option<Tokenizer>,
     eos_token_ids: Vec<u32>,
     kv_quant: Option<QuantSpec>,
@@ -29,10 +32,10 @@ impl From<Pretrained> for Generator {
     }
 }
 
-impl Generator {
+impl<M: LanguageModel> Generator<M> {
     /// A generator over `model`; `tokenizer` is needed for text prompts and output text;
     /// `eos_token_ids` end a request unless `ignore_eos` is set.
-    pub fn new(model: CausalLm, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>) -> Self {
+    pub fn new(model: M, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>) -> Self {
         Self { model, tokenizer, eos_token_ids, kv_quant: None }
     }
 
@@ -47,7 +50,7 @@ impl Generator {
     }
 
     /// The model.
-    pub fn model(&self) -> &CausalLm {
+    pub fn model(&self) -> &M {
         &self.model
     }
 
@@ -91,12 +94,15 @@ impl Generator {
         }
         let longest_prompt = requests.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
         let longest_budget = requests.iter().map(RequestState::budget).max().unwrap_or(1);
-        let device = self.model.device();
         let (layout, capacity) = (self.model.kv_layout(), longest_prompt + longest_budget - 1);
-        let mut cache = match self.kv_quant {
-            None => ContiguousKvCache::new(layout, requests.len(), capacity, &device),
-            Some(spec) => ContiguousKvCache::quantized(layout, requests.len(), capacity, &device, spec)?,
-        };
+        let mut cache = ContiguousKvCache::placed(
+            layout,
+            requests.len(),
+            capacity,
+            &self.model.device(),
+            self.model.kv_devices(),
+            self.kv_quant,
+        )?;
         let mut rngs: Vec<_> = requests.iter().map(|_| params.rng()).collect();
         let mut timing =
             Timing { prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(), ..Timing::default() };
@@ -109,7 +115,7 @@ impl Generator {
             let slices: Vec<&[u32]> = new_tokens.iter().map(Vec::as_slice).collect();
             let step = cache.begin_step(&slices)?;
             let logits = self.model.forward_last_logits(&step, &mut cache);
-            let sampled = sample(logits, params, &mut rngs)?;
+            let sampled = sample(logits, params, &mut rngs, &histories(&requests))?;
             timing.generated_tokens += record_sampled(
                 &mut requests,
                 &mut new_tokens,

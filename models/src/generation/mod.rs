@@ -5,13 +5,16 @@
 pub mod beam;
 mod engine;
 mod events;
+pub mod penalties;
 mod request;
 pub mod sampling;
 
 pub use beam::{BeamSearchParams, EarlyStopping};
 pub use engine::Generator;
 pub use events::{SequenceDelta, StepOutput, StreamEvent};
+pub use penalties::{TokenCounts, apply_penalties};
 pub use request::{
-    FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing, prepare_prompt, record_sampled,
+    FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing, histories, prepare_prompt,
+    record_sampled,
 };
-pub use sampling::{Sampled, SamplingParams, TokenLogprob, filtered_distribution, sample};
+pub use sampling::{Sampled, SamplingParams, TokenLogprob, chosen_logprobs, filtered_distribution, sample};

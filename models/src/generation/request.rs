@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::penalties::TokenCounts;
 use super::sampling::{Sampled, SamplingParams, TokenLogprob};
 use crate::chat::ChatMessage;
 use crate::error::{ModelError, Result};
@@ -62,7 +63,8 @@ pub struct RequestOutput {
     pub text: String,
     /// Why it stopped.
     pub finish_reason: FinishReason,
-    /// Top-K log-probabilities of each generated step, when requested.
+    /// With `SamplingParams::logprobs = Some(k)`, for each generated token: its log-probability
+    /// first, then the top `k` (raw model distribution, see [`super::sampling`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<Vec<TokenLogprob>>>,
 }
@@ -143,6 +145,8 @@ pub struct RequestState {
     prompt_ids: Vec<u32>,
     generated: Vec<u32>,
     logprobs: Option<Vec<Vec<TokenLogprob>>>,
+    /// Token history for the penalties, kept only when one is on.
+    counts: Option<TokenCounts>,
     text: String,
     /// Bytes of `text` already handed to the stream.
     streamed: usize,
@@ -161,6 +165,7 @@ impl RequestState {
             decoder: IncrementalDecoder::new(&prompt_ids),
             generated: Vec::new(),
             logprobs: params.logprobs.map(|_| Vec::new()),
+            counts: params.has_penalties().then(|| TokenCounts::new(&prompt_ids)),
             text: String::new(),
             streamed: 0,
             budget: params.max_new_tokens.min(room).max(1),
@@ -177,6 +182,11 @@ impl RequestState {
     /// Ids generated so far.
     pub fn generated(&self) -> &[u32] {
         &self.generated
+    }
+
+    /// Its token history for the penalties (`None` when every penalty is off).
+    pub fn token_counts(&self) -> Option<&TokenCounts> {
+        self.counts.as_ref()
     }
 
     /// Tokens this request may still generate in total.
@@ -201,6 +211,9 @@ impl RequestState {
     ) -> Result<String> {
         debug_assert!(self.finish.is_none(), "push on a finished request");
         self.generated.push(id);
+        if let Some(counts) = self.counts.as_mut() {
+            counts.push(id);
+        }
         if let (Some(all), Some(step)) = (self.logprobs.as_mut(), logprobs) {
             all.push(step);
         }
@@ -271,6 +284,12 @@ impl RequestState {
             logprobs: self.logprobs,
         }
     }
+}
+
+/// The penalties' token histories of a batch of requests, one per request (empty when every
+/// penalty is off): what [`sample`](super::sampling::sample) takes.
+pub fn histories(requests: &[RequestState]) -> Vec<&TokenCounts> {
+    requests.iter().filter_map(RequestState::token_counts).collect()
 }
 
 /// Records one step's sampled tokens for a batch: every unfinished request takes its token (stop

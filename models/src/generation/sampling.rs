@@ -1,9 +1,14 @@
 //! Sampling parameters and the on-device sampler.
 //!
-//! Temperature, top-k and top-p are applied to the logits on the device (sort, truncate, softmax,
-//! cumulative sum); the draw itself compares one uniform number per sequence against the
-//! cumulative distribution, also on the device. Only the chosen ids (and, when asked, the top-K
-//! log-probabilities) come back to the host, never a logit vector.
+//! The penalties ([`super::penalties`]), then temperature, top-k and top-p are applied to the
+//! logits on the device (sort, truncate, softmax, cumulative sum); the draw itself compares one
+//! uniform number per sequence against the cumulative distribution, also on the device. Only the
+//! chosen ids (and, when asked, the log-probabilities) come back to the host, never a logit
+//! vector.
+//!
+//! Log-probabilities are those of the model's raw distribution (a log-softmax of the logits before
+//! penalties, temperature and filtering), as vLLM reports them by default (V1's
+//! `logprobs_mode = "raw_logprobs"`; vLLM V0 reported them after penalties and temperature).
 
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Int, Tensor, TensorData};
@@ -12,6 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use super::beam::BeamSearchParams;
+use super::penalties::{TokenCounts, apply_penalties};
 use crate::error::{ModelError, Result};
 
 /// How to pick tokens, how many sequences to return and when to stop, per request (vLLM's
@@ -37,7 +43,7 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     /// Keep going after the model's EOS token.
     pub ignore_eos: bool,
-    /// Return the top-K log-probabilities of every generated step.
+    /// Return, for every generated step, the sampled token's log-probability and the top-K.
     pub logprobs: Option<usize>,
     /// Sequences returned per prompt.
     pub n: usize,
@@ -132,7 +138,9 @@ impl SamplingParams {
         if let Some(k) = self.logprobs.filter(|&k| k == 0 || k > vocab_size) {
             return fail(format!("logprobs must be between 1 and the vocabulary size {vocab_size}, got {k}"));
         }
-        for (name, value) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+        for (name, value) in
+            [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
+        {
             if !(-2.0..=2.0).contains(&value) {
                 return fail(format!("{name} must be in [-2, 2], got {value}"));
             }
@@ -160,6 +168,11 @@ impl SamplingParams {
             if self.best_of.is_some() {
                 return fail("best_of does not apply to beam search (the beam width does)".into());
             }
+            if self.has_penalties() {
+                return fail(
+                    "presence, frequency and repetition penalties do not apply to beam search (as in vLLM, whose beam search takes no penalties): drop them or sample".into(),
+                );
+            }
         }
         Ok(())
     }
@@ -178,7 +191,7 @@ impl SamplingParams {
 pub struct TokenLogprob {
     /// Token id.
     pub id: u32,
-    /// Natural-log probability under the model (before temperature and filtering).
+    /// Natural-log probability under the model (before penalties, temperature and filtering).
     pub logprob: f32,
 }
 
@@ -187,7 +200,9 @@ pub struct TokenLogprob {
 pub struct Sampled {
     /// One id per row.
     pub ids: Vec<u32>,
-    /// Top-K log-probabilities per row, when requested.
+    /// With `SamplingParams::logprobs = Some(k)`, per row: the sampled token's log-probability
+    /// first, then the `k` most likely tokens (`k + 1` entries; the sampled token may appear
+    /// twice).
     pub logprobs: Option<Vec<Vec<TokenLogprob>>>,
 }
 
@@ -215,14 +230,18 @@ pub fn filtered_distribution(
     (probs * keep.float(), ids)
 }
 
-/// Picks one token per row of `logits` (`[batch, vocab]`), with `rngs[b]` the stream of row `b`.
-pub fn sample(logits: Tensor<2>, params: &SamplingParams, rngs: &mut [ChaCha8Rng]) -> Result<Sampled> {
+/// Picks one token per row of `logits` (`[batch, vocab]`), with `rngs[b]` the stream of row `b`
+/// and `history[b]` its token history for the penalties (may be empty when every penalty is off).
+pub fn sample(
+    logits: Tensor<2>,
+    params: &SamplingParams,
+    rngs: &mut [ChaCha8Rng],
+    history: &[&TokenCounts],
+) -> Result<Sampled> {
     let [batch, _] = logits.dims();
     let device = logits.device();
-    let logprobs = match params.logprobs {
-        Some(k) => Some(top_logprobs(logits.clone(), k)?),
-        None => None,
-    };
+    let raw = params.logprobs.map(|_| logits.clone());
+    let logits = apply_penalties(logits, params, history)?;
     let chosen: Tensor<2, Int> = if params.is_greedy() {
         logits.argmax(1)
     } else {
@@ -236,17 +255,40 @@ pub fn sample(logits: Tensor<2>, params: &SamplingParams, rngs: &mut [ChaCha8Rng
         let below = cdf.lower(target).int().sum_dim(1).clamp_max((n - 1) as i64);
         ids.gather(1, below)
     };
+    let logprobs = match (raw, params.logprobs) {
+        (Some(raw), Some(k)) => Some(step_logprobs(raw, chosen.clone(), k)?),
+        _ => None,
+    };
     Ok(Sampled { ids: read_ids(chosen)?, logprobs })
 }
 
-fn top_logprobs(logits: Tensor<2>, k: usize) -> Result<Vec<Vec<TokenLogprob>>> {
+/// Per row: the log-probability of `chosen[b]` (`[batch, 1]`), then the top `k`.
+fn step_logprobs(logits: Tensor<2>, chosen: Tensor<2, Int>, k: usize) -> Result<Vec<Vec<TokenLogprob>>> {
     let [batch, _] = logits.dims();
-    let (values, ids) = log_softmax(logits, 1).topk_with_indices(k, 1);
-    let values = values.into_data().try_into_vec_as::<f32>().map_err(|e| ModelError::Device(format!("{e:?}")))?;
-    let ids = read_ids(ids)?;
+    let logprobs = log_softmax(logits, 1);
+    let picked = read_floats(logprobs.clone().gather(1, chosen.clone()))?;
+    let chosen = read_ids(chosen)?;
+    let (values, ids) = logprobs.topk_with_indices(k, 1);
+    let (values, ids) = (read_floats(values)?, read_ids(ids)?);
     Ok((0..batch)
-        .map(|b| (0..k).map(|j| TokenLogprob { id: ids[b * k + j], logprob: values[b * k + j] }).collect())
+        .map(|b| {
+            std::iter::once(TokenLogprob { id: chosen[b], logprob: picked[b] })
+                .chain((0..k).map(|j| TokenLogprob { id: ids[b * k + j], logprob: values[b * k + j] }))
+                .collect()
+        })
         .collect())
+}
+
+/// The raw log-probability of `chosen[b]` in row `b` of `logits` (ranking samples by cumulative
+/// log-probability, as `best_of` does).
+pub fn chosen_logprobs(logits: Tensor<2>, chosen: &[u32]) -> Result<Vec<f32>> {
+    let ids: Vec<i64> = chosen.iter().map(|&t| t as i64).collect();
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [chosen.len(), 1]), &logits.device());
+    read_floats(log_softmax(logits, 1).gather(1, ids))
+}
+
+fn read_floats<const D: usize>(values: Tensor<D>) -> Result<Vec<f32>> {
+    values.into_data().try_into_vec_as::<f32>().map_err(|e| ModelError::Device(format!("{e:?}")))
 }
 
 /// Reads an int tensor back as token ids.

@@ -5,6 +5,7 @@
 //! (`reshape(heads, 2, head_dim/2, in).swapaxes(1, 2)`); the decoder uses HF's rotate-half form, so
 //! those rows are permuted back on load.
 
+use std::ops::Range;
 use std::path::Path;
 
 use serde_json::json;
@@ -17,7 +18,7 @@ use super::{GgufFile, GgufValue};
 use crate::config::DecoderSpec;
 use crate::error::{ModelError, Result};
 use crate::layers::projection::WEIGHT_QUANT_AXIS;
-use crate::weights::TensorSource;
+use crate::weights::{TensorSource, check_window, window};
 
 /// A GGUF model file with its decoder description.
 pub struct GgufModel {
@@ -81,11 +82,11 @@ impl GgufModel {
     }
 }
 
-impl TensorSource for GgufModel {
-    /// `Q4_0`, `Q4_1` and `Q8_0` matrices come back as their blocks, repacked (groups of 32 along
-    /// the input dimension, llama.cpp's layout); RoPE-permuted rows are un-permuted as whole rows
-    /// of codes, scales and minimums.
-    fn quantized(&self, name: &str, [rows, cols]: [usize; 2], device: &Device) -> Result<Option<GroupQuantized<2>>> {
+impl GgufModel {
+    /// The blocks of a `Q4_0`/`Q4_1`/`Q8_0` matrix repacked on the host (groups of 32 along the
+    /// input dimension, llama.cpp's layout) with RoPE-permuted rows un-permuted as whole rows of
+    /// codes, scales and minimums, and how they are quantized; `None` for other tensors.
+    fn blocks(&self, name: &str, [rows, cols]: [usize; 2]) -> Result<Option<(RepackedBlocks, QuantSpec)>> {
         let Some((gguf, order)) = self.map_name(name) else {
             return Ok(None);
         };
@@ -99,11 +100,9 @@ impl TensorSource for GgufModel {
         if shape != [rows, cols] {
             return Err(ModelError::ShapeMismatch { name: gguf, expected: vec![rows, cols], found: shape });
         }
+        let corrupt = |message: String| ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message };
         if !cols.is_multiple_of(BLOCK) {
-            return Err(ModelError::CorruptGguf {
-                path: self.file.path().to_path_buf(),
-                message: format!("`{gguf}` has rows of {cols} values, not whole blocks of {BLOCK}"),
-            });
+            return Err(corrupt(format!("`{gguf}` has rows of {cols} values, not whole blocks of {BLOCK}")));
         }
         let RepackedBlocks { mut codes, mut scale, mut min, bits } = blocks;
         if let Rows::Rope(heads) = order {
@@ -111,13 +110,70 @@ impl TensorSource for GgufModel {
             scale = unpermute_rope_rows(&scale, heads, rows, cols / BLOCK);
             min = unpermute_rope_rows(&min, heads, rows, cols / BLOCK);
         }
-        QuantSpec::new(bits, BLOCK, WEIGHT_QUANT_AXIS)
-            .and_then(|spec| GroupQuantized::from_host(codes, scale, min, [rows, cols], spec, device))
-            .map(Some)
-            .map_err(|e| ModelError::CorruptGguf {
-                path: self.file.path().to_path_buf(),
-                message: format!("`{gguf}`: {e}"),
-            })
+        let spec = QuantSpec::new(bits, BLOCK, WEIGHT_QUANT_AXIS).map_err(|e| corrupt(format!("`{gguf}`: {e}")))?;
+        Ok(Some((RepackedBlocks { codes, scale, min, bits }, spec)))
+    }
+
+    /// Uploads host blocks of an `HF` `[rows, cols]` matrix to `device`.
+    fn upload(
+        &self,
+        name: &str,
+        blocks: RepackedBlocks,
+        shape: [usize; 2],
+        spec: QuantSpec,
+        device: &Device,
+    ) -> Result<GroupQuantized<2>> {
+        GroupQuantized::from_host(blocks.codes, blocks.scale, blocks.min, shape, spec, device).map_err(|e| {
+            ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message: format!("`{name}`: {e}") }
+        })
+    }
+}
+
+impl TensorSource for GgufModel {
+    /// `Q4_0`, `Q4_1` and `Q8_0` matrices come back as their blocks, repacked (groups of 32 along
+    /// the input dimension, llama.cpp's layout); RoPE-permuted rows are un-permuted as whole rows
+    /// of codes, scales and minimums.
+    fn quantized(&self, name: &str, shape: [usize; 2], device: &Device) -> Result<Option<GroupQuantized<2>>> {
+        match self.blocks(name, shape)? {
+            Some((blocks, spec)) => self.upload(name, blocks, shape, spec, device).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Cuts the window out of the repacked blocks on the host, so only the shard reaches `device`.
+    fn quantized_window(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: Range<usize>,
+        cols: Range<usize>,
+        device: &Device,
+    ) -> Result<Option<GroupQuantized<2>>> {
+        check_window(name, shape, &rows, &cols)?;
+        let Some((blocks, spec)) = self.blocks(name, shape)? else {
+            return Ok(None);
+        };
+        if !cols.start.is_multiple_of(BLOCK) || !cols.end.is_multiple_of(BLOCK) {
+            return Err(ModelError::Window {
+                name: name.to_string(),
+                shape,
+                rows,
+                cols,
+                why: format!(
+                    "the columns do not start and end on its blocks of {BLOCK} values; choose a split whose shards are whole blocks"
+                ),
+            });
+        }
+        let per_word = spec.per_word();
+        let words = |c: &Range<usize>| c.start / per_word..c.end / per_word;
+        let groups = |c: &Range<usize>| c.start / BLOCK..c.end / BLOCK;
+        let cut = RepackedBlocks {
+            codes: window(&blocks.codes, shape[1] / per_word, rows.clone(), words(&cols)),
+            scale: window(&blocks.scale, shape[1] / BLOCK, rows.clone(), groups(&cols)),
+            min: window(&blocks.min, shape[1] / BLOCK, rows.clone(), groups(&cols)),
+            bits: blocks.bits,
+        };
+        self.upload(name, cut, [rows.len(), cols.len()], spec, device).map(Some)
     }
 
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {

@@ -4,8 +4,10 @@
 
 use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
-use burn::tensor::{Int, Tensor};
-use burn_llm_kernels::{GroupQuantized, QuantSpec, dequantize, qmatmul, qmatmul_transposed, quantize};
+use burn::tensor::{Device, Int, Tensor};
+use burn_llm_kernels::{
+    GroupQuantized, MatmulPrecision, QuantSpec, dequantize, matmul_precision, qmatmul, qmatmul_transposed, quantize,
+};
 
 use crate::error::{ModelError, Result};
 
@@ -66,7 +68,9 @@ impl QLinear {
         Self::from_parts(weight, bias, [d_input, d_output], true)
     }
 
-    fn from_parts(
+    /// A layer over `q` as it is: `[in, out]` grouped along `out`, or (`input_grouped`) `[out, in]`
+    /// grouped along `in` (tensor parallelism builds rank shards with it).
+    pub fn from_parts(
         q: GroupQuantized<2>,
         bias: Option<Param<Tensor<1>>>,
         [d_input, d_output]: [usize; 2],
@@ -128,7 +132,13 @@ impl QLinear {
         let rows = dims[..D - 1].iter().product::<usize>();
         let flat: Tensor<2> = x.reshape([rows, self.d_input]);
         let weight = self.weight();
-        let out = match (rows <= FUSED_MAX_ROWS, self.input_grouped) {
+        // The integer kernel (8-bit input rows) reads each weight block once per tile of input
+        // rows, so it also beats dequantize-then-matmul on prefill-sized inputs.
+        let fused = rows <= FUSED_MAX_ROWS
+            || (self.input_grouped
+                && matmul_precision() == MatmulPrecision::Int8Activations
+                && flat.device() == Device::flex());
+        let out = match (fused, self.input_grouped) {
             (true, false) => qmatmul(flat, &weight).expect("QLinear weights are quantized along the output axis"),
             (true, true) => qmatmul_transposed(flat, &weight).expect("input-grouped QLinear weights are [out, in]"),
             (false, _) => flat.matmul(self.dequantized_weight()),

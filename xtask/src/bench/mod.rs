@@ -1,8 +1,10 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
+mod cpu;
 mod generate;
 mod offload;
 mod online;
+mod parallel;
 mod plot;
 mod quant;
 mod schedule;
@@ -16,6 +18,8 @@ use clap::Subcommand;
 pub enum Which {
     /// Prefill and decode tokens/s of the plain engine at batch sizes 1, 8, 32.
     Generate(generate::Args),
+    /// burn-llm's CPU path vs llama.cpp on the same GGUF file: decode, prompt processing, batch.
+    Cpu(cpu::Args),
     /// Cost of group quantization: dequantize GB/s, fused vs f32 matmul, decode tokens/s.
     Quant(quant::Args),
     /// FlexGen policies on a model larger than the device budget: searched vs baselines.
@@ -25,15 +29,19 @@ pub enum Which {
     Serve(serve::Args),
     /// ExeGPT's latency-bounded schedule vs FCFS (default and tuned) on the paged engine.
     Schedule(schedule::Args),
+    /// Pipeline parallelism over local devices: time and bytes between stages vs one device.
+    Parallel(parallel::Args),
 }
 
 /// Runs one benchmark.
 pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
     match which {
         Which::Generate(args) => generate::run(args),
+        Which::Cpu(args) => cpu::run(args),
         Which::Quant(args) => quant::run(args),
         Which::Serve(args) => serve::run(args),
         Which::Offload(args) => offload::run(args),
         Which::Schedule(args) => schedule::run(args),
+        Which::Parallel(args) => parallel::run(args),
     }
 }

@@ -71,7 +71,7 @@ fn sync(device: &Device) {
 }
 
 /// Host memory read bandwidth in GB/s: summing a 512 MiB buffer on all threads.
-fn read_bandwidth() -> f64 {
+pub(crate) fn read_bandwidth() -> f64 {
     let data: Vec<u64> = (0..64u64 << 20).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
     let data = std::hint::black_box(data);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);

@@ -9,25 +9,32 @@
 //!   measured latency meets the bound;
 //! - (c) the ExeGPT RRA plan for the bound ([`plan_rra`], run as [`phased_policy`]).
 //!
-//! Latency is measured as the planner defines it (`burn_llm::parallel::plan::schedule`): in a
-//! closed (offline) run, from the start of the step that prefills a request to the end of the
-//! step that finishes it, at the planner's percentile (p99) over requests. Queueing before the
-//! prefill is outside the planner's model; it is reported separately (`latency_from_arrival_s`).
-//! [`plan_rra`] plans for every output being `max_new_tokens` long, so every request generates
-//! exactly its workload's output length (EOS ignored); prompt lengths follow the workload.
+//! Latency is measured as the planner defines it (`burn_llm::parallel::plan::schedule`, ExeGPT's
+//! SLA-(b): the time to generate the percentile-length output): in a closed (offline) run, from
+//! the start of the step that prefills a request to the end of the step that finishes it, at the
+//! planner's percentile (p99) over requests. Queueing before the prefill is outside the planner's
+//! model; it is reported separately (`latency_from_arrival_s`). [`plan_rra`] plans for every
+//! output being `max_new_tokens` long, so every request generates exactly its workload's output
+//! length (EOS ignored); prompt lengths follow the workload.
+//!
+//! Throughput is the planner's steady state: the rate at which requests are admitted (prefilled)
+//! between the first completion (the decode batch has filled up) and the last prefill (the
+//! queue has run dry and the batch drains), measured the same way for every system
+//! ([`steady_rate`]); the whole run's requests/s is reported next to it.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn::tensor::Device;
 use burn_llm::models::gguf::GgufModel;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, SchedulingPolicy};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::ScheduleOutput;
-use burn_llm::parallel::profiler::{self, ProfileGrid};
-use burn_llm::schedule::{Workload as PlanWorkload, phased_policy, plan_rra, read_profile};
+use burn_llm::parallel::profiler::{EngineStepGrid, ProfileGrid};
+use burn_llm::schedule::{
+    Workload as PlanWorkload, check_layers, measure_profile, phased_policy, plan_rra, read_profile,
+};
 use burn_llm::{DeviceChoice, Engine};
 use rand::SeedableRng;
 use serde::Serialize;
@@ -37,7 +44,7 @@ use super::workload::{Request, Workload};
 use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// SmolLM2-135M's shape, for when its GGUF is not in the model cache.
-const SMOLLM2_SHAPE: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
+pub(super) const SMOLLM2_SHAPE: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
     "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"max_position_embeddings":8192,
     "rms_norm_eps":1e-5,"rope_theta":100000.0,"tie_word_embeddings":true}"#;
 
@@ -53,8 +60,8 @@ pub struct Args {
     /// Decoder layers of the model (SmolLM2-135M has 30); fewer make a run shorter.
     #[arg(long)]
     layers: Option<usize>,
-    /// Requests per workload.
-    #[arg(long, default_value_t = 32)]
+    /// Requests per workload (enough for several batches: the steady state needs at least three).
+    #[arg(long, default_value_t = 128)]
     requests: usize,
     /// Tokens every request generates (default: the workload's mean output length).
     #[arg(long)]
@@ -68,9 +75,9 @@ pub struct Args {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Largest batch: the largest `max_num_seqs` of FCFS's grid and encode batch the planner
-    /// searches.
-    #[arg(long, default_value_t = 32)]
+    /// Largest batch: the largest `max_num_seqs` of FCFS's grid, and the engine's `max_num_seqs`
+    /// the planner plans for (its largest encode and decode batch).
+    #[arg(long, default_value_t = 16)]
     max_batch: usize,
     /// Three latency bounds in seconds, tightest first (default: per workload, from the profile:
     /// 1.1× the tightest bound the planner can meet, 1.5× the latency of its unconstrained plan,
@@ -78,7 +85,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', num_args = 3)]
     latency_bounds: Option<Vec<f64>>,
     /// A planner cost profile of this model and device (`cargo run --example plan -- profile`);
-    /// default: profile the model at start-up on a small grid.
+    /// default: profile the model at start-up (layers and paged-engine steps).
     #[arg(long)]
     profile: Option<PathBuf>,
     /// Random seed of the workloads.
@@ -96,8 +103,14 @@ struct Run {
     max_num_seqs: usize,
     /// Wall-clock seconds from the first request queued to the last finished.
     seconds: f64,
+    /// Steady-state requests/s ([`steady_rate`]), or the whole run's when the run is too short to
+    /// have a steady state (`steady: false`).
     requests_per_s: f64,
-    /// Generated tokens per second.
+    /// Whether `requests_per_s` is the steady-state rate.
+    steady: bool,
+    /// Requests over the whole run's seconds.
+    run_requests_per_s: f64,
+    /// Generated tokens per second over the whole run.
     tokens_per_s: f64,
     /// The planner's latency (prefill start to finish) at its percentile over requests.
     latency_s: f64,
@@ -181,43 +194,35 @@ fn model_spec(layers: Option<usize>) -> Result<(DecoderSpec, String), Box<dyn st
     Ok((spec, source))
 }
 
-/// The profile to plan with: `--profile`, checked against the model, or measured now.
-fn profile(args: &Args, spec: &DecoderSpec, device: &Device) -> Result<(Profile, String), Box<dyn std::error::Error>> {
+/// The profile to plan with: `--profile`, checked against the model, or measured now (layers and
+/// paged-engine steps, [`measure_profile`]).
+fn profile(args: &Args, model: &CausalLm) -> Result<(Profile, String), Box<dyn std::error::Error>> {
     if let Some(path) = &args.profile {
         let profile = read_profile(path)?;
-        if profile.layers != spec.num_layers {
-            return Err(format!(
-                "{} profiles {} layers but the model has {}: pass --layers {} or profile this model",
-                path.display(),
-                profile.layers,
-                spec.num_layers,
-                profile.layers
-            )
-            .into());
-        }
+        check_layers(&profile, model.spec().num_layers, path)?;
         return Ok((profile, path.display().to_string()));
     }
-    let upto = |axis: &[usize], max: usize| -> Vec<usize> {
-        let mut kept: Vec<usize> = axis.iter().copied().filter(|&b| b < max).collect();
-        kept.push(max);
-        kept
-    };
-    let grid = ProfileGrid {
-        prefill_batch: upto(&[1, 4, 16], args.max_batch),
-        prefill_tokens: vec![1, 16, 64, 256],
-        prefill_context: vec![32, 128],
-        decode_batch: upto(&[1, 4, 16], args.max_batch),
-        decode_context: vec![0, 64, 256],
-        warmup: 1,
-        repeats: 3,
-    };
-    eprintln!("profiling the model on {} ...", args.device.name());
     let started = Instant::now();
-    let mut profile = profiler::profile(spec, device, &grid, false)?;
-    profile.model = Some(format!("SmolLM2-135M shape, {} layers, random weights", spec.num_layers));
+    let mut profile = measure_profile(model, args.max_batch, &mut std::io::stderr())?;
+    profile.model = Some(format!("SmolLM2-135M shape, {} layers, random weights", model.spec().num_layers));
     profile.device = Some(args.device.name().to_string());
-    eprintln!("  profiled in {:.1} s", started.elapsed().as_secs_f64());
-    Ok((profile, format!("measured at start-up ({grid:?})")))
+    let source = format!(
+        "measured at start-up in {:.0} s: {:?}; {:?}",
+        started.elapsed().as_secs_f64(),
+        ProfileGrid::serving(args.max_batch),
+        EngineStepGrid::serving(args.max_batch)
+    );
+    Ok((profile, source))
+}
+
+/// Steady-state requests/s of a closed run: requests admitted from the first completion (before
+/// it the batch is still filling) up to the last prefill step (after it the batch drains), over
+/// that window's length. `None` when the window holds no admission (fewer than three batches).
+fn steady_rate(prefilled: &[f64], finished: &[f64]) -> Option<f64> {
+    let first_done = finished.iter().copied().fold(f64::INFINITY, f64::min);
+    let last_prefill = prefilled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let admitted = prefilled.iter().filter(|&&t| t >= first_done && t < last_prefill).count();
+    (admitted > 0 && last_prefill > first_done).then(|| admitted as f64 / (last_prefill - first_done))
 }
 
 /// Index `p` percent of the way through `values` (nearest rank).
@@ -258,23 +263,28 @@ fn measure(
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let mut latency = Vec::with_capacity(reqs.len());
-    let mut from_arrival = Vec::with_capacity(reqs.len());
+    let (mut starts, mut ends) = (Vec::with_capacity(reqs.len()), Vec::with_capacity(reqs.len()));
     for (i, (start, end)) in prefilled.iter().zip(&finished).enumerate() {
         let (Some(start), Some(end)) = (start, end) else {
             return Err(format!("request {i} never finished").into());
         };
-        latency.push(end - start);
-        from_arrival.push(*end);
+        starts.push(*start);
+        ends.push(*end);
     }
+    let latency: Vec<f64> = starts.iter().zip(&ends).map(|(s, e)| e - s).collect();
+    let from_arrival = &ends;
+    let steady = steady_rate(&starts, &ends);
+    let run_rate = reqs.len() as f64 / seconds;
     Ok(Run {
         max_num_seqs,
         seconds,
-        requests_per_s: reqs.len() as f64 / seconds,
+        requests_per_s: steady.unwrap_or(run_rate),
+        steady: steady.is_some(),
+        run_requests_per_s: run_rate,
         tokens_per_s: tokens as f64 / seconds,
         latency_s: percentile(&latency, pct),
         mean_latency_s: latency.iter().sum::<f64>() / latency.len().max(1) as f64,
-        latency_from_arrival_s: percentile(&from_arrival, pct),
+        latency_from_arrival_s: percentile(from_arrival, pct),
     })
 }
 
@@ -311,8 +321,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (spec, source) = model_spec(args.layers)?;
     let model_name = format!("SmolLM2-135M shape ({source}), {} layers, random weights", spec.num_layers);
     eprintln!("model: {model_name}");
-    let (profile, profile_source) = profile(&args, &spec, &device)?;
     let model = CausalLm::random(spec.clone(), &device)?;
+    let (profile, profile_source) = profile(&args, &model)?;
+    if let Some(step) = &profile.engine_step {
+        eprintln!("engine step overhead: {step:?}");
+    }
     let blocks = args.kv_tokens / args.block_size;
     let base = EngineConfig {
         block_size: args.block_size,
@@ -334,7 +347,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             prompt_lens: reqs.iter().map(|(p, _)| p.len()).collect(),
             max_new_tokens: output_len,
             kv_tokens: blocks * args.block_size,
-            max_encode_batch: args.max_batch,
+            max_num_seqs: args.max_batch,
         };
         let (bounds, from_profile) = match &args.latency_bounds {
             Some(b) => (b.clone(), false),
@@ -498,14 +511,19 @@ fn markdown(
     md.push_str(&format!(
         "- model: {model}\n- KV pool: {} tokens in blocks of {}; FCFS grid of `max_num_seqs` up to {}\n\
          - profile: {profile_source}\n\
-         - latency: p{pct} over requests of (finish − start of the request's prefill step), as the planner defines it; \
-         closed run, all requests queued at t = 0. \"met\" compares it with the bound. (a) counts as meeting a bound only if its one run does.\n\
+         - latency: p{pct} over requests of (finish − start of the request's prefill step): ExeGPT's SLA-(b), the time \
+         to generate the p{pct}-length output, as the planner predicts it; closed run, all requests queued at t = 0. \
+         \"met\" compares it with the bound. (a) counts as meeting a bound only if its one run does.\n\
+         - throughput (req/s): steady state, as the planner predicts it: requests admitted between the first completion \
+         and the last prefill step, over that window (the whole run's rate where a run has no such window, marked *); \
+         tok/s and \"run req/s\" are over the whole run\n\
          - every request generates exactly the workload's output length (the planner's RRA model); prompts follow the workload's distribution\n\
          - numbers are noisy: the machine's cores were shared with other builds while this ran\n",
         args.kv_tokens, args.block_size, args.max_batch
     ));
     let yes = |b: bool| if b { "yes" } else { "**no**" }.to_string();
-    let rate = |r: &Run| format!("{:.2} / {:.1}", r.requests_per_s, r.tokens_per_s);
+    let star = |r: &Run| if r.steady { "" } else { "*" };
+    let rate = |r: &Run| format!("{:.2}{} / {:.1}", r.requests_per_s, star(r), r.tokens_per_s);
     for w in results {
         md.push_str(&format!(
             "\n## {}: {} requests, mean prompt {:.1} tokens, {} output tokens each\n\nBounds {}.\n\n",
@@ -577,11 +595,10 @@ fn markdown(
                 ("measured/predicted", Right),
             ],
             w.bounds.iter().filter_map(|b| b.exegpt.as_ref().ok().map(|p| (b.latency_bound_s, p))).map(|(bound, p)| {
-                let unreachable = if p.plan.decode_batch > w.requests { " †" } else { "" };
                 vec![
-                    format!("{bound:.3}{unreachable}"),
+                    format!("{bound:.3}"),
                     format!("{:.2}", p.plan.throughput_qps),
-                    format!("{:.2}", p.verdict.run.requests_per_s),
+                    format!("{:.2}{}", p.verdict.run.requests_per_s, star(&p.verdict.run)),
                     format!("{:.2}", p.throughput_measured_over_predicted),
                     format!("{:.3}", p.plan.latency_s),
                     format!("{:.3}", p.verdict.run.latency_s),
@@ -589,18 +606,12 @@ fn markdown(
                 ]
             }),
         ));
-        if w.bounds.iter().any(|b| b.exegpt.as_ref().is_ok_and(|p| p.plan.decode_batch > w.requests)) {
-            md.push_str(&format!(
-                "\n† the plan decodes more sequences at once (B_D) than the run's {} requests: a closed run of this size never \
-                 reaches the steady state the planner predicts for it (more `--requests` would).\n",
-                w.requests
-            ));
-        }
         md.push_str("\nFCFS grid (b) picks from:\n\n");
         md.push_str(&table(
             &[
                 ("max_num_seqs", Right),
                 ("req/s", Right),
+                ("run req/s", Right),
                 ("tokens/s", Right),
                 (&format!("p{pct} latency s"), Right),
                 ("mean latency s", Right),
@@ -609,7 +620,8 @@ fn markdown(
             w.fcfs_grid.iter().map(|r| {
                 vec![
                     r.max_num_seqs.to_string(),
-                    format!("{:.2}", r.requests_per_s),
+                    format!("{:.2}{}", r.requests_per_s, star(r)),
+                    format!("{:.2}", r.run_requests_per_s),
                     format!("{:.1}", r.tokens_per_s),
                     format!("{:.3}", r.latency_s),
                     format!("{:.3}", r.mean_latency_s),

@@ -1,17 +1,30 @@
-//! `cargo xtask bench serve`: offline serving throughput of the paged engine (vLLM) against a
-//! static-batching baseline that reserves max-length contiguous KV per request (vLLM's
-//! "Orca (Max)"), under the same KV memory budget, on synthetic ShareGPT-like and Alpaca-like
-//! workloads; then the memory block sharing saves for parallel sampling and beam search.
+//! `cargo xtask bench serve`: offline serving throughput of the paged engine (vLLM) against the
+//! baselines of the vLLM paper (thesis §5.6.1) under the same KV memory budget, on synthetic
+//! ShareGPT-like and Alpaca-like workloads; then the memory block sharing saves for parallel
+//! sampling and beam search.
+//!
+//! Every system is the paged engine with another [`SchedulingPolicy`], so they share the model,
+//! the kernels and the step loop and differ only in how they admit requests and hold KV memory:
+//! - **vLLM**: FCFS iteration-level scheduling, KV blocks taken as tokens arrive;
+//! - **Orca (Oracle / Pow2 / Max)**: iteration-level scheduling (a finished request's seat is
+//!   refilled at the next step), each admitted request reserving contiguous KV for its prompt plus
+//!   its exact output, its output rounded up to a power of two, or the model's maximum length;
+//! - **static batching**: request-level (FasterTransformer-style): a batch of max-length
+//!   reservations runs until its longest request is done before the next batch starts.
 //!
 //! The workloads are [`Workload::standard`]'s, scaled by `--scale`. Every request generates
-//! exactly its drawn output length (EOS ignored), as in vLLM's benchmarks.
+//! exactly its drawn output length (EOS ignored), as in vLLM's benchmarks, so Orca (Oracle)'s
+//! reservation is exact. All requests arrive at once: this measures throughput, not latency at a
+//! request rate (the online benchmark does that).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_llm::models::{CausalLm, DecoderSpec, Generator, Prompt, SamplingParams};
-use burn_llm::paged::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PreemptionMode};
+use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
+use burn_llm::paged::{
+    EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PreemptionMode, Reservation, SchedulingPolicy,
+};
 use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, Timing};
 use rand::SeedableRng;
 use serde::Serialize;
@@ -19,10 +32,24 @@ use serde::Serialize;
 use super::workload::{Request, Workload};
 use crate::report::{self, Align::Left, Align::Right, Header, table};
 
-/// The served model: OPT-family, random weights, small enough for many requests on a CPU.
-const MODEL: &str = r#"{"model_type":"opt","vocab_size":8192,"hidden_size":256,"num_hidden_layers":4,"ffn_dim":1024,
-    "num_attention_heads":4,"max_position_embeddings":2048,"do_layer_norm_before":true,
-    "word_embed_proj_dim":256,"eos_token_id":2}"#;
+/// The served model: OPT-family, random weights, small enough for many requests on a CPU; its
+/// maximum length (what Orca (Max) reserves) is `--max-model-len`.
+fn model_json(max_model_len: usize) -> String {
+    format!(
+        r#"{{"model_type":"opt","vocab_size":8192,"hidden_size":256,"num_hidden_layers":4,"ffn_dim":1024,
+        "num_attention_heads":4,"max_position_embeddings":{max_model_len},"do_layer_norm_before":true,
+        "word_embed_proj_dim":256,"eos_token_id":2}}"#
+    )
+}
+
+/// The systems compared, in table order: label and the paged engine's policy.
+const SYSTEMS: [(&str, SchedulingPolicy); 5] = [
+    ("vLLM (paged)", SchedulingPolicy::Fcfs),
+    ("Orca (Oracle)", SchedulingPolicy::Orca(Reservation::Oracle)),
+    ("Orca (Pow2)", SchedulingPolicy::Orca(Reservation::Pow2)),
+    ("Orca (Max)", SchedulingPolicy::Orca(Reservation::Max)),
+    ("static batching", SchedulingPolicy::Static),
+];
 
 /// Flags of `bench serve`.
 #[derive(clap::Args)]
@@ -33,13 +60,14 @@ pub struct Args {
     /// Requests per workload.
     #[arg(long, default_value_t = 200)]
     requests: usize,
-    /// KV-cache budget in tokens (both systems).
+    /// KV-cache budget in tokens (every system).
     #[arg(long, default_value_t = 16384)]
     kv_tokens: usize,
-    /// Longest sequence (prompt + output) a request may reach; the baseline reserves this much.
+    /// The model's maximum sequence length (prompt + output); Orca (Max) and static batching
+    /// reserve this much per request.
     #[arg(long, default_value_t = 1024)]
     max_model_len: usize,
-    /// Tokens per KV block of the paged engine.
+    /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
     /// Multiplies the paper's mean lengths (ShareGPT 161 in / 338 out, Alpaca 19.3 / 58.5).
@@ -62,11 +90,20 @@ pub struct Args {
 
 #[derive(Serialize)]
 struct SystemResult {
+    system: String,
+    scheduling: String,
     tokens_per_s: f64,
     seconds: f64,
     output_tokens: usize,
     average_batch: f64,
-    kv_utilization: f64,
+    /// Stored KV tokens ÷ the whole KV budget, averaged over model steps.
+    kv_budget_used: f64,
+    /// Stored KV tokens ÷ slots of the KV blocks in use (1 − internal fragmentation of the
+    /// blocks; reservations not counted).
+    kv_block_utilization: f64,
+    preemptions: usize,
+    /// vLLM's throughput ÷ this system's.
+    vllm_speedup: f64,
 }
 
 #[derive(Serialize)]
@@ -74,10 +111,7 @@ struct WorkloadResult {
     workload: Workload,
     mean_prompt: f64,
     mean_output: f64,
-    paged: SystemResult,
-    baseline: SystemResult,
-    throughput_ratio: f64,
-    preemptions: usize,
+    systems: Vec<SystemResult>,
 }
 
 #[derive(Serialize)]
@@ -94,23 +128,24 @@ struct Report {
     kv_tokens: usize,
     max_model_len: usize,
     block_size: usize,
-    baseline_batch: usize,
     workloads: Vec<WorkloadResult>,
     sharing: Vec<SharingResult>,
 }
 
-/// The benchmark's synthetic model on `device` (shared with the online mode).
-pub(super) fn model(device: &Device) -> Result<CausalLm, Box<dyn std::error::Error>> {
-    let spec = DecoderSpec::from_json(MODEL, "synthetic:serve-opt".as_ref())?;
+/// The benchmark's synthetic model on `device` with room for `max_model_len` positions (shared with the online
+/// mode).
+pub(super) fn model(device: &Device, max_model_len: usize) -> Result<CausalLm, Box<dyn std::error::Error>> {
+    let spec = DecoderSpec::from_json(&model_json(max_model_len), "synthetic:serve-opt".as_ref())?;
     Ok(CausalLm::random(spec, device)?)
 }
 
-/// The paged engine on all requests at once.
-fn run_paged(
+/// One system on all requests at once: the paged engine under `scheduling`, `kv_tokens` of KV.
+fn run_system(
     device: &Device,
     args: &Args,
     reqs: &[Request],
-) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
+    (label, scheduling): (&str, SchedulingPolicy),
+) -> Result<SystemResult, Box<dyn std::error::Error>> {
     let config = EngineConfig {
         block_size: args.block_size,
         kv_cache_memory: KvCacheMemory::Blocks(args.kv_tokens / args.block_size),
@@ -118,9 +153,11 @@ fn run_paged(
         max_num_batched_tokens: Some(args.max_model_len.max(2048)),
         preemption: PreemptionMode::Auto,
         enable_prefix_caching: false,
+        scheduling,
         ..EngineConfig::default()
     };
-    let mut engine: Box<dyn Engine> = Box::new(LlmEngine::from_parts(model(device)?, None, vec![], config)?);
+    let mut engine: Box<dyn Engine> =
+        Box::new(LlmEngine::from_parts(model(device, args.max_model_len)?, None, vec![], config)?);
     let started = Instant::now();
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) };
@@ -133,54 +170,30 @@ fn run_paged(
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let stats = paged_stats(engine.as_ref())?;
-    Ok((
-        SystemResult {
-            tokens_per_s: output_tokens as f64 / seconds,
-            seconds,
-            output_tokens,
-            average_batch: stats.average_batch(),
-            kv_utilization: stats.kv_utilization(),
-        },
-        stats.swaps + stats.recomputes,
-    ))
-}
-
-/// Static batching: batches of `kv_tokens / max_model_len` requests in arrival order, each run
-/// until its longest request is done (finished requests idle in their reserved slots).
-fn run_baseline(
-    device: &Device,
-    args: &Args,
-    reqs: &[Request],
-) -> Result<(SystemResult, usize), Box<dyn std::error::Error>> {
-    let batch = (args.kv_tokens / args.max_model_len).max(1);
-    let mut engine: Box<dyn Engine> = Box::new(Generator::new(model(device)?, None, vec![]));
-    let started = Instant::now();
-    let (mut steps, mut batched, mut stored, mut reserved) = (0usize, 0usize, 0f64, 0f64);
-    for chunk in reqs.chunks(batch) {
-        let longest = chunk.iter().map(|(_, o)| *o).max().unwrap_or(1);
-        let prompts: Vec<Prompt> = chunk.iter().map(|(p, _)| Prompt::Ids(p.clone())).collect();
-        engine.generate(&prompts, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(longest) })?;
-        for t in 0..longest {
-            let live: Vec<&Request> = chunk.iter().filter(|(_, o)| t < *o).collect();
-            batched += live.len();
-            stored += live.iter().map(|(p, _)| (p.len() + t + 1) as f64).sum::<f64>();
-            reserved += (batch * args.max_model_len) as f64;
-        }
-        steps += longest;
+    let expected: usize = reqs.iter().map(|(_, o)| o).sum();
+    if output_tokens != expected {
+        return Err(format!("{label}: generated {output_tokens} tokens, the workload asks for {expected}").into());
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let output_tokens: usize = reqs.iter().map(|(_, o)| o).sum();
-    Ok((
-        SystemResult {
-            tokens_per_s: output_tokens as f64 / seconds,
-            seconds,
-            output_tokens,
-            average_batch: batched as f64 / steps.max(1) as f64,
-            kv_utilization: stored / reserved.max(1.0),
-        },
-        batch,
-    ))
+    let stats = paged_stats(engine.as_ref())?;
+    let pool_slots = (args.kv_tokens / args.block_size * args.block_size) as f64;
+    eprintln!(
+        "  {label:16} {:8.1} tokens/s, batch {:5.1}, KV budget used {:5.1}%",
+        output_tokens as f64 / seconds,
+        stats.average_batch(),
+        100.0 * stats.kv_tokens as f64 / (pool_slots * stats.model_steps.max(1) as f64)
+    );
+    Ok(SystemResult {
+        system: label.into(),
+        scheduling: scheduling.name().into(),
+        tokens_per_s: output_tokens as f64 / seconds,
+        seconds,
+        output_tokens,
+        average_batch: stats.average_batch(),
+        kv_budget_used: stats.kv_tokens as f64 / (pool_slots * stats.model_steps.max(1) as f64),
+        kv_block_utilization: stats.kv_utilization(),
+        preemptions: stats.swaps + stats.recomputes,
+        vllm_speedup: 0.0,
+    })
 }
 
 /// Memory saved by sharing for `n = 4` parallel samples or beam width 4 (§5.6.3).
@@ -191,7 +204,8 @@ fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result
         enable_prefix_caching: false,
         ..EngineConfig::default()
     };
-    let mut engine: Box<dyn Engine> = Box::new(LlmEngine::from_parts(model(device)?, None, vec![], config)?);
+    let mut engine: Box<dyn Engine> =
+        Box::new(LlmEngine::from_parts(model(device, args.max_model_len)?, None, vec![], config)?);
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = if beam {
             SamplingParams { beam: Some(BeamSearchParams::new(4)), ignore_eos: true, ..SamplingParams::greedy(*out) }
@@ -229,36 +243,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let workloads = Workload::standard(args.scale, args.max_model_len);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
-    let mut baseline_batch = 0;
     for w in workloads.iter().cloned() {
         let reqs = w.requests(args.requests, vocab, args.max_model_len, &mut rng);
         let mean_prompt = reqs.iter().map(|(p, _)| p.len()).sum::<usize>() as f64 / reqs.len() as f64;
         let mean_output = reqs.iter().map(|(_, o)| *o).sum::<usize>() as f64 / reqs.len() as f64;
         eprintln!("{}: {} requests, mean prompt {mean_prompt:.1}, mean output {mean_output:.1}", w.name, reqs.len());
-        let (paged, preemptions) = run_paged(&device, &args, &reqs)?;
-        eprintln!(
-            "  paged:    {:.1} tokens/s, batch {:.1}, KV utilization {:.1}%",
-            paged.tokens_per_s,
-            paged.average_batch,
-            100.0 * paged.kv_utilization
-        );
-        let (baseline, batch) = run_baseline(&device, &args, &reqs)?;
-        baseline_batch = batch;
-        eprintln!(
-            "  baseline: {:.1} tokens/s, batch {:.1}, KV utilization {:.1}%",
-            baseline.tokens_per_s,
-            baseline.average_batch,
-            100.0 * baseline.kv_utilization
-        );
-        results.push(WorkloadResult {
-            throughput_ratio: paged.tokens_per_s / baseline.tokens_per_s,
-            workload: w,
-            mean_prompt,
-            mean_output,
-            paged,
-            baseline,
-            preemptions,
-        });
+        let mut systems =
+            SYSTEMS.iter().map(|&system| run_system(&device, &args, &reqs, system)).collect::<Result<Vec<_>, _>>()?;
+        let vllm = systems[0].tokens_per_s;
+        for s in &mut systems {
+            s.vllm_speedup = vllm / s.tokens_per_s;
+        }
+        results.push(WorkloadResult { workload: w, mean_prompt, mean_output, systems });
     }
     let share_reqs = workloads[1].requests(32, vocab, args.max_model_len, &mut rng);
     let mut shared = Vec::new();
@@ -284,11 +280,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(args.device.name()),
         "synthetic:serve-opt (OPT, 4 layers, hidden 256, vocab 8192)",
     );
-    let mut md = header.markdown("Serving throughput: paged engine vs static batching");
+    let mut md = header.markdown("Serving throughput: vLLM's paged engine vs Orca and static batching");
     md.push_str(&format!(
-        "- model: OPT-family, 4 layers, hidden 256, vocab 8192, random weights\n\
-         - KV budget: {} tokens for both systems; paged blocks of {} tokens; the baseline reserves {} tokens per request, so it batches {baseline_batch} requests\n\n",
-        args.kv_tokens, args.block_size, args.max_model_len
+        "- model: OPT-family, 4 layers, hidden 256, vocab 8192, random weights, maximum length {} tokens\n\
+         - KV budget: {} tokens for every system (blocks of {} tokens); Orca (Max) and static batching reserve {} tokens per request, so they run at most {} at once\n\
+         - every system is the paged engine with another `--schedule` (`fcfs`, `orca-oracle`, `orca-pow2`, `orca-max`, `static`): same kernels, different admission and KV reservation (thesis §5.6.1; no buddy-allocator fragmentation, which favours Orca). Static batching is request-level (FasterTransformer-style): a batch's finished requests idle until its longest is done.\n\
+         - all requests arrive at once (offline throughput; latency at a request rate is the online benchmark's); \"vLLM ×\" is vLLM's throughput over the system's; \"KV budget used\" is stored tokens over the whole budget, averaged over steps\n\n",
+        args.max_model_len,
+        args.kv_tokens,
+        args.block_size,
+        args.max_model_len,
+        args.kv_tokens / args.max_model_len.max(1)
     ));
     let percent = |x: f64| format!("{:.1}%", 100.0 * x);
     md.push_str(&table(
@@ -296,29 +298,27 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ("workload", Left),
             ("prompt mean (σ)", Right),
             ("output mean (σ)", Right),
-            ("paged tokens/s", Right),
-            ("baseline tokens/s", Right),
-            ("ratio", Right),
-            ("paged batch", Right),
-            ("baseline batch", Right),
-            ("paged KV use", Right),
-            ("baseline KV use", Right),
+            ("system", Left),
+            ("tokens/s", Right),
+            ("vLLM ×", Right),
+            ("batch", Right),
+            ("KV budget used", Right),
             ("preemptions", Right),
         ],
-        results.iter().map(|r| {
-            vec![
-                r.workload.name.to_string(),
-                format!("{:.1} ({})", r.mean_prompt, r.workload.prompt.sigma),
-                format!("{:.1} ({})", r.mean_output, r.workload.output.sigma),
-                format!("{:.1}", r.paged.tokens_per_s),
-                format!("{:.1}", r.baseline.tokens_per_s),
-                format!("{:.2}×", r.throughput_ratio),
-                format!("{:.1}", r.paged.average_batch),
-                format!("{:.1}", r.baseline.average_batch),
-                percent(r.paged.kv_utilization),
-                percent(r.baseline.kv_utilization),
-                r.preemptions.to_string(),
-            ]
+        results.iter().flat_map(|r| {
+            r.systems.iter().map(move |s| {
+                vec![
+                    r.workload.name.to_string(),
+                    format!("{:.1} ({})", r.mean_prompt, r.workload.prompt.sigma),
+                    format!("{:.1} ({})", r.mean_output, r.workload.output.sigma),
+                    s.system.clone(),
+                    format!("{:.1}", s.tokens_per_s),
+                    format!("{:.2}×", s.vllm_speedup),
+                    format!("{:.1}", s.average_batch),
+                    percent(s.kv_budget_used),
+                    s.preemptions.to_string(),
+                ]
+            })
         }),
     ));
     md.push_str("\n## Memory saved by block sharing\n\n");
@@ -331,7 +331,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         kv_tokens: args.kv_tokens,
         max_model_len: args.max_model_len,
         block_size: args.block_size,
-        baseline_batch,
         workloads: results,
         sharing: shared,
     };

@@ -1,25 +1,32 @@
 //! XSimulator (ExeGPT §6): throughput, latency and memory of one configuration from the profile
 //! and the length distributions.
 //!
-//! The model is decoder-only (prefill is "encoding"). Layers are spread evenly over a pipeline's
-//! stages (fractionally: an estimate, like the paper's); a tensor-parallel stage runs its layers at
-//! `time_scale · t + sync`. Batches are expected values (real numbers), as in §6. Timelines use
-//! the [simulator's](crate::plan::sim) flow-shop rule in closed form: `m` equal micro-batches pass
-//! `k` stages in `Σ t_k + (m−1)·max t_k` ([`fill`]); `m` micro-batches cycling through the stages
-//! (decode iterations) repeat every `max(m·max t_k, Σ t_k)` ([`cyclic`]).
+//! The model is decoder-only (prefill is "encoding"): a query's prefill emits its first output
+//! token, so an output of `S` tokens needs `S − 1` decode iterations after it. Layers are spread
+//! evenly over a pipeline's stages (fractionally: an estimate, like the paper's); a
+//! tensor-parallel stage runs its layers at `time_scale · t + sync`. Batches are expected values
+//! (real numbers), as in §6. Every engine step (a prefill or a decode micro-batch) also pays the
+//! profile's `engine_step` overhead (scheduling, block tables, host round trips, sampling: see
+//! [`EngineStep`](crate::plan::profile::EngineStep)), on the stage that launches it, the first.
+//! Timelines use the [simulator's](crate::plan::sim) flow-shop rule in closed form: `m` equal
+//! micro-batches pass `k` stages in `Σ t_k + (m−1)·max t_k` ([`fill`]); `m` micro-batches cycling
+//! through the stages (decode iterations) repeat every `max(m·max t_k, Σ t_k)` ([`cyclic`]).
 //!
 //! - **RRA** (§4.1, Fig. 4a): `P` stages, batches split into `P` micro-batches. Each cycle
 //!   encodes `B_E` queries then runs `N_D` decode iterations of `B_D = B_E / Σ_U P_D(U)`, with
-//!   `P_D(U|S)` as in §6. Throughput `B_E / (E + N_D·I)`; the latency of the percentile-length
-//!   output `S` is `⌈S/N_D⌉·E + S·I` (it spans `⌈S/N_D⌉` encode phases and `S` iterations).
+//!   `P_D(U|S)` as in §6 (a query of `S` tokens stays for `⌈(S−1)/N_D⌉` decode phases).
+//!   Throughput `B_E / (E + N_D·I)`; the latency of the percentile-length output `S` is
+//!   `max(1, ⌈(S−1)/N_D⌉)·E + (S−1)·I` (its own prefill and the prefills between its decode
+//!   phases, and its `S − 1` iterations).
 //! - **WAA** (§4.1, Fig. 4b): `G_E` devices encode batches of `B_E`, the rest decode
-//!   `B_D = B_E·S̄_D` in `B_m` micro-batches; the decoder merges an encoded batch every iteration,
-//!   so the period is `T = max(encoder bottleneck, decode iteration)`, throughput `B_E / T`, latency
-//!   `encode pass + S·T`. Each side holds a copy of the weights.
+//!   `B_D = B_E·(S̄_D − 1)` in `B_m` micro-batches; the decoder merges an encoded batch every
+//!   iteration, so the period is `T = max(encoder bottleneck, decode iteration)`, throughput
+//!   `B_E / T`, latency `encode pass + (S−1)·T`. Each side holds a copy of the weights.
 //!
 //! Memory per device: its layers' weights and the KV cache of the queries in flight
 //! (`mean input + mean output` tokens each), split by the tensor-parallel degree; the embedding
-//! sits on the first stage and the LM head on the last.
+//! sits on the first stage and the LM head on the last. A configuration whose decode batch
+//! exceeds the engine's largest batch (`max_decode_batch`) does not fit either.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -60,6 +67,8 @@ pub(crate) struct XSim {
     input: Lengths,
     output: Lengths,
     cap: f64,
+    /// Largest decode batch the engine runs.
+    max_decode_batch: f64,
     /// Output length whose latency is bounded (the percentile).
     pub target_len: usize,
     layers: f64,
@@ -80,9 +89,17 @@ pub(crate) fn cyclic(t: &[f64], m: f64) -> f64 {
 }
 
 impl XSim {
-    pub fn new(cost: CostModel, input: Lengths, output: Lengths, cap: u64, percentile: f64) -> Self {
+    pub fn new(
+        cost: CostModel,
+        input: Lengths,
+        output: Lengths,
+        cap: u64,
+        max_decode_batch: Option<usize>,
+        percentile: f64,
+    ) -> Self {
         let target_len = output.percentile(percentile);
         Self {
+            max_decode_batch: max_decode_batch.map_or(f64::INFINITY, |b| b as f64 + 1e-9),
             layers: cost.profile().layers as f64,
             mean_in: input.mean(),
             mean_out: output.mean(),
@@ -95,16 +112,19 @@ impl XSim {
         }
     }
 
-    pub fn mean_out(&self) -> f64 {
-        self.mean_out
+    /// WAA's decode batch for encode batch `b_e`: `B_E·(S̄_D − 1)`.
+    pub fn waa_decode_batch(&self, b_e: f64) -> f64 {
+        b_e * (self.mean_out - 1.0)
     }
 
     /// `Σ_U P_D(U)`: the chance that a query in the decode batch completes within one phase of
-    /// `n_d` iterations (§6).
+    /// `n_d` iterations (§6); a query of `S` tokens needs `S − 1` iterations.
     pub fn completion(&self, n_d: usize) -> f64 {
-        *self.completion.borrow_mut().entry(n_d).or_insert_with(|| {
-            self.output.points().iter().map(|&(s, p)| if s <= n_d { p } else { p / s.div_ceil(n_d) as f64 }).sum()
-        })
+        *self
+            .completion
+            .borrow_mut()
+            .entry(n_d)
+            .or_insert_with(|| self.output.points().iter().map(|&(s, p)| p / phases(s, n_d).max(1) as f64).sum())
     }
 
     /// Tensor-parallel scaling of a pipe (identity without tensor parallelism).
@@ -116,7 +136,8 @@ impl XSim {
         })
     }
 
-    /// Stage times (ms) of a pass whose per-layer time is `layer_ms`, with `first`/`last` extra.
+    /// Stage times (ms) of a pass whose per-layer time is `layer_ms`, with `first`/`last` extra
+    /// (the first stage launches the step: embedding and engine overhead; the last holds the head).
     fn stage_times(&self, pipe: &Pipe, layer_ms: f64, first: f64, last: f64) -> Vec<f64> {
         let p = pipe.stages();
         let per_stage = self.layers / p as f64;
@@ -161,10 +182,11 @@ impl XSim {
     /// Stage times of encoding `batch` queries.
     fn encode_times(&self, pipe: &Pipe, batch: f64) -> Vec<f64> {
         let prof = self.cost.profile();
+        let overhead = self.cost.engine_step().prefill_ms(batch, self.mean_in);
         self.stage_times(
             pipe,
             self.encode_layer_ms(batch),
-            batch * self.mean_in * prof.embedding.ms_per_token,
+            batch * self.mean_in * prof.embedding.ms_per_token + overhead,
             batch * prof.lm_head.ms_per_token,
         )
     }
@@ -173,10 +195,11 @@ impl XSim {
     fn decode_times(&self, pipe: &Pipe, batch: f64) -> Vec<f64> {
         let prof = self.cost.profile();
         let context = self.mean_in + self.mean_out / 2.0;
+        let overhead = self.cost.engine_step().decode_ms(batch);
         self.stage_times(
             pipe,
             self.cost.decode_layer_ms(batch, context),
-            batch * prof.embedding.ms_per_token,
+            batch * prof.embedding.ms_per_token + overhead,
             batch * prof.lm_head.ms_per_token,
         )
     }
@@ -190,8 +213,8 @@ impl XSim {
         let s = self.target_len;
         Perf {
             throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
-            latency_s: (s.div_ceil(n_d) as f64 * encode + s as f64 * iteration) / 1000.0,
-            fits: self.fits(pipe, b_d * (self.mean_in + self.mean_out)),
+            latency_s: (phases(s, n_d).max(1) as f64 * encode + (s - 1) as f64 * iteration) / 1000.0,
+            fits: b_d <= self.max_decode_batch && self.fits(pipe, b_d * (self.mean_in + self.mean_out)),
         }
     }
 
@@ -214,7 +237,7 @@ impl XSim {
     /// the decoding devices arranged as `decode`.
     pub fn waa(&self, b_e: f64, micro: usize, encoders: usize, decode: &Pipe) -> Perf {
         let enc_pipe = Pipe { plain: encoders, tp_groups: 0, degree: 1 };
-        let b_d = b_e * self.mean_out;
+        let b_d = self.waa_decode_batch(b_e);
         let enc = self.encode_times(&enc_pipe, b_e);
         let m = micro as f64;
         let iteration = cyclic(&self.decode_times(decode, b_d / m), m);
@@ -222,8 +245,10 @@ impl XSim {
         let pass: f64 = enc.iter().sum();
         Perf {
             throughput_qps: b_e / (period / 1000.0),
-            latency_s: (pass + self.target_len as f64 * period) / 1000.0,
-            fits: self.fits(&enc_pipe, b_e * self.mean_in) && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
+            latency_s: (pass + (self.target_len - 1) as f64 * period) / 1000.0,
+            fits: b_d <= self.max_decode_batch
+                && self.fits(&enc_pipe, b_e * self.mean_in)
+                && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
         }
     }
 
@@ -247,6 +272,12 @@ impl XSim {
             * prof.kv_bytes_per_token_per_layer as f64;
         split(devices, weights, weights + kv)
     }
+}
+
+/// Decode phases of `n_d` iterations a query of `s` output tokens spends in the decode batch (its
+/// prefill emits the first token; 0 when that is all).
+fn phases(s: usize, n_d: usize) -> usize {
+    (s - 1).div_ceil(n_d)
 }
 
 /// Devices for the first of two sides in proportion `a : b`, at least one each.

@@ -1,0 +1,25 @@
+//! Pipeline parallelism: a decoder split by layers into contiguous stages, each on its own
+//! device, run by the plain and the paged engines as one [`LanguageModel`](burn_llm_models::LanguageModel).
+//!
+//! - [`layout`]: which layers each stage runs (`--stage-layers 0-11,12-23`, inclusive, or an even
+//!   split) and the device-count check, pure and run before anything loads.
+//! - [`model`] (feature `runtime`): [`PipelineLm`], built from a checkpoint (each stage's weights
+//!   loaded straight onto its device) or from a loaded `CausalLm` (layers moved with
+//!   `Module::to_device`); blocks come from [`build_block`], the one place a layer becomes a
+//!   whole or tensor-parallel block.
+//!
+//! A token's path: the first stage's device embeds it; each stage runs its layers (attending
+//! through its own cache layers on its own device) and hands the residual stream and the rotary
+//! angles to the next with `Tensor::to_device` (bytes counted, [`LanguageModel::stage_transfer_bytes`](burn_llm_models::LanguageModel::stage_transfer_bytes));
+//! the last stage's device applies the final norm and the LM head, and sampling happens there.
+//! The paged engine splits each step's sequences into micro-batches and issues them in pipeline
+//! order ([`LanguageModel::forward_micro_batches`](burn_llm_models::LanguageModel::forward_micro_batches)),
+//! so that stages on asynchronous devices (wgpu, remote) work on different micro-batches at once.
+
+pub mod layout;
+#[cfg(feature = "runtime")]
+pub mod model;
+
+pub use layout::{PipelineError, StageLayout, check_device_count};
+#[cfg(feature = "runtime")]
+pub use model::{LayerWeights, PipelineLm, PipelinePlan, Stage, build_block};

@@ -1,0 +1,146 @@
+//! The parallelism flags of every example CLI: `--devices flex,wgpu,…`,
+//! `--pipeline-parallel-size N`, `--tensor-parallel-size N`, `--stage-layers 0-11,12-23`
+//! (inclusive ranges) and `--micro-batches N`, turned into a checked
+//! [`PipelinePlan`] before any weight is loaded, and the pipeline-parallel engines built from it.
+
+use std::io::Write;
+
+use burn::tensor::Device;
+use burn_llm_models::{Generator, LanguageModel, PretrainedFiles};
+use burn_paged::{EngineConfig, LlmEngine};
+use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayout};
+use clap::ValueEnum;
+
+use super::{EngineKind, GenerateArgs};
+use crate::device::DeviceChoice;
+use crate::engine::Engine;
+
+/// Flags that split a model over several devices.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ParallelArgs {
+    /// Devices of the stages and ranks, comma-separated (`flex,wgpu`): stage s, tensor-parallel
+    /// rank r runs on entry s·TP + r. Default: `--device` for every stage.
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Option<Vec<String>>,
+    /// Pipeline stages (contiguous groups of layers, each on its own device). Default: the
+    /// number of `--stage-layers` ranges, else `--devices` entries ÷ the tensor-parallel size,
+    /// else 1.
+    #[arg(long)]
+    pub pipeline_parallel_size: Option<usize>,
+    /// Tensor-parallel ranks per stage (not available in this build beyond 1).
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// Layers of each stage as inclusive ranges in layer order, e.g. `0-11,12-23` for 24
+    /// layers. Default: an even split.
+    #[arg(long)]
+    pub stage_layers: Option<String>,
+    /// Paged engine over stages: micro-batches each step's sequences are split into (default:
+    /// one per stage).
+    #[arg(long)]
+    pub micro_batches: Option<usize>,
+}
+
+impl ParallelArgs {
+    /// Whether any parallelism flag was given.
+    pub fn is_set(&self) -> bool {
+        self.devices.is_some()
+            || self.pipeline_parallel_size.is_some()
+            || self.tensor_parallel_size != 1
+            || self.stage_layers.is_some()
+            || self.micro_batches.is_some()
+    }
+
+    /// The checked split of a model of `num_layers` layers: stage layout, degree and devices
+    /// (`default` on every stage and rank when `--devices` is absent). Errors before any work:
+    /// more stages than layers, a bad `--stage-layers`, a device list that does not match
+    /// stages × ranks, a device that cannot be used.
+    pub fn plan(&self, num_layers: usize, default: (&str, &Device)) -> Result<PipelinePlan, PipelineError> {
+        let layout = match (&self.stage_layers, self.pipeline_parallel_size) {
+            (Some(text), size) => {
+                let layout = StageLayout::parse(text, num_layers)?;
+                if let Some(size) = size.filter(|&s| s != layout.len()) {
+                    return Err(PipelineError::StageCountMismatch { ranges: layout.len(), size });
+                }
+                layout
+            }
+            (None, size) => {
+                let listed = self.devices.as_ref().map(|d| d.len() / self.tensor_parallel_size.max(1));
+                StageLayout::even(num_layers, size.or(listed.filter(|&n| n > 0)).unwrap_or(1))?
+            }
+        };
+        let tp = self.tensor_parallel_size;
+        let (names, devices): (Vec<String>, Vec<Device>) = match &self.devices {
+            Some(entries) => entries
+                .iter()
+                .map(|e| parse_device(e).map(|d| (e.trim().to_string(), d)))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .unzip(),
+            None => (0..layout.len() * tp).map(|_| (default.0.to_string(), default.1.clone())).unzip(),
+        };
+        Ok(PipelinePlan::new(layout, tp, devices)?.with_names(names))
+    }
+}
+
+/// One `--devices` entry: a local backend by its `--device` name (`flex`, `wgpu`, `vulkan`,
+/// `cuda`, `metal`). Remote devices (`ws://…`, `wss://…`) are not wired into this build yet.
+pub fn parse_device(entry: &str) -> Result<Device, PipelineError> {
+    let entry = entry.trim();
+    let error = |reason: String| PipelineError::Device { entry: entry.to_string(), reason };
+    if entry.starts_with("ws://") || entry.starts_with("wss://") {
+        return Err(error(
+            "remote devices are not available in this build yet: list local devices (flex, wgpu, …)".into(),
+        ));
+    }
+    let choice = DeviceChoice::from_str(entry, true).map_err(|_| {
+        let names: Vec<&str> = DeviceChoice::value_variants().iter().map(|d| d.name()).collect();
+        error(format!("not a device: use one of {}", names.join(", ")))
+    })?;
+    choice.device().map_err(|e| error(e.to_string()))
+}
+
+/// The plain or paged engine over pipeline stages, as `args` describe them: the plan is checked
+/// against the model's depth before any weight loads, then each stage's weights load onto its
+/// device.
+pub(super) fn build_parallel_engine(
+    kind: EngineKind,
+    args: &GenerateArgs,
+    dir: &std::path::Path,
+    default: (&str, &Device),
+    log: &mut dyn Write,
+) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+    let parallel = &args.parallel;
+    if kind == EngineKind::Offload {
+        return Err("--devices, --pipeline-parallel-size, --tensor-parallel-size, --stage-layers and --micro-batches \
+                    apply to --engine plain and paged: the offload engine places weights itself; drop them"
+            .into());
+    }
+    if kind == EngineKind::Plain && parallel.micro_batches.is_some() {
+        return Err("--micro-batches applies to --engine paged (the plain engine runs one batch): drop it".into());
+    }
+    if kind == EngineKind::Paged && args.schedule.is_some() {
+        return Err("--schedule plans for one device: drop it, or drop the parallelism flags".into());
+    }
+    let files = PretrainedFiles::open(dir)?;
+    let plan = parallel.plan(files.spec.num_layers, default)?;
+    let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &plan, args.weight_quant()?)?;
+    let (tokenizer, eos) = (Some(files.tokenizer), files.eos_token_ids);
+    if !args.json {
+        let summary = model.placement_summary().unwrap_or_default();
+        writeln!(log, "{summary}")?;
+    }
+    Ok(match kind {
+        EngineKind::Paged => {
+            let config = EngineConfig { micro_batches: parallel.micro_batches, ..args.engine_config() };
+            Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?)
+        }
+        _ => {
+            let mut generator = Generator::new(model, tokenizer, eos);
+            if let Some(spec) = args.kv_quant_spec()? {
+                let spec = burn_llm_models::cache::fit_kv_quant(generator.model().kv_layout(), spec)?;
+                generator = generator.with_kv_quantization(spec)?;
+            }
+            Box::new(generator)
+        }
+    })
+}

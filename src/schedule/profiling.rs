@@ -1,0 +1,164 @@
+//! The planner's cost profile of a model on its device, measured here because only the facade
+//! sees both the profiler (`burn_parallel::profiler`, the model's layers) and the paged engine
+//! (whose per-step overhead the profile's `engine_step` holds).
+//!
+//! [`engine_step`] times real paged-engine steps: for each point of an [`EngineStepGrid`], an
+//! engine over the model runs one prefill step of `batch` prompts, then `decode_steps` decode
+//! steps of the same sequences (ExeGPT's phased schedule keeps the two apart); each step's median
+//! over the repeats goes to [`fit::engine_step`], which keeps what the layer tables do not
+//! explain. [`load_or_profile`] reads a cached profile or measures one (layers, then engine
+//! steps) and writes it.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use burn_llm_models::{CausalLm, Prompt, SamplingParams};
+use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, SchedulingPolicy};
+use burn_parallel::plan::profile::{EngineStep, Profile};
+use burn_parallel::profiler::fit::{self, StepKind, StepSample};
+use burn_parallel::profiler::{self, EngineStepGrid, ProfileGrid};
+
+use super::{PlanError, read_profile};
+
+/// Largest batch the start-up profile measures; larger batches are extrapolated.
+const MAX_PROFILED_BATCH: usize = 32;
+/// Tokens per KV block of the timing engines.
+const BLOCK_SIZE: usize = 16;
+
+/// Times the paged engine's steps of `model` over `grid` (see the module docs). Points whose
+/// prompt and decode steps exceed the model's positions, or whose prefill exceeds the engine's
+/// token budget, are skipped.
+pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<StepSample>, PlanError> {
+    let spec = model.spec();
+    let token_budget = spec.max_positions.max(2048);
+    let mut samples = Vec::new();
+    for &batch in &grid.batch {
+        for &tokens in &grid.prompt_tokens {
+            if batch == 0
+                || tokens == 0
+                || tokens + grid.decode_steps > spec.max_positions
+                || batch * tokens > token_budget
+            {
+                continue;
+            }
+            let mut runs = Vec::with_capacity(grid.repeats);
+            for rep in 0..grid.warmup + grid.repeats.max(1) {
+                let times = run_once(model, batch, tokens, grid.decode_steps)?;
+                if rep >= grid.warmup {
+                    runs.push(times);
+                }
+            }
+            for step in 0..=grid.decode_steps {
+                let mut ms: Vec<f64> = runs.iter().map(|r| r[step]).collect();
+                ms.sort_by(f64::total_cmp);
+                let (kind, new, context) = match step {
+                    0 => (StepKind::Prefill, tokens, 0),
+                    k => (StepKind::Decode, 1, tokens + k - 1),
+                };
+                samples.push(StepSample { kind, batch, tokens: new, context, ms: ms[ms.len() / 2] });
+            }
+        }
+    }
+    if samples.is_empty() {
+        return Err(PlanError::Profile(format!(
+            "no engine step of the grid fits the model's {} positions: give shorter prompts",
+            spec.max_positions
+        )));
+    }
+    Ok(samples)
+}
+
+/// One prefill of `batch` prompts of `tokens` tokens, then `decode_steps` decode steps: each
+/// step's milliseconds (`engine.step()` returns once the sampled tokens are on the host).
+fn run_once(model: &CausalLm, batch: usize, tokens: usize, decode_steps: usize) -> Result<Vec<f64>, PlanError> {
+    let blocks = 2 * batch * (tokens + decode_steps + 1).div_ceil(BLOCK_SIZE) + 8;
+    let config = EngineConfig {
+        block_size: BLOCK_SIZE,
+        kv_cache_memory: KvCacheMemory::Blocks(blocks),
+        max_num_seqs: batch,
+        scheduling: SchedulingPolicy::Phased {
+            encode_batch: batch,
+            decode_batch: batch,
+            decode_iterations: decode_steps + 1,
+        },
+        ..EngineConfig::default()
+    };
+    let mut engine = LlmEngine::from_parts(model.clone(), None, vec![], config)?;
+    let vocab = model.spec().vocab_size.max(1);
+    let ids: Vec<u32> = (0..tokens).map(|k| ((k * 7 + 1) % vocab) as u32).collect();
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(decode_steps + 1) };
+    for i in 0..batch {
+        engine.add_request(i.to_string(), Prompt::Ids(ids.clone()), params.clone())?;
+    }
+    let mut times = Vec::with_capacity(decode_steps + 1);
+    for _ in 0..=decode_steps {
+        let started = Instant::now();
+        engine.step()?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(times)
+}
+
+/// The paged engine's per-step overhead for `model` beyond what `profile`'s tables predict.
+pub fn engine_step(model: &CausalLm, profile: &Profile, grid: &EngineStepGrid) -> Result<EngineStep, PlanError> {
+    let cost = profile.cost_model("profile").map_err(burn_parallel::plan::schedule::ScheduleError::from)?;
+    Ok(fit::engine_step(&cost, &time_engine_steps(model, grid)?))
+}
+
+/// Measures `model`'s profile on its device for an engine of at most `max_num_seqs` sequences:
+/// its layers over [`ProfileGrid::serving`], then its engine steps over
+/// [`EngineStepGrid::serving`] (batches beyond 32 are extrapolated). Progress and the time it
+/// took go to `log`.
+pub fn measure_profile(model: &CausalLm, max_num_seqs: usize, log: &mut dyn Write) -> Result<Profile, PlanError> {
+    let max_batch = max_num_seqs.clamp(1, MAX_PROFILED_BATCH);
+    let spec = model.spec();
+    let device = model.device();
+    let started = Instant::now();
+    let _ = writeln!(log, "profiling the model's layers for the ExeGPT planner (batches up to {max_batch}) ...");
+    let mut profile = profiler::profile(spec, &device, &ProfileGrid::serving(max_batch), false)?;
+    let _ = writeln!(log, "  layers in {:.1} s; timing paged-engine steps ...", started.elapsed().as_secs_f64());
+    let step = engine_step(model, &profile, &EngineStepGrid::serving(max_batch))?;
+    profile.engine_step = Some(step);
+    profile.model = Some(format!("{} layers, hidden {}", spec.num_layers, spec.hidden_size));
+    let _ = writeln!(log, "  profiled in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(profile)
+}
+
+/// `path`'s profile when it exists (checked against `model`), else a profile measured now
+/// ([`measure_profile`]) and written to `path` when one is given, for the next run.
+pub fn load_or_profile(
+    path: Option<&Path>,
+    model: &CausalLm,
+    max_num_seqs: usize,
+    log: &mut dyn Write,
+) -> Result<Profile, PlanError> {
+    if let Some(path) = path.filter(|p| p.exists()) {
+        let profile = read_profile(path)?;
+        check_layers(&profile, model.spec().num_layers, path)?;
+        return Ok(profile);
+    }
+    let profile = measure_profile(model, max_num_seqs, log)?;
+    if let Some(path) = path {
+        let text = serde_json::to_string_pretty(&profile).map_err(|e| PlanError::Profile(e.to_string()))?;
+        // Written whole through a temporary file, so a cut-off run leaves no half profile.
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|source| PlanError::Write { path: path.to_owned(), source })?;
+        let _ = writeln!(log, "  wrote the profile to {}", path.display());
+    }
+    Ok(profile)
+}
+
+/// An error unless `profile` was measured for a model of `layers` layers.
+pub fn check_layers(profile: &Profile, layers: usize, path: &Path) -> Result<(), PlanError> {
+    if profile.layers == layers {
+        return Ok(());
+    }
+    Err(PlanError::Profile(format!(
+        "{} profiles a model of {} layers but this one has {layers}: delete it to measure this model, or give another",
+        path.display(),
+        profile.layers
+    )))
+}

@@ -1,0 +1,400 @@
+//! `cargo xtask bench cpu`: burn-llm's Flex CPU path against llama.cpp on the same GGUF file, same
+//! thread count and same token ids, measured back to back in one run.
+//!
+//! llama.cpp runs through `llama-cpp-python` ([`LLAMA_CPP_PYTHON`] from PyPI, compiled by pip with
+//! cmake and gcc, `GGML_NATIVE=ON`: every instruction set of this CPU) in a virtual environment
+//! cached outside the repository (`~/.cache/burn-llm/llama-cpp-venv`, beside the model cache), driven by `llama_cpp.py`
+//! through its low-level bindings so that several sequences decode in one batch. Measured, each
+//! `--runs` times (burn-llm then llama.cpp, per figure): decode tokens/s at batch 1, 8 and 32
+//! (`--new-tokens` greedy tokens after a 4-token prompt per sequence), prompt processing tokens/s
+//! of a `--prompt-tokens` prompt, each as a ratio; the roofline (batch × read bandwidth ÷ weight
+//! bytes read per step); and whether the greedy ids are llama.cpp's.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use burn_llm::kernels::{MatmulPrecision, set_matmul_precision};
+use burn_llm::models::{Generator, Pretrained, Prompt, SamplingParams, hub};
+use burn_llm::{DeviceChoice, Engine};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::report::{self, Align::Left, Align::Right, Header, table};
+
+/// The `llama-cpp-python` release the bench builds.
+const LLAMA_CPP_PYTHON: &str = "0.3.36";
+/// CMake flags for that build.
+const LLAMA_CMAKE_ARGS: &str = "-DGGML_NATIVE=ON";
+/// The driver the venv's Python runs.
+const DRIVER: &str = include_str!("llama_cpp.py");
+
+/// Flags of `bench cpu`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model (default: the cached SmolLM2-135M-Instruct Q4_1 from `cargo xtask fetch-model smollm2`).
+    #[arg(long)]
+    model: Option<String>,
+    /// Runs of every figure (min / median / max are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Greedy tokens generated per sequence in the decode figures.
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// Prompt length of the prompt-processing figure.
+    #[arg(long, default_value_t = 512)]
+    prompt_tokens: usize,
+    /// Decode batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    batch_sizes: Vec<usize>,
+    /// Virtual environment holding llama-cpp-python (built there when missing).
+    #[arg(long)]
+    venv: Option<PathBuf>,
+    /// burn-llm multiplies by `f32` input rows instead of 8-bit ones (`--exact-matmul` of the CLI).
+    #[arg(long)]
+    exact_matmul: bool,
+    /// Output directory.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+/// One figure: burn-llm's and llama.cpp's tokens/s of each run.
+#[derive(Serialize)]
+struct Figure {
+    what: String,
+    batch: usize,
+    burn_tokens_per_s: Vec<f64>,
+    llama_cpp_tokens_per_s: Vec<f64>,
+    /// burn-llm ÷ llama.cpp, run by run.
+    ratio: Vec<f64>,
+    /// Batch × read bandwidth ÷ weight bytes per step (decode figures only).
+    roofline_tokens_per_s: Option<f64>,
+    /// Sequences whose greedy ids equal llama.cpp's, out of `batch`.
+    same_ids: Option<usize>,
+    /// First position at which a sequence's ids differ, if any does.
+    first_difference: Option<usize>,
+}
+
+impl Figure {
+    fn new(what: String, batch: usize, roofline_tokens_per_s: Option<f64>) -> Self {
+        Self {
+            what,
+            batch,
+            burn_tokens_per_s: vec![],
+            llama_cpp_tokens_per_s: vec![],
+            ratio: vec![],
+            roofline_tokens_per_s,
+            same_ids: None,
+            first_difference: None,
+        }
+    }
+
+    /// One run: both speeds, and how the greedy ids compare (the last run's comparison is kept).
+    fn record(&mut self, ours: f64, theirs: f64, our_ids: &[Vec<u32>], their_ids: &[Vec<u32>]) {
+        self.burn_tokens_per_s.push(ours);
+        self.llama_cpp_tokens_per_s.push(theirs);
+        self.ratio.push(ours / theirs);
+        let (same, first) = compare_ids(our_ids, their_ids);
+        self.same_ids = Some(same);
+        self.first_difference = first;
+    }
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(flatten)]
+    header: Header,
+    threads: usize,
+    llama_cpp_python: String,
+    llama_cpp_build: String,
+    llama_cpp_system_info: String,
+    read_bandwidth_gb_s: f64,
+    weight_bytes_per_step: usize,
+    /// `Int8Activations` (default) or `Exact`.
+    matmul_precision: String,
+    figures: Vec<Figure>,
+}
+
+/// What the driver answers: timings as burn-llm's `Timing`, and the greedy ids.
+#[derive(Deserialize)]
+struct Reply {
+    prefill_s: f64,
+    decode_s: f64,
+    decode_steps: usize,
+    ids: Vec<Vec<u32>>,
+}
+
+#[derive(Deserialize)]
+struct Hello {
+    version: String,
+    system_info: String,
+}
+
+/// The llama.cpp driver process, model loaded.
+struct LlamaCpp {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    hello: Hello,
+}
+
+impl LlamaCpp {
+    fn start(python: &Path, model: &Path, threads: usize, max_seqs: usize, n_batch: usize) -> Result<Self, String> {
+        let config = serde_json::json!({
+            "model": model.display().to_string(),
+            "threads": threads,
+            "n_ctx": 16384,
+            "n_batch": n_batch,
+            "max_seqs": max_seqs,
+        });
+        let mut child = Command::new(python)
+            .args(["-c", DRIVER, &config.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("the llama.cpp driver has no pipes".into());
+        };
+        let mut stdout = BufReader::new(stdout);
+        let hello: Hello = serde_json::from_str(&read_line(&mut stdout)?).map_err(|e| e.to_string())?;
+        Ok(Self { child, stdin, stdout, hello })
+    }
+
+    fn generate(&mut self, prompts: &[Vec<u32>], new_tokens: usize) -> Result<Reply, String> {
+        let request = serde_json::json!({ "prompts": prompts, "new_tokens": new_tokens });
+        writeln!(self.stdin, "{request}").map_err(|e| format!("llama.cpp driver: {e}"))?;
+        serde_json::from_str(&read_line(&mut self.stdout)?).map_err(|e| format!("llama.cpp driver: {e}"))
+    }
+}
+
+impl Drop for LlamaCpp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn read_line(stdout: &mut BufReader<ChildStdout>) -> Result<String, String> {
+    let mut line = String::new();
+    match stdout.read_line(&mut line) {
+        Ok(0) => Err("the llama.cpp driver exited (its error is above)".into()),
+        Ok(_) => Ok(line),
+        Err(e) => Err(format!("llama.cpp driver: {e}")),
+    }
+}
+
+/// The venv's Python with llama-cpp-python importable, building it first when missing.
+fn llama_cpp_python(venv: &Path) -> Result<PathBuf, String> {
+    let python = venv.join("bin").join("python");
+    let importable = |p: &Path| {
+        Command::new(p).args(["-c", "import llama_cpp"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
+    if python.is_file() && importable(&python) {
+        return Ok(python);
+    }
+    for tool in ["gcc", "g++", "python3"] {
+        if !Command::new(tool).arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success()) {
+            return Err(format!(
+                "{tool} is needed to build llama-cpp-python (apt-get install build-essential python3-venv)"
+            ));
+        }
+    }
+    eprintln!("building llama-cpp-python {LLAMA_CPP_PYTHON} into {} (several minutes)", venv.display());
+    let run = |cmd: &mut Command| match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("{cmd:?} failed: {s}")),
+        Err(e) => Err(format!("{cmd:?}: {e}")),
+    };
+    run(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
+    // pip builds llama.cpp from the sdist with cmake (from PyPI when the host has none).
+    run(Command::new(venv.join("bin").join("pip"))
+        .args(["install", "--no-cache-dir", &format!("llama-cpp-python=={LLAMA_CPP_PYTHON}")])
+        .env("CMAKE_ARGS", LLAMA_CMAKE_ARGS))?;
+    if importable(&python) { Ok(python) } else { Err(format!("llama_cpp does not import in {}", venv.display())) }
+}
+
+/// min / median / max.
+fn spread(values: &[f64]) -> [f64; 3] {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => [f64::NAN; 3],
+        n => [v[0], v[n / 2], v[n - 1]],
+    }
+}
+
+fn cell(values: &[f64]) -> String {
+    let [lo, mid, hi] = spread(values);
+    format!("{mid:.1} ({lo:.1}–{hi:.1})")
+}
+
+fn ratio_cell(values: &[f64]) -> String {
+    let [lo, mid, hi] = spread(values);
+    format!("{mid:.2}× ({lo:.2}–{hi:.2})")
+}
+
+/// How many sequences have llama.cpp's ids, and the first position where any differs.
+fn compare_ids(ours: &[Vec<u32>], theirs: &[Vec<u32>]) -> (usize, Option<usize>) {
+    let same = ours.iter().zip(theirs).filter(|(a, b)| a == b).count();
+    let first = ours
+        .iter()
+        .zip(theirs)
+        .filter_map(|(a, b)| {
+            a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then_some(a.len().min(b.len())))
+        })
+        .min();
+    (same, first)
+}
+
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let default = &burn_llm::models::pypi::SMOLLM2_GGUF;
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => default.cached_path().display().to_string(),
+    };
+    // Reports name the default model by its file, not by this machine's cache path.
+    let label = args.model.clone().unwrap_or_else(|| format!("{} (model cache)", default.file));
+    let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model smollm2`)"))?;
+    // Next to the model cache (`~/.cache/burn-llm/models`), outside the repository.
+    let venv =
+        args.venv.clone().unwrap_or_else(|| burn_llm::models::pypi::cache_dir().with_file_name("llama-cpp-venv"));
+    let python = llama_cpp_python(&venv)?;
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let max_batch = args.batch_sizes.iter().copied().max().unwrap_or(1);
+    let n_batch = args.prompt_tokens.max(max_batch * 4).max(512);
+    let mut llama = LlamaCpp::start(&python, &path, threads, max_batch, n_batch)?;
+    eprintln!("llama-cpp-python {}: {}", llama.hello.version, llama.hello.system_info);
+
+    let precision = if args.exact_matmul { MatmulPrecision::Exact } else { MatmulPrecision::Int8Activations };
+    set_matmul_precision(precision);
+    let device = DeviceChoice::Flex.device()?;
+    let pretrained = Pretrained::load(&path, &device)?;
+    let weight_bytes = pretrained.model.decode_weight_bytes();
+    let vocab = pretrained.model.spec().vocab_size;
+    let mut engine: Box<dyn Engine> = Box::new(Generator::from(pretrained));
+    let bandwidth = super::quant::read_bandwidth();
+    eprintln!("host read bandwidth: {bandwidth:.1} GB/s; weights read per step: {:.1} MB", weight_bytes as f64 / 1e6);
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+    let long_prompt: Vec<u32> =
+        std::iter::once(1).chain((1..args.prompt_tokens).map(|_| rng.random_range(2..vocab as u32))).collect();
+    let decode_prompts =
+        |batch: usize| -> Vec<Vec<u32>> { (0..batch).map(|i| vec![1, 504 + i as u32, 3058, 282]).collect() };
+
+    let mut figures = Vec::new();
+    for &batch in &args.batch_sizes {
+        let prompts = decode_prompts(batch);
+        let mut figure =
+            Figure::new("decode".into(), batch, Some(batch as f64 * bandwidth * 1e9 / weight_bytes as f64));
+        for run in 0..args.runs {
+            let (ours, ids) = burn_generate(engine.as_mut(), &prompts, args.new_tokens)?;
+            let theirs = llama.generate(&prompts, args.new_tokens)?;
+            let (ours_tps, theirs_tps) = (
+                batch as f64 * ours.decode_steps as f64 / ours.decode_s,
+                batch as f64 * theirs.decode_steps as f64 / theirs.decode_s,
+            );
+            eprintln!("decode batch {batch} run {run}: burn-llm {ours_tps:.1} tokens/s, llama.cpp {theirs_tps:.1}");
+            figure.record(ours_tps, theirs_tps, &ids, &theirs.ids);
+        }
+        figures.push(figure);
+    }
+    let mut prompt = Figure::new(format!("prompt processing, {} tokens", args.prompt_tokens), 1, None);
+    for run in 0..args.runs {
+        let prompts = [long_prompt.clone()];
+        let (ours, ids) = burn_generate(engine.as_mut(), &prompts, 1)?;
+        let theirs = llama.generate(&prompts, 1)?;
+        let n = args.prompt_tokens as f64;
+        let (ours_tps, theirs_tps) = (n / ours.prefill_s, n / theirs.prefill_s);
+        eprintln!(
+            "prompt {} run {run}: burn-llm {ours_tps:.1} tokens/s, llama.cpp {theirs_tps:.1}",
+            args.prompt_tokens
+        );
+        prompt.record(ours_tps, theirs_tps, &ids, &theirs.ids);
+    }
+    figures.push(prompt);
+
+    let command = format!(
+        "cargo xtask bench cpu{} --runs {} --new-tokens {} --prompt-tokens {} --batch-sizes {}{}",
+        args.model.as_ref().map_or(String::new(), |m| format!(" --model {m}")),
+        args.runs,
+        args.new_tokens,
+        args.prompt_tokens,
+        args.batch_sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+        if args.exact_matmul { " --exact-matmul" } else { "" }
+    );
+    let header = Header::new("cpu", command, Some("flex"), label);
+    let mut md = header.markdown("CPU: burn-llm (Flex) vs llama.cpp, same GGUF file");
+    md.push_str(&format!(
+        "- threads: {threads} each (burn-llm's rayon pool, llama.cpp's `n_threads`); burn-llm's matmul precision: {precision:?}\n\
+         - llama.cpp: llama-cpp-python {} built by pip from PyPI with `CMAKE_ARGS={LLAMA_CMAKE_ARGS}`; {}\n\
+         - host read bandwidth: {bandwidth:.1} GB/s; burn-llm reads {:.1} MB of weights per decode step\n\
+         - figures: median (min–max) of {} runs, burn-llm then llama.cpp back to back each run; ratio = burn-llm ÷ llama.cpp per run\n\
+         - decode: {} greedy tokens per sequence after a 4-token prompt (sequences of a batch decode together; llama.cpp: one `llama_decode` of all sequences per step)\n\n",
+        llama.hello.version,
+        llama.hello.system_info,
+        weight_bytes as f64 / 1e6,
+        args.runs,
+        args.new_tokens,
+    ));
+    md.push_str(&table(
+        &[
+            ("figure", Left),
+            ("batch", Right),
+            ("burn-llm tokens/s", Right),
+            ("llama.cpp tokens/s", Right),
+            ("ratio", Right),
+            ("roofline tokens/s", Right),
+            ("greedy ids = llama.cpp", Left),
+        ],
+        figures.iter().map(|f| {
+            vec![
+                f.what.clone(),
+                f.batch.to_string(),
+                cell(&f.burn_tokens_per_s),
+                cell(&f.llama_cpp_tokens_per_s),
+                ratio_cell(&f.ratio),
+                f.roofline_tokens_per_s.map_or("–".into(), |r| format!("{r:.0}")),
+                match (f.same_ids, f.first_difference) {
+                    (Some(same), None) => format!("{same}/{}", f.batch),
+                    (Some(same), Some(at)) => format!("{same}/{} (first difference at token {at})", f.batch),
+                    (None, _) => "–".into(),
+                },
+            ]
+        }),
+    ));
+    let decode_of = |batch: usize| figures.iter().find(|f| f.what == "decode" && f.batch == batch);
+    if let (Some(one), Some(many)) = (decode_of(1), decode_of(max_batch)) {
+        let scaling = spread(&many.burn_tokens_per_s)[1] / spread(&one.burn_tokens_per_s)[1];
+        md.push_str(&format!("\nburn-llm decode at batch {max_batch} ÷ batch 1: {scaling:.2}×\n"));
+    }
+    let report = Report {
+        header,
+        threads,
+        llama_cpp_python: llama.hello.version.clone(),
+        llama_cpp_build: LLAMA_CMAKE_ARGS.into(),
+        llama_cpp_system_info: llama.hello.system_info.clone(),
+        read_bandwidth_gb_s: bandwidth,
+        weight_bytes_per_step: weight_bytes,
+        matmul_precision: format!("{precision:?}"),
+        figures,
+    };
+    report::write(&args.out, "cpu", &report, &md)?;
+    Ok(())
+}
+
+/// The greedy ids of each sequence.
+type GreedyIds = Vec<Vec<u32>>;
+
+/// burn-llm's greedy generation of `new_tokens` per prompt: its timing and ids.
+fn burn_generate(
+    engine: &mut dyn Engine,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+) -> Result<(burn_llm::Timing, GreedyIds), Box<dyn std::error::Error>> {
+    let prompts: Vec<Prompt> = prompts.iter().map(|p| Prompt::Ids(p.clone())).collect();
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(new_tokens) };
+    let generation = engine.generate(&prompts, &params)?;
+    let ids = generation.output.requests.iter().map(|r| r.generated_ids.clone()).collect();
+    Ok((generation.report.timing, ids))
+}

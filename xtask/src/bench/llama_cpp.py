@@ -1,0 +1,82 @@
+# Driver for `cargo xtask bench cpu`: llama.cpp (through llama-cpp-python's low-level bindings)
+# greedy generation with the same thread count and token ids as burn-llm.
+#
+# argv[1]: JSON {"model", "threads", "n_ctx", "n_batch", "max_seqs"}. Prints one JSON line with
+# the versions, then answers each JSON line {"prompts": [[ids]], "new_tokens": N} on stdin with
+# {"prefill_s", "decode_s", "decode_steps", "ids"}: the prompts decode as one batch (sequence i
+# = prompt i), then every step decodes one token per sequence. Timings as burn-llm's `Timing`:
+# prefill up to the first sampled token, decode for every later step.
+import ctypes
+import json
+import sys
+import time
+
+import numpy as np
+import llama_cpp as L
+
+cfg = json.loads(sys.argv[1])
+
+
+@L.llama_log_callback
+def _quiet(level, text, user_data):
+    pass
+
+
+L.llama_log_set(_quiet, ctypes.c_void_p(0))
+L.llama_backend_init()
+model = L.llama_model_load_from_file(cfg["model"].encode(), L.llama_model_default_params())
+if not model:
+    sys.exit(f"llama.cpp could not load {cfg['model']}")
+n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+params = L.llama_context_default_params()
+params.n_ctx = cfg["n_ctx"]
+params.n_batch = params.n_ubatch = cfg["n_batch"]
+params.n_seq_max = cfg["max_seqs"]
+params.n_threads = params.n_threads_batch = cfg["threads"]
+params.kv_unified = True
+params.no_perf = True
+ctx = L.llama_init_from_model(model, params)
+if not ctx:
+    sys.exit("llama.cpp could not create a context")
+memory = L.llama_get_memory(ctx)
+batch = L.llama_batch_init(cfg["n_batch"], 0, 1)
+print(json.dumps({"version": L.__version__, "system_info": L.llama_print_system_info().decode().strip()}), flush=True)
+
+
+def decode(entries):
+    """entries: (token, position, sequence, wants logits)."""
+    if len(entries) > cfg["n_batch"]:
+        sys.exit(f"{len(entries)} tokens in one batch, more than n_batch = {cfg['n_batch']}")
+    batch.n_tokens = len(entries)
+    for k, (token, pos, seq, logits) in enumerate(entries):
+        batch.token[k] = token
+        batch.pos[k] = pos
+        batch.n_seq_id[k] = 1
+        batch.seq_id[k][0] = seq
+        batch.logits[k] = 1 if logits else 0
+    if L.llama_decode(ctx, batch) != 0:
+        sys.exit("llama_decode failed")
+
+
+def argmax(k):
+    return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, k), shape=(n_vocab,)).argmax())
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    prompts, new_tokens = request["prompts"], request["new_tokens"]
+    L.llama_memory_clear(memory, True)
+    entries = [(t, p, s, p == len(pr) - 1) for s, pr in enumerate(prompts) for p, t in enumerate(pr)]
+    last = [k for k, e in enumerate(entries) if e[3]]
+    start = time.perf_counter()
+    decode(entries)
+    ids = [[argmax(k)] for k in last]
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for step in range(1, new_tokens):
+        decode([(ids[s][-1], len(prompts[s]) + step - 1, s, True) for s in range(len(prompts))])
+        for s in range(len(prompts)):
+            ids[s].append(argmax(s))
+    decode_s = time.perf_counter() - start
+    reply = {"prefill_s": prefill_s, "decode_s": decode_s, "decode_steps": new_tokens - 1, "ids": ids}
+    print(json.dumps(reply), flush=True)
