@@ -10,7 +10,7 @@ mod cli;
 mod engine;
 mod errors;
 mod gguf;
-mod http_client;
+mod loopback_client;
 mod offload;
 mod paged;
 mod parallel;

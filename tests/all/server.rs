@@ -1,5 +1,5 @@
 //! The OpenAI-compatible server over loopback: a real server on a fixture model (paged engine on
-//! the CPU), a small HTTP/1.1 client (`http_client`; see there why not `reqwest`), the official
+//! the CPU), `reqwest` with an SSE reader (`loopback_client`), the official
 //! `openai` Python client, and the chat page in headless Chromium.
 
 use std::path::Path;
@@ -13,7 +13,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::common::{Scratch, scratch_copy};
-use crate::http_client::Client;
+use crate::loopback_client::{self, SseEvents};
+use reqwest::Client;
 
 /// A minimal chat template (none of the fixtures ships one).
 const TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
@@ -98,16 +99,14 @@ async fn post(client: &Client, url: &str, body: &Value, key: Option<&str>) -> (u
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
-/// A streamed response's events: each `data:` payload as JSON, `[DONE]` as a string.
-fn parse_sse(text: &str) -> Vec<Value> {
-    text.split("\n\n")
-        .flat_map(|event| event.lines())
-        .filter_map(|line| line.strip_prefix("data:"))
-        .map(|data| {
-            let data = data.trim();
-            serde_json::from_str(data).unwrap_or_else(|_| Value::String(data.to_string()))
-        })
-        .collect()
+/// An SSE event's `data:` payload as JSON, `[DONE]` as a string.
+fn event_value(data: String) -> Value {
+    serde_json::from_str(&data).unwrap_or(Value::String(data))
+}
+
+/// A streamed response's events (see [`event_value`]).
+async fn events(response: reqwest::Response) -> Vec<Value> {
+    SseEvents::new(response.bytes_stream()).collect().await.unwrap().into_iter().map(event_value).collect()
 }
 
 async fn stream(client: &Client, url: &str, body: &Value, key: Option<&str>) -> Vec<Value> {
@@ -117,9 +116,9 @@ async fn stream(client: &Client, url: &str, body: &Value, key: Option<&str>) -> 
     }
     let response = request.send().await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    let content_type = response.header("content-type").to_string();
+    let content_type = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
     assert!(content_type.starts_with("text/event-stream"), "{content_type}");
-    parse_sse(&response.text().await.unwrap())
+    events(response).await
 }
 
 /// Concatenated texts of a completion stream's choice 0 (`text`) or a chat stream's (`delta.content`).
@@ -146,7 +145,7 @@ fn greedy_completions_and_chat_equal_the_cli_and_stream_the_same_text() {
     let cli_chat = cli_json(dir.path(), &["--prompt", PROMPT, "--chat"]);
     let server = start(dir.path(), &[]);
     server.runtime.block_on(async {
-        let client = Client::new();
+        let client = loopback_client::client();
         let url = server.url("/v1/completions");
         let body = json!({"model": "fixture", "prompt": PROMPT, "max_tokens": 8, "temperature": 0});
         let (status, r) = post(&client, &url, &body, None).await;
@@ -235,7 +234,7 @@ fn n_best_of_logprobs_stop_echo_and_seed_behave_as_in_the_engine() {
     let dir = chat_fixture();
     let server = start(dir.path(), &[]);
     server.runtime.block_on(async {
-        let client = Client::new();
+        let client = loopback_client::client();
         let url = server.url("/v1/completions");
         let greedy = json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0});
         let (_, r) = post(&client, &url, &greedy, None).await;
@@ -330,7 +329,7 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
     let dir = chat_fixture();
     let server = start(dir.path(), &["--api-key", KEY, "--max-body-bytes", "4096"]);
     server.runtime.block_on(async {
-        let client = Client::new();
+        let client = loopback_client::client();
         let url = server.url("/v1/completions");
         let good = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": true, "stream": true});
         let pending = client.post(&url).bearer_auth(KEY).json(&good).send();
@@ -413,7 +412,7 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
         // The good request started first and still streams to its end.
         let response = good_response.await.unwrap().unwrap();
         assert_eq!(response.status().as_u16(), 200);
-        let chunks = parse_sse(&response.text().await.unwrap());
+        let chunks = events(response).await;
         assert_eq!(chunks.last().unwrap(), "[DONE]");
         let last = &chunks[chunks.len() - 2];
         assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
@@ -425,7 +424,7 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
     // --max-waiting 0: every generation request is turned away with 503.
     let server = start(dir.path(), &["--max-waiting", "0"]);
     server.runtime.block_on(async {
-        let client = Client::new();
+        let client = loopback_client::client();
         let (got, r) = post(&client, &server.url("/v1/completions"), &json!({"prompt": PROMPT}), None).await;
         assert_eq!(got, 503, "{r}");
         check_error(&r, "max waiting");
@@ -450,7 +449,7 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
     let url = server.url("/v1/completions");
     let metrics_url = server.url("/metrics");
     server.runtime.block_on(async {
-        let client = Client::new();
+        let client = loopback_client::client();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
         let mut tasks = Vec::new();
         for i in 0..64u64 {
@@ -462,18 +461,17 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
             });
             let (client, url) = (client.clone(), url.clone());
             tasks.push(tokio::spawn(async move {
-                let mut response = client.post(&url).json(&body).send().await.unwrap();
+                let response = client.post(&url).json(&body).send().await.unwrap();
                 assert_eq!(response.status().as_u16(), 200);
-                let mut raw = Vec::new();
-                while let Some(piece) = response.next_raw().await {
-                    raw.extend_from_slice(&piece);
-                    let events = raw.windows(2).filter(|w| w == b"\n\n").count();
-                    if disconnect_after.is_some_and(|n| events >= n) {
+                let mut stream = SseEvents::new(response.bytes_stream());
+                let mut chunks = Vec::new();
+                while let Some(data) = stream.next().await {
+                    chunks.push(event_value(data.unwrap()));
+                    if disconnect_after.is_some_and(|n| chunks.len() >= n) {
                         return None; // drops the connection mid-stream
                     }
                 }
-                let text = String::from_utf8(response.decode(&raw)).unwrap();
-                Some((max_tokens, parse_sse(&text)))
+                Some((max_tokens, chunks))
             }));
         }
         let finished = tokio::time::timeout(Duration::from_secs(600), futures_util::future::join_all(tasks))
@@ -506,7 +504,7 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
         }
         assert!(complete > 20, "only {complete} streams completed");
         // Aborted and finished requests are gone and every block is back.
-        let client = Client::new();
+        let client = loopback_client::client();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let metrics = client.get(&metrics_url).send().await.unwrap().text().await.unwrap();
@@ -565,7 +563,7 @@ fn the_official_openai_python_client_works() {
     let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!((&seen["not_found"], &seen["auth"], &seen["models"]), (&json!(404), &json!(401), &json!(["fixture"])));
     server.runtime.block_on(async {
-        let client = Client::new();
+        let client = loopback_client::client();
         let body = json!({"prompt": "Hello, my name is", "max_tokens": 8, "temperature": 0});
         let (_, r) = post(&client, &server.url("/v1/completions"), &body, Some(KEY)).await;
         assert_eq!(seen["completion"], r["choices"][0]["text"]);
@@ -586,7 +584,7 @@ fn the_chat_page_streams_a_reply_in_headless_chromium() {
     let server = start(dir.path(), &[]);
     let message = "Hi there";
     let expected = server.runtime.block_on(async {
-        let client = Client::new();
+        let client = loopback_client::client();
         let body = json!({"model": "fixture", "messages": [{"role": "user", "content": message}], "max_tokens": 8, "temperature": 0, "top_p": 1});
         let (_, r) = post(&client, &server.url("/v1/chat/completions"), &body, None).await;
         r["choices"][0]["message"]["content"].as_str().unwrap().to_string()

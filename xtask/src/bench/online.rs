@@ -10,9 +10,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
+use burn_llm::paged::{EngineConfig, LlmEngine};
 use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
-use burn_llm::{DeviceChoice, Engine, paged::LlmEngine};
+use burn_llm::{DeviceChoice, Engine};
 use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -22,14 +23,13 @@ use super::plot::{self, Panel};
 use super::serve::model;
 use super::workload::{Request, Workload};
 use crate::report::{self, Align::Left, Align::Right, Header, table};
-use http_client::Client;
+use loopback_client::{SseEvents, client};
+use reqwest::Client;
 
-/// The server tests' loopback HTTP/1.1 client, shared (`reqwest` cannot build a client in this
-/// workspace: Burn's remote feature turns on its `rustls-no-provider`; see the file).
-/// The bench uses part of it (the tests use all of it).
+/// The server tests' `reqwest` client (with the rustls provider installed) and SSE reader.
 #[allow(dead_code)]
-#[path = "../../../tests/all/http_client.rs"]
-mod http_client;
+#[path = "../../../tests/all/loopback_client.rs"]
+mod loopback_client;
 
 /// Flags of the online mode.
 #[derive(clap::Args)]
@@ -48,10 +48,17 @@ pub struct OnlineArgs {
     online_kv_tokens: usize,
 }
 
-/// The server configurations compared, as `serve` flags (`{blocks}`: the KV budget in blocks of
-/// 16 tokens). A static-batching row joins when the paged engine offers that policy.
-const CONFIGS: [(&str, &[&str]); 1] =
-    [("paged (vLLM)", &["--kv-cache-memory", "blocks:{blocks}", "--block-size", "16", "--max-num-seqs", "64"])];
+/// The server configurations compared, as `serve` flags added to [`KV_FLAGS`]: the paged engine
+/// (vLLM's FCFS), request-level static batching and Orca (Max), all on the same KV budget.
+const CONFIGS: [(&str, &[&str]); 3] = [
+    ("paged (vLLM)", &["--schedule", "fcfs"]),
+    ("Orca (Max)", &["--schedule", "orca-max"]),
+    ("static batching", &["--schedule", "static"]),
+];
+
+/// The KV budget and batch limit every configuration shares (`{blocks}`: the budget in blocks of
+/// 16 tokens).
+const KV_FLAGS: [&str; 6] = ["--kv-cache-memory", "blocks:{blocks}", "--block-size", "16", "--max-num-seqs", "64"];
 
 #[derive(Serialize)]
 struct RatePoint {
@@ -83,6 +90,8 @@ struct Report {
     workload: Workload,
     kv_tokens: usize,
     configs: Vec<ConfigResult>,
+    /// The paged engine's sustained rate ÷ static batching's (vLLM reports 2× and more).
+    paged_over_static: Option<f64>,
 }
 
 /// One request's measurements: (seconds to first token, end-to-end seconds, output tokens).
@@ -92,22 +101,26 @@ type Sample = (f64, f64, usize);
 pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let max_len = 1024;
     let workload = Workload::standard(args.online_scale, max_len)[0].clone();
-    let spec = model(&device.device()?)?.spec().clone();
+    let spec = model(&device.device()?, max_len)?.spec().clone();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let requests = workload.requests(args.online_requests, spec.vocab_size, max_len, &mut rng);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut configs = Vec::new();
     for (name, template) in CONFIGS {
         let blocks = (args.online_kv_tokens / 16).to_string();
-        let flags: Vec<String> = template.iter().map(|f| f.replace("{blocks}", &blocks)).collect();
+        let flags: Vec<String> = KV_FLAGS.iter().chain(template).map(|f| f.replace("{blocks}", &blocks)).collect();
         let mut argv = vec!["serve".to_string(), "--model".into(), "synthetic".into(), "--device".into()];
         argv.push(device.name().into());
         argv.extend(flags.iter().cloned());
         let serve = ServeArgs::try_parse_from(&argv)?;
         let engine_args = serve.engine.clone();
+        // The `serve` example's engine flags, on the synthetic model (which has no directory):
+        // the paged engine with the policy `--schedule` names.
+        let scheduling = engine_args.planless_policy().ok_or("the online bench runs no ExeGPT plan")?;
         let build = Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
             let device: Device = engine_args.device.unwrap_or(DeviceChoice::Flex).device()?;
-            Ok(Box::new(LlmEngine::from_parts(model(&device)?, None, vec![], engine_args.engine_config())?))
+            let config = EngineConfig { scheduling, ..engine_args.engine_config() };
+            Ok(Box::new(LlmEngine::from_parts(model(&device, max_len)?, None, vec![], config)?))
         });
         let server = Server::start(build, serve.server_config()?)?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
@@ -116,7 +129,7 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
         let task = runtime.spawn(server.serve(listener, async {
             let _ = stopped.await;
         }));
-        let client = Client::new();
+        let client = client();
         runtime.block_on(send(&client, &url, &requests[..1], 1.0, &mut rng))?; // warm-up
         let mut points = Vec::new();
         for &rate in &args.rates {
@@ -164,13 +177,16 @@ async fn send(
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(send_at).await;
             let sent = Instant::now();
-            let mut response = client.post(&url).json(&body).send().await?;
+            let response = client.post(&url).json(&body).send().await.map_err(std::io::Error::other)?;
             if response.status().as_u16() != 200 {
                 let status = response.status().as_u16();
-                return Err(std::io::Error::other(format!("HTTP {status}: {}", response.text().await?)));
+                let text = response.text().await.map_err(std::io::Error::other)?;
+                return Err(std::io::Error::other(format!("HTTP {status}: {text}")));
             }
+            let mut events = SseEvents::new(response.bytes_stream());
             let mut first = None;
-            while response.next_raw().await.is_some() {
+            while let Some(event) = events.next().await {
+                event.map_err(std::io::Error::other)?;
                 first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
             }
             let e2e = sent.elapsed().as_secs_f64();
@@ -268,8 +284,11 @@ fn write(
             c.flags.join(" ")
         ));
     }
-    if configs.len() < 2 {
-        md.push_str("- static batching: not run (the paged engine offers no static-batching policy in this build)\n");
+    let sustained = |name: &str| configs.iter().find(|c| c.name == name).and_then(|c| c.sustained_rate);
+    let paged_over_static = sustained(CONFIGS[0].0).zip(sustained(CONFIGS[2].0)).map(|(p, s)| p / s);
+    match paged_over_static {
+        Some(ratio) => md.push_str(&format!("- paged ÷ static batching, sustained rate: {ratio:.2}×\n")),
+        None => md.push_str("- paged ÷ static batching: undefined (a configuration sustains none of the rates)\n"),
     }
     let series = configs
         .iter()
@@ -281,7 +300,7 @@ fn write(
         Ok(path) => md.push_str(&format!("\n![normalized latency against request rate]({})\n", file_name(&path))),
         Err(e) => md.push_str(&format!("\n(no chart: {e})\n")),
     }
-    let report = Report { header, workload, kv_tokens: args.online_kv_tokens, configs };
+    let report = Report { header, workload, kv_tokens: args.online_kv_tokens, configs, paged_over_static };
     report::write(out, "serve-online", &report, &md)?;
     println!("{md}");
     Ok(())
