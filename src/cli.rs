@@ -334,6 +334,19 @@ impl GenerateArgs {
         }
     }
 
+    /// The scheduling policy `--schedule` names when it needs no plan (FCFS, Orca, static); `None`
+    /// for ExeGPT, whose plan [`Self::scheduling_policy`] reads or makes.
+    pub fn planless_policy(&self) -> Option<SchedulingPolicy> {
+        Some(match self.schedule {
+            Some(ScheduleKind::Exegpt) => return None,
+            Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(Reservation::Max),
+            Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(Reservation::Pow2),
+            Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(Reservation::Oracle),
+            Some(ScheduleKind::Static) => SchedulingPolicy::Static,
+            Some(ScheduleKind::Fcfs) | None => SchedulingPolicy::Fcfs,
+        })
+    }
+
     /// The paged engine's scheduling policy these flags describe, for `model` (whose KV-cache pool
     /// is the planner's memory) and the run's `prompts` and `params` (the planner's workload):
     /// FCFS, a saved plan (`--plan`), or a plan made now (`--latency-bound-s`).
@@ -344,17 +357,11 @@ impl GenerateArgs {
         params: &SamplingParams,
         log: &mut dyn Write,
     ) -> Result<SchedulingPolicy, Box<dyn std::error::Error>> {
-        if self.schedule != Some(ScheduleKind::Exegpt) {
+        if let Some(policy) = self.planless_policy() {
             if self.plan.is_some() || self.latency_bound_s.is_some() {
                 return Err("--plan and --latency-bound-s choose an ExeGPT schedule: add --schedule exegpt".into());
             }
-            return Ok(match self.schedule {
-                Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(Reservation::Max),
-                Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(Reservation::Pow2),
-                Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(Reservation::Oracle),
-                Some(ScheduleKind::Static) => SchedulingPolicy::Static,
-                _ => SchedulingPolicy::Fcfs,
-            });
+            return Ok(policy);
         }
         let plan = match (&self.plan, self.latency_bound_s) {
             (Some(path), _) => schedule::read_plan(path)?,

@@ -15,9 +15,10 @@
 
 use burn_llm_models::{
     DecoderSpec, GenerationOutput, Generator, LanguageModel, ModelError, Prompt, RequestOutput, SamplingParams,
-    StepOutput, StreamEvent, Timing,
+    StepOutput, StreamEvent, Timing, Tokenizer,
 };
 use burn_offload::{OffloadEngine, OffloadError, OffloadReport};
+use burn_paged::memory::Location;
 use burn_paged::{EngineStats, LlmEngine, PagedError};
 use serde::Serialize;
 
@@ -122,6 +123,22 @@ impl RunReport {
     }
 }
 
+/// What a scheduling engine holds right now: its queues and its KV-cache pool (the server's
+/// `/metrics` gauges, vLLM's `num_requests_*` and cache usage).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EngineLoad {
+    /// Requests queued and not yet scheduled.
+    pub waiting: usize,
+    /// Requests in the running batch.
+    pub running: usize,
+    /// Requests preempted to host memory.
+    pub swapped: usize,
+    /// Device KV blocks in use.
+    pub kv_blocks_used: usize,
+    /// Device KV blocks in the pool.
+    pub kv_blocks_total: usize,
+}
+
 /// Outputs of an offline call and what ran.
 #[derive(Debug, Clone)]
 pub struct Generation {
@@ -183,6 +200,16 @@ pub trait Engine {
         false
     }
 
+    /// Queues and KV pool now, for engines that schedule requests step by step.
+    fn load(&self) -> Option<EngineLoad> {
+        None
+    }
+
+    /// The model's tokenizer, when it has one (the server tokenizes and renders chats with it).
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        None
+    }
+
     /// Counters of what the engine has run so far, in the shape of a report over `timing`.
     fn report(&self, timing: Timing) -> RunReport {
         RunReport { engine: self.name(), timing, memory: None, details: EngineDetails::Plain }
@@ -222,6 +249,10 @@ impl<M: LanguageModel + 'static> Engine for Generator<M> {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities { streams_tokens: true, multiple_sequences: false, step_level: false }
+    }
+
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        Generator::tokenizer(self)
     }
 
     fn placement(&self) -> Option<String> {
@@ -284,6 +315,22 @@ impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
 
     fn has_unfinished_requests(&self) -> bool {
         LlmEngine::has_unfinished_requests(self)
+    }
+
+    fn load(&self) -> Option<EngineLoad> {
+        let (waiting, running, swapped) = self.queue_lengths();
+        let blocks = self.block_manager();
+        Some(EngineLoad {
+            waiting,
+            running,
+            swapped,
+            kv_blocks_used: blocks.used_blocks(Location::Device),
+            kv_blocks_total: blocks.total_blocks(Location::Device),
+        })
+    }
+
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        LlmEngine::tokenizer(self)
     }
 
     fn report(&self, timing: Timing) -> RunReport {

@@ -20,6 +20,8 @@ pub mod cli;
 pub mod device;
 pub mod engine;
 pub mod schedule;
+#[cfg(feature = "server")]
+pub mod server;
 
 pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;
@@ -31,4 +33,4 @@ pub use burn_offload as offload;
 pub use burn_paged as paged;
 pub use burn_parallel as parallel;
 pub use device::DeviceChoice;
-pub use engine::{Capabilities, Engine, EngineDetails, EngineError, Generation, MemoryUsage, RunReport};
+pub use engine::{Capabilities, Engine, EngineDetails, EngineError, EngineLoad, Generation, MemoryUsage, RunReport};

@@ -10,6 +10,7 @@ mod cli;
 mod engine;
 mod errors;
 mod gguf;
+mod loopback_client;
 mod offload;
 mod paged;
 mod parallel;
@@ -19,3 +20,4 @@ mod real_model;
 #[cfg(feature = "remote")]
 mod remote;
 mod sampling;
+mod server;

@@ -222,6 +222,11 @@ impl<M: LanguageModel> LlmEngine<M> {
         self.stats
     }
 
+    /// Requests in each scheduler queue: (waiting, running, swapped).
+    pub fn queue_lengths(&self) -> (usize, usize, usize) {
+        self.scheduler.queue_lengths()
+    }
+
     /// Whether any request is in flight.
     pub fn has_unfinished_requests(&self) -> bool {
         !self.scheduler.is_empty()

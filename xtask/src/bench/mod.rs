@@ -3,6 +3,7 @@
 mod cpu;
 mod generate;
 mod offload;
+mod online;
 mod parallel;
 mod plot;
 mod quant;
@@ -23,7 +24,8 @@ pub enum Which {
     Quant(quant::Args),
     /// FlexGen policies on a model larger than the device budget: searched vs baselines.
     Offload(offload::Args),
-    /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings.
+    /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings
+    /// (`--online`: HTTP serving at Poisson arrival rates).
     Serve(serve::Args),
     /// ExeGPT's latency-bounded schedule vs FCFS (default and tuned) on the paged engine.
     Schedule(schedule::Args),

@@ -24,9 +24,23 @@ pub struct Panel {
     pub series: Vec<Series>,
 }
 
+/// A chart's axes: their titles, and whether x is logarithmic.
+pub struct Axes {
+    pub x: &'static str,
+    pub y: &'static str,
+    pub log_x: bool,
+}
+
 /// Draws throughput (requests/s) against latency bound (log scale), one panel per workload, to
 /// `path`; returns where it went. Fails without a usable font.
 pub fn schedule_png(path: &Path, panels: &[Panel]) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let axes = Axes { x: "latency bound (s)", y: "requests/s meeting the bound", log_x: true };
+    line_png(path, panels, &axes)
+}
+
+/// Draws each panel's series as lines with points on `axes`, side by side, to `path`; returns
+/// where it went. Fails without a usable font.
+pub fn line_png(path: &Path, panels: &[Panel], axes: &Axes) -> Result<PathBuf, Box<dyn std::error::Error>> {
     let font = FONTS
         .iter()
         .find_map(|f| std::fs::read(f).ok())
@@ -48,20 +62,22 @@ pub fn schedule_png(path: &Path, panels: &[Panel]) -> Result<PathBuf, Box<dyn st
             if x_lo > x_hi {
                 continue;
             }
+            // A log axis is drawn as a linear axis over log10(x), labelled with x.
+            let (to_axis, x_range): (fn(f64) -> f64, _) = if axes.log_x {
+                (f64::log10, (x_lo / 1.3).log10()..(x_hi * 1.3).log10())
+            } else {
+                (|x| x, 0.0..x_hi * 1.1)
+            };
+            let label = |x: &f64| if axes.log_x { format!("{:.2}", 10f64.powf(*x)) } else { format!("{x}") };
             let mut chart = ChartBuilder::on(area)
                 .caption(&panel.title, ("sans-serif", 20))
                 .margin(12)
                 .x_label_area_size(40)
                 .y_label_area_size(55)
-                .build_cartesian_2d((x_lo / 1.3..x_hi * 1.3).log_scale(), 0f64..(y_hi * 1.2).max(1e-3))?;
-            chart
-                .configure_mesh()
-                .x_desc("latency bound (s)")
-                .y_desc("requests/s meeting the bound")
-                .x_label_formatter(&|x| format!("{x:.2}"))
-                .draw()?;
+                .build_cartesian_2d(x_range, 0f64..(y_hi * 1.2).max(1e-3))?;
+            chart.configure_mesh().x_desc(axes.x).y_desc(axes.y).x_label_formatter(&label).draw()?;
             for ((name, series), color) in panel.series.iter().zip(colors.iter().cycle()) {
-                let met: Vec<(f64, f64)> = series.iter().filter_map(|&(x, y)| y.map(|y| (x, y))).collect();
+                let met: Vec<(f64, f64)> = series.iter().filter_map(|&(x, y)| y.map(|y| (to_axis(x), y))).collect();
                 let color = *color;
                 chart
                     .draw_series(LineSeries::new(met.clone(), color.stroke_width(2)))?

@@ -79,6 +79,13 @@ pub struct Args {
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
+    /// Online serving instead (vLLM §5.6): HTTP requests with Poisson arrivals to servers
+    /// started on loopback, a sweep of rates (`serve-online.{json,md,png}`).
+    #[arg(long)]
+    online: bool,
+    /// The online mode's flags.
+    #[command(flatten)]
+    online_args: super::online::OnlineArgs,
 }
 
 #[derive(Serialize)]
@@ -125,7 +132,9 @@ struct Report {
     sharing: Vec<SharingResult>,
 }
 
-fn model(device: &Device, max_model_len: usize) -> Result<CausalLm, Box<dyn std::error::Error>> {
+/// The benchmark's synthetic model on `device` with room for `max_model_len` positions (shared with the online
+/// mode).
+pub(super) fn model(device: &Device, max_model_len: usize) -> Result<CausalLm, Box<dyn std::error::Error>> {
     let spec = DecoderSpec::from_json(&model_json(max_model_len), "synthetic:serve-opt".as_ref())?;
     Ok(CausalLm::random(spec, device)?)
 }
@@ -226,6 +235,9 @@ fn paged_stats(engine: &dyn Engine) -> Result<EngineStats, Box<dyn std::error::E
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.online {
+        return super::online::run(&args.online_args, args.device, args.seed, &args.out);
+    }
     let device = args.device.device()?;
     let vocab = 8192;
     let workloads = Workload::standard(args.scale, args.max_model_len);

@@ -1,0 +1,157 @@
+//! `POST /v1/completions` (OpenAI's legacy completions, as vLLM serves them).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use burn_llm_models::{FinishReason, SequenceDelta};
+use serde_json::{Value, json};
+
+use super::errors::{ApiError, ApiResult};
+use super::protocol::{CompletionRequest, MAX_LOGPROBS};
+use super::streaming::{self, ChunkFormat, finish_reason, usage};
+use super::{AppState, logprobs, parse_body, unix_now};
+
+/// The route.
+pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+    let request: CompletionRequest = parse_body(body, state.config.max_body_bytes)?;
+    state.check_model(request.model.as_deref())?;
+    let echo = request.echo.unwrap_or(false);
+    let top = request.logprobs;
+    if let Some(k) = top.filter(|&k| k > MAX_LOGPROBS) {
+        return Err(ApiError::bad_request(
+            format!("logprobs must be at most {MAX_LOGPROBS}, got {k}"),
+            Some("logprobs"),
+        ));
+    }
+    if echo && top.is_some() {
+        return Err(ApiError::bad_request(
+            "echo with logprobs needs the prompt's log-probabilities, which this server does not compute: drop one of them",
+            Some("echo"),
+        ));
+    }
+    let prompts = request.prompt.clone().prompts()?;
+    let prepared = prompts.iter().enumerate().map(|(i, p)| state.prepare(i, p)).collect::<ApiResult<Vec<_>>>()?;
+    let max_tokens = request.sampling.max_tokens.unwrap_or(16);
+    let vocab = state.engine.info.spec.vocab_size;
+    let params = request.sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab)?;
+    for (_, ids) in &prepared {
+        state.check_context(ids.len(), max_tokens)?;
+    }
+    let include_usage = request.sampling.include_usage()?;
+    let prompt_tokens = prepared.iter().map(|(_, ids)| ids.len()).sum();
+    let (texts, ids): (Vec<String>, Vec<Vec<u32>>) = prepared.into_iter().unzip();
+    let mut run = state.engine.submit(ids, &params, state.config.max_waiting)?;
+    run.accepted().await?;
+    let model = state.config.served_model_name.clone();
+    let (id, created) = (state.new_id("cmpl"), unix_now());
+    let top = top.map(|k| k as usize);
+    if request.sampling.streams() {
+        let n = params.n;
+        let format = CompletionChunks {
+            offsets: vec![0; texts.len() * n],
+            state,
+            id,
+            created,
+            model,
+            n,
+            echo: echo.then_some(texts),
+            top,
+        };
+        return Ok(streaming::sse(run, n, prompt_tokens, include_usage, format).into_response());
+    }
+    let outputs = streaming::collect(&mut run).await?;
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0;
+    for (prompt, outs) in outputs.iter().enumerate() {
+        for out in outs {
+            completion_tokens += out.generated_ids.len();
+            let prefix = if echo { texts[prompt].as_str() } else { "" };
+            let logprobs = match (top, &out.logprobs) {
+                (Some(k), Some(steps)) => {
+                    logprobs::completion(&state, &out.generated_ids, steps, k, &mut prefix.chars().count())
+                }
+                _ => Value::Null,
+            };
+            choices.push(json!({
+                "index": choices.len(),
+                "text": format!("{prefix}{}", out.text),
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(out.finish_reason),
+            }));
+        }
+    }
+    Ok(axum::Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, completion_tokens),
+    }))
+    .into_response())
+}
+
+/// Stream chunks of a completion (`object: text_completion`).
+struct CompletionChunks {
+    state: Arc<AppState>,
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    /// With `echo`: each prompt's text, sent first.
+    echo: Option<Vec<String>>,
+    top: Option<usize>,
+    /// Per choice: characters of text sent so far (`text_offset`).
+    offsets: Vec<usize>,
+}
+
+impl CompletionChunks {
+    fn chunk(&self, choices: Value) -> Value {
+        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    fn choice(&self, index: usize, text: &str, logprobs: Value, reason: Option<FinishReason>) -> Value {
+        json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason.map(finish_reason)})
+    }
+}
+
+impl ChunkFormat for CompletionChunks {
+    fn opening(&mut self) -> Vec<Value> {
+        let Some(texts) = self.echo.take() else { return Vec::new() };
+        let mut chunks = Vec::new();
+        for (prompt, text) in texts.iter().enumerate() {
+            for i in 0..self.n {
+                let choice = prompt * self.n + i;
+                self.offsets[choice] = text.chars().count();
+                chunks.push(self.chunk(json!([self.choice(choice, text, Value::Null, None)])));
+            }
+        }
+        chunks
+    }
+
+    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value> {
+        let logprobs = match (self.top, &delta.logprobs, self.offsets.get_mut(choice)) {
+            (Some(k), Some(steps), Some(offset)) => {
+                logprobs::completion(&self.state, &delta.token_ids, steps, k, offset)
+            }
+            _ => Value::Null,
+        };
+        if delta.text.is_empty() && logprobs.is_null() && delta.finish_reason.is_none() {
+            return None;
+        }
+        Some(self.chunk(json!([self.choice(choice, &delta.text, logprobs, delta.finish_reason)])))
+    }
+
+    fn close(&mut self, choice: usize, reason: FinishReason) -> Value {
+        self.chunk(json!([self.choice(choice, "", Value::Null, Some(reason))]))
+    }
+
+    fn usage(&self, usage: Value) -> Value {
+        let mut chunk = self.chunk(json!([]));
+        chunk["usage"] = usage;
+        chunk
+    }
+}

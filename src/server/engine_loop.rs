@@ -1,0 +1,402 @@
+//! The engine's own thread: it owns the [`Engine`], takes requests and aborts from the async
+//! front end over a channel, runs `step()` while anything is in flight (batching every client's
+//! requests as vLLM does), and sends each request's [`StepOutput`]s back on the request's own
+//! channel. A request whose receiver is gone (the client hung up) is aborted at once, so its KV
+//! blocks go back to the pool before the next step.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use burn_llm_models::{DecoderSpec, Prompt, SamplingParams, StepOutput, Timing, Tokenizer};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::errors::{ApiError, ApiResult};
+use super::metrics::Metrics;
+use crate::engine::{Engine, EngineDetails};
+
+/// What the front end learns about the model when the engine has been built.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The engine's name (`paged`).
+    pub engine: &'static str,
+    /// The model's shape (context length, vocabulary).
+    pub spec: DecoderSpec,
+    /// The tokenizer, when the model has one.
+    pub tokenizer: Option<Tokenizer>,
+}
+
+/// A message to the engine thread.
+enum Command {
+    Add(Box<Admission>),
+    Abort(String),
+    Stop,
+}
+
+/// One engine request of an HTTP request (a completion request with several prompts makes
+/// several).
+struct Admission {
+    request_id: String,
+    tag: usize,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    events: UnboundedSender<Tagged>,
+    arrived: Instant,
+}
+
+/// What the engine thread reports about one engine request, tagged with its prompt's index in
+/// the HTTP request.
+#[derive(Debug)]
+pub struct Tagged {
+    /// Index of the prompt within the HTTP request.
+    pub tag: usize,
+    /// What happened.
+    pub event: EngineEvent,
+}
+
+/// What happened to an engine request.
+#[derive(Debug)]
+pub enum EngineEvent {
+    /// Queued.
+    Accepted,
+    /// Refused by the engine (its message says why).
+    Rejected(String),
+    /// New tokens, and the final outputs once finished.
+    Step(StepOutput),
+    /// The engine failed while running it, or is shutting down.
+    Failed(String),
+}
+
+/// The front end's handle on the engine thread.
+pub struct EngineHandle {
+    commands: Sender<Command>,
+    /// Engine requests sent and not yet started (the `--max-waiting` count).
+    pending: Arc<AtomicUsize>,
+    next_id: AtomicU64,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// The model being served.
+    pub info: ModelInfo,
+}
+
+/// How an engine is made: on the engine thread, which then owns it (engines need not be `Send`).
+pub type EngineBuilder = Box<dyn FnOnce() -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> + Send>;
+
+impl EngineHandle {
+    /// Starts the engine thread, builds the engine there, and waits until it is ready. Fails with
+    /// the builder's error (causes included), or when the engine cannot run requests step by step.
+    pub fn spawn(build: EngineBuilder, metrics: Metrics) -> Result<Self, String> {
+        let (commands, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo, String>>();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let loop_pending = pending.clone();
+        let thread = std::thread::Builder::new()
+            .name("burn-llm-engine".into())
+            .spawn(move || {
+                let engine = match build() {
+                    Ok(engine) => engine,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(error_chain(e.as_ref())));
+                        return;
+                    }
+                };
+                if !engine.capabilities().step_level {
+                    let message = format!(
+                        "the {} engine cannot serve requests (it has no add_request / step / abort): use --engine paged",
+                        engine.name()
+                    );
+                    let _ = ready_tx.send(Err(message));
+                    return;
+                }
+                let info =
+                    ModelInfo { engine: engine.name(), spec: engine.spec().clone(), tokenizer: engine.tokenizer().cloned() };
+                if ready_tx.send(Ok(info)).is_err() {
+                    return;
+                }
+                EngineLoop { engine, metrics, pending: loop_pending, live: HashMap::new(), preemptions: 0 }.run(rx);
+            })
+            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        let info = match ready_rx.recv() {
+            Ok(result) => result?,
+            Err(_) => return Err("the engine thread stopped while building the engine".into()),
+        };
+        Ok(Self { commands, pending, next_id: AtomicU64::new(0), thread: std::sync::Mutex::new(Some(thread)), info })
+    }
+
+    /// Sends one engine request per prompt (all with `params`), sharing one event channel, after
+    /// checking that at most `max_waiting` engine requests would then wait to start (else 503).
+    pub fn submit(&self, prompts: Vec<Vec<u32>>, params: &SamplingParams, max_waiting: usize) -> ApiResult<Run> {
+        let k = prompts.len();
+        if self.pending.fetch_add(k, Ordering::SeqCst) + k > max_waiting {
+            self.pending.fetch_sub(k, Ordering::SeqCst);
+            return Err(ApiError::unavailable(format!(
+                "too many requests waiting (the server's --max-waiting is {max_waiting}): retry later"
+            )));
+        }
+        let (events, rx) = unbounded_channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let arrived = Instant::now();
+        let mut guard = AbortGuard { ids: Vec::with_capacity(k), commands: self.commands.clone() };
+        for (tag, prompt) in prompts.into_iter().enumerate() {
+            let request_id = format!("req-{id}-{tag}");
+            guard.ids.push(request_id.clone());
+            let admission = Box::new(Admission {
+                request_id,
+                tag,
+                prompt,
+                params: params.clone(),
+                events: events.clone(),
+                arrived,
+            });
+            if self.commands.send(Command::Add(admission)).is_err() {
+                self.pending.fetch_sub(k - tag, Ordering::SeqCst);
+                return Err(ApiError::unavailable("the engine has stopped: the server is shutting down"));
+            }
+        }
+        Ok(Run { events: rx, buffered: VecDeque::new(), guard, count: k })
+    }
+
+    /// Stops the engine thread (aborting what still runs) and waits for it.
+    pub fn stop(&self) {
+        let _ = self.commands.send(Command::Stop);
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// An error with its causes, one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    message
+}
+
+/// Aborts an HTTP request's engine requests when dropped (the client went away, or the handler
+/// returned early); aborting a finished request does nothing.
+struct AbortGuard {
+    ids: Vec<String>,
+    commands: Sender<Command>,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            let _ = self.commands.send(Command::Abort(id));
+        }
+    }
+}
+
+/// The engine requests of one HTTP request, as the front end sees them.
+pub struct Run {
+    events: UnboundedReceiver<Tagged>,
+    buffered: VecDeque<Tagged>,
+    guard: AbortGuard,
+    count: usize,
+}
+
+impl Run {
+    /// Waits until every engine request is queued; the first refusal becomes a 400 (the others
+    /// are aborted when the run is dropped).
+    pub async fn accepted(&mut self) -> ApiResult<()> {
+        let mut accepted = 0;
+        while accepted < self.count {
+            let Some(tagged) = self.events.recv().await else {
+                return Err(ApiError::unavailable("the engine has stopped: the server is shutting down"));
+            };
+            match tagged.event {
+                EngineEvent::Accepted => accepted += 1,
+                EngineEvent::Rejected(message) => return Err(ApiError::bad_request(message, None)),
+                EngineEvent::Failed(message) => return Err(ApiError::internal(message)),
+                EngineEvent::Step(_) => self.buffered.push_back(tagged),
+            }
+        }
+        Ok(())
+    }
+
+    /// The next event, `None` once the engine thread has dropped every sender (all finished).
+    pub async fn next(&mut self) -> Option<Tagged> {
+        match self.buffered.pop_front() {
+            Some(t) => Some(t),
+            None => self.events.recv().await,
+        }
+    }
+
+    /// Engine requests in this run (one per prompt).
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether the run has no engine request.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The engine request ids (for logs and tests).
+    pub fn request_ids(&self) -> &[String] {
+        &self.guard.ids
+    }
+}
+
+/// An engine request in flight, as the loop tracks it.
+struct Live {
+    tag: usize,
+    events: UnboundedSender<Tagged>,
+    arrived: Instant,
+    started: bool,
+    last_token: Option<Instant>,
+}
+
+/// The loop's state.
+struct EngineLoop {
+    engine: Box<dyn Engine>,
+    metrics: Metrics,
+    pending: Arc<AtomicUsize>,
+    live: HashMap<String, Live>,
+    preemptions: usize,
+}
+
+impl EngineLoop {
+    /// Takes commands (blocking while idle), steps while anything runs, until stopped or every
+    /// sender is gone; then aborts what is left.
+    fn run(mut self, commands: Receiver<Command>) {
+        'serve: loop {
+            let first = if self.engine.has_unfinished_requests() {
+                match commands.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            } else {
+                match commands.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => break,
+                }
+            };
+            for command in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
+                match command {
+                    Command::Add(admission) => self.admit(*admission),
+                    Command::Abort(id) => self.abort(&id),
+                    Command::Stop => break 'serve,
+                }
+            }
+            if self.engine.has_unfinished_requests() {
+                self.step();
+            }
+            self.publish();
+        }
+        let ids: Vec<String> = self.live.keys().cloned().collect();
+        for id in ids {
+            if let Some(live) = self.live.get(&id) {
+                let _ = live
+                    .events
+                    .send(Tagged { tag: live.tag, event: EngineEvent::Failed("the server is shutting down".into()) });
+            }
+            self.abort(&id);
+        }
+        self.publish();
+    }
+
+    fn admit(&mut self, a: Admission) {
+        let prompt_len = a.prompt.len();
+        match self.engine.add_request(&a.request_id, Prompt::Ids(a.prompt), a.params) {
+            Ok(()) => {
+                self.metrics.prompt_tokens.inc_by(prompt_len as u64);
+                let live = Live { tag: a.tag, events: a.events, arrived: a.arrived, started: false, last_token: None };
+                let listening = live.events.send(Tagged { tag: a.tag, event: EngineEvent::Accepted }).is_ok();
+                self.live.insert(a.request_id.clone(), live);
+                if !listening {
+                    self.abort(&a.request_id);
+                }
+            }
+            Err(e) => {
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+                let _ = a.events.send(Tagged { tag: a.tag, event: EngineEvent::Rejected(error_chain(&e)) });
+            }
+        }
+    }
+
+    /// Aborts a request (its blocks are freed now) and forgets it.
+    fn abort(&mut self, id: &str) {
+        if let Some(live) = self.live.remove(id) {
+            // The engine knows every live id; an abort cannot fail on the paged engine.
+            let _ = self.engine.abort(id);
+            self.retire(&live);
+        }
+    }
+
+    /// Bookkeeping of a request that ends, however it ends.
+    fn retire(&self, live: &Live) {
+        if !live.started {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.metrics.requests_finished.inc();
+        self.metrics.e2e.observe(live.arrived.elapsed().as_secs_f64());
+    }
+
+    fn step(&mut self) {
+        match self.engine.step() {
+            Ok(outputs) => outputs.into_iter().for_each(|out| self.deliver(out)),
+            Err(e) => {
+                let message = format!("the engine failed: {}", error_chain(&e));
+                let ids: Vec<String> = self.live.keys().cloned().collect();
+                for id in ids {
+                    if let Some(live) = self.live.get(&id) {
+                        let _ = live.events.send(Tagged { tag: live.tag, event: EngineEvent::Failed(message.clone()) });
+                    }
+                    self.abort(&id);
+                }
+            }
+        }
+    }
+
+    /// Hands one request's step output to its client, with the latency metrics.
+    fn deliver(&mut self, out: StepOutput) {
+        let Some(live) = self.live.get_mut(&out.request_id) else { return };
+        let now = Instant::now();
+        let tokens: usize = out.sequences.iter().map(|d| d.token_ids.len()).sum();
+        if !live.started && (tokens > 0 || out.finished.is_some()) {
+            live.started = true;
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            if tokens > 0 {
+                self.metrics.ttft.observe((now - live.arrived).as_secs_f64());
+            }
+        }
+        if tokens > 0 {
+            if let Some(last) = live.last_token {
+                self.metrics.tpot.observe((now - last).as_secs_f64());
+            }
+            live.last_token = Some(now);
+            self.metrics.generation_tokens.inc_by(tokens as u64);
+        }
+        let finished = out.finished.is_some();
+        let id = out.request_id.clone();
+        let delivered = live.events.send(Tagged { tag: live.tag, event: EngineEvent::Step(out) }).is_ok();
+        if finished {
+            if let Some(live) = self.live.remove(&id) {
+                self.retire(&live);
+            }
+        } else if !delivered {
+            self.abort(&id);
+        }
+    }
+
+    /// Updates the gauges and the preemption counter.
+    fn publish(&mut self) {
+        if let Some(load) = self.engine.load() {
+            self.metrics.set_load(&load);
+        }
+        if let EngineDetails::Paged(stats) = self.engine.report(Timing::default()).details {
+            let total = stats.swaps + stats.recomputes;
+            self.metrics.preemptions.inc_by(total.saturating_sub(self.preemptions) as u64);
+            self.preemptions = total;
+        }
+    }
+}

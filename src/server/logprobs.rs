@@ -1,0 +1,64 @@
+//! Log-probabilities in the API's two shapes, from the engine's per-token lists:
+//! - completions: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`;
+//! - chat: `{content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}`.
+//!
+//! The engine is asked for `max(top, 1)` alternatives per step and lists the sampled token first,
+//! then the top ones ([`split`] also reads a list of the top ones alone, taking the sampled
+//! token's entry from it when it is there).
+
+use burn_llm_models::TokenLogprob;
+use serde_json::{Map, Value, json};
+
+use super::AppState;
+
+/// The sampled token's log-probability (when known) and the alternatives of one step whose
+/// request asked the engine for `k` alternatives.
+pub fn split(step: &[TokenLogprob], sampled: u32, k: usize) -> (Option<f32>, &[TokenLogprob]) {
+    match step.split_first() {
+        Some((first, rest)) if step.len() > k => (Some(first.logprob), rest),
+        _ => (step.iter().find(|t| t.id == sampled).map(|t| t.logprob), step),
+    }
+}
+
+/// The completions shape for the sampled `ids` and their `steps`, `top` alternatives each;
+/// `offset` is where the first token's text starts in the choice's text (moved past the tokens).
+pub fn completion(state: &AppState, ids: &[u32], steps: &[Vec<TokenLogprob>], top: usize, offset: &mut usize) -> Value {
+    let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (&id, step) in ids.iter().zip(steps) {
+        let (logprob, alternatives) = split(step, id, top.max(1));
+        let token = state.token_text(id);
+        text_offset.push(*offset);
+        *offset += token.chars().count();
+        let mut map = Map::new();
+        if let Some(lp) = logprob {
+            map.insert(token.clone(), json!(lp));
+        }
+        for alt in alternatives.iter().take(top) {
+            map.entry(state.token_text(alt.id)).or_insert(json!(alt.logprob));
+        }
+        tokens.push(token);
+        token_logprobs.push(logprob);
+        top_logprobs.push(Value::Object(map));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset})
+}
+
+/// The chat shape for the sampled `ids` and their `steps`, `top` alternatives each.
+pub fn chat(state: &AppState, ids: &[u32], steps: &[Vec<TokenLogprob>], top: usize) -> Value {
+    let entry = |id: u32, logprob: Option<f32>| {
+        let token = state.token_text(id);
+        json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+    };
+    let content: Vec<Value> = ids
+        .iter()
+        .zip(steps)
+        .map(|(&id, step)| {
+            let (logprob, alternatives) = split(step, id, top.max(1));
+            let mut value = entry(id, logprob);
+            value["top_logprobs"] = alternatives.iter().take(top).map(|t| entry(t.id, Some(t.logprob))).collect();
+            value
+        })
+        .collect();
+    json!({"content": content})
+}

@@ -1,0 +1,132 @@
+//! From engine events to responses, shared by completions and chat: [`collect`] waits for every
+//! final output (a plain JSON response), [`sse`] turns each delta into a chunk of Server-Sent
+//! Events (axum's [`Sse`]) ending with `data: [DONE]`. A client that hangs up drops the stream,
+//! which drops the [`Run`] and aborts its engine requests.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use burn_llm_models::{FinishReason, RequestOutput, SequenceDelta};
+use futures_util::{Stream, StreamExt};
+use serde_json::{Value, json};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::engine_loop::{EngineEvent, Run, Tagged};
+use super::errors::{ApiError, ApiResult};
+
+/// `usage` of a response.
+pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+/// `finish_reason` as the API spells it.
+pub fn finish_reason(reason: FinishReason) -> Value {
+    serde_json::to_value(reason).unwrap_or(Value::Null)
+}
+
+/// Waits for the final outputs of every engine request of `run` (per prompt, best first).
+pub async fn collect(run: &mut Run) -> ApiResult<Vec<Vec<RequestOutput>>> {
+    let mut outputs: Vec<Option<Vec<RequestOutput>>> = vec![None; run.len()];
+    while outputs.iter().any(Option::is_none) {
+        let Some(Tagged { tag, event }) = run.next().await else {
+            return Err(ApiError::unavailable("the engine stopped before the request finished"));
+        };
+        match event {
+            EngineEvent::Step(out) => {
+                if let (Some(done), Some(slot)) = (out.finished, outputs.get_mut(tag)) {
+                    *slot = Some(done);
+                }
+            }
+            EngineEvent::Failed(message) => return Err(ApiError::internal(message)),
+            EngineEvent::Accepted | EngineEvent::Rejected(_) => {}
+        }
+    }
+    Ok(outputs.into_iter().flatten().collect())
+}
+
+/// How one route writes its stream chunks.
+pub trait ChunkFormat: Send + 'static {
+    /// Chunks sent before any token (chat: the role; completions with `echo`: the prompt).
+    fn opening(&mut self) -> Vec<Value>;
+    /// The chunk for new tokens of choice `choice` (`None`: nothing to send).
+    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value>;
+    /// The chunk closing a choice that ended without a last delta (refused or aborted).
+    fn close(&mut self, choice: usize, reason: FinishReason) -> Value;
+    /// The last chunk, with `usage` and no choices.
+    fn usage(&self, usage: Value) -> Value;
+}
+
+/// The SSE response of `run`: `n` choices per prompt (choice `prompt * n + sequence`), each
+/// delta a chunk in order, the usage chunk when asked, then `[DONE]`. An engine failure after the
+/// stream started is sent as an error object before `[DONE]`.
+pub fn sse(
+    mut run: Run,
+    n: usize,
+    prompt_tokens: usize,
+    include_usage: bool,
+    mut format: impl ChunkFormat,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    tokio::spawn(async move {
+        let send = |value: &Value| Event::default().data(value.to_string());
+        for chunk in format.opening() {
+            if tx.send(send(&chunk)).await.is_err() {
+                return;
+            }
+        }
+        let mut open: BTreeSet<usize> = (0..run.len() * n).collect();
+        let mut completion_tokens = 0;
+        while !open.is_empty() {
+            let next = tokio::select! {
+                next = run.next() => next,
+                // The client hung up: returning drops `run`, which aborts its requests.
+                _ = tx.closed() => return,
+            };
+            let mut chunks = Vec::new();
+            match next.map(|t| (t.tag, t.event)) {
+                Some((tag, EngineEvent::Step(out))) => {
+                    for delta in &out.sequences {
+                        let choice = tag * n + delta.index;
+                        completion_tokens += delta.token_ids.len();
+                        chunks.extend(format.delta(choice, delta));
+                        if delta.finish_reason.is_some() {
+                            open.remove(&choice);
+                        }
+                    }
+                    if let Some(done) = &out.finished {
+                        for i in 0..n {
+                            if open.remove(&(tag * n + i)) {
+                                let reason = done.get(i).map_or(FinishReason::Abort, |o| o.finish_reason);
+                                chunks.push(format.close(tag * n + i, reason));
+                            }
+                        }
+                    }
+                }
+                Some((_, EngineEvent::Failed(message))) => {
+                    chunks.push(ApiError::internal(message).body());
+                    open.clear();
+                }
+                Some(_) => {}
+                None => {
+                    chunks.push(ApiError::unavailable("the engine stopped before the request finished").body());
+                    open.clear();
+                }
+            }
+            for chunk in &chunks {
+                if tx.send(send(chunk)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if include_usage {
+            let _ = tx.send(send(&format.usage(usage(prompt_tokens, completion_tokens)))).await;
+        }
+        let _ = tx.send(Event::default().data("[DONE]")).await;
+    });
+    Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::default())
+}

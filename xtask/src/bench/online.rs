@@ -1,0 +1,311 @@
+//! `cargo xtask bench serve --online`: vLLM's online serving methodology (§5.6 of the thesis).
+//! Each server configuration (a list of `serve` flags) is started on loopback with the
+//! benchmark's synthetic model; an async HTTP client sends ShareGPT-like requests with Poisson
+//! arrivals at a sweep of rates, streaming each response; per rate: throughput, normalized
+//! latency (mean end-to-end latency ÷ output length, s/token), TTFT and TPOT p50/p99. The rate a
+//! configuration sustains is the highest swept rate whose normalized latency stays within twice
+//! its lowest-rate value.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use burn::tensor::Device;
+use burn_llm::paged::{EngineConfig, LlmEngine};
+use burn_llm::server::Server;
+use burn_llm::server::launch::ServeArgs;
+use burn_llm::{DeviceChoice, Engine};
+use clap::Parser;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::json;
+
+use super::plot::{self, Panel};
+use super::serve::model;
+use super::workload::{Request, Workload};
+use crate::report::{self, Align::Left, Align::Right, Header, table};
+use loopback_client::{SseEvents, client};
+use reqwest::Client;
+
+/// The server tests' `reqwest` client (with the rustls provider installed) and SSE reader.
+#[allow(dead_code)]
+#[path = "../../../tests/all/loopback_client.rs"]
+mod loopback_client;
+
+/// Flags of the online mode.
+#[derive(clap::Args)]
+pub struct OnlineArgs {
+    /// Online mode: request rates to sweep (requests/s).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    rates: Vec<f64>,
+    /// Online mode: requests per rate.
+    #[arg(long, default_value_t = 32)]
+    online_requests: usize,
+    /// Online mode: multiplies ShareGPT's mean lengths (161 in / 338 out).
+    #[arg(long, default_value_t = 0.1)]
+    online_scale: f64,
+    /// Online mode: KV-cache budget in tokens (every configuration).
+    #[arg(long, default_value_t = 4096)]
+    online_kv_tokens: usize,
+}
+
+/// The server configurations compared, as `serve` flags added to [`KV_FLAGS`]: the paged engine
+/// (vLLM's FCFS), request-level static batching and Orca (Max), all on the same KV budget.
+const CONFIGS: [(&str, &[&str]); 3] = [
+    ("paged (vLLM)", &["--schedule", "fcfs"]),
+    ("Orca (Max)", &["--schedule", "orca-max"]),
+    ("static batching", &["--schedule", "static"]),
+];
+
+/// The KV budget and batch limit every configuration shares (`{blocks}`: the budget in blocks of
+/// 16 tokens).
+const KV_FLAGS: [&str; 6] = ["--kv-cache-memory", "blocks:{blocks}", "--block-size", "16", "--max-num-seqs", "64"];
+
+#[derive(Serialize)]
+struct RatePoint {
+    rate: f64,
+    requests: usize,
+    seconds: f64,
+    requests_per_s: f64,
+    output_tokens_per_s: f64,
+    normalized_latency_s_per_token: f64,
+    ttft_p50_s: f64,
+    ttft_p99_s: f64,
+    tpot_p50_s: f64,
+    tpot_p99_s: f64,
+}
+
+#[derive(Serialize)]
+struct ConfigResult {
+    name: String,
+    flags: Vec<String>,
+    points: Vec<RatePoint>,
+    /// Highest swept rate with normalized latency ≤ 2 × the lowest rate's.
+    sustained_rate: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(flatten)]
+    header: Header,
+    workload: Workload,
+    kv_tokens: usize,
+    configs: Vec<ConfigResult>,
+    /// The paged engine's sustained rate ÷ static batching's (vLLM reports 2× and more).
+    paged_over_static: Option<f64>,
+}
+
+/// One request's measurements: (seconds to first token, end-to-end seconds, output tokens).
+type Sample = (f64, f64, usize);
+
+/// Runs the sweep for every configuration and writes `serve-online.{json,md,png}`.
+pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let max_len = 1024;
+    let workload = Workload::standard(args.online_scale, max_len)[0].clone();
+    let spec = model(&device.device()?, max_len)?.spec().clone();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let requests = workload.requests(args.online_requests, spec.vocab_size, max_len, &mut rng);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut configs = Vec::new();
+    for (name, template) in CONFIGS {
+        let blocks = (args.online_kv_tokens / 16).to_string();
+        let flags: Vec<String> = KV_FLAGS.iter().chain(template).map(|f| f.replace("{blocks}", &blocks)).collect();
+        let mut argv = vec!["serve".to_string(), "--model".into(), "synthetic".into(), "--device".into()];
+        argv.push(device.name().into());
+        argv.extend(flags.iter().cloned());
+        let serve = ServeArgs::try_parse_from(&argv)?;
+        let engine_args = serve.engine.clone();
+        // The `serve` example's engine flags, on the synthetic model (which has no directory):
+        // the paged engine with the policy `--schedule` names.
+        let scheduling = engine_args.planless_policy().ok_or("the online bench runs no ExeGPT plan")?;
+        let build = Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+            let device: Device = engine_args.device.unwrap_or(DeviceChoice::Flex).device()?;
+            let config = EngineConfig { scheduling, ..engine_args.engine_config() };
+            Ok(Box::new(LlmEngine::from_parts(model(&device, max_len)?, None, vec![], config)?))
+        });
+        let server = Server::start(build, serve.server_config()?)?;
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+        let url = format!("http://{}/v1/completions", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = runtime.spawn(server.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        let client = client();
+        runtime.block_on(send(&client, &url, &requests[..1], 1.0, &mut rng))?; // warm-up
+        let mut points = Vec::new();
+        for &rate in &args.rates {
+            let started = Instant::now();
+            let samples = runtime.block_on(send(&client, &url, &requests, rate, &mut rng))?;
+            let point = summarize(rate, &samples, started.elapsed().as_secs_f64());
+            eprintln!(
+                "{name} @ {rate} req/s: {:.2} req/s, {:.4} s/token, TTFT p50 {:.3} s",
+                point.requests_per_s, point.normalized_latency_s_per_token, point.ttft_p50_s
+            );
+            points.push(point);
+        }
+        let _ = stop.send(());
+        runtime.block_on(task)??;
+        let unloaded = points.first().map_or(f64::MAX, |p| p.normalized_latency_s_per_token);
+        let sustained_rate = points
+            .iter()
+            .filter(|p| p.normalized_latency_s_per_token <= 2.0 * unloaded)
+            .map(|p| p.rate)
+            .fold(None, |best: Option<f64>, r| Some(best.map_or(r, |b| b.max(r))));
+        configs.push(ConfigResult { name: name.to_string(), flags, points, sustained_rate });
+    }
+    write(args, device, seed, out, workload, configs)
+}
+
+/// Sends `requests` with Poisson arrivals at `rate`, each streamed; returns what each measured.
+async fn send(
+    client: &Client,
+    url: &str,
+    requests: &[Request],
+    rate: f64,
+    rng: &mut impl Rng,
+) -> Result<Vec<Sample>, Box<dyn std::error::Error>> {
+    let start = tokio::time::Instant::now();
+    let mut at = 0.0;
+    let mut tasks = Vec::new();
+    for (prompt, output) in requests {
+        at += -(rng.random::<f64>().max(1e-12)).ln() / rate;
+        let body = json!({
+            "prompt": prompt, "max_tokens": output, "temperature": 0, "ignore_eos": true,
+            "stream": true, "logprobs": 1,
+        });
+        let (client, url, output) = (client.clone(), url.to_string(), *output);
+        let send_at = start + Duration::from_secs_f64(at);
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(send_at).await;
+            let sent = Instant::now();
+            let response = client.post(&url).json(&body).send().await.map_err(std::io::Error::other)?;
+            if response.status().as_u16() != 200 {
+                let status = response.status().as_u16();
+                let text = response.text().await.map_err(std::io::Error::other)?;
+                return Err(std::io::Error::other(format!("HTTP {status}: {text}")));
+            }
+            let mut events = SseEvents::new(response.bytes_stream());
+            let mut first = None;
+            while let Some(event) = events.next().await {
+                event.map_err(std::io::Error::other)?;
+                first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
+            }
+            let e2e = sent.elapsed().as_secs_f64();
+            Ok::<Sample, std::io::Error>((first.unwrap_or(e2e), e2e, output))
+        }));
+    }
+    let mut samples = Vec::new();
+    for task in tasks {
+        samples.push(task.await??);
+    }
+    Ok(samples)
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[((values.len() - 1) as f64 * p).round() as usize]
+}
+
+fn summarize(rate: f64, samples: &[Sample], seconds: f64) -> RatePoint {
+    let tokens: usize = samples.iter().map(|s| s.2).sum();
+    let normalized =
+        samples.iter().map(|&(_, e2e, n)| e2e / n.max(1) as f64).sum::<f64>() / samples.len().max(1) as f64;
+    let mut ttft: Vec<f64> = samples.iter().map(|s| s.0).collect();
+    let mut tpot: Vec<f64> =
+        samples.iter().filter(|s| s.2 > 1).map(|&(first, e2e, n)| (e2e - first) / (n - 1) as f64).collect();
+    RatePoint {
+        rate,
+        requests: samples.len(),
+        seconds,
+        requests_per_s: samples.len() as f64 / seconds,
+        output_tokens_per_s: tokens as f64 / seconds,
+        normalized_latency_s_per_token: normalized,
+        ttft_p50_s: percentile(&mut ttft, 0.5),
+        ttft_p99_s: percentile(&mut ttft, 0.99),
+        tpot_p50_s: percentile(&mut tpot, 0.5),
+        tpot_p99_s: percentile(&mut tpot, 0.99),
+    }
+}
+
+fn write(
+    args: &OnlineArgs,
+    device: DeviceChoice,
+    seed: u64,
+    out: &Path,
+    workload: Workload,
+    configs: Vec<ConfigResult>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let rates: Vec<String> = args.rates.iter().map(f64::to_string).collect();
+    let command = format!(
+        "cargo xtask bench serve --online --device {} --rates {} --online-requests {} --online-scale {} --online-kv-tokens {} --seed {seed}",
+        device.name(),
+        rates.join(","),
+        args.online_requests,
+        args.online_scale,
+        args.online_kv_tokens
+    );
+    let header = Header::new("serve-online", command, Some(device.name()), "synthetic:serve-opt (random weights)");
+    let mut md = header.markdown("Online serving: Poisson arrivals over HTTP (vLLM §5.6)");
+    md.push_str(&format!(
+        "- workload: {} (prompt mean {:.0}, output mean {:.0} tokens), {} requests per rate\n- KV budget: {} tokens\n\n",
+        workload.name, workload.prompt.mean, workload.output.mean, args.online_requests, args.online_kv_tokens
+    ));
+    let cols = [
+        ("configuration", Left),
+        ("rate (req/s)", Right),
+        ("throughput (req/s)", Right),
+        ("tokens/s", Right),
+        ("normalized latency (s/token)", Right),
+        ("TTFT p50 / p99 (s)", Right),
+        ("TPOT p50 / p99 (s)", Right),
+    ];
+    let rows = configs.iter().flat_map(|c| {
+        c.points.iter().map(|p| {
+            vec![
+                c.name.clone(),
+                format!("{}", p.rate),
+                format!("{:.2}", p.requests_per_s),
+                format!("{:.0}", p.output_tokens_per_s),
+                format!("{:.4}", p.normalized_latency_s_per_token),
+                format!("{:.3} / {:.3}", p.ttft_p50_s, p.ttft_p99_s),
+                format!("{:.4} / {:.4}", p.tpot_p50_s, p.tpot_p99_s),
+            ]
+        })
+    });
+    md.push_str(&table(&cols, rows));
+    md.push('\n');
+    for c in &configs {
+        let sustained = c.sustained_rate.map_or("none".to_string(), |r| format!("{r} req/s"));
+        md.push_str(&format!(
+            "- {}: sustains {sustained} at ≤ 2× its lowest-rate normalized latency (flags `{}`)\n",
+            c.name,
+            c.flags.join(" ")
+        ));
+    }
+    let sustained = |name: &str| configs.iter().find(|c| c.name == name).and_then(|c| c.sustained_rate);
+    let paged_over_static = sustained(CONFIGS[0].0).zip(sustained(CONFIGS[2].0)).map(|(p, s)| p / s);
+    match paged_over_static {
+        Some(ratio) => md.push_str(&format!("- paged ÷ static batching, sustained rate: {ratio:.2}×\n")),
+        None => md.push_str("- paged ÷ static batching: undefined (a configuration sustains none of the rates)\n"),
+    }
+    let series = configs
+        .iter()
+        .map(|c| (c.name.clone(), c.points.iter().map(|p| (p.rate, Some(p.normalized_latency_s_per_token))).collect()))
+        .collect();
+    let panel = Panel { title: workload.name.to_string(), series };
+    let axes = plot::Axes { x: "request rate (req/s)", y: "normalized latency (s/token)", log_x: false };
+    match plot::line_png(&out.join("serve-online.png"), &[panel], &axes) {
+        Ok(path) => md.push_str(&format!("\n![normalized latency against request rate]({})\n", file_name(&path))),
+        Err(e) => md.push_str(&format!("\n(no chart: {e})\n")),
+    }
+    let report = Report { header, workload, kv_tokens: args.online_kv_tokens, configs, paged_over_static };
+    report::write(out, "serve-online", &report, &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+}
