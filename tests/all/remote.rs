@@ -160,8 +160,7 @@ fn kernels_on_remote_workers_equal_local() {
     let flex = Worker::start("flex");
     assert_same_outputs("flex worker", &kernel_outputs(&flex.device()), &local);
     if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {
-        let exact =
-            kernels::with_matmul_precision(kernels::MatmulPrecision::Exact, || kernel_outputs(&Device::flex()));
+        let exact = kernels::with_matmul_precision(kernels::MatmulPrecision::Exact, || kernel_outputs(&Device::flex()));
         let wgpu = Worker::start("wgpu");
         assert_same_outputs("wgpu worker", &kernel_outputs(&wgpu.device()), &exact);
     }
