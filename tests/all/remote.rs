@@ -16,9 +16,11 @@ use std::time::{Duration, Instant};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_llm::device::{RemoteDeviceError, WatchedEngine, WorkerError, remote_device};
 use burn_llm::kernels::{self, QuantSpec};
+use burn_llm::models::LanguageModel;
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{ContiguousKvCache, PretrainedFiles, Prompt, SamplingParams};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine};
+use burn_llm::parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use burn_llm::{Engine, EngineError, Generator, Pretrained};
 use rand::{Rng, SeedableRng};
 
@@ -242,6 +244,53 @@ fn models_on_a_remote_worker_equal_local() {
                 expected,
                 "{name} (quantized: {quantize}): plain engine on the worker"
             );
+        }
+    }
+}
+
+/// Every fixture architecture split over worker processes — two stages on two workers (PP=2) and
+/// one layer split over local Flex and a worker (TP=2) — gives logits within 1e-4 of one local
+/// device for each reference prompt, and the same greedy tokens.
+#[test]
+fn fixtures_split_over_workers_equal_one_device() {
+    let (a, b) = (Worker::start("flex"), Worker::start("flex"));
+    let splits = [
+        ("PP=2 on two workers", 2, 1, vec![a.device(), b.device()]),
+        ("TP=2 on flex and a worker", 1, 2, vec![Device::flex(), a.device()]),
+    ];
+    let local = Device::flex();
+    for name in ["llama", "opt", "gpt2"] {
+        let reference = reference(name);
+        let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
+        let (here, _) = load(name, &local, false);
+        let expected_logits: Vec<Vec<f32>> =
+            reference.prompts.iter().map(|p| logits(&here, &p.input_ids, &local)).collect();
+        let expected = greedy_ids(&mut Generator::from(here), &prompts, 8);
+        for (what, stages, tp, devices) in &splits {
+            let files = PretrainedFiles::open(&fixture(name)).unwrap();
+            let layout = StageLayout::even(files.spec.num_layers, *stages).unwrap();
+            let plan = PipelinePlan::new(layout, *tp, devices.clone()).unwrap();
+            let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &plan, None).unwrap();
+            for (prompt, expected) in reference.prompts.iter().zip(&expected_logits) {
+                let ids: &[u32] = &prompt.input_ids;
+                let mut cache = ContiguousKvCache::placed(
+                    model.kv_layout(),
+                    1,
+                    ids.len(),
+                    &model.device(),
+                    model.kv_devices(),
+                    None,
+                )
+                .unwrap();
+                let step = cache.begin_step(&[ids]).unwrap();
+                let states = model.forward(&step, &mut cache);
+                let [_, seq, embed] = states.dims();
+                let got = values(model.logits(states.reshape([seq, embed])).to_device(&local));
+                let diff = max_abs_diff(&got, expected);
+                assert!(diff <= 1e-4, "{name}, {what}: logits differ by {diff}");
+            }
+            let mut generator = Generator::new(model, Some(files.tokenizer), files.eos_token_ids);
+            assert_eq!(greedy_ids(&mut generator, &prompts, 8), expected, "{name}, {what}");
         }
     }
 }
