@@ -7,7 +7,6 @@
 //! dies or stalls fails its requests with an error naming it after `--worker-timeout-s`.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use burn::tensor::Device;
@@ -164,10 +163,8 @@ pub(super) fn build_parallel_engine(
         return Err(format!("--worker-timeout-s must be a positive number of seconds, got {timeout}").into());
     }
     let json = args.json;
-    let (args, dir): (GenerateArgs, PathBuf) = (args.clone(), dir.to_path_buf());
+    let args = args.clone();
     let engine = WatchedEngine::spawn(workers, Duration::from_secs_f64(timeout), move || {
-        // The checkpoint is opened again on the engine's thread, which owns everything it uses.
-        let files = PretrainedFiles::open(&dir).map_err(|e| e.to_string())?;
         build_on_plan(kind, &args, files, &plan).map(|(engine, _)| engine).map_err(|e| e.to_string())
     })?;
     if !json {
