@@ -77,6 +77,10 @@ pub struct GenerateArgs {
     /// Also report each generated token's log-probability and the top-K alternatives.
     #[arg(long)]
     pub logprobs: Option<usize>,
+    /// Also score the prompt: each prompt token's log-probability given the tokens before it and
+    /// the top-K alternatives (vLLM's `prompt_logprobs`; `--engine paged`; shown with `--json`).
+    #[arg(long)]
+    pub prompt_logprobs: Option<usize>,
     /// OpenAI presence penalty in [-2, 2]: subtracted once from the logit of every token already
     /// generated.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -312,6 +316,7 @@ impl GenerateArgs {
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
             n: self.n,
             best_of: self.best_of,
             beam: self

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use burn_llm_models::{FinishReason, SequenceDelta};
+use burn_llm_models::{FinishReason, PromptLogprobs, SequenceDelta};
 use serde_json::{Value, json};
 
 use super::errors::{ApiError, ApiResult};
@@ -26,23 +26,20 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
             Some("logprobs"),
         ));
     }
-    if echo && top.is_some() {
-        return Err(ApiError::bad_request(
-            "echo with logprobs needs the prompt's log-probabilities, which this server does not compute: drop one of them",
-            Some("echo"),
-        ));
-    }
     let prompts = request.prompt.clone().prompts()?;
     let prepared = prompts.iter().enumerate().map(|(i, p)| state.prepare(i, p)).collect::<ApiResult<Vec<_>>>()?;
     let max_tokens = request.sampling.max_tokens.unwrap_or(16);
     let vocab = state.engine.info.spec.vocab_size;
-    let params = request.sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab)?;
+    let mut params = request.sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab)?;
+    // `echo` with `logprobs` scores the prompt too (the engine computes every prompt position).
+    params.prompt_logprobs = if echo { params.logprobs } else { None };
     for (_, ids) in &prepared {
         state.check_context(ids.len(), max_tokens)?;
     }
     let include_usage = request.sampling.include_usage()?;
     let prompt_tokens = prepared.iter().map(|(_, ids)| ids.len()).sum();
     let (texts, ids): (Vec<String>, Vec<Vec<u32>>) = prepared.into_iter().unzip();
+    let ids_for_echo = if echo && top.is_some() { ids.clone() } else { Vec::new() };
     let mut run = state.engine.submit(ids, &params, state.config.max_waiting)?;
     run.accepted().await?;
     let model = state.config.served_model_name.clone();
@@ -58,6 +55,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
             model,
             n,
             echo: echo.then_some(texts),
+            prompt_ids: if echo { ids_for_echo } else { Vec::new() },
             top,
         };
         return Ok(streaming::sse(run, n, prompt_tokens, include_usage, format).into_response());
@@ -70,9 +68,21 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
             completion_tokens += out.generated_ids.len();
             let prefix = if echo { texts[prompt].as_str() } else { "" };
             let logprobs = match (top, &out.logprobs) {
-                (Some(k), Some(steps)) => {
-                    logprobs::completion(&state, &out.generated_ids, steps, k, &mut prefix.chars().count())
-                }
+                (Some(k), Some(steps)) => match out.prompt_logprobs.as_ref().filter(|_| echo) {
+                    Some(scored) => logprobs::completion(
+                        &state,
+                        logprobs::prompt_entries(&out.prompt_ids, scored)
+                            .chain(logprobs::entries(&out.generated_ids, steps)),
+                        k,
+                        &mut 0,
+                    ),
+                    None => logprobs::completion(
+                        &state,
+                        logprobs::entries(&out.generated_ids, steps),
+                        k,
+                        &mut prefix.chars().count(),
+                    ),
+                },
                 _ => Value::Null,
             };
             choices.push(json!({
@@ -101,8 +111,11 @@ struct CompletionChunks {
     created: u64,
     model: String,
     n: usize,
-    /// With `echo`: each prompt's text, sent first.
+    /// With `echo`: each prompt's text, sent first (with `logprobs`: once the prompt is scored,
+    /// with its log-probabilities).
     echo: Option<Vec<String>>,
+    /// With `echo`: each prompt's token ids.
+    prompt_ids: Vec<Vec<u32>>,
     top: Option<usize>,
     /// Per choice: characters of text sent so far (`text_offset`).
     offsets: Vec<usize>,
@@ -120,6 +133,10 @@ impl CompletionChunks {
 
 impl ChunkFormat for CompletionChunks {
     fn opening(&mut self) -> Vec<Value> {
+        if self.top.is_some() {
+            // The echoed prompt goes out with its log-probabilities (`prompt_logprobs`).
+            return Vec::new();
+        }
         let Some(texts) = self.echo.take() else { return Vec::new() };
         let mut chunks = Vec::new();
         for (prompt, text) in texts.iter().enumerate() {
@@ -132,10 +149,28 @@ impl ChunkFormat for CompletionChunks {
         chunks
     }
 
+    fn prompt_logprobs(&mut self, prompt: usize, scored: &PromptLogprobs) -> Vec<Value> {
+        let (Some(k), Some(texts), Some(ids)) = (self.top, &self.echo, self.prompt_ids.get(prompt)) else {
+            return Vec::new();
+        };
+        let Some(text) = texts.get(prompt) else { return Vec::new() };
+        let mut chunks = Vec::new();
+        for i in 0..self.n {
+            let choice = prompt * self.n + i;
+            let mut offset = 0;
+            let logprobs = logprobs::completion(&self.state, logprobs::prompt_entries(ids, scored), k, &mut offset);
+            if let Some(slot) = self.offsets.get_mut(choice) {
+                *slot = offset;
+            }
+            chunks.push(self.chunk(json!([self.choice(choice, text, logprobs, None)])));
+        }
+        chunks
+    }
+
     fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value> {
         let logprobs = match (self.top, &delta.logprobs, self.offsets.get_mut(choice)) {
             (Some(k), Some(steps), Some(offset)) => {
-                logprobs::completion(&self.state, &delta.token_ids, steps, k, offset)
+                logprobs::completion(&self.state, logprobs::entries(&delta.token_ids, steps), k, offset)
             }
             _ => Value::Null,
         };

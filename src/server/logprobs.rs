@@ -6,7 +6,7 @@
 //! then the top ones ([`split`] also reads a list of the top ones alone, taking the sampled
 //! token's entry from it when it is there).
 
-use burn_llm_models::TokenLogprob;
+use burn_llm_models::{PromptLogprobs, TokenLogprob};
 use serde_json::{Map, Value, json};
 
 use super::AppState;
@@ -20,16 +20,43 @@ pub fn split(step: &[TokenLogprob], sampled: u32, k: usize) -> (Option<f32>, &[T
     }
 }
 
-/// The completions shape for the sampled `ids` and their `steps`, `top` alternatives each;
-/// `offset` is where the first token's text starts in the choice's text (moved past the tokens).
-pub fn completion(state: &AppState, ids: &[u32], steps: &[Vec<TokenLogprob>], top: usize, offset: &mut usize) -> Value {
+/// One token of a completions `logprobs` object: its id and its scored list (the token's own
+/// entry first, then the alternatives), or `None` where nothing was scored (a prompt's first
+/// token).
+pub type Entry<'a> = (u32, Option<&'a [TokenLogprob]>);
+
+/// The entries of sampled `ids` with their `steps`.
+pub fn entries<'a>(ids: &'a [u32], steps: &'a [Vec<TokenLogprob>]) -> impl Iterator<Item = Entry<'a>> + 'a {
+    ids.iter().zip(steps).map(|(&id, step)| (id, Some(step.as_slice())))
+}
+
+/// The entries of prompt `ids` scored by the engine (`echo` with `logprobs`).
+pub fn prompt_entries<'a>(ids: &'a [u32], scored: &'a PromptLogprobs) -> impl Iterator<Item = Entry<'a>> + 'a {
+    ids.iter().zip(scored).map(|(&id, step)| (id, step.as_deref()))
+}
+
+/// The completions shape for `entries`, `top` alternatives each; `offset` is where the first
+/// token's text starts in the choice's text (moved past the tokens). An unscored token has
+/// `null` for its log-probability and its alternatives, as OpenAI's echoed first token does.
+pub fn completion<'a>(
+    state: &AppState,
+    entries: impl Iterator<Item = Entry<'a>>,
+    top: usize,
+    offset: &mut usize,
+) -> Value {
     let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (&id, step) in ids.iter().zip(steps) {
-        let (logprob, alternatives) = split(step, id, top.max(1));
+    for (id, step) in entries {
         let token = state.token_text(id);
         text_offset.push(*offset);
         *offset += token.chars().count();
+        let Some(step) = step else {
+            tokens.push(token);
+            token_logprobs.push(None);
+            top_logprobs.push(Value::Null);
+            continue;
+        };
+        let (logprob, alternatives) = split(step, id, top.max(1));
         let mut map = Map::new();
         if let Some(lp) = logprob {
             map.insert(token.clone(), json!(lp));

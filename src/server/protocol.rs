@@ -135,6 +135,7 @@ impl SamplingFields {
             },
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs,
+            prompt_logprobs: None,
             n: n as usize,
             best_of: self.best_of.map(|b| b as usize),
             beam: None,

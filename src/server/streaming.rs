@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::convert::Infallible;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
-use burn_llm_models::{FinishReason, RequestOutput, SequenceDelta};
+use burn_llm_models::{FinishReason, PromptLogprobs, RequestOutput, SequenceDelta};
 use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
 use tokio_stream::wrappers::ReceiverStream;
@@ -53,6 +53,11 @@ pub async fn collect(run: &mut Run) -> ApiResult<Vec<Vec<RequestOutput>>> {
 pub trait ChunkFormat: Send + 'static {
     /// Chunks sent before any token (chat: the role; completions with `echo`: the prompt).
     fn opening(&mut self) -> Vec<Value>;
+    /// Chunks for the prompt log-probabilities of prompt `prompt`, sent before its first tokens
+    /// (completions with `echo` and `logprobs`); none by default.
+    fn prompt_logprobs(&mut self, _prompt: usize, _logprobs: &PromptLogprobs) -> Vec<Value> {
+        Vec::new()
+    }
     /// The chunk for new tokens of choice `choice` (`None`: nothing to send).
     fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value>;
     /// The chunk closing a choice that ended without a last delta (refused or aborted).
@@ -90,6 +95,9 @@ pub fn sse(
             let mut chunks = Vec::new();
             match next.map(|t| (t.tag, t.event)) {
                 Some((tag, EngineEvent::Step(out))) => {
+                    if let Some(logprobs) = &out.prompt_logprobs {
+                        chunks.extend(format.prompt_logprobs(tag, logprobs));
+                    }
                     for delta in &out.sequences {
                         let choice = tag * n + delta.index;
                         completion_tokens += delta.token_ids.len();

@@ -324,3 +324,58 @@ fn reserving_schedules_greedy_equal_plain_generation() {
         assert!(fixed <= max, "{name}: static batching never batches more than Orca (Max) ({fixed} vs {max})");
     }
 }
+
+/// `prompt_logprobs`: every prompt token after the first gets HF's log-probability (log-softmax of
+/// the reference logits of the position before it, within 1e-4) and its top alternatives; the
+/// first gets none. A repeated prompt is computed again (no prefix-cache hit) and scores the
+/// same; parallel samples share the prompt's scores; the plain engine refuses the request.
+#[test]
+fn prompt_logprobs_equal_hf_and_skip_the_prefix_cache() {
+    let k = 3;
+    for (label, device) in devices() {
+        for name in FIXTURES {
+            let reference = reference(name);
+            let vocab = reference.vocab_size;
+            let mut paged = engine(name, &device, config(64, 4, PreemptionMode::Auto));
+            let params = SamplingParams { prompt_logprobs: Some(k), ignore_eos: true, ..SamplingParams::greedy(2) };
+            for (i, p) in reference.prompts.iter().enumerate() {
+                for round in 0..2 {
+                    let cached_before = paged.stats().cached_tokens;
+                    let out = paged.generate(&[Prompt::Ids(p.input_ids.clone())], &params).unwrap();
+                    assert_eq!(paged.stats().cached_tokens, cached_before, "{label}/{name}: no prefix-cache hit");
+                    let scored = out.requests[0].prompt_logprobs.as_ref().expect("prompt_logprobs");
+                    assert_eq!(scored.len(), p.input_ids.len(), "{label}/{name} prompt {i} round {round}");
+                    assert!(scored[0].is_none());
+                    for (t, entry) in scored.iter().enumerate().skip(1) {
+                        let entry = entry.as_ref().unwrap();
+                        let row = &p.logits[(t - 1) * vocab..t * vocab];
+                        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let lse = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+                        let expected = row[p.input_ids[t] as usize] - lse;
+                        assert_eq!(entry[0].id, p.input_ids[t]);
+                        assert!(
+                            (entry[0].logprob - expected).abs() < 1e-4,
+                            "{label}/{name} prompt {i} token {t}: {} vs HF {expected}",
+                            entry[0].logprob
+                        );
+                        assert_eq!(entry.len(), k + 1);
+                        let argmax = (0..vocab).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+                        assert!((entry[1].logprob - (row[argmax] - lse)).abs() < 1e-4, "{label}/{name}: top-1");
+                        assert!(entry[1..].windows(2).all(|w| w[0].logprob >= w[1].logprob));
+                    }
+                }
+            }
+            // Parallel samples share the prompt's scores.
+            let p = &reference.prompts[0];
+            let sampled = SamplingParams { n: 2, temperature: 1.0, seed: Some(3), ..params.clone() };
+            let out = paged.generate(&[Prompt::Ids(p.input_ids.clone())], &sampled).unwrap();
+            assert_eq!(out.requests.len(), 2);
+            assert_eq!(out.requests[0].prompt_logprobs, out.requests[1].prompt_logprobs);
+            assert_eq!(out.requests[0].prompt_logprobs.as_ref().unwrap().len(), p.input_ids.len());
+        }
+    }
+    let plain = Generator::from(Pretrained::load(&fixture("opt"), &Device::flex()).unwrap());
+    let params = SamplingParams { prompt_logprobs: Some(1), ..SamplingParams::greedy(2) };
+    let err = plain.generate(&[Prompt::Text("Hello".into())], &params).unwrap_err().to_string();
+    assert!(err.contains("prompt log-probabilities") && err.contains("--engine paged"), "{err}");
+}

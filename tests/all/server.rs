@@ -291,6 +291,35 @@ fn n_best_of_logprobs_stop_echo_and_seed_behave_as_in_the_engine() {
         let (_, r) = post(&client, &url, &with(&greedy, json!({"echo": true})), None).await;
         assert_eq!(r["choices"][0]["text"].as_str().unwrap(), format!("{PROMPT}{text}"));
         let ids = burn_llm::models::Tokenizer::from_dir(dir.path()).unwrap().encode(PROMPT).unwrap();
+
+        // Echo with logprobs scores the prompt: its tokens come first, the first unscored (null),
+        // then the generated tokens as without echo; streaming sends the same entries.
+        let echo_lp = with(&greedy, json!({"echo": true, "logprobs": 2}));
+        let (status, r) = post(&client, &url, &echo_lp, None).await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["choices"][0]["text"].as_str().unwrap(), format!("{PROMPT}{text}"));
+        let echoed = &r["choices"][0]["logprobs"];
+        let echoed_tokens = echoed["tokens"].as_array().unwrap();
+        assert_eq!(echoed_tokens.len(), ids.len() + completion_tokens);
+        assert_eq!(&echoed_tokens[ids.len()..], tokens.as_slice(), "generated tokens as without echo");
+        assert!(echoed["token_logprobs"][0].is_null() && echoed["top_logprobs"][0].is_null());
+        for i in 1..ids.len() {
+            let logprob = echoed["token_logprobs"][i].as_f64().unwrap();
+            assert!(logprob <= 0.0, "prompt token {i}: {logprob}");
+            let top = echoed["top_logprobs"][i].as_object().unwrap();
+            assert!(top.contains_key(echoed_tokens[i].as_str().unwrap()) && top.len() <= 3, "{top:?}");
+        }
+        assert_eq!(echoed["text_offset"][0], 0);
+        let streamed = stream(&client, &url, &with(&echo_lp, json!({"stream": true})), None).await;
+        let streamed_text: String =
+            streamed.iter().filter(|c| c.is_object()).filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+        assert_eq!(streamed_text, format!("{PROMPT}{text}"));
+        let streamed_logprobs: Vec<Value> = streamed
+            .iter()
+            .filter(|c| c.is_object())
+            .flat_map(|c| c["choices"][0]["logprobs"]["token_logprobs"].as_array().cloned().unwrap_or_default())
+            .collect();
+        assert_eq!(&streamed_logprobs, echoed["token_logprobs"].as_array().unwrap());
         let (_, r) = post(&client, &url, &with(&greedy, json!({"prompt": ids})), None).await;
         assert_eq!(r["choices"][0]["text"], text);
         let (_, r) = post(&client, &url, &with(&greedy, json!({"prompt": [PROMPT, "Another one"]})), None).await;

@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_llm_models::generation::{RequestState, prepare_prompt};
+use burn_llm_models::generation::{RequestState, prepare_prompt, token_logprobs};
 use burn_llm_models::{
-    CausalLm, FinishReason, GenerationOutput, LanguageModel, Pretrained, Prompt, RequestOutput, SamplingParams,
-    StepInput, Timing, Tokenizer,
+    CausalLm, FinishReason, GenerationOutput, LanguageModel, Pretrained, Prompt, PromptLogprobs, RequestOutput,
+    SamplingParams, StepInput, Timing, Tokenizer,
 };
 use rand_chacha::ChaCha8Rng;
 
@@ -50,6 +50,8 @@ struct RequestData {
     beam: Option<BeamSearch>,
     /// Whether the parallel samples have been forked off the prompt.
     expanded: bool,
+    /// With `params.prompt_logprobs`: the prompt's log-probabilities, once computed.
+    prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// Counters over the engine's life.
@@ -260,6 +262,9 @@ impl<M: LanguageModel> LlmEngine<M> {
             None => None,
         };
         let seq_id = self.alloc_seq();
+        if params.prompt_logprobs.is_some() {
+            self.blocks.set_prefix_lookup(seq_id, false);
+        }
         let first = SeqData {
             index: 0,
             state: RequestState::new(prompt_text.clone(), prompt_ids.clone(), &params, spec.max_positions),
@@ -277,6 +282,7 @@ impl<M: LanguageModel> LlmEngine<M> {
             done: Vec::new(),
             beam,
             expanded: width == 1,
+            prompt_logprobs: None,
         };
         let max_new_tokens = data.params.max_new_tokens;
         let group = SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data);
@@ -308,7 +314,12 @@ impl<M: LanguageModel> LlmEngine<M> {
         for &group in &plan.rejected {
             let request_id = self.scheduler.group(group).map(|g| g.data.request_id.clone()).unwrap_or_default();
             let finished = self.finish_group(group, true)?;
-            outputs.push(StepOutput { request_id, sequences: Vec::new(), finished: Some(finished) });
+            outputs.push(StepOutput {
+                request_id,
+                sequences: Vec::new(),
+                finished: Some(finished),
+                prompt_logprobs: None,
+            });
         }
         self.cache.swap_out(&plan.swap_out)?;
         self.cache.swap_in(&plan.swap_in)?;
@@ -316,11 +327,20 @@ impl<M: LanguageModel> LlmEngine<M> {
         if plan.seqs.is_empty() {
             return Ok(outputs);
         }
-        let logits = self.forward(&plan.seqs)?;
+        let (logits, mut prompt_logprobs) = self.forward(&plan.seqs)?;
         self.record_usage();
+        for (&group, logprobs) in &prompt_logprobs {
+            if let Some(g) = self.scheduler.group_mut(group) {
+                g.data.prompt_logprobs = Some(logprobs.clone());
+                for seq in g.seq_ids() {
+                    self.blocks.set_prefix_lookup(seq, true);
+                }
+            }
+        }
         let choices = sample_groups(logits, &plan.seqs, &mut self.scheduler)?;
         for (group, rows) in choices {
-            if let Some(out) = self.apply(group, rows)? {
+            if let Some(mut out) = self.apply(group, rows)? {
+                out.prompt_logprobs = prompt_logprobs.remove(&group);
                 outputs.push(out);
             }
         }
@@ -403,8 +423,10 @@ impl<M: LanguageModel> LlmEngine<M> {
 
     /// One forward pass over the step's tokens: the scheduled sequences split into at most
     /// `micro_batches` micro-batches, each flattened into one row and run through the stages in
-    /// pipeline order; returns the logits of each scheduled sequence's last token, `[rows, vocab]`.
-    fn forward(&mut self, seqs: &[ScheduledSeq]) -> Result<Tensor<2>> {
+    /// pipeline order; returns the logits of each scheduled sequence's last token, `[rows, vocab]`,
+    /// and the prompt log-probabilities of the groups that asked for them and whose whole prompt
+    /// ran in this step.
+    fn forward(&mut self, seqs: &[ScheduledSeq]) -> Result<(Tensor<2>, HashMap<GroupId, PromptLogprobs>)> {
         let parts = self.micro_batches.clamp(1, seqs.len());
         let (per, extra) = (seqs.len() / parts, seqs.len() % parts);
         let mut chunks = Vec::with_capacity(parts);
@@ -427,17 +449,61 @@ impl<M: LanguageModel> LlmEngine<M> {
         } else {
             self.model.forward_micro_batches(&inputs, &mut self.cache)
         };
-        let logits: Vec<Tensor<2>> = states
-            .into_iter()
-            .zip(lasts)
-            .map(|(states, last)| {
-                let [_, n, embed] = states.dims();
-                let count = last.len();
-                let rows = Tensor::<1, Int>::from_data(TensorData::new(last, [count]), &states.device());
-                self.model.logits(states.reshape([n, embed]).select(0, rows))
-            })
-            .collect();
-        Ok(if logits.len() == 1 { logits.into_iter().next().expect("one micro-batch") } else { Tensor::cat(logits, 0) })
+        let mut prompt_logprobs = HashMap::new();
+        let mut logits = Vec::with_capacity(states.len());
+        for ((states, last), chunk) in states.into_iter().zip(lasts).zip(&chunks) {
+            let [_, n, embed] = states.dims();
+            let states = states.reshape([n, embed]);
+            let mut column = 0;
+            for s in chunk.iter() {
+                if let Some(k) = self.pending_prompt_logprobs(s) {
+                    let logprobs = match s.tokens.len() {
+                        0 | 1 => vec![None],
+                        len => self.prompt_logprobs(
+                            states.clone().slice([column..column + len - 1, 0..embed]),
+                            &s.tokens,
+                            k,
+                        )?,
+                    };
+                    prompt_logprobs.insert(s.group, logprobs);
+                }
+                column += s.tokens.len();
+            }
+            let count = last.len();
+            let rows = Tensor::<1, Int>::from_data(TensorData::new(last, [count]), &states.device());
+            logits.push(self.model.logits(states.select(0, rows)));
+        }
+        let logits = if logits.len() == 1 {
+            logits.into_iter().next().expect("one micro-batch")
+        } else {
+            Tensor::cat(logits, 0)
+        };
+        Ok((logits, prompt_logprobs))
+    }
+
+    /// `Some(k)` when `s` runs its group's whole prompt for the first time and the request asked
+    /// for `k` prompt log-probabilities (prompts of one token have none to compute beyond `None`).
+    fn pending_prompt_logprobs(&self, s: &ScheduledSeq) -> Option<usize> {
+        let data = &self.scheduler.group(s.group)?.data;
+        let k = data.params.prompt_logprobs?;
+        let whole = s.start == 0 && s.tokens.len() == data.prompt_ids.len();
+        (whole && data.prompt_logprobs.is_none()).then_some(k)
+    }
+
+    /// The prompt log-probabilities of `tokens` from the final hidden states `rows`
+    /// `[tokens.len() − 1, embed]` of every position but the last, a bounded number of rows at a
+    /// time (the logits of a long prompt over a large vocabulary would not fit at once).
+    fn prompt_logprobs(&self, rows: Tensor<2>, tokens: &[u32], k: usize) -> Result<PromptLogprobs> {
+        const ROWS_PER_PASS: usize = 256;
+        let [n, embed] = rows.dims();
+        let mut out: PromptLogprobs = Vec::with_capacity(tokens.len());
+        out.push(None);
+        for start in (0..n).step_by(ROWS_PER_PASS) {
+            let end = (start + ROWS_PER_PASS).min(n);
+            let logits = self.model.logits(rows.clone().slice([start..end, 0..embed]));
+            out.extend(token_logprobs(logits, &tokens[start + 1..end + 1], k)?.into_iter().map(Some));
+        }
+        Ok(out)
     }
 
     /// The layout of one micro-batch: its slots and block tables for the cache, its tokens and
@@ -554,7 +620,7 @@ impl<M: LanguageModel> LlmEngine<M> {
             Some(g) if g.seqs.is_empty() => Some(self.finish_group(group_id, false)?),
             _ => None,
         };
-        Ok(Some(StepOutput { request_id, sequences: deltas, finished }))
+        Ok(Some(StepOutput { request_id, sequences: deltas, finished, prompt_logprobs: None }))
     }
 
     /// Records a sampled token for one sequence and retires it when it stops.
@@ -627,7 +693,7 @@ impl<M: LanguageModel> LlmEngine<M> {
         group.seqs = next;
         let finished =
             if result.done || group.seqs.is_empty() { Some(self.finish_group(group_id, false)?) } else { None };
-        Ok(Some(StepOutput { request_id, sequences: Vec::new(), finished }))
+        Ok(Some(StepOutput { request_id, sequences: Vec::new(), finished, prompt_logprobs: None }))
     }
 
     /// Removes a group and builds its final outputs, best first (`abort`: live sequences are cut
@@ -637,6 +703,9 @@ impl<M: LanguageModel> LlmEngine<M> {
             .scheduler
             .remove(group_id, &mut self.blocks)
             .ok_or_else(|| PagedError::Internal(format!("unknown request group {group_id}")))?;
+        for seq in group.seq_ids() {
+            self.blocks.set_prefix_lookup(seq, true);
+        }
         let mut data = group.data;
         self.requests.remove(&data.request_id);
         if let Some(search) = data.beam.take() {
@@ -667,6 +736,7 @@ impl<M: LanguageModel> LlmEngine<M> {
                             FinishReason::Length
                         },
                         logprobs: None,
+                        prompt_logprobs: data.prompt_logprobs.clone(),
                     })
                 })
                 .collect::<std::result::Result<Vec<_>, burn_llm_models::ModelError>>()
@@ -682,7 +752,12 @@ impl<M: LanguageModel> LlmEngine<M> {
         if data.params.best_of.is_some_and(|b| b > data.params.n) {
             done.sort_by(|a, b| b.cumulative_logprob.total_cmp(&a.cumulative_logprob));
         }
-        Ok(done.into_iter().take(data.params.n).map(|s| s.state.into_output()).collect())
+        let prompt_logprobs = data.prompt_logprobs;
+        Ok(done
+            .into_iter()
+            .take(data.params.n)
+            .map(|s| RequestOutput { prompt_logprobs: prompt_logprobs.clone(), ..s.state.into_output() })
+            .collect())
     }
 }
 

@@ -4,7 +4,7 @@
 //! [`fork`](BlockManager::fork), [`free`](BlockManager::free) — plus whole-group swapping between
 //! tiers (§5.4.5) and side-effect-free capacity queries for the scheduler.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::{BlockError, BlockHash, BlockId, BlockPool, BlockTable, Location, SeqId};
 
@@ -121,6 +121,9 @@ pub struct BlockManager {
     device: BlockPool,
     host: BlockPool,
     tables: BTreeMap<SeqId, BlockTable>,
+    /// Sequences whose appends never take prefix-cache hits (their whole prompt must be computed:
+    /// prompt log-probabilities).
+    no_prefix_lookup: BTreeSet<SeqId>,
 }
 
 impl BlockManager {
@@ -133,6 +136,7 @@ impl BlockManager {
             host: BlockPool::new(Location::Host, count(config.num_host_blocks)?),
             config,
             tables: BTreeMap::new(),
+            no_prefix_lookup: BTreeSet::new(),
         })
     }
 
@@ -283,8 +287,26 @@ impl BlockManager {
     /// (hits on evictable cached blocks count, since they stop being free). Compare with
     /// [`num_free_blocks`](Self::num_free_blocks)`(Location::Device)`.
     pub fn blocks_needed_for_prompt(&self, tokens: &[u32]) -> usize {
+        self.blocks_needed_for_new(None, tokens)
+    }
+
+    /// [`blocks_needed_for_prompt`](Self::blocks_needed_for_prompt) for the new sequence `seq`,
+    /// honouring [`set_prefix_lookup`](Self::set_prefix_lookup).
+    pub fn blocks_needed_for_new(&self, seq: Option<SeqId>, tokens: &[u32]) -> usize {
         let empty = BlockTable::new(Location::Device, self.config.block_size);
-        self.demand(&empty, tokens).consumed()
+        self.demand(seq, &empty, tokens).consumed()
+    }
+
+    /// Whether `seq`'s appends may take prefix-cache hits (the default). Off for a request that
+    /// needs every prompt position computed (prompt log-probabilities, as vLLM does); the setting
+    /// outlives [`free`](Self::free) (a preempted prompt is recomputed the same way) until set
+    /// back on.
+    pub fn set_prefix_lookup(&mut self, seq: SeqId, on: bool) {
+        if on {
+            self.no_prefix_lookup.remove(&seq);
+        } else {
+            self.no_prefix_lookup.insert(seq);
+        }
     }
 
     /// Whether [`swap_out`](Self::swap_out)`(seqs)` would succeed right now.
@@ -395,7 +417,7 @@ impl BlockManager {
                 &empty
             }
         };
-        let plan = self.demand(table, tokens);
+        let plan = self.demand(Some(seq), table, tokens);
         let total = self.device.num_blocks();
         if plan.total_blocks > total {
             return Err(BlockError::ExceedsCapacity { seq, needed: plan.total_blocks, total });
@@ -408,8 +430,9 @@ impl BlockManager {
     }
 
     /// Blocks appending `tokens` to `table` touches, prefix hits included.
-    fn demand(&self, table: &BlockTable, tokens: &[u32]) -> AppendPlan {
-        let hits = self.match_prefix(table, tokens);
+    fn demand(&self, seq: Option<SeqId>, table: &BlockTable, tokens: &[u32]) -> AppendPlan {
+        let lookup = seq.is_none_or(|seq| !self.no_prefix_lookup.contains(&seq));
+        let hits = if lookup { self.match_prefix(table, tokens) } else { Vec::new() };
         let total_blocks = (table.num_tokens() + tokens.len()).div_ceil(self.config.block_size);
         let revived = hits.iter().filter(|&&(b, _)| self.device.ref_count(b) == Some(0)).count();
         AppendPlan {

@@ -497,7 +497,8 @@ impl<T> Scheduler<T> {
                 break;
             }
             let group = &self.groups[&id];
-            let per_seq: Vec<usize> = group.seqs.iter().map(|s| blocks.blocks_needed_for_prompt(s.pending())).collect();
+            let per_seq: Vec<usize> =
+                group.seqs.iter().map(|s| blocks.blocks_needed_for_new(Some(s.id), s.pending())).collect();
             let needed: usize = per_seq.iter().sum();
             let longest = group.seqs.iter().map(|s| s.tokens.len().div_ceil(blocks.block_size())).max().unwrap_or(0);
             let alone = self.running.is_empty() && self.swapped.is_empty();

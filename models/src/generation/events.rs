@@ -3,7 +3,7 @@
 //! the benchmarks and the server read every engine the same way.
 
 use super::request::{FinishReason, RequestOutput};
-use super::sampling::TokenLogprob;
+use super::sampling::{PromptLogprobs, TokenLogprob};
 
 /// One generated token, as streamed to a callback.
 #[derive(Debug, Clone, Copy)]
@@ -61,4 +61,7 @@ pub struct StepOutput {
     pub sequences: Vec<SequenceDelta>,
     /// The final outputs, best first, once the request has finished.
     pub finished: Option<Vec<RequestOutput>>,
+    /// With `SamplingParams::prompt_logprobs`: the prompt's log-probabilities, in the step that
+    /// computed the prompt (see [`RequestOutput::prompt_logprobs`]).
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }

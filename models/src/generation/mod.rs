@@ -17,4 +17,7 @@ pub use request::{
     FinishReason, GenerationOutput, Prompt, RequestOutput, RequestState, Timing, histories, prepare_prompt,
     record_sampled,
 };
-pub use sampling::{Sampled, SamplingParams, TokenLogprob, chosen_logprobs, filtered_distribution, sample};
+pub use sampling::{
+    PromptLogprobs, Sampled, SamplingParams, TokenLogprob, chosen_logprobs, filtered_distribution, sample,
+    token_logprobs,
+};

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::penalties::TokenCounts;
-use super::sampling::{Sampled, SamplingParams, TokenLogprob};
+use super::sampling::{PromptLogprobs, Sampled, SamplingParams, TokenLogprob};
 use crate::chat::ChatMessage;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -67,6 +67,10 @@ pub struct RequestOutput {
     /// first, then the top `k` (raw model distribution, see [`super::sampling`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<Vec<TokenLogprob>>>,
+    /// With `SamplingParams::prompt_logprobs = Some(k)`: per prompt token, its log-probability
+    /// given the tokens before it and the top `k` (`None` for the first token).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// Wall-clock time of a generation call.
@@ -282,6 +286,7 @@ impl RequestState {
             text: self.text,
             finish_reason: self.finish.unwrap_or(FinishReason::Length),
             logprobs: self.logprobs,
+            prompt_logprobs: None,
         }
     }
 }

@@ -45,6 +45,11 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Return, for every generated step, the sampled token's log-probability and the top-K.
     pub logprobs: Option<usize>,
+    /// Return, for every prompt token after the first, its log-probability given the tokens
+    /// before it and the top-K alternatives (vLLM's `prompt_logprobs`; `Some(0)` gives the
+    /// prompt tokens' own log-probabilities only). Engines that run it compute the whole prompt
+    /// (no prefix-cache hits), as vLLM does.
+    pub prompt_logprobs: Option<usize>,
     /// Sequences returned per prompt.
     pub n: usize,
     /// Sequences generated per prompt (≥ `n`), of which the `n` with the highest cumulative
@@ -76,6 +81,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             n: 1,
             best_of: None,
             beam: None,
@@ -106,13 +112,20 @@ impl SamplingParams {
         self.n == 1 && self.best_of.is_none_or(|b| b == 1) && self.beam.is_none()
     }
 
-    /// For engines that return one sampled sequence per prompt: an error naming `engine` when the
-    /// request asks for parallel sampling or beam search.
+    /// For engines that return one sampled sequence per prompt and no prompt log-probabilities: an
+    /// error naming `engine` when the request asks for parallel sampling, beam search or
+    /// `prompt_logprobs`.
     pub fn require_single_sequence(&self, engine: &str) -> Result<()> {
-        if self.is_single_sequence() {
+        if self.is_single_sequence() && self.prompt_logprobs.is_none() {
             return Ok(());
         }
-        let what = if self.beam.is_some() { "beam search" } else { "several sequences per prompt (n / best_of)" };
+        let what = if self.beam.is_some() {
+            "beam search"
+        } else if self.prompt_logprobs.is_some() {
+            "prompt log-probabilities (prompt_logprobs / echo with logprobs)"
+        } else {
+            "several sequences per prompt (n / best_of)"
+        };
         Err(ModelError::InvalidSampling(format!(
             "the {engine} engine returns one sampled sequence per prompt and cannot run {what}: use the paged engine (--engine paged)"
         )))
@@ -137,6 +150,9 @@ impl SamplingParams {
         }
         if let Some(k) = self.logprobs.filter(|&k| k == 0 || k > vocab_size) {
             return fail(format!("logprobs must be between 1 and the vocabulary size {vocab_size}, got {k}"));
+        }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > vocab_size) {
+            return fail(format!("prompt_logprobs must be at most the vocabulary size {vocab_size}, got {k}"));
         }
         for (name, value) in
             [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
@@ -194,6 +210,11 @@ pub struct TokenLogprob {
     /// Natural-log probability under the model (before penalties, temperature and filtering).
     pub logprob: f32,
 }
+
+/// Per prompt token: `None` for the first (nothing precedes it), then the token's log-probability
+/// given the tokens before it, followed by the top-K alternatives (`K + 1` entries, as for
+/// generated tokens).
+pub type PromptLogprobs = Vec<Option<Vec<TokenLogprob>>>;
 
 /// What the sampler picked for each sequence of a step.
 #[derive(Debug, Clone)]
@@ -262,14 +283,27 @@ pub fn sample(
     Ok(Sampled { ids: read_ids(chosen)?, logprobs })
 }
 
+/// Per row of `logits` `[rows, vocab]`: the raw log-probability of `tokens[b]`, then the top `k`
+/// (`k + 1` entries): what [`PromptLogprobs`] holds for each prompt token after the first, when
+/// `logits` are the rows of the positions before them.
+pub fn token_logprobs(logits: Tensor<2>, tokens: &[u32], k: usize) -> Result<Vec<Vec<TokenLogprob>>> {
+    let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [tokens.len(), 1]), &logits.device());
+    step_logprobs(logits, ids, k)
+}
+
 /// Per row: the log-probability of `chosen[b]` (`[batch, 1]`), then the top `k`.
 fn step_logprobs(logits: Tensor<2>, chosen: Tensor<2, Int>, k: usize) -> Result<Vec<Vec<TokenLogprob>>> {
     let [batch, _] = logits.dims();
     let logprobs = log_softmax(logits, 1);
     let picked = read_floats(logprobs.clone().gather(1, chosen.clone()))?;
     let chosen = read_ids(chosen)?;
-    let (values, ids) = logprobs.topk_with_indices(k, 1);
-    let (values, ids) = (read_floats(values)?, read_ids(ids)?);
+    let (values, ids) = if k == 0 {
+        (Vec::new(), Vec::new())
+    } else {
+        let (values, ids) = logprobs.topk_with_indices(k, 1);
+        (read_floats(values)?, read_ids(ids)?)
+    };
     Ok((0..batch)
         .map(|b| {
             std::iter::once(TokenLogprob { id: chosen[b], logprob: picked[b] })
