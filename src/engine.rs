@@ -17,7 +17,7 @@ use burn_llm_models::{
     DecoderSpec, GenerationOutput, Generator, LanguageModel, ModelError, Prompt, RequestOutput, SamplingParams,
     StepOutput, StreamEvent, Timing, Tokenizer,
 };
-use burn_offload::{OffloadEngine, OffloadError, OffloadReport};
+use burn_offload::{MemoryReport, OffloadEngine, OffloadError, OffloadReport};
 use burn_paged::memory::Location;
 use burn_paged::{EngineStats, LlmEngine, PagedError};
 use serde::Serialize;
@@ -64,17 +64,6 @@ pub struct Capabilities {
     pub step_level: bool,
 }
 
-/// Peak memory per tier during a run, where the engine measures it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct MemoryUsage {
-    /// Device.
-    pub gpu_peak_bytes: u64,
-    /// Host.
-    pub cpu_peak_bytes: u64,
-    /// Disk.
-    pub disk_bytes: u64,
-}
-
 /// The engine-specific part of a [`RunReport`].
 #[derive(Debug, Clone)]
 pub enum EngineDetails {
@@ -94,7 +83,7 @@ pub struct RunReport {
     /// Wall-clock time and token counts of the call.
     pub timing: Timing,
     /// Peak memory per tier, where the engine measures it.
-    pub memory: Option<MemoryUsage>,
+    pub memory: Option<MemoryReport>,
     /// Policy, predictions or scheduler counters.
     pub details: EngineDetails,
 }
@@ -393,11 +382,7 @@ impl Engine for OffloadEngine {
                 });
             }
         }
-        let memory = MemoryUsage {
-            gpu_peak_bytes: run.memory.gpu_peak_bytes,
-            cpu_peak_bytes: run.memory.cpu_peak_bytes,
-            disk_bytes: run.memory.disk_bytes,
-        };
+        let memory = run.memory;
         let report = RunReport {
             engine: "offload",
             timing: output.timing,

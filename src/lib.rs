@@ -30,7 +30,9 @@ pub use burn_llm_models::{
     Prompt, RequestOutput, SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
 pub use burn_offload as offload;
+/// Peak memory per tier during a run, where the engine measures it (the offloading engine).
+pub use burn_offload::MemoryReport;
 pub use burn_paged as paged;
 pub use burn_parallel as parallel;
 pub use device::DeviceChoice;
-pub use engine::{Capabilities, Engine, EngineDetails, EngineError, EngineLoad, Generation, MemoryUsage, RunReport};
+pub use engine::{Capabilities, Engine, EngineDetails, EngineError, EngineLoad, Generation, RunReport};
