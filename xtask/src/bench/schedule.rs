@@ -13,7 +13,9 @@
 //! SLA-(b): the time to generate the percentile-length output): in a closed (offline) run, from
 //! the start of the step that prefills a request to the end of the step that finishes it, at the
 //! planner's percentile (p99) over requests. Queueing before the prefill is outside the planner's
-//! model; it is reported separately (`latency_from_arrival_s`). [`plan_rra`] plans for every
+//! model; it is reported separately (`latency_from_arrival_s`). The planner reads the paged
+//! engine's measured step times by batch (`engine_step_ms`, timed at start-up with the profile)
+//! and counts the prompt tail of the percentile query's prefills. [`plan_rra`] plans for every
 //! output being `max_new_tokens` long, so every request generates exactly its workload's output
 //! length (EOS ignored); prompt lengths follow the workload.
 //!
