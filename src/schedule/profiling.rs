@@ -52,11 +52,11 @@ pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<
             }
             let prefill: Vec<f64> = runs.iter().map(|r| r[0]).collect();
             let decode: Vec<f64> = runs.iter().flat_map(|r| r[1..].iter().copied()).collect();
-            samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: median(prefill) });
+            samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: fit::median(prefill) });
             if !decode.is_empty() {
                 // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
                 let context = tokens + (grid.decode_steps - 1) / 2;
-                samples.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context, ms: median(decode) });
+                samples.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context, ms: fit::median(decode) });
             }
         }
     }
@@ -67,12 +67,6 @@ pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<
         )));
     }
     Ok(samples)
-}
-
-/// The middle value (the upper one of an even count).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// One prefill of `batch` prompts of `tokens` tokens, then `decode_steps` decode steps: each

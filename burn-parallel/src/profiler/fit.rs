@@ -86,34 +86,39 @@ pub fn engine_step(cost: &CostModel, samples: &[StepSample]) -> EngineStep {
 /// The tables keep the lengths measured at every batch, and the batches measured at all of them
 /// (a table is a full grid); `None` when a kind has no sample.
 pub fn engine_step_table(samples: &[StepSample]) -> Option<EngineStepTable> {
-    let table = |kind: StepKind, length: fn(&StepSample) -> usize| -> Option<(Vec<f64>, Vec<f64>, Vec<Vec<f64>>)> {
-        let of_kind: Vec<&StepSample> = samples.iter().filter(|s| s.kind == kind).collect();
-        let mut batches: Vec<usize> = of_kind.iter().map(|s| s.batch).collect();
-        batches.sort_unstable();
-        batches.dedup();
-        let mut lengths: Vec<usize> = of_kind.iter().map(|s| length(s)).collect();
-        lengths.sort_unstable();
-        lengths.dedup();
-        let at = |b: usize, l: usize| -> Vec<f64> {
-            of_kind.iter().filter(|s| s.batch == b && length(s) == l).map(|s| s.ms).collect()
-        };
-        lengths.retain(|&l| batches.iter().all(|&b| !at(b, l).is_empty()));
-        if lengths.is_empty() {
-            // No length is measured at every batch: keep the batches that share the most.
-            let best = batches.iter().copied().max_by_key(|&b| of_kind.iter().filter(|s| s.batch == b).count())?;
-            lengths = of_kind.iter().filter(|s| s.batch == best).map(|s| length(s)).collect();
-            lengths.sort_unstable();
-            lengths.dedup();
-            batches.retain(|&b| lengths.iter().all(|&l| !at(b, l).is_empty()));
-        }
-        let ms = batches.iter().map(|&b| lengths.iter().map(|&l| median(at(b, l))).collect()).collect();
-        let axis = |v: &[usize]| v.iter().map(|&x| x as f64).collect();
-        Some((axis(&batches), axis(&lengths), ms))
-    };
-    let (batch, tokens, ms) = table(StepKind::Prefill, |s| s.tokens)?;
+    let (batch, tokens, ms) = step_grid(samples, StepKind::Prefill, |s| s.tokens)?;
     let prefill = PrefillStepTable { batch, tokens, ms };
-    let (batch, context, ms) = table(StepKind::Decode, |s| s.context)?;
+    let (batch, context, ms) = step_grid(samples, StepKind::Decode, |s| s.context)?;
     Some(EngineStepTable { prefill, decode: DecodeTable { batch, context, ms } })
+}
+
+/// A table's batch axis, length axis and `ms[batch][length]`.
+type StepGrid = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
+
+/// The full grid of `kind`'s samples over (batch, `length`) (see [`engine_step_table`]).
+fn step_grid(samples: &[StepSample], kind: StepKind, length: fn(&StepSample) -> usize) -> Option<StepGrid> {
+    let of_kind: Vec<StepSample> = samples.iter().copied().filter(|s| s.kind == kind).collect();
+    let sorted = |mut v: Vec<usize>| {
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let mut batches = sorted(of_kind.iter().map(|s| s.batch).collect());
+    let mut lengths = sorted(of_kind.iter().map(length).collect());
+    let at = |b: usize, l: usize| -> Vec<f64> {
+        of_kind.iter().filter(|s| s.batch == b && length(s) == l).map(|s| s.ms).collect()
+    };
+    lengths.retain(|&l| batches.iter().all(|&b| !at(b, l).is_empty()));
+    if lengths.is_empty() {
+        // No length is measured at every batch: keep the batch measured most, and the batches
+        // measured at all of its lengths.
+        let best = batches.iter().copied().max_by_key(|&b| of_kind.iter().filter(|s| s.batch == b).count())?;
+        lengths = sorted(of_kind.iter().filter(|s| s.batch == best).map(length).collect());
+        batches.retain(|&b| lengths.iter().all(|&l| !at(b, l).is_empty()));
+    }
+    let ms = batches.iter().map(|&b| lengths.iter().map(|&l| median(at(b, l))).collect()).collect();
+    let axis = |v: &[usize]| v.iter().map(|&x| x as f64).collect();
+    Some((axis(&batches), axis(&lengths), ms))
 }
 
 /// Sets `profile`'s `engine_step` ([`engine_step`]) and `engine_step_ms` ([`engine_step_table`])
@@ -126,7 +131,7 @@ pub fn engine_steps(profile: &mut Profile, samples: &[StepSample]) -> Result<(),
 }
 
 /// The middle value (the upper one of an even count); 0 without values.
-fn median(mut values: Vec<f64>) -> f64 {
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
