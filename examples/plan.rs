@@ -5,13 +5,12 @@
 //! `cargo run --release --example plan -- profile --model DIR_OR_GGUF|--synthetic NAME
 //! --device flex|wgpu|… --out FILE.json [--grid small|full]`: measures the profile the planners
 //! read on a device of this build (see `burn_parallel::profiler`), with the paged engine's
-//! per-step overhead (`engine_step`, timed by `burn_llm::schedule::engine_step`; `--no-engine-step`
-//! skips it).
+//! measured steps (`engine_step_ms` and the linear `engine_step`, timed by
+//! `burn_llm::schedule::time_engine_steps`; `--no-engine-step` skips them).
 
 use burn::tensor::Device;
 use burn_llm::DeviceChoice;
 use burn_llm::models::{CausalLm, DecoderSpec};
-use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::profiler::EngineStepGrid;
 use burn_llm::parallel::{plan, profiler};
 use clap::ValueEnum;
@@ -28,9 +27,9 @@ fn main() {
         };
         // The whole model (random weights) through the paged engine, against the layer tables.
         let engine: profiler::cli::EngineTimer<'_> =
-            Box::new(|spec: &DecoderSpec, device: &Device, profile: &Profile, grid: &EngineStepGrid| {
+            Box::new(|spec: &DecoderSpec, device: &Device, grid: &EngineStepGrid| {
                 let model = CausalLm::random(spec.clone(), device).map_err(|e| e.to_string())?;
-                burn_llm::schedule::engine_step(&model, profile, grid).map_err(|e| e.to_string())
+                burn_llm::schedule::time_engine_steps(&model, grid).map_err(|e| e.to_string())
             });
         profiler::cli::run_with_engine(args, device, Some(engine))
     } else {

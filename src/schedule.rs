@@ -12,7 +12,7 @@
 
 mod profiling;
 
-pub use profiling::{check_layers, engine_step, load_or_profile, measure_profile, time_engine_steps};
+pub use profiling::{check_layers, engine_steps, load_or_profile, measure_profile, time_engine_steps};
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,9 @@
 
 use burn_parallel::plan::cli;
 use burn_parallel::plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload};
-use burn_parallel::plan::profile::{DecodeTable, EngineStep, Extra, PrefillTable, Profile, TpScaling};
+use burn_parallel::plan::profile::{
+    DecodeTable, EngineStep, EngineStepTable, Extra, PrefillStepTable, PrefillTable, Profile, TpScaling,
+};
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use burn_parallel::plan::sim::{self, Group, Request};
 use burn_parallel::plan::slices::{self, SlicesInput};
@@ -280,6 +282,35 @@ fn profile(rng: &mut ChaCha8Rng) -> Profile {
             decode_ms_fixed: rng.random_range(0.0..2.0),
             decode_ms_per_seq: rng.random_range(0.0..0.3),
         }),
+        engine_step_ms: rng.random_bool(0.5).then(|| engine_table(rng)),
+    }
+}
+
+/// Measured engine steps, whole model: half of them jump from batch 1 to batch 2 (a CPU's
+/// matmul switching kernels), so that the time per sequence grows there.
+fn engine_table(rng: &mut ChaCha8Rng) -> EngineStepTable {
+    let jump = if rng.random_bool(0.5) { rng.random_range(0.5..6.0) } else { 0.0 };
+    let (p0, p1) = (rng.random_range(0.5..4.0), rng.random_range(0.001..0.02));
+    let (d0, d1, d2) = (rng.random_range(0.5..4.0), rng.random_range(0.0..0.5), rng.random_range(0.0..0.001));
+    let step = |b: f64| if b > 1.0 { jump } else { 0.0 };
+    let prefill_batch = vec![1.0, 2.0, 4.0, 8.0];
+    let tokens = vec![8.0, 64.0];
+    let decode_batch = vec![1.0, 2.0, 3.0, 8.0];
+    let context = vec![0.0, 128.0];
+    EngineStepTable {
+        prefill: PrefillStepTable {
+            ms: prefill_batch.iter().map(|&b| tokens.iter().map(|&t| p0 + step(b) + p1 * b * t).collect()).collect(),
+            batch: prefill_batch,
+            tokens,
+        },
+        decode: DecodeTable {
+            ms: decode_batch
+                .iter()
+                .map(|&b| context.iter().map(|&c| d0 + step(b) + d1 * b + d2 * b * c).collect())
+                .collect(),
+            batch: decode_batch,
+            context,
+        },
     }
 }
 
@@ -468,8 +499,10 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
 
 #[test]
 fn plan_schedule_trades_throughput_for_latency() {
+    // Costs whose time per query never grows with the batch (no measured engine steps, which may
+    // jump): the case where the search's tighter bounds apply.
     let input = |bound: f64, rng: &mut ChaCha8Rng| ScheduleInput {
-        profile: profile(rng),
+        profile: Profile { engine_step_ms: None, ..profile(rng) },
         input_lengths: LengthDistribution::Histogram(vec![(32, 1.0), (64, 1.0)]),
         output_lengths: LengthDistribution::Histogram(vec![(8, 1.0), (16, 1.0), (32, 0.5)]),
         devices: 1,
@@ -521,6 +554,25 @@ fn hand_profile(engine_step: Option<EngineStep>) -> Profile {
         lm_head: Extra { weight_bytes: 1, ms_per_token: 0.25 },
         tensor_parallel: vec![],
         engine_step,
+        engine_step_ms: None,
+    }
+}
+
+/// One device, RRA, outputs of 5 tokens, `B_E = 1`, `N_D ≤ 2`: the hand-computed timelines' input.
+fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> ScheduleInput {
+    ScheduleInput {
+        profile,
+        input_lengths: prompts,
+        output_lengths: LengthDistribution::Histogram(vec![(5, 1.0)]),
+        devices: 1,
+        device_memory_bytes: 1 << 30,
+        latency_bound_s: bound,
+        strategies: Some(vec![schedule::Strategy::Rra]),
+        max_encode_batch: Some(1),
+        max_decode_iterations: Some(2),
+        max_decode_batch: None,
+        latency_percentile: None,
+        exhaustive: false,
     }
 }
 
@@ -534,18 +586,8 @@ fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline
         decode_ms_per_seq: 0.5,
     };
     let input = |bound: f64, step: Option<EngineStep>, max_decode_batch: Option<usize>| ScheduleInput {
-        profile: hand_profile(step),
-        input_lengths: LengthDistribution::Histogram(vec![(10, 1.0)]),
-        output_lengths: LengthDistribution::Histogram(vec![(5, 1.0)]),
-        devices: 1,
-        device_memory_bytes: 1 << 30,
-        latency_bound_s: bound,
-        strategies: Some(vec![schedule::Strategy::Rra]),
-        max_encode_batch: Some(1),
-        max_decode_iterations: Some(2),
         max_decode_batch,
-        latency_percentile: None,
-        exhaustive: false,
+        ..hand_input(bound, hand_profile(step), LengthDistribution::Histogram(vec![(10, 1.0)]))
     };
     // B_E = 1 prompt of 10 tokens: E = 2 layers × 1 + head 0.25 + overhead 3 + 1 + 10 × 0.1
     // = 7.25 ms. 5 output tokens: the prefill emits the first, 4 decode iterations follow.
@@ -581,6 +623,161 @@ fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline
     let bad = EngineStep { decode_ms_per_seq: -1.0, ..overhead };
     let err = schedule::plan(&input(1.0, Some(bad), None)).unwrap_err().to_string();
     assert!(err.contains("engine_step.decode_ms_per_seq"), "{err}");
+}
+
+/// The hand profile with measured engine steps: a prefill of one 10-token prompt takes 10 ms
+/// (20 tokens: 14 ms), decode steps 3 ms at batch 1, 9 ms at batch 2 (three times batch 1, as
+/// a CPU head matmul switching kernels makes it) and 10–12 ms at batch 4.
+fn measured_profile(engine_step: Option<EngineStep>) -> Profile {
+    Profile {
+        engine_step_ms: Some(EngineStepTable {
+            prefill: PrefillStepTable {
+                batch: vec![1.0, 2.0],
+                tokens: vec![10.0, 20.0],
+                ms: vec![vec![10.0, 14.0], vec![16.0, 24.0]],
+            },
+            decode: DecodeTable {
+                batch: vec![1.0, 2.0, 4.0],
+                context: vec![0.0, 100.0],
+                ms: vec![vec![3.0, 3.0], vec![9.0, 9.0], vec![10.0, 12.0]],
+            },
+        }),
+        ..hand_profile(engine_step)
+    }
+}
+
+#[test]
+fn plan_schedule_simulator_reads_the_measured_engine_steps() {
+    let input = hand_input;
+    let ten = || LengthDistribution::Histogram(vec![(10, 1.0)]);
+    // Decode context 10 + 5/2 = 12.5: I(4) = 10 + 2 × 0.125 = 10.25 ms, I(2) = 9 ms; E = 10 ms.
+    // N_D = 1: B_D = 4, throughput 1 / (10 + 10.25) ms, latency 4 × 10 + 4 × 10.25 = 81 ms.
+    // N_D = 2: B_D = 2, throughput 1 / (10 + 2 × 9) ms, latency 2 × 10 + 4 × 9 = 56 ms.
+    let loose = schedule::plan(&input(1.0, measured_profile(None), ten())).unwrap();
+    assert_eq!((loose.decode_iterations, loose.decode_batch), (Some(1), 4));
+    assert!(close(loose.throughput_qps, 1000.0 / 20.25), "{loose:?}");
+    assert!(close(loose.latency_s, 0.081), "{loose:?}");
+    let tight = schedule::plan(&input(0.07, measured_profile(None), ten())).unwrap();
+    assert_eq!((tight.decode_iterations, tight.decode_batch), (Some(2), 2));
+    assert!(close(tight.throughput_qps, 1000.0 / 28.0), "{tight:?}");
+    assert!(close(tight.latency_s, 0.056), "{tight:?}");
+    // The measured steps supersede a linear overhead in the same profile.
+    let overhead = EngineStep { decode_ms_fixed: 50.0, ..EngineStep::default() };
+    let both = schedule::plan(&input(1.0, measured_profile(Some(overhead)), ten())).unwrap();
+    assert_eq!(both.throughput_qps, loose.throughput_qps);
+    // Prompts of 10 or 20 tokens: E is the mean step (10 + 14) / 2 = 12 ms; the p99 query's 4
+    // prefills (N_D = 1) hold 4 prompts, z₉₉·σ·√4 = 2.3263 × 5 × 2 tokens beyond the mean (more
+    // than its own p99 prompt's 20 − 15), at (14 − 12) / 5 ms per token (batch 1, 15 → 20).
+    let mixed = LengthDistribution::Histogram(vec![(10, 1.0), (20, 1.0)]);
+    let tail = schedule::plan(&input(1.0, measured_profile(None), mixed)).unwrap();
+    // z₉₉ as the planner's rational approximation gives it (the exact 2.3263479 is 1.3e-5 away).
+    let z99 = 2.326_335_165;
+    // The decode context is now 15 + 5/2 = 17.5: I(4) = 10 + 2 × 0.175 = 10.35 ms.
+    let expected = 4.0 * 12.0 + 0.4 * z99 * 5.0 * 2.0 + 4.0 * 10.35;
+    assert!((tail.latency_s * 1000.0 - expected).abs() < 1e-6, "{tail:?} vs {expected}");
+    assert!(close(tail.throughput_qps, 1000.0 / 22.35), "{tail:?}");
+    // An old profile (no `engine_step_ms`) loads; the field round-trips and is left out when absent.
+    let json = serde_json::to_value(measured_profile(None)).unwrap();
+    let back: Profile = serde_json::from_value(json).unwrap();
+    assert_eq!(back, measured_profile(None));
+    assert!(!serde_json::to_string(&hand_profile(None)).unwrap().contains("engine_step_ms"));
+}
+
+/// Branch-and-bound still returns the exhaustive optimum when a measured step costs more per
+/// query at a larger batch (its tighter bounds assume the opposite; it must fall back).
+#[test]
+fn plan_schedule_branch_and_bound_matches_exhaustive_search_with_jumping_engine_steps() {
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    let mut feasible = 0;
+    for case in 0..120 {
+        let mut profile = profile(&mut rng);
+        let mut table = engine_table(&mut rng);
+        let jump = rng.random_range(1.0..8.0);
+        for row in table.decode.ms.iter_mut().skip(1) {
+            row.iter_mut().for_each(|v| *v += jump);
+        }
+        profile.engine_step_ms = Some(table);
+        let mut input = ScheduleInput {
+            profile,
+            input_lengths: random_lengths(&mut rng, 40),
+            output_lengths: random_lengths(&mut rng, 12),
+            devices: rng.random_range(1..=3),
+            device_memory_bytes: 1 << 30,
+            latency_bound_s: rng.random_range(0.01..0.3),
+            strategies: None,
+            max_encode_batch: Some(rng.random_range(1..=12)),
+            max_decode_iterations: None,
+            max_decode_batch: None,
+            latency_percentile: None,
+            exhaustive: false,
+        };
+        let bnb = schedule::plan(&input);
+        input.exhaustive = true;
+        match (&bnb, &schedule::plan(&input)) {
+            (Ok(a), Ok(b)) => {
+                feasible += 1;
+                assert!(close(a.throughput_qps, b.throughput_qps), "case {case}: {a:?} vs {b:?}");
+                assert!(a.latency_s <= input.latency_bound_s);
+            }
+            (Err(a), Err(b)) => assert_eq!(a, b, "case {case}"),
+            (a, b) => panic!("case {case}: {a:?} vs {b:?}"),
+        }
+    }
+    assert!(feasible >= 20, "only {feasible} feasible cases");
+}
+
+#[test]
+fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
+    let input = ScheduleInput {
+        profile: measured_profile(None),
+        input_lengths: LengthDistribution::Histogram(vec![(10, 1.0)]),
+        output_lengths: LengthDistribution::Histogram(vec![(5, 1.0)]),
+        devices: 1,
+        device_memory_bytes: 1 << 30,
+        latency_bound_s: 1.0,
+        strategies: None,
+        max_encode_batch: Some(2),
+        max_decode_iterations: None,
+        max_decode_batch: None,
+        latency_percentile: None,
+        exhaustive: false,
+    };
+    let good = serde_json::to_value(&input).unwrap();
+    let (out, code) = cli_run("schedule", &good.to_string(), &[]);
+    assert_eq!(code, 0, "{out}");
+    let table = "/profile/engine_step_ms";
+    for (path, value, named) in [
+        ("/decode/ms/1/0", serde_json::json!(-1.0), "engine_step_ms.decode.ms[1][0]"),
+        ("/prefill/ms/0/1", serde_json::json!(-0.5), "engine_step_ms.prefill.ms[0][1]"),
+        ("/decode/ms", serde_json::json!([]), "engine_step_ms.decode.ms"),
+        ("/decode/batch", serde_json::json!([]), "engine_step_ms.decode.batch"),
+        ("/prefill/tokens", serde_json::json!([]), "engine_step_ms.prefill.tokens"),
+        ("/prefill/batch", serde_json::json!([2.0, 1.0]), "engine_step_ms.prefill.batch[1]"),
+        ("/decode/batch", serde_json::json!([0.0, 2.0, 4.0]), "engine_step_ms.decode.batch[0]"),
+        ("/decode/ms/2", serde_json::json!([10.0]), "engine_step_ms.decode.ms[2]"),
+    ] {
+        let mut bad = good.clone();
+        *bad.pointer_mut(&format!("{table}{path}")).unwrap() = value;
+        let (out, code) = cli_run("schedule", &bad.to_string(), &[]);
+        assert_eq!(code, 2, "{path}: {out}");
+        let error = out["error"].as_str().unwrap_or_default();
+        assert!(error.contains(named), "{path}: {error}");
+    }
+    // NaN is not JSON; a missing table or an unknown field is an error too.
+    let text = good.to_string();
+    for bad in [
+        text.replacen("[[3.0,3.0]", "[[NaN,3.0]", 1),
+        text.replacen("\"decode\":{\"batch\"", "\"decodes\":{\"batch\"", 1),
+    ] {
+        assert_ne!(bad, text);
+        let (out, code) = cli_run("schedule", &bad, &[]);
+        assert_eq!(code, 2, "{out}");
+        assert!(out["error"].as_str().is_some_and(|e| !e.is_empty()), "{out}");
+    }
+    let mut missing = good.clone();
+    missing.pointer_mut(table).unwrap().as_object_mut().unwrap().remove("prefill");
+    let (out, code) = cli_run("schedule", &missing.to_string(), &[]);
+    assert_eq!(code, 2, "{out}");
 }
 
 // ---------------------------------------------------------------- bad input

@@ -1,13 +1,14 @@
 //! The planner's cost profile of a model on its device, measured here because only the facade
 //! sees both the profiler (`burn_parallel::profiler`, the model's layers) and the paged engine
-//! (whose per-step overhead the profile's `engine_step` holds).
+//! (whose measured steps the profile's `engine_step_ms` and `engine_step` hold).
 //!
-//! [`engine_step`] times real paged-engine steps: for each point of an [`EngineStepGrid`], an
-//! engine over the model runs one prefill step of `batch` prompts, then `decode_steps` decode
-//! steps of the same sequences (ExeGPT's phased schedule keeps the two apart); each step's median
-//! over the repeats goes to [`fit::engine_step`], which keeps what the layer tables do not
-//! explain. [`load_or_profile`] reads a cached profile or measures one (layers, then engine
-//! steps) and writes it.
+//! [`time_engine_steps`] times real paged-engine steps: for each point of an [`EngineStepGrid`],
+//! an engine over the model runs one prefill step of `batch` prompts, then `decode_steps` decode
+//! steps of the same sequences (ExeGPT's phased schedule keeps the two apart). The prefill's
+//! median over the repeats, and the median of all the decode steps, go to
+//! [`fit::engine_steps`]: the profile's `engine_step_ms` tables (what the XSimulator reads on one
+//! device) and its linear `engine_step` overhead. [`load_or_profile`] reads a cached profile or
+//! measures one (layers, then engine steps) and writes it.
 
 use std::io::Write;
 use std::path::Path;
@@ -15,7 +16,7 @@ use std::time::Instant;
 
 use burn_llm_models::{CausalLm, Prompt, SamplingParams};
 use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, SchedulingPolicy};
-use burn_parallel::plan::profile::{EngineStep, Profile};
+use burn_parallel::plan::profile::Profile;
 use burn_parallel::profiler::fit::{self, StepKind, StepSample};
 use burn_parallel::profiler::{self, EngineStepGrid, ProfileGrid};
 
@@ -49,14 +50,13 @@ pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<
                     runs.push(times);
                 }
             }
-            for step in 0..=grid.decode_steps {
-                let mut ms: Vec<f64> = runs.iter().map(|r| r[step]).collect();
-                ms.sort_by(f64::total_cmp);
-                let (kind, new, context) = match step {
-                    0 => (StepKind::Prefill, tokens, 0),
-                    k => (StepKind::Decode, 1, tokens + k - 1),
-                };
-                samples.push(StepSample { kind, batch, tokens: new, context, ms: ms[ms.len() / 2] });
+            let prefill: Vec<f64> = runs.iter().map(|r| r[0]).collect();
+            let decode: Vec<f64> = runs.iter().flat_map(|r| r[1..].iter().copied()).collect();
+            samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: fit::median(prefill) });
+            if !decode.is_empty() {
+                // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
+                let context = tokens + (grid.decode_steps - 1) / 2;
+                samples.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context, ms: fit::median(decode) });
             }
         }
     }
@@ -100,10 +100,12 @@ fn run_once(model: &CausalLm, batch: usize, tokens: usize, decode_steps: usize) 
     Ok(times)
 }
 
-/// The paged engine's per-step overhead for `model` beyond what `profile`'s tables predict.
-pub fn engine_step(model: &CausalLm, profile: &Profile, grid: &EngineStepGrid) -> Result<EngineStep, PlanError> {
-    let cost = profile.cost_model("profile").map_err(burn_parallel::plan::schedule::ScheduleError::from)?;
-    Ok(fit::engine_step(&cost, &time_engine_steps(model, grid)?))
+/// Times `model`'s paged-engine steps over `grid` and sets `profile`'s `engine_step_ms` and
+/// `engine_step` from them.
+pub fn engine_steps(model: &CausalLm, profile: &mut Profile, grid: &EngineStepGrid) -> Result<(), PlanError> {
+    let samples = time_engine_steps(model, grid)?;
+    fit::engine_steps(profile, &samples).map_err(burn_parallel::plan::schedule::ScheduleError::from)?;
+    Ok(())
 }
 
 /// Measures `model`'s profile on its device for an engine of at most `max_num_seqs` sequences:
@@ -118,8 +120,7 @@ pub fn measure_profile(model: &CausalLm, max_num_seqs: usize, log: &mut dyn Writ
     let _ = writeln!(log, "profiling the model's layers for the ExeGPT planner (batches up to {max_batch}) ...");
     let mut profile = profiler::profile(spec, &device, &ProfileGrid::serving(max_batch), false)?;
     let _ = writeln!(log, "  layers in {:.1} s; timing paged-engine steps ...", started.elapsed().as_secs_f64());
-    let step = engine_step(model, &profile, &EngineStepGrid::serving(max_batch))?;
-    profile.engine_step = Some(step);
+    engine_steps(model, &mut profile, &EngineStepGrid::serving(max_batch))?;
     profile.model = Some(format!("{} layers, hidden {}", spec.num_layers, spec.hidden_size));
     let _ = writeln!(log, "  profiled in {:.1} s", started.elapsed().as_secs_f64());
     Ok(profile)

@@ -14,8 +14,11 @@
 //!   "embedding": {"weight_bytes": 28311552, "ms_per_token": 0.0001},
 //!   "lm_head": {"weight_bytes": 28311552, "ms_per_token": 0.05},
 //!   "tensor_parallel": [{"degree": 2, "time_scale": 0.55, "sync_ms_per_layer": 0.02}],
-//!   "engine_step": {"prefill_ms_fixed": 9.0, "prefill_ms_per_seq": 0.4, "prefill_ms_per_token": 0.01,
-//!                   "decode_ms_fixed": 8.5, "decode_ms_per_seq": 0.3}
+//!   "engine_step_ms": {
+//!     "prefill": {"batch": [1, 2, 4], "tokens": [16, 64], "ms": [[40, 70], [60, 120], [95, 230]]},
+//!     "decode": {"batch": [1, 2, 3, 4, 8], "context": [16, 64],
+//!                "ms": [[30, 31], [88, 90], [92, 94], [95, 97], [108, 111]]}
+//!   }
 //! }
 //! ```
 //!
@@ -37,6 +40,17 @@
 //!   ([`EngineStep`]); a step of `b` sequences pays `prefill_ms_fixed + prefill_ms_per_seq·b +
 //!   prefill_ms_per_token·(new tokens)` when it prefills and `decode_ms_fixed +
 //!   decode_ms_per_seq·b` when it decodes. These are **whole-model** times, not per layer.
+//!   Superseded by `engine_step_ms` where a profile has both; still read from older profiles.
+//! - `engine_step_ms` (optional): the serving engine's **measured** step latency, whole model, as
+//!   ExeGPT profiles it (§6: latency by batch size and sequence length, interpolated between the
+//!   measured points). `prefill.ms[b][t]`: one prefill step of `batch[b]` prompts of `tokens[t]`
+//!   tokens each; `decode.ms[b][c]`: one decode step of `batch[b]` sequences with `context[c]`
+//!   tokens cached. On one device, the simulator takes a step's time from these tables as is;
+//!   in a pipeline, the part the layer tables do not predict (`ms` − the model's compute, at
+//!   least 0) is paid on the first stage, like `engine_step`. An engine's step time need not grow
+//!   in proportion to its batch (a CPU matmul that switches kernels between one row and two
+//!   makes batch 2 cost three times batch 1), so these tables are only made non-decreasing in
+//!   the batch (a running maximum), not held to a falling time per sequence.
 //!
 //! Tables are interpolated piecewise-linearly (held constant below the first point, extended with
 //! the last segment's slope beyond the last). Along the batch axis a table is read as
@@ -85,6 +99,9 @@ pub struct Profile {
     /// Per-step cost of the serving engine beyond the model's compute (absent: none measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_step: Option<EngineStep>,
+    /// The serving engine's measured step latency by batch and length (absent: not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_step_ms: Option<EngineStepTable>,
 }
 
 fn version_one() -> u32 {
@@ -169,12 +186,47 @@ impl EngineStep {
     }
 }
 
+/// The serving engine's measured step latency in milliseconds, whole model (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineStepTable {
+    /// Prefill steps by batch and prompt length.
+    pub prefill: PrefillStepTable,
+    /// Decode steps by batch and context: the same layout as the per-layer [`DecodeTable`].
+    pub decode: DecodeTable,
+}
+
+/// Measured prefill steps of the serving engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillStepTable {
+    /// Prompts per step measured (strictly increasing, ≥ 1).
+    pub batch: Vec<f64>,
+    /// Tokens per prompt measured (strictly increasing, ≥ 1).
+    pub tokens: Vec<f64>,
+    /// `ms[b][t]`: one step prefilling `batch[b]` prompts of `tokens[t]` tokens each.
+    pub ms: Vec<Vec<f64>>,
+}
+
 /// A checked profile with its tables ready to read.
 #[derive(Debug, Clone)]
 pub struct CostModel {
     profile: Profile,
     prefill: Grid,
     decode: Grid,
+    /// `engine_step_ms`: measured whole steps, and what of them the layer tables do not predict.
+    engine: Option<EngineGrids>,
+}
+
+/// The measured step tables of `engine_step_ms` and the overhead they imply.
+#[derive(Debug, Clone)]
+struct EngineGrids {
+    prefill: Grid,
+    decode: Grid,
+    /// `max(0, measured − compute)` at the prefill table's points.
+    prefill_overhead: Grid,
+    /// `max(0, measured − compute)` at the decode table's points.
+    decode_overhead: Grid,
 }
 
 impl Profile {
@@ -193,6 +245,7 @@ impl Profile {
             ("batch", &self.prefill.batch, 1.0),
             ("tokens", &self.prefill.tokens, 1.0),
             ("base_ms", &self.prefill.base_ms),
+            Shape::Sublinear,
         )?;
         for (i, &a) in self.prefill.context_ms.iter().enumerate() {
             check::non_negative(&f(&format!("prefill.context_ms[{i}]")), a)?;
@@ -202,6 +255,7 @@ impl Profile {
             ("batch", &self.decode.batch, 1.0),
             ("context", &self.decode.context, 0.0),
             ("ms", &self.decode.ms),
+            Shape::Sublinear,
         )?;
         check::non_negative(&f("embedding.ms_per_token"), self.embedding.ms_per_token)?;
         check::non_negative(&f("lm_head.ms_per_token"), self.lm_head.ms_per_token)?;
@@ -231,7 +285,27 @@ impl Profile {
                 check::non_negative(&f(&format!("engine_step.{name}")), v)?;
             }
         }
-        Ok(CostModel { profile: self.clone(), prefill, decode })
+        let mut cost = CostModel { profile: self.clone(), prefill, decode, engine: None };
+        if let Some(table) = &self.engine_step_ms {
+            let prefill = Grid::new(
+                &f("engine_step_ms.prefill"),
+                ("batch", &table.prefill.batch, 1.0),
+                ("tokens", &table.prefill.tokens, 1.0),
+                ("ms", &table.prefill.ms),
+                Shape::NonDecreasing,
+            )?;
+            let decode = Grid::new(
+                &f("engine_step_ms.decode"),
+                ("batch", &table.decode.batch, 1.0),
+                ("context", &table.decode.context, 0.0),
+                ("ms", &table.decode.ms),
+                Shape::NonDecreasing,
+            )?;
+            let prefill_overhead = prefill.minus(|b, t| cost.prefill_compute_ms(b, t));
+            let decode_overhead = decode.minus(|b, c| cost.decode_compute_ms(b, c));
+            cost.engine = Some(EngineGrids { prefill, decode, prefill_overhead, decode_overhead });
+        }
+        Ok(cost)
     }
 }
 
@@ -258,9 +332,60 @@ impl CostModel {
         self.decode.eval(batch, context)
     }
 
-    /// The engine's per-step overhead (zero when the profile has none).
+    /// The engine's linear per-step overhead (zero when the profile has none).
     pub fn engine_step(&self) -> EngineStep {
         self.profile.engine_step.unwrap_or_default()
+    }
+
+    /// Whether the profile has measured engine steps (`engine_step_ms`).
+    pub fn has_engine_table(&self) -> bool {
+        self.engine.is_some()
+    }
+
+    /// One engine prefill step of `batch` prompts of `tokens` tokens on one device: the measured
+    /// table where the profile has one, else the model's compute plus the linear overhead.
+    pub fn prefill_step_ms(&self, batch: f64, tokens: f64) -> f64 {
+        match &self.engine {
+            Some(e) => e.prefill.eval(batch, tokens),
+            None => self.prefill_compute_ms(batch, tokens) + self.engine_step().prefill_ms(batch, tokens),
+        }
+    }
+
+    /// One engine decode step of `batch` sequences with `context` cached tokens on one device
+    /// (as [`Self::prefill_step_ms`]).
+    pub fn decode_step_ms(&self, batch: f64, context: f64) -> f64 {
+        match &self.engine {
+            Some(e) => e.decode.eval(batch, context),
+            None => self.decode_compute_ms(batch, context) + self.engine_step().decode_ms(batch),
+        }
+    }
+
+    /// What a prefill step costs beyond the model's compute, paid by a pipeline's first stage:
+    /// from `engine_step_ms` where the profile has it, else `engine_step`.
+    pub fn prefill_overhead_ms(&self, batch: f64, tokens: f64) -> f64 {
+        match &self.engine {
+            Some(e) => e.prefill_overhead.eval(batch, tokens),
+            None => self.engine_step().prefill_ms(batch, tokens),
+        }
+    }
+
+    /// What a decode step costs beyond the model's compute (as [`Self::prefill_overhead_ms`]).
+    pub fn decode_overhead_ms(&self, batch: f64, context: f64) -> f64 {
+        match &self.engine {
+            Some(e) => e.decode_overhead.eval(batch, context),
+            None => self.engine_step().decode_ms(batch),
+        }
+    }
+
+    /// Whether the engine's step times, read at prompt lengths `tokens` and decode context
+    /// `context`, never cost more per sequence at a larger batch (always so without
+    /// `engine_step_ms`; the layer tables are read that way). ExeGPT's search bounds throughput
+    /// more tightly when they do.
+    pub fn engine_sublinear(&self, tokens: &[f64], context: f64) -> bool {
+        let Some(e) = &self.engine else { return true };
+        tokens.iter().all(|&t| e.prefill.sublinear_at(t) && e.prefill_overhead.sublinear_at(t))
+            && e.decode.sublinear_at(context)
+            && e.decode_overhead.sublinear_at(context)
     }
 
     /// The model's compute for one prefill step on one device, as the tables predict it (no
@@ -289,12 +414,22 @@ impl CostModel {
     }
 }
 
+/// How a table is read along its batch axis (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Non-decreasing, with a time per sequence that never grows (the layer tables).
+    Sublinear,
+    /// Non-decreasing only (the engine's measured steps).
+    NonDecreasing,
+}
+
 /// A table over (batch, second axis), read as described in the module docs.
 #[derive(Debug, Clone)]
 struct Grid {
     batch: Vec<f64>,
     other: Vec<f64>,
     values: Vec<Vec<f64>>,
+    shape: Shape,
 }
 
 impl Grid {
@@ -303,6 +438,7 @@ impl Grid {
         (batch_name, batch, batch_min): (&str, &[f64], f64),
         (other_name, other, other_min): (&str, &[f64], f64),
         (values_name, values): (&str, &[Vec<f64>]),
+        shape: Shape,
     ) -> Result<Self, InputError> {
         for (name, axis, min) in [(batch_name, batch, batch_min), (other_name, other, other_min)] {
             let name = format!("{field}.{name}");
@@ -325,20 +461,46 @@ impl Grid {
                 check::non_negative(&format!("{row_field}[{i}]"), v)?;
             }
         }
-        Ok(Self { batch: batch.to_vec(), other: other.to_vec(), values: values.to_vec() })
+        Ok(Self { batch: batch.to_vec(), other: other.to_vec(), values: values.to_vec(), shape })
     }
 
-    fn eval(&self, batch: f64, other: f64) -> f64 {
-        // Read every batch row at `other`, then make the batch curve monotone before reading it.
+    /// The same points holding `max(0, value − f(batch, other))`, read [`Shape::NonDecreasing`].
+    fn minus(&self, f: impl Fn(f64, f64) -> f64) -> Self {
+        let values = self
+            .batch
+            .iter()
+            .zip(&self.values)
+            .map(|(&b, row)| self.other.iter().zip(row).map(|(&o, &v)| (v - f(b, o)).max(0.0)).collect())
+            .collect();
+        Self { values, shape: Shape::NonDecreasing, ..self.clone() }
+    }
+
+    /// The batch curve at `other`, at the batch points, made monotone as its [`Shape`] says.
+    fn curve(&self, other: f64) -> Vec<f64> {
+        // Read every batch row at `other`, then make the batch curve monotone.
         let mut curve: Vec<f64> = self.values.iter().map(|row| interpolate(&self.other, row, other).max(0.0)).collect();
         for i in 1..curve.len() {
             curve[i] = curve[i].max(curve[i - 1]);
         }
-        for i in 1..curve.len() {
-            let per_seq = curve[i - 1] / self.batch[i - 1];
-            curve[i] = curve[i].min(per_seq * self.batch[i]);
+        if self.shape == Shape::Sublinear {
+            for i in 1..curve.len() {
+                let per_seq = curve[i - 1] / self.batch[i - 1];
+                curve[i] = curve[i].min(per_seq * self.batch[i]);
+            }
         }
-        interpolate(&self.batch, &curve, batch).max(0.0)
+        curve
+    }
+
+    fn eval(&self, batch: f64, other: f64) -> f64 {
+        interpolate(&self.batch, &self.curve(other), batch).max(0.0)
+    }
+
+    /// Whether the time per sequence never grows with the batch at `other`: checking the batch
+    /// points suffices, since the curve is piecewise linear between them and extended with its
+    /// last segment (a segment from `t1/b1 ≥ t2/b2` has a non-negative intercept).
+    fn sublinear_at(&self, other: f64) -> bool {
+        let curve = self.curve(other);
+        (1..curve.len()).all(|i| curve[i] / self.batch[i] <= curve[i - 1] / self.batch[i - 1] * (1.0 + 1e-12))
     }
 }
 
@@ -358,7 +520,14 @@ mod tests {
     use super::*;
 
     fn grid(values: Vec<Vec<f64>>) -> Grid {
-        Grid::new("g", ("batch", &[1.0, 2.0, 4.0], 1.0), ("tokens", &[1.0, 10.0], 1.0), ("v", &values)).unwrap()
+        Grid::new(
+            "g",
+            ("batch", &[1.0, 2.0, 4.0], 1.0),
+            ("tokens", &[1.0, 10.0], 1.0),
+            ("v", &values),
+            Shape::Sublinear,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -380,10 +549,44 @@ mod tests {
     }
 
     #[test]
+    fn profile_engine_grid_keeps_a_jump_and_interpolates_piecewise_linearly() {
+        // Batch 1 → 2 triples the step (per sequence: 30, 45, 31.7, 25 ms), then grows slowly.
+        let g = Grid::new(
+            "g",
+            ("batch", &[1.0, 2.0, 3.0, 4.0], 1.0),
+            ("context", &[0.0, 100.0], 0.0),
+            ("ms", &[vec![30.0, 40.0], vec![90.0, 100.0], vec![95.0, 105.0], vec![100.0, 110.0]]),
+            Shape::NonDecreasing,
+        )
+        .unwrap();
+        assert_eq!(g.eval(2.0, 0.0), 90.0);
+        assert!((g.eval(1.5, 50.0) - 65.0).abs() < 1e-12);
+        assert!((g.eval(8.0, 0.0) - 120.0).abs() < 1e-12, "extended with the last slope");
+        assert!(!g.sublinear_at(50.0));
+        // A noisy dip is held at the running maximum, never cheaper at a larger batch.
+        let dip = Grid::new(
+            "g",
+            ("batch", &[1.0, 2.0, 4.0], 1.0),
+            ("context", &[0.0], 0.0),
+            ("ms", &[vec![30.0], vec![25.0], vec![40.0]]),
+            Shape::NonDecreasing,
+        )
+        .unwrap();
+        assert_eq!(dip.eval(2.0, 0.0), 30.0);
+        assert!(dip.sublinear_at(0.0));
+        // The overhead over a compute model is never negative.
+        let over = dip.minus(|b, _| 10.0 * b);
+        assert_eq!((over.eval(1.0, 0.0), over.eval(4.0, 0.0)), (20.0, 20.0));
+        assert_eq!(dip.minus(|_, _| 100.0).eval(2.0, 0.0), 0.0);
+    }
+
+    #[test]
     fn profile_rejects_bad_tables() {
-        let bad = Grid::new("g", ("batch", &[2.0, 1.0], 1.0), ("tokens", &[1.0], 1.0), ("v", &[vec![1.0], vec![1.0]]));
+        let shape = Shape::Sublinear;
+        let bad =
+            Grid::new("g", ("batch", &[2.0, 1.0], 1.0), ("tokens", &[1.0], 1.0), ("v", &[vec![1.0], vec![1.0]]), shape);
         assert!(bad.is_err());
-        let short = Grid::new("g", ("batch", &[1.0], 1.0), ("tokens", &[1.0, 2.0], 1.0), ("v", &[vec![1.0]]));
+        let short = Grid::new("g", ("batch", &[1.0], 1.0), ("tokens", &[1.0, 2.0], 1.0), ("v", &[vec![1.0]]), shape);
         assert!(short.is_err());
     }
 }

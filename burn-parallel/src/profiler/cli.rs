@@ -4,8 +4,9 @@
 //! `{"error": "…"}` with exit code 2. The device is named by the caller's resolver, so this crate
 //! need not know which backends the binary was built with. With an engine timer
 //! ([`run_with_engine`], as the `plan` example passes the paged engine's) the profile also gets
-//! its `engine_step` overhead, fitted to timed engine steps over the grid's [`EngineStepGrid`]
-//! (`--no-engine-step` skips it).
+//! the engine's measured steps over the grid's [`EngineStepGrid`]: their tables
+//! (`engine_step_ms`) and the linear `engine_step` overhead fitted to them (`--no-engine-step`
+//! skips both).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -16,14 +17,14 @@ use burn_llm_models::DecoderSpec;
 use burn_llm_models::gguf::GgufModel;
 use clap::{Parser, ValueEnum};
 
+use super::fit::{self, StepSample};
 use super::{EngineStepGrid, ProfileGrid, profile};
 use crate::plan::cli::{error, parse_args};
-use crate::plan::profile::{EngineStep, Profile};
 
-/// Times a model's steps in a serving engine and fits the profile's `engine_step` from them
-/// (the model's shape, the device, the profile measured so far, the steps to time).
+/// Times a model's steps in a serving engine (the model's shape, the device, the steps to time);
+/// the profile's `engine_step` and `engine_step_ms` are made from them ([`fit::engine_steps`]).
 pub type EngineTimer<'a> =
-    Box<dyn FnOnce(&DecoderSpec, &Device, &Profile, &EngineStepGrid) -> Result<EngineStep, String> + 'a>;
+    Box<dyn FnOnce(&DecoderSpec, &Device, &EngineStepGrid) -> Result<Vec<StepSample>, String> + 'a>;
 
 /// Arguments of `plan profile`.
 #[derive(Debug, Parser)]
@@ -138,8 +139,8 @@ fn dispatch(
     let started = Instant::now();
     let mut profile = profile(&spec, &burn_device, &grid, !args.quiet).map_err(|e| e.to_string())?;
     if let Some(engine) = engine {
-        let step = engine(&spec, &burn_device, &profile, &steps)?;
-        profile.engine_step = Some(step);
+        let samples = engine(&spec, &burn_device, &steps)?;
+        fit::engine_steps(&mut profile, &samples).map_err(|e| e.to_string())?;
     }
     let seconds = started.elapsed().as_secs_f64();
     profile.model = Some(model_name.clone());

@@ -1,9 +1,11 @@
 //! Least-squares fits of measured times: TeraPipe's context overhead
 //! `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j` with every coefficient ≥ 0 (the profile's
 //! `prefill.context_ms`), the serving engine's per-step overhead (`engine_step`), and a per-token
-//! cost as a slope through the origin.
+//! cost as a slope through the origin; and the tables of the serving engine's measured steps
+//! (`engine_step_ms`), which are not fitted but tabulated.
 
-use crate::plan::profile::{CostModel, EngineStep};
+use crate::plan::check::InputError;
+use crate::plan::profile::{CostModel, DecodeTable, EngineStep, EngineStepTable, PrefillStepTable, Profile};
 
 /// One measurement of the context overhead: a slice of `tokens` tokens after `context` tokens
 /// took `overhead_ms` longer than the same slice without context.
@@ -77,6 +79,61 @@ pub fn engine_step(cost: &CostModel, samples: &[StepSample]) -> EngineStep {
         decode_ms_fixed: decode[0],
         decode_ms_per_seq: decode[1],
     }
+}
+
+/// The serving engine's measured steps as tables (the profile's `engine_step_ms`): for each
+/// kind, the median time of the samples at each (batch, prompt tokens) or (batch, context) point.
+/// The tables keep the lengths measured at every batch, and the batches measured at all of them
+/// (a table is a full grid); `None` when a kind has no sample.
+pub fn engine_step_table(samples: &[StepSample]) -> Option<EngineStepTable> {
+    let (batch, tokens, ms) = step_grid(samples, StepKind::Prefill, |s| s.tokens)?;
+    let prefill = PrefillStepTable { batch, tokens, ms };
+    let (batch, context, ms) = step_grid(samples, StepKind::Decode, |s| s.context)?;
+    Some(EngineStepTable { prefill, decode: DecodeTable { batch, context, ms } })
+}
+
+/// A table's batch axis, length axis and `ms[batch][length]`.
+type StepGrid = (Vec<f64>, Vec<f64>, Vec<Vec<f64>>);
+
+/// The full grid of `kind`'s samples over (batch, `length`) (see [`engine_step_table`]).
+fn step_grid(samples: &[StepSample], kind: StepKind, length: fn(&StepSample) -> usize) -> Option<StepGrid> {
+    let of_kind: Vec<StepSample> = samples.iter().copied().filter(|s| s.kind == kind).collect();
+    let sorted = |mut v: Vec<usize>| {
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let mut batches = sorted(of_kind.iter().map(|s| s.batch).collect());
+    let mut lengths = sorted(of_kind.iter().map(length).collect());
+    let at = |b: usize, l: usize| -> Vec<f64> {
+        of_kind.iter().filter(|s| s.batch == b && length(s) == l).map(|s| s.ms).collect()
+    };
+    lengths.retain(|&l| batches.iter().all(|&b| !at(b, l).is_empty()));
+    if lengths.is_empty() {
+        // No length is measured at every batch: keep the batch measured most, and the batches
+        // measured at all of its lengths.
+        let best = batches.iter().copied().max_by_key(|&b| of_kind.iter().filter(|s| s.batch == b).count())?;
+        lengths = sorted(of_kind.iter().filter(|s| s.batch == best).map(length).collect());
+        batches.retain(|&b| lengths.iter().all(|&l| !at(b, l).is_empty()));
+    }
+    let ms = batches.iter().map(|&b| lengths.iter().map(|&l| median(at(b, l))).collect()).collect();
+    let axis = |v: &[usize]| v.iter().map(|&x| x as f64).collect();
+    Some((axis(&batches), axis(&lengths), ms))
+}
+
+/// Sets `profile`'s `engine_step` ([`engine_step`]) and `engine_step_ms` ([`engine_step_table`])
+/// from the engine's timed steps.
+pub fn engine_steps(profile: &mut Profile, samples: &[StepSample]) -> Result<(), InputError> {
+    let cost = profile.cost_model("profile")?;
+    profile.engine_step = Some(engine_step(&cost, samples));
+    profile.engine_step_ms = engine_step_table(samples);
+    Ok(())
+}
+
+/// The middle value (the upper one of an even count); 0 without values.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// `a` minimising `Σ (rows[k]·a − ys[k])²` subject to every `a ≥ 0` (all zeros without rows).
@@ -233,6 +290,7 @@ mod tests {
             lm_head: Extra { weight_bytes: 1, ms_per_token: 0.25 },
             tensor_parallel: vec![],
             engine_step: None,
+            engine_step_ms: None,
         };
         profile.cost_model("p").unwrap()
     }

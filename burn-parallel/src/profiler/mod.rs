@@ -26,8 +26,9 @@
 //! the cached slots then stay zero, which costs the attention exactly what real keys would.
 //! Tensor-parallel scaling is not measured (one device): `tensor_parallel` is left empty.
 //!
-//! The serving engine's per-step overhead (`engine_step`) is fitted here ([`fit::engine_step`])
-//! but timed by the caller: the paged engine lives in a crate this one does not depend on, so
+//! The serving engine's measured steps (`engine_step_ms`, [`fit::engine_step_table`]) and its
+//! linear per-step overhead (`engine_step`, [`fit::engine_step`]) are made here from steps timed
+//! by the caller: the paged engine lives in a crate this one does not depend on, so
 //! `burn_llm::schedule` times its steps over an [`EngineStepGrid`] and
 //! [`cli::run_with_engine`] takes that timer.
 
@@ -176,10 +177,11 @@ fn upto(axis: &[usize], max: usize) -> Vec<usize> {
     kept
 }
 
-/// The engine steps the per-step overhead is fitted to: for every batch and prompt length, the
-/// engine prefills `batch` prompts of that length in one step, then decodes them for
-/// `decode_steps` steps; the run is repeated `warmup` times untimed, then `repeats` times, and
-/// each step's median time is kept.
+/// The engine steps the profile's `engine_step_ms` tabulates (and `engine_step` is fitted to):
+/// for every batch and prompt length, the engine prefills `batch` prompts of that length in one
+/// step, then decodes them for `decode_steps` steps; the run is repeated `warmup` times untimed,
+/// then `repeats` times; the prefill's median time is kept, and the median of every decode step
+/// of every repeat, at the decode steps' middle context.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineStepGrid {
     /// Sequences per step.
@@ -197,13 +199,14 @@ pub struct EngineStepGrid {
 impl EngineStepGrid {
     /// Seconds on a CPU, for tests and small models.
     pub fn small() -> Self {
-        Self { batch: vec![1, 4], prompt_tokens: vec![8, 32], decode_steps: 4, warmup: 1, repeats: 3 }
+        Self { batch: vec![1, 2, 4], prompt_tokens: vec![8, 32], decode_steps: 4, warmup: 1, repeats: 3 }
     }
 
-    /// The grid matching [`ProfileGrid::serving`]`(max_batch)`.
+    /// The grid matching [`ProfileGrid::serving`]`(max_batch)`: every batch up to 4 (a CPU's
+    /// step time can jump between one row and two), then doublings.
     pub fn serving(max_batch: usize) -> Self {
         Self {
-            batch: upto(&[1, 4, 16], max_batch.max(1)),
+            batch: upto(&[1, 2, 3, 4, 8, 16, 32], max_batch.max(1)),
             prompt_tokens: vec![16, 64],
             decode_steps: 4,
             warmup: 1,
@@ -213,7 +216,7 @@ impl EngineStepGrid {
 
     /// The grid matching [`ProfileGrid::full`].
     pub fn full() -> Self {
-        Self { batch: vec![1, 8, 32], prompt_tokens: vec![16, 128], decode_steps: 4, warmup: 1, repeats: 5 }
+        Self { batch: vec![1, 2, 4, 8, 16, 32], prompt_tokens: vec![16, 128], decode_steps: 4, warmup: 1, repeats: 5 }
     }
 }
 
@@ -305,6 +308,7 @@ pub fn profile(
         },
         tensor_parallel: Vec::new(),
         engine_step: None,
+        engine_step_ms: None,
     })
 }
 

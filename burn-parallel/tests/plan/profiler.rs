@@ -144,41 +144,62 @@ fn run_cli_with(args: &[&str], engine: Option<profiler::cli::EngineTimer<'_>>) -
 }
 
 /// `plan profile` with an engine timer (the `plan` example passes the paged engine's) writes
-/// the timer's `engine_step`, handing it the model's shape, the layer profile and the grid;
-/// `--no-engine-step` leaves the field out, and a failing timer is a JSON error.
+/// the timed steps as `engine_step_ms` tables and fits `engine_step` to them, handing the timer
+/// the model's shape and the grid; `--no-engine-step` leaves both out, and a failing timer is a
+/// JSON error.
 #[test]
-fn profile_cli_records_the_engine_timer_overhead() {
-    use burn_parallel::plan::profile::EngineStep;
+fn profile_cli_records_the_engine_timer_steps() {
     use burn_parallel::profiler::EngineStepGrid;
+    use burn_parallel::profiler::fit::{StepKind, StepSample};
 
     let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     let out = std::env::temp_dir().join(format!("burn-parallel-profile-engine-{}.json", std::process::id()));
     let out_arg = out.to_str().unwrap();
     let model = fixture();
     let model = model.to_str().unwrap();
-    let step = EngineStep { prefill_ms_fixed: 1.5, decode_ms_fixed: 0.5, ..EngineStep::default() };
+    // A step that jumps from batch 1 to batch 2 (as a CPU matmul switching kernels does).
     let timer: profiler::cli::EngineTimer<'_> =
-        Box::new(move |spec: &DecoderSpec, _: &Device, profile: &Profile, grid: &EngineStepGrid| {
-            assert_eq!((spec.num_layers, profile.layers), (2, 2));
+        Box::new(move |spec: &DecoderSpec, _: &Device, grid: &EngineStepGrid| {
+            assert_eq!(spec.num_layers, 2);
             assert_eq!(grid, &EngineStepGrid::small());
-            Ok(step)
+            let mut samples = Vec::new();
+            for &batch in &grid.batch {
+                for &tokens in &grid.prompt_tokens {
+                    let jump = if batch > 1 { 60.0 } else { 0.0 };
+                    let ms = 100.0 + jump + (batch * tokens) as f64;
+                    samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms });
+                    let ms = 30.0 + jump + batch as f64;
+                    samples.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context: tokens + 1, ms });
+                }
+            }
+            Ok(samples)
         });
     let (json, code) = run_cli_with(&["--model", model, "--device", "flex", "--out", out_arg, "--quiet"], Some(timer));
     assert_eq!(code, 0, "{json}");
     let written: Profile = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    assert_eq!(written.engine_step, Some(step));
+    let table = written.engine_step_ms.clone().expect("engine_step_ms");
+    assert_eq!((table.decode.batch, table.decode.context), (vec![1.0, 2.0, 4.0], vec![9.0, 33.0]));
+    assert_eq!(table.decode.ms, vec![vec![31.0, 31.0], vec![92.0, 92.0], vec![94.0, 94.0]]);
+    assert_eq!(table.prefill.tokens, vec![8.0, 32.0]);
+    assert_eq!(table.prefill.ms[1], vec![176.0, 224.0]);
+    assert!(written.engine_step.is_some());
+    // The planner reads the measured steps as they are: batch 2 costs three times batch 1.
+    let cost = written.cost_model("profile").unwrap();
+    assert!((cost.decode_step_ms(1.0, 9.0) - 31.0).abs() < 1e-9);
+    assert!((cost.decode_step_ms(2.0, 9.0) - 92.0).abs() < 1e-9);
+    assert!((cost.decode_step_ms(3.0, 21.0) - 93.0).abs() < 1e-9);
 
     let unused: profiler::cli::EngineTimer<'_> =
-        Box::new(|_: &DecoderSpec, _: &Device, _: &Profile, _: &EngineStepGrid| Err("must not run".into()));
+        Box::new(|_: &DecoderSpec, _: &Device, _: &EngineStepGrid| Err("must not run".into()));
     let args = ["--model", model, "--device", "flex", "--out", out_arg, "--quiet", "--no-engine-step"];
     let (json, code) = run_cli_with(&args, Some(unused));
     assert_eq!(code, 0, "{json}");
     let written: Profile = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    assert_eq!(written.engine_step, None);
+    assert_eq!((written.engine_step, written.engine_step_ms), (None, None));
     let _ = std::fs::remove_file(&out);
 
     let failing: profiler::cli::EngineTimer<'_> =
-        Box::new(|_: &DecoderSpec, _: &Device, _: &Profile, _: &EngineStepGrid| Err("the engine broke".into()));
+        Box::new(|_: &DecoderSpec, _: &Device, _: &EngineStepGrid| Err("the engine broke".into()));
     let (json, code) =
         run_cli_with(&["--model", model, "--device", "flex", "--out", out_arg, "--quiet"], Some(failing));
     assert_eq!(code, 2, "{json}");

@@ -13,7 +13,9 @@
 //! SLA-(b): the time to generate the percentile-length output): in a closed (offline) run, from
 //! the start of the step that prefills a request to the end of the step that finishes it, at the
 //! planner's percentile (p99) over requests. Queueing before the prefill is outside the planner's
-//! model; it is reported separately (`latency_from_arrival_s`). [`plan_rra`] plans for every
+//! model; it is reported separately (`latency_from_arrival_s`). The planner reads the paged
+//! engine's measured step times by batch (`engine_step_ms`, timed at start-up with the profile)
+//! and counts the prompt tail of the percentile query's prefills. [`plan_rra`] plans for every
 //! output being `max_new_tokens` long, so every request generates exactly its workload's output
 //! length (EOS ignored); prompt lengths follow the workload.
 //!
@@ -173,7 +175,15 @@ struct Report {
     latency_percentile: f64,
     profile: Profile,
     profile_source: String,
+    /// The machine's 1-minute load average before the first run and after the last (`None`
+    /// where the system does not report it): other work on the cores makes the numbers noisy.
+    load_average: [Option<f64>; 2],
     workloads: Vec<WorkloadResult>,
+}
+
+/// The 1-minute load average (Linux `/proc/loadavg`).
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// SmolLM2-135M's shape with `layers` layers, and where the shape came from.
@@ -323,9 +333,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("model: {model_name}");
     let model = CausalLm::random(spec.clone(), &device)?;
     let (profile, profile_source) = profile(&args, &model)?;
-    if let Some(step) = &profile.engine_step {
-        eprintln!("engine step overhead: {step:?}");
+    if let Some(table) = &profile.engine_step_ms {
+        eprintln!("measured engine steps: {table:?}");
     }
+    let load_before = load_average();
     let blocks = args.kv_tokens / args.block_size;
     let base = EngineConfig {
         block_size: args.block_size,
@@ -456,8 +467,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = &args.profile {
         command.push_str(&format!(" --profile {}", p.display()));
     }
+    let load = [load_before, load_average()];
     let header = Header::new("schedule", command, Some(args.device.name()), model_name.clone());
-    let md = markdown(&header, &model_name, &args, &profile_source, pct, &results);
+    let md = markdown(&header, &model_name, &args, &profile_source, &profile, load, pct, &results);
     let png = plot::schedule_png(&args.out.join("schedule.png"), &plot_series(&results));
     let report = Report {
         header,
@@ -467,6 +479,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         latency_percentile: pct,
         profile,
         profile_source,
+        load_average: load,
         workloads: results,
     };
     report::write(&args.out, "schedule", &report, &md)?;
@@ -479,6 +492,23 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Throughput against bound per workload, for the plot: (a), (b) and (c), `None` where the
 /// system has no configuration meeting the bound.
+/// A measured step table: one row per batch, one column per point of the other axis.
+fn step_table(batch_title: &str, other_title: &str, batch: &[f64], other: &[f64], ms: &[Vec<f64>]) -> String {
+    let titles: Vec<String> =
+        std::iter::once(batch_title.to_string()).chain(other.iter().map(|o| format!("{other_title} {o}"))).collect();
+    let columns: Vec<(&str, report::Align)> = titles.iter().map(|t| (t.as_str(), Right)).collect();
+    table(
+        &columns,
+        batch.iter().zip(ms).map(|(b, row)| {
+            std::iter::once(b.to_string()).chain(row.iter().map(|v| format!("{v:.1}"))).collect::<Vec<_>>()
+        }),
+    )
+}
+
+fn fmt_load(load: Option<f64>) -> String {
+    load.map_or("unknown".into(), |l| format!("{l:.2}"))
+}
+
 fn plot_series(results: &[WorkloadResult]) -> Vec<plot::Panel> {
     results
         .iter()
@@ -499,11 +529,14 @@ fn plot_series(results: &[WorkloadResult]) -> Vec<plot::Panel> {
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn markdown(
     header: &Header,
     model: &str,
     args: &Args,
     profile_source: &str,
+    profile: &Profile,
+    load: [Option<f64>; 2],
     pct: f64,
     results: &[WorkloadResult],
 ) -> String {
@@ -518,9 +551,22 @@ fn markdown(
          and the last prefill step, over that window (the whole run's rate where a run has no such window, marked *); \
          tok/s and \"run req/s\" are over the whole run\n\
          - every request generates exactly the workload's output length (the planner's RRA model); prompts follow the workload's distribution\n\
-         - numbers are noisy: the machine's cores were shared with other builds while this ran\n",
-        args.kv_tokens, args.block_size, args.max_batch
+         - 1-minute load average before the first run / after the last: {} / {} (the machine's cores are shared: \
+         a load above its {} threads means other work slowed these runs)\n",
+        args.kv_tokens,
+        args.block_size,
+        args.max_batch,
+        fmt_load(load[0]),
+        fmt_load(load[1]),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     ));
+    if let Some(steps) = &profile.engine_step_ms {
+        md.push_str("\nMeasured paged-engine steps (the profile's `engine_step_ms`, what the planner reads), ms:\n\n");
+        let (d, p) = (&steps.decode, &steps.prefill);
+        md.push_str(&step_table("decode batch", "context", &d.batch, &d.context, &d.ms));
+        md.push('\n');
+        md.push_str(&step_table("prefill batch", "prompt tokens", &p.batch, &p.tokens, &p.ms));
+    }
     let yes = |b: bool| if b { "yes" } else { "**no**" }.to_string();
     let star = |r: &Run| if r.steady { "" } else { "*" };
     let rate = |r: &Run| format!("{:.2}{} / {:.1}", r.requests_per_s, star(r), r.tokens_per_s);

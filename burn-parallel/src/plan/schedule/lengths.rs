@@ -99,6 +99,12 @@ impl Lengths {
         self.points.iter().map(|&(l, p)| l as f64 * p).sum()
     }
 
+    /// Standard deviation of the length.
+    pub fn std(&self) -> f64 {
+        let mean = self.mean();
+        self.points.iter().map(|&(l, p)| p * (l as f64 - mean).powi(2)).sum::<f64>().sqrt()
+    }
+
     /// Longest length with positive probability.
     pub fn max(&self) -> usize {
         self.points.last().map_or(1, |p| p.0)
@@ -115,6 +121,46 @@ impl Lengths {
             }
         }
         self.max()
+    }
+}
+
+/// The standard normal's quantile at probability `p` (Acklam's rational approximation without
+/// its refinement step: within 1.3e-5 of the true value in the tails, 1.4e-9 in the middle); `p` is
+/// clamped to `[1e-9, 1 − 1e-9]`.
+pub fn normal_quantile(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969683028665376e1,
+        2.209460984245205e2,
+        -2.759285104469687e2,
+        1.38357751867269e2,
+        -3.066479806614716e1,
+        2.506628277459239,
+    ];
+    const B: [f64; 5] =
+        [-5.447609879822406e1, 1.615858368580409e2, -1.556989798598866e2, 6.680131188771972e1, -1.328068155288572e1];
+    const C: [f64; 6] = [
+        -7.784894002430293e-3,
+        -3.223964580411365e-1,
+        -2.400758277161838,
+        -2.549671010366372,
+        4.374664141464968,
+        2.938163982698783,
+    ];
+    const D: [f64; 4] = [7.784695709041462e-3, 3.224671290700398e-1, 2.445134137142996, 3.754408661907416];
+    let p = p.clamp(1e-9, 1.0 - 1e-9);
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < 0.02425 {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - 0.02425 {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
     }
 }
 
@@ -150,6 +196,7 @@ mod tests {
         assert_eq!(l.mean(), 15.0);
         assert_eq!(l.percentile(50.0), 10);
         assert_eq!(l.percentile(99.0), 20);
+        assert_eq!(l.std(), 5.0);
         let n = LengthDistribution::TruncatedNormal(TruncatedNormal {
             mean: 50.0,
             std: 10.0,
@@ -162,5 +209,14 @@ mod tests {
         assert_eq!(a, Lengths::new("d", &n).unwrap());
         assert!(Lengths::new("d", &LengthDistribution::Trace(vec![])).is_err());
         assert!(Lengths::new("d", &LengthDistribution::Histogram(vec![(3, 0.0)])).is_err());
+    }
+
+    #[test]
+    fn schedule_normal_quantile_matches_tables() {
+        for (p, z) in
+            [(0.5, 0.0), (0.9, 1.2815515655), (0.99, 2.3263478740), (0.01, -2.3263478740), (0.999, 3.0902323062)]
+        {
+            assert!((normal_quantile(p) - z).abs() < 2e-5, "{p}: {}", normal_quantile(p));
+        }
     }
 }

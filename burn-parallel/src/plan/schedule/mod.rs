@@ -18,7 +18,10 @@
 //! SLA-(b): "a sequence of a pre-specified length (e.g. 99th pctl-length) is completed within a
 //! given time"; set `latency_percentile` to change it), from the start of the query's prefill to
 //! its last token, in the steady state of the schedule. Queueing before the prefill is not part
-//! of it (the paper's offline setting keeps every encode batch full).
+//! of it (the paper's offline setting keeps every encode batch full). Because the bound is a
+//! percentile over queries, the latency also counts the prompt tail of the prefills that hold
+//! and interrupt the query (RRA's timeline; see [`xsim`]): the percentile query's prefills carry
+//! more prompt tokens than average ones.
 
 mod lengths;
 mod search;

@@ -37,7 +37,7 @@ pub(crate) struct Searcher<'a> {
     max_batch: usize,
     bound_s: f64,
     evaluated: RefCell<HashMap<(Space, Vec<usize>), Perf>>,
-    upper: RefCell<HashMap<(Space, [usize; 3]), f64>>,
+    upper: RefCell<HashMap<(Space, [usize; 4]), f64>>,
     /// Simulations of the exhaustive search, which visits each point once and keeps none.
     uncached: Cell<usize>,
 }
@@ -110,14 +110,15 @@ impl Searcher<'_> {
 
     /// The most throughput any point of the block `lo..=hi` can have.
     fn most_throughput(&self, space: &Space, lo: &[usize], hi: &[usize]) -> f64 {
-        match space {
-            Space::Rra { pipe, nd_max } => *self
-                .upper
-                .borrow_mut()
-                .entry((*space, [hi[0], lo[1], hi[1]]))
-                .or_insert_with(|| self.sim.rra_upper((hi[0] + 1) as f64, nd_max - hi[1], nd_max - lo[1], pipe)),
-            Space::Waa { .. } => self.evaluate(space, hi).throughput_qps,
-        }
+        let (b_lo, b_hi) = ((lo[0] + 1) as f64, (hi[0] + 1) as f64);
+        let key = match space {
+            Space::Rra { .. } => [lo[0], hi[0], lo[1], hi[1]],
+            Space::Waa { .. } => [lo[0], hi[0], 0, 0],
+        };
+        *self.upper.borrow_mut().entry((*space, key)).or_insert_with(|| match space {
+            Space::Rra { pipe, nd_max } => self.sim.rra_upper(b_lo, b_hi, nd_max - hi[1], nd_max - lo[1], pipe),
+            Space::Waa { encoders, micro, pipe } => self.sim.waa_upper(b_lo, b_hi, *micro, *encoders, pipe),
+        })
     }
 
     /// Exhaustive search: the feasible point of most throughput (first in coordinate order on ties).

@@ -5,9 +5,13 @@
 //! token, so an output of `S` tokens needs `S − 1` decode iterations after it. Layers are spread
 //! evenly over a pipeline's stages (fractionally: an estimate, like the paper's); a
 //! tensor-parallel stage runs its layers at `time_scale · t + sync`. Batches are expected values
-//! (real numbers), as in §6. Every engine step (a prefill or a decode micro-batch) also pays the
-//! profile's `engine_step` overhead (scheduling, block tables, host round trips, sampling: see
-//! [`EngineStep`](crate::plan::profile::EngineStep)), on the stage that launches it, the first.
+//! (real numbers), as in §6. On one device a step takes what the profile's measured engine steps
+//! say (`engine_step_ms`, interpolated between the measured batches and lengths, as ExeGPT's
+//! simulator reads its profiled latencies), or, in profiles without them, the layer tables plus
+//! the linear `engine_step` overhead. In a pipeline every engine step (a prefill or a decode
+//! micro-batch) pays what the layer tables do not predict (scheduling, block tables, host round
+//! trips, sampling: see [`CostModel::prefill_overhead_ms`]) on the stage that launches it, the
+//! first.
 //! Timelines use the [simulator's](crate::plan::sim) flow-shop rule in closed form: `m` equal
 //! micro-batches pass `k` stages in `Σ t_k + (m−1)·max t_k` ([`fill`]); `m` micro-batches cycling
 //! through the stages (decode iterations) repeat every `max(m·max t_k, Σ t_k)` ([`cyclic`]).
@@ -16,12 +20,21 @@
 //!   encodes `B_E` queries then runs `N_D` decode iterations of `B_D = B_E / Σ_U P_D(U)`, with
 //!   `P_D(U|S)` as in §6 (a query of `S` tokens stays for `⌈(S−1)/N_D⌉` decode phases).
 //!   Throughput `B_E / (E + N_D·I)`; the latency of the percentile-length output `S` is
-//!   `max(1, ⌈(S−1)/N_D⌉)·E + (S−1)·I` (its own prefill and the prefills between its decode
-//!   phases, and its `S − 1` iterations).
+//!   `k·E + X + (S−1)·I` with `k = max(1, ⌈(S−1)/N_D⌉)` (its own prefill and the prefills that
+//!   interrupt its decode phases, and its `S − 1` iterations) and `X` the prompt tail below.
 //! - **WAA** (§4.1, Fig. 4b): `G_E` devices encode batches of `B_E`, the rest decode
 //!   `B_D = B_E·(S̄_D − 1)` in `B_m` micro-batches; the decoder merges an encoded batch every
 //!   iteration, so the period is `T = max(encoder bottleneck, decode iteration)`, throughput
 //!   `B_E / T`, latency `encode pass + (S−1)·T`. Each side holds a copy of the weights.
+//!
+//! **Prompt tail.** `E` is a prefill of average prompts, but the latency bound is a percentile
+//! over queries, and a query's `k` prefills hold `k·B_E` prompts drawn from `P_E`: at the same
+//! percentile `p` their tokens exceed the mean by `max(z_p·σ_E·√(k·B_E), S_E,p − S̄_E)` (the
+//! normal approximation of the sum, or the query's own prompt at its percentile, whichever is
+//! larger; `σ_E` the prompts' standard deviation, `S_E,p` their percentile). `X` is what those
+//! extra tokens cost at the one-device prefill's marginal cost per token at batch 1, between
+//! `S̄_E` and `S̄_E + max(S_E,p − S̄_E, 1)` tokens. `X` grows with `B_E` and falls with `N_D`,
+//! so the search's monotonicity holds. Throughput is an average and takes the mean.
 //!
 //! Memory per device: its layers' weights and the KV cache of the queries in flight
 //! (`mean input + mean output` tokens each), split by the tensor-parallel degree; the embedding
@@ -33,7 +46,7 @@ use std::collections::HashMap;
 
 use crate::plan::profile::{CostModel, TpScaling};
 
-use super::lengths::Lengths;
+use super::lengths::{Lengths, normal_quantile};
 
 /// A pipeline: `tp_groups` tensor-parallel stages of `degree` devices, then `plain` one-device
 /// stages.
@@ -71,9 +84,20 @@ pub(crate) struct XSim {
     max_decode_batch: f64,
     /// Output length whose latency is bounded (the percentile).
     pub target_len: usize,
+    /// `z_p·σ_E` of the prompt tail (tokens).
+    prompt_spread: f64,
+    /// `S_E,p − S̄_E`, at least 0 (tokens).
+    prompt_excess: f64,
+    /// Marginal prefill cost of a prompt token at batch 1 (ms).
+    token_ms: f64,
     layers: f64,
     mean_in: f64,
     mean_out: f64,
+    /// Mean decode context, where decode steps are read.
+    context: f64,
+    /// Whether no step costs more per query at a larger batch ([`CostModel::engine_sublinear`]):
+    /// then throughput grows with the encode batch and the search's bounds can use it.
+    sublinear: bool,
     /// `Σ_U P_D(U)` by `N_D`, as computed so far (the search asks for the same values often).
     completion: RefCell<HashMap<usize, f64>>,
 }
@@ -98,11 +122,23 @@ impl XSim {
         percentile: f64,
     ) -> Self {
         let target_len = output.percentile(percentile);
+        let context = input.mean() + output.mean() / 2.0;
+        let prompts: Vec<f64> = input.points().iter().map(|&(s, _)| s as f64).collect();
+        let mean_in = input.mean();
+        let prompt_excess = (input.percentile(percentile) as f64 - mean_in).max(0.0);
+        let step = prompt_excess.max(1.0);
+        let token_ms =
+            ((cost.prefill_step_ms(1.0, mean_in + step) - cost.prefill_step_ms(1.0, mean_in)) / step).max(0.0);
         Self {
+            prompt_spread: (normal_quantile(percentile / 100.0) * input.std()).max(0.0),
+            prompt_excess,
+            token_ms,
             max_decode_batch: max_decode_batch.map_or(f64::INFINITY, |b| b as f64 + 1e-9),
             layers: cost.profile().layers as f64,
             mean_in: input.mean(),
             mean_out: output.mean(),
+            context,
+            sublinear: cost.engine_sublinear(&prompts, context),
             cost,
             input,
             output,
@@ -174,18 +210,32 @@ impl XSim {
         })
     }
 
-    /// Per-layer prefill time of `batch` queries, expected over the input lengths.
-    fn encode_layer_ms(&self, batch: f64) -> f64 {
-        self.input.points().iter().map(|&(s, p)| p * self.cost.prefill_layer_ms(batch, s as f64, 0.0)).sum()
+    /// `f(s)` expected over the input lengths `s`.
+    fn over_inputs(&self, f: impl Fn(f64) -> f64) -> f64 {
+        self.input.points().iter().map(|&(s, p)| p * f(s as f64)).sum()
+    }
+
+    /// `X` of the module docs: the extra prefill time of a query at the latency percentile whose
+    /// prefills hold `prompts` prompts.
+    fn prompt_tail_ms(&self, prompts: f64) -> f64 {
+        self.token_ms * (self.prompt_spread * prompts.sqrt()).max(self.prompt_excess)
+    }
+
+    /// Whether `pipe` is one device running the whole model: the engine the profile measured.
+    fn one_device(pipe: &Pipe) -> bool {
+        pipe.stages() == 1 && pipe.tp_groups == 0
     }
 
     /// Stage times of encoding `batch` queries.
     fn encode_times(&self, pipe: &Pipe, batch: f64) -> Vec<f64> {
+        if Self::one_device(pipe) {
+            return vec![self.over_inputs(|s| self.cost.prefill_step_ms(batch, s))];
+        }
         let prof = self.cost.profile();
-        let overhead = self.cost.engine_step().prefill_ms(batch, self.mean_in);
+        let overhead = self.over_inputs(|s| self.cost.prefill_overhead_ms(batch, s));
         self.stage_times(
             pipe,
-            self.encode_layer_ms(batch),
+            self.over_inputs(|s| self.cost.prefill_layer_ms(batch, s, 0.0)),
             batch * self.mean_in * prof.embedding.ms_per_token + overhead,
             batch * prof.lm_head.ms_per_token,
         )
@@ -193,13 +243,14 @@ impl XSim {
 
     /// Stage times of one decode step of `batch` queries at the mean decode context.
     fn decode_times(&self, pipe: &Pipe, batch: f64) -> Vec<f64> {
+        if Self::one_device(pipe) {
+            return vec![self.cost.decode_step_ms(batch, self.context)];
+        }
         let prof = self.cost.profile();
-        let context = self.mean_in + self.mean_out / 2.0;
-        let overhead = self.cost.engine_step().decode_ms(batch);
         self.stage_times(
             pipe,
-            self.cost.decode_layer_ms(batch, context),
-            batch * prof.embedding.ms_per_token + overhead,
+            self.cost.decode_layer_ms(batch, self.context),
+            batch * prof.embedding.ms_per_token + self.cost.decode_overhead_ms(batch, self.context),
             batch * prof.lm_head.ms_per_token,
         )
     }
@@ -211,26 +262,33 @@ impl XSim {
         let encode = fill(&self.encode_times(pipe, b_e / m), m);
         let iteration = cyclic(&self.decode_times(pipe, b_d / m), m);
         let s = self.target_len;
+        let k = phases(s, n_d).max(1) as f64;
         Perf {
             throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
-            latency_s: (phases(s, n_d).max(1) as f64 * encode + (s - 1) as f64 * iteration) / 1000.0,
+            latency_s: (k * encode + self.prompt_tail_ms(k * b_e) + (s - 1) as f64 * iteration) / 1000.0,
             fits: b_d <= self.max_decode_batch && self.fits(pipe, b_d * (self.mean_in + self.mean_out)),
         }
     }
 
-    /// An upper bound on RRA's throughput over `B_E ≤ b_e`, `n_lo ≤ N_D ≤ n_hi`. Throughput grows
-    /// with `B_E`, so take `B_E = b_e`; a cycle is `E + N·I(b_e / q(N))` with `q = Σ_U P_D(U)`
-    /// non-decreasing in `N`. Two lower bounds on `N·I(…)`: `n_lo · I(b_e / q(n_hi))` (the
-    /// smallest count of the cheapest iterations), and, since an iteration's time per query never
-    /// grows with the batch, `min_N (N / q(N)) · q(n_lo) · I(b_e / q(n_lo))`.
-    pub fn rra_upper(&self, b_e: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
+    /// An upper bound on RRA's throughput over `b_lo ≤ B_E ≤ b_hi`, `n_lo ≤ N_D ≤ n_hi`: a cycle
+    /// is `E(B_E) + N·I(B_E / q(N))` with `q = Σ_U P_D(U)` non-decreasing in `N` and `E`, `I`
+    /// non-decreasing in the batch. Always valid: `b_hi / (E(b_lo) + n_lo·I(b_lo / q(n_hi)))`.
+    /// When no step costs more per query at a larger batch, throughput grows with `B_E`, so
+    /// `B_E = b_hi` is taken, with two lower bounds on `N·I(…)`: `n_lo · I(b_hi / q(n_hi))` (the
+    /// smallest count of the cheapest iterations), and `min_N (N / q(N)) · q(n_lo) ·
+    /// I(b_hi / q(n_lo))`; the smaller bound is returned.
+    pub fn rra_upper(&self, b_lo: f64, b_hi: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
         let m = pipe.stages() as f64;
-        let encode = fill(&self.encode_times(pipe, b_e / m), m);
-        let iteration = |n: usize| cyclic(&self.decode_times(pipe, b_e / self.completion(n) / m), m);
-        let fewest = n_lo as f64 * iteration(n_hi);
+        let encode = |b: f64| fill(&self.encode_times(pipe, b / m), m);
+        let iteration = |b: f64, n: usize| cyclic(&self.decode_times(pipe, b / self.completion(n) / m), m);
+        let general = b_hi / ((encode(b_lo) + n_lo as f64 * iteration(b_lo, n_hi)) / 1000.0);
+        if !self.sublinear {
+            return general;
+        }
+        let fewest = n_lo as f64 * iteration(b_hi, n_hi);
         let per_query = (n_lo..=n_hi).map(|n| n as f64 / self.completion(n)).fold(f64::INFINITY, f64::min);
-        let amortised = per_query * self.completion(n_lo) * iteration(n_lo);
-        b_e / ((encode + fewest.max(amortised)) / 1000.0)
+        let amortised = per_query * self.completion(n_lo) * iteration(b_hi, n_lo);
+        general.min(b_hi / ((encode(b_hi) + fewest.max(amortised)) / 1000.0))
     }
 
     /// WAA with `encoders` encoding devices, encode batch `b_e`, `micro` decoder micro-batches and
@@ -245,10 +303,21 @@ impl XSim {
         let pass: f64 = enc.iter().sum();
         Perf {
             throughput_qps: b_e / (period / 1000.0),
-            latency_s: (pass + (self.target_len - 1) as f64 * period) / 1000.0,
+            latency_s: (pass + self.prompt_tail_ms(b_e) + (self.target_len - 1) as f64 * period) / 1000.0,
             fits: b_d <= self.max_decode_batch
                 && self.fits(&enc_pipe, b_e * self.mean_in)
                 && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
+        }
+    }
+
+    /// An upper bound on WAA's throughput over `b_lo ≤ B_E ≤ b_hi`: the throughput at `b_hi` when
+    /// it grows with `B_E` (no step costs more per query at a larger batch), else `b_hi` over
+    /// the period at `b_lo` (the period never shrinks with the batch).
+    pub fn waa_upper(&self, b_lo: f64, b_hi: f64, micro: usize, encoders: usize, decode: &Pipe) -> f64 {
+        if self.sublinear {
+            self.waa(b_hi, micro, encoders, decode).throughput_qps
+        } else {
+            b_hi / b_lo * self.waa(b_lo, micro, encoders, decode).throughput_qps
         }
     }
 
