@@ -130,7 +130,8 @@ if failed:
 for d in sorted(p for p in res.iterdir() if p.is_dir() and p.name != "tests"):
     reports = [d / "hf-generate.md"] if (d / "hf-generate.md").exists() else sorted(d.glob("*.md"))
     for f in reports:
-        md += ["", f"## {d.name}/{f.name}", ""] + f.read_text().strip().splitlines()[1:]
+        body = "\n".join(f.read_text().strip().splitlines()[1:]).strip()
+        md += ["", f"## {d.name}/{f.name}", "", body]
 (out / "summary.md").write_text("\n".join(md) + "\n")
 (out / "summary.json").write_text(json.dumps({"steps": rows, "tests": tests}, indent=2) + "\n")
 PY
@@ -183,6 +184,25 @@ if has_phase tests; then
     BURN_LLM_TEST_DEVICE="$DEVICE" BURN_LLM_FIXTURES="$WORK/fixtures" \
       timed "$T_TESTS" "$RES/tests/$name.log" "$BIN/$binary" $filter
     counts="$(grep -Eo 'test result: .*' "$RES/tests/$name.log" | tail -1)"
+    if [ -z "$counts" ] && [ "$STEP_STATUS" != ok ] && [ "${STEP_STATUS#timeout}" = "$STEP_STATUS" ]; then
+      # The binary died (a signal, e.g. a driver crash) and took its other tests with it: run each
+      # test in its own process to tell which crash.
+      say "  $name died ($STEP_STATUS): running its tests one by one"
+      crashed=0; total=0; seconds=$STEP_SECONDS
+      for t in $("$BIN/$binary" $filter --list 2>/dev/null | sed -n 's/: test$//p'); do
+        total=$((total + 1))
+        BURN_LLM_TEST_DEVICE="$DEVICE" BURN_LLM_FIXTURES="$WORK/fixtures" \
+          timed "$T_TESTS" "$RES/tests/$name.one.log" "$BIN/$binary" --exact "$t"
+        cat "$RES/tests/$name.one.log" >> "$RES/tests/$name.log"
+        if [ "$STEP_STATUS" != ok ] && ! grep -q "^test $t \.\.\. FAILED" "$RES/tests/$name.one.log"; then
+          printf '\ntest %s ... FAILED (%s)\n' "$t" "$STEP_STATUS" >> "$RES/tests/$name.log"
+        fi
+        [ "$STEP_STATUS" = ok ] || crashed=$((crashed + 1))
+        seconds=$((seconds + STEP_SECONDS))
+      done
+      rm -f "$RES/tests/$name.one.log"
+      STEP_STATUS="failed"; STEP_SECONDS=$seconds; counts="one by one: $((total - crashed)) of $total passed"
+    fi
     record tests "$name" "$STEP_STATUS" "$STEP_SECONDS" "${counts:-no test result line}"
   done
   "$PYTHON" - "$RES" <<'PY' 2>>"$LOG"

@@ -44,9 +44,16 @@ pub struct Args {
     /// A folder of loader packages (`*.deb`) to pack instead of downloading them.
     #[arg(long)]
     debs: Option<PathBuf>,
+    /// Examples to pack (the GPU run itself uses only the test binaries and xtask; every
+    /// example adds about 110 MiB before compression).
+    #[arg(long, value_delimiter = ',', default_value = "opt_generate,llama_generate,gpt2_generate,flexgen_generate")]
+    examples: Vec<String>,
     /// LZMA dictionary size in MiB: the window within which repeated code compresses away.
     #[arg(long, default_value_t = 256)]
     dict_mib: u32,
+    /// xz preset (0–9; higher is smaller and slower).
+    #[arg(long, default_value_t = 6)]
+    xz_preset: u32,
     /// Largest bundle accepted in MiB (the device tool carries 64 MiB, working tree included).
     #[arg(long, default_value_t = 60)]
     max_mib: u64,
@@ -86,7 +93,7 @@ enum BundleError {
     /// A tool could not be started.
     Spawn { command: String, source: std::io::Error, hint: &'static str },
     /// A binary of the bundle was not built.
-    MissingBinary(&'static str),
+    MissingBinary(String),
     /// No loader packages to pack.
     NoDebs(PathBuf),
     /// The bundle would not fit in what the device tool carries.
@@ -99,7 +106,7 @@ impl std::fmt::Display for BundleError {
             Self::Command { command, status, hint } => write!(f, "`{command}` failed ({status}): {hint}"),
             Self::Spawn { command, source, hint } => write!(f, "could not start `{command}`: {source}: {hint}"),
             Self::MissingBinary(name) => {
-                write!(f, "the build produced no `{name}` executable: is the target still in the workspace?")
+                write!(f, "the build produced no `{name}` executable: is the target (or example) in the workspace?")
             }
             Self::NoDebs(dir) => write!(
                 f,
@@ -171,22 +178,22 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Built>, Box<dyn s
 }
 
 /// The executables of the bundle, as (name in the bundle, built file): the GPU suite's test
-/// binaries, the examples and xtask.
-fn select(tests: &[Built], builds: &[Built]) -> Result<Vec<(String, PathBuf)>, BundleError> {
+/// binaries, the `examples` asked for and xtask.
+fn select(tests: &[Built], builds: &[Built], examples: &[String]) -> Result<Vec<(String, PathBuf)>, BundleError> {
+    let find = |from: &[Built], kind: &str, name: &str, test: bool| {
+        from.iter()
+            .find(|b| b.test == test && b.kind == kind && b.name == name)
+            .map(|b| b.path.clone())
+            .ok_or_else(|| BundleError::MissingBinary(name.to_string()))
+    };
     let mut out = Vec::new();
     for (kind, name, bundled) in TEST_BINARIES {
-        let found = tests
-            .iter()
-            .find(|b| b.test && b.kind == kind && b.name == name)
-            .ok_or(BundleError::MissingBinary(name))?;
-        out.push((bundled.to_string(), found.path.clone()));
+        out.push((bundled.to_string(), find(tests, kind, name, true)?));
     }
-    out.extend(builds.iter().filter(|b| !b.test && b.kind == "example").map(|b| (b.name.clone(), b.path.clone())));
-    let xtask = builds
-        .iter()
-        .find(|b| !b.test && b.kind == "bin" && b.name == "xtask")
-        .ok_or(BundleError::MissingBinary("xtask"))?;
-    out.push(("xtask".into(), xtask.path.clone()));
+    for example in examples {
+        out.push((example.clone(), find(builds, "example", example, false)?));
+    }
+    out.push(("xtask".into(), find(builds, "bin", "xtask", false)?));
     Ok(out)
 }
 
@@ -235,19 +242,19 @@ fn download_debs(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Packs `staging` into `archive` as one solid xz stream with a `dict_mib` dictionary.
-fn pack(staging: &Path, archive: &Path, dict_mib: u32) -> Result<(), Box<dyn std::error::Error>> {
+/// Packs `staging` into `archive` as one solid xz stream (`preset`, `dict_mib` dictionary).
+fn pack(staging: &Path, archive: &Path, preset: u32, dict_mib: u32) -> Result<(), Box<dyn std::error::Error>> {
     let file = std::fs::File::create(archive)?;
     let hint = "tar and xz (xz-utils) must be installed";
     // Binaries first and next to each other, so their shared code falls inside one dictionary.
     let mut tar = Command::new("tar");
-    tar.arg("-C").arg(staging).args(["--owner=0", "--group=0", "--numeric-owner", "-cf", "-", "bin", "debs"]);
+    tar.arg("-C").arg(staging).args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "-cf", "-", "bin", "debs"]);
     tar.args(["fixtures", "hf_generate_bench.py", "MANIFEST.json"]).stdout(Stdio::piped());
     let tar_cmd = format!("{tar:?}");
     let mut tar_child = tar.spawn().map_err(|source| BundleError::Spawn { command: tar_cmd.clone(), source, hint })?;
     let tar_out = tar_child.stdout.take().ok_or("tar gave no output pipe")?;
     let mut xz = Command::new("xz");
-    xz.args(["-T1", "-c", &format!("--lzma2=preset=9e,dict={dict_mib}MiB")]).stdin(tar_out).stdout(file);
+    xz.args(["-T1", "-c", &format!("--lzma2=preset={preset},dict={dict_mib}MiB")]).stdin(tar_out).stdout(file);
     run_command(&mut xz, hint)?;
     let status = tar_child.wait()?;
     if !status.success() {
@@ -295,7 +302,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let started = Instant::now();
     std::fs::create_dir_all(staging.join("bin"))?;
-    for (name, path) in select(&tests, &builds)? {
+    for (name, path) in select(&tests, &builds, &args.examples)? {
         let target = staging.join("bin").join(&name);
         run_command(
             Command::new("strip").arg("--strip-all").arg("-o").arg(&target).arg(&path),
@@ -334,8 +341,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(staging.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest)?)?;
     std::fs::create_dir_all(&next)?;
     let archive = next.join("payload.tar.xz");
-    eprintln!("packing {:.1} MiB (xz, {} MiB dictionary)…", mib(manifest.payload_bytes), args.dict_mib);
-    pack(&staging, &archive, args.dict_mib)?;
+    eprintln!(
+        "packing {:.1} MiB (xz preset {}, {} MiB dictionary)…",
+        mib(manifest.payload_bytes),
+        args.xz_preset,
+        args.dict_mib
+    );
+    pack(&staging, &archive, args.xz_preset, args.dict_mib)?;
     manifest.pack_s = started.elapsed().as_secs_f64();
     manifest.archive_bytes = archive.metadata()?.len();
     std::fs::write(next.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest)?)?;
@@ -387,9 +399,12 @@ mod tests {
             built("example", "opt_generate", false),
         ];
         let builds = vec![built("example", "opt_generate", false), built("bin", "xtask", false)];
-        let names: Vec<String> = select(&tests, &builds).unwrap().into_iter().map(|(n, _)| n).collect();
+        let examples = ["opt_generate".to_string()];
+        let names: Vec<String> = select(&tests, &builds, &examples).unwrap().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["kernels-tests", "burn-llm-tests", "opt_generate", "xtask"]);
-        let err = select(&tests[..1], &builds).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = select(&tests[..1], &builds, &examples).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("`all`"), "{err}");
+        let err = select(&tests, &builds, &["nope".to_string()]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("`nope`"), "{err}");
     }
 }
