@@ -1,8 +1,9 @@
 //! `cargo xtask gpu-bundle`: what a GPU machine without Rust or network needs to run burn-llm's
 //! GPU test suite and GPU benchmarks, packed into one folder small enough to carry there.
 //!
-//! Builds in release with `vulkan` (plus the default `wgpu`) the test binaries of the GPU suite,
-//! the examples and this xtask binary (for the benchmarks), strips them, downloads the Vulkan
+//! Builds in release with `vulkan` (plus the default `wgpu`; one `cargo build --all-targets`) the
+//! test binaries of the GPU suite, examples and this xtask binary (for the benchmarks), strips
+//! them, downloads the Vulkan
 //! loader packages (`apt-get download`, amd64), and packs them with the test fixtures and
 //! `scripts/hf_generate_bench.py` into one solid `tar` + `xz` archive: the binaries share most
 //! of their code (Burn, CubeCL, wgpu), so a dictionary spanning several of them stores it about
@@ -179,21 +180,22 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Built>, Box<dyn s
 
 /// The executables of the bundle, as (name in the bundle, built file): the GPU suite's test
 /// binaries, the `examples` asked for and xtask.
-fn select(tests: &[Built], builds: &[Built], examples: &[String]) -> Result<Vec<(String, PathBuf)>, BundleError> {
-    let find = |from: &[Built], kind: &str, name: &str, test: bool| {
-        from.iter()
+fn select(built: &[Built], examples: &[String]) -> Result<Vec<(String, PathBuf)>, BundleError> {
+    let find = |kind: &str, name: &str, test: bool| {
+        built
+            .iter()
             .find(|b| b.test == test && b.kind == kind && b.name == name)
             .map(|b| b.path.clone())
             .ok_or_else(|| BundleError::MissingBinary(name.to_string()))
     };
     let mut out = Vec::new();
     for (kind, name, bundled) in TEST_BINARIES {
-        out.push((bundled.to_string(), find(tests, kind, name, true)?));
+        out.push((bundled.to_string(), find(kind, name, true)?));
     }
     for example in examples {
-        out.push((example.clone(), find(builds, "example", example, false)?));
+        out.push((example.clone(), find("example", example, false)?));
     }
-    out.push(("xtask".into(), find(builds, "bin", "xtask", false)?));
+    out.push(("xtask".into(), find("bin", "xtask", false)?));
     Ok(out)
 }
 
@@ -248,7 +250,16 @@ fn pack(staging: &Path, archive: &Path, preset: u32, dict_mib: u32) -> Result<()
     let hint = "tar and xz (xz-utils) must be installed";
     // Binaries first and next to each other, so their shared code falls inside one dictionary.
     let mut tar = Command::new("tar");
-    tar.arg("-C").arg(staging).args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "-cf", "-", "bin", "debs"]);
+    tar.arg("-C").arg(staging).args([
+        "--sort=name",
+        "--owner=0",
+        "--group=0",
+        "--numeric-owner",
+        "-cf",
+        "-",
+        "bin",
+        "debs",
+    ]);
     tar.args(["fixtures", "hf_generate_bench.py", "MANIFEST.json"]).stdout(Stdio::piped());
     let tar_cmd = format!("{tar:?}");
     let mut tar_child = tar.spawn().map_err(|source| BundleError::Spawn { command: tar_cmd.clone(), source, hint })?;
@@ -294,15 +305,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let started = Instant::now();
-    eprintln!("building the GPU suite's test binaries (release, --features vulkan)…");
-    let tests = cargo_executables(&root, &["test", "--no-run"])?;
-    eprintln!("building the examples and xtask (release, --features vulkan)…");
-    let builds = cargo_executables(&root, &["build", "--bins", "--examples"])?;
+    // One invocation for test harnesses, examples and binaries: the features are then unified
+    // once (dev-dependencies included), as `cargo test` does, so nothing is built twice.
+    eprintln!("building the test binaries, examples and xtask (release, --features vulkan)…");
+    let built = cargo_executables(&root, &["build", "--all-targets"])?;
     let build_s = started.elapsed().as_secs_f64();
 
     let started = Instant::now();
     std::fs::create_dir_all(staging.join("bin"))?;
-    for (name, path) in select(&tests, &builds, &args.examples)? {
+    for (name, path) in select(&built, &args.examples)? {
         let target = staging.join("bin").join(&name);
         run_command(
             Command::new("strip").arg("--strip-all").arg("-o").arg(&target).arg(&path),
@@ -392,19 +403,22 @@ mod tests {
 
     #[test]
     fn selects_the_suite_binaries_examples_and_xtask() {
-        let tests = vec![
+        let built = vec![
             built("lib", "burn_llm_kernels", true),
+            built("lib", "burn_llm_kernels", false),
             built("lib", "burn_llm_models", true),
             built("test", "all", true),
             built("example", "opt_generate", false),
+            built("bin", "xtask", true),
+            built("bin", "xtask", false),
         ];
-        let builds = vec![built("example", "opt_generate", false), built("bin", "xtask", false)];
         let examples = ["opt_generate".to_string()];
-        let names: Vec<String> = select(&tests, &builds, &examples).unwrap().into_iter().map(|(n, _)| n).collect();
+        let names: Vec<String> = select(&built, &examples).unwrap().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["kernels-tests", "burn-llm-tests", "opt_generate", "xtask"]);
-        let err = select(&tests[..1], &builds, &examples).err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(select(&built, &examples).unwrap()[3].1, PathBuf::from("/t/xtask-false"));
+        let err = select(&built[..3], &examples).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("`all`"), "{err}");
-        let err = select(&tests, &builds, &["nope".to_string()]).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = select(&built, &["nope".to_string()]).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("`nope`"), "{err}");
     }
 }
