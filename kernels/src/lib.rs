@@ -50,8 +50,7 @@ pub mod paged;
 pub mod quant;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
 pub mod remote;
-#[cfg(test)]
-mod test_devices;
+pub mod test_devices;
 
 pub use paged::{
     PagedBatch, PagedKernelError, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut, paged_attention,

@@ -3,23 +3,23 @@
 use std::path::PathBuf;
 
 use burn::tensor::Device;
-use burn_llm::DeviceChoice;
 
 /// The fixtures, with what each exercises.
 pub const FIXTURES: [&str; 5] = ["opt", "opt-postln-proj", "llama", "llama-tied-sharded", "gpt2"];
 
+/// A fixture's directory: under `$BURN_LLM_FIXTURES` when set (the GPU bundle runs this binary
+/// away from the source tree), else under the source tree's `tests/fixtures`.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    std::env::var_os("BURN_LLM_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+        .join(name)
 }
 
-/// Devices to run numeric tests on.
+/// Devices to run numeric tests on: Flex and wgpu by default, or those `BURN_LLM_TEST_DEVICE`
+/// names (`vulkan` for the GPU suite; see `burn_llm::kernels::test_devices`).
 pub fn devices() -> Vec<(&'static str, Device)> {
-    let mut out = vec![("flex", Device::flex())];
-    let wgpu_wanted = std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true);
-    if let (true, Ok(device)) = (wgpu_wanted, DeviceChoice::Wgpu.device()) {
-        out.push(("wgpu", device));
-    }
-    out
+    burn_llm::kernels::test_devices::devices_under_test().unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub struct ReferencePrompt {

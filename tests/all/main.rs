@@ -2,7 +2,8 @@
 //!
 //! Fixtures under `tests/fixtures/` are tiny random HF checkpoints with HF reference outputs,
 //! made by `scripts/make_fixtures.py`. Tests run on `flex` and, when the `wgpu` feature is on, on
-//! wgpu too (Mesa lavapipe on machines without a GPU); set `BURN_LLM_TEST_WGPU=0` to skip wgpu.
+//! wgpu too (Mesa lavapipe on machines without a GPU); set `BURN_LLM_TEST_WGPU=0` to skip wgpu, or
+//! `BURN_LLM_TEST_DEVICE=vulkan` (a build with `--features vulkan`) to run them on the Vulkan runtime alone.
 
 mod common;
 

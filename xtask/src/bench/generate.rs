@@ -15,8 +15,9 @@ use serde::Serialize;
 
 use crate::report::{self, Align::Right, Header, table};
 
-/// Built-in model shapes for dummy-weight runs, as HF `config.json` text.
-const SYNTHETIC: [(&str, &str); 3] = [
+/// Built-in model shapes for dummy-weight runs, as HF `config.json` text (written into the
+/// report, so `scripts/hf_generate_bench.py` builds HF's model of the same shape).
+const SYNTHETIC: [(&str, &str); 5] = [
     (
         "synthetic:opt-125m",
         r#"{"model_type":"opt","vocab_size":50272,"hidden_size":768,"num_hidden_layers":12,"ffn_dim":3072,
@@ -34,6 +35,18 @@ const SYNTHETIC: [(&str, &str); 3] = [
             "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"max_position_embeddings":8192,
             "rms_norm_eps":1e-5,"rope_theta":100000.0,"tie_word_embeddings":true,"eos_token_id":2}"#,
     ),
+    (
+        "synthetic:opt-1.3b",
+        r#"{"model_type":"opt","vocab_size":50272,"hidden_size":2048,"num_hidden_layers":24,"ffn_dim":8192,
+            "num_attention_heads":32,"max_position_embeddings":2048,"do_layer_norm_before":true,
+            "word_embed_proj_dim":2048,"eos_token_id":2}"#,
+    ),
+    (
+        "synthetic:llama-7b",
+        r#"{"model_type":"llama","vocab_size":32000,"hidden_size":4096,"intermediate_size":11008,
+            "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,"max_position_embeddings":2048,
+            "rms_norm_eps":1e-6,"rope_theta":10000.0,"tie_word_embeddings":false,"eos_token_id":2}"#,
+    ),
 ];
 
 /// Flags of `bench generate`.
@@ -43,7 +56,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "flex")]
     device: DeviceChoice,
     /// A model directory or hub id, or one of synthetic:opt-125m, synthetic:gpt2,
-    /// synthetic:smollm2-135m (random weights).
+    /// synthetic:smollm2-135m, synthetic:opt-1.3b, synthetic:llama-7b (random weights).
     #[arg(long, default_value = "synthetic:opt-125m")]
     model: String,
     /// Batch sizes to measure.
@@ -76,6 +89,10 @@ struct Report {
     header: Header,
     prompt_len: usize,
     new_tokens: usize,
+    batch_sizes: Vec<usize>,
+    /// The HF `config.json` of a synthetic model (absent for checkpoints).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config: Option<serde_json::Value>,
     results: Vec<Row>,
 }
 
@@ -150,7 +167,16 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ]
         }),
     ));
-    let report = Report { header, prompt_len: args.prompt_len, new_tokens: args.new_tokens, results };
+    let config =
+        SYNTHETIC.iter().find(|(name, _)| *name == args.model).map(|(_, c)| serde_json::from_str(c)).transpose()?;
+    let report = Report {
+        header,
+        prompt_len: args.prompt_len,
+        new_tokens: args.new_tokens,
+        batch_sizes: args.batch_sizes.clone(),
+        config,
+        results,
+    };
     report::write(&args.out, "generate", &report, &md)?;
     Ok(())
 }
