@@ -157,12 +157,12 @@ const SPLIT2_MAX_ROWS: usize = 32;
 /// Parallel parts per thread for products with more than [`SPLIT2_MAX_ROWS`] input rows.
 const PARTS_PER_THREAD: usize = 4;
 
-/// Whether the strip kernel ([`q8::strips`]) runs the product: it transposes each strip of 16
-/// weight rows once, which pays from two input rows on for 4-bit codes and from eight on for
-/// 8-bit codes (measured with `cargo xtask bench quant`; below, the row-by-row kernel, which
-/// streams the weight in memory order, is faster).
-fn use_strips(isa: q8::Isa, bits: u32, m: usize) -> bool {
-    q8::strips::supports(isa) && m >= if bits == 4 { 2 } else { 8 }
+/// Whether the strip kernel ([`q8::strips`]) runs the product: past one tile of input rows. It
+/// transposes each strip of 16 weight rows once, which costs more than it saves on up to four
+/// rows when the weight streams from memory (decode), where the row-by-row kernel reads the
+/// weight in memory order (measured: `cargo xtask bench quant`, and with 60 MB of weights).
+fn use_strips(isa: q8::Isa, m: usize) -> bool {
+    q8::strips::supports(isa) && m > q8::TILE
 }
 
 /// `x · Wᵀ` in integer arithmetic ([`q8`]): the input rows quantized once, then the weight rows
@@ -184,16 +184,14 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
     };
     debug_assert_eq!(a.rows(), m);
     let isa = *ISA.get_or_init(q8::Isa::best);
-    let panel = use_strips(isa, w.bits, m).then(|| q8::strips::Panel::new(&a));
+    let panel = use_strips(isa, m).then(|| q8::strips::Panel::new(&a));
     let mut out = vec![0f32; m * n];
     let shared = SharedOut(out.as_mut_ptr());
     // SAFETY (both writes): every caller of `part` hands it a range of weight rows (output
     // columns) that no other part covers; the `[m, n]` output outlives the parallel calls, and
     // the kernels hand out only `i < m`, columns inside `rows`.
     let part = |rows: std::ops::Range<usize>| match &panel {
-        Some(panel) => {
-            q8::strips::weight_rows(w, panel, rows, isa, |i, j0, v| unsafe { shared.copy(i * n + j0, v) })
-        }
+        Some(panel) => q8::strips::weight_rows(w, panel, rows, isa, |i, j0, v| unsafe { shared.copy(i * n + j0, v) }),
         None => q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) }),
     };
     let strip = q8::strips::STRIP;

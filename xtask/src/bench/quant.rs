@@ -433,15 +433,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }),
     ));
     md.push_str(&shapes_markdown(peaks, &shape_rows));
-    let report = Report {
-        header,
-        read_bandwidth_gb_s: bandwidth,
-        dequantize_gb_s,
-        matmul,
-        decode,
-        peaks,
-        shapes: shape_rows,
-    };
+    let report =
+        Report { header, read_bandwidth_gb_s: bandwidth, dequantize_gb_s, matmul, decode, peaks, shapes: shape_rows };
     report::write(&args.out, "quant", &report, &md)?;
     Ok(())
 }

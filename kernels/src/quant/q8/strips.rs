@@ -13,8 +13,11 @@
 //! FMA per group and input row. 16 weight rows × 8 input rows take 16 accumulators (8 `i32`, 8
 //! `f32`) of the 32 registers.
 //!
-//! Activation codes come from [`QuantizedRows`] as they are (its pair layout already puts the
-//! four activation codes that meet one code word side by side; see the parent module).
+//! Activation codes come from [`QuantizedRows`], regrouped once per product into a [`Panel`]
+//! (each tile's rows block by block, so that all broadcasts of a block are at fixed offsets from
+//! one pointer); the pair layout already puts the four codes that meet one code word side by side.
+//! The strips are transposed in registers (16 × 16 words) after reading each strip in memory
+//! order, which the hardware prefetchers follow (the transposition's order alone they do not).
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -158,13 +161,7 @@ pub fn supports(isa: Isa) -> bool {
 /// `(x · Wᵀ)[i, j]` for the weight rows `rows` and every input row `i`, handed a strip at a time
 /// to `out(i, j0, values)` (`values[c]` is column `j0 + c`); equal to [`super::weight_rows`]
 /// within `f32` rounding. Panics unless [`supports`]`(isa)`.
-pub fn weight_rows(
-    w: &Weights,
-    a: &Panel,
-    rows: Range<usize>,
-    isa: Isa,
-    mut out: impl FnMut(usize, usize, &[f32]),
-) {
+pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out: impl FnMut(usize, usize, &[f32])) {
     assert!(supports(isa), "the strip kernel needs AVX-512 VNNI");
     assert!(w.bits == a.bits && w.group.is_multiple_of(BLOCK) && w.group / BLOCK * a.groups == a.blocks);
     let words = a.blocks * BLOCK * w.bits as usize / 32;
@@ -174,6 +171,11 @@ pub fn weight_rows(
         let mut values = [0f32; ROWS * STRIP];
         for j0 in rows.clone().step_by(STRIP) {
             let strip_rows = j0..(j0 + STRIP).min(rows.end);
+            // The transposition reads 16 rows side by side, an order the hardware prefetchers do
+            // not follow from memory: read the strip (contiguous) in order first.
+            x86::stream(&w.codes[strip_rows.start * words..strip_rows.end * words]);
+            x86::stream(&w.scale[strip_rows.start * a.groups..strip_rows.end * a.groups]);
+            x86::stream(&w.min[strip_rows.start * a.groups..strip_rows.end * a.groups]);
             strip.load(w, words, a.groups, strip_rows.clone());
             for i0 in (0..a.m).step_by(ROWS) {
                 let t = ROWS.min(a.m - i0);
@@ -211,6 +213,18 @@ mod x86 {
                 )
             }
         };
+    }
+
+    /// Reads one byte of each cache line of `data` in order, bringing it into the cache the way
+    /// the hardware prefetchers follow best.
+    pub(super) fn stream<T>(data: &[T]) {
+        let p = data.as_ptr() as *const u8;
+        let mut sum = 0u8;
+        for line in (0..std::mem::size_of_val(data)).step_by(64) {
+            // SAFETY: the address is inside `data`.
+            sum = sum.wrapping_add(unsafe { p.add(line).read_volatile() });
+        }
+        std::hint::black_box(sum);
     }
 
     /// The 16 × 16 blocks of [`super::transpose`] for a full strip: `from` is 16 rows of `len`
@@ -303,9 +317,8 @@ mod x86 {
         let block_words = BLOCK * BITS as usize / 32;
         // SAFETY (all pointer arithmetic below): `tile` checked that the strip holds `blocks`
         // blocks and `groups` groups and that the panel holds tile `tile`.
-        let (mut x, mut d) = unsafe {
-            (a.q.as_ptr().add(tile * a.blocks * ROWS * BLOCK), a.d.as_ptr().add(tile * a.blocks * ROWS))
-        };
+        let (mut x, mut d) =
+            unsafe { (a.q.as_ptr().add(tile * a.blocks * ROWS * BLOCK), a.d.as_ptr().add(tile * a.blocks * ROWS)) };
         let mut words = strip.codes.as_ptr();
         let (mut scales, mut in_group) = (strip.scale.as_ptr(), 0);
         let nibble = _mm512_set1_epi8(15);
