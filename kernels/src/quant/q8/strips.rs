@@ -176,6 +176,11 @@ pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out
             x86::stream(&w.codes[strip_rows.start * words..strip_rows.end * words]);
             x86::stream(&w.scale[strip_rows.start * a.groups..strip_rows.end * a.groups]);
             x86::stream(&w.min[strip_rows.start * a.groups..strip_rows.end * a.groups]);
+            // And ask for the next strip, which arrives while this one is multiplied.
+            let next = strip_rows.end..(strip_rows.end + STRIP).min(rows.end);
+            x86::prefetch(&w.codes[next.start * words..next.end * words]);
+            x86::prefetch(&w.scale[next.start * a.groups..next.end * a.groups]);
+            x86::prefetch(&w.min[next.start * a.groups..next.end * a.groups]);
             strip.load(w, words, a.groups, strip_rows.clone());
             for i0 in (0..a.m).step_by(ROWS) {
                 let t = ROWS.min(a.m - i0);
@@ -225,6 +230,15 @@ mod x86 {
             sum = sum.wrapping_add(unsafe { p.add(line).read_volatile() });
         }
         std::hint::black_box(sum);
+    }
+
+    /// Asks for every cache line of `data` to be brought into the cache, without waiting.
+    pub(super) fn prefetch<T>(data: &[T]) {
+        let p = data.as_ptr() as *const i8;
+        for line in (0..std::mem::size_of_val(data)).step_by(64) {
+            // SAFETY: the address is inside `data` (and a prefetch never faults).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(line)) };
+        }
     }
 
     /// The 16 × 16 blocks of [`super::transpose`] for a full strip: `from` is 16 rows of `len`
