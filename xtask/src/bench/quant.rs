@@ -157,7 +157,7 @@ fn peaks() -> Option<Peaks> {
         for _ in 0..iterations {
             acc.iter_mut().for_each(|r| *r = _mm512_dpbusd_epi32(*r, a, b));
         }
-        acc.iter().map(|r| _mm512_reduce_add_epi32(*r) as u64).sum()
+        acc.iter().fold(0u64, |sum, r| sum.wrapping_add(_mm512_reduce_add_epi32(*r) as u64))
     }
     #[target_feature(enable = "avx512f,fma")]
     fn f32_512(iterations: usize) -> u64 {
