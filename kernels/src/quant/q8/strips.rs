@@ -343,24 +343,24 @@ mod x86 {
                 for w in 0..4 {
                     let c = unsafe { _mm512_loadu_si512(words.add(w * STRIP) as *const __m512i) };
                     let (lo, hi) = (_mm512_and_si512(c, nibble), _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble));
-                    for t in 0..T {
+                    for (t, iacc) in iacc.iter_mut().enumerate() {
                         let p = x.wrapping_add(t * BLOCK + 4 * w);
-                        dot_broadcast!(iacc[t], lo, p);
-                        dot_broadcast!(iacc[t], hi, p.wrapping_add(BLOCK / 2));
+                        dot_broadcast!(*iacc, lo, p);
+                        dot_broadcast!(*iacc, hi, p.wrapping_add(BLOCK / 2));
                     }
                 }
             } else {
                 for w in 0..8 {
                     let c = unsafe { _mm512_loadu_si512(words.add(w * STRIP) as *const __m512i) };
-                    for t in 0..T {
-                        dot_broadcast!(iacc[t], c, x.wrapping_add(t * BLOCK + 4 * w));
+                    for (t, iacc) in iacc.iter_mut().enumerate() {
+                        dot_broadcast!(*iacc, c, x.wrapping_add(t * BLOCK + 4 * w));
                     }
                 }
             }
             let scale = unsafe { _mm512_loadu_ps(scales) };
-            for t in 0..T {
+            for (t, (acc, iacc)) in acc.iter_mut().zip(iacc).enumerate() {
                 let sd = _mm512_mul_ps(scale, _mm512_set1_ps(unsafe { *d.add(t) }));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), sd, acc[t]);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), sd, *acc);
             }
             unsafe {
                 x = x.add(ROWS * BLOCK);
@@ -376,12 +376,12 @@ mod x86 {
         let sums = unsafe { a.group_sum.as_ptr().add(tile * a.groups * ROWS) };
         for g in 0..a.groups {
             let min = unsafe { _mm512_loadu_ps(strip.min.as_ptr().add(g * STRIP)) };
-            for t in 0..T {
-                acc[t] = _mm512_fmadd_ps(min, _mm512_set1_ps(unsafe { *sums.add(g * ROWS + t) }), acc[t]);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(min, _mm512_set1_ps(unsafe { *sums.add(g * ROWS + t) }), *acc);
             }
         }
-        for t in 0..T {
-            unsafe { _mm512_storeu_ps(values.as_mut_ptr().add(t * STRIP), acc[t]) };
+        for (row, acc) in values.chunks_exact_mut(STRIP).zip(acc) {
+            unsafe { _mm512_storeu_ps(row.as_mut_ptr(), acc) };
         }
     }
 }
