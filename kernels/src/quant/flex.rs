@@ -146,16 +146,29 @@ fn u32s(t: &FlexTensor) -> &[u32] {
 
 /// Input rows quantized per parallel task when a product has many (prefill).
 const QUANTIZE_ROWS_PER_TASK: usize = 32;
-/// Weight rows per parallel task of a many-row product: their codes (tens of KB) stay in cache
-/// while every tile of input rows passes over them.
+/// Weight rows per parallel task of a many-row product on the row-by-row kernel: their codes
+/// (tens of KB) stay in cache while every tile of input rows passes over them.
 const INT8_ROWS_PER_TASK: usize = 64;
 /// Products with fewer multiply-adds run on the calling thread: waking another costs more.
 const INT8_SERIAL_MACS: usize = 1 << 18;
+/// Products with at most this many input rows are split in two on two cores ([`split`]), more
+/// go to rayon in several parts per thread (which balances when another process holds a core).
+const SPLIT2_MAX_ROWS: usize = 32;
+/// Parallel parts per thread for products with more than [`SPLIT2_MAX_ROWS`] input rows.
+const PARTS_PER_THREAD: usize = 4;
+
+/// Whether the strip kernel ([`q8::strips`]) runs the product: past one tile of input rows. It
+/// transposes each strip of 16 weight rows once, which costs more than it saves on up to four
+/// rows when the weight streams from memory (decode), where the row-by-row kernel reads the
+/// weight in memory order (measured: `cargo xtask bench quant`, and with 60 MB of weights).
+fn use_strips(isa: q8::Isa, m: usize) -> bool {
+    q8::strips::supports(isa) && m > q8::TILE
+}
 
 /// `x · Wᵀ` in integer arithmetic ([`q8`]): the input rows quantized once, then the weight rows
-/// split across threads: for decode-sized `m`, in as many parts as threads (on two cores, this
-/// thread and the [`split`] helper, without a round trip through rayon's sleep and wake-up); for
-/// prefill-sized `m`, in cache-sized parts.
+/// split across threads in whole strips of [`q8::strips::STRIP`] rows: for decode-sized `m`, in
+/// as many parts as threads (on two cores, this thread and the [`split`] helper, without a round
+/// trip through rayon's sleep and wake-up); for prefill-sized `m`, in a few parts per thread.
 fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     if m == 0 || k == 0 || n == 0 {
         return vec![0.0; m * n];
@@ -171,31 +184,37 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
     };
     debug_assert_eq!(a.rows(), m);
     let isa = *ISA.get_or_init(q8::Isa::best);
+    let panel = use_strips(isa, m).then(|| q8::strips::Panel::new(&a));
     let mut out = vec![0f32; m * n];
-    if m * n * k <= INT8_SERIAL_MACS {
-        q8::weight_rows(w, &a, 0..n, isa, |i, j, v| out[i * n + j] = v);
-        return out;
-    }
     let shared = SharedOut(out.as_mut_ptr());
-    let threads = rayon::current_num_threads();
-    if m <= q8::TILE && threads == 2 {
-        // Decode on two cores: half the weight rows here, half on the split helper.
-        let half = n.div_ceil(2);
-        split::split2(&|part| {
-            let rows = part * half..((part + 1) * half).min(n);
-            // SAFETY: the halves own disjoint column ranges of the `[m, n]` output, which
-            // outlives the split; `i < m` and `j < n`.
-            q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) });
-        });
+    // SAFETY (both writes): every caller of `part` hands it a range of weight rows (output
+    // columns) that no other part covers; the `[m, n]` output outlives the parallel calls, and
+    // the kernels hand out only `i < m`, columns inside `rows`.
+    let part = |rows: std::ops::Range<usize>| match &panel {
+        Some(panel) => q8::strips::weight_rows(w, panel, rows, isa, |i, j0, v| unsafe { shared.copy(i * n + j0, v) }),
+        None => q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) }),
+    };
+    let strip = q8::strips::STRIP;
+    if m * n * k <= INT8_SERIAL_MACS {
+        part(0..n);
         return out;
     }
-    let per_task = if m <= q8::TILE { n.div_ceil(threads) } else { INT8_ROWS_PER_TASK };
-    (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
-        let rows = t * per_task..((t + 1) * per_task).min(n);
-        // SAFETY: tasks own disjoint column ranges `rows` of the `[m, n]` output, which outlives
-        // the parallel loop; `i < m` and `j < n`.
-        q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) });
-    });
+    let threads = rayon::current_num_threads();
+    if m <= SPLIT2_MAX_ROWS && threads == 2 {
+        // Two cores: half the weight rows here, half on the split helper.
+        let half = n.div_ceil(2 * strip) * strip;
+        split::split2(&|p| part((p * half).min(n)..((p + 1) * half).min(n)));
+        return out;
+    }
+    let per_task = match (&panel, m <= q8::TILE) {
+        (None, false) => INT8_ROWS_PER_TASK,
+        (None, true) => n.div_ceil(threads),
+        (Some(_), _) => {
+            let parts = if m <= SPLIT2_MAX_ROWS { threads } else { threads * PARTS_PER_THREAD };
+            n.div_ceil(strip).div_ceil(parts) * strip
+        }
+    };
+    (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| part(t * per_task..((t + 1) * per_task).min(n)));
     out
 }
 
@@ -215,6 +234,12 @@ impl SharedOut {
     /// `index` is in bounds and no other task writes it.
     unsafe fn write(self, index: usize, value: f32) {
         unsafe { *self.0.add(index) = value };
+    }
+
+    /// # Safety
+    /// `index..index + values.len()` is in bounds and no other task writes it.
+    unsafe fn copy(self, index: usize, values: &[f32]) {
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.0.add(index), values.len()) };
     }
 }
 

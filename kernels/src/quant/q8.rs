@@ -22,6 +22,8 @@
 
 use std::ops::Range;
 
+pub mod strips;
+
 /// Values per activation block (llama.cpp's `QK8_1`).
 pub const BLOCK: usize = 32;
 
@@ -264,18 +266,26 @@ pub fn weight_rows(
     assert!(w.bits == a.bits && w.group.is_multiple_of(BLOCK) && w.group / BLOCK * a.groups == a.blocks);
     assert!(rows.end * w.words_per_row(a) <= w.codes.len() && rows.end * a.groups <= w.scale.len().min(w.min.len()));
     let m = a.m;
-    let mut sums = vec![0f32; rows.len() * TILE];
-    for i0 in (0..m).step_by(TILE) {
-        let t = TILE.min(m - i0);
-        let sums = &mut sums[..rows.len() * t];
-        block_sums(w, a, rows.clone(), i0, isa, sums);
-        for (j, row) in rows.clone().zip(sums.chunks_exact(t)) {
-            for (r, v) in row.iter().enumerate() {
-                out(i0 + r, j, *v);
+    let mut sums = [0f32; CHUNK * TILE];
+    // A chunk of weight rows at a time, every tile of input rows over it while its codes are in
+    // cache: the weight is read from memory once whatever `m`.
+    for j0 in rows.clone().step_by(CHUNK) {
+        let chunk = j0..(j0 + CHUNK).min(rows.end);
+        for i0 in (0..m).step_by(TILE) {
+            let t = TILE.min(m - i0);
+            let sums = &mut sums[..chunk.len() * t];
+            block_sums(w, a, chunk.clone(), i0, isa, sums);
+            for (j, row) in chunk.clone().zip(sums.chunks_exact(t)) {
+                for (r, v) in row.iter().enumerate() {
+                    out(i0 + r, j, *v);
+                }
             }
         }
     }
 }
+
+/// Weight rows per chunk of [`weight_rows`]: a few KB of codes, kept in cache across tiles.
+const CHUNK: usize = 16;
 
 /// `Σ_g min[j, g] · group_sum[i, g]` (the SIMD kernels add it lane by lane instead).
 fn min_term(w: &Weights, a: &QuantizedRows, j: usize, i: usize) -> f32 {

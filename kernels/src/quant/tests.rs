@@ -314,7 +314,9 @@ fn int8_pair_dots_are_exact_on_every_isa() {
 fn int8_kernels_equal_the_integer_formula() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
     let shapes = [(1, 32, 7, 4, 32), (2, 96, 9, 8, 32), (5, 128, 13, 4, 64), (7, 64, 3, 8, 64), (4, 576, 5, 4, 32)];
-    for shape in shapes.into_iter().chain([(3, 192, 5, 4, 96), (6, 96, 4, 8, 96)]) {
+    // More weight rows than one chunk, more input rows than one tile.
+    let shapes = shapes.into_iter().chain([(6, 64, 37, 4, 32), (9, 96, 40, 8, 32)]);
+    for shape in shapes.chain([(3, 192, 5, 4, 96), (6, 96, 4, 8, 96)]) {
         let case = Int8Case::new(&mut rng, shape);
         let a = q8::QuantizedRows::new(&case.x, case.m, case.k, case.group, case.bits);
         let (reference, magnitude) = case.reference(&a);
@@ -327,6 +329,46 @@ fn int8_kernels_equal_the_integer_formula() {
                     let (found, want) = (out[i * case.n + j] as f64, reference[i * case.n + j]);
                     let tolerance = 1e-6 * magnitude[i * case.n + j] + 1e-9;
                     assert!((found - want).abs() <= tolerance, "{isa:?} {shape:?} [{i}, {j}]: {found} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+/// The strip kernel (16 weight rows × up to 8 input rows, AVX-512 VNNI, on every CPU that has it)
+/// equals the `f64` integer formula within `f32` rounding for every `m` in 1..=9 and past two
+/// tiles, 4- and 8-bit codes, odd block counts, groups of one and two blocks, weight-row ranges
+/// that start off a strip boundary and end in a partial strip, code rows long enough for the
+/// register transposition and with a tail past it; columns outside the range are left alone.
+#[test]
+fn int8_strip_kernel_equals_the_integer_formula() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(25);
+    let isas: Vec<q8::Isa> = q8::Isa::available().into_iter().filter(|&isa| q8::strips::supports(isa)).collect();
+    let shapes = [(96, 37, 4, 32), (576, 35, 4, 32), (128, 47, 8, 32), (192, 19, 8, 64), (160, 16, 4, 32)];
+    for m in (1..=9).chain([16, 17]) {
+        for (k, n, bits, group) in shapes {
+            let case = Int8Case::new(&mut rng, (m, k, n, bits, group));
+            let a = q8::QuantizedRows::new(&case.x, m, k, group, bits);
+            let panel = q8::strips::Panel::new(&a);
+            let (reference, magnitude) = case.reference(&a);
+            for &isa in &isas {
+                for rows in [0..n, 3..n, 1..2] {
+                    let mut out = vec![f32::NAN; m * n];
+                    q8::strips::weight_rows(&case.weights(), &panel, rows.clone(), isa, |i, j0, v| {
+                        out[i * n + j0..][..v.len()].copy_from_slice(v)
+                    });
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (found, want) = (out[i * n + j] as f64, reference[i * n + j]);
+                            if !rows.contains(&j) {
+                                assert!(found.is_nan(), "[{i}, {j}] written outside {rows:?}");
+                                continue;
+                            }
+                            let tolerance = 1e-6 * magnitude[i * n + j] + 1e-9;
+                            let at = (m, k, n, bits, group, &rows, i, j);
+                            assert!((found - want).abs() <= tolerance, "{at:?}: {found} vs {want}");
+                        }
+                    }
                 }
             }
         }
@@ -382,7 +424,12 @@ fn int8_rows_round_within_half_a_step() {
 fn int8_fused_qmatmul_transposed_on_flex() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(24);
     let device = Device::flex();
-    for shape in [(1, 576, 999, 4, 32), (3, 96, 1001, 8, 32), (40, 256, 301, 4, 64), (2, 64, 5, 4, 32)] {
+    // Decode-sized products split in two (row-by-row kernel: 1 row, 3 rows of 8-bit codes; strip
+    // kernel: 2 and 9 rows of 4-bit codes, 12 of 8-bit codes), prefill-sized ones in rayon parts
+    // (40 rows), serial small ones (either kernel).
+    let shapes = [(1, 576, 999, 4, 32), (3, 96, 1001, 8, 32), (40, 256, 301, 4, 64), (2, 64, 5, 4, 32)];
+    let strips = [(2, 576, 1001, 4, 32), (9, 576, 333, 4, 32), (12, 128, 700, 8, 32), (8, 128, 77, 8, 32)];
+    for shape in shapes.into_iter().chain(strips).chain([(5, 96, 50, 4, 96), (33, 64, 40, 8, 32)]) {
         let case = Int8Case::new(&mut rng, shape);
         let (m, k, n) = (case.m, case.k, case.n);
         let groups = k / case.group;

@@ -5,12 +5,18 @@
 //!   is faster);
 //! - decode tokens/s of a real model (default: SmolLM2-135M from `cargo xtask fetch-model
 //!   smollm2`) at batch 1 and 16, f32 weights vs re-quantized w8/w4, next to the memory-bandwidth
-//!   roofline: weight bytes read per token ÷ measured read bandwidth.
+//!   roofline: weight bytes read per token ÷ measured read bandwidth;
+//! - the GGUF-layout product at SmolLM2-135M's shapes (`[m, 576] × [576, 1536]`,
+//!   `[m, 1536] × [1536, 576]` in Q4_1, the `[m, 576] × [576, 49152]` LM head in Q8_0) for
+//!   m = 1 … 512: the integer path, the exact `f32` path and Burn's dense `f32` matmul, as a
+//!   fraction of the host's int8 and `f32` peak (a tight `vpdpbusd` / FMA loop on every thread).
 
 use std::path::PathBuf;
 
 use burn::tensor::{Device, Distribution, Tensor};
-use burn_llm::kernels::{QuantSpec, dequantize, qmatmul, qmatmul_transposed, quantize};
+use burn_llm::kernels::{
+    MatmulPrecision, QuantSpec, dequantize, qmatmul, qmatmul_transposed, quantize, with_matmul_precision,
+};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{Generator, Pretrained, Prompt, SamplingParams, hub};
 use burn_llm::offload::profiler::time;
@@ -34,6 +40,35 @@ pub struct Args {
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
+    /// Input rows of the SmolLM2-shape products.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,32,512")]
+    rows: Vec<usize>,
+    /// Only the SmolLM2-shape products (no [4096, 4096] table, no decode figures).
+    #[arg(long)]
+    shapes_only: bool,
+}
+
+#[derive(Serialize)]
+struct ShapeRow {
+    shape: String,
+    m: usize,
+    k: usize,
+    n: usize,
+    /// Integer path (8-bit input rows), the default.
+    int8_ms: f64,
+    int8_gmac_s: f64,
+    /// `--exact-matmul` fused path (`None`: skipped, too slow at this size).
+    exact_ms: Option<f64>,
+    /// Burn's `f32` matmul on the dequantized weight (what `--exact-matmul` prefill runs).
+    dense_ms: f64,
+    dense_gflop_s: f64,
+}
+
+/// Tight-loop peaks of this host on all threads (`None` without AVX-512 VNNI).
+#[derive(Serialize, Clone, Copy)]
+struct Peaks {
+    int8_gmac_s: f64,
+    f32_gflop_s: f64,
 }
 
 #[derive(Serialize)]
@@ -64,6 +99,8 @@ struct Report {
     dequantize_gb_s: f64,
     matmul: Vec<MatmulRow>,
     decode: Vec<DecodeRow>,
+    peaks: Option<Peaks>,
+    shapes: Vec<ShapeRow>,
 }
 
 fn sync(device: &Device) {
@@ -89,8 +126,177 @@ pub(crate) fn read_bandwidth() -> f64 {
     (data.len() * 8) as f64 / seconds / 1e9
 }
 
+/// Multiply-adds per second of `kernel(iterations)` run on every thread, each iteration doing
+/// `per_iteration` of them.
+fn per_second(per_iteration: usize, kernel: fn(usize) -> u64) -> f64 {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let iterations = 20_000_000;
+    let seconds = time(3, || {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(move || std::hint::black_box(kernel(std::hint::black_box(iterations))));
+            }
+        });
+    });
+    (threads * iterations * per_iteration) as f64 / seconds / 1e9
+}
+
+/// The host's int8 (`vpdpbusd` on 512-bit registers) and `f32` (FMA, the better of 256- and
+/// 512-bit registers) peaks: twelve independent accumulators, no memory traffic.
+#[cfg(target_arch = "x86_64")]
+fn peaks() -> Option<Peaks> {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("fma")) {
+        return None;
+    }
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    fn int8(iterations: usize) -> u64 {
+        let (a, b) = (black_box(_mm512_set1_epi8(1)), black_box(_mm512_set1_epi8(2)));
+        let mut acc = [_mm512_setzero_si512(); 12];
+        for _ in 0..iterations {
+            acc.iter_mut().for_each(|r| *r = _mm512_dpbusd_epi32(*r, a, b));
+        }
+        acc.iter().fold(0u64, |sum, r| sum.wrapping_add(_mm512_reduce_add_epi32(*r) as u64))
+    }
+    #[target_feature(enable = "avx512f,fma")]
+    fn f32_512(iterations: usize) -> u64 {
+        let (a, b) = (black_box(_mm512_set1_ps(1.0)), black_box(_mm512_set1_ps(0.0)));
+        let mut acc = [_mm512_setzero_ps(); 12];
+        for _ in 0..iterations {
+            acc.iter_mut().for_each(|r| *r = _mm512_fmadd_ps(*r, a, b));
+        }
+        acc.iter().map(|r| _mm512_reduce_add_ps(*r) as u64).sum()
+    }
+    #[target_feature(enable = "avx2,fma")]
+    fn f32_256(iterations: usize) -> u64 {
+        let (a, b) = (black_box(_mm256_set1_ps(1.0)), black_box(_mm256_set1_ps(0.0)));
+        let mut acc = [_mm256_setzero_ps(); 12];
+        for _ in 0..iterations {
+            acc.iter_mut().for_each(|r| *r = _mm256_fmadd_ps(*r, a, b));
+        }
+        acc.iter().map(|r| _mm256_cvtss_f32(*r) as u64).sum()
+    }
+    // SAFETY (each call): the features the kernels are compiled for were detected above.
+    let int8_gmac_s = per_second(12 * 64, |n| unsafe { int8(n) });
+    let f32_512 = per_second(12 * 16 * 2, |n| unsafe { f32_512(n) });
+    let f32_256 = per_second(12 * 8 * 2, |n| unsafe { f32_256(n) });
+    Some(Peaks { int8_gmac_s, f32_gflop_s: f32_512.max(f32_256) })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn peaks() -> Option<Peaks> {
+    None
+}
+
+/// The GGUF-layout product at SmolLM2-135M's shapes for each `m` in `rows`.
+fn shapes(device: &Device, rows: &[usize]) -> Result<Vec<ShapeRow>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for (label, k, n, bits) in [("q/o-proj…up", 576, 1536, 4), ("down", 1536, 576, 4), ("LM head", 576, 49152, 8)] {
+        let w = Tensor::<2>::random([k, n], Distribution::Uniform(-1.0, 1.0), device);
+        let wq = quantize(w.clone().transpose(), QuantSpec::new(bits, 32, 1)?)?;
+        let w = Tensor::<2>::from_data(w.into_data(), device);
+        for &m in rows {
+            let x = Tensor::<2>::random([m, k], Distribution::Uniform(-1.0, 1.0), device);
+            let macs = (m * k * n) as f64;
+            let int8_s = time(5, || {
+                let _ = qmatmul_transposed(x.clone(), &wq).map(|t| t.into_data());
+            });
+            // The exact fused path is the decode-sized one; prefill dequantizes and runs `dense`.
+            let exact_s = (m <= 32).then(|| {
+                time(3, || {
+                    let _ = with_matmul_precision(MatmulPrecision::Exact, || {
+                        qmatmul_transposed(x.clone(), &wq).map(|t| t.into_data())
+                    });
+                })
+            });
+            let dense_s = time(3, || {
+                let _ = x.clone().matmul(w.clone()).into_data();
+            });
+            let row = ShapeRow {
+                shape: format!("{label} [{m}, {k}] × [{k}, {n}] Q{bits}"),
+                m,
+                k,
+                n,
+                int8_ms: int8_s * 1e3,
+                int8_gmac_s: macs / int8_s / 1e9,
+                exact_ms: exact_s.map(|s| s * 1e3),
+                dense_ms: dense_s * 1e3,
+                dense_gflop_s: 2.0 * macs / dense_s / 1e9,
+            };
+            eprintln!(
+                "{}: int8 {:.3} ms ({:.1} GMAC/s), exact {}, dense f32 {:.3} ms ({:.1} GFLOP/s)",
+                row.shape,
+                row.int8_ms,
+                row.int8_gmac_s,
+                row.exact_ms.map_or("–".into(), |v| format!("{v:.3} ms")),
+                row.dense_ms,
+                row.dense_gflop_s
+            );
+            out.push(row);
+        }
+    }
+    Ok(out)
+}
+
+fn shapes_markdown(peaks: Option<Peaks>, rows: &[ShapeRow]) -> String {
+    let mut md = String::from("\n## GGUF-layout product at SmolLM2-135M's shapes\n\n");
+    match peaks {
+        Some(p) => md.push_str(&format!(
+            "Peaks (tight loop, all threads): int8 {:.1} G multiply-adds/s (`vpdpbusd`), f32 {:.1} GFLOP/s (FMA).\n\n",
+            p.int8_gmac_s, p.f32_gflop_s
+        )),
+        None => md.push_str("Peaks: not measured (no AVX-512 VNNI).\n\n"),
+    }
+    let fraction = |v: f64, peak: Option<f64>| peak.map_or("–".into(), |p| format!("{:.0}%", 100.0 * v / p));
+    md.push_str(&table(
+        &[
+            ("product", Left),
+            ("int8 ms", Right),
+            ("int8 GMAC/s", Right),
+            ("of int8 peak", Right),
+            ("exact fused ms", Right),
+            ("dense f32 ms", Right),
+            ("dense GFLOP/s", Right),
+            ("of f32 peak", Right),
+        ],
+        rows.iter().map(|r| {
+            vec![
+                r.shape.clone(),
+                format!("{:.3}", r.int8_ms),
+                format!("{:.1}", r.int8_gmac_s),
+                fraction(r.int8_gmac_s, peaks.map(|p| p.int8_gmac_s)),
+                r.exact_ms.map_or("–".into(), |v| format!("{v:.3}")),
+                format!("{:.3}", r.dense_ms),
+                format!("{:.1}", r.dense_gflop_s),
+                fraction(r.dense_gflop_s, peaks.map(|p| p.f32_gflop_s)),
+            ]
+        }),
+    ));
+    md
+}
+
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
+    let peaks = peaks();
+    if let Some(p) = peaks {
+        eprintln!("peaks: int8 {:.1} GMAC/s, f32 {:.1} GFLOP/s", p.int8_gmac_s, p.f32_gflop_s);
+    }
+    let shape_rows = shapes(&device, &args.rows)?;
+    if args.shapes_only {
+        let command = format!("cargo xtask bench quant --device {} --shapes-only", args.device.name());
+        let header = Header::new("quant-shapes", command, Some(args.device.name()), "SmolLM2-135M shapes");
+        let md = header.markdown("Quantized matmul at SmolLM2 shapes") + &shapes_markdown(peaks, &shape_rows);
+        #[derive(Serialize)]
+        struct ShapesReport {
+            #[serde(flatten)]
+            header: Header,
+            peaks: Option<Peaks>,
+            shapes: Vec<ShapeRow>,
+        }
+        report::write(&args.out, "quant-shapes", &ShapesReport { header, peaks, shapes: shape_rows }, &md)?;
+        return Ok(());
+    }
     let bandwidth = read_bandwidth();
     eprintln!("host read bandwidth: {bandwidth:.1} GB/s");
 
@@ -226,7 +432,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ]
         }),
     ));
-    let report = Report { header, read_bandwidth_gb_s: bandwidth, dequantize_gb_s, matmul, decode };
+    md.push_str(&shapes_markdown(peaks, &shape_rows));
+    let report =
+        Report { header, read_bandwidth_gb_s: bandwidth, dequantize_gb_s, matmul, decode, peaks, shapes: shape_rows };
     report::write(&args.out, "quant", &report, &md)?;
     Ok(())
 }
