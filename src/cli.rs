@@ -700,11 +700,7 @@ fn build_offload(
     } else {
         None
     };
-    let kv_layout = KvLayout {
-        num_layers: files.spec.num_layers,
-        num_kv_heads: files.spec.num_kv_heads,
-        head_dim: files.spec.head_dim,
-    };
+    let kv_layout = KvLayout::of(&files.spec);
     let config = OffloadConfig {
         gpu_mem: args.gpu_mem,
         cpu_mem: args.cpu_mem,
