@@ -11,7 +11,7 @@ use burn_llm_kernels::QuantSpec;
 use crate::arch::QkvNames;
 use crate::cache::{KvCache, KvLayout, StepInput};
 use crate::config::{DecoderSpec, PositionKind};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::language_model::LanguageModel;
 use crate::layers::attention::SelfAttention;
 use crate::layers::embedding::TokenEmbedding;
@@ -144,7 +144,16 @@ impl CausalLm {
     /// [`CausalLm::finish`] (offloading).
     pub fn skeleton(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
         let dtype = spec.dtype;
+        Self::check_precision(dtype, device)?;
         Ok(cast_module(Self::skeleton_f32(spec, ckpt, device)?, dtype))
+    }
+
+    /// Errors unless `device` computes in `precision` (f32 runs everywhere).
+    pub fn check_precision(precision: Precision, device: &Device) -> Result<()> {
+        if precision == Precision::F32 || device.supports_dtype(precision.dtype()) {
+            return Ok(());
+        }
+        Err(ModelError::UnsupportedPrecision { precision, device: format!("{device:?}") })
     }
 
     fn skeleton_f32(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
