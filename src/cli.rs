@@ -9,11 +9,11 @@ use clap::Parser;
 use serde::Serialize;
 
 use burn_llm_models::cache::{KvLayout, fit_kv_quant};
-use burn_llm_models::{
-    BeamSearchParams, ChatMessage, GenerationOutput, Generator, ModelError, Pretrained, PretrainedFiles, Prompt,
-    Precision, RequestOutput, SamplingParams, StreamEvent, hub, pypi::PypiModel,
-};
 use burn_llm_models::model::CausalLm;
+use burn_llm_models::{
+    BeamSearchParams, ChatMessage, GenerationOutput, Generator, ModelError, Precision, Pretrained, PretrainedFiles,
+    Prompt, RequestOutput, SamplingParams, StreamEvent, hub, pypi::PypiModel,
+};
 use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
 use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, Reservation, SchedulingPolicy};
@@ -548,7 +548,11 @@ impl GenerateArgs {
             return Ok(default);
         }
         if !self.json {
-            writeln!(log, "note: {} has no {default} support here; running in f32 (choose with --dtype)", choice.name())?;
+            writeln!(
+                log,
+                "note: {} has no {default} support here; running in f32 (choose with --dtype)",
+                choice.name()
+            )?;
         }
         Ok(Precision::F32)
     }

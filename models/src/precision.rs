@@ -108,12 +108,9 @@ impl FromStr for Precision {
 /// `module` with every float parameter cast to `precision`, except those of norm layers (`Norm`,
 /// `LayerNorm`, `RmsNorm`), which stay as loaded (`f32`) because the norms compute in `f32`.
 /// Integer parameters (quantized codes) are untouched; the scales and minimums of quantized
-/// weights are cast, so dequantization produces `precision` values.
+/// weights are cast, so dequantization produces `precision` values. Parameters already in
+/// `precision` are kept as they are (no copy).
 pub fn cast_module<M: Module>(module: M, precision: Precision) -> M {
-    if precision == Precision::F32 {
-        // Loaders build every module in `f32`: nothing to do.
-        return module;
-    }
     module.map(&mut CastFloats { dtype: precision.dtype(), in_norm: 0 })
 }
 

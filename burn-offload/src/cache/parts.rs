@@ -17,11 +17,9 @@ pub fn part_shapes(layout: KvLayout, quant: Option<QuantSpec>) -> Vec<(usize, DT
     let float = layout.dtype.dtype();
     let per_kv = match quant {
         None => vec![(d, float)],
-        Some(spec) => vec![
-            (d / spec.per_word(), DType::U32),
-            (d / spec.group_size(), float),
-            (d / spec.group_size(), float),
-        ],
+        Some(spec) => {
+            vec![(d / spec.per_word(), DType::U32), (d / spec.group_size(), float), (d / spec.group_size(), float)]
+        }
     };
     [per_kv.clone(), per_kv].concat()
 }

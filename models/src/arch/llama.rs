@@ -7,8 +7,8 @@ use serde::Deserialize;
 use super::{QkvNames, TensorNames};
 use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
 use crate::layers::linear::WeightLayout;
-use crate::precision::Precision;
 use crate::layers::rope::{RopeScaling, RopeSpec};
+use crate::precision::Precision;
 
 /// LLaMA's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
