@@ -459,8 +459,9 @@ fn half_precision_in_and_out() {
             let dense = dequantize(&q);
             assert_eq!(dense.dtype(), dtype, "{device:?}");
             let want = values(dequantize(&q32));
+            // Scale and minimum are rounded to the dtype: errors scale with the groups' range (±0.5).
             for (a, b) in values(dense.cast(DType::F32)).iter().zip(&want) {
-                assert!((a - b).abs() <= 4.0 * eps * b.abs().max(0.1), "{device:?} {dtype:?}: {a} vs {b}");
+                assert!((a - b).abs() <= 4.0 * eps * 0.5, "{device:?} {dtype:?}: {a} vs {b}");
             }
             let xs = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &device);
             let out = qmatmul(xs.clone().cast(dtype), &q).unwrap();
