@@ -7,8 +7,9 @@
 //! order), so the logits of two correct half-precision implementations differ by a few roundings
 //! of the largest values the network carries. We allow [`TOLERANCE_ULPS`] times the dtype's
 //! epsilon (`2^-10` for f16, `2^-7` for bf16) times the largest |logit| of the fixture (≈ 7–9):
-//! ≈ 0.14 for f16 and ≈ 1.1 for bf16 at a scale of 9. A missing cast (f16 scores overflowing the
-//! mask, a norm in f16) or a wrong weight is off by the logit scale itself.
+//! ≈ 0.09 for f16 and ≈ 0.7 for bf16 at a scale of 9. Measured: at most 5.1 of those units, on
+//! Flex and wgpu, about what HF's own half run differs from its f32 run by. A missing cast (f16
+//! scores overflowing the mask, a norm in f16) or a wrong weight is off by the logit scale itself.
 //!
 //! Greedy: where HF's half-precision greedy continuation equals its f32 one (its decisions
 //! survive half rounding), ours must equal it token by token; a different token is allowed only at
@@ -28,7 +29,7 @@ use crate::common::{FIXTURES, devices, fixture, max_abs_diff, reference_files};
 
 /// Multiples of the dtype's epsilon times the logit scale that two half-precision
 /// implementations may differ by (see the module docs).
-const TOLERANCE_ULPS: f32 = 16.0;
+const TOLERANCE_ULPS: f32 = 10.0;
 
 /// Multiples of the dtype's epsilon times the logit scale under which a top-1/top-2 margin is a
 /// near tie (a difference of two nearby logits carries much less error than the worst logit).
