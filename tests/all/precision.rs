@@ -275,3 +275,47 @@ fn quantized_weights_dequantize_into_half() {
         }
     }
 }
+
+/// `--dtype` on every engine: f16 runs give HF's f16 greedy tokens for a decisive prompt; an
+/// unknown name is a parse error listing the choices; a dtype the device cannot compute in is an
+/// error naming it (bf16 on a wgpu adapter without it), and without `--dtype` such a GPU falls
+/// back to f32 with a note.
+#[test]
+fn dtype_flag_selects_the_precision_of_every_engine() {
+    use burn_llm::cli::{EngineKind, ExampleDefaults, GenerateArgs};
+    use clap::Parser;
+    let defaults =
+        ExampleDefaults { name: "test_generate", model: "unused", engine: EngineKind::Plain, fallback: None };
+    let model = fixture("gpt2");
+    let reference = half_reference("gpt2", Precision::F16);
+    let prompt = &reference.prompts[0];
+    assert!(prompt.same_as_f32 && prompt.greedy_margins.iter().all(|&m| m > tie(Precision::F16, 9.0)));
+    let ids = prompt.input_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let run = |extra: &[&str]| {
+        let mut argv = vec!["test_generate", "--model", model.to_str().unwrap(), "--prompt-ids", &ids];
+        argv.extend_from_slice(&["--max-new-tokens", "16", "--ignore-eos", "--json"]);
+        argv.extend_from_slice(extra);
+        let (mut out, mut log) = (Vec::new(), Vec::new());
+        burn_llm::cli::run_with(&GenerateArgs::try_parse_from(argv).unwrap(), defaults, &mut out, &mut log)
+            .map(|()| String::from_utf8(out).unwrap())
+            .map_err(|e| e.to_string())
+    };
+    let generated = |json: &str| -> Vec<u32> {
+        let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+        serde_json::from_value(value["requests"][0]["generated_ids"].clone()).unwrap()
+    };
+    for engine in ["plain", "paged", "offload"] {
+        let json = run(&["--device", "flex", "--dtype", "f16", "--engine", engine]).unwrap();
+        assert_eq!(generated(&json), prompt.greedy_ids, "{engine} engine, --dtype f16");
+    }
+    let err = GenerateArgs::try_parse_from(["x", "--dtype", "f8"]).unwrap_err().to_string();
+    assert!(err.contains("f32, f16, bf16"), "{err}");
+    let err = run(&["--device", "flex", "--dtype", "f16", "--devices", "flex,flex"]).unwrap_err();
+    assert!(err.contains("--dtype"), "{err}");
+    if let Some((_, wgpu)) = devices().into_iter().find(|(name, _)| *name == "wgpu")
+        && !wgpu.supports_dtype(DType::BF16)
+    {
+        let err = run(&["--device", "wgpu", "--dtype", "bf16"]).unwrap_err();
+        assert!(err.contains("cannot compute in bf16"), "{err}");
+    }
+}
