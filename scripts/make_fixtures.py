@@ -29,6 +29,11 @@ Each fixture directory holds:
   raw and processed logits (``raw.{case}.{i}``, ``processed.{case}.{i}``).
   ``--penalties`` writes only these two files from the checkpoints on disk,
   leaving every other file untouched.
+* ``reference.{f16,bf16}.safetensors`` + ``reference.{f16,bf16}.json``: the
+  same model loaded by HF in float16 / bfloat16 (see ``half_references``):
+  logits per prompt and greedy ids with each step's top-1/top-2 margin.
+  ``--half`` writes only these four files from the checkpoints on disk,
+  leaving every other file untouched.
 
 Fixtures:
 
@@ -612,10 +617,68 @@ def penalty_references(name: str):
     print(f"[{name}] penalties: min greedy top-2 margin {worst:.4f}")
 
 
+# --------------------------------------------------------------------------- half precision
+
+HALF_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+@torch.no_grad()
+def half_references(name: str):
+    """Writes ``reference.{f16,bf16}.safetensors`` and ``reference.{f16,bf16}.json`` for fixture
+    ``name`` from its checkpoint on disk, the model loaded in that dtype (eager attention, whose
+    softmax runs in float32 as the Rust side's does): ``logits.{i}`` of one unpadded forward pass
+    per prompt (the half-precision logits widened to float32), and HF ``generate``'s greedy
+    continuation (KV cache, EOS not a stop) with the top-1/top-2 margin of every step, so that a
+    test compares greedy ids only up to a step whose margin the dtype's rounding could flip."""
+    out = FIXTURES / name
+    ref = json.loads((out / "reference.json").read_text())
+    eos, pad = ref["eos_token_id"], ref["pad_token_id"]
+    for tag, dtype in HALF_DTYPES.items():
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=dtype, attn_implementation="eager")
+        model.eval()
+        assert next(model.parameters()).dtype == dtype
+        tensors = {}
+        prompts = []
+        for i, p in enumerate(ref["prompts"]):
+            ids = p["input_ids"]
+            input_ids = torch.tensor([ids])
+            logits = model(input_ids).logits[0]
+            assert logits.dtype == dtype, logits.dtype
+            tensors[f"logits.{i}"] = logits.float().contiguous()
+            generated = greedy_generate(model, input_ids, GREEDY_NEW_TOKENS, eos, pad,
+                                        output_scores=True, return_dict_in_generate=True)
+            greedy = generated.sequences[0, len(ids):].tolist()
+            assert len(greedy) == GREEDY_NEW_TOKENS, (name, tag, greedy)
+            margins = []
+            for step in generated.scores:
+                top = step[0].float().topk(2).values
+                margins.append(float(top[0] - top[1]))
+            prompts.append({"input_ids": ids, "greedy_ids": greedy, "greedy_margins": margins,
+                            "same_as_f32": greedy == p["greedy_ids"]})
+        save_file(tensors, str(out / f"reference.{tag}.safetensors"), metadata={"format": "pt"})
+        doc = {
+            "generator": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "dtype": tag,
+            "attn_implementation": "eager",
+            "max_abs_logit": max(float(t.abs().max()) for t in tensors.values()),
+            "prompts": prompts,
+        }
+        (out / f"reference.{tag}.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        f32 = load_file(str(out / "reference.safetensors"))
+        drift = max(float((tensors[k] - f32[k]).abs().max()) for k in tensors)
+        same = sum(p["same_as_f32"] for p in prompts)
+        print(f"[{name}] {tag}: max |logit| {doc['max_abs_logit']:.3f}, max |{tag} - f32| {drift:.2e}, "
+              f"greedy same as f32 for {same}/{len(prompts)} prompts")
+
+
 def main():
     if sys.argv[1:] == ["--penalties"]:
         for spec in FIXTURE_SPECS:
             penalty_references(spec[0])
+        return 0
+    if sys.argv[1:] == ["--half"]:
+        for spec in FIXTURE_SPECS:
+            half_references(spec[0])
         return 0
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"tokenizers {tokenizers.__version__}, safetensors {safetensors.__version__}")

@@ -9,9 +9,10 @@ use clap::Parser;
 use serde::Serialize;
 
 use burn_llm_models::cache::{KvLayout, fit_kv_quant};
+use burn_llm_models::model::CausalLm;
 use burn_llm_models::{
-    BeamSearchParams, ChatMessage, GenerationOutput, Generator, ModelError, Pretrained, PretrainedFiles, Prompt,
-    RequestOutput, SamplingParams, StreamEvent, hub, pypi::PypiModel,
+    BeamSearchParams, ChatMessage, GenerationOutput, Generator, ModelError, Precision, Pretrained, PretrainedFiles,
+    Prompt, RequestOutput, SamplingParams, StreamEvent, hub, pypi::PypiModel,
 };
 use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
@@ -111,6 +112,12 @@ pub struct GenerateArgs {
     /// Device backend (default: the best one compiled in).
     #[arg(long, value_enum)]
     pub device: Option<DeviceChoice>,
+    /// Floating-point type of weights, activations and KV cache: `f32`, `f16` or `bf16` (norms,
+    /// attention softmax and logits compute in f32 whatever it is). Default: f16 on GPU devices
+    /// (wgpu, vulkan, cuda, metal) that support it, f32 on flex and on GPUs without f16; see
+    /// [`GenerateArgs::precision`].
+    #[arg(long)]
+    pub dtype: Option<Precision>,
     /// Token for remote workers (`ws://HOST:PORT[#INDEX]` devices, served by the `worker`
     /// example); default: $BURN_LLM_WORKER_TOKEN. See `burn_llm::device::remote_device`.
     #[arg(long)]
@@ -526,6 +533,36 @@ pub fn main(defaults: ExampleDefaults) -> ExitCode {
     }
 }
 
+impl GenerateArgs {
+    /// The precision to load the model in on `device` (of kind `choice`): `--dtype` when given,
+    /// an error when the device cannot compute in it; otherwise the device kind's default
+    /// ([`DeviceChoice::default_precision`]), falling back to f32, with a note on `log`, on a GPU
+    /// without f16 support (a wgpu adapter without `SHADER_F16`).
+    pub fn precision(
+        &self,
+        choice: DeviceChoice,
+        device: &burn::tensor::Device,
+        log: &mut dyn Write,
+    ) -> Result<Precision, Box<dyn std::error::Error>> {
+        if let Some(precision) = self.dtype {
+            CausalLm::check_precision(precision, device)?;
+            return Ok(precision);
+        }
+        let default = choice.default_precision();
+        if CausalLm::check_precision(default, device).is_ok() {
+            return Ok(default);
+        }
+        if !self.json {
+            writeln!(
+                log,
+                "note: {} has no {default} support here; running in f32 (choose with --dtype)",
+                choice.name()
+            )?;
+        }
+        Ok(Precision::F32)
+    }
+}
+
 /// Runs the CLI with parsed arguments, writing results to stdout and progress to stderr.
 pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn std::error::Error>> {
     run_with(args, defaults, &mut std::io::stdout().lock(), &mut std::io::stderr())
@@ -633,7 +670,8 @@ pub fn build_engine(
                 .into(),
         );
     }
-    let mut pretrained = Pretrained::load(dir, device)?;
+    let precision = args.precision(choice, device, log)?;
+    let mut pretrained = PretrainedFiles::open(dir)?.with_precision(precision).load(device)?;
     if let Some(spec) = args.weight_quant()? {
         pretrained.model = pretrained.model.quantize_weights(spec)?;
     }
@@ -664,7 +702,7 @@ fn build_offload(
     params: &SamplingParams,
     log: &mut dyn Write,
 ) -> Result<OffloadEngine, Box<dyn std::error::Error>> {
-    let files = PretrainedFiles::open(path)?;
+    let files = PretrainedFiles::open(path)?.with_precision(args.precision(choice, device, log)?);
     let host = burn::tensor::Device::flex();
     let cache = dirs_cache().join("offload");
     let offload_dir = args.offload_dir.clone().unwrap_or_else(|| cache.join("tensors"));
@@ -705,11 +743,7 @@ fn build_offload(
     } else {
         None
     };
-    let kv_layout = KvLayout {
-        num_layers: files.spec.num_layers,
-        num_kv_heads: files.spec.num_kv_heads,
-        head_dim: files.spec.head_dim,
-    };
+    let kv_layout = KvLayout::of(&files.spec);
     let config = OffloadConfig {
         gpu_mem: args.gpu_mem,
         cpu_mem: args.cpu_mem,

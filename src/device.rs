@@ -60,6 +60,15 @@ impl DeviceChoice {
         }
     }
 
+    /// The precision `--dtype` defaults to: f16 on GPU runtimes (half the weight and KV bytes,
+    /// tensor-core matmuls), f32 on the Flex CPU backend (whose matmuls are fastest in f32).
+    pub fn default_precision(self) -> burn_llm_models::Precision {
+        match self {
+            Self::Flex => burn_llm_models::Precision::F32,
+            Self::Wgpu | Self::Vulkan | Self::Cuda | Self::Metal => burn_llm_models::Precision::F16,
+        }
+    }
+
     /// The device, or an error naming the feature to enable.
     pub fn device(self) -> Result<Device, NotCompiled> {
         match self {

@@ -1,5 +1,5 @@
 //! Layer weights on the disk tier (`--offload-dir`), stored parameter by parameter exactly as
-//! they run: `f32`, or a compressed layer's 4-bit codes, so that a compressed layer reads a
+//! they run: in the model's float type (norms in `f32`), or a compressed layer's 4-bit codes, so that a compressed layer reads a
 //! quarter of the bytes and is never re-quantized. (Benchmarks without a checkpoint load
 //! [`RandomWeights`](burn_llm_models::weights::RandomWeights), FlexGen's dummy weights, like any
 //! other source.)
@@ -21,16 +21,22 @@ pub fn write_layer(layer: &DecoderLayer, store: &mut DiskStore, prefix: &str) ->
     for (i, data) in collect.tensors.into_iter().enumerate() {
         let name = format!("{prefix}{i}");
         let shape = data.shape().to_vec();
-        let stored = match data.dtype() {
-            DType::F32 => {
+        let stored = match StoredType::of(data.dtype()) {
+            Some(StoredType::F32) => {
                 store.put(&name, HostData::f32(&shape, data.as_slice::<f32>().map_err(data_error(&name))?))?
             }
-            DType::U32 => {
+            Some(StoredType::U32) => {
                 store.put(&name, HostData::u32(&shape, data.as_slice::<u32>().map_err(data_error(&name))?))?
             }
-            other => {
+            Some(half @ (StoredType::F16 | StoredType::BF16)) => {
+                let bits: &[u16] = bytemuck::try_cast_slice(data.as_bytes())
+                    .map_err(|e| OffloadError::Config(format!("{name}: unaligned 16-bit parameter data: {e}")))?;
+                store.put(&name, HostData::half(&shape, half, bits))?
+            }
+            None => {
                 return Err(OffloadError::Config(format!(
-                    "{name}: cannot store a {other:?} parameter on the disk tier"
+                    "{name}: cannot store a {:?} parameter on the disk tier",
+                    data.dtype()
                 )));
             }
         };
@@ -92,14 +98,15 @@ struct Restore<'a> {
 }
 
 impl Restore<'_> {
-    /// The next stored tensor, checked to have rank `D` and type `dtype`.
-    fn take<const D: usize>(&mut self, dtype: StoredType) -> crate::error::Result<TensorData> {
+    /// The next stored tensor, checked to have rank `D` and one of the types `dtypes` (a float
+    /// parameter is `f32`, or the model's 16-bit type; norms stay `f32` in a half model).
+    fn take<const D: usize>(&mut self, dtypes: &[StoredType]) -> crate::error::Result<TensorData> {
         let name = format!("{}{}", self.prefix, self.next);
         self.next += 1;
         let tensor = self.store.get(&name)?;
-        if tensor.shape().len() != D || tensor.dtype() != dtype {
+        if tensor.shape().len() != D || !dtypes.contains(&tensor.dtype()) {
             return Err(OffloadError::Config(format!(
-                "{name}: stored as {} {:?}, the model expects a rank-{D} {dtype} tensor",
+                "{name}: stored as {} {:?}, the model expects a rank-{D} tensor of {dtypes:?}",
                 tensor.dtype(),
                 tensor.shape()
             )));
@@ -108,6 +115,9 @@ impl Restore<'_> {
         Ok(match tensor.view() {
             TensorView::F32(values) => TensorData::new(values.to_vec(), shape),
             TensorView::U32(values) => TensorData::new(values.to_vec(), shape),
+            TensorView::Half(dtype, bits) => {
+                TensorData::from_bytes_vec(bytemuck::cast_slice(bits).to_vec(), shape, dtype.burn())
+            }
         })
     }
 
@@ -130,11 +140,15 @@ impl Restore<'_> {
 
 impl ModuleMapper for Restore<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        self.replace(param, |r| Ok(Tensor::from_data(r.take::<D>(StoredType::F32)?, r.device)))
+        self.replace(param, |r| {
+            let data = r.take::<D>(&[StoredType::F32, StoredType::F16, StoredType::BF16])?;
+            let dtype = data.dtype();
+            Ok(Tensor::from_data(data, (r.device, dtype)))
+        })
     }
 
     fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
-        self.replace(param, |r| Ok(Tensor::from_data(r.take::<D>(StoredType::U32)?, (r.device, DType::U32))))
+        self.replace(param, |r| Ok(Tensor::from_data(r.take::<D>(&[StoredType::U32])?, (r.device, DType::U32))))
     }
 }
 
@@ -143,7 +157,7 @@ struct Hollow;
 
 impl ModuleMapper for Hollow {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        param.map(|t| Tensor::zeros([1; D], &t.device()))
+        param.map(|t| Tensor::zeros([1; D], (&t.device(), t.dtype())))
     }
 
     fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {

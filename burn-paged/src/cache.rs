@@ -50,8 +50,9 @@ pub struct PagedKvCache {
     /// Per layer, updated in place by the kernels (never cloned, so never copied).
     keys: Vec<Tensor<4>>,
     values: Vec<Tensor<4>>,
-    /// Host swap space, per layer `[K | V]`, `num_host_blocks` blocks each; allocated on first use.
-    host: Vec<Vec<f32>>,
+    /// Host swap space, per layer `[K | V]`, `num_host_blocks` blocks each, as the device's bytes
+    /// (in the layout's dtype); allocated on first use.
+    host: Vec<Vec<u8>>,
     num_host_blocks: usize,
     /// The step's slots and block tables per micro-batch, per distinct device of `placement`,
     /// uploaded once and read by every layer there.
@@ -78,13 +79,13 @@ impl PagedKvCache {
         layout.num_kv_heads * block_size * layout.head_dim
     }
 
-    /// Bytes one block takes over all layers, K and V, in `f32`.
+    /// Bytes one block takes over all layers, K and V, in the layout's dtype.
     pub fn block_bytes(layout: &KvLayout, block_size: usize) -> usize {
-        2 * layout.num_layers * Self::block_values(layout, block_size) * std::mem::size_of::<f32>()
+        2 * layout.num_layers * Self::block_values(layout, block_size) * layout.dtype.size_bytes()
     }
 
-    /// Allocates `num_blocks` device blocks per layer (zeroed) and reserves `num_host_blocks` of
-    /// host swap space.
+    /// Allocates `num_blocks` device blocks per layer (zeroed, in the layout's dtype) and reserves
+    /// `num_host_blocks` of host swap space.
     pub fn new(
         layout: KvLayout,
         block_size: usize,
@@ -118,8 +119,10 @@ impl PagedKvCache {
         placement: LayerDevices,
     ) -> Self {
         let shape = [num_blocks, layout.num_kv_heads, block_size, layout.head_dim];
-        let pool =
-            || (0..layout.num_layers).map(|i| Tensor::<4>::zeros(shape, placement.device(i))).collect::<Vec<_>>();
+        let dtype = layout.dtype.dtype();
+        let pool = || {
+            (0..layout.num_layers).map(|i| Tensor::<4>::zeros(shape, (placement.device(i), dtype))).collect::<Vec<_>>()
+        };
         Self {
             layout,
             block_size,
@@ -201,17 +204,17 @@ impl PagedKvCache {
         if pairs.is_empty() {
             return Ok(());
         }
-        let per_block = Self::block_values(&self.layout, self.block_size);
+        let per_block = Self::block_values(&self.layout, self.block_size) * self.layout.dtype.size_bytes();
         let host_len = 2 * self.num_host_blocks * per_block;
         let ids: Vec<u32> = pairs.iter().map(|(d, _)| d.0).collect();
         for layer in 0..self.layout.num_layers {
             let host = &mut self.host[layer];
             if host.len() != host_len {
-                host.resize(host_len, 0.0);
+                host.resize(host_len, 0);
             }
             for (half, pool) in [&self.keys[layer], &self.values[layer]].into_iter().enumerate() {
                 let blocks = read_blocks(pool, &ids)?.into_data();
-                let values = blocks.as_slice::<f32>().map_err(|e| PagedError::Device(format!("{e:?}")))?;
+                let values = blocks.as_bytes();
                 for ((_, h), chunk) in pairs.iter().zip(values.chunks_exact(per_block)) {
                     let at = (half * self.num_host_blocks + h.index()) * per_block;
                     host[at..at + per_block].copy_from_slice(chunk);
@@ -226,7 +229,8 @@ impl PagedKvCache {
         if pairs.is_empty() {
             return Ok(());
         }
-        let per_block = Self::block_values(&self.layout, self.block_size);
+        let per_block = Self::block_values(&self.layout, self.block_size) * self.layout.dtype.size_bytes();
+        let dtype = self.layout.dtype.dtype();
         let ids: Vec<u32> = pairs.iter().map(|(_, d)| d.0).collect();
         let shape = [pairs.len(), self.layout.num_kv_heads, self.block_size, self.layout.head_dim];
         for layer in 0..self.layout.num_layers {
@@ -240,7 +244,8 @@ impl PagedKvCache {
                         .ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
                     data.extend_from_slice(block);
                 }
-                let blocks = Tensor::<4>::from_data(TensorData::new(data, shape), self.placement.device(layer));
+                let data = TensorData::from_bytes_vec(data, shape, dtype);
+                let blocks = Tensor::<4>::from_data(data, (self.placement.device(layer), dtype));
                 let pool = if half == 0 { &mut self.keys[layer] } else { &mut self.values[layer] };
                 write_blocks_mut(pool, &ids, blocks)?;
             }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::arch::{gpt2::Gpt2Config, llama::LlamaConfig, opt::OptConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::rope::RopeSpec;
+use crate::precision::Precision;
 
 /// The architectures burn-llm implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +142,11 @@ pub struct DecoderSpec {
     pub bos_token_id: Option<u32>,
     /// EOS ids from `config.json`, if any.
     pub eos_token_ids: Vec<u32>,
+    /// Floating-point type the weights are stored and multiplied in (`f32` unless the loader is
+    /// told otherwise, see [`crate::PretrainedFiles::with_precision`]); the file's own dtype is
+    /// cast to it when loading.
+    #[serde(default)]
+    pub dtype: Precision,
 }
 
 impl DecoderSpec {

@@ -17,6 +17,18 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
+    /// The device cannot compute in the requested floating-point type (a wgpu adapter without
+    /// `SHADER_F16`, bf16 on most GPUs' WGSL/SPIR-V paths).
+    #[error(
+        "device {device} cannot compute in {precision}: choose another --dtype (f32 runs everywhere; bf16 and f16 on \
+         the flex CPU backend; f16 on GPUs whose driver exposes shader f16)"
+    )]
+    UnsupportedPrecision {
+        /// The requested precision.
+        precision: crate::precision::Precision,
+        /// The device, as Burn prints it.
+        device: String,
+    },
     /// A required file is absent from the model directory.
     #[error("{what} not found: expected {path}")]
     MissingFile {

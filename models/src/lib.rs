@@ -44,6 +44,7 @@ pub mod hub;
 pub mod language_model;
 pub mod layers;
 pub mod model;
+pub mod precision;
 pub mod pretrained;
 pub mod pypi;
 pub mod tokenizer;
@@ -60,6 +61,7 @@ pub use generation::{
 };
 pub use language_model::{LanguageModel, MicroBatchCache};
 pub use model::CausalLm;
+pub use precision::Precision;
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
 pub use tokenizer::Tokenizer;
 pub use weights::{Checkpoint, RandomWeights};

@@ -5,13 +5,13 @@ use std::path::Path;
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use burn_llm_kernels::QuantSpec;
 
 use crate::arch::QkvNames;
 use crate::cache::{KvCache, KvLayout, StepInput};
 use crate::config::{DecoderSpec, PositionKind};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::language_model::LanguageModel;
 use crate::layers::attention::SelfAttention;
 use crate::layers::embedding::TokenEmbedding;
@@ -19,6 +19,7 @@ use crate::layers::linear::{WeightLayout, load_fused_in_out, load_linear, load_p
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::Norm;
 use crate::layers::projection::{Projection, QLinear};
+use crate::precision::{Precision, cast_module};
 use crate::weights::{Checkpoint, RandomWeights, TensorSource};
 
 /// One decoder layer.
@@ -128,7 +129,8 @@ impl CausalLm {
         Self::from_checkpoint(spec, &ckpt, device)
     }
 
-    /// Builds the model from an opened checkpoint, checking every tensor's shape against `spec`.
+    /// Builds the model from an opened checkpoint, checking every tensor's shape against `spec`,
+    /// in `spec.dtype` (each tensor cast from the file's dtype as it loads).
     pub fn from_checkpoint(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
         let mut model = Self::skeleton(spec, ckpt, device)?;
         model.layers =
@@ -141,6 +143,20 @@ impl CausalLm {
     /// [`CausalLm::load_layer`], [`CausalLm::embed`], [`DecoderLayer::forward`] and
     /// [`CausalLm::finish`] (offloading).
     pub fn skeleton(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
+        let dtype = spec.dtype;
+        Self::check_precision(dtype, device)?;
+        Ok(cast_module(Self::skeleton_f32(spec, ckpt, device)?, dtype))
+    }
+
+    /// Errors unless `device` computes in `precision` (f32 runs everywhere).
+    pub fn check_precision(precision: Precision, device: &Device) -> Result<()> {
+        if precision == Precision::F32 || device.supports_dtype(precision.dtype()) {
+            return Ok(());
+        }
+        Err(ModelError::UnsupportedPrecision { precision, device: format!("{device:?}") })
+    }
+
+    fn skeleton_f32(spec: DecoderSpec, ckpt: &impl TensorSource, device: &Device) -> Result<Self> {
         let names = spec.arch.tensor_names();
         let (hidden, embed) = (spec.hidden_size, spec.embed_dim);
         let embedding = |name: &str, rows: usize, dim: usize| -> Result<Embedding> {
@@ -236,6 +252,18 @@ impl CausalLm {
         Ok(self)
     }
 
+    /// The model in `precision` (weights cast; norms stay `f32`), for a model built in another
+    /// one (benchmarks that build random weights once).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.spec.dtype = precision;
+        cast_module(self, precision)
+    }
+
+    /// The floating-point type of the weights and activations.
+    pub fn precision(&self) -> Precision {
+        self.spec.dtype
+    }
+
     /// The device the model lives on.
     pub fn device(&self) -> Device {
         self.embed_tokens.device()
@@ -253,11 +281,7 @@ impl CausalLm {
 
     /// What a KV cache for this model must hold per layer.
     pub fn kv_layout(&self) -> KvLayout {
-        KvLayout {
-            num_layers: self.spec.num_layers,
-            num_kv_heads: self.spec.num_kv_heads,
-            head_dim: self.spec.head_dim,
-        }
+        KvLayout::of(&self.spec)
     }
 
     /// Token and position embeddings of a step.
@@ -274,7 +298,10 @@ impl CausalLm {
                 }
             }
             PositionKind::Rotary(rope) => {
-                rotary = Some(rope.cos_sin(&step.positions, step.max_position));
+                // Angles in `f32` (as HF computes them), cast to the model's dtype like HF's `cos`/`sin`.
+                let (cos, sin) = rope.cos_sin(&step.positions, step.max_position);
+                let dtype = self.spec.dtype.dtype();
+                rotary = Some((cos.cast(dtype), sin.cast(dtype)));
             }
         }
         Hidden { states, rotary }
@@ -304,12 +331,14 @@ impl CausalLm {
         LanguageModel::forward(self, step, cache)
     }
 
-    /// LM head: `[n, embed_dim] → [n, vocab]` logits.
+    /// LM head: `[n, embed_dim] → [n, vocab]` logits, in `f32` whatever the model's dtype (the
+    /// sampler's softmax, penalties and log-probabilities need its range).
     pub fn logits(&self, states: Tensor<2>) -> Tensor<2> {
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => head.forward(states),
             None => self.embed_tokens.tied_logits(states),
-        }
+        };
+        logits.cast(DType::F32)
     }
 
     /// Logits of every token of the step, `[batch, seq, vocab]`.
@@ -339,6 +368,10 @@ fn attention_scale(spec: &DecoderSpec, layer: usize) -> f64 {
 }
 
 fn load_layer(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &Device) -> Result<DecoderLayer> {
+    Ok(cast_module(load_layer_f32(spec, ckpt, i, device)?, spec.dtype))
+}
+
+fn load_layer_f32(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device: &Device) -> Result<DecoderLayer> {
     let names = spec.arch.tensor_names();
     let prefix = names.layer.replace("{i}", &i.to_string());
     let name = |suffix: &str| format!("{prefix}.{suffix}");

@@ -12,6 +12,7 @@ use crate::config::{DecoderSpec, OneOrMany};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufModel, tokenizer_from_gguf};
 use crate::model::CausalLm;
+use crate::precision::Precision;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Checkpoint, TensorSource};
 
@@ -91,7 +92,14 @@ impl PretrainedFiles {
         Ok(Self { spec, files: ModelFiles::Safetensors(Checkpoint::open(path)?), tokenizer, eos_token_ids })
     }
 
-    /// Loads the whole model onto `device`.
+    /// The model in `precision` once loaded (weights cast from the file's dtype as they load; see
+    /// [`crate::precision`]). Engines that load layers themselves read it from `spec.dtype`.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.spec.dtype = precision;
+        self
+    }
+
+    /// Loads the whole model onto `device`, in `spec.dtype`.
     pub fn load(self, device: &Device) -> Result<Pretrained> {
         let model = CausalLm::from_checkpoint(self.spec, &self.files, device)?;
         Ok(Pretrained { model, tokenizer: self.tokenizer, eos_token_ids: self.eos_token_ids })

@@ -148,6 +148,11 @@ pub(super) fn build_parallel_engine(
     if kind == EngineKind::Paged && args.schedule.is_some() {
         return Err("--schedule plans for one device: drop it, or drop the parallelism flags".into());
     }
+    if args.dtype.is_some_and(|p| p != burn_llm_models::Precision::F32) {
+        return Err("--dtype f16/bf16 is not available with --devices or pipeline/tensor parallelism yet (stages run \
+                    in f32): use --dtype f32 or drop the parallelism flags"
+            .into());
+    }
     let files = PretrainedFiles::open(dir)?;
     let plan = parallel.plan(files.spec.num_layers, default, args.worker_token.as_deref())?;
     let workers = parallel.workers();

@@ -41,10 +41,27 @@ fn ids(value: &serde_json::Value) -> Vec<u32> {
 }
 
 pub fn reference(name: &str) -> Reference {
+    let (json, prompts) = reference_files(name, "reference", |p, logits| ReferencePrompt {
+        text: p["text"].as_str().unwrap().to_string(),
+        input_ids: ids(&p["input_ids"]),
+        greedy_ids: ids(&p["greedy_ids"]),
+        greedy_text: p["greedy_text"].as_str().unwrap().to_string(),
+        logits,
+    });
+    Reference { vocab_size: json["vocab_size"].as_u64().unwrap() as usize, prompts }
+}
+
+/// `{stem}.json` of fixture `name` and its prompts, each built by `prompt` from its JSON entry
+/// and its `logits.{i}` (f32, `[len, vocab]` row-major) of `{stem}.safetensors`.
+pub fn reference_files<P>(
+    name: &str,
+    stem: &str,
+    prompt: impl Fn(&serde_json::Value, Vec<f32>) -> P,
+) -> (serde_json::Value, Vec<P>) {
     let dir = fixture(name);
     let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{stem}.json"))).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join(format!("{stem}.safetensors"))).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let prompts = json["prompts"]
         .as_array()
@@ -54,17 +71,10 @@ pub fn reference(name: &str) -> Reference {
         .map(|(i, p)| {
             let view = tensors.tensor(&format!("logits.{i}")).unwrap();
             assert_eq!(view.dtype(), safetensors::Dtype::F32);
-            let logits = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            ReferencePrompt {
-                text: p["text"].as_str().unwrap().to_string(),
-                input_ids: ids(&p["input_ids"]),
-                greedy_ids: ids(&p["greedy_ids"]),
-                greedy_text: p["greedy_text"].as_str().unwrap().to_string(),
-                logits,
-            }
+            prompt(p, view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         })
         .collect();
-    Reference { vocab_size: json["vocab_size"].as_u64().unwrap() as usize, prompts }
+    (json, prompts)
 }
 
 /// Largest absolute difference.

@@ -16,6 +16,7 @@ mod offload;
 mod paged;
 mod parallel;
 mod parity;
+mod precision;
 mod quantized;
 mod real_model;
 #[cfg(feature = "remote")]

@@ -17,7 +17,7 @@ fn offload_dir(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("burn-llm-offload-test-{}-{tag}", std::process::id()))
 }
 
-fn config(policy: Policy, tag: &str, gpu_mem: u64) -> OffloadConfig {
+pub fn config(policy: Policy, tag: &str, gpu_mem: u64) -> OffloadConfig {
     let dir = offload_dir(tag);
     let _ = std::fs::remove_dir_all(&dir);
     OffloadConfig {

@@ -1,6 +1,6 @@
-//! A layer's slots as the flat parts the disk tier keeps: keys then values, each one `f32`
-//! tensor, or `u32` codes, `f32` scales and `f32` minimums (the models' quantized layout), every
-//! part `[batch, kv_heads, slots, width]` with 4-byte elements.
+//! A layer's slots as the flat parts the disk tier keeps: keys then values, each one float tensor
+//! in the model's dtype, or `u32` codes with float scales and minimums (the models' quantized
+//! layout), every part `[batch, kv_heads, slots, width]`.
 
 use std::ops::Range;
 
@@ -14,13 +14,12 @@ use crate::error::{OffloadError, Result};
 /// Width and element type of each part of a layer of `layout` stored with `quant`, keys first.
 pub fn part_shapes(layout: KvLayout, quant: Option<QuantSpec>) -> Vec<(usize, DType)> {
     let d = layout.head_dim;
+    let float = layout.dtype.dtype();
     let per_kv = match quant {
-        None => vec![(d, DType::F32)],
-        Some(spec) => vec![
-            (d / spec.per_word(), DType::U32),
-            (d / spec.group_size(), DType::F32),
-            (d / spec.group_size(), DType::F32),
-        ],
+        None => vec![(d, float)],
+        Some(spec) => {
+            vec![(d / spec.per_word(), DType::U32), (d / spec.group_size(), float), (d / spec.group_size(), float)]
+        }
     };
     [per_kv.clone(), per_kv].concat()
 }
@@ -61,12 +60,18 @@ fn parts_of(slots: &Slots, range: Range<usize>) -> Vec<TensorData> {
 /// `parts` holds one tensor (`None`) or three (`Some`): checked by [`from_slot_data`].
 fn slots_of(mut parts: Vec<TensorData>, quant: Option<QuantSpec>, device: &Device) -> Slots {
     match quant {
-        None => Slots::Dense(Tensor::from_data(parts.remove(0), device)),
+        None => Slots::Dense(float(parts.remove(0), device)),
         Some(spec) => {
-            let min = Tensor::from_data(parts.remove(2), device);
-            let scale = Tensor::from_data(parts.remove(1), device);
+            let min = float(parts.remove(2), device);
+            let scale = float(parts.remove(1), device);
             let codes = Tensor::from_data(parts.remove(0), (device, DType::U32));
             Slots::Quantized { codes, scale, min, spec }
         }
     }
+}
+
+/// A float part on `device` in the dtype it was stored in.
+fn float<const D: usize>(data: TensorData, device: &Device) -> Tensor<D> {
+    let dtype = data.dtype();
+    Tensor::from_data(data, (device, dtype))
 }

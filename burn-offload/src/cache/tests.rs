@@ -9,7 +9,8 @@ use burn_llm_models::{KvCache, KvLayout};
 use super::parts::{from_slot_data, part_shapes, slot_data};
 use super::{KvPlacement, OffloadKvCache};
 
-const LAYOUT: KvLayout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 8 };
+const LAYOUT: KvLayout =
+    KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 8, dtype: burn_llm_models::Precision::F32 };
 
 fn values(t: Tensor<4>) -> Vec<f32> {
     t.try_into_vec_as::<f32>().unwrap()

@@ -174,7 +174,7 @@ impl BlockIo {
             .map(|(i, (width, dtype))| {
                 let path = scratch.path(&format!("kv-l{j}-b{k}-{}{}", ["k", "v"][i / per_kv], i % per_kv));
                 Ok(KvFile {
-                    file: SlotFile::create(path, rows, cache.steps().capacity(), width * 4)?,
+                    file: SlotFile::create(path, rows, cache.steps().capacity(), width * dtype.size())?,
                     shape: [cache.steps().batch(), layout.num_kv_heads, cache.steps().capacity(), width],
                     dtype,
                 })
@@ -208,7 +208,7 @@ impl BlockIo {
     }
 }
 
-/// One stored part of a layer's keys or values (`f32` slots, or codes, scales, minimums).
+/// One stored part of a layer's keys or values (float slots, or codes, scales, minimums).
 struct KvFile {
     file: SlotFile,
     /// `[batch, kv_heads, capacity, width]`.

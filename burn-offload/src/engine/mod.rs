@@ -148,7 +148,7 @@ impl std::fmt::Debug for OffloadEngine {
     }
 }
 
-/// The cost model's view of a decoder (`f32` weights and cache, as the runtime stores them).
+/// The cost model's view of a decoder (weights and cache in the spec's dtype, as the runtime stores them).
 pub fn model_shape(spec: &DecoderSpec) -> ModelShape {
     let heads = spec.num_heads as u64;
     let mut shape =
@@ -157,7 +157,9 @@ pub fn model_shape(spec: &DecoderSpec) -> ModelShape {
     shape.num_kv_heads = spec.num_kv_heads as u64;
     shape.head_dim = spec.head_dim as u64;
     shape.vocab_size = spec.vocab_size as u64;
-    shape.bytes_per_element = 4;
+    // Weights, activations and the uncompressed KV cache are in the model's `--dtype` (FlexGen
+    // models fp16: 2 bytes).
+    shape.bytes_per_element = spec.dtype.size_bytes() as u64;
     if spec.gated_mlp {
         shape.mlp = crate::policy::MlpKind::Gated;
     }
@@ -184,7 +186,8 @@ impl OffloadEngine {
         let shape = model_shape(&spec);
         let ledger = MemoryLedger::new(Some(config.gpu_mem), Some(config.cpu_mem), None);
         let skeleton = CausalLm::skeleton(spec.clone(), source, device)?;
-        let skeleton_bytes = (skeleton.decode_weight_bytes() + spec.vocab_size * spec.embed_dim * 4) as u64;
+        let skeleton_bytes =
+            (skeleton.decode_weight_bytes() + spec.vocab_size * spec.embed_dim * spec.dtype.size_bytes()) as u64;
         let mut resident = vec![ledger.reserve(Tier::Gpu, skeleton_bytes, "embeddings and LM head")?];
         let reserved = TierBytes { gpu: skeleton_bytes as f64, cpu: 0.0, disk: 0.0 };
         let num_layers = spec.num_layers as u64;

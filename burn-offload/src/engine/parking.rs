@@ -19,7 +19,7 @@ pub(super) enum Parked {
     /// In host memory, holding their host budget.
     Host { hidden: Hidden, _budget: Reservation },
     /// In the block's scratch directory (the rotary angles, small, stay on the device).
-    Disk { batch: usize, dims: [usize; 3], rotary: Option<(Tensor<4>, Tensor<4>)> },
+    Disk { batch: usize, dims: [usize; 3], dtype: DType, rotary: Option<(Tensor<4>, Tensor<4>)> },
 }
 
 impl Parked {
@@ -34,8 +34,8 @@ impl OffloadEngine {
     /// budget there.
     pub(super) fn store_hidden(&self, batch: usize, hidden: Hidden, tier: Tier, io: &BlockIo) -> Result<Parked> {
         let _span = trace_span!("store_hidden", batch, ?tier).entered();
-        let dims = hidden.states.dims();
-        let bytes = (dims.iter().product::<usize>() * std::mem::size_of::<f32>()) as u64;
+        let (dims, dtype) = (hidden.states.dims(), hidden.states.dtype());
+        let bytes = (dims.iter().product::<usize>() * dtype.size()) as u64;
         Ok(match tier {
             Tier::Gpu => Parked::Device(hidden),
             Tier::Cpu => {
@@ -48,7 +48,7 @@ impl OffloadEngine {
             Tier::Disk => {
                 io.scratch()?.write(&activation_file(batch), hidden.states.into_data().as_bytes())?;
                 io.record_activation(batch, bytes);
-                Parked::Disk { batch, dims, rotary: hidden.rotary }
+                Parked::Disk { batch, dims, dtype, rotary: hidden.rotary }
             }
         })
     }
@@ -61,10 +61,10 @@ impl OffloadEngine {
             Parked::Host { hidden, _budget } => {
                 Ok(Hidden { states: hidden.states.to_device(&self.device), rotary: hidden.rotary })
             }
-            Parked::Disk { batch, dims, rotary } => {
-                let len = dims.iter().product::<usize>() * std::mem::size_of::<f32>();
+            Parked::Disk { batch, dims, dtype, rotary } => {
+                let len = dims.iter().product::<usize>() * dtype.size();
                 let bytes = io.scratch()?.read(&activation_file(batch), len)?;
-                let states = Tensor::from_data(TensorData::from_bytes_vec(bytes, dims, DType::F32), &self.device);
+                let states = Tensor::from_data(TensorData::from_bytes_vec(bytes, dims, dtype), (&self.device, dtype));
                 Ok(Hidden { states, rotary })
             }
         }

@@ -56,6 +56,10 @@ static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 pub enum DType {
     /// 32-bit float.
     F32,
+    /// IEEE half precision (`--dtype f16` weights and caches), kept as raw bits.
+    F16,
+    /// bfloat16 (`--dtype bf16`), kept as raw bits.
+    BF16,
     /// 32-bit unsigned integer (token ids, packed quantized weights, …).
     U32,
 }
@@ -64,7 +68,38 @@ impl DType {
     fn safetensors(self) -> Dtype {
         match self {
             DType::F32 => Dtype::F32,
+            DType::F16 => Dtype::F16,
+            DType::BF16 => Dtype::BF16,
             DType::U32 => Dtype::U32,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// The store's type for a Burn element type, `None` for types the store does not keep.
+    pub fn of(dtype: burn::tensor::DType) -> Option<Self> {
+        match dtype {
+            burn::tensor::DType::F32 => Some(DType::F32),
+            burn::tensor::DType::F16 => Some(DType::F16),
+            burn::tensor::DType::BF16 => Some(DType::BF16),
+            burn::tensor::DType::U32 => Some(DType::U32),
+            _ => None,
+        }
+    }
+
+    /// Burn's element type.
+    pub fn burn(self) -> burn::tensor::DType {
+        match self {
+            DType::F32 => burn::tensor::DType::F32,
+            DType::F16 => burn::tensor::DType::F16,
+            DType::BF16 => burn::tensor::DType::BF16,
+            DType::U32 => burn::tensor::DType::U32,
         }
     }
 }
@@ -73,6 +108,8 @@ impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
             DType::U32 => "u32",
         })
     }
@@ -84,6 +121,8 @@ impl fmt::Display for DType {
 pub enum TensorView<'a> {
     /// f32 values.
     F32(&'a [f32]),
+    /// 16-bit float values (f16 or bf16, the [`DType`] says which) as raw bits.
+    Half(DType, &'a [u16]),
     /// u32 values.
     U32(&'a [u32]),
 }
@@ -93,6 +132,7 @@ impl<'a> TensorView<'a> {
     pub fn dtype(&self) -> DType {
         match self {
             TensorView::F32(_) => DType::F32,
+            TensorView::Half(dtype, _) => *dtype,
             TensorView::U32(_) => DType::U32,
         }
     }
@@ -101,14 +141,16 @@ impl<'a> TensorView<'a> {
     fn len(&self) -> usize {
         match self {
             TensorView::F32(v) => v.len(),
+            TensorView::Half(_, v) => v.len(),
             TensorView::U32(v) => v.len(),
         }
     }
 
     /// The values as raw native-endian bytes (no copy).
-    fn bytes(&self) -> &'a [u8] {
+    pub fn bytes(&self) -> &'a [u8] {
         match *self {
             TensorView::F32(v) => bytemuck::cast_slice(v),
+            TensorView::Half(_, v) => bytemuck::cast_slice(v),
             TensorView::U32(v) => bytemuck::cast_slice(v),
         }
     }
@@ -133,6 +175,11 @@ impl<'a> HostData<'a> {
     /// A u32 tensor.
     pub fn u32(shape: &'a [usize], values: &'a [u32]) -> Self {
         Self { shape, values: TensorView::U32(values) }
+    }
+
+    /// A 16-bit float tensor (`dtype` [`DType::F16`] or [`DType::BF16`]) given as raw bits.
+    pub fn half(shape: &'a [usize], dtype: DType, bits: &'a [u16]) -> Self {
+        Self { shape, values: TensorView::Half(dtype, bits) }
     }
 }
 
@@ -165,7 +212,7 @@ impl DiskTensor {
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
-    /// Payload bytes (elements × 4).
+    /// Payload bytes (elements × element size).
     pub fn payload_bytes(&self) -> u64 {
         self.payload_bytes
     }
@@ -186,7 +233,7 @@ impl DiskTensor {
 pub struct MappedTensor {
     map: Mmap,
     info: DiskTensor,
-    /// Where the values are in `map`: in bounds, 4-byte aligned and `payload_bytes` long (all
+    /// Where the values are in `map`: in bounds, aligned to the element size and `payload_bytes` long (all
     /// checked in `DiskStore::get`).
     payload: Range<usize>,
 }
@@ -214,7 +261,7 @@ impl MappedTensor {
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self.view() {
             TensorView::F32(v) => Some(v),
-            TensorView::U32(_) => None,
+            _ => None,
         }
     }
 
@@ -225,6 +272,7 @@ impl MappedTensor {
         let bytes = self.bytes();
         match self.dtype {
             DType::F32 => TensorView::F32(bytemuck::try_cast_slice(bytes).unwrap_or(&[])),
+            DType::F16 | DType::BF16 => TensorView::Half(self.dtype, bytemuck::try_cast_slice(bytes).unwrap_or(&[])),
             DType::U32 => TensorView::U32(bytemuck::try_cast_slice(bytes).unwrap_or(&[])),
         }
     }
@@ -380,8 +428,13 @@ impl DiskStore {
         let start = 8 + header_len;
         let payload = start + info.data_offsets.0..start + info.data_offsets.1;
         let bytes = map.get(payload.clone()).unwrap_or(&[]);
-        if bytes.len() as u64 != entry.payload_bytes || bytemuck::try_cast_slice::<u8, u32>(bytes).is_err() {
-            return Err(bad_header(format!("payload {payload:?} is out of bounds or not 4-byte aligned")));
+        let size = entry.dtype.size_bytes();
+        let aligned = match size {
+            2 => bytemuck::try_cast_slice::<u8, u16>(bytes).is_ok(),
+            _ => bytemuck::try_cast_slice::<u8, u32>(bytes).is_ok(),
+        };
+        if bytes.len() as u64 != entry.payload_bytes || !aligned {
+            return Err(bad_header(format!("payload {payload:?} is out of bounds or not {size}-byte aligned")));
         }
         let actual = crc32fast::hash(bytes);
         if actual != entry.checksum {

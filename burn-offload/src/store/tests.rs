@@ -95,6 +95,26 @@ fn round_trip_both_dtypes_and_shapes() {
     assert_eq!(got, want);
 }
 
+/// 16-bit floats (`--dtype f16|bf16` weights and caches) keep their bits and take 2 bytes each,
+/// odd element counts included; the file says which 16-bit type it holds.
+#[test]
+fn half_precision_round_trips_in_two_bytes() {
+    let dir = TestDir::new("half");
+    let mut store = DiskStore::open(dir.sub("store")).unwrap();
+    let bits: Vec<u16> = (0..7u16).map(|i| i.wrapping_mul(0x3c01)).collect();
+    for dtype in [DType::F16, DType::BF16] {
+        let name = format!("{dtype}");
+        let t = store.put(&name, HostData::half(&[7], dtype, &bits)).unwrap();
+        assert_eq!((t.dtype(), t.payload_bytes()), (dtype, 14));
+        let m = store.get(&name).unwrap();
+        assert_eq!(m.view(), TensorView::Half(dtype, &bits));
+        assert!(m.as_f32().is_none());
+        let header = safetensors::SafeTensors::read_metadata(&fs::read(m.path()).unwrap()).unwrap().1;
+        let want = if dtype == DType::F16 { safetensors::Dtype::F16 } else { safetensors::Dtype::BF16 };
+        assert_eq!(header.info("tensor").unwrap().dtype, want);
+    }
+}
+
 /// The files are plain safetensors: any reader sees the tensor and its CRC-32.
 #[test]
 fn files_are_safetensors_with_a_checksum() {

@@ -306,9 +306,7 @@ impl LanguageModel for PipelineLm {
     }
 
     fn kv_layout(&self) -> KvLayout {
-        let spec = &self.embed.spec;
-        let whole = KvLayout { num_layers: spec.num_layers, num_kv_heads: spec.num_kv_heads, head_dim: spec.head_dim };
-        rank_kv_layout(whole, self.tensor_parallel)
+        rank_kv_layout(KvLayout::of(&self.embed.spec), self.tensor_parallel)
     }
 
     fn kv_devices(&self) -> LayerDevices {

@@ -148,5 +148,5 @@ impl ShardPlan {
 /// the per-rank kv heads.
 pub fn rank_kv_layout(layout: KvLayout, degree: usize) -> KvLayout {
     let per_rank = (layout.num_kv_heads / degree.max(1)).max(1);
-    KvLayout { num_layers: layout.num_layers * degree, num_kv_heads: per_rank, head_dim: layout.head_dim }
+    KvLayout { num_layers: layout.num_layers * degree, num_kv_heads: per_rank, ..layout }
 }

@@ -98,7 +98,9 @@ fn qmatmul_kernel<F: Float>(
     let i = idx / n;
     let j = idx % n;
     let mask = (1u32 << bits) - 1u32;
-    let mut acc = F::new(0.0);
+    // Accumulated in `f32` whatever `F` is: a half-precision sum over thousands of products
+    // would lose most of its mantissa.
+    let mut acc = f32::new(0.0);
     for k in 0..k_len {
         // (word index, code index within the word, group index) of W's element for (k, j).
         let (word, code, g) = if transposed {
@@ -107,9 +109,9 @@ fn qmatmul_kernel<F: Float>(
             (k * (n / per) + j / per, j % per, k * (n / group) + j / group)
         };
         let q = (codes[word] >> (u32::cast_from(code) * bits)) & mask;
-        acc += x[i * k_len + k] * (F::cast_from(q) * scale[g] + min[g]);
+        acc += f32::cast_from(x[i * k_len + k]) * f32::cast_from(F::cast_from(q) * scale[g] + min[g]);
     }
-    out[idx] = acc;
+    out[idx] = F::cast_from(acc);
 }
 
 impl GroupQuantOps for CubeBackend {

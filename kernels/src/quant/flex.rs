@@ -3,7 +3,7 @@
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::tensor::TensorData;
+use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
 use super::ops::GroupQuantOps;
@@ -136,6 +136,18 @@ fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.is_contiguous() { t } else { t.to_contiguous() }
 }
 
+/// `t` contiguous in `f32`: half-precision inputs are widened (the twin computes in `f32`, the
+/// precision a GPU kernel accumulates half inputs in).
+fn widened(t: FlexTensor) -> FlexTensor {
+    if t.dtype() == DType::F32 { contiguous(t) } else { FlexTensor::from_data(t.into_data().convert_dtype(DType::F32)) }
+}
+
+/// `f32` results as a tensor of `dtype` (the dtype of the op's float inputs).
+fn narrowed(values: Vec<f32>, shape: [usize; 2], dtype: DType) -> FlexTensor {
+    let data = TensorData::new(values, shape);
+    FlexTensor::from_data(if dtype == DType::F32 { data } else { data.convert_dtype(dtype) })
+}
+
 fn f32s(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>().expect("group quantization runs on contiguous f32 tensors")
 }
@@ -257,7 +269,8 @@ impl GroupQuantOps for Flex {
     ) -> FloatTensor<Self> {
         let [m, k_len] = x.layout().shape().dims::<2>();
         let words = codes.layout().shape().dims::<2>()[1];
-        let (x, codes, scale, min) = (contiguous(x), contiguous(codes), contiguous(scale), contiguous(min));
+        let dtype = x.dtype();
+        let (x, codes, scale, min) = (widened(x), contiguous(codes), widened(scale), widened(min));
         let (x, codes) = (f32s(&x), u32s(&codes));
         let (scale, min) = (f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
@@ -272,7 +285,7 @@ impl GroupQuantOps for Flex {
                 out[i * n + g * group..i * n + (g + 1) * group].copy_from_slice(&block[i * group..(i + 1) * group]);
             }
         }
-        FlexTensor::from_data(TensorData::new(out, [m, n]))
+        narrowed(out, [m, n], dtype)
     }
 
     /// Integer arithmetic on 8-bit input rows ([`int8_nt`]) unless [`MatmulPrecision::Exact`] is
@@ -289,12 +302,13 @@ impl GroupQuantOps for Flex {
     ) -> FloatTensor<Self> {
         let [m, k_len] = x.layout().shape().dims::<2>();
         let [n, words] = codes.layout().shape().dims::<2>();
-        let (x, codes, scale, min) = (contiguous(x), contiguous(codes), contiguous(scale), contiguous(min));
+        let dtype = x.dtype();
+        let (x, codes, scale, min) = (widened(x), contiguous(codes), widened(scale), widened(min));
         let (x, codes) = (f32s(&x), u32s(&codes));
         let (scale, min) = (f32s(&scale), f32s(&min));
         if matmul_precision() == MatmulPrecision::Int8Activations && group.is_multiple_of(q8::BLOCK) {
             let w = q8::Weights { codes, scale, min, bits, group };
-            return FlexTensor::from_data(TensorData::new(int8_nt(&w, x, m, k_len, n), [m, n]));
+            return narrowed(int8_nt(&w, x, m, k_len, n), [m, n], dtype);
         }
         let groups = k_len / group;
         let xsum: Vec<f32> = x.chunks_exact(group).map(|c| c.iter().sum()).collect();
@@ -315,7 +329,7 @@ impl GroupQuantOps for Flex {
                 }
             }
         }
-        FlexTensor::from_data(TensorData::new(out, [m, n]))
+        narrowed(out, [m, n], dtype)
     }
 
     fn pack_groups(
@@ -326,7 +340,7 @@ impl GroupQuantOps for Flex {
         group: usize,
     ) -> IntTensor<Self> {
         let [rows, cols] = x.layout().shape().dims::<2>();
-        let (x, scale, min) = (contiguous(x), contiguous(scale), contiguous(min));
+        let (x, scale, min) = (widened(x), widened(scale), widened(min));
         let (x, scale, min) = (f32s(&x), f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
         let top = ((1u32 << bits) - 1) as f32;
@@ -358,7 +372,8 @@ impl GroupQuantOps for Flex {
         group: usize,
     ) -> FloatTensor<Self> {
         let [rows, words] = codes.layout().shape().dims::<2>();
-        let (codes, scale, min) = (contiguous(codes), contiguous(scale), contiguous(min));
+        let dtype = scale.dtype();
+        let (codes, scale, min) = (contiguous(codes), widened(scale), widened(min));
         let (codes, scale, min) = (u32s(&codes), f32s(&scale), f32s(&min));
         let per = 32 / bits as usize;
         let cols = words * per;
@@ -375,6 +390,6 @@ impl GroupQuantOps for Flex {
                 values.iter_mut().for_each(|v| *v = *v * s + m);
             }
         });
-        FlexTensor::from_data(TensorData::new(out, [rows, cols]))
+        narrowed(out, [rows, cols], dtype)
     }
 }

@@ -479,3 +479,45 @@ fn matmul_precision_override_is_scoped() {
     assert_eq!(inner.unwrap(), (MatmulPrecision::Exact, MatmulPrecision::Int8Activations));
     assert_eq!(matmul_precision(), outer);
 }
+
+/// Half-precision scales dequantize into half precision, and the fused products return the
+/// input's dtype, equal to the `f32` computation rounded once (the twin and the GPU kernel
+/// accumulate in `f32`), on every device that computes in the dtype.
+#[test]
+fn half_precision_in_and_out() {
+    use burn::tensor::DType;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let (k, n, m) = (64, 32, 3);
+    let w: Vec<f32> = (0..k * n).map(|_| rng.random::<f32>() - 0.5).collect();
+    let x: Vec<f32> = (0..m * k).map(|_| rng.random::<f32>() - 0.5).collect();
+    for device in devices() {
+        for dtype in [DType::F16, DType::BF16] {
+            if !device.supports_dtype(dtype) {
+                continue;
+            }
+            let eps = if dtype == DType::F16 { 1.0 / 1024.0 } else { 1.0 / 128.0 };
+            let spec = QuantSpec::new(8, 16, 1).unwrap();
+            let q32 = quantize(Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &device), spec).unwrap();
+            let q = GroupQuantized {
+                scale: q32.scale.clone().cast(dtype),
+                min: q32.min.clone().cast(dtype),
+                ..q32.clone()
+            };
+            let dense = dequantize(&q);
+            assert_eq!(dense.dtype(), dtype, "{device:?}");
+            let want = values(dequantize(&q32));
+            // Scale and minimum are rounded to the dtype: errors scale with the groups' range (±0.5).
+            for (a, b) in values(dense.cast(DType::F32)).iter().zip(&want) {
+                assert!((a - b).abs() <= 4.0 * eps * 0.5, "{device:?} {dtype:?}: {a} vs {b}");
+            }
+            let xs = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &device);
+            let out = qmatmul(xs.clone().cast(dtype), &q).unwrap();
+            assert_eq!(out.dtype(), dtype);
+            let want = values(qmatmul(xs, &q32).unwrap());
+            let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for (a, b) in values(out.cast(DType::F32)).iter().zip(&want) {
+                assert!((a - b).abs() <= 8.0 * eps * scale, "{device:?} {dtype:?}: {a} vs {b}");
+            }
+        }
+    }
+}

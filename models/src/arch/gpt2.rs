@@ -6,6 +6,7 @@ use serde::Deserialize;
 use super::{QkvNames, TensorNames};
 use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
 use crate::layers::linear::WeightLayout;
+use crate::precision::Precision;
 
 /// GPT-2's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +82,7 @@ impl Gpt2Config {
             scale_attn_by_inverse_layer_idx: self.scale_attn_by_inverse_layer_idx,
             bos_token_id: self.ids.bos_token_id,
             eos_token_ids: self.ids.eos_token_id.to_vec(),
+            dtype: Precision::F32,
         })
     }
 }

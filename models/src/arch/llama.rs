@@ -8,6 +8,7 @@ use super::{QkvNames, TensorNames};
 use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
 use crate::layers::linear::WeightLayout;
 use crate::layers::rope::{RopeScaling, RopeSpec};
+use crate::precision::Precision;
 
 /// LLaMA's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -96,6 +97,7 @@ impl LlamaConfig {
             scale_attn_by_inverse_layer_idx: false,
             bos_token_id: self.ids.bos_token_id,
             eos_token_ids: self.ids.eos_token_id.to_vec(),
+            dtype: Precision::F32,
         })
     }
 

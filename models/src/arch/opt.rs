@@ -7,6 +7,7 @@ use serde::Deserialize;
 use super::{QkvNames, TensorNames};
 use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
 use crate::layers::linear::WeightLayout;
+use crate::precision::Precision;
 
 /// OPT's `config.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -77,6 +78,7 @@ impl OptConfig {
             scale_attn_by_inverse_layer_idx: false,
             bos_token_id: self.ids.bos_token_id,
             eos_token_ids: self.ids.eos_token_id.to_vec(),
+            dtype: Precision::F32,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! attention with ordinary tensor ops.
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 
 /// Additive bias of a masked score. Finite on purpose: a query that sees no key at all (a padding
 /// row) gets a uniform, finite distribution instead of NaNs that would leak into later layers.
@@ -32,9 +32,13 @@ pub fn attention_with(
     let [_, kv_heads, _, _] = k.dims();
     let group = heads / kv_heads;
     let q = q.reshape([b, kv_heads, group * s, d]);
-    let scores = q.matmul(k.swap_dims(2, 3)) * scale;
+    // Scores, mask and softmax in `f32` (a no-op for `f32` models): half precision would round
+    // the scores and overflow the mask; the products with `q`, `k` and `v` stay in their dtype.
+    let dtype = v.dtype();
+    let scores = q.matmul(k.swap_dims(2, 3)).cast(DType::F32) * scale;
     let bias = if group > 1 { bias.repeat_dim(2, group) } else { bias };
-    softmax(adjust(scores + bias), 3).matmul(v).reshape([b, heads, s, d])
+    let probs = softmax(adjust(scores + bias.cast(DType::F32)), 3).cast(dtype);
+    probs.matmul(v).reshape([b, heads, s, d])
 }
 
 /// Bias `[1, 1, s, t]` that lets query `i` (at absolute slot `start + i`) see key slots

@@ -44,6 +44,9 @@ pub use steps::StepSlots;
 use burn::tensor::{Int, Tensor};
 use burn_llm_kernels::QuantSpec;
 
+use crate::config::DecoderSpec;
+use crate::precision::Precision;
+
 /// The storage and attention side of a decoder's self-attention.
 pub trait KvCache {
     /// Stores this step's keys and values for `layer` and attends the queries over everything each
@@ -77,21 +80,37 @@ pub struct KvLayout {
     pub num_kv_heads: usize,
     /// Width of a head.
     pub head_dim: usize,
+    /// Floating-point type keys and values are stored in (the model's).
+    pub dtype: Precision,
 }
 
 impl KvLayout {
-    /// Bytes of one token's keys and values over all layers, in `f32`.
-    pub fn bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    /// The layout of a model of `spec`'s shape and dtype.
+    pub fn of(spec: &DecoderSpec) -> Self {
+        Self {
+            num_layers: spec.num_layers,
+            num_kv_heads: spec.num_kv_heads,
+            head_dim: spec.head_dim,
+            dtype: spec.dtype,
+        }
     }
 
-    /// Bytes `slots` token slots (sequences × slots each) take over all layers: `f32`, or
-    /// `quant` codes plus an `f32` scale and minimum per group.
+    /// Bytes of one token's keys and values over all layers, in [`KvLayout::dtype`].
+    pub fn bytes_per_token(&self) -> usize {
+        self.values_per_token() * self.dtype.size_bytes()
+    }
+
+    /// Values of one token's keys and values over all layers.
+    pub fn values_per_token(&self) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim
+    }
+
+    /// Bytes `slots` token slots (sequences × slots each) take over all layers: in
+    /// [`KvLayout::dtype`], or `quant` codes plus a scale and minimum per group.
     pub fn storage_bytes(&self, slots: usize, quant: Option<QuantSpec>) -> usize {
-        let dense = self.bytes_per_token() * slots;
         match quant {
-            None => dense,
-            Some(spec) => spec.storage_bytes(dense / std::mem::size_of::<f32>()),
+            None => self.bytes_per_token() * slots,
+            Some(spec) => spec.storage_bytes(self.values_per_token() * slots),
         }
     }
 }

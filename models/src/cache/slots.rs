@@ -32,18 +32,18 @@ pub enum Slots {
 }
 
 impl Slots {
-    /// Zeroed slots of `shape` (`[batch, kv_heads, capacity, head_dim]`) on `device`, as floats
-    /// or as `quant` codes.
-    pub fn zeros(shape: [usize; 4], quant: Option<QuantSpec>, device: &Device) -> Self {
+    /// Zeroed slots of `shape` (`[batch, kv_heads, capacity, head_dim]`) on `device`, as `dtype`
+    /// floats or as `quant` codes (with `dtype` scales and minimums).
+    pub fn zeros(shape: [usize; 4], quant: Option<QuantSpec>, dtype: DType, device: &Device) -> Self {
         match quant {
-            None => Slots::Dense(Tensor::zeros(shape, device)),
+            None => Slots::Dense(Tensor::zeros(shape, (device, dtype))),
             Some(spec) => {
                 let [b, h, cap, d] = shape;
                 let groups = [b, h, cap, d / spec.group_size()];
                 Slots::Quantized {
                     codes: Tensor::zeros([b, h, cap, d / spec.per_word()], (device, DType::U32)),
-                    scale: Tensor::zeros(groups, device),
-                    min: Tensor::zeros(groups, device),
+                    scale: Tensor::zeros(groups, (device, dtype)),
+                    min: Tensor::zeros(groups, (device, dtype)),
                     spec,
                 }
             }
@@ -94,10 +94,12 @@ pub struct LayerSlots {
 }
 
 impl LayerSlots {
-    /// Zeroed keys and values for `batch` sequences of `capacity` slots of a model with `layout`.
+    /// Zeroed keys and values for `batch` sequences of `capacity` slots of a model with `layout`,
+    /// in its dtype.
     pub fn zeros(layout: KvLayout, batch: usize, capacity: usize, quant: Option<QuantSpec>, device: &Device) -> Self {
         let shape = [batch, layout.num_kv_heads, capacity, layout.head_dim];
-        Self { keys: Slots::zeros(shape, quant, device), values: Slots::zeros(shape, quant, device) }
+        let dtype = layout.dtype.dtype();
+        Self { keys: Slots::zeros(shape, quant, dtype, device), values: Slots::zeros(shape, quant, dtype, device) }
     }
 
     /// Writes this step's keys `k` and values `v` at slots `step` and returns slots `0..step.end`

@@ -61,7 +61,7 @@ fn steps_refuse_bad_layouts() {
 #[test]
 fn layers_keep_their_own_slots_across_steps() {
     let device = Device::flex();
-    let layout = KvLayout { num_layers: 3, num_kv_heads: 1, head_dim: 2 };
+    let layout = KvLayout { num_layers: 3, num_kv_heads: 1, head_dim: 2, dtype: Default::default() };
     let mut cache = ContiguousKvCache::new(layout, 1, 4, &device);
     let tensor = |v: Vec<f32>, s: usize| Tensor::<4>::from_data(TensorData::new(v, [1, 1, s, 2]), &device);
     let kv = |layer: usize, s: usize, offset: usize| {

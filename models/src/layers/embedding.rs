@@ -72,7 +72,7 @@ impl TokenEmbedding {
     /// Bytes of the table as stored.
     pub fn size_bytes(&self) -> usize {
         match self {
-            TokenEmbedding::Dense(e) => e.weight.val().dims().iter().product::<usize>() * std::mem::size_of::<f32>(),
+            TokenEmbedding::Dense(e) => e.weight.val().dims().iter().product::<usize>() * e.weight.val().dtype().size(),
             TokenEmbedding::Quantized(q) => q.size_bytes(),
         }
     }

@@ -7,6 +7,7 @@ use burn::tensor::{Device, Tensor};
 
 use crate::config::NormKind;
 use crate::error::Result;
+use crate::precision::in_f32;
 use crate::weights::TensorSource;
 
 /// A normalization layer of either kind.
@@ -33,11 +34,12 @@ impl Norm {
         })
     }
 
-    /// Normalizes over the last dimension.
+    /// Normalizes over the last dimension, computing in `f32` (the parameters stay `f32`, see
+    /// [`crate::precision`]) and returning `x`'s dtype.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        match self {
+        in_f32(x, |x| match self {
             Norm::Layer(n) => n.forward(x),
             Norm::Rms(n) => n.forward(x),
-        }
+        })
     }
 }

@@ -181,7 +181,7 @@ impl Projection {
     /// Bytes of the weight as stored (the bias is not counted).
     pub fn weight_bytes(&self) -> usize {
         match self {
-            Projection::Dense(l) => l.weight.val().dims().iter().product::<usize>() * std::mem::size_of::<f32>(),
+            Projection::Dense(l) => l.weight.val().dims().iter().product::<usize>() * l.weight.val().dtype().size(),
             Projection::Quantized(q) => q.size_bytes(),
         }
     }
