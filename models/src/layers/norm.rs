@@ -4,6 +4,7 @@ use burn::module::Module;
 use burn::module::Param;
 use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm};
 use burn::tensor::{Device, Tensor};
+use burn_llm_kernels::rms_norm;
 
 use crate::config::NormKind;
 use crate::error::Result;
@@ -33,11 +34,11 @@ impl Norm {
         })
     }
 
-    /// Normalizes over the last dimension.
+    /// Normalizes over the last dimension (RMSNorm as one fused pass on Flex).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         match self {
             Norm::Layer(n) => n.forward(x),
-            Norm::Rms(n) => n.forward(x),
+            Norm::Rms(n) => rms_norm(x, n.gamma.val(), n.epsilon),
         }
     }
 }
