@@ -4,7 +4,7 @@
 //! Burn's Flex CPU backend, with a test that they agree. Kernels know nothing about models or
 //! policies.
 //!
-//! Two modules:
+//! Three modules:
 //!
 //! - [`quant`]: FlexGen's fine-grained group-wise asymmetric quantization ([`QuantSpec`],
 //!   [`quantize`], [`dequantize`]) and the fused dequantize-matmul ([`qmatmul`],
@@ -13,12 +13,15 @@
 //!   token by token ([`reshape_and_cache`]), copied block-wise for copy-on-write
 //!   ([`copy_blocks`]), swapped ([`write_blocks`], [`read_blocks`]) and attended to through
 //!   per-sequence block tables ([`paged_attention`]).
+//! - [`fused`]: the rest of a decoder step fused into single passes on Flex (RMSNorm, RoPE,
+//!   `silu(gate) · up`, attention over a prefix of preallocated K/V slots), ordinary Burn ops
+//!   elsewhere.
 //!
 //! With the `remote` feature (and a GPU feature, which brings Burn's IR types), [`remote`] makes
 //! both modules' ops run on devices of other processes and machines (Burn's remote backend):
 //! client-side glue, and `remote::register_ops` for the server.
 //!
-//! Both modules' public items are re-exported here, so `burn_llm_kernels::QuantSpec` and
+//! The modules' public items are re-exported here, so `burn_llm_kernels::QuantSpec` and
 //! `burn_llm_kernels::quant::QuantSpec` name the same type.
 
 #![warn(missing_docs)]
@@ -46,12 +49,14 @@ macro_rules! avx2_dispatch {
     };
 }
 
+pub mod fused;
 pub mod paged;
 pub mod quant;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
 pub mod remote;
 pub mod test_devices;
 
+pub use fused::{attention_with, prefix_attention, rms_norm, rotate_half, silu_mul};
 pub use paged::{
     PagedBatch, PagedKernelError, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut, paged_attention,
     paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut, reshape_and_cache_with, slot,

@@ -92,3 +92,23 @@ fn smollm2_chat_template() {
     let text = &out.requests[0].text;
     assert!(text.contains("Paris"), "chat answer was {text:?}");
 }
+
+/// The prompts of `cargo xtask bench cpu`'s batched decode: every sequence of a batch decodes the
+/// ids it decodes alone, in both precisions (rows of a batch never mix: 8-bit input rows are
+/// quantized per row, and each sequence attends only to its own slots).
+#[test]
+fn smollm2_batched_decode_equals_each_sequence_alone() {
+    use burn_llm::kernels::{MatmulPrecision, with_matmul_precision};
+
+    let generator = Generator::from(Pretrained::load(&smollm2(), &Device::flex()).unwrap());
+    let prompts: Vec<Prompt> = (0..8).map(|i| Prompt::Ids(vec![1, 504 + i, 3058, 282])).collect();
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) };
+    for precision in [MatmulPrecision::Int8Activations, MatmulPrecision::Exact] {
+        let batched = with_matmul_precision(precision, || generator.generate(&prompts, &params)).unwrap();
+        for (i, prompt) in prompts.iter().enumerate() {
+            let alone = with_matmul_precision(precision, || generator.generate(&[prompt.clone()], &params)).unwrap();
+            let ids = &batched.requests[i].generated_ids;
+            assert_eq!(ids, &alone.requests[0].generated_ids, "{precision:?}: prompt {i} in a batch of 8 and alone");
+        }
+    }
+}

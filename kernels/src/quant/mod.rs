@@ -18,7 +18,7 @@ mod matmul;
 pub mod ops;
 mod precision;
 #[cfg(feature = "flex")]
-mod q8;
+pub(crate) mod q8;
 mod spec;
 #[cfg(feature = "flex")]
 mod split;

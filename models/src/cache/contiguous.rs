@@ -3,9 +3,9 @@
 //! own device ([`LayerDevices`]); the step's mask is then copied once per step to each device.
 
 use burn::tensor::{Device, Tensor};
-use burn_llm_kernels::QuantSpec;
+use burn_llm_kernels::{QuantSpec, prefix_attention};
 
-use super::{KvCache, KvLayout, LayerDevices, LayerSlots, StepInput, StepSlots, attention, check_kv_quant};
+use super::{KvCache, KvLayout, LayerDevices, LayerSlots, StepInput, StepSlots, check_kv_quant};
 use crate::error::Result;
 
 /// Keys and values of a batch in `[batch, kv_heads, capacity, head_dim]` tensors, one pair per
@@ -111,11 +111,14 @@ impl KvCache for ContiguousKvCache {
         let step = self.steps.range_for(&self.layout, &k);
         // Moved out and back (never cloned) so the writes can happen in place: `swap_remove`
         // takes the layer out, `push` and `swap` put it back where it was.
-        let slots = self.layers.swap_remove(layer);
-        let (slots, keys, values) = slots.store(k, v, step);
+        let slots = self.layers.swap_remove(layer).write(k, v, step.start);
         self.layers.push(slots);
         let last = self.layers.len() - 1;
         self.layers.swap(layer, last);
-        attention(q, keys, values, self.biases[self.placement.slot(layer)].clone(), scale)
+        // Attention reads slots `0..step.end` where they are stored (no copy of the visible
+        // slots for dense storage); the handles are dropped before the next step writes.
+        let slots = &self.layers[layer];
+        let (keys, values) = (slots.keys.prefix(step.end), slots.values.prefix(step.end));
+        prefix_attention(q, keys, values, self.biases[self.placement.slot(layer)].clone(), step.end, scale)
     }
 }

@@ -53,14 +53,21 @@ impl Slots {
     /// Writes `new` (`[b, h, s, d]`, `s = step.len()`) at slots `step` and returns slots
     /// `0..step.end` as floats for attention. Taken by value so the write can happen in place.
     pub fn store(self, new: Tensor<4>, step: Range<usize>) -> (Self, Tensor<4>) {
-        let [b, h, s, d] = new.dims();
-        let write = |t: usize| [0..b, 0..h, step.start..step.start + s, 0..t];
-        let read = |t: usize| [0..b, 0..h, 0..step.end, 0..t];
+        let slots = self.write(new, step.start);
+        let visible = slots.prefix(step.end);
+        let [b, h, _, d] = visible.dims();
+        (slots, visible.slice([0..b, 0..h, 0..step.end, 0..d]))
+    }
+
+    /// Writes `new` (`[b, h, s, d]`) at slots `start..start + s`: in place when no other tensor
+    /// shares the storage (the caller holds no view of it).
+    pub fn write(self, new: Tensor<4>, start: usize) -> Self {
+        let [b, h, s, _] = new.dims();
+        let write = |t: usize| [0..b, 0..h, start..start + s, 0..t];
         match self {
             Slots::Dense(full) => {
-                let full = full.slice_assign(write(d), new);
-                let visible = full.clone().slice(read(d));
-                (Slots::Dense(full), visible)
+                let d = new.dims()[3];
+                Slots::Dense(full.slice_assign(write(d), new))
             }
             Slots::Quantized { codes, scale, min, spec } => {
                 // The spec was validated against this head width by `check_kv_quant` when the
@@ -70,15 +77,30 @@ impl Slots {
                 let codes = codes.slice_assign(write(words), q.codes.reshape([b, h, s, words]));
                 let scale = scale.slice_assign(write(groups), q.scale.reshape([b, h, s, groups]));
                 let min = min.slice_assign(write(groups), q.min.reshape([b, h, s, groups]));
-                let rows = b * h * step.end;
-                let visible = dequantize(&GroupQuantized {
+                Slots::Quantized { codes, scale, min, spec }
+            }
+        }
+    }
+
+    /// Floats holding slots `0..len` for attention, without copying dense slots: dense storage is
+    /// returned whole (`[b, h, capacity, d]`, a shared handle: read its first `len` slots, as
+    /// [`prefix_attention`](burn_llm_kernels::prefix_attention) does), quantized slots are
+    /// dequantized (`[b, h, len, d]`).
+    pub fn prefix(&self, len: usize) -> Tensor<4> {
+        match self {
+            Slots::Dense(full) => full.clone(),
+            Slots::Quantized { codes, scale, min, spec } => {
+                let [b, h, _, words] = codes.dims();
+                let groups = scale.dims()[3];
+                let read = |t: usize| [0..b, 0..h, 0..len, 0..t];
+                let rows = b * h * len;
+                dequantize(&GroupQuantized {
                     codes: codes.clone().slice(read(words)).reshape([rows, words]),
                     scale: scale.clone().slice(read(groups)).reshape([rows, groups]),
                     min: min.clone().slice(read(groups)).reshape([rows, groups]),
-                    shape: [b, h, step.end, d],
-                    spec,
-                });
-                (Slots::Quantized { codes, scale, min, spec }, visible)
+                    shape: [b, h, len, words * spec.per_word()],
+                    spec: *spec,
+                })
             }
         }
     }
@@ -108,5 +130,10 @@ impl LayerSlots {
         let (keys, k) = self.keys.store(k, step.clone());
         let (values, v) = self.values.store(v, step);
         (Self { keys, values }, k, v)
+    }
+
+    /// Writes this step's keys `k` and values `v` at slots `start..` (see [`Slots::write`]).
+    pub fn write(self, k: Tensor<4>, v: Tensor<4>, start: usize) -> Self {
+        Self { keys: self.keys.write(k, start), values: self.values.write(v, start) }
     }
 }

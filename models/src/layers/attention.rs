@@ -4,10 +4,10 @@
 
 use burn::module::Module;
 use burn::tensor::Tensor;
+use burn_llm_kernels::rotate_half;
 
 use crate::cache::KvCache;
 use crate::layers::projection::Projection;
-use crate::layers::rope::apply_rotary;
 
 /// Self-attention of one decoder layer.
 #[derive(Module, Debug)]
@@ -31,7 +31,8 @@ pub struct SelfAttention {
 }
 
 impl SelfAttention {
-    /// Attends `x` (`[batch, seq, hidden]`) over this layer's cache.
+    /// Attends `x` (`[batch, seq, hidden]`) over this layer's cache; `rotary` holds the step's
+    /// `cos`/`sin` from [`RopeSpec::cos_sin`](crate::layers::rope::RopeSpec::cos_sin).
     pub fn forward(
         &self,
         x: Tensor<3>,
@@ -40,15 +41,17 @@ impl SelfAttention {
         cache: &mut dyn KvCache,
     ) -> Tensor<3> {
         let [b, s, _] = x.dims();
-        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
-        let mut q = heads(self.q.forward(x.clone()), self.num_heads);
-        let mut k = heads(self.k.forward(x.clone()), self.num_kv_heads);
-        let v = heads(self.v.forward(x), self.num_kv_heads);
+        // `[b, s, heads, head_dim]`, the projections' own layout: RoPE rotates it in place.
+        let split = |t: Tensor<3>, n: usize| t.reshape([b, s, n, self.head_dim]);
+        let mut q = split(self.q.forward(x.clone()), self.num_heads);
+        let mut k = split(self.k.forward(x.clone()), self.num_kv_heads);
+        let v = split(self.v.forward(x), self.num_kv_heads);
         if let Some((cos, sin)) = rotary {
-            q = apply_rotary(q, cos, sin);
-            k = apply_rotary(k, cos, sin);
+            q = rotate_half(q, cos, sin);
+            k = rotate_half(k, cos, sin);
         }
-        let out = cache.attend(layer, q, k, v, self.scale as f32);
+        let heads = |t: Tensor<4>| t.swap_dims(1, 2);
+        let out = cache.attend(layer, heads(q), heads(k), heads(v), self.scale as f32);
         let out = out.swap_dims(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
         self.o.forward(out)
     }

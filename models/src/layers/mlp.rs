@@ -4,6 +4,7 @@ use crate::layers::projection::Projection;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
+use burn_llm_kernels::silu_mul;
 
 use crate::config::Activation;
 
@@ -22,9 +23,11 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Applies the block to `[batch, seq, hidden]`.
+    /// Applies the block to `[batch, seq, hidden]` (SwiGLU's `silu(gate) · up` as one fused pass on
+    /// Flex).
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let inner = match &self.gate {
+            Some(gate) if self.activation == Activation::Silu => silu_mul(gate.forward(x.clone()), self.up.forward(x)),
             Some(gate) => activate(self.activation, gate.forward(x.clone())) * self.up.forward(x),
             None => activate(self.activation, self.up.forward(x)),
         };

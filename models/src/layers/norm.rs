@@ -4,6 +4,7 @@ use burn::module::Module;
 use burn::module::Param;
 use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm};
 use burn::tensor::{Device, Tensor};
+use burn_llm_kernels::rms_norm;
 
 use crate::config::NormKind;
 use crate::error::Result;
@@ -35,11 +36,11 @@ impl Norm {
     }
 
     /// Normalizes over the last dimension, computing in `f32` (the parameters stay `f32`, see
-    /// [`crate::precision`]) and returning `x`'s dtype.
+    /// [`crate::precision`]) and returning `x`'s dtype; RMSNorm is one fused pass on Flex.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         in_f32(x, |x| match self {
             Norm::Layer(n) => n.forward(x),
-            Norm::Rms(n) => n.forward(x),
+            Norm::Rms(n) => rms_norm(x, n.gamma.val(), n.epsilon),
         })
     }
 }

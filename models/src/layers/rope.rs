@@ -1,6 +1,7 @@
 //! Rotary position embeddings (Su et al., 2021) in HF's rotate-half form (dimension `i` pairs with
 //! `i + d/2`), computed from a per-token positions tensor so that every sequence of a batch can sit
-//! at a different position (needed by continuous batching).
+//! at a different position (needed by continuous batching). The rotation itself is
+//! [`burn_llm_kernels::rotate_half`].
 
 use burn::tensor::{Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -87,8 +88,9 @@ impl RopeSpec {
         }
     }
 
-    /// `cos` and `sin` of every token's angles, shaped `[batch, 1, seq, dim / 2]` to broadcast
-    /// over heads. `max_position` is the largest position in `positions`.
+    /// `cos` and `sin` of every token's angles, shaped `[batch, seq, 1, dim / 2]` to broadcast over
+    /// the heads of a `[batch, seq, heads, dim]` projection ([`rotate_half`](burn_llm_kernels::rotate_half)).
+    /// `max_position` is the largest position in `positions`.
     pub fn cos_sin(&self, positions: &Tensor<2, Int>, max_position: usize) -> (Tensor<4>, Tensor<4>) {
         let device = positions.device();
         let [batch, seq] = positions.dims();
@@ -96,20 +98,9 @@ impl RopeSpec {
         let inv_freq = self.inv_freq(max_position + 1);
         let inv_freq: Tensor<3> = Tensor::from_data(TensorData::new(inv_freq, [1, 1, half]), &device);
         let angles = positions.clone().float().reshape([batch, seq, 1]) * inv_freq;
-        let angles = angles.reshape([batch, 1, seq, half]);
+        let angles = angles.reshape([batch, seq, 1, half]);
         (angles.clone().cos(), angles.sin())
     }
-}
-
-/// Rotates `x` (`[batch, heads, seq, dim]`) by the angles whose `cos`/`sin` are given.
-pub fn apply_rotary(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
-    let [b, h, s, d] = x.dims();
-    let half = d / 2;
-    let x1 = x.clone().slice([0..b, 0..h, 0..s, 0..half]);
-    let x2 = x.slice([0..b, 0..h, 0..s, half..d]);
-    let out1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
-    let out2 = x2 * cos.clone() + x1 * sin.clone();
-    Tensor::cat(vec![out1, out2], 3)
 }
 
 #[cfg(test)]

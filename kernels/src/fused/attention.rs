@@ -1,0 +1,159 @@
+//! Masked scaled-dot-product attention with grouped-query heads, over the first `len` slots of
+//! preallocated key/value storage.
+
+use burn::tensor::{DType, Tensor};
+use burn::tensor::activation::softmax;
+
+#[cfg(feature = "flex")]
+use crate::quant::q8::dot;
+
+/// Query rows per sequence up to which Flex runs [`prefix_attention`] as one fused loop per query
+/// row and head (decode steps); longer steps (prefill) multiply whole matrices, which reuses each
+/// key across many queries.
+#[cfg(feature = "flex")]
+const FUSED_MAX_QUERIES: usize = 8;
+
+/// `softmax(q·kᵀ·scale + bias)·v` over slots `0..len` of `k` and `v`, where `q` is
+/// `[b, heads, s, d]`, `k`/`v` are `[b, kv_heads, slots ≥ len, d]` (a cache's whole storage: only
+/// the first `len` slots are read) and `bias` broadcasts to `[b, 1, s, len]`. The result has the
+/// shape of `q`.
+///
+/// On Flex, for steps of up to a few tokens, each query row of each head is one fused loop
+/// (scores, softmax, weighted sum of values) reading keys and values where they are stored, with
+/// no copy of the visible slots; the result is a view of a `[b, s, heads, d]` buffer, which is the
+/// layout the output projection reads. Elsewhere: [`attention_with`] over the sliced slots.
+pub fn prefix_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    len: usize,
+    scale: f32,
+) -> Tensor<4> {
+    #[cfg(feature = "flex")]
+    if fused_applies(&q, &k, &v, &bias, len) {
+        return flex_prefix_attention(q, k, v, bias, len, scale);
+    }
+    let [b, kv_heads, slots, d] = k.dims();
+    let (k, v) = if slots == len {
+        (k, v)
+    } else {
+        let visible = [0..b, 0..kv_heads, 0..len, 0..d];
+        (k.slice(visible.clone()), v.slice(visible))
+    };
+    attention_with(q, k, v, bias, scale, |scores| scores)
+}
+
+/// `softmax(adjust(q·kᵀ·scale + bias))·v` where `q` is `[b, heads, s, d]`, `k`/`v` are
+/// `[b, kv_heads, t, d]` and `bias` broadcasts to `[b, 1, s, t]`, in ordinary Burn ops; `adjust`
+/// sees the biased scores `[b, kv_heads, group · s, t]` (keys on the last axis) before the softmax,
+/// for a cache that changes which keys a query weighs (e.g. drops low scores).
+///
+/// Grouped-query attention folds the query heads that share a key/value head into the sequence
+/// axis (`[b, kv_heads, group · s, d]`), so keys and values are never repeated in memory.
+pub fn attention_with(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    scale: f32,
+    adjust: impl FnOnce(Tensor<4>) -> Tensor<4>,
+) -> Tensor<4> {
+    let [b, heads, s, d] = q.dims();
+    let [_, kv_heads, _, _] = k.dims();
+    let group = heads / kv_heads;
+    let q = q.reshape([b, kv_heads, group * s, d]);
+    // Scores, mask and softmax in `f32` (a no-op for `f32` models): half precision would round
+    // the scores and overflow the mask; the products with `q`, `k` and `v` stay in their dtype.
+    let dtype = v.dtype();
+    let scores = q.matmul(k.swap_dims(2, 3)).cast(DType::F32) * scale;
+    let bias = if group > 1 { bias.repeat_dim(2, group) } else { bias };
+    let probs = softmax(adjust(scores + bias.cast(DType::F32)), 3).cast(dtype);
+    probs.matmul(v).reshape([b, heads, s, d])
+}
+
+/// Whether the fused Flex loop serves this call: `f32` on Flex, a decode-sized step, and shapes
+/// that agree (anything else takes the Burn-ops path, which reports shape errors as Burn does).
+#[cfg(feature = "flex")]
+fn fused_applies(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, bias: &Tensor<4>, len: usize) -> bool {
+    use super::flex::on_flex;
+    let ([b, heads, s, d], [kb, kv_heads, slots, kd], [bb, bh, bs, bt]) = (q.dims(), k.dims(), bias.dims());
+    on_flex(q)
+        && on_flex(k)
+        && on_flex(v)
+        && on_flex(bias)
+        && s <= FUSED_MAX_QUERIES
+        && v.dims() == k.dims()
+        && kb == b
+        && kd == d
+        && kv_heads > 0
+        && heads % kv_heads == 0
+        && len <= slots
+        && (bb == b || bb == 1)
+        && bh == 1
+        && (bs == s || bs == 1)
+        && bt == len
+}
+
+#[cfg(feature = "flex")]
+fn flex_prefix_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    len: usize,
+    scale: f32,
+) -> Tensor<4> {
+    use super::flex::{for_rows, from_vec, into_flex, slice};
+    let [b, heads, s, d] = q.dims();
+    let [_, kv_heads, slots, _] = k.dims();
+    let [bias_b, _, bias_s, _] = bias.dims();
+    let group = heads / kv_heads;
+    // `[b, s, heads, d]`: the layout of the projection the queries came from, usually a view.
+    let q = into_flex(q.swap_dims(1, 2));
+    let (k, v, bias) = (into_flex(k), into_flex(v), into_flex(bias));
+    let (qs, ks, vs, bias) = (slice(&q), slice(&k), slice(&v), slice(&bias));
+    let mut out = vec![0f32; b * s * heads * d];
+    for_rows(&mut out, d, 2 * len * d, |row, o| {
+        let (bi, si, head) = (row / (s * heads), (row / heads) % s, row % heads);
+        let slot0 = (bi * kv_heads + head / group) * slots * d;
+        let bias_row = ((if bias_b == 1 { 0 } else { bi }) * bias_s + if bias_s == 1 { 0 } else { si }) * len;
+        attend_row(
+            &qs[row * d..(row + 1) * d],
+            &ks[slot0..slot0 + len * d],
+            &vs[slot0..slot0 + len * d],
+            &bias[bias_row..bias_row + len],
+            scale,
+            o,
+        );
+    });
+    from_vec(out, [b, s, heads, d]).swap_dims(1, 2)
+}
+
+#[cfg(feature = "flex")]
+avx2_dispatch! {
+    /// One query row of one head: scores against every key, softmax, weighted sum of the values
+    /// into `out`; with AVX2/FMA when the CPU has them.
+    fn attend_row(q: &[f32], keys: &[f32], values: &[f32], bias: &[f32], scale: f32, out: &mut [f32]) => attend_row_portable
+}
+
+#[cfg(feature = "flex")]
+#[inline(always)]
+fn attend_row_portable(q: &[f32], keys: &[f32], values: &[f32], bias: &[f32], scale: f32, out: &mut [f32]) {
+    let d = q.len();
+    let mut scores: Vec<f32> = keys.chunks_exact(d).zip(bias).map(|(key, b)| dot(q, key) * scale + b).collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for p in scores.iter_mut() {
+        *p = super::exp::exp(*p - max);
+        sum += *p;
+    }
+    out.fill(0.0);
+    for (value, p) in values.chunks_exact(d).zip(&scores) {
+        for (o, x) in out.iter_mut().zip(value) {
+            *o += p * x;
+        }
+    }
+    let inv = 1.0 / sum;
+    out.iter_mut().for_each(|o| *o *= inv);
+}

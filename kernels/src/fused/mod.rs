@@ -1,0 +1,25 @@
+//! Fused ops of a decoder step on the CPU: RMSNorm, rotate-half RoPE, `silu(gate) · up` and
+//! masked attention over a prefix of preallocated key/value slots.
+//!
+//! Burn's Flex backend runs each tensor op eagerly into a new buffer: RMSNorm is six ops (and six
+//! allocations), RoPE is two slices, six products and a concatenation, and attention over a cache
+//! view copies the visible keys and values before each product. On Flex these functions run the
+//! whole computation in one pass of plain Rust over the inputs (in place where the input buffer is
+//! not shared), vectorized for the CPU at hand. On every other device (wgpu and the GPU runtimes)
+//! they run the same math as ordinary Burn ops, so callers need no device check of their own.
+
+mod activation;
+mod attention;
+#[cfg(feature = "flex")]
+mod exp;
+#[cfg(feature = "flex")]
+mod flex;
+mod norm;
+mod rope;
+#[cfg(all(test, feature = "flex"))]
+mod tests;
+
+pub use activation::silu_mul;
+pub use attention::{attention_with, prefix_attention};
+pub use norm::rms_norm;
+pub use rope::rotate_half;

@@ -1,0 +1,60 @@
+//! Rotary position embeddings in HF's rotate-half form: dimension `i` of a head pairs with
+//! `i + d/2`.
+
+use burn::tensor::Tensor;
+
+/// Rotates every head of `x` (`[batch, seq, heads, d]`, the layout a projection's output reshapes
+/// to) by the angles whose `cos` and `sin` are given per token (`[batch, seq, 1, d / 2]`):
+/// `(x₁, x₂) ↦ (x₁·cos − x₂·sin, x₂·cos + x₁·sin)` for the two halves of each head. On Flex it
+/// runs in place over `x`'s buffer when no other tensor shares it.
+pub fn rotate_half(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    #[cfg(feature = "flex")]
+    if super::flex::on_flex(&x) && super::flex::on_flex(cos) && super::flex::on_flex(sin) {
+        return flex_rotate_half(x, cos.clone(), sin.clone());
+    }
+    let [b, s, h, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..s, 0..h, 0..half]);
+    let x2 = x.slice([0..b, 0..s, 0..h, half..d]);
+    let out1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+    let out2 = x2 * cos.clone() + x1 * sin.clone();
+    Tensor::cat(vec![out1, out2], 3)
+}
+
+#[cfg(feature = "flex")]
+fn flex_rotate_half(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
+    use super::flex::{from_flex, into_flex, slice, slice_mut};
+    let [_, _, heads, d] = x.dims();
+    let half = d / 2;
+    let (cos, sin) = (into_flex(cos), into_flex(sin));
+    let (cos, sin) = (slice(&cos), slice(&sin));
+    let mut x = into_flex(x);
+    let values = slice_mut(&mut x);
+    if half > 0 {
+        for (token, (c, s)) in
+            values.chunks_exact_mut(heads * d).zip(cos.chunks_exact(half).zip(sin.chunks_exact(half)))
+        {
+            for head in token.chunks_exact_mut(d) {
+                rotate(head, c, s);
+            }
+        }
+    }
+    from_flex(x)
+}
+
+#[cfg(feature = "flex")]
+avx2_dispatch! {
+    /// One head of [`rotate_half`], with AVX2/FMA when the CPU has them.
+    fn rotate(head: &mut [f32], cos: &[f32], sin: &[f32]) => rotate_portable
+}
+
+#[cfg(feature = "flex")]
+#[inline(always)]
+fn rotate_portable(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let (x1, x2) = head.split_at_mut(cos.len());
+    for (((a, b), c), s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
+        let (u, v) = (*a, *b);
+        *a = u * c - v * s;
+        *b = v * c + u * s;
+    }
+}

@@ -1,0 +1,148 @@
+//! Each fused op against the same computation in plain Burn ops (on Flex the fused loops, on wgpu
+//! the Burn-ops path), on seeded random shapes that include widths which are not multiples of the
+//! eight SIMD lanes.
+
+use burn::module::Param;
+use burn::nn::RmsNorm;
+use burn::tensor::activation::silu;
+use burn::tensor::{Device, Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::test_devices::devices;
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
+fn random<const D: usize>(rng: &mut impl Rng, shape: [usize; D], device: &Device) -> Tensor<D> {
+    let n = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+fn assert_close(got: &[f32], expected: &[f32], tolerance: f32, what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: lengths");
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert!((g - e).abs() <= tolerance * e.abs().max(1.0), "{what}: element {i}: {g} vs {e}");
+    }
+}
+
+#[test]
+fn exp_matches_libm() {
+    let mut worst = 0f32;
+    for i in 0..=200_000 {
+        let x = -87.0 + 175.0 * i as f32 / 200_000.0;
+        let (got, expected) = (exp::exp(x), x.exp());
+        worst = worst.max((got - expected).abs() / expected);
+    }
+    assert!(worst < 3e-7, "relative error {worst}");
+    assert_eq!(exp::exp(-1.0e30), 0.0);
+    assert_eq!(exp::exp(-100.0), 0.0);
+    assert_eq!(exp::exp(0.0), 1.0);
+    assert!(exp::exp(f32::NAN).is_nan());
+}
+
+#[test]
+fn rms_norm_matches_burn_rms_norm() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    for device in devices() {
+        for shape in [[1, 1, 576], [3, 5, 40], [2, 300, 64]] {
+            let x = random(&mut rng, shape, &device);
+            let gamma = random(&mut rng, [shape[2]], &device);
+            let reference = RmsNorm { gamma: Param::from_tensor(gamma.clone()), epsilon: 1e-5 };
+            let expected = values(reference.forward(x.clone()));
+            assert_close(&values(rms_norm(x, gamma, 1e-5)), &expected, 1e-5, &format!("{device:?} {shape:?}"));
+        }
+    }
+}
+
+/// HF's rotate-half on `[b, heads, s, d]`, as the model computed it before the fused op.
+fn rotate_half_reference(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
+    let [b, h, s, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..h, 0..s, 0..half]);
+    let x2 = x.slice([0..b, 0..h, 0..s, half..d]);
+    let out1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+    let out2 = x2 * cos + x1 * sin;
+    Tensor::cat(vec![out1, out2], 3)
+}
+
+#[test]
+fn rotate_half_matches_slices_and_leaves_shared_inputs_alone() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    for device in devices() {
+        for [b, s, h, d] in [[1, 1, 9, 64], [2, 3, 4, 20], [3, 7, 2, 6]] {
+            let x = random(&mut rng, [b, s, h, d], &device);
+            let angles = random(&mut rng, [b, s, 1, d / 2], &device) * 3.0;
+            let (cos, sin) = (angles.clone().cos(), angles.sin());
+            let before = values(x.clone());
+            let expected = rotate_half_reference(
+                x.clone().swap_dims(1, 2),
+                cos.clone().swap_dims(1, 2),
+                sin.clone().swap_dims(1, 2),
+            );
+            let got = rotate_half(x.clone(), &cos, &sin);
+            let what = format!("{device:?} {:?}", [b, s, h, d]);
+            assert_close(&values(got.swap_dims(1, 2)), &values(expected), 1e-6, &what);
+            assert_eq!(values(x), before, "{what}: the shared input was written");
+        }
+    }
+}
+
+#[test]
+fn silu_mul_matches_burn_ops_and_leaves_shared_inputs_alone() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    for device in devices() {
+        for shape in [[1, 1, 1536], [2, 3, 13], [4, 200, 96]] {
+            let gate = random(&mut rng, shape, &device) * 20.0;
+            let up = random(&mut rng, shape, &device);
+            let before = values(gate.clone());
+            let expected = values(silu(gate.clone()) * up.clone());
+            let what = format!("{device:?} {shape:?}");
+            assert_close(&values(silu_mul(gate.clone(), up)), &expected, 1e-5, &what);
+            assert_eq!(values(gate), before, "{what}: the shared input was written");
+        }
+    }
+}
+
+/// A bias of `shape` (broadcastable to `[b, 1, s, len]`) with about a quarter of the scores
+/// masked, and one row masked entirely.
+fn random_bias(rng: &mut impl Rng, shape: [usize; 4], device: &Device) -> Tensor<4> {
+    let n: usize = shape.iter().product();
+    let len = shape[3];
+    let data: Vec<f32> =
+        (0..n).map(|i| if i < len || rng.random_bool(0.25) { -1.0e30 } else { rng.random::<f32>() - 0.5 }).collect();
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+#[test]
+fn prefix_attention_matches_burn_attention_over_the_visible_slots() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+    for device in devices() {
+        for (b, heads, kv_heads, s, d, slots, len) in
+            [(1, 9, 3, 1, 64, 40, 33), (2, 6, 2, 3, 20, 10, 7), (3, 4, 4, 1, 8, 5, 5), (2, 2, 1, 12, 16, 20, 14)]
+        {
+            let q = random(&mut rng, [b, heads, s, d], &device);
+            let k = random(&mut rng, [b, kv_heads, slots, d], &device);
+            let v = random(&mut rng, [b, kv_heads, slots, d], &device);
+            let visible = [0..b, 0..kv_heads, 0..len, 0..d];
+            for bias_shape in [[b, 1, s, len], [1, 1, s, len]] {
+                let bias = random_bias(&mut rng, bias_shape, &device);
+                let expected = attention_with(
+                    q.clone(),
+                    k.clone().slice(visible.clone()),
+                    v.clone().slice(visible.clone()),
+                    bias.clone(),
+                    0.125,
+                    |scores| scores,
+                );
+                let got = prefix_attention(q.clone(), k.clone(), v.clone(), bias, len, 0.125);
+                assert_eq!(got.dims(), [b, heads, s, d]);
+                let what =
+                    format!("{device:?} b{b} h{heads}/{kv_heads} s{s} d{d} len {len}/{slots} bias {bias_shape:?}");
+                assert_close(&values(got), &values(expected), 1e-5, &what);
+            }
+        }
+    }
+}
