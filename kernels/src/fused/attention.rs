@@ -1,8 +1,8 @@
 //! Masked scaled-dot-product attention with grouped-query heads, over the first `len` slots of
 //! preallocated key/value storage.
 
-use burn::tensor::{DType, Tensor};
 use burn::tensor::activation::softmax;
+use burn::tensor::{DType, Tensor};
 
 #[cfg(feature = "flex")]
 use crate::quant::q8::dot;
