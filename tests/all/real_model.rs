@@ -106,7 +106,8 @@ fn smollm2_batched_decode_equals_each_sequence_alone() {
     for precision in [MatmulPrecision::Int8Activations, MatmulPrecision::Exact] {
         let batched = with_matmul_precision(precision, || generator.generate(&prompts, &params)).unwrap();
         for (i, prompt) in prompts.iter().enumerate() {
-            let alone = with_matmul_precision(precision, || generator.generate(&[prompt.clone()], &params)).unwrap();
+            let alone =
+                with_matmul_precision(precision, || generator.generate(std::slice::from_ref(prompt), &params)).unwrap();
             let ids = &batched.requests[i].generated_ids;
             assert_eq!(ids, &alone.requests[0].generated_ids, "{precision:?}: prompt {i} in a batch of 8 and alone");
         }

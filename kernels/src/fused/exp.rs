@@ -27,7 +27,7 @@ pub(super) fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
     // `t`'s low bits hold `n` (two's complement): shifted into the exponent field, `2ⁿ`.
     let two_n = f32::from_bits((t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127)) << 23);

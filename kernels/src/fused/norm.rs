@@ -34,15 +34,7 @@ avx2_dispatch! {
 #[cfg(feature = "flex")]
 #[inline(always)]
 fn normalize_portable(x: &[f32], gamma: &[f32], epsilon: f32, out: &mut [f32]) {
-    let mut lanes = [0f32; 8];
-    let chunks = x.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
-    for c in chunks {
-        for l in 0..8 {
-            lanes[l] += c[l] * c[l];
-        }
-    }
-    let mean = (lanes.iter().sum::<f32>() + tail) / x.len() as f32;
+    let mean = crate::quant::q8::dot(x, x) / x.len() as f32;
     let rms = (mean + epsilon).sqrt();
     for ((o, v), g) in out.iter_mut().zip(x).zip(gamma) {
         *o = v / rms * g;
