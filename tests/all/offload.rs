@@ -278,7 +278,9 @@ fn sparse_attention_keeps_the_top_keys() {
         .into_data()
         .try_into_vec_as::<f32>()
         .unwrap()[0];
-    assert_eq!(dense, all);
+    // Top-K of every key is dense attention (the dense path may run the fused Flex loop, which
+    // rounds differently from Burn's ops).
+    assert!((dense - all).abs() <= 1e-5 * dense.abs(), "{dense} vs {all}");
     let top2 = sparse_attention(q, k, v, bias, 1.0, Some(2)).into_data().try_into_vec_as::<f32>().unwrap()[0];
     let (e4, e3) = (4f32.exp(), 3f32.exp());
     let expected = (e4 * 1.0 + e3 * 100.0) / (e4 + e3);
