@@ -39,7 +39,8 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     let include_usage = request.sampling.include_usage()?;
     let prompt_tokens = prepared.iter().map(|(_, ids)| ids.len()).sum();
     let (texts, ids): (Vec<String>, Vec<Vec<u32>>) = prepared.into_iter().unzip();
-    let ids_for_echo = if echo && top.is_some() { ids.clone() } else { Vec::new() };
+    // A stream's echoed prompt is scored before any output carries its ids.
+    let ids_for_echo = if echo && top.is_some() && request.sampling.streams() { ids.clone() } else { Vec::new() };
     let mut run = state.engine.submit(ids, &params, state.config.max_waiting)?;
     run.accepted().await?;
     let model = state.config.served_model_name.clone();
@@ -55,7 +56,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
             model,
             n,
             echo: echo.then_some(texts),
-            prompt_ids: if echo { ids_for_echo } else { Vec::new() },
+            prompt_ids: ids_for_echo,
             top,
         };
         return Ok(streaming::sse(run, n, prompt_tokens, include_usage, format).into_response());
@@ -114,7 +115,7 @@ struct CompletionChunks {
     /// With `echo`: each prompt's text, sent first (with `logprobs`: once the prompt is scored,
     /// with its log-probabilities).
     echo: Option<Vec<String>>,
-    /// With `echo`: each prompt's token ids.
+    /// With `echo` and `logprobs`: each prompt's token ids (empty otherwise).
     prompt_ids: Vec<Vec<u32>>,
     top: Option<usize>,
     /// Per choice: characters of text sent so far (`text_offset`).
@@ -154,15 +155,15 @@ impl ChunkFormat for CompletionChunks {
             return Vec::new();
         };
         let Some(text) = texts.get(prompt) else { return Vec::new() };
+        // One scored prompt, sent to each of the prompt's `n` choices.
+        let mut offset = 0;
+        let logprobs = logprobs::completion(&self.state, logprobs::prompt_entries(ids, scored), k, &mut offset);
         let mut chunks = Vec::new();
-        for i in 0..self.n {
-            let choice = prompt * self.n + i;
-            let mut offset = 0;
-            let logprobs = logprobs::completion(&self.state, logprobs::prompt_entries(ids, scored), k, &mut offset);
+        for choice in prompt * self.n..(prompt + 1) * self.n {
             if let Some(slot) = self.offsets.get_mut(choice) {
                 *slot = offset;
             }
-            chunks.push(self.chunk(json!([self.choice(choice, text, logprobs, None)])));
+            chunks.push(self.chunk(json!([self.choice(choice, text, logprobs.clone(), None)])));
         }
         chunks
     }

@@ -11,6 +11,7 @@ mod cli;
 mod engine;
 mod errors;
 mod gguf;
+mod headless_chromium;
 mod loopback_client;
 mod offload;
 mod paged;

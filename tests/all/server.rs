@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::common::{Scratch, scratch_copy};
+use crate::headless_chromium;
 use crate::loopback_client::{self, SseEvents};
 use reqwest::Client;
 
@@ -602,10 +603,7 @@ fn the_official_openai_python_client_works() {
 
 #[test]
 fn the_chat_page_streams_a_reply_in_headless_chromium() {
-    let Some(chromium) = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| std::process::Command::new(b).arg("--version").output().map(|o| o.status.success()).unwrap_or(false))
-    else {
+    let Some(chromium) = headless_chromium::find() else {
         println!("skipped: no chromium on PATH (.ci/run installs Debian's)");
         return;
     };
@@ -620,22 +618,14 @@ fn the_chat_page_streams_a_reply_in_headless_chromium() {
     });
     let page = server.url(&format!("/?q={}&temperature=0&max_tokens=8", message.replace(' ', "%20")));
     let profile = std::env::temp_dir().join(format!("burn-llm-chromium-{}", std::process::id()));
-    // Headless Chromium dumps the DOM once its virtual-time budget is spent; a loaded machine can
-    // spend it before the stream ends, so a reply still streaming is tried again (3 times at most).
-    let mut dom = String::new();
-    for budget in [30_000, 120_000, 600_000] {
-        let output = std::process::Command::new(chromium)
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
-            .arg(format!("--user-data-dir={}", profile.display()))
-            .arg(format!("--virtual-time-budget={budget}"))
-            .args(["--dump-dom", &page])
-            .output()
-            .unwrap();
-        dom = String::from_utf8_lossy(&output.stdout).into_owned();
-        if !dom.contains("data-state=\"streaming\"") {
-            break;
-        }
-    }
+    // The page is polled in real time until the reply leaves the "streaming" state (a loaded
+    // machine may take long; virtual-time DOM dumps cut streams short).
+    let finished = |dom: &str| {
+        dom.split("class=\"msg assistant\"").nth(1).is_some_and(|reply| !reply.starts_with(" data-state=\"streaming\""))
+    };
+    let dom = headless_chromium::Browser::open(chromium, &profile, &page)
+        .and_then(|mut browser| browser.wait_for(Duration::from_secs(300), finished))
+        .unwrap_or_else(|e| panic!("driving {chromium}: {e}"));
     let _ = std::fs::remove_dir_all(&profile);
     let reply = dom
         .split("class=\"msg assistant\"")

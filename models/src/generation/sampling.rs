@@ -11,7 +11,7 @@
 //! `logprobs_mode = "raw_logprobs"`; vLLM V0 reported them after penalties and temperature).
 
 use burn::tensor::activation::{log_softmax, softmax};
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -287,8 +287,7 @@ pub fn sample(
 /// (`k + 1` entries): what [`PromptLogprobs`] holds for each prompt token after the first, when
 /// `logits` are the rows of the positions before them.
 pub fn token_logprobs(logits: Tensor<2>, tokens: &[u32], k: usize) -> Result<Vec<Vec<TokenLogprob>>> {
-    let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-    let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [tokens.len(), 1]), &logits.device());
+    let ids = id_column(tokens, &logits.device());
     step_logprobs(logits, ids, k)
 }
 
@@ -316,9 +315,14 @@ fn step_logprobs(logits: Tensor<2>, chosen: Tensor<2, Int>, k: usize) -> Result<
 /// The raw log-probability of `chosen[b]` in row `b` of `logits` (ranking samples by cumulative
 /// log-probability, as `best_of` does).
 pub fn chosen_logprobs(logits: Tensor<2>, chosen: &[u32]) -> Result<Vec<f32>> {
-    let ids: Vec<i64> = chosen.iter().map(|&t| t as i64).collect();
-    let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [chosen.len(), 1]), &logits.device());
+    let ids = id_column(chosen, &logits.device());
     read_floats(log_softmax(logits, 1).gather(1, ids))
+}
+
+/// Token ids as a `[n, 1]` column on `device` (what `gather` along the vocabulary takes).
+fn id_column(ids: &[u32], device: &Device) -> Tensor<2, Int> {
+    let column: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    Tensor::from_data(TensorData::new(column, [ids.len(), 1]), device)
 }
 
 fn read_floats<const D: usize>(values: Tensor<D>) -> Result<Vec<f32>> {
