@@ -116,9 +116,10 @@ impl Browser {
         }
     }
 
-    /// The page's current DOM as HTML.
+    /// The page's current DOM as HTML (empty while the page has no document yet).
     pub fn dom(&mut self) -> Result<String, String> {
-        let params = json!({ "expression": "document.documentElement.outerHTML", "returnByValue": true });
+        let expression = "document.documentElement ? document.documentElement.outerHTML : ''";
+        let params = json!({ "expression": expression, "returnByValue": true });
         let result = self.call("Runtime.evaluate", params)?;
         result["result"]["value"].as_str().map(str::to_string).ok_or_else(|| format!("no DOM in {result}"))
     }
