@@ -32,9 +32,9 @@
 /// has them (detected at run time) and as built otherwise: the Flex twins' inner loops are
 /// written portably and vectorize much wider under AVX2.
 macro_rules! avx2_dispatch {
-    ($(#[$doc:meta])* fn $name:ident $(<$g:ident: $bound:path>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $portable:ident) => {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident $(<$g:ident: $bound:path>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $portable:ident) => {
         $(#[$doc])*
-        fn $name $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 #[target_feature(enable = "avx2,fma")]

