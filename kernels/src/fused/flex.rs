@@ -5,6 +5,7 @@ use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
+use std::sync::{Mutex, PoisonError};
 
 /// Elements of work (multiply-adds, roughly) below which a loop runs on the calling thread: a
 /// decode step's ops take microseconds, less than handing them to the thread pool costs.
@@ -43,14 +44,29 @@ pub(super) fn from_vec<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> T
     from_flex(FlexTensor::from_data(TensorData::new(values, shape)))
 }
 
-/// Calls `f(index, row)` for every `width`-wide row of `out`, on the thread pool when the rows add
-/// up to more than a few microseconds of work (`work_per_row` multiply-adds each).
+/// Calls `f(index, row)` for every `width`-wide row of `out`, in parallel when the rows add up to
+/// more than a few microseconds of work (`work_per_row` multiply-adds each).
+///
+/// On two threads the rows alternate between this thread and the split helper of the quantized
+/// products (`crate::quant::split`), which is still spinning from the last product: rayon's
+/// workers would contend with it for the second core. Alternate rows also balance a causal
+/// mask's growing rows. Elsewhere, rayon.
 pub(super) fn for_rows(out: &mut [f32], width: usize, work_per_row: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     if width == 0 {
         return;
     }
     let rows = out.len() / width;
-    if rows > 1 && rows * work_per_row >= PARALLEL_WORK {
+    if rows > 1 && rows * work_per_row >= PARALLEL_WORK && rayon::current_num_threads() == 2 {
+        let mut halves = [Vec::with_capacity(rows.div_ceil(2)), Vec::with_capacity(rows / 2)];
+        for (i, row) in out.chunks_exact_mut(width).enumerate() {
+            halves[i % 2].push((i, row));
+        }
+        let halves = halves.map(Mutex::new);
+        crate::quant::split::split2(&|part| {
+            let mut rows = halves[part].lock().unwrap_or_else(PoisonError::into_inner);
+            rows.iter_mut().for_each(|(i, row)| f(*i, row));
+        });
+    } else if rows > 1 && rows * work_per_row >= PARALLEL_WORK {
         let per_task = (PARALLEL_WORK / work_per_row.max(1)).clamp(1, rows.div_ceil(2));
         out.par_chunks_mut(width).with_min_len(per_task).enumerate().for_each(|(i, row)| f(i, row));
     } else {

@@ -21,7 +21,7 @@ mod precision;
 pub(crate) mod q8;
 mod spec;
 #[cfg(feature = "flex")]
-mod split;
+pub(crate) mod split;
 
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;

@@ -122,34 +122,7 @@ impl QuantizedRows {
             groups,
             bits,
         };
-        let per_group = group / BLOCK;
-        for i in 0..m {
-            for b in 0..blocks {
-                let values = &x[i * k + b * BLOCK..][..BLOCK];
-                // As `quantize_row_q8_1`: codes from the `f32` scale, rounded half to even; the
-                // scale kept at `f16` precision, so that the codes and scales are llama.cpp's.
-                let amax = values.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
-                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                let d = f16_precision(d);
-                let q = &mut rows.q[(i * pairs + b / 2) * PAIR..][..PAIR];
-                let mut sum = 0;
-                for (t, v) in values.iter().enumerate() {
-                    let c = round_ties_even(v * inv) as i8;
-                    sum += c as i32;
-                    q[position(b % 2, t, bits)] = c;
-                }
-                let at = (i * pairs + b / 2) * LANES;
-                let lanes = rows.d[at..at + LANES].iter_mut().zip(&mut rows.sx[at..at + LANES]);
-                for (l, (lane_d, lane_sx)) in lanes.enumerate() {
-                    if lane_block(l, bits) == b % 2 {
-                        *lane_d = d;
-                        *lane_sx = d * sum as f32 / 8.0;
-                    }
-                }
-                rows.group_sum[i * groups + b / per_group] += d * sum as f32;
-            }
-        }
+        quantize_into(&mut rows, x, k, group / BLOCK);
         rows
     }
 
@@ -192,6 +165,64 @@ impl QuantizedRows {
         let lane = (0..LANES).find(|&l| lane_block(l, self.bits) == b % 2).unwrap_or(0);
         (std::array::from_fn(|t| q[position(b % 2, t, self.bits)]), self.d[(i * self.pairs() + b / 2) * LANES + lane])
     }
+}
+
+avx2_dispatch! {
+    /// Fills `rows` (fresh from [`QuantizedRows::new`]) from `x`, block by block as
+    /// `quantize_row_q8_1`; with AVX2 when the CPU has it (the block loops vectorize).
+    fn quantize_into(rows: &mut QuantizedRows, x: &[f32], k: usize, per_group: usize) => quantize_into_portable
+}
+
+#[inline(always)]
+fn quantize_into_portable(rows: &mut QuantizedRows, x: &[f32], k: usize, per_group: usize) {
+    let (pairs, bits, groups) = (rows.pairs(), rows.bits, rows.groups);
+    let mut codes = [0i8; BLOCK];
+    for (i, row) in x.chunks_exact(k).enumerate() {
+        for (b, values) in row.chunks_exact(BLOCK).enumerate() {
+            let values: &[f32; BLOCK] = values.try_into().expect("whole blocks");
+            let (d, sum) = quantize_block(values, &mut codes);
+            let q = &mut rows.q[(i * pairs + b / 2) * PAIR..][..PAIR];
+            if bits == 4 {
+                // `position`: even elements meet the low nibbles, odd ones the high nibbles.
+                let half = (b % 2) * (BLOCK / 2);
+                for u in 0..BLOCK / 2 {
+                    q[half + u] = codes[2 * u];
+                    q[BLOCK + half + u] = codes[2 * u + 1];
+                }
+            } else {
+                q[(b % 2) * BLOCK..][..BLOCK].copy_from_slice(&codes);
+            }
+            let at = (i * pairs + b / 2) * LANES;
+            let lanes = rows.d[at..at + LANES].iter_mut().zip(&mut rows.sx[at..at + LANES]);
+            for (l, (lane_d, lane_sx)) in lanes.enumerate() {
+                if lane_block(l, bits) == b % 2 {
+                    *lane_d = d;
+                    *lane_sx = d * sum as f32 / 8.0;
+                }
+            }
+            rows.group_sum[i * groups + b / per_group] += d * sum as f32;
+        }
+    }
+}
+
+/// One block as `quantize_row_q8_1`: codes from the `f32` scale, rounded half to even, in
+/// element order; returns the scale kept at `f16` precision (so that the codes and scales are
+/// llama.cpp's) and the sum of the codes. Written lane-wise so that it vectorizes.
+#[inline(always)]
+fn quantize_block(values: &[f32; BLOCK], codes: &mut [i8; BLOCK]) -> (f32, i32) {
+    let mut lanes = [0f32; 8];
+    for chunk in values.chunks_exact(8) {
+        for (lane, v) in lanes.iter_mut().zip(chunk) {
+            *lane = lane.max(v.abs());
+        }
+    }
+    let amax = lanes.iter().fold(0f32, |a, &v| a.max(v));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (c, v) in codes.iter_mut().zip(values) {
+        *c = round_ties_even(v * inv) as i8;
+    }
+    (f16_precision(d), codes.iter().map(|&c| c as i32).sum())
 }
 
 /// `x` rounded to the nearest integer, half to even, for `|x| ≤ 2^22`: adding and subtracting

@@ -116,7 +116,7 @@ impl Drop for AwaitHelper {
 
 /// Runs `f(0)` on this thread and `f(1)` on the helper, returning when both are done; through
 /// `rayon::join` when the helper is in use by another thread or cannot be started.
-pub(super) fn split2(f: &(dyn Fn(usize) + Sync)) {
+pub(crate) fn split2(f: &(dyn Fn(usize) + Sync)) {
     let Some(helper) = helper() else { return rayon_split(f) };
     let Ok(_busy) = helper.busy.try_lock() else { return rayon_split(f) };
     let Some(thread) = helper.thread.get() else { return rayon_split(f) };
