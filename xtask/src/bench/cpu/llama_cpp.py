@@ -5,7 +5,9 @@
 # the versions, then answers each JSON line {"prompts": [[ids]], "new_tokens": N} on stdin with
 # {"prefill_s", "decode_s", "decode_steps", "ids"}: the prompts decode as one batch (sequence i
 # = prompt i), then every step decodes one token per sequence. Timings as burn-llm's `Timing`:
-# prefill up to the first sampled token, decode for every later step.
+# prefill up to the first sampled token, decode for every later step. A line
+# {"score": [[ids]], "candidates": [[ids]]} is answered with {"logprobs": [[f64]]}: for each
+# context alone, the log-probabilities of its candidate next tokens.
 import ctypes
 import json
 import sys
@@ -62,8 +64,24 @@ def argmax(k):
     return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, k), shape=(n_vocab,)).argmax())
 
 
+def score(contexts, candidates):
+    out = []
+    for context, tokens in zip(contexts, candidates):
+        L.llama_memory_clear(memory, True)
+        decode([(t, p, 0, p == len(context) - 1) for p, t in enumerate(context)])
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, len(context) - 1), shape=(n_vocab,))
+        logits = logits.astype(np.float64)
+        top = logits.max()
+        log_sum = top + np.log(np.exp(logits - top).sum())
+        out.append([float(logits[t] - log_sum) for t in tokens])
+    return out
+
+
 for line in sys.stdin:
     request = json.loads(line)
+    if "score" in request:
+        print(json.dumps({"logprobs": score(request["score"], request["candidates"])}), flush=True)
+        continue
     prompts, new_tokens = request["prompts"], request["new_tokens"]
     L.llama_memory_clear(memory, True)
     entries = [(t, p, s, p == len(pr) - 1) for s, pr in enumerate(prompts) for p, t in enumerate(pr)]
