@@ -14,6 +14,9 @@ mod attention;
 mod exp;
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(feature = "flex")]
+mod gemm;
+mod matmul;
 mod norm;
 #[cfg(feature = "flex")]
 mod prefill;
@@ -23,5 +26,6 @@ mod tests;
 
 pub use activation::silu_mul;
 pub use attention::{attention_with, prefix_attention};
+pub use matmul::matmul;
 pub use norm::rms_norm;
 pub use rope::rotate_half;

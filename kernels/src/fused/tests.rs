@@ -182,3 +182,20 @@ fn prefix_attention_matches_burn_attention_over_the_visible_slots() {
         }
     }
 }
+
+#[test]
+fn matmul_matches_burn_matmul_for_contiguous_and_transposed_weights() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+    for device in devices() {
+        for (m, k, n) in [(1, 8, 3), (5, 17, 40), (6, 64, 32), (13, 96, 70), (512, 64, 100), (3, 0, 5), (0, 4, 4)] {
+            let x = random(&mut rng, [m, k], &device);
+            let w = random(&mut rng, [k, n], &device);
+            let table = random(&mut rng, [n, k], &device);
+            let what = format!("{device:?} [{m}, {k}] × [{k}, {n}]");
+            let expected = values(x.clone().matmul(w.clone()));
+            assert_close(&values(matmul(x.clone(), w)), &expected, 1e-5, &what);
+            let expected = values(x.clone().matmul(table.clone().transpose()));
+            assert_close(&values(matmul(x, table.transpose())), &expected, 1e-5, &format!("{what}, transposed"));
+        }
+    }
+}

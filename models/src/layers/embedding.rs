@@ -46,7 +46,7 @@ impl TokenEmbedding {
     /// Logits of a tied head: `states` `[n, dim]` times the table's transpose.
     pub fn tied_logits(&self, states: Tensor<2>) -> Tensor<2> {
         match self {
-            TokenEmbedding::Dense(e) => states.matmul(e.weight.val().transpose()),
+            TokenEmbedding::Dense(e) => burn_llm_kernels::matmul(states, e.weight.val().transpose()),
             TokenEmbedding::Quantized(q) => q.forward(states),
         }
     }

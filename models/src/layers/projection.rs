@@ -6,7 +6,8 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::{Device, Int, Tensor};
 use burn_llm_kernels::{
-    GroupQuantized, MatmulPrecision, QuantSpec, dequantize, matmul_precision, qmatmul, qmatmul_transposed, quantize,
+    GroupQuantized, MatmulPrecision, QuantSpec, dequantize, matmul, matmul_precision, qmatmul, qmatmul_transposed,
+    quantize,
 };
 
 use crate::error::{ModelError, Result};
@@ -141,7 +142,7 @@ impl QLinear {
         let out = match (fused, self.input_grouped) {
             (true, false) => qmatmul(flat, &weight).expect("QLinear weights are quantized along the output axis"),
             (true, true) => qmatmul_transposed(flat, &weight).expect("input-grouped QLinear weights are [out, in]"),
-            (false, _) => flat.matmul(self.dequantized_weight()),
+            (false, _) => matmul(flat, self.dequantized_weight()),
         };
         let out = match &self.bias {
             Some(bias) => out + bias.val().unsqueeze(),
@@ -151,6 +152,21 @@ impl QLinear {
         shape[D - 1] = self.d_output;
         out.reshape(shape)
     }
+}
+
+/// `Linear::forward` through [`matmul`] (register-tiled `f32` loops on Flex, Burn's matmul
+/// elsewhere).
+fn dense_forward<const D: usize>(linear: &Linear, x: Tensor<D>) -> Tensor<D> {
+    let mut shape = x.dims();
+    let weight = linear.weight.val();
+    let [d_input, d_output] = weight.dims();
+    let out = matmul(x.reshape([shape[..D - 1].iter().product::<usize>(), d_input]), weight);
+    let out = match &linear.bias {
+        Some(bias) => out + bias.val().unsqueeze(),
+        None => out,
+    };
+    shape[D - 1] = d_output;
+    out.reshape(shape)
 }
 
 /// A projection of the decoder, dense or quantized.
@@ -173,7 +189,7 @@ impl Projection {
     /// `x · W + b` for `x` `[..., in]`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         match self {
-            Projection::Dense(l) => l.forward(x),
+            Projection::Dense(l) => dense_forward(l, x),
             Projection::Quantized(q) => q.forward(x),
         }
     }

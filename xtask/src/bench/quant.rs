@@ -59,9 +59,13 @@ struct ShapeRow {
     int8_gmac_s: f64,
     /// `--exact-matmul` fused path (`None`: skipped, too slow at this size).
     exact_ms: Option<f64>,
-    /// Burn's `f32` matmul on the dequantized weight (what `--exact-matmul` prefill runs).
+    /// Burn's `f32` matmul on the dequantized weight (what `--exact-matmul` prefill ran before
+    /// `kernels::matmul`).
     dense_ms: f64,
     dense_gflop_s: f64,
+    /// `kernels::matmul`, the `f32` product dense projections run now.
+    tiled_ms: f64,
+    tiled_gflop_s: f64,
 }
 
 /// Tight-loop peaks of this host on all threads (`None` without AVX-512 VNNI).
@@ -213,6 +217,9 @@ fn shapes(device: &Device, rows: &[usize]) -> Result<Vec<ShapeRow>, Box<dyn std:
             let dense_s = time(3, || {
                 let _ = x.clone().matmul(w.clone()).into_data();
             });
+            let tiled_s = time(3, || {
+                let _ = burn_llm::kernels::matmul(x.clone(), w.clone()).into_data();
+            });
             let row = ShapeRow {
                 shape: format!("{label} [{m}, {k}] × [{k}, {n}] Q{bits}"),
                 m,
@@ -223,15 +230,19 @@ fn shapes(device: &Device, rows: &[usize]) -> Result<Vec<ShapeRow>, Box<dyn std:
                 exact_ms: exact_s.map(|s| s * 1e3),
                 dense_ms: dense_s * 1e3,
                 dense_gflop_s: 2.0 * macs / dense_s / 1e9,
+                tiled_ms: tiled_s * 1e3,
+                tiled_gflop_s: 2.0 * macs / tiled_s / 1e9,
             };
             eprintln!(
-                "{}: int8 {:.3} ms ({:.1} GMAC/s), exact {}, dense f32 {:.3} ms ({:.1} GFLOP/s)",
+                "{}: int8 {:.3} ms ({:.1} GMAC/s), exact {}, dense f32 {:.3} ms ({:.1} GFLOP/s), tiled f32 {:.3} ms ({:.1} GFLOP/s)",
                 row.shape,
                 row.int8_ms,
                 row.int8_gmac_s,
                 row.exact_ms.map_or("–".into(), |v| format!("{v:.3} ms")),
                 row.dense_ms,
-                row.dense_gflop_s
+                row.dense_gflop_s,
+                row.tiled_ms,
+                row.tiled_gflop_s
             );
             out.push(row);
         }
@@ -256,8 +267,11 @@ fn shapes_markdown(peaks: Option<Peaks>, rows: &[ShapeRow]) -> String {
             ("int8 GMAC/s", Right),
             ("of int8 peak", Right),
             ("exact fused ms", Right),
-            ("dense f32 ms", Right),
-            ("dense GFLOP/s", Right),
+            ("Burn f32 ms", Right),
+            ("Burn GFLOP/s", Right),
+            ("of f32 peak", Right),
+            ("`kernels::matmul` ms", Right),
+            ("GFLOP/s", Right),
             ("of f32 peak", Right),
         ],
         rows.iter().map(|r| {
@@ -270,6 +284,9 @@ fn shapes_markdown(peaks: Option<Peaks>, rows: &[ShapeRow]) -> String {
                 format!("{:.3}", r.dense_ms),
                 format!("{:.1}", r.dense_gflop_s),
                 fraction(r.dense_gflop_s, peaks.map(|p| p.f32_gflop_s)),
+                format!("{:.3}", r.tiled_ms),
+                format!("{:.1}", r.tiled_gflop_s),
+                fraction(r.tiled_gflop_s, peaks.map(|p| p.f32_gflop_s)),
             ]
         }),
     ));

@@ -1,0 +1,214 @@
+//! `f32` matrix product on Flex with register tiles: `[m, k] · [k, n]`.
+//!
+//! Burn's Flex matmul (the `gemm` crate, AVX2 kernels) reached 42–49 GFLOP/s at SmolLM2's prefill
+//! shapes on this project's 2-core host, 18–21% of its FMA peak. Here a tile of `MR` input rows ×
+//! `NR` output columns accumulates in registers over the whole `k` (`MR · NR / lanes` vector
+//! accumulators: 12 on AVX-512 and on AVX2), reading one `NR`-wide row of the weight and `MR`
+//! broadcasts per step. Input rows go in blocks that stay in L2 while the panels pass over them.
+//! The weight is read where it is when its rows are contiguous (`[k, n]`, a `Linear` weight);
+//! otherwise (a transposed `[n, k]` table, the last partial panel) each `NR`-column panel is
+//! packed into a contiguous `[k, NR]` buffer per row block. Panels run in parallel (two threads:
+//! the caller and the split helper). Known weak spot: a very wide weight read in place (an f32 LM
+//! head, 49,152 columns) maps its rows onto few cache sets and runs at Burn's speed, not faster.
+
+use burn::backend::Flex;
+use burn::tensor::Tensor;
+use rayon::prelude::*;
+
+use super::flex::{from_vec, into_flex, slice};
+
+/// The output buffer, written through a raw pointer by the tasks of disjoint column panels.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+
+// SAFETY: every task writes only the columns of its own panels; the buffer outlives them.
+unsafe impl Sync for Out {}
+unsafe impl Send for Out {}
+
+/// Products below this many multiply-adds run on the calling thread.
+const SERIAL_MACS: usize = 1 << 16;
+
+/// `x · w` for `x` `[m, k]` and `w` `[k, n]` on Flex in `f32` (checked by the caller); `w` may be
+/// a strided view (a transposed table).
+pub(super) fn flex_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    let [m, k] = x.dims();
+    let n = w.dims()[1];
+    let x = into_flex(x);
+    let xs = slice(&x);
+    let mut w = w.try_into_primitive::<Flex>().expect("checked by on_flex");
+    if w.layout().strides().iter().any(|&s| s < 0) {
+        w = w.to_contiguous();
+    }
+    let layout = w.layout();
+    let (start, strides) = (layout.start_offset(), layout.strides().to_vec());
+    let ws = &w.storage::<f32>()[start..];
+    // Element (kk, j) of `w` is `ws[kk · row + j · col]`.
+    let (row, col) = (strides[0] as usize, strides[1] as usize);
+    let mut out = vec![0f32; m * n];
+    if m == 0 || n == 0 {
+        return from_vec(out, [m, n]);
+    }
+    let b = Weight { values: ws, row, col, k, n };
+    products(xs, m, &b, Out(out.as_mut_ptr()));
+    from_vec(out, [m, n])
+}
+
+/// The weight operand: element `(kk, j)` at `values[kk · row + j · col]`.
+struct Weight<'a> {
+    values: &'a [f32],
+    row: usize,
+    col: usize,
+    k: usize,
+    n: usize,
+}
+
+/// Every column panel of the product, in parallel when it is large enough. Panels are counted
+/// in units of [`UNIT`] columns (the widest `NR`), so that every instruction set splits alike.
+fn products(xs: &[f32], m: usize, b: &Weight, out: Out) {
+    let count = b.n.div_ceil(UNIT);
+    let run = |units: std::ops::Range<usize>| {
+        panel_range(xs, m, b, units.start * UNIT..(units.end * UNIT).min(b.n), out);
+    };
+    if m * b.k * b.n < SERIAL_MACS || count == 1 {
+        run(0..count);
+    } else if rayon::current_num_threads() == 2 {
+        let half = count.div_ceil(2);
+        crate::quant::split::split2(&|part| run((part * half).min(count)..((part + 1) * half).min(count)));
+    } else {
+        (0..count).into_par_iter().for_each(|p| run(p..p + 1));
+    }
+}
+
+/// Columns per unit of work: a multiple of every `NR` below.
+const UNIT: usize = 32;
+
+/// Columns `columns` (a whole number of [`UNIT`]s, or the tail) of every output row, with the
+/// widest registers the CPU has (AVX-512: 6 × 32 tiles; AVX2: 6 × 16), plain Rust otherwise.
+fn panel_range(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: Out) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("fma") {
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: Out) {
+                panels::<6, 32, true>(xs, m, b, columns, out)
+            }
+            // SAFETY: the features `run` is compiled for were just detected.
+            return unsafe { run(xs, m, b, columns, out) };
+        }
+        if has!("avx2") && has!("fma") {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: Out) {
+                panels::<6, 16, true>(xs, m, b, columns, out)
+            }
+            // SAFETY: as above.
+            return unsafe { run(xs, m, b, columns, out) };
+        }
+    }
+    panels::<4, 16, false>(xs, m, b, columns, out)
+}
+
+#[inline(always)]
+fn panels<const MR: usize, const NR: usize, const FMA: bool>(
+    xs: &[f32],
+    m: usize,
+    b: &Weight,
+    columns: std::ops::Range<usize>,
+    out: Out,
+) {
+    let mut packed = Vec::new();
+    // Blocks of input rows small enough to stay in L2 (about 128 KiB) while every panel of the
+    // range passes over them: a wide weight (an LM head's 49,152 columns) would otherwise stream
+    // all of `x` from memory once per panel.
+    let block = (MR * (32 * 1024 / (b.k.max(1) * MR)).max(1)).max(MR);
+    for i0 in (0..m).step_by(block) {
+        for j0 in columns.clone().step_by(NR) {
+            panel::<MR, NR, FMA>(xs, i0..(i0 + block).min(m), b, j0, &mut packed, out);
+        }
+    }
+}
+
+/// Columns `j0..j0 + NR` (fewer in the last panel) of the output rows `rows`.
+#[inline(always)]
+fn panel<const MR: usize, const NR: usize, const FMA: bool>(
+    xs: &[f32],
+    rows: std::ops::Range<usize>,
+    b: &Weight,
+    j0: usize,
+    packed: &mut Vec<f32>,
+    out: Out,
+) {
+    let (k, width) = (b.k, NR.min(b.n - j0));
+    // Read in place when the panel's rows are contiguous and whole; otherwise (a transposed
+    // table, the last partial panel) pack `[k, NR]`, once per panel and row block.
+    let (values, stride): (&[f32], usize) = if b.col == 1 && width == NR {
+        (&b.values[j0..], b.row)
+    } else {
+        packed.clear();
+        packed.resize(k * NR, 0.0);
+        for (kk, to) in packed.chunks_exact_mut(NR).enumerate() {
+            for (c, to) in to[..width].iter_mut().enumerate() {
+                *to = b.values[kk * b.row + (j0 + c) * b.col];
+            }
+        }
+        (packed.as_slice(), NR)
+    };
+    let (mut i0, m) = (rows.start, rows.end);
+    while i0 < m {
+        let rows = MR.min(m - i0);
+        let acc = match rows {
+            r if r == MR => tile::<MR, NR, FMA, MR>(xs, i0, k, values, stride),
+            _ => tail::<MR, NR, FMA>(xs, i0, rows, k, values, stride),
+        };
+        for (r, acc) in acc.iter().take(rows).enumerate() {
+            // SAFETY: row `i0 + r` is an input row, columns `j0..j0 + width` belong to this panel
+            // only, and the `[m, n]` buffer outlives the product.
+            unsafe {
+                let to = out.0.add((i0 + r) * b.n + j0);
+                std::ptr::copy_nonoverlapping(acc.as_ptr(), to, width);
+            }
+        }
+        i0 += rows;
+    }
+}
+
+/// The last rows (fewer than `MR`), one row tile at a time; rows past `rows` stay zero.
+#[inline(always)]
+fn tail<const MR: usize, const NR: usize, const FMA: bool>(
+    xs: &[f32],
+    i0: usize,
+    rows: usize,
+    k: usize,
+    values: &[f32],
+    stride: usize,
+) -> [[f32; NR]; MR] {
+    let mut acc = [[0f32; NR]; MR];
+    for (r, acc) in acc.iter_mut().take(rows).enumerate() {
+        *acc = tile::<MR, NR, FMA, 1>(xs, i0 + r, k, values, stride)[0];
+    }
+    acc
+}
+
+/// `acc[r][c] = Σ_kk x[i0 + r, kk] · w[kk, c]` for `R` rows (`R ≤ MR`) and `NR` columns, with
+/// `w[kk, c]` at `values[kk · stride + c]`.
+#[inline(always)]
+fn tile<const MR: usize, const NR: usize, const FMA: bool, const R: usize>(
+    xs: &[f32],
+    i0: usize,
+    k: usize,
+    values: &[f32],
+    stride: usize,
+) -> [[f32; NR]; MR] {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &xs[(i0 + r) * k..(i0 + r + 1) * k]);
+    let mut acc = [[0f32; NR]; MR];
+    for kk in 0..k {
+        let w: &[f32; NR] = values[kk * stride..kk * stride + NR].try_into().expect("NR columns");
+        for r in 0..R {
+            let a = rows[r][kk];
+            for c in 0..NR {
+                acc[r][c] = if FMA { a.mul_add(w[c], acc[r][c]) } else { acc[r][c] + a * w[c] };
+            }
+        }
+    }
+    acc
+}
