@@ -25,6 +25,9 @@ struct Out(*mut f32);
 unsafe impl Sync for Out {}
 unsafe impl Send for Out {}
 
+/// Input rows up to which a transposed table is multiplied by dot products instead of tiles.
+const DOT_MAX_ROWS: usize = 2;
+
 /// Products below this many multiply-adds run on the calling thread.
 const SERIAL_MACS: usize = 1 << 16;
 
@@ -116,6 +119,19 @@ fn panels<const MR: usize, const NR: usize, const FMA: bool>(
     columns: std::ops::Range<usize>,
     out: Out,
 ) {
+    if b.row == 1 && m <= DOT_MAX_ROWS {
+        // A transposed table (`[n, k]` rows contiguous) and one or two input rows: a dot product
+        // per output reads each table row once, in order, with nothing to pack.
+        for j in columns {
+            let column = &b.values[j * b.col..j * b.col + b.k];
+            for i in 0..m {
+                let value = crate::quant::q8::dot(&xs[i * b.k..(i + 1) * b.k], column);
+                // SAFETY: as in `panel`: this column belongs to this range only.
+                unsafe { *out.0.add(i * b.n + j) = value };
+            }
+        }
+        return;
+    }
     let mut packed = Vec::new();
     // Blocks of input rows small enough to stay in L2 (about 128 KiB) while every panel of the
     // range passes over them: a wide weight (an LM head's 49,152 columns) would otherwise stream
