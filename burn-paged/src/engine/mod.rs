@@ -781,5 +781,8 @@ fn default_cost(block_bytes: usize, model: &impl LanguageModel) -> PreemptionCos
 
 /// Log-softmax of rows, to the host (beam search ranks every continuation).
 pub(crate) fn log_softmax_rows(logits: Tensor<2>) -> Result<Vec<f32>> {
-    log_softmax(logits, 1).into_data().try_into_vec_as::<f32>().map_err(|e| PagedError::Device(format!("{e:?}")))
+    let data = log_softmax(logits, 1)
+        .try_into_data()
+        .map_err(|e| PagedError::Device(format!("reading log-probabilities back: {e:?}")))?;
+    data.try_into_vec_as::<f32>().map_err(|e| PagedError::Device(format!("{e:?}")))
 }

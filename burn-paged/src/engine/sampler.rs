@@ -42,7 +42,8 @@ fn index(rows: &[usize], logits: &Tensor<2>) -> Tensor<1, Int> {
 }
 
 fn ids_of(t: Tensor<1, Int>) -> Result<Vec<u32>> {
-    let values = t.into_data().try_into_vec_as::<i64>().map_err(|e| PagedError::Device(format!("{e:?}")))?;
+    let data = t.try_into_data().map_err(|e| PagedError::Device(format!("reading sampled ids back: {e:?}")))?;
+    let values = data.try_into_vec_as::<i64>().map_err(|e| PagedError::Device(format!("{e:?}")))?;
     Ok(values.into_iter().map(|v| v as u32).collect())
 }
 

@@ -326,11 +326,13 @@ fn id_column(ids: &[u32], device: &Device) -> Tensor<2, Int> {
 }
 
 fn read_floats<const D: usize>(values: Tensor<D>) -> Result<Vec<f32>> {
-    values.into_data().try_into_vec_as::<f32>().map_err(|e| ModelError::Device(format!("{e:?}")))
+    let data = values.try_into_data().map_err(|e| ModelError::Device(format!("reading results back: {e:?}")))?;
+    data.try_into_vec_as::<f32>().map_err(|e| ModelError::Device(format!("{e:?}")))
 }
 
 /// Reads an int tensor back as token ids.
 pub(crate) fn read_ids<const D: usize>(ids: Tensor<D, Int>) -> Result<Vec<u32>> {
-    let values = ids.into_data().try_into_vec_as::<i64>().map_err(|e| ModelError::Device(format!("{e:?}")))?;
+    let data = ids.try_into_data().map_err(|e| ModelError::Device(format!("reading sampled ids back: {e:?}")))?;
+    let values = data.try_into_vec_as::<i64>().map_err(|e| ModelError::Device(format!("{e:?}")))?;
     Ok(values.into_iter().map(|v| v as u32).collect())
 }
