@@ -208,7 +208,7 @@ fn matmul_timing() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let device = Device::flex();
     let table = random(&mut rng, [49152, 576], &device);
-    for m in [1, 2, 8, 32] {
+    for m in [1, 2, 4, 8, 16, 32] {
         let x = random(&mut rng, [m, 576], &device);
         let time = |f: &dyn Fn() -> Vec<f32>| {
             let _ = f();
