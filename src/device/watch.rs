@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use burn_llm_models::{DecoderSpec, Prompt, RequestOutput, SamplingParams, StepOutput, StreamEvent, Timing};
 
-use crate::engine::{Capabilities, Engine, EngineResult, Generation, RunReport};
+use crate::engine::{Capabilities, Engine, EngineError, EngineResult, Generation, RunReport};
 
 /// A worker failed or went silent while an engine used it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -219,6 +219,39 @@ impl WatchedEngine {
     }
 }
 
+impl WatchedEngine {
+    /// [`Self::call`] for an engine operation: an error the engine reports from the device (a
+    /// read-back that failed because the worker went away) is the worker's failure too, and
+    /// closes the engine like a panic does.
+    fn call_engine<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        on_token: &mut dyn FnMut(StreamEvent<'_>),
+        f: impl FnOnce(&mut dyn Engine, &mut dyn FnMut(StreamEvent<'_>)) -> EngineResult<T> + Send + 'static,
+    ) -> EngineResult<T> {
+        match self.call(what, on_token, f)? {
+            Err(err) if is_device_error(&err) => {
+                self.closed.store(true, Ordering::Release);
+                Err(WorkerError::Failed { workers: self.workers.clone(), what, reason: err.to_string() }.into())
+            }
+            result => result,
+        }
+    }
+}
+
+/// Whether an engine error came from the device (Burn could not run or read back a tensor).
+fn is_device_error(err: &EngineError) -> bool {
+    use burn_llm_models::ModelError;
+    let model = |e: &ModelError| matches!(e, ModelError::Device(_));
+    match err {
+        EngineError::Model(e) => model(e),
+        EngineError::Paged(burn_paged::PagedError::Device(_)) => true,
+        EngineError::Paged(burn_paged::PagedError::Model(e)) => model(e),
+        EngineError::Offload(burn_offload::OffloadError::Model(e)) => model(e),
+        _ => false,
+    }
+}
+
 impl Engine for WatchedEngine {
     fn name(&self) -> &'static str {
         self.name
@@ -244,21 +277,23 @@ impl Engine for WatchedEngine {
         on_token: &mut dyn FnMut(StreamEvent<'_>),
     ) -> EngineResult<Generation> {
         let (prompts, params) = (prompts.to_vec(), params.clone());
-        self.call("generating", on_token, move |engine, forward| engine.generate_stream(&prompts, &params, forward))?
+        self.call_engine("generating", on_token, move |engine, forward| {
+            engine.generate_stream(&prompts, &params, forward)
+        })
     }
 
     fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams) -> EngineResult<()> {
         let id = request_id.to_owned();
-        self.call("adding a request", &mut |_| {}, move |engine, _| engine.add_request(&id, prompt, params))?
+        self.call_engine("adding a request", &mut |_| {}, move |engine, _| engine.add_request(&id, prompt, params))
     }
 
     fn step(&mut self) -> EngineResult<Vec<StepOutput>> {
-        self.call("running a step", &mut |_| {}, |engine, _| engine.step())?
+        self.call_engine("running a step", &mut |_| {}, |engine, _| engine.step())
     }
 
     fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {
         let id = request_id.to_owned();
-        self.call("aborting a request", &mut |_| {}, move |engine, _| engine.abort(&id))?
+        self.call_engine("aborting a request", &mut |_| {}, move |engine, _| engine.abort(&id))
     }
 
     /// `false` once the engine is closed: nothing it holds can finish any more.
