@@ -99,6 +99,83 @@ fn fused_applies(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, bias: &Tensor<4>, 
         && bt == len
 }
 
+/// The inputs of a fused Flex attention call as contiguous `f32` buffers, with their shapes:
+/// queries `[b, s, heads, d]` (the layout of the projection they came from, usually a view),
+/// keys and values as stored `[b, kv_heads, slots, d]`, the bias `[bias_b, 1, bias_s, len]`.
+#[cfg(feature = "flex")]
+pub(super) struct FlexAttention {
+    q: burn::backend::flex::FlexTensor,
+    k: burn::backend::flex::FlexTensor,
+    v: burn::backend::flex::FlexTensor,
+    bias: burn::backend::flex::FlexTensor,
+    pub(super) b: usize,
+    pub(super) heads: usize,
+    pub(super) s: usize,
+    pub(super) d: usize,
+    pub(super) kv_heads: usize,
+    pub(super) slots: usize,
+    pub(super) len: usize,
+    group: usize,
+    bias_b: usize,
+    bias_s: usize,
+}
+
+#[cfg(feature = "flex")]
+impl FlexAttention {
+    /// The buffers of a call [`fused_applies`] accepted.
+    pub(super) fn new(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>, len: usize) -> Self {
+        use super::flex::into_flex;
+        let [b, heads, s, d] = q.dims();
+        let [_, kv_heads, slots, _] = k.dims();
+        let [bias_b, _, bias_s, _] = bias.dims();
+        Self {
+            q: into_flex(q.swap_dims(1, 2)),
+            k: into_flex(k),
+            v: into_flex(v),
+            bias: into_flex(bias),
+            b,
+            heads,
+            s,
+            d,
+            kv_heads,
+            slots,
+            len,
+            group: heads / kv_heads,
+            bias_b,
+            bias_s,
+        }
+    }
+
+    /// Query `head` of position `si` of sequence `bi`.
+    pub(super) fn query(&self, bi: usize, si: usize, head: usize) -> &[f32] {
+        let row = (bi * self.s + si) * self.heads + head;
+        &super::flex::slice(&self.q)[row * self.d..(row + 1) * self.d]
+    }
+
+    /// Index of the key/value head that query head `head` of sequence `bi` reads, counted over
+    /// all sequences.
+    pub(super) fn kv_head(&self, bi: usize, head: usize) -> usize {
+        bi * self.kv_heads + head / self.group
+    }
+
+    /// The first `len` keys (`keys`) or values of key/value head `kv` ([`Self::kv_head`]).
+    pub(super) fn slots(&self, kv: usize, keys: bool) -> &[f32] {
+        let all = super::flex::slice(if keys { &self.k } else { &self.v });
+        &all[kv * self.slots * self.d..][..self.len * self.d]
+    }
+
+    /// The bias of position `si` of sequence `bi` over the `len` keys.
+    pub(super) fn bias(&self, bi: usize, si: usize) -> &[f32] {
+        let row = (if self.bias_b == 1 { 0 } else { bi }) * self.bias_s + if self.bias_s == 1 { 0 } else { si };
+        &super::flex::slice(&self.bias)[row * self.len..(row + 1) * self.len]
+    }
+
+    /// `out` (`[b, s, heads, d]`) as the `[b, heads, s, d]` result.
+    pub(super) fn output(&self, out: Vec<f32>) -> Tensor<4> {
+        super::flex::from_vec(out, [self.b, self.s, self.heads, self.d]).swap_dims(1, 2)
+    }
+}
+
 #[cfg(feature = "flex")]
 fn flex_prefix_attention(
     q: Tensor<4>,
@@ -108,30 +185,15 @@ fn flex_prefix_attention(
     len: usize,
     scale: f32,
 ) -> Tensor<4> {
-    use super::flex::{for_rows, from_vec, into_flex, slice};
-    let [b, heads, s, d] = q.dims();
-    let [_, kv_heads, slots, _] = k.dims();
-    let [bias_b, _, bias_s, _] = bias.dims();
-    let group = heads / kv_heads;
-    // `[b, s, heads, d]`: the layout of the projection the queries came from, usually a view.
-    let q = into_flex(q.swap_dims(1, 2));
-    let (k, v, bias) = (into_flex(k), into_flex(v), into_flex(bias));
-    let (qs, ks, vs, bias) = (slice(&q), slice(&k), slice(&v), slice(&bias));
-    let mut out = vec![0f32; b * s * heads * d];
-    for_rows(&mut out, d, 2 * len * d, |row, o| {
+    let a = FlexAttention::new(q, k, v, bias, len);
+    let (s, heads, d) = (a.s, a.heads, a.d);
+    let mut out = vec![0f32; a.b * s * heads * d];
+    super::flex::for_rows(&mut out, d, 2 * len * d, |row, o| {
         let (bi, si, head) = (row / (s * heads), (row / heads) % s, row % heads);
-        let slot0 = (bi * kv_heads + head / group) * slots * d;
-        let bias_row = ((if bias_b == 1 { 0 } else { bi }) * bias_s + if bias_s == 1 { 0 } else { si }) * len;
-        attend_row(
-            &qs[row * d..(row + 1) * d],
-            &ks[slot0..slot0 + len * d],
-            &vs[slot0..slot0 + len * d],
-            &bias[bias_row..bias_row + len],
-            scale,
-            o,
-        );
+        let kv = a.kv_head(bi, head);
+        attend_row(a.query(bi, si, head), a.slots(kv, true), a.slots(kv, false), a.bias(bi, si), scale, o);
     });
-    from_vec(out, [b, s, heads, d]).swap_dims(1, 2)
+    a.output(out)
 }
 
 #[cfg(feature = "flex")]

@@ -13,8 +13,8 @@ use std::cell::RefCell;
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use super::attention::weighted_softmax;
-use super::flex::{for_rows, from_vec, into_flex, slice};
+use super::attention::{FlexAttention, weighted_softmax};
+use super::flex::for_rows;
 
 /// A bias at or below this masks its key (models add `-1e30`, some `-∞`). Such keys at the end of
 /// a row get weight exactly 0 in `f32` whenever the row has an unmasked key, so they are skipped.
@@ -39,45 +39,37 @@ pub(super) fn tiled_prefix_attention(
     len: usize,
     scale: f32,
 ) -> Tensor<4> {
-    let [b, heads, s, d] = q.dims();
-    let [_, kv_heads, slots, _] = k.dims();
-    let [bias_b, _, bias_s, _] = bias.dims();
-    let group = heads / kv_heads;
-    // `[b, s, heads, d]`: the layout of the projection the queries came from, usually a view.
-    let q = into_flex(q.swap_dims(1, 2));
-    let (k, v, bias) = (into_flex(k), into_flex(v), into_flex(bias));
-    let (qs, ks, vs, bias) = (slice(&q), slice(&k), slice(&v), slice(&bias));
-    let mut keys_t = vec![0f32; b * kv_heads * d * len];
+    let a = FlexAttention::new(q, k, v, bias, len);
+    let (s, heads, d) = (a.s, a.heads, a.d);
+    let mut keys_t = vec![0f32; a.b * a.kv_heads * d * len];
     if len > 0 {
-        keys_t.par_chunks_mut(d * len).enumerate().for_each(|(i, keys_t)| {
-            for (j, key) in ks[i * slots * d..][..len * d].chunks_exact(d).enumerate() {
+        keys_t.par_chunks_mut(d * len).enumerate().for_each(|(kv, keys_t)| {
+            for (j, key) in a.slots(kv, true).chunks_exact(d).enumerate() {
                 for (c, &x) in key.iter().enumerate() {
                     keys_t[c * len + j] = x;
                 }
             }
         });
     }
-    let mut out = vec![0f32; b * s * heads * d];
+    let mut out = vec![0f32; a.b * s * heads * d];
     for_rows(&mut out, heads * d, 2 * heads * len * d, |row, out| {
         let (bi, si) = (row / s, row % s);
-        let bias_row = ((if bias_b == 1 { 0 } else { bi }) * bias_s + if bias_s == 1 { 0 } else { si }) * len;
-        let bias = &bias[bias_row..bias_row + len];
+        let bias = a.bias(bi, si);
         // A row with every key masked weighs them all alike, as the plain softmax does.
         let end = bias.iter().rposition(|&x| x > MASK_LIMIT).map_or(len, |last| last + 1);
         SCORES.with_borrow_mut(|scores| {
             scores.resize(end, 0.0);
             for (head, out) in out.chunks_exact_mut(d).enumerate() {
-                let kv = bi * kv_heads + head / group;
-                let query = &qs[(row * heads + head) * d..][..d];
-                scores_of(query, &keys_t[kv * d * len..][..d * len], len, scores);
+                let kv = a.kv_head(bi, head);
+                scores_of(a.query(bi, si, head), &keys_t[kv * d * len..][..d * len], len, scores);
                 for (score, b) in scores.iter_mut().zip(bias) {
                     *score = *score * scale + b;
                 }
-                weighted_softmax(scores, &vs[kv * slots * d..][..end * d], out);
+                weighted_softmax(scores, &a.slots(kv, false)[..end * d], out);
             }
         });
     });
-    from_vec(out, [b, s, heads, d]).swap_dims(1, 2)
+    a.output(out)
 }
 
 avx2_dispatch! {
