@@ -148,36 +148,21 @@ fn prefix_attention_matches_burn_attention_over_the_visible_slots() {
             let k = random(&mut rng, [b, kv_heads, slots, d], &device);
             let v = random(&mut rng, [b, kv_heads, slots, d], &device);
             let visible = [0..b, 0..kv_heads, 0..len, 0..d];
-            for bias_shape in [[b, 1, s, len], [1, 1, s, len]] {
-                let bias = random_bias(&mut rng, bias_shape, &device);
-                let expected = attention_with(
-                    q.clone(),
-                    k.clone().slice(visible.clone()),
-                    v.clone().slice(visible.clone()),
-                    bias.clone(),
-                    0.125,
-                    |scores| scores,
-                );
+            // Fused against Burn ops over the visible slots, for one bias.
+            let check = |bias: Tensor<4>, what: String| {
+                let (k_visible, v_visible) = (k.clone().slice(visible.clone()), v.clone().slice(visible.clone()));
+                let expected = attention_with(q.clone(), k_visible, v_visible, bias.clone(), 0.125, |scores| scores);
                 let got = prefix_attention(q.clone(), k.clone(), v.clone(), bias, len, 0.125);
                 assert_eq!(got.dims(), [b, heads, s, d]);
-                let what =
-                    format!("{device:?} b{b} h{heads}/{kv_heads} s{s} d{d} len {len}/{slots} bias {bias_shape:?}");
+                let what = format!("{device:?} b{b} h{heads}/{kv_heads} s{s} d{d} len {len}/{slots} {what}");
                 assert_close(&values(got), &values(expected), 1e-5, &what);
+            };
+            for bias_shape in [[b, 1, s, len], [1, 1, s, len]] {
+                check(random_bias(&mut rng, bias_shape, &device), format!("bias {bias_shape:?}"));
             }
             if s > 1 {
                 let pad: Vec<usize> = (0..b).map(|i| i * 3).collect();
-                let bias = causal_bias(&pad, s, len, &device);
-                let expected = attention_with(
-                    q.clone(),
-                    k.clone().slice(visible.clone()),
-                    v.clone().slice(visible.clone()),
-                    bias.clone(),
-                    0.125,
-                    |scores| scores,
-                );
-                let got = prefix_attention(q.clone(), k.clone(), v.clone(), bias, len, 0.125);
-                let what = format!("{device:?} b{b} h{heads}/{kv_heads} s{s} d{d} len {len}/{slots} causal");
-                assert_close(&values(got), &values(expected), 1e-5, &what);
+                check(causal_bias(&pad, s, len, &device), "causal".into());
             }
         }
     }
