@@ -56,7 +56,9 @@ pub(super) fn for_rows(out: &mut [f32], width: usize, work_per_row: usize, f: im
         return;
     }
     let rows = out.len() / width;
-    if rows > 1 && rows * work_per_row >= PARALLEL_WORK && rayon::current_num_threads() == 2 {
+    if rows <= 1 || rows * work_per_row < PARALLEL_WORK {
+        out.chunks_exact_mut(width).enumerate().for_each(|(i, row)| f(i, row));
+    } else if rayon::current_num_threads() == 2 {
         let mut halves = [Vec::with_capacity(rows.div_ceil(2)), Vec::with_capacity(rows / 2)];
         for (i, row) in out.chunks_exact_mut(width).enumerate() {
             halves[i % 2].push((i, row));
@@ -66,10 +68,8 @@ pub(super) fn for_rows(out: &mut [f32], width: usize, work_per_row: usize, f: im
             let mut rows = halves[part].lock().unwrap_or_else(PoisonError::into_inner);
             rows.iter_mut().for_each(|(i, row)| f(*i, row));
         });
-    } else if rows > 1 && rows * work_per_row >= PARALLEL_WORK {
+    } else {
         let per_task = (PARALLEL_WORK / work_per_row.max(1)).clamp(1, rows.div_ceil(2));
         out.par_chunks_mut(width).with_min_len(per_task).enumerate().for_each(|(i, row)| f(i, row));
-    } else {
-        out.chunks_exact_mut(width).enumerate().for_each(|(i, row)| f(i, row));
     }
 }

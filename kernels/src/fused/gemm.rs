@@ -16,14 +16,8 @@ use burn::tensor::Tensor;
 use rayon::prelude::*;
 
 use super::flex::{from_vec, into_flex, slice};
-
-/// The output buffer, written through a raw pointer by the tasks of disjoint column panels.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-
-// SAFETY: every task writes only the columns of its own panels; the buffer outlives them.
-unsafe impl Sync for Out {}
-unsafe impl Send for Out {}
+// The output, written by the tasks of disjoint column panels: the integer kernels' wrapper.
+use crate::quant::flex::SharedOut;
 
 /// Input rows up to which a transposed table is multiplied by dot products instead of tiles
 /// (measured on the `[49152, 576]` tied head: 5.7 ms at 1 row, 10.4 at 4, 19.3 at 8 against
@@ -54,7 +48,7 @@ pub(super) fn flex_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
         return from_vec(out, [m, n]);
     }
     let b = Weight { values: ws, row, col, k, n };
-    products(xs, m, &b, Out(out.as_mut_ptr()));
+    products(xs, m, &b, SharedOut(out.as_mut_ptr()));
     from_vec(out, [m, n])
 }
 
@@ -69,7 +63,7 @@ struct Weight<'a> {
 
 /// Every column panel of the product, in parallel when it is large enough. Panels are counted
 /// in units of [`UNIT`] columns (the widest `NR`), so that every instruction set splits alike.
-fn products(xs: &[f32], m: usize, b: &Weight, out: Out) {
+fn products(xs: &[f32], m: usize, b: &Weight, out: SharedOut) {
     let count = b.n.div_ceil(UNIT);
     let run = |units: std::ops::Range<usize>| {
         panel_range(xs, m, b, units.start * UNIT..(units.end * UNIT).min(b.n), out);
@@ -89,13 +83,13 @@ const UNIT: usize = 32;
 
 /// Columns `columns` (a whole number of [`UNIT`]s, or the tail) of every output row, with the
 /// widest registers the CPU has (AVX-512: 6 × 32 tiles; AVX2: 6 × 16), plain Rust otherwise.
-fn panel_range(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: Out) {
+fn panel_range(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx512f") && has!("fma") {
             #[target_feature(enable = "avx512f,avx2,fma")]
-            unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: Out) {
+            unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
                 panels::<6, 32, true>(xs, m, b, columns, out)
             }
             // SAFETY: the features `run` is compiled for were just detected.
@@ -103,7 +97,7 @@ fn panel_range(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>
         }
         if has!("avx2") && has!("fma") {
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: Out) {
+            unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
                 panels::<6, 16, true>(xs, m, b, columns, out)
             }
             // SAFETY: as above.
@@ -119,7 +113,7 @@ fn panels<const MR: usize, const NR: usize, const FMA: bool>(
     m: usize,
     b: &Weight,
     columns: std::ops::Range<usize>,
-    out: Out,
+    out: SharedOut,
 ) {
     if b.row == 1 && m <= DOT_MAX_ROWS {
         // A transposed table (`[n, k]` rows contiguous) and a few input rows: a dot product per
@@ -129,7 +123,7 @@ fn panels<const MR: usize, const NR: usize, const FMA: bool>(
             for i in 0..m {
                 let value = crate::quant::q8::dot(&xs[i * b.k..(i + 1) * b.k], column);
                 // SAFETY: as in `panel`: this column belongs to this range only.
-                unsafe { *out.0.add(i * b.n + j) = value };
+                unsafe { out.write(i * b.n + j, value) };
             }
         }
         return;
@@ -154,7 +148,7 @@ fn panel<const MR: usize, const NR: usize, const FMA: bool>(
     b: &Weight,
     j0: usize,
     packed: &mut Vec<f32>,
-    out: Out,
+    out: SharedOut,
 ) {
     let (k, width) = (b.k, NR.min(b.n - j0));
     // Read in place when the panel's rows are contiguous and whole; otherwise (a transposed
@@ -181,10 +175,7 @@ fn panel<const MR: usize, const NR: usize, const FMA: bool>(
         for (r, acc) in acc.iter().take(rows).enumerate() {
             // SAFETY: row `i0 + r` is an input row, columns `j0..j0 + width` belong to this panel
             // only, and the `[m, n]` buffer outlives the product.
-            unsafe {
-                let to = out.0.add((i0 + r) * b.n + j0);
-                std::ptr::copy_nonoverlapping(acc.as_ptr(), to, width);
-            }
+            unsafe { out.copy((i0 + r) * b.n + j0, &acc[..width]) };
         }
         i0 += rows;
     }

@@ -235,7 +235,7 @@ static ISA: std::sync::OnceLock<q8::Isa> = std::sync::OnceLock::new();
 
 /// The output buffer, written by parallel tasks at disjoint indices.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+pub(crate) struct SharedOut(pub(crate) *mut f32);
 
 // SAFETY: only used for writes at disjoint indices from tasks that finish before the buffer is read.
 unsafe impl Send for SharedOut {}
@@ -244,13 +244,13 @@ unsafe impl Sync for SharedOut {}
 impl SharedOut {
     /// # Safety
     /// `index` is in bounds and no other task writes it.
-    unsafe fn write(self, index: usize, value: f32) {
+    pub(crate) unsafe fn write(self, index: usize, value: f32) {
         unsafe { *self.0.add(index) = value };
     }
 
     /// # Safety
     /// `index..index + values.len()` is in bounds and no other task writes it.
-    unsafe fn copy(self, index: usize, values: &[f32]) {
+    pub(crate) unsafe fn copy(self, index: usize, values: &[f32]) {
         unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.0.add(index), values.len()) };
     }
 }

@@ -26,7 +26,7 @@ pub(crate) mod split;
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;
 #[cfg(feature = "flex")]
-mod flex;
+pub(crate) mod flex;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
 pub(crate) mod remote;
 
