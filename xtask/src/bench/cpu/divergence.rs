@@ -45,7 +45,7 @@ pub fn divergences(
     let mut found = Vec::new();
     let mut contexts = Vec::new();
     for (sequence, ((prompt, a), b)) in prompts.iter().zip(ours).zip(theirs).enumerate() {
-        let Some(position) = a.iter().zip(b).position(|(x, y)| x != y) else { continue };
+        let Some(position) = super::different_token(a, b) else { continue };
         contexts.push(prompt.iter().chain(&a[..position]).copied().collect::<Vec<u32>>());
         found.push(Divergence {
             sequence,

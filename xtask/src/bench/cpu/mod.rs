@@ -259,11 +259,14 @@ fn compare_ids(ours: &[Vec<u32>], theirs: &[Vec<u32>]) -> (usize, Option<usize>)
     let first = ours
         .iter()
         .zip(theirs)
-        .filter_map(|(a, b)| {
-            a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then_some(a.len().min(b.len())))
-        })
+        .filter_map(|(a, b)| different_token(a, b).or((a.len() != b.len()).then_some(a.len().min(b.len()))))
         .min();
     (same, first)
+}
+
+/// The first position where both sequences have a token and the tokens differ.
+fn different_token(a: &[u32], b: &[u32]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
