@@ -203,6 +203,7 @@ pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> 
         max_decode_iterations: None,
         max_decode_batch: Some(workload.max_num_seqs),
         latency_percentile: None,
+        step_variation: None,
         exhaustive: false,
     };
     Ok(schedule::plan(&input)?)

@@ -5,7 +5,7 @@
 use burn_parallel::plan::cli;
 use burn_parallel::plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload};
 use burn_parallel::plan::profile::{
-    DecodeTable, EngineStep, EngineStepTable, Extra, PrefillStepTable, PrefillTable, Profile, TpScaling,
+    DecodeTable, EngineStep, EngineStepTable, Extra, PrefillStepTable, PrefillTable, Profile, StepVariation, TpScaling,
 };
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use burn_parallel::plan::sim::{self, Group, Request};
@@ -283,6 +283,9 @@ fn profile(rng: &mut ChaCha8Rng) -> Profile {
             decode_ms_per_seq: rng.random_range(0.0..0.3),
         }),
         engine_step_ms: rng.random_bool(0.5).then(|| engine_table(rng)),
+        step_variation: rng
+            .random_bool(0.5)
+            .then(|| StepVariation { prefill: rng.random_range(0.0..0.5), decode: rng.random_range(0.0..0.3) }),
     }
 }
 
@@ -468,6 +471,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
             max_decode_iterations: None,
             max_decode_batch: rng.random_bool(0.4).then(|| rng.random_range(1..=24)),
             latency_percentile: None,
+            step_variation: None,
             exhaustive: false,
         };
         let bnb = schedule::plan(&input);
@@ -513,6 +517,7 @@ fn plan_schedule_trades_throughput_for_latency() {
         max_decode_iterations: None,
         max_decode_batch: None,
         latency_percentile: None,
+        step_variation: None,
         exhaustive: false,
     };
     let mut last = 0.0;
@@ -555,6 +560,7 @@ fn hand_profile(engine_step: Option<EngineStep>) -> Profile {
         tensor_parallel: vec![],
         engine_step,
         engine_step_ms: None,
+        step_variation: None,
     }
 }
 
@@ -572,6 +578,7 @@ fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> Sche
         max_decode_iterations: Some(2),
         max_decode_batch: None,
         latency_percentile: None,
+        step_variation: None,
         exhaustive: false,
     }
 }
@@ -683,6 +690,50 @@ fn plan_schedule_simulator_reads_the_measured_engine_steps() {
     assert!(!serde_json::to_string(&hand_profile(None)).unwrap().contains("engine_step_ms"));
 }
 
+/// ExeGPT §7.9: the latency counts every step at the 99th percentile of its time (the profile's
+/// `step_variation`, or the input's in its place); throughput keeps the medians.
+#[test]
+fn plan_schedule_latency_takes_each_step_at_its_measured_variation() {
+    let ten = || LengthDistribution::Histogram(vec![(10, 1.0)]);
+    let variation = StepVariation { prefill: 0.5, decode: 0.25 };
+    let varied = Profile { step_variation: Some(variation), ..measured_profile(None) };
+    // As above, N_D = 1: latency 4 × 10 × 1.5 + 4 × 10.25 × 1.25 = 111.25 ms, throughput
+    // 1 / 20.25 ms; N_D = 2: 2 × 10 × 1.5 + 4 × 9 × 1.25 = 75 ms, 1 / 28 ms.
+    let loose = schedule::plan(&hand_input(1.0, varied.clone(), ten())).unwrap();
+    assert_eq!((loose.decode_iterations, loose.step_variation), (Some(1), variation));
+    assert!(close(loose.latency_s, 0.11125) && close(loose.throughput_qps, 1000.0 / 20.25), "{loose:?}");
+    // 0.09 s: N_D = 1 met it at the medians (81 ms), not at the 99th percentile.
+    let tight = schedule::plan(&hand_input(0.09, varied.clone(), ten())).unwrap();
+    assert_eq!(tight.decode_iterations, Some(2));
+    assert!(close(tight.latency_s, 0.075) && close(tight.throughput_qps, 1000.0 / 28.0), "{tight:?}");
+    // The input's variation replaces the profile's; 0 gives back the medians.
+    let none = StepVariation::default();
+    let bare = ScheduleInput { step_variation: Some(none), ..hand_input(0.09, varied.clone(), ten()) };
+    let bare = schedule::plan(&bare).unwrap();
+    assert_eq!((bare.decode_iterations, bare.step_variation), (Some(1), none));
+    assert!(close(bare.latency_s, 0.081), "{bare:?}");
+    // Branch-and-bound keeps the exhaustive optimum.
+    let exhaustive = schedule::plan(&ScheduleInput { exhaustive: true, ..hand_input(0.09, varied.clone(), ten()) });
+    assert_eq!(exhaustive.unwrap().decode_iterations, tight.decode_iterations);
+    // Bounds below every 99th-percentile latency: the error names the least reachable one.
+    let err = schedule::plan(&hand_input(0.07, varied.clone(), ten())).unwrap_err();
+    assert!(matches!(err, ScheduleError::Infeasible { best_latency_s, .. } if close(best_latency_s, 0.075)), "{err:?}");
+    // Negative, NaN or absurd variations are input errors naming the field.
+    for (bad, field) in [(-0.1, "prefill"), (f64::NAN, "prefill"), (11.0, "prefill")] {
+        let v = StepVariation { prefill: bad, decode: 0.0 };
+        let in_profile = Profile { step_variation: Some(v), ..measured_profile(None) };
+        let err = schedule::plan(&hand_input(1.0, in_profile, ten())).unwrap_err().to_string();
+        assert!(err.contains(&format!("step_variation.{field}")), "{err}");
+        let in_input = ScheduleInput { step_variation: Some(v), ..hand_input(1.0, measured_profile(None), ten()) };
+        let err = schedule::plan(&in_input).unwrap_err().to_string();
+        assert!(err.contains(&format!("step_variation.{field}")), "{err}");
+    }
+    // Profiles without the field still load; it round-trips.
+    let back: Profile = serde_json::from_value(serde_json::to_value(&varied).unwrap()).unwrap();
+    assert_eq!(back, varied);
+    assert!(!serde_json::to_string(&measured_profile(None)).unwrap().contains("step_variation"));
+}
+
 /// Branch-and-bound still returns the exhaustive optimum when a measured step costs more per
 /// query at a larger batch (its tighter bounds assume the opposite; it must fall back).
 #[test]
@@ -709,6 +760,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search_with_jumping_engine_
             max_decode_iterations: None,
             max_decode_batch: None,
             latency_percentile: None,
+            step_variation: None,
             exhaustive: false,
         };
         let bnb = schedule::plan(&input);
@@ -740,6 +792,7 @@ fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
         max_decode_iterations: None,
         max_decode_batch: None,
         latency_percentile: None,
+        step_variation: None,
         exhaustive: false,
     };
     let good = serde_json::to_value(&input).unwrap();
@@ -913,6 +966,7 @@ fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
         max_decode_iterations: None,
         max_decode_batch: None,
         latency_percentile: None,
+        step_variation: None,
         exhaustive: false,
     };
     let json = serde_json::to_string(&input).unwrap();

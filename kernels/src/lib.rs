@@ -62,6 +62,8 @@ pub use paged::{
     paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut, reshape_and_cache_with, slot,
     write_blocks, write_blocks_mut,
 };
+#[cfg(feature = "flex")]
+pub use quant::integer_isa;
 pub use quant::{
     GroupQuantized, KernelError, MatmulPrecision, QMatmulLayout, QuantSpec, dequantize, matmul_precision, ops, qmatmul,
     qmatmul_transposed, quantize, set_matmul_precision, with_matmul_precision,

@@ -4,10 +4,11 @@
 //!
 //! [`time_engine_steps`] times real paged-engine steps: for each point of an [`EngineStepGrid`],
 //! an engine over the model runs one prefill step of `batch` prompts, then `decode_steps` decode
-//! steps of the same sequences (ExeGPT's phased schedule keeps the two apart). The prefill's
-//! median over the repeats, and the median of all the decode steps, go to
-//! [`fit::engine_steps`]: the profile's `engine_step_ms` tables (what the XSimulator reads on one
-//! device) and its linear `engine_step` overhead. [`load_or_profile`] reads a cached profile or
+//! steps of the same sequences (ExeGPT's phased schedule keeps the two apart). Every timed step
+//! goes to [`fit::engine_steps`] (the decode steps at their middle context): the profile's
+//! `engine_step_ms` tables of each point's median (what the XSimulator reads on one device), its
+//! linear `engine_step` overhead, and its `step_variation`, the steps' 99th-percentile spread
+//! about those medians, which the planner adds to its latency (ExeGPT §7.9). [`load_or_profile`] reads a cached profile or
 //! measures one (layers, then engine steps) and writes it.
 
 use std::io::Write;
@@ -50,13 +51,17 @@ pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<
                     runs.push(times);
                 }
             }
-            let prefill: Vec<f64> = runs.iter().map(|r| r[0]).collect();
-            let decode: Vec<f64> = runs.iter().flat_map(|r| r[1..].iter().copied()).collect();
-            samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: fit::median(prefill) });
-            if !decode.is_empty() {
-                // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
-                let context = tokens + (grid.decode_steps - 1) / 2;
-                samples.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context, ms: fit::median(decode) });
+            // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
+            let context = tokens + grid.decode_steps.saturating_sub(1) / 2;
+            for run in &runs {
+                samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: run[0] });
+                samples.extend(run[1..].iter().map(|&ms| StepSample {
+                    kind: StepKind::Decode,
+                    batch,
+                    tokens: 1,
+                    context,
+                    ms,
+                }));
             }
         }
     }

@@ -18,7 +18,8 @@
 //!     "prefill": {"batch": [1, 2, 4], "tokens": [16, 64], "ms": [[40, 70], [60, 120], [95, 230]]},
 //!     "decode": {"batch": [1, 2, 3, 4, 8], "context": [16, 64],
 //!                "ms": [[30, 31], [88, 90], [92, 94], [95, 97], [108, 111]]}
-//!   }
+//!   },
+//!   "step_variation": {"prefill": 0.071, "decode": 0.024}
 //! }
 //! ```
 //!
@@ -51,6 +52,13 @@
 //!   in proportion to its batch (a CPU matmul that switches kernels between one row and two
 //!   makes batch 2 cost three times batch 1), so these tables are only made non-decreasing in
 //!   the batch (a running maximum), not held to a falling time per sequence.
+//! - `step_variation` (optional; absent means 0): how far above its median a serving-engine step
+//!   runs at the 99th percentile, as a fraction of the median, for prefill and decode steps
+//!   (ExeGPT §7.9 and its Table 7: "the 99th percentile ranges of encoder/decoder's single stage
+//!   execution times", ±7.1% and ±2.4% there). The profiler pools every timed step's ratio to
+//!   the median of its point. ExeGPT "consider[s] this variance when determining control
+//!   variables to satisfy latency constraints": the schedule planner's latency takes every step
+//!   at its 99th percentile ([`StepVariation`]); throughput, an average, takes the medians.
 //!
 //! Tables are interpolated piecewise-linearly (held constant below the first point, extended with
 //! the last segment's slope beyond the last). Along the batch axis a table is read as
@@ -102,6 +110,9 @@ pub struct Profile {
     /// The serving engine's measured step latency by batch and length (absent: not measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_step_ms: Option<EngineStepTable>,
+    /// How far the engine's steps run above their median (absent: not measured, taken as 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_variation: Option<StepVariation>,
 }
 
 fn version_one() -> u32 {
@@ -183,6 +194,42 @@ impl EngineStep {
     /// Overhead of a decode step of `batch` sequences.
     pub fn decode_ms(&self, batch: f64) -> f64 {
         self.decode_ms_fixed + batch * self.decode_ms_per_seq
+    }
+}
+
+/// How far above its median an engine step's time runs at the 99th percentile, as a fraction
+/// of the median (ExeGPT §7.9; see the module docs): a step whose median is `t` is taken to last
+/// `t·(1 + prefill)` or `t·(1 + decode)` when a latency bound must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepVariation {
+    /// Prefill (encoder) steps.
+    pub prefill: f64,
+    /// Decode steps.
+    pub decode: f64,
+}
+
+impl StepVariation {
+    /// Largest variation a profile may give (a step at 11× its median).
+    const MAX: f64 = 10.0;
+
+    /// Checks both fractions (finite, 0 to 10); `field` names the object in errors.
+    pub fn check(&self, field: &str) -> Result<Self, InputError> {
+        for (name, v) in [("prefill", self.prefill), ("decode", self.decode)] {
+            let name = format!("{field}.{name}");
+            check::non_negative(&name, v)?;
+            if v > Self::MAX {
+                return Err(InputError::new(
+                    name,
+                    format!(
+                        "{v} would put a step at {}× its median; give a fraction between 0 and {}",
+                        v + 1.0,
+                        Self::MAX
+                    ),
+                ));
+            }
+        }
+        Ok(*self)
     }
 }
 
@@ -284,6 +331,9 @@ impl Profile {
             for (name, v) in values {
                 check::non_negative(&f(&format!("engine_step.{name}")), v)?;
             }
+        }
+        if let Some(v) = &self.step_variation {
+            v.check(&f("step_variation"))?;
         }
         let mut cost = CostModel { profile: self.clone(), prefill, decode, engine: None };
         if let Some(table) = &self.engine_step_ms {

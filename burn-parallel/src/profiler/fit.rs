@@ -5,7 +5,9 @@
 //! (`engine_step_ms`), which are not fitted but tabulated.
 
 use crate::plan::check::InputError;
-use crate::plan::profile::{CostModel, DecodeTable, EngineStep, EngineStepTable, PrefillStepTable, Profile};
+use crate::plan::profile::{
+    CostModel, DecodeTable, EngineStep, EngineStepTable, PrefillStepTable, Profile, StepVariation,
+};
 
 /// One measurement of the context overhead: a slice of `tokens` tokens after `context` tokens
 /// took `overhead_ms` longer than the same slice without context.
@@ -37,7 +39,8 @@ pub enum StepKind {
     Decode,
 }
 
-/// One timed step of the serving engine (see [`engine_step`]).
+/// One timed step of the serving engine (see [`engine_step`]). Give every timing of a point as
+/// its own sample: the tables keep each point's median, and [`step_variation`] reads the spread.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepSample {
     /// Prefill or decode.
@@ -121,13 +124,47 @@ fn step_grid(samples: &[StepSample], kind: StepKind, length: fn(&StepSample) -> 
     Some((axis(&batches), axis(&lengths), ms))
 }
 
-/// Sets `profile`'s `engine_step` ([`engine_step`]) and `engine_step_ms` ([`engine_step_table`])
-/// from the engine's timed steps.
+/// Sets `profile`'s `engine_step` ([`engine_step`]), `engine_step_ms` ([`engine_step_table`])
+/// and `step_variation` ([`step_variation`]) from the engine's timed steps.
 pub fn engine_steps(profile: &mut Profile, samples: &[StepSample]) -> Result<(), InputError> {
     let cost = profile.cost_model("profile")?;
     profile.engine_step = Some(engine_step(&cost, samples));
     profile.engine_step_ms = engine_step_table(samples);
+    profile.step_variation = step_variation(samples);
     Ok(())
+}
+
+/// The 99th-percentile variation of the engine's steps (ExeGPT §7.9, the profile's
+/// `step_variation`): every sample of a point timed more than once, as a ratio to that point's
+/// median, pooled by kind; the 99th percentile of the pooled ratios (nearest rank, so with fewer
+/// than 100 ratios the largest), minus 1, at least 0. `None` when no point was timed twice.
+pub fn step_variation(samples: &[StepSample]) -> Option<StepVariation> {
+    let of_kind = |kind: StepKind| -> Option<f64> {
+        let mut ratios = Vec::new();
+        let mut points: Vec<(usize, usize, usize)> = Vec::new();
+        for s in samples.iter().filter(|s| s.kind == kind) {
+            if !points.contains(&(s.batch, s.tokens, s.context)) {
+                points.push((s.batch, s.tokens, s.context));
+            }
+        }
+        for (batch, tokens, context) in points {
+            let times: Vec<f64> = samples
+                .iter()
+                .filter(|s| s.kind == kind && (s.batch, s.tokens, s.context) == (batch, tokens, context))
+                .map(|s| s.ms)
+                .collect();
+            let middle = median(times.clone());
+            if times.len() > 1 && middle > 0.0 {
+                ratios.extend(times.iter().map(|t| t / middle));
+            }
+        }
+        ratios.sort_by(f64::total_cmp);
+        let rank = (0.99 * ratios.len() as f64).ceil() as usize;
+        ratios.get(rank.checked_sub(1)?).map(|r| (r - 1.0).max(0.0))
+    };
+    let (prefill, decode) = (of_kind(StepKind::Prefill), of_kind(StepKind::Decode));
+    (prefill.is_some() || decode.is_some())
+        .then(|| StepVariation { prefill: prefill.unwrap_or(0.0), decode: decode.unwrap_or(0.0) })
 }
 
 /// The middle value (the upper one of an even count); 0 without values.
@@ -291,6 +328,7 @@ mod tests {
             tensor_parallel: vec![],
             engine_step: None,
             engine_step_ms: None,
+            step_variation: None,
         };
         profile.cost_model("p").unwrap()
     }
@@ -339,6 +377,34 @@ mod tests {
             steps(&cost, EngineStep::default(), 0.0).into_iter().map(|s| StepSample { ms: s.ms * 0.5, ..s }).collect();
         assert_eq!(engine_step(&cost, &none), EngineStep::default());
         assert_eq!(engine_step(&cost, &[]), EngineStep::default());
+    }
+
+    #[test]
+    fn profile_fit_step_variation_is_the_pooled_99th_percentile_over_each_points_median() {
+        let sample = |kind, batch, ms| StepSample { kind, batch, tokens: 4, context: 0, ms };
+        let mut samples = vec![];
+        for ms in [10.0, 10.0, 12.0] {
+            samples.push(sample(StepKind::Prefill, 1, ms));
+        }
+        for ms in [20.0, 25.0, 20.0] {
+            samples.push(sample(StepKind::Prefill, 2, ms));
+        }
+        // Decode points timed once each: no spread to read.
+        samples.push(sample(StepKind::Decode, 1, 3.0));
+        samples.push(sample(StepKind::Decode, 2, 9.0));
+        let v = step_variation(&samples).unwrap();
+        assert!((v.prefill - 0.25).abs() < 1e-12 && v.decode == 0.0, "{v:?}");
+        // 200 ratios: the 99th percentile is the 198th, below the two largest.
+        let mut many: Vec<StepSample> = (0..200).map(|_| sample(StepKind::Decode, 1, 4.0)).collect();
+        many[0].ms = 40.0;
+        many[1].ms = 8.0;
+        many[2].ms = 5.0;
+        let v = step_variation(&many).unwrap();
+        assert!((v.decode - 0.25).abs() < 1e-12 && v.prefill == 0.0, "{v:?}");
+        // Faster-than-median samples never make the variation negative; one timing per point gives none.
+        let fast = [sample(StepKind::Decode, 1, 4.0), sample(StepKind::Decode, 1, 2.0)];
+        assert_eq!(step_variation(&fast).unwrap().decode, 0.0);
+        assert_eq!(step_variation(&samples[6..]), None);
     }
 
     #[test]

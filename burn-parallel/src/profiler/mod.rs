@@ -181,7 +181,8 @@ fn upto(axis: &[usize], max: usize) -> Vec<usize> {
 /// for every batch and prompt length, the engine prefills `batch` prompts of that length in one
 /// step, then decodes them for `decode_steps` steps; the run is repeated `warmup` times untimed,
 /// then `repeats` times; the prefill's median time is kept, and the median of every decode step
-/// of every repeat, at the decode steps' middle context.
+/// of every repeat, at the decode steps' middle context; the spread of the timed steps about
+/// those medians is the profile's `step_variation`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineStepGrid {
     /// Sequences per step.
@@ -210,7 +211,8 @@ impl EngineStepGrid {
             prompt_tokens: vec![16, 64],
             decode_steps: 4,
             warmup: 1,
-            repeats: 3,
+            // Five prefills per point: 60 timings at least for the prefill steps' variation.
+            repeats: 5,
         }
     }
 
@@ -309,6 +311,7 @@ pub fn profile(
         tensor_parallel: Vec::new(),
         engine_step: None,
         engine_step_ms: None,
+        step_variation: None,
     })
 }
 

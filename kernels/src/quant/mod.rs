@@ -34,6 +34,19 @@ pub use matmul::{QMatmulLayout, qmatmul, qmatmul_transposed};
 pub use precision::{MatmulPrecision, matmul_precision, set_matmul_precision, with_matmul_precision};
 pub use spec::{KernelError, QuantSpec};
 
+/// The instruction set the Flex integer kernels run with on this CPU, chosen at run time:
+/// `"AVX-512 VNNI"`, `"AVX2"` or `"scalar"` (benchmarks name it beside their figures).
+#[cfg(feature = "flex")]
+pub fn integer_isa() -> &'static str {
+    match q8::Isa::best() {
+        q8::Isa::Scalar => "scalar",
+        #[cfg(target_arch = "x86_64")]
+        q8::Isa::Avx2 => "AVX2",
+        #[cfg(target_arch = "x86_64")]
+        q8::Isa::Vnni => "AVX-512 VNNI",
+    }
+}
+
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 

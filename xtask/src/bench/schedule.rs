@@ -567,6 +567,15 @@ fn markdown(
         md.push('\n');
         md.push_str(&step_table("prefill batch", "prompt tokens", &p.batch, &p.tokens, &p.ms));
     }
+    if let Some(v) = &profile.step_variation {
+        md.push_str(&format!(
+            "\nStep variation (the profile's `step_variation`: the 99th percentile of every timed step over its point's \
+             median): prefill +{:.1}%, decode +{:.1}%. The planner's latency counts every step at it (ExeGPT §7.9); its \
+             throughput takes the medians.\n",
+            100.0 * v.prefill,
+            100.0 * v.decode
+        ));
+    }
     let yes = |b: bool| if b { "yes" } else { "**no**" }.to_string();
     let star = |r: &Run| if r.steady { "" } else { "*" };
     let rate = |r: &Run| format!("{:.2}{} / {:.1}", r.requests_per_s, star(r), r.tokens_per_s);

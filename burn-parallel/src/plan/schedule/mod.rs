@@ -21,7 +21,8 @@
 //! of it (the paper's offline setting keeps every encode batch full). Because the bound is a
 //! percentile over queries, the latency also counts the prompt tail of the prefills that hold
 //! and interrupt the query (RRA's timeline; see [`xsim`]): the percentile query's prefills carry
-//! more prompt tokens than average ones.
+//! more prompt tokens than average ones. And because single steps vary, every step counts at the
+//! 99th percentile of its time, the profile's `step_variation` (§7.9; see [`xsim`]).
 
 mod lengths;
 mod search;
@@ -32,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use lengths::{LengthDistribution, Lengths, TruncatedNormal};
 
 use super::check::{self, InputError};
-use super::profile::Profile;
+use super::profile::{Profile, StepVariation};
 use search::{Searcher, Space};
 use xsim::{Pipe, XSim};
 
@@ -71,6 +72,10 @@ pub struct ScheduleInput {
     /// Percentile of the output length whose latency is bounded (default 99).
     #[serde(default)]
     pub latency_percentile: Option<f64>,
+    /// How far steps run above their median at the 99th percentile, replacing the profile's
+    /// `step_variation` (default: the profile's, or 0 where it has none).
+    #[serde(default)]
+    pub step_variation: Option<StepVariation>,
     /// Search every point instead of branch-and-bound (the CLI's `--exhaustive`): about
     /// `max_encode_batch × max_decode_iterations` simulations per strategy and tensor-parallel
     /// choice, so keep the ranges small.
@@ -122,6 +127,8 @@ pub struct ScheduleOutput {
     pub latency_s: f64,
     /// The percentile the latency is for.
     pub latency_percentile: f64,
+    /// The step variation the latency includes (every step at `1 +` this times its median).
+    pub step_variation: StepVariation,
     /// Output tokens at that percentile.
     pub latency_output_tokens: usize,
     /// The bound it meets.
@@ -186,7 +193,19 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
     if let Some(b) = input.max_decode_batch {
         check::count("max_decode_batch", b, 1 << 30)?;
     }
-    let sim = XSim::new(cost, in_lengths, out_lengths, input.device_memory_bytes, input.max_decode_batch, percentile);
+    let variation = match input.step_variation {
+        Some(v) => v.check("step_variation")?,
+        None => input.profile.step_variation.unwrap_or_default(),
+    };
+    let sim = XSim::new(
+        cost,
+        in_lengths,
+        out_lengths,
+        input.device_memory_bytes,
+        input.max_decode_batch,
+        percentile,
+        variation,
+    );
     let searcher = Searcher::new(&sim, max_batch, bound_s);
     let n = input.devices;
     let mut spaces: Vec<(Strategy, Space)> = Vec::new();
@@ -266,6 +285,7 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         throughput_qps: perf.throughput_qps,
         latency_s: perf.latency_s,
         latency_percentile: percentile,
+        step_variation: variation,
         latency_output_tokens: sim.target_len,
         latency_bound_s: bound_s,
         search: if input.exhaustive { "exhaustive" } else { "branch-and-bound" }.to_string(),

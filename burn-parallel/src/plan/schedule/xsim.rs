@@ -36,6 +36,11 @@
 //! `S̄_E` and `S̄_E + max(S_E,p − S̄_E, 1)` tokens. `X` grows with `B_E` and falls with `N_D`,
 //! so the search's monotonicity holds. Throughput is an average and takes the mean.
 //!
+//! **Step variation** (§7.9). Latencies take every step at the 99th percentile of its time: a
+//! prefill at `(1 + v_E)` and a decode iteration (WAA: the period) at `(1 + v_D)` times what the
+//! tables say, with `v` the profile's `step_variation` (or the input's). Throughput, an average,
+//! takes the tables as they are. Constant factors keep the search's monotonicity.
+//!
 //! Memory per device: its layers' weights and the KV cache of the queries in flight
 //! (`mean input + mean output` tokens each), split by the tensor-parallel degree; the embedding
 //! sits on the first stage and the LM head on the last. A configuration whose decode batch
@@ -44,7 +49,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::plan::profile::{CostModel, TpScaling};
+use crate::plan::profile::{CostModel, StepVariation, TpScaling};
 
 use super::lengths::{Lengths, normal_quantile};
 
@@ -95,6 +100,9 @@ pub(crate) struct XSim {
     mean_out: f64,
     /// Mean decode context, where decode steps are read.
     context: f64,
+    /// Latency factors of prefills and decode iterations, `1 + v`.
+    prefill_spread: f64,
+    decode_spread: f64,
     /// Whether no step costs more per query at a larger batch ([`CostModel::engine_sublinear`]):
     /// then throughput grows with the encode batch and the search's bounds can use it.
     sublinear: bool,
@@ -120,6 +128,7 @@ impl XSim {
         cap: u64,
         max_decode_batch: Option<usize>,
         percentile: f64,
+        variation: StepVariation,
     ) -> Self {
         let target_len = output.percentile(percentile);
         let context = input.mean() + output.mean() / 2.0;
@@ -138,6 +147,8 @@ impl XSim {
             mean_in: input.mean(),
             mean_out: output.mean(),
             context,
+            prefill_spread: 1.0 + variation.prefill,
+            decode_spread: 1.0 + variation.decode,
             sublinear: cost.engine_sublinear(&prompts, context),
             cost,
             input,
@@ -265,7 +276,9 @@ impl XSim {
         let k = phases(s, n_d).max(1) as f64;
         Perf {
             throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
-            latency_s: (k * encode + self.prompt_tail_ms(k * b_e) + (s - 1) as f64 * iteration) / 1000.0,
+            latency_s: ((k * encode + self.prompt_tail_ms(k * b_e)) * self.prefill_spread
+                + (s - 1) as f64 * iteration * self.decode_spread)
+                / 1000.0,
             fits: b_d <= self.max_decode_batch && self.fits(pipe, b_d * (self.mean_in + self.mean_out)),
         }
     }
@@ -300,10 +313,13 @@ impl XSim {
         let m = micro as f64;
         let iteration = cyclic(&self.decode_times(decode, b_d / m), m);
         let period = enc.iter().copied().fold(iteration, f64::max);
+        let slow_period = enc.iter().map(|t| t * self.prefill_spread).fold(iteration * self.decode_spread, f64::max);
         let pass: f64 = enc.iter().sum();
         Perf {
             throughput_qps: b_e / (period / 1000.0),
-            latency_s: (pass + self.prompt_tail_ms(b_e) + (self.target_len - 1) as f64 * period) / 1000.0,
+            latency_s: ((pass + self.prompt_tail_ms(b_e)) * self.prefill_spread
+                + (self.target_len - 1) as f64 * slow_period)
+                / 1000.0,
             fits: b_d <= self.max_decode_batch
                 && self.fits(&enc_pipe, b_e * self.mean_in)
                 && self.fits(decode, b_d * (self.mean_in + self.mean_out)),

@@ -5,7 +5,9 @@
 # the versions, then answers each JSON line {"prompts": [[ids]], "new_tokens": N} on stdin with
 # {"prefill_s", "decode_s", "decode_steps", "ids"}: the prompts decode as one batch (sequence i
 # = prompt i), then every step decodes one token per sequence. Timings as burn-llm's `Timing`:
-# prefill up to the first sampled token, decode for every later step. A line
+# prefill up to the first sampled token, decode for every later step. With "flash_attn": false
+# the request runs on a second context whose flash attention is off (llama.cpp's default is
+# "auto", on for this CPU): the same model with another attention arithmetic. A line
 # {"score": [[ids]], "candidates": [[ids]]} is answered with {"logprobs": [[f64]]}: for each
 # context alone, the log-probabilities of its candidate next tokens.
 import ctypes
@@ -37,9 +39,14 @@ params.n_seq_max = cfg["max_seqs"]
 params.n_threads = params.n_threads_batch = cfg["threads"]
 params.kv_unified = True
 params.no_perf = True
-ctx = L.llama_init_from_model(model, params)
-if not ctx:
-    sys.exit("llama.cpp could not create a context")
+contexts = {}
+for flash in (True, False):
+    if not flash:
+        params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    contexts[flash] = L.llama_init_from_model(model, params)
+    if not contexts[flash]:
+        sys.exit("llama.cpp could not create a context")
+ctx = contexts[True]
 memory = L.llama_get_memory(ctx)
 batch = L.llama_batch_init(cfg["n_batch"], 0, 1)
 print(json.dumps({"version": L.__version__, "system_info": L.llama_print_system_info().decode().strip()}), flush=True)
@@ -64,9 +71,13 @@ def argmax(k):
     return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, k), shape=(n_vocab,)).argmax())
 
 
-def score(contexts, candidates):
+def score(prefixes, candidates):
+    """With the default context (flash attention as llama.cpp chooses)."""
+    global ctx, memory
+    ctx = contexts[True]
+    memory = L.llama_get_memory(ctx)
     out = []
-    for context, tokens in zip(contexts, candidates):
+    for context, tokens in zip(prefixes, candidates):
         L.llama_memory_clear(memory, True)
         decode([(t, p, 0, p == len(context) - 1) for p, t in enumerate(context)])
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, len(context) - 1), shape=(n_vocab,))
@@ -83,6 +94,8 @@ for line in sys.stdin:
         print(json.dumps({"logprobs": score(request["score"], request["candidates"])}), flush=True)
         continue
     prompts, new_tokens = request["prompts"], request["new_tokens"]
+    ctx = contexts[request.get("flash_attn", True)]
+    memory = L.llama_get_memory(ctx)
     L.llama_memory_clear(memory, True)
     entries = [(t, p, s, p == len(pr) - 1) for s, pr in enumerate(prompts) for p, t in enumerate(pr)]
     last = [k for k, e in enumerate(entries) if e[3]]

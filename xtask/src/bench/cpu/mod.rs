@@ -9,7 +9,9 @@
 //! (`--new-tokens` greedy tokens after a 4-token prompt per sequence), prompt processing tokens/s
 //! of a `--prompt-tokens` prompt, each as a ratio; the roofline (batch × read bandwidth ÷ weight
 //! bytes read per step); and whether the greedy ids are llama.cpp's, with both engines' margins
-//! where they are not ([`divergence`]).
+//! where they are not ([`divergence`]). As a control, llama.cpp generates the same sequences
+//! again with its flash attention off (its default turns it on for this CPU): how often two
+//! arithmetic orders of llama.cpp itself agree is the yardstick for burn-llm's agreement.
 
 mod divergence;
 
@@ -76,6 +78,10 @@ struct Figure {
     same_ids: Option<usize>,
     /// First position at which a sequence's ids differ, if any does.
     first_difference: Option<usize>,
+    /// Control: sequences whose ids llama.cpp with flash attention off repeats (last run).
+    llama_cpp_no_flash_attn_same_ids: Option<usize>,
+    /// Control: first position at which llama.cpp without flash attention differs from itself.
+    llama_cpp_no_flash_attn_first_difference: Option<usize>,
     /// Each differing sequence's first difference, scored by both engines (last run).
     divergences: Vec<divergence::Divergence>,
 }
@@ -91,6 +97,8 @@ impl Figure {
             roofline_tokens_per_s,
             same_ids: None,
             first_difference: None,
+            llama_cpp_no_flash_attn_same_ids: None,
+            llama_cpp_no_flash_attn_first_difference: None,
             divergences: vec![],
         }
     }
@@ -103,6 +111,13 @@ impl Figure {
         let (same, first) = compare_ids(our_ids, their_ids);
         self.same_ids = Some(same);
         self.first_difference = first;
+    }
+
+    /// The control: llama.cpp's ids without flash attention against its own (default) ones.
+    fn record_control(&mut self, theirs: &[Vec<u32>], without_flash_attn: &[Vec<u32>]) {
+        let (same, first) = compare_ids(without_flash_attn, theirs);
+        self.llama_cpp_no_flash_attn_same_ids = Some(same);
+        self.llama_cpp_no_flash_attn_first_difference = first;
     }
 }
 
@@ -167,8 +182,9 @@ impl LlamaCpp {
         Ok(Self { child, stdin, stdout, hello })
     }
 
-    fn generate(&mut self, prompts: &[Vec<u32>], new_tokens: usize) -> Result<Reply, String> {
-        let request = serde_json::json!({ "prompts": prompts, "new_tokens": new_tokens });
+    /// Greedy generation; `flash_attn: false` runs it on the context without flash attention.
+    fn generate(&mut self, prompts: &[Vec<u32>], new_tokens: usize, flash_attn: bool) -> Result<Reply, String> {
+        let request = serde_json::json!({ "prompts": prompts, "new_tokens": new_tokens, "flash_attn": flash_attn });
         writeln!(self.stdin, "{request}").map_err(|e| format!("llama.cpp driver: {e}"))?;
         serde_json::from_str(&read_line(&mut self.stdout)?).map_err(|e| format!("llama.cpp driver: {e}"))
     }
@@ -253,6 +269,15 @@ fn ratio_cell(values: &[f64]) -> String {
     format!("{mid:.2}× ({lo:.2}–{hi:.2})")
 }
 
+/// `"same/batch (first difference at token t)"` for the report.
+fn agreement(batch: usize, same: Option<usize>, first: Option<usize>) -> String {
+    match (same, first) {
+        (Some(same), None) => format!("{same}/{batch}"),
+        (Some(same), Some(at)) => format!("{same}/{batch} (first difference at token {at})"),
+        (None, _) => "–".into(),
+    }
+}
+
 /// How many sequences have llama.cpp's ids, and the first position where any differs.
 fn compare_ids(ours: &[Vec<u32>], theirs: &[Vec<u32>]) -> (usize, Option<usize>) {
     let same = ours.iter().zip(theirs).filter(|(a, b)| a == b).count();
@@ -312,7 +337,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let mut last = None;
         for run in 0..args.runs {
             let (ours, ids) = burn_generate(engine.as_mut(), &prompts, args.new_tokens)?;
-            let theirs = llama.generate(&prompts, args.new_tokens)?;
+            let theirs = llama.generate(&prompts, args.new_tokens, true)?;
             let (ours_tps, theirs_tps) = (
                 batch as f64 * ours.decode_steps as f64 / ours.decode_s,
                 batch as f64 * theirs.decode_steps as f64 / theirs.decode_s,
@@ -322,6 +347,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             last = Some((ids, theirs.ids));
         }
         if let Some((ours, theirs)) = last {
+            figure.record_control(&theirs, &llama.generate(&prompts, args.new_tokens, false)?.ids);
             figure.divergences = divergence::divergences(engine.as_mut(), &mut llama, &prompts, &ours, &theirs)?;
         }
         figures.push(figure);
@@ -331,7 +357,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut last = None;
     for run in 0..args.runs {
         let (ours, ids) = burn_generate(engine.as_mut(), &prompts, 1)?;
-        let theirs = llama.generate(&prompts, 1)?;
+        let theirs = llama.generate(&prompts, 1, true)?;
         let n = args.prompt_tokens as f64;
         let (ours_tps, theirs_tps) = (n / ours.prefill_s, n / theirs.prefill_s);
         eprintln!(
@@ -342,6 +368,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         last = Some((ids, theirs.ids));
     }
     if let Some((ours, theirs)) = last {
+        prompt.record_control(&theirs, &llama.generate(&prompts, 1, false)?.ids);
         prompt.divergences = divergence::divergences(engine.as_mut(), &mut llama, &prompts, &ours, &theirs)?;
     }
     figures.push(prompt);
@@ -358,11 +385,16 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let header = Header::new("cpu", command, Some("flex"), label);
     let mut md = header.markdown("CPU: burn-llm (Flex) vs llama.cpp, same GGUF file");
     md.push_str(&format!(
-        "- threads: {threads} each (burn-llm's rayon pool, llama.cpp's `n_threads`); burn-llm's matmul precision: {precision:?}\n\
+        "- threads: {threads} each (burn-llm's rayon pool, llama.cpp's `n_threads`); burn-llm's matmul precision: {precision:?}, \
+         its integer kernels: {}\n\
          - llama.cpp: llama-cpp-python {} built by pip from PyPI with `CMAKE_ARGS={LLAMA_CMAKE_ARGS}`; {}\n\
          - host read bandwidth: {bandwidth:.1} GB/s; burn-llm reads {:.1} MB of weights per decode step\n\
          - figures: median (min–max) of {} runs, burn-llm then llama.cpp back to back each run; ratio = burn-llm ÷ llama.cpp per run\n\
-         - decode: {} greedy tokens per sequence after a 4-token prompt (sequences of a batch decode together; llama.cpp: one `llama_decode` of all sequences per step)\n\n",
+         - decode: {} greedy tokens per sequence after a 4-token prompt (sequences of a batch decode together; llama.cpp: one `llama_decode` of all sequences per step)\n\
+         - greedy ids: burn-llm's against llama.cpp's (default context: flash attention on), last run; the control column \
+         generates the same sequences with llama.cpp again, flash attention off, and compares them with llama.cpp's own: \
+         two arithmetic orders of one engine, the agreement to expect between any two\n\n",
+        burn_llm::kernels::integer_isa(),
         llama.hello.version,
         llama.hello.system_info,
         weight_bytes as f64 / 1e6,
@@ -378,6 +410,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ("ratio", Right),
             ("roofline tokens/s", Right),
             ("greedy ids = llama.cpp", Left),
+            ("control: llama.cpp flash attention off = on", Left),
         ],
         figures.iter().map(|f| {
             vec![
@@ -387,11 +420,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 cell(&f.llama_cpp_tokens_per_s),
                 ratio_cell(&f.ratio),
                 f.roofline_tokens_per_s.map_or("–".into(), |r| format!("{r:.0}")),
-                match (f.same_ids, f.first_difference) {
-                    (Some(same), None) => format!("{same}/{}", f.batch),
-                    (Some(same), Some(at)) => format!("{same}/{} (first difference at token {at})", f.batch),
-                    (None, _) => "–".into(),
-                },
+                agreement(f.batch, f.same_ids, f.first_difference),
+                agreement(f.batch, f.llama_cpp_no_flash_attn_same_ids, f.llama_cpp_no_flash_attn_first_difference),
             ]
         }),
     ));
