@@ -25,7 +25,8 @@ fn smollm2_knows_the_capital_of_france() {
 /// The Q4_1 projections and the Q8_0 tied embedding load as quantized blocks (no `f32` copy), and
 /// the fused GGUF-layout kernels in exact precision give the logits of the same weights
 /// dequantized to `f32`; with 8-bit input rows (the default, llama.cpp's arithmetic) the greedy
-/// ids are the same and the top log-probabilities within 0.2 (8-bit rows move logits by ~0.1).
+/// ids are the same up to a near-tie of the exact model and the chosen log-probabilities within
+/// 0.2 (8-bit rows move logits by ~0.1).
 #[test]
 fn smollm2_runs_on_its_shipped_blocks() {
     use burn_llm::kernels::{MatmulPrecision, with_matmul_precision};
@@ -59,10 +60,25 @@ fn smollm2_runs_on_its_shipped_blocks() {
         assert_eq!(x.id, y.id);
         assert!((x.logprob - y.logprob).abs() < 1e-3, "{x:?} vs {y:?}");
     }
+    // 8-bit rows may part from the exact path only where the exact model itself nearly ties:
+    // at the first differing step, the int8 choice must be within 0.2 nats of the exact one in
+    // the exact model's own log-probabilities (the steps after it continue another context).
     let c = &int8.requests[0];
-    assert_eq!(c.generated_ids, b.generated_ids);
+    let same = c.generated_ids.iter().zip(&b.generated_ids).take_while(|(x, y)| x == y).count();
+    if same < b.generated_ids.len() {
+        let exact = &b.logprobs.as_ref().expect("logprobs")[same];
+        let of = |id: u32| exact.iter().find(|l| l.id == id).map(|l| l.logprob);
+        let (ours, theirs) = (of(c.generated_ids[same]), of(b.generated_ids[same]));
+        let margin = theirs.zip(ours).map(|(t, o)| t - o);
+        assert!(
+            same > 0 && margin.is_some_and(|m| m < 0.2),
+            "int8 ids {:?} part from exact {:?} at step {same}, exact margin {margin:?}",
+            c.generated_ids,
+            b.generated_ids
+        );
+    }
     let chosen = |r: &burn_llm::RequestOutput| r.logprobs.iter().flatten().map(|l| l[0].logprob).collect::<Vec<_>>();
-    for (x, y) in chosen(c).iter().zip(&chosen(b)) {
+    for (x, y) in chosen(c).iter().zip(&chosen(b)).take(same + 1) {
         assert!((x - y).abs() < 0.2, "int8 {x} vs exact {y}");
     }
 }

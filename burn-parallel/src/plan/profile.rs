@@ -210,8 +210,9 @@ pub struct StepVariation {
 }
 
 impl StepVariation {
-    /// Largest variation a profile may give (a step at 11× its median).
-    const MAX: f64 = 10.0;
+    /// Largest variation a profile may give (a step at 11× its median); the profiler caps what it
+    /// measures here.
+    pub const MAX: f64 = 10.0;
 
     /// Checks both fractions (finite, 0 to 10); `field` names the object in errors.
     pub fn check(&self, field: &str) -> Result<Self, InputError> {

@@ -137,7 +137,9 @@ pub fn engine_steps(profile: &mut Profile, samples: &[StepSample]) -> Result<(),
 /// The 99th-percentile variation of the engine's steps (ExeGPT §7.9, the profile's
 /// `step_variation`): every sample of a point timed more than once, as a ratio to that point's
 /// median, pooled by kind; the 99th percentile of the pooled ratios (nearest rank, so with fewer
-/// than 100 ratios the largest), minus 1, at least 0. `None` when no point was timed twice.
+/// than 100 ratios the largest), minus 1, between 0 and [`StepVariation::MAX`] (a step preempted
+/// for many times its length on a loaded machine would otherwise make every bound infeasible).
+/// `None` when no point was timed twice.
 pub fn step_variation(samples: &[StepSample]) -> Option<StepVariation> {
     let of_kind = |kind: StepKind| -> Option<f64> {
         let mut ratios = Vec::new();
@@ -160,7 +162,7 @@ pub fn step_variation(samples: &[StepSample]) -> Option<StepVariation> {
         }
         ratios.sort_by(f64::total_cmp);
         let rank = (0.99 * ratios.len() as f64).ceil() as usize;
-        ratios.get(rank.checked_sub(1)?).map(|r| (r - 1.0).max(0.0))
+        ratios.get(rank.checked_sub(1)?).map(|r| (r - 1.0).clamp(0.0, StepVariation::MAX))
     };
     let (prefill, decode) = (of_kind(StepKind::Prefill), of_kind(StepKind::Decode));
     (prefill.is_some() || decode.is_some())
@@ -405,6 +407,9 @@ mod tests {
         let fast = [sample(StepKind::Decode, 1, 4.0), sample(StepKind::Decode, 1, 2.0)];
         assert_eq!(step_variation(&fast).unwrap().decode, 0.0);
         assert_eq!(step_variation(&samples[6..]), None);
+        // A step preempted for 30 times its length is capped at the largest variation a profile takes.
+        let preempted = [1.0, 1.0, 30.0].map(|ms| sample(StepKind::Prefill, 1, ms));
+        assert_eq!(step_variation(&preempted).unwrap().prefill, StepVariation::MAX);
     }
 
     #[test]

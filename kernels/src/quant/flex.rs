@@ -173,8 +173,8 @@ const PARTS_PER_THREAD: usize = 4;
 /// transposes each strip of 16 weight rows once, which costs more than it saves on up to four
 /// rows when the weight streams from memory (decode), where the row-by-row kernel reads the
 /// weight in memory order (measured: `cargo xtask bench quant`, and with 60 MB of weights).
-fn use_strips(isa: q8::Isa, m: usize) -> bool {
-    q8::strips::supports(isa) && m > q8::TILE
+fn use_strips(isa: q8::Isa, bits: u32, m: usize) -> bool {
+    q8::strips::supports(isa, bits) && m > q8::TILE
 }
 
 /// `x · Wᵀ` in integer arithmetic ([`q8`]): the input rows quantized once, then the weight rows
@@ -196,7 +196,7 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
     };
     debug_assert_eq!(a.rows(), m);
     let isa = *ISA.get_or_init(q8::Isa::best);
-    let panel = use_strips(isa, m).then(|| q8::strips::Panel::new(&a));
+    let panel = use_strips(isa, w.bits, m).then(|| q8::strips::Panel::new(&a));
     let mut out = vec![0f32; m * n];
     let shared = SharedOut(out.as_mut_ptr());
     // SAFETY (both writes): every caller of `part` hands it a range of weight rows (output

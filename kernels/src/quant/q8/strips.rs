@@ -1,5 +1,6 @@
-//! The integer product for several input rows at once (batched decode, prefill) on AVX-512 VNNI:
-//! a register-blocked microkernel over strips of [`STRIP`] weight rows.
+//! The integer product for several input rows at once (batched decode, prefill) on AVX-512 VNNI,
+//! and for 4-bit codes on AVX2: a register-blocked microkernel over strips of [`STRIP`] weight
+//! rows.
 //!
 //! [`super::weight_rows`] dots one weight row with one input row per 512-bit register, so every
 //! 64 multiply-adds pay for an `i32 → f32` conversion, a scale product and two FMAs, and each
@@ -18,6 +19,15 @@
 //! one pointer); the pair layout already puts the four codes that meet one code word side by side.
 //! The strips are transposed in registers (16 × 16 words) after reading each strip in memory
 //! order, which the hardware prefetchers follow (the transposition's order alone they do not).
+//!
+//! **AVX2** has no `vpdpbusd`: a 256-bit register holds one word of 8 weight rows (half a strip),
+//! `vpmaddubsw` multiplies its 4-bit codes (unsigned) with four broadcast activation codes
+//! (signed) into pairs summed as `i16`, and a block's eight such products (4 words, low and high
+//! nibbles) are added as `i16` — at most `8 · 2 · 15 · 127 = 30480`, so nothing saturates — before
+//! one `vpmaddwd` widens them to `i32`. Each half strip runs over tiles of up to [`AVX2_ROWS`]
+//! input rows (`i16` and `f32` accumulators for each fit the 16 registers). 8-bit codes would
+//! overflow the `i16` sums; they keep the row-by-row kernel on AVX2. The strip is transposed by
+//! the plain loop there (the register transposition needs AVX-512).
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -28,6 +38,8 @@ use super::{BLOCK, Isa, LANES, PAIR, QuantizedRows, Weights};
 pub const STRIP: usize = 16;
 /// Input rows per microkernel call: each decoded code register feeds this many `vpdpbusd`.
 pub const ROWS: usize = 8;
+/// Input rows per AVX2 microkernel call (a tile of [`ROWS`] in parts).
+pub const AVX2_ROWS: usize = 4;
 
 /// Up to [`STRIP`] weight rows transposed so that word `w` of all of them is one 512-bit register:
 /// `codes[w · 16 + r]` is word `w` of row `r` (zeros past the last row), `scale` and `min`
@@ -43,7 +55,8 @@ struct Strip {
 impl Strip {
     /// Transposes the weight rows `rows` (at most [`STRIP`]) of `w` into the strip; `w` has
     /// `words` code words and `groups` groups per row.
-    fn load(&mut self, w: &Weights, words: usize, groups: usize, rows: Range<usize>) {
+    /// `registers`: transpose full strips in AVX-512 registers (else the plain loop).
+    fn load(&mut self, w: &Weights, words: usize, groups: usize, rows: Range<usize>, registers: bool) {
         debug_assert!(rows.len() <= STRIP);
         self.codes.resize(words * STRIP, 0);
         self.scale.resize(groups * STRIP, 0.0);
@@ -53,19 +66,20 @@ impl Strip {
             self.scale.fill(0.0);
             self.min.fill(0.0);
         }
-        transpose(&mut self.codes, w.codes, words, rows.clone());
-        transpose(f32_bits_mut(&mut self.scale), f32_bits(w.scale), groups, rows.clone());
-        transpose(f32_bits_mut(&mut self.min), f32_bits(w.min), groups, rows);
+        transpose(&mut self.codes, w.codes, words, rows.clone(), registers);
+        transpose(f32_bits_mut(&mut self.scale), f32_bits(w.scale), groups, rows.clone(), registers);
+        transpose(f32_bits_mut(&mut self.min), f32_bits(w.min), groups, rows, registers);
     }
 }
 
 /// `to[c · 16 + r] = from[(rows.start + r) · len + c]`: the rows `rows` (at most [`STRIP`]) of
-/// a `[·, len]` matrix side by side; 16 × 16 blocks in registers where the strip is full.
-fn transpose(to: &mut [u32], from: &[u32], len: usize, rows: Range<usize>) {
+/// a `[·, len]` matrix side by side; 16 × 16 blocks in AVX-512 registers where the strip is full
+/// and `registers` says the CPU has them.
+fn transpose(to: &mut [u32], from: &[u32], len: usize, rows: Range<usize>, registers: bool) {
     let from = &from[rows.start * len..rows.end * len];
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if rows.len() == STRIP {
+    if rows.len() == STRIP && registers {
         done = len / STRIP * STRIP;
         x86::transpose16(to, from, len);
     }
@@ -145,24 +159,25 @@ impl Panel {
     }
 }
 
-/// Whether [`weight_rows`] can run with `isa` (it needs AVX-512 VNNI).
-pub fn supports(isa: Isa) -> bool {
+/// Whether [`weight_rows`] can run with `isa` on `bits`-bit codes: AVX-512 VNNI, or AVX2 for
+/// 4-bit codes.
+pub fn supports(isa: Isa, bits: u32) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        isa == Isa::Vnni
+        isa == Isa::Vnni || (isa == Isa::Avx2 && bits == 4)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = isa;
+        let _ = (isa, bits);
         false
     }
 }
 
 /// `(x · Wᵀ)[i, j]` for the weight rows `rows` and every input row `i`, handed a strip at a time
 /// to `out(i, j0, values)` (`values[c]` is column `j0 + c`); equal to [`super::weight_rows`]
-/// within `f32` rounding. Panics unless [`supports`]`(isa)`.
+/// within `f32` rounding. Panics unless [`supports`]`(isa, w.bits)`.
 pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out: impl FnMut(usize, usize, &[f32])) {
-    assert!(supports(isa), "the strip kernel needs AVX-512 VNNI");
+    assert!(supports(isa, w.bits), "the strip kernel needs AVX-512 VNNI, or AVX2 for 4-bit codes");
     assert!(w.bits == a.bits && w.group.is_multiple_of(BLOCK) && w.group / BLOCK * a.groups == a.blocks);
     let words = a.blocks * BLOCK * w.bits as usize / 32;
     assert!(rows.end * words <= w.codes.len() && rows.end * a.groups <= w.scale.len().min(w.min.len()));
@@ -181,10 +196,14 @@ pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out
             x86::prefetch(&w.codes[next.start * words..next.end * words]);
             x86::prefetch(&w.scale[next.start * a.groups..next.end * a.groups]);
             x86::prefetch(&w.min[next.start * a.groups..next.end * a.groups]);
-            strip.load(w, words, a.groups, strip_rows.clone());
+            strip.load(w, words, a.groups, strip_rows.clone(), isa == Isa::Vnni);
             for i0 in (0..a.m).step_by(ROWS) {
                 let t = ROWS.min(a.m - i0);
-                x86::tile(w.bits, t, strip, a, i0, &mut values);
+                if isa == Isa::Vnni {
+                    x86::tile(w.bits, t, strip, a, i0, &mut values);
+                } else {
+                    x86::tile_avx2(t, strip, a, i0, &mut values);
+                }
                 for (r, row) in values.chunks_exact(STRIP).take(t).enumerate() {
                     out(i0 + r, j0, &row[..strip_rows.len()]);
                 }
@@ -200,7 +219,7 @@ mod x86 {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, Panel, ROWS, STRIP, Strip};
+    use super::{AVX2_ROWS, BLOCK, Panel, ROWS, STRIP, Strip};
 
     /// `acc += vpdpbusd(codes, the four activation codes at p broadcast)`, the broadcast folded
     /// into the instruction's memory operand (written out because the compiler hoists the
@@ -246,8 +265,8 @@ mod x86 {
     pub(super) fn transpose16(to: &mut [u32], from: &[u32], len: usize) {
         let blocks = len / STRIP;
         assert!(from.len() >= STRIP * len && to.len() >= blocks * STRIP * STRIP);
-        // SAFETY: `transpose16` is reached only through `weight_rows`, which checked that the CPU
-        // has AVX-512 (`supports`); the bounds were checked above.
+        // SAFETY: `transpose16` is reached only through `weight_rows` with `Isa::Vnni`, detected
+        // only where the CPU has AVX-512; the bounds were checked above.
         unsafe { transpose16_avx512(to.as_mut_ptr(), from.as_ptr(), len, blocks) }
     }
 
@@ -284,6 +303,49 @@ mod x86 {
                     let c = block * STRIP + 4 * l + j;
                     unsafe { _mm512_storeu_si512(to.add(c * STRIP) as *mut _, column) };
                 }
+            }
+        }
+    }
+
+    /// Where a microkernel reads, block by block: its first input row's activation codes and
+    /// block scales in the panel's tile, and the strip's code words and weight scales from its
+    /// first column (the scales move on once per group). Pointers only move here
+    /// (`wrapping_add`); the kernels' callers checked the bounds of every read through them.
+    struct Cursor {
+        x: *const i8,
+        d: *const f32,
+        words: *const u32,
+        scales: *const f32,
+        block_words: usize,
+        per_group: usize,
+        in_group: usize,
+    }
+
+    impl Cursor {
+        /// At block 0 of input row `row` of `tile` and strip column `column`, for `bits`-bit codes.
+        #[inline(always)]
+        fn new(strip: &Strip, a: &Panel, tile: usize, row: usize, column: usize, bits: u32) -> Self {
+            Self {
+                x: a.q.as_ptr().wrapping_add((tile * a.blocks * ROWS + row) * BLOCK),
+                d: a.d.as_ptr().wrapping_add(tile * a.blocks * ROWS + row),
+                words: strip.codes.as_ptr().wrapping_add(column),
+                scales: strip.scale.as_ptr().wrapping_add(column),
+                block_words: BLOCK * bits as usize / 32,
+                per_group: a.blocks / a.groups.max(1),
+                in_group: 0,
+            }
+        }
+
+        /// On to the next block.
+        #[inline(always)]
+        fn next_block(&mut self) {
+            self.x = self.x.wrapping_add(ROWS * BLOCK);
+            self.d = self.d.wrapping_add(ROWS);
+            self.words = self.words.wrapping_add(self.block_words * STRIP);
+            self.in_group += 1;
+            if self.in_group == self.per_group {
+                self.in_group = 0;
+                self.scales = self.scales.wrapping_add(STRIP);
             }
         }
     }
@@ -327,51 +389,37 @@ mod x86 {
         tile: usize,
         values: &mut [f32; ROWS * STRIP],
     ) {
-        let per_group = a.blocks / a.groups.max(1);
-        let block_words = BLOCK * BITS as usize / 32;
-        // SAFETY (all pointer arithmetic below): `tile` checked that the strip holds `blocks`
-        // blocks and `groups` groups and that the panel holds tile `tile`.
-        let (mut x, mut d) =
-            unsafe { (a.q.as_ptr().add(tile * a.blocks * ROWS * BLOCK), a.d.as_ptr().add(tile * a.blocks * ROWS)) };
-        let mut words = strip.codes.as_ptr();
-        let (mut scales, mut in_group) = (strip.scale.as_ptr(), 0);
+        // SAFETY (every read below): `tile` checked that the strip holds `blocks` blocks and
+        // `groups` groups and that the panel holds tile `tile`.
+        let mut at = Cursor::new(strip, a, tile, 0, 0, BITS);
         let nibble = _mm512_set1_epi8(15);
         let mut acc = [_mm512_setzero_ps(); T];
         for _ in 0..a.blocks {
             let mut iacc = [_mm512_setzero_si512(); T];
             if BITS == 4 {
                 for w in 0..4 {
-                    let c = unsafe { _mm512_loadu_si512(words.add(w * STRIP) as *const __m512i) };
+                    let c = unsafe { _mm512_loadu_si512(at.words.add(w * STRIP) as *const __m512i) };
                     let (lo, hi) = (_mm512_and_si512(c, nibble), _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble));
                     for (t, iacc) in iacc.iter_mut().enumerate() {
-                        let p = x.wrapping_add(t * BLOCK + 4 * w);
+                        let p = at.x.wrapping_add(t * BLOCK + 4 * w);
                         dot_broadcast!(*iacc, lo, p);
                         dot_broadcast!(*iacc, hi, p.wrapping_add(BLOCK / 2));
                     }
                 }
             } else {
                 for w in 0..8 {
-                    let c = unsafe { _mm512_loadu_si512(words.add(w * STRIP) as *const __m512i) };
+                    let c = unsafe { _mm512_loadu_si512(at.words.add(w * STRIP) as *const __m512i) };
                     for (t, iacc) in iacc.iter_mut().enumerate() {
-                        dot_broadcast!(*iacc, c, x.wrapping_add(t * BLOCK + 4 * w));
+                        dot_broadcast!(*iacc, c, at.x.wrapping_add(t * BLOCK + 4 * w));
                     }
                 }
             }
-            let scale = unsafe { _mm512_loadu_ps(scales) };
+            let scale = unsafe { _mm512_loadu_ps(at.scales) };
             for (t, (acc, iacc)) in acc.iter_mut().zip(iacc).enumerate() {
-                let sd = _mm512_mul_ps(scale, _mm512_set1_ps(unsafe { *d.add(t) }));
+                let sd = _mm512_mul_ps(scale, _mm512_set1_ps(unsafe { *at.d.add(t) }));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc), sd, *acc);
             }
-            unsafe {
-                x = x.add(ROWS * BLOCK);
-                d = d.add(ROWS);
-                words = words.add(block_words * STRIP);
-            }
-            in_group += 1;
-            if in_group == per_group {
-                in_group = 0;
-                scales = scales.wrapping_add(STRIP);
-            }
+            at.next_block();
         }
         let sums = unsafe { a.group_sum.as_ptr().add(tile * a.groups * ROWS) };
         for g in 0..a.groups {
@@ -382,6 +430,88 @@ mod x86 {
         }
         for (row, acc) in values.chunks_exact_mut(STRIP).zip(acc) {
             unsafe { _mm512_storeu_ps(row.as_mut_ptr(), acc) };
+        }
+    }
+
+    /// [`tile`] for 4-bit codes on AVX2: each half of the strip (8 weight rows), the tile's
+    /// input rows [`AVX2_ROWS`] at a time.
+    pub(super) fn tile_avx2(t: usize, strip: &Strip, a: &Panel, i0: usize, values: &mut [f32; ROWS * STRIP]) {
+        assert!(i0.is_multiple_of(ROWS) && i0 + t <= a.m && (1..=ROWS).contains(&t) && a.bits == 4);
+        assert!(strip.codes.len() >= a.blocks * BLOCK * 4 / 32 * STRIP);
+        assert!(strip.scale.len() >= a.groups * STRIP && strip.min.len() >= a.groups * STRIP);
+        let tile = i0 / ROWS;
+        for half in 0..2 {
+            for r0 in (0..t).step_by(AVX2_ROWS) {
+                // SAFETY: `supports` admitted `Isa::Avx2` for 4-bit codes only, and `Isa::best`/
+                // `available` return it only where AVX2 and FMA were detected; the bounds were
+                // checked above.
+                unsafe {
+                    match t - r0 {
+                        1 => kernel_avx2::<1>(strip, a, tile, r0, half, values),
+                        2 => kernel_avx2::<2>(strip, a, tile, r0, half, values),
+                        3 => kernel_avx2::<3>(strip, a, tile, r0, half, values),
+                        _ => kernel_avx2::<AVX2_ROWS>(strip, a, tile, r0, half, values),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX2 microkernel: weight rows `8·half..8·half + 8` of the strip × input rows
+    /// `r0..r0 + T` of `tile`, a block's products summed as `i16` (see the module docs).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn kernel_avx2<const T: usize>(
+        strip: &Strip,
+        a: &Panel,
+        tile: usize,
+        r0: usize,
+        half: usize,
+        values: &mut [f32; ROWS * STRIP],
+    ) {
+        const HALF: usize = STRIP / 2;
+        // 4-bit: a block is 4 code words per row.
+        let block_words = BLOCK * 4 / 32;
+        // SAFETY (every read below): `tile_avx2` checked that the strip holds `blocks` blocks
+        // and `groups` groups and that the panel holds rows `r0..r0 + T` of tile `tile`; each
+        // half strip is 8 of the 16 words of a strip row.
+        let mut at = Cursor::new(strip, a, tile, r0, half * HALF, 4);
+        let nibble = _mm256_set1_epi8(15);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for _ in 0..a.blocks {
+            let mut sums = [_mm256_setzero_si256(); T];
+            for w in 0..block_words {
+                let c = unsafe { _mm256_loadu_si256(at.words.add(w * STRIP) as *const __m256i) };
+                let (lo, hi) = (_mm256_and_si256(c, nibble), _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble));
+                for (t, sum) in sums.iter_mut().enumerate() {
+                    let p = at.x.wrapping_add(t * BLOCK + 4 * w);
+                    let (even, odd) = unsafe {
+                        (
+                            _mm256_set1_epi32((p as *const i32).read_unaligned()),
+                            _mm256_set1_epi32((p.add(BLOCK / 2) as *const i32).read_unaligned()),
+                        )
+                    };
+                    let products = _mm256_add_epi16(_mm256_maddubs_epi16(lo, even), _mm256_maddubs_epi16(hi, odd));
+                    *sum = _mm256_add_epi16(*sum, products);
+                }
+            }
+            let scale = unsafe { _mm256_loadu_ps(at.scales) };
+            for (t, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                let sd = _mm256_mul_ps(scale, _mm256_set1_ps(unsafe { *at.d.add(t) }));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones)), sd, *acc);
+            }
+            at.next_block();
+        }
+        let group_sums = unsafe { a.group_sum.as_ptr().add(tile * a.groups * ROWS + r0) };
+        for g in 0..a.groups {
+            let min = unsafe { _mm256_loadu_ps(strip.min.as_ptr().add(g * STRIP + half * HALF)) };
+            for (t, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(min, _mm256_set1_ps(unsafe { *group_sums.add(g * ROWS + t) }), *acc);
+            }
+        }
+        for (t, acc) in acc.into_iter().enumerate() {
+            unsafe { _mm256_storeu_ps(values.as_mut_ptr().add((r0 + t) * STRIP + half * HALF), acc) };
         }
     }
 }
