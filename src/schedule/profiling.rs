@@ -8,8 +8,9 @@
 //! goes to [`fit::engine_steps`] (the decode steps at their middle context): the profile's
 //! `engine_step_ms` tables of each point's median (what the XSimulator reads on one device), its
 //! linear `engine_step` overhead, and its `step_variation`, the steps' 99th-percentile spread
-//! about those medians, which the planner adds to its latency (ExeGPT §7.9). [`load_or_profile`] reads a cached profile or
-//! measures one (layers, then engine steps) and writes it.
+//! about those medians, which the planner adds to its latency (ExeGPT §7.9).
+//! [`load_or_profile`] reads a cached profile or measures one (layers, then engine steps) and
+//! writes it.
 
 use std::io::Write;
 use std::path::Path;

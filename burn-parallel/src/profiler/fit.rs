@@ -142,19 +142,12 @@ pub fn engine_steps(profile: &mut Profile, samples: &[StepSample]) -> Result<(),
 /// `None` when no point was timed twice.
 pub fn step_variation(samples: &[StepSample]) -> Option<StepVariation> {
     let of_kind = |kind: StepKind| -> Option<f64> {
+        let point = |s: &&StepSample| (s.batch, s.tokens, s.context);
+        let mut of_kind: Vec<&StepSample> = samples.iter().filter(|s| s.kind == kind).collect();
+        of_kind.sort_by_key(point);
         let mut ratios = Vec::new();
-        let mut points: Vec<(usize, usize, usize)> = Vec::new();
-        for s in samples.iter().filter(|s| s.kind == kind) {
-            if !points.contains(&(s.batch, s.tokens, s.context)) {
-                points.push((s.batch, s.tokens, s.context));
-            }
-        }
-        for (batch, tokens, context) in points {
-            let times: Vec<f64> = samples
-                .iter()
-                .filter(|s| s.kind == kind && (s.batch, s.tokens, s.context) == (batch, tokens, context))
-                .map(|s| s.ms)
-                .collect();
+        for timed in of_kind.chunk_by(|a, b| point(a) == point(b)) {
+            let times: Vec<f64> = timed.iter().map(|s| s.ms).collect();
             let middle = median(times.clone());
             if times.len() > 1 && middle > 0.0 {
                 ratios.extend(times.iter().map(|t| t / middle));
