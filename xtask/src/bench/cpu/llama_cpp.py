@@ -46,8 +46,6 @@ for flash in (True, False):
     contexts[flash] = L.llama_init_from_model(model, params)
     if not contexts[flash]:
         sys.exit("llama.cpp could not create a context")
-ctx = contexts[True]
-memory = L.llama_get_memory(ctx)
 batch = L.llama_batch_init(cfg["n_batch"], 0, 1)
 print(json.dumps({"version": L.__version__, "system_info": L.llama_print_system_info().decode().strip()}), flush=True)
 
@@ -67,15 +65,23 @@ def decode(entries):
         sys.exit("llama_decode failed")
 
 
+def use_context(flash):
+    """Makes `decode`, `argmax` and `score` run on the context with flash attention `flash`."""
+    global ctx, memory
+    ctx = contexts[flash]
+    memory = L.llama_get_memory(ctx)
+
+
+use_context(True)
+
+
 def argmax(k):
     return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, k), shape=(n_vocab,)).argmax())
 
 
 def score(prefixes, candidates):
     """With the default context (flash attention as llama.cpp chooses)."""
-    global ctx, memory
-    ctx = contexts[True]
-    memory = L.llama_get_memory(ctx)
+    use_context(True)
     out = []
     for context, tokens in zip(prefixes, candidates):
         L.llama_memory_clear(memory, True)
@@ -94,8 +100,7 @@ for line in sys.stdin:
         print(json.dumps({"logprobs": score(request["score"], request["candidates"])}), flush=True)
         continue
     prompts, new_tokens = request["prompts"], request["new_tokens"]
-    ctx = contexts[request.get("flash_attn", True)]
-    memory = L.llama_get_memory(ctx)
+    use_context(request.get("flash_attn", True))
     L.llama_memory_clear(memory, True)
     entries = [(t, p, s, p == len(pr) - 1) for s, pr in enumerate(prompts) for p, t in enumerate(pr)]
     last = [k for k, e in enumerate(entries) if e[3]]
