@@ -335,40 +335,54 @@ fn int8_kernels_equal_the_integer_formula() {
     }
 }
 
-/// The strip kernel (16 weight rows × up to 8 input rows; AVX-512 VNNI, and AVX2 for 4-bit codes,
-/// on every CPU that has them)
-/// equals the `f64` integer formula within `f32` rounding for every `m` in 1..=9 and past two
-/// tiles, 4- and 8-bit codes, odd block counts, groups of one and two blocks, weight-row ranges
+/// The strip kernel (16 weight rows × up to 8 input rows; AVX-512 VNNI and AVX2, on every CPU that
+/// has them) equals the `f64` integer formula within `f32` rounding for every `m` in 1..=9 and past
+/// two tiles, 4- and 8-bit codes, odd block counts, groups of one and two blocks, weight-row ranges
 /// that start off a strip boundary and end in a partial strip, code rows long enough for the
-/// register transposition and with a tail past it; columns outside the range are left alone.
+/// register transposition and with a tail past it; columns outside the range are left alone. Codes
+/// at their largest against activation codes of ±127 (the AVX2 kernel's `i16` block sums at their
+/// bound) are exact too.
 #[test]
 fn int8_strip_kernel_equals_the_integer_formula() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(25);
     let shapes = [(96, 37, 4, 32), (576, 35, 4, 32), (128, 47, 8, 32), (192, 19, 8, 64), (160, 16, 4, 32)];
     for m in (1..=9).chain([16, 17]) {
         for (k, n, bits, group) in shapes {
-            let case = Int8Case::new(&mut rng, (m, k, n, bits, group));
-            let a = q8::QuantizedRows::new(&case.x, m, k, group, bits);
-            let panel = q8::strips::Panel::new(&a);
-            let (reference, magnitude) = case.reference(&a);
-            for isa in q8::Isa::available().into_iter().filter(|&isa| q8::strips::supports(isa, bits)) {
-                for rows in [0..n, 3..n, 1..2] {
-                    let mut out = vec![f32::NAN; m * n];
-                    q8::strips::weight_rows(&case.weights(), &panel, rows.clone(), isa, |i, j0, v| {
-                        out[i * n + j0..][..v.len()].copy_from_slice(v)
-                    });
-                    for i in 0..m {
-                        for j in 0..n {
-                            let (found, want) = (out[i * n + j] as f64, reference[i * n + j]);
-                            if !rows.contains(&j) {
-                                assert!(found.is_nan(), "[{i}, {j}] written outside {rows:?}");
-                                continue;
-                            }
-                            let tolerance = 1e-6 * magnitude[i * n + j] + 1e-9;
-                            let at = (m, k, n, bits, group, &rows, i, j);
-                            assert!((found - want).abs() <= tolerance, "{at:?}: {found} vs {want}");
-                        }
+            check_strips(&Int8Case::new(&mut rng, (m, k, n, bits, group)));
+        }
+    }
+    for bits in [4, 8] {
+        for sign in [1.0, -1.0] {
+            let mut case = Int8Case::new(&mut rng, (5, 64, 20, bits, 32));
+            case.codes.fill(u32::MAX);
+            case.x.iter_mut().for_each(|x| *x = sign);
+            check_strips(&case);
+        }
+    }
+}
+
+/// [`int8_strip_kernel_equals_the_integer_formula`] for one case, on every ISA with strips.
+fn check_strips(case: &Int8Case) {
+    let (m, k, n, bits, group) = (case.m, case.k, case.n, case.bits, case.group);
+    let a = q8::QuantizedRows::new(&case.x, m, k, group, bits);
+    let panel = q8::strips::Panel::new(&a);
+    let (reference, magnitude) = case.reference(&a);
+    for isa in q8::Isa::available().into_iter().filter(|&isa| q8::strips::supports(isa, bits)) {
+        for rows in [0..n, 3..n, 1..2] {
+            let mut out = vec![f32::NAN; m * n];
+            q8::strips::weight_rows(&case.weights(), &panel, rows.clone(), isa, |i, j0, v| {
+                out[i * n + j0..][..v.len()].copy_from_slice(v)
+            });
+            for i in 0..m {
+                for j in 0..n {
+                    let (found, want) = (out[i * n + j] as f64, reference[i * n + j]);
+                    if !rows.contains(&j) {
+                        assert!(found.is_nan(), "[{i}, {j}] written outside {rows:?}");
+                        continue;
                     }
+                    let tolerance = 1e-6 * magnitude[i * n + j] + 1e-9;
+                    let at = (isa, m, k, n, bits, group, &rows, i, j);
+                    assert!((found - want).abs() <= tolerance, "{at:?}: {found} vs {want}");
                 }
             }
         }

@@ -1,6 +1,5 @@
-//! The integer product for several input rows at once (batched decode, prefill) on AVX-512 VNNI,
-//! and for 4-bit codes on AVX2: a register-blocked microkernel over strips of [`STRIP`] weight
-//! rows.
+//! The integer product for several input rows at once (batched decode, prefill) on AVX-512 VNNI
+//! or AVX2: a register-blocked microkernel over strips of [`STRIP`] weight rows.
 //!
 //! [`super::weight_rows`] dots one weight row with one input row per 512-bit register, so every
 //! 64 multiply-adds pay for an `i32 → f32` conversion, a scale product and two FMAs, and each
@@ -24,10 +23,12 @@
 //! `vpmaddubsw` multiplies its 4-bit codes (unsigned) with four broadcast activation codes
 //! (signed) into pairs summed as `i16`, and a block's eight such products (4 words, low and high
 //! nibbles) are added as `i16` — at most `8 · 2 · 15 · 127 = 30480`, so nothing saturates — before
-//! one `vpmaddwd` widens them to `i32`. Each half strip runs over tiles of up to [`AVX2_ROWS`]
-//! input rows (`i16` and `f32` accumulators for each fit the 16 registers). 8-bit codes would
-//! overflow the `i16` sums; they keep the row-by-row kernel on AVX2. The strip is transposed by
-//! the plain loop there (the register transposition needs AVX-512).
+//! one `vpmaddwd` widens them to `i32`. 8-bit codes (`0..=255`: a pair of products would saturate
+//! `i16`) are multiplied as their two nibbles, `code = 16 · high + low`: the low and the high
+//! nibbles of a block's 8 words meet the same broadcast codes into two `i16` sums (each at most
+//! `8 · 2 · 15 · 127`), widened by one `vpmaddwd` with 1 and one with 16. Each half strip runs
+//! over tiles of up to [`AVX2_ROWS`] input rows (`i16` and `f32` accumulators for each fit the 16
+//! registers). The strip is transposed in 8 × 8 blocks of words there, each half strip at a time.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -55,8 +56,8 @@ struct Strip {
 impl Strip {
     /// Transposes the weight rows `rows` (at most [`STRIP`]) of `w` into the strip; `w` has
     /// `words` code words and `groups` groups per row.
-    /// `registers`: transpose full strips in AVX-512 registers (else the plain loop).
-    fn load(&mut self, w: &Weights, words: usize, groups: usize, rows: Range<usize>, registers: bool) {
+    /// `isa`: the registers full strips are transposed in ([`Isa::Scalar`]: the plain loop).
+    fn load(&mut self, w: &Weights, words: usize, groups: usize, rows: Range<usize>, isa: Isa) {
         debug_assert!(rows.len() <= STRIP);
         self.codes.resize(words * STRIP, 0);
         self.scale.resize(groups * STRIP, 0.0);
@@ -66,22 +67,32 @@ impl Strip {
             self.scale.fill(0.0);
             self.min.fill(0.0);
         }
-        transpose(&mut self.codes, w.codes, words, rows.clone(), registers);
-        transpose(f32_bits_mut(&mut self.scale), f32_bits(w.scale), groups, rows.clone(), registers);
-        transpose(f32_bits_mut(&mut self.min), f32_bits(w.min), groups, rows, registers);
+        transpose(&mut self.codes, w.codes, words, rows.clone(), isa);
+        transpose(f32_bits_mut(&mut self.scale), f32_bits(w.scale), groups, rows.clone(), isa);
+        transpose(f32_bits_mut(&mut self.min), f32_bits(w.min), groups, rows, isa);
     }
 }
 
 /// `to[c · 16 + r] = from[(rows.start + r) · len + c]`: the rows `rows` (at most [`STRIP`]) of
-/// a `[·, len]` matrix side by side; 16 × 16 blocks in AVX-512 registers where the strip is full
-/// and `registers` says the CPU has them.
-fn transpose(to: &mut [u32], from: &[u32], len: usize, rows: Range<usize>, registers: bool) {
+/// a `[·, len]` matrix side by side; where the strip is full, 16 × 16 blocks in AVX-512
+/// registers ([`Isa::Vnni`]) or 8 × 8 blocks in AVX2 ones ([`Isa::Avx2`]), the columns past the
+/// last whole block by the plain loop.
+fn transpose(to: &mut [u32], from: &[u32], len: usize, rows: Range<usize>, isa: Isa) {
     let from = &from[rows.start * len..rows.end * len];
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if rows.len() == STRIP && registers {
-        done = len / STRIP * STRIP;
-        x86::transpose16(to, from, len);
+    if rows.len() == STRIP {
+        match isa {
+            Isa::Vnni => {
+                done = len / STRIP * STRIP;
+                x86::transpose16(to, from, len);
+            }
+            Isa::Avx2 => {
+                done = len / 8 * 8;
+                x86::transpose8(to, from, len);
+            }
+            Isa::Scalar => {}
+        }
     }
     for (r, row) in from.chunks_exact(len).enumerate().filter(|_| done < len) {
         to[done * STRIP + r..].iter_mut().step_by(STRIP).zip(&row[done..]).for_each(|(to, from)| *to = *from);
@@ -159,12 +170,12 @@ impl Panel {
     }
 }
 
-/// Whether [`weight_rows`] can run with `isa` on `bits`-bit codes: AVX-512 VNNI, or AVX2 for
-/// 4-bit codes.
+/// Whether [`weight_rows`] can run with `isa` on `bits`-bit codes (4 or 8): AVX-512 VNNI or
+/// AVX2.
 pub fn supports(isa: Isa, bits: u32) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        isa == Isa::Vnni || (isa == Isa::Avx2 && bits == 4)
+        matches!(isa, Isa::Vnni | Isa::Avx2) && matches!(bits, 4 | 8)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -177,7 +188,7 @@ pub fn supports(isa: Isa, bits: u32) -> bool {
 /// to `out(i, j0, values)` (`values[c]` is column `j0 + c`); equal to [`super::weight_rows`]
 /// within `f32` rounding. Panics unless [`supports`]`(isa, w.bits)`.
 pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out: impl FnMut(usize, usize, &[f32])) {
-    assert!(supports(isa, w.bits), "the strip kernel needs AVX-512 VNNI, or AVX2 for 4-bit codes");
+    assert!(supports(isa, w.bits), "the strip kernel needs AVX-512 VNNI or AVX2, and 4- or 8-bit codes");
     assert!(w.bits == a.bits && w.group.is_multiple_of(BLOCK) && w.group / BLOCK * a.groups == a.blocks);
     let words = a.blocks * BLOCK * w.bits as usize / 32;
     assert!(rows.end * words <= w.codes.len() && rows.end * a.groups <= w.scale.len().min(w.min.len()));
@@ -196,13 +207,13 @@ pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out
             x86::prefetch(&w.codes[next.start * words..next.end * words]);
             x86::prefetch(&w.scale[next.start * a.groups..next.end * a.groups]);
             x86::prefetch(&w.min[next.start * a.groups..next.end * a.groups]);
-            strip.load(w, words, a.groups, strip_rows.clone(), isa == Isa::Vnni);
+            strip.load(w, words, a.groups, strip_rows.clone(), isa);
             for i0 in (0..a.m).step_by(ROWS) {
                 let t = ROWS.min(a.m - i0);
                 if isa == Isa::Vnni {
                     x86::tile(w.bits, t, strip, a, i0, &mut values);
                 } else {
-                    x86::tile_avx2(t, strip, a, i0, &mut values);
+                    x86::tile_avx2(w.bits, t, strip, a, i0, &mut values);
                 }
                 for (r, row) in values.chunks_exact(STRIP).take(t).enumerate() {
                     out(i0 + r, j0, &row[..strip_rows.len()]);
@@ -268,6 +279,51 @@ mod x86 {
         // SAFETY: `transpose16` is reached only through `weight_rows` with `Isa::Vnni`, detected
         // only where the CPU has AVX-512; the bounds were checked above.
         unsafe { transpose16_avx512(to.as_mut_ptr(), from.as_ptr(), len, blocks) }
+    }
+
+    /// The 8 × 8 blocks of [`super::transpose`] for a full strip on AVX2: `from` is 16 rows of
+    /// `len` words, `to` receives the first `len / 8 · 8` columns, each as 16 consecutive words
+    /// (the first 8 rows' block, then the last 8 rows').
+    pub(super) fn transpose8(to: &mut [u32], from: &[u32], len: usize) {
+        let blocks = len / 8;
+        assert!(from.len() >= STRIP * len && to.len() >= blocks * 8 * STRIP);
+        // SAFETY: `transpose8` is reached only through `weight_rows` with `Isa::Avx2`, detected
+        // only where the CPU has AVX2; the bounds were checked above.
+        unsafe { transpose8_avx2(to.as_mut_ptr(), from.as_ptr(), len, blocks) }
+    }
+
+    /// Three rounds of 8 shuffles per 8 × 8 block: pairs of rows interleaved by 32 then 64 bits
+    /// (a 4 × 4 transpose inside each 128-bit lane of each group of four rows), then the 128-bit
+    /// lanes of the two groups exchanged.
+    #[target_feature(enable = "avx2")]
+    unsafe fn transpose8_avx2(to: *mut u32, from: *const u32, len: usize, blocks: usize) {
+        for half in 0..2 {
+            for block in 0..blocks {
+                let at = |i: usize| half * 8 * len + i * len + block * 8;
+                let r: [__m256i; 8] =
+                    std::array::from_fn(|i| unsafe { _mm256_loadu_si256(from.add(at(i)) as *const _) });
+                let t: [__m256i; 8] = std::array::from_fn(|i| {
+                    let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+                    if i % 2 == 0 { _mm256_unpacklo_epi32(a, b) } else { _mm256_unpackhi_epi32(a, b) }
+                });
+                // u[4g + j], 128-bit lane L: rows 4g..4g + 4 of column 4L + j.
+                let u: [__m256i; 8] = std::array::from_fn(|i| {
+                    let (g, j) = (i / 4, i % 4);
+                    let (a, b) = (t[4 * g + j / 2], t[4 * g + 2 + j / 2]);
+                    if j % 2 == 0 { _mm256_unpacklo_epi64(a, b) } else { _mm256_unpackhi_epi64(a, b) }
+                });
+                for j in 0..4 {
+                    let columns = [
+                        _mm256_permute2x128_si256::<0x20>(u[j], u[4 + j]),
+                        _mm256_permute2x128_si256::<0x31>(u[j], u[4 + j]),
+                    ];
+                    for (l, column) in columns.into_iter().enumerate() {
+                        let c = block * 8 + 4 * l + j;
+                        unsafe { _mm256_storeu_si256(to.add(c * STRIP + half * 8) as *mut _, column) };
+                    }
+                }
+            }
+        }
     }
 
     /// Four rounds of 16 shuffles per 16 × 16 block: pairs of rows interleaved by 32 then 64
@@ -433,26 +489,37 @@ mod x86 {
         }
     }
 
-    /// [`tile`] for 4-bit codes on AVX2: each half of the strip (8 weight rows), the tile's
-    /// input rows [`AVX2_ROWS`] at a time.
-    pub(super) fn tile_avx2(t: usize, strip: &Strip, a: &Panel, i0: usize, values: &mut [f32; ROWS * STRIP]) {
-        assert!(i0.is_multiple_of(ROWS) && i0 + t <= a.m && (1..=ROWS).contains(&t) && a.bits == 4);
-        assert!(strip.codes.len() >= a.blocks * BLOCK * 4 / 32 * STRIP);
+    /// [`tile`] on AVX2: each half of the strip (8 weight rows), the tile's input rows
+    /// [`AVX2_ROWS`] at a time.
+    pub(super) fn tile_avx2(
+        bits: u32,
+        t: usize,
+        strip: &Strip,
+        a: &Panel,
+        i0: usize,
+        values: &mut [f32; ROWS * STRIP],
+    ) {
+        assert!(i0.is_multiple_of(ROWS) && i0 + t <= a.m && (1..=ROWS).contains(&t) && a.bits == bits);
+        assert!(strip.codes.len() >= a.blocks * BLOCK * bits as usize / 32 * STRIP);
         assert!(strip.scale.len() >= a.groups * STRIP && strip.min.len() >= a.groups * STRIP);
         let tile = i0 / ROWS;
-        for half in 0..2 {
-            for r0 in (0..t).step_by(AVX2_ROWS) {
-                // SAFETY: `supports` admitted `Isa::Avx2` for 4-bit codes only, and `Isa::best`/
-                // `available` return it only where AVX2 and FMA were detected; the bounds were
-                // checked above.
+        macro_rules! dispatch {
+            ($bits:literal, $r0:expr, $half:expr) => {
+                // SAFETY: `supports` admitted `Isa::Avx2`, which `Isa::best`/`available` return
+                // only where AVX2 and FMA were detected; the bounds were checked above.
                 unsafe {
-                    match t - r0 {
-                        1 => kernel_avx2::<1>(strip, a, tile, r0, half, values),
-                        2 => kernel_avx2::<2>(strip, a, tile, r0, half, values),
-                        3 => kernel_avx2::<3>(strip, a, tile, r0, half, values),
-                        _ => kernel_avx2::<AVX2_ROWS>(strip, a, tile, r0, half, values),
+                    match t - $r0 {
+                        1 => kernel_avx2::<$bits, 1>(strip, a, tile, $r0, $half, values),
+                        2 => kernel_avx2::<$bits, 2>(strip, a, tile, $r0, $half, values),
+                        3 => kernel_avx2::<$bits, 3>(strip, a, tile, $r0, $half, values),
+                        _ => kernel_avx2::<$bits, AVX2_ROWS>(strip, a, tile, $r0, $half, values),
                     }
                 }
+            };
+        }
+        for half in 0..2 {
+            for r0 in (0..t).step_by(AVX2_ROWS) {
+                if bits == 4 { dispatch!(4, r0, half) } else { dispatch!(8, r0, half) }
             }
         }
     }
@@ -461,7 +528,7 @@ mod x86 {
     /// `r0..r0 + T` of `tile`, a block's products summed as `i16` (see the module docs).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn kernel_avx2<const T: usize>(
+    unsafe fn kernel_avx2<const BITS: u32, const T: usize>(
         strip: &Strip,
         a: &Panel,
         tile: usize,
@@ -470,36 +537,43 @@ mod x86 {
         values: &mut [f32; ROWS * STRIP],
     ) {
         const HALF: usize = STRIP / 2;
-        // 4-bit: a block is 4 code words per row.
-        let block_words = BLOCK * 4 / 32;
+        let block_words = BLOCK * BITS as usize / 32;
         // SAFETY (every read below): `tile_avx2` checked that the strip holds `blocks` blocks
         // and `groups` groups and that the panel holds rows `r0..r0 + T` of tile `tile`; each
         // half strip is 8 of the 16 words of a strip row.
-        let mut at = Cursor::new(strip, a, tile, r0, half * HALF, 4);
+        let mut at = Cursor::new(strip, a, tile, r0, half * HALF, BITS);
         let nibble = _mm256_set1_epi8(15);
-        let ones = _mm256_set1_epi16(1);
+        let (ones, sixteens) = (_mm256_set1_epi16(1), _mm256_set1_epi16(16));
         let mut acc = [_mm256_setzero_ps(); T];
         for _ in 0..a.blocks {
-            let mut sums = [_mm256_setzero_si256(); T];
+            // 4-bit: the block's products; 8-bit: those of the low nibbles, and of the high ones.
+            let (mut sums, mut high) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
             for w in 0..block_words {
                 let c = unsafe { _mm256_loadu_si256(at.words.add(w * STRIP) as *const __m256i) };
                 let (lo, hi) = (_mm256_and_si256(c, nibble), _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble));
-                for (t, sum) in sums.iter_mut().enumerate() {
+                for t in 0..T {
                     let p = at.x.wrapping_add(t * BLOCK + 4 * w);
-                    let (even, odd) = unsafe {
-                        (
-                            _mm256_set1_epi32((p as *const i32).read_unaligned()),
-                            _mm256_set1_epi32((p.add(BLOCK / 2) as *const i32).read_unaligned()),
-                        )
-                    };
-                    let products = _mm256_add_epi16(_mm256_maddubs_epi16(lo, even), _mm256_maddubs_epi16(hi, odd));
-                    *sum = _mm256_add_epi16(*sum, products);
+                    let broadcast = |p: *const i8| unsafe { _mm256_set1_epi32((p as *const i32).read_unaligned()) };
+                    if BITS == 4 {
+                        // Low nibbles are the even elements, high nibbles the odd ones.
+                        let (even, odd) = (broadcast(p), broadcast(p.wrapping_add(BLOCK / 2)));
+                        let products = _mm256_add_epi16(_mm256_maddubs_epi16(lo, even), _mm256_maddubs_epi16(hi, odd));
+                        sums[t] = _mm256_add_epi16(sums[t], products);
+                    } else {
+                        let x = broadcast(p);
+                        sums[t] = _mm256_add_epi16(sums[t], _mm256_maddubs_epi16(lo, x));
+                        high[t] = _mm256_add_epi16(high[t], _mm256_maddubs_epi16(hi, x));
+                    }
                 }
             }
             let scale = unsafe { _mm256_loadu_ps(at.scales) };
-            for (t, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
+            for t in 0..T {
                 let sd = _mm256_mul_ps(scale, _mm256_set1_ps(unsafe { *at.d.add(t) }));
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones)), sd, *acc);
+                let mut dot = _mm256_madd_epi16(sums[t], ones);
+                if BITS == 8 {
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(high[t], sixteens));
+                }
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sd, acc[t]);
             }
             at.next_block();
         }
