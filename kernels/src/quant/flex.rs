@@ -5,7 +5,6 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::ops::GroupQuantOps;
 use super::precision::{MatmulPrecision, matmul_precision};
@@ -167,10 +166,9 @@ const INT8_SERIAL_MACS: usize = 1 << 18;
 /// Products with at most this many input rows are split in two on two cores ([`split`]), more
 /// go to rayon in several parts per thread (which balances when another process holds a core).
 const SPLIT2_MAX_ROWS: usize = 32;
-/// Weight rows per chunk the two threads of a [`split`] product take in turn: whole strips
-/// ([`q8::strips::STRIP`]), tens of KB of codes each, enough that the shared counter costs
-/// nothing next to a chunk.
-const SPLIT2_CHUNK_ROWS: usize = 4 * q8::strips::STRIP;
+/// Weight rows per chunk of a [`split`] product: two strips ([`q8::strips::STRIP`]), the
+/// granularity at which one thread takes over the other's rows.
+const SPLIT2_CHUNK_ROWS: usize = 2 * q8::strips::STRIP;
 /// Parallel parts per thread for products with more than [`SPLIT2_MAX_ROWS`] input rows.
 const PARTS_PER_THREAD: usize = 4;
 
@@ -184,9 +182,9 @@ fn use_strips(isa: q8::Isa, bits: u32, m: usize) -> bool {
 
 /// `x · Wᵀ` in integer arithmetic ([`q8`]): the input rows quantized once, then the weight rows
 /// split across threads in whole strips of [`q8::strips::STRIP`] rows: for decode-sized `m`, in
-/// as many parts as threads (on two cores, chunks taken in turn by this thread and the [`split`]
-/// helper, without a round trip through rayon's sleep and wake-up); for prefill-sized `m`, in a
-/// few parts per thread.
+/// as many parts as threads (on two cores, this thread and the [`split`] helper, without a round
+/// trip through rayon's sleep and wake-up, each taking over the other's last chunks when done
+/// first); for prefill-sized `m`, in a few parts per thread.
 fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     if m == 0 || k == 0 || n == 0 {
         return vec![0.0; m * n];
@@ -219,21 +217,9 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
     }
     let threads = rayon::current_num_threads();
     if m <= SPLIT2_MAX_ROWS && threads == 2 {
-        // Two cores: this thread and the split helper take chunks of weight rows from a shared
-        // counter until none is left, so that neither waits on a fixed half of the other's when
-        // that one starts late (the helper was parked) or runs slower (another process shares
-        // its core).
-        let chunks = n.div_ceil(SPLIT2_CHUNK_ROWS);
-        let next = AtomicUsize::new(0);
-        split::split2(&|_| {
-            loop {
-                let c = next.fetch_add(1, Ordering::Relaxed);
-                if c >= chunks {
-                    break;
-                }
-                part(c * SPLIT2_CHUNK_ROWS..((c + 1) * SPLIT2_CHUNK_ROWS).min(n));
-            }
-        });
+        // Two cores: this thread and the split helper, each its half in chunks, taking the
+        // other's last chunks when done first.
+        split::split2_chunks(n, SPLIT2_CHUNK_ROWS, &|rows| part(rows));
         return out;
     }
     let per_task = match (&panel, m <= q8::TILE) {

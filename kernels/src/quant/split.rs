@@ -9,8 +9,9 @@
 //! parked, or another process holds the second core), the caller takes that half back and runs it
 //! too: a busy machine costs the parallelism, never a wait on a thread that is not running.
 
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -141,6 +142,95 @@ pub(crate) fn split2(f: &(dyn Fn(usize) + Sync)) {
     assert!(!helper.panicked.swap(false, Ordering::Relaxed), "the helper thread's half of a split product panicked");
 }
 
+/// Runs `run` over `0..count` in chunks of `chunk` on this thread and the helper ([`split2`]):
+/// each owns half of the chunks and takes its own from the front, in memory order (one stream
+/// for the hardware prefetchers, as with fixed halves); one done with its own takes the other's
+/// from the back, so that neither waits on a partner that started late (the helper was parked)
+/// or runs slower (another process shares its core).
+pub(crate) fn split2_chunks(count: usize, chunk: usize, run: &(dyn Fn(Range<usize>) + Sync)) {
+    let chunk = chunk.max(1);
+    let chunks = count.div_ceil(chunk);
+    let half = chunks.div_ceil(2);
+    let halves = [Remaining::new(0..half), Remaining::new(half..chunks)];
+    split2(&|me| {
+        let run_chunk = |c: usize| run(c * chunk..((c + 1) * chunk).min(count));
+        while let Some(c) = halves[me].take(true) {
+            run_chunk(c);
+        }
+        while let Some(c) = halves[1 - me].take(false) {
+            run_chunk(c);
+        }
+    });
+}
+
+/// The chunks of one half not yet taken, `lo..hi` packed in one atomic so that its owner (from
+/// the front) and the other thread (from the back) never take the same chunk.
+struct Remaining(AtomicU64);
+
+impl Remaining {
+    /// Chunk indices fit 32 bits: a chunk is at least one weight row of a product.
+    fn new(chunks: Range<usize>) -> Self {
+        Self(AtomicU64::new(Self::pack(chunks.start, chunks.end)))
+    }
+
+    fn pack(lo: usize, hi: usize) -> u64 {
+        ((lo as u64) << 32) | (hi as u64 & u64::from(u32::MAX))
+    }
+
+    /// Takes the first (`front`) or the last chunk left, if any.
+    fn take(&self, front: bool) -> Option<usize> {
+        let mut now = self.0.load(Ordering::Relaxed);
+        loop {
+            let (lo, hi) = ((now >> 32) as usize, (now & u64::from(u32::MAX)) as usize);
+            if lo >= hi {
+                return None;
+            }
+            let (next, taken) = if front { (Self::pack(lo + 1, hi), lo) } else { (Self::pack(lo, hi - 1), hi - 1) };
+            match self.0.compare_exchange_weak(now, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(taken),
+                Err(current) => now = current,
+            }
+        }
+    }
+}
+
 fn rayon_split(f: &(dyn Fn(usize) + Sync)) {
     rayon::join(|| f(0), || f(1));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::split2_chunks;
+
+    /// Every row of `0..count` is run exactly once, in chunks of at most `chunk` rows, and when
+    /// the helper is slow the calling thread takes over chunks of its half.
+    #[test]
+    fn split2_chunks_covers_every_row_once_and_takes_over_a_slow_half() {
+        for (count, chunk) in [(1000, 32), (31, 32), (1, 7), (0, 16), (64, 16)] {
+            let runs = Mutex::new(Vec::new());
+            split2_chunks(count, chunk, &|rows| {
+                // The helper 20 times slower than this thread (which is slow enough that the
+                // helper claims its job before this thread could take it back).
+                let helper = std::thread::current().name() == Some("burn-llm-split");
+                std::thread::sleep(Duration::from_millis(if helper { 20 } else { 1 }));
+                runs.lock().unwrap().push((rows, helper));
+            });
+            let mut runs = runs.into_inner().unwrap();
+            runs.sort_by_key(|(rows, _)| rows.start);
+            let mut next = 0;
+            for (rows, _) in &runs {
+                assert!(rows.start == next && rows.len() <= chunk && !rows.is_empty(), "{rows:?} after {next}");
+                next = rows.end;
+            }
+            assert_eq!(next, count);
+            // With the helper in play (not another test's), this thread ran part of its half.
+            let half = count.div_ceil(chunk).div_ceil(2) * chunk;
+            if count >= 4 * chunk && runs.iter().any(|(_, helper)| *helper) {
+                assert!(runs.iter().any(|(rows, helper)| !helper && rows.start >= half), "nothing taken over");
+            }
+        }
+    }
 }
