@@ -148,7 +148,8 @@ pub(crate) fn split2(f: &(dyn Fn(usize) + Sync)) {
 /// from the back, so that neither waits on a partner that started late (the helper was parked)
 /// or runs slower (another process shares its core).
 pub(crate) fn split2_chunks(count: usize, chunk: usize, run: &(dyn Fn(Range<usize>) + Sync)) {
-    let chunk = chunk.max(1);
+    // At most 2^32 − 1 chunks, so that `Remaining` packs their indices into one word.
+    let chunk = chunk.max(1).max(count.div_ceil(u32::MAX as usize));
     let chunks = count.div_ceil(chunk);
     let half = chunks.div_ceil(2);
     let halves = [Remaining::new(0..half), Remaining::new(half..chunks)];
@@ -168,8 +169,9 @@ pub(crate) fn split2_chunks(count: usize, chunk: usize, run: &(dyn Fn(Range<usiz
 struct Remaining(AtomicU64);
 
 impl Remaining {
-    /// Chunk indices fit 32 bits: a chunk is at least one weight row of a product.
+    /// `chunks.end` fits 32 bits (`split2_chunks` sizes the chunks so).
     fn new(chunks: Range<usize>) -> Self {
+        debug_assert!(chunks.end <= u32::MAX as usize);
         Self(AtomicU64::new(Self::pack(chunks.start, chunks.end)))
     }
 
