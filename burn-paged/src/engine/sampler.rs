@@ -123,8 +123,10 @@ pub(crate) fn sample_groups(
         out.push((*group_id, rows.clone(), choices));
     }
     if !greedy_rows.is_empty() {
-        let ids =
-            ids_of(logits.clone().select(0, index(&greedy_rows, &logits)).argmax(1).reshape([greedy_rows.len()]))?;
+        let ids = ids_of(
+            burn_llm_kernels::argmax_rows(logits.clone().select(0, index(&greedy_rows, &logits)))
+                .reshape([greedy_rows.len()]),
+        )?;
         let token_of: std::collections::HashMap<usize, u32> = greedy_rows.iter().copied().zip(ids).collect();
         for (_, rows, choices) in out.iter_mut() {
             if choices.is_empty() {

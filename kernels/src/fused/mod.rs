@@ -9,6 +9,7 @@
 //! they run the same math as ordinary Burn ops, so callers need no device check of their own.
 
 mod activation;
+mod argmax;
 mod attention;
 #[cfg(feature = "flex")]
 mod exp;
@@ -25,6 +26,7 @@ mod rope;
 mod tests;
 
 pub use activation::silu_mul;
+pub use argmax::argmax_rows;
 pub use attention::{attention_with, prefix_attention};
 pub use matmul::matmul;
 pub use norm::rms_norm;

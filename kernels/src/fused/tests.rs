@@ -208,3 +208,37 @@ fn matmul_timing() {
         println!("m {m}: kernels::matmul {ours:.2} ms, Burn {burn:.2} ms");
     }
 }
+
+/// `argmax_rows` equals Burn's `argmax(1)` on every test device: random rows of widths that are
+/// not multiples of eight (the largest value in the tail included), repeated maxima (the first
+/// wins), and, on Flex, where the fused loop runs, NaNs inside a row (passed over).
+#[test]
+fn argmax_rows_matches_burn_argmax() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+    let ids = |t: Tensor<2, burn::tensor::Int>| t.into_data().try_into_vec_as::<i64>().unwrap();
+    for device in devices() {
+        for [rows, width] in [[1, 1], [3, 7], [5, 49157], [32, 100]] {
+            let mut data: Vec<f32> = (0..rows * width).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
+            for (r, row) in data.chunks_exact_mut(width).enumerate() {
+                match r % 3 {
+                    // The row's largest value twice, the second in the tail past the last 8 lanes.
+                    1 if width > 3 => {
+                        row[1] = 9.0;
+                        row[width - 1] = 9.0;
+                    }
+                    2 => row[width - 1] = 9.0,
+                    _ => {}
+                }
+            }
+            let logits = Tensor::<2>::from_data(TensorData::new(data.clone(), [rows, width]), &device);
+            let expected = ids(logits.clone().argmax(1));
+            assert_eq!(ids(argmax_rows(logits)), expected, "{device:?} [{rows}, {width}]");
+        }
+    }
+    let device = Device::flex();
+    let mut row: Vec<f32> = (0..20).map(|i| i as f32).collect();
+    row[5] = f32::NAN;
+    row[19] = f32::NAN;
+    let logits = Tensor::<2>::from_data(TensorData::new(row, [1, 20]), &device);
+    assert_eq!(ids(argmax_rows(logits)), vec![18]);
+}

@@ -264,7 +264,7 @@ pub fn sample(
     let raw = params.logprobs.map(|_| logits.clone());
     let logits = apply_penalties(logits, params, history)?;
     let chosen: Tensor<2, Int> = if params.is_greedy() {
-        logits.argmax(1)
+        burn_llm_kernels::argmax_rows(logits)
     } else {
         let (probs, ids) = filtered_distribution(logits, params.temperature, params.top_k, params.top_p);
         let n = probs.dims()[1];
