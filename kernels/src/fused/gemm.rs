@@ -71,8 +71,9 @@ fn products(xs: &[f32], m: usize, b: &Weight, out: SharedOut) {
     if m * b.k * b.n < SERIAL_MACS || count == 1 {
         run(0..count);
     } else if rayon::current_num_threads() == 2 {
-        let half = count.div_ceil(2);
-        crate::quant::split::split2(&|part| run((part * half).min(count)..((part + 1) * half).min(count)));
+        // Two halves of the panels, one chunk each (the caller takes the helper's back when the
+        // helper has not started it).
+        crate::quant::split::split2_chunks(count, count.div_ceil(2), &run);
     } else {
         (0..count).into_par_iter().for_each(|p| run(p..p + 1));
     }
