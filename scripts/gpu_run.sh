@@ -2,7 +2,7 @@
 # burn-llm's GPU test suite and GPU benchmarks, run from the bundle `cargo xtask gpu-bundle` makes
 # (this file is the bundle's run.sh; its source is scripts/gpu_run.sh).
 #
-#   run.sh [--device vulkan|wgpu] [--quick] [--phases tests,generate,serve,offload]
+#   run.sh [--device vulkan|wgpu] [--quick] [--phases tests,generate,paged,serve,offload]
 #          [--models synthetic:opt-125m,...] [--batch-sizes 1,8,32,128] [--dtype f16|bf16|f32]
 #          [--deadline SECONDS] [--out DIR] [--work DIR] [--python PYTHON]
 #
@@ -17,7 +17,7 @@ set -uo pipefail
 
 DEVICE=vulkan
 QUICK=0
-PHASES=tests,generate,serve,offload
+PHASES=tests,generate,paged,serve,offload
 MODELS=""
 BATCHES=""
 DTYPE=""
@@ -61,12 +61,14 @@ if [ "$QUICK" = 1 ]; then
   MODELS="${MODELS:-synthetic:opt-125m}"; BATCHES="${BATCHES:-1,2}"; PROMPT=8; NEW=4
   SERVE_ARGS=(--requests 8 --scale 0.02 --kv-tokens 1024 --max-model-len 128)
   OFFLOAD_ARGS=(--prompt-len 8 --gen-len 3)
+  PAGED_ARGS=(--seqs 2 --context 64 --heads 4 --kv-heads 4 --head-dim 32 --iters 2)
 else
   T_TESTS=420; T_BENCH=540; DEADLINE="${DEADLINE:-560}"
   MODELS="${MODELS:-synthetic:opt-125m,synthetic:opt-1.3b,synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32,128}"
   PROMPT=64; NEW=32
   SERVE_ARGS=()
   OFFLOAD_ARGS=()
+  PAGED_ARGS=()
 fi
 T_TESTS="${BURN_LLM_GPU_TEST_TIMEOUT:-$T_TESTS}"
 T_BENCH="${BURN_LLM_GPU_BENCH_TIMEOUT:-$T_BENCH}"
@@ -246,6 +248,25 @@ if has_phase generate; then
     fi
     publish
   done
+fi
+
+# ---- phase: PagedAttention kernel bandwidth ---------------------------------------------------
+if has_phase paged; then
+  say "phase paged (PagedAttention bandwidth) on $DEVICE"
+  mkdir -p "$RES/paged"
+  # The nominal HBM bandwidth of the GPUs the device tool lends, for the fraction-of-peak column.
+  peak=()
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) peak=(--peak-gb-s 4800) ;;
+    *H100*PCIe*) peak=(--peak-gb-s 2000) ;;
+    *H100*NVL*) peak=(--peak-gb-s 3900) ;;
+    *H100*) peak=(--peak-gb-s 3350) ;;
+  esac
+  # shellcheck disable=SC2046
+  timed "$T_BENCH" "$RES/paged/paged.log" "$XTASK" bench paged-attention --device "$DEVICE" --out "$RES/paged" \
+    "${PAGED_ARGS[@]}" "${peak[@]}" $(dtype_flag paged-attention)
+  record paged "PagedAttention bandwidth" "$STEP_STATUS" "$STEP_SECONDS" "paged/paged-attention.md"
+  publish
 fi
 
 # ---- phase: serving, paged vs static batching -----------------------------------------------

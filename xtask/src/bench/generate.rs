@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use burn_llm::models::{CausalLm, DecoderSpec, Generator, Pretrained, Prompt, SamplingParams, hub};
+use burn_llm::models::{CausalLm, DecoderSpec, Generator, Precision, PretrainedFiles, Prompt, SamplingParams, hub};
 use burn_llm::{DeviceChoice, Engine};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -68,6 +68,10 @@ pub struct Args {
     /// Tokens generated per prompt.
     #[arg(long, default_value_t = 32)]
     new_tokens: usize,
+    /// Floating-point type of weights, activations and KV cache (f32, f16, bf16); default: f16 on
+    /// GPU devices, f32 on flex (a GPU without f16 falls back to f32 with a note).
+    #[arg(long)]
+    dtype: Option<Precision>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -90,24 +94,49 @@ struct Report {
     prompt_len: usize,
     new_tokens: usize,
     batch_sizes: Vec<usize>,
+    /// Floating-point type of the run (`scripts/hf_generate_bench.py` runs HF in the same one).
+    dtype: Precision,
     /// The HF `config.json` of a synthetic model (absent for checkpoints).
     #[serde(skip_serializing_if = "Option::is_none")]
     config: Option<serde_json::Value>,
     results: Vec<Row>,
 }
 
-/// The plain engine on `model`: a built-in shape with random weights, or a checkpoint.
-fn load(model: &str, device: &burn::tensor::Device) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+/// The plain engine on `model` in `precision`: a built-in shape with random weights, or a
+/// checkpoint; weights are cast as they load.
+fn load(
+    model: &str,
+    precision: Precision,
+    device: &burn::tensor::Device,
+) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
     if let Some((_, config)) = SYNTHETIC.iter().find(|(name, _)| *name == model) {
-        let spec = DecoderSpec::from_json(config, model.as_ref())?;
+        let mut spec = DecoderSpec::from_json(config, model.as_ref())?;
+        spec.dtype = precision;
         return Ok(Box::new(Generator::new(CausalLm::random(spec, device)?, None, vec![])));
     }
-    Ok(Box::new(Generator::from(Pretrained::load(&hub::resolve_model(model)?, device)?)))
+    let files = PretrainedFiles::open(&hub::resolve_model(model)?)?.with_precision(precision);
+    Ok(Box::new(Generator::from(files.load(device)?)))
+}
+
+/// `--dtype` when given (an error when the device cannot compute in it), else the device kind's
+/// default, falling back to f32 with a note on a GPU without half-precision support.
+fn precision(args: &Args, device: &burn::tensor::Device) -> Result<Precision, Box<dyn std::error::Error>> {
+    if let Some(precision) = args.dtype {
+        CausalLm::check_precision(precision, device)?;
+        return Ok(precision);
+    }
+    let default = args.device.default_precision();
+    if CausalLm::check_precision(default, device).is_ok() {
+        return Ok(default);
+    }
+    eprintln!("note: {} has no {default} support here; running in f32 (choose with --dtype)", args.device.name());
+    Ok(Precision::F32)
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
-    let mut engine = load(&args.model, &device)?;
+    let dtype = precision(&args, &device)?;
+    let mut engine = load(&args.model, dtype, &device)?;
     let vocab = engine.spec().vocab_size as u32;
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens.max(2)) };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
@@ -136,18 +165,22 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let command = format!(
-        "cargo xtask bench generate --device {} --model {} --batch-sizes {} --prompt-len {} --new-tokens {}",
+        "cargo xtask bench generate --device {} --model {} --batch-sizes {} --prompt-len {} --new-tokens {} --dtype {}",
         args.device.name(),
         args.model,
         args.batch_sizes.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","),
         args.prompt_len,
-        args.new_tokens
+        args.new_tokens,
+        dtype.name()
     );
     let header = Header::new("generate", command, Some(args.device.name()), &args.model);
     let mut md = header.markdown("Plain-engine generation throughput");
     md.push_str(&format!(
-        "- model: {} (prompt {} tokens, {} new tokens per prompt, greedy, EOS ignored)\n\n",
-        args.model, args.prompt_len, args.new_tokens
+        "- model: {} in {} (prompt {} tokens, {} new tokens per prompt, greedy, EOS ignored)\n\n",
+        args.model,
+        dtype.name(),
+        args.prompt_len,
+        args.new_tokens
     ));
     md.push_str(&table(
         &[
@@ -174,6 +207,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         prompt_len: args.prompt_len,
         new_tokens: args.new_tokens,
         batch_sizes: args.batch_sizes.clone(),
+        dtype,
         config,
         results,
     };

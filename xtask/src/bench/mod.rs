@@ -4,6 +4,7 @@ mod cpu;
 mod generate;
 mod offload;
 mod online;
+mod paged_attention;
 mod parallel;
 mod plot;
 mod quant;
@@ -31,6 +32,9 @@ pub enum Which {
     Schedule(schedule::Args),
     /// Pipeline parallelism over local devices: time and bytes between stages vs one device.
     Parallel(parallel::Args),
+    /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
+    /// to the device's streaming bandwidth.
+    PagedAttention(paged_attention::Args),
 }
 
 /// Runs one benchmark.
@@ -43,5 +47,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Offload(args) => offload::run(args),
         Which::Schedule(args) => schedule::run(args),
         Which::Parallel(args) => parallel::run(args),
+        Which::PagedAttention(args) => paged_attention::run(args),
     }
 }
