@@ -6,8 +6,8 @@
 //! sequence) over `context` tokens each, in a cache whose blocks are handed out in a random
 //! order (as a block manager's free list ends up after a while), LLaMA-7B's layer shape by
 //! default (32 heads of 128). Next to it, the same device's streaming bandwidth: an elementwise
-//! pass over a buffer as large as the KV read (bytes read + written ÷ time), and the nominal peak
-//! when `--peak-gb-s` names it.
+//! pass over a buffer half as large as the KV read, at most 256 MiB (bytes read + written ÷
+//! time), and the nominal peak when `--peak-gb-s` names it.
 
 use std::path::PathBuf;
 
@@ -92,23 +92,29 @@ fn sync(device: &Device) {
     let _ = device.sync();
 }
 
+/// Largest buffer of the streaming measurement: past a few hundred MiB a GPU's bandwidth is
+/// flat, and `iters` results are alive at once.
+const MAX_STREAM_BYTES: usize = 256 << 20;
+
 /// Seconds per call of `f`: the median of 5 samples of `iters` calls each, after a warm-up.
-fn per_call(device: &Device, iters: usize, mut f: impl FnMut()) -> f64 {
+/// Every result stays alive until the device has finished: on a GPU Burn fuses operations
+/// lazily, and a result dropped before it ran would never be computed.
+fn per_call<T>(device: &Device, iters: usize, mut f: impl FnMut() -> T) -> f64 {
     let iters = iters.max(1);
     time(5, || {
-        for _ in 0..iters {
-            f();
-        }
+        let results: Vec<T> = (0..iters).map(|_| f()).collect();
         sync(device);
+        drop(results);
     }) / iters as f64
 }
 
-/// Streaming bandwidth on `device`: `x + 1` over `elems` elements of `dtype`, bytes read and
-/// written ÷ time.
-fn stream_gb_s(device: &Device, elems: usize, dtype: DType, iters: usize) -> f64 {
+/// Streaming bandwidth on `device`: `x + 1` over `bytes` of `dtype` (at most
+/// [`MAX_STREAM_BYTES`]), bytes read and written ÷ time.
+fn stream_gb_s(device: &Device, bytes: usize, dtype: DType, iters: usize) -> f64 {
+    let elems = (bytes.min(MAX_STREAM_BYTES) / dtype.size()).max(1);
     let x = Tensor::<1>::zeros([elems], device).cast(dtype);
     sync(device);
-    let seconds = per_call(device, iters, || drop(x.clone() + 1.0));
+    let seconds = per_call(device, iters, || x.clone() + 1.0);
     (2 * elems * dtype.size()) as f64 / seconds / 1e9
 }
 
@@ -135,16 +141,12 @@ fn case(
     let scale = (args.head_dim as f32).powf(-0.5);
     paged_attention_with(q.clone(), &k, &v, &batch, scale)?;
     sync(device);
-    let kernel_s = per_call(device, args.iters, || {
-        // Arguments were checked by the call above; a failure here would be a device error.
-        if let Ok(out) = paged_attention_with(q.clone(), &k, &v, &batch, scale) {
-            drop(out);
-        }
-    });
+    // Arguments were checked by the call above; a failure here would be a device error.
+    let kernel_s = per_call(device, args.iters, || paged_attention_with(q.clone(), &k, &v, &batch, scale).ok());
     let kv_bytes = (2 * seqs * context * args.kv_heads * args.head_dim * dtype.size()) as u64;
     let kernel_gb_s = kv_bytes as f64 / kernel_s / 1e9;
     drop((k, v));
-    let stream = stream_gb_s(device, kv_bytes as usize / 2 / dtype.size(), dtype, args.iters);
+    let stream = stream_gb_s(device, kv_bytes as usize / 2, dtype, args.iters);
     let row = Row {
         seqs,
         context,
@@ -192,7 +194,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut md = header.markdown("PagedAttention kernel: achieved memory bandwidth");
     md.push_str(&format!(
         "- one decode launch: {} query heads, {} KV heads of {}, blocks of {} tokens in random order, {}\n\
-         - KV GB/s = K and V bytes read ÷ kernel time; stream = `x + 1` over as many bytes, read + written ÷ time\n\n",
+         - KV GB/s = K and V bytes read ÷ kernel time; stream = `x + 1` over half as many bytes (at most 256 MiB), read + written ÷ time\n\n",
         args.heads,
         args.kv_heads,
         args.head_dim,
