@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_llm::DeviceChoice;
-use burn_llm::kernels::{PagedBatch, paged_attention_with};
+use burn_llm::kernels::{PagedBatch, PagedKernelError, paged_attention_with};
 use burn_llm::models::{CausalLm, Precision};
 use burn_llm::offload::profiler::time;
 use rand::SeedableRng;
@@ -32,7 +32,7 @@ pub struct Args {
     #[arg(long)]
     dtype: Option<Precision>,
     /// Sequences per decode step (one query each).
-    #[arg(long, value_delimiter = ',', default_value = "8,32,128")]
+    #[arg(long, value_delimiter = ',', default_value = "8,32,64")]
     seqs: Vec<usize>,
     /// Context length of every sequence, in tokens.
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
@@ -49,7 +49,7 @@ pub struct Args {
     /// Tokens per cache block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Kernel launches per timed sample (one sync at the end of each sample).
+    /// Kernel launches per timed sample (one read-back at the end of each sample).
     #[arg(long, default_value_t = 20)]
     iters: usize,
     /// The device's nominal memory bandwidth in GB/s, for the fraction-of-peak column (e.g. 3350
@@ -87,25 +87,40 @@ struct Report {
     results: Vec<Row>,
 }
 
-/// Waits for the device's queued work.
-fn sync(device: &Device) {
-    let _ = device.sync();
-}
+/// Largest tensor a GPU kernel here can bind: on NVIDIA's Vulkan driver an H200 run with 2 GiB K
+/// and V caches returned in 31 µs, the launch dropped without an error.
+const MAX_GPU_TENSOR_BYTES: usize = (1 << 31) - 1;
 
 /// Largest buffer of the streaming measurement: past a few hundred MiB a GPU's bandwidth is
 /// flat, and `iters` results are alive at once.
 const MAX_STREAM_BYTES: usize = 256 << 20;
 
 /// Seconds per call of `f`: the median of 5 samples of `iters` calls each, after a warm-up.
-/// Every result stays alive until the device has finished: on a GPU Burn fuses operations
-/// lazily, and a result dropped before it ran would never be computed.
-fn per_call<T>(device: &Device, iters: usize, mut f: impl FnMut() -> T) -> f64 {
+/// Each sample ends by reading back one value from every result: on a GPU Burn queues and fuses
+/// operations lazily, so neither a dropped result nor a device sync proves the kernel ran (an
+/// H200 run timed 4 GiB of KV in 31 µs that way); a value on the host does.
+fn per_call<const D: usize>(
+    iters: usize,
+    mut f: impl FnMut() -> Result<Tensor<D>, PagedKernelError>,
+) -> Result<f64, PagedKernelError> {
     let iters = iters.max(1);
-    time(5, || {
-        let results: Vec<T> = (0..iters).map(|_| f()).collect();
-        sync(device);
-        drop(results);
-    }) / iters as f64
+    let mut failed = None;
+    let seconds = time(5, || {
+        let results: Result<Vec<Tensor<D>>, _> = (0..iters).map(|_| f()).collect();
+        match results {
+            Ok(results) => {
+                // The results stay alive until the values are read, so each is computed whole.
+                let firsts = results.iter().map(|r| r.clone().flatten::<1>(0, D - 1).slice(0..1));
+                let _ = Tensor::cat(firsts.collect(), 0).into_data();
+                drop(results);
+            }
+            Err(e) => failed = Some(e),
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(seconds / iters as f64),
+    }
 }
 
 /// Streaming bandwidth on `device`: `x + 1` over `bytes` of `dtype` (at most
@@ -113,8 +128,8 @@ fn per_call<T>(device: &Device, iters: usize, mut f: impl FnMut() -> T) -> f64 {
 fn stream_gb_s(device: &Device, bytes: usize, dtype: DType, iters: usize) -> f64 {
     let elems = (bytes.min(MAX_STREAM_BYTES) / dtype.size()).max(1);
     let x = Tensor::<1>::zeros([elems], device).cast(dtype);
-    sync(device);
-    let seconds = per_call(device, iters, || x.clone() + 1.0);
+    let _ = device.sync();
+    let seconds = per_call(iters, || Ok(x.clone() + 1.0)).unwrap_or(f64::NAN);
     (2 * elems * dtype.size()) as f64 / seconds / 1e9
 }
 
@@ -131,6 +146,15 @@ fn case(
     let mut tables: Vec<u32> = (0..num_blocks as u32).collect();
     tables.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(0));
     let shape = [num_blocks, args.kv_heads, args.block_size, args.head_dim];
+    let cache_bytes = shape.iter().product::<usize>() * dtype.size();
+    if args.device != DeviceChoice::Flex && cache_bytes > MAX_GPU_TENSOR_BYTES {
+        return Err(format!(
+            "{seqs} sequences × {context} tokens need K and V caches of {:.2} GiB each, more than the 2 GiB a GPU \
+             kernel binds: give fewer --seqs or a shorter --context",
+            cache_bytes as f64 / (1u64 << 30) as f64
+        )
+        .into());
+    }
     let random = |shape| Tensor::<4>::random(shape, Distribution::Uniform(-1.0, 1.0), device).cast(dtype);
     let (k, v) = (random(shape), random(shape));
     let q =
@@ -140,9 +164,8 @@ fn case(
     let batch = PagedBatch::new(&tables, blocks_per_seq, args.block_size, &query_seq, &context_lens, device)?;
     let scale = (args.head_dim as f32).powf(-0.5);
     paged_attention_with(q.clone(), &k, &v, &batch, scale)?;
-    sync(device);
     // Arguments were checked by the call above; a failure here would be a device error.
-    let kernel_s = per_call(device, args.iters, || paged_attention_with(q.clone(), &k, &v, &batch, scale).ok());
+    let kernel_s = per_call(args.iters, || paged_attention_with(q.clone(), &k, &v, &batch, scale))?;
     let kv_bytes = (2 * seqs * context * args.kv_heads * args.head_dim * dtype.size()) as u64;
     let kernel_gb_s = kv_bytes as f64 / kernel_s / 1e9;
     drop((k, v));
