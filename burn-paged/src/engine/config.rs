@@ -1,6 +1,7 @@
 //! Engine configuration: the KV-cache memory budget and the scheduler's limits.
 
-use burn_llm_models::LanguageModel;
+use burn_llm_kernels::MAX_GPU_TENSOR_BYTES;
+use burn_llm_models::{KvLayout, LanguageModel};
 
 use crate::cache::PagedKvCache;
 use crate::error::{PagedError, Result};
@@ -120,16 +121,39 @@ impl EngineConfig {
     /// full-length sequence fits). Over pipeline stages the budget covers every stage's blocks
     /// together (a block id holds its slots in every layer, so every stage has the same count).
     pub fn device_blocks_for(&self, model: &impl LanguageModel) -> Result<(usize, u64)> {
-        let block_bytes = PagedKvCache::block_bytes(&model.kv_layout(), self.block_size);
+        let layout = model.kv_layout();
+        let block_bytes = PagedKvCache::block_bytes(&layout, self.block_size);
         let placement = model.kv_devices();
         let on_cpu = placement.distinct().iter().all(burn_llm_models::device::is_host_device);
-        self.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)
+        let (blocks, budget) = self.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)?;
+        if !on_cpu {
+            check_gpu_pool(&layout, self.block_size, blocks)?;
+        }
+        Ok((blocks, budget))
     }
 
     /// Host blocks of swap space.
     pub fn host_blocks(&self, block_bytes: usize) -> usize {
         (self.swap_space / block_bytes.max(1) as u64) as usize
     }
+}
+
+/// Checks that a GPU pool of `blocks` blocks fits one kernel: each layer's keys (and values) are
+/// one tensor of `blocks` blocks, which a kernel binds whole, and over
+/// [`MAX_GPU_TENSOR_BYTES`] a launch can be dropped without an error.
+fn check_gpu_pool(layout: &KvLayout, block_size: usize, blocks: usize) -> Result<()> {
+    let tensor_block_bytes = PagedKvCache::block_bytes(layout, block_size) / (2 * layout.num_layers).max(1);
+    if blocks.saturating_mul(tensor_block_bytes) <= MAX_GPU_TENSOR_BYTES {
+        return Ok(());
+    }
+    let most = MAX_GPU_TENSOR_BYTES / tensor_block_bytes.max(1);
+    let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
+    Err(PagedError::Config(format!(
+        "a KV cache of {blocks} blocks makes each layer's key and value tensors {:.2} GiB, more than the 2 GiB a GPU \
+         kernel can bind: give --kv-cache-memory of at most {most} blocks ({:.2} GiB of KV cache in all)",
+        gib(blocks.saturating_mul(tensor_block_bytes)),
+        gib(most * tensor_block_bytes * 2 * layout.num_layers)
+    )))
 }
 
 /// Physical RAM in bytes (Linux `/proc/meminfo`).
@@ -142,6 +166,8 @@ fn physical_memory() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use burn_llm_models::Precision;
+
     use super::*;
 
     #[test]
@@ -154,5 +180,18 @@ mod tests {
         assert_eq!("blocks:12".parse(), Ok(KvCacheMemory::Blocks(12)));
         assert!("lots".parse::<KvCacheMemory>().is_err());
         assert!("-1GiB".parse::<KvCacheMemory>().is_err());
+    }
+
+    #[test]
+    fn gpu_pools_over_what_a_kernel_binds_are_an_error() {
+        // LLaMA-7B's layer: 32 KV heads of 128 in f16, blocks of 16 tokens: 128 KiB per block
+        // and tensor, so 16383 blocks fit under 2 GiB and 16384 do not.
+        let layout = KvLayout { num_layers: 32, num_kv_heads: 32, head_dim: 128, dtype: Precision::F16 };
+        assert!(check_gpu_pool(&layout, 16, 16383).is_ok());
+        let Err(PagedError::Config(message)) = check_gpu_pool(&layout, 16, 16384) else {
+            panic!("16384 blocks of 128 KiB make a 2 GiB tensor");
+        };
+        assert!(message.contains("2.00 GiB") && message.contains("at most 16383 blocks"), "{message}");
+        assert!(check_gpu_pool(&layout, 16, usize::MAX).is_err());
     }
 }

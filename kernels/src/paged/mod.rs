@@ -434,6 +434,11 @@ pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedKer
     Ok(cache.clone().select(0, upload(ids.to_vec(), &cache.device())))
 }
 
+/// Largest tensor a GPU kernel binds: wgpu and Vulkan storage buffers are addressed with 31 bits.
+/// Over it a launch can be dropped without an error (an H200 under NVIDIA's Vulkan driver timed a
+/// paged attention over 2 GiB K and V caches at 31 µs), so whoever sizes a cache checks it.
+pub const MAX_GPU_TENSOR_BYTES: usize = (1 << 31) - 1;
+
 /// The per-step inputs of [`paged_attention_with`], checked and uploaded once and then shared by
 /// every layer of the step (vLLM's input metadata): block tables, which table row each query
 /// reads, and each query's context length.

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_llm::DeviceChoice;
-use burn_llm::kernels::{PagedBatch, PagedKernelError, paged_attention_with};
+use burn_llm::kernels::{MAX_GPU_TENSOR_BYTES, PagedBatch, PagedKernelError, paged_attention_with};
 use burn_llm::models::{CausalLm, Precision};
 use burn_llm::offload::profiler::time;
 use rand::SeedableRng;
@@ -86,10 +86,6 @@ struct Report {
     peak_gb_s: Option<f64>,
     results: Vec<Row>,
 }
-
-/// Largest tensor a GPU kernel here can bind: on NVIDIA's Vulkan driver an H200 run with 2 GiB K
-/// and V caches returned in 31 µs, the launch dropped without an error.
-const MAX_GPU_TENSOR_BYTES: usize = (1 << 31) - 1;
 
 /// Largest buffer of the streaming measurement: past a few hundred MiB a GPU's bandwidth is
 /// flat, and `iters` results are alive at once.
