@@ -138,9 +138,9 @@ impl EngineConfig {
     }
 }
 
-/// Checks that a GPU pool of `blocks` blocks fits one kernel: each layer's keys (and values) are
-/// one tensor of `blocks` blocks, which a kernel binds whole, and over
-/// [`MAX_GPU_TENSOR_BYTES`] a launch can be dropped without an error.
+/// Checks that a GPU pool of `blocks` blocks can be allocated: each layer's keys (and values) are
+/// one tensor of `blocks` blocks, one buffer, and a buffer over [`MAX_GPU_TENSOR_BYTES`] fails
+/// to allocate only when the first result is read.
 fn check_gpu_pool(layout: &KvLayout, block_size: usize, blocks: usize) -> Result<()> {
     let tensor_block_bytes = PagedKvCache::block_bytes(layout, block_size) / (2 * layout.num_layers).max(1);
     if blocks.saturating_mul(tensor_block_bytes) <= MAX_GPU_TENSOR_BYTES {
@@ -150,7 +150,7 @@ fn check_gpu_pool(layout: &KvLayout, block_size: usize, blocks: usize) -> Result
     let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
     Err(PagedError::Config(format!(
         "a KV cache of {blocks} blocks makes each layer's key and value tensors {:.2} GiB, more than the 2 GiB a GPU \
-         kernel can bind: give --kv-cache-memory of at most {most} blocks ({:.2} GiB of KV cache in all)",
+         buffer can hold: give --kv-cache-memory of at most {most} blocks ({:.2} GiB of KV cache in all)",
         gib(blocks.saturating_mul(tensor_block_bytes)),
         gib(most * tensor_block_bytes * 2 * layout.num_layers)
     )))

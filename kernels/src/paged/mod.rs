@@ -434,9 +434,11 @@ pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedKer
     Ok(cache.clone().select(0, upload(ids.to_vec(), &cache.device())))
 }
 
-/// Largest tensor a GPU kernel binds: wgpu and Vulkan storage buffers are addressed with 31 bits.
-/// Over it a launch can be dropped without an error (an H200 under NVIDIA's Vulkan driver timed a
-/// paged attention over 2 GiB K and V caches at 31 µs), so whoever sizes a cache checks it.
+/// Largest tensor a GPU device here holds in one buffer: on an H200 under NVIDIA's Vulkan driver,
+/// wgpu refused a buffer of 2 GiB ("can't allocate buffer of size 2147483648"). The failure
+/// surfaces only when a result is read; until then the operations that need the buffer are
+/// skipped (a timing without a read measured a 4 GiB paged attention at 31 µs). Whoever sizes a
+/// cache checks it up front.
 pub const MAX_GPU_TENSOR_BYTES: usize = (1 << 31) - 1;
 
 /// The per-step inputs of [`paged_attention_with`], checked and uploaded once and then shared by

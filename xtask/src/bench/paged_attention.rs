@@ -92,41 +92,39 @@ struct Report {
 const MAX_STREAM_BYTES: usize = 256 << 20;
 
 /// Seconds per call of `f`: the median of 5 samples of `iters` calls each, after a warm-up.
-/// Each sample ends by reading back one value from every result: on a GPU Burn queues and fuses
-/// operations lazily, so neither a dropped result nor a device sync proves the kernel ran (an
-/// H200 run timed 4 GiB of KV in 31 µs that way); a value on the host does.
+/// Every result stays alive until the device has finished (a device sync): on a GPU Burn fuses
+/// operations lazily, and a result dropped before it ran is never computed.
 fn per_call<const D: usize>(
+    device: &Device,
     iters: usize,
     mut f: impl FnMut() -> Result<Tensor<D>, PagedKernelError>,
-) -> Result<f64, PagedKernelError> {
+) -> Result<f64, Box<dyn std::error::Error>> {
     let iters = iters.max(1);
     let mut failed = None;
     let seconds = time(5, || {
         let results: Result<Vec<Tensor<D>>, _> = (0..iters).map(|_| f()).collect();
+        if let Err(e) = device.sync().map_err(|e| format!("{e:?}")) {
+            failed = Some(e);
+        }
         match results {
-            Ok(results) => {
-                // The results stay alive until the values are read, so each is computed whole.
-                let firsts = results.iter().map(|r| r.clone().flatten::<1>(0, D - 1).slice(0..1));
-                let _ = Tensor::cat(firsts.collect(), 0).into_data();
-                drop(results);
-            }
-            Err(e) => failed = Some(e),
+            Ok(results) => drop(results),
+            Err(e) => failed = Some(e.to_string()),
         }
     });
     match failed {
-        Some(e) => Err(e),
+        Some(e) => Err(format!("the device failed while timing: {e}").into()),
         None => Ok(seconds / iters as f64),
     }
 }
 
-/// Streaming bandwidth on `device`: `x + 1` over `bytes` of `dtype` (at most
-/// [`MAX_STREAM_BYTES`]), bytes read and written ÷ time.
-fn stream_gb_s(device: &Device, bytes: usize, dtype: DType, iters: usize) -> f64 {
+/// Streaming bandwidth on `device`: `x + 1` over `bytes` of random `dtype` values (at most
+/// [`MAX_STREAM_BYTES`]; random, since an H200 reads a buffer of zeros faster than its HBM
+/// peak: Hopper compresses them), bytes read and written ÷ time.
+fn stream_gb_s(device: &Device, bytes: usize, dtype: DType, iters: usize) -> Result<f64, Box<dyn std::error::Error>> {
     let elems = (bytes.min(MAX_STREAM_BYTES) / dtype.size()).max(1);
-    let x = Tensor::<1>::zeros([elems], device).cast(dtype);
-    let _ = device.sync();
-    let seconds = per_call(iters, || Ok(x.clone() + 1.0)).unwrap_or(f64::NAN);
-    (2 * elems * dtype.size()) as f64 / seconds / 1e9
+    let x = Tensor::<1>::random([elems], Distribution::Uniform(-1.0, 1.0), (device, dtype));
+    let seconds = per_call(device, iters, || Ok(x.clone() + 1.0))?;
+    Ok((2 * elems * dtype.size()) as f64 / seconds / 1e9)
 }
 
 /// One case: `seqs` decode queries over `context` tokens each.
@@ -146,7 +144,7 @@ fn case(
     if args.device != DeviceChoice::Flex && cache_bytes > MAX_GPU_TENSOR_BYTES {
         return Err(format!(
             "{seqs} sequences × {context} tokens need K and V caches of {:.2} GiB each, more than the 2 GiB a GPU \
-             kernel binds: give fewer --seqs or a shorter --context",
+             buffer holds: give fewer --seqs or a shorter --context",
             cache_bytes as f64 / (1u64 << 30) as f64
         )
         .into());
@@ -161,11 +159,11 @@ fn case(
     let scale = (args.head_dim as f32).powf(-0.5);
     paged_attention_with(q.clone(), &k, &v, &batch, scale)?;
     // Arguments were checked by the call above; a failure here would be a device error.
-    let kernel_s = per_call(args.iters, || paged_attention_with(q.clone(), &k, &v, &batch, scale))?;
+    let kernel_s = per_call(device, args.iters, || paged_attention_with(q.clone(), &k, &v, &batch, scale))?;
     let kv_bytes = (2 * seqs * context * args.kv_heads * args.head_dim * dtype.size()) as u64;
     let kernel_gb_s = kv_bytes as f64 / kernel_s / 1e9;
     drop((k, v));
-    let stream = stream_gb_s(device, kv_bytes as usize / 2, dtype, args.iters);
+    let stream = stream_gb_s(device, kv_bytes as usize / 2, dtype, args.iters)?;
     let row = Row {
         seqs,
         context,
@@ -213,7 +211,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut md = header.markdown("PagedAttention kernel: achieved memory bandwidth");
     md.push_str(&format!(
         "- one decode launch: {} query heads, {} KV heads of {}, blocks of {} tokens in random order, {}\n\
-         - KV GB/s = K and V bytes read ÷ kernel time; stream = `x + 1` over half as many bytes (at most 256 MiB), read + written ÷ time\n\n",
+         - KV GB/s = K and V bytes read ÷ kernel time; stream = `x + 1` over half as many random bytes (at most 256 MiB), read + written ÷ time\n\n",
         args.heads,
         args.kv_heads,
         args.head_dim,
