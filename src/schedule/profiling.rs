@@ -7,8 +7,9 @@
 //! steps of the same sequences (ExeGPT's phased schedule keeps the two apart). Every timed step
 //! goes to [`fit::engine_steps`] (the decode steps at their middle context): the profile's
 //! `engine_step_ms` tables of each point's median (what the XSimulator reads on one device), its
-//! linear `engine_step` overhead, and its `step_variation`, the steps' 99th-percentile spread
-//! about those medians, which the planner adds to its latency (ExeGPT §7.9).
+//! linear `engine_step` overhead, and its `step_variation`, the 99th-percentile spread of each
+//! run's steps (its prefill; its decode steps together) about those medians, which the planner
+//! adds to its latency (ExeGPT §7.9).
 //! [`load_or_profile`] reads a cached profile or measures one (layers, then engine steps) and
 //! writes it.
 
@@ -54,14 +55,15 @@ pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<
             }
             // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
             let context = tokens + grid.decode_steps.saturating_sub(1) / 2;
-            for run in &runs {
-                samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: run[0] });
-                samples.extend(run[1..].iter().map(|&ms| StepSample {
+            for (run, times) in runs.iter().enumerate() {
+                samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: times[0], run });
+                samples.extend(times[1..].iter().map(|&ms| StepSample {
                     kind: StepKind::Decode,
                     batch,
                     tokens: 1,
                     context,
                     ms,
+                    run,
                 }));
             }
         }

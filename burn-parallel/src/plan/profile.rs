@@ -55,8 +55,9 @@
 //! - `step_variation` (optional; absent means 0): how far above its median a serving-engine step
 //!   runs at the 99th percentile, as a fraction of the median, for prefill and decode steps
 //!   (ExeGPT §7.9 and its Table 7: "the 99th percentile ranges of encoder/decoder's single stage
-//!   execution times", ±7.1% and ±2.4% there). The profiler pools every timed step's ratio to
-//!   the median of its point. ExeGPT "consider[s] this variance when determining control
+//!   execution times", ±7.1% and ±2.4% there). The profiler pools, over every timed run of a
+//!   point, the run's mean step over the point's median step: a prefill run is one step, a decode
+//!   run the consecutive steps a request decodes, whose latency sums them. ExeGPT "consider[s] this variance when determining control
 //!   variables to satisfy latency constraints": the schedule planner's latency takes every step
 //!   at its 99th percentile ([`StepVariation`]); throughput, an average, takes the medians.
 //!

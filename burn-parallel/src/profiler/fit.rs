@@ -53,6 +53,10 @@ pub struct StepSample {
     pub context: usize,
     /// Wall-clock milliseconds of the step.
     pub ms: f64,
+    /// Which timed run of the engine the step was part of: the steps of one run (a prefill and
+    /// the decode steps after it) were timed one after another. [`step_variation`] reads the
+    /// spread of a run's decode steps together, as a request's latency sums consecutive steps.
+    pub run: usize,
 }
 
 /// The engine's per-step overhead: the part of each sample's time the profile's tables do not
@@ -135,22 +139,28 @@ pub fn engine_steps(profile: &mut Profile, samples: &[StepSample]) -> Result<(),
 }
 
 /// The 99th-percentile variation of the engine's steps (ExeGPT §7.9, the profile's
-/// `step_variation`): every sample of a point timed more than once, as a ratio to that point's
-/// median, pooled by kind; the 99th percentile of the pooled ratios (nearest rank, so with fewer
-/// than 100 ratios the largest), minus 1, between 0 and [`StepVariation::MAX`] (a step preempted
-/// for many times its length on a loaded machine would otherwise make every bound infeasible).
-/// `None` when no point was timed twice.
+/// `step_variation`), measured over what a request's latency adds up. Each timed run of a point
+/// (samples sharing `run`) gives one ratio per kind: the mean of its steps of that kind over the
+/// point's median step (a prefill run has one step; a decode run the steps a request decodes one
+/// after another, so a stall shared by neighbouring steps counts fully and one step's hiccup is
+/// averaged as a request's sum averages it). The ratios are pooled by kind; the 99th percentile
+/// of the pooled ratios (nearest rank, so with fewer than 100 ratios the largest), minus 1,
+/// between 0 and [`StepVariation::MAX`] (a step preempted for many times its length on a loaded
+/// machine would otherwise make every bound infeasible). `None` when no point was run twice.
 pub fn step_variation(samples: &[StepSample]) -> Option<StepVariation> {
     let of_kind = |kind: StepKind| -> Option<f64> {
         let point = |s: &&StepSample| (s.batch, s.tokens, s.context);
         let mut of_kind: Vec<&StepSample> = samples.iter().filter(|s| s.kind == kind).collect();
-        of_kind.sort_by_key(point);
+        of_kind.sort_by_key(|s| (point(s), s.run));
         let mut ratios = Vec::new();
         for timed in of_kind.chunk_by(|a, b| point(a) == point(b)) {
-            let times: Vec<f64> = timed.iter().map(|s| s.ms).collect();
-            let middle = median(times.clone());
-            if times.len() > 1 && middle > 0.0 {
-                ratios.extend(times.iter().map(|t| t / middle));
+            let middle = median(timed.iter().map(|s| s.ms).collect());
+            let runs: Vec<f64> = timed
+                .chunk_by(|a, b| a.run == b.run)
+                .map(|run| run.iter().map(|s| s.ms).sum::<f64>() / run.len() as f64)
+                .collect();
+            if runs.len() > 1 && middle > 0.0 {
+                ratios.extend(runs.iter().map(|t| t / middle));
             }
         }
         ratios.sort_by(f64::total_cmp);
@@ -334,11 +344,11 @@ mod tests {
             let (b, t) = (batch as f64, tokens as f64);
             let jitter = if k % 2 == 0 { noise } else { -noise };
             let ms = cost.prefill_compute_ms(b, t) + overhead.prefill_ms(b, t) + jitter;
-            out.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms });
+            out.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms, run: 0 });
             for step in 0..3 {
                 let context = tokens + step;
                 let ms = cost.decode_compute_ms(b, context as f64) + overhead.decode_ms(b) - jitter;
-                out.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context, ms });
+                out.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context, ms, run: 0 });
             }
         }
         out
@@ -375,34 +385,48 @@ mod tests {
     }
 
     #[test]
-    fn profile_fit_step_variation_is_the_pooled_99th_percentile_over_each_points_median() {
-        let sample = |kind, batch, ms| StepSample { kind, batch, tokens: 4, context: 0, ms };
+    fn profile_fit_step_variation_is_the_pooled_99th_percentile_of_runs_over_each_points_median() {
+        let sample = |kind, batch, ms, run| StepSample { kind, batch, tokens: 4, context: 0, ms, run };
         let mut samples = vec![];
-        for ms in [10.0, 10.0, 12.0] {
-            samples.push(sample(StepKind::Prefill, 1, ms));
+        for (run, ms) in [10.0, 10.0, 12.0].into_iter().enumerate() {
+            samples.push(sample(StepKind::Prefill, 1, ms, run));
         }
-        for ms in [20.0, 25.0, 20.0] {
-            samples.push(sample(StepKind::Prefill, 2, ms));
+        for (run, ms) in [20.0, 25.0, 20.0].into_iter().enumerate() {
+            samples.push(sample(StepKind::Prefill, 2, ms, run));
         }
-        // Decode points timed once each: no spread to read.
-        samples.push(sample(StepKind::Decode, 1, 3.0));
-        samples.push(sample(StepKind::Decode, 2, 9.0));
+        // Decode points of one run each: no spread to read.
+        samples.push(sample(StepKind::Decode, 1, 3.0, 0));
+        samples.push(sample(StepKind::Decode, 2, 9.0, 0));
         let v = step_variation(&samples).unwrap();
         assert!((v.prefill - 0.25).abs() < 1e-12 && v.decode == 0.0, "{v:?}");
-        // 200 ratios: the 99th percentile is the 198th, below the two largest.
-        let mut many: Vec<StepSample> = (0..200).map(|_| sample(StepKind::Decode, 1, 4.0)).collect();
+        // 200 runs of one step: the 99th percentile is the 198th ratio, below the two largest.
+        let mut many: Vec<StepSample> = (0..200).map(|run| sample(StepKind::Decode, 1, 4.0, run)).collect();
         many[0].ms = 40.0;
         many[1].ms = 8.0;
         many[2].ms = 5.0;
         let v = step_variation(&many).unwrap();
         assert!((v.decode - 0.25).abs() < 1e-12 && v.prefill == 0.0, "{v:?}");
-        // Faster-than-median samples never make the variation negative; one timing per point gives none.
-        let fast = [sample(StepKind::Decode, 1, 4.0), sample(StepKind::Decode, 1, 2.0)];
+        // Runs of four decode steps: a run's ratio is its mean over the point's median (4 ms).
+        // One step at 8 ms in a run of four is a run 25% slow; two such runs, one 50% slow.
+        let runs = [[8.0, 4.0, 4.0, 4.0], [4.0, 4.0, 4.0, 4.0], [4.0, 8.0, 8.0, 4.0], [4.0, 4.0, 4.0, 4.0]];
+        let of_runs: Vec<StepSample> = runs
+            .iter()
+            .enumerate()
+            .flat_map(|(run, steps)| steps.iter().map(move |&ms| sample(StepKind::Decode, 1, ms, run)))
+            .collect();
+        assert!((step_variation(&of_runs).unwrap().decode - 0.5).abs() < 1e-12);
+        // The order the samples come in does not matter; each run's steps are read together.
+        let mut shuffled = of_runs.clone();
+        shuffled.reverse();
+        assert_eq!(step_variation(&shuffled), step_variation(&of_runs));
+        // Faster-than-median samples never make the variation negative; one run per point gives none.
+        let fast = [sample(StepKind::Decode, 1, 4.0, 0), sample(StepKind::Decode, 1, 2.0, 1)];
         assert_eq!(step_variation(&fast).unwrap().decode, 0.0);
         assert_eq!(step_variation(&samples[6..]), None);
+        assert_eq!(step_variation(&of_runs[..4]), None);
         // A step preempted for 30 times its length is capped at the largest variation a profile takes.
-        let preempted = [1.0, 1.0, 30.0].map(|ms| sample(StepKind::Prefill, 1, ms));
-        assert_eq!(step_variation(&preempted).unwrap().prefill, StepVariation::MAX);
+        let preempted = [1.0, 1.0, 30.0].into_iter().enumerate().map(|(run, ms)| sample(StepKind::Prefill, 1, ms, run));
+        assert_eq!(step_variation(&preempted.collect::<Vec<_>>()).unwrap().prefill, StepVariation::MAX);
     }
 
     #[test]

@@ -181,8 +181,9 @@ fn upto(axis: &[usize], max: usize) -> Vec<usize> {
 /// for every batch and prompt length, the engine prefills `batch` prompts of that length in one
 /// step, then decodes them for `decode_steps` steps; the run is repeated `warmup` times untimed,
 /// then `repeats` times; the prefill's median time is kept, and the median of every decode step
-/// of every repeat, at the decode steps' middle context; the spread of the timed steps about
-/// those medians is the profile's `step_variation`.
+/// of every repeat, at the decode steps' middle context; the spread of the timed runs about
+/// those medians (a run's prefill; the mean of its decode steps) is the profile's
+/// `step_variation`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineStepGrid {
     /// Sequences per step.

@@ -167,9 +167,16 @@ fn profile_cli_records_the_engine_timer_steps() {
                 for &tokens in &grid.prompt_tokens {
                     let jump = if batch > 1 { 60.0 } else { 0.0 };
                     let ms = 100.0 + jump + (batch * tokens) as f64;
-                    samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms });
+                    samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms, run: 0 });
                     let ms = 30.0 + jump + batch as f64;
-                    samples.push(StepSample { kind: StepKind::Decode, batch, tokens: 1, context: tokens + 1, ms });
+                    samples.push(StepSample {
+                        kind: StepKind::Decode,
+                        batch,
+                        tokens: 1,
+                        context: tokens + 1,
+                        ms,
+                        run: 0,
+                    });
                 }
             }
             Ok(samples)
