@@ -51,7 +51,7 @@ macro_rules! avx2_dispatch {
 
 pub mod fused;
 pub mod paged;
-pub use paged::MAX_GPU_TENSOR_BYTES;
+pub use paged::MAX_GPU_TENSOR_ELEMENTS;
 pub mod quant;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
 pub mod remote;

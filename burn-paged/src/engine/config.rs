@@ -1,6 +1,6 @@
 //! Engine configuration: the KV-cache memory budget and the scheduler's limits.
 
-use burn_llm_kernels::MAX_GPU_TENSOR_BYTES;
+use burn_llm_kernels::MAX_GPU_TENSOR_ELEMENTS;
 use burn_llm_models::{KvLayout, LanguageModel};
 
 use crate::cache::PagedKvCache;
@@ -138,21 +138,23 @@ impl EngineConfig {
     }
 }
 
-/// Checks that a GPU pool of `blocks` blocks can be allocated: each layer's keys (and values) are
-/// one tensor of `blocks` blocks, one buffer, and a buffer over [`MAX_GPU_TENSOR_BYTES`] fails
-/// to allocate only when the first result is read.
+/// Checks that a GPU pool of `blocks` blocks can be used: each layer's keys (and values) are one
+/// tensor of `blocks` blocks, and over [`MAX_GPU_TENSOR_ELEMENTS`] a GPU kernel silently computes
+/// nothing (or the buffer fails to allocate) until a result is read.
 fn check_gpu_pool(layout: &KvLayout, block_size: usize, blocks: usize) -> Result<()> {
-    let tensor_block_bytes = PagedKvCache::block_bytes(layout, block_size) / (2 * layout.num_layers).max(1);
-    if blocks.saturating_mul(tensor_block_bytes) <= MAX_GPU_TENSOR_BYTES {
+    let block_elements = PagedKvCache::block_values(layout, block_size);
+    if blocks.saturating_mul(block_elements) <= MAX_GPU_TENSOR_ELEMENTS {
         return Ok(());
     }
-    let most = MAX_GPU_TENSOR_BYTES / tensor_block_bytes.max(1);
+    let most = MAX_GPU_TENSOR_ELEMENTS / block_elements.max(1);
     let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
+    let block_bytes = PagedKvCache::block_bytes(layout, block_size);
     Err(PagedError::Config(format!(
-        "a KV cache of {blocks} blocks makes each layer's key and value tensors {:.2} GiB, more than the 2 GiB a GPU \
-         buffer can hold: give --kv-cache-memory of at most {most} blocks ({:.2} GiB of KV cache in all)",
-        gib(blocks.saturating_mul(tensor_block_bytes)),
-        gib(most * tensor_block_bytes * 2 * layout.num_layers)
+        "a KV cache of {blocks} blocks makes each layer's key and value tensors {} elements each, more than the \
+         {MAX_GPU_TENSOR_ELEMENTS} a GPU kernel handles: give --kv-cache-memory of at most {most} blocks ({:.2} GiB \
+         of KV cache in all)",
+        blocks.saturating_mul(block_elements),
+        gib(most * block_bytes)
     )))
 }
 
@@ -183,15 +185,15 @@ mod tests {
     }
 
     #[test]
-    fn gpu_pools_over_what_a_kernel_binds_are_an_error() {
-        // LLaMA-7B's layer: 32 KV heads of 128 in f16, blocks of 16 tokens: 128 KiB per block
-        // and tensor, so 16383 blocks fit under 2 GiB and 16384 do not.
+    fn gpu_pools_over_what_a_kernel_handles_are_an_error() {
+        // LLaMA-7B's layer: 32 KV heads of 128, blocks of 16 tokens: 65536 elements per block and
+        // tensor, so 8191 blocks stay under 2^29 elements and 8192 do not (the H200's limit).
         let layout = KvLayout { num_layers: 32, num_kv_heads: 32, head_dim: 128, dtype: Precision::F16 };
-        assert!(check_gpu_pool(&layout, 16, 16383).is_ok());
-        let Err(PagedError::Config(message)) = check_gpu_pool(&layout, 16, 16384) else {
-            panic!("16384 blocks of 128 KiB make a 2 GiB tensor");
+        assert!(check_gpu_pool(&layout, 16, 8191).is_ok());
+        let Err(PagedError::Config(message)) = check_gpu_pool(&layout, 16, 8192) else {
+            panic!("8192 blocks of 65536 elements make a tensor of 2^29 elements");
         };
-        assert!(message.contains("2.00 GiB") && message.contains("at most 16383 blocks"), "{message}");
+        assert!(message.contains("536870912 elements") && message.contains("at most 8191 blocks"), "{message}");
         assert!(check_gpu_pool(&layout, 16, usize::MAX).is_err());
     }
 }

@@ -434,12 +434,13 @@ pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedKer
     Ok(cache.clone().select(0, upload(ids.to_vec(), &cache.device())))
 }
 
-/// Largest tensor a GPU device here holds in one buffer: on an H200 under NVIDIA's Vulkan driver,
-/// wgpu refused a buffer of 2 GiB ("can't allocate buffer of size 2147483648"). The failure
-/// surfaces only when a result is read; until then the operations that need the buffer are
-/// skipped (a timing without a read measured a 4 GiB paged attention at 31 µs). Whoever sizes a
-/// cache checks it up front.
-pub const MAX_GPU_TENSOR_BYTES: usize = (1 << 31) - 1;
+/// Most elements one GPU tensor may hold here (2^29 − 1). Measured on an H200 under NVIDIA's
+/// Vulkan driver: a paged attention read K and V caches of 532M f16 elements and of 2^28 f32
+/// elements (1 GiB) correctly, but with caches of 2^29 f16 elements (also 1 GiB) the kernel did
+/// nothing, and a 2^29-element f32 buffer (2 GiB) failed to allocate. Neither failure says so until
+/// a result is read (a timing without one measured 1 GiB in 30 µs), so whoever sizes a cache
+/// checks it up front.
+pub const MAX_GPU_TENSOR_ELEMENTS: usize = (1 << 29) - 1;
 
 /// The per-step inputs of [`paged_attention_with`], checked and uploaded once and then shared by
 /// every layer of the step (vLLM's input metadata): block tables, which table row each query

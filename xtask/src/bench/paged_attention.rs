@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_llm::DeviceChoice;
-use burn_llm::kernels::{MAX_GPU_TENSOR_BYTES, PagedBatch, PagedKernelError, paged_attention_with};
+use burn_llm::kernels::{MAX_GPU_TENSOR_ELEMENTS, PagedBatch, PagedKernelError, paged_attention_with};
 use burn_llm::models::{CausalLm, Precision};
 use burn_llm::offload::profiler::time;
 use rand::SeedableRng;
@@ -140,19 +140,17 @@ fn case(
     let mut tables: Vec<u32> = (0..num_blocks as u32).collect();
     tables.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(0));
     let shape = [num_blocks, args.kv_heads, args.block_size, args.head_dim];
-    let cache_bytes = shape.iter().product::<usize>() * dtype.size();
-    if args.device != DeviceChoice::Flex && cache_bytes > MAX_GPU_TENSOR_BYTES {
+    let cache_elements: usize = shape.iter().product();
+    if args.device != DeviceChoice::Flex && cache_elements > MAX_GPU_TENSOR_ELEMENTS {
         return Err(format!(
-            "{seqs} sequences × {context} tokens need K and V caches of {:.2} GiB each, more than the 2 GiB a GPU \
-             buffer holds: give fewer --seqs or a shorter --context",
-            cache_bytes as f64 / (1u64 << 30) as f64
+            "{seqs} sequences × {context} tokens need K and V caches of {cache_elements} elements each, more than the \
+             {MAX_GPU_TENSOR_ELEMENTS} a GPU kernel handles: give fewer --seqs or a shorter --context"
         )
         .into());
     }
-    let random = |shape| Tensor::<4>::random(shape, Distribution::Uniform(-1.0, 1.0), device).cast(dtype);
+    let random = |shape| Tensor::<4>::random(shape, Distribution::Uniform(-1.0, 1.0), (device, dtype));
     let (k, v) = (random(shape), random(shape));
-    let q =
-        Tensor::<3>::random([seqs, args.heads, args.head_dim], Distribution::Uniform(-1.0, 1.0), device).cast(dtype);
+    let q = Tensor::<3>::random([seqs, args.heads, args.head_dim], Distribution::Uniform(-1.0, 1.0), (device, dtype));
     let query_seq: Vec<u32> = (0..seqs as u32).collect();
     let context_lens = vec![context as u32; seqs];
     let batch = PagedBatch::new(&tables, blocks_per_seq, args.block_size, &query_seq, &context_lens, device)?;
