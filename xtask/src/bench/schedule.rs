@@ -569,8 +569,9 @@ fn markdown(
     }
     if let Some(v) = &profile.step_variation {
         md.push_str(&format!(
-            "\nStep variation (the profile's `step_variation`: the 99th percentile of every timed step over its point's \
-             median): prefill +{:.1}%, decode +{:.1}%. The planner's latency counts every step at it (ExeGPT §7.9); its \
+            "\nStep variation (the profile's `step_variation`: the 99th percentile, over every timed run, of the run's \
+             prefill and of the mean of its consecutive decode steps, over its point's median): prefill +{:.1}%, decode \
+             +{:.1}%. The planner's latency counts every step at it (ExeGPT §7.9); its \
              throughput takes the medians.\n",
             100.0 * v.prefill,
             100.0 * v.decode
