@@ -9,7 +9,6 @@ use clap::Parser;
 use serde::Serialize;
 
 use burn_llm_models::cache::{KvLayout, fit_kv_quant};
-use burn_llm_models::model::CausalLm;
 use burn_llm_models::{
     BeamSearchParams, ChatMessage, GenerationOutput, Generator, ModelError, Precision, Pretrained, PretrainedFiles,
     Prompt, RequestOutput, SamplingParams, StreamEvent, hub, pypi::PypiModel,
@@ -544,22 +543,11 @@ impl GenerateArgs {
         device: &burn::tensor::Device,
         log: &mut dyn Write,
     ) -> Result<Precision, Box<dyn std::error::Error>> {
-        if let Some(precision) = self.dtype {
-            CausalLm::check_precision(precision, device)?;
-            return Ok(precision);
+        let (precision, note) = choice.precision(self.dtype, device)?;
+        if let Some(note) = note.filter(|_| !self.json) {
+            writeln!(log, "{note}")?;
         }
-        let default = choice.default_precision();
-        if CausalLm::check_precision(default, device).is_ok() {
-            return Ok(default);
-        }
-        if !self.json {
-            writeln!(
-                log,
-                "note: {} has no {default} support here; running in f32 (choose with --dtype)",
-                choice.name()
-            )?;
-        }
-        Ok(Precision::F32)
+        Ok(precision)
     }
 }
 

@@ -69,6 +69,27 @@ impl DeviceChoice {
         }
     }
 
+    /// The precision to run in on `device` (of this kind): `asked` when given (an error when the
+    /// device cannot compute in it), otherwise [`Self::default_precision`], falling back to f32
+    /// on a GPU without f16 support. The second value is the note to show on that fallback.
+    pub fn precision(
+        self,
+        asked: Option<burn_llm_models::Precision>,
+        device: &Device,
+    ) -> Result<(burn_llm_models::Precision, Option<String>), burn_llm_models::ModelError> {
+        use burn_llm_models::{CausalLm, Precision};
+        if let Some(precision) = asked {
+            CausalLm::check_precision(precision, device)?;
+            return Ok((precision, None));
+        }
+        let default = self.default_precision();
+        if CausalLm::check_precision(default, device).is_ok() {
+            return Ok((default, None));
+        }
+        let note = format!("note: {} has no {default} support here; running in f32 (choose with --dtype)", self.name());
+        Ok((Precision::F32, Some(note)))
+    }
+
     /// The device, or an error naming the feature to enable.
     pub fn device(self) -> Result<Device, NotCompiled> {
         match self {

@@ -118,24 +118,12 @@ fn load(
     Ok(Box::new(Generator::from(files.load(device)?)))
 }
 
-/// `--dtype` when given (an error when the device cannot compute in it), else the device kind's
-/// default, falling back to f32 with a note on a GPU without half-precision support.
-fn precision(args: &Args, device: &burn::tensor::Device) -> Result<Precision, Box<dyn std::error::Error>> {
-    if let Some(precision) = args.dtype {
-        CausalLm::check_precision(precision, device)?;
-        return Ok(precision);
-    }
-    let default = args.device.default_precision();
-    if CausalLm::check_precision(default, device).is_ok() {
-        return Ok(default);
-    }
-    eprintln!("note: {} has no {default} support here; running in f32 (choose with --dtype)", args.device.name());
-    Ok(Precision::F32)
-}
-
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
-    let dtype = precision(&args, &device)?;
+    let (dtype, note) = args.device.precision(args.dtype, &device)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let mut engine = load(&args.model, dtype, &device)?;
     let vocab = engine.spec().vocab_size as u32;
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens.max(2)) };

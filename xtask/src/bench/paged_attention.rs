@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_llm::DeviceChoice;
 use burn_llm::kernels::{MAX_GPU_TENSOR_ELEMENTS, PagedBatch, PagedKernelError, paged_attention_with};
-use burn_llm::models::{CausalLm, Precision};
+use burn_llm::models::Precision;
 use burn_llm::offload::profiler::time;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -182,8 +182,10 @@ fn case(
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
-    let precision = args.dtype.unwrap_or_else(|| args.device.default_precision());
-    CausalLm::check_precision(precision, &device)?;
+    let (precision, note) = args.device.precision(args.dtype, &device)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let dtype = precision.dtype();
     let mut results = Vec::new();
     for &context in &args.context {
