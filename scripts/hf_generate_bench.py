@@ -89,6 +89,18 @@ def timed_generate(model, ids, new_tokens, device):
     return first - start, end - first, generated - 1
 
 
+def command_line(args):
+    """This run's command, its paths relative to the report's folder (no machine's paths in a
+    report that may be committed)."""
+    import os
+
+    base = args.out.parent
+    parts = [Path(sys.argv[0]).name]
+    for arg in sys.argv[1:]:
+        parts.append(os.path.relpath(arg, base) if arg in (str(args.like), str(args.out)) else arg)
+    return " ".join(parts)
+
+
 def main():
     args = parse_args()
     like = json.loads(args.like.read_text())
@@ -140,7 +152,7 @@ def main():
     gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or platform.machine()
     report = {
         "benchmark": "hf-generate",
-        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "command": command_line(args),
         "model": like.get("model"),
         "device": device,
         "device_name": gpu,
