@@ -100,11 +100,11 @@ fn per_call<const D: usize>(
     mut f: impl FnMut() -> Result<Tensor<D>, PagedKernelError>,
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let iters = iters.max(1);
-    let mut failed = None;
+    let mut failed: Option<String> = None;
     let seconds = time(5, || {
         let results: Result<Vec<Tensor<D>>, _> = (0..iters).map(|_| f()).collect();
-        if let Err(e) = device.sync().map_err(|e| format!("{e:?}")) {
-            failed = Some(e);
+        if let Err(e) = device.sync() {
+            failed = Some(format!("the device failed while timing: {e:?}"));
         }
         match results {
             Ok(results) => drop(results),
@@ -112,7 +112,7 @@ fn per_call<const D: usize>(
         }
     });
     match failed {
-        Some(e) => Err(format!("the device failed while timing: {e}").into()),
+        Some(e) => Err(e.into()),
         None => Ok(seconds / iters as f64),
     }
 }
@@ -155,8 +155,6 @@ fn case(
     let context_lens = vec![context as u32; seqs];
     let batch = PagedBatch::new(&tables, blocks_per_seq, args.block_size, &query_seq, &context_lens, device)?;
     let scale = (args.head_dim as f32).powf(-0.5);
-    paged_attention_with(q.clone(), &k, &v, &batch, scale)?;
-    // Arguments were checked by the call above; a failure here would be a device error.
     let kernel_s = per_call(device, args.iters, || paged_attention_with(q.clone(), &k, &v, &batch, scale))?;
     let kv_bytes = (2 * seqs * context * args.kv_heads * args.head_dim * dtype.size()) as u64;
     let kernel_gb_s = kv_bytes as f64 / kernel_s / 1e9;
