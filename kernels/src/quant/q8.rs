@@ -80,7 +80,7 @@ impl Isa {
 
 /// Input rows quantized to signed 8-bit codes in blocks of [`BLOCK`] (llama.cpp's `block_q8_1`),
 /// laid out a pair of blocks at a time for the kernels (see the module doc).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QuantizedRows {
     /// Codes, `[m, pairs · 64]`, each pair of blocks in the order of the weight codes it meets;
     /// a row with an odd number of blocks ends in a pair whose second block is zeros.
@@ -109,10 +109,17 @@ impl QuantizedRows {
     /// Quantizes `x` `[m, k]` for weights of `bits`-bit codes in groups of `group` along `k`
     /// (`group` and `k` multiples of [`BLOCK`]).
     pub fn new(x: &[f32], m: usize, k: usize, group: usize, bits: u32) -> Self {
+        let mut rows = Self::zeros(m, k, group, bits);
         debug_assert!(group.is_multiple_of(BLOCK) && k.is_multiple_of(group) && x.len() == m * k);
+        quantize_into(&mut rows, x, k, group / BLOCK);
+        rows
+    }
+
+    /// Rows of zero codes and scales, to be filled by a quantizer.
+    fn zeros(m: usize, k: usize, group: usize, bits: u32) -> Self {
         let (blocks, groups) = (k / BLOCK, k / group);
         let pairs = blocks.div_ceil(2);
-        let mut rows = Self {
+        Self {
             q: vec![0; m * pairs * PAIR],
             d: vec![0.0; m * pairs * LANES],
             sx: vec![0.0; m * pairs * LANES],
@@ -121,8 +128,19 @@ impl QuantizedRows {
             blocks,
             groups,
             bits,
-        };
-        quantize_into(&mut rows, x, k, group / BLOCK);
+        }
+    }
+
+    /// [`QuantizedRows::new`] through the portable quantizer, or (`simd`, x86-64 with AVX2) the
+    /// AVX2 one, for tests that compare them.
+    #[cfg(test)]
+    pub fn new_with(x: &[f32], m: usize, k: usize, group: usize, bits: u32, simd: bool) -> Self {
+        let mut rows = Self::zeros(m, k, group, bits);
+        match simd {
+            #[cfg(target_arch = "x86_64")]
+            true => x86::quantize_into_simd(&mut rows, x, k, group / BLOCK),
+            _ => quantize_into_portable(&mut rows, x, k, group / BLOCK),
+        }
         rows
     }
 
@@ -159,6 +177,21 @@ impl QuantizedRows {
         self.blocks.div_ceil(2)
     }
 
+    /// Records block `b` of row `i`'s scale `d` and code sum `sum`: in its lanes of `d` and `sx`
+    /// (see [`lane_block`]) and in its group's sum.
+    #[inline(always)]
+    fn set_block_scale(&mut self, i: usize, b: usize, per_group: usize, d: f32, sum: i32) {
+        let at = (i * self.pairs() + b / 2) * LANES;
+        let lanes = self.d[at..at + LANES].iter_mut().zip(&mut self.sx[at..at + LANES]);
+        for (l, (lane_d, lane_sx)) in lanes.enumerate() {
+            if lane_block(l, self.bits) == b % 2 {
+                *lane_d = d;
+                *lane_sx = d * sum as f32 / 8.0;
+            }
+        }
+        self.group_sum[i * self.groups + b / per_group] += d * sum as f32;
+    }
+
     /// Activation codes of row `i`, block `b`, in element order, and the block's scale.
     pub fn block(&self, i: usize, b: usize) -> ([i8; BLOCK], f32) {
         let q = &self.q[(i * self.pairs() + b / 2) * PAIR..][..PAIR];
@@ -167,22 +200,27 @@ impl QuantizedRows {
     }
 }
 
-avx2_dispatch! {
-    /// Fills `rows` (fresh from [`QuantizedRows::new`]) from `x`, block by block as
-    /// `quantize_row_q8_1`; with AVX2 when the CPU has it (the block loops vectorize).
-    fn quantize_into(rows: &mut QuantizedRows, x: &[f32], k: usize, per_group: usize) => quantize_into_portable
+/// Fills `rows` (fresh from [`QuantizedRows::new`]) from `x`, block by block as
+/// `quantize_row_q8_1`: with AVX2 where the CPU has it, in plain Rust otherwise (same codes and
+/// scales, bit for bit).
+fn quantize_into(rows: &mut QuantizedRows, x: &[f32], k: usize, per_group: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::best() != Isa::Scalar {
+        return x86::quantize_into(rows, x, k, per_group);
+    }
+    quantize_into_portable(rows, x, k, per_group)
 }
 
-#[inline(always)]
+/// [`quantize_into`] in plain Rust.
 fn quantize_into_portable(rows: &mut QuantizedRows, x: &[f32], k: usize, per_group: usize) {
-    let (pairs, bits, groups) = (rows.pairs(), rows.bits, rows.groups);
+    let pairs = rows.pairs();
     let mut codes = [0i8; BLOCK];
     for (i, row) in x.chunks_exact(k).enumerate() {
         for (b, values) in row.chunks_exact(BLOCK).enumerate() {
             let values: &[f32; BLOCK] = values.try_into().expect("whole blocks");
             let (d, sum) = quantize_block(values, &mut codes);
             let q = &mut rows.q[(i * pairs + b / 2) * PAIR..][..PAIR];
-            if bits == 4 {
+            if rows.bits == 4 {
                 // `position`: even elements meet the low nibbles, odd ones the high nibbles.
                 let half = (b % 2) * (BLOCK / 2);
                 for u in 0..BLOCK / 2 {
@@ -192,15 +230,7 @@ fn quantize_into_portable(rows: &mut QuantizedRows, x: &[f32], k: usize, per_gro
             } else {
                 q[(b % 2) * BLOCK..][..BLOCK].copy_from_slice(&codes);
             }
-            let at = (i * pairs + b / 2) * LANES;
-            let lanes = rows.d[at..at + LANES].iter_mut().zip(&mut rows.sx[at..at + LANES]);
-            for (l, (lane_d, lane_sx)) in lanes.enumerate() {
-                if lane_block(l, bits) == b % 2 {
-                    *lane_d = d;
-                    *lane_sx = d * sum as f32 / 8.0;
-                }
-            }
-            rows.group_sum[i * groups + b / per_group] += d * sum as f32;
+            rows.set_block_scale(i, b, per_group, d, sum);
         }
     }
 }
@@ -392,6 +422,9 @@ mod x86 {
 
     use super::{BLOCK, Isa, LANES, PAIR, QuantizedRows, TILE, Weights};
 
+    #[cfg(test)]
+    pub(super) use quantize_into as quantize_into_simd;
+
     /// Dispatches to the kernel for `isa`, `w.bits` and the tile height `out.len()`; the caller
     /// ([`super::weight_rows`]) checked the bounds.
     pub(super) fn block_sums(
@@ -425,6 +458,79 @@ mod x86 {
             (Isa::Avx2, 4) => tiles!(avx2_4),
             (_, _) => tiles!(avx2_8),
         }
+    }
+
+    /// [`super::quantize_into`] with AVX2 (the plain loops compiled for AVX2 stayed scalar: a
+    /// multiply, a rounding and a byte store per value, 5% of a batch-1 decode step in `perf`).
+    /// Each block: `|x|`'s maximum over four registers, the codes `round(x / d)` converted with
+    /// the default rounding (half to even, as the portable path's magic-number rounding), packed
+    /// to bytes, and for 4-bit weights split into even and odd elements by one byte shuffle.
+    pub(super) fn quantize_into(rows: &mut QuantizedRows, x: &[f32], k: usize, per_group: usize) {
+        // SAFETY: the callers checked that the CPU has AVX2 (`Isa::best`).
+        unsafe { quantize_into_avx2(rows, x, k, per_group) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn quantize_into_avx2(rows: &mut QuantizedRows, x: &[f32], k: usize, per_group: usize) {
+        let pairs = rows.pairs();
+        // Bytes `[0, 2, …, 14, 1, 3, …, 15]` of each 128-bit lane: its even elements, then its odd.
+        let parity = _mm256_setr_epi8(
+            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+        );
+        for (i, row) in x.chunks_exact(k).enumerate() {
+            for (b, values) in row.chunks_exact(BLOCK).enumerate() {
+                let (codes, d, sum) = quantize_block(values.try_into().expect("whole blocks"));
+                let q = &mut rows.q[(i * pairs + b / 2) * PAIR..][..PAIR];
+                if rows.bits == 4 {
+                    // Even elements of the block in the low 16 bytes, odd ones in the high 16.
+                    let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(codes, parity));
+                    let half = (b % 2) * (BLOCK / 2);
+                    let (even, odd) = q.split_at_mut(BLOCK);
+                    // SAFETY: `half + 16 ≤ BLOCK` bytes of each half of the pair's 64 codes.
+                    unsafe {
+                        _mm_storeu_si128(
+                            even[half..][..16].as_mut_ptr() as *mut __m128i,
+                            _mm256_castsi256_si128(split),
+                        );
+                        _mm_storeu_si128(
+                            odd[half..][..16].as_mut_ptr() as *mut __m128i,
+                            _mm256_extracti128_si256(split, 1),
+                        );
+                    }
+                } else {
+                    // SAFETY: 32 bytes of the pair's 64 codes.
+                    unsafe { _mm256_storeu_si256(q[(b % 2) * BLOCK..][..BLOCK].as_mut_ptr() as *mut __m256i, codes) };
+                }
+                rows.set_block_scale(i, b, per_group, d, sum);
+            }
+        }
+    }
+
+    /// One block as [`super::quantize_block`]: its codes in element order, its scale at `f16`
+    /// precision and the sum of its codes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn quantize_block(values: &[f32; BLOCK]) -> (__m256i, f32, i32) {
+        // SAFETY: four loads of eight values from a block of 32.
+        let v: [__m256; 4] = std::array::from_fn(|c| unsafe { _mm256_loadu_ps(values.as_ptr().add(8 * c)) });
+        let sign = _mm256_set1_ps(-0.0);
+        let abs = |x: __m256| _mm256_andnot_ps(sign, x);
+        let m = _mm256_max_ps(_mm256_max_ps(abs(v[0]), abs(v[1])), _mm256_max_ps(abs(v[2]), abs(v[3])));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let c: [__m256i; 4] = std::array::from_fn(|j| _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv)));
+        let total = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+        let total = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b01_00_11_10>(total));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(total, _mm_shuffle_epi32::<0b10_11_00_01>(total)));
+        // Packing works per 128-bit lane: dwords of four codes come out as elements
+        // [0–3, 8–11, 16–19, 24–27, 4–7, 12–15, 20–23, 28–31], put back in order.
+        let bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+        let codes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        (codes, super::f16_precision(d), sum)
     }
 
     /// Lanes of block 1 of a pair in a 512-bit dot (see `lane_block`): 4-bit, lanes 4–7 and 12–15.

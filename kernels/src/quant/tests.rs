@@ -430,6 +430,37 @@ fn int8_rows_round_within_half_a_step() {
     }
 }
 
+/// The AVX2 activation quantizer gives the portable one's codes, scales and sums bit for bit:
+/// rows of random values with spikes, all-zero blocks, exact ties (`x / d` at `n + ½`, rounded to
+/// even), tiny values (subnormal `f16` scales), for 4- and 8-bit code orders, odd block counts
+/// and groups of one to three blocks.
+#[test]
+fn int8_quantizer_simd_equals_portable() {
+    if q8::Isa::best() == q8::Isa::Scalar {
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(24);
+    for (m, k, group) in [(1, 576, 32), (3, 96, 32), (2, 192, 64), (5, 288, 96), (1, 32, 32), (33, 64, 32)] {
+        for bits in [4, 8] {
+            for round in 0..20 {
+                let x: Vec<f32> = (0..m * k)
+                    .map(|t| match round % 5 {
+                        // Ties: amax 127 gives d = 1, so halves are exact ties.
+                        0 if t % 32 == 0 => 127.0,
+                        0 => (rng.random_range(-254..=254) as f32) / 2.0,
+                        1 if (t / 32) % 3 == 0 => 0.0,
+                        2 => (rng.random::<f32>() * 2.0 - 1.0) * 1e-6,
+                        _ => (rng.random::<f32>() * 2.0 - 1.0) * if rng.random_bool(0.05) { 30.0 } else { 1.0 },
+                    })
+                    .collect();
+                let portable = q8::QuantizedRows::new_with(&x, m, k, group, bits, false);
+                let simd = q8::QuantizedRows::new_with(&x, m, k, group, bits, true);
+                assert_eq!(simd, portable, "{m}×{k}, group {group}, {bits} bits, round {round}");
+            }
+        }
+    }
+}
+
 /// The Flex op in its default precision runs the integer kernels, split across threads (decode:
 /// one part per thread; prefill: row tiles and quantization in parallel), serially for small
 /// products, and falls back to `f32` for groups that are not whole blocks of 32. Row counts are
