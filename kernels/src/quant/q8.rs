@@ -109,8 +109,8 @@ impl QuantizedRows {
     /// Quantizes `x` `[m, k]` for weights of `bits`-bit codes in groups of `group` along `k`
     /// (`group` and `k` multiples of [`BLOCK`]).
     pub fn new(x: &[f32], m: usize, k: usize, group: usize, bits: u32) -> Self {
-        let mut rows = Self::zeros(m, k, group, bits);
         debug_assert!(group.is_multiple_of(BLOCK) && k.is_multiple_of(group) && x.len() == m * k);
+        let mut rows = Self::zeros(m, k, group, bits);
         quantize_into(&mut rows, x, k, group / BLOCK);
         rows
     }
