@@ -94,8 +94,15 @@ pub enum PlanError {
     Paged(#[from] PagedError),
 }
 
-/// The phased schedule an RRA plan on one device describes.
-pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanError> {
+/// The phased schedule an RRA plan on one device describes, for an engine of `max_num_seqs`
+/// sequences at most.
+///
+/// The plan's `B_D` is the decode batch's steady-state mean (`B_E` queries a phase, each staying
+/// its phases: Little's law, see `burn_parallel::plan::schedule`), around which the batch moves
+/// as outputs of different lengths finish. So the engine's cap on running sequences is
+/// `max_num_seqs` (the `max_decode_batch` the plan was made under), not `B_D`: a cap at the mean
+/// would hold the batch below it whenever more queries than average are still running.
+pub fn phased_policy(plan: &ScheduleOutput, max_num_seqs: usize) -> Result<SchedulingPolicy, PlanError> {
     if plan.strategy != Strategy::Rra {
         return Err(PlanError::NotRra { strategy: plan.strategy });
     }
@@ -112,7 +119,7 @@ pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanErro
         .ok_or_else(|| PlanError::Invalid("an RRA plan needs `decode_iterations` (N_D); re-run the planner".into()))?;
     let policy = SchedulingPolicy::Phased {
         encode_batch: plan.encode_batch,
-        decode_batch: plan.decode_batch,
+        decode_batch: plan.decode_batch.max(max_num_seqs),
         decode_iterations,
     };
     policy.validate().map_err(PlanError::Invalid)?;
@@ -138,10 +145,12 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &'static str) ->
 /// The workload and the device an RRA plan is made for at start-up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Workload {
-    /// Token length of every prompt.
+    /// Token length of every prompt: the planner's input-length distribution `P_E(S)`.
     pub prompt_lens: Vec<usize>,
-    /// Tokens generated per prompt at most (every output is taken to be this long).
-    pub max_new_tokens: usize,
+    /// Tokens every request generates, one entry per request or one for all: the planner's
+    /// output-length distribution `P_D(S)`, whose 99th percentile the latency bound applies to
+    /// (ExeGPT §7.1). Requests that may stop early at EOS are planned at their `max_new_tokens`.
+    pub output_lens: Vec<usize>,
     /// Tokens the engine's KV-cache pool holds.
     pub kv_tokens: usize,
     /// The engine's `max_num_seqs`: the largest encode batch searched and the largest decode
@@ -151,7 +160,8 @@ pub struct Workload {
 
 impl Workload {
     /// The workload of generating up to `max_new_tokens` tokens for each of `prompts` with
-    /// `model` on a paged engine configured by `config`.
+    /// `model` on a paged engine configured by `config` (every output planned at
+    /// `max_new_tokens`).
     pub fn new(
         model: &Pretrained,
         config: &EngineConfig,
@@ -169,7 +179,7 @@ impl Workload {
         let (blocks, _) = config.device_blocks_for(&model.model)?;
         Ok(Self {
             prompt_lens,
-            max_new_tokens,
+            output_lens: vec![max_new_tokens],
             kv_tokens: blocks * config.block_size,
             max_num_seqs: config.max_num_seqs,
         })
@@ -181,8 +191,10 @@ impl Workload {
 /// cache (the engine's pool, in the profile's bytes per token), so the planner's memory check is
 /// the pool's; the decode batch is capped at the engine's `max_num_seqs`.
 pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> Result<ScheduleOutput, PlanError> {
-    if workload.prompt_lens.is_empty() || workload.max_new_tokens == 0 {
-        return Err(PlanError::Invalid("planning needs at least one prompt and --max-new-tokens ≥ 1".into()));
+    if workload.prompt_lens.is_empty() || workload.output_lens.is_empty() || workload.output_lens.contains(&0) {
+        return Err(PlanError::Invalid(
+            "planning needs at least one prompt and an output of at least one token (--max-new-tokens ≥ 1)".into(),
+        ));
     }
     let weights = (profile.layers as u64)
         .saturating_mul(profile.weight_bytes_per_layer)
@@ -194,7 +206,7 @@ pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> 
     let input = ScheduleInput {
         profile,
         input_lengths: LengthDistribution::Trace(workload.prompt_lens.clone()),
-        output_lengths: LengthDistribution::Trace(vec![workload.max_new_tokens]),
+        output_lengths: LengthDistribution::Trace(workload.output_lens.clone()),
         devices: 1,
         device_memory_bytes: weights.saturating_add(kv),
         latency_bound_s,
@@ -212,7 +224,7 @@ pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> 
 /// One line describing a plan: the schedule and what the planner predicts.
 pub fn describe(plan: &ScheduleOutput) -> String {
     format!(
-        "ExeGPT RRA schedule: prefill B_E = {}, then N_D = {} decode iterations at B_D ≤ {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
+        "ExeGPT RRA schedule: prefill B_E = {}, then N_D = {} decode iterations at a mean decode batch B_D = {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
         plan.encode_batch,
         plan.decode_iterations.unwrap_or(0),
         plan.decode_batch,

@@ -632,6 +632,40 @@ fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline
     assert!(err.contains("engine_step.decode_ms_per_seq"), "{err}");
 }
 
+#[test]
+fn plan_schedule_rra_decode_batch_is_the_steady_state_batch_of_mixed_output_lengths() {
+    // Outputs of 3 and 41 tokens, 3 : 1, arriving round-robin; one query encoded per phase.
+    let pattern = [3usize, 3, 3, 41];
+    for n_d in [1usize, 2] {
+        let input = ScheduleInput {
+            output_lengths: LengthDistribution::Histogram(vec![(3, 3.0), (41, 1.0)]),
+            max_decode_iterations: Some(n_d),
+            ..hand_input(10.0, hand_profile(None), LengthDistribution::Histogram(vec![(10, 1.0)]))
+        };
+        let plan = schedule::plan(&input).unwrap();
+        let n = plan.decode_iterations.unwrap();
+        // Replay the cycle: each phase encodes one query, which then stays in the decode batch
+        // for ⌈(S − 1)/N_D⌉ phases. The batch's mean size over the steady state is B_D.
+        let mut left: Vec<usize> = Vec::new();
+        let (mut total, mut phases) = (0usize, 0usize);
+        for phase in 0..4000 {
+            left.push((pattern[phase % pattern.len()] - 1).div_ceil(n));
+            if phase >= 400 {
+                total += left.len();
+                phases += 1;
+            }
+            left.iter_mut().for_each(|k| *k -= 1);
+            left.retain(|&k| k > 0);
+        }
+        let mean = total as f64 / phases as f64;
+        // N_D = 1: 2 and 40 phases, E[k] = 11.5; N_D = 2: 1 and 20, E[k] = 5.75 (§6's own sum
+        // over arrivals would give 1 / E[1/k] = 2.6 and 1.1).
+        let expected = 0.75 * (2.0f64 / n as f64).ceil() + 0.25 * (40.0 / n as f64);
+        assert!((mean - expected).abs() < 0.01 * expected, "N_D {n}: replay {mean}, expected {expected}");
+        assert_eq!(plan.decode_batch, expected.ceil() as usize, "{plan:?}");
+    }
+}
+
 /// The hand profile with measured engine steps: a prefill of one 10-token prompt takes 10 ms
 /// (20 tokens: 14 ms), decode steps 3 ms at batch 1, 9 ms at batch 2 (three times batch 1, as
 /// a CPU head matmul switching kernels makes it) and 10–12 ms at batch 4.

@@ -15,9 +15,11 @@
 //! planner's percentile (p99) over requests. Queueing before the prefill is outside the planner's
 //! model; it is reported separately (`latency_from_arrival_s`). The planner reads the paged
 //! engine's measured step times by batch (`engine_step_ms`, timed at start-up with the profile)
-//! and counts the prompt tail of the percentile query's prefills. [`plan_rra`] plans for every
-//! output being `max_new_tokens` long, so every request generates exactly its workload's output
-//! length (EOS ignored); prompt lengths follow the workload.
+//! and counts the prompt tail of the percentile query's prefills. Prompt and output lengths follow
+//! the workload's distributions, and every request generates exactly its drawn output length (EOS
+//! ignored), as in ExeGPT's evaluation (§7.1); the planner gets both lengths' distributions
+//! ([`plan_rra`]), and its latency is that of the 99th-percentile output. `--output-len` gives
+//! every request the same output length instead.
 //!
 //! Throughput is the planner's steady state: the rate at which requests are admitted (prefilled)
 //! between the first completion (the decode batch has filled up) and the last prefill (the
@@ -65,7 +67,8 @@ pub struct Args {
     /// Requests per workload (enough for several batches: the steady state needs at least three).
     #[arg(long, default_value_t = 128)]
     requests: usize,
-    /// Tokens every request generates (default: the workload's mean output length).
+    /// Tokens every request generates (default: each request its own length, drawn from the
+    /// workload's output distribution).
     #[arg(long)]
     output_len: Option<usize>,
     /// Multiplies the paper's mean lengths (ShareGPT 161 in / 338 out, Alpaca 19.3 / 58.5).
@@ -159,7 +162,11 @@ struct WorkloadResult {
     workload: Workload,
     requests: usize,
     mean_prompt: f64,
-    output_len: usize,
+    /// `--output-len`, when every request generates the same number of tokens.
+    output_len: Option<usize>,
+    mean_output: f64,
+    /// The 99th-percentile output length (nearest rank): the one the latency bound is for.
+    p99_output: usize,
     bounds_from_profile: bool,
     fcfs_grid: Vec<Run>,
     bounds: Vec<BoundResult>,
@@ -350,13 +357,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut results = Vec::new();
     let mut pct = 99.0;
     for w in Workload::standard(args.scale, MAX_LEN) {
-        let output_len = args.output_len.unwrap_or(w.output.mean.round() as usize).clamp(1, MAX_LEN / 2);
+        let output_len = args.output_len.map(|n| n.clamp(1, MAX_LEN / 2));
         let mut reqs = w.requests(args.requests, spec.vocab_size, MAX_LEN, &mut rng);
-        reqs.iter_mut().for_each(|r| r.1 = output_len);
+        if let Some(n) = output_len {
+            reqs.iter_mut().for_each(|r| r.1 = n);
+        }
         let mean_prompt = reqs.iter().map(|(p, _)| p.len()).sum::<usize>() as f64 / reqs.len() as f64;
+        let output_lens: Vec<usize> = reqs.iter().map(|r| r.1).collect();
+        let mean_output = output_lens.iter().sum::<usize>() as f64 / output_lens.len() as f64;
+        let p99_output = percentile(&output_lens.iter().map(|&n| n as f64).collect::<Vec<_>>(), 99.0) as usize;
         let plan_workload = PlanWorkload {
             prompt_lens: reqs.iter().map(|(p, _)| p.len()).collect(),
-            max_new_tokens: output_len,
+            output_lens,
             kv_tokens: blocks * args.block_size,
             max_num_seqs: args.max_batch,
         };
@@ -365,7 +377,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             None => (default_bounds(&profile, &plan_workload)?, true),
         };
         eprintln!(
-            "{}: {} requests, mean prompt {mean_prompt:.1}, output {output_len}; bounds {bounds:.3?} s",
+            "{}: {} requests, mean prompt {mean_prompt:.1}, output mean {mean_output:.1} (p99 {p99_output}); bounds {bounds:.3?} s",
             w.name,
             reqs.len()
         );
@@ -392,7 +404,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .map(|r| judge(r, bound));
             let exegpt = match plan {
                 Ok(plan) => {
-                    let policy = phased_policy(&plan)?;
+                    let policy = phased_policy(&plan, args.max_batch)?;
                     let SchedulingPolicy::Phased { encode_batch, decode_batch, .. } = policy else {
                         return Err("phased_policy returned a non-phased policy".into());
                     };
@@ -441,6 +453,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             requests: reqs.len(),
             mean_prompt,
             output_len,
+            mean_output,
+            p99_output,
             bounds_from_profile: from_profile,
             fcfs_grid,
             bounds: per_bound,
@@ -550,12 +564,20 @@ fn markdown(
          - throughput (req/s): steady state, as the planner predicts it: requests admitted between the first completion \
          and the last prefill step, over that window (the whole run's rate where a run has no such window, marked *); \
          tok/s and \"run req/s\" are over the whole run\n\
-         - every request generates exactly the workload's output length (the planner's RRA model); prompts follow the workload's distribution\n\
+         - {}\n\
          - 1-minute load average before the first run / after the last: {} / {} (the machine's cores are shared: \
          a load above its {} threads means other work slowed these runs)\n",
         args.kv_tokens,
         args.block_size,
         args.max_batch,
+        match args.output_len {
+            Some(n) => format!(
+                "every request generates exactly {n} tokens (`--output-len`); prompts follow the workload's distribution"
+            ),
+            None => "prompt and output lengths follow the workload's distributions; every request generates exactly its \
+                     drawn output length (EOS ignored), as in ExeGPT §7.1; the bound is on the p99 output's latency"
+                .into(),
+        },
         fmt_load(load[0]),
         fmt_load(load[1]),
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -582,11 +604,14 @@ fn markdown(
     let rate = |r: &Run| format!("{:.2}{} / {:.1}", r.requests_per_s, star(r), r.tokens_per_s);
     for w in results {
         md.push_str(&format!(
-            "\n## {}: {} requests, mean prompt {:.1} tokens, {} output tokens each\n\nBounds {}.\n\n",
+            "\n## {}: {} requests, mean prompt {:.1} tokens, {}\n\nBounds {}.\n\n",
             w.workload.name,
             w.requests,
             w.mean_prompt,
-            w.output_len,
+            match w.output_len {
+                Some(n) => format!("{n} output tokens each"),
+                None => format!("output mean {:.1} tokens, p99 {}", w.mean_output, w.p99_output),
+            },
             if w.bounds_from_profile { "chosen from the profile" } else { "given by --latency-bounds" }
         ));
         md.push_str(&table(

@@ -2,8 +2,8 @@
 //! meets a bound, searched by branch-and-bound (§5.1) over the [XSimulator](xsim) (§6).
 //!
 //! Control variables (§4): the strategy (RRA, WAA-C or WAA-M), the encode batch `B_E`, the
-//! decode batch `B_D` (derived from `B_E` as §6 does: `B_E / Σ_U P_D(U)` for RRA, `B_E·S̄_D` for
-//! WAA), decode iterations between prefills `N_D` (RRA), decoder micro-batches `B_m` (WAA) and
+//! decode batch `B_D` (derived from `B_E` as §6 does: `B_E / Σ_U P_D(U)` for RRA, over the decode
+//! batch's steady-state lengths (see [`xsim`]), `B_E·S̄_D` for WAA), decode iterations between prefills `N_D` (RRA), decoder micro-batches `B_m` (WAA) and
 //! partial tensor parallelism (a degree from the profile and how many stages use it, on the
 //! decoding devices) when there is more than one device.
 //!

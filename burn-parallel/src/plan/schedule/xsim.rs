@@ -18,7 +18,15 @@
 //!
 //! - **RRA** (§4.1, Fig. 4a): `P` stages, batches split into `P` micro-batches. Each cycle
 //!   encodes `B_E` queries then runs `N_D` decode iterations of `B_D = B_E / Σ_U P_D(U)`, with
-//!   `P_D(U|S)` as in §6 (a query of `S` tokens stays for `⌈(S−1)/N_D⌉` decode phases).
+//!   `P_D(U|S)` as in §6 (a query of `S` tokens stays for `k(S) = ⌈(S−1)/N_D⌉` decode phases and
+//!   completes in one of them, `P_D(U|S) = 1/k(S)` summed over `U`). §6 sums it over `P_D(S)`,
+//!   the queries as they arrive; the queries *in a decode batch* are drawn in proportion to the
+//!   phases they stay (a query of `k` phases sits in `k` batches): `P_D(S)·k(S)/E[k]`. Over that
+//!   `Σ_U P_D(U) = 1/E[k]` and `B_D = B_E·E[k]`, Little's law, the rule §6 itself takes for WAA
+//!   (`B_D = B_E·S̄_D`). With one output length the two agree; with a spread of lengths §6's sum
+//!   `E[1/k] ≥ 1/E[k]` undercounts the batch (on `bench schedule`'s ShareGPT-like outputs, a
+//!   predicted `B_D` of 9 ran at the engine's cap, and throughput came out at 0.41 of the
+//!   prediction).
 //!   Throughput `B_E / (E + N_D·I)`; the latency of the percentile-length output `S` is
 //!   `k·E + X + (S−1)·I` with `k = max(1, ⌈(S−1)/N_D⌉)` (its own prefill and the prefills that
 //!   interrupt its decode phases, and its `S − 1` iterations) and `X` the prompt tail below.
@@ -165,13 +173,13 @@ impl XSim {
     }
 
     /// `Σ_U P_D(U)`: the chance that a query in the decode batch completes within one phase of
-    /// `n_d` iterations (§6); a query of `S` tokens needs `S − 1` iterations.
+    /// `n_d` iterations (§6), over the batch's steady-state lengths: `1 / E[k]` with `k` the
+    /// phases a query stays (module docs; a query of `S` tokens needs `S − 1` iterations, and one
+    /// that needs none is counted as one phase). Non-decreasing in `n_d`.
     pub fn completion(&self, n_d: usize) -> f64 {
-        *self
-            .completion
-            .borrow_mut()
-            .entry(n_d)
-            .or_insert_with(|| self.output.points().iter().map(|&(s, p)| p / phases(s, n_d).max(1) as f64).sum())
+        *self.completion.borrow_mut().entry(n_d).or_insert_with(|| {
+            1.0 / self.output.points().iter().map(|&(s, p)| p * phases(s, n_d).max(1) as f64).sum::<f64>()
+        })
     }
 
     /// Tensor-parallel scaling of a pipe (identity without tensor parallelism).
