@@ -384,7 +384,7 @@ impl GenerateArgs {
             }
             _ => return Err("--schedule exegpt needs a plan: --plan FILE.json, or --latency-bound-s SECONDS (with --profile-json FILE to reuse a saved profile)".into()),
         };
-        let policy = schedule::phased_policy(&plan, self.engine_config().max_num_seqs)?;
+        let policy = schedule::phased_policy(&plan)?;
         if !self.json {
             writeln!(log, "{}", schedule::describe(&plan))?;
         }

@@ -94,15 +94,11 @@ pub enum PlanError {
     Paged(#[from] PagedError),
 }
 
-/// The phased schedule an RRA plan on one device describes, for an engine of `max_num_seqs`
-/// sequences at most.
-///
-/// The plan's `B_D` is the decode batch's steady-state mean (`B_E` queries a phase, each staying
-/// its phases: Little's law, see `burn_parallel::plan::schedule`), around which the batch moves
-/// as outputs of different lengths finish. So the engine's cap on running sequences is
-/// `max_num_seqs` (the `max_decode_batch` the plan was made under), not `B_D`: a cap at the mean
-/// would hold the batch below it whenever more queries than average are still running.
-pub fn phased_policy(plan: &ScheduleOutput, max_num_seqs: usize) -> Result<SchedulingPolicy, PlanError> {
+/// The phased schedule an RRA plan on one device describes. The engine runs at most the plan's
+/// `B_D` sequences at once: `B_D` is the decode batch's steady-state mean, and a cap there keeps
+/// the batch's swings from slowing the long queries the latency bound is for (a cap at
+/// `max_num_seqs` was measured and not kept; README, "Output lengths from the workload").
+pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanError> {
     if plan.strategy != Strategy::Rra {
         return Err(PlanError::NotRra { strategy: plan.strategy });
     }
@@ -119,7 +115,7 @@ pub fn phased_policy(plan: &ScheduleOutput, max_num_seqs: usize) -> Result<Sched
         .ok_or_else(|| PlanError::Invalid("an RRA plan needs `decode_iterations` (N_D); re-run the planner".into()))?;
     let policy = SchedulingPolicy::Phased {
         encode_batch: plan.encode_batch,
-        decode_batch: plan.decode_batch.max(max_num_seqs),
+        decode_batch: plan.decode_batch,
         decode_iterations,
     };
     policy.validate().map_err(PlanError::Invalid)?;
@@ -224,7 +220,7 @@ pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> 
 /// One line describing a plan: the schedule and what the planner predicts.
 pub fn describe(plan: &ScheduleOutput) -> String {
     format!(
-        "ExeGPT RRA schedule: prefill B_E = {}, then N_D = {} decode iterations at a mean decode batch B_D = {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
+        "ExeGPT RRA schedule: prefill B_E = {}, then N_D = {} decode iterations at B_D ≤ {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
         plan.encode_batch,
         plan.decode_iterations.unwrap_or(0),
         plan.decode_batch,

@@ -404,7 +404,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .map(|r| judge(r, bound));
             let exegpt = match plan {
                 Ok(plan) => {
-                    let policy = phased_policy(&plan, args.max_batch)?;
+                    let policy = phased_policy(&plan)?;
                     let SchedulingPolicy::Phased { encode_batch, decode_batch, .. } = policy else {
                         return Err("phased_policy returned a non-phased policy".into());
                     };
