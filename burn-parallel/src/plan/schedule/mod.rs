@@ -3,9 +3,10 @@
 //!
 //! Control variables (§4): the strategy (RRA, WAA-C or WAA-M), the encode batch `B_E`, the
 //! decode batch `B_D` (derived from `B_E` as §6 does: `B_E / Σ_U P_D(U)` for RRA, over the decode
-//! batch's steady-state lengths (see [`xsim`]), `B_E·S̄_D` for WAA), decode iterations between prefills `N_D` (RRA), decoder micro-batches `B_m` (WAA) and
-//! partial tensor parallelism (a degree from the profile and how many stages use it, on the
-//! decoding devices) when there is more than one device.
+//! batch's steady-state lengths (see [`xsim`]), `B_E·S̄_D` for WAA), decode iterations between
+//! prefills `N_D` (RRA), decoder micro-batches `B_m` (WAA) and partial tensor parallelism (a
+//! degree from the profile and how many stages use it, on the decoding devices) when there is more
+//! than one device.
 //!
 //! As the paper does for the tensor-parallel degree, variables without a usable monotonicity
 //! (degree, tensor-parallel stages, `B_m`, the WAA device split) are enumerated, and
