@@ -192,6 +192,7 @@ pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out
     assert!(w.bits == a.bits && w.group.is_multiple_of(BLOCK) && w.group / BLOCK * a.groups == a.blocks);
     let words = a.blocks * BLOCK * w.bits as usize / 32;
     assert!(rows.end * words <= w.codes.len() && rows.end * a.groups <= w.scale.len().min(w.min.len()));
+    let total_rows = (w.codes.len() / words.max(1)).min(w.scale.len().min(w.min.len()) / a.groups.max(1));
     #[cfg(target_arch = "x86_64")]
     STRIP_BUFFER.with_borrow_mut(|strip| {
         let mut values = [0f32; ROWS * STRIP];
@@ -202,8 +203,10 @@ pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out
             x86::stream(&w.codes[strip_rows.start * words..strip_rows.end * words]);
             x86::stream(&w.scale[strip_rows.start * a.groups..strip_rows.end * a.groups]);
             x86::stream(&w.min[strip_rows.start * a.groups..strip_rows.end * a.groups]);
-            // And ask for the next strip, which arrives while this one is multiplied.
-            let next = strip_rows.end..(strip_rows.end + STRIP).min(rows.end);
+            // And ask for the next strip, which arrives while this one is multiplied: past the
+            // end of `rows` too (up to the weight's last row), as a split product's thread next
+            // takes the chunk that follows its own in memory.
+            let next = strip_rows.end..(strip_rows.end + STRIP).min(total_rows);
             x86::prefetch(&w.codes[next.start * words..next.end * words]);
             x86::prefetch(&w.scale[next.start * a.groups..next.end * a.groups]);
             x86::prefetch(&w.min[next.start * a.groups..next.end * a.groups]);
@@ -222,7 +225,7 @@ pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out
         }
     });
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (rows, &mut out);
+    let _ = (rows, total_rows, &mut out);
 }
 
 #[cfg(target_arch = "x86_64")]
