@@ -6,10 +6,12 @@
 //! accumulators: 12 on AVX-512 and on AVX2), reading one `NR`-wide row of the weight and `MR`
 //! broadcasts per step. Input rows go in blocks that stay in L2 while the panels pass over them.
 //! The weight is read where it is when its rows are contiguous (`[k, n]`, a `Linear` weight);
-//! otherwise (a transposed `[n, k]` table, the last partial panel) each `NR`-column panel is
-//! packed into a contiguous `[k, NR]` buffer per row block. Panels run in parallel (two threads:
-//! the caller and the split helper). Known weak spot: a very wide weight read in place (an f32 LM
-//! head, 49,152 columns) maps its rows onto few cache sets and runs at Burn's speed, not faster.
+//! otherwise (the last partial panel; a transposed table without AVX2) each `NR`-column panel is
+//! packed into a contiguous `[k, NR]` buffer per row block. A transposed `[n, k]` table (a tied
+//! LM head's embedding) with AVX2/FMA runs [`nt::product`] instead: both operands along `k`, 3
+//! input rows × 4 table rows per register tile. Panels run in parallel (two threads: the caller
+//! and the split helper). Known weak spot: a very wide weight read in place (an f32 LM head,
+//! 49,152 columns) maps its rows onto few cache sets and runs at Burn's speed, not faster.
 
 use burn::backend::Flex;
 use burn::tensor::Tensor;
@@ -20,8 +22,8 @@ use super::flex::{from_vec, into_flex, slice};
 use crate::quant::flex::SharedOut;
 
 /// Input rows up to which a transposed table is multiplied by dot products instead of tiles
-/// (measured on the `[49152, 576]` tied head: 5.7 ms at 1 row, 10.4 at 4, 19.3 at 8 against
-/// tiles' 21.9; packing the panels costs the tiles most at a few rows).
+/// where [`nt::product`] cannot run (no AVX2/FMA, or `k` not a multiple of 8): measured on the
+/// `[49152, 576]` tied head, 5.7 ms at 1 row, 10.4 at 4, 19.3 at 8 against tiles' 21.9.
 const DOT_MAX_ROWS: usize = 8;
 
 /// Products below this many multiply-adds run on the calling thread.
@@ -88,6 +90,11 @@ fn panel_range(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
+        if b.row == 1 && b.k > 0 && b.k.is_multiple_of(8) && has!("avx2") && has!("fma") {
+            // SAFETY: the features `nt::product` is compiled for were just detected; `k` is a
+            // positive multiple of 8 and the table's rows are contiguous (`row == 1`).
+            return unsafe { nt::product(xs, m, b, columns, out) };
+        }
         if has!("avx512f") && has!("fma") {
             #[target_feature(enable = "avx512f,avx2,fma")]
             unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
@@ -182,7 +189,10 @@ fn panel<const MR: usize, const NR: usize, const FMA: bool>(
     }
 }
 
-/// The last rows (fewer than `MR`), one row tile at a time; rows past `rows` stay zero.
+/// The last rows (fewer than `MR`, at most 7) in one tile of their own height; rows past
+/// `rows` stay zero. One row at a time would leave each row's accumulators a single chain of
+/// dependent FMAs over `k` (latency-bound: 16 rows of a transposed `[49152, 576]` table, six +
+/// six + four such rows, took 43 ms against 15 ms for 8 rows by dot products).
 #[inline(always)]
 fn tail<const MR: usize, const NR: usize, const FMA: bool>(
     xs: &[f32],
@@ -192,11 +202,20 @@ fn tail<const MR: usize, const NR: usize, const FMA: bool>(
     values: &[f32],
     stride: usize,
 ) -> [[f32; NR]; MR] {
-    let mut acc = [[0f32; NR]; MR];
-    for (r, acc) in acc.iter_mut().take(rows).enumerate() {
-        *acc = tile::<MR, NR, FMA, 1>(xs, i0 + r, k, values, stride)[0];
+    match rows {
+        1 => tile::<MR, NR, FMA, 1>(xs, i0, k, values, stride),
+        2 => tile::<MR, NR, FMA, 2>(xs, i0, k, values, stride),
+        3 => tile::<MR, NR, FMA, 3>(xs, i0, k, values, stride),
+        4 => tile::<MR, NR, FMA, 4>(xs, i0, k, values, stride),
+        5 => tile::<MR, NR, FMA, 5>(xs, i0, k, values, stride),
+        _ => {
+            let mut acc = [[0f32; NR]; MR];
+            for (r, acc) in acc.iter_mut().take(rows).enumerate() {
+                *acc = tile::<MR, NR, FMA, 1>(xs, i0 + r, k, values, stride)[0];
+            }
+            acc
+        }
     }
-    acc
 }
 
 /// `acc[r][c] = Σ_kk x[i0 + r, kk] · w[kk, c]` for `R` rows (`R ≤ MR`) and `NR` columns, with
@@ -221,4 +240,94 @@ fn tile<const MR: usize, const NR: usize, const FMA: bool, const R: usize>(
         }
     }
     acc
+}
+
+/// A transposed table (`[n, k]`, its rows contiguous) times a few input rows with AVX2/FMA: both
+/// operands run along `k`, so a register tile of [`nt::ROWS`] input rows × [`nt::COLUMNS`] table
+/// rows accumulates 8 lanes of `k` at a time and reduces horizontally once at the end. The
+/// packed tiles transposed every 16-column panel first (scalar, strided) and the dot products
+/// ran one input row and one column at a time: 16 input rows of the `[49152, 576]` tied head took
+/// 43 ms there, against 15 ms for 8 rows by dot products.
+#[cfg(target_arch = "x86_64")]
+mod nt {
+    use std::arch::x86_64::*;
+
+    use super::{SharedOut, Weight};
+
+    /// Input rows per register tile.
+    pub(super) const ROWS: usize = 3;
+    /// Table rows (output columns) per register tile.
+    pub(super) const COLUMNS: usize = 4;
+    /// Bytes of input rows per block (about half of L2).
+    const BLOCK_BYTES: usize = 192 * 1024;
+
+    /// Output columns `columns` of every input row.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `b.row == 1` and `b.k` is a positive multiple of 8.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn product(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
+        let k = b.k;
+        assert!(b.row == 1 && k.is_multiple_of(8) && xs.len() >= m * k && columns.end <= b.n);
+        assert!(columns.is_empty() || (columns.end - 1) * b.col + k <= b.values.len());
+        let whole = columns.start + (columns.end - columns.start) / COLUMNS * COLUMNS;
+        // Blocks of input rows that stay in L2 while the columns pass over them.
+        let block = (BLOCK_BYTES / (4 * k).max(1)).max(ROWS);
+        for i0 in (0..m).step_by(block) {
+            for j in (columns.start..whole).step_by(COLUMNS) {
+                let mut i = i0;
+                while i < m.min(i0 + block) {
+                    let rows = ROWS.min(m.min(i0 + block) - i);
+                    // SAFETY: rows `i..i + rows` and table rows `j..j + 4` are in bounds
+                    // (asserted).
+                    unsafe {
+                        match rows {
+                            3 => tile::<3>(xs, i, b, j, out),
+                            2 => tile::<2>(xs, i, b, j, out),
+                            _ => tile::<1>(xs, i, b, j, out),
+                        }
+                    }
+                    i += rows;
+                }
+            }
+        }
+        for j in whole..columns.end {
+            let column = &b.values[j * b.col..j * b.col + k];
+            for i in 0..m {
+                let value = crate::quant::q8::dot(&xs[i * k..(i + 1) * k], column);
+                // SAFETY: column `j` belongs to this range only.
+                unsafe { out.write(i * b.n + j, value) };
+            }
+        }
+    }
+
+    /// Input rows `i..i + R` × table rows `j..j + 4`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const R: usize>(xs: &[f32], i: usize, b: &Weight, j: usize, out: SharedOut) {
+        let k = b.k;
+        let mut acc = [[_mm256_setzero_ps(); COLUMNS]; R];
+        // SAFETY (every access): `product` checked the bounds of rows `i..i + R` of `xs` and of
+        // table rows `j..j + 4`; the output row segments belong to this range only.
+        unsafe {
+            let table: [*const f32; COLUMNS] = std::array::from_fn(|c| b.values.as_ptr().add((j + c) * b.col));
+            let x: [*const f32; R] = std::array::from_fn(|r| xs.as_ptr().add((i + r) * k));
+            for kk in (0..k).step_by(8) {
+                let w: [__m256; COLUMNS] = std::array::from_fn(|c| _mm256_loadu_ps(table[c].add(kk)));
+                for r in 0..R {
+                    let x = _mm256_loadu_ps(x[r].add(kk));
+                    for c in 0..COLUMNS {
+                        acc[r][c] = _mm256_fmadd_ps(x, w[c], acc[r][c]);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                // [Σ acc0, Σ acc1, Σ acc2, Σ acc3]: lanes 0–3 in the low half, 4–7 in the high.
+                let h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+                let mut sums = [0f32; COLUMNS];
+                _mm_storeu_ps(sums.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h)));
+                out.copy((i + r) * b.n + j, &sums);
+            }
+        }
+    }
 }

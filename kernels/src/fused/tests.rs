@@ -172,7 +172,9 @@ fn prefix_attention_matches_burn_attention_over_the_visible_slots() {
 fn matmul_matches_burn_matmul_for_contiguous_and_transposed_weights() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
     for device in devices() {
-        for (m, k, n) in [(1, 8, 3), (5, 17, 40), (6, 64, 32), (13, 96, 70), (512, 64, 100), (3, 0, 5), (0, 4, 4)] {
+        for (m, k, n) in
+            [(1, 8, 3), (5, 17, 40), (6, 64, 32), (13, 96, 70), (512, 64, 100), (600, 96, 9), (3, 0, 5), (0, 4, 4)]
+        {
             let x = random(&mut rng, [m, k], &device);
             let w = random(&mut rng, [k, n], &device);
             let table = random(&mut rng, [n, k], &device);
@@ -186,14 +188,14 @@ fn matmul_matches_burn_matmul_for_contiguous_and_transposed_weights() {
 }
 
 /// Timing of [`matmul`] against Burn's on an LM-head-shaped transposed table (run by hand:
-/// `cargo test -p burn-llm-kernels --lib -- --ignored --nocapture matmul_timing`).
+/// `cargo test --workspace --lib -- --ignored --nocapture matmul_timing`).
 #[test]
 #[ignore]
 fn matmul_timing() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let device = Device::flex();
     let table = random(&mut rng, [49152, 576], &device);
-    for m in [1, 2, 4, 8, 16, 32] {
+    for m in [1, 2, 4, 8, 16, 32, 64, 128, 512] {
         let x = random(&mut rng, [m, 576], &device);
         let time = |f: &dyn Fn() -> Vec<f32>| {
             let _ = f();
