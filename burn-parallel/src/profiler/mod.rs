@@ -205,11 +205,14 @@ impl EngineStepGrid {
     }
 
     /// The grid matching [`ProfileGrid::serving`]`(max_batch)`: every batch up to 4 (a CPU's
-    /// step time can jump between one row and two), then doublings.
+    /// step time can jump between one row and two), then doublings; prompts (and so decode
+    /// contexts) of 16, 64 and 256 tokens, so that long prompts' prefills and long outputs'
+    /// decode steps are read near measured points, not extended from the slope between 16 and
+    /// 64.
     pub fn serving(max_batch: usize) -> Self {
         Self {
             batch: upto(&[1, 2, 3, 4, 8, 16, 32], max_batch.max(1)),
-            prompt_tokens: vec![16, 64],
+            prompt_tokens: vec![16, 64, 256],
             decode_steps: 4,
             warmup: 1,
             // Five prefills per point: 60 timings at least for the prefill steps' variation.
