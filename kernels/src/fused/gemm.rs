@@ -189,10 +189,7 @@ fn panel<const MR: usize, const NR: usize, const FMA: bool>(
     }
 }
 
-/// The last rows (fewer than `MR`, at most 7) in one tile of their own height; rows past
-/// `rows` stay zero. One row at a time would leave each row's accumulators a single chain of
-/// dependent FMAs over `k` (latency-bound: 16 rows of a transposed `[49152, 576]` table, six +
-/// six + four such rows, took 43 ms against 15 ms for 8 rows by dot products).
+/// The last rows (fewer than `MR`), one row tile at a time; rows past `rows` stay zero.
 #[inline(always)]
 fn tail<const MR: usize, const NR: usize, const FMA: bool>(
     xs: &[f32],
@@ -202,20 +199,11 @@ fn tail<const MR: usize, const NR: usize, const FMA: bool>(
     values: &[f32],
     stride: usize,
 ) -> [[f32; NR]; MR] {
-    match rows {
-        1 => tile::<MR, NR, FMA, 1>(xs, i0, k, values, stride),
-        2 => tile::<MR, NR, FMA, 2>(xs, i0, k, values, stride),
-        3 => tile::<MR, NR, FMA, 3>(xs, i0, k, values, stride),
-        4 => tile::<MR, NR, FMA, 4>(xs, i0, k, values, stride),
-        5 => tile::<MR, NR, FMA, 5>(xs, i0, k, values, stride),
-        _ => {
-            let mut acc = [[0f32; NR]; MR];
-            for (r, acc) in acc.iter_mut().take(rows).enumerate() {
-                *acc = tile::<MR, NR, FMA, 1>(xs, i0 + r, k, values, stride)[0];
-            }
-            acc
-        }
+    let mut acc = [[0f32; NR]; MR];
+    for (r, acc) in acc.iter_mut().take(rows).enumerate() {
+        *acc = tile::<MR, NR, FMA, 1>(xs, i0 + r, k, values, stride)[0];
     }
+    acc
 }
 
 /// `acc[r][c] = Σ_kk x[i0 + r, kk] · w[kk, c]` for `R` rows (`R ≤ MR`) and `NR` columns, with
@@ -271,8 +259,8 @@ mod nt {
         assert!(b.row == 1 && k.is_multiple_of(8) && xs.len() >= m * k && columns.end <= b.n);
         assert!(columns.is_empty() || (columns.end - 1) * b.col + k <= b.values.len());
         let whole = columns.start + (columns.end - columns.start) / COLUMNS * COLUMNS;
-        // Blocks of input rows that stay in L2 while the columns pass over them.
-        let block = (BLOCK_BYTES / (4 * k).max(1)).max(ROWS);
+        // Blocks of input rows that stay in L2 while the columns pass over them, whole tiles.
+        let block = (BLOCK_BYTES / (4 * k).max(1)).max(ROWS) / ROWS * ROWS;
         for i0 in (0..m).step_by(block) {
             for j in (columns.start..whole).step_by(COLUMNS) {
                 let mut i = i0;
