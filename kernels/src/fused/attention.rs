@@ -240,6 +240,8 @@ fn key_scores(q: &[f32], keys: &[f32], bias: &[f32], scale: f32, scores: &mut [f
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::fused::gemm::nt::sum4;
+
     /// The first `4 · ⌊n / 4⌋` scores of [`super::key_scores`] (`n`: the keys, biases and scores
     /// there are), four keys at a time; returns how many it wrote.
     ///
@@ -262,10 +264,7 @@ mod x86 {
                         *acc = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k.add(r * d + c)), *acc);
                     }
                 }
-                // [Σ acc0, Σ acc1, Σ acc2, Σ acc3] over lanes 0–3 in the low half, 4–7 in the high.
-                let h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-                let sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-                let out = _mm_fmadd_ps(sums, _mm_set1_ps(scale), _mm_loadu_ps(bias.as_ptr().add(j)));
+                let out = _mm_fmadd_ps(sum4(&acc), _mm_set1_ps(scale), _mm_loadu_ps(bias.as_ptr().add(j)));
                 _mm_storeu_ps(scores.as_mut_ptr().add(j), out);
             }
         }

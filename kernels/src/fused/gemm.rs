@@ -237,7 +237,7 @@ fn tile<const MR: usize, const NR: usize, const FMA: bool, const R: usize>(
 /// ran one input row and one column at a time: 16 input rows of the `[49152, 576]` tied head took
 /// 43 ms there, against 15 ms for 8 rows by dot products.
 #[cfg(target_arch = "x86_64")]
-mod nt {
+pub(super) mod nt {
     use std::arch::x86_64::*;
 
     use super::{SharedOut, Weight};
@@ -310,12 +310,19 @@ mod nt {
                 }
             }
             for (r, acc) in acc.iter().enumerate() {
-                // [Σ acc0, Σ acc1, Σ acc2, Σ acc3]: lanes 0–3 in the low half, 4–7 in the high.
-                let h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
                 let mut sums = [0f32; COLUMNS];
-                _mm_storeu_ps(sums.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h)));
+                _mm_storeu_ps(sums.as_mut_ptr(), sum4(acc));
                 out.copy((i + r) * b.n + j, &sums);
             }
         }
+    }
+
+    /// `[Σ a[0], Σ a[1], Σ a[2], Σ a[3]]`, each the sum of a register's 8 lanes (lanes 0–3 and
+    /// 4–7 summed in the two halves, then the halves added).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(in crate::fused) fn sum4(a: &[__m256; 4]) -> __m128 {
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
     }
 }
