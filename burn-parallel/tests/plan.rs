@@ -5,7 +5,8 @@
 use burn_parallel::plan::cli;
 use burn_parallel::plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload};
 use burn_parallel::plan::profile::{
-    DecodeTable, EngineStep, EngineStepTable, Extra, PrefillStepTable, PrefillTable, Profile, StepVariation, TpScaling,
+    DecodeTable, EngineStep, EngineStepTable, Extra, PrefillStepTable, PrefillTable, Profile, RunSpread, Spread,
+    StepVariation, TpScaling,
 };
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use burn_parallel::plan::sim::{self, Group, Request};
@@ -283,9 +284,15 @@ fn profile(rng: &mut ChaCha8Rng) -> Profile {
             decode_ms_per_seq: rng.random_range(0.0..0.3),
         }),
         engine_step_ms: rng.random_bool(0.5).then(|| engine_table(rng)),
-        step_variation: rng
-            .random_bool(0.5)
-            .then(|| StepVariation { prefill: rng.random_range(0.0..0.5), decode: rng.random_range(0.0..0.3) }),
+        step_variation: rng.random_bool(0.5).then(|| StepVariation {
+            prefill: rng.random_range(0.0..0.5),
+            decode: rng.random_range(0.0..0.3),
+            runs: rng.random_bool(0.5).then(|| RunSpread {
+                decode_steps: rng.random_range(1..=8),
+                prefill: Spread { mean: rng.random_range(0.0..0.1), std: rng.random_range(0.0..0.4) },
+                decode: Spread { mean: rng.random_range(0.0..0.1), std: rng.random_range(0.0..0.4) },
+            }),
+        }),
     }
 }
 
@@ -729,7 +736,7 @@ fn plan_schedule_simulator_reads_the_measured_engine_steps() {
 #[test]
 fn plan_schedule_latency_takes_each_step_at_its_measured_variation() {
     let ten = || LengthDistribution::Histogram(vec![(10, 1.0)]);
-    let variation = StepVariation { prefill: 0.5, decode: 0.25 };
+    let variation = StepVariation { prefill: 0.5, decode: 0.25, runs: None };
     let varied = Profile { step_variation: Some(variation), ..measured_profile(None) };
     // As above, N_D = 1: latency 4 × 10 × 1.5 + 4 × 10.25 × 1.25 = 111.25 ms, throughput
     // 1 / 20.25 ms; N_D = 2: 2 × 10 × 1.5 + 4 × 9 × 1.25 = 75 ms, 1 / 28 ms.
@@ -754,7 +761,7 @@ fn plan_schedule_latency_takes_each_step_at_its_measured_variation() {
     assert!(matches!(err, ScheduleError::Infeasible { best_latency_s, .. } if close(best_latency_s, 0.075)), "{err:?}");
     // Negative, NaN or absurd variations are input errors naming the field.
     for (bad, field) in [(-0.1, "prefill"), (f64::NAN, "prefill"), (11.0, "prefill")] {
-        let v = StepVariation { prefill: bad, decode: 0.0 };
+        let v = StepVariation { prefill: bad, decode: 0.0, runs: None };
         let in_profile = Profile { step_variation: Some(v), ..measured_profile(None) };
         let err = schedule::plan(&hand_input(1.0, in_profile, ten())).unwrap_err().to_string();
         assert!(err.contains(&format!("step_variation.{field}")), "{err}");
@@ -766,6 +773,59 @@ fn plan_schedule_latency_takes_each_step_at_its_measured_variation() {
     let back: Profile = serde_json::from_value(serde_json::to_value(&varied).unwrap()).unwrap();
     assert_eq!(back, varied);
     assert!(!serde_json::to_string(&measured_profile(None)).unwrap().contains("step_variation"));
+}
+
+/// With the runs' spread, a latency summing many steps takes the sum at its percentile (mean
+/// excess plus z₉₉ standard deviations of the sum), never more than every step at its 99th
+/// percentile.
+#[test]
+fn plan_schedule_latency_takes_the_sum_of_steps_at_its_percentile() {
+    let ten = || LengthDistribution::Histogram(vec![(10, 1.0)]);
+    let runs =
+        RunSpread { decode_steps: 2, prefill: Spread { mean: 0.1, std: 0.2 }, decode: Spread { mean: 0.05, std: 0.1 } };
+    let variation = StepVariation { prefill: 0.5, decode: 0.25, runs: Some(runs) };
+    let varied = Profile { step_variation: Some(variation), ..measured_profile(None) };
+    let z99 = 2.326_335_165;
+    // As above: N_D = 1 is 4 prefills of 10 ms and 4 iterations of 10.25 ms (two runs of two);
+    // N_D = 2 is 2 prefills and 4 iterations of 9 ms.
+    let sum = |k: f64, iteration: f64| {
+        let (p, d) = (k * 10.0, 4.0 * iteration);
+        let sd = (k * 100.0 * 0.2f64.powi(2) + (d * 0.1).powi(2) / 2.0).sqrt();
+        p * 1.1 + d * 1.05 + z99 * sd
+    };
+    let (one, two) = (sum(4.0, 10.25), sum(2.0, 9.0));
+    assert!(one < 100.0 && two < 75.0, "{one} {two}");
+    // 0.1 s: N_D = 1 meets it (every step at its 99th percentile, 111.25 ms, did not).
+    let loose = schedule::plan(&hand_input(0.1, varied.clone(), ten())).unwrap();
+    assert_eq!((loose.decode_iterations, loose.step_variation), (Some(1), variation));
+    assert!((loose.latency_s * 1000.0 - one).abs() < 1e-6, "{loose:?} vs {one}");
+    assert!(close(loose.throughput_qps, 1000.0 / 20.25), "{loose:?}");
+    let tight = schedule::plan(&hand_input(0.09, varied.clone(), ten())).unwrap();
+    assert_eq!(tight.decode_iterations, Some(2));
+    assert!((tight.latency_s * 1000.0 - two).abs() < 1e-6, "{tight:?} vs {two}");
+    // A spread wider than the 99th percentiles says is capped by them.
+    let wide = RunSpread { decode: Spread { mean: 0.05, std: 5.0 }, ..runs };
+    let wide = ScheduleInput {
+        step_variation: Some(StepVariation { runs: Some(wide), ..variation }),
+        ..hand_input(1.0, varied.clone(), ten())
+    };
+    assert!(close(schedule::plan(&wide).unwrap().latency_s, 0.11125));
+    // Branch-and-bound keeps the exhaustive optimum.
+    let exhaustive = schedule::plan(&ScheduleInput { exhaustive: true, ..hand_input(0.09, varied.clone(), ten()) });
+    assert_eq!(exhaustive.unwrap().decode_iterations, tight.decode_iterations);
+    // Bad spreads are input errors naming the field; the field round-trips.
+    for (field, bad) in [
+        ("runs.decode_steps", RunSpread { decode_steps: 0, ..runs }),
+        ("runs.prefill.std", RunSpread { prefill: Spread { mean: 0.0, std: f64::NAN }, ..runs }),
+        ("runs.decode.mean", RunSpread { decode: Spread { mean: -0.5, std: 0.1 }, ..runs }),
+    ] {
+        let v = StepVariation { runs: Some(bad), ..variation };
+        let input = ScheduleInput { step_variation: Some(v), ..hand_input(1.0, measured_profile(None), ten()) };
+        let err = schedule::plan(&input).unwrap_err().to_string();
+        assert!(err.contains(&format!("step_variation.{field}")), "{err}");
+    }
+    let back: Profile = serde_json::from_value(serde_json::to_value(&varied).unwrap()).unwrap();
+    assert_eq!(back, varied);
 }
 
 /// Branch-and-bound still returns the exhaustive optimum when a measured step costs more per

@@ -19,7 +19,9 @@
 //!     "decode": {"batch": [1, 2, 3, 4, 8], "context": [16, 64],
 //!                "ms": [[30, 31], [88, 90], [92, 94], [95, 97], [108, 111]]}
 //!   },
-//!   "step_variation": {"prefill": 0.071, "decode": 0.024}
+//!   "step_variation": {"prefill": 0.071, "decode": 0.024,
+//!                      "runs": {"decode_steps": 4, "prefill": {"mean": 0.01, "std": 0.03},
+//!                               "decode": {"mean": 0.004, "std": 0.01}}}
 //! }
 //! ```
 //!
@@ -58,8 +60,12 @@
 //!   execution times", ±7.1% and ±2.4% there). The profiler pools, over every timed run of a
 //!   point, the run's mean step over the point's median step: a prefill run is one step, a decode
 //!   run the consecutive steps a request decodes, whose latency sums them. ExeGPT "consider[s] this variance when determining control
-//!   variables to satisfy latency constraints": the schedule planner's latency takes every step
-//!   at its 99th percentile ([`StepVariation`]); throughput, an average, takes the medians.
+//!   variables to satisfy latency constraints". `runs` (optional) adds the mean and standard
+//!   deviation of those ratios (minus 1) and the decode steps per run ([`RunSpread`]). The
+//!   schedule planner's latency sums many steps: with `runs` it takes that sum at its percentile
+//!   as the central limit theorem gives it (mean excess plus `z_p` standard deviations of the
+//!   sum, never more than every step at its 99th percentile); without, every step at its 99th
+//!   percentile ([`StepVariation`]). Throughput, an average, takes the medians.
 //!
 //! Tables are interpolated piecewise-linearly (held constant below the first point, extended with
 //! the last segment's slope beyond the last). Along the batch axis a table is read as
@@ -200,7 +206,8 @@ impl EngineStep {
 
 /// How far above its median an engine step's time runs at the 99th percentile, as a fraction
 /// of the median (ExeGPT §7.9; see the module docs): a step whose median is `t` is taken to last
-/// `t·(1 + prefill)` or `t·(1 + decode)` when a latency bound must hold.
+/// `t·(1 + prefill)` or `t·(1 + decode)` when a latency bound must hold, unless `runs` says how
+/// the steps spread, so that a latency summing many of them can count their spread as a sum's.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepVariation {
@@ -208,6 +215,37 @@ pub struct StepVariation {
     pub prefill: f64,
     /// Decode steps.
     pub decode: f64,
+    /// Mean and standard deviation of the timed runs (optional; absent: every step of a latency
+    /// counts at the 99th percentile above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<RunSpread>,
+}
+
+/// How the profiler's timed runs spread around their points' medians (the profile's
+/// `step_variation.runs`): a prefill run is one step, a decode run `decode_steps` consecutive
+/// steps. A latency that sums `m` independent runs of median time `t` each has mean
+/// `m·t·(1 + mean)` and standard deviation `√m·t·std` (the central limit theorem), so its
+/// percentile margin shrinks as `1/√m` where the 99th percentile of one run would not.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpread {
+    /// Decode steps per timed decode run.
+    pub decode_steps: usize,
+    /// Prefill runs (one step each).
+    pub prefill: Spread,
+    /// Decode runs (their mean step).
+    pub decode: Spread,
+}
+
+/// A run's time over its point's median, minus 1: the mean (at least 0) and the standard
+/// deviation of that fraction over the timed runs.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spread {
+    /// Mean excess over the median (a right-skewed step time runs above its median on average).
+    pub mean: f64,
+    /// Standard deviation.
+    pub std: f64,
 }
 
 impl StepVariation {
@@ -215,9 +253,20 @@ impl StepVariation {
     /// measures here.
     pub const MAX: f64 = 10.0;
 
-    /// Checks both fractions (finite, 0 to 10); `field` names the object in errors.
+    /// Checks every fraction (finite, 0 to 10) and the run length; `field` names the object in
+    /// errors.
     pub fn check(&self, field: &str) -> Result<Self, InputError> {
-        for (name, v) in [("prefill", self.prefill), ("decode", self.decode)] {
+        let mut values = vec![("prefill", self.prefill), ("decode", self.decode)];
+        if let Some(runs) = &self.runs {
+            check::count(&format!("{field}.runs.decode_steps"), runs.decode_steps, 1 << 16)?;
+            values.extend([
+                ("runs.prefill.mean", runs.prefill.mean),
+                ("runs.prefill.std", runs.prefill.std),
+                ("runs.decode.mean", runs.decode.mean),
+                ("runs.decode.std", runs.decode.std),
+            ]);
+        }
+        for (name, v) in values {
             let name = format!("{field}.{name}");
             check::non_negative(&name, v)?;
             if v > Self::MAX {

@@ -6,7 +6,7 @@
 
 use crate::plan::check::InputError;
 use crate::plan::profile::{
-    CostModel, DecodeTable, EngineStep, EngineStepTable, PrefillStepTable, Profile, StepVariation,
+    CostModel, DecodeTable, EngineStep, EngineStepTable, PrefillStepTable, Profile, RunSpread, Spread, StepVariation,
 };
 
 /// One measurement of the context overhead: a slice of `tokens` tokens after `context` tokens
@@ -146,30 +146,46 @@ pub fn engine_steps(profile: &mut Profile, samples: &[StepSample]) -> Result<(),
 /// averaged as a request's sum averages it). The ratios are pooled by kind; the 99th percentile
 /// of the pooled ratios (nearest rank, so with fewer than 100 ratios the largest), minus 1,
 /// between 0 and [`StepVariation::MAX`] (a step preempted for many times its length on a loaded
-/// machine would otherwise make every bound infeasible). `None` when no point was run twice.
+/// machine would otherwise make every bound infeasible). `runs` holds the pooled ratios' mean
+/// (minus 1, at least 0) and standard deviation, capped the same way, and the decode steps per
+/// run (their mean count, rounded), for latencies that sum many runs. `None` when no point was
+/// run twice.
 pub fn step_variation(samples: &[StepSample]) -> Option<StepVariation> {
-    let of_kind = |kind: StepKind| -> Option<f64> {
+    // (99th percentile, spread, steps per run) of one kind's pooled ratios.
+    let of_kind = |kind: StepKind| -> Option<(f64, Spread, usize)> {
         let point = |s: &&StepSample| (s.batch, s.tokens, s.context);
         let mut of_kind: Vec<&StepSample> = samples.iter().filter(|s| s.kind == kind).collect();
         of_kind.sort_by_key(|s| (point(s), s.run));
-        let mut ratios = Vec::new();
+        let (mut ratios, mut steps, mut runs_counted) = (Vec::new(), 0usize, 0usize);
         for timed in of_kind.chunk_by(|a, b| point(a) == point(b)) {
             let middle = median(timed.iter().map(|s| s.ms).collect());
-            let runs: Vec<f64> = timed
-                .chunk_by(|a, b| a.run == b.run)
-                .map(|run| run.iter().map(|s| s.ms).sum::<f64>() / run.len() as f64)
-                .collect();
+            let runs: Vec<&[&StepSample]> = timed.chunk_by(|a, b| a.run == b.run).collect();
             if runs.len() > 1 && middle > 0.0 {
-                ratios.extend(runs.iter().map(|t| t / middle));
+                ratios.extend(runs.iter().map(|run| run.iter().map(|s| s.ms).sum::<f64>() / run.len() as f64 / middle));
+                steps += runs.iter().map(|run| run.len()).sum::<usize>();
+                runs_counted += runs.len();
             }
         }
         ratios.sort_by(f64::total_cmp);
         let rank = (0.99 * ratios.len() as f64).ceil() as usize;
-        ratios.get(rank.checked_sub(1)?).map(|r| (r - 1.0).clamp(0.0, StepVariation::MAX))
+        let p99 = ratios.get(rank.checked_sub(1)?)?;
+        let n = ratios.len() as f64;
+        let mean = ratios.iter().sum::<f64>() / n;
+        let std = (ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+        let cap = |v: f64| v.clamp(0.0, StepVariation::MAX);
+        let spread = Spread { mean: cap(mean - 1.0), std: cap(std) };
+        Some((cap(p99 - 1.0), spread, (steps as f64 / runs_counted as f64).round() as usize))
     };
     let (prefill, decode) = (of_kind(StepKind::Prefill), of_kind(StepKind::Decode));
-    (prefill.is_some() || decode.is_some())
-        .then(|| StepVariation { prefill: prefill.unwrap_or(0.0), decode: decode.unwrap_or(0.0) })
+    if prefill.is_none() && decode.is_none() {
+        return None;
+    }
+    let runs = RunSpread {
+        decode_steps: decode.map_or(1, |d| d.2.max(1)),
+        prefill: prefill.map_or(Spread::default(), |p| p.1),
+        decode: decode.map_or(Spread::default(), |d| d.1),
+    };
+    Some(StepVariation { prefill: prefill.map_or(0.0, |p| p.0), decode: decode.map_or(0.0, |d| d.0), runs: Some(runs) })
 }
 
 /// The middle value (the upper one of an even count); 0 without values.
@@ -415,13 +431,19 @@ mod tests {
             .flat_map(|(run, steps)| steps.iter().map(move |&ms| sample(StepKind::Decode, 1, ms, run)))
             .collect();
         assert!((step_variation(&of_runs).unwrap().decode - 0.5).abs() < 1e-12);
+        // `runs`: the ratios' (1.25, 1, 1.5, 1) mean excess and standard deviation, four steps a run.
+        let spread = step_variation(&of_runs).unwrap().runs.unwrap();
+        assert_eq!((spread.decode_steps, spread.prefill), (4, Spread::default()));
+        let std = (0.171875f64 / 3.0).sqrt();
+        assert!((spread.decode.mean - 0.1875).abs() < 1e-12 && (spread.decode.std - std).abs() < 1e-12, "{spread:?}");
         // The order the samples come in does not matter; each run's steps are read together.
         let mut shuffled = of_runs.clone();
         shuffled.reverse();
         assert_eq!(step_variation(&shuffled), step_variation(&of_runs));
         // Faster-than-median samples never make the variation negative; one run per point gives none.
         let fast = [sample(StepKind::Decode, 1, 4.0, 0), sample(StepKind::Decode, 1, 2.0, 1)];
-        assert_eq!(step_variation(&fast).unwrap().decode, 0.0);
+        let fast = step_variation(&fast).unwrap();
+        assert_eq!((fast.decode, fast.runs.unwrap().decode.mean), (0.0, 0.0));
         assert_eq!(step_variation(&samples[6..]), None);
         assert_eq!(step_variation(&of_runs[..4]), None);
         // A step preempted for 30 times its length is capped at the largest variation a profile takes.

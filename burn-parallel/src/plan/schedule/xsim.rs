@@ -44,10 +44,20 @@
 //! `S̄_E` and `S̄_E + max(S_E,p − S̄_E, 1)` tokens. `X` grows with `B_E` and falls with `N_D`,
 //! so the search's monotonicity holds. Throughput is an average and takes the mean.
 //!
-//! **Step variation** (§7.9). Latencies take every step at the 99th percentile of its time: a
-//! prefill at `(1 + v_E)` and a decode iteration (WAA: the period) at `(1 + v_D)` times what the
-//! tables say, with `v` the profile's `step_variation` (or the input's). Throughput, an average,
-//! takes the tables as they are. Constant factors keep the search's monotonicity.
+//! **Step variation** (§7.9). A latency is a sum of steps: `P` ms of prefills over `k` prefill
+//! steps and `D` ms of decode iterations (WAA: periods) over `S − 1` steps. Where the profile's
+//! `step_variation` has `runs` (the mean `μ` and standard deviation `σ` of a timed run's time over
+//! its median, minus 1; a decode run is `r` steps), the runs are taken as independent and the
+//! latency at percentile `p` as the central limit theorem gives it:
+//! `P·(1 + μ_E) + D·(1 + μ_D) + z_p·√((k·E² + X²)·σ_E² + D²σ_D²·r/(S − 1))` (`P = k·E + X`: `k`
+//! prefills of `E` and the prompt tail, one lump), never more than every step
+//! at its 99th percentile, `P·(1 + v_E) + D·(1 + v_D)` (`v` the 99th-percentile fractions), which
+//! is what the latency takes without `runs`. (A step's hiccup averages out over a request's
+//! hundreds of steps, where counting every step at its 99th percentile put the bench's measured
+//! p99 at 0.55–0.88 of the prediction; a slowdown lasting seconds, another tenant on a shared
+//! host, does not, and is not modelled.) A WAA period set by its encoders varies as prefills do.
+//! Throughput, an average, takes the tables as they are. The latency stays non-decreasing in
+//! `P` and `D`, and its margin does not grow as `k` falls, so the search's monotonicity holds.
 //!
 //! Memory per device: its layers' weights and the KV cache of the queries in flight
 //! (`mean input + mean output` tokens each), split by the tensor-parallel degree; the embedding
@@ -108,9 +118,10 @@ pub(crate) struct XSim {
     mean_out: f64,
     /// Mean decode context, where decode steps are read.
     context: f64,
-    /// Latency factors of prefills and decode iterations, `1 + v`.
-    prefill_spread: f64,
-    decode_spread: f64,
+    /// How steps vary (module docs, "Step variation").
+    variation: StepVariation,
+    /// `z_p` of the latency percentile, at least 0.
+    z: f64,
     /// Whether no step costs more per query at a larger batch ([`CostModel::engine_sublinear`]):
     /// then throughput grows with the encode batch and the search's bounds can use it.
     sublinear: bool,
@@ -155,8 +166,8 @@ impl XSim {
             mean_in: input.mean(),
             mean_out: output.mean(),
             context,
-            prefill_spread: 1.0 + variation.prefill,
-            decode_spread: 1.0 + variation.decode,
+            variation,
+            z: normal_quantile(percentile / 100.0).max(0.0),
             sublinear: cost.engine_sublinear(&prompts, context),
             cost,
             input,
@@ -240,6 +251,38 @@ impl XSim {
         self.token_ms * (self.prompt_spread * prompts.sqrt()).max(self.prompt_excess)
     }
 
+    /// A latency (ms) of `prefills` prefill steps of `encode_ms` each plus the prompt tail
+    /// `tail_ms`, then `decode_ms` over `steps` further steps (decode iterations, or with
+    /// `encoder_bound` encoder steps), taken at the latency percentile (module docs, "Step
+    /// variation"): with the runs' spread, the sum's mean plus `z_p` standard deviations, never
+    /// more than every step at its 99th percentile; without, every step at its 99th percentile.
+    /// Non-decreasing in `encode_ms`, `prefills`, `tail_ms` and `decode_ms`.
+    fn varied(
+        &self,
+        encode_ms: f64,
+        prefills: f64,
+        tail_ms: f64,
+        decode_ms: f64,
+        steps: f64,
+        encoder_bound: bool,
+    ) -> f64 {
+        let v = &self.variation;
+        let prefill_ms = prefills * encode_ms + tail_ms;
+        let decode_v = if encoder_bound { v.prefill } else { v.decode };
+        let every_step = prefill_ms * (1.0 + v.prefill) + decode_ms * (1.0 + decode_v);
+        let Some(runs) = &v.runs else {
+            return every_step;
+        };
+        let (decode, decode_runs) =
+            if encoder_bound { (runs.prefill, steps) } else { (runs.decode, steps / runs.decode_steps as f64) };
+        let mean = prefill_ms * (1.0 + runs.prefill.mean) + decode_ms * (1.0 + decode.mean);
+        // k independent prefills, the tail as one lump (it is the query's own long prompt, or a
+        // sum whose spread it already is), and the decode runs.
+        let variance = (prefills * encode_ms.powi(2) + tail_ms.powi(2)) * runs.prefill.std.powi(2)
+            + (decode_ms * decode.std).powi(2) / decode_runs.max(1.0);
+        (mean + self.z * variance.sqrt()).min(every_step)
+    }
+
     /// Whether `pipe` is one device running the whole model: the engine the profile measured.
     fn one_device(pipe: &Pipe) -> bool {
         pipe.stages() == 1 && pipe.tp_groups == 0
@@ -282,11 +325,10 @@ impl XSim {
         let iteration = cyclic(&self.decode_times(pipe, b_d / m), m);
         let s = self.target_len;
         let k = phases(s, n_d).max(1) as f64;
+        let tail = self.prompt_tail_ms(k * b_e);
         Perf {
             throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
-            latency_s: ((k * encode + self.prompt_tail_ms(k * b_e)) * self.prefill_spread
-                + (s - 1) as f64 * iteration * self.decode_spread)
-                / 1000.0,
+            latency_s: self.varied(encode, k, tail, (s - 1) as f64 * iteration, (s - 1) as f64, false) / 1000.0,
             fits: b_d <= self.max_decode_batch && self.fits(pipe, b_d * (self.mean_in + self.mean_out)),
         }
     }
@@ -320,14 +362,16 @@ impl XSim {
         let enc = self.encode_times(&enc_pipe, b_e);
         let m = micro as f64;
         let iteration = cyclic(&self.decode_times(decode, b_d / m), m);
-        let period = enc.iter().copied().fold(iteration, f64::max);
-        let slow_period = enc.iter().map(|t| t * self.prefill_spread).fold(iteration * self.decode_spread, f64::max);
+        let slowest_encoder = enc.iter().copied().fold(0.0, f64::max);
+        let period = slowest_encoder.max(iteration);
         let pass: f64 = enc.iter().sum();
+        let periods = (self.target_len - 1) as f64;
+        // The period is set by its slowest side: encoder steps vary as prefills do.
+        let tail = self.prompt_tail_ms(b_e);
+        let latency = self.varied(pass, 1.0, tail, periods * period, periods, slowest_encoder > iteration);
         Perf {
             throughput_qps: b_e / (period / 1000.0),
-            latency_s: ((pass + self.prompt_tail_ms(b_e)) * self.prefill_spread
-                + (self.target_len - 1) as f64 * slow_period)
-                / 1000.0,
+            latency_s: latency / 1000.0,
             fits: b_d <= self.max_decode_batch
                 && self.fits(&enc_pipe, b_e * self.mean_in)
                 && self.fits(decode, b_d * (self.mean_in + self.mean_out)),
