@@ -593,11 +593,26 @@ fn markdown(
         md.push_str(&format!(
             "\nStep variation (the profile's `step_variation`: the 99th percentile, over every timed run, of the run's \
              prefill and of the mean of its consecutive decode steps, over its point's median): prefill +{:.1}%, decode \
-             +{:.1}%. The planner's latency counts every step at it (ExeGPT §7.9); its \
-             throughput takes the medians.\n",
+             +{:.1}%.",
             100.0 * v.prefill,
             100.0 * v.decode
         ));
+        match &v.runs {
+            Some(r) => md.push_str(&format!(
+                " Over the same runs (decode runs of {} steps), mean +{:.1}% and standard deviation {:.1}% for prefills, \
+                 mean +{:.1}% and standard deviation {:.1}% for decode runs. The planner's latency takes its sum of \
+                 steps at its percentile from these (mean plus z standard deviations of the sum, at most every step at \
+                 the 99th percentile; ExeGPT §7.9); its throughput takes the medians.\n",
+                r.decode_steps,
+                100.0 * r.prefill.mean,
+                100.0 * r.prefill.std,
+                100.0 * r.decode.mean,
+                100.0 * r.decode.std
+            )),
+            None => md.push_str(
+                " The planner's latency counts every step at it (ExeGPT §7.9); its throughput takes the medians.\n",
+            ),
+        }
     }
     let yes = |b: bool| if b { "yes" } else { "**no**" }.to_string();
     let star = |r: &Run| if r.steady { "" } else { "*" };
