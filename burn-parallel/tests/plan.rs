@@ -590,6 +590,17 @@ fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> Sche
     }
 }
 
+/// One device's RRA throughput as the planner replays the engine (1024 queries queued at once)
+/// when `B_E` = 1, every query decodes `c·n_d` steps and the plan holds `c` seats (`i[b − 1]` a
+/// decode step of `b`): each phase prefills one query (`e`) and decodes `n_d` steps, the batch
+/// fills one seat a phase, runs `1024 − c + 1` phases full and drains. The closed form's steady
+/// state `1 / (e + n_d·i[c − 1])` leaves out the fill and the drain.
+fn replayed(e: f64, i: &[f64], n_d: usize) -> f64 {
+    let (c, n) = (i.len(), n_d as f64);
+    let ramp: f64 = i[..c - 1].iter().sum();
+    1000.0 * 1024.0 / (1024.0 * e + 2.0 * n * ramp + (1024 - c + 1) as f64 * n * i[c - 1])
+}
+
 #[test]
 fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline() {
     let overhead = EngineStep {
@@ -611,11 +622,11 @@ fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline
     //   throughput 1 / (7.25 + 2 × 4.5) ms, latency 2 × 7.25 + 4 × 4.5 = 32.5 ms.
     let loose = schedule::plan(&input(1.0, Some(overhead), None)).unwrap();
     assert_eq!((loose.decode_iterations, loose.decode_batch), (Some(1), 4));
-    assert!(close(loose.throughput_qps, 1000.0 / 13.25), "{loose:?}");
+    assert!(close(loose.throughput_qps, replayed(7.25, &[3.75, 4.5, 5.25, 6.0], 1)), "{loose:?}");
     assert!(close(loose.latency_s, 0.053), "{loose:?}");
     let tight = schedule::plan(&input(0.04, Some(overhead), None)).unwrap();
     assert_eq!((tight.decode_iterations, tight.decode_batch), (Some(2), 2));
-    assert!(close(tight.throughput_qps, 1000.0 / 16.25), "{tight:?}");
+    assert!(close(tight.throughput_qps, replayed(7.25, &[3.75, 4.5], 2)), "{tight:?}");
     assert!(close(tight.latency_s, 0.0325), "{tight:?}");
     // The engine cannot decode 4 at once: the loose bound also gets N_D = 2.
     let capped = schedule::plan(&input(1.0, Some(overhead), Some(3))).unwrap();
@@ -623,7 +634,7 @@ fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline
     assert!(matches!(schedule::plan(&input(1.0, Some(overhead), Some(1))), Err(ScheduleError::DoesNotFit { .. })));
     // Without the overhead (an old profile): E = 2.25 ms, I(N_D = 1) = 1 + 1 = 2 ms.
     let bare = schedule::plan(&input(1.0, None, None)).unwrap();
-    assert!(close(bare.throughput_qps, 1000.0 / 4.25), "{bare:?}");
+    assert!(close(bare.throughput_qps, replayed(2.25, &[1.25, 1.5, 1.75, 2.0], 1)), "{bare:?}");
     assert!(close(bare.latency_s, (4.0 * 2.25 + 4.0 * 2.0) / 1000.0), "{bare:?}");
     // An old profile's JSON (no `engine_step`) still loads, and the field round-trips.
     let mut json = serde_json::to_value(hand_profile(Some(overhead))).unwrap();
@@ -703,11 +714,11 @@ fn plan_schedule_simulator_reads_the_measured_engine_steps() {
     // N_D = 2: B_D = 2, throughput 1 / (10 + 2 × 9) ms, latency 2 × 10 + 4 × 9 = 56 ms.
     let loose = schedule::plan(&input(1.0, measured_profile(None), ten())).unwrap();
     assert_eq!((loose.decode_iterations, loose.decode_batch), (Some(1), 4));
-    assert!(close(loose.throughput_qps, 1000.0 / 20.25), "{loose:?}");
+    assert!(close(loose.throughput_qps, replayed(10.0, &[3.0, 9.0, 9.625, 10.25], 1)), "{loose:?}");
     assert!(close(loose.latency_s, 0.081), "{loose:?}");
     let tight = schedule::plan(&input(0.07, measured_profile(None), ten())).unwrap();
     assert_eq!((tight.decode_iterations, tight.decode_batch), (Some(2), 2));
-    assert!(close(tight.throughput_qps, 1000.0 / 28.0), "{tight:?}");
+    assert!(close(tight.throughput_qps, replayed(10.0, &[3.0, 9.0], 2)), "{tight:?}");
     assert!(close(tight.latency_s, 0.056), "{tight:?}");
     // The measured steps supersede a linear overhead in the same profile.
     let overhead = EngineStep { decode_ms_fixed: 50.0, ..EngineStep::default() };
@@ -723,7 +734,7 @@ fn plan_schedule_simulator_reads_the_measured_engine_steps() {
     // The decode context is now 15 + 5/2 = 17.5: I(4) = 10 + 2 × 0.175 = 10.35 ms.
     let expected = 4.0 * 12.0 + 0.4 * z99 * 5.0 * 2.0 + 4.0 * 10.35;
     assert!((tail.latency_s * 1000.0 - expected).abs() < 1e-6, "{tail:?} vs {expected}");
-    assert!(close(tail.throughput_qps, 1000.0 / 22.35), "{tail:?}");
+    assert!(close(tail.throughput_qps, replayed(12.0, &[3.0, 9.0, 9.675, 10.35], 1)), "{tail:?}");
     // An old profile (no `engine_step_ms`) loads; the field round-trips and is left out when absent.
     let json = serde_json::to_value(measured_profile(None)).unwrap();
     let back: Profile = serde_json::from_value(json).unwrap();
@@ -742,11 +753,14 @@ fn plan_schedule_latency_takes_each_step_at_its_measured_variation() {
     // 1 / 20.25 ms; N_D = 2: 2 × 10 × 1.5 + 4 × 9 × 1.25 = 75 ms, 1 / 28 ms.
     let loose = schedule::plan(&hand_input(1.0, varied.clone(), ten())).unwrap();
     assert_eq!((loose.decode_iterations, loose.step_variation), (Some(1), variation));
-    assert!(close(loose.latency_s, 0.11125) && close(loose.throughput_qps, 1000.0 / 20.25), "{loose:?}");
+    assert!(
+        close(loose.latency_s, 0.11125) && close(loose.throughput_qps, replayed(10.0, &[3.0, 9.0, 9.625, 10.25], 1)),
+        "{loose:?}"
+    );
     // 0.09 s: N_D = 1 met it at the medians (81 ms), not at the 99th percentile.
     let tight = schedule::plan(&hand_input(0.09, varied.clone(), ten())).unwrap();
     assert_eq!(tight.decode_iterations, Some(2));
-    assert!(close(tight.latency_s, 0.075) && close(tight.throughput_qps, 1000.0 / 28.0), "{tight:?}");
+    assert!(close(tight.latency_s, 0.075) && close(tight.throughput_qps, replayed(10.0, &[3.0, 9.0], 2)), "{tight:?}");
     // The input's variation replaces the profile's; 0 gives back the medians.
     let none = StepVariation::default();
     let bare = ScheduleInput { step_variation: Some(none), ..hand_input(0.09, varied.clone(), ten()) };
@@ -799,7 +813,7 @@ fn plan_schedule_latency_takes_the_sum_of_steps_at_its_percentile() {
     let loose = schedule::plan(&hand_input(0.1, varied.clone(), ten())).unwrap();
     assert_eq!((loose.decode_iterations, loose.step_variation), (Some(1), variation));
     assert!((loose.latency_s * 1000.0 - one).abs() < 1e-6, "{loose:?} vs {one}");
-    assert!(close(loose.throughput_qps, 1000.0 / 20.25), "{loose:?}");
+    assert!(close(loose.throughput_qps, replayed(10.0, &[3.0, 9.0, 9.625, 10.25], 1)), "{loose:?}");
     let tight = schedule::plan(&hand_input(0.09, varied.clone(), ten())).unwrap();
     assert_eq!(tight.decode_iterations, Some(2));
     assert!((tight.latency_s * 1000.0 - two).abs() < 1e-6, "{tight:?} vs {two}");

@@ -22,10 +22,15 @@
 //! of it (the paper's offline setting keeps every encode batch full). Because the bound is a
 //! percentile over queries, the latency also counts the prompt tail of the prefills that hold
 //! and interrupt the query (RRA's timeline; see [`xsim`]): the percentile query's prefills carry
-//! more prompt tokens than average ones. And because single steps vary, every step counts at the
-//! 99th percentile of its time, the profile's `step_variation` (§7.9; see [`xsim`]).
+//! more prompt tokens than average ones. And because steps vary, the latency's sum of steps is
+//! taken at its percentile from the profile's `step_variation` (§7.9; see [`xsim`]).
+//!
+//! RRA's throughput on one device is the paged engine's, [replayed](replay) on a sample of output
+//! lengths for every point the search may choose (one that fits and meets the bound); the
+//! branch-and-bound's block bound is then the replay's own ([`replay::Replay::upper`]).
 
 mod lengths;
+mod replay;
 mod search;
 mod xsim;
 
@@ -122,7 +127,7 @@ pub struct ScheduleOutput {
     pub decode_devices: usize,
     /// Pipeline stages of the decoding devices.
     pub pipeline_stages: usize,
-    /// Predicted queries per second.
+    /// Predicted queries per second (RRA on one device: the engine's schedule replayed).
     pub throughput_qps: f64,
     /// Predicted latency of the percentile-length output, in seconds.
     pub latency_s: f64,

@@ -92,7 +92,18 @@ impl Searcher<'_> {
     fn simulate(&self, space: &Space, c: &[usize]) -> Perf {
         let p = self.point(space, c);
         match space {
-            Space::Rra { pipe, .. } => self.sim.rra(p.encode_batch as f64, p.decode_iterations.unwrap_or(1), pipe),
+            Space::Rra { pipe, .. } => {
+                let n_d = p.decode_iterations.unwrap_or(1);
+                let mut perf = self.sim.rra(p.encode_batch as f64, n_d, pipe);
+                // One device: the engine's throughput, replayed where the search reads it (a
+                // point that cannot be chosen keeps the closed form).
+                if self.feasible(&perf)
+                    && let Some(qps) = self.sim.rra_replayed(p.encode_batch, n_d, pipe)
+                {
+                    perf.throughput_qps = qps;
+                }
+                perf
+            }
             Space::Waa { encoders, micro, pipe } => self.sim.waa(p.encode_batch as f64, *micro, *encoders, pipe),
         }
     }

@@ -27,7 +27,10 @@
 //!   `E[1/k] ≥ 1/E[k]` undercounts the batch (on `bench schedule`'s ShareGPT-like outputs, a
 //!   predicted `B_D` of 9 ran at the engine's cap, and throughput came out at 0.41 of the
 //!   prediction).
-//!   Throughput `B_E / (E + N_D·I)`; the latency of the percentile-length output `S` is
+//!   Throughput `B_E / (E + N_D·I)`; on one device, where the paged engine runs the plan, the
+//!   search reads the engine's throughput instead, [replayed](super::replay) step by step on a
+//!   sample of output lengths (its seat limit `⌈B_D⌉` and its prefill as soon as the batch has
+//!   emptied, which the cycle above leaves out). The latency of the percentile-length output `S` is
 //!   `k·E + X + (S−1)·I` with `k = max(1, ⌈(S−1)/N_D⌉)` (its own prefill and the prefills that
 //!   interrupt its decode phases, and its `S − 1` iterations) and `X` the prompt tail below.
 //! - **WAA** (§4.1, Fig. 4b): `G_E` devices encode batches of `B_E`, the rest decode
@@ -70,6 +73,7 @@ use std::collections::HashMap;
 use crate::plan::profile::{CostModel, StepVariation, TpScaling};
 
 use super::lengths::{Lengths, normal_quantile};
+use super::replay::Replay;
 
 /// A pipeline: `tp_groups` tensor-parallel stages of `degree` devices, then `plain` one-device
 /// stages.
@@ -127,6 +131,8 @@ pub(crate) struct XSim {
     sublinear: bool,
     /// `Σ_U P_D(U)` by `N_D`, as computed so far (the search asks for the same values often).
     completion: RefCell<HashMap<usize, f64>>,
+    /// The engine's schedule replayed on a sample of output lengths (RRA on one device).
+    replay: Replay,
 }
 
 /// `m` equal micro-batches through stages taking `t` each: the last leaves at this time.
@@ -169,6 +175,7 @@ impl XSim {
             variation,
             z: normal_quantile(percentile / 100.0).max(0.0),
             sublinear: cost.engine_sublinear(&prompts, context),
+            replay: Replay::new(&output),
             cost,
             input,
             output,
@@ -341,6 +348,9 @@ impl XSim {
     /// smallest count of the cheapest iterations), and `min_N (N / q(N)) · q(n_lo) ·
     /// I(b_hi / q(n_lo))`; the smaller bound is returned.
     pub fn rra_upper(&self, b_lo: f64, b_hi: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
+        if Self::one_device(pipe) {
+            return self.rra_replayed_upper(b_hi as usize, n_lo, pipe);
+        }
         let m = pipe.stages() as f64;
         let encode = |b: f64| fill(&self.encode_times(pipe, b / m), m);
         let iteration = |b: f64, n: usize| cyclic(&self.decode_times(pipe, b / self.completion(n) / m), m);
@@ -352,6 +362,38 @@ impl XSim {
         let per_query = (n_lo..=n_hi).map(|n| n as f64 / self.completion(n)).fold(f64::INFINITY, f64::min);
         let amortised = per_query * self.completion(n_lo) * iteration(b_hi, n_lo);
         general.min(b_hi / ((encode(b_hi) + fewest.max(amortised)) / 1000.0))
+    }
+
+    /// The sequences the engine holds for encode batch `b_e` and `n_d` decode iterations: `B_D`
+    /// rounded up, what the plan sets as the engine's decode batch.
+    pub fn seats(&self, b_e: f64, n_d: usize) -> usize {
+        (b_e / self.completion(n_d) - 1e-9).ceil().max(1.0) as usize
+    }
+
+    /// The one-device engine's step times: prefills of `1..=b_e` queries and decode steps of
+    /// `1..=seats` sequences, as [`XSim::rra`] takes them.
+    fn engine_steps(&self, pipe: &Pipe, b_e: usize, seats: usize) -> (Vec<f64>, Vec<f64>) {
+        let prefill = (1..=b_e).map(|n| self.encode_times(pipe, n as f64)[0]).collect();
+        let decode = (1..=seats).map(|b| self.decode_times(pipe, b as f64)[0]).collect();
+        (prefill, decode)
+    }
+
+    /// RRA's throughput on one device as the engine runs it ([`Replay`]): `None` for pipelines
+    /// and tensor parallelism, which keep [`XSim::rra`]'s closed form.
+    pub fn rra_replayed(&self, b_e: usize, n_d: usize, pipe: &Pipe) -> Option<f64> {
+        if !Self::one_device(pipe) {
+            return None;
+        }
+        let seats = self.seats(b_e as f64, n_d);
+        let (prefill, decode) = self.engine_steps(pipe, b_e, seats);
+        Some(self.replay.throughput(b_e, n_d, seats, &prefill, &decode))
+    }
+
+    /// An upper bound on [`XSim::rra_replayed`] over `B_E ≤ b_hi`, `N_D ≥ n_lo` on one device
+    /// ([`Replay::upper`]; the most seats are at `b_hi`, `n_lo`).
+    fn rra_replayed_upper(&self, b_hi: usize, n_lo: usize, pipe: &Pipe) -> f64 {
+        let (prefill, decode) = self.engine_steps(pipe, b_hi, self.seats(b_hi as f64, n_lo));
+        self.replay.upper(&prefill, &decode)
     }
 
     /// WAA with `encoders` encoding devices, encode batch `b_e`, `micro` decoder micro-batches and
