@@ -169,6 +169,11 @@ struct WorkloadResult {
     p99_output: usize,
     bounds_from_profile: bool,
     fcfs_grid: Vec<Run>,
+    /// How fast the machine ran the runs against its speed while profiling: the seconds the
+    /// profile predicts for FCFS at one seat ([`one_seat_seconds`]) over the seconds it took
+    /// (`None` without a one-seat run). Below 1 the host slowed after the profile, and every
+    /// prediction is off by about as much.
+    host_speed: Option<f64>,
     bounds: Vec<BoundResult>,
 }
 
@@ -303,6 +308,21 @@ fn measure(
         mean_latency_s: latency.iter().sum::<f64>() / latency.len().max(1) as f64,
         latency_from_arrival_s: percentile(from_arrival, pct),
     })
+}
+
+/// Seconds the profile's measured engine steps predict for FCFS at one seat on `reqs`: one request
+/// at a time, its prefill step alone, then a decode step per further output token at its context.
+/// Nothing is scheduled around, so the run measures the host's speed against the profile's.
+fn one_seat_seconds(profile: &Profile, reqs: &[Request]) -> Result<f64, Box<dyn std::error::Error>> {
+    let cost = profile.cost_model("profile")?;
+    let ms: f64 = reqs
+        .iter()
+        .map(|(prompt, output)| {
+            let p = prompt.len() as f64;
+            cost.prefill_step_ms(1.0, p) + (1..*output).map(|t| cost.decode_step_ms(1.0, p + t as f64)).sum::<f64>()
+        })
+        .sum();
+    Ok(ms / 1000.0)
 }
 
 /// The three default bounds for a workload (see `--latency-bounds`).
@@ -456,6 +476,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             mean_output,
             p99_output,
             bounds_from_profile: from_profile,
+            host_speed: fcfs_grid
+                .iter()
+                .find(|r| r.max_num_seqs == 1)
+                .map(|r| one_seat_seconds(&profile, &reqs).map(|predicted| predicted / r.seconds))
+                .transpose()?,
             fcfs_grid,
             bounds: per_bound,
         });
@@ -679,7 +704,14 @@ fn markdown(
                 ]
             }),
         ));
-        md.push_str("\nThe plan's predictions against the run:\n\n");
+        md.push_str("\nThe plan's predictions against the run");
+        if let Some(speed) = w.host_speed {
+            md.push_str(&format!(
+                " (host speed {speed:.2}: FCFS at one seat ran at {speed:.2}× the speed the profile's steps predict \
+                 for it, so every prediction below is off by about that factor before any modelling error)"
+            ));
+        }
+        md.push_str(":\n\n");
         md.push_str(&table(
             &[
                 ("bound s", Right),
