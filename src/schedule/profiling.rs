@@ -32,47 +32,51 @@ const BLOCK_SIZE: usize = 16;
 
 /// Times the paged engine's steps of `model` over `grid` (see the module docs). Points whose
 /// prompt and decode steps exceed the model's positions, or whose prefill exceeds the engine's
-/// token budget, are skipped.
+/// token budget, are skipped. The timed runs go round the points (every point's first run, then
+/// every point's second, …) after each point's warm-up: a slow stretch of the machine then
+/// lands on one run of many points, where the medians discard it and the runs' spread counts
+/// it, instead of on every run of one point, whose median it would become.
 pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<StepSample>, PlanError> {
     let spec = model.spec();
     let token_budget = spec.max_positions.max(2048);
-    let mut samples = Vec::new();
-    for &batch in &grid.batch {
-        for &tokens in &grid.prompt_tokens {
-            if batch == 0
-                || tokens == 0
-                || tokens + grid.decode_steps > spec.max_positions
-                || batch * tokens > token_budget
-            {
-                continue;
-            }
-            let mut runs = Vec::with_capacity(grid.repeats);
-            for rep in 0..grid.warmup + grid.repeats.max(1) {
-                let times = run_once(model, batch, tokens, grid.decode_steps)?;
-                if rep >= grid.warmup {
-                    runs.push(times);
-                }
-            }
-            // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
-            let context = tokens + grid.decode_steps.saturating_sub(1) / 2;
-            for (run, times) in runs.iter().enumerate() {
-                samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: times[0], run });
-                samples.extend(times[1..].iter().map(|&ms| StepSample {
-                    kind: StepKind::Decode,
-                    batch,
-                    tokens: 1,
-                    context,
-                    ms,
-                    run,
-                }));
-            }
-        }
-    }
-    if samples.is_empty() {
+    let points: Vec<(usize, usize)> = grid
+        .batch
+        .iter()
+        .flat_map(|&batch| grid.prompt_tokens.iter().map(move |&tokens| (batch, tokens)))
+        .filter(|&(batch, tokens)| {
+            batch > 0
+                && tokens > 0
+                && tokens + grid.decode_steps <= spec.max_positions
+                && batch * tokens <= token_budget
+        })
+        .collect();
+    if points.is_empty() {
         return Err(PlanError::Profile(format!(
             "no engine step of the grid fits the model's {} positions: give shorter prompts",
             spec.max_positions
         )));
+    }
+    for &(batch, tokens) in &points {
+        for _ in 0..grid.warmup {
+            run_once(model, batch, tokens, grid.decode_steps)?;
+        }
+    }
+    let mut samples = Vec::new();
+    for run in 0..grid.repeats.max(1) {
+        for &(batch, tokens) in &points {
+            let times = run_once(model, batch, tokens, grid.decode_steps)?;
+            // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
+            let context = tokens + grid.decode_steps.saturating_sub(1) / 2;
+            samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: times[0], run });
+            samples.extend(times[1..].iter().map(|&ms| StepSample {
+                kind: StepKind::Decode,
+                batch,
+                tokens: 1,
+                context,
+                ms,
+                run,
+            }));
+        }
     }
     Ok(samples)
 }

@@ -57,7 +57,7 @@ pub struct ProfileGrid {
     pub decode_batch: Vec<usize>,
     /// Cached tokens before a decode step (`decode.context`).
     pub decode_context: Vec<usize>,
-    /// Untimed runs before each point.
+    /// Untimed runs of each point, before the timed ones.
     pub warmup: usize,
     /// Timed runs per point (the median is kept).
     pub repeats: usize,
@@ -180,7 +180,8 @@ fn upto(axis: &[usize], max: usize) -> Vec<usize> {
 /// The engine steps the profile's `engine_step_ms` tabulates (and `engine_step` is fitted to):
 /// for every batch and prompt length, the engine prefills `batch` prompts of that length in one
 /// step, then decodes them for `decode_steps` steps; the run is repeated `warmup` times untimed,
-/// then `repeats` times; the prefill's median time is kept, and the median of every decode step
+/// then `repeats` times (the timed runs going round the points, so that a slow stretch of the
+/// machine spreads over many points' runs); the prefill's median time is kept, and the median of every decode step
 /// of every repeat, at the decode steps' middle context; the spread of the timed runs about
 /// those medians (a run's prefill; the mean of its decode steps) is the profile's
 /// `step_variation`.
@@ -192,7 +193,7 @@ pub struct EngineStepGrid {
     pub prompt_tokens: Vec<usize>,
     /// Decode steps timed after each prefill.
     pub decode_steps: usize,
-    /// Untimed runs before each point.
+    /// Untimed runs of each point, before the timed ones.
     pub warmup: usize,
     /// Timed runs per point (the median is kept).
     pub repeats: usize,
