@@ -346,7 +346,8 @@ impl XSim {
     /// When no step costs more per query at a larger batch, throughput grows with `B_E`, so
     /// `B_E = b_hi` is taken, with two lower bounds on `N·I(…)`: `n_lo · I(b_hi / q(n_hi))` (the
     /// smallest count of the cheapest iterations), and `min_N (N / q(N)) · q(n_lo) ·
-    /// I(b_hi / q(n_lo))`; the smaller bound is returned.
+    /// I(b_hi / q(n_lo))`; the smaller bound is returned. On one device, where the search reads
+    /// the replayed throughput ([`XSim::rra_replayed`]), the replay's own bound instead.
     pub fn rra_upper(&self, b_lo: f64, b_hi: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
         if Self::one_device(pipe) {
             return self.rra_replayed_upper(b_hi as usize, n_lo, pipe);
