@@ -41,21 +41,10 @@ pub(crate) struct Replay {
 impl Replay {
     /// The sample of `output`'s lengths (module docs).
     pub fn new(output: &Lengths) -> Self {
-        let points = output.points();
-        let quantile = |q: f64| {
-            let mut cumulative = 0.0;
-            for &(len, p) in points {
-                cumulative += p;
-                if q < cumulative {
-                    return len;
-                }
-            }
-            points.last().map_or(1, |&(len, _)| len)
-        };
         let decodes: Vec<u32> = (0..QUERIES)
             .map(|i| {
                 let rank = i * STRIDE % QUERIES;
-                let len = quantile((rank as f64 + 0.5) / QUERIES as f64);
+                let len = output.percentile(100.0 * (rank as f64 + 0.5) / QUERIES as f64);
                 u32::try_from(len.saturating_sub(1)).unwrap_or(u32::MAX)
             })
             .collect();
