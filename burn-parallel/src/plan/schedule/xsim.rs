@@ -133,6 +133,9 @@ pub(crate) struct XSim {
     completion: RefCell<HashMap<usize, f64>>,
     /// The engine's schedule replayed on a sample of output lengths (RRA on one device).
     replay: Replay,
+    /// One device's prefill steps of `1, 2, …` queries and decode steps of `1, 2, …` sequences,
+    /// as computed so far ([`XSim::engine_steps`]; every replay of the search reads them).
+    one_device_steps: RefCell<(Vec<f64>, Vec<f64>)>,
 }
 
 /// `m` equal micro-batches through stages taking `t` each: the last leaves at this time.
@@ -176,6 +179,7 @@ impl XSim {
             z: normal_quantile(percentile / 100.0).max(0.0),
             sublinear: cost.engine_sublinear(&prompts, context),
             replay: Replay::new(&output),
+            one_device_steps: RefCell::default(),
             cost,
             input,
             output,
@@ -372,11 +376,18 @@ impl XSim {
     }
 
     /// The one-device engine's step times: prefills of `1..=b_e` queries and decode steps of
-    /// `1..=seats` sequences, as [`XSim::rra`] takes them.
+    /// `1..=seats` sequences, as [`XSim::rra`] takes them (`pipe` is the one device), computed
+    /// once each.
     fn engine_steps(&self, pipe: &Pipe, b_e: usize, seats: usize) -> (Vec<f64>, Vec<f64>) {
-        let prefill = (1..=b_e).map(|n| self.encode_times(pipe, n as f64)[0]).collect();
-        let decode = (1..=seats).map(|b| self.decode_times(pipe, b as f64)[0]).collect();
-        (prefill, decode)
+        let mut known = self.one_device_steps.borrow_mut();
+        let (prefill, decode) = &mut *known;
+        for n in prefill.len() + 1..=b_e {
+            prefill.push(self.encode_times(pipe, n as f64)[0]);
+        }
+        for b in decode.len() + 1..=seats {
+            decode.push(self.decode_times(pipe, b as f64)[0]);
+        }
+        (prefill[..b_e].to_vec(), decode[..seats].to_vec())
     }
 
     /// RRA's throughput on one device as the engine runs it ([`Replay`]): `None` for pipelines
