@@ -592,13 +592,13 @@ fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> Sche
 
 /// One device's RRA throughput as the planner replays the engine (1024 queries queued at once)
 /// when `B_E` = 1, every query decodes `c·n_d` steps and the plan holds `c` seats (`i[b − 1]` a
-/// decode step of `b`): each phase prefills one query (`e`) and decodes `n_d` steps, the batch
-/// fills one seat a phase, runs `1024 − c + 1` phases full and drains. The closed form's steady
-/// state `1 / (e + n_d·i[c − 1])` leaves out the fill and the drain.
+/// decode step of `b`): a seat is free, so the engine prefills again at once (ExeGPT §5.2's
+/// adjustment) until all `c` are taken; the `c` queries decode together and leave together, and
+/// the cycle repeats (`c` divides 1024): `1 / (e + n_d·i[c − 1])`, the closed form's steady state.
+/// Before the adjustment the batch filled one seat a phase and drained the same way.
 fn replayed(e: f64, i: &[f64], n_d: usize) -> f64 {
-    let (c, n) = (i.len(), n_d as f64);
-    let ramp: f64 = i[..c - 1].iter().sum();
-    1000.0 * 1024.0 / (1024.0 * e + 2.0 * n * ramp + (1024 - c + 1) as f64 * n * i[c - 1])
+    assert_eq!(1024 % i.len(), 0);
+    1000.0 / (e + n_d as f64 * i[i.len() - 1])
 }
 
 #[test]
@@ -1136,4 +1136,47 @@ fn plan_placement_with_unreachable_slo_still_places_every_model() {
     assert!(close(out.latencies_s[0].unwrap(), 1.0));
     input.device_memory_bytes = 1;
     assert!(matches!(placement::plan(&input), Err(placement::PlacementError::NothingFits { .. })));
+}
+
+/// On one device the percentile query's latency counts the cycle as the engine adjusts it (ExeGPT
+/// §5.2): a prefill every `S̄_D·Σ_U P_D(U)` decode steps, not every `N_D`, in a batch refilled to
+/// `⌈B_D⌉` seats whenever `B_E` are free.
+#[test]
+fn plan_schedule_one_device_latency_counts_the_adjusted_cycle() {
+    let overhead = EngineStep {
+        prefill_ms_fixed: 3.0,
+        prefill_ms_per_seq: 1.0,
+        prefill_ms_per_token: 0.1,
+        decode_ms_fixed: 2.0,
+        decode_ms_per_seq: 0.5,
+    };
+    // Outputs of 3 and 41 tokens, 3 : 1 (the p99 query decodes 40 steps); prompts of 10 tokens,
+    // E = 7.25 ms; a decode step of b sequences 3 + 0.75·b ms (as in the hand timeline above).
+    let mut adjusted = 0;
+    for bound in [0.2, 0.25, 0.3, 1.0] {
+        let input = ScheduleInput {
+            output_lengths: LengthDistribution::Histogram(vec![(3, 3.0), (41, 1.0)]),
+            max_decode_iterations: Some(40),
+            ..hand_input(bound, hand_profile(Some(overhead)), LengthDistribution::Histogram(vec![(10, 1.0)]))
+        };
+        let plan = schedule::plan(&input).unwrap();
+        let n = plan.decode_iterations.unwrap() as f64;
+        let phases = 0.75 * (2.0 / n).ceil() + 0.25 * (40.0 / n).ceil();
+        let b_d = phases;
+        let seats = b_d.ceil();
+        // S̄_D = 0.75 × 2 + 0.25 × 40 = 11.5 decode steps per query.
+        let gap = (11.5 / phases).min(n);
+        let k = (40.0 / gap).ceil();
+        let expected = k * 7.25 + 40.0 * (3.0 + 0.75 * seats.max(b_d));
+        assert!((plan.latency_s * 1000.0 - expected).abs() < 1e-9, "bound {bound}: {plan:?} vs {expected} ms");
+        assert!(plan.latency_s <= bound);
+        assert_eq!(plan.decode_batch, seats as usize);
+        let exhaustive = schedule::plan(&ScheduleInput { exhaustive: true, ..input }).unwrap();
+        // The same optimum: equal throughput, and of equal throughputs the least latency.
+        let same = (exhaustive.throughput_qps, exhaustive.latency_s) == (plan.throughput_qps, plan.latency_s);
+        assert!(same, "bound {bound}: {plan:?} vs {exhaustive:?}");
+        // Completions free seats sooner than every N_D steps: more prefills than the fixed cycle.
+        adjusted += usize::from(k > (40.0 / n).ceil());
+    }
+    assert!(adjusted >= 2, "{adjusted}");
 }

@@ -16,8 +16,9 @@
 //! Prompts and decodes share a step under the default [`SchedulingPolicy::Fcfs`].
 //! [`SchedulingPolicy::Phased`] (ExeGPT's RRA schedule) separates them instead: a prefill step
 //! admits waiting groups (step 3 alone, within `encode_batch` groups and without taking the blocks
-//! the running groups need next), then `decode_iterations` steps run steps 1 and 2 alone, within
-//! `decode_batch` sequences.
+//! the running groups need next), then up to `decode_iterations` steps run steps 1 and 2 alone,
+//! within `decode_batch` sequences; the next prefill comes sooner when `encode_batch` seats have
+//! freed (ExeGPT §5.2's runtime adjustment).
 //!
 //! The baselines of the thesis (§5.6.1) run on the same machinery: [`SchedulingPolicy::Orca`]
 //! admits like FCFS but only while every admitted group's contiguous reservation
@@ -372,7 +373,8 @@ impl<T> Scheduler<T> {
     }
 
     /// One step of ExeGPT's RRA schedule: a prefill step when one is due (after
-    /// `decode_iterations` decode steps, or when nothing runs) and it admits something; otherwise
+    /// `decode_iterations` decode steps, when `encode_batch` seats are free, or when nothing
+    /// runs) and it admits something; otherwise
     /// a decode step over the running groups (and swapped ones coming back).
     fn schedule_phased(
         &mut self,
@@ -384,7 +386,12 @@ impl<T> Scheduler<T> {
         let mut out = SchedulerOutput::default();
         let mut token_budget = self.config.max_num_batched_tokens;
         let seats = self.config.max_num_seqs.min(decode_batch);
-        let due = self.running.is_empty() || self.decodes_since_prefill >= decode_iterations;
+        let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
+        // ExeGPT §5.2's decoder-batch monitor: once `B_E` seats are free, the completions the
+        // cycle waits `N_D` iterations for have come, and the batch is refilled now.
+        let due = self.running.is_empty()
+            || self.decodes_since_prefill >= decode_iterations
+            || seats.saturating_sub(seats_used) >= encode_batch.min(seats);
         if due && self.swapped.is_empty() {
             // The prompts must not take the blocks the running groups need for their next decode.
             let reserved_blocks = self.running.iter().map(|&g| self.blocks_to_append(g, blocks)).sum();

@@ -49,9 +49,13 @@ pub enum SchedulingPolicy {
     /// decode batch and more throughput, at the cost of the running sequences' latency (§4.2,
     /// "encoding frequency").
     ///
-    /// A prefill step that admits nothing (no request waiting, or no room yet) decodes instead,
-    /// and the next step tries the prefill again; when nothing is running a prefill is due at
-    /// once.
+    /// The cycle is adjusted at run time to the decoder's batch (§5.2, "Dynamic Scheduling for
+    /// Consistent Workload"): RRA sizes `B_E` as the queries that complete in `N_D` iterations,
+    /// so when `B_E` seats are free before the `N_D` iterations are over, those completions have
+    /// come early and the prefill is due at once, instead of decoding a batch `B_E` short until
+    /// the phase ends. A prefill step that admits nothing (no request waiting, or no room yet)
+    /// decodes instead, and the next step tries the prefill again; when nothing is running a
+    /// prefill is due at once.
     Phased {
         /// Requests admitted (prompts computed) per prefill step at most, `B_E`.
         encode_batch: usize,

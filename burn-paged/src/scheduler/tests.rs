@@ -244,7 +244,8 @@ fn fcfs_is_the_default_and_mixes_prompts_with_decodes() {
 }
 
 /// ExeGPT's RRA pattern: a prefill of at most `B_E` requests, then `N_D` decode steps over at
-/// most `B_D` sequences, repeated; a due prefill that has no seat decodes instead.
+/// most `B_D` sequences, repeated; a due prefill that has no seat decodes instead, and one with
+/// fewer than `B_E` free seats admits what fits.
 #[test]
 fn phased_schedule_alternates_prefill_and_decode_phases() {
     let mut blocks = manager(64, 0);
@@ -282,18 +283,48 @@ fn phased_schedule_alternates_prefill_and_decode_phases() {
     assert!(blocks.all_blocks_free());
 }
 
+/// ExeGPT §5.2: once `B_E` seats are free the prefill is due, however many of the `N_D`
+/// iterations are left (here `N_D` = 100 never runs out): the batch is refilled at each completion.
+#[test]
+fn phased_prefill_comes_early_when_encode_batch_seats_are_free() {
+    let mut blocks = manager(64, 0);
+    let mut s = Scheduler::new(phased(1, 2, 100, config(8, PreemptionMode::Recompute)));
+    for (id, output) in [(1, 2), (2, 6), (3, 3), (4, 2)] {
+        s.add(group(id, 5, output));
+    }
+    let mut steps = Vec::new();
+    while !s.is_empty() {
+        let out = s.schedule(&mut blocks);
+        steps.push(kind(&out));
+        advance(&mut s, &out, &mut blocks);
+        assert!(steps.len() < 100, "the schedule stalls: {steps:?}");
+    }
+    let expected = [
+        "P[1]", "P[2]",    // a seat is free: B_E = 1 more at once
+        "D[1, 2]", // 1 finishes
+        "P[3]", "D[2, 3]", "D[2, 3]", // 3 finishes
+        "P[4]", "D[2, 4]", // 4 finishes; nothing waits, so the free seat decodes on
+        "D[2]",
+    ];
+    assert_eq!(steps, expected);
+    assert!(blocks.all_blocks_free());
+}
+
 /// A prefill does not take the block a running group needs for its next decode (which would get
 /// the new group preempted right away): the prompt waits, the running group decodes.
 #[test]
 fn phased_prefill_leaves_the_running_groups_next_blocks() {
-    // 4 blocks of 4 slots: group 1 (prompt 8) fills 3 blocks after 4 decodes and its 13th token
-    // needs the last block, which group 2's prompt would take.
+    // 4 blocks of 4 slots. Group 1 (prompt 8) fills 2 blocks, and its next token (the 9th) needs
+    // a third. Group 2 (prompt 8) arrives then: a prefill is due (2 seats free, B_E = 2), and
+    // its prompt would take both free blocks.
     let mut blocks = manager(4, 0);
-    let mut s = Scheduler::new(phased(1, 4, 4, config(8, PreemptionMode::Recompute)));
+    let mut s = Scheduler::new(phased(2, 4, 4, config(8, PreemptionMode::Recompute)));
     s.add(group(1, 8, 20));
-    s.add(group(2, 4, 2));
     let mut steps = Vec::new();
-    for _ in 0..6 {
+    for step in 0..6 {
+        if step == 1 {
+            s.add(group(2, 8, 2));
+        }
         let out = s.schedule(&mut blocks);
         assert!(out.preempted.is_empty());
         steps.push(kind(&out));

@@ -253,7 +253,7 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
     for (strategy, space) in &spaces {
         let found = if input.exhaustive { searcher.exhaustive(space) } else { searcher.branch_and_bound(space) };
         if let Some((c, perf)) = found
-            && best.as_ref().is_none_or(|b| perf.throughput_qps > b.3.throughput_qps)
+            && best.as_ref().is_none_or(|b| perf.better_than(&b.3))
         {
             best = Some((*strategy, *space, c, perf));
         }

@@ -5,11 +5,12 @@
 //! iterations at the expected batch `B_D`. The engine does not: it holds at most `⌈B_D⌉`
 //! sequences, so a prefill admits only as many queries as seats are free (fewer than `B_E` when
 //! the batch is full, and the admission is retried at every later step until a seat frees), and
-//! it prefills at once when its batch has emptied instead of waiting out the `N_D` iterations.
-//! On `bench schedule` the closed form put plans of `B_D` 2 at half their measured throughput and
-//! plans near the seat limit 15% above theirs. The replay runs the engine's rule on a sample of
-//! output lengths instead: every step is a prefill when one is due (nothing runs, or `N_D`
-//! decode steps have passed since the last prefill) and a seat is free, otherwise a decode step
+//! it prefills as soon as `B_E` seats are free (ExeGPT §5.2's runtime adjustment; at once when
+//! its batch has emptied) instead of waiting out the `N_D` iterations. On `bench schedule` the
+//! closed form put plans of `B_D` 2 at half their measured throughput and plans near the seat
+//! limit 15% above theirs. The replay runs the engine's rule on a sample of output lengths
+//! instead: every step is a prefill when one is due (nothing runs, `N_D` decode steps have passed
+//! since the last prefill, or `B_E` seats are free) and a seat is free, otherwise a decode step
 //! of every running sequence; a prefill of `n` queries takes what the closed form's prefill of
 //! `n` does and a decode step of `b` sequences its decode step of `b`.
 //!
@@ -62,8 +63,9 @@ impl Replay {
         let (mut next, mut since_prefill, mut step, mut ms) = (0usize, 0usize, 0u64, 0.0f64);
         loop {
             let waiting = self.decodes.len() - next;
-            let due = running.is_empty() || since_prefill >= n_d;
-            let admit = b_e.min(seats - running.len()).min(waiting);
+            let free = seats - running.len();
+            let due = running.is_empty() || since_prefill >= n_d || free >= b_e.min(seats);
+            let admit = b_e.min(free).min(waiting);
             if due && admit > 0 {
                 ms += prefill_ms[admit - 1];
                 // The prefill emits each query's first token; a one-token output is done.
@@ -77,7 +79,7 @@ impl Replay {
                 break;
             };
             // Decode steps at this batch until a sequence finishes or a prefill falls due; the
-            // state does not change before either.
+            // state does not change before either (free seats change only as sequences finish).
             let mut steps = first_done - step;
             if waiting > 0 && !due {
                 steps = steps.min((n_d - since_prefill) as u64);
@@ -117,16 +119,18 @@ mod tests {
         // Every query has 3 tokens: 2 decode steps after its prefill.
         let r = Replay::new(&lengths(vec![(3, 1.0)]));
         let (prefill, decode) = ([10.0, 15.0], [1.0, 1.5, 2.0, 2.5]);
-        // B_E 2, N_D 5, 4 seats: prefill 2 (15), both finish in 2 decodes (1.5 each) before N_D:
-        // the batch is empty, so the next prefill comes at once. 512 cycles of 18 ms.
+        // B_E 2, N_D 5, 4 seats: prefill 2 (15); 2 seats are free, so 2 more at once (15); all
+        // four finish in 2 decodes of 4 (2.5 each) before N_D: the batch is empty, and the next
+        // prefill comes at once. 256 cycles of 35 ms.
         let t = r.throughput(2, 5, 4, &prefill, &decode);
-        assert!((t - 1024.0 / (512.0 * 18.0 / 1000.0)).abs() < 1e-9, "{t}");
-        // N_D 1: prefill 2, decode 1 step, prefill 2 more (4 seats), then the first pair's last
-        // step runs with the second pair's first (4 sequences), the first pair leaves, and the
-        // next prefill refills it: a steady cycle of one prefill of 2 and one decode of 4.
-        let t = r.throughput(2, 1, 4, &prefill, &decode);
-        // Start: 15 + 1.5 + 15, then 510 cycles of (2.5 + 15), then the last pair's decode: 1.5.
-        let expected = 15.0 + 1.5 + 15.0 + 510.0 * 17.5 + 2.5 + 1.5;
+        assert!((t - 1024.0 / (256.0 * 35.0 / 1000.0)).abs() < 1e-9, "{t}");
+        // N_D 1, 3 seats: prefill 2 (15), decode 2 (1.5); N_D is up with 1 seat free: prefill 1
+        // (10); decode 3 (2.0), the first pair leaves; 2 seats free: prefill 2 (15); decode 3, the
+        // single one leaves; N_D is up: prefill 1 (10); decode 3, the pair leaves. So a start of
+        // 28.5 ms admitting 3, then 340 cycles of 15 + 2 + 10 + 2 ms admitting 3 each; the last
+        // query: prefill 1 (10), decode 2 (1.5) and decode 1 (1.0).
+        let t = r.throughput(2, 1, 3, &prefill, &decode[..3]);
+        let expected = 28.5 + 340.0 * 29.0 + 10.0 + 1.5 + 1.0;
         assert!((t - 1024.0 / (expected / 1000.0)).abs() < 1e-6, "{t} vs {}", 1024.0 / (expected / 1000.0));
         // One seat: a query at a time, whatever B_E.
         let t = r.throughput(2, 1, 1, &prefill, &decode);

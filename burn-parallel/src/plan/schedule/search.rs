@@ -8,7 +8,8 @@
 //! when the top-left corner is feasible and beats the bottom-right one, split along the first
 //! coordinate, otherwise along the second; when neither is feasible, along the longer side.
 //! Because the bounds are valid for every point of a block, the result equals the exhaustive
-//! search's optimum.
+//! search's optimum; of points with equal throughput both keep the one of least latency
+//! ([`Perf::better_than`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -29,6 +30,16 @@ pub(crate) enum Space {
 pub(crate) struct Point {
     pub encode_batch: usize,
     pub decode_iterations: Option<usize>,
+}
+
+impl Perf {
+    /// Whether `self` is a better plan than `other`: more throughput, or as much with less
+    /// latency (a plan further inside its bound, for the same work). Both searches and the choice
+    /// between spaces use it, so they agree on ties.
+    pub fn better_than(&self, other: &Perf) -> bool {
+        self.throughput_qps > other.throughput_qps
+            || (self.throughput_qps == other.throughput_qps && self.latency_s < other.latency_s)
+    }
 }
 
 /// The simulator, remembering what it has simulated (each distinct simulation counts once).
@@ -140,7 +151,7 @@ impl Searcher<'_> {
         loop {
             self.uncached.set(self.uncached.get() + 1);
             let perf = self.simulate(space, &c);
-            if self.feasible(&perf) && best.as_ref().is_none_or(|b| perf.throughput_qps > b.1.throughput_qps) {
+            if self.feasible(&perf) && best.as_ref().is_none_or(|b| perf.better_than(&b.1)) {
                 best = Some((c.clone(), perf));
             }
             // Next coordinate, last dimension fastest.
@@ -166,9 +177,16 @@ impl Searcher<'_> {
         let root_hi: Vec<usize> = dims.iter().map(|d| d - 1).collect();
         let mut best: Option<(Vec<usize>, Perf)> = None;
         let consider = |c: &[usize], perf: Perf, best: &mut Option<(Vec<usize>, Perf)>| {
-            if self.feasible(&perf) && best.as_ref().is_none_or(|b| perf.throughput_qps > b.1.throughput_qps) {
+            if self.feasible(&perf) && best.as_ref().is_none_or(|b| perf.better_than(&b.1)) {
                 *best = Some((c.to_vec(), perf));
             }
+        };
+        // A block whose throughput cannot beat the best, nor equal it at less latency.
+        let beaten = |lo: &[usize], upper: f64, best: &Option<(Vec<usize>, Perf)>| {
+            best.as_ref().is_some_and(|b| {
+                upper < b.1.throughput_qps
+                    || (upper == b.1.throughput_qps && self.least_latency(space, lo) >= b.1.latency_s)
+            })
         };
         let mut queue: Vec<(Vec<usize>, Vec<usize>, f64)> = Vec::new();
         if self.least_latency(space, &root_lo) <= self.bound_s {
@@ -177,12 +195,12 @@ impl Searcher<'_> {
         }
         while let Some(i) = (0..queue.len()).max_by(|&a, &b| queue[a].2.total_cmp(&queue[b].2)) {
             let (lo, hi, upper) = queue.swap_remove(i);
-            if best.as_ref().is_some_and(|b| upper <= b.1.throughput_qps) {
+            if beaten(&lo, upper, &best) {
                 continue;
             }
             let top = self.evaluate(space, &hi);
             consider(&hi, top, &mut best);
-            if lo == hi || best.as_ref().is_some_and(|b| upper <= b.1.throughput_qps) {
+            if lo == hi || beaten(&lo, upper, &best) {
                 continue;
             }
             let axis = if dims.len() == 2 && lo[0] < hi[0] && lo[1] < hi[1] {
@@ -209,7 +227,7 @@ impl Searcher<'_> {
                     continue;
                 }
                 let upper = self.most_throughput(space, &l, &h);
-                if best.as_ref().is_none_or(|b| upper > b.1.throughput_qps) {
+                if !beaten(&l, upper, &best) {
                     queue.push((l, h, upper));
                 }
             }

@@ -335,13 +335,39 @@ impl XSim {
         let encode = fill(&self.encode_times(pipe, b_e / m), m);
         let iteration = cyclic(&self.decode_times(pipe, b_d / m), m);
         let s = self.target_len;
-        let k = phases(s, n_d).max(1) as f64;
+        // The percentile query's prefills and the batch it decodes in: the fixed cycle's, or on
+        // one device the engine's, whose cycle adjusts to the decoder (module docs, "§5.2").
+        let (k, batch) = if Self::one_device(pipe) {
+            (self.adjusted_prefills(n_d), self.adjusted_batch(b_e, n_d))
+        } else {
+            (phases(s, n_d).max(1) as f64, b_d)
+        };
         let tail = self.prompt_tail_ms(k * b_e);
+        let decode_ms = (s - 1) as f64 * cyclic(&self.decode_times(pipe, batch / m), m);
         Perf {
             throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
-            latency_s: self.varied(encode, k, tail, (s - 1) as f64 * iteration, (s - 1) as f64, false) / 1000.0,
-            fits: b_d <= self.max_decode_batch && self.fits(pipe, b_d * (self.mean_in + self.mean_out)),
+            latency_s: self.varied(encode, k, tail, decode_ms, (s - 1) as f64, false) / 1000.0,
+            fits: b_d <= self.max_decode_batch && self.fits(pipe, batch * (self.mean_in + self.mean_out)),
         }
+    }
+
+    /// Prefills the percentile query sees on one device, its own among them: a prefill every
+    /// `g = S̄_D·Σ_U P_D(U)` decode steps, the steps in which `B_D` sequences complete `B_E`
+    /// queries (`S̄_D` the mean decode iterations per query; `g ≤ N_D`), so `max(1, ⌈(S−1)/g⌉)`.
+    /// Non-increasing in `n_d`, independent of `B_E`.
+    fn adjusted_prefills(&self, n_d: usize) -> f64 {
+        let steps = (self.target_len - 1) as f64;
+        let gap = ((self.mean_out - 1.0) * self.completion(n_d)).min(n_d as f64);
+        if steps > 0.0 && gap > 0.0 { (steps / gap).ceil().max(1.0) } else { 1.0 }
+    }
+
+    /// The batch the percentile query decodes in on one device: the engine refills its
+    /// `⌈B_D⌉` seats whenever `B_E` are free, so between `⌈B_D⌉ − B_E + 1` and `⌈B_D⌉` run, on
+    /// average `⌈B_D⌉ − (B_E − 1)/2`, and never fewer than `B_D`. Non-decreasing in `b_e`
+    /// (`⌈B_D⌉` grows by at least 1 per query of `B_E`), non-increasing in `n_d`.
+    fn adjusted_batch(&self, b_e: f64, n_d: usize) -> f64 {
+        let b_d = b_e / self.completion(n_d);
+        (self.seats(b_e, n_d) as f64 - (b_e - 1.0) / 2.0).max(b_d)
     }
 
     /// An upper bound on RRA's throughput over `b_lo ≤ B_E ≤ b_hi`, `n_lo ≤ N_D ≤ n_hi`: a cycle
