@@ -4,7 +4,8 @@
 //! knows the planner.
 //!
 //! Only ExeGPT's RRA strategy on one device maps onto the engine: prefill `B_E` requests, decode
-//! `N_D` iterations over at most `B_D` sequences, repeat (ExeGPT §4.1). WAA needs separate
+//! `N_D` iterations over at most `B_D` sequences, repeat (ExeGPT §4.1), prefilling sooner when `B_E`
+//! seats have freed (§5.2), as the planner's one-device simulation assumes. WAA needs separate
 //! encoding and decoding devices, and pipeline or tensor parallelism more than one device.
 //!
 //! Planning at start-up needs the model's cost profile on this device: a saved one, or one

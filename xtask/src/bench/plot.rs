@@ -52,7 +52,7 @@ pub fn line_png(path: &Path, panels: &[Panel], axes: &Axes) -> Result<PathBuf, B
     {
         let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
         root.fill(&WHITE)?;
-        let colors = [RGBColor(200, 60, 60), RGBColor(50, 110, 200), RGBColor(30, 150, 60)];
+        let colors = [RGBColor(200, 60, 60), RGBColor(50, 110, 200), RGBColor(30, 150, 60), RGBColor(120, 120, 120)];
         for (area, panel) in root.split_evenly((1, panels.len().max(1))).iter().zip(panels) {
             let points = panel.series.iter().flat_map(|(_, p)| p.iter());
             let (mut x_lo, mut x_hi, mut y_hi) = (f64::MAX, f64::MIN, 0f64);

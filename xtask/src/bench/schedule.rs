@@ -7,7 +7,9 @@
 //! - (a) FCFS with the default configuration (`max_num_seqs` 256);
 //! - (b) FCFS with `max_num_seqs` tuned on a grid: the best throughput among the points whose
 //!   measured latency meets the bound;
-//! - (c) the ExeGPT RRA plan for the bound ([`plan_rra`], run as [`phased_policy`]).
+//! - (c) the ExeGPT RRA plan for the bound ([`plan_rra`], run as [`phased_policy`]);
+//! - (d) static batching with `max_num_seqs` tuned on the same grid ([`static_config`]):
+//!   FasterTransformer-style, the baseline ExeGPT reports its 2× against (§7.3).
 //!
 //! Latency is measured as the planner defines it (`burn_llm::parallel::plan::schedule`, ExeGPT's
 //! SLA-(b): the time to generate the percentile-length output): in a closed (offline) run, from
@@ -155,6 +157,12 @@ struct BoundResult {
     exegpt: Result<Planned, String>,
     /// (c)'s requests/s ÷ (b)'s, where both exist.
     exegpt_over_tuned: Option<f64>,
+    /// (d): static batching with `max_num_seqs` tuned on the same grid (`None`: no point meets
+    /// the bound).
+    static_tuned: Option<Verdict>,
+    /// (c)'s requests/s ÷ (d)'s, where both exist: ExeGPT's own comparison (§7.3, against
+    /// FasterTransformer).
+    exegpt_over_static: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -169,6 +177,9 @@ struct WorkloadResult {
     p99_output: usize,
     bounds_from_profile: bool,
     fcfs_grid: Vec<Run>,
+    /// Static batching (FasterTransformer-style) over the same grid; at one seat it is FCFS's
+    /// one-seat run (one request at a time either way).
+    static_grid: Vec<Run>,
     /// How fast the machine ran the runs against its speed while profiling: the seconds the
     /// profile predicts for FCFS at one seat ([`one_seat_seconds`]) over the seconds it took
     /// (`None` without a one-seat run). Below 1 the host slowed after the profile, and every
@@ -345,6 +356,28 @@ fn judge(run: &Run, bound: f64) -> Verdict {
     Verdict { run: run.clone(), meets_bound: run.latency_s <= bound }
 }
 
+/// The run of most throughput among those meeting `bound` (a grid tuned by measurement).
+fn best_meeting(grid: &[Run], bound: f64) -> Option<Verdict> {
+    grid.iter()
+        .filter(|r| r.latency_s <= bound)
+        .max_by(|x, y| x.requests_per_s.total_cmp(&y.requests_per_s))
+        .map(|r| judge(r, bound))
+}
+
+/// Static batching (FasterTransformer-style, ExeGPT's baseline) at `seqs` seats: a batch is
+/// admitted when the previous one has finished, each request reserving the model's whole context.
+/// The KV pool is sized to hold every seat's reservation, so memory never limits the batch (FT
+/// is configured for its batch) and only the waiting for the batch's longest request is measured.
+fn static_config(base: &EngineConfig, seqs: usize, spec: &DecoderSpec) -> EngineConfig {
+    let blocks = seqs * spec.max_positions.div_ceil(base.block_size) + 1;
+    EngineConfig {
+        max_num_seqs: seqs,
+        scheduling: SchedulingPolicy::Static,
+        kv_cache_memory: KvCacheMemory::Blocks(blocks),
+        ..base.clone()
+    }
+}
+
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.requests == 0 || args.max_batch == 0 || args.block_size == 0 {
         return Err("--requests, --max-batch and --block-size must be at least 1".into());
@@ -415,13 +448,19 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("  (b) FCFS max_num_seqs {seqs}: {:.2} req/s, p{pct} {:.3} s", r.requests_per_s, r.latency_s);
             fcfs_grid.push(r);
         }
+        let mut static_grid = Vec::new();
+        for &seqs in &grid {
+            let r = match fcfs_grid.iter().find(|r| seqs == 1 && r.max_num_seqs == 1) {
+                Some(one_seat) => one_seat.clone(),
+                None => measure(&model, static_config(&base, seqs, &spec), &reqs, pct)?,
+            };
+            eprintln!("  (d) static max_num_seqs {seqs}: {:.2} req/s, p{pct} {:.3} s", r.requests_per_s, r.latency_s);
+            static_grid.push(r);
+        }
         let mut per_bound = Vec::new();
         for (&bound, plan) in bounds.iter().zip(plans) {
-            let tuned = fcfs_grid
-                .iter()
-                .filter(|r| r.latency_s <= bound)
-                .max_by(|x, y| x.requests_per_s.total_cmp(&y.requests_per_s))
-                .map(|r| judge(r, bound));
+            let tuned = best_meeting(&fcfs_grid, bound);
+            let static_tuned = best_meeting(&static_grid, bound);
             let exegpt = match plan {
                 Ok(plan) => {
                     let policy = phased_policy(&plan)?;
@@ -460,12 +499,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 (Ok(c), Some(b)) => Some(c.verdict.run.requests_per_s / b.run.requests_per_s),
                 _ => None,
             };
+            let exegpt_over_static = match (&exegpt, &static_tuned) {
+                (Ok(c), Some(d)) => Some(c.verdict.run.requests_per_s / d.run.requests_per_s),
+                _ => None,
+            };
             per_bound.push(BoundResult {
                 latency_bound_s: bound,
                 fcfs_default: judge(&default, bound),
                 fcfs_tuned: tuned,
                 exegpt,
                 exegpt_over_tuned,
+                static_tuned,
+                exegpt_over_static,
             });
         }
         results.push(WorkloadResult {
@@ -482,6 +527,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .map(|r| one_seat_seconds(&profile, &reqs).map(|predicted| predicted / r.seconds))
                 .transpose()?,
             fcfs_grid,
+            static_grid,
             bounds: per_bound,
         });
     }
@@ -562,6 +608,7 @@ fn plot_series(results: &[WorkloadResult]) -> Vec<plot::Panel> {
                     ("(a) FCFS default".into(), series(&|b| met(&b.fcfs_default))),
                     ("(b) FCFS tuned".into(), series(&|b| b.fcfs_tuned.as_ref().map(|v| v.run.requests_per_s))),
                     ("(c) ExeGPT plan".into(), series(&|b| b.exegpt.as_ref().ok().and_then(|p| met(&p.verdict)))),
+                    ("(d) static tuned".into(), series(&|b| b.static_tuned.as_ref().map(|v| v.run.requests_per_s))),
                 ],
             }
         })
@@ -734,29 +781,72 @@ fn markdown(
                 ]
             }),
         ));
-        md.push_str("\nFCFS grid (b) picks from:\n\n");
+        md.push_str(
+            "\nAgainst (d), static batching tuned the same way (FasterTransformer-style, ExeGPT's baseline in §7.3: \
+             a batch starts when the previous one has finished; the KV pool holds every seat's reservation):\n\n",
+        );
         md.push_str(&table(
             &[
-                ("max_num_seqs", Right),
-                ("req/s", Right),
-                ("run req/s", Right),
-                ("tokens/s", Right),
-                (&format!("p{pct} latency s"), Right),
-                ("mean latency s", Right),
-                (&format!("p{pct} from arrival s"), Right),
+                ("bound s", Right),
+                ("(d) max_num_seqs", Right),
+                ("(d) req/s / tok/s", Right),
+                (&format!("(d) p{pct} s"), Right),
+                ("(c) req/s", Right),
+                ("(c)/(d)", Right),
             ],
-            w.fcfs_grid.iter().map(|r| {
+            w.bounds.iter().map(|b| {
+                let (seqs, d_rate, d_lat) = match &b.static_tuned {
+                    Some(v) => (v.run.max_num_seqs.to_string(), rate(&v.run), format!("{:.3}", v.run.latency_s)),
+                    None => ("none meets".into(), "–".into(), "–".into()),
+                };
+                let c_rate = match &b.exegpt {
+                    Ok(p) if p.verdict.meets_bound => format!("{:.2}", p.verdict.run.requests_per_s),
+                    Ok(p) => format!("{:.2} (missed)", p.verdict.run.requests_per_s),
+                    Err(_) => "no plan".into(),
+                };
                 vec![
-                    r.max_num_seqs.to_string(),
-                    format!("{:.2}{}", r.requests_per_s, star(r)),
-                    format!("{:.2}", r.run_requests_per_s),
-                    format!("{:.1}", r.tokens_per_s),
-                    format!("{:.3}", r.latency_s),
-                    format!("{:.3}", r.mean_latency_s),
-                    format!("{:.3}", r.latency_from_arrival_s),
+                    format!("{:.3}", b.latency_bound_s),
+                    seqs,
+                    d_rate,
+                    d_lat,
+                    c_rate,
+                    b.exegpt_over_static.map_or("–".into(), |r| format!("{r:.2}×")),
                 ]
             }),
         ));
+        md.push_str("\nFCFS grid (b) picks from:\n\n");
+        md.push_str(&grid_table(&w.fcfs_grid, pct));
+        md.push_str(
+            "\nStatic grid (d) picks from (at one seat, FCFS's one-seat run: one request at a time either way):\n\n",
+        );
+        md.push_str(&grid_table(&w.static_grid, pct));
     }
     md
+}
+
+/// One grid's runs: throughput and latency by `max_num_seqs`.
+fn grid_table(runs: &[Run], pct: f64) -> String {
+    let star = |r: &Run| if r.steady { "" } else { "*" };
+    table(
+        &[
+            ("max_num_seqs", Right),
+            ("req/s", Right),
+            ("run req/s", Right),
+            ("tokens/s", Right),
+            (&format!("p{pct} latency s"), Right),
+            ("mean latency s", Right),
+            (&format!("p{pct} from arrival s"), Right),
+        ],
+        runs.iter().map(|r| {
+            vec![
+                r.max_num_seqs.to_string(),
+                format!("{:.2}{}", r.requests_per_s, star(r)),
+                format!("{:.2}", r.run_requests_per_s),
+                format!("{:.1}", r.tokens_per_s),
+                format!("{:.3}", r.latency_s),
+                format!("{:.3}", r.mean_latency_s),
+                format!("{:.3}", r.latency_from_arrival_s),
+            ]
+        }),
+    )
 }

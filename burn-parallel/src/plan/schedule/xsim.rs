@@ -38,6 +38,18 @@
 //!   iteration, so the period is `T = max(encoder bottleneck, decode iteration)`, throughput
 //!   `B_E / T`, latency `encode pass + (S−1)·T`. Each side holds a copy of the weights.
 //!
+//! **One device: the cycle adjusted to the decoder (§5.2).** The paged engine runs RRA with
+//! ExeGPT's runtime adjustment: `B_E` is the number of queries the cycle expects to complete in
+//! `N_D` iterations, so the next prefill comes as soon as `B_E` of the `⌈B_D⌉` seats are free,
+//! not only after `N_D` iterations ([`super::replay`] replays it for throughput). The percentile
+//! query then decodes in a batch refilled whenever `B_E` seats free, between `⌈B_D⌉ − B_E + 1`
+//! and `⌈B_D⌉` sequences, taken as `max(B_D, ⌈B_D⌉ − (B_E − 1)/2)`; and the `B_D` running
+//! sequences complete `B_E` queries every `g = S̄_D·Σ_U P_D(U)` decode steps (`S̄_D` the mean
+//! decode iterations per query; `g ≤ N_D`), so it sees `k = max(1, ⌈(S − 1)/g⌉)` prefills, its
+//! own included, where the fixed cycle counts `⌈(S − 1)/N_D⌉`. Both stay monotone: the batch is
+//! non-decreasing in `B_E` and non-increasing in `N_D`, and `k` is independent of `B_E` and
+//! non-increasing in `N_D`.
+//!
 //! **Prompt tail.** `E` is a prefill of average prompts, but the latency bound is a percentile
 //! over queries, and a query's `k` prefills hold `k·B_E` prompts drawn from `P_E`: at the same
 //! percentile `p` their tokens exceed the mean by `max(z_p·σ_E·√(k·B_E), S_E,p − S̄_E)` (the
@@ -336,7 +348,8 @@ impl XSim {
         let iteration = cyclic(&self.decode_times(pipe, b_d / m), m);
         let s = self.target_len;
         // The percentile query's prefills and the batch it decodes in: the fixed cycle's, or on
-        // one device the engine's, whose cycle adjusts to the decoder (module docs, "§5.2").
+        // one device the engine's, whose cycle adjusts to the decoder (module docs, "One
+        // device").
         let (k, batch) = if Self::one_device(pipe) {
             (self.adjusted_prefills(n_d), self.adjusted_batch(b_e, n_d))
         } else {
