@@ -5,8 +5,8 @@
 //! out) with random weights and `--layers` decoder layers. Its costs are profiled once at
 //! start-up with the Burn profiler (or read from `--profile`). For each workload and bound:
 //! - (a) FCFS with the default configuration (`max_num_seqs` 256);
-//! - (b) FCFS with `max_num_seqs` tuned on a grid: the best throughput among the points whose
-//!   measured latency meets the bound;
+//! - (b) FCFS with `max_num_seqs` tuned on a grid (1, 2, 4, … `--max-batch`, and each plan's `B_D`):
+//!   the best throughput among the points whose measured latency meets the bound;
 //! - (c) the ExeGPT RRA plan for the bound ([`plan_rra`], run as [`phased_policy`]);
 //! - (d) static batching with `max_num_seqs` tuned on the same grid ([`static_config`]):
 //!   FasterTransformer-style, the baseline ExeGPT reports its 2× against (§7.3).
@@ -442,8 +442,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
         let default = measure(&model, base.clone(), &reqs, pct)?;
         eprintln!("  (a) FCFS default: {:.2} req/s, p{pct} {:.3} s", default.requests_per_s, default.latency_s);
+        // FCFS also runs at each plan's seat count, so that (c) is compared with FCFS at the
+        // same batch too, not only at the grid's powers of two.
+        let mut fcfs_seats = grid.clone();
+        fcfs_seats.extend(plans.iter().flatten().map(|p| p.decode_batch));
+        fcfs_seats.sort_unstable();
+        fcfs_seats.dedup();
         let mut fcfs_grid = Vec::new();
-        for &seqs in &grid {
+        for &seqs in &fcfs_seats {
             let r = measure(&model, EngineConfig { max_num_seqs: seqs, ..base.clone() }, &reqs, pct)?;
             eprintln!("  (b) FCFS max_num_seqs {seqs}: {:.2} req/s, p{pct} {:.3} s", r.requests_per_s, r.latency_s);
             fcfs_grid.push(r);
@@ -628,7 +634,7 @@ fn markdown(
 ) -> String {
     let mut md = header.markdown("ExeGPT schedule vs FCFS under latency bounds");
     md.push_str(&format!(
-        "- model: {model}\n- KV pool: {} tokens in blocks of {}; FCFS grid of `max_num_seqs` up to {}\n\
+        "- model: {model}\n- KV pool: {} tokens in blocks of {}; FCFS grid of `max_num_seqs` 1, 2, 4, … up to {} and each plan's `B_D`\n\
          - profile: {profile_source}\n\
          - latency: p{pct} over requests of (finish − start of the request's prefill step): ExeGPT's SLA-(b), the time \
          to generate the p{pct}-length output, as the planner predicts it; closed run, all requests queued at t = 0. \
