@@ -571,6 +571,17 @@ fn hand_profile(engine_step: Option<EngineStep>) -> Profile {
     }
 }
 
+/// The hand profile's engine overhead (see [`hand_profile`]).
+fn hand_overhead() -> EngineStep {
+    EngineStep {
+        prefill_ms_fixed: 3.0,
+        prefill_ms_per_seq: 1.0,
+        prefill_ms_per_token: 0.1,
+        decode_ms_fixed: 2.0,
+        decode_ms_per_seq: 0.5,
+    }
+}
+
 /// One device, RRA, outputs of 5 tokens, `B_E = 1`, `N_D ≤ 2`: the hand-computed timelines' input.
 fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> ScheduleInput {
     ScheduleInput {
@@ -603,13 +614,7 @@ fn replayed(e: f64, i: &[f64], n_d: usize) -> f64 {
 
 #[test]
 fn plan_schedule_simulator_with_engine_overhead_matches_a_hand_computed_timeline() {
-    let overhead = EngineStep {
-        prefill_ms_fixed: 3.0,
-        prefill_ms_per_seq: 1.0,
-        prefill_ms_per_token: 0.1,
-        decode_ms_fixed: 2.0,
-        decode_ms_per_seq: 0.5,
-    };
+    let overhead = hand_overhead();
     let input = |bound: f64, step: Option<EngineStep>, max_decode_batch: Option<usize>| ScheduleInput {
         max_decode_batch,
         ..hand_input(bound, hand_profile(step), LengthDistribution::Histogram(vec![(10, 1.0)]))
@@ -1143,13 +1148,7 @@ fn plan_placement_with_unreachable_slo_still_places_every_model() {
 /// `⌈B_D⌉` seats whenever `B_E` are free.
 #[test]
 fn plan_schedule_one_device_latency_counts_the_adjusted_cycle() {
-    let overhead = EngineStep {
-        prefill_ms_fixed: 3.0,
-        prefill_ms_per_seq: 1.0,
-        prefill_ms_per_token: 0.1,
-        decode_ms_fixed: 2.0,
-        decode_ms_per_seq: 0.5,
-    };
+    let overhead = hand_overhead();
     // Outputs of 3 and 41 tokens, 3 : 1 (the p99 query decodes 40 steps); prompts of 10 tokens,
     // E = 7.25 ms; a decode step of b sequences 3 + 0.75·b ms (as in the hand timeline above).
     let mut adjusted = 0;

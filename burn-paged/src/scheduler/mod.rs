@@ -386,7 +386,7 @@ impl<T> Scheduler<T> {
         let mut out = SchedulerOutput::default();
         let mut token_budget = self.config.max_num_batched_tokens;
         let seats = self.config.max_num_seqs.min(decode_batch);
-        let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
+        let seats_used = self.seats_used();
         // ExeGPT §5.2's decoder-batch monitor: once `B_E` seats are free, the completions the
         // cycle waits `N_D` iterations for have come, and the batch is refilled now.
         let due = self.running.is_empty()
@@ -456,7 +456,7 @@ impl<T> Scheduler<T> {
             let group = &self.groups[&id];
             let seqs = group.seq_ids();
             let tokens = self.pending_tokens(id);
-            let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
+            let seats_used = self.seats_used();
             // After swapping in, each sequence still needs room for its pending tokens.
             let table_blocks: usize = seqs.iter().filter_map(|&s| blocks.table(s)).map(|t| t.num_blocks()).sum();
             let growth: usize = group
@@ -521,7 +521,7 @@ impl<T> Scheduler<T> {
                 continue;
             }
             let tokens = self.pending_tokens(id);
-            let seats_used: usize = self.running.iter().map(|g| self.groups[g].seats()).sum();
+            let seats_used = self.seats_used();
             let free = blocks.num_free_blocks(Location::Device);
             let watermark = if self.running.is_empty() || reserve.is_some() { 0 } else { self.config.watermark_blocks };
             let over_reserved = reserve.is_some_and(|(r, mine)| {
@@ -557,6 +557,11 @@ impl<T> Scheduler<T> {
             .iter()
             .map(|s| blocks.blocks_needed_to_append(s.id, s.pending().len()).unwrap_or(usize::MAX / 4))
             .sum()
+    }
+
+    /// Seats the running groups hold.
+    fn seats_used(&self) -> usize {
+        self.running.iter().map(|g| self.groups[g].seats()).sum()
     }
 
     fn pending_tokens(&self, id: GroupId) -> usize {

@@ -227,6 +227,18 @@ fn kind(out: &SchedulerOutput) -> String {
     }
 }
 
+/// Schedules and advances until every group has finished: each step's [`kind`].
+fn run_to_end(s: &mut Scheduler<Left>, blocks: &mut BlockManager) -> Vec<String> {
+    let mut steps = Vec::new();
+    while !s.is_empty() {
+        let out = s.schedule(blocks);
+        steps.push(kind(&out));
+        advance(s, &out, blocks);
+        assert!(steps.len() < 100, "the schedule stalls: {steps:?}");
+    }
+    steps
+}
+
 #[test]
 fn fcfs_is_the_default_and_mixes_prompts_with_decodes() {
     assert_eq!(SchedulingPolicy::default(), SchedulingPolicy::Fcfs);
@@ -254,13 +266,7 @@ fn phased_schedule_alternates_prefill_and_decode_phases() {
     for id in 2..=6 {
         s.add(group(id, 5, 8));
     }
-    let mut steps = Vec::new();
-    while !s.is_empty() {
-        let out = s.schedule(&mut blocks);
-        steps.push(kind(&out));
-        advance(&mut s, &out, &mut blocks);
-        assert!(steps.len() < 100, "the schedule stalls: {steps:?}");
-    }
+    let steps = run_to_end(&mut s, &mut blocks);
     let expected = [
         "P[1, 2]",
         "D[1, 2]",
@@ -292,13 +298,7 @@ fn phased_prefill_comes_early_when_encode_batch_seats_are_free() {
     for (id, output) in [(1, 2), (2, 6), (3, 3), (4, 2)] {
         s.add(group(id, 5, output));
     }
-    let mut steps = Vec::new();
-    while !s.is_empty() {
-        let out = s.schedule(&mut blocks);
-        steps.push(kind(&out));
-        advance(&mut s, &out, &mut blocks);
-        assert!(steps.len() < 100, "the schedule stalls: {steps:?}");
-    }
+    let steps = run_to_end(&mut s, &mut blocks);
     let expected = [
         "P[1]", "P[2]",    // a seat is free: B_E = 1 more at once
         "D[1, 2]", // 1 finishes

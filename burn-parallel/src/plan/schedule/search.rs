@@ -32,16 +32,6 @@ pub(crate) struct Point {
     pub decode_iterations: Option<usize>,
 }
 
-impl Perf {
-    /// Whether `self` is a better plan than `other`: more throughput, or as much with less
-    /// latency (a plan further inside its bound, for the same work). Both searches and the choice
-    /// between spaces use it, so they agree on ties.
-    pub fn better_than(&self, other: &Perf) -> bool {
-        self.throughput_qps > other.throughput_qps
-            || (self.throughput_qps == other.throughput_qps && self.latency_s < other.latency_s)
-    }
-}
-
 /// The simulator, remembering what it has simulated (each distinct simulation counts once).
 pub(crate) struct Searcher<'a> {
     sim: &'a XSim,

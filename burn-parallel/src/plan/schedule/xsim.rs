@@ -113,6 +113,16 @@ pub(crate) struct Perf {
     pub fits: bool,
 }
 
+impl Perf {
+    /// Whether `self` is a better plan than `other`: more throughput, or as much with less
+    /// latency (a plan further inside its bound, for the same work). Both searches and the choice
+    /// between spaces use it, so they agree on ties.
+    pub fn better_than(&self, other: &Perf) -> bool {
+        self.throughput_qps > other.throughput_qps
+            || (self.throughput_qps == other.throughput_qps && self.latency_s < other.latency_s)
+    }
+}
+
 /// The simulator's fixed inputs.
 pub(crate) struct XSim {
     cost: CostModel,
@@ -350,13 +360,14 @@ impl XSim {
         // The percentile query's prefills and the batch it decodes in: the fixed cycle's, or on
         // one device the engine's, whose cycle adjusts to the decoder (module docs, "One
         // device").
-        let (k, batch) = if Self::one_device(pipe) {
-            (self.adjusted_prefills(n_d), self.adjusted_batch(b_e, n_d))
+        let (k, batch, latency_iteration) = if Self::one_device(pipe) {
+            let batch = self.adjusted_batch(b_e, n_d);
+            (self.adjusted_prefills(n_d), batch, self.decode_times(pipe, batch)[0])
         } else {
-            (phases(s, n_d).max(1) as f64, b_d)
+            (phases(s, n_d).max(1) as f64, b_d, iteration)
         };
         let tail = self.prompt_tail_ms(k * b_e);
-        let decode_ms = (s - 1) as f64 * cyclic(&self.decode_times(pipe, batch / m), m);
+        let decode_ms = (s - 1) as f64 * latency_iteration;
         Perf {
             throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
             latency_s: self.varied(encode, k, tail, decode_ms, (s - 1) as f64, false) / 1000.0,
