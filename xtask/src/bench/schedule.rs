@@ -456,7 +456,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut static_grid = Vec::new();
         for &seqs in &grid {
-            let r = match fcfs_grid.iter().find(|r| seqs == 1 && r.max_num_seqs == 1) {
+            let one_seat = fcfs_grid.iter().find(|r| r.max_num_seqs == 1).filter(|_| seqs == 1);
+            let r = match one_seat {
                 Some(one_seat) => one_seat.clone(),
                 None => measure(&model, static_config(&base, seqs, &spec), &reqs, pct)?,
             };
@@ -501,14 +502,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     Err(e)
                 }
             };
-            let exegpt_over_tuned = match (&exegpt, &tuned) {
-                (Ok(c), Some(b)) => Some(c.verdict.run.requests_per_s / b.run.requests_per_s),
-                _ => None,
-            };
-            let exegpt_over_static = match (&exegpt, &static_tuned) {
-                (Ok(c), Some(d)) => Some(c.verdict.run.requests_per_s / d.run.requests_per_s),
-                _ => None,
-            };
+            let exegpt_over_tuned = throughput_ratio(&exegpt, &tuned);
+            let exegpt_over_static = throughput_ratio(&exegpt, &static_tuned);
             per_bound.push(BoundResult {
                 latency_bound_s: bound,
                 fcfs_default: judge(&default, bound),
@@ -693,8 +688,6 @@ fn markdown(
         }
     }
     let yes = |b: bool| if b { "yes" } else { "**no**" }.to_string();
-    let star = |r: &Run| if r.steady { "" } else { "*" };
-    let rate = |r: &Run| format!("{:.2}{} / {:.1}", r.requests_per_s, star(r), r.tokens_per_s);
     for w in results {
         md.push_str(&format!(
             "\n## {}: {} requests, mean prompt {:.1} tokens, {}\n\nBounds {}.\n\n",
@@ -723,10 +716,7 @@ fn markdown(
                 ("(c)/(b)", Right),
             ],
             w.bounds.iter().map(|b| {
-                let (seqs, b_rate, b_lat) = match &b.fcfs_tuned {
-                    Some(v) => (v.run.max_num_seqs.to_string(), rate(&v.run), format!("{:.3}", v.run.latency_s)),
-                    None => ("none meets".into(), "–".into(), "–".into()),
-                };
+                let (seqs, b_rate, b_lat) = tuned_cells(&b.fcfs_tuned);
                 let (shape, c_rate, c_lat, c_met) = match &b.exegpt {
                     Ok(p) => (
                         format!(
@@ -801,10 +791,7 @@ fn markdown(
                 ("(c)/(d)", Right),
             ],
             w.bounds.iter().map(|b| {
-                let (seqs, d_rate, d_lat) = match &b.static_tuned {
-                    Some(v) => (v.run.max_num_seqs.to_string(), rate(&v.run), format!("{:.3}", v.run.latency_s)),
-                    None => ("none meets".into(), "–".into(), "–".into()),
-                };
+                let (seqs, d_rate, d_lat) = tuned_cells(&b.static_tuned);
                 let c_rate = match &b.exegpt {
                     Ok(p) if p.verdict.meets_bound => format!("{:.2}", p.verdict.run.requests_per_s),
                     Ok(p) => format!("{:.2} (missed)", p.verdict.run.requests_per_s),
@@ -830,9 +817,34 @@ fn markdown(
     md
 }
 
+/// `*` after a rate that is the whole run's, not the steady state's.
+fn star(r: &Run) -> &'static str {
+    if r.steady { "" } else { "*" }
+}
+
+/// `req/s / tok/s` of a run.
+fn rate(r: &Run) -> String {
+    format!("{:.2}{} / {:.1}", r.requests_per_s, star(r), r.tokens_per_s)
+}
+
+/// A tuned baseline's cells: its `max_num_seqs`, rate and latency, or "none meets".
+fn tuned_cells(tuned: &Option<Verdict>) -> (String, String, String) {
+    match tuned {
+        Some(v) => (v.run.max_num_seqs.to_string(), rate(&v.run), format!("{:.3}", v.run.latency_s)),
+        None => ("none meets".into(), "–".into(), "–".into()),
+    }
+}
+
+/// (c)'s requests/s over a tuned baseline's, where both exist.
+fn throughput_ratio(exegpt: &Result<Planned, String>, tuned: &Option<Verdict>) -> Option<f64> {
+    match (exegpt, tuned) {
+        (Ok(c), Some(t)) => Some(c.verdict.run.requests_per_s / t.run.requests_per_s),
+        _ => None,
+    }
+}
+
 /// One grid's runs: throughput and latency by `max_num_seqs`.
 fn grid_table(runs: &[Run], pct: f64) -> String {
-    let star = |r: &Run| if r.steady { "" } else { "*" };
     table(
         &[
             ("max_num_seqs", Right),
