@@ -22,6 +22,7 @@ pub mod engine;
 pub mod schedule;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod spec;
 
 pub use burn_llm_kernels as kernels;
 pub use burn_llm_models as models;
@@ -36,3 +37,4 @@ pub use burn_paged as paged;
 pub use burn_parallel as parallel;
 pub use device::DeviceChoice;
 pub use engine::{Capabilities, Engine, EngineDetails, EngineError, EngineLoad, Generation, RunReport};
+pub use spec::{EngineKind, EngineSpec, Purpose, SpecError};

@@ -1,15 +1,15 @@
-//! The `serve` example's command line: the engine flags every example takes ([`GenerateArgs`],
+//! The `serve` example's command line: the engine flags every example takes ([`EngineSpec`],
 //! `--engine paged` by default) plus the server's own, and the entry point that serves until
-//! SIGINT or SIGTERM.
+//! SIGINT or SIGTERM. The prompt and sampling flags of the `*_generate` examples are not taken:
+//! each request brings its own.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 use super::{Server, ServerConfig};
-use crate::cli::{EngineKind, GenerateArgs, build_engine};
-use crate::device::DeviceChoice;
 use crate::engine::Engine;
+use crate::spec::{EngineKind, EngineSpec, Purpose};
 
 /// Environment variable read for the API key when `--api-key` is not given.
 pub const API_KEY_ENV: &str = "BURN_LLM_API_KEY";
@@ -34,21 +34,25 @@ pub struct ServeArgs {
     /// Requests that may wait to start at once (503 beyond).
     #[arg(long, default_value_t = 1024)]
     pub max_waiting: usize,
+    /// Model: a local HF directory (config.json, *.safetensors, tokenizer.json), a `.gguf` file or
+    /// a hub id.
+    #[arg(long)]
+    pub model: String,
     /// Model name in the API (default: the --model argument).
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// A Jinja chat template file replacing the model's own.
     #[arg(long)]
     pub chat_template: Option<std::path::PathBuf>,
-    /// The engine: every flag of the `*_generate` examples.
+    /// The engine: the engine flags of the `*_generate` examples (`--engine paged` by default).
     #[command(flatten)]
-    pub engine: GenerateArgs,
+    pub engine: EngineSpec,
 }
 
 impl ServeArgs {
     /// The server settings these flags describe (the key from the flag or the environment).
     pub fn server_config(&self) -> Result<ServerConfig, Box<dyn std::error::Error>> {
-        let model = self.engine.model.clone().ok_or("--model is required: a model directory, hub id or .gguf file")?;
+        let model = self.model.clone();
         let chat_template = match &self.chat_template {
             Some(path) => Some(
                 std::fs::read_to_string(path)
@@ -66,16 +70,20 @@ impl ServeArgs {
         })
     }
 
+    /// The engine spec, with the server's default engine (paged).
+    pub fn engine_spec(&self) -> EngineSpec {
+        let mut spec = self.engine.clone();
+        spec.engine.get_or_insert(EngineKind::Paged);
+        spec
+    }
+
     /// Builds the engine the flags describe (on the engine thread, which then owns it).
     pub fn engine_builder(&self) -> super::EngineBuilder {
-        let args = self.engine.clone();
+        let spec = self.engine_spec();
+        let model = self.model.clone();
         Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
-            let model = args.model.clone().ok_or("--model is required")?;
-            let choice = args.device.unwrap_or_else(DeviceChoice::best_available);
-            let device = choice.device()?;
             let dir = burn_llm_models::hub::resolve_model(&model)?;
-            let kind = args.engine.unwrap_or(EngineKind::Paged);
-            build_engine(kind, &args, &dir, &device, choice, &[], &args.sampling(), &mut std::io::stderr())
+            spec.init(&dir, Purpose::Serve, &mut std::io::stderr())
         })
     }
 }
@@ -94,6 +102,8 @@ pub fn main() -> ExitCode {
 
 /// Loads the model, binds, and serves until SIGINT/SIGTERM.
 pub fn run(args: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let spec = args.engine_spec();
+    spec.validate(spec.kind(), Purpose::Serve)?;
     let config = server_config_logged(args)?;
     let server = Server::start(args.engine_builder(), config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -102,7 +112,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         let info = server.info();
         eprintln!(
             "serving {} ({} engine, context {}) on http://{} · chat page at / · Ctrl-C stops",
-            args.engine.model.as_deref().unwrap_or(""),
+            args.model,
             info.engine,
             info.spec.max_positions,
             listener.local_addr()?

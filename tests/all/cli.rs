@@ -1,7 +1,7 @@
 //! The example CLI: flag parsing, a JSON run on a local fixture, clear errors.
 
 use burn_llm::cli::{ExampleDefaults, GenerateArgs, JsonReport, run};
-use burn_llm::{Generator, Pretrained, Prompt, SamplingParams};
+use burn_llm::{EngineKind, Generator, Pretrained, Prompt, Purpose, SamplingParams};
 use clap::Parser;
 
 use crate::common::fixture;
@@ -58,8 +58,8 @@ fn flags_become_sampling_params_and_prompts() {
     assert!(GenerateArgs::try_parse_from(["x", "--prompt-ids", "1,a"]).is_err());
     assert!(GenerateArgs::try_parse_from(["x", "--device", "tpu"]).is_err());
     let q = args(&["--quantize", "w4", "--group-size", "32"]);
-    assert_eq!((q.quantize.map(|w| w.bits()), q.group_size), (Some(4), 32));
-    assert_eq!(args(&["--kv-quant", "4"]).kv_quant, Some(4));
+    assert_eq!((q.engine.quantize.map(|w| w.bits()), q.engine.group_size), (Some(4), Some(32)));
+    assert_eq!(args(&["--kv-quant", "4"]).engine.kv_quant, Some(4));
     assert!(GenerateArgs::try_parse_from(["x", "--kv-quant", "5"]).is_err());
 }
 
@@ -159,7 +159,7 @@ fn paged_engine_flags_and_runs() {
         "--seed",
         "1",
     ]);
-    let config = a.engine_config();
+    let config = a.engine.engine_config();
     assert_eq!(
         (config.kv_cache_memory, config.block_size, config.max_num_seqs, config.preemption),
         (KvCacheMemory::Blocks(48), 4, 8, PreemptionMode::Swap)
@@ -390,14 +390,15 @@ fn offload_engine_flags_and_runs() {
         "2",
         "--cpu-attention",
     ]);
-    match a.offload_policy().unwrap() {
+    match a.engine.offload_policy().unwrap() {
         burn_llm::offload::PolicyChoice::Fixed(p) => {
             assert_eq!((p.gpu_batch_size, p.num_gpu_batches, p.cpu_attention), (2, 2, true));
             assert_eq!((p.weights.gpu, p.weights.cpu, p.weights.disk), (0.0, 0.5, 0.5));
         }
         other => panic!("expected a fixed policy, got {other:?}"),
     }
-    assert!(args(&["--policy", "fastest"]).offload_policy().is_err());
+    let fastest = args(&["--engine", "offload", "--policy", "fastest"]).engine;
+    assert_eq!(fastest.validate(EngineKind::Offload, Purpose::Serve).unwrap_err().flag, "--policy");
     assert!(GenerateArgs::try_parse_from(["x", "--percent", "1", "2"]).is_err());
     assert!(GenerateArgs::try_parse_from(["x", "--gpu-mem", "lots"]).is_err());
 
@@ -566,29 +567,29 @@ fn quantization_flags_become_quant_specs() {
     use burn_llm::offload::policy::{FLEXGEN_CACHE, FLEXGEN_WEIGHTS};
 
     let q = args(&["--quantize", "w8", "--group-size", "32", "--kv-quant", "4"]);
-    assert_eq!(q.weight_quant().unwrap(), Some(QuantSpec::new(8, 32, 1).unwrap()));
-    assert_eq!(q.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 64, 3).unwrap()));
-    assert_eq!(q.compression().unwrap(), (q.weight_quant().unwrap(), q.kv_quant_spec().unwrap()));
-    assert_eq!((args(&[]).weight_quant().unwrap(), args(&[]).kv_quant_spec().unwrap()), (None, None));
-    let err = args(&["--quantize", "w4", "--group-size", "6"]).weight_quant().unwrap_err();
+    assert_eq!(q.engine.weight_quant().unwrap(), Some(QuantSpec::new(8, 32, 1).unwrap()));
+    assert_eq!(q.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 64, 3).unwrap()));
+    assert_eq!(q.engine.compression().unwrap(), (q.engine.weight_quant().unwrap(), q.engine.kv_quant_spec().unwrap()));
+    assert_eq!((args(&[]).engine.weight_quant().unwrap(), args(&[]).engine.kv_quant_spec().unwrap()), (None, None));
+    let err = args(&["--quantize", "w4", "--group-size", "6"]).engine.weight_quant().unwrap_err();
     assert!(err.contains("--group-size") && err.contains("group size 6"), "{err}");
 
     let c = args(&["--compress-weight", "--compress-cache"]);
-    assert_eq!(c.compression().unwrap(), (Some(FLEXGEN_WEIGHTS), Some(FLEXGEN_CACHE)));
+    assert_eq!(c.engine.compression().unwrap(), (Some(FLEXGEN_WEIGHTS), Some(FLEXGEN_CACHE)));
     // FlexGen's names are spellings of the common flags, for every engine.
     let same = args(&["--quantize", "w4", "--kv-quant", "4"]);
-    assert_eq!(same.compression().unwrap(), c.compression().unwrap());
-    assert!(args(&["--kv-quant", "8", "--compress-cache"]).kv_quant_spec().is_err());
+    assert_eq!(same.engine.compression().unwrap(), c.engine.compression().unwrap());
+    assert!(args(&["--kv-quant", "8", "--compress-cache"]).engine.kv_quant_spec().is_err());
     assert_eq!(
         (FLEXGEN_WEIGHTS, FLEXGEN_CACHE),
         (QuantSpec::new(4, 64, 1).unwrap(), QuantSpec::new(4, 64, 3).unwrap())
     );
-    let PolicyChoice::Auto(space) = c.offload_policy().unwrap() else { panic!("expected the search") };
+    let PolicyChoice::Auto(space) = c.engine.offload_policy().unwrap() else { panic!("expected the search") };
     assert_eq!(
         (space.weight_compression, space.cache_compression),
         (vec![Some(FLEXGEN_WEIGHTS)], vec![Some(FLEXGEN_CACHE)])
     );
     let fixed = args(&["--compress-cache", "--percent", "100", "0", "100", "0", "100", "0"]);
-    let PolicyChoice::Fixed(p) = fixed.offload_policy().unwrap() else { panic!("expected a fixed policy") };
+    let PolicyChoice::Fixed(p) = fixed.engine.offload_policy().unwrap() else { panic!("expected a fixed policy") };
     assert_eq!((p.compress_weights, p.compress_cache), (None, Some(FLEXGEN_CACHE)));
 }

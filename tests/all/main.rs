@@ -24,3 +24,4 @@ mod real_model;
 mod remote;
 mod sampling;
 mod server;
+mod spec;

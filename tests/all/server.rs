@@ -33,14 +33,14 @@ fn chat_fixture() -> Scratch {
 }
 
 /// A server on a loopback port, on its own runtime.
-struct Running {
+pub(crate) struct Running {
     base: String,
-    runtime: tokio::runtime::Runtime,
+    pub(crate) runtime: tokio::runtime::Runtime,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-fn start(model: &Path, extra: &[&str]) -> Running {
+pub(crate) fn start(model: &Path, extra: &[&str]) -> Running {
     let model = model.to_str().unwrap();
     let mut argv = vec!["serve", "--model", model, "--device", "flex", "--served-model-name", "fixture"];
     if !extra.contains(&"--kv-cache-memory") {
@@ -60,12 +60,12 @@ fn start(model: &Path, extra: &[&str]) -> Running {
 }
 
 impl Running {
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
     /// Graceful shutdown: the serve future returns Ok once open responses are done.
-    fn shutdown(self) {
+    pub(crate) fn shutdown(self) {
         let _ = self.stop.send(());
         let result = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(60), self.task).await });
         result.expect("shutdown within a minute").expect("serve task").expect("serve result");
@@ -89,7 +89,7 @@ fn cli_json(model: &Path, extra: &[&str]) -> Value {
     serde_json::from_slice(&out).unwrap()
 }
 
-async fn post(client: &Client, url: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
+pub(crate) async fn post(client: &Client, url: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
     let mut request = client.post(url).json(body);
     if let Some(key) = key {
         request = request.bearer_auth(key);

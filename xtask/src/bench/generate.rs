@@ -8,8 +8,8 @@
 
 use std::path::PathBuf;
 
-use burn_llm::models::{CausalLm, DecoderSpec, Generator, Precision, PretrainedFiles, Prompt, SamplingParams, hub};
-use burn_llm::{DeviceChoice, Engine};
+use burn_llm::models::{CausalLm, DecoderSpec, Precision, Prompt, SamplingParams, hub};
+use burn_llm::{DeviceChoice, Engine, EngineKind, EngineSpec, Purpose};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
@@ -102,20 +102,28 @@ struct Report {
     results: Vec<Row>,
 }
 
-/// The plain engine on `model` in `precision`: a built-in shape with random weights, or a
-/// checkpoint; weights are cast as they load.
+/// The plain engine on `model` in `precision` on `device` (of kind `choice`): a built-in shape
+/// with random weights, or a checkpoint whose weights are cast as they load; built as every engine
+/// is ([`EngineSpec`]).
 fn load(
     model: &str,
     precision: Precision,
+    choice: DeviceChoice,
     device: &burn::tensor::Device,
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+    let spec = EngineSpec {
+        engine: Some(EngineKind::Plain),
+        device: Some(choice),
+        dtype: Some(precision),
+        ..EngineSpec::default()
+    };
+    let purpose = Purpose::Generate { prompts: &[], params: &SamplingParams::default() };
     if let Some((_, config)) = SYNTHETIC.iter().find(|(name, _)| *name == model) {
-        let mut spec = DecoderSpec::from_json(config, model.as_ref())?;
-        spec.dtype = precision;
-        return Ok(Box::new(Generator::new(CausalLm::random(spec, device)?, None, vec![])));
+        let mut decoder = DecoderSpec::from_json(config, model.as_ref())?;
+        decoder.dtype = precision;
+        return spec.init_model(CausalLm::random(decoder, device)?, None, vec![], purpose, &mut std::io::sink());
     }
-    let files = PretrainedFiles::open(&hub::resolve_model(model)?)?.with_precision(precision);
-    Ok(Box::new(Generator::from(files.load(device)?)))
+    spec.init(&hub::resolve_model(model)?, purpose, &mut std::io::stderr())
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -124,7 +132,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(note) = note {
         eprintln!("{note}");
     }
-    let mut engine = load(&args.model, dtype, &device)?;
+    let mut engine = load(&args.model, dtype, args.device, &device)?;
     let vocab = engine.spec().vocab_size as u32;
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens.max(2)) };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);

@@ -10,10 +10,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
-use burn_llm::paged::{EngineConfig, LlmEngine};
 use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
-use burn_llm::{DeviceChoice, Engine};
+use burn_llm::{DeviceChoice, Engine, Purpose};
 use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -113,14 +112,11 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
         argv.push(device.name().into());
         argv.extend(flags.iter().cloned());
         let serve = ServeArgs::try_parse_from(&argv)?;
-        let engine_args = serve.engine.clone();
-        // The `serve` example's engine flags, on the synthetic model (which has no directory):
-        // the paged engine with the policy `--schedule` names.
-        let scheduling = engine_args.planless_policy().ok_or("the online bench runs no ExeGPT plan")?;
+        // The `serve` example's engine flags, on the synthetic model (which has no directory).
+        let spec = serve.engine_spec();
         let build = Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
-            let device: Device = engine_args.device.unwrap_or(DeviceChoice::Flex).device()?;
-            let config = EngineConfig { scheduling, ..engine_args.engine_config() };
-            Ok(Box::new(LlmEngine::from_parts(model(&device, max_len)?, None, vec![], config)?))
+            let device: Device = spec.device_choice().device()?;
+            spec.init_model(model(&device, max_len)?, None, vec![], Purpose::Serve, &mut std::io::sink())
         });
         let server = Server::start(build, serve.server_config()?)?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

@@ -18,9 +18,9 @@ use burn_llm::kernels::{
     MatmulPrecision, QuantSpec, dequantize, qmatmul, qmatmul_transposed, quantize, with_matmul_precision,
 };
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
-use burn_llm::models::{Generator, Pretrained, Prompt, SamplingParams, hub};
+use burn_llm::models::{Pretrained, Prompt, SamplingParams, hub};
 use burn_llm::offload::profiler::time;
-use burn_llm::{DeviceChoice, Engine};
+use burn_llm::{DeviceChoice, EngineKind, EngineSpec, Purpose};
 use serde::Serialize;
 
 use crate::report::{self, Align::Left, Align::Right, Header, table};
@@ -374,7 +374,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(b) => pretrained.model.quantize_weights(QuantSpec::new(b, 64, WEIGHT_QUANT_AXIS)?)?,
         };
         let bytes = pretrained.model.decode_weight_bytes();
-        let mut engine: Box<dyn Engine> = Box::new(Generator::from(pretrained));
+        let spec = EngineSpec { engine: Some(EngineKind::Plain), ..EngineSpec::default() };
+        let purpose = Purpose::Generate { prompts: &[], params: &SamplingParams::default() };
+        let Pretrained { model, tokenizer, eos_token_ids, .. } = pretrained;
+        let mut engine = spec.init_model(model, Some(tokenizer), eos_token_ids, purpose, &mut std::io::sink())?;
         for batch in [1, 16] {
             let prompts: Vec<Prompt> = (0..batch).map(|i| Prompt::Ids(vec![1, 504 + i as u32, 3058, 282])).collect();
             let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens) };

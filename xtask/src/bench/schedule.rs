@@ -34,14 +34,15 @@ use std::time::Instant;
 use burn_llm::models::gguf::GgufModel;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
-use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, SchedulingPolicy};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, SchedulingPolicy};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::ScheduleOutput;
 use burn_llm::parallel::profiler::{EngineStepGrid, ProfileGrid};
 use burn_llm::schedule::{
     Workload as PlanWorkload, check_layers, measure_profile, phased_policy, plan_rra, read_profile,
 };
-use burn_llm::{DeviceChoice, Engine};
+use burn_llm::spec::PagedSpec;
+use burn_llm::{DeviceChoice, EngineKind, EngineSpec, Purpose};
 use rand::SeedableRng;
 use serde::Serialize;
 
@@ -274,7 +275,8 @@ fn measure(
     pct: f64,
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let max_num_seqs = config.max_num_seqs;
-    let mut engine: Box<dyn Engine> = Box::new(LlmEngine::from_parts(model.clone(), None, vec![], config)?);
+    let spec = EngineSpec { engine: Some(EngineKind::Paged), paged: PagedSpec::from(&config), ..EngineSpec::default() };
+    let mut engine = spec.init_model(model.clone(), None, vec![], Purpose::Serve, &mut std::io::sink())?;
     let started = Instant::now();
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) };

@@ -22,10 +22,9 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
-use burn_llm::paged::{
-    EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PreemptionMode, Reservation, SchedulingPolicy,
-};
-use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, Timing};
+use burn_llm::paged::{EngineStats, KvCacheMemory, PreemptionMode, Reservation, SchedulingPolicy};
+use burn_llm::spec::PagedSpec;
+use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, EngineKind, EngineSpec, Purpose, Timing};
 use rand::SeedableRng;
 use serde::Serialize;
 
@@ -146,18 +145,17 @@ fn run_system(
     reqs: &[Request],
     (label, scheduling): (&str, SchedulingPolicy),
 ) -> Result<SystemResult, Box<dyn std::error::Error>> {
-    let config = EngineConfig {
-        block_size: args.block_size,
-        kv_cache_memory: KvCacheMemory::Blocks(args.kv_tokens / args.block_size),
-        max_num_seqs: 256,
+    let paged = PagedSpec {
+        block_size: Some(args.block_size),
+        kv_cache_memory: Some(KvCacheMemory::Blocks(args.kv_tokens / args.block_size)),
+        max_num_seqs: Some(256),
         max_num_batched_tokens: Some(args.max_model_len.max(2048)),
-        preemption: PreemptionMode::Auto,
-        enable_prefix_caching: false,
-        scheduling,
-        ..EngineConfig::default()
+        preemption: Some(PreemptionMode::Auto),
+        no_enable_prefix_caching: true,
+        scheduling: Some(scheduling),
+        ..PagedSpec::default()
     };
-    let mut engine: Box<dyn Engine> =
-        Box::new(LlmEngine::from_parts(model(device, args.max_model_len)?, None, vec![], config)?);
+    let mut engine = paged_engine(device, args, paged)?;
     let started = Instant::now();
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) };
@@ -198,14 +196,13 @@ fn run_system(
 
 /// Memory saved by sharing for `n = 4` parallel samples or beam width 4 (§5.6.3).
 fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result<f64, Box<dyn std::error::Error>> {
-    let config = EngineConfig {
-        block_size: args.block_size,
-        kv_cache_memory: KvCacheMemory::Blocks(4 * args.kv_tokens / args.block_size),
-        enable_prefix_caching: false,
-        ..EngineConfig::default()
+    let paged = PagedSpec {
+        block_size: Some(args.block_size),
+        kv_cache_memory: Some(KvCacheMemory::Blocks(4 * args.kv_tokens / args.block_size)),
+        no_enable_prefix_caching: true,
+        ..PagedSpec::default()
     };
-    let mut engine: Box<dyn Engine> =
-        Box::new(LlmEngine::from_parts(model(device, args.max_model_len)?, None, vec![], config)?);
+    let mut engine = paged_engine(device, args, paged)?;
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = if beam {
             SamplingParams { beam: Some(BeamSearchParams::new(4)), ignore_eos: true, ..SamplingParams::greedy(*out) }
@@ -227,6 +224,13 @@ fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result
 }
 
 /// The paged engine's scheduler and KV-cache counters, from its report.
+/// The paged engine with `paged`'s settings over the bench's random model on `device`, built as
+/// every engine is ([`EngineSpec::init_model`]).
+fn paged_engine(device: &Device, args: &Args, paged: PagedSpec) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+    let spec = EngineSpec { engine: Some(EngineKind::Paged), paged, ..EngineSpec::default() };
+    spec.init_model(model(device, args.max_model_len)?, None, vec![], Purpose::Serve, &mut std::io::sink())
+}
+
 fn paged_stats(engine: &dyn Engine) -> Result<EngineStats, Box<dyn std::error::Error>> {
     match engine.report(Timing::default()).details {
         EngineDetails::Paged(stats) => Ok(stats),

@@ -19,9 +19,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use burn_llm::kernels::{MatmulPrecision, set_matmul_precision};
-use burn_llm::models::{Generator, Pretrained, Prompt, SamplingParams, hub};
-use burn_llm::{DeviceChoice, Engine};
+use burn_llm::models::{Pretrained, Prompt, SamplingParams, hub};
+use burn_llm::{DeviceChoice, Engine, EngineKind, EngineSpec, Purpose};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
@@ -313,13 +312,19 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut llama = LlamaCpp::start(&python, &path, threads, max_batch, n_batch)?;
     eprintln!("llama-cpp-python {}: {}", llama.hello.version, llama.hello.system_info);
 
-    let precision = if args.exact_matmul { MatmulPrecision::Exact } else { MatmulPrecision::Int8Activations };
-    set_matmul_precision(precision);
-    let device = DeviceChoice::Flex.device()?;
-    let pretrained = Pretrained::load(&path, &device)?;
+    let spec = EngineSpec {
+        engine: Some(EngineKind::Plain),
+        device: Some(DeviceChoice::Flex),
+        exact_matmul: args.exact_matmul,
+        ..EngineSpec::default()
+    };
+    let precision = spec.matmul_precision();
+    let pretrained = Pretrained::load(&path, &DeviceChoice::Flex.device()?)?;
     let weight_bytes = pretrained.model.decode_weight_bytes();
     let vocab = pretrained.model.spec().vocab_size;
-    let mut engine: Box<dyn Engine> = Box::new(Generator::from(pretrained));
+    let purpose = Purpose::Generate { prompts: &[], params: &SamplingParams::default() };
+    let Pretrained { model, tokenizer, eos_token_ids, .. } = pretrained;
+    let mut engine = spec.init_model(model, Some(tokenizer), eos_token_ids, purpose, &mut std::io::sink())?;
     let bandwidth = super::quant::read_bandwidth();
     eprintln!("host read bandwidth: {bandwidth:.1} GB/s; weights read per step: {:.1} MB", weight_bytes as f64 / 1e6);
 

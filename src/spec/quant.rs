@@ -1,4 +1,4 @@
-//! The quantization flags as the kernels' [`QuantSpec`], built in one place for every engine:
+//! The quantization settings as the kernels' [`QuantSpec`], built in one place for every engine:
 //! `--quantize w4|w8 --group-size G` for weights and `--kv-quant 4|8` for the KV cache, with
 //! FlexGen's names `--compress-weight` (= `--quantize w4 --group-size 64`) and `--compress-cache`
 //! (= `--kv-quant 4`) as spellings of the same thing.
@@ -9,7 +9,7 @@ use burn_llm_models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_offload::PolicyChoice;
 use burn_offload::policy::{Policy, SearchSpace};
 
-use super::GenerateArgs;
+use super::{DEFAULT_GROUP_SIZE, EngineSpec};
 
 /// `bits` in groups of `group_size` along `axis`; errors name `flag`.
 fn quant_spec(flag: &str, bits: u32, group_size: usize, axis: usize) -> Result<QuantSpec, String> {
@@ -21,15 +21,19 @@ fn flexgen(flag: &str, on: bool, axis: usize) -> Result<Option<QuantSpec>, Strin
     on.then(|| quant_spec(flag, QuantSpec::FLEXGEN_BITS, QuantSpec::FLEXGEN_GROUP_SIZE, axis)).transpose()
 }
 
-impl GenerateArgs {
+impl EngineSpec {
     /// `--quantize` with `--group-size` (or FlexGen's name for `--quantize w4 --group-size 64`,
     /// `--compress-weight`): weights in groups along their output channel, on every engine.
     pub fn weight_quant(&self) -> Result<Option<QuantSpec>, String> {
         match (self.quantize, self.compress_weight) {
             (Some(_), true) => Err("--quantize and --compress-weight both quantize the weights: give one".into()),
-            (Some(w), false) => {
-                quant_spec("--quantize/--group-size", w.bits(), self.group_size, WEIGHT_QUANT_AXIS).map(Some)
-            }
+            (Some(w), false) => quant_spec(
+                "--quantize/--group-size",
+                w.bits(),
+                self.group_size.unwrap_or(DEFAULT_GROUP_SIZE),
+                WEIGHT_QUANT_AXIS,
+            )
+            .map(Some),
             (None, on) => flexgen("--compress-weight", on, WEIGHT_QUANT_AXIS),
         }
     }
@@ -48,7 +52,7 @@ impl GenerateArgs {
     }
 
     /// The offload engine's weight and cache compression: the same flags as every engine's
-    /// ([`GenerateArgs::weight_quant`], [`GenerateArgs::kv_quant_spec`]).
+    /// ([`EngineSpec::weight_quant`], [`EngineSpec::kv_quant_spec`]).
     pub fn compression(&self) -> Result<(Option<QuantSpec>, Option<QuantSpec>), String> {
         Ok((self.weight_quant()?, self.kv_quant_spec()?))
     }

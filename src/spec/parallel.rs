@@ -1,4 +1,4 @@
-//! The parallelism flags of every example CLI: `--devices flex,wgpu,…`,
+//! The parallelism settings of every engine spec (flags of every example CLI and the server): `--devices flex,wgpu,…`,
 //! `--pipeline-parallel-size N`, `--tensor-parallel-size N`, `--stage-layers 0-11,12-23`
 //! (inclusive ranges) and `--micro-batches N`, turned into a checked
 //! [`PipelinePlan`] before any weight is loaded, and the pipeline-parallel engines built from it.
@@ -11,17 +11,17 @@ use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_llm_models::{Generator, LanguageModel, PretrainedFiles};
-use burn_paged::{EngineConfig, LlmEngine};
+use burn_paged::LlmEngine;
 use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayout};
 use clap::ValueEnum;
 
-use super::{EngineKind, GenerateArgs};
+use super::{EngineKind, EngineSpec};
 use crate::device::{DeviceChoice, WatchedEngine, WorkerAddress, remote_device};
 use crate::engine::Engine;
 
 /// Flags that split a model over several devices.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct ParallelArgs {
+pub struct ParallelSpec {
     /// Devices of the stages and ranks, comma-separated (`flex,wgpu`): stage s, tensor-parallel
     /// rank r runs on entry s·TP + r. Default: `--device` for every stage.
     #[arg(long, value_delimiter = ',')]
@@ -32,9 +32,9 @@ pub struct ParallelArgs {
     #[arg(long)]
     pub pipeline_parallel_size: Option<usize>,
     /// Tensor-parallel ranks per stage: each layer of a stage split Megatron-style over this
-    /// many devices.
-    #[arg(long, default_value_t = 1)]
-    pub tensor_parallel_size: usize,
+    /// many devices (default 1).
+    #[arg(long)]
+    pub tensor_parallel_size: Option<usize>,
     /// Layers of each stage as inclusive ranges in layer order, e.g. `0-11,12-23` for 24
     /// layers. Default: an even split.
     #[arg(long)]
@@ -45,17 +45,20 @@ pub struct ParallelArgs {
     pub micro_batches: Option<usize>,
     /// Remote workers in `--devices`: the longest the engine may go without a sign of progress
     /// (the model's upload, a token, a step) before its requests fail with an error naming the
-    /// workers.
-    #[arg(long, default_value_t = 120.0)]
-    pub worker_timeout_s: f64,
+    /// workers (default 120).
+    #[arg(long)]
+    pub worker_timeout_s: Option<f64>,
 }
 
-impl ParallelArgs {
+/// `--worker-timeout-s`'s default.
+pub const DEFAULT_WORKER_TIMEOUT_S: f64 = 120.0;
+
+impl ParallelSpec {
     /// Whether any parallelism flag was given.
     pub fn is_set(&self) -> bool {
         self.devices.is_some()
             || self.pipeline_parallel_size.is_some()
-            || self.tensor_parallel_size != 1
+            || self.tensor_parallel_size.is_some_and(|t| t != 1)
             || self.stage_layers.is_some()
             || self.micro_batches.is_some()
     }
@@ -80,11 +83,11 @@ impl ParallelArgs {
                 layout
             }
             (None, size) => {
-                let listed = self.devices.as_ref().map(|d| d.len() / self.tensor_parallel_size.max(1));
+                let listed = self.devices.as_ref().map(|d| d.len() / self.tensor_parallel().max(1));
                 StageLayout::even(num_layers, size.or(listed.filter(|&n| n > 0)).unwrap_or(1))?
             }
         };
-        let tp = self.tensor_parallel_size;
+        let tp = self.tensor_parallel();
         let (names, devices): (Vec<String>, Vec<Device>) = match &self.devices {
             Some(entries) => entries
                 .iter()
@@ -95,6 +98,11 @@ impl ParallelArgs {
             None => (0..layout.len() * tp).map(|_| (default.0.to_string(), default.1.clone())).unzip(),
         };
         Ok(PipelinePlan::new(layout, tp, devices)?.with_names(names))
+    }
+
+    /// Tensor-parallel ranks per stage (1 when not given).
+    pub fn tensor_parallel(&self) -> usize {
+        self.tensor_parallel_size.unwrap_or(1)
     }
 
     /// The remote entries of `--devices`, comma-separated (empty when all are local).
@@ -126,82 +134,49 @@ pub fn parse_device(entry: &str, token: Option<&str>) -> Result<Device, Pipeline
     choice.device().map_err(|e| error(e.to_string()))
 }
 
-/// The plain or paged engine over pipeline stages, as `args` describe them: the plan is checked
-/// against the model's depth before any weight loads, then each stage's weights load onto its
-/// device.
+/// The plain or paged engine over pipeline stages, as `spec` describes them (validated by the
+/// caller): the plan is checked against the model's depth before any weight loads, then each
+/// stage's weights load onto its device. With remote workers the engine runs behind a
+/// [`WatchedEngine`].
 pub(super) fn build_parallel_engine(
+    spec: &EngineSpec,
     kind: EngineKind,
-    args: &GenerateArgs,
     dir: &std::path::Path,
     default: (&str, &Device),
     log: &mut dyn Write,
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
-    let parallel = &args.parallel;
-    if kind == EngineKind::Offload {
-        return Err("--devices, --pipeline-parallel-size, --tensor-parallel-size, --stage-layers and --micro-batches \
-                    apply to --engine plain and paged: the offload engine places weights itself; drop them"
-            .into());
-    }
-    if kind == EngineKind::Plain && parallel.micro_batches.is_some() {
-        return Err("--micro-batches applies to --engine paged (the plain engine runs one batch): drop it".into());
-    }
-    if kind == EngineKind::Paged && args.schedule.is_some() {
-        return Err("--schedule plans for one device: drop it, or drop the parallelism flags".into());
-    }
-    if args.dtype.is_some_and(|p| p != burn_llm_models::Precision::F32) {
-        return Err("--dtype f16/bf16 is not available with --devices or pipeline/tensor parallelism yet (stages run \
-                    in f32): use --dtype f32 or drop the parallelism flags"
-            .into());
-    }
+    let parallel = &spec.parallel;
     let files = PretrainedFiles::open(dir)?;
-    let plan = parallel.plan(files.spec.num_layers, default, args.worker_token.as_deref())?;
+    let plan = parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?;
     let workers = parallel.workers();
     if workers.is_empty() {
-        let (engine, summary) = build_on_plan(kind, args, files, &plan)?;
-        if !args.json {
-            writeln!(log, "{summary}")?;
-        }
+        let (engine, summary) = build_on_plan(spec, kind, files, &plan)?;
+        writeln!(log, "{summary}")?;
         return Ok(engine);
     }
-    let timeout = parallel.worker_timeout_s;
-    if !(timeout.is_finite() && timeout > 0.0) {
-        return Err(format!("--worker-timeout-s must be a positive number of seconds, got {timeout}").into());
-    }
-    let json = args.json;
-    let args = args.clone();
+    let timeout = parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S);
+    let spec = spec.clone();
     let engine = WatchedEngine::spawn(workers, Duration::from_secs_f64(timeout), move || {
-        build_on_plan(kind, &args, files, &plan).map(|(engine, _)| engine).map_err(|e| e.to_string())
+        build_on_plan(&spec, kind, files, &plan).map(|(engine, _)| engine).map_err(|e| e.to_string())
     })?;
-    if !json {
-        writeln!(log, "{}", engine.placement().unwrap_or_default())?;
-    }
+    writeln!(log, "{}", engine.placement().unwrap_or_default())?;
     Ok(Box::new(engine))
 }
 
 /// The plain or paged engine over `plan`'s stages, each stage's weights loaded onto its devices,
-/// and the placement summary.
+/// in the spec's precision, and the placement summary.
 fn build_on_plan(
+    spec: &EngineSpec,
     kind: EngineKind,
-    args: &GenerateArgs,
     files: PretrainedFiles,
     plan: &PipelinePlan,
 ) -> Result<(Box<dyn Engine>, String), Box<dyn std::error::Error>> {
-    let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, plan, args.weight_quant()?)?;
+    let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, plan, spec.weight_quant()?)?;
     let (tokenizer, eos) = (Some(files.tokenizer), files.eos_token_ids);
     let summary = model.placement_summary().unwrap_or_default();
     let engine: Box<dyn Engine> = match kind {
-        EngineKind::Paged => {
-            let config = EngineConfig { micro_batches: args.parallel.micro_batches, ..args.engine_config() };
-            Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?)
-        }
-        _ => {
-            let mut generator = Generator::new(model, tokenizer, eos);
-            if let Some(spec) = args.kv_quant_spec()? {
-                let spec = burn_llm_models::cache::fit_kv_quant(generator.model().kv_layout(), spec)?;
-                generator = generator.with_kv_quantization(spec)?;
-            }
-            Box::new(generator)
-        }
+        EngineKind::Paged => Box::new(LlmEngine::from_parts(model, tokenizer, eos, spec.engine_config())?),
+        _ => Box::new(spec.plain_generator(Generator::new(model, tokenizer, eos))?),
     };
-    Ok((engine, summary))
+    Ok((spec.with_precision(engine), summary))
 }
