@@ -1,12 +1,12 @@
 //! # burn-llm
 //!
 //! Pure-Rust LLM inference on [Burn](https://burn.dev): OPT, LLaMA and GPT-2 from Hugging Face
-//! checkpoints, one generation API, and (in the member crates) paged serving, offloading and
-//! parallel planning.
+//! checkpoints, one generation API, and (in the member crates) paged serving, offloading, and
+//! parallel execution and planning.
 //!
 //! This facade re-exports the member crates and owns what they share at the top: device
-//! selection, the [`Engine`] trait every engine implements, and the command-line front end of the
-//! examples.
+//! selection, the [`Engine`] trait every engine implements, the command-line front end of the
+//! examples, and the OpenAI-compatible server (`server`, feature `server`).
 //!
 //! | crate | what it holds |
 //! |---|---|
@@ -14,7 +14,7 @@
 //! | [`kernels`] (`burn-llm-kernels`) | group-wise 4/8-bit quantization and fused dequantize-matmul, paged-attention kernels: CubeCL kernels with Flex twins |
 //! | [`offload`] (`burn-offload`) | FlexGen: weights and KV cache across device, host and disk, LP policy search, CPU attention, compression |
 //! | [`paged`] (`burn-paged`) | vLLM: block manager, PagedAttention KV cache, continuous-batching engine, parallel sampling, beam search |
-//! | [`parallel`] (`burn-parallel`) | planners: Alpa/AlpaServe stages, TeraPipe slices, AlpaServe placement, ExeGPT schedules (pure functions over JSON cost inputs) |
+//! | [`parallel`] (`burn-parallel`) | pipeline stages and tensor parallelism over several devices, the model profiler, and the planners: Alpa/AlpaServe stages, TeraPipe slices, AlpaServe placement, ExeGPT schedules |
 
 pub mod cli;
 pub mod device;

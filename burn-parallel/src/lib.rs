@@ -1,7 +1,15 @@
-//! Pipeline execution ([`pipeline`]: [`pipeline::PipelineLm`], stages of decoder layers on their
-//! own devices, run by the plain and paged engines) and planners that decide how a model is split and scheduled, from measured costs. Each is a pure
-//! function from a serde input to a serde output, with `thiserror` errors naming the bad field;
-//! none depends on Burn. The example `plan` runs them from JSON files:
+//! Parallel execution, a profiler, and the planners that decide how a model is split and
+//! scheduled.
+//!
+//! - Execution (feature `runtime`, on by default): [`pipeline`] ([`pipeline::PipelineLm`], stages
+//!   of decoder layers on their own devices, run by the plain and paged engines) and [`tensor`]
+//!   (`TensorParallelLayer`, one decoder layer split Megatron-style over several devices), both
+//!   over [`block`]'s `LayerBlock`.
+//! - [`profiler`] (feature `profiler`, on by default): measures a model's costs on a Burn device.
+//! - Planners ([`plan`]), from measured costs. Each is a pure function from a serde input to a
+//!   serde output, with `thiserror` errors naming the bad field; none depends on Burn.
+//!
+//! The example `plan` runs the planners from JSON files:
 //! `cargo run --example plan -- <stages|slices|placement|schedule> --input FILE.json
 //! [--exhaustive] [--baseline replication]` prints one JSON object (`{"error": "…"}` and exit
 //! code 2 on bad or infeasible input). Sample inputs are in `burn-parallel/inputs/`.

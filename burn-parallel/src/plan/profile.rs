@@ -51,8 +51,8 @@
 //!   tokens cached. On one device, the simulator takes a step's time from these tables as is;
 //!   in a pipeline, the part the layer tables do not predict (`ms` − the model's compute, at
 //!   least 0) is paid on the first stage, like `engine_step`. An engine's step time need not grow
-//!   in proportion to its batch (a CPU matmul that switches kernels between one row and two
-//!   makes batch 2 cost three times batch 1), so these tables are only made non-decreasing in
+//!   in proportion to its batch (a CPU matmul that switches kernels between one row and two can
+//!   make batch 2 cost several times batch 1), so these tables are only made non-decreasing in
 //!   the batch (a running maximum), not held to a falling time per sequence.
 //! - `step_variation` (optional; absent means 0): how far above its median a serving-engine step
 //!   runs at the 99th percentile, as a fraction of the median, for prefill and decode steps

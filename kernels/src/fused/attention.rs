@@ -215,8 +215,7 @@ fn attend_row_portable(q: &[f32], keys: &[f32], values: &[f32], bias: &[f32], sc
 /// `scores[j] = q · key_j · scale + bias[j]`. With AVX2/FMA and a head dimension that is a
 /// multiple of 8, four keys at a time ([`x86::key_scores`]): each 8-wide slice of `q` loaded
 /// once for four keys, four independent FMA chains, one horizontal reduction for the four (one
-/// key at a time waited on its single accumulator and reduced each key alone: 8% of batch-32
-/// decode in `perf`). Plain loops, not `map(…).collect()`: the collecting fold is a function of
+/// key at a time waits on its single accumulator and reduces each key alone). Plain loops, not `map(…).collect()`: the collecting fold is a function of
 /// its own, not inlined into the AVX2 twin, which then ran on baseline SSE.
 #[cfg(feature = "flex")]
 #[inline(always)]

@@ -1,7 +1,7 @@
 //! `f32` matrix product on Flex with register tiles: `[m, k] · [k, n]`.
 //!
-//! Burn's Flex matmul (the `gemm` crate, AVX2 kernels) reached 42–49 GFLOP/s at SmolLM2's prefill
-//! shapes on this project's 2-core host, 18–21% of its FMA peak. Here a tile of `MR` input rows ×
+//! Written because Burn's Flex matmul (the `gemm` crate, AVX2 kernels) stays far below the FMA peak
+//! at SmolLM2's prefill shapes (`cargo xtask bench quant --shapes-only`). Here a tile of `MR` input rows ×
 //! `NR` output columns accumulates in registers over the whole `k` (`MR · NR / lanes` vector
 //! accumulators: 12 on AVX-512 and on AVX2), reading one `NR`-wide row of the weight and `MR`
 //! broadcasts per step. Input rows go in blocks that stay in L2 while the panels pass over them.
@@ -22,8 +22,8 @@ use super::flex::{from_vec, into_flex, slice};
 use crate::quant::flex::SharedOut;
 
 /// Input rows up to which a transposed table is multiplied by dot products instead of tiles
-/// where [`nt::product`] cannot run (no AVX2/FMA, or `k` not a multiple of 8): measured on the
-/// `[49152, 576]` tied head, 5.7 ms at 1 row, 10.4 at 4, 19.3 at 8 against tiles' 21.9.
+/// where [`nt::product`] cannot run (no AVX2/FMA, or `k` not a multiple of 8): up to this many rows
+/// of a wide tied head, dot products beat packing the table into tiles.
 const DOT_MAX_ROWS: usize = 8;
 
 /// Products below this many multiply-adds run on the calling thread.
@@ -232,10 +232,9 @@ fn tile<const MR: usize, const NR: usize, const FMA: bool, const R: usize>(
 
 /// A transposed table (`[n, k]`, its rows contiguous) times a few input rows with AVX2/FMA: both
 /// operands run along `k`, so a register tile of [`nt::ROWS`] input rows × [`nt::COLUMNS`] table
-/// rows accumulates 8 lanes of `k` at a time and reduces horizontally once at the end. The
-/// packed tiles transposed every 16-column panel first (scalar, strided) and the dot products
-/// ran one input row and one column at a time: 16 input rows of the `[49152, 576]` tied head took
-/// 43 ms there, against 15 ms for 8 rows by dot products.
+/// rows accumulates 8 lanes of `k` at a time and reduces horizontally once at the end, where the
+/// packed tiles would first transpose every 16-column panel (scalar, strided) and the dot
+/// products run one input row and one column at a time.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod nt {
     use std::arch::x86_64::*;

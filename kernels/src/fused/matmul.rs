@@ -3,8 +3,7 @@
 use burn::tensor::Tensor;
 
 /// `x · w` for `x` `[m, k]` and `w` `[k, n]` (either may be a view, e.g. a transposed embedding
-/// table): on Flex in `f32`, register-tiled loops (`gemm.rs`, about 2× Burn Flex's matmul at
-/// prefill shapes on an AVX-512 host); elsewhere, and for shapes that do not agree (Burn reports
+/// table): on Flex in `f32`, register-tiled loops (`gemm.rs`); elsewhere, and for shapes that do not agree (Burn reports
 /// those), Burn's matmul.
 pub fn matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     #[cfg(feature = "flex")]

@@ -438,8 +438,7 @@ pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedKer
 /// Vulkan driver: a paged attention read K and V caches of 532M f16 elements and of 2^28 f32
 /// elements (1 GiB) correctly, but with caches of 2^29 f16 elements (also 1 GiB) the kernel did
 /// nothing, and a 2^29-element f32 buffer (2 GiB) failed to allocate. Neither failure says so until
-/// a result is read (a timing without one measured 1 GiB in 30 µs), so whoever sizes a cache
-/// checks it up front.
+/// a result is read, so whoever sizes a cache checks it up front.
 pub const MAX_GPU_TENSOR_ELEMENTS: usize = (1 << 29) - 1;
 
 /// The per-step inputs of [`paged_attention_with`], checked and uploaded once and then shared by

@@ -460,8 +460,8 @@ mod x86 {
         }
     }
 
-    /// [`super::quantize_into`] with AVX2 (the plain loops compiled for AVX2 stayed scalar: a
-    /// multiply, a rounding and a byte store per value, 5% of a batch-1 decode step in `perf`).
+    /// [`super::quantize_into`] with AVX2 (the plain loops compiled for AVX2 stay scalar: a
+    /// multiply, a rounding and a byte store per value).
     /// Each block: `|x|`'s maximum over four registers, the codes `round(x / d)` converted with
     /// the default rounding (half to even, as the portable path's magic-number rounding), packed
     /// to bytes, and for 4-bit weights split into even and odd elements by one byte shuffle.

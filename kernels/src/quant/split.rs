@@ -2,7 +2,7 @@
 //!
 //! A decode step of a small model runs a couple of hundred matmuls of tens of microseconds each.
 //! Handing each to rayon from a thread outside its pool costs a sleep and a wake-up of the
-//! caller per call (the scheduler and `sched_yield` took about a tenth of decode time in `perf`).
+//! caller per call, a visible share of decode time spent in the scheduler and `sched_yield`.
 //! Here the caller computes half of the rows itself while a helper, which spins for a short while
 //! after each job before it parks (as llama.cpp's thread pool does), computes the other half. If
 //! the helper has not picked its half up by the time the caller is done with its own (it is

@@ -6,9 +6,9 @@
 //! sequences, so a prefill admits only as many queries as seats are free (fewer than `B_E` when
 //! the batch is full, and the admission is retried at every later step until a seat frees), and
 //! it prefills as soon as `B_E` seats are free (ExeGPT §5.2's runtime adjustment; at once when
-//! its batch has emptied) instead of waiting out the `N_D` iterations. On `bench schedule` the
-//! closed form put plans of `B_D` 2 at half their measured throughput and plans near the seat
-//! limit 15% above theirs. The replay runs the engine's rule on a sample of output lengths
+//! its batch has emptied) instead of waiting out the `N_D` iterations, so the closed form
+//! underrates small-batch plans and overrates plans near the seat limit. The replay runs the
+//! engine's rule on a sample of output lengths
 //! instead: every step is a prefill when one is due (nothing runs, `N_D` decode steps have passed
 //! since the last prefill, or `B_E` seats are free) and a seat is free, otherwise a decode step
 //! of every running sequence; a prefill of `n` queries takes what the closed form's prefill of

@@ -1,83 +1,17 @@
 //! XSimulator (ExeGPT §6): throughput, latency and memory of one configuration from the profile
 //! and the length distributions.
 //!
-//! The model is decoder-only (prefill is "encoding"): a query's prefill emits its first output
-//! token, so an output of `S` tokens needs `S − 1` decode iterations after it. Layers are spread
-//! evenly over a pipeline's stages (fractionally: an estimate, like the paper's); a
-//! tensor-parallel stage runs its layers at `time_scale · t + sync`. Batches are expected values
-//! (real numbers), as in §6. On one device a step takes what the profile's measured engine steps
-//! say (`engine_step_ms`, interpolated between the measured batches and lengths, as ExeGPT's
-//! simulator reads its profiled latencies), or, in profiles without them, the layer tables plus
-//! the linear `engine_step` overhead. In a pipeline every engine step (a prefill or a decode
-//! micro-batch) pays what the layer tables do not predict (scheduling, block tables, host round
-//! trips, sampling: see [`CostModel::prefill_overhead_ms`]) on the stage that launches it, the
-//! first.
-//! Timelines use the [simulator's](crate::plan::sim) flow-shop rule in closed form: `m` equal
-//! micro-batches pass `k` stages in `Σ t_k + (m−1)·max t_k` ([`fill`]); `m` micro-batches cycling
-//! through the stages (decode iterations) repeat every `max(m·max t_k, Σ t_k)` ([`cyclic`]).
+//! Decoder-only: a query's prefill emits its first token, so an output of `S` tokens needs `S − 1`
+//! decode iterations. Timelines use the [simulator's](crate::plan::sim) flow-shop rule in closed
+//! form ([`fill`], [`cyclic`]). On one device a step costs what the profile's measured engine
+//! steps say; in a pipeline the first stage also pays what the layer tables do not predict
+//! ([`CostModel::prefill_overhead_ms`]). RRA's throughput on one device is the paged engine's
+//! schedule [replayed](super::replay) step by step.
 //!
-//! - **RRA** (§4.1, Fig. 4a): `P` stages, batches split into `P` micro-batches. Each cycle
-//!   encodes `B_E` queries then runs `N_D` decode iterations of `B_D = B_E / Σ_U P_D(U)`, with
-//!   `P_D(U|S)` as in §6 (a query of `S` tokens stays for `k(S) = ⌈(S−1)/N_D⌉` decode phases and
-//!   completes in one of them, `P_D(U|S) = 1/k(S)` summed over `U`). §6 sums it over `P_D(S)`,
-//!   the queries as they arrive; the queries *in a decode batch* are drawn in proportion to the
-//!   phases they stay (a query of `k` phases sits in `k` batches): `P_D(S)·k(S)/E[k]`. Over that
-//!   `Σ_U P_D(U) = 1/E[k]` and `B_D = B_E·E[k]`, Little's law, the rule §6 itself takes for WAA
-//!   (`B_D = B_E·S̄_D`). With one output length the two agree; with a spread of lengths §6's sum
-//!   `E[1/k] ≥ 1/E[k]` undercounts the batch (on `bench schedule`'s ShareGPT-like outputs, a
-//!   predicted `B_D` of 9 ran at the engine's cap, and throughput came out at 0.41 of the
-//!   prediction).
-//!   Throughput `B_E / (E + N_D·I)`; on one device, where the paged engine runs the plan, the
-//!   search reads the engine's throughput instead, [replayed](super::replay) step by step on a
-//!   sample of output lengths (its seat limit `⌈B_D⌉` and its prefill as soon as the batch has
-//!   emptied, which the cycle above leaves out). The latency of the percentile-length output `S` is
-//!   `k·E + X + (S−1)·I` with `k = max(1, ⌈(S−1)/N_D⌉)` (its own prefill and the prefills that
-//!   interrupt its decode phases, and its `S − 1` iterations) and `X` the prompt tail below.
-//! - **WAA** (§4.1, Fig. 4b): `G_E` devices encode batches of `B_E`, the rest decode
-//!   `B_D = B_E·(S̄_D − 1)` in `B_m` micro-batches; the decoder merges an encoded batch every
-//!   iteration, so the period is `T = max(encoder bottleneck, decode iteration)`, throughput
-//!   `B_E / T`, latency `encode pass + (S−1)·T`. Each side holds a copy of the weights.
-//!
-//! **One device: the cycle adjusted to the decoder (§5.2).** The paged engine runs RRA with
-//! ExeGPT's runtime adjustment: `B_E` is the number of queries the cycle expects to complete in
-//! `N_D` iterations, so the next prefill comes as soon as `B_E` of the `⌈B_D⌉` seats are free,
-//! not only after `N_D` iterations ([`super::replay`] replays it for throughput). The percentile
-//! query then decodes in a batch refilled whenever `B_E` seats free, between `⌈B_D⌉ − B_E + 1`
-//! and `⌈B_D⌉` sequences, taken as `max(B_D, ⌈B_D⌉ − (B_E − 1)/2)`; and the `B_D` running
-//! sequences complete `B_E` queries every `g = S̄_D·Σ_U P_D(U)` decode steps (`S̄_D` the mean
-//! decode iterations per query; `g ≤ N_D`), so it sees `k = max(1, ⌈(S − 1)/g⌉)` prefills, its
-//! own included, where the fixed cycle counts `⌈(S − 1)/N_D⌉`. Both stay monotone: the batch is
-//! non-decreasing in `B_E` and non-increasing in `N_D`, and `k` is independent of `B_E` and
-//! non-increasing in `N_D`.
-//!
-//! **Prompt tail.** `E` is a prefill of average prompts, but the latency bound is a percentile
-//! over queries, and a query's `k` prefills hold `k·B_E` prompts drawn from `P_E`: at the same
-//! percentile `p` their tokens exceed the mean by `max(z_p·σ_E·√(k·B_E), S_E,p − S̄_E)` (the
-//! normal approximation of the sum, or the query's own prompt at its percentile, whichever is
-//! larger; `σ_E` the prompts' standard deviation, `S_E,p` their percentile). `X` is what those
-//! extra tokens cost at the one-device prefill's marginal cost per token at batch 1, between
-//! `S̄_E` and `S̄_E + max(S_E,p − S̄_E, 1)` tokens. `X` grows with `B_E` and falls with `N_D`,
-//! so the search's monotonicity holds. Throughput is an average and takes the mean.
-//!
-//! **Step variation** (§7.9). A latency is a sum of steps: `P` ms of prefills over `k` prefill
-//! steps and `D` ms of decode iterations (WAA: periods) over `S − 1` steps. Where the profile's
-//! `step_variation` has `runs` (the mean `μ` and standard deviation `σ` of a timed run's time over
-//! its median, minus 1; a decode run is `r` steps), the runs are taken as independent and the
-//! latency at percentile `p` as the central limit theorem gives it:
-//! `P·(1 + μ_E) + D·(1 + μ_D) + z_p·√((k·E² + X²)·σ_E² + D²σ_D²·r/(S − 1))` (`P = k·E + X`: `k`
-//! prefills of `E` and the prompt tail, one lump), never more than every step
-//! at its 99th percentile, `P·(1 + v_E) + D·(1 + v_D)` (`v` the 99th-percentile fractions), which
-//! is what the latency takes without `runs`. (A step's hiccup averages out over a request's
-//! hundreds of steps, where counting every step at its 99th percentile put the bench's measured
-//! p99 at 0.55–0.88 of the prediction; a slowdown lasting seconds, another tenant on a shared
-//! host, does not, and is not modelled.) A WAA period set by its encoders varies as prefills do.
-//! Throughput, an average, takes the tables as they are. The latency stays non-decreasing in
-//! `P` and `D`, and its margin does not grow as `k` falls, so the search's monotonicity holds.
-//!
-//! Memory per device: its layers' weights and the KV cache of the queries in flight
-//! (`mean input + mean output` tokens each), split by the tensor-parallel degree; the embedding
-//! sits on the first stage and the LM head on the last. A configuration whose decode batch
-//! exceeds the engine's largest batch (`max_decode_batch`) does not fit either.
+//! The derivation (RRA and WAA formulas, the RRA decode batch by Little's law where §6 sums
+//! `P_D(U)` over arriving queries, §5.2's adjusted cycle, the prompt tail, the step variation by
+//! the central limit theorem, memory per device) and why each stays monotone for the
+//! branch-and-bound search is in `docs/planners.md` ("The XSimulator").
 
 use std::cell::RefCell;
 use std::collections::HashMap;
