@@ -193,8 +193,8 @@ pub fn run(args: &GenerateArgs, defaults: ExampleDefaults) -> Result<(), Box<dyn
     run_with(args, defaults, &mut std::io::stdout().lock(), &mut std::io::stderr())
 }
 
-/// Runs the CLI with parsed arguments: results (text or JSON) go to `out`, banners and progress
-/// lines to `log` (with `--json`, only the hub fallback's note). Every engine is built by
+/// Runs the CLI with parsed arguments: results (text or JSON) go to `out`, notes on what was
+/// built (precision fallbacks, placements, plans, profiling) and the text run's banner to `log`. Every engine is built by
 /// [`EngineSpec::init`] as one [`crate::Engine`] and printed through the same path. The flags are
 /// checked before the model is resolved or loaded.
 pub fn run_with(
@@ -220,8 +220,7 @@ pub fn run_with(
         }
         (resolved, _) => resolved?,
     };
-    let mut engine =
-        if args.json { spec.init(&dir, purpose, &mut std::io::sink())? } else { spec.init(&dir, purpose, log)? };
+    let mut engine = spec.init(&dir, purpose, log)?;
     let load_s = load_start.elapsed().as_secs_f64();
 
     if args.json {

@@ -398,7 +398,9 @@ fn offload_engine_flags_and_runs() {
         other => panic!("expected a fixed policy, got {other:?}"),
     }
     let fastest = args(&["--engine", "offload", "--policy", "fastest"]).engine;
-    assert_eq!(fastest.validate(EngineKind::Offload, Purpose::Serve).unwrap_err().flag, "--policy");
+    let (no_prompts, params) = ([], SamplingParams::greedy(1));
+    let purpose = Purpose::Generate { prompts: &no_prompts, params: &params };
+    assert_eq!(fastest.validate(EngineKind::Offload, purpose).unwrap_err().flag, "--policy");
     assert!(GenerateArgs::try_parse_from(["x", "--percent", "1", "2"]).is_err());
     assert!(GenerateArgs::try_parse_from(["x", "--gpu-mem", "lots"]).is_err());
 

@@ -114,7 +114,10 @@ fn parallel_flags_run_and_name_the_stages() {
             &["--device", "flex", "--pipeline-parallel-size", "2"][..],
             &["--devices", "flex,flex"][..],
         ] {
-            let mut argv = vec!["--engine", engine, "--kv-cache-memory", "blocks:64"];
+            let mut argv = vec!["--engine", engine];
+            if engine == "paged" {
+                argv.extend_from_slice(&["--kv-cache-memory", "blocks:64"]);
+            }
             argv.extend_from_slice(flags);
             let out = cli(&argv).unwrap_or_else(|e| panic!("{engine} {flags:?}: {e}"));
             assert_eq!(text(&out), text(&single), "{engine} {flags:?}");

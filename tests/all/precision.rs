@@ -310,7 +310,7 @@ fn dtype_flag_selects_the_precision_of_every_engine() {
     }
     let err = GenerateArgs::try_parse_from(["x", "--dtype", "f8"]).unwrap_err().to_string();
     assert!(err.contains("f32, f16, bf16"), "{err}");
-    let err = run(&["--device", "flex", "--dtype", "f16", "--devices", "flex,flex"]).unwrap_err();
+    let err = run(&["--dtype", "f16", "--devices", "flex,flex"]).unwrap_err();
     assert!(err.contains("--dtype"), "{err}");
     if let Some((_, wgpu)) = devices().into_iter().find(|(name, _)| *name == "wgpu")
         && !wgpu.supports_dtype(DType::BF16)
