@@ -25,13 +25,14 @@ mod parking;
 mod schedule;
 
 use std::path::PathBuf;
-use std::time::Instant;
 
-use burn::tensor::Device;
-use burn_llm_models::generation::{RequestState, histories, prepare_prompt, record_sampled, sample};
+use burn::tensor::{Device, Tensor};
+use burn_llm_models::generation::{
+    GenerationClock, GroupTokens, RequestState, StaticBatch, prepare_requests, prompt_tokens, static_kv_capacity,
+};
 use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::weights::TensorSource;
-use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingParams, Timing, Tokenizer};
+use burn_llm_models::{CausalLm, DecoderSpec, GenerationOutput, Prompt, SamplingParams, Tokenizer};
 use serde::Serialize;
 
 use crate::cache::{KvPlacement, OffloadKvCache};
@@ -340,28 +341,20 @@ impl OffloadEngine {
     /// Generates for every prompt, a block of `gpu_batch_size · num_gpu_batches` prompts at a
     /// time, and reports what ran.
     pub fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<(GenerationOutput, OffloadReport)> {
+        let mut clock = GenerationClock::start();
         params.validate(self.spec.vocab_size)?;
-        let tokenizer = self.tokenizer.as_ref();
-        let mut requests = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (text, ids) = prepare_prompt(i, p, tokenizer, self.spec.vocab_size, self.spec.max_positions)?;
-                Ok(RequestState::new(text, ids, params, self.spec.max_positions))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut requests = prepare_requests(prompts, params, self.tokenizer.as_ref(), &self.spec)?;
         self.ledger.reset_peaks();
-        let started = Instant::now();
-        let mut timing =
-            Timing { prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(), ..Timing::default() };
         let gbs = self.policy.gpu_batch_size.max(1) as usize;
         let block = gbs * self.policy.num_gpu_batches.max(1) as usize;
-        let mut scratch_bytes = 0;
+        let (mut scratch_bytes, mut generated) = (0, 0);
         for chunk in requests.chunks_mut(block) {
-            scratch_bytes = scratch_bytes.max(self.run_block(chunk, gbs, params, &mut timing)?);
+            let (tokens, bytes) = self.run_block(chunk, gbs, params, &mut clock)?;
+            generated += tokens;
+            scratch_bytes = scratch_bytes.max(bytes);
         }
-        let total = started.elapsed().as_secs_f64();
-        timing.decode_s = total - timing.prefill_s;
+        let timing = clock.finish(prompt_tokens(&requests), generated);
+        let total = timing.prefill_s + timing.decode_s;
         let output =
             GenerationOutput { requests: requests.into_iter().map(RequestState::into_output).collect(), timing };
         let report = OffloadReport {
@@ -379,19 +372,16 @@ impl OffloadEngine {
     }
 
     /// One block: its GPU batches advance together, layer by layer (zig-zag), until all finish.
-    /// Returns the bytes its KV cache and activations took on disk.
+    /// Returns the tokens it generated and the bytes its KV cache and activations took on disk.
     fn run_block(
         &self,
         block: &mut [RequestState],
         gbs: usize,
         params: &SamplingParams,
-        timing: &mut Timing,
-    ) -> Result<u64> {
-        let started = Instant::now();
+        clock: &mut GenerationClock,
+    ) -> Result<(usize, u64)> {
         let layout = self.skeleton.kv_layout();
-        let longest_prompt = block.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
-        let longest_budget = block.iter().map(RequestState::budget).max().unwrap_or(1);
-        let capacity = longest_prompt + longest_budget;
+        let capacity = static_kv_capacity(block);
         let needs_disk = self.cache_tiers.contains(&Tier::Disk) || self.activation_tiers.contains(&Tier::Disk);
         let scratch = needs_disk.then(|| ScratchDir::create(self.store.dir(), "run")).transpose()?;
         let mut io = BlockIo::new(scratch, block.len().div_ceil(gbs));
@@ -414,51 +404,46 @@ impl OffloadEngine {
             }
             caches.push(cache);
         }
-        let mut rngs: Vec<_> = block.iter().map(|_| params.rng()).collect();
-        let mut new_tokens: Vec<Vec<u32>> = block.iter().map(|r| r.prompt_ids().to_vec()).collect();
-        let mut first = true;
-        while block.iter().any(|r| !r.is_finished()) {
-            let _token = tracing::debug_span!("generation_step", prefill = first).entered();
-            let mut hidden = Vec::with_capacity(caches.len());
-            let mut lasts = Vec::with_capacity(caches.len());
-            for (k, cache) in caches.iter_mut().enumerate() {
-                let rows = &new_tokens[k * gbs..(k * gbs + gbs).min(new_tokens.len())];
-                let slices: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
-                if slices.iter().all(|s| s.is_empty()) {
-                    hidden.push(None);
-                    lasts.push(Vec::new());
-                    continue;
-                }
-                let step = cache.begin_step(&slices)?;
-                lasts.push(step.last.clone());
-                hidden.push(Some(self.skeleton.embed(&step)));
-            }
-            self.run_layers(&mut hidden, &mut caches, &io)?;
-            for (k, h) in hidden.into_iter().enumerate() {
-                let Some(h) = h else { continue };
-                let states = self.skeleton.finish(h);
-                let logits = self.skeleton.last_logits(states, &lasts[k]);
-                let range = k * gbs..(k * gbs + gbs).min(block.len());
-                let sampled = sample(logits, params, &mut rngs[range.clone()], &histories(&block[range.clone()]))?;
-                timing.generated_tokens += record_sampled(
-                    &mut block[range.clone()],
-                    &mut new_tokens[range],
-                    sampled,
-                    params,
-                    &self.eos_token_ids,
-                    self.tokenizer.as_ref(),
-                    |_, _, _, _| {},
-                )?;
-            }
-            if first {
-                timing.prefill_s += started.elapsed().as_secs_f64();
-                first = false;
-            } else {
-                timing.decode_steps += 1;
-            }
-        }
+        let batch = StaticBatch {
+            params,
+            eos_token_ids: &self.eos_token_ids,
+            tokenizer: self.tokenizer.as_ref(),
+            group_rows: gbs,
+            engine: "offload",
+        };
+        // The forward of a step: every running GPU batch's embeddings, the zig-zag layer
+        // schedule over all of them, then each one's last-token logits.
+        let generated = batch.run(block, clock, |groups| self.forward_block(groups, &mut caches, &io), |_| {})?;
         drop(budgets);
-        Ok(io.disk_bytes())
+        Ok((generated, io.disk_bytes()))
+    }
+
+    /// One step of a block's GPU batches (`groups[k]`: batch `k`'s new tokens, `None` when it
+    /// sits the step out): their last-token logits.
+    fn forward_block(
+        &self,
+        groups: &GroupTokens<'_>,
+        caches: &mut [OffloadKvCache],
+        io: &BlockIo,
+    ) -> Result<Vec<Option<Tensor<2>>>> {
+        let mut hidden = Vec::with_capacity(caches.len());
+        let mut lasts = Vec::with_capacity(caches.len());
+        for (cache, rows) in caches.iter_mut().zip(groups) {
+            let Some(rows) = rows else {
+                hidden.push(None);
+                lasts.push(Vec::new());
+                continue;
+            };
+            let step = cache.begin_step(rows)?;
+            lasts.push(step.last.clone());
+            hidden.push(Some(self.skeleton.embed(&step)));
+        }
+        self.run_layers(&mut hidden, caches, io)?;
+        Ok(hidden
+            .into_iter()
+            .zip(&lasts)
+            .map(|(h, last)| h.map(|h| self.skeleton.last_logits(self.skeleton.finish(h), last)))
+            .collect())
     }
 
     /// The KV cache of GPU batch `k` (`rows` sequences of `capacity` slots), each layer on its

@@ -361,6 +361,7 @@ impl<M: LanguageModel> LlmEngine<M> {
         params: &SamplingParams,
         mut on_delta: impl FnMut(usize, &SequenceDelta),
     ) -> Result<GenerationOutput> {
+        let started = Instant::now();
         let base = self.next_group;
         let ids: Vec<String> = (0..prompts.len()).map(|i| format!("generate-{base}-{i}")).collect();
         for (id, prompt) in ids.iter().zip(prompts) {
@@ -377,7 +378,6 @@ impl<M: LanguageModel> LlmEngine<M> {
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} requests · {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        let started = Instant::now();
         let mut timing = Timing::default();
         let mut results: Vec<Option<Vec<RequestOutput>>> = vec![None; prompts.len()];
         let mut generated = 0usize;
@@ -398,18 +398,17 @@ impl<M: LanguageModel> LlmEngine<M> {
                     bar.inc(1);
                 }
             }
+            timing.decode_steps += usize::from(first_token.is_some());
             if first_token.is_none() && generated > 0 {
                 first_token = Some(started.elapsed().as_secs_f64());
             }
             let elapsed = started.elapsed().as_secs_f64();
             bar.set_message(format!("{:.1} tokens/s", generated as f64 / elapsed.max(1e-9)));
-            timing.decode_steps += 1;
         }
         bar.finish_and_clear();
         let total = started.elapsed().as_secs_f64();
         timing.prefill_s = first_token.unwrap_or(total);
         timing.decode_s = total - timing.prefill_s;
-        timing.decode_steps = timing.decode_steps.saturating_sub(1);
         let requests: Vec<RequestOutput> = results.into_iter().flatten().flatten().collect();
         timing.generated_tokens = requests.iter().map(|r| r.generated_ids.len()).sum();
         timing.prompt_tokens = requests.iter().map(|r| r.prompt_ids.len()).sum();

@@ -2,15 +2,14 @@
 //! any [`LanguageModel`] (a [`CausalLm`] on one device, or pipeline stages on several: each cache
 //! layer then lives on its stage's device).
 
-use std::time::Instant;
-
-use super::events::StreamEvent;
 use burn_llm_kernels::QuantSpec;
 
-use super::request::{GenerationOutput, Prompt, RequestState, Timing, histories, prepare_prompt, record_sampled};
-use super::sampling::{SamplingParams, sample};
+use super::batch::{GenerationClock, StaticBatch, prepare_requests, prompt_tokens, static_kv_capacity};
+use super::events::StreamEvent;
+use super::request::{GenerationOutput, Prompt, RequestState, Timing};
+use super::sampling::SamplingParams;
 use crate::cache::ContiguousKvCache;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::language_model::LanguageModel;
 use crate::model::CausalLm;
 use crate::pretrained::Pretrained;
@@ -77,62 +76,50 @@ impl<M: LanguageModel> Generator<M> {
         params: &SamplingParams,
         mut on_token: impl FnMut(StreamEvent<'_>),
     ) -> Result<GenerationOutput> {
+        let mut clock = GenerationClock::start();
         let spec = self.model.spec();
         params.validate(spec.vocab_size)?;
         params.require_single_sequence("plain")?;
         let tokenizer = self.tokenizer.as_ref();
-        let mut requests = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (text, ids) = prepare_prompt(i, p, tokenizer, spec.vocab_size, spec.max_positions)?;
-                Ok(RequestState::new(text, ids, params, spec.max_positions))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut requests = prepare_requests(prompts, params, tokenizer, spec)?;
         if requests.is_empty() {
             return Ok(GenerationOutput { requests: Vec::new(), timing: Timing::default() });
         }
-        let longest_prompt = requests.iter().map(|r| r.prompt_ids().len()).max().unwrap_or(0);
-        let longest_budget = requests.iter().map(RequestState::budget).max().unwrap_or(1);
-        let (layout, capacity) = (self.model.kv_layout(), longest_prompt + longest_budget - 1);
         let mut cache = ContiguousKvCache::placed(
-            layout,
+            self.model.kv_layout(),
             requests.len(),
-            capacity,
+            static_kv_capacity(&requests),
             &self.model.device(),
             self.model.kv_devices(),
             self.kv_quant,
         )?;
-        let mut rngs: Vec<_> = requests.iter().map(|_| params.rng()).collect();
-        let mut timing =
-            Timing { prompt_tokens: requests.iter().map(|r| r.prompt_ids().len()).sum(), ..Timing::default() };
-
-        let started = Instant::now();
-        let mut new_tokens: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt_ids().to_vec()).collect();
-        let mut first = true;
-        while requests.iter().any(|r| !r.is_finished()) {
-            let _span = tracing::debug_span!("step", engine = "plain", step = timing.decode_steps, first).entered();
-            let slices: Vec<&[u32]> = new_tokens.iter().map(Vec::as_slice).collect();
-            let step = cache.begin_step(&slices)?;
-            let logits = self.model.forward_last_logits(&step, &mut cache);
-            let sampled = sample(logits, params, &mut rngs, &histories(&requests))?;
-            timing.generated_tokens += record_sampled(
-                &mut requests,
-                &mut new_tokens,
-                sampled,
-                params,
-                &self.eos_token_ids,
-                tokenizer,
-                |request, token, text, finished| on_token(StreamEvent { request, sequence: 0, token, text, finished }),
-            )?;
-            if first {
-                timing.prefill_s = started.elapsed().as_secs_f64();
-                first = false;
-            } else {
-                timing.decode_steps += 1;
-            }
-        }
-        timing.decode_s = started.elapsed().as_secs_f64() - timing.prefill_s;
+        let batch = StaticBatch {
+            params,
+            eos_token_ids: &self.eos_token_ids,
+            tokenizer,
+            group_rows: requests.len(),
+            engine: "plain",
+        };
+        let generated = batch.run(
+            &mut requests,
+            &mut clock,
+            |groups| {
+                // One group, the whole batch, over one cache.
+                let mut logits = Vec::with_capacity(groups.len());
+                for rows in groups {
+                    logits.push(match rows {
+                        Some(rows) => {
+                            let step = cache.begin_step(rows)?;
+                            Some(self.model.forward_last_logits(&step, &mut cache))
+                        }
+                        None => None,
+                    });
+                }
+                Ok::<_, ModelError>(logits)
+            },
+            &mut on_token,
+        )?;
+        let timing = clock.finish(prompt_tokens(&requests), generated);
         Ok(GenerationOutput { requests: requests.into_iter().map(RequestState::into_output).collect(), timing })
     }
 }

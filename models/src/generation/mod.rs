@@ -2,6 +2,7 @@
 //! bookkeeping (stops, streaming text) and the plain static-batch engine built on the contiguous
 //! KV cache.
 
+mod batch;
 pub mod beam;
 mod engine;
 mod events;
@@ -9,6 +10,7 @@ pub mod penalties;
 mod request;
 pub mod sampling;
 
+pub use batch::{GenerationClock, GroupTokens, StaticBatch, prepare_requests, prompt_tokens, static_kv_capacity};
 pub use beam::{BeamSearchParams, EarlyStopping};
 pub use engine::Generator;
 pub use events::{SequenceDelta, StepOutput, StreamEvent};

@@ -73,18 +73,21 @@ pub struct RequestOutput {
     pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
-/// Wall-clock time of a generation call.
+/// Wall-clock time of a generation call, measured the same way by every engine
+/// ([`GenerationClock`](super::GenerationClock)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
-    /// Prompt processing up to the first sampled token.
+    /// From the call's start until the first token is sampled (time to first token: prompt
+    /// preparation, cache set-up and the first forward included).
     pub prefill_s: f64,
-    /// Every later step.
+    /// The rest of the call.
     pub decode_s: f64,
     /// Prompt tokens processed.
     pub prompt_tokens: usize,
     /// Tokens generated over all requests.
     pub generated_tokens: usize,
-    /// Decode steps run (each generates one token per active sequence).
+    /// Steps run after the one that sampled the first token (each generates at most one token
+    /// per active sequence).
     pub decode_steps: usize,
 }
 
