@@ -31,7 +31,7 @@ fn main() {
                 let model = CausalLm::random(spec.clone(), device).map_err(|e| e.to_string())?;
                 burn_llm::schedule::time_engine_steps(&model, grid).map_err(|e| e.to_string())
             });
-        profiler::cli::run_with_engine(args, device, Some(engine))
+        profiler::cli::run_with_engine(args, device, Some(engine), None)
     } else {
         plan::cli::run(args)
     };

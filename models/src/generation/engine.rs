@@ -114,7 +114,7 @@ impl<M: LanguageModel> Generator<M> {
             let _span = tracing::debug_span!("step", engine = "plain", step = timing.decode_steps, first).entered();
             let slices: Vec<&[u32]> = new_tokens.iter().map(Vec::as_slice).collect();
             let step = cache.begin_step(&slices)?;
-            let logits = self.model.forward_last_logits(&step, &mut cache);
+            let logits = self.model.forward_last_logits(&step, &mut cache)?;
             let sampled = sample(logits, params, &mut rngs, &histories(&requests))?;
             timing.generated_tokens += record_sampled(
                 &mut requests,
