@@ -188,9 +188,9 @@ impl<M: LanguageModel> LlmEngine<M> {
         })
     }
 
-    /// Reports where each later [`LlmEngine::generate`] run is to `hook`, after every step and
-    /// once at its end (`None`: no reports). The same figures go out as `tracing` debug events
-    /// (target `burn_paged::progress`) either way.
+    /// Reports where each later [`LlmEngine::generate`] run is to `hook` after every step (the
+    /// last report of a run has `finished == requests`); `None`: no reports. The same figures go
+    /// out as `tracing` debug events (target `burn_paged::progress`) either way.
     pub fn set_progress(&mut self, hook: Option<ProgressHook>) {
         self.progress = hook;
     }

@@ -45,8 +45,6 @@ use burn::tensor::{Int, Tensor};
 use burn_llm_kernels::QuantSpec;
 
 use crate::config::DecoderSpec;
-#[cfg(doc)]
-use crate::error::ModelError;
 use crate::error::Result;
 use crate::precision::Precision;
 
@@ -60,8 +58,8 @@ pub trait KvCache {
     /// shape of `q`. `scale` multiplies the raw `q·kᵀ` scores.
     ///
     /// A cache that cannot serve the call (a step it was not prepared for, a kernel that refuses
-    /// its arguments) returns the error, usually as [`ModelError::KvCache`], and the forward pass
-    /// stops there.
+    /// its arguments) returns the error, usually as
+    /// [`ModelError::KvCache`](crate::ModelError::KvCache), and the forward pass stops there.
     fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Result<Tensor<4>>;
 }
 
