@@ -18,7 +18,7 @@ use burn_llm_models::gguf::GgufModel;
 use clap::{Parser, ValueEnum};
 
 use super::fit::{self, StepSample};
-use super::{EngineStepGrid, ProfileGrid, ProfileProgress, profile};
+use super::{EngineStepGrid, ProfileGrid, ProgressHook, profile};
 use crate::plan::cli::{error, parse_args};
 
 /// Times a model's steps in a serving engine (the model's shape, the device, the steps to time);
@@ -107,7 +107,7 @@ pub fn run_with_engine<I, T>(
     args: I,
     device: impl FnOnce(&str) -> Result<Device, String>,
     engine: Option<EngineTimer<'_>>,
-    progress: Option<&mut dyn FnMut(ProfileProgress<'_>)>,
+    progress: Option<ProgressHook<'_>>,
 ) -> (String, i32)
 where
     I: IntoIterator<Item = T>,
@@ -132,7 +132,7 @@ fn dispatch(
     args: &Args,
     device: impl FnOnce(&str) -> Result<Device, String>,
     engine: Option<EngineTimer<'_>>,
-    progress: Option<&mut dyn FnMut(ProfileProgress<'_>)>,
+    progress: Option<ProgressHook<'_>>,
 ) -> Result<String, String> {
     let (spec, model_name) = model_spec(args)?;
     let burn_device = device(&args.device)?;

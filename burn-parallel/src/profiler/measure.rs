@@ -8,18 +8,18 @@ use burn::tensor::{Device, Distribution, Tensor};
 use burn_llm_models::model::Hidden;
 use burn_llm_models::{CausalLm, ContiguousKvCache, ModelError};
 
-use super::{ProfileError, ProfileProgress};
+use super::{ProfileError, ProfileProgress, ProgressHook};
 
 /// Reports each point as it starts, and once when all are done, to the caller's hook, if any (the
 /// library draws nothing itself).
 pub(super) struct Progress<'h> {
-    hook: RefCell<Option<&'h mut dyn FnMut(ProfileProgress<'_>)>>,
+    hook: RefCell<Option<ProgressHook<'h>>>,
     done: Cell<usize>,
     total: usize,
 }
 
 impl<'h> Progress<'h> {
-    pub(super) fn new(total: usize, hook: Option<&'h mut dyn FnMut(ProfileProgress<'_>)>) -> Self {
+    pub(super) fn new(total: usize, hook: Option<ProgressHook<'h>>) -> Self {
         Self { hook: RefCell::new(hook), done: Cell::new(0), total }
     }
 

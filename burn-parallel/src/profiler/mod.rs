@@ -258,6 +258,9 @@ pub struct ProfileProgress<'a> {
     pub point: Option<&'a str>,
 }
 
+/// A caller's progress display for [`profile`].
+pub type ProgressHook<'a> = &'a mut dyn FnMut(ProfileProgress<'_>);
+
 /// Measures `spec`'s costs on `device` over `grid` (see the module docs), reporting each point
 /// to `progress` (the library draws nothing: the `plan profile` command can draw a bar from it).
 /// The returned profile's `model` and `device` are left for the caller to name.
@@ -265,7 +268,7 @@ pub fn profile(
     spec: &DecoderSpec,
     device: &Device,
     grid: &ProfileGrid,
-    progress: Option<&mut dyn FnMut(ProfileProgress<'_>)>,
+    progress: Option<ProgressHook<'_>>,
 ) -> Result<Profile, ProfileError> {
     let grid = grid.fitted_to(spec.max_positions)?;
     let pairs = grid.context_pairs(spec.max_positions);

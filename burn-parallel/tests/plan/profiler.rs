@@ -21,10 +21,13 @@ fn fixture() -> PathBuf {
 /// test loads the CPU.
 static TIMING: Mutex<()> = Mutex::new(());
 
+/// One progress report: points done, points in all, the point being measured.
+type Report = (usize, usize, Option<String>);
+
 /// The fixture's profile, measured once for every test of the binary, with the progress reports
-/// it made: (points done, points in all, point) per report.
-fn measured_with_reports() -> &'static (Profile, Vec<(usize, usize, Option<String>)>) {
-    static PROFILE: OnceLock<(Profile, Vec<(usize, usize, Option<String>)>)> = OnceLock::new();
+/// it made.
+fn measured_with_reports() -> &'static (Profile, Vec<Report>) {
+    static PROFILE: OnceLock<(Profile, Vec<Report>)> = OnceLock::new();
     PROFILE.get_or_init(|| {
         let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
         let spec = DecoderSpec::from_dir(&fixture()).unwrap();
