@@ -31,7 +31,20 @@ fn main() {
                 let model = CausalLm::random(spec.clone(), device).map_err(|e| e.to_string())?;
                 burn_llm::schedule::time_engine_steps(&model, grid).map_err(|e| e.to_string())
             });
-        profiler::cli::run_with_engine(args, device, Some(engine))
+        // The library draws nothing: the bar on stderr is this command's (hidden off a terminal).
+        let bar = indicatif::ProgressBar::new(0);
+        let style = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} points · {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        let mut progress = |p: profiler::ProfileProgress<'_>| {
+            bar.set_length(p.total as u64);
+            bar.set_position(p.done as u64);
+            match p.point {
+                Some(point) => bar.set_message(point.to_string()),
+                None => bar.finish_and_clear(),
+            }
+        };
+        profiler::cli::run_with_engine(args, device, Some(engine), Some(&mut progress))
     } else {
         plan::cli::run(args)
     };

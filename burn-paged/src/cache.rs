@@ -19,7 +19,7 @@ use burn_llm_kernels::paged::{
     write_blocks_mut,
 };
 use burn_llm_models::cache::LayerDevices;
-use burn_llm_models::{KvCache, KvLayout, MicroBatchCache};
+use burn_llm_models::{KvCache, KvLayout, MicroBatchCache, ModelError};
 
 use crate::error::{PagedError, Result};
 use crate::memory::BlockId;
@@ -257,29 +257,90 @@ impl PagedKvCache {
 impl KvCache for PagedKvCache {
     /// `q` is `[1, heads, T, head_dim]`, `k`/`v` `[1, kv_heads, T, head_dim]`: the step's tokens
     /// flattened into one row.
-    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+    ) -> burn_llm_models::Result<Tensor<4>> {
+        self.attend_paged(layer, q, k, v, scale).map_err(|e| ModelError::KvCache(Box::new(e)))
+    }
+}
+
+impl PagedKvCache {
+    /// [`KvCache::attend`] in this crate's error: a step laid out without
+    /// [`PagedKvCache::begin_step`], a layer outside the layout, or a kernel that refuses the
+    /// step's slots or block tables is an error, never a panic.
+    fn attend_paged(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+    ) -> Result<Tensor<4>> {
         let [_, heads, tokens, head_dim] = q.dims();
         let to_rows = |t: Tensor<4>| -> Tensor<3> {
             let [_, h, s, d] = t.dims();
             t.reshape([h, s, d]).swap_dims(0, 1)
         };
-        let (slots, batch) = self
-            .steps
-            .get(self.current)
-            .and_then(|per_device| per_device.get(self.placement.slot(layer)))
-            .expect("the engine calls begin_step before every forward pass");
-        reshape_and_cache_with(&mut self.keys[layer], to_rows(k), slots)
-            .expect("the engine lays out a slot for every token");
-        reshape_and_cache_with(&mut self.values[layer], to_rows(v), slots)
-            .expect("the engine lays out a slot for every token");
-        let out = paged_attention_with(to_rows(q), &self.keys[layer], &self.values[layer], batch, scale)
-            .expect("the engine builds consistent block tables");
-        out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim])
+        let num_layers = self.keys.len();
+        if layer >= num_layers {
+            return Err(PagedError::Internal(format!("layer {layer} of a {num_layers}-layer paged KV cache")));
+        }
+        let (slots, batch) =
+            self.steps.get(self.current).and_then(|per_device| per_device.get(self.placement.slot(layer))).ok_or_else(
+                || {
+                    PagedError::Internal(format!(
+                        "layer {layer} attended in micro-batch {} before begin_step laid it out",
+                        self.current
+                    ))
+                },
+            )?;
+        reshape_and_cache_with(&mut self.keys[layer], to_rows(k), slots)?;
+        reshape_and_cache_with(&mut self.values[layer], to_rows(v), slots)?;
+        let out = paged_attention_with(to_rows(q), &self.keys[layer], &self.values[layer], batch, scale)?;
+        Ok(out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim]))
     }
 }
 
 impl MicroBatchCache for PagedKvCache {
     fn select_micro_batch(&mut self, index: usize) {
         self.current = index;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Tensor};
+    use burn_llm_models::{KvCache, KvLayout, Precision};
+
+    use super::{PagedKvCache, PagedStep};
+
+    const LAYOUT: KvLayout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 4, dtype: Precision::F32 };
+
+    /// What the engine's bookkeeping should never produce comes back as an error, not a panic.
+    #[test]
+    fn attend_reports_an_unprepared_step_as_an_error() {
+        let device = Device::flex();
+        let mut cache = PagedKvCache::new(LAYOUT, 4, 2, 0, &device);
+        let x = || Tensor::<4>::ones([1, 1, 1, 4], &device);
+        let err = cache.attend(0, x(), x(), x(), 1.0).unwrap_err();
+        assert!(err.to_string().contains("before begin_step"), "{err}");
+
+        let step = PagedStep {
+            slots: vec![0],
+            block_tables: vec![0],
+            max_blocks: 1,
+            query_seq: vec![0],
+            context_lens: vec![1],
+        };
+        cache.begin_step(&step).unwrap();
+        let err = cache.attend(1, x(), x(), x(), 1.0).unwrap_err();
+        assert!(err.to_string().contains("layer 1"), "{err}");
+        let out = cache.attend(0, x(), x(), x(), 1.0).unwrap();
+        assert_eq!(out.dims(), [1, 1, 1, 4]);
     }
 }

@@ -22,6 +22,8 @@ pub mod error;
 pub mod memory;
 pub mod scheduler;
 
-pub use engine::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, SequenceDelta, StepOutput};
+pub use engine::{
+    EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, ProgressHook, SequenceDelta, StepOutput,
+};
 pub use error::{PagedError, Result};
 pub use scheduler::{PreemptionMode, Reservation, SchedulingPolicy};

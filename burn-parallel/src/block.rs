@@ -8,20 +8,21 @@
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
-use burn_llm_models::KvCache;
 use burn_llm_models::model::DecoderLayer;
+use burn_llm_models::{KvCache, ModelError};
 
 /// A decoder layer, whole or split, as seen by the stage that runs it.
 pub trait LayerBlock: Send {
     /// Runs decoder layer `layer` on `x` (`[batch, seq, hidden]` on [`LayerBlock::device`]) with
-    /// the step's rotary angles (on the same device), returning the layer's output there.
+    /// the step's rotary angles (on the same device), returning the layer's output there, or the
+    /// cache's error.
     fn forward(
         &self,
         x: Tensor<3>,
         layer: usize,
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
-    ) -> Tensor<3>;
+    ) -> Result<Tensor<3>, ModelError>;
 
     /// The device that holds the block's input and output.
     fn device(&self) -> Device;
@@ -53,7 +54,7 @@ impl LayerBlock for DecoderLayer {
         layer: usize,
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
-    ) -> Tensor<3> {
+    ) -> Result<Tensor<3>, ModelError> {
         DecoderLayer::forward(self, x, layer, rotary, cache)
     }
 

@@ -155,6 +155,10 @@ pub enum ModelError {
         /// Slots the cache holds.
         capacity: usize,
     },
+    /// A KV cache could not store a step's keys and values or attend over them (the cache's own
+    /// error, boxed: the paged and offloaded caches live in crates this one does not know).
+    #[error("KV cache: {0}")]
+    KvCache(Box<dyn std::error::Error + Send + Sync>),
     /// A batch handed to the cache does not match its shape.
     #[error("batch mismatch: {0}")]
     BatchMismatch(String),

@@ -11,6 +11,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::cache::{KvCache, KvLayout, LayerDevices, StepInput};
 use crate::config::DecoderSpec;
+use crate::error::Result;
 use crate::model::{CausalLm, Hidden};
 
 /// A cache that holds the metadata of several micro-batches of one step and serves the one
@@ -46,8 +47,9 @@ pub trait LanguageModel: Send + std::fmt::Debug {
     /// Token and position embeddings of a step, on [`LanguageModel::device`].
     fn embed(&self, step: &StepInput) -> Hidden;
 
-    /// Runs stage `stage`'s layers (moving `hidden` to the stage's device first).
-    fn run_stage(&self, stage: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Hidden;
+    /// Runs stage `stage`'s layers (moving `hidden` to the stage's device first); fails when the
+    /// cache cannot serve a layer.
+    fn run_stage(&self, stage: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Result<Hidden>;
 
     /// Final norm and output projection: `[batch, seq, embed_dim]` on the last stage's device.
     fn finish(&self, hidden: Hidden) -> Tensor<3>;
@@ -67,12 +69,12 @@ pub trait LanguageModel: Send + std::fmt::Debug {
     }
 
     /// The whole stack for one step: final hidden states `[batch, seq, embed_dim]`.
-    fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<3> {
+    fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<3>> {
         let mut hidden = self.embed(step);
         for stage in 0..self.num_stages() {
-            hidden = self.run_stage(stage, hidden, cache);
+            hidden = self.run_stage(stage, hidden, cache)?;
         }
-        self.finish(hidden)
+        Ok(self.finish(hidden))
     }
 
     /// Logits of each row's token at column `last[row]` of `states` `[batch, seq, embed_dim]`
@@ -85,16 +87,16 @@ pub trait LanguageModel: Send + std::fmt::Debug {
     }
 
     /// Logits of each row's last new token, `[batch, vocab]`.
-    fn forward_last_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<2> {
-        let states = self.forward(step, cache);
-        self.last_logits(states, &step.last)
+    fn forward_last_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<2>> {
+        let states = self.forward(step, cache)?;
+        Ok(self.last_logits(states, &step.last))
     }
 
     /// Runs several micro-batches of one step (each laid out by `cache`, selected with
     /// [`MicroBatchCache::select_micro_batch`]) through the stages in pipeline order and returns
     /// each one's final hidden states, in order. The result equals running them one after the
     /// other: only the order in which work is issued changes.
-    fn forward_micro_batches(&self, steps: &[StepInput], cache: &mut dyn MicroBatchCache) -> Vec<Tensor<3>> {
+    fn forward_micro_batches(&self, steps: &[StepInput], cache: &mut dyn MicroBatchCache) -> Result<Vec<Tensor<3>>> {
         let stages = self.num_stages();
         let mut hidden: Vec<Option<Hidden>> = steps.iter().map(|_| None).collect();
         let mut out: Vec<Option<Tensor<3>>> = steps.iter().map(|_| None).collect();
@@ -106,7 +108,7 @@ pub trait LanguageModel: Send + std::fmt::Debug {
                     None => self.embed(step),
                 };
                 cache.select_micro_batch(m);
-                let h = self.run_stage(stage, h, &mut *cache);
+                let h = self.run_stage(stage, h, &mut *cache)?;
                 if stage + 1 == stages {
                     out[m] = Some(self.finish(h));
                 } else {
@@ -114,7 +116,7 @@ pub trait LanguageModel: Send + std::fmt::Debug {
                 }
             }
         }
-        out.into_iter().flatten().collect()
+        Ok(out.into_iter().flatten().collect())
     }
 }
 
@@ -143,11 +145,11 @@ impl LanguageModel for CausalLm {
         CausalLm::embed(self, step)
     }
 
-    fn run_stage(&self, _stage: usize, mut hidden: Hidden, cache: &mut dyn KvCache) -> Hidden {
+    fn run_stage(&self, _stage: usize, mut hidden: Hidden, cache: &mut dyn KvCache) -> Result<Hidden> {
         for layer in 0..self.layers.len() {
-            hidden = self.run_layer(layer, hidden, cache);
+            hidden = self.run_layer(layer, hidden, cache)?;
         }
-        hidden
+        Ok(hidden)
     }
 
     fn finish(&self, hidden: Hidden) -> Tensor<3> {

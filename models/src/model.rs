@@ -77,14 +77,14 @@ impl DecoderLayer {
         layer: usize,
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
-    ) -> Tensor<3> {
-        if self.pre_norm {
-            let x = x.clone() + self.attn.forward(self.attn_norm.forward(x), layer, rotary, cache);
+    ) -> Result<Tensor<3>> {
+        Ok(if self.pre_norm {
+            let x = x.clone() + self.attn.forward(self.attn_norm.forward(x), layer, rotary, cache)?;
             x.clone() + self.mlp.forward(self.mlp_norm.forward(x))
         } else {
-            let x = self.attn_norm.forward(x.clone() + self.attn.forward(x, layer, rotary, cache));
+            let x = self.attn_norm.forward(x.clone() + self.attn.forward(x, layer, rotary, cache)?);
             self.mlp_norm.forward(x.clone() + self.mlp.forward(x))
-        }
+        })
     }
 }
 
@@ -308,10 +308,10 @@ impl CausalLm {
     }
 
     /// Runs decoder layer `layer`.
-    pub fn run_layer(&self, layer: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Hidden {
+    pub fn run_layer(&self, layer: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Result<Hidden> {
         let _span = tracing::trace_span!("layer", layer).entered();
-        let states = self.layers[layer].forward(hidden.states, layer, hidden.rotary.as_ref(), cache);
-        Hidden { states, rotary: hidden.rotary }
+        let states = self.layers[layer].forward(hidden.states, layer, hidden.rotary.as_ref(), cache)?;
+        Ok(Hidden { states, rotary: hidden.rotary })
     }
 
     /// Final norm and output projection: the states the LM head reads, `[batch, seq, embed_dim]`.
@@ -327,7 +327,7 @@ impl CausalLm {
     }
 
     /// The whole stack for one step: final hidden states `[batch, seq, embed_dim]`.
-    pub fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<3> {
+    pub fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<3>> {
         LanguageModel::forward(self, step, cache)
     }
 
@@ -342,15 +342,15 @@ impl CausalLm {
     }
 
     /// Logits of every token of the step, `[batch, seq, vocab]`.
-    pub fn forward_all_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<3> {
-        let states = self.forward(step, cache);
+    pub fn forward_all_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<3>> {
+        let states = self.forward(step, cache)?;
         let [b, s, e] = states.dims();
-        self.logits(states.reshape([b * s, e])).reshape([b, s, self.spec.vocab_size])
+        Ok(self.logits(states.reshape([b * s, e])).reshape([b, s, self.spec.vocab_size]))
     }
 
     /// Logits of each row's last new token, `[batch, vocab]` (rows without a new token get the
     /// logits of their first column, which callers ignore).
-    pub fn forward_last_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Tensor<2> {
+    pub fn forward_last_logits(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<2>> {
         LanguageModel::forward_last_logits(self, step, cache)
     }
 

@@ -174,13 +174,11 @@ pub struct IncrementalDecoder {
 const CONTEXT_TOKENS: usize = 5;
 
 impl IncrementalDecoder {
-    /// Starts after `prompt`, whose text is not emitted.
+    /// Starts after `prompt`, whose text is not emitted (only its last few tokens are kept, as
+    /// left context).
     pub fn new(prompt: &[u32]) -> Self {
-        Self {
-            ids: prompt.to_vec(),
-            prefix_offset: prompt.len().saturating_sub(CONTEXT_TOKENS),
-            read_offset: prompt.len(),
-        }
+        let context = &prompt[prompt.len().saturating_sub(CONTEXT_TOKENS)..];
+        Self { ids: context.to_vec(), prefix_offset: 0, read_offset: context.len() }
     }
 
     /// Adds `id` and returns the text it completes (possibly empty).

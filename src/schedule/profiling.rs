@@ -130,7 +130,7 @@ pub fn measure_profile(model: &CausalLm, max_num_seqs: usize, log: &mut dyn Writ
     let device = model.device();
     let started = Instant::now();
     let _ = writeln!(log, "profiling the model's layers for the ExeGPT planner (batches up to {max_batch}) ...");
-    let mut profile = profiler::profile(spec, &device, &ProfileGrid::serving(max_batch), false)?;
+    let mut profile = profiler::profile(spec, &device, &ProfileGrid::serving(max_batch), None)?;
     let _ = writeln!(log, "  layers in {:.1} s; timing paged-engine steps ...", started.elapsed().as_secs_f64());
     engine_steps(model, &mut profile, &EngineStepGrid::serving(max_batch))?;
     profile.model = Some(format!("{} layers, hidden {}", spec.num_layers, spec.hidden_size));

@@ -203,7 +203,7 @@ fn converted_llama_matches_hf() {
         let ids = &prompt.input_ids;
         let mut cache = ContiguousKvCache::new(pretrained.model.kv_layout(), 1, ids.len(), &device);
         let step = cache.begin_step(&[ids]).unwrap();
-        let logits = pretrained.model.forward_all_logits(&step, &mut cache);
+        let logits = pretrained.model.forward_all_logits(&step, &mut cache).unwrap();
         let diff = max_abs_diff(&logits.into_data().try_into_vec_as::<f32>().unwrap(), &prompt.logits);
         assert!(diff <= 1e-4, "prompt {i}: max |Δlogit| = {diff}");
     }

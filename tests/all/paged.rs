@@ -4,13 +4,16 @@
 //! beam search against HF, parallel sampling, and a stress run that must lose no request and
 //! leak no block.
 
+use std::sync::{Arc, Mutex};
+
 use burn::tensor::Device;
 use burn_llm::BeamSearchParams;
 use burn_llm::Generator;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Location;
 use burn_llm::paged::{
-    EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, Reservation, SchedulingPolicy,
+    EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, Reservation,
+    SchedulingPolicy,
 };
 
 use crate::common::{FIXTURES, devices, fixture, reference};
@@ -158,7 +161,8 @@ fn beam_search_equals_hf() {
                 }),
                 ..SamplingParams::greedy(beam["max_new_tokens"].as_u64().unwrap() as usize)
             };
-            let out = engine.generate(&[Prompt::Ids(ids)], &params).unwrap();
+            let out = engine.generate(&[Prompt::Ids(ids.clone())], &params).unwrap();
+            assert!(out.requests.iter().all(|r| r.prompt_ids == ids), "{name}: every beam carries the prompt");
             let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
             let expected: Vec<Vec<u32>> = beam["sequences"]
                 .as_array()
@@ -170,6 +174,23 @@ fn beam_search_equals_hf() {
         }
         assert!(engine.block_manager().all_blocks_free());
     }
+}
+
+/// `generate` draws nothing itself: it reports every step to the progress hook, requests finished
+/// never going down, the last report with every request finished and every token counted.
+#[test]
+fn generate_reports_progress_to_the_hook() {
+    let prompts = mixed_prompts("gpt2");
+    let mut engine = engine("gpt2", &Device::flex(), config(256, 4, PreemptionMode::Auto));
+    let reports: Arc<Mutex<Vec<GenerateProgress>>> = Arc::default();
+    let sink = Arc::clone(&reports);
+    engine.set_progress(Some(Box::new(move |p| sink.lock().unwrap().push(p))));
+    let out = engine.generate(&prompts, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) }).unwrap();
+    let reports = reports.lock().unwrap();
+    let last = reports.last().expect("one report per step");
+    assert_eq!((last.finished, last.requests), (prompts.len(), prompts.len()));
+    assert_eq!(last.generated_tokens, out.timing.generated_tokens);
+    assert!(reports.windows(2).all(|w| w[0].finished <= w[1].finished && w[0].elapsed_s <= w[1].elapsed_s));
 }
 
 /// `n` seeded samples: reproducible, different from each other, and sharing the prompt's blocks

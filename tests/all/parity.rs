@@ -16,7 +16,7 @@ fn logits_match_hf() {
                 let ids = &prompt.input_ids;
                 let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
                 let step = cache.begin_step(&[ids]).unwrap();
-                let logits = model.forward_all_logits(&step, &mut cache);
+                let logits = model.forward_all_logits(&step, &mut cache).unwrap();
                 assert_eq!(logits.dims(), [1, ids.len(), reference.vocab_size]);
                 let logits = logits.into_data().try_into_vec_as::<f32>().unwrap();
                 let diff = max_abs_diff(&logits, &prompt.logits);

@@ -136,7 +136,7 @@ fn half_logits_match_hf_in_the_same_dtype() {
                     let ids = &prompt.input_ids;
                     let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
                     let step = cache.begin_step(&[ids]).unwrap();
-                    let logits = model.forward_all_logits(&step, &mut cache);
+                    let logits = model.forward_all_logits(&step, &mut cache).unwrap();
                     assert_eq!(logits.dtype(), DType::F32, "logits come back in f32");
                     let logits = logits.into_data().try_into_vec_as::<f32>().unwrap();
                     let diff = max_abs_diff(&logits, &prompt.logits);
@@ -253,7 +253,7 @@ fn quantized_weights_dequantize_into_half() {
             let logits = |model: &burn_llm::models::CausalLm| {
                 let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
                 let step = cache.begin_step(&[ids]).unwrap();
-                model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap()
+                model.forward_all_logits(&step, &mut cache).unwrap().into_data().try_into_vec_as::<f32>().unwrap()
             };
             let dense = load(name, precision, &device).model;
             let quantized = load(name, precision, &device).model.quantize_weights(spec).unwrap();

@@ -24,14 +24,16 @@ fn fused_decode_equals_prefill_path_and_w8_stays_close() {
             assert!(ids.len() > 16, "this prompt must take the dequantize-then-matmul path");
             let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
             let step = cache.begin_step(&[ids]).unwrap();
-            let prefill = model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap();
+            let prefill =
+                model.forward_all_logits(&step, &mut cache).unwrap().into_data().try_into_vec_as::<f32>().unwrap();
 
             let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
             let mut decode = Vec::new();
             for id in ids {
                 let step = cache.begin_step(&[&[*id]]).unwrap();
-                decode
-                    .extend(model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap());
+                decode.extend(
+                    model.forward_all_logits(&step, &mut cache).unwrap().into_data().try_into_vec_as::<f32>().unwrap(),
+                );
             }
             let diff = max_abs_diff(&prefill, &decode);
             assert!(diff <= 1e-4, "{name} on {device_name}: fused vs dequantized paths differ by {diff}");
@@ -73,8 +75,13 @@ fn quantized_kv_cache() {
                     < ContiguousKvCache::new(pretrained.model.kv_layout(), 1, ids.len(), &device).memory_bytes()
             );
             let step = cache.begin_step(&[ids]).unwrap();
-            let logits =
-                pretrained.model.forward_all_logits(&step, &mut cache).into_data().try_into_vec_as::<f32>().unwrap();
+            let logits = pretrained
+                .model
+                .forward_all_logits(&step, &mut cache)
+                .unwrap()
+                .into_data()
+                .try_into_vec_as::<f32>()
+                .unwrap();
             let range = prompt.logits.iter().fold(0f32, |m, v| m.max(v.abs()));
             let error = max_abs_diff(&logits, &prompt.logits);
             assert!(error <= 0.05 * range, "{name} on {device_name}: kv8 logits off by {error} (range {range})");

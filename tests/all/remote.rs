@@ -179,7 +179,7 @@ fn greedy_ids(engine: &mut dyn Engine, prompts: &[Prompt], tokens: usize) -> Vec
 fn logits(model: &Pretrained, ids: &[u32], device: &Device) -> Vec<f32> {
     let mut cache = ContiguousKvCache::new(model.model.kv_layout(), 1, ids.len(), device);
     let step = cache.begin_step(&[ids]).unwrap();
-    values(model.model.forward_all_logits(&step, &mut cache))
+    values(model.model.forward_all_logits(&step, &mut cache).unwrap())
 }
 
 /// Loads the fixture on `device`, uploading its weights once; returns the model and the upload
@@ -283,7 +283,7 @@ fn fixtures_split_over_workers_equal_one_device() {
                 )
                 .unwrap();
                 let step = cache.begin_step(&[ids]).unwrap();
-                let states = model.forward(&step, &mut cache);
+                let states = model.forward(&step, &mut cache).unwrap();
                 let [_, seq, embed] = states.dims();
                 let got = values(model.logits(states.reshape([seq, embed])).to_device(&local));
                 let diff = max_abs_diff(&got, expected);

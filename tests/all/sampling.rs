@@ -216,7 +216,7 @@ fn penalized_greedy(model: &CausalLm, prompt: &[u32], n: usize, penalty: Penalty
     for _ in 0..n {
         let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, ids.len(), &device);
         let step = cache.begin_step(&[&ids]).unwrap();
-        let mut row = to_vec(model.forward_last_logits(&step, &mut cache));
+        let mut row = to_vec(model.forward_last_logits(&step, &mut cache).unwrap());
         penalty.apply(&mut row, prompt, &ids[prompt.len()..]);
         ids.push(argmax(&row));
     }

@@ -87,7 +87,7 @@ fn window_nll(
         }
     };
     let step = cache.begin_step(&[window])?;
-    let logits = model.forward_all_logits(&step, &mut cache);
+    let logits = model.forward_all_logits(&step, &mut cache)?;
     let [_, s, v] = logits.dims();
     let log_probs = log_softmax(logits.slice([0..1, 0..s - 1, 0..v]), 2);
     let targets: Vec<i64> = window[1..].iter().map(|&t| t as i64).collect();

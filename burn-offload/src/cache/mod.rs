@@ -11,8 +11,8 @@
 //!   ([`OffloadKvCache::take_layer`]) after, writing only the step's new slots ([`parts`]).
 //! - **Top-K sparsity** ([`sparse`]): decode queries keep only their highest-scoring keys.
 //!
-//! A layer that attends while its slots are out is a schedule error: the cache records it,
-//! returns zeros, and [`OffloadKvCache::check`] reports it after the layer ran.
+//! A layer that attends while its slots are out is a schedule error: `attend` returns it, and the
+//! forward pass stops there.
 
 pub mod parts;
 pub mod sparse;
@@ -20,7 +20,7 @@ pub mod sparse;
 use burn::tensor::{Device, Tensor};
 use burn_llm_kernels::QuantSpec;
 use burn_llm_models::cache::{LayerSlots, StepSlots, check_kv_quant};
-use burn_llm_models::{KvCache, KvLayout, StepInput};
+use burn_llm_models::{KvCache, KvLayout, ModelError, StepInput};
 
 use crate::error::{OffloadError, Result};
 use sparse::{keys_kept, sparse_attention};
@@ -48,8 +48,6 @@ pub struct OffloadKvCache {
     placement: Vec<KvPlacement>,
     /// Fraction of keys each decode query keeps (Top-K sparse attention), if set.
     sparsity: Option<f32>,
-    /// The first layer that attended while its slots were out.
-    missing: Option<usize>,
 }
 
 impl std::fmt::Debug for OffloadKvCache {
@@ -90,15 +88,7 @@ impl OffloadKvCache {
             .iter()
             .map(|home| (!home.on_disk).then(|| LayerSlots::zeros(layout, batch, capacity, quant, &home.device)))
             .collect();
-        Ok(Self {
-            layout,
-            quant,
-            steps: StepSlots::new(batch, capacity, device),
-            layers,
-            placement,
-            sparsity: None,
-            missing: None,
-        })
+        Ok(Self { layout, quant, steps: StepSlots::new(batch, capacity, device), layers, placement, sparsity: None })
     }
 
     /// Keeps only the `fraction` highest-scoring keys of each decode query (FlexGen §5's Top-K
@@ -154,26 +144,24 @@ impl OffloadKvCache {
         *home = Some(slots);
         Ok(())
     }
-
-    /// Fails if a layer attended while its slots were out (its output was zeros).
-    pub fn check(&mut self) -> Result<()> {
-        match self.missing.take() {
-            Some(layer) => {
-                Err(OffloadError::Internal(format!("the KV cache of layer {layer} was not loaded when the layer ran")))
-            }
-            None => Ok(()),
-        }
-    }
 }
 
 impl KvCache for OffloadKvCache {
-    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+    ) -> burn_llm_models::Result<Tensor<4>> {
         let step = self.steps.range_for(&self.layout, &k);
         let home = self.placement.get(layer);
         let slots = home.and(self.layers.get_mut(layer)).and_then(Option::take);
         let (Some(home), Some(slots)) = (home, slots) else {
-            self.missing.get_or_insert(layer);
-            return q.zeros_like();
+            let missing =
+                OffloadError::Internal(format!("the KV cache of layer {layer} was not loaded when the layer ran"));
+            return Err(ModelError::KvCache(Box::new(missing)));
         };
         let here = q.device();
         let away = home.device != here;
@@ -184,15 +172,15 @@ impl KvCache for OffloadKvCache {
         // Top-K sparsity applies to decode steps (one new token per sequence).
         let keep = self.sparsity.filter(|_| step.len() == 1).map(|f| keys_kept(f, step.end));
         if !away {
-            return sparse_attention(q, keys, values, bias, scale, keep);
+            return Ok(sparse_attention(q, keys, values, bias, scale, keep));
         }
         if home.attend_there {
             // CPU-attention delegation: the query goes to the cache, the output comes back.
             let (q, bias) = (q.to_device(&home.device), bias.to_device(&home.device));
-            return sparse_attention(q, keys, values, bias, scale, keep).to_device(&here);
+            return Ok(sparse_attention(q, keys, values, bias, scale, keep).to_device(&here));
         }
         // The visible slots are loaded to the compute device for this step.
-        sparse_attention(q, keys.to_device(&here), values.to_device(&here), bias, scale, keep)
+        Ok(sparse_attention(q, keys.to_device(&here), values.to_device(&here), bias, scale, keep))
     }
 }
 

@@ -163,8 +163,7 @@ impl OffloadEngine {
     ) -> Result<Hidden> {
         let _span = trace_span!("compute", layer = j, batch = k).entered();
         let states =
-            self.in_pool(&self.compute_pool, || layer.forward(state.states, j, state.rotary.as_ref(), &mut *cache));
-        cache.check()?;
+            self.in_pool(&self.compute_pool, || layer.forward(state.states, j, state.rotary.as_ref(), &mut *cache))?;
         Ok(Hidden { states, rotary: state.rotary })
     }
 

@@ -331,14 +331,14 @@ impl LanguageModel for PipelineLm {
         self.embed.embed(step)
     }
 
-    fn run_stage(&self, stage: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Hidden {
+    fn run_stage(&self, stage: usize, hidden: Hidden, cache: &mut dyn KvCache) -> burn_llm_models::Result<Hidden> {
         let stage_ref = &self.stages[stage];
         let hidden = if stage == 0 { hidden } else { self.hand_over(hidden, &stage_ref.device) };
         let Hidden { mut states, rotary } = hidden;
         for (block, layer) in stage_ref.blocks.iter().zip(stage_ref.layers.clone()) {
-            states = block.forward(states, layer, rotary.as_ref(), cache);
+            states = block.forward(states, layer, rotary.as_ref(), cache)?;
         }
-        Hidden { states, rotary }
+        Ok(Hidden { states, rotary })
     }
 
     fn finish(&self, hidden: Hidden) -> Tensor<3> {

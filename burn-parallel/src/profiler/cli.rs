@@ -18,7 +18,7 @@ use burn_llm_models::gguf::GgufModel;
 use clap::{Parser, ValueEnum};
 
 use super::fit::{self, StepSample};
-use super::{EngineStepGrid, ProfileGrid, profile};
+use super::{EngineStepGrid, ProfileGrid, ProgressHook, profile};
 use crate::plan::cli::{error, parse_args};
 
 /// Times a model's steps in a serving engine (the model's shape, the device, the steps to time);
@@ -48,7 +48,7 @@ struct Args {
     /// Which grid of points to measure.
     #[arg(long, value_enum, default_value = "small")]
     grid: GridChoice,
-    /// No progress bar.
+    /// No progress reports (the caller's progress hook is not called).
     #[arg(long)]
     quiet: bool,
     /// Do not time the serving engine's steps (the profile gets no `engine_step`).
@@ -97,15 +97,17 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    run_with_engine(args, device, None)
+    run_with_engine(args, device, None, None)
 }
 
 /// [`run`], timing the serving engine's steps with `engine` (when given) for the profile's
-/// `engine_step`.
+/// `engine_step`, and reporting each measured point to `progress` (when given and without
+/// `--quiet`) for the caller to draw.
 pub fn run_with_engine<I, T>(
     args: I,
     device: impl FnOnce(&str) -> Result<Device, String>,
     engine: Option<EngineTimer<'_>>,
+    progress: Option<ProgressHook<'_>>,
 ) -> (String, i32)
 where
     I: IntoIterator<Item = T>,
@@ -119,7 +121,8 @@ where
         Ok(a) => a,
         Err(done) => return done,
     };
-    match dispatch(&args, device, engine.filter(|_| !args.no_engine_step)) {
+    let progress = progress.filter(|_| !args.quiet);
+    match dispatch(&args, device, engine.filter(|_| !args.no_engine_step), progress) {
         Ok(json) => (json, 0),
         Err(message) => error(message),
     }
@@ -129,6 +132,7 @@ fn dispatch(
     args: &Args,
     device: impl FnOnce(&str) -> Result<Device, String>,
     engine: Option<EngineTimer<'_>>,
+    progress: Option<ProgressHook<'_>>,
 ) -> Result<String, String> {
     let (spec, model_name) = model_spec(args)?;
     let burn_device = device(&args.device)?;
@@ -137,7 +141,7 @@ fn dispatch(
         GridChoice::Full => (ProfileGrid::full(), EngineStepGrid::full()),
     };
     let started = Instant::now();
-    let mut profile = profile(&spec, &burn_device, &grid, !args.quiet).map_err(|e| e.to_string())?;
+    let mut profile = profile(&spec, &burn_device, &grid, progress).map_err(|e| e.to_string())?;
     if let Some(engine) = engine {
         let samples = engine(&spec, &burn_device, &steps)?;
         fit::engine_steps(&mut profile, &samples).map_err(|e| e.to_string())?;

@@ -1,64 +1,63 @@
 //! Timing one point: warm-up runs, then the median of timed runs, each between two device
 //! synchronisations, of one layer's prefill or decode step, the embedding or the LM head.
 
+use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
 use burn::tensor::{Device, Distribution, Tensor};
 use burn_llm_models::model::Hidden;
-use burn_llm_models::{CausalLm, ContiguousKvCache};
+use burn_llm_models::{CausalLm, ContiguousKvCache, ModelError};
 
-use super::ProfileError;
+use super::{ProfileError, ProfileProgress, ProgressHook};
 
-/// The progress bar (hidden when not asked for, or when stderr is not a terminal).
-pub(super) struct Progress(Option<indicatif::ProgressBar>);
+/// Reports each point as it starts, and once when all are done, to the caller's hook, if any (the
+/// library draws nothing itself).
+pub(super) struct Progress<'h> {
+    hook: RefCell<Option<ProgressHook<'h>>>,
+    done: Cell<usize>,
+    total: usize,
+}
 
-impl Progress {
-    pub(super) fn new(points: u64, show: bool) -> Self {
-        Self(show.then(|| {
-            let bar = indicatif::ProgressBar::new(points);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} points · {msg}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            bar
-        }))
+impl<'h> Progress<'h> {
+    pub(super) fn new(total: usize, hook: Option<ProgressHook<'h>>) -> Self {
+        Self { hook: RefCell::new(hook), done: Cell::new(0), total }
     }
 
-    fn start(&self, what: String) {
-        if let Some(bar) = &self.0 {
-            bar.set_message(what);
+    fn report(&self, point: Option<&str>) {
+        if let Some(hook) = self.hook.borrow_mut().as_mut() {
+            hook(ProfileProgress { done: self.done.get(), total: self.total, point });
         }
+    }
+
+    fn start(&self, what: &str) {
+        self.report(Some(what));
     }
 
     fn done(&self) {
-        if let Some(bar) = &self.0 {
-            bar.inc(1);
-        }
+        self.done.set(self.done.get() + 1);
     }
 
     pub(super) fn finish(&self) {
-        if let Some(bar) = &self.0 {
-            bar.finish_and_clear();
-        }
+        self.report(None);
     }
 }
 
 /// Times parts of a one-layer model on its device.
-pub(super) struct Bench<'a> {
+pub(super) struct Bench<'a, 'h> {
     model: &'a CausalLm,
     device: &'a Device,
     warmup: usize,
     repeats: usize,
-    progress: &'a Progress,
+    progress: &'a Progress<'h>,
 }
 
-impl<'a> Bench<'a> {
+impl<'a, 'h> Bench<'a, 'h> {
     pub(super) fn new(
         model: &'a CausalLm,
         device: &'a Device,
         warmup: usize,
         repeats: usize,
-        progress: &'a Progress,
+        progress: &'a Progress<'h>,
     ) -> Self {
         Self { model, device, warmup, repeats, progress }
     }
@@ -77,7 +76,7 @@ impl<'a> Bench<'a> {
             }
             let step = cache.begin_step(&vec![slice.as_slice(); batch])?;
             let hidden = self.model.embed(&step);
-            self.timed(|| self.model.run_layer(0, hidden, &mut cache).states)
+            self.timed(|| self.model.run_layer(0, hidden, &mut cache).map(|h| h.states))
         })
     }
 
@@ -94,7 +93,7 @@ impl<'a> Bench<'a> {
         self.median_ms(what, || {
             let step = cache.begin_step(&vec![token.as_slice(); batch])?;
             let hidden = self.model.embed(&step);
-            self.timed(|| self.model.run_layer(0, hidden, &mut cache).states)
+            self.timed(|| self.model.run_layer(0, hidden, &mut cache).map(|h| h.states))
         })
     }
 
@@ -104,7 +103,7 @@ impl<'a> Bench<'a> {
         self.median_ms(format!("embedding: {tokens} tokens"), || {
             let mut cache = ContiguousKvCache::new(self.model.kv_layout(), 1, tokens, self.device);
             let step = cache.begin_step(&[ids.as_slice()])?;
-            self.timed(|| self.model.embed(&step).states)
+            self.timed(|| Ok(self.model.embed(&step).states))
         })
     }
 
@@ -117,14 +116,14 @@ impl<'a> Bench<'a> {
             let hidden = Hidden { states: states.clone(), rotary: None };
             self.timed(|| {
                 let last = self.model.finish(hidden);
-                self.model.logits(last.reshape([rows, embed_dim]))
+                Ok(self.model.logits(last.reshape([rows, embed_dim])))
             })
         })
     }
 
     /// `warmup` untimed runs, then the median of `repeats` timed ones.
     fn median_ms(&self, what: String, mut run: impl FnMut() -> Result<f64, ProfileError>) -> Result<f64, ProfileError> {
-        self.progress.start(what);
+        self.progress.start(&what);
         for _ in 0..self.warmup {
             run()?;
         }
@@ -136,10 +135,10 @@ impl<'a> Bench<'a> {
 
     /// Milliseconds of `f` with the device drained before and after. The output is kept until
     /// after the second synchronisation so that a lazy backend cannot skip the work.
-    fn timed<T>(&self, f: impl FnOnce() -> T) -> Result<f64, ProfileError> {
+    fn timed<T>(&self, f: impl FnOnce() -> Result<T, ModelError>) -> Result<f64, ProfileError> {
         self.sync()?;
         let started = Instant::now();
-        let out = f();
+        let out = f()?;
         self.sync()?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         drop(out);

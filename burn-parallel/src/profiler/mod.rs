@@ -160,7 +160,7 @@ impl ProfileGrid {
         pairs
     }
 
-    /// Timed points in all (for the progress bar).
+    /// Timed points in all (for progress reports).
     fn points(&self, pairs: usize) -> usize {
         1 + self.prefill_batch.len() * self.prefill_tokens.len()
             + pairs
@@ -245,20 +245,36 @@ pub enum ProfileError {
     Device(String),
 }
 
-/// Measures `spec`'s costs on `device` over `grid` (see the module docs). `progress` shows a
-/// progress bar on the terminal. The returned profile's `model` and `device` are left for the
-/// caller to name.
+/// Where [`profile`] is, for a caller's progress display: called as each point starts, and once
+/// more when every point is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfileProgress<'a> {
+    /// Points measured so far.
+    pub done: usize,
+    /// Points in all.
+    pub total: usize,
+    /// The point being measured now (e.g. `decode: 4 sequences after 128`); `None` once every
+    /// point is done.
+    pub point: Option<&'a str>,
+}
+
+/// A caller's progress display for [`profile`].
+pub type ProgressHook<'a> = &'a mut dyn FnMut(ProfileProgress<'_>);
+
+/// Measures `spec`'s costs on `device` over `grid` (see the module docs), reporting each point
+/// to `progress` (the library draws nothing: the `plan profile` command can draw a bar from it).
+/// The returned profile's `model` and `device` are left for the caller to name.
 pub fn profile(
     spec: &DecoderSpec,
     device: &Device,
     grid: &ProfileGrid,
-    progress: bool,
+    progress: Option<ProgressHook<'_>>,
 ) -> Result<Profile, ProfileError> {
     let grid = grid.fitted_to(spec.max_positions)?;
     let pairs = grid.context_pairs(spec.max_positions);
     let one_layer = DecoderSpec { num_layers: 1, ..spec.clone() };
     let model = CausalLm::random(one_layer, device)?;
-    let progress = Progress::new(grid.points(pairs.len()) as u64, progress);
+    let progress = Progress::new(grid.points(pairs.len()), progress);
     let bench = Bench::new(&model, device, grid.warmup, grid.repeats, &progress);
 
     // One untimed pass over the largest prefill first: allocators, thread pools and kernel

@@ -206,7 +206,7 @@ impl LayerBlock for TensorParallelLayer {
         layer: usize,
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
-    ) -> Tensor<3> {
+    ) -> Result<Tensor<3>, ModelError> {
         let tp = self.degree();
         let reducer = &self.reducer;
         reducer.count_forward();
@@ -216,13 +216,13 @@ impl LayerBlock for TensorParallelLayer {
             }
             None => vec![None; tp],
         };
-        let mut attend = |xs: &[Tensor<3>], norm: bool| -> Vec<Tensor<3>> {
+        let mut attend = |xs: &[Tensor<3>], norm: bool| -> Result<Vec<Tensor<3>>, ModelError> {
             let mut parts = Vec::with_capacity(tp);
             for (r, (rank, x)) in self.ranks.iter().zip(xs).enumerate() {
                 let x = if norm { rank.attn_norm.forward(x.clone()) } else { x.clone() };
-                parts.push(rank.attn.forward(x, layer * tp + r, rotary[r].as_ref(), &mut *cache));
+                parts.push(rank.attn.forward(x, layer * tp + r, rotary[r].as_ref(), &mut *cache)?);
             }
-            parts
+            Ok(parts)
         };
         let mlp = |xs: &[Tensor<3>], norm: bool| -> Vec<Tensor<3>> {
             let ranks = self.ranks.iter().zip(xs);
@@ -233,13 +233,13 @@ impl LayerBlock for TensorParallelLayer {
         let xs = reducer.scatter(x);
         if self.ranks[0].pre_norm {
             // x + attn(norm(x)), then + mlp(norm(·)).
-            let sums = reducer.sum_everywhere(attend(&xs, true));
+            let sums = reducer.sum_everywhere(attend(&xs, true)?);
             let xs: Vec<Tensor<3>> = xs.into_iter().zip(sums).map(|(x, s)| x + s).collect();
             let sum = reducer.sum_at_root(mlp(&xs, true));
-            xs.into_iter().next().expect("a tensor-parallel layer has at least one rank") + sum
+            Ok(xs.into_iter().next().expect("a tensor-parallel layer has at least one rank") + sum)
         } else {
             // norm(x + attn(x)), then norm(· + mlp(·)).
-            let sums = reducer.sum_everywhere(attend(&xs, false));
+            let sums = reducer.sum_everywhere(attend(&xs, false)?);
             let xs: Vec<Tensor<3>> = self
                 .ranks
                 .iter()
@@ -248,7 +248,7 @@ impl LayerBlock for TensorParallelLayer {
                 .collect();
             let sum = reducer.sum_at_root(mlp(&xs, false));
             let x = xs.into_iter().next().expect("a tensor-parallel layer has at least one rank");
-            self.ranks[0].mlp_norm.forward(x + sum)
+            Ok(self.ranks[0].mlp_norm.forward(x + sum))
         }
     }
 

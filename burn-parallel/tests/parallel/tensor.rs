@@ -58,7 +58,7 @@ fn greedy(
 
 /// The model on one device.
 fn single(model: &CausalLm) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
-    greedy(model.kv_layout(), |step, cache| model.forward_last_logits(step, cache))
+    greedy(model.kv_layout(), |step, cache| model.forward_last_logits(step, cache).unwrap())
 }
 
 /// The model's embeddings and head with `blocks` as its layers.
@@ -67,7 +67,7 @@ fn parallel(model: &CausalLm, blocks: &[TensorParallelLayer]) -> (Vec<Vec<f32>>,
     greedy(rank_kv_layout(model.kv_layout(), tp), |step, cache| {
         let mut hidden = model.embed(step);
         for (l, block) in blocks.iter().enumerate() {
-            hidden.states = block.forward(hidden.states, l, hidden.rotary.as_ref(), cache);
+            hidden.states = block.forward(hidden.states, l, hidden.rotary.as_ref(), cache).unwrap();
         }
         model.last_logits(model.finish(hidden), &step.last)
     })

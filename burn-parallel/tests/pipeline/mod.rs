@@ -54,7 +54,7 @@ fn greedy(model: &impl LanguageModel) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
     for _ in 0..=STEPS {
         let slices: Vec<&[u32]> = new.iter().map(Vec::as_slice).collect();
         let step = cache.begin_step(&slices).unwrap();
-        let rows = to_vec(model.forward_last_logits(&step, &mut cache));
+        let rows = to_vec(model.forward_last_logits(&step, &mut cache).unwrap());
         for (b, row) in rows.chunks_exact(vocab).enumerate() {
             let best = row.iter().enumerate().fold(0, |best, (i, v)| if *v > row[best] { i } else { best });
             tokens[b].push(best as u32);

@@ -21,15 +21,40 @@ fn fixture() -> PathBuf {
 /// test loads the CPU.
 static TIMING: Mutex<()> = Mutex::new(());
 
-/// The fixture's profile, measured once for every test of the binary.
-fn measured() -> &'static Profile {
-    static PROFILE: OnceLock<Profile> = OnceLock::new();
+/// One progress report: points done, points in all, the point being measured.
+type Report = (usize, usize, Option<String>);
+
+/// The fixture's profile, measured once for every test of the binary, with the progress reports
+/// it made.
+fn measured_with_reports() -> &'static (Profile, Vec<Report>) {
+    static PROFILE: OnceLock<(Profile, Vec<Report>)> = OnceLock::new();
     PROFILE.get_or_init(|| {
         let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
         let spec = DecoderSpec::from_dir(&fixture()).unwrap();
         let grid = ProfileGrid { repeats: 5, ..ProfileGrid::small() };
-        profiler::profile(&spec, &Device::flex(), &grid, false).unwrap()
+        let mut reports = Vec::new();
+        let mut hook = |p: profiler::ProfileProgress<'_>| reports.push((p.done, p.total, p.point.map(String::from)));
+        let profile = profiler::profile(&spec, &Device::flex(), &grid, Some(&mut hook)).unwrap();
+        (profile, reports)
     })
+}
+
+/// The fixture's profile, measured once for every test of the binary.
+fn measured() -> &'static Profile {
+    &measured_with_reports().0
+}
+
+#[test]
+fn progress_is_reported_for_every_point_then_once_at_the_end() {
+    let reports = &measured_with_reports().1;
+    let (done, total, point) = reports.last().expect("at least the final report");
+    assert_eq!((done, point), (total, &None), "the final report says every point is done");
+    let starts: Vec<_> = reports[..reports.len() - 1].iter().collect();
+    assert_eq!(starts.len(), *total, "one report as each point starts");
+    for (i, (done, _, point)) in starts.iter().enumerate() {
+        assert_eq!(*done, i, "points done before point {i}");
+        assert!(point.is_some());
+    }
 }
 
 #[test]
@@ -138,7 +163,7 @@ fn run_cli_with(args: &[&str], engine: Option<profiler::cli::EngineTimer<'_>>) -
         "flex" => Ok(Device::flex()),
         other => Err(format!("unknown device `{other}`")),
     };
-    let (text, code) = profiler::cli::run_with_engine(argv, device, engine);
+    let (text, code) = profiler::cli::run_with_engine(argv, device, engine, None);
     let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     (json, code)
 }

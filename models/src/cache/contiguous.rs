@@ -107,7 +107,7 @@ impl ContiguousKvCache {
 }
 
 impl KvCache for ContiguousKvCache {
-    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4> {
+    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Result<Tensor<4>> {
         let step = self.steps.range_for(&self.layout, &k);
         // Moved out and back (never cloned) so the writes can happen in place: `swap_remove`
         // takes the layer out, `push` and `swap` put it back where it was.
@@ -119,6 +119,6 @@ impl KvCache for ContiguousKvCache {
         // slots for dense storage); the handles are dropped before the next step writes.
         let slots = &self.layers[layer];
         let (keys, values) = (slots.keys.prefix(step.end), slots.values.prefix(step.end));
-        prefix_attention(q, keys, values, self.biases[self.placement.slot(layer)].clone(), step.end, scale)
+        Ok(prefix_attention(q, keys, values, self.biases[self.placement.slot(layer)].clone(), step.end, scale))
     }
 }

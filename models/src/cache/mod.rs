@@ -45,6 +45,7 @@ use burn::tensor::{Int, Tensor};
 use burn_llm_kernels::QuantSpec;
 
 use crate::config::DecoderSpec;
+use crate::error::Result;
 use crate::precision::Precision;
 
 /// The storage and attention side of a decoder's self-attention.
@@ -55,7 +56,11 @@ pub trait KvCache {
     /// Shapes: `q` is `[batch, heads, seq, head_dim]`; `k` and `v` are
     /// `[batch, kv_heads, seq, head_dim]` (`heads` a multiple of `kv_heads`); the result has the
     /// shape of `q`. `scale` multiplies the raw `q·kᵀ` scores.
-    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Tensor<4>;
+    ///
+    /// A cache that cannot serve the call (a step it was not prepared for, a kernel that refuses
+    /// its arguments) returns the error, usually as
+    /// [`ModelError::KvCache`](crate::ModelError::KvCache), and the forward pass stops there.
+    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Result<Tensor<4>>;
 }
 
 /// The model input of one step, laid out by the cache that will serve it.

@@ -110,7 +110,7 @@ impl<M: LanguageModel> Generator<M> {
                     logits.push(match rows {
                         Some(rows) => {
                             let step = cache.begin_step(rows)?;
-                            Some(self.model.forward_last_logits(&step, &mut cache))
+                            Some(self.model.forward_last_logits(&step, &mut cache)?)
                         }
                         None => None,
                     });

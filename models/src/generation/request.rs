@@ -1,6 +1,8 @@
 //! What a request is, what comes out of it, and the per-request state that decides when it stops.
 //! Shared by every engine so that stopping and streaming behave the same everywhere.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::penalties::TokenCounts;
@@ -146,10 +148,12 @@ pub fn prepare_prompt(
 }
 
 /// A request in flight: its tokens so far, its text, and whether (and why) it has finished.
+///
+/// The prompt is shared, not copied, between clones (an engine's parallel samples and beams).
 #[derive(Debug, Clone)]
 pub struct RequestState {
-    prompt: Option<String>,
-    prompt_ids: Vec<u32>,
+    prompt: Option<Arc<str>>,
+    prompt_ids: Arc<[u32]>,
     generated: Vec<u32>,
     logprobs: Option<Vec<Vec<TokenLogprob>>>,
     /// Token history for the penalties, kept only when one is on.
@@ -168,7 +172,7 @@ impl RequestState {
     pub fn new(prompt: Option<String>, prompt_ids: Vec<u32>, params: &SamplingParams, max_positions: usize) -> Self {
         let room = (max_positions + 1).saturating_sub(prompt_ids.len());
         Self {
-            prompt,
+            prompt: prompt.map(Arc::from),
             decoder: IncrementalDecoder::new(&prompt_ids),
             generated: Vec::new(),
             logprobs: params.logprobs.map(|_| Vec::new()),
@@ -177,8 +181,13 @@ impl RequestState {
             streamed: 0,
             budget: params.max_new_tokens.min(room).max(1),
             finish: None,
-            prompt_ids,
+            prompt_ids: Arc::from(prompt_ids),
         }
+    }
+
+    /// The prompt's text, when it was given as text.
+    pub fn prompt(&self) -> Option<&str> {
+        self.prompt.as_deref()
     }
 
     /// The prompt's ids.
@@ -283,8 +292,8 @@ impl RequestState {
     /// The final output.
     pub fn into_output(self) -> RequestOutput {
         RequestOutput {
-            prompt: self.prompt,
-            prompt_ids: self.prompt_ids,
+            prompt: self.prompt.as_deref().map(String::from),
+            prompt_ids: self.prompt_ids.to_vec(),
             generated_ids: self.generated,
             text: self.text,
             finish_reason: self.finish.unwrap_or(FinishReason::Length),

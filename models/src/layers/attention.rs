@@ -7,6 +7,7 @@ use burn::tensor::Tensor;
 use burn_llm_kernels::rotate_half;
 
 use crate::cache::KvCache;
+use crate::error::Result;
 use crate::layers::projection::Projection;
 
 /// Self-attention of one decoder layer.
@@ -39,7 +40,7 @@ impl SelfAttention {
         layer: usize,
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
-    ) -> Tensor<3> {
+    ) -> Result<Tensor<3>> {
         let [b, s, _] = x.dims();
         // `[b, s, heads, head_dim]`, the projections' own layout: RoPE rotates it in place.
         let split = |t: Tensor<3>, n: usize| t.reshape([b, s, n, self.head_dim]);
@@ -51,8 +52,8 @@ impl SelfAttention {
             k = rotate_half(k, cos, sin);
         }
         let heads = |t: Tensor<4>| t.swap_dims(1, 2);
-        let out = cache.attend(layer, heads(q), heads(k), heads(v), self.scale as f32);
+        let out = cache.attend(layer, heads(q), heads(k), heads(v), self.scale as f32)?;
         let out = out.swap_dims(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
-        self.o.forward(out)
+        Ok(self.o.forward(out))
     }
 }

@@ -108,7 +108,7 @@ fn measure(
         let (started, before) = (Instant::now(), model.stage_transfer_bytes());
         let slices: Vec<&[u32]> = new.iter().map(Vec::as_slice).collect();
         let step = cache.begin_step(&slices)?;
-        let logits: Tensor<2> = model.forward_last_logits(&step, &mut cache);
+        let logits: Tensor<2> = model.forward_last_logits(&step, &mut cache)?;
         let ids = logits.argmax(1).into_data().try_into_vec_as::<i64>().map_err(|e| format!("{e:?}"))?;
         *new = ids.into_iter().map(|id| vec![id as u32]).collect();
         Ok((started.elapsed().as_secs_f64(), model.stage_transfer_bytes() - before))
