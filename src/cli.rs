@@ -13,9 +13,9 @@ use burn_llm_models::{
     BeamSearchParams, ChatMessage, GenerationOutput, Generator, ModelError, Precision, Pretrained, PretrainedFiles,
     Prompt, RequestOutput, SamplingParams, StreamEvent, hub, pypi::PypiModel,
 };
-use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
+use burn_offload::policy::{OffloadWorkload, Placement, Policy, PolicyShape, SearchSpace};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
-use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode, Reservation, SchedulingPolicy};
+use burn_paged::{EngineConfig, KvCacheMemory, KvReservation, LlmEngine, PreemptionMode, SchedulingPolicy};
 
 use crate::device::DeviceChoice;
 use crate::engine::{Capabilities, Engine, RunReport};
@@ -350,9 +350,9 @@ impl GenerateArgs {
     pub fn planless_policy(&self) -> Option<SchedulingPolicy> {
         Some(match self.schedule {
             Some(ScheduleKind::Exegpt) => return None,
-            Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(Reservation::Max),
-            Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(Reservation::Pow2),
-            Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(Reservation::Oracle),
+            Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(KvReservation::Max),
+            Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(KvReservation::Pow2),
+            Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(KvReservation::Oracle),
             Some(ScheduleKind::Static) => SchedulingPolicy::Static,
             Some(ScheduleKind::Fcfs) | None => SchedulingPolicy::Fcfs,
         })
@@ -377,7 +377,7 @@ impl GenerateArgs {
         let plan = match (&self.plan, self.latency_bound_s) {
             (Some(path), _) => schedule::read_plan(path)?,
             (None, Some(bound)) => {
-                let workload = schedule::Workload::new(model, &self.engine_config(), prompts, params.max_new_tokens)?;
+                let workload = schedule::ScheduleWorkload::new(model, &self.engine_config(), prompts, params.max_new_tokens)?;
                 let profile =
                     schedule::load_or_profile(self.profile_json.as_deref(), &model.model, workload.max_num_seqs, log)?;
                 schedule::plan_rra(profile, &workload, bound)?
@@ -401,15 +401,17 @@ impl GenerateArgs {
                 let [wg, wc, cg, cc, hg, hc] = [p[0], p[1], p[2], p[3], p[4], p[5]].map(|v| v / 100.0);
                 let rest = |g: f64, c: f64| Placement::from_array([g, c, (1.0 - g - c).max(0.0)]);
                 Ok(PolicyChoice::Fixed(Policy {
-                    gpu_batch_size: self.gbs,
-                    num_gpu_batches: self.num_gb,
+                    shape: PolicyShape {
+                        gpu_batch_size: self.gbs,
+                        num_gpu_batches: self.num_gb,
+                        cpu_attention: self.cpu_attention,
+                        overlap: !self.no_overlap,
+                        compress_weights,
+                        compress_cache,
+                    },
                     weights: rest(wg, wc),
                     cache: rest(cg, cc),
                     activations: rest(hg, hc),
-                    cpu_attention: self.cpu_attention,
-                    overlap: !self.no_overlap,
-                    compress_weights,
-                    compress_cache,
                 }))
             }
             None if self.policy == "auto" => {
@@ -738,7 +740,7 @@ fn build_offload(
         offload_dir,
         policy: fit_cache_compression(args.offload_policy()?, kv_layout)?,
         hardware,
-        workload: Workload::new(prompt_len as u64, params.max_new_tokens as u64),
+        workload: OffloadWorkload::new(prompt_len as u64, params.max_new_tokens as u64),
         host,
         attention_sparsity: args.attn_sparsity,
         threads,

@@ -24,4 +24,4 @@ pub mod scheduler;
 
 pub use engine::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, SequenceDelta, StepOutput};
 pub use error::{PagedError, Result};
-pub use scheduler::{PreemptionMode, Reservation, SchedulingPolicy};
+pub use scheduler::{KvReservation, PreemptionMode, SchedulingPolicy};

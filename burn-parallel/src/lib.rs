@@ -1,7 +1,8 @@
 //! Pipeline execution ([`pipeline`]: [`pipeline::PipelineLm`], stages of decoder layers on their
 //! own devices, run by the plain and paged engines) and planners that decide how a model is split and scheduled, from measured costs. Each is a pure
 //! function from a serde input to a serde output, with `thiserror` errors naming the bad field;
-//! none depends on Burn. The example `plan` runs them from JSON files:
+//! none runs a Burn tensor op (the schedule planner's replay shares only the paged engine's
+//! admission rule, [`burn_llm_models::admission`]). The example `plan` runs them from JSON files:
 //! `cargo run --example plan -- <stages|slices|placement|schedule> --input FILE.json
 //! [--exhaustive] [--baseline replication]` prints one JSON object (`{"error": "…"}` and exit
 //! code 2 on bad or infeasible input). Sample inputs are in `burn-parallel/inputs/`.
@@ -20,7 +21,7 @@
 //! ## Profiler (feature `profiler`, on by default)
 //!
 //! `profiler` measures the [`plan::profile::Profile`] the planners read, on a real Burn device
-//! (the pure `plan` module builds without Burn when the feature is off):
+//! (without the feature, the `plan` module runs no Burn device):
 //! `cargo run --release --example plan -- profile --model DIR_OR_GGUF | --synthetic NAME
 //! --device flex|wgpu|vulkan|cuda|metal --out FILE.json [--grid small|full] [--quiet]`. It builds
 //! the model with random weights and one decoder layer (every layer has the same shape) and

@@ -10,7 +10,7 @@ use burn_llm::Generator;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Location;
 use burn_llm::paged::{
-    EngineConfig, EngineStats, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, Reservation, SchedulingPolicy,
+    EngineConfig, EngineStats, KvCacheMemory, KvReservation, LlmEngine, PagedError, PreemptionMode, SchedulingPolicy,
 };
 
 use crate::common::{FIXTURES, devices, fixture, reference};
@@ -302,9 +302,9 @@ fn reserving_schedules_greedy_equal_plain_generation() {
             plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
         let mut batches = Vec::new();
         for scheduling in [
-            SchedulingPolicy::Orca(Reservation::Max),
-            SchedulingPolicy::Orca(Reservation::Pow2),
-            SchedulingPolicy::Orca(Reservation::Oracle),
+            SchedulingPolicy::Orca(KvReservation::Max),
+            SchedulingPolicy::Orca(KvReservation::Pow2),
+            SchedulingPolicy::Orca(KvReservation::Oracle),
             SchedulingPolicy::Static,
         ] {
             let what = format!("{name}, {}", scheduling.name());
