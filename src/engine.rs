@@ -344,18 +344,18 @@ impl Engine for OffloadEngine {
         let p = self.policy();
         format!(
             "policy: gbs {} × {} batches, weights {:.0}/{:.0}/{:.0}% gpu/cpu/disk, cache {:.0}/{:.0}/{:.0}%, cpu attention {}, overlap {}, compressed weights {}, cache {} · predicted {:.2} tokens/s",
-            p.gpu_batch_size,
-            p.num_gpu_batches,
+            p.shape.gpu_batch_size,
+            p.shape.num_gpu_batches,
             100.0 * p.weights.gpu,
             100.0 * p.weights.cpu,
             100.0 * p.weights.disk,
             100.0 * p.cache.gpu,
             100.0 * p.cache.cpu,
             100.0 * p.cache.disk,
-            p.cpu_attention,
-            p.overlap,
-            p.compress_weights.is_some(),
-            p.compress_cache.is_some(),
+            p.shape.cpu_attention,
+            p.shape.overlap,
+            p.shape.compress_weights.is_some(),
+            p.shape.compress_cache.is_some(),
             self.estimate().throughput_tokens_per_s,
         )
     }

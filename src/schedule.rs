@@ -141,7 +141,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &'static str) ->
 
 /// The workload and the device an RRA plan is made for at start-up.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Workload {
+pub struct ScheduleWorkload {
     /// Token length of every prompt: the planner's input-length distribution `P_E(S)`.
     pub prompt_lens: Vec<usize>,
     /// Tokens every request generates, one entry per request or one for all: the planner's
@@ -155,7 +155,7 @@ pub struct Workload {
     pub max_num_seqs: usize,
 }
 
-impl Workload {
+impl ScheduleWorkload {
     /// The workload of generating up to `max_new_tokens` tokens for each of `prompts` with
     /// `model` on a paged engine configured by `config` (every output planned at
     /// `max_new_tokens`).
@@ -187,7 +187,11 @@ impl Workload {
 /// costs of `profile`. The device's memory is the profile's weights plus `kv_tokens` tokens of KV
 /// cache (the engine's pool, in the profile's bytes per token), so the planner's memory check is
 /// the pool's; the decode batch is capped at the engine's `max_num_seqs`.
-pub fn plan_rra(profile: Profile, workload: &Workload, latency_bound_s: f64) -> Result<ScheduleOutput, PlanError> {
+pub fn plan_rra(
+    profile: Profile,
+    workload: &ScheduleWorkload,
+    latency_bound_s: f64,
+) -> Result<ScheduleOutput, PlanError> {
     if workload.prompt_lens.is_empty() || workload.output_lens.is_empty() || workload.output_lens.contains(&0) {
         return Err(PlanError::Invalid(
             "planning needs at least one prompt and an output of at least one token (--max-new-tokens ≥ 1)".into(),

@@ -26,4 +26,4 @@ pub use engine::{
     EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, ProgressHook, SequenceDelta, StepOutput,
 };
 pub use error::{PagedError, Result};
-pub use scheduler::{PreemptionMode, Reservation, SchedulingPolicy};
+pub use scheduler::{KvReservation, PreemptionMode, SchedulingPolicy};

@@ -7,7 +7,9 @@
 //!   over [`block`]'s `LayerBlock`.
 //! - [`profiler`] (feature `profiler`, on by default): measures a model's costs on a Burn device.
 //! - Planners ([`plan`]), from measured costs. Each is a pure function from a serde input to a
-//!   serde output, with `thiserror` errors naming the bad field; none depends on Burn.
+//!   serde output, with `thiserror` errors naming the bad field; none runs a Burn tensor op (the
+//!   schedule planner's replay shares only the paged engine's admission rule,
+//!   [`burn_llm_models::admission`]).
 //!
 //! The example `plan` runs the planners from JSON files:
 //! `cargo run --example plan -- <stages|slices|placement|schedule> --input FILE.json
@@ -28,7 +30,7 @@
 //! ## Profiler (feature `profiler`, on by default)
 //!
 //! `profiler` measures the [`plan::profile::Profile`] the planners read, on a real Burn device
-//! (the pure `plan` module builds without Burn when the feature is off):
+//! (without the feature, the `plan` module runs no Burn device):
 //! `cargo run --release --example plan -- profile --model DIR_OR_GGUF | --synthetic NAME
 //! --device flex|wgpu|vulkan|cuda|metal --out FILE.json [--grid small|full] [--quiet]`. It builds
 //! the model with random weights and one decoder layer (every layer has the same shape) and

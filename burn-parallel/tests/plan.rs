@@ -3,7 +3,9 @@
 //! execution against one device (`pipeline/`).
 
 use burn_parallel::plan::cli;
-use burn_parallel::plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, Workload};
+use burn_parallel::plan::placement::{
+    self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, PlacementWorkload,
+};
 use burn_parallel::plan::profile::{
     DecodeTable, EngineStep, EngineStepTable, Extra, PrefillStepTable, PrefillTable, Profile, RunSpread, Spread,
     StepVariation, TpScaling,
@@ -395,7 +397,7 @@ fn plan_placement_reports_hand_computed_latencies_in_trace_order() {
         models: vec![model("a", 3, 100.0, 0.5)],
         devices: 1,
         device_memory_bytes: 3 << 30,
-        workload: Workload {
+        workload: PlacementWorkload {
             // Out of order on purpose: latencies come back in this order.
             trace: Some(vec![
                 (1.0, ModelRef::Name("a".into())),
@@ -427,7 +429,7 @@ fn plan_placement_model_parallelism_beats_replication_on_bursty_two_model_traffi
         models: vec![model("a", 4, 100.0, 0.8), model("b", 4, 100.0, 0.8)],
         devices: 2,
         device_memory_bytes: 4 << 30,
-        workload: Workload {
+        workload: PlacementWorkload {
             trace: None,
             arrivals: Some(vec![
                 Arrivals { model: ModelRef::Name("a".into()), rate: 1.0, cv: 4.0 },
@@ -990,7 +992,7 @@ fn plan_bad_input_is_an_error_not_a_panic() {
         models: vec![model("a", 1, 1.0, 1.0)],
         devices: 1,
         device_memory_bytes: 1 << 30,
-        workload: Workload {
+        workload: PlacementWorkload {
             trace: None,
             arrivals: Some(vec![Arrivals { model: ModelRef::Index(0), rate: 1e9, cv: 1.0 }]),
             duration_s: Some(1e9),
@@ -1126,7 +1128,7 @@ fn plan_placement_with_unreachable_slo_still_places_every_model() {
         models: vec![model("a", 2, 500.0, 0.1)],
         devices: 2,
         device_memory_bytes: 2 << 30,
-        workload: Workload {
+        workload: PlacementWorkload {
             trace: Some(vec![(0.0, ModelRef::Index(0))]),
             arrivals: None,
             duration_s: None,

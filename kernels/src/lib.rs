@@ -17,6 +17,9 @@
 //!   `silu(gate) · up`, attention over a prefix of preallocated K/V slots), ordinary Burn ops
 //!   elsewhere.
 //!
+//! [`cpu`] detects the host's vector extensions once, for every run-time dispatch of the Flex
+//! twins.
+//!
 //! With the `remote` feature (and a GPU feature, which brings Burn's IR types), [`remote`] makes
 //! both modules' ops run on devices of other processes and machines (Burn's remote backend):
 //! client-side glue, and `remote::register_ops` for the server.
@@ -36,7 +39,7 @@ macro_rules! avx2_dispatch {
         $(#[$doc])*
         $vis fn $name $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if $crate::cpu::features().avx2_fma() {
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2 $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
                     $portable($($arg),*)
@@ -49,6 +52,7 @@ macro_rules! avx2_dispatch {
     };
 }
 
+pub mod cpu;
 pub mod fused;
 pub mod paged;
 pub use paged::MAX_GPU_TENSOR_ELEMENTS;
@@ -57,6 +61,7 @@ pub mod quant;
 pub mod remote;
 pub mod test_devices;
 
+pub use cpu::CpuFeatures;
 pub use fused::{argmax_rows, attention_with, matmul, prefix_attention, rms_norm, rotate_half, silu_mul};
 pub use paged::{
     PagedBatch, PagedKernelError, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut, paged_attention,

@@ -12,6 +12,7 @@
 //!   offloaded (FlexGen) caches plug into the same model code.
 //! - [`generation`]: [`SamplingParams`], [`BeamSearchParams`], the on-device sampler, stop rules,
 //!   streaming, and the plain [`Generator`].
+//! - [`admission`]: ExeGPT's phased admission rule, shared by the paged engine and the planner.
 //! - [`tokenizer`]: HF `tokenizer.json` with BOS/EOS handling and incremental detokenization.
 //! - [`gguf`]: llama.cpp's GGUF files (LLaMA architecture; F32/F16/BF16/Q8_0/Q4_0/Q4_1) and
 //!   their tokenizers.
@@ -32,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod arch;
 pub mod cache;
 pub mod chat;

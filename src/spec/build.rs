@@ -9,7 +9,7 @@ use burn::tensor::Device;
 use burn_llm_kernels::MatmulPrecision;
 use burn_llm_models::cache::{KvLayout, fit_kv_quant};
 use burn_llm_models::{Generator, LanguageModel, Pretrained, PretrainedFiles, Prompt};
-use burn_offload::policy::{Placement, Policy, SearchSpace, Workload};
+use burn_offload::policy::{OffloadWorkload, Placement, Policy, PolicyShape, SearchSpace};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
 use burn_paged::{EngineConfig, LlmEngine, SchedulingPolicy};
 
@@ -102,7 +102,7 @@ impl EngineSpec {
             (Some(_), _, _) => return self.saved_plan(log),
             (None, Some(bound), Purpose::Generate { prompts, params }) => {
                 let config = self.engine_config();
-                let workload = schedule::Workload::new(model, &config, prompts, params.max_new_tokens)?;
+                let workload = schedule::ScheduleWorkload::new(model, &config, prompts, params.max_new_tokens)?;
                 let profile =
                     schedule::load_or_profile(p.profile_json.as_deref(), &model.model, workload.max_num_seqs, log)?;
                 schedule::plan_rra(profile, &workload, bound)?
@@ -135,15 +135,17 @@ impl EngineSpec {
                 let [wg, wc, cg, cc, hg, hc] = [p[0], p[1], p[2], p[3], p[4], p[5]].map(|v| v / 100.0);
                 let rest = |g: f64, c: f64| Placement::from_array([g, c, (1.0 - g - c).max(0.0)]);
                 Ok(PolicyChoice::Fixed(Policy {
-                    gpu_batch_size: o.gbs.unwrap_or(DEFAULT_GBS),
-                    num_gpu_batches: o.num_gb.unwrap_or(DEFAULT_NUM_GB),
+                    shape: PolicyShape {
+                        gpu_batch_size: o.gbs.unwrap_or(DEFAULT_GBS),
+                        num_gpu_batches: o.num_gb.unwrap_or(DEFAULT_NUM_GB),
+                        cpu_attention: o.cpu_attention,
+                        overlap: !o.no_overlap,
+                        compress_weights,
+                        compress_cache,
+                    },
                     weights: rest(wg, wc),
                     cache: rest(cg, cc),
                     activations: rest(hg, hc),
-                    cpu_attention: o.cpu_attention,
-                    overlap: !o.no_overlap,
-                    compress_weights,
-                    compress_cache,
                 }))
             }
             Some(p) => Err(format!("--percent takes 6 numbers (wg wc cg cc hg hc), got {}", p.len())),
@@ -215,7 +217,7 @@ impl EngineSpec {
             offload_dir,
             policy: fit_cache_compression(self.offload_policy()?, KvLayout::of(&files.spec))?,
             hardware,
-            workload: Workload::new(prompt_len as u64, params.max_new_tokens as u64),
+            workload: OffloadWorkload::new(prompt_len as u64, params.max_new_tokens as u64),
             host,
             attention_sparsity: o.attn_sparsity,
             threads,

@@ -31,7 +31,7 @@ mod validate;
 use std::path::PathBuf;
 
 use burn_llm_models::{Precision, Prompt, SamplingParams};
-use burn_paged::{EngineConfig, KvCacheMemory, PreemptionMode, Reservation, SchedulingPolicy};
+use burn_paged::{EngineConfig, KvCacheMemory, KvReservation, PreemptionMode, SchedulingPolicy};
 
 use crate::device::DeviceChoice;
 
@@ -316,9 +316,9 @@ impl EngineSpec {
         }
         Some(match self.paged.schedule {
             Some(ScheduleKind::Exegpt) => return None,
-            Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(Reservation::Max),
-            Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(Reservation::Pow2),
-            Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(Reservation::Oracle),
+            Some(ScheduleKind::OrcaMax) => SchedulingPolicy::Orca(KvReservation::Max),
+            Some(ScheduleKind::OrcaPow2) => SchedulingPolicy::Orca(KvReservation::Pow2),
+            Some(ScheduleKind::OrcaOracle) => SchedulingPolicy::Orca(KvReservation::Oracle),
             Some(ScheduleKind::Static) => SchedulingPolicy::Static,
             Some(ScheduleKind::Fcfs) | None => SchedulingPolicy::Fcfs,
         })

@@ -7,7 +7,7 @@ use burn_llm_kernels::QuantSpec;
 use burn_llm_models::cache::{KV_QUANT_AXIS, KvLayout, fit_kv_quant};
 use burn_llm_models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_offload::PolicyChoice;
-use burn_offload::policy::{Policy, SearchSpace};
+use burn_offload::policy::SearchSpace;
 
 use super::{DEFAULT_GROUP_SIZE, EngineSpec};
 
@@ -63,7 +63,10 @@ impl EngineSpec {
 pub(super) fn fit_cache_compression(choice: PolicyChoice, layout: KvLayout) -> burn_llm_models::Result<PolicyChoice> {
     let fit = |c: Option<QuantSpec>| c.map(|spec| fit_kv_quant(layout, spec)).transpose();
     Ok(match choice {
-        PolicyChoice::Fixed(p) => PolicyChoice::Fixed(Policy { compress_cache: fit(p.compress_cache)?, ..p }),
+        PolicyChoice::Fixed(mut p) => {
+            p.shape.compress_cache = fit(p.shape.compress_cache)?;
+            PolicyChoice::Fixed(p)
+        }
         PolicyChoice::Auto(space) => {
             let cache_compression =
                 space.cache_compression.iter().map(|&c| fit(c)).collect::<burn_llm_models::Result<_>>()?;

@@ -1,6 +1,6 @@
 //! The example CLI: flag parsing, a JSON run on a local fixture, clear errors.
 
-use burn_llm::cli::{ExampleDefaults, GenerateArgs, JsonReport, run};
+use burn_llm::cli::{ExampleDefaults, GenerateArgs, JsonReport, run, run_with};
 use burn_llm::{EngineKind, Generator, Pretrained, Prompt, Purpose, SamplingParams};
 use clap::Parser;
 
@@ -63,26 +63,54 @@ fn flags_become_sampling_params_and_prompts() {
     assert!(GenerateArgs::try_parse_from(["x", "--kv-quant", "5"]).is_err());
 }
 
+/// Runs the CLI; what it printed to `out` (results), not `log`.
+fn printed(a: &GenerateArgs) -> String {
+    let (mut out, mut log) = (Vec::new(), Vec::new());
+    run_with(a, DEFAULTS, &mut out, &mut log).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// `--json` prints one object holding what the library's greedy run of the same model computes,
+/// and a text run prints the texts its JSON twin reports.
 #[test]
 fn json_run_on_a_local_model() {
     let dir = fixture("gpt2");
-    let a = args(&[
+    let model = dir.to_str().unwrap();
+    let flags = ["--model", model, "--prompt", "GNU", "--max-new-tokens", "4", "--device", "flex"];
+    let a = args(&[&flags[..], &["--json", "--logprobs", "2"]].concat());
+    let report: serde_json::Value = serde_json::from_str(printed(&a).trim()).unwrap();
+    assert_eq!((report["model"].as_str(), report["device"].as_str()), (Some(model), Some("flex")));
+    let generator = Generator::from(Pretrained::load(&dir, &burn::tensor::Device::flex()).unwrap());
+    let expected = generator.generate(&[Prompt::from("GNU")], &a.sampling()).unwrap();
+    let want = &expected.requests[0];
+    let requests = report["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 1);
+    let got = &requests[0];
+    assert_eq!((&got["prompt"], &got["prompt_ids"]), (&serde_json::json!("GNU"), &serde_json::json!(want.prompt_ids)));
+    assert_eq!(got["generated_ids"], serde_json::json!(want.generated_ids));
+    assert_eq!(got["finish_reason"], serde_json::to_value(want.finish_reason).unwrap());
+    assert_eq!(got["text"], want.text.as_str());
+    assert!(!want.text.is_empty() && !want.generated_ids.is_empty() && want.generated_ids.len() <= 4);
+    // One logprobs step per generated token: the sampled token first (greedy: the likeliest),
+    // then the top 2.
+    let steps = got["logprobs"].as_array().unwrap();
+    assert_eq!(steps.len(), want.generated_ids.len());
+    for (step, &id) in steps.iter().zip(&want.generated_ids) {
+        let step = step.as_array().unwrap();
+        assert_eq!((step.len(), step[0]["id"].as_u64()), (3, Some(u64::from(id))));
+        assert_eq!(step[0]["logprob"], step[1]["logprob"], "greedy picks a top token: {step:?}");
+        assert!(step.iter().all(|t| t["logprob"].as_f64().is_some_and(|l| l <= 0.0)), "{step:?}");
+    }
+    let timing = &report["timing"];
+    assert_eq!(timing["generated_tokens"].as_u64(), Some(want.generated_ids.len() as u64));
+    assert!(["load_s", "prefill_s", "decode_s"].iter().all(|k| timing[k].as_f64().is_some_and(|t| t >= 0.0)));
+    assert!(timing["tokens_per_s"].as_f64().is_some_and(|r| r > 0.0), "{timing}");
+
+    // Two prompts, quantized weights: the text run prints each prompt with its continuation,
+    // the same the JSON run reports, then the summary line.
+    let flags = [
         "--model",
-        dir.to_str().unwrap(),
-        "--prompt",
-        "GNU",
-        "--max-new-tokens",
-        "4",
-        "--device",
-        "flex",
-        "--json",
-        "--logprobs",
-        "2",
-    ]);
-    run(&a, DEFAULTS).unwrap();
-    let a = args(&[
-        "--model",
-        dir.to_str().unwrap(),
+        model,
         "--prompt",
         "GNU",
         "--prompt",
@@ -95,8 +123,22 @@ fn json_run_on_a_local_model() {
         "w4",
         "--group-size",
         "32",
-    ]);
-    run(&a, DEFAULTS).unwrap();
+    ];
+    let text = printed(&args(&flags));
+    let report: serde_json::Value =
+        serde_json::from_str(printed(&args(&[&flags[..], &["--json"]].concat())).trim()).unwrap();
+    let requests = report["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 2);
+    for (i, (request, prompt)) in requests.iter().zip(["GNU", "The"]).enumerate() {
+        let continuation = request["text"].as_str().unwrap();
+        assert!(!continuation.is_empty() && request["generated_ids"].as_array().unwrap().len() <= 3, "{request}");
+        assert!(
+            text.contains(&format!("] {prompt}{continuation}\n")),
+            "request {i} ({continuation:?}) not in:\n{text}"
+        );
+    }
+    let tokens = report["timing"]["generated_tokens"].as_u64().unwrap();
+    assert!(text.trim_end().lines().last().unwrap().contains(&format!(" · {tokens} tokens · ")), "{text}");
 }
 
 #[test]
@@ -392,7 +434,7 @@ fn offload_engine_flags_and_runs() {
     ]);
     match a.engine.offload_policy().unwrap() {
         burn_llm::offload::PolicyChoice::Fixed(p) => {
-            assert_eq!((p.gpu_batch_size, p.num_gpu_batches, p.cpu_attention), (2, 2, true));
+            assert_eq!((p.shape.gpu_batch_size, p.shape.num_gpu_batches, p.shape.cpu_attention), (2, 2, true));
             assert_eq!((p.weights.gpu, p.weights.cpu, p.weights.disk), (0.0, 0.5, 0.5));
         }
         other => panic!("expected a fixed policy, got {other:?}"),
@@ -593,5 +635,5 @@ fn quantization_flags_become_quant_specs() {
     );
     let fixed = args(&["--compress-cache", "--percent", "100", "0", "100", "0", "100", "0"]);
     let PolicyChoice::Fixed(p) = fixed.engine.offload_policy().unwrap() else { panic!("expected a fixed policy") };
-    assert_eq!((p.compress_weights, p.compress_cache), (None, Some(FLEXGEN_CACHE)));
+    assert_eq!((p.shape.compress_weights, p.shape.compress_cache), (None, Some(FLEXGEN_CACHE)));
 }

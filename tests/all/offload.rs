@@ -7,7 +7,7 @@ use burn::tensor::Device;
 use burn_llm::Generator;
 use burn_llm::models::weights::Checkpoint;
 use burn_llm::models::{DecoderSpec, Pretrained, Prompt, SamplingParams};
-use burn_llm::offload::policy::{HardwareProfile, Placement, Policy, Workload};
+use burn_llm::offload::policy::{HardwareProfile, OffloadWorkload, Placement, Policy, PolicyShape};
 use burn_llm::offload::{OffloadConfig, OffloadEngine, OffloadError, PolicyChoice};
 
 use crate::common::{FIXTURES, devices, fixture, reference};
@@ -26,7 +26,7 @@ pub fn config(policy: Policy, tag: &str, gpu_mem: u64) -> OffloadConfig {
         offload_dir: dir,
         policy: PolicyChoice::Fixed(policy),
         hardware: HardwareProfile::t4_like(),
-        workload: Workload::new(64, 12),
+        workload: OffloadWorkload::new(64, 12),
         host: Device::flex(),
         attention_sparsity: None,
         threads: None,
@@ -53,25 +53,28 @@ pub fn engine(name: &str, device: &Device, policy: Policy, tag: &str) -> Offload
 /// the host with CPU attention; KV cache on disk; activations parked on the host or disk; every
 /// tier at once; each with overlap on and off; two GPU batches of two per block, or three of one.
 fn exact_policies() -> Vec<(&'static str, Policy)> {
-    let base = Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) };
+    let device = Policy::all_on_gpu(2);
+    let base = Policy { shape: PolicyShape { num_gpu_batches: 2, ..device.shape }, ..device };
     let disk = Policy { weights: Placement::from_array([0.0, 0.0, 1.0]), ..base };
-    let host = Policy {
-        weights: Placement::from_array([0.0, 1.0, 0.0]),
-        cache: Placement::from_array([0.0, 1.0, 0.0]),
-        cpu_attention: true,
-        ..base
-    };
-    let host_gpu_attention = Policy { cpu_attention: false, ..host };
-    let cache_disk = Policy { cache: Placement::from_array([0.0, 0.0, 1.0]), cpu_attention: true, ..base };
-    let cache_disk_gpu_attention = Policy { cpu_attention: false, ..cache_disk };
+    let cpu_attention = |p: Policy, on: bool| Policy { shape: PolicyShape { cpu_attention: on, ..p.shape }, ..p };
+    let host = cpu_attention(
+        Policy {
+            weights: Placement::from_array([0.0, 1.0, 0.0]),
+            cache: Placement::from_array([0.0, 1.0, 0.0]),
+            ..base
+        },
+        true,
+    );
+    let host_gpu_attention = cpu_attention(host, false);
+    let cache_disk = cpu_attention(Policy { cache: Placement::from_array([0.0, 0.0, 1.0]), ..base }, true);
+    let cache_disk_gpu_attention = cpu_attention(cache_disk, false);
     let activations_host = Policy { activations: Placement::from_array([0.0, 1.0, 0.0]), ..base };
-    let three = Policy { gpu_batch_size: 1, num_gpu_batches: 3, ..base };
+    let three = Policy { shape: PolicyShape { gpu_batch_size: 1, num_gpu_batches: 3, ..base.shape }, ..base };
     let everywhere = Policy {
         weights: Placement::from_array([1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]),
         cache: Placement::from_array([0.25, 0.25, 0.5]),
         activations: Placement::from_array([1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]),
-        cpu_attention: true,
-        ..three
+        ..cpu_attention(three, true)
     };
     let activations_disk = Policy { activations: Placement::from_array([0.0, 0.0, 1.0]), ..three };
     let mut out = Vec::new();
@@ -87,7 +90,7 @@ fn exact_policies() -> Vec<(&'static str, Policy)> {
         ("every-tier", everywhere),
     ] {
         out.push((name, p));
-        out.push((name, Policy { overlap: false, ..p }));
+        out.push((name, Policy { shape: PolicyShape { overlap: false, ..p.shape }, ..p }));
     }
     out
 }
@@ -106,8 +109,11 @@ fn greedy_equals_plain_generation_for_exact_policies() {
                 let e = engine(name, &device, policy, &format!("{name}-{device_name}-{i}"));
                 let (out, report) = e.generate(&prompts, &params).unwrap();
                 let got: Vec<Vec<u32>> = out.requests.into_iter().map(|r| r.generated_ids).collect();
-                assert_eq!(got, expected, "{name} on {device_name}, policy {label} (overlap {})", policy.overlap);
-                assert_eq!(report.effective_batch, (policy.gpu_batch_size * policy.num_gpu_batches) as usize);
+                assert_eq!(got, expected, "{name} on {device_name}, policy {label} (overlap {})", policy.shape.overlap);
+                assert_eq!(
+                    report.effective_batch,
+                    (policy.shape.gpu_batch_size * policy.shape.num_gpu_batches) as usize
+                );
                 if label.contains("disk") || label == "every-tier" {
                     assert!(report.memory.disk_bytes > 0, "{label}: nothing was written to the offload directory");
                 }
@@ -205,11 +211,16 @@ fn compressed_policies_equal_quantized_plain_generation() {
         let plain = Generator::from(pretrained).with_kv_quantization(cache(16)).unwrap();
         let expected: Vec<Vec<u32>> =
             plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
+        let device = Policy::all_on_gpu(2);
         let policy = Policy {
             weights: Placement::from_array([0.5, 0.5, 0.0]),
-            compress_weights: Some(weights),
-            compress_cache: Some(cache(16)),
-            ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) }
+            shape: PolicyShape {
+                num_gpu_batches: 2,
+                compress_weights: Some(weights),
+                compress_cache: Some(cache(16)),
+                ..device.shape
+            },
+            ..device
         };
         // Compressed weights and cache on disk too: the disk tier stores the 4-bit codes.
         let on_disk = Policy {
@@ -220,7 +231,7 @@ fn compressed_policies_equal_quantized_plain_generation() {
         for (label, p) in [
             ("device+host", policy),
             ("host+disk", on_disk),
-            ("host+disk, no overlap", Policy { overlap: false, ..on_disk }),
+            ("host+disk, no overlap", Policy { shape: PolicyShape { overlap: false, ..on_disk.shape }, ..on_disk }),
         ] {
             let e = engine(name, &Device::flex(), p, &format!("compressed-{name}-{}", label.len()));
             let (out, _) = e.generate(&prompts, &params).unwrap();
@@ -230,8 +241,7 @@ fn compressed_policies_equal_quantized_plain_generation() {
         // Weights alone on disk: the codes take well under half the bytes of f32 weights.
         let weights_on_disk = |compress| Policy {
             weights: Placement::from_array([0.0, 0.0, 1.0]),
-            compress_weights: compress,
-            compress_cache: None,
+            shape: PolicyShape { compress_weights: compress, compress_cache: None, ..policy.shape },
             ..policy
         };
         let bytes = |p: Policy, tag: &str| {
@@ -243,8 +253,7 @@ fn compressed_policies_equal_quantized_plain_generation() {
         // per 8 values take 1.5 bytes a value, per 16 values 1 byte.
         let cache_on_disk = |group| Policy {
             cache: Placement::from_array([0.0, 0.0, 1.0]),
-            compress_weights: None,
-            compress_cache: Some(cache(group)),
+            shape: PolicyShape { compress_weights: None, compress_cache: Some(cache(group)), ..policy.shape },
             ..policy
         };
         let (g8, g16) = (bytes(cache_on_disk(8), "cache-g8"), bytes(cache_on_disk(16), "cache-g16"));
@@ -326,9 +335,11 @@ fn thread_control_plans_and_keeps_outputs() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
     let reference = reference("opt");
     let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Ids(p.input_ids.clone())).collect();
+    let device_only = Policy::all_on_gpu(2);
     let policy = Policy {
         weights: Placement::from_array([0.0, 0.5, 0.5]),
-        ..Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) }
+        shape: PolicyShape { num_gpu_batches: 2, ..device_only.shape },
+        ..device_only
     };
     let plain = engine("opt", &device, policy, "threads-plain").generate(&prompts, &params).unwrap().0;
     let fixture_dir = fixture("opt");
@@ -356,7 +367,12 @@ fn device_holds_one_offloaded_layer_without_overlap_and_two_with() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
     let prompts = [Prompt::Ids(vec![5, 6, 7]), Prompt::Ids(vec![8, 9])];
     let peak = |overlap: bool| {
-        let e = engine(name, &Device::flex(), Policy { overlap, ..host }, &format!("peak-{overlap}"));
+        let e = engine(
+            name,
+            &Device::flex(),
+            Policy { shape: PolicyShape { overlap, ..host.shape }, ..host },
+            &format!("peak-{overlap}"),
+        );
         e.generate(&prompts, &params).unwrap().1.memory.gpu_peak_bytes
     };
     let (sequential, overlapped) = (peak(false), peak(true));

@@ -12,7 +12,7 @@ use burn_llm::Generator;
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::memory::Location;
 use burn_llm::paged::{
-    EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, PagedError, PreemptionMode, Reservation,
+    EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, KvReservation, LlmEngine, PagedError, PreemptionMode,
     SchedulingPolicy,
 };
 
@@ -323,9 +323,9 @@ fn reserving_schedules_greedy_equal_plain_generation() {
             plain.generate(&prompts, &params).unwrap().requests.into_iter().map(|r| r.generated_ids).collect();
         let mut batches = Vec::new();
         for scheduling in [
-            SchedulingPolicy::Orca(Reservation::Max),
-            SchedulingPolicy::Orca(Reservation::Pow2),
-            SchedulingPolicy::Orca(Reservation::Oracle),
+            SchedulingPolicy::Orca(KvReservation::Max),
+            SchedulingPolicy::Orca(KvReservation::Pow2),
+            SchedulingPolicy::Orca(KvReservation::Oracle),
             SchedulingPolicy::Static,
         ] {
             let what = format!("{name}, {}", scheduling.name());

@@ -21,7 +21,7 @@ use burn_llm::Generator;
 use burn_llm::models::weights::Checkpoint;
 use burn_llm::models::{ContiguousKvCache, Precision, PretrainedFiles, Prompt, SamplingParams};
 use burn_llm::offload::OffloadEngine;
-use burn_llm::offload::policy::{Placement, Policy};
+use burn_llm::offload::policy::{Placement, Policy, PolicyShape};
 use burn_llm::paged::cache::PagedKvCache;
 use burn_llm::paged::{LlmEngine, PreemptionMode};
 
@@ -179,13 +179,12 @@ fn half_greedy_matches_hf_while_margins_allow() {
 #[test]
 fn paged_and_offload_engines_run_in_half_precision() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) };
-    let base = Policy { gpu_batch_size: 2, num_gpu_batches: 2, ..Policy::all_on_gpu(2) };
+    let base = Policy::all_on_gpu(2);
     let every_tier = Policy {
         weights: Placement::from_array([1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]),
         cache: Placement::from_array([0.25, 0.25, 0.5]),
         activations: Placement::from_array([0.0, 0.5, 0.5]),
-        cpu_attention: true,
-        ..base
+        shape: PolicyShape { num_gpu_batches: 2, cpu_attention: true, ..base.shape },
     };
     for (device_name, device) in devices() {
         for precision in precisions(device_name, &device) {
@@ -219,7 +218,7 @@ fn paged_and_offload_engines_run_in_half_precision() {
                     let files = PretrainedFiles::open(&fixture(name)).unwrap().with_precision(p);
                     let tag = format!("half-{name}-{device_name}-{precision}-{p}");
                     let mut cfg = crate::offload::config(every_tier, &tag, 1 << 30);
-                    cfg.workload = burn_llm::offload::policy::Workload::new(64, 16);
+                    cfg.workload = burn_llm::offload::policy::OffloadWorkload::new(64, 16);
                     let ckpt = Checkpoint::open(&fixture(name)).unwrap();
                     let engine =
                         OffloadEngine::new(files.spec, &ckpt, Some(files.tokenizer), vec![], cfg, &device).unwrap();

@@ -93,6 +93,18 @@ pub fn write(dir: &Path, name: &str, json: &impl Serialize, markdown: &str) -> s
     Ok(())
 }
 
+/// The `percent`th percentile of `values` by nearest rank: the smallest value that at least
+/// `percent`% of them do not exceed (the sorted sample's element `⌈percent/100 · n⌉`, counting
+/// from 1), so that every reported figure is one that was measured. The same convention as
+/// `burn_llm::parallel::plan::schedule::Lengths::percentile` over a length distribution. `0` for
+/// an empty sample.
+pub fn percentile(values: &[f64], percent: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((percent / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied().unwrap_or(0.0)
+}
+
 /// Seconds since the Unix epoch, for stamping reports.
 fn unix_time() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -101,6 +113,15 @@ fn unix_time() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentile_is_the_nearest_rank() {
+        let ten: Vec<f64> = (1..=10).rev().map(f64::from).collect();
+        // ⌈p/100 · 10⌉-th smallest: p50 is the 5th, p99 and p100 the largest, p0 the smallest.
+        assert_eq!([0.0, 10.0, 50.0, 51.0, 99.0, 100.0].map(|p| percentile(&ten, p)), [1.0, 1.0, 5.0, 6.0, 10.0, 10.0]);
+        assert_eq!(percentile(&[3.5], 50.0), 3.5);
+        assert_eq!(percentile(&[], 99.0), 0.0);
+    }
 
     #[test]
     fn table_has_header_alignment_and_rows() {

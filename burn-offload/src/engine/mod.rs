@@ -38,8 +38,8 @@ use serde::Serialize;
 use crate::cache::{KvPlacement, OffloadKvCache};
 use crate::error::{OffloadError, Result};
 use crate::policy::{
-    CostEstimate, HardwareProfile, ModelShape, Placement, Policy, QuantSpec, SearchSpace, ThreadPlan, Tier, TierBytes,
-    Workload, estimate, search_whole,
+    CostEstimate, HardwareProfile, ModelShape, OffloadWorkload, Placement, Policy, QuantSpec, SearchSpace, ThreadPlan,
+    Tier, TierBytes, estimate, search_whole,
 };
 use crate::store::{DiskStore, MemoryLedger, Reservation, ScratchDir, fmt_bytes};
 use crate::weights::{hollow, write_layer};
@@ -69,7 +69,7 @@ pub struct OffloadConfig {
     /// Hardware constants for the cost model (measured by [`crate::profiler`] or loaded).
     pub hardware: HardwareProfile,
     /// Prompt and generation lengths the policy is planned for.
-    pub workload: Workload,
+    pub workload: OffloadWorkload,
     /// Device holding the host tier (the CPU: `Device::flex()`).
     pub host: Device,
     /// Top-K sparse attention for decode (FlexGen §5): the fraction of keys each query keeps.
@@ -209,7 +209,7 @@ impl OffloadEngine {
                 // A given policy runs as given: whole layers and tensors in tier order, no
                 // re-optimization.
                 policy.validate()?;
-                let batches = u64::from(policy.num_gpu_batches.max(1));
+                let batches = u64::from(policy.shape.num_gpu_batches.max(1));
                 let tiers = tiers_in_order(whole_counts(policy.weights, num_layers));
                 let est = estimate(&hw, &shape, &config.workload, policy)?;
                 (
@@ -238,7 +238,7 @@ impl OffloadEngine {
         let mut layers = Vec::with_capacity(spec.num_layers);
         let mut layer_bytes = Vec::with_capacity(spec.num_layers);
         let mut template = None;
-        let compress = policy.compress_weights;
+        let compress = policy.shape.compress_weights;
         for (j, tier) in layer_tiers.iter().enumerate() {
             let what = format!("layer {j} weights");
             let on = if *tier == Tier::Gpu { device } else { &config.host };
@@ -330,7 +330,7 @@ impl OffloadEngine {
     }
 
     fn cache_tier(&self, layer: usize, batch: usize) -> Tier {
-        let n = self.policy.num_gpu_batches.max(1) as usize;
+        let n = self.policy.shape.num_gpu_batches.max(1) as usize;
         self.cache_tiers.get(layer * n + batch).copied().unwrap_or(Tier::Gpu)
     }
 
@@ -345,8 +345,8 @@ impl OffloadEngine {
         params.validate(self.spec.vocab_size)?;
         let mut requests = prepare_requests(prompts, params, self.tokenizer.as_ref(), &self.spec)?;
         self.ledger.reset_peaks();
-        let gbs = self.policy.gpu_batch_size.max(1) as usize;
-        let block = gbs * self.policy.num_gpu_batches.max(1) as usize;
+        let gbs = self.policy.shape.gpu_batch_size.max(1) as usize;
+        let block = gbs * self.policy.shape.num_gpu_batches.max(1) as usize;
         let (mut scratch_bytes, mut generated) = (0, 0);
         for chunk in requests.chunks_mut(block) {
             let (tokens, bytes) = self.run_block(chunk, gbs, params, &mut clock)?;
@@ -451,13 +451,13 @@ impl OffloadEngine {
     /// policy compresses the cache and attention runs on the device.
     fn batch_cache(&self, k: usize, rows: usize, capacity: usize) -> Result<OffloadKvCache> {
         let layout = self.skeleton.kv_layout();
-        let quant = self.policy.shape().effective_cache_compression();
+        let quant = self.policy.shape.effective_cache_compression();
         let placement = (0..layout.num_layers)
             .map(|j| {
                 let tier = self.cache_tier(j, k);
                 KvPlacement {
                     device: if tier == Tier::Gpu { self.device.clone() } else { self.host.clone() },
-                    attend_there: self.policy.cpu_attention,
+                    attend_there: self.policy.shape.cpu_attention,
                     on_disk: tier == Tier::Disk,
                 }
             })

@@ -51,7 +51,7 @@ impl OffloadEngine {
         // With one batch, its activations are needed by the very next step: they never wait.
         let park = active.len() >= 2;
         let mut parked: Vec<Option<Parked>> = hidden.iter_mut().map(|h| h.take().map(Parked::Device)).collect();
-        let overlap = self.policy.overlap;
+        let overlap = self.policy.shape.overlap;
         std::thread::scope(|scope| -> Result<()> {
             // Before the first step: its weights start loading, its cache and activations come in.
             let mut weights = Weights::new(Task::start(scope, overlap, move || self.load_weight(first.0)));

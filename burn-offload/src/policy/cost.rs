@@ -76,7 +76,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::PolicyError;
 use super::hardware::HardwareProfile;
-use super::model::{MlpKind, ModelShape, Workload};
+use super::model::{MlpKind, ModelShape, OffloadWorkload};
 use super::types::{Policy, PolicyShape, Tier};
 
 /// Index of `wg` in the placement vector.
@@ -415,7 +415,7 @@ impl LinearModel {
     pub fn build(
         hw: &HardwareProfile,
         model: &ModelShape,
-        wl: &Workload,
+        wl: &OffloadWorkload,
         shape: &PolicyShape,
     ) -> Result<Self, PolicyError> {
         hw.validate()?;
@@ -650,11 +650,11 @@ pub(crate) fn stored_layer_weight_bytes(model: &ModelShape, shape: &PolicyShape)
 pub fn estimate(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     policy: &Policy,
 ) -> Result<CostEstimate, PolicyError> {
     policy.validate()?;
-    let lm = LinearModel::build(hw, model, workload, &policy.shape())?;
+    let lm = LinearModel::build(hw, model, workload, &policy.shape)?;
     Ok(lm.evaluate(&policy.placement_vector()))
 }
 
@@ -666,7 +666,7 @@ pub fn estimate(
 pub fn largest_fitting_batch(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     available: &TierBytes,
     max_gpu_batch_size: u32,
     build: impl Fn(u32) -> Policy,

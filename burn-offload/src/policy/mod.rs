@@ -27,7 +27,7 @@
 //! # Modules
 //!
 //! - [`HardwareProfile`] ([`hardware`]): machine constants, JSON load/save.
-//! - [`ModelShape`], [`Workload`] ([`model`]): per-layer sizes for OPT, LLaMA, GQA.
+//! - [`ModelShape`], [`OffloadWorkload`] ([`model`]): per-layer sizes for OPT, LLaMA, GQA.
 //! - [`Policy`], [`Placement`] ([`types`]), with the DeepSpeed-like and Accelerate-like baseline
 //!   constructors; compression is the kernels crate's [`QuantSpec`] ([`compression`]: FlexGen's
 //!   settings, the policy-file shape).
@@ -104,7 +104,7 @@ pub use cost::{
 };
 pub use error::{PolicyError, ProfileError};
 pub use hardware::HardwareProfile;
-pub use model::{MlpKind, ModelShape, Workload};
+pub use model::{MlpKind, ModelShape, OffloadWorkload};
 pub use rounding::{RoundedPolicy, round_to_whole};
 pub use search::{Binding, SearchResult, SearchSpace, search, search_whole, solve_placement};
 pub use threads::{

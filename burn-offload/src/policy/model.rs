@@ -1,4 +1,4 @@
-//! [`ModelShape`] and [`Workload`]: the model and request constants of the cost model
+//! [`ModelShape`] and [`OffloadWorkload`]: the model and request constants of the cost model
 //! (FlexGen Table 6: `l, s, n, h1, h2, nh`), generalized beyond OPT.
 //!
 //! FlexGen writes its formulas for OPT with fp16: `8h1² + 4h1·h2` bytes of weights per layer
@@ -242,7 +242,7 @@ impl ModelShape {
 /// each (§6 "Workload").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Workload {
+pub struct OffloadWorkload {
     /// Prompt length `s` (tokens, after padding).
     pub prompt_len: u64,
     /// Generated tokens per prompt `n` (≥ 1; the first comes out of prefill).
@@ -253,7 +253,7 @@ pub struct Workload {
     pub num_prompts: Option<u64>,
 }
 
-impl Workload {
+impl OffloadWorkload {
     /// `s` prompt tokens, `n` generated tokens, unbounded number of prompts.
     pub fn new(prompt_len: u64, gen_len: u64) -> Self {
         Self { prompt_len, gen_len, num_prompts: None }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::cost::{CostEstimate, LinearModel, TermBreakdown, TierBytes, stored_layer_weight_bytes};
 use super::error::PolicyError;
 use super::hardware::HardwareProfile;
-use super::model::{ModelShape, Workload};
+use super::model::{ModelShape, OffloadWorkload};
 use super::types::{Placement, Policy, PolicyShape, Tier};
 
 /// A policy rounded to whole layers and tensors, with its re-checked estimate.
@@ -167,17 +167,17 @@ fn layer_tiers(w: [u64; 3]) -> Vec<Tier> {
 pub fn round_to_whole(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     policy: &Policy,
     reserved: &TierBytes,
 ) -> Result<RoundedPolicy, PolicyError> {
     policy.validate()?;
-    let shape: PolicyShape = policy.shape();
+    let shape: PolicyShape = policy.shape;
     let lm = LinearModel::build(hw, model, workload, &shape)?;
     let available = TierBytes::available(hw, reserved);
     let w_stored = stored_layer_weight_bytes(model, &shape);
     let l = u64::from(model.num_layers);
-    let nb = u64::from(policy.num_gpu_batches);
+    let nb = u64::from(policy.shape.num_gpu_batches);
     let totals = [l, l * nb, nb];
     let placements = [policy.weights, policy.cache, policy.activations];
     let mut counts = Counts {

@@ -18,7 +18,7 @@ use super::compression::{self, FLEXGEN_CACHE, FLEXGEN_WEIGHTS, check_cache, chec
 use super::cost::{Affine, CostEstimate, HD, LinearModel, MemoryConstraint, Term, TierBytes};
 use super::error::{GIB, PolicyError};
 use super::hardware::HardwareProfile;
-use super::model::{ModelShape, Workload};
+use super::model::{ModelShape, OffloadWorkload};
 use super::rounding::{RoundedPolicy, round_to_whole};
 use super::types::{Placement, Policy, PolicyShape, Tier};
 
@@ -114,7 +114,7 @@ impl SearchSpace {
     }
 
     /// Every policy shape of the space, grouped so that `num_gpu_batches` grows fastest.
-    fn groups(&self, wl: &Workload) -> Vec<Vec<PolicyShape>> {
+    fn groups(&self, wl: &OffloadWorkload) -> Vec<Vec<PolicyShape>> {
         let mut gbs = self.gpu_batch_sizes.clone();
         gbs.sort_unstable();
         gbs.dedup();
@@ -347,7 +347,7 @@ fn fits_lp(est: &CostEstimate, available: &TierBytes) -> bool {
 pub fn solve_placement(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     shape: &PolicyShape,
     available: &TierBytes,
     allow_disk_activations: bool,
@@ -368,7 +368,7 @@ pub fn solve_placement(
 pub fn search(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     space: &SearchSpace,
 ) -> Result<SearchResult, PolicyError> {
     hw.validate()?;
@@ -399,7 +399,7 @@ pub fn search(
 pub fn search_whole(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     space: &SearchSpace,
 ) -> Result<RoundedPolicy, PolicyError> {
     hw.validate()?;
@@ -420,7 +420,7 @@ pub fn search_whole(
 fn search_by<T>(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     space: &SearchSpace,
     available: &TierBytes,
     rank: impl Fn(Policy, &CostEstimate) -> Option<(T, f64)>,
@@ -471,7 +471,7 @@ fn search_by<T>(
 fn diagnose(
     hw: &HardwareProfile,
     model: &ModelShape,
-    workload: &Workload,
+    workload: &OffloadWorkload,
     space: &SearchSpace,
     available: &TierBytes,
 ) -> PolicyError {

@@ -49,8 +49,8 @@ fn hand_model() -> ModelShape {
 }
 
 /// s = 128, n = 8 (so s + n/2 = 132, n − 1 = 7, s + n = 136).
-fn hand_wl() -> Workload {
-    Workload::new(128, 8)
+fn hand_wl() -> OffloadWorkload {
+    OffloadWorkload::new(128, 8)
 }
 
 #[test]
@@ -124,15 +124,17 @@ fn hand_case_all_on_gpu() {
 fn hand_case_weights_and_cache_on_cpu_with_cpu_attention() {
     let (hw, m, wl) = (hand_hw(), hand_model(), hand_wl());
     let p = Policy {
-        gpu_batch_size: 4,
-        num_gpu_batches: 2, // bls = 8
         weights: Placement::all_on(Tier::Cpu),
         cache: Placement::all_on(Tier::Cpu),
         activations: Placement::all_on(Tier::Gpu),
-        cpu_attention: true,
-        overlap: true,
-        compress_weights: None,
-        compress_cache: None,
+        shape: PolicyShape {
+            gpu_batch_size: 4,
+            num_gpu_batches: 2, // bls = 8
+            cpu_attention: true,
+            overlap: true,
+            compress_weights: None,
+            compress_cache: None,
+        },
     };
     let e = estimate(&hw, &m, &wl, &p).unwrap();
 
@@ -185,7 +187,7 @@ fn no_overlap_sums_the_terms() {
     let (hw, m, wl) = (hand_hw(), hand_model(), hand_wl());
     let mut p = Policy::deepspeed_like(4, Tier::Cpu);
     let with = estimate(&hw, &m, &wl, &p).unwrap();
-    p.overlap = false;
+    p.shape.overlap = false;
     let without = estimate(&hw, &m, &wl, &p).unwrap();
     assert_close!(without.t_decode_layer, with.decode_terms.terms().iter().sum::<f64>());
     assert_close!(with.t_decode_layer, with.decode_terms.terms().iter().copied().fold(0.0, f64::max));
@@ -199,17 +201,20 @@ fn compression_shrinks_bytes_and_adds_lm_offload_terms() {
     // 4/8 + 8/64 = 0.625 bytes per value.
     assert_close!(cw.bytes_per_value(), 0.625);
     let base = Policy {
-        gpu_batch_size: 4,
-        num_gpu_batches: 1,
         weights: Placement::all_on(Tier::Cpu),
         cache: Placement::all_on(Tier::Cpu),
         activations: Placement::all_on(Tier::Gpu),
-        cpu_attention: false,
-        overlap: true,
-        compress_weights: None,
-        compress_cache: None,
+        shape: PolicyShape {
+            gpu_batch_size: 4,
+            num_gpu_batches: 1,
+            cpu_attention: false,
+            overlap: true,
+            compress_weights: None,
+            compress_cache: None,
+        },
     };
-    let comp = Policy { compress_weights: Some(cw), compress_cache: Some(cc), ..base };
+    let comp =
+        Policy { shape: PolicyShape { compress_weights: Some(cw), compress_cache: Some(cc), ..base.shape }, ..base };
     let e = estimate(&hw, &m, &wl, &comp).unwrap();
     // Decode ctog = (W_q + s̄·K_q·bls)/ctog + W_full/deq + s̄·K_full·bls/deq with
     // W_q = 12 582 912·0.625 = 7 864 320, K_q = 2·1024·0.625 = 1 280, s̄ = 132, bls = 4.
@@ -225,9 +230,11 @@ fn compression_shrinks_bytes_and_adds_lm_offload_terms() {
     assert_close!(e.peak_memory.prefill.cpu, 2.0 * 7_864_320.0 + 136.0 * 1280.0 * 4.0 * 2.0 + 7_864_320.0);
 
     // With CPU attention the cache never crosses PCIe: cache compression changes nothing.
-    let cpu_att = Policy { cpu_attention: true, ..base };
+    let cpu_att = Policy { shape: PolicyShape { cpu_attention: true, ..base.shape }, ..base };
     let a = estimate(&hw, &m, &wl, &cpu_att).unwrap();
-    let b = estimate(&hw, &m, &wl, &Policy { compress_cache: Some(cc), ..cpu_att }).unwrap();
+    let b =
+        estimate(&hw, &m, &wl, &Policy { shape: PolicyShape { compress_cache: Some(cc), ..cpu_att.shape }, ..cpu_att })
+            .unwrap();
     assert_eq!(a, b);
 }
 
@@ -253,10 +260,11 @@ fn invalid_inputs_are_errors_not_panics() {
     p.weights = Placement { gpu: f64::NAN, cpu: 0.0, disk: 1.0 };
     assert!(matches!(estimate(&hw, &m, &wl, &p), Err(PolicyError::InvalidPolicy(_))));
     assert!(estimate(&hw, &m, &wl, &Policy::all_on_gpu(0)).is_err());
-    let bad_c = Policy { compress_weights: Some(FLEXGEN_CACHE), ..Policy::all_on_gpu(1) };
+    let mut bad_c = Policy::all_on_gpu(1);
+    bad_c.shape.compress_weights = Some(FLEXGEN_CACHE);
     assert!(matches!(estimate(&hw, &m, &wl, &bad_c), Err(PolicyError::InvalidPolicy(e)) if e.contains("axis 1")));
-    assert!(estimate(&hw, &m, &Workload::new(128, 0), &Policy::all_on_gpu(1)).is_err());
-    assert!(estimate(&hw, &m, &Workload::new(0, 8), &Policy::all_on_gpu(1)).is_err());
+    assert!(estimate(&hw, &m, &OffloadWorkload::new(128, 0), &Policy::all_on_gpu(1)).is_err());
+    assert!(estimate(&hw, &m, &OffloadWorkload::new(0, 8), &Policy::all_on_gpu(1)).is_err());
     let mut bad_m = m.clone();
     bad_m.num_kv_heads = 5;
     assert!(matches!(estimate(&hw, &bad_m, &wl, &Policy::all_on_gpu(1)), Err(PolicyError::InvalidModel(_))));
@@ -297,11 +305,11 @@ fn assert_valid(r: &SearchResult) {
 fn lp_results_respect_constraints() {
     let hw = HardwareProfile::t4_like();
     let cases = [
-        (ModelShape::opt_6_7b(), Workload::new(512, 32)),
-        (ModelShape::opt_30b(), Workload::new(512, 32)),
-        (ModelShape::opt_30b(), Workload::new(1024, 32)),
-        (ModelShape::opt_175b(), Workload::new(512, 32)),
-        (ModelShape::llama3_8b(), Workload::new(2048, 128)),
+        (ModelShape::opt_6_7b(), OffloadWorkload::new(512, 32)),
+        (ModelShape::opt_30b(), OffloadWorkload::new(512, 32)),
+        (ModelShape::opt_30b(), OffloadWorkload::new(1024, 32)),
+        (ModelShape::opt_175b(), OffloadWorkload::new(512, 32)),
+        (ModelShape::llama3_8b(), OffloadWorkload::new(2048, 128)),
     ];
     for (m, wl) in cases {
         for space in [small_space(), small_space().with_compression()] {
@@ -317,7 +325,7 @@ fn lp_placement_is_optimal_against_a_grid() {
     // For fixed shapes, no placement on a 5% grid that fits may beat the LP's.
     let hw = HardwareProfile::t4_like();
     let m = ModelShape::opt_30b();
-    let wl = Workload::new(512, 32);
+    let wl = OffloadWorkload::new(512, 32);
     let available = TierBytes::available(&hw, &TierBytes::default());
     for cpu_attention in [false, true] {
         let shape = PolicyShape {
@@ -361,7 +369,7 @@ fn lp_placement_is_optimal_against_a_grid() {
 #[test]
 fn more_memory_never_lowers_predicted_throughput() {
     let m = ModelShape::opt_30b();
-    let wl = Workload::new(512, 32);
+    let wl = OffloadWorkload::new(512, 32);
     let space = small_space();
     let mut last = 0.0;
     for gib in [6u64, 8, 12, 16, 24, 32, 48, 80] {
@@ -385,7 +393,7 @@ fn flexgen_like_opt30b_on_t4_prefers_big_blocks_and_cpu_weights() {
     // CPU. Qualitatively: a large effective batch and most weights on the CPU.
     let hw = HardwareProfile::t4_like();
     let m = ModelShape::opt_30b();
-    let wl = Workload::new(512, 32);
+    let wl = OffloadWorkload::new(512, 32);
     let r = search(&hw, &m, &wl, &SearchSpace::default()).unwrap();
     assert_valid(&r);
     assert!(r.policy.block_size() >= 32, "block {}", r.policy.block_size());
@@ -404,7 +412,7 @@ fn flexgen_like_opt30b_on_t4_prefers_big_blocks_and_cpu_weights() {
     assert!(r.estimate.throughput_tokens_per_s > ds.1.throughput_tokens_per_s);
     assert!(r.estimate.throughput_tokens_per_s > acc.1.throughput_tokens_per_s);
     // One more batch would not fit.
-    let over = estimate(&hw, &m, &wl, &Policy::deepspeed_like(ds.0.gpu_batch_size + 1, Tier::Cpu)).unwrap();
+    let over = estimate(&hw, &m, &wl, &Policy::deepspeed_like(ds.0.shape.gpu_batch_size + 1, Tier::Cpu)).unwrap();
     assert!(!over.fits(&avail));
 }
 
@@ -414,13 +422,13 @@ fn baseline_constructors_match_flexgen_description() {
     assert_eq!(ds.weights.to_array(), [0.0, 1.0, 0.0]);
     assert_eq!(ds.cache.to_array(), [1.0, 0.0, 0.0]);
     assert_eq!(ds.activations.to_array(), [1.0, 0.0, 0.0]);
-    assert_eq!((ds.gpu_batch_size, ds.num_gpu_batches, ds.cpu_attention), (8, 1, false));
-    assert!(ds.overlap && ds.compress_weights.is_none() && ds.compress_cache.is_none());
+    assert_eq!((ds.shape.gpu_batch_size, ds.shape.num_gpu_batches, ds.shape.cpu_attention), (8, 1, false));
+    assert!(ds.shape.overlap && ds.shape.compress_weights.is_none() && ds.shape.compress_cache.is_none());
     assert_eq!(Policy::deepspeed_like(2, Tier::Disk).weights.to_array(), [0.0, 0.0, 1.0]);
     let acc = Policy::accelerate_like(4, Placement { gpu: 0.3, cpu: 0.7, disk: 0.0 });
     assert_eq!(acc.weights.to_array(), [0.3, 0.7, 0.0]);
     assert_eq!(acc.cache.to_array(), [1.0, 0.0, 0.0]);
-    assert!(!acc.overlap && acc.num_gpu_batches == 1);
+    assert!(!acc.shape.overlap && acc.shape.num_gpu_batches == 1);
     assert!(ds.validate().is_ok() && acc.validate().is_ok());
 }
 
@@ -431,7 +439,7 @@ fn compression_changes_the_binding_constraint_when_memory_is_tight() {
     // CPU memory, so the CPU constraint is no longer what binds and disk is idle.
     let hw = HardwareProfile { cpu_memory_bytes: 40 << 30, ..HardwareProfile::t4_like() };
     let m = ModelShape::opt_30b();
-    let wl = Workload::new(512, 32);
+    let wl = OffloadWorkload::new(512, 32);
     let plain = search(&hw, &m, &wl, &small_space()).unwrap();
     assert!(plain.policy.weights.disk > 0.0, "{:?}", plain.policy.weights);
     assert!(plain.binding.tight_memory.iter().any(|c| c.tier() == Tier::Cpu), "{:?}", plain.binding);
@@ -450,7 +458,7 @@ fn compression_changes_the_binding_constraint_when_memory_is_tight() {
 fn infeasible_gpu_budget_names_the_needed_bytes() {
     let hw = HardwareProfile { gpu_memory_bytes: 256 << 20, ..HardwareProfile::t4_like() };
     let m = ModelShape::opt_30b();
-    let err = search(&hw, &m, &Workload::new(512, 32), &small_space()).unwrap_err();
+    let err = search(&hw, &m, &OffloadWorkload::new(512, 32), &small_space()).unwrap_err();
     match &err {
         PolicyError::InsufficientMemory { tier, needed_bytes, available_bytes, what } => {
             assert_eq!(*tier, Tier::Gpu);
@@ -470,7 +478,7 @@ fn infeasible_cpu_and_disk_budget_names_the_cpu() {
     // 60 GB of weights, 16 GiB GPU, 8 GiB CPU, 10 GiB disk: the CPU (with GPU and disk full)
     // cannot hold the rest.
     let hw = HardwareProfile { cpu_memory_bytes: 8 << 30, disk_memory_bytes: 10 << 30, ..HardwareProfile::t4_like() };
-    let err = search(&hw, &ModelShape::opt_30b(), &Workload::new(512, 32), &small_space()).unwrap_err();
+    let err = search(&hw, &ModelShape::opt_30b(), &OffloadWorkload::new(512, 32), &small_space()).unwrap_err();
     match err {
         PolicyError::InsufficientMemory { tier, needed_bytes, available_bytes, .. } => {
             assert_eq!(tier, Tier::Cpu);
@@ -483,7 +491,7 @@ fn infeasible_cpu_and_disk_budget_names_the_cpu() {
 
 #[test]
 fn num_prompts_bounds_the_block() {
-    let wl = Workload { num_prompts: Some(16), ..Workload::new(512, 32) };
+    let wl = OffloadWorkload { num_prompts: Some(16), ..OffloadWorkload::new(512, 32) };
     let r = search(&HardwareProfile::t4_like(), &ModelShape::opt_30b(), &wl, &small_space()).unwrap();
     assert!(r.policy.block_size() <= 16);
 }
@@ -492,14 +500,14 @@ fn num_prompts_bounds_the_block() {
 fn rounding_to_whole_layers_fits_and_costs_no_less() {
     let hw = HardwareProfile::t4_like();
     for (m, wl) in [
-        (ModelShape::opt_30b(), Workload::new(512, 32)),
-        (ModelShape::opt_175b(), Workload::new(512, 32)),
-        (ModelShape::opt_6_7b(), Workload::new(512, 32)),
+        (ModelShape::opt_30b(), OffloadWorkload::new(512, 32)),
+        (ModelShape::opt_175b(), OffloadWorkload::new(512, 32)),
+        (ModelShape::opt_6_7b(), OffloadWorkload::new(512, 32)),
     ] {
         let r = search(&hw, &m, &wl, &small_space()).unwrap();
         let rr = round_to_whole(&hw, &m, &wl, &r.policy, &TierBytes::default()).unwrap();
         let l = u64::from(m.num_layers);
-        let nb = u64::from(rr.policy.num_gpu_batches);
+        let nb = u64::from(rr.policy.shape.num_gpu_batches);
         assert_eq!(rr.weight_layers.iter().sum::<u64>(), l);
         assert_eq!(rr.cache_tensors.iter().sum::<u64>(), l * nb);
         assert_eq!(rr.activation_tensors.iter().sum::<u64>(), nb);
@@ -525,7 +533,7 @@ fn rounding_demotes_when_the_fraction_does_not_fit() {
     // All weights on the GPU of a 30B model on a 16 GiB GPU: rounding must move layers down.
     let hw = HardwareProfile::t4_like();
     let m = ModelShape::opt_30b();
-    let wl = Workload::new(512, 32);
+    let wl = OffloadWorkload::new(512, 32);
     let p = Policy::all_on_gpu(1);
     let rr = round_to_whole(&hw, &m, &wl, &p, &TierBytes::default()).unwrap();
     assert!(rr.weight_layers[0] < 48 && rr.weight_layers[0] > 0, "{:?}", rr.weight_layers);
@@ -575,11 +583,12 @@ fn profile_json_round_trip_and_clear_errors() {
 #[test]
 fn policy_and_results_serialize() {
     let r =
-        search(&HardwareProfile::t4_like(), &ModelShape::opt_6_7b(), &Workload::new(256, 32), &small_space()).unwrap();
+        search(&HardwareProfile::t4_like(), &ModelShape::opt_6_7b(), &OffloadWorkload::new(256, 32), &small_space())
+            .unwrap();
     let json = serde_json::to_string(&r).unwrap();
     let back: SearchResult = serde_json::from_str(&json).unwrap();
     // serde_json's default float parsing may differ in the last bit.
-    assert_eq!(back.policy.shape(), r.policy.shape());
+    assert_eq!(back.policy.shape, r.policy.shape);
     for (a, b) in back.policy.placement_vector().iter().zip(r.policy.placement_vector()) {
         assert_close!(*a, b, 1e-15);
     }
@@ -706,12 +715,9 @@ fn matmul_rate_by_rows() {
 /// they held `QuantSpec`s), come back along their kind's axis, and are checked when read.
 #[test]
 fn compression_serializes_as_bits_and_group_size() {
-    let policy = Policy {
-        compress_weights: Some(FLEXGEN_WEIGHTS),
-        compress_cache: Some(FLEXGEN_CACHE),
-        ..Policy::all_on_gpu(1)
-    };
-    let shape = policy.shape();
+    let mut policy = Policy::all_on_gpu(1);
+    (policy.shape.compress_weights, policy.shape.compress_cache) = (Some(FLEXGEN_WEIGHTS), Some(FLEXGEN_CACHE));
+    let shape = policy.shape;
     let json = serde_json::to_string(&policy).unwrap();
     assert!(
         json.ends_with(r#""compress_weights":{"bits":4,"group_size":64},"compress_cache":{"bits":4,"group_size":64}}"#),

@@ -166,64 +166,32 @@ impl PolicyShape {
 }
 
 /// A complete offloading policy: FlexGen's 11 variables (`bls`, `gbs` and the nine placement
-/// percentages) plus CPU delegation, overlapping and LM-Offload's per-tensor compression.
+/// percentages) plus CPU delegation, overlapping and LM-Offload's per-tensor compression: the
+/// scalar [`PolicyShape`] and the three placements. In JSON the shape's fields sit beside the
+/// placements, in one flat object (the placements first).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
-    /// GPU batch size `gbs`.
-    pub gpu_batch_size: u32,
-    /// GPU batches per block (`bls = gbs · num_gpu_batches`).
-    pub num_gpu_batches: u32,
     /// Weight placement `(wg, wc, wd)`.
     pub weights: Placement,
     /// KV-cache placement `(cg, cc, cd)`.
     pub cache: Placement,
     /// Activation placement `(hg, hc, hd)`.
     pub activations: Placement,
-    /// Decode attention on the CPU for the off-GPU part of the cache (FlexGen §4.2).
-    pub cpu_attention: bool,
-    /// Overlap I/O with compute (FlexGen Algorithm 1).
-    pub overlap: bool,
-    /// Weight quantization, if any (along each weight's output channel).
-    #[serde(default, serialize_with = "compression::serialize", deserialize_with = "compression::weights")]
-    pub compress_weights: Option<QuantSpec>,
-    /// KV-cache quantization, if any (along the head dimension; ignored with `cpu_attention`, see
-    /// [`PolicyShape::effective_cache_compression`]).
-    #[serde(default, serialize_with = "compression::serialize", deserialize_with = "compression::cache")]
-    pub compress_cache: Option<QuantSpec>,
+    /// Batch sizes, delegation, overlap and compression.
+    #[serde(flatten)]
+    pub shape: PolicyShape,
 }
 
 impl Policy {
     /// Assemble a policy from its scalar part and the three placements.
     pub fn from_parts(shape: PolicyShape, weights: Placement, cache: Placement, activations: Placement) -> Self {
-        Self {
-            gpu_batch_size: shape.gpu_batch_size,
-            num_gpu_batches: shape.num_gpu_batches,
-            weights,
-            cache,
-            activations,
-            cpu_attention: shape.cpu_attention,
-            overlap: shape.overlap,
-            compress_weights: shape.compress_weights,
-            compress_cache: shape.compress_cache,
-        }
-    }
-
-    /// The scalar part (everything but the placements).
-    pub fn shape(&self) -> PolicyShape {
-        PolicyShape {
-            gpu_batch_size: self.gpu_batch_size,
-            num_gpu_batches: self.num_gpu_batches,
-            cpu_attention: self.cpu_attention,
-            overlap: self.overlap,
-            compress_weights: self.compress_weights,
-            compress_cache: self.compress_cache,
-        }
+        Self { weights, cache, activations, shape }
     }
 
     /// `bls = gbs · num_gpu_batches`.
     pub fn block_size(&self) -> u64 {
-        self.shape().block_size()
+        self.shape.block_size()
     }
 
     /// The nine placement variables in the LP's order
@@ -237,7 +205,7 @@ impl Policy {
 
     /// Check batch sizes, compression and the three placements.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        self.shape().validate()?;
+        self.shape.validate()?;
         self.weights.validate("weight")?;
         self.cache.validate("cache")?;
         self.activations.validate("activation")?;
@@ -246,17 +214,16 @@ impl Policy {
 
     /// Everything on the GPU, one GPU batch, no delegation, overlap on.
     pub fn all_on_gpu(gpu_batch_size: u32) -> Self {
-        Self {
+        let shape = PolicyShape {
             gpu_batch_size,
             num_gpu_batches: 1,
-            weights: Placement::all_on(Tier::Gpu),
-            cache: Placement::all_on(Tier::Gpu),
-            activations: Placement::all_on(Tier::Gpu),
             cpu_attention: false,
             overlap: true,
             compress_weights: None,
             compress_cache: None,
-        }
+        };
+        let gpu = Placement::all_on(Tier::Gpu);
+        Self { weights: gpu, cache: gpu, activations: gpu, shape }
     }
 
     /// DeepSpeed ZeRO-Inference as FlexGen benchmarks it (§6, Appendix A.4 "Ablation Study"):
@@ -272,6 +239,8 @@ impl Policy {
     /// weight loading with compute (Accelerate's hooks load a layer right before running it),
     /// attention on the GPU, no quantization.
     pub fn accelerate_like(gpu_batch_size: u32, weights: Placement) -> Self {
-        Self { weights, overlap: false, ..Self::all_on_gpu(gpu_batch_size) }
+        let mut policy = Self { weights, ..Self::all_on_gpu(gpu_batch_size) };
+        policy.shape.overlap = false;
+        policy
     }
 }

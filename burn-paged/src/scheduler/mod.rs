@@ -22,7 +22,7 @@
 //!
 //! The baselines of the thesis (§5.6.1) run on the same machinery: [`SchedulingPolicy::Orca`]
 //! admits like FCFS but only while every admitted group's contiguous reservation
-//! ([`Reservation`]) fits the device pool, so running groups never outgrow their memory and
+//! ([`KvReservation`]) fits the device pool, so running groups never outgrow their memory and
 //! nothing is preempted; [`SchedulingPolicy::Static`] admits only when nothing runs (a batch
 //! waits for its longest request), with max-length reservations.
 //!
@@ -34,9 +34,11 @@ mod policy;
 mod tests;
 
 use policy::Admission;
-pub use policy::{Reservation, SchedulingPolicy};
+pub use policy::{KvReservation, SchedulingPolicy};
 
 use std::collections::{HashMap, VecDeque};
+
+use burn_llm_models::admission::PhasedAdmission;
 
 use crate::memory::{BlockId, BlockManager, Location, SeqId};
 
@@ -95,7 +97,7 @@ pub struct SchedulerConfig {
     pub watermark_blocks: usize,
     /// Which steps prefill and which decode.
     pub scheduling: SchedulingPolicy,
-    /// The model's maximum sequence length (prompt + output): what [`Reservation::Max`] reserves.
+    /// The model's maximum sequence length (prompt + output): what [`KvReservation::Max`] reserves.
     pub max_model_len: usize,
 }
 
@@ -151,7 +153,7 @@ pub struct SequenceGroup<T> {
     /// Prompt tokens at arrival (reservations are sized from them).
     pub prompt_len: usize,
     /// Tokens each sequence may generate at most (`usize::MAX` when unbounded): what
-    /// [`Reservation::Oracle`] and [`Reservation::Pow2`] reserve beyond the prompt.
+    /// [`KvReservation::Oracle`] and [`KvReservation::Pow2`] reserve beyond the prompt.
     pub max_new_tokens: usize,
     status: GroupStatus,
 }
@@ -318,7 +320,7 @@ impl<T> Scheduler<T> {
                 self.schedule_phased(blocks, encode_batch, decode_batch, decode_iterations)
             }
             SchedulingPolicy::Orca(reservation) => self.schedule_reserved(blocks, reservation, false),
-            SchedulingPolicy::Static => self.schedule_reserved(blocks, Reservation::Max, true),
+            SchedulingPolicy::Static => self.schedule_reserved(blocks, KvReservation::Max, true),
         }
     }
 
@@ -328,7 +330,7 @@ impl<T> Scheduler<T> {
     fn schedule_reserved(
         &mut self,
         blocks: &mut BlockManager,
-        reservation: Reservation,
+        reservation: KvReservation,
         static_batches: bool,
     ) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
@@ -351,7 +353,7 @@ impl<T> Scheduler<T> {
     }
 
     /// Device blocks `id` reserves under `reservation`: one contiguous reservation per seat.
-    fn reserved_blocks(&self, id: GroupId, reservation: Reservation, block_size: usize) -> usize {
+    fn reserved_blocks(&self, id: GroupId, reservation: KvReservation, block_size: usize) -> usize {
         let g = &self.groups[&id];
         let tokens = reservation.tokens(g.prompt_len, g.max_new_tokens, self.config.max_model_len);
         g.seats() * tokens.div_ceil(block_size.max(1))
@@ -372,10 +374,9 @@ impl<T> Scheduler<T> {
         out
     }
 
-    /// One step of ExeGPT's RRA schedule: a prefill step when one is due (after
-    /// `decode_iterations` decode steps, when `encode_batch` seats are free, or when nothing
-    /// runs) and it admits something; otherwise
-    /// a decode step over the running groups (and swapped ones coming back).
+    /// One step of ExeGPT's RRA schedule: a prefill step when one is due
+    /// ([`PhasedAdmission::prefill_due`]) and it admits something; otherwise a decode step over
+    /// the running groups (and swapped ones coming back).
     fn schedule_phased(
         &mut self,
         blocks: &mut BlockManager,
@@ -386,12 +387,8 @@ impl<T> Scheduler<T> {
         let mut out = SchedulerOutput::default();
         let mut token_budget = self.config.max_num_batched_tokens;
         let seats = self.config.max_num_seqs.min(decode_batch);
-        let seats_used = self.seats_used();
-        // ExeGPT §5.2's decoder-batch monitor: once `B_E` seats are free, the completions the
-        // cycle waits `N_D` iterations for have come, and the batch is refilled now.
-        let due = self.running.is_empty()
-            || self.decodes_since_prefill >= decode_iterations
-            || seats.saturating_sub(seats_used) >= encode_batch.min(seats);
+        let rule = PhasedAdmission { encode_batch, decode_iterations, seats };
+        let due = rule.prefill_due(self.running.is_empty(), self.seats_used(), self.decodes_since_prefill);
         if due && self.swapped.is_empty() {
             // The prompts must not take the blocks the running groups need for their next decode.
             let reserved_blocks = self.running.iter().map(|&g| self.blocks_to_append(g, blocks)).sum();

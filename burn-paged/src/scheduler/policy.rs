@@ -8,7 +8,7 @@
 /// How much KV memory an Orca-style system reserves per sequence when it admits a request, as a
 /// contiguous chunk it keeps until the request finishes (thesis §5.6.1, "Baseline 2: Orca").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reservation {
+pub enum KvReservation {
     /// Orca (Max): the model's maximum sequence length, whatever the request.
     Max,
     /// Orca (Pow2): the prompt plus the output budget rounded up to a power of two (at most 2×
@@ -19,7 +19,7 @@ pub enum Reservation {
     Oracle,
 }
 
-impl Reservation {
+impl KvReservation {
     /// KV tokens reserved for one sequence with `prompt_len` prompt tokens that may generate
     /// `max_new_tokens`, in a model of `max_model_len` positions.
     pub fn tokens(self, prompt_len: usize, max_new_tokens: usize, max_model_len: usize) -> usize {
@@ -66,16 +66,16 @@ pub enum SchedulingPolicy {
     },
     /// Orca's iteration-level scheduling (thesis §5.6.1): like FCFS, a finished request's seat is
     /// refilled at the next step, but each admitted request first reserves contiguous KV memory for
-    /// every sequence it may run, as [`Reservation`] says, and holds it until it finishes. A
+    /// every sequence it may run, as [`KvReservation`] says, and holds it until it finishes. A
     /// request is admitted only while the reservations fit the KV pool, so the batch is bounded by
     /// the reservations rather than by the tokens actually stored. The paged pool executes it
     /// (blocks are taken as tokens arrive, always within the reservation), so the policy costs
     /// exactly the memory Orca would tie up, without its buddy allocator's external fragmentation
     /// (an advantage to Orca). Prefix caching still shares blocks; disable it to model Orca fully.
-    Orca(Reservation),
+    Orca(KvReservation),
     /// Request-level static batching (FasterTransformer; the thesis's Baseline 1): a batch is
     /// admitted only when the previous one has completely finished, each request reserving the
-    /// model's maximum length ([`Reservation::Max`]); finished requests leave their seats empty
+    /// model's maximum length ([`KvReservation::Max`]); finished requests leave their seats empty
     /// until the batch's longest request is done. They are not computed (the paged engine skips
     /// them), so this baseline pays the waiting, not padded compute.
     Static,
@@ -83,10 +83,10 @@ pub enum SchedulingPolicy {
 
 impl SchedulingPolicy {
     /// The per-sequence reservation admission makes, if any.
-    pub fn reservation(&self) -> Option<Reservation> {
+    pub fn reservation(&self) -> Option<KvReservation> {
         match *self {
             Self::Orca(r) => Some(r),
-            Self::Static => Some(Reservation::Max),
+            Self::Static => Some(KvReservation::Max),
             Self::Fcfs | Self::Phased { .. } => None,
         }
     }
@@ -96,9 +96,9 @@ impl SchedulingPolicy {
         match *self {
             Self::Fcfs => "fcfs",
             Self::Phased { .. } => "exegpt",
-            Self::Orca(Reservation::Max) => "orca-max",
-            Self::Orca(Reservation::Pow2) => "orca-pow2",
-            Self::Orca(Reservation::Oracle) => "orca-oracle",
+            Self::Orca(KvReservation::Max) => "orca-max",
+            Self::Orca(KvReservation::Pow2) => "orca-pow2",
+            Self::Orca(KvReservation::Oracle) => "orca-oracle",
             Self::Static => "static",
         }
     }
@@ -133,7 +133,7 @@ pub(super) struct Admission {
     /// Free device blocks left untouched (the running groups' next appends).
     pub reserved_blocks: usize,
     /// Orca-style contiguous reservations: admitted groups' reservations must fit the pool.
-    pub reservation: Option<Reservation>,
+    pub reservation: Option<KvReservation>,
 }
 
 impl Admission {

@@ -400,13 +400,13 @@ fn groups_of(out: &SchedulerOutput) -> Vec<GroupId> {
 #[test]
 fn reservations_follow_the_thesis_variants() {
     // Prompt 10, output budget 25, model length 64.
-    assert_eq!(Reservation::Max.tokens(10, 25, 64), 64);
-    assert_eq!(Reservation::Pow2.tokens(10, 25, 64), 10 + 32);
-    assert_eq!(Reservation::Oracle.tokens(10, 25, 64), 35);
+    assert_eq!(KvReservation::Max.tokens(10, 25, 64), 64);
+    assert_eq!(KvReservation::Pow2.tokens(10, 25, 64), 10 + 32);
+    assert_eq!(KvReservation::Oracle.tokens(10, 25, 64), 35);
     // Capped by the model's length.
-    assert_eq!(Reservation::Pow2.tokens(40, 20, 64), 64);
-    assert_eq!(Reservation::Oracle.tokens(40, usize::MAX, 64), 64);
-    assert_eq!(SchedulingPolicy::Static.reservation(), Some(Reservation::Max));
+    assert_eq!(KvReservation::Pow2.tokens(40, 20, 64), 64);
+    assert_eq!(KvReservation::Oracle.tokens(40, usize::MAX, 64), 64);
+    assert_eq!(SchedulingPolicy::Static.reservation(), Some(KvReservation::Max));
     assert_eq!(SchedulingPolicy::Fcfs.reservation(), None);
 }
 
@@ -415,7 +415,7 @@ fn reservations_follow_the_thesis_variants() {
 /// (iteration-level), and nothing is ever preempted.
 #[test]
 fn orca_max_admits_by_reservation_and_refills_at_the_next_step() {
-    let steps = run_three(SchedulingPolicy::Orca(Reservation::Max));
+    let steps = run_three(SchedulingPolicy::Orca(KvReservation::Max));
     // FCFS on this pool would run all three at once (they use 2 blocks each).
     assert_eq!(steps[..3], [vec![1, 2], vec![1, 2], vec![2, 3]], "{steps:?}");
 }
@@ -423,7 +423,7 @@ fn orca_max_admits_by_reservation_and_refills_at_the_next_step() {
 /// Orca (Oracle) reserves only prompt + output, so the same pool runs all three at once.
 #[test]
 fn orca_oracle_reserves_what_the_request_needs() {
-    assert_eq!(run_three(SchedulingPolicy::Orca(Reservation::Oracle))[0], vec![1, 2, 3]);
+    assert_eq!(run_three(SchedulingPolicy::Orca(KvReservation::Oracle))[0], vec![1, 2, 3]);
 }
 
 /// Static batching: the second batch starts only when the first one's longest request is done.
@@ -438,7 +438,7 @@ fn static_batches_wait_for_their_longest_request() {
 #[test]
 fn a_reservation_beyond_the_pool_is_rejected() {
     let mut blocks = manager(4, 0);
-    let mut s = Scheduler::new(reserving(SchedulingPolicy::Orca(Reservation::Max), 32));
+    let mut s = Scheduler::new(reserving(SchedulingPolicy::Orca(KvReservation::Max), 32));
     s.add(group(1, 4, 2));
     let out = s.schedule(&mut blocks);
     assert_eq!(out.rejected, vec![1]);

@@ -35,7 +35,7 @@ pub struct PlacementInput {
     /// Memory of each device in bytes.
     pub device_memory_bytes: u64,
     /// Requests to serve.
-    pub workload: Workload,
+    pub workload: PlacementWorkload,
     /// `"replication"`: only one-device groups (the baseline).
     #[serde(default)]
     pub baseline: Option<Baseline>,
@@ -72,7 +72,7 @@ pub enum Baseline {
 /// Requests: an explicit `trace`, or gamma-process `arrivals` over `duration_s` from `seed`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Workload {
+pub struct PlacementWorkload {
     /// `[[time_s, model], …]`, model by name or index.
     #[serde(default)]
     pub trace: Option<Vec<(f64, ModelRef)>>,

@@ -224,8 +224,7 @@ fn key_scores(q: &[f32], keys: &[f32], bias: &[f32], scale: f32, scores: &mut [f
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    {
+    if d.is_multiple_of(8) && crate::cpu::features().avx2_fma() {
         // SAFETY: the features were just detected; `d` is a multiple of 8.
         done = unsafe { x86::key_scores(q, keys, bias, scale, scores) };
     }

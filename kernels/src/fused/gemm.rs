@@ -89,13 +89,13 @@ const UNIT: usize = 32;
 fn panel_range(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        if b.row == 1 && b.k > 0 && b.k.is_multiple_of(8) && has!("avx2") && has!("fma") {
+        let cpu = crate::cpu::features();
+        if b.row == 1 && b.k > 0 && b.k.is_multiple_of(8) && cpu.avx2_fma() {
             // SAFETY: the features `nt::product` is compiled for were just detected; `k` is a
             // positive multiple of 8 and the table's rows are contiguous (`row == 1`).
             return unsafe { nt::product(xs, m, b, columns, out) };
         }
-        if has!("avx512f") && has!("fma") {
+        if cpu.avx512_fma() {
             #[target_feature(enable = "avx512f,avx2,fma")]
             unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
                 panels::<6, 32, true>(xs, m, b, columns, out)
@@ -103,7 +103,7 @@ fn panel_range(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>
             // SAFETY: the features `run` is compiled for were just detected.
             return unsafe { run(xs, m, b, columns, out) };
         }
-        if has!("avx2") && has!("fma") {
+        if cpu.avx2_fma() {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn run(xs: &[f32], m: usize, b: &Weight, columns: std::ops::Range<usize>, out: SharedOut) {
                 panels::<6, 16, true>(xs, m, b, columns, out)

@@ -187,30 +187,6 @@ fn matmul_matches_burn_matmul_for_contiguous_and_transposed_weights() {
     }
 }
 
-/// Timing of [`matmul`] against Burn's on an LM-head-shaped transposed table (run by hand:
-/// `cargo test --workspace --lib -- --ignored --nocapture matmul_timing`).
-#[test]
-#[ignore]
-fn matmul_timing() {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-    let device = Device::flex();
-    let table = random(&mut rng, [49152, 576], &device);
-    for m in [1, 2, 4, 8, 16, 32, 64, 128, 512] {
-        let x = random(&mut rng, [m, 576], &device);
-        let time = |f: &dyn Fn() -> Vec<f32>| {
-            let _ = f();
-            let start = std::time::Instant::now();
-            for _ in 0..5 {
-                let _ = f();
-            }
-            start.elapsed().as_secs_f64() / 5.0 * 1e3
-        };
-        let ours = time(&|| values(matmul(x.clone(), table.clone().transpose())));
-        let burn = time(&|| values(x.clone().matmul(table.clone().transpose())));
-        println!("m {m}: kernels::matmul {ours:.2} ms, Burn {burn:.2} ms");
-    }
-}
-
 /// `argmax_rows` equals Burn's `argmax(1)` on every test device: random rows of widths that are
 /// not multiples of eight (the largest value in the tail included), repeated maxima (the first
 /// wins), and, on Flex, where the fused loop runs, NaNs inside a row (passed over).

@@ -22,6 +22,10 @@ pub(crate) mod q8;
 mod spec;
 #[cfg(feature = "flex")]
 pub(crate) mod split;
+#[cfg(feature = "flex")]
+mod strip_bench;
+#[cfg(feature = "flex")]
+pub use strip_bench::StripProduct;
 
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;
@@ -38,13 +42,7 @@ pub use spec::{KernelError, QuantSpec};
 /// `"AVX-512 VNNI"`, `"AVX2"` or `"scalar"` (benchmarks name it beside their figures).
 #[cfg(feature = "flex")]
 pub fn integer_isa() -> &'static str {
-    match q8::Isa::best() {
-        q8::Isa::Scalar => "scalar",
-        #[cfg(target_arch = "x86_64")]
-        q8::Isa::Avx2 => "AVX2",
-        #[cfg(target_arch = "x86_64")]
-        q8::Isa::Vnni => "AVX-512 VNNI",
-    }
+    q8::Isa::best().name()
 }
 
 use burn::backend::Dispatch;

@@ -45,13 +45,24 @@ pub enum Isa {
 }
 
 impl Isa {
+    /// How benchmarks name it: `"scalar"`, `"AVX2"` or `"AVX-512 VNNI"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "AVX2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Vnni => "AVX-512 VNNI",
+        }
+    }
+
     /// The fastest the CPU running this has.
     pub fn best() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                if has!("avx512f") && has!("avx512vnni") {
+            let cpu = crate::cpu::features();
+            if cpu.avx2_fma() {
+                if cpu.avx512_vnni() {
                     return Isa::Vnni;
                 }
                 return Isa::Avx2;
@@ -60,8 +71,7 @@ impl Isa {
         Isa::Scalar
     }
 
-    /// Every instruction set this CPU can run, scalar first (for tests).
-    #[cfg(test)]
+    /// Every instruction set this CPU can run, scalar first (for tests and the strip bench).
     pub fn available() -> Vec<Self> {
         let mut all = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]

@@ -566,33 +566,3 @@ fn half_precision_in_and_out() {
         }
     }
 }
-
-/// Single-thread rate of the strip kernel at SmolLM2's shapes, weights in cache and from memory
-/// (run by hand: `cargo test --workspace --lib strip_kernel_timing -- --ignored --nocapture`).
-#[test]
-#[ignore]
-fn strip_kernel_timing() {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-    for (k, n, bits, m) in [(576, 1536, 4, 32), (576, 1536, 4, 8), (576, 8192, 8, 32), (576, 49152, 8, 32)] {
-        let case = Int8Case::new(&mut rng, (m, k, n, bits, 32));
-        let a = q8::QuantizedRows::new(&case.x, m, k, 32, bits);
-        let panel = q8::strips::Panel::new(&a);
-        for isa in q8::Isa::available().into_iter().filter(|&isa| q8::strips::supports(isa, bits)) {
-            let mut sink = 0f32;
-            let mut run = || q8::strips::weight_rows(&case.weights(), &panel, 0..n, isa, |_, _, v| sink += v[0]);
-            run();
-            let reps = (2e9 / (m * k * n) as f64).ceil() as usize;
-            let start = std::time::Instant::now();
-            for _ in 0..reps {
-                run();
-            }
-            let s = start.elapsed().as_secs_f64() / reps as f64;
-            println!(
-                "{isa:?} [{m}, {k}] × [{k}, {n}] Q{bits}: {:.3} ms, {:.1} GMAC/s",
-                s * 1e3,
-                (m * k * n) as f64 / s / 1e9
-            );
-            std::hint::black_box(sink);
-        }
-    }
-}

@@ -2,6 +2,7 @@
 
 mod cpu;
 mod generate;
+mod kernels;
 mod offload;
 mod online;
 mod paged_attention;
@@ -23,6 +24,9 @@ pub enum Which {
     Cpu(cpu::Args),
     /// Cost of group quantization: dequantize GB/s, fused vs f32 matmul, decode tokens/s.
     Quant(quant::Args),
+    /// The Flex kernels alone: `kernels::matmul` vs Burn on the LM head, the integer strip
+    /// kernel's single-thread rate per instruction set.
+    Kernels(kernels::Args),
     /// FlexGen policies on a model larger than the device budget: searched vs baselines.
     Offload(offload::Args),
     /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings
@@ -43,6 +47,7 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Generate(args) => generate::run(args),
         Which::Cpu(args) => cpu::run(args),
         Which::Quant(args) => quant::run(args),
+        Which::Kernels(args) => kernels::run(args),
         Which::Serve(args) => serve::run(args),
         Which::Offload(args) => offload::run(args),
         Which::Schedule(args) => schedule::run(args),

@@ -12,7 +12,8 @@ use burn::tensor::Device;
 use burn_llm::models::weights::RandomWeights;
 use burn_llm::models::{DecoderSpec, Prompt, SamplingParams};
 use burn_llm::offload::policy::{
-    HardwareProfile, Placement, Policy, SearchSpace, Tier, TierBytes, Workload, largest_fitting_batch,
+    HardwareProfile, OffloadWorkload, Placement, Policy, PolicyShape, SearchSpace, Tier, TierBytes,
+    largest_fitting_batch,
 };
 use burn_llm::offload::{OffloadConfig, OffloadEngine, PolicyChoice, model_shape};
 use burn_llm::{DeviceChoice, Engine, EngineDetails};
@@ -103,7 +104,7 @@ fn run_policy(
     };
     let offload = OffloadEngine::new(spec.clone(), &RandomWeights::default(), None, vec![], config, device)?;
     // One block of prompts: the policy's gpu batch size × number of gpu batches.
-    let block = (offload.policy().gpu_batch_size * offload.policy().num_gpu_batches) as usize;
+    let block = (offload.policy().shape.gpu_batch_size * offload.policy().shape.num_gpu_batches) as usize;
     let mut engine: Box<dyn Engine> = Box::new(offload);
     let prompts: Vec<Prompt> = (0..block)
         .map(|i| Prompt::Ids((0..args.prompt_len).map(|t| 3 + ((t * 31 + i * 7) % 8000) as u32).collect()))
@@ -131,8 +132,11 @@ fn run_policy(
     Ok(row)
 }
 
-fn workload(args: &Args) -> Workload {
-    Workload { num_prompts: Some(MAX_BLOCK), ..Workload::new(args.prompt_len as u64, args.gen_len as u64) }
+fn workload(args: &Args) -> OffloadWorkload {
+    OffloadWorkload {
+        num_prompts: Some(MAX_BLOCK),
+        ..OffloadWorkload::new(args.prompt_len as u64, args.gen_len as u64)
+    }
 }
 
 /// FlexGen's search space with blocks of at most [`MAX_BLOCK`] sequences.
@@ -171,7 +175,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([on_gpu, on_cpu, 1.0 - on_gpu - on_cpu])))?;
     let searched = run_policy("searched", &spec, PolicyChoice::Auto(space()), &args, &hw, &device)?;
     let mut rows = vec![searched];
-    let no_overlap = Policy { overlap: false, ..rows[0].policy };
+    let searched = rows[0].policy;
+    let no_overlap = Policy { shape: PolicyShape { overlap: false, ..searched.shape }, ..searched };
     let no_cpu_attention = SearchSpace { cpu_attention: vec![false], ..space() };
     rows.push(run_policy("searched, no overlap", &spec, PolicyChoice::Fixed(no_overlap), &args, &hw, &device)?);
     rows.push(run_policy(
@@ -230,12 +235,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let p = &r.policy;
             vec![
                 r.name.to_string(),
-                format!("{} × {}", p.gpu_batch_size, p.num_gpu_batches),
+                format!("{} × {}", p.shape.gpu_batch_size, p.shape.num_gpu_batches),
                 split(p.weights),
                 split(p.cache),
                 split(p.activations),
-                p.cpu_attention.to_string(),
-                p.overlap.to_string(),
+                p.shape.cpu_attention.to_string(),
+                p.shape.overlap.to_string(),
                 format!("{:.2}", r.tokens_per_s),
                 format!("{:.2}", r.predicted_tokens_per_s),
                 format!("{:+.0}%", 100.0 * r.prediction_error),

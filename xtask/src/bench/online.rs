@@ -20,8 +20,8 @@ use serde_json::json;
 
 use super::plot::{self, Panel};
 use super::serve::model;
-use super::workload::{Request, Workload};
-use crate::report::{self, Align::Left, Align::Right, Header, table};
+use super::workload::{Request, SyntheticWorkload};
+use crate::report::{self, Align::Left, Align::Right, Header, percentile, table};
 use loopback_client::{SseEvents, client};
 use reqwest::Client;
 
@@ -86,7 +86,7 @@ struct ConfigResult {
 struct Report {
     #[serde(flatten)]
     header: Header,
-    workload: Workload,
+    workload: SyntheticWorkload,
     kv_tokens: usize,
     configs: Vec<ConfigResult>,
     /// The paged engine's sustained rate ÷ static batching's (vLLM reports 2× and more).
@@ -99,7 +99,7 @@ type Sample = (f64, f64, usize);
 /// Runs the sweep for every configuration and writes `serve-online.{json,md,png}`.
 pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let max_len = 1024;
-    let workload = Workload::standard(args.online_scale, max_len)[0].clone();
+    let workload = SyntheticWorkload::standard(args.online_scale, max_len)[0].clone();
     let spec = model(&device.device()?, max_len)?.spec().clone();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let requests = workload.requests(args.online_requests, spec.vocab_size, max_len, &mut rng);
@@ -196,20 +196,12 @@ async fn send(
     Ok(samples)
 }
 
-fn percentile(values: &mut [f64], p: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    values[((values.len() - 1) as f64 * p).round() as usize]
-}
-
 fn summarize(rate: f64, samples: &[Sample], seconds: f64) -> RatePoint {
     let tokens: usize = samples.iter().map(|s| s.2).sum();
     let normalized =
         samples.iter().map(|&(_, e2e, n)| e2e / n.max(1) as f64).sum::<f64>() / samples.len().max(1) as f64;
-    let mut ttft: Vec<f64> = samples.iter().map(|s| s.0).collect();
-    let mut tpot: Vec<f64> =
+    let ttft: Vec<f64> = samples.iter().map(|s| s.0).collect();
+    let tpot: Vec<f64> =
         samples.iter().filter(|s| s.2 > 1).map(|&(first, e2e, n)| (e2e - first) / (n - 1) as f64).collect();
     RatePoint {
         rate,
@@ -218,10 +210,10 @@ fn summarize(rate: f64, samples: &[Sample], seconds: f64) -> RatePoint {
         requests_per_s: samples.len() as f64 / seconds,
         output_tokens_per_s: tokens as f64 / seconds,
         normalized_latency_s_per_token: normalized,
-        ttft_p50_s: percentile(&mut ttft, 0.5),
-        ttft_p99_s: percentile(&mut ttft, 0.99),
-        tpot_p50_s: percentile(&mut tpot, 0.5),
-        tpot_p99_s: percentile(&mut tpot, 0.99),
+        ttft_p50_s: percentile(&ttft, 50.0),
+        ttft_p99_s: percentile(&ttft, 99.0),
+        tpot_p50_s: percentile(&tpot, 50.0),
+        tpot_p99_s: percentile(&tpot, 99.0),
     }
 }
 
@@ -230,7 +222,7 @@ fn write(
     device: DeviceChoice,
     seed: u64,
     out: &Path,
-    workload: Workload,
+    workload: SyntheticWorkload,
     configs: Vec<ConfigResult>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let rates: Vec<String> = args.rates.iter().map(f64::to_string).collect();

@@ -151,7 +151,8 @@ fn per_second(per_iteration: usize, kernel: fn(usize) -> u64) -> f64 {
 fn peaks() -> Option<Peaks> {
     use std::arch::x86_64::*;
     use std::hint::black_box;
-    if !(is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("fma")) {
+    let cpu = burn_llm::kernels::cpu::features();
+    if !(cpu.avx512_vnni() && cpu.fma) {
         return None;
     }
     #[target_feature(enable = "avx512f,avx512vnni")]

@@ -38,17 +38,15 @@ use burn_llm::paged::{EngineConfig, KvCacheMemory, SchedulingPolicy};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::ScheduleOutput;
 use burn_llm::parallel::profiler::{EngineStepGrid, ProfileGrid};
-use burn_llm::schedule::{
-    Workload as PlanWorkload, check_layers, measure_profile, phased_policy, plan_rra, read_profile,
-};
+use burn_llm::schedule::{ScheduleWorkload, check_layers, measure_profile, phased_policy, plan_rra, read_profile};
 use burn_llm::spec::PagedSpec;
 use burn_llm::{DeviceChoice, EngineKind, EngineSpec, Purpose};
 use rand::SeedableRng;
 use serde::Serialize;
 
 use super::plot;
-use super::workload::{Request, Workload};
-use crate::report::{self, Align::Left, Align::Right, Header, table};
+use super::workload::{Request, SyntheticWorkload};
+use crate::report::{self, Align::Left, Align::Right, Header, percentile, table};
 
 /// SmolLM2-135M's shape, for when its GGUF is not in the model cache.
 pub(super) const SMOLLM2_SHAPE: &str = r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
@@ -168,7 +166,7 @@ struct BoundResult {
 
 #[derive(Serialize)]
 struct WorkloadResult {
-    workload: Workload,
+    workload: SyntheticWorkload,
     requests: usize,
     mean_prompt: f64,
     /// `--output-len`, when every request generates the same number of tokens.
@@ -259,14 +257,6 @@ fn steady_rate(prefilled: &[f64], finished: &[f64]) -> Option<f64> {
     (admitted > 0 && last_prefill > first_done).then(|| admitted as f64 / (last_prefill - first_done))
 }
 
-/// Index `p` percent of the way through `values` (nearest rank).
-fn percentile(values: &[f64], p: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
-    sorted.get(rank - 1).copied().unwrap_or(0.0)
-}
-
 /// Runs every request of `reqs` (all queued at once) on a paged engine configured by `config`.
 fn measure(
     model: &CausalLm,
@@ -339,7 +329,7 @@ fn one_seat_seconds(profile: &Profile, reqs: &[Request]) -> Result<f64, Box<dyn 
 }
 
 /// The three default bounds for a workload (see `--latency-bounds`).
-fn default_bounds(profile: &Profile, workload: &PlanWorkload) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+fn default_bounds(profile: &Profile, workload: &ScheduleWorkload) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
     let loose = plan_rra(profile.clone(), workload, 1e6)?.latency_s;
     let (mut infeasible, mut feasible) = (0.0, loose);
     for _ in 0..20 {
@@ -411,7 +401,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
     let mut pct = 99.0;
-    for w in Workload::standard(args.scale, MAX_LEN) {
+    for w in SyntheticWorkload::standard(args.scale, MAX_LEN) {
         let output_len = args.output_len.map(|n| n.clamp(1, MAX_LEN / 2));
         let mut reqs = w.requests(args.requests, spec.vocab_size, MAX_LEN, &mut rng);
         if let Some(n) = output_len {
@@ -421,7 +411,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let output_lens: Vec<usize> = reqs.iter().map(|r| r.1).collect();
         let mean_output = output_lens.iter().sum::<usize>() as f64 / output_lens.len() as f64;
         let p99_output = percentile(&output_lens.iter().map(|&n| n as f64).collect::<Vec<_>>(), 99.0) as usize;
-        let plan_workload = PlanWorkload {
+        let plan_workload = ScheduleWorkload {
             prompt_lens: reqs.iter().map(|(p, _)| p.len()).collect(),
             output_lens,
             kv_tokens: blocks * args.block_size,

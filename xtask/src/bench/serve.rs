@@ -12,7 +12,7 @@
 //! - **static batching**: request-level (FasterTransformer-style): a batch of max-length
 //!   reservations runs until its longest request is done before the next batch starts.
 //!
-//! The workloads are [`Workload::standard`]'s, scaled by `--scale`. Every request generates
+//! The workloads are [`SyntheticWorkload::standard`]'s, scaled by `--scale`. Every request generates
 //! exactly its drawn output length (EOS ignored), as in vLLM's benchmarks, so Orca (Oracle)'s
 //! reservation is exact. All requests arrive at once: this measures throughput, not latency at a
 //! request rate (the online benchmark does that).
@@ -22,13 +22,13 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
-use burn_llm::paged::{EngineStats, KvCacheMemory, PreemptionMode, Reservation, SchedulingPolicy};
+use burn_llm::paged::{EngineStats, KvCacheMemory, KvReservation, PreemptionMode, SchedulingPolicy};
 use burn_llm::spec::PagedSpec;
 use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, EngineKind, EngineSpec, Purpose, Timing};
 use rand::SeedableRng;
 use serde::Serialize;
 
-use super::workload::{Request, Workload};
+use super::workload::{Request, SyntheticWorkload};
 use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// The served model: OPT-family, random weights, small enough for many requests on a CPU; its
@@ -44,9 +44,9 @@ fn model_json(max_model_len: usize) -> String {
 /// The systems compared, in table order: label and the paged engine's policy.
 const SYSTEMS: [(&str, SchedulingPolicy); 5] = [
     ("vLLM (paged)", SchedulingPolicy::Fcfs),
-    ("Orca (Oracle)", SchedulingPolicy::Orca(Reservation::Oracle)),
-    ("Orca (Pow2)", SchedulingPolicy::Orca(Reservation::Pow2)),
-    ("Orca (Max)", SchedulingPolicy::Orca(Reservation::Max)),
+    ("Orca (Oracle)", SchedulingPolicy::Orca(KvReservation::Oracle)),
+    ("Orca (Pow2)", SchedulingPolicy::Orca(KvReservation::Pow2)),
+    ("Orca (Max)", SchedulingPolicy::Orca(KvReservation::Max)),
     ("static batching", SchedulingPolicy::Static),
 ];
 
@@ -107,7 +107,7 @@ struct SystemResult {
 
 #[derive(Serialize)]
 struct WorkloadResult {
-    workload: Workload,
+    workload: SyntheticWorkload,
     mean_prompt: f64,
     mean_output: f64,
     systems: Vec<SystemResult>,
@@ -244,7 +244,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let device = args.device.device()?;
     let vocab = 8192;
-    let workloads = Workload::standard(args.scale, args.max_model_len);
+    let workloads = SyntheticWorkload::standard(args.scale, args.max_model_len);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
     for w in workloads.iter().cloned() {

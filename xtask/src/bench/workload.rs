@@ -30,7 +30,7 @@ impl LengthDist {
 
 /// A named pair of prompt and output length distributions.
 #[derive(Debug, Clone, Serialize)]
-pub struct Workload {
+pub struct SyntheticWorkload {
     pub name: &'static str,
     pub prompt: LengthDist,
     pub output: LengthDist,
@@ -39,20 +39,20 @@ pub struct Workload {
 /// One request: prompt token ids and the number of tokens it generates.
 pub type Request = (Vec<u32>, usize);
 
-impl Workload {
+impl SyntheticWorkload {
     /// The ShareGPT-like and Alpaca-like workloads, the paper's means multiplied by `scale`
     /// (Alpaca's by at least 1: its requests are short already), each length capped at four
     /// times its mean and half of `max_len`.
-    pub fn standard(scale: f64, max_len: usize) -> [Workload; 2] {
+    pub fn standard(scale: f64, max_len: usize) -> [SyntheticWorkload; 2] {
         let cap = |m: f64| ((m * 4.0) as usize).min(max_len / 2);
         let (s, a) = (scale, scale.max(1.0));
         [
-            Workload {
+            SyntheticWorkload {
                 name: "ShareGPT-like",
                 prompt: LengthDist { mean: 161.0 * s, sigma: 0.9, min: 4, max: cap(161.0 * s) },
                 output: LengthDist { mean: 338.0 * s, sigma: 0.9, min: 4, max: cap(338.0 * s) },
             },
-            Workload {
+            SyntheticWorkload {
                 name: "Alpaca-like",
                 prompt: LengthDist { mean: 19.3 * a, sigma: 0.7, min: 2, max: cap(19.3 * a) },
                 output: LengthDist { mean: 58.5 * a, sigma: 0.9, min: 2, max: cap(58.5 * a) },

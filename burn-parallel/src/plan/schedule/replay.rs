@@ -9,8 +9,9 @@
 //! its batch has emptied) instead of waiting out the `N_D` iterations, so the closed form
 //! underrates small-batch plans and overrates plans near the seat limit. The replay runs the
 //! engine's rule on a sample of output lengths
-//! instead: every step is a prefill when one is due (nothing runs, `N_D` decode steps have passed
-//! since the last prefill, or `B_E` seats are free) and a seat is free, otherwise a decode step
+//! instead: every step is a prefill when one is due ([`PhasedAdmission::prefill_due`], the rule
+//! the engine's scheduler calls: nothing runs, `N_D` decode steps have passed since the last
+//! prefill, or `B_E` seats are free) and a seat is free, otherwise a decode step
 //! of every running sequence; a prefill of `n` queries takes what the closed form's prefill of
 //! `n` does and a decode step of `b` sequences its decode step of `b`.
 //!
@@ -22,6 +23,8 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+
+use burn_llm_models::admission::PhasedAdmission;
 
 use super::lengths::Lengths;
 
@@ -58,13 +61,14 @@ impl Replay {
     /// queries (`n ≤ b_e`) and `decode_ms[b − 1]` a decode step of `b` sequences (`b ≤ seats`).
     pub fn throughput(&self, b_e: usize, n_d: usize, seats: usize, prefill_ms: &[f64], decode_ms: &[f64]) -> f64 {
         let seats = seats.max(1);
+        let rule = PhasedAdmission { encode_batch: b_e, decode_iterations: n_d, seats };
         // Running sequences by the decode step (counted over the replay) that finishes them.
         let mut running: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(seats);
         let (mut next, mut since_prefill, mut step, mut ms) = (0usize, 0usize, 0u64, 0.0f64);
         loop {
             let waiting = self.decodes.len() - next;
             let free = seats - running.len();
-            let due = running.is_empty() || since_prefill >= n_d || free >= b_e.min(seats);
+            let due = rule.prefill_due(running.is_empty(), running.len(), since_prefill);
             let admit = b_e.min(free).min(waiting);
             if due && admit > 0 {
                 ms += prefill_ms[admit - 1];
