@@ -146,9 +146,7 @@ impl GenerateArgs {
 
     /// The engine spec with `default` as its engine when `--engine` is not given.
     pub fn engine_spec(&self, default: EngineKind) -> EngineSpec {
-        let mut spec = self.engine.clone();
-        spec.engine.get_or_insert(default);
-        spec
+        self.engine.clone().with_default_engine(default)
     }
 
     /// Text prompts first (as chat conversations with `--chat`), then id prompts; a default prompt

@@ -72,9 +72,7 @@ impl ServeArgs {
 
     /// The engine spec, with the server's default engine (paged).
     pub fn engine_spec(&self) -> EngineSpec {
-        let mut spec = self.engine.clone();
-        spec.engine.get_or_insert(EngineKind::Paged);
-        spec
+        self.engine.clone().with_default_engine(EngineKind::Paged)
     }
 
     /// Builds the engine the flags describe (on the engine thread, which then owns it).

@@ -276,14 +276,16 @@ pub const DEFAULT_CPU_MEM: u64 = 8 << 30;
 pub const DEFAULT_GROUP_SIZE: usize = 64;
 
 impl EngineSpec {
-    /// The engine to build: `--engine`, else `default`.
-    pub fn kind_or(&self, default: EngineKind) -> EngineKind {
-        self.engine.unwrap_or(default)
+    /// This spec with `default` as its engine where `--engine` was not given (each front end's
+    /// own default: the example's, or the server's paged engine).
+    pub fn with_default_engine(mut self, default: EngineKind) -> Self {
+        self.engine.get_or_insert(default);
+        self
     }
 
-    /// The engine to build when no front end chose a default: `--engine`, else plain.
+    /// The engine to build: `--engine`, else plain.
     pub fn kind(&self) -> EngineKind {
-        self.kind_or(EngineKind::Plain)
+        self.engine.unwrap_or(EngineKind::Plain)
     }
 
     /// The device kind: `--device`, else the best one compiled in.

@@ -19,11 +19,6 @@ impl Precise {
     pub fn new(inner: Box<dyn Engine>, precision: MatmulPrecision) -> Self {
         Self { inner, precision }
     }
-
-    /// The precision the engine runs at.
-    pub fn precision(&self) -> MatmulPrecision {
-        self.precision
-    }
 }
 
 impl Engine for Precise {
