@@ -8,6 +8,7 @@
 mod common;
 
 mod cli;
+mod cli_golden;
 mod engine;
 mod errors;
 mod gguf;
