@@ -12,6 +12,7 @@
 //!   offloaded (FlexGen) caches plug into the same model code.
 //! - [`generation`]: [`SamplingParams`], [`BeamSearchParams`], the on-device sampler, stop rules,
 //!   streaming, and the plain [`Generator`].
+//! - [`slicing`]: [`PrefillSlicing`], how a pipelined prefill is cut into token slices (TeraPipe).
 //! - [`admission`]: ExeGPT's phased admission rule, shared by the paged engine and the planner.
 //! - [`tokenizer`]: HF `tokenizer.json` with BOS/EOS handling and incremental detokenization.
 //! - [`gguf`]: llama.cpp's GGUF files (LLaMA architecture; F32/F16/BF16/Q8_0/Q4_0/Q4_1) and
@@ -49,6 +50,7 @@ pub mod model;
 pub mod precision;
 pub mod pretrained;
 pub mod pypi;
+pub mod slicing;
 pub mod tokenizer;
 pub mod units;
 pub mod weights;
@@ -64,6 +66,7 @@ pub use generation::{
 pub use language_model::{LanguageModel, MicroBatchCache};
 pub use model::CausalLm;
 pub use precision::Precision;
+pub use slicing::{PrefillSlicing, UniformSlices};
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
 pub use tokenizer::Tokenizer;
 pub use weights::{Checkpoint, RandomWeights};
