@@ -1,5 +1,5 @@
 //! `cargo run --release --example worker -- --listen 127.0.0.1:3001 --device flex|wgpu|vulkan|cuda|metal
-//! --token TOKEN [--insecure]`: serves this machine's device to burn-llm clients on other
+//! --token TOKEN [--insecure] [--threads N]`: serves this machine's device to burn-llm clients on other
 //! processes or machines over Burn's remote backend (WebSocket), with burn-llm's kernels
 //! (group quantization, PagedAttention) registered so quantized models and the paged engine run
 //! there too. A client reaches it as `ws://HOST:PORT` (see `burn_llm::device::remote_device`).
@@ -10,6 +10,9 @@
 //! - Refuses to start without a token (`--token` or `BURN_LLM_WORKER_TOKEN`) unless `--insecure`.
 //!   The WebSocket transport is unencrypted, and its `/data` route (worker-to-worker tensor
 //!   downloads) checks no token: keep workers on a private network.
+//! - `--threads N` caps the CPU threads the worker computes with (its rayon pool, which the flex
+//!   backend's matmuls and burn-llm's CPU kernels run on); default: one per core. Several workers
+//!   on one machine, or unequal devices for the pipeline planner, are made this way.
 //! - Stops cleanly on Ctrl+C or SIGTERM (Burn installs the handlers as serving starts, a moment
 //!   after the ready line; a signal in between ends the process with the default action).
 
@@ -35,10 +38,23 @@ struct Args {
     /// Accept clients without a token (only where nobody else can reach the port).
     #[arg(long)]
     insecure: bool,
+    /// CPU threads to compute with (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(threads) = args.threads {
+        let pool = match threads {
+            0 => Err("--threads must be at least 1".to_string()),
+            n => rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| e.to_string()),
+        };
+        if let Err(err) = pool {
+            eprintln!("error: cannot use --threads {threads}: {err}");
+            return ExitCode::FAILURE;
+        }
+    }
     match serve(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
