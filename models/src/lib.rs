@@ -66,8 +66,8 @@ pub use generation::{
 pub use language_model::{LanguageModel, MicroBatchCache};
 pub use model::CausalLm;
 pub use precision::Precision;
-pub use slicing::{PrefillSlicing, UniformSlices};
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
+pub use slicing::{PrefillSlicing, UniformSlices};
 pub use tokenizer::Tokenizer;
 pub use weights::{Checkpoint, RandomWeights};
 
