@@ -114,6 +114,8 @@ pub struct PipelineLm {
     weight_bytes: usize,
     /// Bytes handed from stage to stage so far.
     moved: AtomicU64,
+    /// The planner's prediction, in one line (`--stage-layers auto`).
+    predicted: Option<String>,
 }
 
 impl std::fmt::Debug for PipelineLm {
@@ -184,7 +186,9 @@ impl PipelineLm {
             weight_bytes += blocks.iter().map(|b| b.weight_bytes()).sum::<usize>();
             stages.push(Stage { layers: range.clone(), blocks, device: devices[0].clone(), name: plan.stage_names(s) });
         }
-        Ok(Self { embed, head, stages, tensor_parallel: plan.tensor_parallel, weight_bytes, moved: AtomicU64::new(0) })
+        let predicted = plan.prediction().map(|p| p.one_line());
+        let tensor_parallel = plan.tensor_parallel;
+        Ok(Self { embed, head, stages, tensor_parallel, weight_bytes, moved: AtomicU64::new(0), predicted })
     }
 
     /// The stages, in order.
@@ -302,6 +306,7 @@ impl LanguageModel for PipelineLm {
         } else {
             String::new()
         };
-        Some(format!("{} pipeline stages{tp} ({})", self.stages.len(), stages.join(", ")))
+        let predicted = self.predicted.as_ref().map(|p| format!("; {p}")).unwrap_or_default();
+        Some(format!("{} pipeline stages{tp} ({}{predicted})", self.stages.len(), stages.join(", ")))
     }
 }
