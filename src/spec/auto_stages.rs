@@ -64,7 +64,7 @@ pub enum AutoStagesError {
     Model(#[from] burn_llm_models::ModelError),
 }
 
-/// The devices' entries, their memory caps and the directory of cached profiles.
+/// The devices' `--devices` entries and their memory caps.
 struct Entries {
     names: Vec<String>,
     caps: Vec<u64>,
@@ -82,40 +82,10 @@ pub(super) fn plan_auto(
     let entries = entries(spec, default.0)?;
     let token = spec.worker_token.as_deref();
     let devices = entries.names.iter().map(|e| parse_device(e, token)).collect::<Result<Vec<_>, _>>()?;
-    let quant = spec.weight_quant().map_err(|problem| AutoStagesError::Flag {
-        flag: "--quantize",
-        problem,
-        fix: "give a valid --group-size".into(),
-    })?;
-    let dtype = format!(
-        "f32 weights {}{}, {} matmul",
-        weight_format(files),
-        quant.map(|q| format!(" quantized to {q:?}")).unwrap_or_default(),
-        if spec.exact_matmul { "exact" } else { "8-bit-activation" }
-    );
-    let model = format!("{} ({:?})", dir.display(), files.spec);
-    let cache = profile_dir(spec);
-    let timeout = Duration::from_secs_f64(spec.parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S));
-    let grid = ProfileGrid::stages();
+    let timeout = worker_timeout(spec);
     let mut stage_devices = Vec::with_capacity(devices.len());
     for (i, (name, device)) in entries.names.iter().zip(&devices).enumerate() {
-        let identity = ProfileIdentity { device: device_identity(name), model: model.clone(), dtype: dtype.clone() };
-        let profile = watched(name, "being profiled", timeout, {
-            let (dir, device, grid, cache, spec_quant) =
-                (dir.to_owned(), device.clone(), grid.clone(), cache.clone(), quant);
-            let entry = name.clone();
-            move || -> Result<(DeviceProfile, Vec<u8>), AutoStagesError> {
-                let files = PretrainedFiles::open(&dir)?;
-                let mut log = Vec::new();
-                let weights = ProfileWeights::Checkpoint { source: &files.files, quant: spec_quant };
-                let profile =
-                    profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), &mut log)
-                        .map_err(|source| AutoStagesError::Profile { entry, source })?;
-                Ok((profile, log))
-            }
-        })?;
-        let (profile, lines) = profile;
-        log.write_all(&lines).ok();
+        let profile = profile_stage_device(spec, dir, files, name, device, log)?;
         let link_to_next = match devices.get(i + 1) {
             Some(next) => Some(measure(&entries.names[i..=i + 1], device, next, files.spec.hidden_size, timeout)?),
             None => None,
@@ -138,6 +108,52 @@ pub(super) fn plan_auto(
         let _ = writeln!(log, "{}", prediction.summary());
     }
     Ok(plan)
+}
+
+/// The profile of the model at `dir` (opened as `files`) on `device`, the `--devices` entry
+/// `entry`, as `spec` would run it: read from the profile cache when it was measured for this
+/// device, model and dtype, else measured now and cached. On a worker it runs watched: a worker
+/// that dies or stalls while being profiled is an error naming it.
+pub fn profile_stage_device(
+    spec: &EngineSpec,
+    dir: &Path,
+    files: &PretrainedFiles,
+    entry: &str,
+    device: &Device,
+    log: &mut dyn Write,
+) -> Result<DeviceProfile, AutoStagesError> {
+    let quant = spec.weight_quant().map_err(|problem| AutoStagesError::Flag {
+        flag: "--quantize",
+        problem,
+        fix: "give a valid --group-size".into(),
+    })?;
+    let dtype = format!(
+        "f32 weights {}{}, {} matmul",
+        weight_format(files),
+        quant.map(|q| format!(" quantized to {q:?}")).unwrap_or_default(),
+        if spec.exact_matmul { "exact" } else { "8-bit-activation" }
+    );
+    let identity = ProfileIdentity {
+        device: device_identity(entry),
+        model: format!("{} ({:?})", dir.display(), files.spec),
+        dtype,
+    };
+    let (dir, device, cache, name) = (dir.to_owned(), device.clone(), profile_dir(spec), entry.to_string());
+    let (profile, lines) = watched(entry, "being profiled", worker_timeout(spec), move || {
+        let files = PretrainedFiles::open(&dir)?;
+        let mut log = Vec::new();
+        let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+        let grid = ProfileGrid::stages();
+        let profile = profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), &mut log)
+            .map_err(|source| AutoStagesError::Profile { entry: name, source })?;
+        Ok((profile, log))
+    })?;
+    let _ = log.write_all(&lines);
+    Ok(profile)
+}
+
+fn worker_timeout(spec: &EngineSpec) -> Duration {
+    Duration::from_secs_f64(spec.parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S))
 }
 
 /// The link from `pair[0]`'s device to `pair[1]`'s, measured (watched when either is a worker).
