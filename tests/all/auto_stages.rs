@@ -139,3 +139,40 @@ mod remote {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Runs the CLI on `model` with `extra` flags, greedy; stdout on success, the error otherwise.
+fn cli_on(model: &std::path::Path, extra: &[&str]) -> Result<String, String> {
+    use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
+    use clap::Parser;
+    const DEFAULTS: ExampleDefaults = ExampleDefaults {
+        name: "test_generate",
+        model: "HuggingFaceTB/SmolLM2-135M-Instruct",
+        engine: burn_llm::cli::EngineKind::Plain,
+        fallback: None,
+    };
+    let mut argv = vec!["x", "--model", model.to_str().unwrap(), "--prompt", "The capital of France is"];
+    argv.extend_from_slice(&["--max-new-tokens", "8", "--exact-matmul"]);
+    argv.extend_from_slice(extra);
+    let args = GenerateArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
+    let (mut out, mut log) = (Vec::new(), Vec::new());
+    run_with(&args, DEFAULTS, &mut out, &mut log).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8(out).unwrap())
+}
+
+/// SmolLM2 (30 layers, Q4_1 blocks) on planned stages over two flex devices, with
+/// `--exact-matmul`: the same greedy text as one device.
+#[test]
+fn smollm2_auto_stages_equal_one_device_with_exact_matmul() {
+    let model = burn_llm::models::pypi::SMOLLM2_GGUF.cached_path();
+    assert!(model.is_file(), "{} is missing: run `cargo xtask fetch-model smollm2` first", model.display());
+    let dir = profile_dir("smollm2");
+    let single = text(&cli_on(&model, &["--device", "flex"]).unwrap());
+    let out = cli_on(
+        &model,
+        &["--devices", "flex,flex", "--stage-layers", "auto", "--stage-profile-dir", dir.to_str().unwrap()],
+    )
+    .unwrap();
+    assert_eq!(text(&out), single);
+    assert!(out.contains("auto stages"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
