@@ -132,8 +132,7 @@ mod remote {
         spec.parallel.stage_profile_dir = Some(dir.clone());
         spec.parallel.worker_timeout_s = Some(20.0);
         let err = profile_stage_device(&spec, &model, &files, &worker.url, &device, &mut Vec::new())
-            .err()
-            .expect("profiling a dead worker must fail")
+            .expect_err("profiling a dead worker must fail")
             .to_string();
         assert!(err.contains(&worker.url) && err.contains("profiled"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);

@@ -320,7 +320,7 @@ pub fn profile_model(
     let grid = grid.fitted_to(spec.max_positions)?;
     let pairs = grid.context_pairs(spec.max_positions);
     let progress = Progress::new(grid.points(pairs.len()), progress);
-    let bench = Bench::new(&model, device, grid.warmup, grid.repeats, &progress);
+    let bench = Bench::new(model, device, grid.warmup, grid.repeats, &progress);
 
     // One untimed pass over the largest prefill first: allocators, thread pools and kernel
     // caches warm up before the first timed point.
