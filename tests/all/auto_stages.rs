@@ -53,6 +53,31 @@ fn auto_stages_generate_what_one_device_does_and_report_the_plan() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--tensor-parallel-size auto` over four flex devices: the GPT-2 fixture's two layers cannot
+/// fill four one-device stages, so the planner picks a degree of 2 or 4 (timed on the groups),
+/// and the text is one device's.
+#[test]
+fn auto_tensor_parallel_degree_generates_what_one_device_does() {
+    let dir = profile_dir("tp");
+    let single = text(&cli(&["--device", "flex"]).unwrap());
+    let out = cli(&[
+        "--devices",
+        "flex,flex,flex,flex",
+        "--stage-layers",
+        "auto",
+        "--tensor-parallel-size",
+        "auto",
+        "--stage-profile-dir",
+        dir.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert_eq!(text(&out), single);
+    assert!(out.contains("tensor-parallel") && out.contains("auto stages"), "{out}");
+    let err = cli(&["--devices", "flex,flex", "--tensor-parallel-size", "auto"]).unwrap_err();
+    assert!(err.contains("--stage-layers auto"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn auto_stages_refuse_memory_that_cannot_hold_the_model() {
     let dir = profile_dir("caps");
@@ -84,7 +109,7 @@ fn auto_stages_flags_that_do_not_combine_are_errors() {
     assert!(err.contains("1 sizes for 2 devices"), "{err}");
     let err = cli(&["--devices", "flex,flex,flex,flex", "--stage-layers", "auto", "--tensor-parallel-size", "2"])
         .unwrap_err();
-    assert!(err.contains("--tensor-parallel-size"), "{err}");
+    assert!(err.contains("--tensor-parallel-size") && err.contains("auto"), "{err}");
 }
 
 #[cfg(feature = "remote")]

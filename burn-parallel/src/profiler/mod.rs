@@ -37,6 +37,7 @@ pub mod device;
 pub mod fit;
 pub mod link;
 mod measure;
+pub mod tensor;
 
 use burn::tensor::Device;
 use burn_llm_models::{CausalLm, DecoderSpec, ModelError};
@@ -47,6 +48,7 @@ use measure::{Bench, Progress};
 
 pub use device::{DeviceProfile, ProfileIdentity, ProfileSource, ProfileWeights, device_profile};
 pub use link::{LinkProfile, measure_link};
+pub use tensor::{TensorParallelTimes, group_profile, tensor_parallel_times};
 
 /// The points the profiler measures. Points a model cannot hold (more positions than it was
 /// trained for) are dropped before measuring.
