@@ -32,13 +32,27 @@ pub struct ParallelSpec {
     #[arg(long)]
     pub pipeline_parallel_size: Option<usize>,
     /// Tensor-parallel ranks per stage: each layer of a stage split Megatron-style over this
-    /// many devices (default 1).
-    #[arg(long)]
-    pub tensor_parallel_size: Option<usize>,
+    /// many devices (default 1); `auto` with `--stage-layers auto`: the degree (one for every
+    /// stage) whose planned pipeline has the least bottleneck, each degree's layer timed on its
+    /// device groups.
+    #[arg(long, value_parser = parse_tensor_parallel_size)]
+    pub tensor_parallel_size: Option<TensorParallelSize>,
     /// Layers of each stage as inclusive ranges in layer order, e.g. `0-11,12-23` for 24
-    /// layers. Default: an even split.
+    /// layers, or `auto`: one stage per `--devices` entry, each device profiled for this model
+    /// (cached) and the links between them measured, the split chosen by Alpa's inter-operator
+    /// pass under `--device-memory`. Default: an even split.
     #[arg(long)]
     pub stage_layers: Option<String>,
+    /// `--stage-layers auto`: each device's memory for its stage, comma-separated in `--devices`
+    /// order (`4GiB,512MiB`). Default: the host's available memory for `flex`, unbounded for
+    /// other devices (they do not report theirs).
+    #[arg(long, value_delimiter = ',', value_parser = super::parse_bytes)]
+    pub device_memory: Option<Vec<u64>>,
+    /// `--stage-layers auto`: directory of cached device profiles (default
+    /// `~/.cache/burn-llm/profiles`); a profile is reused only for the same device, model and
+    /// dtype.
+    #[arg(long)]
+    pub stage_profile_dir: Option<std::path::PathBuf>,
     /// Paged engine over stages: micro-batches each step's sequences are split into (default:
     /// one per stage).
     #[arg(long)]
@@ -50,6 +64,25 @@ pub struct ParallelSpec {
     pub worker_timeout_s: Option<f64>,
 }
 
+/// `--tensor-parallel-size`: a degree, or `auto` (planned with `--stage-layers auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorParallelSize {
+    /// This many ranks per stage.
+    Fixed(usize),
+    /// The degree the planner finds fastest.
+    Auto,
+}
+
+fn parse_tensor_parallel_size(text: &str) -> Result<TensorParallelSize, String> {
+    match text.trim() {
+        "auto" => Ok(TensorParallelSize::Auto),
+        n => n
+            .parse()
+            .map(TensorParallelSize::Fixed)
+            .map_err(|_| format!("`{text}`: give a number of ranks per stage, or `auto` with --stage-layers auto")),
+    }
+}
+
 /// `--worker-timeout-s`'s default.
 pub const DEFAULT_WORKER_TIMEOUT_S: f64 = 120.0;
 
@@ -58,9 +91,14 @@ impl ParallelSpec {
     pub fn is_set(&self) -> bool {
         self.devices.is_some()
             || self.pipeline_parallel_size.is_some()
-            || self.tensor_parallel_size.is_some_and(|t| t != 1)
+            || self.tensor_parallel_size.is_some_and(|t| t != TensorParallelSize::Fixed(1))
             || self.stage_layers.is_some()
             || self.micro_batches.is_some()
+    }
+
+    /// Whether the stages are planned from measured costs (`--stage-layers auto`).
+    pub fn is_auto(&self) -> bool {
+        self.stage_layers.as_deref().is_some_and(|s| s.trim() == super::auto_stages::AUTO)
     }
 
     /// The checked split of a model of `num_layers` layers: stage layout, degree and devices
@@ -75,6 +113,15 @@ impl ParallelSpec {
         token: Option<&str>,
     ) -> Result<PipelinePlan, PipelineError> {
         let layout = match (&self.stage_layers, self.pipeline_parallel_size) {
+            _ if self.is_auto() || self.tensor_parallel_size == Some(TensorParallelSize::Auto) => {
+                return Err(PipelineError::BadStageLayers {
+                    text: self.stage_layers.clone().unwrap_or_default(),
+                    reason: "planned stages (and --tensor-parallel-size auto, which needs --stage-layers auto) \
+                             need the model's files and profiles: build the engine with EngineSpec::init, or \
+                             plan with PipelinePlan::auto"
+                        .into(),
+                });
+            }
             (Some(text), size) => {
                 let layout = StageLayout::parse(text, num_layers)?;
                 if let Some(size) = size.filter(|&s| s != layout.len()) {
@@ -100,9 +147,12 @@ impl ParallelSpec {
         Ok(PipelinePlan::new(layout, tp, devices)?.with_names(names))
     }
 
-    /// Tensor-parallel ranks per stage (1 when not given).
+    /// Tensor-parallel ranks per stage (1 when not given, or `auto`: chosen by the planner).
     pub fn tensor_parallel(&self) -> usize {
-        self.tensor_parallel_size.unwrap_or(1)
+        match self.tensor_parallel_size {
+            Some(TensorParallelSize::Fixed(n)) => n,
+            _ => 1,
+        }
     }
 
     /// The remote entries of `--devices`, comma-separated (empty when all are local).
@@ -147,7 +197,11 @@ pub(super) fn build_parallel_engine(
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
     let parallel = &spec.parallel;
     let files = PretrainedFiles::open(dir)?;
-    let plan = parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?;
+    let plan = if parallel.is_auto() {
+        super::auto_stages::plan_auto(spec, dir, &files, default, log)?
+    } else {
+        parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?
+    };
     let workers = parallel.workers();
     if workers.is_empty() {
         let (engine, summary) = build_on_plan(spec, kind, files, &plan)?;

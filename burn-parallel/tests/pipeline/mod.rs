@@ -25,6 +25,7 @@ fn fixture(name: &str) -> PathBuf {
 /// Device sets for `stages` stages: every stage on flex, and (unless `BURN_LLM_TEST_WGPU=0` or
 /// wgpu is not compiled in) stages alternating between flex and wgpu.
 fn device_sets(stages: usize) -> Vec<(&'static str, Vec<Device>)> {
+    #[cfg_attr(not(feature = "wgpu"), allow(unused_mut))]
     let mut sets = vec![("flex", vec![Device::flex(); stages])];
     let wgpu_wanted = std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true);
     #[cfg(feature = "wgpu")]
@@ -185,3 +186,6 @@ fn bad_plans_are_errors() {
     let two = plan(StageLayout::even(2, 2).unwrap(), vec![Device::flex(); 2]);
     assert!(err(PipelineLm::from_checkpoint(spec, &Missing, &two, None)).contains("layers.1."));
 }
+
+#[cfg(feature = "flex")]
+mod auto;
