@@ -7,6 +7,7 @@
 
 mod common;
 
+mod chunked;
 mod cli;
 mod cli_golden;
 mod engine;
