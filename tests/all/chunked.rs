@@ -223,3 +223,23 @@ fn smollm2_chunked_prefill_equals_whole_prompts() {
     assert_eq!((none, partial > 0), (0, true));
     assert_eq!(chunked, whole);
 }
+
+/// The CLI: chunked prefill is the default, `--no-chunked-prefill` turns it off; with steps of one
+/// token the prompt is prefilled a token at a time and gives the plain engine's text, and without
+/// chunking it is refused with an error that says what to change.
+#[test]
+fn the_cli_flag_turns_chunking_off() {
+    use burn_llm::cli::GenerateArgs;
+    use clap::Parser;
+
+    let parse = |flags: &[&str]| GenerateArgs::try_parse_from([&["x"], flags].concat()).unwrap();
+    assert!(parse(&["--engine", "paged"]).engine.engine_config().chunked_prefill);
+    assert!(!parse(&["--engine", "paged", "--no-chunked-prefill"]).engine.engine_config().chunked_prefill);
+    let plain = crate::parallel::cli(&["--device", "flex"]).unwrap();
+    let paged = ["--device", "flex", "--engine", "paged", "--kv-cache-memory", "blocks:64"];
+    let chunked = crate::parallel::cli(&[&paged[..], &["--max-num-batched-tokens", "1"]].concat()).unwrap();
+    assert_eq!(crate::parallel::text(&chunked), crate::parallel::text(&plain));
+    let err = crate::parallel::cli(&[&paged[..], &["--max-num-batched-tokens", "1", "--no-chunked-prefill"]].concat())
+        .unwrap_err();
+    assert!(err.contains("--no-chunked-prefill") && err.contains("--max-num-batched-tokens"), "{err}");
+}
