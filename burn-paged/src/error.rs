@@ -58,6 +58,21 @@ pub enum PagedError {
         /// The step limit.
         max: usize,
     },
+    /// A request's sequences (`n`, `best_of`, beams) outnumber the tokens one step computes: a
+    /// preempted group recomputes all its sequences' last prompt tokens in one step, which could
+    /// then never be scheduled.
+    #[error(
+        "request {request} runs {width} sequences (n, best_of or beam width) but a step computes at most {max} \
+         tokens (max_num_batched_tokens): raise --max-num-batched-tokens to at least {width}, or ask for fewer sequences"
+    )]
+    TooWideForStep {
+        /// Request id.
+        request: String,
+        /// Sequences the request runs at once.
+        width: usize,
+        /// The step limit.
+        max: usize,
+    },
     /// Reading a tensor back from the device failed.
     #[error("device error: {0}")]
     Device(String),

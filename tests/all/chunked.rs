@@ -68,6 +68,21 @@ fn a_prompt_longer_than_the_step_budget_completes() {
     assert_eq!(chunked.stats().partial_prefills, 3, "56 tokens in steps of 16: three chunks before the last");
 }
 
+/// A request running more sequences than a step computes tokens is refused when it arrives: its
+/// recomputed sequences, whose last prompt tokens must run in one step, could never be scheduled.
+#[test]
+fn a_request_wider_than_the_step_budget_is_refused() {
+    let device = Device::flex();
+    let mut engine = engine("llama", &device, budgeted(config(64, 4, PreemptionMode::Auto), 2, true));
+    let params = SamplingParams { n: 3, ..SamplingParams::greedy(4) };
+    let err = engine.add_request("wide", Prompt::Ids(vec![1, 2, 3]), params).unwrap_err();
+    assert!(matches!(err, PagedError::TooWideForStep { width: 3, max: 2, .. }), "{err}");
+    assert!(err.to_string().contains("--max-num-batched-tokens"), "{err}");
+    let fits = SamplingParams { n: 2, ..SamplingParams::greedy(4) };
+    let out = engine.generate(&[Prompt::Ids(vec![1, 2, 3])], &fits).unwrap();
+    assert_eq!(out.requests.len(), 2);
+}
+
 /// Requests sharing a long prompt, admitted while its first copy is still being prefilled in
 /// chunks, map the blocks its chunks have computed and give the same tokens.
 #[test]

@@ -244,6 +244,9 @@ impl<M: LanguageModel> LlmEngine<M> {
             return Err(PagedError::PromptTooLong { request: request_id, len: prompt_ids.len(), max });
         }
         let width = params.width();
+        if width > max {
+            return Err(PagedError::TooWideForStep { request: request_id, width, max });
+        }
         let beam = match &params.beam {
             Some(b) => {
                 let room = (spec.max_positions + 1).saturating_sub(prompt_ids.len()).max(1);
