@@ -35,7 +35,7 @@ use burn_paged::{EngineConfig, KvCacheMemory, KvReservation, PreemptionMode, Sch
 
 use crate::device::DeviceChoice;
 
-pub use parallel::{ParallelSpec, parse_device};
+pub use parallel::{ParallelSpec, PrefillSlices, parse_device};
 pub use validate::SpecError;
 
 /// Engines of `--engine`.
