@@ -14,13 +14,16 @@
 //! Host stages share the machine's cores: each gets its own rayon pool (Flex's matrix products
 //! and reductions split over `rayon::current_num_threads`) of `cores ÷ host stages` threads (at
 //! least one), or [`PipelineLm::with_stage_threads`] / `$BURN_LLM_STAGE_THREADS` threads each.
-//! Without a split (a cache that cannot be split, one stage or one micro-batch) the stages run in
-//! turn on the calling thread, over the global pool.
+//! Every stage thread computes in the calling thread's matmul precision (`--exact-matmul` is a
+//! thread-local setting of the kernels, [`with_matmul_precision`]). Without a split (a cache that
+//! cannot be split, one stage or one micro-batch) the stages run in turn on the calling thread,
+//! over the global pool.
 
 use std::ops::Range;
 use std::sync::mpsc::{Receiver, Sender, channel};
 
 use burn::tensor::Tensor;
+use burn_llm_kernels::{matmul_precision, with_matmul_precision};
 use burn_llm_models::device::is_host_device;
 use burn_llm_models::language_model::forward_micro_batches_in_turn;
 use burn_llm_models::model::Hidden;
@@ -111,6 +114,7 @@ impl PipelineLm {
             return forward_micro_batches_in_turn(self, steps, cache);
         };
         let last = views.len() - 1;
+        let precision = matmul_precision();
         std::thread::scope(|scope| {
             let mut from: Option<Receiver<Hidden>> = None;
             let mut handles = Vec::with_capacity(views.len());
@@ -125,7 +129,7 @@ impl PipelineLm {
                 let from = std::mem::replace(&mut from, next);
                 let pool = pools.get(s).and_then(Option::as_ref);
                 handles.push(scope.spawn(move || {
-                    let work = || self.stage_loop(s, steps, &mut *view, from, to);
+                    let work = || with_matmul_precision(precision, || self.stage_loop(s, steps, &mut *view, from, to));
                     match pool {
                         Some(pool) => pool.install(work),
                         None => work(),

@@ -1,13 +1,18 @@
 //! TeraPipe token slices through pipeline stages, each stage on a thread of its own over its view
 //! of the paged KV cache: the threaded order equals the one-thread order bit for bit, a sliced
 //! prefill is greedy-identical to one pass (also after cached context, as after prefix caching or
-//! a recompute preemption), a cache that cannot be split falls back, and a failing stage is an
-//! error, not a hang.
+//! a recompute preemption), the stage threads keep the caller's matmul precision, a cache that
+//! cannot be split falls back, and a failing stage is an error, not a hang.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_llm_kernels::{MatmulPrecision, matmul_precision, with_matmul_precision};
 use burn_llm_models::language_model::forward_micro_batches_in_turn;
 use burn_llm_models::{
-    CausalLm, KvCache, LanguageModel, MicroBatchCache, PrefillSlicing, RandomWeights, StepInput, UniformSlices,
+    CausalLm, KvCache, LanguageModel, MicroBatchCache, PrefillSlicing, RandomWeights, StageCache, StepInput,
+    UniformSlices,
 };
 use burn_paged::cache::{PagedKvCache, PagedStep};
 use burn_parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
@@ -214,6 +219,86 @@ fn sliced_prefill_is_greedy_identical_to_one_pass() {
             let after = run(&model, &mut paged(&model), 5, &[3, 3, 2], Order::Threaded);
             assert_eq!(after.tokens, whole.tokens, "{what}, sliced after a cached prefix");
         }
+    }
+}
+
+/// A paged cache whose views record the matmul precision in force on the thread that attends.
+struct Recording {
+    inner: PagedKvCache,
+    seen: Arc<Mutex<Vec<MatmulPrecision>>>,
+}
+
+/// One view of a [`Recording`] cache.
+struct RecordingView<'a> {
+    inner: StageCache<'a>,
+    seen: Arc<Mutex<Vec<MatmulPrecision>>>,
+}
+
+impl KvCache for RecordingView<'_> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+    ) -> burn_llm_models::Result<Tensor<4>> {
+        self.seen.lock().unwrap().push(matmul_precision());
+        self.inner.attend(layer, q, k, v, scale)
+    }
+}
+
+impl MicroBatchCache for RecordingView<'_> {
+    fn select_micro_batch(&mut self, index: usize) {
+        self.inner.select_micro_batch(index);
+    }
+}
+
+impl KvCache for Recording {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+    ) -> burn_llm_models::Result<Tensor<4>> {
+        self.inner.attend(layer, q, k, v, scale)
+    }
+}
+
+impl MicroBatchCache for Recording {
+    fn select_micro_batch(&mut self, index: usize) {
+        self.inner.select_micro_batch(index);
+    }
+
+    fn split_layers(&mut self, layers: &[Range<usize>]) -> Option<Vec<StageCache<'_>>> {
+        let seen = &self.seen;
+        let views = self.inner.split_layers(layers)?;
+        Some(
+            views
+                .into_iter()
+                .map(|inner| -> StageCache<'_> { Box::new(RecordingView { inner, seen: seen.clone() }) })
+                .collect(),
+        )
+    }
+}
+
+/// The stage threads compute in the caller's matmul precision (`--exact-matmul` is a
+/// thread-local setting of the kernels, which quantized projections read).
+#[test]
+fn stage_threads_inherit_the_matmul_precision() {
+    let (what, model) = pipelines("llama").remove(0);
+    for precision in [MatmulPrecision::Exact, MatmulPrecision::Int8Activations] {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut cache = Recording { inner: paged(&model), seen: seen.clone() };
+        let (steps, inputs) = lay_out(&model.device(), &PROMPT, 0, &[5, 4, 4]);
+        cache.inner.begin_micro_batches(&steps).unwrap();
+        with_matmul_precision(precision, || model.forward_micro_batches(&inputs, &mut cache).unwrap());
+        let seen = seen.lock().unwrap();
+        // Four layers, three slices, all attended on the stage threads.
+        assert_eq!(seen.len(), 12, "{what}");
+        assert!(seen.iter().all(|&p| p == precision), "{what}: {precision:?} asked, {seen:?} seen");
     }
 }
 
