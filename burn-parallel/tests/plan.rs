@@ -23,6 +23,9 @@ mod pipeline;
 #[path = "plan/profiler.rs"]
 mod profiler;
 
+#[path = "plan/stage_devices.rs"]
+mod stage_devices;
+
 #[cfg(feature = "flex")]
 #[path = "parallel/tensor.rs"]
 mod tensor_parallel;
@@ -94,13 +97,7 @@ fn plan_stages_match_brute_force_on_random_inputs() {
         let layers = rng.random_range(1..=8);
         let stages = rng.random_range(1..=layers);
         let lat: Vec<f64> = (0..layers).map(|_| rng.random_range(0..20) as f64 * 0.5).collect();
-        let mut input = StagesInput {
-            layer_latency_ms: lat.clone(),
-            stages,
-            layer_memory_bytes: None,
-            stage_memory_bytes: None,
-            tensor_parallel: None,
-        };
+        let mut input = StagesInput { layer_latency_ms: lat.clone(), stages, ..StagesInput::default() };
         if case % 2 == 1 {
             input.layer_memory_bytes = Some((0..layers).map(|_| rng.random_range(1..10)).collect());
             input.stage_memory_bytes = Some(rng.random_range(5..30));
@@ -952,13 +949,7 @@ fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
 
 #[test]
 fn plan_bad_input_is_an_error_not_a_panic() {
-    let base = StagesInput {
-        layer_latency_ms: vec![1.0, 2.0],
-        stages: 1,
-        layer_memory_bytes: None,
-        stage_memory_bytes: None,
-        tensor_parallel: None,
-    };
+    let base = StagesInput { layer_latency_ms: vec![1.0, 2.0], stages: 1, ..StagesInput::default() };
     for bad in [
         StagesInput { layer_latency_ms: vec![f64::NAN, 1.0], ..base.clone() },
         StagesInput { layer_latency_ms: vec![-1.0, 1.0], ..base.clone() },

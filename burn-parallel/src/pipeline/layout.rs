@@ -64,6 +64,9 @@ pub enum PipelineError {
         /// Why, and what to do.
         reason: String,
     },
+    /// The stage planner found no split (`--stage-layers auto`).
+    #[error(transparent)]
+    Stages(#[from] crate::plan::stages::StagesError),
     /// Loading or moving the model failed.
     #[cfg(feature = "runtime")]
     #[error(transparent)]

@@ -1,6 +1,9 @@
 //! Pipeline parallelism: a decoder split by layers into contiguous stages, each on its own
 //! device, run by the plain and the paged engines as one [`LanguageModel`](burn_llm_models::LanguageModel).
 //!
+//! - [`auto`]: `--stage-layers auto`, stages planned from each device's measured profile and
+//!   link (Alpa's inter-operator pass) and the prediction printed before running.
+//! - [`plan`] (feature `runtime`): [`PipelinePlan`], the checked split over devices.
 //! - [`layout`]: which layers each stage runs (`--stage-layers 0-11,12-23`, inclusive, or an even
 //!   split) and the device-count check, pure and run before anything loads.
 //! - [`model`] (feature `runtime`): [`PipelineLm`], built from a checkpoint (each stage's weights
@@ -16,10 +19,16 @@
 //! order ([`LanguageModel::forward_micro_batches`](burn_llm_models::LanguageModel::forward_micro_batches)),
 //! so that stages on asynchronous devices (wgpu, remote) work on different micro-batches at once.
 
+pub mod auto;
 pub mod layout;
 #[cfg(feature = "runtime")]
 pub mod model;
+#[cfg(feature = "runtime")]
+pub mod plan;
 
+pub use auto::{AutoStageDevice, AutoStages, Handover, LinkProfile, PredictedStage, StagePrediction, StageWorkload};
 pub use layout::{PipelineError, StageLayout, check_device_count};
 #[cfg(feature = "runtime")]
-pub use model::{LayerWeights, PipelineLm, PipelinePlan, Stage, build_block};
+pub use model::{LayerWeights, PipelineLm, Stage, build_block};
+#[cfg(feature = "runtime")]
+pub use plan::PipelinePlan;

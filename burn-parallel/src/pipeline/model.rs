@@ -17,68 +17,10 @@ use burn_llm_models::model::{DecoderLayer, Hidden};
 use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, DecoderSpec, KvCache, LanguageModel, QuantSpec, StepInput};
 
-use super::layout::{PipelineError, Result, StageLayout, check_device_count};
+use super::layout::{PipelineError, Result};
+use super::plan::PipelinePlan;
 use crate::block::LayerBlock;
 use crate::tensor::{TensorParallelLayer, rank_kv_layout};
-
-/// How a model is split: the stages' layers, the tensor-parallel degree inside each stage, and
-/// the devices, `devices[s * tensor_parallel + r]` for stage `s`, rank `r`.
-#[derive(Debug, Clone)]
-pub struct PipelinePlan {
-    layout: StageLayout,
-    tensor_parallel: usize,
-    devices: Vec<Device>,
-    names: Vec<String>,
-}
-
-impl PipelinePlan {
-    /// Checks that `devices` has one entry per (stage, rank) and that `tensor_parallel` ≥ 1.
-    pub fn new(layout: StageLayout, tensor_parallel: usize, devices: Vec<Device>) -> Result<Self> {
-        check_device_count(devices.len(), layout.len(), tensor_parallel)?;
-        let names = devices.iter().map(|d| format!("{d:?}")).collect();
-        Ok(Self { layout, tensor_parallel, devices, names })
-    }
-
-    /// Names the devices in outputs (`flex`, `wgpu`, …) instead of their debug form.
-    pub fn with_names(mut self, names: Vec<String>) -> Self {
-        if names.len() == self.devices.len() {
-            self.names = names;
-        }
-        self
-    }
-
-    /// The stages' layers.
-    pub fn layout(&self) -> &StageLayout {
-        &self.layout
-    }
-
-    /// Tensor-parallel ranks per stage.
-    pub fn tensor_parallel(&self) -> usize {
-        self.tensor_parallel
-    }
-
-    /// The devices of stage `stage`, one per rank.
-    pub fn stage_devices(&self, stage: usize) -> &[Device] {
-        let tp = self.tensor_parallel;
-        &self.devices[stage * tp..(stage + 1) * tp]
-    }
-
-    fn stage_names(&self, stage: usize) -> String {
-        let tp = self.tensor_parallel;
-        self.names[stage * tp..(stage + 1) * tp].join("+")
-    }
-
-    /// Checks the plan against a model of `spec`'s depth.
-    fn check(&self, spec: &DecoderSpec) -> Result<()> {
-        if self.layout.num_layers() != spec.num_layers {
-            return Err(PipelineError::BadStageLayers {
-                text: self.layout.to_string(),
-                reason: format!("the model has {} layers", spec.num_layers),
-            });
-        }
-        Ok(())
-    }
-}
 
 /// Where a block's weights come from.
 #[allow(clippy::large_enum_variant)] // one per layer, consumed at once
@@ -260,13 +202,6 @@ impl PipelineLm {
             states: hidden.states.to_device(device),
             rotary: hidden.rotary.map(|(c, s)| (c.to_device(device), s.to_device(device))),
         }
-    }
-}
-
-impl PipelinePlan {
-    /// The devices of the embeddings (first stage, rank 0) and of the head (last stage, rank 0).
-    fn end_devices(&self) -> (&Device, &Device) {
-        (&self.stage_devices(0)[0], &self.stage_devices(self.layout.len() - 1)[0])
     }
 }
 

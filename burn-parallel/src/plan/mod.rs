@@ -6,4 +6,5 @@ pub mod profile;
 pub mod schedule;
 pub mod sim;
 pub mod slices;
+mod stage_devices;
 pub mod stages;

@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
+pub use super::stage_devices::{DeviceStagesError, StageDevice, StageExtra};
 
 /// Largest number of layers, stages, devices or degrees accepted.
 const MAX_LAYERS: usize = 4096;
@@ -19,7 +20,7 @@ const MAX_LAYERS: usize = 4096;
 const MAX_ENTRIES: usize = 1 << 24;
 
 /// Input of [`plan`]. JSON: `{"layer_latency_ms": [f64; L], "stages": S}` plus the optional fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StagesInput {
     /// Latency of each layer on one device, in milliseconds.
@@ -38,6 +39,18 @@ pub struct StagesInput {
     /// degrees of all stages add up to at most `devices`.
     #[serde(default)]
     pub tensor_parallel: Option<TensorParallel>,
+    /// Heterogeneous devices, one per stage in pipeline order (`devices.len() == stages`): stage
+    /// `s` runs on `devices[s]` at that device's own per-layer latency, under its own memory cap,
+    /// and pays its link to the next stage. Replaces `stage_memory_bytes`; with it,
+    /// `layer_latency_ms` is only the layer count's witness and `tensor_parallel` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<StageDevice>>,
+    /// What the first stage holds beyond its layers (embeddings): time per request and bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_stage: Option<StageExtra>,
+    /// What the last stage holds beyond its layers (final norm, LM head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stage: Option<StageExtra>,
 }
 
 /// Tensor-parallel degrees a stage may use, and the devices they share.
@@ -74,6 +87,9 @@ pub struct StagesOutput {
     /// Degree chosen for each stage; present only when `tensor_parallel` was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensor_parallel_degrees: Option<Vec<usize>>,
+    /// Bytes each stage's device holds (layers and extras); present only when `devices` was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_memory_bytes: Option<Vec<u64>>,
 }
 
 /// Why no stage plan could be made.
@@ -120,6 +136,9 @@ pub enum StagesError {
         /// Memory per device.
         cap: u64,
     },
+    /// Heterogeneous devices cannot be split as asked (see [`DeviceStagesError`]).
+    #[error(transparent)]
+    Devices(#[from] DeviceStagesError),
 }
 
 /// Plans the stages for `input` (see the module docs).
@@ -128,6 +147,14 @@ pub fn plan(input: &StagesInput) -> Result<StagesOutput, StagesError> {
     check::latencies("layer_latency_ms", &input.layer_latency_ms)?;
     check::count("layer_latency_ms", layers, MAX_LAYERS)?;
     check::count("stages", input.stages, MAX_LAYERS)?;
+    if let Some(devices) = &input.devices {
+        return super::stage_devices::plan(input, devices);
+    }
+    for (field, given) in [("first_stage", input.first_stage.is_some()), ("last_stage", input.last_stage.is_some())] {
+        if given {
+            return Err(InputError::new(field, "is only read with `devices`; give one entry per stage there").into());
+        }
+    }
     let memory = match (&input.layer_memory_bytes, input.stage_memory_bytes) {
         (None, None) => None,
         (Some(mem), Some(cap)) => {
@@ -172,6 +199,7 @@ pub fn plan(input: &StagesInput) -> Result<StagesOutput, StagesError> {
         stages: partition.ranges,
         stage_latency_ms: partition.stage_latency_ms,
         bottleneck_ms: partition.bottleneck_ms,
+        stage_memory_bytes: None,
     })
 }
 
@@ -382,6 +410,9 @@ mod tests {
             layer_memory_bytes: None,
             stage_memory_bytes: None,
             tensor_parallel: None,
+            devices: None,
+            first_stage: None,
+            last_stage: None,
         }
     }
 

@@ -33,7 +33,9 @@
 //! [`cli::run_with_engine`] takes that timer.
 
 pub mod cli;
+pub mod device;
 pub mod fit;
+pub mod link;
 mod measure;
 
 use burn::tensor::Device;
@@ -42,6 +44,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
 use measure::{Bench, Progress};
+
+pub use device::{DeviceProfile, ProfileIdentity, ProfileSource, ProfileWeights, device_profile};
+pub use link::{LinkProfile, measure_link};
 
 /// The points the profiler measures. Points a model cannot hold (more positions than it was
 /// trained for) are dropped before measuring.
@@ -72,6 +77,21 @@ impl ProfileGrid {
             prefill_context: vec![16, 48],
             decode_batch: vec![1, 4],
             decode_context: vec![0, 32, 96],
+            warmup: 1,
+            repeats: 3,
+        }
+    }
+
+    /// The grid `--stage-layers auto` profiles each device over: one sequence, prompts up to 64
+    /// tokens (with a context point for TeraPipe's `t_ctx` fit), a decode step after 0 and 64
+    /// tokens; a few seconds per device on a CPU for a small model.
+    pub fn stages() -> Self {
+        Self {
+            prefill_batch: vec![1],
+            prefill_tokens: vec![1, 16, 64],
+            prefill_context: vec![64],
+            decode_batch: vec![1],
+            decode_context: vec![0, 64],
             warmup: 1,
             repeats: 3,
         }
@@ -243,6 +263,14 @@ pub enum ProfileError {
     /// The device reported an error while synchronising.
     #[error("the device failed while profiling: {0}; check that the device works (e.g. with `--device flex`)")]
     Device(String),
+    /// A cached profile could not be written.
+    #[error("cannot write the profile cache {path}: {reason}; check the directory's permissions and free space")]
+    Cache {
+        /// The cache file.
+        path: std::path::PathBuf,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// Where [`profile`] is, for a caller's progress display: called as each point starts, and once
@@ -270,10 +298,27 @@ pub fn profile(
     grid: &ProfileGrid,
     progress: Option<ProgressHook<'_>>,
 ) -> Result<Profile, ProfileError> {
-    let grid = grid.fitted_to(spec.max_positions)?;
-    let pairs = grid.context_pairs(spec.max_positions);
     let one_layer = DecoderSpec { num_layers: 1, ..spec.clone() };
     let model = CausalLm::random(one_layer, device)?;
+    profile_model(&model, spec.num_layers, grid, progress)
+}
+
+/// Measures `model`'s costs over `grid` on its device as [`profile`] does, for a model of
+/// `num_layers` layers like `model`'s first (`model` needs only that one layer: its weights,
+/// random or loaded from a checkpoint as stored, decide the timings and byte counts).
+pub fn profile_model(
+    model: &CausalLm,
+    num_layers: usize,
+    grid: &ProfileGrid,
+    progress: Option<ProgressHook<'_>>,
+) -> Result<Profile, ProfileError> {
+    let spec = model.spec();
+    if model.layers.is_empty() {
+        return Err(ProfileError::Grid("the model to profile has no decoder layer".into()));
+    }
+    let device = &model.device();
+    let grid = grid.fitted_to(spec.max_positions)?;
+    let pairs = grid.context_pairs(spec.max_positions);
     let progress = Progress::new(grid.points(pairs.len()), progress);
     let bench = Bench::new(&model, device, grid.warmup, grid.repeats, &progress);
 
@@ -311,7 +356,7 @@ pub fn profile(
         version: 1,
         model: None,
         device: None,
-        layers: spec.num_layers,
+        layers: num_layers,
         prefill: PrefillTable {
             batch: as_f64(&grid.prefill_batch),
             tokens: as_f64(&grid.prefill_tokens),

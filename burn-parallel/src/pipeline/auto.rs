@@ -1,0 +1,315 @@
+//! `--stage-layers auto`: stages planned from each device's measured profile (Alpa's
+//! inter-operator pass, thesis §3.5.2, with one device per stage).
+//!
+//! Every device of `--devices` brings its own [`Profile`] of the model (per-layer prefill and
+//! decode times, per-layer bytes, embedding and LM-head costs), a memory cap, and the measured
+//! link to the next device. The stages are balanced for one request of a [`StageWorkload`]: a
+//! layer's cost on a device is its prefill of the prompt plus `output_tokens` decode steps; the
+//! first stage adds the embeddings, the last the final norm and LM head, and every stage but the
+//! last the hand-over of its output to the next device (the hidden states and rotary angles of
+//! the prompt, then of one token per step). [`AutoStages::plan`] hands that to the pure `stages`
+//! planner ([`crate::plan::stages`]) and returns a [`StagePrediction`]: each stage's layers,
+//! device, predicted prefill, decode step and per-request time, and the bottleneck.
+
+use burn_llm_models::DecoderSpec;
+use burn_llm_models::config::PositionKind;
+use serde::{Deserialize, Serialize};
+
+use super::layout::{PipelineError, Result, StageLayout};
+use crate::plan::profile::{CostModel, Profile};
+use crate::plan::stages::{self, StageDevice, StageExtra, StagesInput};
+
+/// A measured link: handing `b` bytes over takes `latency_ms + b · ms_per_byte` milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkProfile {
+    /// The fixed cost of one hand-over, in milliseconds.
+    pub latency_ms: f64,
+    /// Milliseconds per byte beyond the fixed cost (0 when the larger transfer took no longer
+    /// than the smaller, as between two views of one memory).
+    pub ms_per_byte: f64,
+}
+
+impl LinkProfile {
+    /// Milliseconds to hand `bytes` over.
+    pub fn ms(&self, bytes: f64) -> f64 {
+        self.latency_ms + bytes * self.ms_per_byte
+    }
+
+    /// The transfer rate in MB/s (10⁶ bytes), `None` when no size dependence was measured.
+    pub fn mb_per_s(&self) -> Option<f64> {
+        (self.ms_per_byte > 0.0).then(|| 1e-3 / self.ms_per_byte)
+    }
+}
+
+/// The request the stages are balanced for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageWorkload {
+    /// Prompt tokens, prefilled in one step.
+    pub prompt_tokens: usize,
+    /// Tokens generated after the prompt, one decode step each.
+    pub output_tokens: usize,
+}
+
+impl Default for StageWorkload {
+    /// A prompt of 64 tokens and 32 generated: within the [`ProfileGrid::stages`](crate::profiler::ProfileGrid::stages) grid.
+    fn default() -> Self {
+        Self { prompt_tokens: 64, output_tokens: 32 }
+    }
+}
+
+/// What one stage hands the next per token: the hidden state and, for rotary models, the step's
+/// rotary angles (each tensor a `to_device` call of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Handover {
+    /// Bytes per token (all tensors).
+    pub bytes_per_token: f64,
+    /// Tensors moved per hand-over.
+    pub tensors: usize,
+}
+
+impl Handover {
+    /// What [`PipelineLm`](super::PipelineLm) hands over for a model of `spec` (`f32` states).
+    pub fn of(spec: &DecoderSpec) -> Self {
+        let states = (spec.hidden_size * 4) as f64;
+        match spec.positions {
+            PositionKind::Rotary(_) => Self { bytes_per_token: states + (2 * spec.head_dim * 4) as f64, tensors: 3 },
+            PositionKind::Learned { .. } => Self { bytes_per_token: states, tensors: 1 },
+        }
+    }
+
+    /// Milliseconds to hand `tokens` tokens over `link`.
+    fn ms(&self, link: &LinkProfile, tokens: usize) -> f64 {
+        link.latency_ms * self.tensors as f64 + link.ms_per_byte * self.bytes_per_token * tokens as f64
+    }
+}
+
+/// One entry of `--devices` with its measured costs.
+#[derive(Debug, Clone)]
+pub struct AutoStageDevice {
+    /// The `--devices` entry.
+    pub name: String,
+    /// The model's profile on this device.
+    pub profile: Profile,
+    /// Bytes the device gives its stage.
+    pub memory_bytes: u64,
+    /// The measured link to the next device (`None` on the last).
+    pub link_to_next: Option<LinkProfile>,
+}
+
+/// Everything `--stage-layers auto` plans from: one device per stage, in pipeline order.
+#[derive(Debug, Clone)]
+pub struct AutoStages {
+    /// The devices.
+    pub devices: Vec<AutoStageDevice>,
+    /// The request the stages are balanced for.
+    pub workload: StageWorkload,
+    /// Tokens of KV cache each stage's layers must hold (counted in each layer's bytes).
+    pub kv_tokens: usize,
+    /// What a stage hands the next.
+    pub handover: Handover,
+}
+
+/// One planned stage and what the profiles predict for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictedStage {
+    /// First layer (inclusive).
+    pub first_layer: usize,
+    /// Last layer (inclusive).
+    pub last_layer: usize,
+    /// The device's `--devices` entry.
+    pub device: String,
+    /// Prefill of the workload's prompt through this stage (hand-over included), ms.
+    pub prefill_ms: f64,
+    /// One decode step of one sequence through this stage (hand-over included), ms.
+    pub decode_step_ms: f64,
+    /// The planner's objective: the prefill plus every decode step of one request, ms.
+    pub request_ms: f64,
+    /// Bytes the stage holds on its device (weights, KV cache, extras).
+    pub memory_bytes: u64,
+    /// The measured link to the next stage's device (`None` on the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkProfile>,
+}
+
+/// The plan `--stage-layers auto` made, printed before running and reported in `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StagePrediction {
+    /// The stages, in order.
+    pub stages: Vec<PredictedStage>,
+    /// The slowest stage (index).
+    pub bottleneck_stage: usize,
+    /// Its per-request time, ms.
+    pub bottleneck_ms: f64,
+    /// The request the stages were balanced for.
+    pub workload: StageWorkload,
+}
+
+impl StagePrediction {
+    /// The stages' layout.
+    pub fn layout(&self) -> Result<StageLayout> {
+        let text: Vec<String> = self.stages.iter().map(|s| format!("{}-{}", s.first_layer, s.last_layer)).collect();
+        let layers = self.stages.last().map_or(0, |s| s.last_layer + 1);
+        StageLayout::parse(&text.join(","), layers)
+    }
+
+    /// One line per stage and one for the bottleneck, for logs and start-up lines.
+    pub fn summary(&self) -> String {
+        let w = self.workload;
+        let mut lines = vec![format!(
+            "auto stages (balanced for a {}-token prompt and {} generated tokens; predicted per stage):",
+            w.prompt_tokens, w.output_tokens
+        )];
+        for (i, s) in self.stages.iter().enumerate() {
+            let link = match &s.link {
+                Some(l) => match l.mb_per_s() {
+                    Some(rate) => format!(", link {:.3} ms + {rate:.0} MB/s", l.latency_ms),
+                    None => format!(", link {:.3} ms", l.latency_ms),
+                },
+                None => String::new(),
+            };
+            lines.push(format!(
+                "  stage {i}: layers {}-{} on {}: prefill {:.2} ms, decode step {:.3} ms, request {:.2} ms, {}{link}",
+                s.first_layer,
+                s.last_layer,
+                s.device,
+                s.prefill_ms,
+                s.decode_step_ms,
+                s.request_ms,
+                burn_llm_models::units::fmt_bytes(s.memory_bytes),
+            ));
+        }
+        lines
+            .push(format!("  bottleneck: stage {} at {:.2} ms per request", self.bottleneck_stage, self.bottleneck_ms));
+        lines.join("\n")
+    }
+}
+
+/// Per-device costs the planner and the prediction share.
+struct DeviceCosts {
+    cost: CostModel,
+}
+
+impl DeviceCosts {
+    fn new(device: &AutoStageDevice, index: usize) -> Result<Self> {
+        let cost = device.profile.cost_model(&format!("devices[{index}].profile")).map_err(|e| {
+            PipelineError::Device { entry: device.name.clone(), reason: format!("its profile cannot be used: {e}") }
+        })?;
+        Ok(Self { cost })
+    }
+
+    fn prefill_layer(&self, w: StageWorkload) -> f64 {
+        self.cost.prefill_layer_ms(1.0, w.prompt_tokens as f64, 0.0)
+    }
+
+    fn decode_layer(&self, w: StageWorkload) -> f64 {
+        self.cost.decode_layer_ms(1.0, w.prompt_tokens as f64 + w.output_tokens as f64 / 2.0)
+    }
+}
+
+impl AutoStages {
+    /// The `stages` planner's input: each device's per-layer cost of one request, its cap and
+    /// its link; the embeddings' and the head's costs (on the first and last devices) and bytes.
+    pub fn stages_input(&self) -> Result<StagesInput> {
+        let costs = self.costs()?;
+        let first = &self.devices[0].profile;
+        let layers = first.layers;
+        let w = self.workload;
+        let steps = w.output_tokens as f64;
+        let layer_bytes = first.weight_bytes_per_layer + first.kv_bytes_per_token_per_layer * self.kv_tokens as u64;
+        let devices = self
+            .devices
+            .iter()
+            .zip(&costs)
+            .map(|(d, c)| StageDevice {
+                name: Some(d.name.clone()),
+                layer_latency_ms: vec![c.prefill_layer(w) + steps * c.decode_layer(w); layers],
+                memory_bytes: d.memory_bytes,
+                link_ms: d.link_to_next.map_or(0.0, |l| self.link_ms(&l)),
+            })
+            .collect();
+        let last = &self.devices[self.devices.len() - 1].profile;
+        Ok(StagesInput {
+            layer_latency_ms: vec![1.0; layers],
+            stages: self.devices.len(),
+            layer_memory_bytes: Some(vec![layer_bytes; layers]),
+            devices: Some(devices),
+            first_stage: Some(StageExtra {
+                latency_ms: first.embedding.ms_per_token * (w.prompt_tokens + w.output_tokens) as f64,
+                memory_bytes: first.embedding.weight_bytes,
+            }),
+            last_stage: Some(StageExtra {
+                latency_ms: last.lm_head.ms_per_token * (1 + w.output_tokens) as f64,
+                memory_bytes: last.lm_head.weight_bytes,
+            }),
+            ..StagesInput::default()
+        })
+    }
+
+    /// Plans the stages; errors name a device that cannot hold a layer, or caps that cannot hold
+    /// the model, before anything loads.
+    pub fn plan(&self) -> Result<StagePrediction> {
+        let input = self.stages_input()?;
+        let out = stages::plan(&input)?;
+        let costs = self.costs()?;
+        let w = self.workload;
+        let last = self.devices.len() - 1;
+        let memory = out.stage_memory_bytes.clone().unwrap_or_default();
+        let mut predicted = Vec::with_capacity(out.stages.len());
+        for (s, range) in out.stages.iter().enumerate() {
+            let (device, cost) = (&self.devices[s], &costs[s]);
+            let n = (range[1] - range[0]) as f64;
+            let (mut prefill, mut decode) = (n * cost.prefill_layer(w), n * cost.decode_layer(w));
+            if s == 0 {
+                let embed = device.profile.embedding.ms_per_token;
+                prefill += embed * w.prompt_tokens as f64;
+                decode += embed;
+            }
+            if s == last {
+                prefill += device.profile.lm_head.ms_per_token;
+                decode += device.profile.lm_head.ms_per_token;
+            }
+            if let Some(link) = &device.link_to_next {
+                prefill += self.handover.ms(link, w.prompt_tokens);
+                decode += self.handover.ms(link, 1);
+            }
+            predicted.push(PredictedStage {
+                first_layer: range[0],
+                last_layer: range[1] - 1,
+                device: device.name.clone(),
+                prefill_ms: prefill,
+                decode_step_ms: decode,
+                request_ms: out.stage_latency_ms[s],
+                memory_bytes: memory.get(s).copied().unwrap_or(0),
+                link: device.link_to_next,
+            });
+        }
+        let bottleneck_stage = (0..predicted.len())
+            .max_by(|&a, &b| predicted[a].request_ms.total_cmp(&predicted[b].request_ms))
+            .unwrap_or(0);
+        Ok(StagePrediction { stages: predicted, bottleneck_stage, bottleneck_ms: out.bottleneck_ms, workload: w })
+    }
+
+    /// Hand-overs of one request over `link`: the prompt's, then one token per decode step.
+    fn link_ms(&self, link: &LinkProfile) -> f64 {
+        let w = self.workload;
+        self.handover.ms(link, w.prompt_tokens) + w.output_tokens as f64 * self.handover.ms(link, 1)
+    }
+
+    fn costs(&self) -> Result<Vec<DeviceCosts>> {
+        let Some(first) = self.devices.first() else {
+            return Err(PipelineError::Zero("the number of --devices entries"));
+        };
+        for d in &self.devices {
+            if d.profile.layers != first.profile.layers {
+                return Err(PipelineError::Device {
+                    entry: d.name.clone(),
+                    reason: format!(
+                        "its profile is of a model of {} layers, `{}`'s of {}: profile one model on every device",
+                        d.profile.layers, first.name, first.profile.layers
+                    ),
+                });
+            }
+        }
+        self.devices.iter().enumerate().map(|(i, d)| DeviceCosts::new(d, i)).collect()
+    }
+}
