@@ -11,15 +11,14 @@
 //! Each layer's pools may live on their own device ([`LayerDevices`], pipeline stages): the step's
 //! slots and block tables are then uploaded once per device, swaps read and write each layer on its
 //! device, and a step split into micro-batches keeps one layout per micro-batch
-//! ([`PagedKvCache::begin_micro_batches`], [`MicroBatchCache`]).
+//! ([`PagedKvCache::begin_micro_batches`], [`MicroBatchCache`](burn_llm_models::MicroBatchCache)).
+
+mod split;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_llm_kernels::paged::{
-    PagedBatch, SlotMapping, copy_blocks_mut, paged_attention_with, read_blocks, reshape_and_cache_with,
-    write_blocks_mut,
-};
+use burn_llm_kernels::paged::{PagedBatch, SlotMapping, copy_blocks_mut, read_blocks, write_blocks_mut};
 use burn_llm_models::cache::LayerDevices;
-use burn_llm_models::{KvCache, KvLayout, MicroBatchCache, ModelError};
+use burn_llm_models::{KvCache, KvLayout, ModelError};
 
 use crate::error::{PagedError, Result};
 use crate::memory::BlockId;
@@ -154,7 +153,7 @@ impl PagedKvCache {
 
     /// Uploads the layouts of a step split into micro-batches (each a [`PagedStep`] of its own
     /// sequences) to every device; `attend` serves micro-batch 0 until
-    /// [`MicroBatchCache::select_micro_batch`] picks another.
+    /// [`MicroBatchCache::select_micro_batch`](burn_llm_models::MicroBatchCache::select_micro_batch) picks another.
     pub fn begin_micro_batches(&mut self, steps: &[PagedStep]) -> Result<()> {
         let mut uploaded = Vec::with_capacity(steps.len());
         for step in steps {
@@ -265,50 +264,7 @@ impl KvCache for PagedKvCache {
         v: Tensor<4>,
         scale: f32,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.attend_paged(layer, q, k, v, scale).map_err(|e| ModelError::KvCache(Box::new(e)))
-    }
-}
-
-impl PagedKvCache {
-    /// [`KvCache::attend`] in this crate's error: a step laid out without
-    /// [`PagedKvCache::begin_step`], a layer outside the layout, or a kernel that refuses the
-    /// step's slots or block tables is an error, never a panic.
-    fn attend_paged(
-        &mut self,
-        layer: usize,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        scale: f32,
-    ) -> Result<Tensor<4>> {
-        let [_, heads, tokens, head_dim] = q.dims();
-        let to_rows = |t: Tensor<4>| -> Tensor<3> {
-            let [_, h, s, d] = t.dims();
-            t.reshape([h, s, d]).swap_dims(0, 1)
-        };
-        let num_layers = self.keys.len();
-        if layer >= num_layers {
-            return Err(PagedError::Internal(format!("layer {layer} of a {num_layers}-layer paged KV cache")));
-        }
-        let (slots, batch) =
-            self.steps.get(self.current).and_then(|per_device| per_device.get(self.placement.slot(layer))).ok_or_else(
-                || {
-                    PagedError::Internal(format!(
-                        "layer {layer} attended in micro-batch {} before begin_step laid it out",
-                        self.current
-                    ))
-                },
-            )?;
-        reshape_and_cache_with(&mut self.keys[layer], to_rows(k), slots)?;
-        reshape_and_cache_with(&mut self.values[layer], to_rows(v), slots)?;
-        let out = paged_attention_with(to_rows(q), &self.keys[layer], &self.values[layer], batch, scale)?;
-        Ok(out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim]))
-    }
-}
-
-impl MicroBatchCache for PagedKvCache {
-    fn select_micro_batch(&mut self, index: usize) {
-        self.current = index;
+        self.whole_view().attend_paged(layer, q, k, v, scale).map_err(|e| ModelError::KvCache(Box::new(e)))
     }
 }
 

@@ -12,7 +12,7 @@ use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::{KvCache, ModelError};
 
 /// A decoder layer, whole or split, as seen by the stage that runs it.
-pub trait LayerBlock: Send {
+pub trait LayerBlock: Send + Sync {
     /// Runs decoder layer `layer` on `x` (`[batch, seq, hidden]` on [`LayerBlock::device`]) with
     /// the step's rotary angles (on the same device), returning the layer's output there, or the
     /// cache's error.

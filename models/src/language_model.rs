@@ -5,7 +5,12 @@
 //! only need logits call the provided [`LanguageModel::forward_last_logits`]; an engine that
 //! splits a step into micro-batches calls [`LanguageModel::forward_micro_batches`], which issues
 //! them in pipeline order (micro-batch `m` enters stage `s` at tick `m + s`) so that stages on
-//! asynchronous devices work on different micro-batches at once.
+//! asynchronous devices work on different micro-batches at once. A model whose stages can run on
+//! threads of their own (`burn_parallel::pipeline::PipelineLm`) overrides it, splitting the cache
+//! into per-stage views with [`MicroBatchCache::split_layers`]; [`forward_micro_batches_in_turn`]
+//! is the one-thread order it falls back to.
+
+use std::ops::Range;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
@@ -19,6 +24,63 @@ use crate::model::{CausalLm, Hidden};
 pub trait MicroBatchCache: KvCache {
     /// Makes later `attend` calls use micro-batch `index`'s layout.
     fn select_micro_batch(&mut self, index: usize);
+
+    /// Splits the cache into one view per range of cache layers of `layers` (in order, disjoint),
+    /// so that pipeline stages can attend on threads of their own: view `i` serves only the
+    /// layers of `layers[i]`, addressed by their index in the whole cache, selects its
+    /// micro-batch on its own (micro-batch 0 at first), and writes the same slots the whole cache
+    /// would. `None` when the cache cannot be split (the default) or the ranges overlap, are out
+    /// of order or out of bounds; callers then run the stages in turn on one thread.
+    fn split_layers(&mut self, layers: &[Range<usize>]) -> Option<Vec<StageCache<'_>>> {
+        let _ = layers;
+        None
+    }
+}
+
+/// One stage's view of a [`MicroBatchCache`] split by [`MicroBatchCache::split_layers`], movable
+/// to the stage's thread.
+pub type StageCache<'a> = Box<dyn MicroBatchCache + Send + 'a>;
+
+/// Whether `layers` are non-empty ranges in order, disjoint and within `num_layers` cache layers
+/// (what [`MicroBatchCache::split_layers`] accepts).
+pub fn splittable(layers: &[Range<usize>], num_layers: usize) -> bool {
+    let mut end = 0;
+    for range in layers {
+        if range.start < end || range.end <= range.start || range.end > num_layers {
+            return false;
+        }
+        end = range.end;
+    }
+    true
+}
+
+/// [`LanguageModel::forward_micro_batches`]'s default: micro-batch `m` enters stage `s` at tick
+/// `m + s`, every stage run in turn on the calling thread.
+pub fn forward_micro_batches_in_turn<M: LanguageModel + ?Sized>(
+    model: &M,
+    steps: &[StepInput],
+    cache: &mut dyn MicroBatchCache,
+) -> Result<Vec<Tensor<3>>> {
+    let stages = model.num_stages();
+    let mut hidden: Vec<Option<Hidden>> = steps.iter().map(|_| None).collect();
+    let mut out: Vec<Option<Tensor<3>>> = steps.iter().map(|_| None).collect();
+    for tick in 0..steps.len() + stages - 1 {
+        for (m, step) in steps.iter().enumerate() {
+            let Some(stage) = tick.checked_sub(m).filter(|&s| s < stages) else { continue };
+            let h = match hidden[m].take() {
+                Some(h) => h,
+                None => model.embed(step),
+            };
+            cache.select_micro_batch(m);
+            let h = model.run_stage(stage, h, &mut *cache)?;
+            if stage + 1 == stages {
+                out[m] = Some(model.finish(h));
+            } else {
+                hidden[m] = Some(h);
+            }
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
 }
 
 /// A causal language model as engines see it.
@@ -97,26 +159,7 @@ pub trait LanguageModel: Send + std::fmt::Debug {
     /// each one's final hidden states, in order. The result equals running them one after the
     /// other: only the order in which work is issued changes.
     fn forward_micro_batches(&self, steps: &[StepInput], cache: &mut dyn MicroBatchCache) -> Result<Vec<Tensor<3>>> {
-        let stages = self.num_stages();
-        let mut hidden: Vec<Option<Hidden>> = steps.iter().map(|_| None).collect();
-        let mut out: Vec<Option<Tensor<3>>> = steps.iter().map(|_| None).collect();
-        for tick in 0..steps.len() + stages - 1 {
-            for (m, step) in steps.iter().enumerate() {
-                let Some(stage) = tick.checked_sub(m).filter(|&s| s < stages) else { continue };
-                let h = match hidden[m].take() {
-                    Some(h) => h,
-                    None => self.embed(step),
-                };
-                cache.select_micro_batch(m);
-                let h = self.run_stage(stage, h, &mut *cache)?;
-                if stage + 1 == stages {
-                    out[m] = Some(self.finish(h));
-                } else {
-                    hidden[m] = Some(h);
-                }
-            }
-        }
-        Ok(out.into_iter().flatten().collect())
+        forward_micro_batches_in_turn(self, steps, cache)
     }
 }
 

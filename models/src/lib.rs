@@ -63,11 +63,11 @@ pub use generation::{
     BeamSearchParams, EarlyStopping, FinishReason, GenerationOutput, Generator, Prompt, PromptLogprobs, RequestOutput,
     SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
-pub use language_model::{LanguageModel, MicroBatchCache};
+pub use language_model::{LanguageModel, MicroBatchCache, StageCache};
 pub use model::CausalLm;
 pub use precision::Precision;
-pub use slicing::{PrefillSlicing, UniformSlices};
 pub use pretrained::{ModelFiles, Pretrained, PretrainedFiles};
+pub use slicing::{PrefillSlicing, UniformSlices};
 pub use tokenizer::Tokenizer;
 pub use weights::{Checkpoint, RandomWeights};
 

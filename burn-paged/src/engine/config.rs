@@ -1,6 +1,9 @@
 //! Engine configuration: the KV-cache memory budget and the scheduler's limits.
 
+use std::sync::Arc;
+
 use burn_llm_kernels::MAX_GPU_TENSOR_ELEMENTS;
+use burn_llm_models::slicing::PrefillSlicing;
 use burn_llm_models::{KvLayout, LanguageModel};
 
 use crate::cache::PagedKvCache;
@@ -55,7 +58,7 @@ impl std::str::FromStr for KvCacheMemory {
 }
 
 /// Settings of an [`LlmEngine`](crate::LlmEngine).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Tokens per KV block (vLLM's default is 16).
     pub block_size: usize,
@@ -77,6 +80,9 @@ pub struct EngineConfig {
     /// Micro-batches each step's sequences are split into when the model runs in pipeline
     /// stages; `None`: one per stage (a model on one device runs one).
     pub micro_batches: Option<usize>,
+    /// TeraPipe token slicing of a prompt's prefill through pipeline stages
+    /// (`--prefill-slices`); `None`: each prefill in one pass.
+    pub prefill_slicing: Option<Arc<dyn PrefillSlicing>>,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +97,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             scheduling: SchedulingPolicy::Fcfs,
             micro_batches: None,
+            prefill_slicing: None,
         }
     }
 }

@@ -11,13 +11,20 @@
 //!   `Module::to_device`); blocks come from [`build_block`], the one place a layer becomes a
 //!   whole or tensor-parallel block.
 //!
+//! - [`slicing`]: `--prefill-slices auto`, TeraPipe's planner as the engines' `PrefillSlicing`,
+//!   from the stages' measured costs.
+//! - [`threaded`] (feature `runtime`): each stage on a thread of its own for a step's
+//!   micro-batches or a prefill's token slices.
+//!
 //! A token's path: the first stage's device embeds it; each stage runs its layers (attending
 //! through its own cache layers on its own device) and hands the residual stream and the rotary
 //! angles to the next with `Tensor::to_device` (bytes counted, [`LanguageModel::stage_transfer_bytes`](burn_llm_models::LanguageModel::stage_transfer_bytes));
 //! the last stage's device applies the final norm and the LM head, and sampling happens there.
 //! The paged engine splits each step's sequences into micro-batches and issues them in pipeline
 //! order ([`LanguageModel::forward_micro_batches`](burn_llm_models::LanguageModel::forward_micro_batches)),
-//! so that stages on asynchronous devices (wgpu, remote) work on different micro-batches at once.
+//! with each stage on a thread of its own ([`threaded`]), so that stages work on different
+//! micro-batches (or TeraPipe token slices of one prompt) at once, on host CPUs as on asynchronous
+//! devices.
 
 pub mod auto;
 pub mod layout;
@@ -25,6 +32,9 @@ pub mod layout;
 pub mod model;
 #[cfg(feature = "runtime")]
 pub mod plan;
+pub mod slicing;
+#[cfg(feature = "runtime")]
+pub mod threaded;
 
 pub use auto::{AutoStageDevice, AutoStages, Handover, LinkProfile, PredictedStage, StagePrediction, StageWorkload};
 pub use layout::{PipelineError, StageLayout, check_device_count};
@@ -32,3 +42,4 @@ pub use layout::{PipelineError, StageLayout, check_device_count};
 pub use model::{LayerWeights, PipelineLm, Stage, build_block};
 #[cfg(feature = "runtime")]
 pub use plan::PipelinePlan;
+pub use slicing::{PlannedSlices, StageCost};

@@ -15,10 +15,11 @@ use burn_llm_models::cache::{KvLayout, LayerDevices};
 use burn_llm_models::layers::embedding::TokenEmbedding;
 use burn_llm_models::model::{DecoderLayer, Hidden};
 use burn_llm_models::weights::TensorSource;
-use burn_llm_models::{CausalLm, DecoderSpec, KvCache, LanguageModel, QuantSpec, StepInput};
+use burn_llm_models::{CausalLm, DecoderSpec, KvCache, LanguageModel, MicroBatchCache, QuantSpec, StepInput};
 
 use super::layout::{PipelineError, Result};
 use super::plan::PipelinePlan;
+use super::threaded::StagePools;
 use crate::block::LayerBlock;
 use crate::tensor::{TensorParallelLayer, rank_kv_layout};
 
@@ -114,6 +115,8 @@ pub struct PipelineLm {
     weight_bytes: usize,
     /// Bytes handed from stage to stage so far.
     moved: AtomicU64,
+    /// The host stages' thread pools when stages run concurrently ([`super::threaded`]).
+    pools: StagePools,
 }
 
 impl std::fmt::Debug for PipelineLm {
@@ -184,12 +187,33 @@ impl PipelineLm {
             weight_bytes += blocks.iter().map(|b| b.weight_bytes()).sum::<usize>();
             stages.push(Stage { layers: range.clone(), blocks, device: devices[0].clone(), name: plan.stage_names(s) });
         }
-        Ok(Self { embed, head, stages, tensor_parallel: plan.tensor_parallel, weight_bytes, moved: AtomicU64::new(0) })
+        Ok(Self {
+            embed,
+            head,
+            stages,
+            tensor_parallel: plan.tensor_parallel,
+            weight_bytes,
+            moved: AtomicU64::new(0),
+            pools: StagePools::default(),
+        })
     }
 
     /// The stages, in order.
     pub fn stages(&self) -> &[Stage] {
         &self.stages
+    }
+
+    /// Tensor-parallel ranks per stage.
+    pub fn tensor_parallel(&self) -> usize {
+        self.tensor_parallel
+    }
+
+    pub(super) fn pools(&self) -> &StagePools {
+        &self.pools
+    }
+
+    pub(super) fn pools_mut(&mut self) -> &mut StagePools {
+        &mut self.pools
     }
 
     /// Moves a stage's output to the next stage's device, counting the bytes handed over.
@@ -274,6 +298,16 @@ impl LanguageModel for PipelineLm {
             states = block.forward(states, layer, rotary.as_ref(), cache)?;
         }
         Ok(Hidden { states, rotary })
+    }
+
+    /// Each stage on a thread of its own ([`super::threaded`]): the same result as the default
+    /// order, with the stages' work overlapping.
+    fn forward_micro_batches(
+        &self,
+        steps: &[StepInput],
+        cache: &mut dyn MicroBatchCache,
+    ) -> burn_llm_models::Result<Vec<Tensor<3>>> {
+        self.forward_threaded(steps, cache)
     }
 
     fn finish(&self, hidden: Hidden) -> Tensor<3> {

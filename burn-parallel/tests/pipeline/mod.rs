@@ -13,6 +13,9 @@ use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, Checkpoint, DecoderSpec, LanguageModel, QuantSpec, RandomWeights};
 use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayout};
 
+#[cfg(feature = "flex")]
+mod sliced;
+
 /// Prompts of two lengths, run as one left-padded batch.
 const PROMPTS: [&[u32]; 2] = [&[5, 17, 42, 9, 3, 77, 12], &[8, 2, 31]];
 /// Decode steps after the prefill.

@@ -1,0 +1,135 @@
+//! A [`PagedKvCache`] split by layers into per-stage views ([`MicroBatchCache::split_layers`]),
+//! so that pipeline stages attend on threads of their own (TeraPipe's token slices through
+//! stages, or micro-batches of a step). Each view borrows its layers' pools mutably and the
+//! step's uploaded layouts shared, and selects its micro-batch on its own; a view writes exactly
+//! the slots the whole cache would, so a split run equals the same work done in turn.
+//!
+//! The whole cache attends through a view over all its layers ([`LayerView::attend_paged`]):
+//! one attention path for both.
+
+use std::ops::Range;
+
+use burn::tensor::Tensor;
+use burn_llm_kernels::paged::{paged_attention_with, reshape_and_cache_with};
+use burn_llm_models::cache::LayerDevices;
+use burn_llm_models::language_model::splittable;
+use burn_llm_models::{KvCache, MicroBatchCache, ModelError, StageCache};
+
+use super::{DeviceStep, PagedKvCache};
+use crate::error::{PagedError, Result};
+
+/// The pools of cache layers `first..first + keys.len()` and the step's layouts.
+pub(super) struct LayerView<'a> {
+    first: usize,
+    keys: &'a mut [Tensor<4>],
+    values: &'a mut [Tensor<4>],
+    steps: &'a [Vec<DeviceStep>],
+    placement: &'a LayerDevices,
+    /// The micro-batch `attend` serves.
+    current: usize,
+}
+
+impl PagedKvCache {
+    /// A view over every layer, serving the selected micro-batch.
+    pub(super) fn whole_view(&mut self) -> LayerView<'_> {
+        LayerView {
+            first: 0,
+            keys: &mut self.keys,
+            values: &mut self.values,
+            steps: &self.steps,
+            placement: &self.placement,
+            current: self.current,
+        }
+    }
+}
+
+impl LayerView<'_> {
+    /// [`KvCache::attend`] in this crate's error: a step laid out without
+    /// [`PagedKvCache::begin_step`], a layer outside the view, or a kernel that refuses the
+    /// step's slots or block tables is an error, never a panic.
+    pub(super) fn attend_paged(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+    ) -> Result<Tensor<4>> {
+        let [_, heads, tokens, head_dim] = q.dims();
+        let to_rows = |t: Tensor<4>| -> Tensor<3> {
+            let [_, h, s, d] = t.dims();
+            t.reshape([h, s, d]).swap_dims(0, 1)
+        };
+        let local = layer.checked_sub(self.first).filter(|&i| i < self.keys.len()).ok_or_else(|| {
+            let end = self.first + self.keys.len();
+            PagedError::Internal(format!(
+                "layer {layer} attended through the paged KV cache's layers {}..{end}",
+                self.first
+            ))
+        })?;
+        let (slots, batch) =
+            self.steps.get(self.current).and_then(|per_device| per_device.get(self.placement.slot(layer))).ok_or_else(
+                || {
+                    PagedError::Internal(format!(
+                        "layer {layer} attended in micro-batch {} before begin_step laid it out",
+                        self.current
+                    ))
+                },
+            )?;
+        reshape_and_cache_with(&mut self.keys[local], to_rows(k), slots)?;
+        reshape_and_cache_with(&mut self.values[local], to_rows(v), slots)?;
+        let out = paged_attention_with(to_rows(q), &self.keys[local], &self.values[local], batch, scale)?;
+        Ok(out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim]))
+    }
+}
+
+impl KvCache for LayerView<'_> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+    ) -> burn_llm_models::Result<Tensor<4>> {
+        self.attend_paged(layer, q, k, v, scale).map_err(|e| ModelError::KvCache(Box::new(e)))
+    }
+}
+
+impl MicroBatchCache for LayerView<'_> {
+    fn select_micro_batch(&mut self, index: usize) {
+        self.current = index;
+    }
+}
+
+impl MicroBatchCache for PagedKvCache {
+    fn select_micro_batch(&mut self, index: usize) {
+        self.current = index;
+    }
+
+    fn split_layers(&mut self, layers: &[Range<usize>]) -> Option<Vec<StageCache<'_>>> {
+        if !splittable(layers, self.keys.len()) {
+            return None;
+        }
+        let (steps, placement) = (&self.steps, &self.placement);
+        let (mut keys, mut values) = (&mut self.keys[..], &mut self.values[..]);
+        let mut at = 0;
+        let mut views: Vec<StageCache<'_>> = Vec::with_capacity(layers.len());
+        for range in layers {
+            let (_, rest_k) = keys.split_at_mut(range.start - at);
+            let (_, rest_v) = values.split_at_mut(range.start - at);
+            let (view_k, rest_k) = rest_k.split_at_mut(range.len());
+            let (view_v, rest_v) = rest_v.split_at_mut(range.len());
+            (keys, values, at) = (rest_k, rest_v, range.end);
+            views.push(Box::new(LayerView {
+                first: range.start,
+                keys: view_k,
+                values: view_v,
+                steps,
+                placement,
+                current: 0,
+            }));
+        }
+        Some(views)
+    }
+}

@@ -1,0 +1,201 @@
+//! Stages on threads of their own: [`PipelineLm`]'s [`LanguageModel::forward_micro_batches`].
+//!
+//! The cache is split into one view per stage ([`MicroBatchCache::split_layers`]); each stage
+//! runs on a scoped thread, takes micro-batch `m`'s hidden states from the stage before over a
+//! channel (the first stage embeds them), runs its layers through its view and hands the result
+//! on (the last stage applies the head). So stage `s + 1` works on micro-batch (or TeraPipe token
+//! slice) `m` while stage `s` works on `m + 1`, on every kind of device: stages on the host CPU
+//! (Flex) compute at the same time on their own cores, and stages on asynchronous devices (wgpu,
+//! remote workers) have their blocking calls (a worker's round trips, a read back) overlap.
+//!
+//! Each stage sees the micro-batches in order, through its own cache layers, so the result equals
+//! [`forward_micro_batches_in_turn`] bit for bit: only when work happens changes.
+//!
+//! Host stages share the machine's cores: each gets its own rayon pool (Flex's matrix products
+//! and reductions split over `rayon::current_num_threads`) of `cores ÷ host stages` threads (at
+//! least one), or [`PipelineLm::with_stage_threads`] / `$BURN_LLM_STAGE_THREADS` threads each.
+//! Without a split (a cache that cannot be split, one stage or one micro-batch) the stages run in
+//! turn on the calling thread, over the global pool.
+
+use std::ops::Range;
+use std::sync::mpsc::{Receiver, Sender, channel};
+
+use burn::tensor::Tensor;
+use burn_llm_models::device::is_host_device;
+use burn_llm_models::language_model::forward_micro_batches_in_turn;
+use burn_llm_models::model::Hidden;
+use burn_llm_models::{LanguageModel, MicroBatchCache, ModelError, Result, StepInput};
+
+use super::model::PipelineLm;
+
+/// Threads per host stage, overriding the even share of the cores.
+pub const STAGE_THREADS_ENV: &str = "BURN_LLM_STAGE_THREADS";
+
+/// Threads each of `host_stages` stages on the host CPU computes with: `overridden` when given,
+/// else an even share of `cores` (at least one).
+pub fn stage_threads(host_stages: usize, cores: usize, overridden: Option<usize>) -> usize {
+    overridden.unwrap_or(cores / host_stages.max(1)).max(1)
+}
+
+/// `$BURN_LLM_STAGE_THREADS`: `None` when unset, an error naming the variable when it is not a
+/// count ≥ 1.
+fn env_stage_threads() -> Result<Option<usize>> {
+    let Ok(text) = std::env::var(STAGE_THREADS_ENV) else { return Ok(None) };
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(Some(n)),
+        _ => Err(ModelError::Device(format!(
+            "{STAGE_THREADS_ENV}={text:?} is not a thread count: set it to a number ≥ 1 (threads per host pipeline stage) or unset it"
+        ))),
+    }
+}
+
+/// One rayon pool per stage on the host CPU (`None` for other stages), built on first use.
+#[derive(Default)]
+pub(super) struct StagePools {
+    pools: std::sync::OnceLock<Vec<Option<rayon::ThreadPool>>>,
+    /// Threads per host stage set by the caller (before the environment and the even share).
+    pub threads: Option<usize>,
+}
+
+impl StagePools {
+    fn get(&self, model: &PipelineLm) -> Result<&[Option<rayon::ThreadPool>]> {
+        if let Some(pools) = self.pools.get() {
+            return Ok(pools);
+        }
+        let host: Vec<bool> = model.stages().iter().map(|s| is_host_device(s.device())).collect();
+        let hosts = host.iter().filter(|&&h| h).count();
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads = stage_threads(hosts, cores, self.threads.map_or_else(env_stage_threads, |n| Ok(Some(n)))?);
+        // A pool that cannot be built leaves its stage on the global pool: slower, same result.
+        let pools = host
+            .iter()
+            .enumerate()
+            .map(|(s, &h)| {
+                h.then(|| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .thread_name(move |i| format!("burn-llm-stage{s}-{i}"))
+                        .build()
+                        .ok()
+                })
+                .flatten()
+            })
+            .collect();
+        Ok(self.pools.get_or_init(|| pools))
+    }
+}
+
+impl PipelineLm {
+    /// Threads each stage on the host CPU computes with when stages run concurrently (default:
+    /// `$BURN_LLM_STAGE_THREADS`, else the machine's cores shared evenly among those stages).
+    /// Takes effect before the first forward pass over micro-batches.
+    pub fn with_stage_threads(mut self, threads: usize) -> Self {
+        self.pools_mut().threads = Some(threads.max(1));
+        self
+    }
+
+    /// See the [module docs](self).
+    pub(super) fn forward_threaded(
+        &self,
+        steps: &[StepInput],
+        cache: &mut dyn MicroBatchCache,
+    ) -> Result<Vec<Tensor<3>>> {
+        if self.stages().len() < 2 || steps.len() < 2 {
+            return forward_micro_batches_in_turn(self, steps, cache);
+        }
+        let tp = self.tensor_parallel();
+        let ranges: Vec<Range<usize>> =
+            self.stages().iter().map(|s| s.layers().start * tp..s.layers().end * tp).collect();
+        let pools = self.pools().get(self)?;
+        let Some(views) = cache.split_layers(&ranges) else {
+            return forward_micro_batches_in_turn(self, steps, cache);
+        };
+        let last = views.len() - 1;
+        std::thread::scope(|scope| {
+            let mut from: Option<Receiver<Hidden>> = None;
+            let mut handles = Vec::with_capacity(views.len());
+            for (s, mut view) in views.into_iter().enumerate() {
+                let (to, next) = match s < last {
+                    true => {
+                        let (tx, rx) = channel();
+                        (Some(tx), Some(rx))
+                    }
+                    false => (None, None),
+                };
+                let from = std::mem::replace(&mut from, next);
+                let pool = pools.get(s).and_then(Option::as_ref);
+                handles.push(scope.spawn(move || {
+                    let work = || self.stage_loop(s, steps, &mut *view, from, to);
+                    match pool {
+                        Some(pool) => pool.install(work),
+                        None => work(),
+                    }
+                }));
+            }
+            let mut out = None;
+            let mut failed = None;
+            for handle in handles {
+                match handle.join() {
+                    Ok(Ok(Some(states))) => out = Some(states),
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => {
+                        failed.get_or_insert(e);
+                    }
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            match (failed, out) {
+                (Some(e), _) => Err(e),
+                (None, Some(states)) => Ok(states),
+                (None, None) => Err(ModelError::Device("a pipeline stage stopped without a result".into())),
+            }
+        })
+    }
+
+    /// Stage `s`'s thread: every micro-batch in order, from the stage before (or embedded), through
+    /// its layers, to the stage after (or the head). `Ok(None)` when a neighbour stopped (its
+    /// error is the one reported) or for stages before the last.
+    fn stage_loop(
+        &self,
+        s: usize,
+        steps: &[StepInput],
+        view: &mut dyn MicroBatchCache,
+        from: Option<Receiver<Hidden>>,
+        to: Option<Sender<Hidden>>,
+    ) -> Result<Option<Vec<Tensor<3>>>> {
+        let mut out = Vec::with_capacity(if to.is_none() { steps.len() } else { 0 });
+        for (m, step) in steps.iter().enumerate() {
+            let hidden = match &from {
+                None => self.embed(step),
+                Some(rx) => match rx.recv() {
+                    Ok(hidden) => hidden,
+                    Err(_) => return Ok(None),
+                },
+            };
+            view.select_micro_batch(m);
+            let hidden = self.run_stage(s, hidden, &mut *view)?;
+            match &to {
+                Some(tx) => {
+                    if tx.send(hidden).is_err() {
+                        return Ok(None);
+                    }
+                }
+                None => out.push(self.finish(hidden)),
+            }
+        }
+        Ok(to.is_none().then_some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stage_threads;
+
+    #[test]
+    fn host_stages_share_the_cores_evenly() {
+        assert_eq!(stage_threads(2, 16, None), 8);
+        assert_eq!(stage_threads(3, 2, None), 1);
+        assert_eq!(stage_threads(0, 4, None), 4);
+        assert_eq!(stage_threads(2, 16, Some(3)), 3);
+    }
+}
