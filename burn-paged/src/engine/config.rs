@@ -3,8 +3,7 @@
 use std::sync::Arc;
 
 use burn_llm_kernels::MAX_GPU_TENSOR_ELEMENTS;
-use burn_llm_models::slicing::PrefillSlicing;
-use burn_llm_models::{KvLayout, LanguageModel};
+use burn_llm_models::{KvLayout, LanguageModel, PrefillSlicing};
 
 use crate::cache::PagedKvCache;
 use crate::error::{PagedError, Result};
@@ -69,6 +68,8 @@ pub struct EngineConfig {
     /// Sequences running at once, at most.
     pub max_num_seqs: usize,
     /// Tokens computed in one step, at most; `None`: the model's context length (at least 2048).
+    /// With `chunked_prefill`, a longer prompt is computed over several steps; without it, it is
+    /// refused.
     pub max_num_batched_tokens: Option<usize>,
     /// How groups are preempted when blocks run out.
     pub preemption: PreemptionMode,
@@ -80,9 +81,49 @@ pub struct EngineConfig {
     /// Micro-batches each step's sequences are split into when the model runs in pipeline
     /// stages; `None`: one per stage (a model on one device runs one).
     pub micro_batches: Option<usize>,
-    /// TeraPipe token slicing of a prompt's prefill through pipeline stages
-    /// (`--prefill-slices`); `None`: each prefill in one pass.
+    /// vLLM's chunked prefill (default on): a prompt that does not fit a step's token budget is
+    /// computed a chunk per step, beside the running decodes, which the budget serves first.
+    /// Under ExeGPT's phased schedule and static batching prompts stay whole either way.
+    pub chunked_prefill: bool,
+    /// TeraPipe's token slicing of a prefill through pipeline stages: when set and the model has
+    /// several stages, each sequence's prompt tokens of a step are cut into the slices this
+    /// returns, each issued as its own micro-batch in order, so that stage `s + 1` runs slice `i`
+    /// while stage `s` runs slice `i + 1`. `None`: prompts go through the stages unsliced.
     pub prefill_slicing: Option<Arc<dyn PrefillSlicing>>,
+}
+
+impl PartialEq for EngineConfig {
+    /// Field by field; two slicings are equal when they are the same object.
+    fn eq(&self, other: &Self) -> bool {
+        let Self {
+            block_size,
+            kv_cache_memory,
+            swap_space,
+            max_num_seqs,
+            max_num_batched_tokens,
+            preemption,
+            enable_prefix_caching,
+            scheduling,
+            micro_batches,
+            chunked_prefill,
+            prefill_slicing,
+        } = self;
+        let same_slicing = match (prefill_slicing, &other.prefill_slicing) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        *block_size == other.block_size
+            && *kv_cache_memory == other.kv_cache_memory
+            && *swap_space == other.swap_space
+            && *max_num_seqs == other.max_num_seqs
+            && *max_num_batched_tokens == other.max_num_batched_tokens
+            && *preemption == other.preemption
+            && *enable_prefix_caching == other.enable_prefix_caching
+            && *scheduling == other.scheduling
+            && *micro_batches == other.micro_batches
+            && *chunked_prefill == other.chunked_prefill
+            && same_slicing
+    }
 }
 
 impl Default for EngineConfig {
@@ -97,6 +138,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             scheduling: SchedulingPolicy::Fcfs,
             micro_batches: None,
+            chunked_prefill: true,
             prefill_slicing: None,
         }
     }

@@ -37,7 +37,7 @@ use crate::memory::{BlockManager, BlockManagerConfig, SeqId};
 use crate::scheduler::{
     GroupId, PreemptionCost, PreemptionMode, ScheduledSeq, Scheduler, SchedulerConfig, Sequence, SequenceGroup,
 };
-use runner::{ModelRunner, RunnerOutput};
+use runner::{ModelRunner, PromptLogprobsWanted, RunnerOutput};
 use sampler::sample_groups;
 
 /// One sequence's engine state: stop rules and text (with the request's prompt, shared between
@@ -63,6 +63,9 @@ struct RequestData {
     expanded: bool,
     /// With `params.prompt_logprobs`: the prompt's log-probabilities, once computed.
     prompt_logprobs: Option<PromptLogprobs>,
+    /// With `params.prompt_logprobs`: those of the prompt chunks computed so far (chunked
+    /// prefill), until the last chunk completes them.
+    partial_prompt_logprobs: PromptLogprobs,
 }
 
 /// vLLM's engine on Burn: a model, its paged KV cache, the block manager and the scheduler.
@@ -170,11 +173,12 @@ impl<M: LanguageModel> LlmEngine<M> {
             watermark_blocks: device_blocks / 100,
             scheduling: config.scheduling,
             max_model_len: spec.max_positions,
+            chunked_prefill: config.chunked_prefill,
         });
         let cache = PagedKvCache::placed(layout, config.block_size, device_blocks, host_blocks, model.kv_devices())?;
         let micro_batches = config.micro_batches.unwrap_or(model.num_stages());
         Ok(Self {
-            runner: ModelRunner { model, cache, micro_batches },
+            runner: ModelRunner { model, cache, micro_batches, slicing: config.prefill_slicing.clone() },
             tokenizer,
             eos_token_ids,
             blocks,
@@ -236,7 +240,7 @@ impl<M: LanguageModel> LlmEngine<M> {
         let (prompt_text, prompt_ids) =
             prepare_prompt(self.requests.len(), &prompt, self.tokenizer.as_ref(), spec.vocab_size, spec.max_positions)?;
         let max = self.scheduler.config().max_num_batched_tokens;
-        if prompt_ids.len() > max {
+        if prompt_ids.len() > max && !self.scheduler.chunks_prompts() {
             return Err(PagedError::PromptTooLong { request: request_id, len: prompt_ids.len(), max });
         }
         let width = params.width();
@@ -271,6 +275,7 @@ impl<M: LanguageModel> LlmEngine<M> {
             beam,
             expanded: width == 1,
             prompt_logprobs: None,
+            partial_prompt_logprobs: Vec::new(),
         };
         let max_new_tokens = data.params.max_new_tokens;
         let group = SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data);
@@ -316,19 +321,33 @@ impl<M: LanguageModel> LlmEngine<M> {
         if plan.seqs.is_empty() {
             return Ok(outputs);
         }
-        let wanted: Vec<Option<usize>> = plan.seqs.iter().map(|s| self.pending_prompt_logprobs(s)).collect();
+        let wanted: Vec<Option<PromptLogprobsWanted>> =
+            plan.seqs.iter().map(|s| self.pending_prompt_logprobs(s)).collect();
         self.stats.record_model_step(&plan.seqs);
-        let RunnerOutput { logits, mut prompt_logprobs } = self.runner.execute(&plan.seqs, &self.blocks, &wanted)?;
+        let RunnerOutput { logits, prompt_logprobs: mut parts } =
+            self.runner.execute(&plan.seqs, &self.blocks, &wanted)?;
         self.stats.record_usage(&self.blocks);
-        for (&group, logprobs) in &prompt_logprobs {
-            if let Some(g) = self.scheduler.group_mut(group) {
-                g.data.prompt_logprobs = Some(logprobs.clone());
+        let mut prompt_logprobs = HashMap::new();
+        for s in &plan.seqs {
+            let (Some(part), Some(g)) = (parts.remove(&s.group), self.scheduler.group_mut(s.group)) else { continue };
+            let data = &mut g.data;
+            if s.start == 0 {
+                // The prompt's first chunk (again, after a recomputation).
+                data.partial_prompt_logprobs.clear();
+            }
+            data.partial_prompt_logprobs.extend(part);
+            if s.sample {
+                let logprobs = std::mem::take(&mut data.partial_prompt_logprobs);
+                data.prompt_logprobs = Some(logprobs.clone());
+                prompt_logprobs.insert(s.group, logprobs);
                 for seq in g.seq_ids() {
                     self.blocks.set_prefix_lookup(seq, true);
                 }
             }
         }
-        let choices = sample_groups(logits, &plan.seqs, &mut self.scheduler)?;
+        let Some(logits) = logits else { return Ok(outputs) };
+        let sampled: Vec<&ScheduledSeq> = plan.seqs.iter().filter(|s| s.sample).collect();
+        let choices = sample_groups(logits, &sampled, &mut self.scheduler)?;
         for (group, rows) in choices {
             if let Some(mut out) = self.apply(group, rows)? {
                 out.prompt_logprobs = prompt_logprobs.remove(&group);
@@ -412,13 +431,21 @@ impl<M: LanguageModel> LlmEngine<M> {
         self.next_seq
     }
 
-    /// `Some(k)` when `s` runs its group's whole prompt for the first time and the request asked
-    /// for `k` prompt log-probabilities.
-    fn pending_prompt_logprobs(&self, s: &ScheduledSeq) -> Option<usize> {
+    /// What `s` contributes to its request's prompt log-probabilities: `Some` when the request
+    /// asked for them and `s` computes prompt positions before they are complete (its whole
+    /// prompt, or a chunk of it, with the next prompt token when more follow).
+    fn pending_prompt_logprobs(&self, s: &ScheduledSeq) -> Option<PromptLogprobsWanted> {
         let group = self.scheduler.group(s.group)?;
         let k = group.data.params.prompt_logprobs?;
-        let whole = s.start == 0 && s.tokens.len() == group.prompt_len;
-        (whole && group.data.prompt_logprobs.is_none()).then_some(k)
+        if group.data.prompt_logprobs.is_some() || s.start >= group.prompt_len {
+            return None;
+        }
+        let end = s.start + s.tokens.len();
+        let next = match s.sample {
+            true => None,
+            false => group.seqs.iter().find(|q| q.id == s.seq).and_then(|q| q.tokens.get(end).copied()),
+        };
+        Some(PromptLogprobsWanted { k, next })
     }
 }
 

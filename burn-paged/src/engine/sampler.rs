@@ -47,11 +47,11 @@ fn ids_of(t: Tensor<1, Int>) -> Result<Vec<u32>> {
     Ok(values.into_iter().map(|v| v as u32).collect())
 }
 
-/// Draws the next token(s) of every scheduled sequence; `logits` has one row per entry of
-/// `seqs`, in order.
+/// Draws the next token(s) of every sequence in `seqs` (those the step samples); `logits` has
+/// one row per entry of `seqs`, in order.
 pub(crate) fn sample_groups(
     logits: Tensor<2>,
-    seqs: &[ScheduledSeq],
+    seqs: &[&ScheduledSeq],
     scheduler: &mut Scheduler<RequestData>,
 ) -> Result<Vec<(GroupId, Vec<RowChoice>)>> {
     let mut groups: Vec<(GroupId, Vec<usize>)> = Vec::new();

@@ -19,6 +19,8 @@ pub struct EngineStats {
     pub computed_tokens: usize,
     /// Prompt tokens the prefix cache supplied.
     pub cached_tokens: usize,
+    /// Prompt chunks computed that left part of their prompt for later steps (chunked prefill).
+    pub partial_prefills: usize,
     /// Tokens sampled.
     pub generated_tokens: usize,
     /// Groups preempted by swapping.
@@ -64,6 +66,7 @@ impl EngineStats {
         self.batched_seqs += seqs.len();
         self.computed_tokens += seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
         self.cached_tokens += seqs.iter().map(|s| s.cached_tokens).sum::<usize>();
+        self.partial_prefills += seqs.iter().filter(|s| !s.sample).count();
     }
 
     /// Adds the KV tokens stored against slots reserved in device blocks now (shared blocks

@@ -297,6 +297,26 @@ impl BlockManager {
         self.demand(seq, &empty, tokens).consumed()
     }
 
+    /// Leading tokens of `tokens` an [`append`](Self::append) to `seq` (new or on the device)
+    /// would map from the prefix cache right now, honouring
+    /// [`set_prefix_lookup`](Self::set_prefix_lookup): a whole number of blocks, never the last
+    /// token. `0` for a swapped-out sequence.
+    pub fn cached_prefix_len(&self, seq: SeqId, tokens: &[u32]) -> usize {
+        if self.no_prefix_lookup.contains(&seq) {
+            return 0;
+        }
+        let empty;
+        let table = match self.tables.get(&seq) {
+            Some(table) if table.tier() == Location::Device => table,
+            Some(_) => return 0,
+            None => {
+                empty = BlockTable::new(Location::Device, self.config.block_size);
+                &empty
+            }
+        };
+        self.match_prefix(table, tokens).len() * self.config.block_size
+    }
+
     /// Whether `seq`'s appends may take prefix-cache hits (the default). Off for a request that
     /// needs every prompt position computed (prompt log-probabilities, as vLLM does); the setting
     /// outlives [`free`](Self::free) (a preempted prompt is recomputed the same way) until set

@@ -26,15 +26,35 @@
 //! nothing is preempted; [`SchedulingPolicy::Static`] admits only when nothing runs (a batch
 //! waits for its longest request), with max-length reservations.
 //!
+//! **Chunked prefill** (vLLM's, on by default under FCFS and Orca, [`SchedulerConfig::chunked_prefill`]):
+//! a prompt whose tokens do not fit the step's remaining token budget is not held back but cut,
+//! and the step computes as much of it as the budget allows; the sequence remembers how many of
+//! its tokens are computed ([`Sequence::num_computed`]) and continues next step. The budget goes
+//! to the decodes first (running groups whose every sequence has one token to compute), then to
+//! partly prefilled groups (oldest first), then to swapped and waiting ones, so a long prompt
+//! neither fails nor stalls the running sequences' decoding. Prefix-cache hits are not charged
+//! to the budget. Only a step that computes a group's last pending tokens samples it
+//! ([`ScheduledSeq::sample`]); a group of several sequences (recomputed samples or beams) keeps
+//! each sequence's last token back until one step can compute them all, so its sequences are
+//! sampled together. Admission still requires the blocks of the whole prompt to be free (vLLM
+//! v0's rule), so chunking changes when tokens are computed, not how much memory a request is
+//! admitted with. ExeGPT's phased schedule and static batching compute whole prompts: their
+//! prefill steps are defined by whole prompts (and the ExeGPT planner's replay assumes so).
+//!
 //! The scheduler never touches tensors: it returns the tokens to compute with their slots, and
 //! the block copies the engine must perform before the forward pass.
 
+mod chunk;
+#[cfg(test)]
+mod chunk_tests;
 mod policy;
+mod preempt;
 #[cfg(test)]
 mod tests;
 
 use policy::Admission;
 pub use policy::{KvReservation, SchedulingPolicy};
+pub use preempt::{PreemptionCost, PreemptionMode};
 
 use std::collections::{HashMap, VecDeque};
 
@@ -45,49 +65,13 @@ use crate::memory::{BlockId, BlockManager, Location, SeqId};
 /// Identifier of a sequence group (one request).
 pub type GroupId = u64;
 
-/// How a preempted group gets its KV cache back (vLLM §5.4.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PreemptionMode {
-    /// Copy its blocks to the host pool and back later.
-    Swap,
-    /// Free its blocks and recompute them later from its tokens, as one prompt.
-    Recompute,
-    /// Pick per group: swap groups of several sequences (their shared blocks cannot be rebuilt
-    /// by one prompt pass), otherwise whichever [`PreemptionCost`] says is cheaper.
-    Auto,
-}
-
-impl std::str::FromStr for PreemptionMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "swap" => Ok(Self::Swap),
-            "recompute" => Ok(Self::Recompute),
-            "auto" => Ok(Self::Auto),
-            other => Err(format!("`{other}`: preemption is swap, recompute or auto")),
-        }
-    }
-}
-
-/// Estimated costs that decide [`PreemptionMode::Auto`]: moving one block out and back in
-/// (transfer of `2 · layers · block_size · kv_heads · head_dim` values each way, plus per-copy
-/// overhead) against recomputing one token in a prompt pass. Small blocks make swapping
-/// inefficient, long contexts make recomputation expensive (§5.7.3).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PreemptionCost {
-    /// Seconds to swap one block out and back in.
-    pub swap_s_per_block: f64,
-    /// Seconds to recompute one token's KV in a prompt pass.
-    pub recompute_s_per_token: f64,
-}
-
 /// Limits of one scheduling step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
     /// Sequences running at once, at most.
     pub max_num_seqs: usize,
-    /// Tokens computed in one step, at most (prompt tokens count in full).
+    /// Tokens computed in one step, at most (prompt tokens count in full unless
+    /// `chunked_prefill` cuts them).
     pub max_num_batched_tokens: usize,
     /// How groups are preempted.
     pub preemption: PreemptionMode,
@@ -99,6 +83,9 @@ pub struct SchedulerConfig {
     pub scheduling: SchedulingPolicy,
     /// The model's maximum sequence length (prompt + output): what [`KvReservation::Max`] reserves.
     pub max_model_len: usize,
+    /// Cut prompts that do not fit a step's token budget into chunks computed over several steps
+    /// (FCFS and Orca; see the module docs).
+    pub chunked_prefill: bool,
 }
 
 /// One sequence (a sample or beam candidate) of a group.
@@ -190,6 +177,12 @@ impl<T> SequenceGroup<T> {
         self.seqs.iter().map(|s| s.id).collect()
     }
 
+    /// Whether it still has prompt (or recomputation) tokens to compute beyond one token per
+    /// sequence: a partly prefilled group under chunked prefill.
+    pub fn is_prefilling(&self) -> bool {
+        self.seqs.iter().any(|s| s.pending().len() > 1)
+    }
+
     fn seats(&self) -> usize {
         self.max_seqs.max(self.seqs.len())
     }
@@ -210,6 +203,9 @@ pub struct ScheduledSeq {
     pub slots: Vec<usize>,
     /// Prompt tokens the prefix cache supplied (they are not recomputed).
     pub cached_tokens: usize,
+    /// Whether these tokens complete the sequence's pending ones, so that its last token's
+    /// logits are sampled; `false` for a chunk of a prompt still being prefilled.
+    pub sample: bool,
 }
 
 /// What the engine must do this step.
@@ -410,17 +406,20 @@ impl<T> Scheduler<T> {
     }
 
     fn schedule_running(&mut self, blocks: &mut BlockManager, out: &mut SchedulerOutput, budget: &mut usize) {
-        self.running.sort_by_key(|g| self.groups[g].arrival);
+        // Decodes first, then groups still prefilling, each in arrival order: the budget serves the
+        // running sequences' next tokens before any prompt chunk, and preemption takes the last
+        // of this order first.
+        let groups = &self.groups;
+        self.running.sort_by_key(|g| (groups[g].is_prefilling(), groups[g].arrival));
         let mut queue: VecDeque<GroupId> = std::mem::take(&mut self.running).into();
         let mut kept = Vec::new();
         'groups: while let Some(id) = queue.pop_front() {
-            let tokens = self.pending_tokens(id);
-            if tokens > *budget {
+            let Some(chunk) = self.plan_chunk(id, *budget, blocks) else {
                 // Out of token budget, not of memory: it advances next step.
                 kept.push(id);
                 continue;
-            }
-            while self.blocks_to_append(id, blocks) > blocks.num_free_blocks(Location::Device) {
+            };
+            while self.chunk_blocks(id, &chunk, blocks) > blocks.num_free_blocks(Location::Device) {
                 // Preempt the latest arrival; when none is left behind this group, itself.
                 match queue.pop_back() {
                     Some(victim) => self.preempt(victim, blocks, out),
@@ -430,8 +429,8 @@ impl<T> Scheduler<T> {
                     }
                 }
             }
-            if self.append_pending(id, blocks, out) {
-                *budget -= tokens;
+            if self.append_chunk(id, &chunk, blocks, out) {
+                *budget -= chunk.cost;
                 kept.push(id);
             } else {
                 // Only reachable if the estimate above was wrong; recomputation leaves no
@@ -452,7 +451,7 @@ impl<T> Scheduler<T> {
         while let Some(&id) = self.swapped.front() {
             let group = &self.groups[&id];
             let seqs = group.seq_ids();
-            let tokens = self.pending_tokens(id);
+            let chunk = self.plan_chunk(id, *budget, blocks);
             let seats_used = self.seats_used();
             // After swapping in, each sequence still needs room for its pending tokens.
             let table_blocks: usize = seqs.iter().filter_map(|&s| blocks.table(s)).map(|t| t.num_blocks()).sum();
@@ -467,11 +466,10 @@ impl<T> Scheduler<T> {
                 .sum();
             let fits = blocks.can_swap_in(&seqs)
                 && table_blocks + growth <= blocks.num_free_blocks(Location::Device)
-                && tokens <= *budget
                 && seats_used + group.seats() <= seats;
-            if !fits {
+            let Some(chunk) = chunk.filter(|_| fits) else {
                 break;
-            }
+            };
             self.swapped.pop_front();
             match blocks.swap_in(&seqs) {
                 Ok(mapping) => out.swap_in.extend(mapping),
@@ -481,9 +479,13 @@ impl<T> Scheduler<T> {
                 }
             }
             self.set_status(id, GroupStatus::Running);
-            self.append_pending(id, blocks, out);
-            *budget -= tokens;
             self.running.push(id);
+            if !self.append_chunk(id, &chunk, blocks, out) {
+                // Only reachable if the growth estimate above was wrong.
+                self.preempt_as(id, PreemptionMode::Recompute, blocks, out);
+                break;
+            }
+            *budget -= chunk.cost;
         }
     }
 
@@ -517,7 +519,7 @@ impl<T> Scheduler<T> {
                 out.rejected.push(id);
                 continue;
             }
-            let tokens = self.pending_tokens(id);
+            let chunk = self.plan_chunk(id, *budget, blocks);
             let seats_used = self.seats_used();
             let free = blocks.num_free_blocks(Location::Device);
             let watermark = if self.running.is_empty() || reserve.is_some() { 0 } else { self.config.watermark_blocks };
@@ -528,20 +530,20 @@ impl<T> Scheduler<T> {
             });
             if over_reserved
                 || needed + watermark + limits.reserved_blocks > free
-                || tokens > *budget
                 || (seats_used + group.seats() > limits.seats && !self.running.is_empty())
             {
                 break;
             }
+            let Some(chunk) = chunk else { break };
             self.waiting.pop_front();
             self.set_status(id, GroupStatus::Running);
-            if !self.append_pending(id, blocks, out) {
+            if !self.append_chunk(id, &chunk, blocks, out) {
                 // Only reachable if the estimate above was wrong: put it back for a later step.
                 self.undo_admission(id, blocks);
                 self.waiting.push_front(id);
                 break;
             }
-            *budget -= tokens;
+            *budget -= chunk.cost;
             self.running.push(id);
             admitted += 1;
         }
@@ -561,45 +563,6 @@ impl<T> Scheduler<T> {
         self.running.iter().map(|g| self.groups[g].seats()).sum()
     }
 
-    fn pending_tokens(&self, id: GroupId) -> usize {
-        self.groups[&id].seqs.iter().map(|s| s.pending().len()).sum()
-    }
-
-    /// Appends every sequence's pending tokens; `false` (and nothing scheduled for the group) if
-    /// the block manager refused.
-    fn append_pending(&mut self, id: GroupId, blocks: &mut BlockManager, out: &mut SchedulerOutput) -> bool {
-        let Some(group) = self.groups.get_mut(&id) else {
-            return false;
-        };
-        let mut scheduled = Vec::new();
-        let mut copies = Vec::new();
-        for seq in &mut group.seqs {
-            let pending = seq.pending().to_vec();
-            if pending.is_empty() {
-                continue;
-            }
-            match blocks.append(seq.id, &pending) {
-                Ok(outcome) => {
-                    let start = seq.num_computed + outcome.cached_tokens;
-                    seq.num_computed = seq.tokens.len();
-                    copies.extend(outcome.copies);
-                    scheduled.push(ScheduledSeq {
-                        group: id,
-                        seq: seq.id,
-                        start,
-                        tokens: pending[outcome.cached_tokens..].to_vec(),
-                        slots: outcome.slots,
-                        cached_tokens: outcome.cached_tokens,
-                    });
-                }
-                Err(_) => return false,
-            }
-        }
-        out.copies.extend(copies);
-        out.seqs.extend(scheduled);
-        true
-    }
-
     fn undo_admission(&mut self, id: GroupId, blocks: &mut BlockManager) {
         if let Some(group) = self.groups.get_mut(&id) {
             for seq in &mut group.seqs {
@@ -614,56 +577,6 @@ impl<T> Scheduler<T> {
         if let Some(g) = self.groups.get_mut(&id) {
             g.status = status;
         }
-    }
-
-    /// The mode used for `id` under the configured policy.
-    fn mode_for(&self, id: GroupId, blocks: &BlockManager) -> PreemptionMode {
-        let group = &self.groups[&id];
-        let seqs = group.seq_ids();
-        let can_swap = blocks.can_swap_out(&seqs);
-        match self.config.preemption {
-            PreemptionMode::Recompute if group.seqs.len() == 1 || !can_swap => PreemptionMode::Recompute,
-            PreemptionMode::Recompute | PreemptionMode::Swap if can_swap => PreemptionMode::Swap,
-            PreemptionMode::Swap | PreemptionMode::Recompute => PreemptionMode::Recompute,
-            PreemptionMode::Auto => {
-                if !can_swap {
-                    return PreemptionMode::Recompute;
-                }
-                if group.seqs.len() > 1 {
-                    return PreemptionMode::Swap;
-                }
-                let n_blocks: usize = seqs.iter().filter_map(|&s| blocks.table(s)).map(|t| t.num_blocks()).sum();
-                let n_tokens: usize = group.seqs.iter().map(|s| s.num_computed).sum();
-                let swap = n_blocks as f64 * self.config.cost.swap_s_per_block;
-                let recompute = n_tokens as f64 * self.config.cost.recompute_s_per_token;
-                if swap < recompute { PreemptionMode::Swap } else { PreemptionMode::Recompute }
-            }
-        }
-    }
-
-    /// Preempts a running group, all or nothing, the way the policy says.
-    fn preempt(&mut self, id: GroupId, blocks: &mut BlockManager, out: &mut SchedulerOutput) {
-        let mode = self.mode_for(id, blocks);
-        self.preempt_as(id, mode, blocks, out);
-    }
-
-    /// Preempts a running group by swapping (falling back to recomputation when the host pool is
-    /// full) or by recomputation.
-    fn preempt_as(&mut self, id: GroupId, mode: PreemptionMode, blocks: &mut BlockManager, out: &mut SchedulerOutput) {
-        let seqs = self.groups[&id].seq_ids();
-        let swapped = mode == PreemptionMode::Swap && blocks.swap_out(&seqs).map(|m| out.swap_out.extend(m)).is_ok();
-        if swapped {
-            self.set_status(id, GroupStatus::Swapped);
-            insert_by_arrival(&mut self.swapped, id, &self.groups);
-            out.preempted.push((id, PreemptionMode::Swap));
-        } else {
-            self.undo_admission(id, blocks);
-            insert_by_arrival(&mut self.waiting, id, &self.groups);
-            out.preempted.push((id, PreemptionMode::Recompute));
-        }
-        // Work this group had already scheduled this step is void.
-        out.seqs.retain(|s| s.group != id);
-        self.running.retain(|&g| g != id);
     }
 
     /// Checks the scheduler's and the block manager's views agree: every running group's

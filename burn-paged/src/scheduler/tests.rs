@@ -7,7 +7,7 @@ use crate::memory::BlockManagerConfig;
 /// The fake engine's per-group state: tokens still to generate.
 type Left = usize;
 
-fn config(max_num_seqs: usize, preemption: PreemptionMode) -> SchedulerConfig {
+pub(super) fn config(max_num_seqs: usize, preemption: PreemptionMode) -> SchedulerConfig {
     SchedulerConfig {
         max_num_seqs,
         max_num_batched_tokens: 64,
@@ -16,23 +16,24 @@ fn config(max_num_seqs: usize, preemption: PreemptionMode) -> SchedulerConfig {
         watermark_blocks: 0,
         scheduling: SchedulingPolicy::Fcfs,
         max_model_len: 64,
+        chunked_prefill: false,
     }
 }
 
-fn manager(device: usize, host: usize) -> BlockManager {
+pub(super) fn manager(device: usize, host: usize) -> BlockManager {
     BlockManager::new(BlockManagerConfig::new(device, host).with_block_size(4).with_prefix_caching(false)).unwrap()
 }
 
-fn group(id: GroupId, prompt_len: usize, generate: usize) -> SequenceGroup<Left> {
+pub(super) fn group(id: GroupId, prompt_len: usize, generate: usize) -> SequenceGroup<Left> {
     let tokens = (0..prompt_len as u32).map(|t| t + 100 * id as u32).collect();
     SequenceGroup::new(id, id, Sequence::new(id * 1000, tokens), 1, generate)
 }
 
-/// Samples one token for every sequence whose tokens are all computed after `out`, finishes
-/// groups with nothing left, and returns the finished group ids.
-fn advance(s: &mut Scheduler<Left>, out: &SchedulerOutput, blocks: &mut BlockManager) -> Vec<GroupId> {
+/// Samples one token for every sequence whose tokens are all computed after `out` (those
+/// scheduled with `sample`), finishes groups with nothing left, and returns the finished group ids.
+pub(super) fn advance(s: &mut Scheduler<Left>, out: &SchedulerOutput, blocks: &mut BlockManager) -> Vec<GroupId> {
     let mut done = Vec::new();
-    let mut groups: Vec<GroupId> = out.seqs.iter().map(|x| x.group).collect();
+    let mut groups: Vec<GroupId> = out.seqs.iter().filter(|x| x.sample).map(|x| x.group).collect();
     groups.dedup();
     for id in groups {
         let g = s.group_mut(id).unwrap();
@@ -160,9 +161,11 @@ fn stress_no_request_lost_no_block_leaked() {
 
 /// Runs 200 random groups through a pool of 12 device and 12 host blocks under `config`, calling
 /// `check(scheduler, output)` after every step, and asserts that every group finishes, that
-/// every scheduled token is the sequence's next, that preemption happened, and that no block
-/// leaks.
-fn stress(config: SchedulerConfig, mut check: impl FnMut(&Scheduler<Left>, &SchedulerOutput)) {
+/// every scheduled token is the sequence's next (a chunk's end is what the sequence has computed,
+/// a sampled chunk ends its tokens), that preemption happened, and that no block leaks.
+pub(super) fn stress(config: SchedulerConfig, mut check: impl FnMut(&Scheduler<Left>, &SchedulerOutput)) {
+    let chunked = config.chunked_prefill && config.scheduling == SchedulingPolicy::Fcfs;
+    let mut partial = 0;
     let mode = config.preemption;
     let mut blocks = manager(12, 12);
     let mut s = Scheduler::new(config);
@@ -187,9 +190,12 @@ fn stress(config: SchedulerConfig, mut check: impl FnMut(&Scheduler<Left>, &Sche
         for x in &out.seqs {
             let g = s.group(x.group).unwrap();
             let seq = g.seqs.iter().find(|q| q.id == x.seq).unwrap();
-            assert_eq!(x.start + x.tokens.len(), seq.tokens.len());
-            assert_eq!(&seq.tokens[x.start..], x.tokens.as_slice());
+            let end = x.start + x.tokens.len();
+            assert_eq!(end, seq.num_computed);
+            assert_eq!(x.sample, end == seq.tokens.len());
+            assert_eq!(&seq.tokens[x.start..end], x.tokens.as_slice());
         }
+        partial += out.seqs.iter().filter(|x| !x.sample).count();
         check(&s, &out);
         finished += advance(&mut s, &out, &mut blocks).len() + out.rejected.len();
         s.check_consistency(&blocks).unwrap();
@@ -201,6 +207,7 @@ fn stress(config: SchedulerConfig, mut check: impl FnMut(&Scheduler<Left>, &Sche
     assert!(preemptions > 10, "{mode:?}: the pool should force preemption ({preemptions})");
     assert!(s.is_empty());
     assert!(blocks.all_blocks_free(), "{mode:?}: blocks leaked");
+    assert_eq!(partial > 0, chunked, "{mode:?}: prompt chunks ({partial}) exactly when chunking");
 }
 
 fn phased(
