@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::Device;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::models::PretrainedFiles;
-use burn_llm::parallel::plan::profile::CostModel;
+use burn_llm::parallel::plan::profile::Profile;
 
 use chunked::MixedLoad;
 use stages::StagesWorkload;
@@ -217,66 +217,85 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if !model.is_file() {
         return Err(format!("{} is not cached: run `cargo xtask fetch-model smollm2` first", model.display()).into());
     }
-    let spec = PretrainedFiles::open(&model)?.spec;
-    let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
+    let name = file_name(&model);
     let needs_workers = args.parts.iter().any(|p| matches!(p, Part::Stages | Part::Ttft));
     std::fs::create_dir_all(&args.out)?;
     let mut results = report::Results::default();
     if needs_workers {
+        let logs = std::env::temp_dir();
         // Dropped at the end of this block, or on any error inside it: the workers end either way.
-        let workers = Workers::start(&[1, 1], args.worker_bin.as_deref(), &std::env::temp_dir())?;
-        let [w1, w2] = workers.all() else { return Err("two workers were asked for".into()) };
-        let token = workers.token.clone();
-        let device = |url: &str| burn_llm::device::remote_device(url, Some(&token));
-        let flex = ("flex".to_string(), Device::flex());
-        let one = (w1.url.clone(), device(&w1.url)?);
-        let two = (w2.url.clone(), device(&w2.url)?);
-        let longest = settings.prompt_lens.iter().copied().max().unwrap_or(1).max(settings.stages.long_prompt);
-        let grid = profiles::grid(longest, settings.stages.batch);
-        let mut profiled: Vec<(String, CostModel)> = Vec::new();
-        let mut profile = |d: &(String, Device)| -> Result<(), Box<dyn std::error::Error>> {
-            if !profiled.iter().any(|(n, _)| n == &d.0) {
-                profiled.push((d.0.clone(), profiles::profile_device(&spec, &d.0, &d.1, &grid)?));
-            }
-            Ok(())
-        };
-        if args.parts.contains(&Part::Stages) {
-            profile(&flex)?;
-            profile(&one)?;
-        }
-        if args.parts.contains(&Part::Ttft) {
-            profile(&one)?;
-            profile(&two)?;
-        }
-        if args.parts.contains(&Part::Stages) {
-            let costs = profiles::pipeline(&[flex.clone(), one.clone()], &profiled, hidden)?;
-            let unequal = format!(
-                "flex: this process's CPU backend with {} threads; {}: a worker process with --threads 1, reached over loopback WebSocket",
-                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-                w1.url
-            );
-            results.stages =
-                Some(stages::run(&model, hidden, vocab, &costs, &token, &settings.stages, &unequal)?);
-        }
-        if args.parts.contains(&Part::Ttft) {
-            let costs = profiles::pipeline(&[one.clone(), two.clone()], &profiled, hidden)?;
-            results.ttft = Some(ttft::run(
-                &model,
-                hidden,
-                vocab,
-                &costs,
-                &token,
-                &settings.prompt_lens,
-                args.uniform_slices,
-                settings.repeats,
-            )?);
+        let mut workers = Workers::start(&[1, 1], args.worker_bin.as_deref(), &logs)?;
+        if let Err(e) = remote_parts(&args, &settings, &model, &workers, &mut results) {
+            return Err(match workers.check_alive() {
+                Ok(()) => e,
+                Err(dead) => format!("{e} ({dead}; its log is worker-N.log in {})", logs.display()).into(),
+            });
         }
     }
     if args.parts.contains(&Part::Chunked) {
+        let vocab = PretrainedFiles::open(&model)?.spec.vocab_size;
         results.chunked = Some(chunked::run(&model, vocab, &settings.load, args.seed)?);
     }
-    let name = model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     report::write(&args.out, &args.command(), &name, results)
+}
+
+/// Parts (a) and (b), over the local flex device and the two one-thread `workers`: each device
+/// profiled once (cached under the output directory), then each part run.
+fn remote_parts(
+    args: &Args,
+    settings: &Settings,
+    model: &Path,
+    workers: &Workers,
+    results: &mut report::Results,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let [w1, w2] = workers.all() else { return Err("two workers were asked for".into()) };
+    let files = PretrainedFiles::open(model)?;
+    let (model_name, vocab) = (file_name(model), files.spec.vocab_size);
+    let token = workers.token.as_str();
+    let connect = |w: &workers::Worker| -> Result<(String, Device), Box<dyn std::error::Error>> {
+        Ok((w.url.clone(), burn_llm::device::remote_device(&w.url, Some(token))?))
+    };
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let flex = (("flex".to_string(), Device::flex()), cores);
+    let (one, two) = ((connect(w1)?, w1.threads), (connect(w2)?, w2.threads));
+    let longest = settings.prompt_lens.iter().copied().max().unwrap_or(1).max(settings.stages.long_prompt);
+    let grid = profiles::grid(longest);
+    let cache = args.out.join(".profiles");
+    let mut profiled: Vec<(String, Profile)> = Vec::new();
+    let mut profile = |((name, device), threads): &((String, Device), usize)| -> Result<(), Box<dyn std::error::Error>> {
+        if !profiled.iter().any(|(n, _)| n == name) {
+            let p = profiles::profile_device(&files, &model_name, (name, device), *threads, &grid, &cache)?;
+            profiled.push((name.clone(), p));
+        }
+        Ok(())
+    };
+    let (stages_part, ttft_part) = (args.parts.contains(&Part::Stages), args.parts.contains(&Part::Ttft));
+    for (device, wanted) in [(&flex, stages_part), (&one, true), (&two, ttft_part)] {
+        if wanted {
+            profile(device)?;
+        }
+    }
+    if stages_part {
+        let costs = profiles::pipeline(&files.spec, &[flex.0.clone(), one.0.clone()], &profiled)?;
+        let unequal = format!(
+            "flex: this process's CPU backend with {cores} threads; {}: a worker process with --threads 1, reached over loopback WebSocket",
+            w1.url
+        );
+        results.stages = Some(stages::run(model, vocab, &costs, token, &settings.stages, &unequal)?);
+    }
+    if ttft_part {
+        let costs = profiles::pipeline(&files.spec, &[one.0.clone(), two.0.clone()], &profiled)?;
+        results.ttft = Some(ttft::run(
+            model,
+            vocab,
+            &costs,
+            token,
+            &settings.prompt_lens,
+            args.uniform_slices,
+            settings.repeats,
+        )?);
+    }
+    Ok(())
 }
 
 /// The output directory's file name of `path`, for links in the Markdown report.

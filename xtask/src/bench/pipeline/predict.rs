@@ -1,16 +1,21 @@
 //! Predictions the measured figures are held against, from each device's profile (per-layer
-//! prefill and decode times, embedding and LM head per token) and each link's measured rate:
+//! prefill and decode times, embedding and LM head per token) and each link's measured latency
+//! and rate, with the cost terms `--stage-layers auto` plans with:
 //! - a stage's time for one micro-batch: its layers on its device, plus the embedding on the
-//!   first stage and the final norm and LM head on the last, plus handing the residual stream to
-//!   the next stage;
+//!   first stage and the final norm and LM head on the last, plus handing the hidden states (and
+//!   rotary angles) to the next stage;
 //! - a pipelined decode step of `M` micro-batches: `Σ_s t_s + (M − 1)·max_s t_s` (the slowest
 //!   stage is the bottleneck);
-//! - a prefill cut into token slices (TeraPipe, Eq. 2.5): `Σ_i t_i + (K − 1)·max_i t_i`, where
-//!   `t_i` is slice `i`'s time on the slowest stage; unsliced, this is `K` whole-prompt passes.
+//! - a prefill cut into token slices: TeraPipe's `Σ_i t_i + (K − 1)·max_i t_i` with `t_i` slice
+//!   `i`'s time on the slowest stage ([`PlannedSlices::predicted_ms`]); unsliced, `K` whole-prompt
+//!   passes.
 
 use std::ops::Range;
 
-use burn_llm::parallel::plan::profile::CostModel;
+use burn_llm::models::DecoderSpec;
+use burn_llm::parallel::pipeline::{Handover, PlannedSlices, StageCost};
+use burn_llm::parallel::plan::profile::{CostModel, Profile};
+use burn_llm::parallel::profiler::LinkProfile;
 use serde::Serialize;
 
 /// One stage's device: its profile and its link to the next stage.
@@ -18,9 +23,31 @@ use serde::Serialize;
 pub struct DeviceCost {
     /// The `--devices` entry.
     pub name: String,
-    pub cost: CostModel,
-    /// Milliseconds per byte handed to the next stage's device (measured).
-    pub link_ms_per_byte: f64,
+    pub profile: Profile,
+    cost: CostModel,
+    /// The measured link to the next stage's device (`None` on the last).
+    pub link: Option<LinkProfile>,
+    handover: Handover,
+}
+
+impl DeviceCost {
+    /// Checks `profile`.
+    pub fn new(
+        name: &str,
+        profile: Profile,
+        link: Option<LinkProfile>,
+        spec: &DecoderSpec,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let cost = profile.cost_model(name)?;
+        Ok(Self { name: name.to_string(), profile, cost, link, handover: Handover::of(spec) })
+    }
+
+    /// Milliseconds to hand `tokens` tokens' hidden states to the next stage (0 on the last).
+    fn handover_ms(&self, tokens: usize) -> f64 {
+        self.link.map_or(0.0, |l| {
+            l.latency_ms * self.handover.tensors as f64 + l.ms_per_byte * self.handover.bytes_per_token * tokens as f64
+        })
+    }
 }
 
 /// What a stage computes in one pass.
@@ -32,61 +59,52 @@ pub enum Work {
     Prefill { tokens: usize, context: usize },
 }
 
-impl Work {
-    /// Rows of the residual stream handed between stages, and rows of logits the last stage makes.
-    fn rows(self) -> (usize, usize) {
-        match self {
-            Work::Decode { batch, .. } => (batch, batch),
-            Work::Prefill { tokens, .. } => (tokens, 1),
-        }
-    }
-}
-
 /// Predicted time of each stage of `layout` (layer ranges, stage `s` on `devices[s]`) for `work`.
-pub fn stage_ms(devices: &[DeviceCost], layout: &[Range<usize>], hidden: usize, work: Work) -> Vec<f64> {
+pub fn stage_ms(devices: &[DeviceCost], layout: &[Range<usize>], work: Work) -> Vec<f64> {
     let last = layout.len().saturating_sub(1);
     layout
         .iter()
         .zip(devices)
         .enumerate()
         .map(|(s, (layers, d))| {
-            let per_layer = match work {
-                Work::Decode { batch, context } => d.cost.decode_layer_ms(batch as f64, context as f64),
-                Work::Prefill { tokens, context } => d.cost.prefill_layer_ms(1.0, tokens as f64, context as f64),
+            let (per_layer, rows, logits) = match work {
+                Work::Decode { batch, context } => (d.cost.decode_layer_ms(batch as f64, context as f64), batch, batch),
+                Work::Prefill { tokens, context } => {
+                    (d.cost.prefill_layer_ms(1.0, tokens as f64, context as f64), tokens, 1)
+                }
             };
-            let (rows, logits) = work.rows();
-            let profile = d.cost.profile();
             let mut ms = per_layer * layers.len() as f64;
             if s == 0 {
-                ms += profile.embedding.ms_per_token * rows as f64;
+                ms += d.profile.embedding.ms_per_token * rows as f64;
             }
             if s == last {
-                ms += profile.lm_head.ms_per_token * logits as f64;
-            } else {
-                ms += d.link_ms_per_byte * (rows * hidden * 4) as f64;
+                ms += d.profile.lm_head.ms_per_token * logits as f64;
             }
-            ms
+            ms + d.handover_ms(rows)
         })
         .collect()
 }
 
 /// A pipelined pass of `micro_batches` equal micro-batches over stages taking `stage_ms` each.
 pub fn pipelined_ms(stage_ms: &[f64], micro_batches: usize) -> f64 {
-    let max = stage_ms.iter().copied().fold(0.0, f64::max);
-    stage_ms.iter().sum::<f64>() + micro_batches.saturating_sub(1) as f64 * max
+    stage_ms.iter().sum::<f64>() + micro_batches.saturating_sub(1) as f64 * max(stage_ms)
 }
 
-/// TeraPipe's latency of a prefill cut into `slices` (in order) over `layout`'s stages.
-pub fn sliced_prefill_ms(devices: &[DeviceCost], layout: &[Range<usize>], hidden: usize, slices: &[usize]) -> f64 {
-    let mut context = 0;
-    let mut times = Vec::with_capacity(slices.len());
-    for &tokens in slices {
-        let per_stage = stage_ms(devices, layout, hidden, Work::Prefill { tokens, context });
-        times.push(per_stage.into_iter().fold(0.0, f64::max));
-        context += tokens;
+/// The largest of `values` (0 for none).
+pub fn max(values: &[f64]) -> f64 {
+    values.iter().copied().fold(0.0, f64::max)
+}
+
+/// TeraPipe's planner over `layout`'s stages on `devices`, each stage's hand-over into it from the
+/// link before it: its slicing and its predicted time to first token.
+pub fn slicing(devices: &[DeviceCost], layout: &[Range<usize>]) -> Result<PlannedSlices, Box<dyn std::error::Error>> {
+    let mut stages = Vec::with_capacity(layout.len());
+    for (s, (layers, d)) in layout.iter().zip(devices).enumerate() {
+        let into = s.checked_sub(1).and_then(|p| devices[p].link);
+        let handover_ms_per_token = into.map_or(0.0, |l| l.ms_per_byte * d.handover.bytes_per_token);
+        stages.push(StageCost { profile: d.profile.clone(), layers: layers.len(), handover_ms_per_token });
     }
-    let max = times.iter().copied().fold(0.0, f64::max);
-    times.iter().sum::<f64>() + layout.len().saturating_sub(1) as f64 * max
+    Ok(PlannedSlices::new(stages)?)
 }
 
 /// Predicted and measured figures of one run, side by side.

@@ -1,90 +1,77 @@
-//! Each device's costs for the predictions: the Burn profiler's per-layer tables on that device
-//! (`burn_llm::parallel::profiler::profile`, one layer of the model's shape), and the measured
-//! rate of the link to the next stage's device (a residual-stream-sized tensor moved with
-//! `to_device` and read back).
+//! Each device's costs for the predictions, measured as `--stage-layers auto` measures them:
+//! the per-device profiler (`burn_llm::parallel::profiler::device_profile`: the checkpoint's
+//! first layer, embeddings and head loaded onto the device as stored, cached per device, model and
+//! dtype) over a grid reaching the benchmark's prompt lengths, and the measured link from each
+//! stage's device to the next (`measure_link`).
 
-use std::time::Instant;
+use std::path::Path;
 
-use burn::tensor::{Device, Distribution, Tensor};
-use burn_llm::models::DecoderSpec;
-use burn_llm::parallel::plan::profile::CostModel;
-use burn_llm::parallel::profiler::{ProfileGrid, profile};
+use burn::tensor::Device;
+use burn_llm::models::{DecoderSpec, PretrainedFiles};
+use burn_llm::parallel::plan::profile::Profile;
+use burn_llm::parallel::profiler::{
+    LinkProfile, ProfileGrid, ProfileIdentity, ProfileWeights, device_profile, measure_link,
+};
 
 use super::predict::DeviceCost;
-use crate::report::percentile;
 
-/// The profiler's grid for this benchmark: prefill slices up to `max_tokens` at batch 1, contexts
-/// up to the longest prompt, decode batches up to `max_batch`.
-pub fn grid(max_tokens: usize, max_batch: usize) -> ProfileGrid {
-    let tokens: Vec<usize> = [16, 64, 256, 1024, 2048].into_iter().filter(|&t| t <= max_tokens.max(16)).collect();
-    let context: Vec<usize> = [256, 1024].into_iter().filter(|&c| c < max_tokens.max(257)).collect();
-    let decode_batch: Vec<usize> = [1, 2, 4, 8, 16].into_iter().filter(|&b| b <= max_batch.max(1)).collect();
+/// The profiler's grid for this benchmark: prefill slices up to `max_tokens` at batch 1 with
+/// contexts below it (TeraPipe's `t_fwd(i, j)`), decode steps of one sequence.
+pub fn grid(max_tokens: usize) -> ProfileGrid {
+    let cap = max_tokens.max(16);
     ProfileGrid {
         prefill_batch: vec![1],
-        prefill_tokens: tokens,
-        prefill_context: context,
-        decode_batch,
+        prefill_tokens: [1, 16, 64, 256, 1024, 2048].into_iter().filter(|&t| t <= cap).collect(),
+        prefill_context: [64, 256, 1024].into_iter().filter(|&c| c < cap).collect(),
+        decode_batch: vec![1],
         decode_context: vec![0, 64, 256],
         warmup: 1,
         repeats: 3,
     }
 }
 
-/// The profile of `device` (named `name` in reports and errors).
+/// The profile of `device`, named `name` (its `--devices` entry; `threads` tells devices of one
+/// kind apart in the cache), cached in `cache_dir`.
 pub fn profile_device(
-    spec: &DecoderSpec,
-    name: &str,
-    device: &Device,
+    files: &PretrainedFiles,
+    model_name: &str,
+    (name, device): (&str, &Device),
+    threads: usize,
     grid: &ProfileGrid,
-) -> Result<CostModel, Box<dyn std::error::Error>> {
-    let started = Instant::now();
-    let mut measured = profile(spec, device, grid, None).map_err(|e| format!("profiling {name}: {e}"))?;
-    measured.device = Some(name.to_string());
-    let cost = measured.cost_model("profile")?;
-    eprintln!(
-        "profiled {name} in {:.1} s: decode layer {:.2} ms (batch 1), prefill layer {:.1} ms (256 tokens)",
-        started.elapsed().as_secs_f64(),
-        cost.decode_layer_ms(1.0, 0.0),
-        cost.prefill_layer_ms(1.0, 256.0, 0.0)
-    );
-    Ok(cost)
+    cache_dir: &Path,
+) -> Result<Profile, Box<dyn std::error::Error>> {
+    let identity = ProfileIdentity {
+        device: format!("{name} ({threads} threads)"),
+        model: model_name.to_string(),
+        dtype: "gguf blocks, 8-bit input rows".into(),
+    };
+    let weights = ProfileWeights::Checkpoint { source: &files.files, quant: None };
+    let mut log = Vec::new();
+    let profiled = device_profile(&files.spec, weights, device, &identity, grid, Some(cache_dir), &mut log)
+        .map_err(|e| format!("profiling {name}: {e}"))?;
+    eprint!("{}", String::from_utf8_lossy(&log));
+    Ok(profiled.profile)
 }
 
-/// The stages' devices in pipeline order, each with its profile (from `profiled`, by name) and the
-/// measured link to the next.
+/// The stages' devices in pipeline order, each with its profile (from `profiled`, by name) and
+/// the measured link to the next.
 pub fn pipeline(
+    spec: &DecoderSpec,
     stages: &[(String, Device)],
-    profiled: &[(String, CostModel)],
-    hidden: usize,
+    profiled: &[(String, Profile)],
 ) -> Result<Vec<DeviceCost>, Box<dyn std::error::Error>> {
     let mut out = Vec::with_capacity(stages.len());
     for (i, (name, device)) in stages.iter().enumerate() {
-        let cost = profiled.iter().find(|(n, _)| n == name).map(|(_, c)| c.clone());
-        let cost = cost.ok_or_else(|| format!("{name} was not profiled"))?;
-        let link_ms_per_byte = match stages.get(i + 1) {
-            Some((_, next)) => link_ms_per_byte(device, next, hidden)?,
-            None => 0.0,
+        let profile = profiled.iter().find(|(n, _)| n == name).map(|(_, p)| p.clone());
+        let profile = profile.ok_or_else(|| format!("{name} was not profiled"))?;
+        let link: Option<LinkProfile> = match stages.get(i + 1) {
+            Some((next_name, next)) => Some(
+                measure_link(device, next, spec.hidden_size, 256, 5)
+                    .map_err(|e| format!("measuring the link {name} → {next_name}: {e}"))?,
+            ),
+            None => None,
         };
-        out.push(DeviceCost { name: name.clone(), cost, link_ms_per_byte });
+        out.push(DeviceCost::new(name, profile, link, spec)?);
     }
     Ok(out)
-}
-
-/// Milliseconds per byte of moving a 256-row residual stream from `from` to `to` (median of 5,
-/// after one untimed move; each move read back on `to`, so it is complete when the clock stops).
-fn link_ms_per_byte(from: &Device, to: &Device, hidden: usize) -> Result<f64, Box<dyn std::error::Error>> {
-    let rows = 256;
-    let bytes = (rows * hidden * 4) as f64;
-    let mut times = Vec::new();
-    for run in 0..6 {
-        let x = Tensor::<2>::random([rows, hidden], Distribution::Uniform(-1.0, 1.0), from);
-        x.clone().into_data();
-        let started = Instant::now();
-        let moved = x.to_device(to);
-        moved.into_data();
-        if run > 0 {
-            times.push(started.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    Ok(percentile(&times, 50.0) / bytes)
 }

@@ -1,7 +1,11 @@
 //! Part (a): Alpa's automatic stages (`--stage-layers auto`) against an even split on an unequal
-//! pair of devices. Each split runs the paged engine over the pair: a decode step of `batch`
-//! sequences in one micro-batch per stage, and one prompt's prefill (unsliced), each measured and
-//! predicted from the devices' profiles ([`predict`](super::predict)).
+//! pair of devices. Each split runs the paged engine over the pair and is measured three ways,
+//! each against its prediction from the devices' profiles ([`predict`](super::predict)):
+//! - a decode step of one sequence: every stage in turn, `Σ_s t_s`;
+//! - a decode step of `batch` sequences in `batch` micro-batches of one, the stages working on
+//!   different micro-batches at once: `Σ_s t_s + (batch − 1)·max_s t_s`, so that the measured
+//!   bottleneck stage is `(step(batch) − step(1)) ÷ (batch − 1)`;
+//! - one prompt's prefill, unsliced: `Σ_s t_s` of the prompt.
 
 use std::ops::Range;
 use std::path::Path;
@@ -20,11 +24,11 @@ use super::predict::{self, DeviceCost, Versus, Work};
 /// Part (a)'s settings.
 #[derive(Debug, Clone, Serialize)]
 pub struct StagesWorkload {
-    /// Sequences decoding together.
+    /// Sequences of the micro-batched decode step (one micro-batch each).
     pub batch: usize,
-    /// Their prompt length.
+    /// The decoding sequences' prompt length.
     pub prompt: usize,
-    /// Decode steps timed (the median is kept).
+    /// Decode steps timed per run (the median is kept).
     pub steps: usize,
     /// The prompt whose prefill is timed.
     pub long_prompt: usize,
@@ -40,14 +44,16 @@ pub struct SplitRow {
     pub stage_layers: Vec<String>,
     /// The plan as the engine printed it at build.
     pub plan_log: String,
-    /// Predicted time of each stage for one decode micro-batch, and for the prompt.
+    /// Predicted time of each stage for one sequence's decode step, and for the prompt.
     pub decode_stage_ms: Vec<f64>,
     pub prompt_stage_ms: Vec<f64>,
-    /// Predicted slowest stage of a decode micro-batch and of the prompt.
-    pub decode_bottleneck_ms: f64,
+    /// The slowest stage of a decode step: predicted, and measured from the micro-batched step.
+    pub decode_bottleneck: Versus,
+    /// Predicted slowest stage of the prompt's prefill.
     pub prompt_bottleneck_ms: f64,
-    /// The whole decode step (micro-batches = stages) and the whole prompt's prefill.
+    /// One sequence's decode step, `batch` sequences' micro-batched step, the prompt's prefill.
     pub decode_step: Versus,
+    pub batch_step: Versus,
     pub prompt: Versus,
 }
 
@@ -62,11 +68,18 @@ pub struct StagesResult {
     pub rows: Vec<SplitRow>,
 }
 
-/// Runs the even split and `--stage-layers auto` over `devices` (names as `--devices` entries,
-/// with their profiles in `costs`).
+/// What one split measured, in milliseconds: medians of a one-sequence decode step, a
+/// micro-batched decode step and the prompt's prefill.
+struct Measured {
+    step: f64,
+    batch_step: f64,
+    prompt: f64,
+}
+
+/// Runs the even split and `--stage-layers auto` over `costs`' devices (their `--devices`
+/// entries, in order).
 pub fn run(
     model: &Path,
-    hidden: usize,
     vocab: usize,
     costs: &[DeviceCost],
     token: &str,
@@ -74,18 +87,17 @@ pub fn run(
     unequal: &str,
 ) -> Result<StagesResult, Box<dyn std::error::Error>> {
     let names: Vec<String> = costs.iter().map(|c| c.name.clone()).collect();
+    let w = workload;
     let mut rows = Vec::new();
     for (label, stage_layers) in [("even split", None), ("auto (Alpa)", Some("auto".to_string()))] {
+        let kv_tokens = w.batch * (w.prompt + w.steps + 8) + w.long_prompt + 64;
         let spec = EngineSpec {
             engine: Some(EngineKind::Paged),
             worker_token: Some(token.to_string()),
             paged: PagedSpec {
                 block_size: Some(16),
-                kv_cache_memory: Some(KvCacheMemory::Blocks(
-                    (workload.batch * (workload.prompt + workload.steps + 8) + workload.long_prompt * 2).div_ceil(16)
-                        + 16,
-                )),
-                max_num_batched_tokens: Some(workload.long_prompt.max(workload.batch * workload.prompt) + 16),
+                kv_cache_memory: Some(KvCacheMemory::Blocks(kv_tokens.div_ceil(16) + 16)),
+                max_num_batched_tokens: Some(w.long_prompt.max(w.batch * w.prompt) + 16),
                 no_enable_prefix_caching: true,
                 no_chunked_prefill: true,
                 ..PagedSpec::default()
@@ -93,6 +105,7 @@ pub fn run(
             parallel: ParallelSpec {
                 devices: Some(names.clone()),
                 stage_layers,
+                micro_batches: Some(w.batch),
                 prefill_slices: Some("off".into()),
                 ..ParallelSpec::default()
             },
@@ -104,29 +117,31 @@ pub fn run(
         let placement = engine.placement().unwrap_or_default();
         let layout = predict::layout_of(&placement)
             .ok_or_else(|| format!("{label}: the engine reports no stages (placement: `{placement}`)"))?;
-        let (step_ms, prompt_ms) = measure(engine.as_mut(), vocab, workload)?;
-        let micro = layout.len();
-        let per_micro = workload.batch.div_ceil(micro);
-        let context = workload.prompt + workload.steps / 2;
-        let decode_stage_ms = predict::stage_ms(costs, &layout, hidden, Work::Decode { batch: per_micro, context });
-        let prompt_stage_ms =
-            predict::stage_ms(costs, &layout, hidden, Work::Prefill { tokens: workload.long_prompt, context: 0 });
+        let m = measure(engine.as_mut(), vocab, w)?;
+        let context = w.prompt + w.steps / 2;
+        let decode_stage_ms = predict::stage_ms(costs, &layout, Work::Decode { batch: 1, context });
+        let prompt_stage_ms = predict::stage_ms(costs, &layout, Work::Prefill { tokens: w.long_prompt, context: 0 });
+        let measured_bottleneck = (m.batch_step - m.step) / (w.batch.max(2) - 1) as f64;
         let row = SplitRow {
             split: label.to_string(),
             stage_layers: ranges(&layout),
             plan_log,
-            decode_bottleneck_ms: max(&decode_stage_ms),
-            prompt_bottleneck_ms: max(&prompt_stage_ms),
-            decode_step: Versus::new(predict::pipelined_ms(&decode_stage_ms, micro), step_ms),
-            prompt: Versus::new(predict::pipelined_ms(&prompt_stage_ms, 1), prompt_ms),
+            decode_bottleneck: Versus::new(predict::max(&decode_stage_ms), measured_bottleneck),
+            prompt_bottleneck_ms: predict::max(&prompt_stage_ms),
+            decode_step: Versus::new(predict::pipelined_ms(&decode_stage_ms, 1), m.step),
+            batch_step: Versus::new(predict::pipelined_ms(&decode_stage_ms, w.batch), m.batch_step),
+            prompt: Versus::new(predict::pipelined_ms(&prompt_stage_ms, 1), m.prompt),
             decode_stage_ms,
             prompt_stage_ms,
         };
         eprintln!(
-            "stages: {label:11} layers {:?}: decode step {:.1} ms (predicted {:.1}), prompt {:.0} ms (predicted {:.0})",
+            "stages: {label:11} layers {:?}: step {:.1} ms (predicted {:.1}), {} micro-batches {:.1} ms (predicted {:.1}), prompt {:.0} ms (predicted {:.0})",
             row.stage_layers,
             row.decode_step.measured_ms,
             row.decode_step.predicted_ms,
+            w.batch,
+            row.batch_step.measured_ms,
+            row.batch_step.predicted_ms,
             row.prompt.measured_ms,
             row.prompt.predicted_ms
         );
@@ -135,27 +150,26 @@ pub fn run(
     Ok(StagesResult { devices: names, unequal: unequal.to_string(), workload: workload.clone(), rows })
 }
 
-/// The median decode step of `batch` sequences (every sequence running), and the median time of
-/// the prompt's prefill to its first token, in milliseconds.
-fn measure(
-    engine: &mut dyn Engine,
-    vocab: usize,
-    w: &StagesWorkload,
-) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+/// Measures one split (see [`Measured`]); a first run warms the devices up.
+fn measure(engine: &mut dyn Engine, vocab: usize, w: &StagesWorkload) -> Result<Measured, Box<dyn std::error::Error>> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let decoders: Vec<Request> = (0..w.batch)
-        .map(|_| Request { prompt: drive::random_prompt(w.prompt, vocab, &mut rng), output: w.steps + 2, at_step: 0 })
+        .map(|_| Request { prompt: drive::random_prompt(w.prompt, vocab, &mut rng), output: w.steps + 1, at_step: 0 })
         .collect();
-    // A first run warms the devices up; the second's steps after the prefill are decode steps.
-    drive::run(engine, &decoders[..1])?;
-    let trace = drive::run(engine, &decoders)?;
-    let decode_steps: Vec<f64> = trace.steps_s.iter().skip(1).map(|s| s * 1e3).collect();
+    let decode_steps = |engine: &mut dyn Engine, requests: &[Request]| -> Result<f64, Box<dyn std::error::Error>> {
+        // Step 0 prefills every prompt; the rest are decode steps.
+        let trace = drive::run(engine, requests)?;
+        let steps: Vec<f64> = trace.steps_s.iter().skip(1).map(|s| s * 1e3).collect();
+        Ok(drive::median(&steps))
+    };
+    decode_steps(engine, &decoders[..1])?;
+    let step = decode_steps(engine, &decoders[..1])?;
+    let batch_step = decode_steps(engine, &decoders)?;
     let mut prompts = Vec::new();
     for _ in 0..w.repeats {
-        let prompt = drive::random_prompt(w.long_prompt, vocab, &mut rng);
-        prompts.push(first_token_ms(engine, prompt)?);
+        prompts.push(first_token_ms(engine, drive::random_prompt(w.long_prompt, vocab, &mut rng))?);
     }
-    Ok((drive::median(&decode_steps), drive::median(&prompts)))
+    Ok(Measured { step, batch_step, prompt: drive::median(&prompts) })
 }
 
 /// Milliseconds from adding one request of `prompt` on an idle engine to its first token.
@@ -171,10 +185,6 @@ pub fn first_token_ms(engine: &mut dyn Engine, prompt: Vec<u32>) -> Result<f64, 
         }
     }
     first.ok_or_else(|| "the request finished without a token".into())
-}
-
-fn max(values: &[f64]) -> f64 {
-    values.iter().copied().fold(0.0, f64::max)
 }
 
 /// Layer ranges as `--stage-layers` writes them (inclusive).

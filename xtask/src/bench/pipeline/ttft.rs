@@ -6,7 +6,6 @@ use std::path::Path;
 
 use burn_llm::models::{PrefillSlicing, UniformSlices};
 use burn_llm::paged::KvCacheMemory;
-use burn_llm::parallel::plan::slices::{self, SlicesInput};
 use burn_llm::spec::{PagedSpec, ParallelSpec};
 use burn_llm::{EngineKind, EngineSpec, Purpose};
 use rand::SeedableRng;
@@ -52,7 +51,8 @@ impl Slicing {
 pub struct TtftPoint {
     pub slicing: String,
     pub prompt_len: usize,
-    /// The slices predicted for (the planner's are planned from the first device's profile).
+    /// The slices predicted for (the planner's: as planned from the benchmark's profiles of the
+    /// stages' devices; the engine plans from its own measurement of the same devices).
     pub slices: Vec<usize>,
     /// Time to first token: TeraPipe's `Σ t_i + (K − 1)·max t_i` against the median measured.
     pub ttft: Versus,
@@ -73,7 +73,6 @@ pub struct TtftResult {
 /// Measures every slicing at every prompt length over `costs`' devices (two workers).
 pub fn run(
     model: &Path,
-    hidden: usize,
     vocab: usize,
     costs: &[DeviceCost],
     token: &str,
@@ -107,6 +106,7 @@ pub fn run(
         let mut engine = spec.init(model, Purpose::Serve, &mut std::io::sink())?;
         let placement = engine.placement().unwrap_or_default();
         layout = predict::layout_of(&placement).ok_or_else(|| format!("no stages in `{placement}`"))?;
+        let planner = predict::slicing(costs, &layout)?;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
         first_token_ms(engine.as_mut(), drive::random_prompt(64, vocab, &mut rng))?; // warm-up
         for &len in prompt_lens {
@@ -114,11 +114,11 @@ pub fn run(
                 .map(|_| first_token_ms(engine.as_mut(), drive::random_prompt(len, vocab, &mut rng)))
                 .collect::<Result<Vec<_>, _>>()?;
             let slices = match slicing {
-                Slicing::Planner => planner_slices(costs, len, layout.len())?,
+                Slicing::Planner => planner.plan(len, 0).slices,
                 Slicing::Uniform(n) => UniformSlices::new(n).map(|u| u.slices(len, 0)).unwrap_or_else(|| vec![len]),
                 Slicing::Unsliced => vec![len],
             };
-            let predicted = predict::sliced_prefill_ms(costs, &layout, hidden, &slices);
+            let predicted = planner.predicted_ms(&slices, 0);
             let point = TtftPoint {
                 slicing: slicing.label(),
                 prompt_len: len,
@@ -144,19 +144,4 @@ pub fn run(
         _ => f64::NAN,
     };
     Ok(TtftResult { devices: names, stage_layers: ranges(&layout), points, planner_over_unsliced_longest: ratio })
-}
-
-/// The `slices` planner's slices of a `len`-token prompt over `stages` stages, from the first
-/// device's profile, in units of 16 tokens where the length allows.
-fn planner_slices(costs: &[DeviceCost], len: usize, stages: usize) -> Result<Vec<usize>, Box<dyn std::error::Error>> {
-    let profile = costs.first().ok_or("no device profile")?.cost.profile().clone();
-    let unit = if len % 16 == 0 { 16 } else { 1 };
-    let input = SlicesInput {
-        seq_len: len,
-        stages,
-        profile: Some(profile),
-        unit_tokens: Some(unit),
-        ..SlicesInput::default()
-    };
-    Ok(slices::plan(&input)?.slices)
 }
