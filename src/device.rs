@@ -6,6 +6,7 @@ mod remote;
 mod watch;
 
 pub use remote::{CONNECT_TIMEOUT, RemoteDeviceError, WORKER_TOKEN_ENV, WorkerAddress, remote_device};
+pub(crate) use watch::panic_message;
 pub use watch::{WatchedEngine, WorkerError};
 
 use burn::tensor::Device;

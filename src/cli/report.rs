@@ -24,7 +24,9 @@ pub struct JsonReport<'a> {
     /// Peak memory per tier (`--engine offload`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<serde_json::Value>,
-    /// Which devices ran which stages and the bytes handed between them (parallel runs).
+    /// Which devices ran which stages and the bytes handed between them (parallel runs), and with
+    /// `--stage-layers auto` the planner's prediction (per-stage decode step and request time,
+    /// the bottleneck stage).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
 }

@@ -27,6 +27,9 @@ pub struct ModelInfo {
     pub spec: DecoderSpec,
     /// The tokenizer, when the model has one.
     pub tokenizer: Option<Tokenizer>,
+    /// Which devices run which layers (and the planned stages' prediction), for models split
+    /// over several devices.
+    pub placement: Option<String>,
 }
 
 /// A message to the engine thread.
@@ -110,8 +113,12 @@ impl EngineHandle {
                     let _ = ready_tx.send(Err(message));
                     return;
                 }
-                let info =
-                    ModelInfo { engine: engine.name(), spec: engine.spec().clone(), tokenizer: engine.tokenizer().cloned() };
+                let info = ModelInfo {
+                    engine: engine.name(),
+                    spec: engine.spec().clone(),
+                    tokenizer: engine.tokenizer().cloned(),
+                    placement: engine.placement(),
+                };
                 if ready_tx.send(Ok(info)).is_err() {
                     return;
                 }

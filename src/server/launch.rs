@@ -108,8 +108,9 @@ pub fn run(args: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
         let info = server.info();
+        let placement = info.placement.as_ref().map(|p| format!(" · {p}")).unwrap_or_default();
         eprintln!(
-            "serving {} ({} engine, context {}) on http://{} · chat page at / · Ctrl-C stops",
+            "serving {} ({} engine, context {}{placement}) on http://{} · chat page at / · Ctrl-C stops",
             args.model,
             info.engine,
             info.spec.max_positions,

@@ -21,6 +21,7 @@
 //! instead, never a silently different run. The precision (`dtype`, `exact_matmul`) belongs to the
 //! engine built ([`precision::Precise`]), not to the process.
 
+mod auto_stages;
 mod build;
 mod loaded;
 mod parallel;
@@ -35,6 +36,7 @@ use burn_paged::{EngineConfig, KvCacheMemory, KvReservation, PreemptionMode, Sch
 
 use crate::device::DeviceChoice;
 
+pub use auto_stages::{AutoStagesError, profile_stage_device};
 pub use parallel::{ParallelSpec, parse_device};
 pub use validate::SpecError;
 

@@ -36,9 +36,21 @@ pub struct ParallelSpec {
     #[arg(long)]
     pub tensor_parallel_size: Option<usize>,
     /// Layers of each stage as inclusive ranges in layer order, e.g. `0-11,12-23` for 24
-    /// layers. Default: an even split.
+    /// layers, or `auto`: one stage per `--devices` entry, each device profiled for this model
+    /// (cached) and the links between them measured, the split chosen by Alpa's inter-operator
+    /// pass under `--device-memory`. Default: an even split.
     #[arg(long)]
     pub stage_layers: Option<String>,
+    /// `--stage-layers auto`: each device's memory for its stage, comma-separated in `--devices`
+    /// order (`4GiB,512MiB`). Default: the host's available memory for `flex`, unbounded for
+    /// other devices (they do not report theirs).
+    #[arg(long, value_delimiter = ',', value_parser = super::parse_bytes)]
+    pub device_memory: Option<Vec<u64>>,
+    /// `--stage-layers auto`: directory of cached device profiles (default
+    /// `~/.cache/burn-llm/profiles`); a profile is reused only for the same device, model and
+    /// dtype.
+    #[arg(long)]
+    pub stage_profile_dir: Option<std::path::PathBuf>,
     /// Paged engine over stages: micro-batches each step's sequences are split into (default:
     /// one per stage).
     #[arg(long)]
@@ -63,6 +75,11 @@ impl ParallelSpec {
             || self.micro_batches.is_some()
     }
 
+    /// Whether the stages are planned from measured costs (`--stage-layers auto`).
+    pub fn is_auto(&self) -> bool {
+        self.stage_layers.as_deref().is_some_and(|s| s.trim() == super::auto_stages::AUTO)
+    }
+
     /// The checked split of a model of `num_layers` layers: stage layout, degree and devices
     /// (`default` on every stage and rank when `--devices` is absent). Errors before any work:
     /// more stages than layers, a bad `--stage-layers`, a device list that does not match
@@ -75,6 +92,14 @@ impl ParallelSpec {
         token: Option<&str>,
     ) -> Result<PipelinePlan, PipelineError> {
         let layout = match (&self.stage_layers, self.pipeline_parallel_size) {
+            (Some(_), _) if self.is_auto() => {
+                return Err(PipelineError::BadStageLayers {
+                    text: super::auto_stages::AUTO.into(),
+                    reason: "planned stages need the model's files and profiles: build the engine with \
+                             EngineSpec::init, or plan with PipelinePlan::auto"
+                        .into(),
+                });
+            }
             (Some(text), size) => {
                 let layout = StageLayout::parse(text, num_layers)?;
                 if let Some(size) = size.filter(|&s| s != layout.len()) {
@@ -147,7 +172,11 @@ pub(super) fn build_parallel_engine(
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
     let parallel = &spec.parallel;
     let files = PretrainedFiles::open(dir)?;
-    let plan = parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?;
+    let plan = if parallel.is_auto() {
+        super::auto_stages::plan_auto(spec, dir, &files, default, log)?
+    } else {
+        parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?
+    };
     let workers = parallel.workers();
     if workers.is_empty() {
         let (engine, summary) = build_on_plan(spec, kind, files, &plan)?;

@@ -255,6 +255,18 @@ impl EngineSpec {
                 ));
             }
         }
+        for (flag, given) in [
+            ("--device-memory", parallel.device_memory.is_some()),
+            ("--stage-profile-dir", parallel.stage_profile_dir.is_some()),
+        ] {
+            if given && !parallel.is_auto() {
+                return Err(SpecError::new(
+                    flag,
+                    "applies to planned stages (--stage-layers auto)",
+                    format!("add --stage-layers auto, or drop {flag}"),
+                ));
+            }
+        }
         if let Some(timeout) = parallel.worker_timeout_s.filter(|t| !(t.is_finite() && *t > 0.0)) {
             return Err(SpecError::new(
                 "--worker-timeout-s",

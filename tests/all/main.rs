@@ -7,6 +7,7 @@
 
 mod common;
 
+mod auto_stages;
 mod cli;
 mod cli_golden;
 mod engine;

@@ -27,13 +27,13 @@ use rand::{Rng, SeedableRng};
 use crate::common::{fixture, max_abs_diff, reference};
 use crate::parallel::{cli, text};
 
-const TOKEN: &str = "test-token-0123";
+pub(crate) const TOKEN: &str = "test-token-0123";
 
 /// A worker process, killed when dropped.
-struct Worker {
+pub(crate) struct Worker {
     child: Child,
     /// `ws://127.0.0.1:PORT`.
-    url: String,
+    pub(crate) url: String,
 }
 
 /// The worker example next to this test executable (`target/debug/examples/worker`).
@@ -48,8 +48,14 @@ impl Worker {
     /// Starts a worker serving `device` with the test token on a free loopback port and waits
     /// (bounded) for its ready line.
     fn start(device: &str) -> Self {
+        Self::start_with(device, &[])
+    }
+
+    /// [`Worker::start`] with `extra` worker flags (`--threads 1`).
+    pub(crate) fn start_with(device: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(worker_binary())
             .args(["--listen", "127.0.0.1:0", "--device", device, "--token", TOKEN])
+            .args(extra)
             .env_remove("BURN_LLM_WORKER_TOKEN")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -78,12 +84,12 @@ impl Worker {
         Worker { child, url }
     }
 
-    fn device(&self) -> Device {
+    pub(crate) fn device(&self) -> Device {
         remote_device(&self.url, Some(TOKEN)).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Sends `signal` (`-KILL`, `-STOP`, `-TERM`) to the worker.
-    fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("run kill");
         assert!(status.success(), "kill {signal} failed");
     }

@@ -152,6 +152,18 @@ impl StagePrediction {
         StageLayout::parse(&text.join(","), layers)
     }
 
+    /// The prediction in one line, for summaries: each stage's predicted decode step and
+    /// per-request time, and the bottleneck.
+    pub fn one_line(&self) -> String {
+        let stages: Vec<String> =
+            self.stages.iter().map(|s| format!("{:.3}/{:.2}", s.decode_step_ms, s.request_ms)).collect();
+        format!(
+            "auto stages, predicted decode step/request ms per stage {}, bottleneck stage {}",
+            stages.join(", "),
+            self.bottleneck_stage
+        )
+    }
+
     /// One line per stage and one for the bottleneck, for logs and start-up lines.
     pub fn summary(&self) -> String {
         let w = self.workload;

@@ -117,6 +117,8 @@ pub struct PipelineLm {
     moved: AtomicU64,
     /// The host stages' thread pools when stages run concurrently ([`super::threaded`]).
     pools: StagePools,
+    /// The planner's prediction, in one line (`--stage-layers auto`).
+    predicted: Option<String>,
 }
 
 impl std::fmt::Debug for PipelineLm {
@@ -187,6 +189,7 @@ impl PipelineLm {
             weight_bytes += blocks.iter().map(|b| b.weight_bytes()).sum::<usize>();
             stages.push(Stage { layers: range.clone(), blocks, device: devices[0].clone(), name: plan.stage_names(s) });
         }
+        let predicted = plan.prediction().map(|p| p.one_line());
         Ok(Self {
             embed,
             head,
@@ -195,6 +198,7 @@ impl PipelineLm {
             weight_bytes,
             moved: AtomicU64::new(0),
             pools: StagePools::default(),
+            predicted,
         })
     }
 
@@ -336,6 +340,7 @@ impl LanguageModel for PipelineLm {
         } else {
             String::new()
         };
-        Some(format!("{} pipeline stages{tp} ({})", self.stages.len(), stages.join(", ")))
+        let predicted = self.predicted.as_ref().map(|p| format!("; {p}")).unwrap_or_default();
+        Some(format!("{} pipeline stages{tp} ({}{predicted})", self.stages.len(), stages.join(", ")))
     }
 }

@@ -188,3 +188,6 @@ fn bad_plans_are_errors() {
     let two = plan(StageLayout::even(2, 2).unwrap(), vec![Device::flex(); 2]);
     assert!(err(PipelineLm::from_checkpoint(spec, &Missing, &two, None)).contains("layers.1."));
 }
+
+#[cfg(feature = "flex")]
+mod auto;

@@ -1,0 +1,157 @@
+//! `--stage-layers auto` in the library: device profiles cached per (device, model, dtype) and
+//! measured again when a cache file was measured for something else; stages planned from two
+//! devices of unequal speed give the slower one fewer layers, and the pipeline built on that
+//! plan generates exactly what one device does; caps that cannot hold a layer are errors naming
+//! the device before anything loads.
+
+use std::path::PathBuf;
+
+use burn::tensor::Device;
+use burn_llm_models::{CausalLm, LanguageModel, RandomWeights};
+use burn_parallel::pipeline::{AutoStageDevice, AutoStages, Handover, PipelineLm, PipelinePlan, StageWorkload};
+use burn_parallel::plan::profile::Profile;
+use burn_parallel::profiler::{
+    DeviceProfile, ProfileGrid, ProfileIdentity, ProfileSource, ProfileWeights, device_profile, measure_link,
+};
+
+use super::{assert_same, deeper, greedy};
+
+/// A grid that measures in well under a second on a CPU.
+fn tiny_grid() -> ProfileGrid {
+    ProfileGrid {
+        prefill_batch: vec![1],
+        prefill_tokens: vec![1, 8],
+        prefill_context: vec![8],
+        decode_batch: vec![1],
+        decode_context: vec![0, 8],
+        warmup: 0,
+        repeats: 1,
+    }
+}
+
+/// A fresh directory for one test's cache.
+fn cache_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-parallel-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn identity(model: &str, dtype: &str) -> ProfileIdentity {
+    ProfileIdentity { device: "flex (test)".into(), model: model.into(), dtype: dtype.into() }
+}
+
+fn measure(spec_name: &str, identity: &ProfileIdentity, dir: &std::path::Path) -> DeviceProfile {
+    let spec = deeper(spec_name);
+    let weights = ProfileWeights::<RandomWeights>::Random;
+    device_profile(&spec, weights, &Device::flex(), identity, &tiny_grid(), Some(dir), &mut Vec::new()).unwrap()
+}
+
+#[test]
+fn device_profiles_are_cached_per_identity_and_remeasured_on_a_mismatch() {
+    let dir = cache_dir("profile-cache");
+    let id = identity("llama-4", "f32");
+    let first = measure("llama", &id, &dir);
+    assert_eq!(first.source, ProfileSource::Measured);
+    let path = id.cache_file(&dir, &tiny_grid());
+    assert!(path.exists());
+    let again = measure("llama", &id, &dir);
+    assert_eq!(again.source, ProfileSource::Cached(path.clone()));
+    // The same profile (JSON keeps the times to within rounding).
+    assert_eq!(again.profile.weight_bytes_per_layer, first.profile.weight_bytes_per_layer);
+    assert_eq!(again.profile.layers, first.profile.layers);
+    let (a, b) = (&again.profile.decode.ms[0], &first.profile.decode.ms[0]);
+    assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-9 * y.abs().max(1.0)), "{a:?} vs {b:?}");
+
+    // Another dtype (or model, or device) is another file, measured anew.
+    let other = measure("llama", &identity("llama-4", "q4"), &dir);
+    assert_eq!(other.source, ProfileSource::Measured);
+    assert_ne!(identity("llama-4", "q4").cache_file(&dir, &tiny_grid()), path);
+
+    // A file at this identity's path that was measured for another model is measured again.
+    let mut cached: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cached["identity"]["model"] = "another model".into();
+    std::fs::write(&path, cached.to_string()).unwrap();
+    let remeasured = measure("llama", &id, &dir);
+    match &remeasured.source {
+        ProfileSource::Remeasured { found, .. } => assert!(found.contains("another model"), "{found}"),
+        other => panic!("a mismatched cache file was reused: {other:?}"),
+    }
+    assert_eq!(measure("llama", &id, &dir).source, ProfileSource::Cached(path));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `profile` as a device `factor` times slower would measure it.
+fn slowed(profile: &Profile, factor: f64) -> Profile {
+    let mut slow = profile.clone();
+    slow.prefill.base_ms.iter_mut().flatten().for_each(|t| *t *= factor);
+    slow.prefill.context_ms.iter_mut().for_each(|t| *t *= factor);
+    slow.decode.ms.iter_mut().flatten().for_each(|t| *t *= factor);
+    slow
+}
+
+fn auto_stages(profile: &Profile, factor: f64, caps: [u64; 2], spec_name: &str) -> AutoStages {
+    let spec = deeper(spec_name);
+    let link = measure_link(&Device::flex(), &Device::flex(), spec.hidden_size, 8, 2).unwrap();
+    let device = |name: &str, profile: Profile, memory_bytes, link_to_next| AutoStageDevice {
+        name: name.into(),
+        profile,
+        memory_bytes,
+        link_to_next,
+    };
+    AutoStages {
+        devices: vec![
+            device("fast", profile.clone(), caps[0], Some(link)),
+            device("slow", slowed(profile, factor), caps[1], None),
+        ],
+        workload: StageWorkload { prompt_tokens: 8, output_tokens: 8 },
+        kv_tokens: 32,
+        handover: Handover::of(&spec),
+    }
+}
+
+#[test]
+fn auto_stages_give_a_slower_device_fewer_layers_and_equal_outputs() {
+    let dir = cache_dir("auto-stages");
+    for name in ["llama", "gpt2"] {
+        let profile = measure(name, &identity(name, "f32"), &dir).profile;
+        let auto = auto_stages(&profile, 3.0, [u64::MAX, u64::MAX], name);
+        let plan = PipelinePlan::auto(&auto, vec![Device::flex(), Device::flex()]).unwrap();
+        let stages = plan.layout().stages().to_vec();
+        assert!(stages[0].len() > stages[1].len(), "{name}: {stages:?} for a device 3× slower");
+        let prediction = plan.prediction().unwrap();
+        assert_eq!(prediction.stages.len(), 2);
+        assert!(prediction.summary().contains("bottleneck"), "{}", prediction.summary());
+
+        let spec = deeper(name);
+        let expected = greedy(&CausalLm::random(spec.clone(), &Device::flex()).unwrap());
+        let pipeline = PipelineLm::from_checkpoint(spec, &RandomWeights::default(), &plan, None).unwrap();
+        assert_same(&format!("{name} on auto stages {stages:?}"), &expected, &greedy(&pipeline));
+        let summary = pipeline.placement_summary().unwrap_or_default();
+        assert!(summary.contains("auto stages"), "{summary}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn auto_stages_refuse_caps_that_cannot_hold_a_layer_or_the_model() {
+    let dir = cache_dir("auto-caps");
+    let profile = measure("llama", &identity("llama", "f32"), &dir).profile;
+    let layer = profile.weight_bytes_per_layer + 32 * profile.kv_bytes_per_token_per_layer;
+    let head = profile.lm_head.weight_bytes;
+    let devices = || vec![Device::flex(), Device::flex()];
+    // The slow device cannot hold one layer and the LM head.
+    let err = PipelinePlan::auto(&auto_stages(&profile, 1.0, [u64::MAX, layer + head - 1], "llama"), devices())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`slow`") && err.contains("--device-memory"), "{err}");
+    // Each holds its smallest stage, but not the model together (four layers of the deeper spec).
+    let embed = profile.embedding.weight_bytes;
+    let err = PipelinePlan::auto(&auto_stages(&profile, 1.0, [embed + layer, head + layer], "llama"), devices())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("add up to"), "{err}");
+    // A cap that forces the split: the fast device holds only its embeddings and one layer.
+    let plan = PipelinePlan::auto(&auto_stages(&profile, 1.0, [embed + layer, u64::MAX], "llama"), devices()).unwrap();
+    assert_eq!(plan.layout().stages()[0].len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

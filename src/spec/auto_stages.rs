@@ -1,0 +1,287 @@
+//! `--stage-layers auto`: each `--devices` entry profiled for this model (cached per device,
+//! model and dtype), the links between consecutive devices measured, and the stages planned by
+//! Alpa's inter-operator pass over those costs under each device's memory cap (`--device-memory`)
+//! before any weight of the pipeline loads.
+//!
+//! Profiles live in `--stage-profile-dir` (default `~/.cache/burn-llm/profiles`), one file per
+//! (device, model, dtype, grid); see [`burn_parallel::profiler::device`]. Profiling and link
+//! measurements on remote workers run on a thread of their own, watched: a worker that dies or
+//! stalls while being profiled is an error naming it after `--worker-timeout-s`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use burn::tensor::Device;
+use burn_llm_models::PretrainedFiles;
+use burn_parallel::pipeline::{
+    AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineError, PipelinePlan, StageWorkload,
+};
+use burn_parallel::profiler::{self, DeviceProfile, ProfileGrid, ProfileIdentity, ProfileWeights};
+
+use super::EngineSpec;
+use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, parse_device};
+use crate::device::{WorkerAddress, WorkerError};
+
+/// The `--stage-layers` value that asks for planned stages.
+pub const AUTO: &str = "auto";
+
+/// Tokens of the larger hand-over when a link is measured.
+const LINK_TOKENS: usize = 64;
+/// Timed hand-overs per size.
+const LINK_REPEATS: usize = 5;
+
+/// Why automatic stages could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum AutoStagesError {
+    /// A flag cannot be used.
+    #[error("{flag}: {problem}; {fix}")]
+    Flag {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        problem: String,
+        /// What to do.
+        fix: String,
+    },
+    /// Splitting, connecting or planning failed.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    /// Profiling a device failed.
+    #[error("profiling `{entry}` failed: {source}")]
+    Profile {
+        /// The `--devices` entry.
+        entry: String,
+        /// What failed.
+        source: profiler::ProfileError,
+    },
+    /// A worker died or stalled while being profiled.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// The model could not be opened.
+    #[error(transparent)]
+    Model(#[from] burn_llm_models::ModelError),
+}
+
+/// The devices' `--devices` entries and their memory caps.
+struct Entries {
+    names: Vec<String>,
+    caps: Vec<u64>,
+}
+
+/// Plans the stages of the model at `dir` over the spec's devices (see the module docs),
+/// printing the plan to `log` before returning it.
+pub(super) fn plan_auto(
+    spec: &EngineSpec,
+    dir: &Path,
+    files: &PretrainedFiles,
+    default: (&str, &Device),
+    log: &mut dyn Write,
+) -> Result<PipelinePlan, AutoStagesError> {
+    let entries = entries(spec, default.0)?;
+    let token = spec.worker_token.as_deref();
+    let devices = entries.names.iter().map(|e| parse_device(e, token)).collect::<Result<Vec<_>, _>>()?;
+    let timeout = worker_timeout(spec);
+    let mut stage_devices = Vec::with_capacity(devices.len());
+    for (i, (name, device)) in entries.names.iter().zip(&devices).enumerate() {
+        let profile = profile_stage_device(spec, dir, files, name, device, log)?;
+        let link_to_next = match devices.get(i + 1) {
+            Some(next) => Some(measure(&entries.names[i..=i + 1], device, next, files.spec.hidden_size, timeout)?),
+            None => None,
+        };
+        stage_devices.push(AutoStageDevice {
+            name: name.clone(),
+            profile: profile.profile,
+            memory_bytes: entries.caps[i],
+            link_to_next,
+        });
+    }
+    let auto = AutoStages {
+        devices: stage_devices,
+        workload: StageWorkload::default(),
+        kv_tokens: files.spec.max_positions,
+        handover: Handover::of(&files.spec),
+    };
+    let plan = PipelinePlan::auto(&auto, devices)?;
+    if let Some(prediction) = plan.prediction() {
+        let _ = writeln!(log, "{}", prediction.summary());
+    }
+    Ok(plan)
+}
+
+/// The profile of the model at `dir` (opened as `files`) on `device`, the `--devices` entry
+/// `entry`, as `spec` would run it: read from the profile cache when it was measured for this
+/// device, model and dtype, else measured now and cached. On a worker it runs watched: a worker
+/// that dies or stalls while being profiled is an error naming it.
+pub fn profile_stage_device(
+    spec: &EngineSpec,
+    dir: &Path,
+    files: &PretrainedFiles,
+    entry: &str,
+    device: &Device,
+    log: &mut dyn Write,
+) -> Result<DeviceProfile, AutoStagesError> {
+    let quant = spec.weight_quant().map_err(|problem| AutoStagesError::Flag {
+        flag: "--quantize",
+        problem,
+        fix: "give a valid --group-size".into(),
+    })?;
+    let dtype = format!(
+        "f32 weights {}{}, {} matmul",
+        weight_format(files),
+        quant.map(|q| format!(" quantized to {q:?}")).unwrap_or_default(),
+        if spec.exact_matmul { "exact" } else { "8-bit-activation" }
+    );
+    let identity = ProfileIdentity {
+        device: device_identity(entry),
+        model: format!("{} ({:?})", dir.display(), files.spec),
+        dtype,
+    };
+    let (dir, device, cache, name) = (dir.to_owned(), device.clone(), profile_dir(spec), entry.to_string());
+    let (profile, lines) = watched(entry, "being profiled", worker_timeout(spec), move || {
+        let files = PretrainedFiles::open(&dir)?;
+        let mut log = Vec::new();
+        let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+        let grid = ProfileGrid::stages();
+        let profile = profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), &mut log)
+            .map_err(|source| AutoStagesError::Profile { entry: name, source })?;
+        Ok((profile, log))
+    })?;
+    let _ = log.write_all(&lines);
+    Ok(profile)
+}
+
+fn worker_timeout(spec: &EngineSpec) -> Duration {
+    Duration::from_secs_f64(spec.parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S))
+}
+
+/// The link from `pair[0]`'s device to `pair[1]`'s, measured (watched when either is a worker).
+fn measure(
+    pair: &[String],
+    from: &Device,
+    to: &Device,
+    hidden: usize,
+    timeout: Duration,
+) -> Result<LinkProfile, AutoStagesError> {
+    let names = pair.join(" → ");
+    let (from, to, entry) = (from.clone(), to.clone(), names.clone());
+    watched(&names, "its link was measured", timeout, move || {
+        profiler::measure_link(&from, &to, hidden, LINK_TOKENS, LINK_REPEATS)
+            .map_err(|source| AutoStagesError::Profile { entry, source })
+    })
+}
+
+/// `--devices` (or the default device once per stage) and each one's memory cap.
+fn entries(spec: &EngineSpec, default: &str) -> Result<Entries, AutoStagesError> {
+    let parallel = &spec.parallel;
+    if parallel.tensor_parallel() != 1 {
+        return Err(AutoStagesError::Flag {
+            flag: "--stage-layers auto",
+            problem: "plans one device per stage, and --tensor-parallel-size is above 1".into(),
+            fix: "drop --tensor-parallel-size, or give the stages by hand with --stage-layers".into(),
+        });
+    }
+    let names: Vec<String> = match (&parallel.devices, parallel.pipeline_parallel_size) {
+        (Some(devices), size) => {
+            if let Some(size) = size.filter(|&s| s != devices.len()) {
+                return Err(AutoStagesError::Flag {
+                    flag: "--pipeline-parallel-size",
+                    problem: format!(
+                        "is {size} but --stage-layers auto runs one stage on each of the {} --devices",
+                        devices.len()
+                    ),
+                    fix: "drop --pipeline-parallel-size, or list one device per stage".into(),
+                });
+            }
+            devices.iter().map(|d| d.trim().to_string()).collect()
+        }
+        (None, size) => vec![default.to_string(); size.unwrap_or(1)],
+    };
+    let caps = match &parallel.device_memory {
+        Some(caps) if caps.len() != names.len() => {
+            return Err(AutoStagesError::Flag {
+                flag: "--device-memory",
+                problem: format!("gives {} sizes for {} devices", caps.len(), names.len()),
+                fix: "give one size per --devices entry, in the same order (e.g. 4GiB,512MiB)".into(),
+            });
+        }
+        Some(caps) => caps.clone(),
+        None => names.iter().map(|n| default_memory(n)).collect(),
+    };
+    Ok(Entries { names, caps })
+}
+
+/// A device's memory when `--device-memory` does not give it: the host's available memory for
+/// the CPU (`flex`), else unbounded (the device does not report its memory to Burn).
+fn default_memory(entry: &str) -> u64 {
+    if entry == "flex" { available_host_memory().unwrap_or(u64::MAX) } else { u64::MAX }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, where there is one.
+fn available_host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// What tells two devices of one `--devices` spelling apart: a local CPU's thread count (a
+/// worker's address is its identity: restart a worker with other `--threads` on another port,
+/// or delete its profile).
+fn device_identity(entry: &str) -> String {
+    if WorkerAddress::is_worker(entry) {
+        return entry.to_string();
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{entry} ({threads} threads)")
+}
+
+/// How the checkpoint stores its weights.
+fn weight_format(files: &PretrainedFiles) -> &'static str {
+    match files.files {
+        burn_llm_models::ModelFiles::Gguf(_) => "as GGUF blocks",
+        burn_llm_models::ModelFiles::Safetensors(_) => "as safetensors",
+    }
+}
+
+/// `--stage-profile-dir`, else `~/.cache/burn-llm/profiles`.
+fn profile_dir(spec: &EngineSpec) -> PathBuf {
+    spec.parallel.stage_profile_dir.clone().unwrap_or_else(|| super::build::dirs_cache().join("profiles"))
+}
+
+/// Runs `work` on a thread of its own and waits at most `timeout` for it when `name` names a
+/// worker: a worker that dies (an error or a panic in Burn's client) or stalls is an error
+/// naming it. Local devices run `work` on this thread.
+fn watched<R: Send + 'static>(
+    name: &str,
+    what: &'static str,
+    timeout: Duration,
+    work: impl FnOnce() -> Result<R, AutoStagesError> + Send + 'static,
+) -> Result<R, AutoStagesError> {
+    let workers: Vec<&str> = name.split(" → ").filter(|e| WorkerAddress::is_worker(e)).collect();
+    if workers.is_empty() {
+        return work();
+    }
+    let workers = workers.join(", ");
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("burn-llm-profile".into())
+        .spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)));
+        })
+        .map_err(|e| WorkerError::Failed { workers: workers.clone(), what, reason: e.to_string() })?;
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(Ok(r))) => Ok(r),
+        Ok(Ok(Err(e))) => Err(WorkerError::Failed { workers, what, reason: e.to_string() }.into()),
+        Ok(Err(panic)) => {
+            Err(WorkerError::Failed { workers, what, reason: crate::device::panic_message(panic) }.into())
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            Err(WorkerError::Stalled { workers, what, timeout_s: timeout.as_secs_f64() }.into())
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err(WorkerError::Failed { workers, what, reason: "the profiling thread ended".into() }.into())
+        }
+    }
+}

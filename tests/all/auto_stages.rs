@@ -1,0 +1,141 @@
+//! `--stage-layers auto` through the CLI: the same greedy text as one device on the fixtures
+//! (plain and paged engines, two flex devices; a flex device beside a one-thread loopback worker),
+//! the plan in the summary line and in `--json`, profiles cached in `--stage-profile-dir`; and
+//! the bad inputs as errors before anything loads: a device that cannot hold one layer, caps
+//! that cannot hold the model, the flags it does not combine with, a worker that dies while
+//! being profiled.
+
+use std::path::PathBuf;
+
+use burn_llm::models::DecoderSpec;
+
+use crate::common::fixture;
+use crate::parallel::{cli, text};
+
+/// A fresh profile directory for one test.
+fn profile_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-llm-auto-stages-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The profile cached in `dir` (one device profiled there).
+fn cached_profile(dir: &std::path::Path) -> serde_json::Value {
+    let file = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).find(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("stage-profile-") && n.ends_with(".json"))
+    });
+    let text = std::fs::read_to_string(file.expect("a cached profile")).unwrap();
+    serde_json::from_str::<serde_json::Value>(&text).unwrap()["profile"].clone()
+}
+
+#[test]
+fn auto_stages_generate_what_one_device_does_and_report_the_plan() {
+    let dir = profile_dir("cli");
+    let dir_arg = dir.to_str().unwrap();
+    let single = text(&cli(&["--device", "flex"]).unwrap());
+    for engine in ["plain", "paged"] {
+        let mut flags = vec!["--engine", engine, "--devices", "flex,flex", "--stage-layers", "auto"];
+        flags.extend_from_slice(&["--stage-profile-dir", dir_arg]);
+        if engine == "paged" {
+            flags.extend_from_slice(&["--kv-cache-memory", "blocks:64"]);
+        }
+        let out = cli(&flags).unwrap();
+        assert_eq!(text(&out), single, "{engine}");
+        assert!(out.contains("auto stages") && out.contains("bottleneck stage"), "{engine}: {out}");
+        flags.push("--json");
+        let json: serde_json::Value = serde_json::from_str(cli(&flags).unwrap().trim()).unwrap();
+        let placement = json["placement"].as_str().unwrap_or_default();
+        assert!(placement.contains("auto stages"), "{engine}: {json}");
+    }
+    // Both devices are `flex` here: one profile, measured once and then read from the cache.
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(files, 1, "one cached profile per (device, model, dtype)");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn auto_stages_refuse_memory_that_cannot_hold_the_model() {
+    let dir = profile_dir("caps");
+    let dir_arg = dir.to_str().unwrap();
+    let auto = ["--stage-layers", "auto", "--stage-profile-dir", dir_arg];
+    // A device that cannot hold one layer: named, with what it needs and the flag that fixes it.
+    let err = cli(&[&["--devices", "flex,flex", "--device-memory", "1KiB,1GiB"][..], &auto].concat()).unwrap_err();
+    assert!(err.contains("device 0 (`flex`)") && err.contains("--device-memory"), "{err}");
+    // One device whose cap holds a layer with the embeddings and head, but not the whole model.
+    let profile = cached_profile(&dir);
+    let spec = DecoderSpec::from_dir(&fixture("gpt2")).unwrap();
+    let number = |v: &serde_json::Value| v.as_u64().unwrap();
+    let layer = number(&profile["weight_bytes_per_layer"])
+        + number(&profile["kv_bytes_per_token_per_layer"]) * spec.max_positions as u64;
+    let extras = number(&profile["embedding"]["weight_bytes"]) + number(&profile["lm_head"]["weight_bytes"]);
+    let cap = (extras + layer).to_string();
+    let err = cli(&[&["--devices", "flex", "--device-memory", &cap][..], &auto].concat()).unwrap_err();
+    assert!(err.contains("add up to") && err.contains("add devices"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn auto_stages_flags_that_do_not_combine_are_errors() {
+    let err = cli(&["--devices", "flex,flex", "--device-memory", "1GiB,1GiB"]).unwrap_err();
+    assert!(err.contains("--device-memory") && err.contains("--stage-layers auto"), "{err}");
+    let err = cli(&["--devices", "flex,flex", "--stage-layers", "auto", "--pipeline-parallel-size", "3"]).unwrap_err();
+    assert!(err.contains("--pipeline-parallel-size"), "{err}");
+    let err = cli(&["--devices", "flex,flex", "--stage-layers", "auto", "--device-memory", "1GiB"]).unwrap_err();
+    assert!(err.contains("1 sizes for 2 devices"), "{err}");
+    let err = cli(&["--devices", "flex,flex,flex,flex", "--stage-layers", "auto", "--tensor-parallel-size", "2"])
+        .unwrap_err();
+    assert!(err.contains("--tensor-parallel-size"), "{err}");
+}
+
+#[cfg(feature = "remote")]
+mod remote {
+    use burn_llm::EngineSpec;
+    use burn_llm::models::PretrainedFiles;
+    use burn_llm::spec::profile_stage_device;
+
+    use super::*;
+    use crate::remote::{TOKEN, Worker};
+
+    /// A local flex stage beside a worker limited to one thread: the same text as one device.
+    #[test]
+    fn auto_stages_over_flex_and_a_one_thread_worker_equal_one_device() {
+        let dir = profile_dir("worker");
+        let worker = Worker::start_with("flex", &["--threads", "1"]);
+        let single = text(&cli(&["--device", "flex"]).unwrap());
+        let devices = format!("flex,{}", worker.url);
+        let out = cli(&[
+            "--devices",
+            &devices,
+            "--stage-layers",
+            "auto",
+            "--stage-profile-dir",
+            dir.to_str().unwrap(),
+            "--worker-token",
+            TOKEN,
+        ])
+        .unwrap();
+        assert_eq!(text(&out), single);
+        assert!(out.contains("auto stages"), "{out}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A worker killed before it is profiled: an error naming it, not a panic or a hang.
+    #[test]
+    fn a_worker_that_dies_while_profiled_is_an_error_naming_it() {
+        let dir = profile_dir("dead-worker");
+        let worker = Worker::start_with("flex", &["--threads", "1"]);
+        let device = worker.device();
+        worker.signal("-KILL");
+        let model = fixture("gpt2");
+        let files = PretrainedFiles::open(&model).unwrap();
+        let mut spec = EngineSpec::default();
+        spec.parallel.stage_profile_dir = Some(dir.clone());
+        spec.parallel.worker_timeout_s = Some(20.0);
+        let err = profile_stage_device(&spec, &model, &files, &worker.url, &device, &mut Vec::new())
+            .err()
+            .expect("profiling a dead worker must fail")
+            .to_string();
+        assert!(err.contains(&worker.url) && err.contains("profiled"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
