@@ -1,18 +1,21 @@
 //! The parallelism settings of every engine spec (flags of every example CLI and the server): `--devices flex,wgpu,…`,
 //! `--pipeline-parallel-size N`, `--tensor-parallel-size N`, `--stage-layers 0-11,12-23`
-//! (inclusive ranges) and `--micro-batches N`, turned into a checked
+//! (inclusive ranges), `--micro-batches N` and `--prefill-slices auto|uniform:N|off` (TeraPipe
+//! token slices of a prefill through the stages), turned into a checked
 //! [`PipelinePlan`] before any weight is loaded, and the pipeline-parallel engines built from it.
 //! Entries `ws://HOST:PORT[#INDEX]` are devices of remote workers (the `worker` example,
 //! `--worker-token`); an engine using any runs behind [`WatchedEngine`], so that a worker that
 //! dies or stalls fails its requests with an error naming it after `--worker-timeout-s`.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
-use burn_llm_models::{Generator, LanguageModel, PretrainedFiles};
-use burn_paged::LlmEngine;
-use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayout};
+use burn_llm_models::{DecoderSpec, Generator, LanguageModel, PrefillSlicing, PretrainedFiles, UniformSlices};
+use burn_paged::{EngineConfig, LlmEngine};
+use burn_parallel::pipeline::slicing::{measure_stage_costs, slicing_grid};
+use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, PlannedSlices, StageLayout};
 use clap::ValueEnum;
 
 use super::{EngineKind, EngineSpec};
@@ -60,6 +63,40 @@ pub struct ParallelSpec {
     /// workers (default 120).
     #[arg(long)]
     pub worker_timeout_s: Option<f64>,
+    /// Paged engine over stages: cut each prompt's prefill into token slices that follow each
+    /// other through the stages (TeraPipe), `auto` (the slicing planner, from each stage's
+    /// device profiled at start-up), `uniform:N` (N near-equal slices) or `off` (default: one
+    /// pass).
+    #[arg(long)]
+    pub prefill_slices: Option<PrefillSlices>,
+}
+
+/// `--prefill-slices`: how a pipelined prefill is cut into token slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillSlices {
+    /// TeraPipe's planner over the stages' measured costs ([`PlannedSlices`]).
+    Auto,
+    /// `N` near-equal slices ([`UniformSlices`]).
+    Uniform(usize),
+    /// One pass (the default).
+    Off,
+}
+
+impl std::str::FromStr for PrefillSlices {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let t = text.trim();
+        match t {
+            "auto" => return Ok(Self::Auto),
+            "off" => return Ok(Self::Off),
+            _ => {}
+        }
+        match t.strip_prefix("uniform:").map(|n| n.trim().parse::<usize>()) {
+            Some(Ok(n)) if n >= 1 => Ok(Self::Uniform(n)),
+            _ => Err(format!("unparsable --prefill-slices '{text}': expected auto, uniform:N (N ≥ 1) or off")),
+        }
+    }
 }
 
 /// `--worker-timeout-s`'s default.
@@ -73,6 +110,46 @@ impl ParallelSpec {
             || self.tensor_parallel_size.is_some_and(|t| t != 1)
             || self.stage_layers.is_some()
             || self.micro_batches.is_some()
+            || self.prefill_slices.is_some_and(|s| s != PrefillSlices::Off)
+    }
+
+    /// The pipeline stages the flags ask for, as far as they tell without the model: the
+    /// `--pipeline-parallel-size`, else the `--stage-layers` ranges, else the `--devices`
+    /// entries ÷ the tensor-parallel size, else 1.
+    pub fn stages_hint(&self) -> usize {
+        let ranges = self.stage_layers.as_deref().filter(|t| t.trim() != "auto").map(|t| t.split(',').count());
+        let listed = self.devices.as_ref().map(|d| d.len() / self.tensor_parallel().max(1));
+        self.pipeline_parallel_size.or(ranges).or(listed).unwrap_or(1)
+    }
+
+    /// The paged engine's prefill slicing for a model of `spec` split as `plan`: `auto` profiles
+    /// each stage's device now (seconds to a minute on a CPU) and returns a line describing the
+    /// plan for the log.
+    pub fn prefill_slicing(
+        &self,
+        spec: &DecoderSpec,
+        plan: &PipelinePlan,
+    ) -> Result<(Option<Arc<dyn PrefillSlicing>>, Option<String>), Box<dyn std::error::Error>> {
+        Ok(match self.prefill_slices {
+            None | Some(PrefillSlices::Off) => (None, None),
+            Some(PrefillSlices::Uniform(n)) => {
+                let uniform = UniformSlices::new(n).ok_or("--prefill-slices uniform:N needs N ≥ 1")?;
+                (Some(Arc::new(uniform)), Some(format!("prefill slices: uniform:{n}")))
+            }
+            Some(PrefillSlices::Auto) => {
+                let costs = measure_stage_costs(spec, plan, &slicing_grid(), None)?;
+                let planner = PlannedSlices::new(costs)?;
+                let len = spec.max_positions.min(2048);
+                let planned = planner.plan(len, 0);
+                let line = format!(
+                    "prefill slices: auto (TeraPipe planner over the stages' measured profiles; a {len}-token prompt: {} slices, predicted first token after {:.0} ms, one pass {:.0} ms)",
+                    planned.slices.len(),
+                    planned.latency_ms,
+                    planner.predicted_ms(&[len], 0),
+                );
+                (Some(Arc::new(planner)), Some(line))
+            }
+        })
     }
 
     /// Whether the stages are planned from measured costs (`--stage-layers auto`).
@@ -202,9 +279,16 @@ fn build_on_plan(
 ) -> Result<(Box<dyn Engine>, String), Box<dyn std::error::Error>> {
     let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, plan, spec.weight_quant()?)?;
     let (tokenizer, eos) = (Some(files.tokenizer), files.eos_token_ids);
-    let summary = model.placement_summary().unwrap_or_default();
+    let mut summary = model.placement_summary().unwrap_or_default();
     let engine: Box<dyn Engine> = match kind {
-        EngineKind::Paged => Box::new(LlmEngine::from_parts(model, tokenizer, eos, spec.engine_config())?),
+        EngineKind::Paged => {
+            let (prefill_slicing, line) = spec.parallel.prefill_slicing(&files.spec, plan)?;
+            if let Some(line) = line {
+                summary = format!("{summary}\n{line}");
+            }
+            let config = EngineConfig { prefill_slicing, ..spec.engine_config() };
+            Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?)
+        }
         _ => Box::new(spec.plain_generator(Generator::new(model, tokenizer, eos))?),
     };
     Ok((spec.with_precision(engine), summary))

@@ -3,6 +3,7 @@
 
 use burn_llm_models::Precision;
 
+use super::parallel::PrefillSlices;
 use super::{EngineKind, EngineSpec, Purpose, ScheduleKind};
 
 /// A setting the engine cannot honour: which flag, why, and what to do instead.
@@ -277,6 +278,7 @@ impl EngineSpec {
         if !parallel.is_set() {
             return Ok(());
         }
+        self.check_prefill_slices(kind)?;
         if kind == EngineKind::Offload {
             return Err(SpecError::new(
                 "--devices, --pipeline-parallel-size, --tensor-parallel-size, --stage-layers, --micro-batches",
@@ -296,6 +298,35 @@ impl EngineSpec {
                 "--dtype",
                 "f16 and bf16 are not available over several devices yet (stages run in f32)",
                 "use --dtype f32 or drop the parallelism flags",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl EngineSpec {
+    /// `--prefill-slices` (other than `off`) needs the paged engine over two stages or more.
+    fn check_prefill_slices(&self, kind: EngineKind) -> Check {
+        let slicing = self.parallel.prefill_slices.filter(|s| *s != PrefillSlices::Off);
+        if slicing.is_none() {
+            return Ok(());
+        }
+        if kind != EngineKind::Paged {
+            return Err(SpecError::new(
+                "--prefill-slices",
+                format!(
+                    "slices prompts in the paged engine's steps, and the {} engine prefills in one pass",
+                    kind.name()
+                ),
+                "add --engine paged, or drop --prefill-slices",
+            ));
+        }
+        let stages = self.parallel.stages_hint();
+        if stages < 2 {
+            return Err(SpecError::new(
+                "--prefill-slices",
+                "overlaps token slices across pipeline stages, and this run has one stage",
+                "split the model with --pipeline-parallel-size N (N ≥ 2) or --devices, or drop --prefill-slices (one device: chunked prefill cuts long prompts)",
             ));
         }
         Ok(())

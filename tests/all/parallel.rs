@@ -1,12 +1,17 @@
 //! Pipeline parallelism through the engines and the CLI: the paged engine over stages (with
-//! micro-batches) equals plain single-device generation with many concurrent requests and under
-//! preemption by swap and by recomputation; the plain engine over stages equals it too; the
+//! micro-batches, and with each prompt's prefill cut into token slices) equals plain
+//! single-device generation with many concurrent requests and under preemption by swap and by
+//! recomputation; the plain engine over stages equals it too; the
 //! parallelism flags run and every bad value is an error that says what to do.
+
+use std::sync::Arc;
 
 use burn::tensor::Device;
 use burn_llm::GenerationOutput;
 use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
-use burn_llm::models::{Generator, LanguageModel, Pretrained, PretrainedFiles, SamplingParams};
+use burn_llm::models::{
+    Generator, LanguageModel, PrefillSlicing, Pretrained, PretrainedFiles, SamplingParams, UniformSlices,
+};
 use burn_llm::paged::{EngineConfig, LlmEngine, PreemptionMode};
 use burn_llm::parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use clap::Parser;
@@ -47,10 +52,14 @@ fn paged_engine_over_stages_equals_plain_generation() {
         let expected = one_by_one(&plain, &prompts, &params);
         for (label, devices) in stage_devices() {
             for (pool, cfg) in pools(&prompts, &expected) {
-                for micro_batches in [None, Some(3)] {
-                    let what = format!("{name} on {label}, {pool} pool, micro-batches {micro_batches:?}");
+                for (micro_batches, slices) in [(None, None), (Some(3), None), (None, Some(3))] {
+                    let what = format!(
+                        "{name} on {label}, {pool} pool, micro-batches {micro_batches:?}, prefill slices {slices:?}"
+                    );
                     let (model, files) = pipeline(name, &devices);
-                    let cfg = EngineConfig { micro_batches, ..cfg.clone() };
+                    let prefill_slicing =
+                        slices.and_then(UniformSlices::new).map(|u| -> Arc<dyn PrefillSlicing> { Arc::new(u) });
+                    let cfg = EngineConfig { micro_batches, prefill_slicing, ..cfg.clone() };
                     let mut engine =
                         LlmEngine::from_parts(model, Some(files.tokenizer), files.eos_token_ids, cfg).unwrap();
                     assert_eq!(ids(&engine.generate(&prompts, &params).unwrap()), expected, "{what}");
@@ -205,6 +214,43 @@ fn bad_parallel_flags_are_errors() {
     assert!(err.contains("--engine paged"), "{err}");
     let err = cli(&["--engine", "paged", "--micro-batches", "0", "--pipeline-parallel-size", "2"]).unwrap_err();
     assert!(err.contains("micro_batches must be at least 1"), "{err}");
+}
+
+/// `--prefill-slices`: planned (`auto`, from the stages' profiles measured at start-up), uniform
+/// and no slices through two paged stages give one device's text; a bad value, an engine without
+/// sliced steps and a run of one stage are errors naming the flag and what to do.
+#[test]
+fn prefill_slices_run_through_stages_and_bad_ones_are_errors() {
+    let single = cli(&["--device", "flex"]).unwrap();
+    for slicing in ["uniform:3", "auto", "off"] {
+        let flags = [
+            "--engine",
+            "paged",
+            "--kv-cache-memory",
+            "blocks:64",
+            "--devices",
+            "flex,flex",
+            "--prefill-slices",
+            slicing,
+        ];
+        let out = cli(&flags).unwrap_or_else(|e| panic!("{slicing}: {e}"));
+        assert_eq!(text(&out), text(&single), "--prefill-slices {slicing}");
+    }
+    let unparsable = "unparsable --prefill-slices 'x': expected auto, uniform:N (N ≥ 1) or off";
+    let cases: [(&[&str], &str); 5] = [
+        (&["--engine", "paged", "--devices", "flex,flex", "--prefill-slices", "x"], unparsable),
+        (&["--engine", "paged", "--devices", "flex,flex", "--prefill-slices", "uniform:0"], "expected auto, uniform:N"),
+        (&["--devices", "flex,flex", "--prefill-slices", "auto"], "add --engine paged"),
+        (&["--engine", "paged", "--device", "flex", "--prefill-slices", "uniform:2"], "this run has one stage"),
+        (
+            &["--engine", "paged", "--pipeline-parallel-size", "1", "--prefill-slices", "auto"],
+            "--pipeline-parallel-size N",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let err = cli(flags).expect_err(&format!("{flags:?} must fail"));
+        assert!(err.contains(expected), "{flags:?}: {err}");
+    }
 }
 
 /// The real SmolLM2 GGUF (Q4_1 projections, Q8_0 tied embedding, kept as shipped) in three

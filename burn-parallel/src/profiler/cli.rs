@@ -65,8 +65,8 @@ enum GridChoice {
     Full,
 }
 
-/// Built-in model shapes, as HF `config.json` fields.
-fn synthetic(name: &str) -> Option<serde_json::Value> {
+/// Built-in model shapes (`smollm2-135m`, `opt-125m`, `gpt2`), as HF `config.json` fields.
+pub fn synthetic(name: &str) -> Option<serde_json::Value> {
     let config = match name.strip_prefix("synthetic:").unwrap_or(name) {
         "smollm2-135m" => serde_json::json!({
             "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,

@@ -1,0 +1,134 @@
+//! `cargo run --release -p burn-parallel --example sliced_prefill -- [--layers N] [--prompt N]
+//! [--stages K] [--threads T] [--uniform N,…] [--repeats R]`: measures TeraPipe's token slicing
+//! through `K` pipeline stages on the host CPU (Flex), each stage on a thread of its own with `T`
+//! rayon threads, on a model of SmolLM2-135M's shape with `N` layers of random weights. For one
+//! prompt it prints (JSON lines) the wall time to the first token's logits of: one unsliced pass;
+//! uniform slicings; the planner's slicing (`--prefill-slices auto`, from the stages' measured
+//! profiles), each with its prediction `Σ t_i + (K−1)·max t_i`; and the same slices run in turn
+//! on one thread (no overlap), which isolates what the threads bring.
+
+use std::time::Instant;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_llm_models::language_model::forward_micro_batches_in_turn;
+use burn_llm_models::{DecoderSpec, LanguageModel, PrefillSlicing, RandomWeights, StepInput, UniformSlices};
+use burn_paged::cache::{PagedKvCache, PagedStep};
+use burn_parallel::pipeline::slicing::{measure_stage_costs, slicing_grid};
+use burn_parallel::pipeline::{PipelineLm, PipelinePlan, PlannedSlices, StageLayout};
+use burn_parallel::profiler::cli::synthetic;
+use clap::Parser;
+
+const BLOCK: usize = 16;
+
+#[derive(Parser)]
+struct Args {
+    /// Decoder layers (SmolLM2-135M has 30).
+    #[arg(long, default_value_t = 30)]
+    layers: usize,
+    /// Prompt tokens.
+    #[arg(long, default_value_t = 2048)]
+    prompt: usize,
+    /// Pipeline stages (an even split).
+    #[arg(long, default_value_t = 2)]
+    stages: usize,
+    /// Rayon threads per stage.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Uniform slice counts to time.
+    #[arg(long, value_delimiter = ',', default_value = "4,8")]
+    uniform: Vec<usize>,
+    /// Timed runs per slicing (the fastest is kept).
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
+}
+
+/// One sequence's prompt cut into `slices`, as micro-batches over an identity block table.
+fn lay_out(device: &Device, len: usize, slices: &[usize]) -> (Vec<PagedStep>, Vec<StepInput>) {
+    let blocks = len.div_ceil(BLOCK) as u32;
+    let mut at = 0;
+    slices
+        .iter()
+        .map(|&n| {
+            let positions: Vec<i64> = (at..at + n).map(|p| p as i64).collect();
+            let ids: Vec<i64> = positions.iter().map(|p| 1 + p % 1000).collect();
+            at += n;
+            let step = PagedStep {
+                slots: positions.iter().map(|&p| p as u32).collect(),
+                block_tables: (0..blocks).collect(),
+                max_blocks: blocks as usize,
+                query_seq: vec![0; n],
+                context_lens: positions.iter().map(|&p| p as u32 + 1).collect(),
+            };
+            let input = StepInput {
+                tokens: Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device),
+                positions: Tensor::<2, Int>::from_data(TensorData::new(positions, [1, n]), device),
+                max_position: at - 1,
+                last: vec![Some(n - 1)],
+            };
+            (step, input)
+        })
+        .unzip()
+}
+
+/// Milliseconds to the last token's logits with `slices`, the fastest of `repeats` runs.
+fn time_ms(model: &PipelineLm, len: usize, slices: &[usize], threaded: bool, repeats: usize) -> Result<f64, String> {
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats.max(1) {
+        let mut cache = PagedKvCache::placed(model.kv_layout(), BLOCK, len.div_ceil(BLOCK), 0, model.kv_devices())
+            .map_err(|e| e.to_string())?;
+        let (steps, inputs) = lay_out(&model.device(), len, slices);
+        cache.begin_micro_batches(&steps).map_err(|e| e.to_string())?;
+        let start = Instant::now();
+        let states = match threaded {
+            true => model.forward_micro_batches(&inputs, &mut cache),
+            false => forward_micro_batches_in_turn(model, &inputs, &mut cache),
+        }
+        .map_err(|e| e.to_string())?;
+        let last = states.last().ok_or("no slices")?.clone();
+        let logits = model.last_logits(last, &inputs[inputs.len() - 1].last);
+        logits.argmax(1).into_data();
+        best = best.min(start.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(best)
+}
+
+fn main() -> Result<(), String> {
+    let args = Args::parse();
+    let config = synthetic("smollm2-135m").ok_or("no smollm2 shape")?;
+    let mut spec =
+        DecoderSpec::from_json(&config.to_string(), "synthetic:smollm2-135m".as_ref()).map_err(|e| e.to_string())?;
+    spec.num_layers = args.layers;
+    let layout = StageLayout::even(spec.num_layers, args.stages).map_err(|e| e.to_string())?;
+    let plan = PipelinePlan::new(layout, 1, vec![Device::flex(); args.stages]).map_err(|e| e.to_string())?;
+    let costs = measure_stage_costs(&spec, &plan, &slicing_grid(), Some(args.threads)).map_err(|e| e.to_string())?;
+    let planner = PlannedSlices::new(costs).map_err(|e| e.to_string())?;
+    let model = PipelineLm::from_checkpoint(spec, &RandomWeights::default(), &plan, None)
+        .map_err(|e| e.to_string())?
+        .with_stage_threads(args.threads);
+    let len = args.prompt;
+    let mut runs: Vec<(String, Vec<usize>)> = vec![("unsliced".into(), vec![len])];
+    for &n in &args.uniform {
+        let uniform = UniformSlices::new(n).ok_or("--uniform counts must be at least 1")?;
+        runs.push((format!("uniform:{n}"), uniform.slices(len, 0)));
+    }
+    runs.push(("auto".into(), planner.slices(len, 0)));
+    // Warm-up: allocators and pools.
+    time_ms(&model, len.min(256), &[len.min(256)], true, 1)?;
+    for (name, slices) in &runs {
+        let threaded = time_ms(&model, len, slices, true, args.repeats)?;
+        let in_turn = if slices.len() > 1 { Some(time_ms(&model, len, slices, false, args.repeats)?) } else { None };
+        let line = serde_json::json!({
+            "slicing": name,
+            "slices": slices,
+            "measured_ms": threaded,
+            "predicted_ms": planner.predicted_ms(slices, 0),
+            "in_turn_ms": in_turn,
+            "layers": args.layers,
+            "stages": args.stages,
+            "threads_per_stage": args.threads,
+            "prompt": len,
+        });
+        println!("{line}");
+    }
+    Ok(())
+}
