@@ -184,7 +184,8 @@ pub struct PagedSpec {
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
     /// Paged engine: tokens computed in one step, at most (default: the model's context length,
-    /// at least 2048); a longer prompt is refused.
+    /// at least 2048); a longer prompt is computed in chunks over several steps (refused with
+    /// `--no-chunked-prefill`).
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
     /// Paged engine: how to preempt when KV blocks run out: `auto` (default), `swap` or
@@ -194,6 +195,13 @@ pub struct PagedSpec {
     /// Paged engine: do not reuse the KV blocks of prompt prefixes seen before (vLLM's flag).
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
+    /// Paged engine: compute every prompt in one step (vLLM's chunked prefill off): a prompt
+    /// longer than `--max-num-batched-tokens` is then refused, and a long prompt's step delays
+    /// the running sequences' next tokens. By default a prompt that does not fit a step's token
+    /// budget is computed in chunks beside the decodes (under `--schedule fcfs` and the Orca
+    /// baselines; ExeGPT's and static batching's prefills are whole prompts either way).
+    #[arg(long)]
+    pub no_chunked_prefill: bool,
     /// Paged engine: `fcfs` (vLLM, the default) or `exegpt` (ExeGPT's RRA schedule: prefill a
     /// batch, then a fixed number of decode iterations without prefills, repeated), from `--plan`
     /// or planned at start-up with `--latency-bound-s` (`--profile-json` reuses a saved profile);
@@ -307,6 +315,7 @@ impl EngineSpec {
             max_num_batched_tokens: p.max_num_batched_tokens,
             preemption: p.preemption.unwrap_or(defaults.preemption),
             enable_prefix_caching: !p.no_enable_prefix_caching,
+            chunked_prefill: !p.no_chunked_prefill,
             micro_batches: self.parallel.micro_batches,
             ..defaults
         }
@@ -341,6 +350,7 @@ impl From<&EngineConfig> for PagedSpec {
             max_num_batched_tokens: config.max_num_batched_tokens,
             preemption: Some(config.preemption),
             no_enable_prefix_caching: !config.enable_prefix_caching,
+            no_chunked_prefill: !config.chunked_prefill,
             scheduling: Some(config.scheduling),
             ..Self::default()
         }

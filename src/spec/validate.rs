@@ -53,6 +53,7 @@ impl EngineSpec {
             ("--max-num-batched-tokens", p.max_num_batched_tokens.is_some()),
             ("--preemption", p.preemption.is_some()),
             ("--no-enable-prefix-caching", p.no_enable_prefix_caching),
+            ("--no-chunked-prefill", p.no_chunked_prefill),
             ("PagedSpec::scheduling", p.scheduling.is_some()),
             ("--schedule", p.schedule.is_some()),
             ("--plan", p.plan.is_some()),

@@ -34,7 +34,7 @@ fn ids(out: &GenerationOutput) -> Vec<Vec<u32>> {
     out.requests.iter().map(|r| r.generated_ids.clone()).collect()
 }
 
-fn pipeline(name: &str, devices: &[Device]) -> (PipelineLm, PretrainedFiles) {
+pub(crate) fn pipeline(name: &str, devices: &[Device]) -> (PipelineLm, PretrainedFiles) {
     let files = PretrainedFiles::open(&fixture(name)).unwrap();
     let plan = PipelinePlan::new(StageLayout::even(files.spec.num_layers, 2).unwrap(), 1, devices.to_vec()).unwrap();
     (PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &plan, None).unwrap(), files)

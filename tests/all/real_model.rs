@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use burn_llm::{Generator, Pretrained, Prompt, SamplingParams};
 
-fn smollm2() -> PathBuf {
+pub(crate) fn smollm2() -> PathBuf {
     let path = burn_llm::models::pypi::SMOLLM2_GGUF.cached_path();
     assert!(path.is_file(), "{} is missing: run `cargo xtask fetch-model smollm2` first", path.display());
     path

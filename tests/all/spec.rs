@@ -44,6 +44,8 @@ fn each_engine_refuses_the_flags_of_the_others() {
     refused(&["--max-num-batched-tokens", "64"], "--max-num-batched-tokens");
     refused(&["--preemption", "swap"], "--preemption");
     refused(&["--no-enable-prefix-caching"], "--no-enable-prefix-caching");
+    refused(&["--no-chunked-prefill"], "--no-chunked-prefill");
+    refused(&["--engine", "offload", "--no-chunked-prefill"], "--no-chunked-prefill");
     refused(&["--schedule", "orca-max"], "--schedule");
     refused(&["--engine", "offload", "--block-size", "32"], "--block-size");
     refused(&["--engine", "paged", "--gpu-mem", "1GiB"], "--gpu-mem");
