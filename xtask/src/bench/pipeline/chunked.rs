@@ -104,13 +104,16 @@ pub struct ChunkedResult {
 }
 
 /// Runs the workload without and with chunked prefill on the local flex device.
-pub fn run(model: &Path, vocab: usize, load: &MixedLoad, seed: u64) -> Result<ChunkedResult, Box<dyn std::error::Error>> {
+pub fn run(
+    model: &Path,
+    vocab: usize,
+    load: &MixedLoad,
+    seed: u64,
+) -> Result<ChunkedResult, Box<dyn std::error::Error>> {
     let requests = load.requests(vocab, seed);
     let unchunked_budget = load.long_max + load.decoders + load.long_prompts;
     let mut rows = Vec::new();
-    for (label, chunked, budget) in
-        [("unchunked", false, unchunked_budget), ("chunked", true, load.chunk_tokens)]
-    {
+    for (label, chunked, budget) in [("unchunked", false, unchunked_budget), ("chunked", true, load.chunk_tokens)] {
         let spec = EngineSpec {
             engine: Some(EngineKind::Paged),
             device: Some(DeviceChoice::Flex),

@@ -31,8 +31,8 @@ mod workers;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
-use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::models::PretrainedFiles;
+use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::parallel::plan::profile::Profile;
 
 use chunked::MixedLoad;
@@ -262,13 +262,14 @@ fn remote_parts(
     let grid = profiles::grid(longest);
     let cache = args.out.join(".profiles");
     let mut profiled: Vec<(String, Profile)> = Vec::new();
-    let mut profile = |((name, device), threads): &((String, Device), usize)| -> Result<(), Box<dyn std::error::Error>> {
-        if !profiled.iter().any(|(n, _)| n == name) {
-            let p = profiles::profile_device(&files, &model_name, (name, device), *threads, &grid, &cache)?;
-            profiled.push((name.clone(), p));
-        }
-        Ok(())
-    };
+    let mut profile =
+        |((name, device), threads): &((String, Device), usize)| -> Result<(), Box<dyn std::error::Error>> {
+            if !profiled.iter().any(|(n, _)| n == name) {
+                let p = profiles::profile_device(&files, &model_name, (name, device), *threads, &grid, &cache)?;
+                profiled.push((name.clone(), p));
+            }
+            Ok(())
+        };
     let (stages_part, ttft_part) = (args.parts.contains(&Part::Stages), args.parts.contains(&Part::Ttft));
     for (device, wanted) in [(&flex, stages_part), (&one, true), (&two, ttft_part)] {
         if wanted {
@@ -285,10 +286,12 @@ fn remote_parts(
     }
     if ttft_part {
         let costs = profiles::pipeline(&files.spec, &[one.0.clone(), two.0.clone()], &profiled)?;
+        let devices = [one.0.1.clone(), two.0.1.clone()];
         results.ttft = Some(ttft::run(
             model,
             vocab,
             &costs,
+            &devices,
             token,
             &settings.prompt_lens,
             args.uniform_slices,

@@ -67,11 +67,7 @@ pub fn targets(results: &Results) -> Vec<Target> {
     if let Some(t) = &results.ttft {
         let longest = t.points.iter().map(|p| p.prompt_len).max().unwrap_or(0);
         let ratio = t.planner_over_unsliced_longest;
-        push(
-            format!("(b) planner slices ≤ 0.7 × unsliced at {longest} tokens"),
-            format!("{ratio:.2}×"),
-            ratio <= 0.7,
-        );
+        push(format!("(b) planner slices ≤ 0.7 × unsliced at {longest} tokens"), format!("{ratio:.2}×"), ratio <= 0.7);
         for p in t.points.iter().filter(|p| p.prompt_len == longest) {
             push(
                 format!("(b) {} within 20% of predicted at {longest} tokens", p.slicing),
@@ -81,7 +77,11 @@ pub fn targets(results: &Results) -> Vec<Target> {
         }
     }
     if let Some(c) = &results.chunked {
-        push("(c) chunked p99 inter-token latency ≤ 0.5 × unchunked".into(), format!("{:.2}×", c.p99_ratio), c.p99_ratio <= 0.5);
+        push(
+            "(c) chunked p99 inter-token latency ≤ 0.5 × unchunked".into(),
+            format!("{:.2}×", c.p99_ratio),
+            c.p99_ratio <= 0.5,
+        );
         push(
             "(c) chunked throughput within 10% of unchunked".into(),
             format!("{:.2}×", c.throughput_ratio),
@@ -174,10 +174,21 @@ fn ttft_md(t: &TtftResult, out: &Path) -> String {
         t.devices.join(", ")
     );
     md.push_str(&table(
-        &[("slicing", Left), ("prompt tokens", Right), ("slices", Left), ("predicted ms", Right), ("measured ms", Right), ("error", Right)],
+        &[
+            ("slicing", Left),
+            ("prompt tokens", Right),
+            ("slices", Left),
+            ("predicted ms", Right),
+            ("measured ms", Right),
+            ("error", Right),
+        ],
         t.points.iter().map(|p| {
             let slices = if p.slices.len() > 8 {
-                format!("{} slices ({}…)", p.slices.len(), p.slices[..4].iter().map(usize::to_string).collect::<Vec<_>>().join(","))
+                format!(
+                    "{} slices ({}…)",
+                    p.slices.len(),
+                    p.slices[..4].iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+                )
             } else {
                 p.slices.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
             };
@@ -208,7 +219,10 @@ fn ttft_md(t: &TtftResult, out: &Path) -> String {
         Panel { title: "predicted".into(), series: series(true) },
     ];
     let axes = Axes { x: "prompt tokens", y: "time to first token (s)", log_x: false };
-    md.push_str(&chart(plot::line_png(&out.join("pipeline-ttft.png"), &panels, &axes), "time to first token against prompt length"));
+    md.push_str(&chart(
+        plot::line_png(&out.join("pipeline-ttft.png"), &panels, &axes),
+        "time to first token against prompt length",
+    ));
     md
 }
 
@@ -216,7 +230,16 @@ fn chunked_md(c: &ChunkedResult, out: &Path) -> String {
     let w = &c.workload;
     let mut md = format!(
         "\n## (c) Chunked prefill on one device under mixed load\n\n- device: flex (this process, every core)\n- {} sequences ({}-token prompts) decode {} tokens each; {} prompts of {}–{} tokens arrive from step {}, one every {} steps, each generating {} tokens\n- chunked: `--max-num-batched-tokens {}` (decodes first, then prompt chunks up to the budget); unchunked: `--no-chunked-prefill` with a budget that holds the longest prompt next to the decodes\n- inter-token latency: every gap between consecutive tokens of a sequence; throughput: prompt + output tokens over the run's wall time\n\n",
-        w.decoders, w.decoder_prompt, w.decoder_output, w.long_prompts, w.long_min, w.long_max, w.first_arrival_step, w.gap, w.long_output, w.chunk_tokens
+        w.decoders,
+        w.decoder_prompt,
+        w.decoder_output,
+        w.long_prompts,
+        w.long_min,
+        w.long_max,
+        w.first_arrival_step,
+        w.gap,
+        w.long_output,
+        w.chunk_tokens
     );
     md.push_str(&table(
         &[
@@ -251,7 +274,10 @@ fn chunked_md(c: &ChunkedResult, out: &Path) -> String {
     let series = c.rows.iter().map(|r| (r.config.clone(), cdf(&r.itl_ms))).collect();
     let panels = [Panel { title: "inter-token latency (CDF)".into(), series }];
     let axes = Axes { x: "inter-token latency (ms)", y: "fraction of gaps ≤ x", log_x: true };
-    md.push_str(&chart(plot::line_png(&out.join("pipeline-itl.png"), &panels, &axes), "inter-token latency distribution"));
+    md.push_str(&chart(
+        plot::line_png(&out.join("pipeline-itl.png"), &panels, &axes),
+        "inter-token latency distribution",
+    ));
     md
 }
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use burn_llm::models::{Prompt, SamplingParams};
 use burn_llm::paged::KvCacheMemory;
-use burn_llm::spec::{PagedSpec, ParallelSpec};
+use burn_llm::spec::{PagedSpec, ParallelSpec, PrefillSlices};
 use burn_llm::{Engine, EngineKind, EngineSpec, Purpose};
 use rand::SeedableRng;
 use serde::Serialize;
@@ -106,7 +106,7 @@ pub fn run(
                 devices: Some(names.clone()),
                 stage_layers,
                 micro_batches: Some(w.batch),
-                prefill_slices: Some("off".into()),
+                prefill_slices: Some(PrefillSlices::Off),
                 ..ParallelSpec::default()
             },
             ..EngineSpec::default()

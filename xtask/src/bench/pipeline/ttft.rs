@@ -2,11 +2,15 @@
 //! workers), prefilled in the `slices` planner's token slices (`--prefill-slices auto`), in `N`
 //! uniform slices, and unsliced; each against TeraPipe's prediction for the slices it used.
 
+use std::ops::Range;
 use std::path::Path;
 
-use burn_llm::models::{PrefillSlicing, UniformSlices};
+use burn::tensor::Device;
+use burn_llm::models::{PrefillSlicing, PretrainedFiles, UniformSlices};
 use burn_llm::paged::KvCacheMemory;
-use burn_llm::spec::{PagedSpec, ParallelSpec};
+use burn_llm::parallel::pipeline::slicing::{measure_stage_costs, slicing_grid};
+use burn_llm::parallel::pipeline::{PipelinePlan, PlannedSlices, StageLayout};
+use burn_llm::spec::{PagedSpec, ParallelSpec, PrefillSlices};
 use burn_llm::{EngineKind, EngineSpec, Purpose};
 use rand::SeedableRng;
 use serde::Serialize;
@@ -15,34 +19,12 @@ use super::drive;
 use super::predict::{self, DeviceCost, Versus};
 use super::stages::{first_token_ms, ranges};
 
-/// How a run cuts the prompt.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub enum Slicing {
-    /// The `slices` planner's choice.
-    Planner,
-    /// `N` equal slices.
-    Uniform(usize),
-    /// One pass.
-    Unsliced,
-}
-
-impl Slicing {
-    /// `--prefill-slices`.
-    fn flag(self) -> String {
-        match self {
-            Slicing::Planner => "auto".into(),
-            Slicing::Uniform(n) => format!("uniform:{n}"),
-            Slicing::Unsliced => "off".into(),
-        }
-    }
-
-    /// The name in the report.
-    pub fn label(self) -> String {
-        match self {
-            Slicing::Planner => "planner slices".into(),
-            Slicing::Uniform(n) => format!("uniform ×{n}"),
-            Slicing::Unsliced => "unsliced".into(),
-        }
+/// The name of a slicing in the report.
+fn label(slicing: PrefillSlices) -> String {
+    match slicing {
+        PrefillSlices::Auto => "planner slices".into(),
+        PrefillSlices::Uniform(n) => format!("uniform ×{n}"),
+        PrefillSlices::Off => "unsliced".into(),
     }
 }
 
@@ -51,8 +33,8 @@ impl Slicing {
 pub struct TtftPoint {
     pub slicing: String,
     pub prompt_len: usize,
-    /// The slices predicted for (the planner's: as planned from the benchmark's profiles of the
-    /// stages' devices; the engine plans from its own measurement of the same devices).
+    /// The slices used (the planner's: planned again here as the engine plans them, from the
+    /// same measurement of the stages' devices, so they match the engine's up to timing noise).
     pub slices: Vec<usize>,
     /// Time to first token: TeraPipe's `Σ t_i + (K − 1)·max t_i` against the median measured.
     pub ttft: Versus,
@@ -75,6 +57,7 @@ pub fn run(
     model: &Path,
     vocab: usize,
     costs: &[DeviceCost],
+    devices: &[Device],
     token: &str,
     prompt_lens: &[usize],
     uniform: usize,
@@ -84,7 +67,8 @@ pub fn run(
     let longest = prompt_lens.iter().copied().max().unwrap_or(1);
     let mut points = Vec::new();
     let mut layout = Vec::new();
-    for slicing in [Slicing::Planner, Slicing::Uniform(uniform), Slicing::Unsliced] {
+    let mut engine_planner = None;
+    for slicing in [PrefillSlices::Auto, PrefillSlices::Uniform(uniform), PrefillSlices::Off] {
         let spec = EngineSpec {
             engine: Some(EngineKind::Paged),
             worker_token: Some(token.to_string()),
@@ -98,7 +82,7 @@ pub fn run(
             },
             parallel: ParallelSpec {
                 devices: Some(names.clone()),
-                prefill_slices: Some(slicing.flag()),
+                prefill_slices: Some(slicing),
                 ..ParallelSpec::default()
             },
             ..EngineSpec::default()
@@ -107,6 +91,9 @@ pub fn run(
         let placement = engine.placement().unwrap_or_default();
         layout = predict::layout_of(&placement).ok_or_else(|| format!("no stages in `{placement}`"))?;
         let planner = predict::slicing(costs, &layout)?;
+        if matches!(slicing, PrefillSlices::Auto) {
+            engine_planner = Some(engine_slicing(model, &layout, devices)?);
+        }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
         first_token_ms(engine.as_mut(), drive::random_prompt(64, vocab, &mut rng))?; // warm-up
         for &len in prompt_lens {
@@ -114,13 +101,15 @@ pub fn run(
                 .map(|_| first_token_ms(engine.as_mut(), drive::random_prompt(len, vocab, &mut rng)))
                 .collect::<Result<Vec<_>, _>>()?;
             let slices = match slicing {
-                Slicing::Planner => planner.plan(len, 0).slices,
-                Slicing::Uniform(n) => UniformSlices::new(n).map(|u| u.slices(len, 0)).unwrap_or_else(|| vec![len]),
-                Slicing::Unsliced => vec![len],
+                PrefillSlices::Auto => engine_planner.as_ref().map_or_else(|| vec![len], |p| p.plan(len, 0).slices),
+                PrefillSlices::Uniform(n) => {
+                    UniformSlices::new(n).map(|u| u.slices(len, 0)).unwrap_or_else(|| vec![len])
+                }
+                PrefillSlices::Off => vec![len],
             };
             let predicted = planner.predicted_ms(&slices, 0);
             let point = TtftPoint {
-                slicing: slicing.label(),
+                slicing: label(slicing),
                 prompt_len: len,
                 ttft: Versus::new(predicted, drive::median(&measured_ms)),
                 slices,
@@ -136,12 +125,24 @@ pub fn run(
             points.push(point);
         }
     }
-    let at = |label: &str| {
-        points.iter().find(|p| p.slicing == label && p.prompt_len == longest).map(|p| p.ttft.measured_ms)
-    };
-    let ratio = match (at(&Slicing::Planner.label()), at(&Slicing::Unsliced.label())) {
+    let at =
+        |label: &str| points.iter().find(|p| p.slicing == label && p.prompt_len == longest).map(|p| p.ttft.measured_ms);
+    let ratio = match (at(&label(PrefillSlices::Auto)), at(&label(PrefillSlices::Off))) {
         (Some(p), Some(u)) => p / u,
         _ => f64::NAN,
     };
     Ok(TtftResult { devices: names, stage_layers: ranges(&layout), points, planner_over_unsliced_longest: ratio })
+}
+
+/// The slicing planner as `--prefill-slices auto` builds it at start-up: each stage's device
+/// profiled by `measure_stage_costs` over its grid (hand-overs taken as free).
+fn engine_slicing(
+    model: &Path,
+    layout: &[Range<usize>],
+    devices: &[Device],
+) -> Result<PlannedSlices, Box<dyn std::error::Error>> {
+    let spec = PretrainedFiles::open(model)?.spec;
+    let stages = StageLayout::parse(&ranges(layout).join(","), spec.num_layers)?;
+    let plan = PipelinePlan::new(stages, 1, devices.to_vec())?;
+    Ok(PlannedSlices::new(measure_stage_costs(&spec, &plan, &slicing_grid(), None)?)?)
 }

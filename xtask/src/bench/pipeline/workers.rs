@@ -19,7 +19,9 @@ const READY_PREFIX: &str = "worker ready on ";
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerStartError {
     /// The worker binary is not where the build put it and could not be built.
-    #[error("cannot build the worker example ({0}); build it with `cargo build --example worker` and pass its path with --worker-bin")]
+    #[error(
+        "cannot build the worker example ({0}); build it with `cargo build --example worker` and pass its path with --worker-bin"
+    )]
     Build(String),
     /// The process could not be started.
     #[error("cannot start the worker {path}: {reason}")]
@@ -101,7 +103,8 @@ impl Drop for Workers {
 /// Starts one worker and reads its address from its ready line.
 fn start_one(binary: &Path, threads: usize, token: &str, log: &Path) -> Result<Worker, WorkerStartError> {
     let spawn_error = |reason: String| WorkerStartError::Spawn { path: binary.display().to_string(), reason };
-    let stderr = std::fs::File::create(log).map_err(|e| spawn_error(format!("cannot create {}: {e}", log.display())))?;
+    let stderr =
+        std::fs::File::create(log).map_err(|e| spawn_error(format!("cannot create {}: {e}", log.display())))?;
     let mut child = Command::new(binary)
         .args(["--listen", "127.0.0.1:0", "--device", "flex", "--threads", &threads.to_string(), "--token", token])
         .stdin(Stdio::null())
@@ -161,9 +164,17 @@ fn build_worker() -> Result<PathBuf, WorkerStartError> {
     let status = child.wait().map_err(|e| WorkerStartError::Build(e.to_string()))?;
     let binary = match binary {
         Some(path) if status.success() => path,
-        _ => return Err(WorkerStartError::Build(format!("cargo build ended with {status} and named no worker executable"))),
+        _ => {
+            return Err(WorkerStartError::Build(format!(
+                "cargo build ended with {status} and named no worker executable"
+            )));
+        }
     };
-    let copy = std::env::temp_dir().join(format!("burn-llm-bench-worker-{}{}", std::process::id(), std::env::consts::EXE_SUFFIX));
+    let copy = std::env::temp_dir().join(format!(
+        "burn-llm-bench-worker-{}{}",
+        std::process::id(),
+        std::env::consts::EXE_SUFFIX
+    ));
     std::fs::copy(&binary, &copy).map_err(|e| WorkerStartError::Build(format!("copying {}: {e}", binary.display())))?;
     Ok(copy)
 }
