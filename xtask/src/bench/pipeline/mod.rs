@@ -240,7 +240,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Parts (a) and (b), over the local flex device and the two one-thread `workers`: each device
-/// profiled once (cached under the output directory), then each part run.
+/// profiled once (cached in the temporary directory; a worker's cache entry is named by its
+/// address, which changes every run), then each part run.
 fn remote_parts(
     args: &Args,
     settings: &Settings,
@@ -260,7 +261,7 @@ fn remote_parts(
     let (one, two) = ((connect(w1)?, w1.threads), (connect(w2)?, w2.threads));
     let longest = settings.prompt_lens.iter().copied().max().unwrap_or(1).max(settings.stages.long_prompt);
     let grid = profiles::grid(longest);
-    let cache = args.out.join(".profiles");
+    let cache = std::env::temp_dir().join("burn-llm-bench-profiles");
     let mut profiled: Vec<(String, Profile)> = Vec::new();
     let mut profile =
         |((name, device), threads): &((String, Device), usize)| -> Result<(), Box<dyn std::error::Error>> {
@@ -293,9 +294,11 @@ fn remote_parts(
             &costs,
             &devices,
             token,
-            &settings.prompt_lens,
-            args.uniform_slices,
-            settings.repeats,
+            &ttft::TtftWorkload {
+                prompt_lens: settings.prompt_lens.clone(),
+                uniform: args.uniform_slices,
+                repeats: settings.repeats,
+            },
         )?);
     }
     Ok(())
@@ -324,8 +327,7 @@ mod tests {
 
     #[test]
     fn defaults_are_the_issue_workload_and_quick_is_small() {
-        let full = parse(&[]).and_then(|a| Ok(a.settings())).ok().and_then(Result::ok);
-        let full = full.expect("defaults parse");
+        let full = parse(&[]).ok().map(|a| a.settings()).and_then(Result::ok).expect("defaults parse");
         assert_eq!(full.prompt_lens, [256, 1024, 2048]);
         assert_eq!((full.load.decoders, full.load.long_min, full.load.long_max), (16, 1024, 2048));
         assert_eq!(full.load.chunk_tokens, 512);

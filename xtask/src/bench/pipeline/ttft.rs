@@ -28,6 +28,17 @@ fn label(slicing: PrefillSlices) -> String {
     }
 }
 
+/// Part (b)'s settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct TtftWorkload {
+    /// Prompt lengths.
+    pub prompt_lens: Vec<usize>,
+    /// Slices of the uniform baseline.
+    pub uniform: usize,
+    /// Runs per point (the median is kept).
+    pub repeats: usize,
+}
+
 /// One (slicing, prompt length) point.
 #[derive(Debug, Clone, Serialize)]
 pub struct TtftPoint {
@@ -45,6 +56,7 @@ pub struct TtftPoint {
 /// Part (b)'s result.
 #[derive(Debug, Clone, Serialize)]
 pub struct TtftResult {
+    pub workload: TtftWorkload,
     pub devices: Vec<String>,
     pub stage_layers: Vec<String>,
     pub points: Vec<TtftPoint>,
@@ -59,10 +71,10 @@ pub fn run(
     costs: &[DeviceCost],
     devices: &[Device],
     token: &str,
-    prompt_lens: &[usize],
-    uniform: usize,
-    repeats: usize,
+    workload: &TtftWorkload,
 ) -> Result<TtftResult, Box<dyn std::error::Error>> {
+    let TtftWorkload { prompt_lens, uniform, repeats } = workload;
+    let (uniform, repeats) = (*uniform, *repeats);
     let names: Vec<String> = costs.iter().map(|c| c.name.clone()).collect();
     let longest = prompt_lens.iter().copied().max().unwrap_or(1);
     let mut points = Vec::new();
@@ -131,7 +143,13 @@ pub fn run(
         (Some(p), Some(u)) => p / u,
         _ => f64::NAN,
     };
-    Ok(TtftResult { devices: names, stage_layers: ranges(&layout), points, planner_over_unsliced_longest: ratio })
+    Ok(TtftResult {
+        workload: workload.clone(),
+        devices: names,
+        stage_layers: ranges(&layout),
+        points,
+        planner_over_unsliced_longest: ratio,
+    })
 }
 
 /// The slicing planner as `--prefill-slices auto` builds it at start-up: each stage's device
