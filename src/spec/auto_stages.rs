@@ -21,7 +21,7 @@ use burn_parallel::pipeline::{
 use burn_parallel::profiler::{self, DeviceProfile, ProfileGrid, ProfileIdentity, ProfileWeights};
 
 use super::EngineSpec;
-use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, parse_device};
+use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, TensorParallelSize, parse_device};
 use crate::device::{WorkerAddress, WorkerError};
 
 /// The `--stage-layers` value that asks for planned stages.
@@ -103,11 +103,111 @@ pub(super) fn plan_auto(
         kv_tokens: files.spec.max_positions,
         handover: Handover::of(&files.spec),
     };
-    let plan = PipelinePlan::auto(&auto, devices)?;
+    let mut candidates = Vec::new();
+    if spec.parallel.tensor_parallel_size == Some(TensorParallelSize::Auto) {
+        for degree in (2..=devices.len()).filter(|d| devices.len() % d == 0) {
+            let hidden = files.spec.hidden_size;
+            if let Some(grouped) = grouped(spec, (dir, hidden), &auto, &entries, &devices, degree, log)? {
+                candidates.push((degree, grouped));
+            }
+        }
+    }
+    candidates.insert(0, (1, auto));
+    let (degree, auto) = fastest(candidates, log)?;
+    let plan = PipelinePlan::auto(&auto, degree, devices, entries.names)?;
     if let Some(prediction) = plan.prediction() {
         let _ = writeln!(log, "{}", prediction.summary());
     }
     Ok(plan)
+}
+
+/// The candidate (tensor-parallel degree, stages) whose plan has the least bottleneck (the
+/// smaller degree on a tie), or the first candidate's error when none can be planned.
+fn fastest(candidates: Vec<(usize, AutoStages)>, log: &mut dyn Write) -> Result<(usize, AutoStages), AutoStagesError> {
+    let several = candidates.len() > 1;
+    let (mut best, mut first_error): (Option<(usize, f64, AutoStages)>, Option<PipelineError>) = (None, None);
+    for (degree, auto) in candidates {
+        match auto.plan() {
+            Ok(prediction) => {
+                if several {
+                    let ms = prediction.bottleneck_ms;
+                    let _ = writeln!(log, "tensor-parallel degree {degree}: bottleneck {ms:.2} ms per request");
+                }
+                if best.as_ref().is_none_or(|b| prediction.bottleneck_ms < b.1) {
+                    best = Some((degree, prediction.bottleneck_ms, auto));
+                }
+            }
+            Err(e) => {
+                if several {
+                    let _ = writeln!(log, "tensor-parallel degree {degree}: {e}");
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match (best, first_error) {
+        (Some((degree, _, auto)), _) => {
+            if several {
+                let _ = writeln!(log, "tensor-parallel degree {degree} chosen (one degree for every stage)");
+            }
+            Ok((degree, auto))
+        }
+        (None, Some(e)) => Err(e.into()),
+        (None, None) => Err(PipelineError::Zero("the number of --devices entries").into()),
+    }
+}
+
+/// `single` (one device per stage) regrouped into stages of `degree` consecutive devices, each
+/// group's layer timed split over its devices (Alpa's intra-operator choice, one degree for
+/// every stage); `None` when the model's layers cannot be split by `degree`.
+fn grouped(
+    spec: &EngineSpec,
+    (dir, hidden): (&Path, usize),
+    single: &AutoStages,
+    entries: &Entries,
+    devices: &[Device],
+    degree: usize,
+    log: &mut dyn Write,
+) -> Result<Option<AutoStages>, AutoStagesError> {
+    let quant = weight_quant(spec)?;
+    let prompt = single.workload.prompt_tokens;
+    let timeout = worker_timeout(spec);
+    let mut groups = Vec::with_capacity(devices.len() / degree);
+    for (s, group) in devices.chunks(degree).enumerate() {
+        let names = entries.names[s * degree..(s + 1) * degree].join("+");
+        let (dir, group_devices, entry) = (dir.to_owned(), group.to_vec(), names.clone());
+        let times = watched(&names.replace('+', " → "), "being profiled", timeout, move || {
+            let files = PretrainedFiles::open(&dir)?;
+            let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+            let model = profiler::device::one_layer_model(&files.spec, weights, &group_devices[0])
+                .map_err(|source| AutoStagesError::Profile { entry, source })?;
+            Ok(profiler::tensor_parallel_times(&model, &group_devices, prompt, 3))
+        })?;
+        let times = match times {
+            Ok(times) => times,
+            Err(profiler::ProfileError::Grid(reason)) => {
+                let _ = writeln!(log, "tensor-parallel degree {degree} skipped: {reason}");
+                return Ok(None);
+            }
+            Err(source) => return Err(AutoStagesError::Profile { entry: names, source }),
+        };
+        let rank0 = &single.devices[s * degree];
+        let link_to_next = match devices.get((s + 1) * degree) {
+            Some(next) => {
+                let pair = [entries.names[s * degree].clone(), entries.names[(s + 1) * degree].clone()];
+                Some(measure(&pair, &group[0], next, hidden, timeout)?)
+            }
+            None => None,
+        };
+        let caps = &entries.caps[s * degree..(s + 1) * degree];
+        groups.push(AutoStageDevice {
+            name: names,
+            profile: profiler::group_profile(&rank0.profile, degree, prompt, times),
+            memory_bytes: caps.iter().copied().min().unwrap_or(u64::MAX),
+            link_to_next,
+        });
+    }
+    Ok(Some(AutoStages { devices: groups, ..single.clone() }))
 }
 
 /// The profile of the model at `dir` (opened as `files`) on `device`, the `--devices` entry
@@ -122,11 +222,7 @@ pub fn profile_stage_device(
     device: &Device,
     log: &mut dyn Write,
 ) -> Result<DeviceProfile, AutoStagesError> {
-    let quant = spec.weight_quant().map_err(|problem| AutoStagesError::Flag {
-        flag: "--quantize",
-        problem,
-        fix: "give a valid --group-size".into(),
-    })?;
+    let quant = weight_quant(spec)?;
     let dtype = format!(
         "f32 weights {}{}, {} matmul",
         weight_format(files),
@@ -152,6 +248,14 @@ pub fn profile_stage_device(
     Ok(profile)
 }
 
+fn weight_quant(spec: &EngineSpec) -> Result<Option<burn_llm_models::QuantSpec>, AutoStagesError> {
+    spec.weight_quant().map_err(|problem| AutoStagesError::Flag {
+        flag: "--quantize",
+        problem,
+        fix: "give a valid --group-size".into(),
+    })
+}
+
 fn worker_timeout(spec: &EngineSpec) -> Duration {
     Duration::from_secs_f64(spec.parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S))
 }
@@ -175,11 +279,12 @@ fn measure(
 /// `--devices` (or the default device once per stage) and each one's memory cap.
 fn entries(spec: &EngineSpec, default: &str) -> Result<Entries, AutoStagesError> {
     let parallel = &spec.parallel;
-    if parallel.tensor_parallel() != 1 {
+    if parallel.tensor_parallel_size.is_some_and(|t| t != TensorParallelSize::Auto && t != TensorParallelSize::Fixed(1))
+    {
         return Err(AutoStagesError::Flag {
             flag: "--stage-layers auto",
-            problem: "plans one device per stage, and --tensor-parallel-size is above 1".into(),
-            fix: "drop --tensor-parallel-size, or give the stages by hand with --stage-layers".into(),
+            problem: "chooses the tensor-parallel degree itself, and --tensor-parallel-size fixes one above 1".into(),
+            fix: "use --tensor-parallel-size auto or drop it, or give the stages by hand with --stage-layers".into(),
         });
     }
     let names: Vec<String> = match (&parallel.devices, parallel.pipeline_parallel_size) {

@@ -37,7 +37,7 @@ use burn_paged::{EngineConfig, KvCacheMemory, KvReservation, PreemptionMode, Sch
 use crate::device::DeviceChoice;
 
 pub use auto_stages::{AutoStagesError, profile_stage_device};
-pub use parallel::{ParallelSpec, PrefillSlices, parse_device};
+pub use parallel::{ParallelSpec, PrefillSlices, TensorParallelSize, parse_device};
 pub use validate::SpecError;
 
 /// Engines of `--engine`.

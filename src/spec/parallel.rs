@@ -35,9 +35,11 @@ pub struct ParallelSpec {
     #[arg(long)]
     pub pipeline_parallel_size: Option<usize>,
     /// Tensor-parallel ranks per stage: each layer of a stage split Megatron-style over this
-    /// many devices (default 1).
-    #[arg(long)]
-    pub tensor_parallel_size: Option<usize>,
+    /// many devices (default 1); `auto` with `--stage-layers auto`: the degree (one for every
+    /// stage) whose planned pipeline has the least bottleneck, each degree's layer timed on its
+    /// device groups.
+    #[arg(long, value_parser = parse_tensor_parallel_size)]
+    pub tensor_parallel_size: Option<TensorParallelSize>,
     /// Layers of each stage as inclusive ranges in layer order, e.g. `0-11,12-23` for 24
     /// layers, or `auto`: one stage per `--devices` entry, each device profiled for this model
     /// (cached) and the links between them measured, the split chosen by Alpa's inter-operator
@@ -99,6 +101,25 @@ impl std::str::FromStr for PrefillSlices {
     }
 }
 
+/// `--tensor-parallel-size`: a degree, or `auto` (planned with `--stage-layers auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorParallelSize {
+    /// This many ranks per stage.
+    Fixed(usize),
+    /// The degree the planner finds fastest.
+    Auto,
+}
+
+fn parse_tensor_parallel_size(text: &str) -> Result<TensorParallelSize, String> {
+    match text.trim() {
+        "auto" => Ok(TensorParallelSize::Auto),
+        n => n
+            .parse()
+            .map(TensorParallelSize::Fixed)
+            .map_err(|_| format!("`{text}`: give a number of ranks per stage, or `auto` with --stage-layers auto")),
+    }
+}
+
 /// `--worker-timeout-s`'s default.
 pub const DEFAULT_WORKER_TIMEOUT_S: f64 = 120.0;
 
@@ -107,7 +128,7 @@ impl ParallelSpec {
     pub fn is_set(&self) -> bool {
         self.devices.is_some()
             || self.pipeline_parallel_size.is_some()
-            || self.tensor_parallel_size.is_some_and(|t| t != 1)
+            || self.tensor_parallel_size.is_some_and(|t| t != TensorParallelSize::Fixed(1))
             || self.stage_layers.is_some()
             || self.micro_batches.is_some()
             || self.prefill_slices.is_some_and(|s| s != PrefillSlices::Off)
@@ -169,11 +190,12 @@ impl ParallelSpec {
         token: Option<&str>,
     ) -> Result<PipelinePlan, PipelineError> {
         let layout = match (&self.stage_layers, self.pipeline_parallel_size) {
-            (Some(_), _) if self.is_auto() => {
+            _ if self.is_auto() || self.tensor_parallel_size == Some(TensorParallelSize::Auto) => {
                 return Err(PipelineError::BadStageLayers {
-                    text: super::auto_stages::AUTO.into(),
-                    reason: "planned stages need the model's files and profiles: build the engine with \
-                             EngineSpec::init, or plan with PipelinePlan::auto"
+                    text: self.stage_layers.clone().unwrap_or_default(),
+                    reason: "planned stages (and --tensor-parallel-size auto, which needs --stage-layers auto) \
+                             need the model's files and profiles: build the engine with EngineSpec::init, or \
+                             plan with PipelinePlan::auto"
                         .into(),
                 });
             }
@@ -202,9 +224,12 @@ impl ParallelSpec {
         Ok(PipelinePlan::new(layout, tp, devices)?.with_names(names))
     }
 
-    /// Tensor-parallel ranks per stage (1 when not given).
+    /// Tensor-parallel ranks per stage (1 when not given, or `auto`: chosen by the planner).
     pub fn tensor_parallel(&self) -> usize {
-        self.tensor_parallel_size.unwrap_or(1)
+        match self.tensor_parallel_size {
+            Some(TensorParallelSize::Fixed(n)) => n,
+            _ => 1,
+        }
     }
 
     /// The remote entries of `--devices`, comma-separated (empty when all are local).

@@ -53,6 +53,31 @@ fn auto_stages_generate_what_one_device_does_and_report_the_plan() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--tensor-parallel-size auto` over four flex devices: the GPT-2 fixture's two layers cannot
+/// fill four one-device stages, so the planner picks a degree of 2 or 4 (timed on the groups),
+/// and the text is one device's.
+#[test]
+fn auto_tensor_parallel_degree_generates_what_one_device_does() {
+    let dir = profile_dir("tp");
+    let single = text(&cli(&["--device", "flex"]).unwrap());
+    let out = cli(&[
+        "--devices",
+        "flex,flex,flex,flex",
+        "--stage-layers",
+        "auto",
+        "--tensor-parallel-size",
+        "auto",
+        "--stage-profile-dir",
+        dir.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert_eq!(text(&out), single);
+    assert!(out.contains("tensor-parallel") && out.contains("auto stages"), "{out}");
+    let err = cli(&["--devices", "flex,flex", "--tensor-parallel-size", "auto"]).unwrap_err();
+    assert!(err.contains("--stage-layers auto"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn auto_stages_refuse_memory_that_cannot_hold_the_model() {
     let dir = profile_dir("caps");
@@ -84,7 +109,7 @@ fn auto_stages_flags_that_do_not_combine_are_errors() {
     assert!(err.contains("1 sizes for 2 devices"), "{err}");
     let err = cli(&["--devices", "flex,flex,flex,flex", "--stage-layers", "auto", "--tensor-parallel-size", "2"])
         .unwrap_err();
-    assert!(err.contains("--tensor-parallel-size"), "{err}");
+    assert!(err.contains("--tensor-parallel-size") && err.contains("auto"), "{err}");
 }
 
 #[cfg(feature = "remote")]
@@ -132,10 +157,46 @@ mod remote {
         spec.parallel.stage_profile_dir = Some(dir.clone());
         spec.parallel.worker_timeout_s = Some(20.0);
         let err = profile_stage_device(&spec, &model, &files, &worker.url, &device, &mut Vec::new())
-            .err()
-            .expect("profiling a dead worker must fail")
+            .expect_err("profiling a dead worker must fail")
             .to_string();
         assert!(err.contains(&worker.url) && err.contains("profiled"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// Runs the CLI on `model` with `extra` flags, greedy; stdout on success, the error otherwise.
+fn cli_on(model: &std::path::Path, extra: &[&str]) -> Result<String, String> {
+    use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
+    use clap::Parser;
+    const DEFAULTS: ExampleDefaults = ExampleDefaults {
+        name: "test_generate",
+        model: "HuggingFaceTB/SmolLM2-135M-Instruct",
+        engine: burn_llm::cli::EngineKind::Plain,
+        fallback: None,
+    };
+    let mut argv = vec!["x", "--model", model.to_str().unwrap(), "--prompt", "The capital of France is"];
+    argv.extend_from_slice(&["--max-new-tokens", "8", "--exact-matmul"]);
+    argv.extend_from_slice(extra);
+    let args = GenerateArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
+    let (mut out, mut log) = (Vec::new(), Vec::new());
+    run_with(&args, DEFAULTS, &mut out, &mut log).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8(out).unwrap())
+}
+
+/// SmolLM2 (30 layers, Q4_1 blocks) on planned stages over two flex devices, with
+/// `--exact-matmul`: the same greedy text as one device.
+#[test]
+fn smollm2_auto_stages_equal_one_device_with_exact_matmul() {
+    let model = burn_llm::models::pypi::SMOLLM2_GGUF.cached_path();
+    assert!(model.is_file(), "{} is missing: run `cargo xtask fetch-model smollm2` first", model.display());
+    let dir = profile_dir("smollm2");
+    let single = text(&cli_on(&model, &["--device", "flex"]).unwrap());
+    let out = cli_on(
+        &model,
+        &["--devices", "flex,flex", "--stage-layers", "auto", "--stage-profile-dir", dir.to_str().unwrap()],
+    )
+    .unwrap();
+    assert_eq!(text(&out), single);
+    assert!(out.contains("auto stages"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,13 +28,13 @@ impl PipelinePlan {
     }
 
     /// Stages planned from measured costs (`--stage-layers auto`, Alpa's inter-operator pass):
-    /// one stage per device of `auto`, on `devices` (in the same order), named as `auto` names
-    /// them. Errors before anything loads when a device cannot hold one layer or the caps
-    /// cannot hold the model.
-    pub fn auto(auto: &AutoStages, devices: Vec<Device>) -> Result<Self> {
+    /// one stage per entry of `auto` (a device, or a group of `tensor_parallel` devices whose
+    /// profile is the group's), on `devices` (`devices[s · tensor_parallel + r]`, as in
+    /// [`PipelinePlan::new`]), named `names`. Errors before anything loads when a device cannot
+    /// hold one layer or the caps cannot hold the model.
+    pub fn auto(auto: &AutoStages, tensor_parallel: usize, devices: Vec<Device>, names: Vec<String>) -> Result<Self> {
         let prediction = auto.plan()?;
-        let names = auto.devices.iter().map(|d| d.name.clone()).collect();
-        let plan = Self::new(prediction.layout()?, 1, devices)?.with_names(names);
+        let plan = Self::new(prediction.layout()?, tensor_parallel, devices)?.with_names(names);
         Ok(plan.with_prediction(prediction))
     }
 

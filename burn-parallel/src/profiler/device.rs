@@ -156,7 +156,7 @@ pub fn device_profile<S: TensorSource>(
 }
 
 /// `spec`'s model with only its first layer, on `device`.
-fn one_layer_model<S: TensorSource>(
+pub fn one_layer_model<S: TensorSource>(
     spec: &DecoderSpec,
     weights: ProfileWeights<'_, S>,
     device: &Device,

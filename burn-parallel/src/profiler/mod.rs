@@ -37,6 +37,7 @@ pub mod device;
 pub mod fit;
 pub mod link;
 mod measure;
+pub mod tensor;
 
 use burn::tensor::Device;
 use burn_llm_models::{CausalLm, DecoderSpec, ModelError};
@@ -47,6 +48,7 @@ use measure::{Bench, Progress};
 
 pub use device::{DeviceProfile, ProfileIdentity, ProfileSource, ProfileWeights, device_profile};
 pub use link::{LinkProfile, measure_link};
+pub use tensor::{TensorParallelTimes, group_profile, tensor_parallel_times};
 
 /// The points the profiler measures. Points a model cannot hold (more positions than it was
 /// trained for) are dropped before measuring.
@@ -320,7 +322,7 @@ pub fn profile_model(
     let grid = grid.fitted_to(spec.max_positions)?;
     let pairs = grid.context_pairs(spec.max_positions);
     let progress = Progress::new(grid.points(pairs.len()), progress);
-    let bench = Bench::new(&model, device, grid.warmup, grid.repeats, &progress);
+    let bench = Bench::new(model, device, grid.warmup, grid.repeats, &progress);
 
     // One untimed pass over the largest prefill first: allocators, thread pools and kernel
     // caches warm up before the first timed point.

@@ -89,6 +89,10 @@ fn slowed(profile: &Profile, factor: f64) -> Profile {
     slow
 }
 
+fn names() -> Vec<String> {
+    vec!["fast".into(), "slow".into()]
+}
+
 fn auto_stages(profile: &Profile, factor: f64, caps: [u64; 2], spec_name: &str) -> AutoStages {
     let spec = deeper(spec_name);
     let link = measure_link(&Device::flex(), &Device::flex(), spec.hidden_size, 8, 2).unwrap();
@@ -115,7 +119,7 @@ fn auto_stages_give_a_slower_device_fewer_layers_and_equal_outputs() {
     for name in ["llama", "gpt2"] {
         let profile = measure(name, &identity(name, "f32"), &dir).profile;
         let auto = auto_stages(&profile, 3.0, [u64::MAX, u64::MAX], name);
-        let plan = PipelinePlan::auto(&auto, vec![Device::flex(), Device::flex()]).unwrap();
+        let plan = PipelinePlan::auto(&auto, 1, vec![Device::flex(), Device::flex()], names()).unwrap();
         let stages = plan.layout().stages().to_vec();
         assert!(stages[0].len() > stages[1].len(), "{name}: {stages:?} for a device 3× slower");
         let prediction = plan.prediction().unwrap();
@@ -139,19 +143,16 @@ fn auto_stages_refuse_caps_that_cannot_hold_a_layer_or_the_model() {
     let layer = profile.weight_bytes_per_layer + 32 * profile.kv_bytes_per_token_per_layer;
     let head = profile.lm_head.weight_bytes;
     let devices = || vec![Device::flex(), Device::flex()];
+    let auto = |auto: &AutoStages| PipelinePlan::auto(auto, 1, devices(), names());
     // The slow device cannot hold one layer and the LM head.
-    let err = PipelinePlan::auto(&auto_stages(&profile, 1.0, [u64::MAX, layer + head - 1], "llama"), devices())
-        .unwrap_err()
-        .to_string();
+    let err = auto(&auto_stages(&profile, 1.0, [u64::MAX, layer + head - 1], "llama")).unwrap_err().to_string();
     assert!(err.contains("`slow`") && err.contains("--device-memory"), "{err}");
     // Each holds its smallest stage, but not the model together (four layers of the deeper spec).
     let embed = profile.embedding.weight_bytes;
-    let err = PipelinePlan::auto(&auto_stages(&profile, 1.0, [embed + layer, head + layer], "llama"), devices())
-        .unwrap_err()
-        .to_string();
+    let err = auto(&auto_stages(&profile, 1.0, [embed + layer, head + layer], "llama")).unwrap_err().to_string();
     assert!(err.contains("add up to"), "{err}");
     // A cap that forces the split: the fast device holds only its embeddings and one layer.
-    let plan = PipelinePlan::auto(&auto_stages(&profile, 1.0, [embed + layer, u64::MAX], "llama"), devices()).unwrap();
+    let plan = auto(&auto_stages(&profile, 1.0, [embed + layer, u64::MAX], "llama")).unwrap();
     assert_eq!(plan.layout().stages()[0].len(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
