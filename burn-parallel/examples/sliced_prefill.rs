@@ -5,7 +5,10 @@
 //! prompt it prints (JSON lines) the wall time to the first token's logits of: one unsliced pass;
 //! uniform slicings; the planner's slicing (`--prefill-slices auto`, from the stages' measured
 //! profiles), each with its prediction `Σ t_i + (K−1)·max t_i`; and the same slices run in turn
-//! on one thread (no overlap), which isolates what the threads bring.
+//! on one thread (no overlap), which isolates what the threads bring. `cpu_per_wall` is the
+//! process's CPU time over the wall time of the threaded run (Linux; about 1 when nothing runs
+//! at once, up to the stages' threads when they all compute together): on a machine whose cores
+//! other processes keep busy, it shows how much of the overlap the machine allowed.
 
 use std::time::Instant;
 
@@ -70,15 +73,31 @@ fn lay_out(device: &Device, len: usize, slices: &[usize]) -> (Vec<PagedStep>, Ve
         .unzip()
 }
 
-/// Milliseconds to the last token's logits with `slices`, the fastest of `repeats` runs.
-fn time_ms(model: &PipelineLm, len: usize, slices: &[usize], threaded: bool, repeats: usize) -> Result<f64, String> {
-    let mut best = f64::INFINITY;
+/// The process's user + system CPU time in milliseconds (Linux `/proc/self/stat`, 100 ticks per
+/// second), `None` where unreadable.
+fn cpu_ms() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks * 10.0)
+}
+
+/// Milliseconds to the last token's logits with `slices`, the fastest of `repeats` runs, and that
+/// run's CPU time over its wall time.
+fn time_ms(
+    model: &PipelineLm,
+    len: usize,
+    slices: &[usize],
+    threaded: bool,
+    repeats: usize,
+) -> Result<(f64, Option<f64>), String> {
+    let mut best = (f64::INFINITY, None);
     for _ in 0..repeats.max(1) {
         let mut cache = PagedKvCache::placed(model.kv_layout(), BLOCK, len.div_ceil(BLOCK), 0, model.kv_devices())
             .map_err(|e| e.to_string())?;
         let (steps, inputs) = lay_out(&model.device(), len, slices);
         cache.begin_micro_batches(&steps).map_err(|e| e.to_string())?;
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), cpu_ms());
         let states = match threaded {
             true => model.forward_micro_batches(&inputs, &mut cache),
             false => forward_micro_batches_in_turn(model, &inputs, &mut cache),
@@ -87,7 +106,10 @@ fn time_ms(model: &PipelineLm, len: usize, slices: &[usize], threaded: bool, rep
         let last = states.last().ok_or("no slices")?.clone();
         let logits = model.last_logits(last, &inputs[inputs.len() - 1].last);
         logits.argmax(1).into_data();
-        best = best.min(start.elapsed().as_secs_f64() * 1e3);
+        let wall = start.elapsed().as_secs_f64() * 1e3;
+        if wall < best.0 {
+            best = (wall, cpu.zip(cpu_ms()).map(|(a, b)| (b - a) / wall));
+        }
     }
     Ok(best)
 }
@@ -115,14 +137,18 @@ fn main() -> Result<(), String> {
     // Warm-up: allocators and pools.
     time_ms(&model, len.min(256), &[len.min(256)], true, 1)?;
     for (name, slices) in &runs {
-        let threaded = time_ms(&model, len, slices, true, args.repeats)?;
-        let in_turn = if slices.len() > 1 { Some(time_ms(&model, len, slices, false, args.repeats)?) } else { None };
+        let (threaded, cpu_per_wall) = time_ms(&model, len, slices, true, args.repeats)?;
+        let in_turn = match slices.len() > 1 {
+            true => Some(time_ms(&model, len, slices, false, args.repeats)?.0),
+            false => None,
+        };
         let line = serde_json::json!({
             "slicing": name,
             "slices": slices,
             "measured_ms": threaded,
             "predicted_ms": planner.predicted_ms(slices, 0),
             "in_turn_ms": in_turn,
+            "cpu_per_wall": cpu_per_wall,
             "layers": args.layers,
             "stages": args.stages,
             "threads_per_stage": args.threads,

@@ -73,6 +73,9 @@ pub struct ParallelSpec {
     pub prefill_slices: Option<PrefillSlices>,
 }
 
+/// The paged engine's prefill slicing (`None`: one pass).
+pub type PrefillSlicingChoice = Option<Arc<dyn PrefillSlicing>>;
+
 /// `--prefill-slices`: how a pipelined prefill is cut into token slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillSlices {
@@ -150,7 +153,7 @@ impl ParallelSpec {
         &self,
         spec: &DecoderSpec,
         plan: &PipelinePlan,
-    ) -> Result<(Option<Arc<dyn PrefillSlicing>>, Option<String>), Box<dyn std::error::Error>> {
+    ) -> Result<(PrefillSlicingChoice, Option<String>), Box<dyn std::error::Error>> {
         Ok(match self.prefill_slices {
             None | Some(PrefillSlices::Off) => (None, None),
             Some(PrefillSlices::Uniform(n)) => {

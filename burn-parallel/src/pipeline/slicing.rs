@@ -172,12 +172,13 @@ mod measured {
     use crate::pipeline::threaded::stage_threads;
     use crate::profiler::{ProfileError, ProfileGrid, profile};
 
-    /// The points `--prefill-slices auto` profiles: prefill slices of 16 to 1024 tokens at batch
-    /// 1, after up to 1024 tokens of context (decode is not planned here: one point).
+    /// The points `--prefill-slices auto` profiles: prefill slices of 16 to 2048 tokens at batch
+    /// 1 (up to a long prompt's unsliced pass, so that it is read, not extended from shorter
+    /// ones), after up to 1024 tokens of context (decode is not planned here: one point).
     pub fn slicing_grid() -> ProfileGrid {
         ProfileGrid {
             prefill_batch: vec![1],
-            prefill_tokens: vec![16, 64, 256, 1024],
+            prefill_tokens: vec![16, 64, 256, 1024, 2048],
             prefill_context: vec![256, 1024],
             decode_batch: vec![1],
             decode_context: vec![0],

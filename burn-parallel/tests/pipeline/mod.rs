@@ -28,7 +28,7 @@ fn fixture(name: &str) -> PathBuf {
 /// Device sets for `stages` stages: every stage on flex, and (unless `BURN_LLM_TEST_WGPU=0` or
 /// wgpu is not compiled in) stages alternating between flex and wgpu.
 fn device_sets(stages: usize) -> Vec<(&'static str, Vec<Device>)> {
-    #[cfg_attr(not(feature = "wgpu"), allow(unused_mut))]
+    #[cfg_attr(not(feature = "wgpu"), allow(unused_mut))] // pushed to when wgpu is compiled in
     let mut sets = vec![("flex", vec![Device::flex(); stages])];
     let wgpu_wanted = std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true);
     #[cfg(feature = "wgpu")]
