@@ -43,8 +43,13 @@ pub enum PagedError {
     /// A request id is already in use.
     #[error("a request with id `{0}` is already running")]
     DuplicateRequest(String),
-    /// A prompt is longer than a single step may compute.
-    #[error("prompt {request} has {len} tokens but a step computes at most {max} (max_num_batched_tokens); raise it")]
+    /// A prompt is longer than a single step may compute, and prompts are not chunked (chunked
+    /// prefill off, or a schedule whose prefills are whole prompts).
+    #[error(
+        "prompt {request} has {len} tokens but a step computes at most {max} (max_num_batched_tokens) and \
+         prompts are computed whole: raise --max-num-batched-tokens, or drop --no-chunked-prefill (FCFS and \
+         Orca schedules compute long prompts in chunks)"
+    )]
     PromptTooLong {
         /// Request id.
         request: String,

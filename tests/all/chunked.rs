@@ -113,18 +113,29 @@ fn samples_best_of_and_beams_are_unchanged_by_chunking() {
     }
 }
 
-/// Prompt log-probabilities assembled over chunks equal those of the whole prompt in one step.
+/// Prompt log-probabilities assembled over chunks equal those of the whole prompt in one step,
+/// on one device and through two pipeline stages with each chunk cut into 3 token slices.
 #[test]
 fn prompt_logprobs_over_chunks_equal_one_step() {
     let device = Device::flex();
     let prompts: Vec<Prompt> = reference("llama").prompts.iter().map(|p| Prompt::Ids(p.input_ids.clone())).collect();
     let params = SamplingParams { prompt_logprobs: Some(2), ignore_eos: true, ..SamplingParams::greedy(3) };
-    let mut chunked = engine("llama", &device, budgeted(config(128, 4, PreemptionMode::Auto), 7, true));
-    let chunks = chunked.generate(&prompts, &params).unwrap();
-    assert!(chunked.stats().partial_prefills > 0);
     let whole = engine("llama", &device, config(128, 4, PreemptionMode::Auto)).generate(&prompts, &params).unwrap();
-    assert_eq!(ids(&chunks), ids(&whole));
-    for (a, b) in chunks.requests.iter().zip(&whole.requests) {
+    let cfg = budgeted(config(128, 4, PreemptionMode::Auto), 7, true);
+    let mut chunked = engine("llama", &device, cfg.clone());
+    assert_same_prompt_logprobs(&chunked.generate(&prompts, &params).unwrap(), &whole);
+    assert!(chunked.stats().partial_prefills > 0);
+    let (model, files) = pipeline("llama", &[Device::flex(), Device::flex()]);
+    let sliced = EngineConfig { prefill_slicing: Some(Arc::new(UniformSlices::new(3).unwrap())), ..cfg };
+    let mut staged = LlmEngine::from_parts(model, Some(files.tokenizer), files.eos_token_ids, sliced).unwrap();
+    assert_same_prompt_logprobs(&staged.generate(&prompts, &params).unwrap(), &whole);
+}
+
+/// Asserts `a` and `b` generated the same tokens with the same prompt log-probabilities (ids
+/// equal, log-probabilities within 1e-4).
+fn assert_same_prompt_logprobs(a: &GenerationOutput, b: &GenerationOutput) {
+    assert_eq!(ids(a), ids(b));
+    for (a, b) in a.requests.iter().zip(&b.requests) {
         let (a, b) = (a.prompt_logprobs.as_ref().unwrap(), b.prompt_logprobs.as_ref().unwrap());
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(b) {
@@ -222,4 +233,24 @@ fn smollm2_chunked_prefill_equals_whole_prompts() {
     let (chunked, partial) = run(budgeted(base, 32, true));
     assert_eq!((none, partial > 0), (0, true));
     assert_eq!(chunked, whole);
+}
+
+/// The CLI: chunked prefill is the default, `--no-chunked-prefill` turns it off; with steps of one
+/// token the prompt is prefilled a token at a time and gives the plain engine's text, and without
+/// chunking it is refused with an error that says what to change.
+#[test]
+fn the_cli_flag_turns_chunking_off() {
+    use burn_llm::cli::GenerateArgs;
+    use clap::Parser;
+
+    let parse = |flags: &[&str]| GenerateArgs::try_parse_from([&["x"], flags].concat()).unwrap();
+    assert!(parse(&["--engine", "paged"]).engine.engine_config().chunked_prefill);
+    assert!(!parse(&["--engine", "paged", "--no-chunked-prefill"]).engine.engine_config().chunked_prefill);
+    let plain = crate::parallel::cli(&["--device", "flex"]).unwrap();
+    let paged = ["--device", "flex", "--engine", "paged", "--kv-cache-memory", "blocks:64"];
+    let chunked = crate::parallel::cli(&[&paged[..], &["--max-num-batched-tokens", "1"]].concat()).unwrap();
+    assert_eq!(crate::parallel::text(&chunked), crate::parallel::text(&plain));
+    let err = crate::parallel::cli(&[&paged[..], &["--max-num-batched-tokens", "1", "--no-chunked-prefill"]].concat())
+        .unwrap_err();
+    assert!(err.contains("--no-chunked-prefill") && err.contains("--max-num-batched-tokens"), "{err}");
 }
