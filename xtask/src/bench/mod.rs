@@ -7,6 +7,7 @@ mod offload;
 mod online;
 mod paged_attention;
 mod parallel;
+mod pipeline;
 mod plot;
 mod quant;
 mod schedule;
@@ -36,6 +37,9 @@ pub enum Which {
     Schedule(schedule::Args),
     /// Pipeline parallelism over local devices: time and bytes between stages vs one device.
     Parallel(parallel::Args),
+    /// Alpa's automatic stages vs an even split, TeraPipe's token slices (time to first token at
+    /// PP=2) and chunked prefill under mixed load, each against its prediction and baseline.
+    Pipeline(pipeline::Args),
     /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
     /// to the device's streaming bandwidth.
     PagedAttention(paged_attention::Args),
@@ -52,6 +56,7 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Offload(args) => offload::run(args),
         Which::Schedule(args) => schedule::run(args),
         Which::Parallel(args) => parallel::run(args),
+        Which::Pipeline(args) => pipeline::run(args),
         Which::PagedAttention(args) => paged_attention::run(args),
     }
 }

@@ -1,0 +1,154 @@
+//! Predictions the measured figures are held against, from each device's profile (per-layer
+//! prefill and decode times, embedding and LM head per token) and each link's measured latency
+//! and rate, with the cost terms `--stage-layers auto` plans with:
+//! - a stage's time for one micro-batch: its layers on its device, plus the embedding on the
+//!   first stage and the final norm and LM head on the last, plus handing the hidden states (and
+//!   rotary angles) to the next stage;
+//! - a pipelined decode step of `M` micro-batches: `Σ_s t_s + (M − 1)·max_s t_s` (the slowest
+//!   stage is the bottleneck);
+//! - a prefill cut into token slices: TeraPipe's `Σ_i t_i + (K − 1)·max_i t_i` with `t_i` slice
+//!   `i`'s time on the slowest stage ([`PlannedSlices::predicted_ms`]); unsliced, `K` whole-prompt
+//!   passes.
+
+use std::ops::Range;
+
+use burn_llm::models::DecoderSpec;
+use burn_llm::parallel::pipeline::{Handover, PlannedSlices, StageCost};
+use burn_llm::parallel::plan::profile::{CostModel, Profile};
+use burn_llm::parallel::profiler::LinkProfile;
+use serde::Serialize;
+
+/// One stage's device: its profile and its link to the next stage.
+#[derive(Debug, Clone)]
+pub struct DeviceCost {
+    /// The `--devices` entry.
+    pub name: String,
+    pub profile: Profile,
+    cost: CostModel,
+    /// The measured link to the next stage's device (`None` on the last).
+    pub link: Option<LinkProfile>,
+    handover: Handover,
+}
+
+impl DeviceCost {
+    /// Checks `profile`.
+    pub fn new(
+        name: &str,
+        profile: Profile,
+        link: Option<LinkProfile>,
+        spec: &DecoderSpec,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let cost = profile.cost_model(name)?;
+        Ok(Self { name: name.to_string(), profile, cost, link, handover: Handover::of(spec) })
+    }
+
+    /// Milliseconds to hand `tokens` tokens' hidden states to the next stage (0 on the last).
+    fn handover_ms(&self, tokens: usize) -> f64 {
+        self.link.map_or(0.0, |l| {
+            l.latency_ms * self.handover.tensors as f64 + l.ms_per_byte * self.handover.bytes_per_token * tokens as f64
+        })
+    }
+}
+
+/// What a stage computes in one pass.
+#[derive(Debug, Clone, Copy)]
+pub enum Work {
+    /// A decode step of `batch` sequences after `context` cached tokens.
+    Decode { batch: usize, context: usize },
+    /// One sequence's prefill of `tokens` tokens after `context` cached tokens.
+    Prefill { tokens: usize, context: usize },
+}
+
+/// Predicted time of each stage of `layout` (layer ranges, stage `s` on `devices[s]`) for `work`.
+pub fn stage_ms(devices: &[DeviceCost], layout: &[Range<usize>], work: Work) -> Vec<f64> {
+    let last = layout.len().saturating_sub(1);
+    layout
+        .iter()
+        .zip(devices)
+        .enumerate()
+        .map(|(s, (layers, d))| {
+            let (per_layer, rows, logits) = match work {
+                Work::Decode { batch, context } => (d.cost.decode_layer_ms(batch as f64, context as f64), batch, batch),
+                Work::Prefill { tokens, context } => {
+                    (d.cost.prefill_layer_ms(1.0, tokens as f64, context as f64), tokens, 1)
+                }
+            };
+            let mut ms = per_layer * layers.len() as f64;
+            if s == 0 {
+                ms += d.profile.embedding.ms_per_token * rows as f64;
+            }
+            if s == last {
+                ms += d.profile.lm_head.ms_per_token * logits as f64;
+            }
+            ms + d.handover_ms(rows)
+        })
+        .collect()
+}
+
+/// A pipelined pass of `micro_batches` equal micro-batches over stages taking `stage_ms` each.
+pub fn pipelined_ms(stage_ms: &[f64], micro_batches: usize) -> f64 {
+    stage_ms.iter().sum::<f64>() + micro_batches.saturating_sub(1) as f64 * max(stage_ms)
+}
+
+/// The largest of `values` (0 for none).
+pub fn max(values: &[f64]) -> f64 {
+    values.iter().copied().fold(0.0, f64::max)
+}
+
+/// TeraPipe's planner over `layout`'s stages on `devices`, each stage's hand-over into it from the
+/// link before it: its slicing and its predicted time to first token.
+pub fn slicing(devices: &[DeviceCost], layout: &[Range<usize>]) -> Result<PlannedSlices, Box<dyn std::error::Error>> {
+    let mut stages = Vec::with_capacity(layout.len());
+    for (s, (layers, d)) in layout.iter().zip(devices).enumerate() {
+        let into = s.checked_sub(1).and_then(|p| devices[p].link);
+        let handover_ms_per_token = into.map_or(0.0, |l| l.ms_per_byte * d.handover.bytes_per_token);
+        stages.push(StageCost { profile: d.profile.clone(), layers: layers.len(), handover_ms_per_token });
+    }
+    Ok(PlannedSlices::new(stages)?)
+}
+
+/// Predicted and measured figures of one run, side by side.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Versus {
+    pub predicted_ms: f64,
+    pub measured_ms: f64,
+    /// `measured ÷ predicted − 1`.
+    pub error: f64,
+}
+
+impl Versus {
+    pub fn new(predicted_ms: f64, measured_ms: f64) -> Self {
+        Self { predicted_ms, measured_ms, error: measured_ms / predicted_ms - 1.0 }
+    }
+}
+
+/// The stage layer ranges of an engine's placement line (`stage 0: layers 0-14 on flex, …`).
+pub fn layout_of(placement: &str) -> Option<Vec<Range<usize>>> {
+    let mut ranges = Vec::new();
+    for part in placement.split("layers ").skip(1) {
+        let span = part.split_whitespace().next()?;
+        let (a, b) = span.split_once('-')?;
+        let (a, b): (usize, usize) = (a.parse().ok()?, b.trim_end_matches(',').parse().ok()?);
+        ranges.push(a..b + 1);
+    }
+    (!ranges.is_empty()).then_some(ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipelined_pass_is_sum_plus_bottleneck_per_extra_micro_batch() {
+        assert_eq!(pipelined_ms(&[2.0, 5.0], 1), 7.0);
+        assert_eq!(pipelined_ms(&[2.0, 5.0], 3), 17.0);
+        assert_eq!(pipelined_ms(&[], 2), 0.0);
+    }
+
+    #[test]
+    fn layout_is_read_from_the_placement_line() {
+        let line = "2 pipeline stages (stage 0: layers 0-11 on flex, stage 1: layers 12-29 on ws://127.0.0.1:4000), 3 MiB handed between stages";
+        assert_eq!(layout_of(line), Some(vec![0..12, 12..30]));
+        assert_eq!(layout_of("whole model on flex"), None);
+    }
+}
