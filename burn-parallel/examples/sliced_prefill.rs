@@ -16,9 +16,10 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_llm_models::language_model::forward_micro_batches_in_turn;
 use burn_llm_models::{DecoderSpec, LanguageModel, PrefillSlicing, RandomWeights, StepInput, UniformSlices};
 use burn_paged::cache::{PagedKvCache, PagedStep};
-use burn_parallel::pipeline::slicing::{measure_stage_costs, slicing_grid};
-use burn_parallel::pipeline::{PipelineLm, PipelinePlan, PlannedSlices, StageLayout};
+use burn_parallel::pipeline::slicing::{in_stage_pool, slicing_grid, stage_costs};
+use burn_parallel::pipeline::{LinkProfile, PipelineLm, PipelinePlan, PlannedSlices, StageLayout};
 use burn_parallel::profiler::cli::synthetic;
+use burn_parallel::profiler::profile;
 use clap::Parser;
 
 const BLOCK: usize = 16;
@@ -122,7 +123,12 @@ fn main() -> Result<(), String> {
     spec.num_layers = args.layers;
     let layout = StageLayout::even(spec.num_layers, args.stages).map_err(|e| e.to_string())?;
     let plan = PipelinePlan::new(layout, 1, vec![Device::flex(); args.stages]).map_err(|e| e.to_string())?;
-    let costs = measure_stage_costs(&spec, &plan, &slicing_grid(), Some(args.threads)).map_err(|e| e.to_string())?;
+    let grid = slicing_grid();
+    let measure = |_stage: usize, device: &Device, threads: Option<usize>| {
+        in_stage_pool(threads, || profile(&spec, device, &grid, None)).map_err(|e| e.to_string())
+    };
+    let same_process = |_: &Device, _: &Device| Ok(LinkProfile { latency_ms: 0.0, ms_per_byte: 0.0 });
+    let costs = stage_costs(&plan, Some(args.threads), spec.hidden_size * 4, measure, same_process)?;
     let planner = PlannedSlices::new(costs).map_err(|e| e.to_string())?;
     let model = PipelineLm::from_checkpoint(spec, &RandomWeights::default(), &plan, None)
         .map_err(|e| e.to_string())?

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_llm_models::PretrainedFiles;
+use burn_parallel::pipeline::slicing::in_stage_pool;
 use burn_parallel::pipeline::{
     AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineError, PipelinePlan, StageWorkload,
 };
@@ -85,7 +86,7 @@ pub(super) fn plan_auto(
     let timeout = worker_timeout(spec);
     let mut stage_devices = Vec::with_capacity(devices.len());
     for (i, (name, device)) in entries.names.iter().zip(&devices).enumerate() {
-        let profile = profile_stage_device(spec, dir, files, name, device, log)?;
+        let profile = profile_stage_device(spec, dir, files, name, device, &ProfileGrid::stages(), None, log)?;
         let link_to_next = match devices.get(i + 1) {
             Some(next) => Some(measure(&entries.names[i..=i + 1], device, next, files.spec.hidden_size, timeout)?),
             None => None,
@@ -211,15 +212,20 @@ fn grouped(
 }
 
 /// The profile of the model at `dir` (opened as `files`) on `device`, the `--devices` entry
-/// `entry`, as `spec` would run it: read from the profile cache when it was measured for this
-/// device, model and dtype, else measured now and cached. On a worker it runs watched: a worker
-/// that dies or stalls while being profiled is an error naming it.
+/// `entry`, as `spec` would run it, over `grid`: read from the profile cache when it was measured
+/// for this device, model, dtype and grid, else measured now and cached. `threads` measures a
+/// host-CPU device in a pool of that many threads (a stage's share when stages run concurrently;
+/// `None`: every core). On a worker it runs watched: a worker that dies or stalls while being
+/// profiled is an error naming it.
+#[allow(clippy::too_many_arguments)] // the device, what runs on it, and how it is measured
 pub fn profile_stage_device(
     spec: &EngineSpec,
     dir: &Path,
     files: &PretrainedFiles,
     entry: &str,
     device: &Device,
+    grid: &ProfileGrid,
+    threads: Option<usize>,
     log: &mut dyn Write,
 ) -> Result<DeviceProfile, AutoStagesError> {
     let quant = weight_quant(spec)?;
@@ -230,18 +236,20 @@ pub fn profile_stage_device(
         if spec.exact_matmul { "exact" } else { "8-bit-activation" }
     );
     let identity = ProfileIdentity {
-        device: device_identity(entry),
+        device: device_identity(entry, threads),
         model: format!("{} ({:?})", dir.display(), files.spec),
         dtype,
     };
     let (dir, device, cache, name) = (dir.to_owned(), device.clone(), profile_dir(spec), entry.to_string());
+    let grid = grid.clone();
     let (profile, lines) = watched(entry, "being profiled", worker_timeout(spec), move || {
         let files = PretrainedFiles::open(&dir)?;
         let mut log = Vec::new();
         let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
-        let grid = ProfileGrid::stages();
-        let profile = profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), &mut log)
-            .map_err(|source| AutoStagesError::Profile { entry: name, source })?;
+        let profile = in_stage_pool(threads, || {
+            profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), &mut log)
+        })
+        .map_err(|source| AutoStagesError::Profile { entry: name, source })?;
         Ok((profile, log))
     })?;
     let _ = log.write_all(&lines);
@@ -256,12 +264,12 @@ fn weight_quant(spec: &EngineSpec) -> Result<Option<burn_llm_models::QuantSpec>,
     })
 }
 
-fn worker_timeout(spec: &EngineSpec) -> Duration {
+pub(super) fn worker_timeout(spec: &EngineSpec) -> Duration {
     Duration::from_secs_f64(spec.parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S))
 }
 
 /// The link from `pair[0]`'s device to `pair[1]`'s, measured (watched when either is a worker).
-fn measure(
+pub(super) fn measure(
     pair: &[String],
     from: &Device,
     to: &Device,
@@ -334,11 +342,11 @@ fn available_host_memory() -> Option<u64> {
 /// What tells two devices of one `--devices` spelling apart: a local CPU's thread count (a
 /// worker's address is its identity: restart a worker with other `--threads` on another port,
 /// or delete its profile).
-fn device_identity(entry: &str) -> String {
+fn device_identity(entry: &str, threads: Option<usize>) -> String {
     if WorkerAddress::is_worker(entry) {
         return entry.to_string();
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     format!("{entry} ({threads} threads)")
 }
 

@@ -27,6 +27,7 @@ mod loaded;
 mod parallel;
 pub mod precision;
 mod quant;
+mod slicing;
 mod validate;
 
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ use crate::device::DeviceChoice;
 
 pub use auto_stages::{AutoStagesError, profile_stage_device};
 pub use parallel::{ParallelSpec, PrefillSlices, TensorParallelSize, parse_device};
+pub use slicing::planned_slices;
 pub use validate::SpecError;
 
 /// Engines of `--engine`.

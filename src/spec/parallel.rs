@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
-use burn_llm_models::{DecoderSpec, Generator, LanguageModel, PrefillSlicing, PretrainedFiles, UniformSlices};
+use burn_llm_models::{Generator, LanguageModel, PrefillSlicing, PretrainedFiles};
 use burn_paged::{EngineConfig, LlmEngine};
-use burn_parallel::pipeline::slicing::{measure_stage_costs, slicing_grid};
-use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, PlannedSlices, StageLayout};
+use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayout};
 use clap::ValueEnum;
 
 use super::{EngineKind, EngineSpec};
@@ -146,36 +145,6 @@ impl ParallelSpec {
         self.pipeline_parallel_size.or(ranges).or(listed).unwrap_or(1)
     }
 
-    /// The paged engine's prefill slicing for a model of `spec` split as `plan`: `auto` profiles
-    /// each stage's device now (seconds to a minute on a CPU) and returns a line describing the
-    /// plan for the log.
-    pub fn prefill_slicing(
-        &self,
-        spec: &DecoderSpec,
-        plan: &PipelinePlan,
-    ) -> Result<(PrefillSlicingChoice, Option<String>), Box<dyn std::error::Error>> {
-        Ok(match self.prefill_slices {
-            None | Some(PrefillSlices::Off) => (None, None),
-            Some(PrefillSlices::Uniform(n)) => {
-                let uniform = UniformSlices::new(n).ok_or("--prefill-slices uniform:N needs N ≥ 1")?;
-                (Some(Arc::new(uniform)), Some(format!("prefill slices: uniform:{n}")))
-            }
-            Some(PrefillSlices::Auto) => {
-                let costs = measure_stage_costs(spec, plan, &slicing_grid(), None)?;
-                let planner = PlannedSlices::new(costs)?;
-                let len = spec.max_positions.min(2048);
-                let planned = planner.plan(len, 0);
-                let line = format!(
-                    "prefill slices: auto (TeraPipe planner over the stages' measured profiles; a {len}-token prompt: {} slices, predicted first token after {:.0} ms, one pass {:.0} ms)",
-                    planned.slices.len(),
-                    planned.latency_ms,
-                    planner.predicted_ms(&[len], 0),
-                );
-                (Some(Arc::new(planner)), Some(line))
-            }
-        })
-    }
-
     /// Whether the stages are planned from measured costs (`--stage-layers auto`).
     pub fn is_auto(&self) -> bool {
         self.stage_layers.as_deref().is_some_and(|s| s.trim() == super::auto_stages::AUTO)
@@ -282,16 +251,26 @@ pub(super) fn build_parallel_engine(
     } else {
         parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?
     };
+    let slicing = match kind {
+        EngineKind::Paged => {
+            let (slicing, line) = super::slicing::prefill_slicing(spec, dir, &files, &plan, log)?;
+            if let Some(line) = line {
+                writeln!(log, "{line}")?;
+            }
+            slicing
+        }
+        _ => None,
+    };
     let workers = parallel.workers();
     if workers.is_empty() {
-        let (engine, summary) = build_on_plan(spec, kind, files, &plan)?;
+        let (engine, summary) = build_on_plan(spec, kind, files, &plan, slicing)?;
         writeln!(log, "{summary}")?;
         return Ok(engine);
     }
     let timeout = parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S);
     let spec = spec.clone();
     let engine = WatchedEngine::spawn(workers, Duration::from_secs_f64(timeout), move || {
-        build_on_plan(&spec, kind, files, &plan).map(|(engine, _)| engine).map_err(|e| e.to_string())
+        build_on_plan(&spec, kind, files, &plan, slicing).map(|(engine, _)| engine).map_err(|e| e.to_string())
     })?;
     writeln!(log, "{}", engine.placement().unwrap_or_default())?;
     Ok(Box::new(engine))
@@ -304,16 +283,13 @@ fn build_on_plan(
     kind: EngineKind,
     files: PretrainedFiles,
     plan: &PipelinePlan,
+    prefill_slicing: PrefillSlicingChoice,
 ) -> Result<(Box<dyn Engine>, String), Box<dyn std::error::Error>> {
     let model = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, plan, spec.weight_quant()?)?;
     let (tokenizer, eos) = (Some(files.tokenizer), files.eos_token_ids);
-    let mut summary = model.placement_summary().unwrap_or_default();
+    let summary = model.placement_summary().unwrap_or_default();
     let engine: Box<dyn Engine> = match kind {
         EngineKind::Paged => {
-            let (prefill_slicing, line) = spec.parallel.prefill_slicing(&files.spec, plan)?;
-            if let Some(line) = line {
-                summary = format!("{summary}\n{line}");
-            }
             let config = EngineConfig { prefill_slicing, ..spec.engine_config() };
             Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?)
         }

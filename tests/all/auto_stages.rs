@@ -156,7 +156,8 @@ mod remote {
         let mut spec = EngineSpec::default();
         spec.parallel.stage_profile_dir = Some(dir.clone());
         spec.parallel.worker_timeout_s = Some(20.0);
-        let err = profile_stage_device(&spec, &model, &files, &worker.url, &device, &mut Vec::new())
+        let grid = burn_llm::parallel::profiler::ProfileGrid::stages();
+        let err = profile_stage_device(&spec, &model, &files, &worker.url, &device, &grid, None, &mut Vec::new())
             .expect_err("profiling a dead worker must fail")
             .to_string();
         assert!(err.contains(&worker.url) && err.contains("profiled"), "{err}");

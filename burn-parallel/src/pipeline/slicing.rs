@@ -10,8 +10,10 @@
 //! (length, context). Long prefills are planned in units of `⌈len / 64⌉` tokens (the last slice
 //! takes the remainder), which keeps each plan to milliseconds.
 //!
-//! [`measure_stage_costs`] (feature `profiler`) profiles each stage's device; it is the one place
-//! the profiles come from, so a cached per-device profiler can replace it.
+//! [`stage_costs`] (feature `profiler`) assembles the stages' costs from each stage device's
+//! profile and the measured links between them, which the caller supplies (the facade's
+//! `--prefill-slices auto` reads them from the cached per-device profiler that
+//! `--stage-layers auto` uses).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -37,6 +39,9 @@ pub struct StageCost {
     /// Milliseconds to hand one token's hidden states into the stage from the one before (0 for
     /// the first stage, and between stages in one process).
     pub handover_ms_per_token: f64,
+    /// The fixed cost of one hand-over into the stage, in milliseconds (a measured link's latency;
+    /// 0 for the first stage).
+    pub handover_ms: f64,
 }
 
 /// [`PrefillSlicing`] from the TeraPipe planner over measured stage costs (see the
@@ -60,6 +65,7 @@ impl PlannedSlices {
                 let model = cost.profile.cost_model(&format!("stages[{s}].profile"))?;
                 let field = format!("stages[{s}].handover_ms_per_token");
                 crate::plan::check::non_negative(&field, cost.handover_ms_per_token)?;
+                crate::plan::check::non_negative(&format!("stages[{s}].handover_ms"), cost.handover_ms)?;
                 Ok((model, cost))
             })
             .collect::<Result<Vec<_>, InputError>>()?;
@@ -79,7 +85,10 @@ impl PlannedSlices {
             .enumerate()
             .map(|(s, (model, cost))| {
                 let embed = if s == 0 { model.profile().embedding.ms_per_token * i } else { 0.0 };
-                cost.layers as f64 * model.prefill_layer_ms(1.0, i, j) + embed + cost.handover_ms_per_token * i
+                cost.layers as f64 * model.prefill_layer_ms(1.0, i, j)
+                    + embed
+                    + cost.handover_ms
+                    + cost.handover_ms_per_token * i
             })
             .fold(0.0, f64::max)
     }
@@ -160,17 +169,18 @@ impl PrefillSlicing for PlannedSlices {
 }
 
 #[cfg(feature = "profiler")]
-pub use measured::{measure_stage_costs, slicing_grid};
+pub use measured::{in_stage_pool, slicing_grid, stage_costs};
 
 #[cfg(feature = "profiler")]
 mod measured {
-    use burn_llm_models::DecoderSpec;
+    use burn::tensor::Device;
     use burn_llm_models::device::is_host_device;
 
     use super::StageCost;
-    use crate::pipeline::PipelinePlan;
     use crate::pipeline::threaded::stage_threads;
-    use crate::profiler::{ProfileError, ProfileGrid, profile};
+    use crate::pipeline::{LinkProfile, PipelinePlan};
+    use crate::plan::profile::Profile;
+    use crate::profiler::ProfileGrid;
 
     /// The points `--prefill-slices auto` profiles: prefill slices of 16 to 2048 tokens at batch
     /// 1 (up to a long prompt's unsliced pass, so that it is read, not extended from shorter
@@ -187,42 +197,61 @@ mod measured {
         }
     }
 
-    /// Profiles each stage of `plan` on its device (rank 0) over `grid`, a stage on the host CPU
-    /// inside a pool of the threads it will run with when stages run concurrently
-    /// (`host_threads`, else [`stage_threads`]' even share). Stages on the same device are
-    /// profiled once. Hand-overs are taken as free (stages in one process); a measured link
-    /// belongs to the per-device profiler that replaces this function.
-    pub fn measure_stage_costs(
-        spec: &DecoderSpec,
+    /// Runs `f` in a rayon pool of `threads` threads (`None`: the caller's pool), as a stage on
+    /// the host CPU runs when stages run concurrently; a pool that cannot be made runs `f` as is.
+    pub fn in_stage_pool<T>(threads: Option<usize>, f: impl FnOnce() -> T + Send) -> T
+    where
+        T: Send,
+    {
+        match threads.map(|n| rayon::ThreadPoolBuilder::new().num_threads(n).build()) {
+            Some(Ok(pool)) => pool.install(f),
+            _ => f(),
+        }
+    }
+
+    /// The costs of each stage of `plan`, for [`PlannedSlices`](super::PlannedSlices).
+    ///
+    /// `profile(stage, device, threads)` gives the profile of the stage's device (rank 0),
+    /// measured with `threads` CPU threads: for a stage on the host CPU, the share it runs with
+    /// when stages run concurrently (`host_threads`, else [`stage_threads`]' even share of the
+    /// cores; see [`in_stage_pool`]); `None` on other devices. A device appearing in several
+    /// stages is asked for once. `link(from, to)` gives the measured link into each stage after
+    /// the first, turned into a fixed cost plus `hidden_bytes_per_token` per token; hand-overs
+    /// between two stages on one device cost nothing.
+    pub fn stage_costs<E>(
         plan: &PipelinePlan,
-        grid: &ProfileGrid,
         host_threads: Option<usize>,
-    ) -> Result<Vec<StageCost>, ProfileError> {
+        hidden_bytes_per_token: usize,
+        mut profile: impl FnMut(usize, &Device, Option<usize>) -> Result<Profile, E>,
+        mut link: impl FnMut(&Device, &Device) -> Result<LinkProfile, E>,
+    ) -> Result<Vec<StageCost>, E> {
         let stages = plan.layout().stages();
-        let devices: Vec<_> = (0..stages.len()).map(|s| plan.stage_devices(s)[0].clone()).collect();
+        let devices: Vec<Device> = (0..stages.len()).map(|s| plan.stage_devices(s)[0].clone()).collect();
         let hosts = devices.iter().filter(|d| is_host_device(d)).count();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads = stage_threads(hosts, cores, host_threads);
-        let mut measured: Vec<(burn::tensor::Device, crate::plan::profile::Profile)> = Vec::new();
+        let mut measured: Vec<(Device, Profile)> = Vec::new();
         let mut out = Vec::with_capacity(stages.len());
-        for (range, device) in stages.iter().zip(&devices) {
+        for (s, (range, device)) in stages.iter().zip(&devices).enumerate() {
             let known = measured.iter().find(|(d, _)| d == device).map(|(_, p)| p.clone());
-            let profile = match known {
+            let stage_profile = match known {
                 Some(p) => p,
                 None => {
-                    let run = || profile(spec, device, grid, None);
-                    let p = match is_host_device(device) {
-                        true => match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
-                            Ok(pool) => pool.install(run)?,
-                            Err(_) => run()?,
-                        },
-                        false => run()?,
-                    };
+                    let p = profile(s, device, is_host_device(device).then_some(threads))?;
                     measured.push((device.clone(), p.clone()));
                     p
                 }
             };
-            out.push(StageCost { profile, layers: range.len(), handover_ms_per_token: 0.0 });
+            let handover = match s.checked_sub(1).map(|prev| &devices[prev]) {
+                Some(prev) if prev != device => Some(link(prev, device)?),
+                _ => None,
+            };
+            out.push(StageCost {
+                profile: stage_profile,
+                layers: range.len(),
+                handover_ms_per_token: handover.map_or(0.0, |l| l.ms_per_byte * hidden_bytes_per_token as f64),
+                handover_ms: handover.map_or(0.0, |l| l.latency_ms),
+            });
         }
         Ok(out)
     }
@@ -261,8 +290,12 @@ mod tests {
     }
 
     fn two_stages(fixed: f64) -> PlannedSlices {
-        let stage =
-            |layers| StageCost { profile: linear_profile(fixed, 0.01, 1e-6), layers, handover_ms_per_token: 0.0 };
+        let stage = |layers| StageCost {
+            profile: linear_profile(fixed, 0.01, 1e-6),
+            layers,
+            handover_ms_per_token: 0.0,
+            handover_ms: 0.0,
+        };
         PlannedSlices::new(vec![stage(3), stage(2)]).unwrap()
     }
 
@@ -304,8 +337,13 @@ mod tests {
     fn bad_profiles_are_refused_naming_the_stage() {
         let mut bad = linear_profile(0.5, 0.01, 0.0);
         bad.version = 7;
-        let err =
-            PlannedSlices::new(vec![StageCost { profile: bad, layers: 1, handover_ms_per_token: 0.0 }]).unwrap_err();
+        let err = PlannedSlices::new(vec![StageCost {
+            profile: bad,
+            layers: 1,
+            handover_ms_per_token: 0.0,
+            handover_ms: 0.0,
+        }])
+        .unwrap_err();
         assert!(err.to_string().contains("stages[0].profile.version"), "{err}");
         assert!(PlannedSlices::new(Vec::new()).is_err());
     }

@@ -13,7 +13,7 @@
 use std::ops::Range;
 
 use burn_llm::models::DecoderSpec;
-use burn_llm::parallel::pipeline::{Handover, PlannedSlices, StageCost};
+use burn_llm::parallel::pipeline::Handover;
 use burn_llm::parallel::plan::profile::{CostModel, Profile};
 use burn_llm::parallel::profiler::LinkProfile;
 use serde::Serialize;
@@ -93,18 +93,6 @@ pub fn pipelined_ms(stage_ms: &[f64], micro_batches: usize) -> f64 {
 /// The largest of `values` (0 for none).
 pub fn max(values: &[f64]) -> f64 {
     values.iter().copied().fold(0.0, f64::max)
-}
-
-/// TeraPipe's planner over `layout`'s stages on `devices`, each stage's hand-over into it from the
-/// link before it: its slicing and its predicted time to first token.
-pub fn slicing(devices: &[DeviceCost], layout: &[Range<usize>]) -> Result<PlannedSlices, Box<dyn std::error::Error>> {
-    let mut stages = Vec::with_capacity(layout.len());
-    for (s, (layers, d)) in layout.iter().zip(devices).enumerate() {
-        let into = s.checked_sub(1).and_then(|p| devices[p].link);
-        let handover_ms_per_token = into.map_or(0.0, |l| l.ms_per_byte * d.handover.bytes_per_token);
-        stages.push(StageCost { profile: d.profile.clone(), layers: layers.len(), handover_ms_per_token });
-    }
-    Ok(PlannedSlices::new(stages)?)
 }
 
 /// Predicted and measured figures of one run, side by side.

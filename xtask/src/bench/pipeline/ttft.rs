@@ -8,7 +8,6 @@ use std::path::Path;
 use burn::tensor::Device;
 use burn_llm::models::{PrefillSlicing, PretrainedFiles, UniformSlices};
 use burn_llm::paged::KvCacheMemory;
-use burn_llm::parallel::pipeline::slicing::{measure_stage_costs, slicing_grid};
 use burn_llm::parallel::pipeline::{PipelinePlan, PlannedSlices, StageLayout};
 use burn_llm::spec::{PagedSpec, ParallelSpec, PrefillSlices};
 use burn_llm::{EngineKind, EngineSpec, Purpose};
@@ -102,10 +101,10 @@ pub fn run(
         let mut engine = spec.init(model, Purpose::Serve, &mut std::io::sink())?;
         let placement = engine.placement().unwrap_or_default();
         layout = predict::layout_of(&placement).ok_or_else(|| format!("no stages in `{placement}`"))?;
-        let planner = predict::slicing(costs, &layout)?;
-        if matches!(slicing, PrefillSlices::Auto) {
-            engine_planner = Some(engine_slicing(model, &layout, devices)?);
+        if engine_planner.is_none() {
+            engine_planner = Some(engine_slicing(&spec, model, &layout, devices, &names)?);
         }
+        let planner = engine_planner.as_ref().ok_or("no slicing planner")?;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
         first_token_ms(engine.as_mut(), drive::random_prompt(64, vocab, &mut rng))?; // warm-up
         for &len in prompt_lens {
@@ -113,7 +112,7 @@ pub fn run(
                 .map(|_| first_token_ms(engine.as_mut(), drive::random_prompt(len, vocab, &mut rng)))
                 .collect::<Result<Vec<_>, _>>()?;
             let slices = match slicing {
-                PrefillSlices::Auto => engine_planner.as_ref().map_or_else(|| vec![len], |p| p.plan(len, 0).slices),
+                PrefillSlices::Auto => planner.plan(len, 0).slices,
                 PrefillSlices::Uniform(n) => {
                     UniformSlices::new(n).map(|u| u.slices(len, 0)).unwrap_or_else(|| vec![len])
                 }
@@ -152,15 +151,18 @@ pub fn run(
     })
 }
 
-/// The slicing planner as `--prefill-slices auto` builds it at start-up: each stage's device
-/// profiled by `measure_stage_costs` over its grid (hand-overs taken as free).
+/// The slicing planner as `--prefill-slices auto` builds it at start-up, over the same cached
+/// device profiles (`spec`'s profile directory) and freshly measured links; it predicts every
+/// slicing's time to first token.
 fn engine_slicing(
+    spec: &EngineSpec,
     model: &Path,
     layout: &[Range<usize>],
     devices: &[Device],
+    names: &[String],
 ) -> Result<PlannedSlices, Box<dyn std::error::Error>> {
-    let spec = PretrainedFiles::open(model)?.spec;
-    let stages = StageLayout::parse(&ranges(layout).join(","), spec.num_layers)?;
-    let plan = PipelinePlan::new(stages, 1, devices.to_vec())?;
-    Ok(PlannedSlices::new(measure_stage_costs(&spec, &plan, &slicing_grid(), None)?)?)
+    let files = PretrainedFiles::open(model)?;
+    let stages = StageLayout::parse(&ranges(layout).join(","), files.spec.num_layers)?;
+    let plan = PipelinePlan::new(stages, 1, devices.to_vec())?.with_names(names.to_vec());
+    burn_llm::spec::planned_slices(spec, model, &files, &plan, &mut std::io::sink())
 }

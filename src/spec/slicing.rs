@@ -1,0 +1,76 @@
+//! `--prefill-slices`: how the paged engine cuts a pipelined prefill into token slices
+//! (TeraPipe). `uniform:N` needs nothing measured; `auto` runs TeraPipe's planner
+//! ([`PlannedSlices`]) over each stage device's profile, read from the same cached per-device
+//! profiler as `--stage-layers auto` ([`profile_stage_device`], over [`slicing_grid`], a host-CPU
+//! stage measured with the threads it gets when stages run concurrently), and over the links
+//! between consecutive stages, measured (watched when a worker is at either end).
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use burn_llm_models::{PretrainedFiles, UniformSlices};
+use burn_parallel::pipeline::slicing::{slicing_grid, stage_costs};
+use burn_parallel::pipeline::{PipelinePlan, PlannedSlices};
+
+use super::EngineSpec;
+use super::auto_stages::{AutoStagesError, measure, profile_stage_device, worker_timeout};
+use super::parallel::{PrefillSlices, PrefillSlicingChoice};
+
+/// The stages' costs for TeraPipe's planner: each stage device's cached profile and the measured
+/// link into each stage after the first.
+pub fn planned_slices(
+    spec: &EngineSpec,
+    dir: &Path,
+    files: &PretrainedFiles,
+    plan: &PipelinePlan,
+    log: &mut dyn Write,
+) -> Result<PlannedSlices, Box<dyn std::error::Error>> {
+    let names = plan.names();
+    let tp = plan.tensor_parallel();
+    let (grid, hidden, timeout) = (slicing_grid(), files.spec.hidden_size, worker_timeout(spec));
+    let entry = |device: &burn::tensor::Device| {
+        (0..plan.layout().len())
+            .find(|&s| &plan.stage_devices(s)[0] == device)
+            .map_or_else(String::new, |s| names[s * tp].clone())
+    };
+    let profile = |stage: usize, device: &burn::tensor::Device, threads: Option<usize>| {
+        let name = names[stage * tp].clone();
+        profile_stage_device(spec, dir, files, &name, device, &grid, threads, &mut *log).map(|p| p.profile)
+    };
+    let link = |from: &burn::tensor::Device, to: &burn::tensor::Device| {
+        measure(&[entry(from), entry(to)], from, to, hidden, timeout)
+    };
+    let costs = stage_costs::<AutoStagesError>(plan, None, hidden * 4, profile, link)?;
+    Ok(PlannedSlices::new(costs)?)
+}
+
+/// The paged engine's prefill slicing for the model at `dir` split as `plan`, and a line for the
+/// start-up log describing it (`None` when prefills run in one pass).
+pub fn prefill_slicing(
+    spec: &EngineSpec,
+    dir: &Path,
+    files: &PretrainedFiles,
+    plan: &PipelinePlan,
+    log: &mut dyn Write,
+) -> Result<(PrefillSlicingChoice, Option<String>), Box<dyn std::error::Error>> {
+    Ok(match spec.parallel.prefill_slices {
+        None | Some(PrefillSlices::Off) => (None, None),
+        Some(PrefillSlices::Uniform(n)) => {
+            let uniform = UniformSlices::new(n).ok_or("--prefill-slices uniform:N needs N ≥ 1")?;
+            (Some(Arc::new(uniform)), Some(format!("prefill slices: uniform:{n}")))
+        }
+        Some(PrefillSlices::Auto) => {
+            let planner = planned_slices(spec, dir, files, plan, log)?;
+            let len = files.spec.max_positions.min(2048);
+            let planned = planner.plan(len, 0);
+            let line = format!(
+                "prefill slices: auto (TeraPipe planner over the stages' measured profiles and links; a {len}-token prompt: {} slices, predicted first token after {:.0} ms, one pass {:.0} ms)",
+                planned.slices.len(),
+                planned.latency_ms,
+                planner.predicted_ms(&[len], 0),
+            );
+            (Some(Arc::new(planner)), Some(line))
+        }
+    })
+}
