@@ -26,4 +26,5 @@ mod real_model;
 mod remote;
 mod sampling;
 mod server;
+mod server_models;
 mod spec;

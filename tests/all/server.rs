@@ -47,19 +47,29 @@ pub(crate) fn start(model: &Path, extra: &[&str]) -> Running {
         argv.extend_from_slice(&["--kv-cache-memory", "blocks:96"]);
     }
     argv.extend_from_slice(extra);
+    start_argv(&argv)
+}
+
+/// A server started as `serve` would be with `argv` (its first item the program name).
+pub(crate) fn start_argv(argv: &[&str]) -> Running {
     let args = ServeArgs::try_parse_from(argv).unwrap();
-    let server = Server::start(args.engine_builder(), args.server_config().unwrap()).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = runtime.spawn(server.serve(listener, async {
-        let _ = stopped.await;
-    }));
-    Running { base, runtime, stop, task }
+    let server = Server::start_models(args.model_entries().unwrap(), args.server_config().unwrap()).unwrap();
+    Running::serve(server)
 }
 
 impl Running {
+    /// Serves `server` on a free loopback port, on a runtime of its own.
+    pub(crate) fn serve(server: Server) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = runtime.spawn(server.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Running { base, runtime, stop, task }
+    }
+
     pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -73,7 +83,7 @@ impl Running {
 }
 
 /// The CLI's JSON output for the paged engine on `model`, 8 greedy tokens.
-fn cli_json(model: &Path, extra: &[&str]) -> Value {
+pub(crate) fn cli_json(model: &Path, extra: &[&str]) -> Value {
     let defaults = ExampleDefaults {
         name: "test_generate",
         model: "unused",
@@ -202,21 +212,22 @@ fn greedy_completions_and_chat_equal_the_cli_and_stream_the_same_text() {
         assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
         let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
         for name in [
-            "burn_llm_num_requests_running 0",
-            "burn_llm_num_requests_waiting 0",
-            "burn_llm_num_requests_swapped 0",
-            "burn_llm_kv_blocks_used 0",
-            "burn_llm_kv_blocks_total 96",
-            "burn_llm_time_to_first_token_seconds_count 5",
-            "burn_llm_e2e_request_latency_seconds_count 5",
-            "burn_llm_time_per_output_token_seconds_bucket",
-            "burn_llm_num_preemptions_total 0",
+            "burn_llm_num_requests_running{model=\"fixture\"} 0",
+            "burn_llm_num_requests_waiting{model=\"fixture\"} 0",
+            "burn_llm_num_requests_swapped{model=\"fixture\"} 0",
+            "burn_llm_kv_blocks_used{model=\"fixture\"} 0",
+            "burn_llm_kv_blocks_total{model=\"fixture\"} 96",
+            "burn_llm_model_up{model=\"fixture\"} 1",
+            "burn_llm_time_to_first_token_seconds_count{model=\"fixture\"} 5",
+            "burn_llm_e2e_request_latency_seconds_count{model=\"fixture\"} 5",
+            "burn_llm_time_per_output_token_seconds_bucket{model=\"fixture\",",
+            "burn_llm_num_preemptions_total{model=\"fixture\"} 0",
         ] {
             assert!(metrics.contains(name), "{name} missing from\n{metrics}");
         }
         // Two completions and three chat completions ran.
         let counter = |name: &str| -> u64 {
-            let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap();
+            let line = metrics.lines().find(|l| l.starts_with(&format!("{name}{{model=\"fixture\"}} "))).unwrap();
             line.split(' ').nth(1).unwrap().parse().unwrap()
         };
         let (chat_prompt, chat_completion) =
@@ -540,9 +551,9 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
             let metrics = client.get(&metrics_url).send().await.unwrap().text().await.unwrap();
             let idle = ["running", "waiting", "swapped"]
                 .iter()
-                .all(|q| metrics.contains(&format!("burn_llm_num_requests_{q} 0\n")))
-                && metrics.contains("burn_llm_kv_blocks_used 0\n")
-                && metrics.contains("burn_llm_requests_finished_total 64\n");
+                .all(|q| metrics.contains(&format!("burn_llm_num_requests_{q}{{model=\"fixture\"}} 0\n")))
+                && metrics.contains("burn_llm_kv_blocks_used{model=\"fixture\"} 0\n")
+                && metrics.contains("burn_llm_requests_finished_total{model=\"fixture\"} 64\n");
             if idle {
                 break;
             }
