@@ -5,7 +5,8 @@
 //! The engine flags on the command line apply to every model. A model's `FLAGS` are parsed by the
 //! same clap parser ([`EngineSpec`]) together with the shared flags it does not name, so a flag
 //! given for a model replaces the shared one for that model, every engine flag works per model,
-//! and clap's conflicts and requirements are checked per model.
+//! and clap's conflicts and requirements are checked per model. Naming one of a set of
+//! [`ALTERNATIVES`] (`--devices` for `--device`) replaces the shared flags of the whole set.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -16,6 +17,10 @@ use clap::{ArgMatches, CommandFactory, Parser};
 
 use super::ServerError;
 use crate::spec::EngineSpec;
+
+/// Engine flags (clap ids) that say the same thing in different ways: a model's flags that name
+/// one of a set replace the shared flags of the whole set.
+pub const ALTERNATIVES: &[&[&str]] = &[&["device", "devices"], &["plan", "latency_bound_s", "profile_json"]];
 
 /// The engine flags of one model alone (the parser of `--model-engine-args`).
 #[derive(Debug, Parser)]
@@ -75,11 +80,17 @@ impl GivenFlags {
     pub fn model_spec(&self, flags: &str) -> Result<EngineSpec, String> {
         let own = split_words(flags)?;
         let matches = ModelFlags::command().try_get_matches_from(&own).map_err(|e| clap_message(&e))?;
-        let named: HashSet<&str> = matches
+        let mut named: HashSet<&str> = matches
             .ids()
             .map(|id| id.as_str())
             .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
             .collect();
+        let replaced: Vec<&str> = ALTERNATIVES
+            .iter()
+            .filter(|set| set.iter().any(|id| named.contains(id)))
+            .flat_map(|set| set.iter().copied())
+            .collect();
+        named.extend(replaced);
         let mut argv: Vec<OsString> = own.iter().map(OsString::from).collect();
         for (id, tokens) in &self.0 {
             if !named.contains(id.as_str()) {
@@ -232,6 +243,9 @@ mod tests {
         assert_eq!(format!("{:?}", spec.dtype), format!("{:?}", alone(&["--dtype", "f32"]).dtype));
         let same = given.model_spec("").unwrap();
         assert_eq!(same.parallel.devices, Some(vec!["flex".to_string(), "flex".to_string()]));
+        let local = ModelFlags::command().no_binary_name(false).try_get_matches_from(["x", "--device", "flex"]);
+        let remote = GivenFlags::from_matches(&local.unwrap()).model_spec("--devices flex,flex").unwrap();
+        assert!(remote.device.is_none(), "--devices replaces the shared --device");
         let err = given.model_spec("--port 1").unwrap_err();
         assert!(err.contains("--port"), "{err}");
         let err = given.model_spec("--plan p.json --latency-bound-s 2").unwrap_err();

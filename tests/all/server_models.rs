@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 
 use crate::common::fixture;
 use crate::loopback_client;
-use crate::server::{Running, cli_json, post, start_argv};
+use crate::server::{Running, TEMPLATE, cli_json, post, start_argv};
+use crate::server_clients::chat_page_replies_as_the_api;
 
 const PROMPT: &str = "Hello, my name is";
 
@@ -172,6 +173,42 @@ fn bad_model_lists_are_errors_before_anything_loads() {
     assert_eq!(built.load(Ordering::SeqCst), 0);
     let err = Server::start_models(vec![entry("m")], ServerConfig::default()).err().unwrap();
     assert!(err.to_string().contains("model `m`") && err.to_string().contains("not built"), "{err}");
+}
+
+/// The chat page's model picker: with two models (and a chat template for both), `?model=`
+/// picks the second, whose reply the page streams; the picker lists both.
+#[test]
+#[cfg_attr(skip_client_tests, ignore = "BURN_LLM_SKIP_CLIENT_TESTS is set")]
+fn the_chat_page_picks_the_model() {
+    let template = std::env::temp_dir().join(format!("burn-llm-template-{}.jinja", std::process::id()));
+    std::fs::write(&template, TEMPLATE).unwrap();
+    let (gpt2, llama) = (path("gpt2"), path("llama"));
+    let server = start_argv(&[
+        "serve",
+        "--model",
+        &gpt2,
+        "--model",
+        &llama,
+        "--device",
+        "flex",
+        "--kv-cache-memory",
+        "blocks:48",
+        "--chat-template",
+        template.to_str().unwrap(),
+    ]);
+    let replies: Vec<Value> = ["gpt2", "llama"]
+        .iter()
+        .map(|model| {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 8, "temperature": 0});
+            let (_, r) = server.runtime.block_on(post(&loopback_client::client(), &server.url("/v1/chat/completions"), &body, None));
+            r["choices"][0]["message"]["content"].clone()
+        })
+        .collect();
+    assert_ne!(replies[0], replies[1], "the two models must answer differently for the pick to show");
+    let dom = chat_page_replies_as_the_api(&server, "llama", "&model=llama");
+    assert!(dom.contains("<option value=\"gpt2\">gpt2</option>") && dom.contains("<option value=\"llama\">"), "{dom}");
+    server.shutdown();
+    let _ = std::fs::remove_file(&template);
 }
 
 /// How a [`Breakable`] engine's steps go: normally, with a worker's error, or with a panic.
