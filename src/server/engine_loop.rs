@@ -21,7 +21,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
-use crate::engine::{Engine, EngineDetails, EngineError};
+use crate::device::panic_message;
+use crate::engine::{Engine, EngineDetails, EngineError, EngineLoad};
 
 /// What the front end learns about the model when the engine has been built.
 #[derive(Debug, Clone)]
@@ -137,6 +138,7 @@ impl EngineHandle {
                 if ready_tx.send(Ok(info)).is_err() {
                     return;
                 }
+                let (down, up) = (loop_down.clone(), metrics.up.clone());
                 let state = EngineLoop {
                     name: loop_name,
                     engine,
@@ -146,7 +148,14 @@ impl EngineHandle {
                     preemptions: 0,
                     down: loop_down,
                 };
-                state.run(rx);
+                // A panic outside a step (the step's own are caught there) ends the loop: the model
+                // is down, and its requests' channels close with it.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| state.run(rx))) {
+                    if let Ok(mut down) = down.lock() {
+                        *down = Some(format!("its engine thread panicked: {}", panic_message(panic)));
+                    }
+                    up.set(0);
+                }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
         let info = match ready_rx.recv() {
@@ -196,10 +205,10 @@ impl EngineHandle {
             });
             if self.commands.send(Command::Add(admission)).is_err() {
                 self.pending.fetch_sub(k - tag, Ordering::SeqCst);
-                return Err(ApiError::unavailable(format!(
-                    "the engine of model `{}` has stopped: the server is shutting down",
-                    self.name
-                )));
+                return Err(ApiError::unavailable(match self.down() {
+                    Some(reason) => self.down_message(&reason),
+                    None => format!("the engine of model `{}` has stopped: the server is shutting down", self.name),
+                }));
             }
         }
         Ok(Run { events: rx, buffered: VecDeque::new(), guard, count: k })
@@ -404,6 +413,7 @@ impl EngineLoop {
             *down = Some(reason.clone());
         }
         self.metrics.up.set(0);
+        self.metrics.set_load(&EngineLoad::default());
         self.fail_all(&format!("model `{}` is down: {reason}", self.name));
     }
 
@@ -436,14 +446,7 @@ impl EngineLoop {
             Ok(Err(e)) => {
                 self.fail_all(&format!("model `{}`: the engine failed: {}", self.name, error_chain(&e)));
             }
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "no message".into());
-                self.go_down(format!("its engine panicked: {what}"));
-            }
+            Err(panic) => self.go_down(format!("its engine panicked: {}", panic_message(panic))),
         }
     }
 
