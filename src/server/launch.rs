@@ -84,7 +84,7 @@ impl ServeArgs {
     /// Each model's name, `--model` argument and engine spec (with the server's default engine),
     /// checked: names paired in order and distinct, `--model-engine-args` naming served models,
     /// every model's flags valid for serving. Nothing is loaded.
-    pub fn model_specs(&self) -> Result<Vec<(String, String, EngineSpec)>, ServerError> {
+    pub fn model_specs(&self) -> Result<Vec<ModelSpec>, ServerError> {
         let names = model_args::names(&self.model, &self.served_model_name)?;
         super::models::check_names(names.iter().map(String::as_str))?;
         let overrides = model_args::overrides(&self.model_engine_args, &names)?;
@@ -109,7 +109,7 @@ impl ServeArgs {
                 let whose = if self.model.len() > 1 { format!("model `{name}`: ") } else { String::new() };
                 ServerError::Config(format!("{whose}{e}"))
             })?;
-            specs.push((name, model.clone(), spec));
+            specs.push(ModelSpec { name, source: model.clone(), spec });
         }
         Ok(specs)
     }
@@ -117,19 +117,7 @@ impl ServeArgs {
     /// The models to serve, checked as [`ServeArgs::model_specs`] does; each builds its engine on
     /// its own thread when the server starts.
     pub fn model_entries(&self) -> Result<Vec<ModelEntry>, ServerError> {
-        let specs = self.model_specs()?;
-        Ok(specs
-            .into_iter()
-            .map(|(name, model, spec)| {
-                let source = model.clone();
-                let build: super::EngineBuilder =
-                    Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
-                        let dir = burn_llm_models::hub::resolve_model(&model)?;
-                        spec.init(&dir, Purpose::Serve, &mut std::io::stderr())
-                    });
-                ModelEntry { name, source, build }
-            })
-            .collect())
+        Ok(self.model_specs()?.into_iter().map(ModelSpec::entry).collect())
     }
 
     /// The server settings these flags describe (the key from the flag or the environment).
@@ -156,6 +144,31 @@ impl ServeArgs {
     /// The shared engine spec, with the server's default engine (paged).
     pub fn engine_spec(&self) -> EngineSpec {
         self.engine.clone().with_default_engine(EngineKind::Paged)
+    }
+}
+
+/// One model of the command line, before it is loaded: a placement fills in its
+/// `spec.parallel.devices` (clearing `spec.device`) before [`ModelSpec::entry`].
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// Its served name.
+    pub name: String,
+    /// Its `--model` argument.
+    pub source: String,
+    /// Its engine flags: the shared ones with its `--model-engine-args`.
+    pub spec: EngineSpec,
+}
+
+impl ModelSpec {
+    /// The model to serve: its engine is built from `spec` on the model's own thread.
+    pub fn entry(self) -> ModelEntry {
+        let Self { name, source, spec } = self;
+        let model = source.clone();
+        let build: super::EngineBuilder = Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+            let dir = burn_llm_models::hub::resolve_model(&model)?;
+            spec.init(&dir, Purpose::Serve, &mut std::io::stderr())
+        });
+        ModelEntry { name, source, build }
     }
 }
 

@@ -60,6 +60,11 @@ pub fn check_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), S
                 "a served model name is empty: give it one with --served-model-name".into(),
             ));
         }
+        if name.chars().any(char::is_control) {
+            return Err(ServerError::Config(format!(
+                "the served model name {name:?} has a control character: give one without with --served-model-name"
+            )));
+        }
         if !seen.insert(name) {
             return Err(ServerError::Config(format!(
                 "two models are served as `{name}`: give each a different --served-model-name"

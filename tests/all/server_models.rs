@@ -156,7 +156,7 @@ fn bad_model_lists_are_errors_before_anything_loads() {
     let ok =
         ServeArgs::try_parse_from([&["serve"][..], &two[..], &["--model-engine-args", "b=--max-num-seqs 2"]].concat());
     let specs = ok.unwrap().model_specs().unwrap();
-    assert_eq!((specs[0].2.paged.max_num_seqs, specs[1].2.paged.max_num_seqs), (None, Some(2)));
+    assert_eq!((specs[0].spec.paged.max_num_seqs, specs[1].spec.paged.max_num_seqs), (None, Some(2)));
 
     // Programmatic use checks the names too, before building any engine.
     let built = Arc::new(AtomicU8::new(0));
@@ -170,6 +170,9 @@ fn bad_model_lists_are_errors_before_anything_loads() {
     };
     let err = Server::start_models(vec![entry("m"), entry("m")], ServerConfig::default()).err().unwrap();
     assert!(err.to_string().contains("two models are served as `m`"), "{err}");
+    assert_eq!(built.load(Ordering::SeqCst), 0);
+    let err = Server::start_models(vec![entry("m\u{0}")], ServerConfig::default()).err().unwrap();
+    assert!(err.to_string().contains("control character"), "{err}");
     assert_eq!(built.load(Ordering::SeqCst), 0);
     let err = Server::start_models(vec![entry("m")], ServerConfig::default()).err().unwrap();
     assert!(err.to_string().contains("model `m`") && err.to_string().contains("not built"), "{err}");
