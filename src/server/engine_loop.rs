@@ -80,7 +80,20 @@ pub enum EngineEvent {
 }
 
 /// Why a model's engine no longer serves, once it does not (shared by its loop and handle).
-type Down = Arc<Mutex<Option<String>>>;
+#[derive(Debug, Clone, Default)]
+struct Down(Arc<Mutex<Option<String>>>);
+
+impl Down {
+    fn reason(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|d| d.clone())
+    }
+
+    fn set(&self, reason: String) {
+        if let Ok(mut down) = self.0.lock() {
+            *down = Some(reason);
+        }
+    }
+}
 
 /// The front end's handle on the engine thread.
 pub struct EngineHandle {
@@ -105,7 +118,7 @@ impl EngineHandle {
     /// requests step by step.
     pub fn spawn(name: &str, build: EngineBuilder, metrics: Metrics) -> Result<Self, String> {
         let (commands, rx) = mpsc::channel();
-        let down: Down = Arc::new(Mutex::new(None));
+        let down = Down::default();
         let loop_down = down.clone();
         let loop_name = name.to_string();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo, String>>();
@@ -151,9 +164,7 @@ impl EngineHandle {
                 // A panic outside a step (the step's own are caught there) ends the loop: the model
                 // is down, and its requests' channels close with it.
                 if let Err(panic) = catch_unwind(AssertUnwindSafe(|| state.run(rx))) {
-                    if let Ok(mut down) = down.lock() {
-                        *down = Some(format!("its engine thread panicked: {}", panic_message(panic)));
-                    }
+                    down.set(format!("its engine thread panicked: {}", panic_message(panic)));
                     up.set(0);
                 }
             })
@@ -216,7 +227,7 @@ impl EngineHandle {
 
     /// Why the model no longer serves, once its engine is down.
     pub fn down(&self) -> Option<String> {
-        self.down.lock().ok().and_then(|d| d.clone())
+        self.down.reason()
     }
 
     /// The 503 message of a model that is down.
@@ -368,7 +379,7 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, a: Admission) {
-        if let Some(reason) = self.down.lock().ok().and_then(|d| d.clone()) {
+        if let Some(reason) = self.down.reason() {
             self.pending.fetch_sub(1, Ordering::SeqCst);
             let message = format!("model `{}` is down: {reason}", self.name);
             let _ = a.events.send(Tagged { tag: a.tag, event: EngineEvent::Failed(message) });
@@ -404,14 +415,12 @@ impl EngineLoop {
     }
 
     fn is_down(&self) -> bool {
-        self.down.lock().map(|d| d.is_some()).unwrap_or(true)
+        self.down.reason().is_some()
     }
 
     /// Marks the engine down (it is never stepped again) and fails every live request.
     fn go_down(&mut self, reason: String) {
-        if let Ok(mut down) = self.down.lock() {
-            *down = Some(reason.clone());
-        }
+        self.down.set(reason.clone());
         self.metrics.up.set(0);
         self.metrics.set_load(&EngineLoad::default());
         self.fail_all(&format!("model `{}` is down: {reason}", self.name));
