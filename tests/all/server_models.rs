@@ -214,10 +214,12 @@ fn the_chat_page_picks_the_model() {
     let _ = std::fs::remove_file(&template);
 }
 
-/// How a [`Breakable`] engine's steps go: normally, with a worker's error, or with a panic.
+/// How a [`Breakable`] engine's steps go: normally, with a worker's error, with a panic, or with
+/// an error of the engine itself.
 const FINE: u8 = 0;
 const WORKER_ERROR: u8 = 1;
 const PANIC: u8 = 2;
+const ENGINE_ERROR: u8 = 3;
 
 /// An engine that runs as its inner one until told to fail.
 struct Breakable {
@@ -254,6 +256,7 @@ impl Engine for Breakable {
                 reason: "connection reset".into(),
             })),
             PANIC => panic!("injected engine panic"),
+            ENGINE_ERROR => Err(EngineError::Unsupported { engine: "paged", what: "step (injected)", hint: "none" }),
             _ => self.inner.step(),
         }
     }
@@ -318,6 +321,15 @@ fn a_model_whose_engine_fails_goes_down_and_the_others_keep_serving() {
             assert!(r["error"]["message"].as_str().unwrap().contains(&format!("model `{name}` is down")), "{r}");
         }
         // The healthy model still answers, as before.
+        let (status, r) = post(&client, &url, &greedy(Some("good")), None).await;
+        assert_eq!((status, &r["choices"][0]["text"]), (200, &before[0]), "{r}");
+        // An error of the engine itself fails the running request, naming the model, and the
+        // model stays up: the next request runs.
+        modes[0].store(ENGINE_ERROR, Ordering::SeqCst);
+        let (status, r) = post(&client, &url, &greedy(Some("good")), None).await;
+        assert_eq!(status, 500, "{r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("model `good`: the engine failed"), "{r}");
+        modes[0].store(FINE, Ordering::SeqCst);
         let (status, r) = post(&client, &url, &greedy(Some("good")), None).await;
         assert_eq!((status, &r["choices"][0]["text"]), (200, &before[0]), "{r}");
         let health = client.get(server.url("/health")).send().await.unwrap();
