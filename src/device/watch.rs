@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-use burn_llm_models::{DecoderSpec, Prompt, RequestOutput, SamplingParams, StepOutput, StreamEvent, Timing};
+use burn_llm_models::{DecoderSpec, Prompt, RequestOutput, SamplingParams, StepOutput, StreamEvent, Timing, Tokenizer};
 
-use crate::engine::{Capabilities, Engine, EngineError, EngineResult, Generation, RunReport};
+use crate::engine::{Capabilities, Engine, EngineError, EngineLoad, EngineResult, Generation, RunReport};
 
 /// A worker failed or went silent while an engine used it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -90,6 +90,7 @@ pub struct WatchedEngine {
     spec: DecoderSpec,
     capabilities: Capabilities,
     description: String,
+    tokenizer: Option<Tokenizer>,
     workers: String,
     timeout: Duration,
     jobs: Sender<Job>,
@@ -121,6 +122,7 @@ impl WatchedEngine {
             };
             let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
             let meta = (engine.name(), engine.spec().clone(), engine.capabilities(), engine.describe());
+            let meta = (meta, engine.tokenizer().cloned());
             if ready_tx.send(Ok((meta, jobs_tx))).is_err() {
                 return;
             }
@@ -135,11 +137,12 @@ impl WatchedEngine {
         }
         let what = "loading the model";
         match ready_rx.recv_timeout(timeout) {
-            Ok(Ok(((name, spec, capabilities, description), jobs))) => Ok(Self {
+            Ok(Ok((((name, spec, capabilities, description), tokenizer), jobs))) => Ok(Self {
                 name,
                 spec,
                 capabilities,
                 description,
+                tokenizer,
                 workers,
                 timeout,
                 jobs,
@@ -300,6 +303,16 @@ impl Engine for WatchedEngine {
     fn has_unfinished_requests(&self) -> bool {
         self.call("checking for unfinished requests", &mut |_| {}, |engine, _| engine.has_unfinished_requests())
             .unwrap_or(false)
+    }
+
+    /// The queues and KV pool, or `None` once the engine is closed.
+    fn load(&self) -> Option<EngineLoad> {
+        self.call("reading the load", &mut |_| {}, |engine, _| engine.load()).ok().flatten()
+    }
+
+    /// The wrapped engine's tokenizer (a copy taken when it was built).
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
     }
 
     /// The engine's placement (stages, devices, bytes moved), or `None` once it is closed.

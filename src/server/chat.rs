@@ -13,44 +13,44 @@ use serde_json::{Value, json};
 use super::errors::{ApiError, ApiResult};
 use super::protocol::ChatRequest;
 use super::streaming::{self, ChunkFormat, finish_reason, usage};
-use super::{AppState, logprobs, parse_body, unix_now};
+use super::{AppState, ServedModel, logprobs, parse_body, unix_now};
 
 /// The route.
 pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let request: ChatRequest = parse_body(body, state.config.max_body_bytes)?;
-    state.check_model(request.model.as_deref())?;
+    let served = state.model(request.model.as_deref())?;
     let messages = request.messages()?;
-    let template = state.chat_template.as_ref().ok_or_else(|| {
+    let template = served.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request(
             "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
             Some("messages"),
         )
     })?;
     let text = template.render(&messages, true).map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-    let tokenizer = state.engine.info.tokenizer.as_ref().ok_or_else(|| {
+    let tokenizer = served.engine.info.tokenizer.as_ref().ok_or_else(|| {
         ApiError::bad_request("this model has no tokenizer: use /v1/completions with token ids", None)
     })?;
     let ids = tokenizer.encode_verbatim(&text).map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-    let (_, ids) = state.prepare(0, &Prompt::Ids(ids)).map_err(|mut e| {
+    let (_, ids) = served.prepare(0, &Prompt::Ids(ids)).map_err(|mut e| {
         e.param = Some("messages".into());
         e
     })?;
     let top = request.logprobs()?;
-    let room = state.engine.info.spec.max_positions.saturating_sub(ids.len()) as u64;
+    let room = served.engine.info.spec.max_positions.saturating_sub(ids.len()) as u64;
     let max_tokens = request.max_completion_tokens.or(request.sampling.max_tokens).unwrap_or(room);
-    state.check_context(ids.len(), max_tokens.max(1))?;
-    let vocab = state.engine.info.spec.vocab_size;
+    served.check_context(ids.len(), max_tokens.max(1))?;
+    let vocab = served.engine.info.spec.vocab_size;
     let params = request.sampling.params(max_tokens, top, vocab)?;
     let include_usage = request.sampling.include_usage()?;
     let prompt_tokens = ids.len();
-    let mut run = state.engine.submit(vec![ids], &params, state.config.max_waiting)?;
+    let mut run = served.engine.submit(vec![ids], &params, state.config.max_waiting)?;
     run.accepted().await?;
-    let model = state.config.served_model_name.clone();
+    let model = served.name.clone();
     let (id, created) = (state.new_id("chatcmpl"), unix_now());
     // The engine reports at least one alternative; `top_logprobs` says how many to show.
     let top = top.map(|_| request.top_logprobs.unwrap_or(0) as usize);
     if request.sampling.streams() {
-        let format = ChatChunks { state, id, created, model, n: params.n, top };
+        let format = ChatChunks { served, id, created, model, n: params.n, top };
         return Ok(streaming::sse(run, params.n, prompt_tokens, include_usage, format).into_response());
     }
     let outputs = streaming::collect(&mut run).await?;
@@ -59,7 +59,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     for out in outputs.iter().flatten() {
         completion_tokens += out.generated_ids.len();
         let logprobs = match (top, &out.logprobs) {
-            (Some(k), Some(steps)) => logprobs::chat(&state, &out.generated_ids, steps, k),
+            (Some(k), Some(steps)) => logprobs::chat(&served, &out.generated_ids, steps, k),
             _ => Value::Null,
         };
         choices.push(json!({
@@ -82,7 +82,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
 
 /// Stream chunks of a chat completion (`object: chat.completion.chunk`).
 struct ChatChunks {
-    state: Arc<AppState>,
+    served: Arc<ServedModel>,
     id: String,
     created: u64,
     model: String,
@@ -109,7 +109,7 @@ impl ChunkFormat for ChatChunks {
 
     fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value> {
         let logprobs = match (self.top, &delta.logprobs) {
-            (Some(k), Some(steps)) => logprobs::chat(&self.state, &delta.token_ids, steps, k),
+            (Some(k), Some(steps)) => logprobs::chat(&self.served, &delta.token_ids, steps, k),
             _ => Value::Null,
         };
         if delta.text.is_empty() && logprobs.is_null() && delta.finish_reason.is_none() {

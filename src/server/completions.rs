@@ -12,12 +12,12 @@ use serde_json::{Value, json};
 use super::errors::{ApiError, ApiResult};
 use super::protocol::{CompletionRequest, MAX_LOGPROBS};
 use super::streaming::{self, ChunkFormat, finish_reason, usage};
-use super::{AppState, logprobs, parse_body, unix_now};
+use super::{AppState, ServedModel, logprobs, parse_body, unix_now};
 
 /// The route.
 pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let request: CompletionRequest = parse_body(body, state.config.max_body_bytes)?;
-    state.check_model(request.model.as_deref())?;
+    let served = state.model(request.model.as_deref())?;
     let echo = request.echo.unwrap_or(false);
     let top = request.logprobs;
     if let Some(k) = top.filter(|&k| k > MAX_LOGPROBS) {
@@ -27,30 +27,30 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
         ));
     }
     let prompts = request.prompt.clone().prompts()?;
-    let prepared = prompts.iter().enumerate().map(|(i, p)| state.prepare(i, p)).collect::<ApiResult<Vec<_>>>()?;
+    let prepared = prompts.iter().enumerate().map(|(i, p)| served.prepare(i, p)).collect::<ApiResult<Vec<_>>>()?;
     let max_tokens = request.sampling.max_tokens.unwrap_or(16);
-    let vocab = state.engine.info.spec.vocab_size;
+    let vocab = served.engine.info.spec.vocab_size;
     let mut params = request.sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab)?;
     // `echo` with `logprobs` scores the prompt too (the engine computes every prompt position).
     params.prompt_logprobs = if echo { params.logprobs } else { None };
     for (_, ids) in &prepared {
-        state.check_context(ids.len(), max_tokens)?;
+        served.check_context(ids.len(), max_tokens)?;
     }
     let include_usage = request.sampling.include_usage()?;
     let prompt_tokens = prepared.iter().map(|(_, ids)| ids.len()).sum();
     let (texts, ids): (Vec<String>, Vec<Vec<u32>>) = prepared.into_iter().unzip();
     // A stream's echoed prompt is scored before any output carries its ids.
     let ids_for_echo = if echo && top.is_some() && request.sampling.streams() { ids.clone() } else { Vec::new() };
-    let mut run = state.engine.submit(ids, &params, state.config.max_waiting)?;
+    let mut run = served.engine.submit(ids, &params, state.config.max_waiting)?;
     run.accepted().await?;
-    let model = state.config.served_model_name.clone();
+    let model = served.name.clone();
     let (id, created) = (state.new_id("cmpl"), unix_now());
     let top = top.map(|k| k as usize);
     if request.sampling.streams() {
         let n = params.n;
         let format = CompletionChunks {
             offsets: vec![0; texts.len() * n],
-            state,
+            served,
             id,
             created,
             model,
@@ -71,14 +71,14 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
             let logprobs = match (top, &out.logprobs) {
                 (Some(k), Some(steps)) => match out.prompt_logprobs.as_ref().filter(|_| echo) {
                     Some(scored) => logprobs::completion(
-                        &state,
+                        &served,
                         logprobs::prompt_entries(&out.prompt_ids, scored)
                             .chain(logprobs::entries(&out.generated_ids, steps)),
                         k,
                         &mut 0,
                     ),
                     None => logprobs::completion(
-                        &state,
+                        &served,
                         logprobs::entries(&out.generated_ids, steps),
                         k,
                         &mut prefix.chars().count(),
@@ -107,7 +107,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
 
 /// Stream chunks of a completion (`object: text_completion`).
 struct CompletionChunks {
-    state: Arc<AppState>,
+    served: Arc<ServedModel>,
     id: String,
     created: u64,
     model: String,
@@ -157,7 +157,7 @@ impl ChunkFormat for CompletionChunks {
         let Some(text) = texts.get(prompt) else { return Vec::new() };
         // One scored prompt, sent to each of the prompt's `n` choices.
         let mut offset = 0;
-        let logprobs = logprobs::completion(&self.state, logprobs::prompt_entries(ids, scored), k, &mut offset);
+        let logprobs = logprobs::completion(&self.served, logprobs::prompt_entries(ids, scored), k, &mut offset);
         let mut chunks = Vec::new();
         for choice in prompt * self.n..(prompt + 1) * self.n {
             if let Some(slot) = self.offsets.get_mut(choice) {
@@ -171,7 +171,7 @@ impl ChunkFormat for CompletionChunks {
     fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value> {
         let logprobs = match (self.top, &delta.logprobs, self.offsets.get_mut(choice)) {
             (Some(k), Some(steps), Some(offset)) => {
-                logprobs::completion(&self.state, logprobs::entries(&delta.token_ids, steps), k, offset)
+                logprobs::completion(&self.served, logprobs::entries(&delta.token_ids, steps), k, offset)
             }
             _ => Value::Null,
         };

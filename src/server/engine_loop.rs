@@ -3,11 +3,16 @@
 //! requests as vLLM does), and sends each request's [`StepOutput`]s back on the request's own
 //! channel. A request whose receiver is gone (the client hung up) is aborted at once, so its KV
 //! blocks go back to the pool before the next step.
+//!
+//! Each served model has its own loop on its own thread; errors name the model. An engine that
+//! panics, or whose worker dies, is *down*: its requests fail with a message naming the model,
+//! later ones get 503, and the other models' loops go on serving.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -16,7 +21,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
-use crate::engine::{Engine, EngineDetails};
+use crate::device::panic_message;
+use crate::engine::{Engine, EngineDetails, EngineError, EngineLoad};
 
 /// What the front end learns about the model when the engine has been built.
 #[derive(Debug, Clone)]
@@ -73,13 +79,32 @@ pub enum EngineEvent {
     Failed(String),
 }
 
+/// Why a model's engine no longer serves, once it does not (shared by its loop and handle).
+#[derive(Debug, Clone, Default)]
+struct Down(Arc<Mutex<Option<String>>>);
+
+impl Down {
+    fn reason(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|d| d.clone())
+    }
+
+    fn set(&self, reason: String) {
+        if let Ok(mut down) = self.0.lock() {
+            *down = Some(reason);
+        }
+    }
+}
+
 /// The front end's handle on the engine thread.
 pub struct EngineHandle {
+    /// The served model's name (in every error about it).
+    pub name: String,
     commands: Sender<Command>,
+    down: Down,
     /// Engine requests sent and not yet started (the `--max-waiting` count).
     pending: Arc<AtomicUsize>,
     next_id: AtomicU64,
-    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
     /// The model being served.
     pub info: ModelInfo,
 }
@@ -88,15 +113,19 @@ pub struct EngineHandle {
 pub type EngineBuilder = Box<dyn FnOnce() -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> + Send>;
 
 impl EngineHandle {
-    /// Starts the engine thread, builds the engine there, and waits until it is ready. Fails with
-    /// the builder's error (causes included), or when the engine cannot run requests step by step.
-    pub fn spawn(build: EngineBuilder, metrics: Metrics) -> Result<Self, String> {
+    /// Starts the engine thread of model `name`, builds the engine there, and waits until it is
+    /// ready. Fails with the builder's error (causes included), or when the engine cannot run
+    /// requests step by step.
+    pub fn spawn(name: &str, build: EngineBuilder, metrics: Metrics) -> Result<Self, String> {
         let (commands, rx) = mpsc::channel();
+        let down = Down::default();
+        let loop_down = down.clone();
+        let loop_name = name.to_string();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo, String>>();
         let pending = Arc::new(AtomicUsize::new(0));
         let loop_pending = pending.clone();
         let thread = std::thread::Builder::new()
-            .name("burn-llm-engine".into())
+            .name(format!("burn-llm-engine-{name}"))
             .spawn(move || {
                 let engine = match build() {
                     Ok(engine) => engine,
@@ -122,24 +151,52 @@ impl EngineHandle {
                 if ready_tx.send(Ok(info)).is_err() {
                     return;
                 }
-                EngineLoop { engine, metrics, pending: loop_pending, live: HashMap::new(), preemptions: 0 }.run(rx);
+                let (down, up) = (loop_down.clone(), metrics.up.clone());
+                let state = EngineLoop {
+                    name: loop_name,
+                    engine,
+                    metrics,
+                    pending: loop_pending,
+                    live: HashMap::new(),
+                    preemptions: 0,
+                    down: loop_down,
+                };
+                // A panic outside a step (the step's own are caught there) ends the loop: the model
+                // is down, and its requests' channels close with it.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| state.run(rx))) {
+                    down.set(format!("its engine thread panicked: {}", panic_message(panic)));
+                    up.set(0);
+                }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
         let info = match ready_rx.recv() {
             Ok(result) => result?,
             Err(_) => return Err("the engine thread stopped while building the engine".into()),
         };
-        Ok(Self { commands, pending, next_id: AtomicU64::new(0), thread: std::sync::Mutex::new(Some(thread)), info })
+        Ok(Self {
+            name: name.to_string(),
+            commands,
+            down,
+            pending,
+            next_id: AtomicU64::new(0),
+            thread: Mutex::new(Some(thread)),
+            info,
+        })
     }
 
     /// Sends one engine request per prompt (all with `params`), sharing one event channel, after
     /// checking that at most `max_waiting` engine requests would then wait to start (else 503).
+    /// A model that is down answers 503 naming it.
     pub fn submit(&self, prompts: Vec<Vec<u32>>, params: &SamplingParams, max_waiting: usize) -> ApiResult<Run> {
+        if let Some(reason) = self.down() {
+            return Err(ApiError::unavailable(self.down_message(&reason)));
+        }
         let k = prompts.len();
         if self.pending.fetch_add(k, Ordering::SeqCst) + k > max_waiting {
             self.pending.fetch_sub(k, Ordering::SeqCst);
             return Err(ApiError::unavailable(format!(
-                "too many requests waiting (the server's --max-waiting is {max_waiting}): retry later"
+                "too many requests waiting for model `{}` (the server's --max-waiting is {max_waiting}): retry later",
+                self.name
             )));
         }
         let (events, rx) = unbounded_channel();
@@ -159,10 +216,26 @@ impl EngineHandle {
             });
             if self.commands.send(Command::Add(admission)).is_err() {
                 self.pending.fetch_sub(k - tag, Ordering::SeqCst);
-                return Err(ApiError::unavailable("the engine has stopped: the server is shutting down"));
+                return Err(ApiError::unavailable(match self.down() {
+                    Some(reason) => self.down_message(&reason),
+                    None => format!("the engine of model `{}` has stopped: the server is shutting down", self.name),
+                }));
             }
         }
         Ok(Run { events: rx, buffered: VecDeque::new(), guard, count: k })
+    }
+
+    /// Why the model no longer serves, once its engine is down.
+    pub fn down(&self) -> Option<String> {
+        self.down.reason()
+    }
+
+    /// The 503 message of a model that is down.
+    fn down_message(&self, reason: &str) -> String {
+        format!(
+            "model `{}` is down ({reason}); the server's other models still serve: restart the server to load it again",
+            self.name
+        )
     }
 
     /// Stops the engine thread (aborting what still runs) and waits for it.
@@ -263,7 +336,9 @@ struct Live {
 
 /// The loop's state.
 struct EngineLoop {
+    name: String,
     engine: Box<dyn Engine>,
+    down: Down,
     metrics: Metrics,
     pending: Arc<AtomicUsize>,
     live: HashMap<String, Live>,
@@ -294,24 +369,22 @@ impl EngineLoop {
                     Command::Stop => break 'serve,
                 }
             }
-            if self.engine.has_unfinished_requests() {
+            if !self.is_down() && self.engine.has_unfinished_requests() {
                 self.step();
             }
             self.publish();
         }
-        let ids: Vec<String> = self.live.keys().cloned().collect();
-        for id in ids {
-            if let Some(live) = self.live.get(&id) {
-                let _ = live
-                    .events
-                    .send(Tagged { tag: live.tag, event: EngineEvent::Failed("the server is shutting down".into()) });
-            }
-            self.abort(&id);
-        }
+        self.fail_all("the server is shutting down");
         self.publish();
     }
 
     fn admit(&mut self, a: Admission) {
+        if let Some(reason) = self.down.reason() {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            let message = format!("model `{}` is down: {reason}", self.name);
+            let _ = a.events.send(Tagged { tag: a.tag, event: EngineEvent::Failed(message) });
+            return;
+        }
         let prompt_len = a.prompt.len();
         match self.engine.add_request(&a.request_id, Prompt::Ids(a.prompt), a.params) {
             Ok(()) => {
@@ -330,12 +403,37 @@ impl EngineLoop {
         }
     }
 
-    /// Aborts a request (its blocks are freed now) and forgets it.
+    /// Aborts a request (its blocks are freed now) and forgets it. A down engine is not touched.
     fn abort(&mut self, id: &str) {
         if let Some(live) = self.live.remove(id) {
-            // The engine knows every live id; an abort cannot fail on the paged engine.
-            let _ = self.engine.abort(id);
+            if !self.is_down() {
+                // The engine knows every live id; an abort cannot fail on the paged engine.
+                let _ = self.engine.abort(id);
+            }
             self.retire(&live);
+        }
+    }
+
+    fn is_down(&self) -> bool {
+        self.down.reason().is_some()
+    }
+
+    /// Marks the engine down (it is never stepped again) and fails every live request.
+    fn go_down(&mut self, reason: String) {
+        self.down.set(reason.clone());
+        self.metrics.up.set(0);
+        self.metrics.set_load(&EngineLoad::default());
+        self.fail_all(&format!("model `{}` is down: {reason}", self.name));
+    }
+
+    /// Sends `message` to every live request and aborts it.
+    fn fail_all(&mut self, message: &str) {
+        let ids: Vec<String> = self.live.keys().cloned().collect();
+        for id in ids {
+            if let Some(live) = self.live.get(&id) {
+                let _ = live.events.send(Tagged { tag: live.tag, event: EngineEvent::Failed(message.to_string()) });
+            }
+            self.abort(&id);
         }
     }
 
@@ -348,19 +446,16 @@ impl EngineLoop {
         self.metrics.e2e.observe(live.arrived.elapsed().as_secs_f64());
     }
 
+    /// One engine step. An error fails the live requests (the engine goes on with later ones);
+    /// a worker's failure or a panic leaves the engine unusable, so the model goes down.
     fn step(&mut self) {
-        match self.engine.step() {
-            Ok(outputs) => outputs.into_iter().for_each(|out| self.deliver(out)),
-            Err(e) => {
-                let message = format!("the engine failed: {}", error_chain(&e));
-                let ids: Vec<String> = self.live.keys().cloned().collect();
-                for id in ids {
-                    if let Some(live) = self.live.get(&id) {
-                        let _ = live.events.send(Tagged { tag: live.tag, event: EngineEvent::Failed(message.clone()) });
-                    }
-                    self.abort(&id);
-                }
+        match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
+            Ok(Ok(outputs)) => outputs.into_iter().for_each(|out| self.deliver(out)),
+            Ok(Err(e @ EngineError::Worker(_))) => self.go_down(error_chain(&e)),
+            Ok(Err(e)) => {
+                self.fail_all(&format!("model `{}`: the engine failed: {}", self.name, error_chain(&e)));
             }
+            Err(panic) => self.go_down(format!("its engine panicked: {}", panic_message(panic))),
         }
     }
 
@@ -397,6 +492,9 @@ impl EngineLoop {
 
     /// Updates the gauges and the preemption counter.
     fn publish(&mut self) {
+        if self.is_down() {
+            return;
+        }
         if let Some(load) = self.engine.load() {
             self.metrics.set_load(&load);
         }

@@ -51,11 +51,11 @@ impl ApiError {
         }
     }
 
-    /// 404: a model this server does not serve.
+    /// 404: a model this server does not serve (`served`: the names it does serve, as text).
     pub fn model_not_found(asked: &str, served: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
-            message: format!("the model `{asked}` does not exist: this server serves `{served}` (see GET /v1/models)"),
+            message: format!("the model `{asked}` does not exist: this server serves {served} (see GET /v1/models)"),
             kind: "invalid_request_error",
             param: Some("model".into()),
             code: Some("model_not_found"),

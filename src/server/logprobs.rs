@@ -9,7 +9,7 @@
 use burn_llm_models::{PromptLogprobs, TokenLogprob};
 use serde_json::{Map, Value, json};
 
-use super::AppState;
+use super::ServedModel;
 
 /// The sampled token's log-probability (when known) and the alternatives of one step whose
 /// request asked the engine for `k` alternatives.
@@ -39,7 +39,7 @@ pub fn prompt_entries<'a>(ids: &'a [u32], scored: &'a PromptLogprobs) -> impl It
 /// token's text starts in the choice's text (moved past the tokens). An unscored token has
 /// `null` for its log-probability and its alternatives, as OpenAI's echoed first token does.
 pub fn completion<'a>(
-    state: &AppState,
+    model: &ServedModel,
     entries: impl Iterator<Item = Entry<'a>>,
     top: usize,
     offset: &mut usize,
@@ -47,7 +47,7 @@ pub fn completion<'a>(
     let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (id, step) in entries {
-        let token = state.token_text(id);
+        let token = model.token_text(id);
         text_offset.push(*offset);
         *offset += token.chars().count();
         let Some(step) = step else {
@@ -62,7 +62,7 @@ pub fn completion<'a>(
             map.insert(token.clone(), json!(lp));
         }
         for alt in alternatives.iter().take(top) {
-            map.entry(state.token_text(alt.id)).or_insert(json!(alt.logprob));
+            map.entry(model.token_text(alt.id)).or_insert(json!(alt.logprob));
         }
         tokens.push(token);
         token_logprobs.push(logprob);
@@ -72,9 +72,9 @@ pub fn completion<'a>(
 }
 
 /// The chat shape for the sampled `ids` and their `steps`, `top` alternatives each.
-pub fn chat(state: &AppState, ids: &[u32], steps: &[Vec<TokenLogprob>], top: usize) -> Value {
+pub fn chat(model: &ServedModel, ids: &[u32], steps: &[Vec<TokenLogprob>], top: usize) -> Value {
     let entry = |id: u32, logprob: Option<f32>| {
-        let token = state.token_text(id);
+        let token = model.token_text(id);
         json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
     };
     let content: Vec<Value> = ids

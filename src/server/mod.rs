@@ -1,18 +1,21 @@
-//! The OpenAI-compatible HTTP server (the `serve` example): `axum` routes in front of an
-//! [`Engine`] that runs its step loop on its own thread.
+//! The OpenAI-compatible HTTP server (the `serve` example): `axum` routes in front of one or
+//! more models, each an [`Engine`](crate::Engine) running its step loop on its own thread; a
+//! request's `model` picks the engine.
 //!
 //! | route | what |
 //! |---|---|
 //! | `POST /v1/completions` | OpenAI/vLLM completions: text, texts or token-id prompts, `n`/`best_of`, `logprobs`, `echo`, `stop`, `seed`, streaming |
 //! | `POST /v1/chat/completions` | chat completions with the model's chat template, `logprobs`/`top_logprobs`, streaming |
-//! | `GET /v1/models` | the served model |
-//! | `GET /health`, `GET /version` | liveness and version (no API key needed) |
-//! | `GET /metrics` | Prometheus text: queues, KV blocks, token counters, TTFT/TPOT/e2e histograms, preemptions |
+//! | `GET /v1/models` | the served models |
+//! | `GET /health`, `GET /version` | each model's state, and the version (no API key needed) |
+//! | `GET /metrics` | Prometheus text per `model`: queues, KV blocks, token counters, TTFT/TPOT/e2e histograms, preemptions |
 //! | `GET /` | a chat page streaming through `/v1/chat/completions` |
 //!
 //! Modules: [`protocol`] (request bodies), [`completions`] and [`chat`] (the two generation routes),
 //! [`streaming`] (engine events to SSE chunks or whole responses), [`logprobs`], [`engine_loop`]
-//! (the engine thread), [`metrics`], [`auth`], [`errors`], [`page`], [`launch`] (flags and main).
+//! (the engine thread), [`models`] (the served models and routing), [`metrics`], [`auth`],
+//! [`errors`], [`page`], [`launch`] (flags and main) with [`model_args`] (names and per-model
+//! engine flags).
 
 pub mod auth;
 pub mod chat;
@@ -22,6 +25,8 @@ pub mod errors;
 pub mod launch;
 pub mod logprobs;
 pub mod metrics;
+pub mod model_args;
+pub mod models;
 pub mod page;
 pub mod protocol;
 pub mod streaming;
@@ -38,8 +43,6 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use burn_llm_models::generation::prepare_prompt;
-use burn_llm_models::{ChatTemplate, ModelError, Prompt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tower_http::cors::CorsLayer;
@@ -47,20 +50,22 @@ use tower_http::trace::TraceLayer;
 
 pub use engine_loop::{EngineBuilder, EngineHandle, ModelInfo};
 pub use errors::{ApiError, ApiResult};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, MetricsRegistry};
+pub use models::{ModelEntry, ServedModel};
 
 /// How the server runs (the `serve` example's flags beyond the engine's).
 #[derive(Clone)]
 pub struct ServerConfig {
-    /// The model name clients give in `model` and `/v1/models` lists.
+    /// The model name of the one model [`Server::start`] serves ([`Server::start_models`] takes
+    /// each model's name from its [`ModelEntry`]).
     pub served_model_name: String,
     /// When set, every `/v1` route needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
     /// Largest request body, in bytes (413 beyond).
     pub max_body_bytes: usize,
-    /// Engine requests that may wait to start at once (503 beyond).
+    /// Engine requests that may wait to start at once, per model (503 beyond).
     pub max_waiting: usize,
-    /// A Jinja chat template replacing the model's own (vLLM's `--chat-template`).
+    /// A Jinja chat template replacing every model's own (vLLM's `--chat-template`).
     pub chat_template: Option<String>,
 }
 
@@ -92,9 +97,12 @@ impl std::fmt::Debug for ServerConfig {
 /// What can stop the server from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The engine could not be built (its message says why).
+    /// An engine could not be built (its message names the model and says why).
     #[error("{0}")]
     Engine(String),
+    /// The models or flags do not make a server (two models with one name, ...).
+    #[error("{0}")]
+    Config(String),
     /// The metrics registry refused a metric (a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -104,75 +112,19 @@ pub enum ServerError {
 pub struct AppState {
     /// The server's settings.
     pub config: ServerConfig,
-    /// The engine thread.
-    pub engine: EngineHandle,
-    /// Prometheus metrics.
-    pub metrics: Metrics,
-    /// The chat template in use (`--chat-template`, else the model's).
-    pub chat_template: Option<ChatTemplate>,
+    /// The served models, in the order given.
+    pub models: Vec<Arc<ServedModel>>,
+    /// Prometheus metrics (every model's series).
+    pub metrics: MetricsRegistry,
     /// Unix time the server started (`created` of `/v1/models`).
     pub started: u64,
     next_id: AtomicU64,
 }
 
 impl AppState {
-    /// A 404 unless `model` is absent or the served name.
-    pub fn check_model(&self, model: Option<&str>) -> ApiResult<()> {
-        match model {
-            Some(m) if m != self.config.served_model_name => {
-                Err(ApiError::model_not_found(m, &self.config.served_model_name))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Tokenizes and checks prompt `index`: its visible text (for `echo`) and its ids. Empty
-    /// prompts, ids outside the vocabulary and prompts over the context are 400s.
-    pub fn prepare(&self, index: usize, prompt: &Prompt) -> ApiResult<(String, Vec<u32>)> {
-        let spec = &self.engine.info.spec;
-        let tokenizer = self.engine.info.tokenizer.as_ref();
-        let (text, ids) =
-            prepare_prompt(index, prompt, tokenizer, spec.vocab_size, spec.max_positions).map_err(|e| {
-                let error = ApiError::bad_request(e.to_string(), Some("prompt"));
-                match e {
-                    ModelError::PromptTooLong { .. } => error.with_code("context_length_exceeded"),
-                    _ => error,
-                }
-            })?;
-        let text = match text {
-            Some(t) => t,
-            None => self.decode(&ids),
-        };
-        Ok((text, ids))
-    }
-
-    /// The 400 vLLM answers when prompt and completion together exceed the context.
-    pub fn check_context(&self, prompt_len: usize, max_tokens: u64) -> ApiResult<()> {
-        let max = self.engine.info.spec.max_positions;
-        if prompt_len as u64 + max_tokens > max as u64 {
-            return Err(ApiError::bad_request(
-                format!(
-                    "This model's maximum context length is {max} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). Please reduce the length of the prompt or completion.",
-                    prompt_len as u64 + max_tokens
-                ),
-                Some("max_tokens"),
-            )
-            .with_code("context_length_exceeded"));
-        }
-        Ok(())
-    }
-
-    /// Text of ids (special tokens skipped); empty without a tokenizer.
-    pub fn decode(&self, ids: &[u32]) -> String {
-        self.engine.info.tokenizer.as_ref().and_then(|t| t.decode(ids).ok()).unwrap_or_default()
-    }
-
-    /// One token as text, special tokens included (the `tokens` of logprobs).
-    pub fn token_text(&self, id: u32) -> String {
-        match &self.engine.info.tokenizer {
-            Some(t) => t.inner().decode(&[id], false).unwrap_or_default(),
-            None => format!("<{id}>"),
-        }
+    /// The model a request's `model` names (see [`models::route`]).
+    pub fn model(&self, asked: Option<&str>) -> ApiResult<Arc<ServedModel>> {
+        models::route(&self.models, asked).cloned()
     }
 
     /// A fresh response id with OpenAI's prefix (`cmpl`, `chatcmpl`).
@@ -209,29 +161,45 @@ pub struct Server {
 }
 
 impl Server {
-    /// Builds the engine on its own thread and gets the routes ready.
+    /// Serves one model, named `config.served_model_name`, built by `build`.
     pub fn start(build: EngineBuilder, config: ServerConfig) -> Result<Self, ServerError> {
-        let metrics = Metrics::new()?;
-        let engine = EngineHandle::spawn(build, metrics.clone()).map_err(ServerError::Engine)?;
-        let chat_template = match &config.chat_template {
-            Some(source) => {
-                let tokenizer = engine.info.tokenizer.as_ref();
-                let special = |id: Option<u32>| {
-                    id.and_then(|id| tokenizer.and_then(|t| t.inner().id_to_token(id))).unwrap_or_default()
-                };
-                let (bos, eos) = (tokenizer.and_then(|t| t.bos_id()), tokenizer.and_then(|t| t.eos_id()));
-                Some(ChatTemplate::new(source.clone(), special(bos), special(eos)))
+        let name = config.served_model_name.clone();
+        let entry = ModelEntry { source: name.clone(), name, build };
+        Self::start_models(vec![entry], config)
+    }
+
+    /// Serves `models`: checks that their names differ (before loading anything), then builds
+    /// each engine on its own thread, in order. A model that cannot be built stops the start
+    /// (the ones already built are stopped) with an error naming it.
+    pub fn start_models(models: Vec<ModelEntry>, config: ServerConfig) -> Result<Self, ServerError> {
+        if models.is_empty() {
+            return Err(ServerError::Config("no model to serve: give --model".into()));
+        }
+        models::check_names(models.iter().map(|m| m.name.as_str()))?;
+        let metrics = MetricsRegistry::new()?;
+        let mut served: Vec<Arc<ServedModel>> = Vec::with_capacity(models.len());
+        for entry in models {
+            let series = metrics.for_model(&entry.name);
+            match ServedModel::start(entry, series, config.chat_template.as_deref()) {
+                Ok(model) => served.push(Arc::new(model)),
+                Err(e) => {
+                    served.iter().for_each(|m| m.engine.stop());
+                    return Err(e);
+                }
             }
-            None => engine.info.tokenizer.as_ref().and_then(|t| t.chat_template().cloned()),
-        };
-        let state =
-            AppState { config, engine, metrics, chat_template, started: unix_now(), next_id: AtomicU64::new(0) };
+        }
+        let state = AppState { config, models: served, metrics, started: unix_now(), next_id: AtomicU64::new(0) };
         Ok(Self { state: Arc::new(state) })
     }
 
-    /// The model being served.
+    /// The served models, in order.
+    pub fn models(&self) -> &[Arc<ServedModel>] {
+        &self.state.models
+    }
+
+    /// The first (with one model, the only) model being served.
     pub fn info(&self) -> &ModelInfo {
-        &self.state.engine.info
+        &self.state.models[0].engine.info
     }
 
     /// The metrics as `/metrics` shows them.
@@ -245,12 +213,12 @@ impl Server {
         let v1 = Router::new()
             .route("/v1/completions", post(completions::handle))
             .route("/v1/chat/completions", post(chat::handle))
-            .route("/v1/models", get(models))
+            .route("/v1/models", get(models::list))
             .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_key));
         Router::new()
             .merge(v1)
             .route("/", get(page::handle))
-            .route("/health", get(|| async { StatusCode::OK }))
+            .route("/health", get(models::health))
             .route("/version", get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
             .route("/metrics", get(metrics_route))
             .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
@@ -269,26 +237,11 @@ impl Server {
     ) -> std::io::Result<()> {
         let result = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
         let state = self.state.clone();
-        tokio::task::spawn_blocking(move || state.engine.stop()).await.map_err(std::io::Error::other)?;
+        tokio::task::spawn_blocking(move || state.models.iter().for_each(|m| m.engine.stop()))
+            .await
+            .map_err(std::io::Error::other)?;
         result
     }
-}
-
-/// `GET /v1/models`.
-async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let name = &state.config.served_model_name;
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": name,
-            "object": "model",
-            "created": state.started,
-            "owned_by": "burn-llm",
-            "root": name,
-            "parent": null,
-            "max_model_len": state.engine.info.spec.max_positions,
-        }],
-    }))
 }
 
 /// `GET /metrics`.

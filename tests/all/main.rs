@@ -27,4 +27,6 @@ mod real_model;
 mod remote;
 mod sampling;
 mod server;
+mod server_clients;
+mod server_models;
 mod spec;

@@ -1,6 +1,6 @@
 //! The OpenAI-compatible server over loopback: a real server on a fixture model (paged engine on
-//! the CPU), `reqwest` with an SSE reader (`loopback_client`), the official
-//! `openai` Python client, and the chat page in headless Chromium.
+//! the CPU) and `reqwest` with an SSE reader (`loopback_client`); the official `openai` Python
+//! client and the chat page are in `server_clients`, several models in `server_models`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,17 +13,16 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::common::{Scratch, scratch_copy};
-use crate::headless_chromium;
 use crate::loopback_client::{self, SseEvents};
 use reqwest::Client;
 
 /// A minimal chat template (none of the fixtures ships one).
-const TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+pub(crate) const TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
 const PROMPT: &str = "Hello, my name is";
-const KEY: &str = "test-key-123";
+pub(crate) const KEY: &str = "test-key-123";
 
 /// The `opt` fixture with a chat template in its `tokenizer_config.json`.
-fn chat_fixture() -> Scratch {
+pub(crate) fn chat_fixture() -> Scratch {
     let dir = scratch_copy("opt");
     let path = dir.path().join("tokenizer_config.json");
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -47,19 +46,29 @@ pub(crate) fn start(model: &Path, extra: &[&str]) -> Running {
         argv.extend_from_slice(&["--kv-cache-memory", "blocks:96"]);
     }
     argv.extend_from_slice(extra);
+    start_argv(&argv)
+}
+
+/// A server started as `serve` would be with `argv` (its first item the program name).
+pub(crate) fn start_argv(argv: &[&str]) -> Running {
     let args = ServeArgs::try_parse_from(argv).unwrap();
-    let server = Server::start(args.engine_builder(), args.server_config().unwrap()).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = runtime.spawn(server.serve(listener, async {
-        let _ = stopped.await;
-    }));
-    Running { base, runtime, stop, task }
+    let server = Server::start_models(args.model_entries().unwrap(), args.server_config().unwrap()).unwrap();
+    Running::serve(server)
 }
 
 impl Running {
+    /// Serves `server` on a free loopback port, on a runtime of its own.
+    pub(crate) fn serve(server: Server) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = runtime.spawn(server.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        Running { base, runtime, stop, task }
+    }
+
     pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -73,7 +82,7 @@ impl Running {
 }
 
 /// The CLI's JSON output for the paged engine on `model`, 8 greedy tokens.
-fn cli_json(model: &Path, extra: &[&str]) -> Value {
+pub(crate) fn cli_json(model: &Path, extra: &[&str]) -> Value {
     let defaults = ExampleDefaults {
         name: "test_generate",
         model: "unused",
@@ -202,21 +211,22 @@ fn greedy_completions_and_chat_equal_the_cli_and_stream_the_same_text() {
         assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
         let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
         for name in [
-            "burn_llm_num_requests_running 0",
-            "burn_llm_num_requests_waiting 0",
-            "burn_llm_num_requests_swapped 0",
-            "burn_llm_kv_blocks_used 0",
-            "burn_llm_kv_blocks_total 96",
-            "burn_llm_time_to_first_token_seconds_count 5",
-            "burn_llm_e2e_request_latency_seconds_count 5",
-            "burn_llm_time_per_output_token_seconds_bucket",
-            "burn_llm_num_preemptions_total 0",
+            "burn_llm_num_requests_running{model=\"fixture\"} 0",
+            "burn_llm_num_requests_waiting{model=\"fixture\"} 0",
+            "burn_llm_num_requests_swapped{model=\"fixture\"} 0",
+            "burn_llm_kv_blocks_used{model=\"fixture\"} 0",
+            "burn_llm_kv_blocks_total{model=\"fixture\"} 96",
+            "burn_llm_model_up{model=\"fixture\"} 1",
+            "burn_llm_time_to_first_token_seconds_count{model=\"fixture\"} 5",
+            "burn_llm_e2e_request_latency_seconds_count{model=\"fixture\"} 5",
+            "burn_llm_time_per_output_token_seconds_bucket{model=\"fixture\",",
+            "burn_llm_num_preemptions_total{model=\"fixture\"} 0",
         ] {
             assert!(metrics.contains(name), "{name} missing from\n{metrics}");
         }
         // Two completions and three chat completions ran.
         let counter = |name: &str| -> u64 {
-            let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap();
+            let line = metrics.lines().find(|l| l.starts_with(&format!("{name}{{model=\"fixture\"}} "))).unwrap();
             line.split(' ').nth(1).unwrap().parse().unwrap()
         };
         let (chat_prompt, chat_completion) =
@@ -540,9 +550,9 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
             let metrics = client.get(&metrics_url).send().await.unwrap().text().await.unwrap();
             let idle = ["running", "waiting", "swapped"]
                 .iter()
-                .all(|q| metrics.contains(&format!("burn_llm_num_requests_{q} 0\n")))
-                && metrics.contains("burn_llm_kv_blocks_used 0\n")
-                && metrics.contains("burn_llm_requests_finished_total 64\n");
+                .all(|q| metrics.contains(&format!("burn_llm_num_requests_{q}{{model=\"fixture\"}} 0\n")))
+                && metrics.contains("burn_llm_kv_blocks_used{model=\"fixture\"} 0\n")
+                && metrics.contains("burn_llm_requests_finished_total{model=\"fixture\"} 64\n");
             if idle {
                 break;
             }
@@ -550,90 +560,5 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    server.shutdown();
-}
-
-/// What to do when a client that `.ci/run` installs is missing.
-const CLIENT_HINT: &str = "run .ci/run to install it, or set BURN_LLM_SKIP_CLIENT_TESTS=1 to skip this test";
-
-/// The Python interpreter that has the official `openai` client: `$BURN_LLM_PYTHON`, or the venv
-/// `.ci/run` makes at `~/.cache/burn-llm-venv`. Panics, saying how to get one, when it cannot
-/// import `openai`.
-fn openai_python() -> std::path::PathBuf {
-    let python = match std::env::var_os("BURN_LLM_PYTHON") {
-        Some(path) => std::path::PathBuf::from(path),
-        None => {
-            let home = std::env::var_os("HOME").expect("neither BURN_LLM_PYTHON nor HOME is set");
-            std::path::PathBuf::from(home).join(".cache/burn-llm-venv/bin/python")
-        }
-    };
-    let import = std::process::Command::new(&python).args(["-c", "import openai"]).output();
-    match import {
-        Ok(out) if out.status.success() => python,
-        Ok(out) => panic!(
-            "{} cannot import the `openai` client ({}): {CLIENT_HINT}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(e) => panic!("no Python at {} ({e}): {CLIENT_HINT}", python.display()),
-    }
-}
-
-#[test]
-#[cfg_attr(skip_client_tests, ignore = "BURN_LLM_SKIP_CLIENT_TESTS is set")]
-fn the_official_openai_python_client_works() {
-    let python = openai_python();
-    let dir = chat_fixture();
-    let server = start(dir.path(), &["--api-key", KEY]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/openai_client_check.py");
-    let base = server.url("/v1");
-    let output = std::process::Command::new(python).arg(script).args([base.as_str(), "fixture", KEY]).output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!((&seen["not_found"], &seen["auth"], &seen["models"]), (&json!(404), &json!(401), &json!(["fixture"])));
-    server.runtime.block_on(async {
-        let client = loopback_client::client();
-        let body = json!({"prompt": "Hello, my name is", "max_tokens": 8, "temperature": 0});
-        let (_, r) = post(&client, &server.url("/v1/completions"), &body, Some(KEY)).await;
-        assert_eq!(seen["completion"], r["choices"][0]["text"]);
-    });
-    server.shutdown();
-}
-
-#[test]
-#[cfg_attr(skip_client_tests, ignore = "BURN_LLM_SKIP_CLIENT_TESTS is set")]
-fn the_chat_page_streams_a_reply_in_headless_chromium() {
-    let chromium = headless_chromium::find()
-        .unwrap_or_else(|| panic!("no chromium, chromium-browser or google-chrome on PATH: {CLIENT_HINT}"));
-    let dir = chat_fixture();
-    let server = start(dir.path(), &[]);
-    let message = "Hi there";
-    let expected = server.runtime.block_on(async {
-        let client = loopback_client::client();
-        let body = json!({"model": "fixture", "messages": [{"role": "user", "content": message}], "max_tokens": 8, "temperature": 0, "top_p": 1});
-        let (_, r) = post(&client, &server.url("/v1/chat/completions"), &body, None).await;
-        r["choices"][0]["message"]["content"].as_str().unwrap().to_string()
-    });
-    let page = server.url(&format!("/?q={}&temperature=0&max_tokens=8", message.replace(' ', "%20")));
-    let profile = std::env::temp_dir().join(format!("burn-llm-chromium-{}", std::process::id()));
-    // The page is polled in real time until the reply leaves the "streaming" state (a loaded
-    // machine may take long; virtual-time DOM dumps cut streams short).
-    let finished = |dom: &str| {
-        dom.split("class=\"msg assistant\"").nth(1).is_some_and(|reply| !reply.starts_with(" data-state=\"streaming\""))
-    };
-    let dom = headless_chromium::Browser::open(chromium, &profile, &page)
-        .and_then(|mut browser| browser.wait_for(Duration::from_secs(300), finished))
-        .unwrap_or_else(|e| panic!("driving {chromium}: {e}"));
-    let _ = std::fs::remove_dir_all(&profile);
-    let reply = dom
-        .split("class=\"msg assistant\"")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no assistant message in the page:\n{dom}"));
-    assert!(reply.contains("data-state=\"done\""), "the reply did not finish streaming:\n{dom}");
-    let text = reply.split_once('>').unwrap().1.split("</div>").next().unwrap();
-    let unescaped = text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&amp;", "&");
-    assert_eq!(unescaped, expected);
-    assert!(dom.contains(&format!("class=\"msg user\">{message}<")), "{dom}");
     server.shutdown();
 }

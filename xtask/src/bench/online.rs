@@ -13,7 +13,6 @@ use burn::tensor::Device;
 use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
 use burn_llm::{DeviceChoice, Engine, Purpose};
-use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
