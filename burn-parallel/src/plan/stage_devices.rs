@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
-use super::stages::{StagesError, StagesInput, StagesOutput};
+use super::stages::{StagesError, StagesInput, StagesOutput, smallest_feasible};
 use burn_llm_models::units::fmt_bytes;
 
 /// One device of a heterogeneous pipeline, the stage of its position in `devices` runs on it.
@@ -249,19 +249,7 @@ impl<'a> Problem<'a> {
         }
         candidates.sort_by(f64::total_cmp);
         candidates.dedup();
-        let mut best = self.min_total(*candidates.last()?)?;
-        let (mut lo, mut hi) = (0usize, candidates.len() - 1);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            match self.min_total(candidates[mid]) {
-                Some(p) => {
-                    best = p;
-                    hi = mid;
-                }
-                None => lo = mid + 1,
-            }
-        }
-        Some(best)
+        smallest_feasible(&candidates, |t_max| self.min_total(t_max))
     }
 
     /// The split with every stage at most `t_max` and the least total cost, if any.

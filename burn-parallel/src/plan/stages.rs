@@ -312,24 +312,7 @@ impl Problem {
         candidates.dedup();
         let infeasible =
             || StagesError::DoesNotFit { stages: self.stages, cap: self.memory.as_ref().map_or(u64::MAX, |m| m.1) };
-        let Some(&largest) = candidates.last() else {
-            return Err(infeasible());
-        };
-        let mut best = self.min_total(largest).ok_or_else(infeasible)?;
-        // Bisection for the smallest feasible bound: feasibility only grows with the bound.
-        let (mut lo, mut hi) = (0usize, candidates.len() - 1);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            match self.min_total(candidates[mid]) {
-                Some(p) => {
-                    best = p;
-                    hi = mid;
-                }
-                None => lo = mid + 1,
-            }
-        }
-        // `best` is the plan at `candidates[hi]`, the smallest feasible bound.
-        Ok(best)
+        smallest_feasible(&candidates, |t_max| self.min_total(t_max)).ok_or_else(infeasible)
     }
 
     /// Alpa's `F(S, L, d; t_max)`: the partition with every stage at most `t_max` and the least
@@ -397,6 +380,26 @@ impl Problem {
         }
         Some(partition)
     }
+}
+
+/// The plan of the smallest bound in `candidates` (sorted ascending) for which `plan` finds one,
+/// by bisection: feasibility only grows with the bound, so the smallest feasible bound is the
+/// optimal bottleneck. `None` when even the largest bound is infeasible.
+pub(super) fn smallest_feasible<T>(candidates: &[f64], plan: impl Fn(f64) -> Option<T>) -> Option<T> {
+    let mut best = plan(*candidates.last()?)?;
+    let (mut lo, mut hi) = (0usize, candidates.len() - 1);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match plan(candidates[mid]) {
+            Some(p) => {
+                best = p;
+                hi = mid;
+            }
+            None => lo = mid + 1,
+        }
+    }
+    // `best` is the plan at `candidates[hi]`, the smallest feasible bound.
+    Some(best)
 }
 
 #[cfg(test)]
