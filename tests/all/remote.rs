@@ -159,14 +159,20 @@ fn assert_same_outputs(what: &str, remote: &[(&str, Vec<f32>)], local: &[(&str, 
 }
 
 /// Our kernels on a remote Flex worker (and a remote wgpu worker unless `BURN_LLM_TEST_WGPU=0`)
-/// give local Flex's results: the Flex worker's in Flex's default precision (8-bit input rows for
-/// GGUF-layout matmuls, in both processes), the wgpu worker's in the exact precision its kernels
+/// give local Flex's results: the Flex worker's in the caller's precision (8-bit input rows for
+/// GGUF-layout matmuls by default, exact under `with_matmul_precision`), the wgpu worker's in the exact precision its kernels
 /// compute in.
 #[test]
 fn kernels_on_remote_workers_equal_local() {
     let local = kernel_outputs(&Device::flex());
     let flex = Worker::start("flex");
     assert_same_outputs("flex worker", &kernel_outputs(&flex.device()), &local);
+    // The client's precision travels with the op: an exact caller gets exact results from a
+    // worker whose own default is 8-bit input rows.
+    let exact = || kernels::with_matmul_precision(kernels::MatmulPrecision::Exact, || kernel_outputs(&flex.device()));
+    let local_exact =
+        kernels::with_matmul_precision(kernels::MatmulPrecision::Exact, || kernel_outputs(&Device::flex()));
+    assert_same_outputs("flex worker, exact matmul", &exact(), &local_exact);
     if std::env::var("BURN_LLM_TEST_WGPU").map(|v| v != "0").unwrap_or(true) {
         let exact = kernels::with_matmul_precision(kernels::MatmulPrecision::Exact, || kernel_outputs(&Device::flex()));
         let wgpu = Worker::start("wgpu");

@@ -134,6 +134,7 @@ impl GroupQuantOps for CubeBackend {
         min: FloatTensor<Self>,
         bits: u32,
         group: usize,
+        _int8_rows: u32,
     ) -> FloatTensor<Self> {
         let n = codes.shape().dims::<2>()[0];
         launch_qmatmul(x, codes, scale, min, n, bits, group, true)

@@ -7,7 +7,6 @@ use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
 use super::ops::GroupQuantOps;
-use super::precision::{MatmulPrecision, matmul_precision};
 use super::{q8, split};
 
 /// Sizes of one fused-matmul call.
@@ -292,8 +291,9 @@ impl GroupQuantOps for Flex {
         narrowed(out, [m, n], dtype)
     }
 
-    /// Integer arithmetic on 8-bit input rows ([`int8_nt`]) unless [`MatmulPrecision::Exact`] is
-    /// in force or the groups are not whole blocks of 32; otherwise `f32`, parallel over blocks of
+    /// Integer arithmetic on 8-bit input rows ([`int8_nt`]) when the caller asked for them
+    /// (`int8_rows == 1`, its [`MatmulPrecision::Int8Activations`](super::MatmulPrecision)) and the
+    /// groups are whole blocks of 32; otherwise `f32`, parallel over blocks of
     /// weight rows (output columns), each packed word read once per call and decoded once for all
     /// input rows.
     fn fused_qmatmul_nt(
@@ -303,6 +303,7 @@ impl GroupQuantOps for Flex {
         min: FloatTensor<Self>,
         bits: u32,
         group: usize,
+        int8_rows: u32,
     ) -> FloatTensor<Self> {
         let [m, k_len] = x.layout().shape().dims::<2>();
         let [n, words] = codes.layout().shape().dims::<2>();
@@ -310,7 +311,7 @@ impl GroupQuantOps for Flex {
         let (x, codes, scale, min) = (widened(x), contiguous(codes), widened(scale), widened(min));
         let (x, codes) = (f32s(&x), u32s(&codes));
         let (scale, min) = (f32s(&scale), f32s(&min));
-        if matmul_precision() == MatmulPrecision::Int8Activations && group.is_multiple_of(q8::BLOCK) {
+        if int8_rows == 1 && group.is_multiple_of(q8::BLOCK) {
             let w = q8::Weights { codes, scale, min, bits, group };
             return narrowed(int8_nt(&w, x, m, k_len, n), [m, n], dtype);
         }

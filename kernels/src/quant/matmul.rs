@@ -43,17 +43,18 @@ fn fused(x: Tensor<2>, w: &GroupQuantized<2>, transposed: bool) -> Result<Tensor
     if w.spec.axis() != 1 || shared != k {
         return Err(QMatmulLayout { k, shape: w.shape, axis: w.spec.axis() });
     }
-    let op = if transposed {
-        <Dispatch as GroupQuantOps>::fused_qmatmul_nt
-    } else {
-        <Dispatch as GroupQuantOps>::fused_qmatmul
-    };
-    Ok(Tensor::from_dispatch(op(
+    let (x, codes, scale, min) = (
         x.into_dispatch(),
         w.codes.clone().into_dispatch(),
         w.scale.clone().into_dispatch(),
         w.min.clone().into_dispatch(),
-        w.spec.bits(),
-        w.spec.group_size(),
-    )))
+    );
+    let (bits, group) = (w.spec.bits(), w.spec.group_size());
+    Ok(Tensor::from_dispatch(if transposed {
+        // The precision is read here, on the caller's thread, and shipped with the op.
+        let int8_rows = u32::from(super::matmul_precision() == super::MatmulPrecision::Int8Activations);
+        <Dispatch as GroupQuantOps>::fused_qmatmul_nt(x, codes, scale, min, bits, group, int8_rows)
+    } else {
+        <Dispatch as GroupQuantOps>::fused_qmatmul(x, codes, scale, min, bits, group)
+    }))
 }

@@ -72,6 +72,11 @@ pub trait GroupQuantOps: Backend {
         s[1] = codes[0];
         s
     })]
+    ///
+    /// `int8_rows` is the caller's [`MatmulPrecision`](super::MatmulPrecision) as an argument (1:
+    /// [`Int8Activations`](super::MatmulPrecision::Int8Activations), 0: exact), so that it travels
+    /// with the op to a remote worker instead of being read from the worker's own thread; only a
+    /// backend with an 8-bit-row kernel (Flex) reads it.
     fn fused_qmatmul_nt(
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
@@ -79,5 +84,6 @@ pub trait GroupQuantOps: Backend {
         min: FloatTensor<Self>,
         bits: u32,
         group: usize,
+        int8_rows: u32,
     ) -> FloatTensor<Self>;
 }

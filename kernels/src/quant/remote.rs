@@ -60,11 +60,13 @@ impl<C: RouterChannel> GroupQuantOps for BackendRouter<C> {
         min: FloatTensor<Self>,
         bits: u32,
         group: usize,
+        int8_rows: u32,
     ) -> FloatTensor<Self> {
         let mut shape = x.shape();
         shape[1] = codes.shape()[0];
         let dtype = x.dtype();
-        launch("fused_qmatmul_nt", vec![x, codes, scale, min], shape, dtype, &layout(bits, group))
+        let [bits, group] = layout(bits, group);
+        launch("fused_qmatmul_nt", vec![x, codes, scale, min], shape, dtype, &[bits, group, Scalar::from(int8_rows)])
     }
 }
 
@@ -104,21 +106,32 @@ pub(crate) fn register<B: BackendIr + GroupQuantOps>(registry: &mut CustomOpRegi
         );
         handles.register_float_tensor::<B>(&out.id, x);
     });
-    // The two fused matmuls share one wire layout (x, codes, scale, min; bits, group).
-    for (id, transposed) in [("fused_qmatmul", false), ("fused_qmatmul_nt", true)] {
-        registry.register(id, move |handles, ir, _device| {
-            let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
-            let (bits, group) = read_layout(ir);
-            let op = if transposed { B::fused_qmatmul_nt } else { B::fused_qmatmul };
-            let y = op(
-                handles.get_float_tensor::<B>(x),
-                handles.get_int_tensor::<B>(codes),
-                handles.get_float_tensor::<B>(scale),
-                handles.get_float_tensor::<B>(min),
-                bits,
-                group,
-            );
-            handles.register_float_tensor::<B>(&out.id, y);
-        });
-    }
+    registry.register("fused_qmatmul", |handles, ir, _device| {
+        let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
+        let (bits, group) = read_layout(ir);
+        let y = B::fused_qmatmul(
+            handles.get_float_tensor::<B>(x),
+            handles.get_int_tensor::<B>(codes),
+            handles.get_float_tensor::<B>(scale),
+            handles.get_float_tensor::<B>(min),
+            bits,
+            group,
+        );
+        handles.register_float_tensor::<B>(&out.id, y);
+    });
+    // The client's matmul precision is the third scalar (see `GroupQuantOps::fused_qmatmul_nt`).
+    registry.register("fused_qmatmul_nt", |handles, ir, _device| {
+        let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
+        let (bits, group) = read_layout(ir);
+        let y = B::fused_qmatmul_nt(
+            handles.get_float_tensor::<B>(x),
+            handles.get_int_tensor::<B>(codes),
+            handles.get_float_tensor::<B>(scale),
+            handles.get_float_tensor::<B>(min),
+            bits,
+            group,
+            scalar_usize(ir, 2) as u32,
+        );
+        handles.register_float_tensor::<B>(&out.id, y);
+    });
 }
