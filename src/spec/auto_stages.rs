@@ -235,11 +235,8 @@ pub fn profile_stage_device(
         quant.map(|q| format!(" quantized to {q:?}")).unwrap_or_default(),
         if spec.exact_matmul { "exact" } else { "8-bit-activation" }
     );
-    let identity = ProfileIdentity {
-        device: device_identity(entry, threads),
-        model: format!("{} ({:?})", dir.display(), files.spec),
-        dtype,
-    };
+    let identity =
+        ProfileIdentity { device: device_identity(entry, threads), model: model_identity(dir, &files.spec), dtype };
     let (dir, device, cache, name) = (dir.to_owned(), device.clone(), profile_dir(spec), entry.to_string());
     let grid = grid.clone();
     let (profile, lines) = watched(entry, "being profiled", worker_timeout(spec), move || {
@@ -254,6 +251,25 @@ pub fn profile_stage_device(
     })?;
     let _ = log.write_all(&lines);
     Ok(profile)
+}
+
+/// The model as a profile's identity names it: its path and every shape that changes a layer's
+/// cost (readable in the start-up log, unlike the whole spec).
+fn model_identity(dir: &Path, spec: &burn_llm_models::DecoderSpec) -> String {
+    format!(
+        "{} ({:?}: {} layers, hidden {}, {} heads / {} KV heads of {}, FFN {}{}, vocab {}, context {})",
+        dir.display(),
+        spec.arch,
+        spec.num_layers,
+        spec.hidden_size,
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.intermediate_size,
+        if spec.gated_mlp { " gated" } else { "" },
+        spec.vocab_size,
+        spec.max_positions,
+    )
 }
 
 fn weight_quant(spec: &EngineSpec) -> Result<Option<burn_llm_models::QuantSpec>, AutoStagesError> {
