@@ -93,6 +93,15 @@ pub fn write(dir: &Path, name: &str, json: &impl Serialize, markdown: &str) -> s
     Ok(())
 }
 
+/// `text` with this machine's home directory written `~`, so that logs a report quotes name no
+/// path of the machine that ran it.
+pub fn home_relative(text: &str) -> String {
+    match std::env::var("HOME") {
+        Ok(home) if home.len() > 1 => text.replace(home.trim_end_matches('/'), "~"),
+        _ => text.to_string(),
+    }
+}
+
 /// The `percent`th percentile of `values` by nearest rank: the smallest value that at least
 /// `percent`% of them do not exceed (the sorted sample's element `⌈percent/100 · n⌉`, counting
 /// from 1), so that every reported figure is one that was measured. The same convention as
@@ -113,6 +122,16 @@ fn unix_time() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn home_relative_writes_the_home_directory_as_a_tilde() {
+        let Ok(home) = std::env::var("HOME") else { return };
+        if home.len() > 1 {
+            let quoted = format!("model {home}/.cache/m.gguf, done");
+            assert_eq!(home_relative(&quoted), "model ~/.cache/m.gguf, done");
+        }
+        assert_eq!(home_relative("no path here"), "no path here");
+    }
 
     #[test]
     fn percentile_is_the_nearest_rank() {

@@ -113,7 +113,7 @@ pub fn run(
         };
         let mut log = Vec::new();
         let mut engine = spec.init(model, Purpose::Serve, &mut log)?;
-        let plan_log = String::from_utf8_lossy(&log).trim().to_string();
+        let plan_log = crate::report::home_relative(String::from_utf8_lossy(&log).trim());
         let placement = engine.placement().unwrap_or_default();
         let layout = predict::layout_of(&placement)
             .ok_or_else(|| format!("{label}: the engine reports no stages (placement: `{placement}`)"))?;
