@@ -106,32 +106,21 @@ pub(crate) fn register<B: BackendIr + GroupQuantOps>(registry: &mut CustomOpRegi
         );
         handles.register_float_tensor::<B>(&out.id, x);
     });
-    registry.register("fused_qmatmul", |handles, ir, _device| {
-        let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
-        let (bits, group) = read_layout(ir);
-        let y = B::fused_qmatmul(
-            handles.get_float_tensor::<B>(x),
-            handles.get_int_tensor::<B>(codes),
-            handles.get_float_tensor::<B>(scale),
-            handles.get_float_tensor::<B>(min),
-            bits,
-            group,
-        );
-        handles.register_float_tensor::<B>(&out.id, y);
-    });
-    // The client's matmul precision is the third scalar (see `GroupQuantOps::fused_qmatmul_nt`).
-    registry.register("fused_qmatmul_nt", |handles, ir, _device| {
-        let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
-        let (bits, group) = read_layout(ir);
-        let y = B::fused_qmatmul_nt(
-            handles.get_float_tensor::<B>(x),
-            handles.get_int_tensor::<B>(codes),
-            handles.get_float_tensor::<B>(scale),
-            handles.get_float_tensor::<B>(min),
-            bits,
-            group,
-            scalar_usize(ir, 2) as u32,
-        );
-        handles.register_float_tensor::<B>(&out.id, y);
-    });
+    // The two fused matmuls share one wire layout (x, codes, scale, min; bits, group), and the
+    // transposed one ships the client's matmul precision as a third scalar (see
+    // `GroupQuantOps::fused_qmatmul_nt`).
+    for (id, transposed) in [("fused_qmatmul", false), ("fused_qmatmul_nt", true)] {
+        registry.register(id, move |handles, ir, _device| {
+            let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
+            let (bits, group) = read_layout(ir);
+            let x = handles.get_float_tensor::<B>(x);
+            let codes = handles.get_int_tensor::<B>(codes);
+            let (scale, min) = (handles.get_float_tensor::<B>(scale), handles.get_float_tensor::<B>(min));
+            let y = match transposed {
+                true => B::fused_qmatmul_nt(x, codes, scale, min, bits, group, scalar_usize(ir, 2) as u32),
+                false => B::fused_qmatmul(x, codes, scale, min, bits, group),
+            };
+            handles.register_float_tensor::<B>(&out.id, y);
+        });
+    }
 }
