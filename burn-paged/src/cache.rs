@@ -18,7 +18,7 @@ mod split;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_kernels::paged::{PagedBatch, SlotMapping, copy_blocks_mut, read_blocks, write_blocks_mut};
 use burn_llm_models::cache::LayerDevices;
-use burn_llm_models::{KvCache, KvLayout, ModelError};
+use burn_llm_models::{KvCache, KvLayout};
 
 use crate::error::{PagedError, Result};
 use crate::memory::BlockId;
@@ -264,7 +264,7 @@ impl KvCache for PagedKvCache {
         v: Tensor<4>,
         scale: f32,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.whole_view().attend_paged(layer, q, k, v, scale).map_err(|e| ModelError::KvCache(Box::new(e)))
+        self.whole_view().attend(layer, q, k, v, scale)
     }
 }
 

@@ -127,7 +127,7 @@ fn main() -> Result<(), String> {
     let measure = |_stage: usize, device: &Device, threads: Option<usize>| {
         in_stage_pool(threads, || profile(&spec, device, &grid, None)).map_err(|e| e.to_string())
     };
-    let same_process = |_: &Device, _: &Device| Ok(LinkProfile { latency_ms: 0.0, ms_per_byte: 0.0 });
+    let same_process = |_: usize, _: &Device, _: &Device| Ok(LinkProfile { latency_ms: 0.0, ms_per_byte: 0.0 });
     let costs = stage_costs(&plan, Some(args.threads), spec.hidden_size * 4, measure, same_process)?;
     let planner = PlannedSlices::new(costs).map_err(|e| e.to_string())?;
     let model = PipelineLm::from_checkpoint(spec, &RandomWeights::default(), &plan, None)

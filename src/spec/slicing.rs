@@ -29,17 +29,12 @@ pub fn planned_slices(
     let names = plan.names();
     let tp = plan.tensor_parallel();
     let (grid, hidden, timeout) = (slicing_grid(), files.spec.hidden_size, worker_timeout(spec));
-    let entry = |device: &burn::tensor::Device| {
-        (0..plan.layout().len())
-            .find(|&s| &plan.stage_devices(s)[0] == device)
-            .map_or_else(String::new, |s| names[s * tp].clone())
-    };
     let profile = |stage: usize, device: &burn::tensor::Device, threads: Option<usize>| {
         let name = names[stage * tp].clone();
         profile_stage_device(spec, dir, files, &name, device, &grid, threads, &mut *log).map(|p| p.profile)
     };
-    let link = |from: &burn::tensor::Device, to: &burn::tensor::Device| {
-        measure(&[entry(from), entry(to)], from, to, hidden, timeout)
+    let link = |stage: usize, from: &burn::tensor::Device, to: &burn::tensor::Device| {
+        measure(&[names[(stage - 1) * tp].clone(), names[stage * tp].clone()], from, to, hidden, timeout)
     };
     let costs = stage_costs::<AutoStagesError>(plan, None, hidden * 4, profile, link)?;
     Ok(PlannedSlices::new(costs)?)

@@ -215,15 +215,16 @@ mod measured {
     /// measured with `threads` CPU threads: for a stage on the host CPU, the share it runs with
     /// when stages run concurrently (`host_threads`, else [`stage_threads`]' even share of the
     /// cores; see [`in_stage_pool`]); `None` on other devices. A device appearing in several
-    /// stages is asked for once. `link(from, to)` gives the measured link into each stage after
-    /// the first, turned into a fixed cost plus `hidden_bytes_per_token` per token; hand-overs
-    /// between two stages on one device cost nothing.
+    /// stages is asked for once. `link(stage, from, to)` gives the measured link into each stage
+    /// after the first (from the previous stage's device), turned into a fixed cost plus
+    /// `hidden_bytes_per_token` per token; hand-overs between two stages on one device cost
+    /// nothing.
     pub fn stage_costs<E>(
         plan: &PipelinePlan,
         host_threads: Option<usize>,
         hidden_bytes_per_token: usize,
         mut profile: impl FnMut(usize, &Device, Option<usize>) -> Result<Profile, E>,
-        mut link: impl FnMut(&Device, &Device) -> Result<LinkProfile, E>,
+        mut link: impl FnMut(usize, &Device, &Device) -> Result<LinkProfile, E>,
     ) -> Result<Vec<StageCost>, E> {
         let stages = plan.layout().stages();
         let devices: Vec<Device> = (0..stages.len()).map(|s| plan.stage_devices(s)[0].clone()).collect();
@@ -243,7 +244,7 @@ mod measured {
                 }
             };
             let handover = match s.checked_sub(1).map(|prev| &devices[prev]) {
-                Some(prev) if prev != device => Some(link(prev, device)?),
+                Some(prev) if prev != device => Some(link(s, prev, device)?),
                 _ => None,
             };
             out.push(StageCost {
