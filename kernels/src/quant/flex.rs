@@ -157,8 +157,8 @@ fn u32s(t: &FlexTensor) -> &[u32] {
 
 /// Input rows quantized per parallel task when a product has many (prefill).
 const QUANTIZE_ROWS_PER_TASK: usize = 32;
-/// Weight rows per parallel task of a many-row product on the row-by-row kernel: their codes
-/// (tens of KB) stay in cache while every tile of input rows passes over them.
+/// Weight rows per parallel task of a product on the plain-Rust kernel (CPUs without AVX2): their
+/// codes (tens of KB) stay in cache while every input row passes over them.
 const INT8_ROWS_PER_TASK: usize = 64;
 /// Products with fewer multiply-adds run on the calling thread: waking another costs more.
 const INT8_SERIAL_MACS: usize = 1 << 18;
@@ -171,12 +171,15 @@ const SPLIT2_CHUNK_ROWS: usize = 2 * q8::strips::STRIP;
 /// Parallel parts per thread for products with more than [`SPLIT2_MAX_ROWS`] input rows.
 const PARTS_PER_THREAD: usize = 4;
 
-/// Whether the strip kernel ([`q8::strips`]) runs the product: past one tile of input rows. It
-/// transposes each strip of 16 weight rows once, which costs more than it saves on up to four
-/// rows when the weight streams from memory (decode), where the row-by-row kernel reads the
-/// weight in memory order (measured: `cargo xtask bench quant`, and with 60 MB of weights).
-fn use_strips(isa: q8::Isa, bits: u32, m: usize) -> bool {
-    q8::strips::supports(isa, bits) && m > q8::TILE
+/// Whether the strip kernel ([`q8::strips`]) runs the product: wherever it can (AVX-512 VNNI or
+/// AVX2, 4- or 8-bit codes), whatever the number of input rows, so that a row's result does not
+/// depend on how many rows share the product (batch invariance: a request's greedy tokens do not
+/// change with what else runs in its steps). Each output is `Σ_b scale · d_b · dot_b` in block
+/// order, then `Σ_g min · sum_g`, the same float operations for every row count and on both
+/// instruction sets; the row-by-row kernel summed lanes in another order, so a lone decode row
+/// and the same row in a batch of five differed in the last bits.
+fn use_strips(isa: q8::Isa, bits: u32) -> bool {
+    q8::strips::supports(isa, bits)
 }
 
 /// `x · Wᵀ` in integer arithmetic ([`q8`]): the input rows quantized once, then the weight rows
@@ -199,7 +202,7 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
     };
     debug_assert_eq!(a.rows(), m);
     let isa = *ISA.get_or_init(q8::Isa::best);
-    let panel = use_strips(isa, w.bits, m).then(|| q8::strips::Panel::new(&a));
+    let panel = use_strips(isa, w.bits).then(|| q8::strips::Panel::new(&a));
     let mut out = vec![0f32; m * n];
     let shared = SharedOut(out.as_mut_ptr());
     // SAFETY (both writes): every caller of `part` hands it a range of weight rows (output
@@ -207,7 +210,7 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
     // the kernels hand out only `i < m`, columns inside `rows`.
     let part = |rows: std::ops::Range<usize>| match &panel {
         Some(panel) => q8::strips::weight_rows(w, panel, rows, isa, |i, j0, v| unsafe { shared.copy(i * n + j0, v) }),
-        None => q8::weight_rows(w, &a, rows, isa, |i, j, v| unsafe { shared.write(i * n + j, v) }),
+        None => q8::weight_rows(w, &a, rows, |i, j, v| unsafe { shared.write(i * n + j, v) }),
     };
     let strip = q8::strips::STRIP;
     if m * n * k <= INT8_SERIAL_MACS {
@@ -221,10 +224,9 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
         split::split2_chunks(n, SPLIT2_CHUNK_ROWS, &|rows| part(rows));
         return out;
     }
-    let per_task = match (&panel, m <= q8::TILE) {
-        (None, false) => INT8_ROWS_PER_TASK,
-        (None, true) => n.div_ceil(threads),
-        (Some(_), _) => {
+    let per_task = match &panel {
+        None => INT8_ROWS_PER_TASK,
+        Some(_) => {
             let parts = if m <= SPLIT2_MAX_ROWS { threads } else { threads * PARTS_PER_THREAD };
             n.div_ceil(strip).div_ceil(parts) * strip
         }

@@ -166,3 +166,6 @@ pub fn dequantize<const D: usize>(q: &GroupQuantized<D>) -> Tensor<D> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(all(test, feature = "flex"))]
+mod batch_tests;

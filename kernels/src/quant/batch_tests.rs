@@ -1,0 +1,74 @@
+//! Batch invariance of the Flex products (issue 32 §6): each output row is bit for bit the same
+//! whatever the number of input rows beside it, on the integer path (8-bit input rows, the
+//! default for GGUF-layout weights), the exact path and the dense `f32` products. A row's
+//! arithmetic must not depend on the tile, strip, thread split or kernel that `m` selects.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+/// Row counts around every threshold of the products: tiles of 4 and 8, strips, the split at 32
+/// rows, the parallel quantization of 64-row parts.
+const ROWS: [usize; 14] = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 32, 33, 65, 130];
+
+fn values(t: Tensor<2>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
+/// Asserts that `product(x[..m])` gives row `i` of `product(x[..1])`… bit for bit: every row of
+/// every `m` in [`ROWS`] equals that row computed alone.
+fn assert_rows_invariant(what: &str, k: usize, product: impl Fn(Tensor<2>) -> Tensor<2>) {
+    let device = Device::flex();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(32);
+    let max = *ROWS.iter().max().unwrap();
+    let x: Vec<f32> =
+        (0..max * k).map(|_| (rng.random::<f32>() - 0.5) * if rng.random_bool(0.05) { 9.0 } else { 1.0 }).collect();
+    let rows = |range: std::ops::Range<usize>| {
+        Tensor::<2>::from_data(TensorData::new(x[range.start * k..range.end * k].to_vec(), [range.len(), k]), &device)
+    };
+    let alone: Vec<Vec<f32>> = (0..max).map(|i| values(product(rows(i..i + 1)))).collect();
+    for m in ROWS {
+        let out = values(product(rows(0..m)));
+        let n = out.len() / m;
+        for (i, row) in out.chunks_exact(n).enumerate() {
+            let same = row.iter().zip(&alone[i]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what}: row {i} of {m} differs from the row alone");
+        }
+    }
+}
+
+/// GGUF-layout weights (`[n, k]`, groups along `k`) of 4 and 8 bits, on the default integer path
+/// and the exact one; shapes with partial strips (`n` not a multiple of 16) and with enough
+/// multiply-adds to run on two threads.
+#[test]
+fn quantized_products_are_batch_invariant() {
+    let device = Device::flex();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
+    for (k, n, bits, group) in [(64, 37, 4, 32), (576, 1536, 4, 32), (1536, 100, 8, 32), (128, 70, 4, 64)] {
+        let w: Vec<f32> = (0..n * k).map(|_| rng.random::<f32>() - 0.5).collect();
+        let w = Tensor::<2>::from_data(TensorData::new(w, [n, k]), &device);
+        let w = quantize(w, QuantSpec::new(bits, group, 1).unwrap()).unwrap();
+        for precision in [MatmulPrecision::Int8Activations, MatmulPrecision::Exact] {
+            let what = format!("[{k}, {n}] {bits}-bit groups of {group}, {precision:?}");
+            assert_rows_invariant(&what, k, |x| {
+                with_matmul_precision(precision, || qmatmul_transposed(x, &w).unwrap())
+            });
+        }
+    }
+}
+
+/// Dense `f32` products ([`crate::matmul`]): a `Linear` weight `[k, n]` and a transposed table
+/// (a tied LM head's `[n, k]` embedding read as its transpose).
+#[test]
+fn dense_products_are_batch_invariant() {
+    let device = Device::flex();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(34);
+    for (k, n) in [(64, 37), (576, 1536), (256, 1000)] {
+        let w: Vec<f32> = (0..n * k).map(|_| rng.random::<f32>() - 0.5).collect();
+        let linear = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &device);
+        assert_rows_invariant(&format!("dense [{k}, {n}]"), k, |x| crate::matmul(x, linear.clone()));
+        let table = Tensor::<2>::from_data(TensorData::new(w, [n, k]), &device);
+        assert_rows_invariant(&format!("transposed [{n}, {k}]"), k, |x| crate::matmul(x, table.clone().transpose()));
+    }
+}
