@@ -8,6 +8,7 @@
 mod common;
 
 mod auto_stages;
+mod batch_invariance;
 mod chunked;
 mod cli;
 mod cli_golden;

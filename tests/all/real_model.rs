@@ -110,23 +110,30 @@ fn smollm2_chat_template() {
 }
 
 /// The prompts of `cargo xtask bench cpu`'s batched decode: every sequence of a batch decodes the
-/// ids it decodes alone with exact (`f32`-input) matmuls (rows of a batch never mix: each sequence
-/// attends only to its own slots). With 8-bit input rows a batch and a lone row run different
-/// kernels (strips of 16 × 8 vs weight rows streamed), whose `f32` sums round differently in the
-/// last bit; rounding the next layer's inputs to 8 bits can turn that into a whole code step, so
-/// near-ties (prompt 0's first token: 0.017 nats) may go either way, as in llama.cpp.
+/// ids and log-probabilities it decodes alone, on the default path (8-bit input rows) as with
+/// exact (`f32`-input) matmuls: rows of a batch never mix (each sequence attends only to its own
+/// slots) and every kernel computes a row the same way whatever the number of rows (see
+/// `batch_invariance.rs` for the paged engine).
 #[test]
 fn smollm2_batched_decode_equals_each_sequence_alone() {
     use burn_llm::kernels::{MatmulPrecision, with_matmul_precision};
 
     let generator = Generator::from(Pretrained::load(&smollm2(), &Device::flex()).unwrap());
     let prompts: Vec<Prompt> = (0..8).map(|i| Prompt::Ids(vec![1, 504 + i, 3058, 282])).collect();
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) };
-    let exact = MatmulPrecision::Exact;
-    let batched = with_matmul_precision(exact, || generator.generate(&prompts, &params)).unwrap();
-    for (i, prompt) in prompts.iter().enumerate() {
-        let alone = with_matmul_precision(exact, || generator.generate(std::slice::from_ref(prompt), &params)).unwrap();
-        let ids = &batched.requests[i].generated_ids;
-        assert_eq!(ids, &alone.requests[0].generated_ids, "prompt {i} in a batch of 8 and alone");
+    let params = SamplingParams { ignore_eos: true, logprobs: Some(1), ..SamplingParams::greedy(16) };
+    for precision in [MatmulPrecision::Int8Activations, MatmulPrecision::Exact] {
+        let batched = with_matmul_precision(precision, || generator.generate(&prompts, &params)).unwrap();
+        for (i, prompt) in prompts.iter().enumerate() {
+            let alone =
+                with_matmul_precision(precision, || generator.generate(std::slice::from_ref(prompt), &params)).unwrap();
+            let (b, a) = (&batched.requests[i], &alone.requests[0]);
+            assert_eq!(b.generated_ids, a.generated_ids, "{precision:?}: prompt {i} in a batch of 8 and alone");
+            let lp = |r: &burn_llm::RequestOutput| -> Vec<f32> {
+                r.logprobs.iter().flatten().flatten().map(|l| l.logprob).collect()
+            };
+            for (x, y) in lp(b).iter().zip(lp(a)) {
+                assert!((x - y).abs() <= 1e-6, "{precision:?}: prompt {i}: log-probability {x} batched, {y} alone");
+            }
+        }
     }
 }
