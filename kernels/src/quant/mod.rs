@@ -18,6 +18,8 @@ mod matmul;
 pub mod ops;
 mod precision;
 #[cfg(feature = "flex")]
+pub(crate) mod kq;
+#[cfg(feature = "flex")]
 pub(crate) mod q8;
 mod spec;
 #[cfg(feature = "flex")]
