@@ -14,11 +14,11 @@
 //!
 //! Each op is a CubeCL kernel for every GPU runtime with a pure-Rust twin for Flex ([`ops`]).
 
+#[cfg(feature = "flex")]
+pub(crate) mod kq;
 mod matmul;
 pub mod ops;
 mod precision;
-#[cfg(feature = "flex")]
-pub(crate) mod kq;
 #[cfg(feature = "flex")]
 pub(crate) mod q8;
 mod spec;

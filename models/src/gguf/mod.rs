@@ -248,10 +248,8 @@ impl GgufFile {
         let info = self
             .tensor_info(name)
             .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), dir: self.path.clone() })?;
-        let values = dequantize(info.kind, self.tensor_bytes(info)).ok_or_else(|| ModelError::UnsupportedGgufType {
-            name: name.to_string(),
-            kind: info.kind.name(),
-        })?;
+        let values = dequantize(info.kind, self.tensor_bytes(info))
+            .ok_or_else(|| ModelError::UnsupportedGgufType { name: name.to_string(), kind: info.kind.name() })?;
         Ok((values, info.shape()))
     }
 }

@@ -43,8 +43,7 @@ impl Rows16 {
     pub fn new(x: &[f32], k: usize, bits: u32) -> Self {
         debug_assert!(k.is_multiple_of(BLOCK) && x.len().is_multiple_of(k.max(1)));
         let blocks = x.len() / BLOCK;
-        let mut rows =
-            Self { q: vec![0; x.len()], d: vec![0.0; blocks], group_sum: vec![0.0; 2 * blocks], k };
+        let mut rows = Self { q: vec![0; x.len()], d: vec![0.0; blocks], group_sum: vec![0.0; 2 * blocks], k };
         let mut codes = [0i8; BLOCK];
         for (b, values) in x.chunks_exact(BLOCK).enumerate() {
             let values: &[f32; BLOCK] = values.try_into().expect("whole blocks");
@@ -89,7 +88,13 @@ pub fn supports(bits: u32, group: usize) -> bool {
 
 /// `x · Wᵀ` for weight rows `rows` of `w` (groups of [`GROUP`]): `write(i, j, value)` for every
 /// input row `i` and weight row `j` in `rows`.
-pub fn weight_rows(w: &Weights<'_>, a: &Rows16, rows: Range<usize>, isa: Isa, mut write: impl FnMut(usize, usize, f32)) {
+pub fn weight_rows(
+    w: &Weights<'_>,
+    a: &Rows16,
+    rows: Range<usize>,
+    isa: Isa,
+    mut write: impl FnMut(usize, usize, f32),
+) {
     let (k, bits) = (a.k, w.bits);
     let (words, groups) = (k * bits as usize / 32, k / GROUP);
     for j in rows {

@@ -31,8 +31,10 @@ fn weight(n: usize, k: usize, bits: u32, seed: u64) -> Weight {
     let groups = n * k / GROUP;
     let scale: Vec<f32> = values(groups, seed + 1).iter().map(|v| 0.01 + v.abs() * 0.1).collect();
     let min: Vec<f32> = values(groups, seed + 2).iter().map(|v| v * 0.5).collect();
-    let codes =
-        codes_u.chunks_exact(per).map(|c| c.iter().enumerate().fold(0, |w, (t, &q)| w | (q << (bits as usize * t)))).collect();
+    let codes = codes_u
+        .chunks_exact(per)
+        .map(|c| c.iter().enumerate().fold(0, |w, (t, &q)| w | (q << (bits as usize * t))))
+        .collect();
     let dense = codes_u.iter().enumerate().map(|(e, &q)| q as f32 * scale[e / GROUP] + min[e / GROUP]).collect();
     Weight { codes, scale, min, dense }
 }

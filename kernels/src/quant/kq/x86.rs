@@ -80,11 +80,7 @@ pub(super) unsafe fn row_dot_vnni(bits: u32, codes: &[u32], scale: &[f32], q: &[
         let (b0, b1) = (2 * p, 2 * p + 1);
         let (g0, g1) = block_groups(bits, codes, b0);
         let (g2, g3) = block_groups(bits, codes, b1);
-        let u = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_set_m128i(g1, g0)),
-            _mm256_set_m128i(g3, g2),
-            1,
-        );
+        let u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(g1, g0)), _mm256_set_m128i(g3, g2), 1);
         // SAFETY: two blocks of activation codes, 64 bytes.
         let x = unsafe { _mm512_loadu_si512(q[b0 * BLOCK..].as_ptr().cast()) };
         let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
@@ -97,9 +93,7 @@ pub(super) unsafe fn row_dot_vnni(bits: u32, codes: &[u32], scale: &[f32], q: &[
     if d.len() % 2 == 1 {
         let b = d.len() - 1;
         // SAFETY: the CPU has AVX2 and FMA (enabled here); one whole block.
-        total += unsafe {
-            row_dot_avx2(bits, &codes[b * bits as usize..], &scale[2 * b..], &q[b * BLOCK..], &d[b..])
-        };
+        total += unsafe { row_dot_avx2(bits, &codes[b * bits as usize..], &scale[2 * b..], &q[b * BLOCK..], &d[b..]) };
     }
     total
 }

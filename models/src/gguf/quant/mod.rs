@@ -64,7 +64,9 @@ pub fn dequantize(kind: GgmlType, bytes: &[u8]) -> Option<Vec<f32>> {
                 // The reference's `scale · (q − offset)`: equal to `code · scale + min`, and
                 // also in the sign of a zero.
                 let offset = i16::from(offset);
-                groups.flat_map(|(codes, (&s, _))| codes.iter().map(move |&q| s * f32::from(i16::from(q) - offset))).collect()
+                groups
+                    .flat_map(|(codes, (&s, _))| codes.iter().map(move |&q| s * f32::from(i16::from(q) - offset)))
+                    .collect()
             } else {
                 groups.flat_map(|(codes, (&s, &m))| codes.iter().map(move |&q| s * f32::from(q) + m)).collect()
             }

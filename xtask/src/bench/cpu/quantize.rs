@@ -18,7 +18,10 @@ pub fn requantized(python: &Path, source: &Path, kind: &str) -> Result<PathBuf, 
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let partial = target.with_extension("partial");
-    let script = "import sys, llama_cpp as L\n\
+    // llama.cpp's per-tensor log is silenced; its result code is the exit status.
+    let script = "import sys, ctypes, llama_cpp as L\n\
+                  quiet = L.llama_log_callback(lambda level, text, data: None)\n\
+                  L.llama_log_set(quiet, ctypes.c_void_p(0))\n\
                   kind = getattr(L, 'LLAMA_FTYPE_MOSTLY_' + sys.argv[3], None)\n\
                   if kind is None: sys.exit('llama.cpp has no file type ' + sys.argv[3] + ' (try Q4_K_M, Q5_K_M, Q6_K, Q3_K_M, Q2_K, Q5_0, Q5_1)')\n\
                   p = L.llama_model_quantize_default_params()\n\
