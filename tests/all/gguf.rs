@@ -309,7 +309,8 @@ fn bad_quantized_tensors_are_named_errors() {
     let at = find_type_field(&bytes, "blk.0.ffn_up.weight");
     bytes[at..at + 4].copy_from_slice(&23u32.to_le_bytes());
     let path = write_temp(&bytes, "iq4-xs");
-    let err = Pretrained::load(&path, &Device::flex()).err().expect("an IQ4_XS weight is refused").to_string();
+    let Err(err) = Pretrained::load(&path, &Device::flex()) else { panic!("an IQ4_XS weight is refused") };
+    let err = err.to_string();
     std::fs::remove_file(path).ok();
     assert!(err.contains("blk.0.ffn_up.weight") && err.contains("IQ4_XS"), "{err}");
     assert!(err.contains("Q4_K") && err.contains("Q6_K") && err.contains("Q5_0"), "{err}");
