@@ -4,10 +4,12 @@
 //! bit).
 //!
 //! Every product here is exact in `f32`: an f16 scale has 11 significant bits, a sub-block scale
-//! at most 7 and a code at most 8, so `code · scale` and `offset · scale` never round, and their
-//! sum rounds only where the reference's own expression does (`d·q − m` for the types with a
-//! minimum). Signed codes (`q − 8`, `q − 16`, `q − 32`, …) become unsigned ones with the offset
-//! folded into the minimum, which is therefore lossless.
+//! at most 7 and a code at most 8, and no type has more than 24 of them together (the most is
+//! Q6_K's 11 + 7 + 6), so `code · scale` and `offset · scale` never round, and their sum rounds
+//! only where the reference's own expression does (`d·q − m` for the types with a minimum).
+//! Signed codes (`q − 8`, `q − 16`, `q − 32`, …) become unsigned ones with the offset folded into
+//! the minimum, which is therefore lossless (`dequantize` still computes the signed form, so that
+//! a zero keeps the reference's sign).
 
 use half::f16;
 
