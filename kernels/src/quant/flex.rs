@@ -7,7 +7,7 @@ use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
 use super::ops::GroupQuantOps;
-use super::{q8, split};
+use super::{kq, q8, split};
 
 /// Sizes of one fused-matmul call.
 struct BlockShape {
@@ -295,7 +295,8 @@ impl GroupQuantOps for Flex {
 
     /// Integer arithmetic on 8-bit input rows ([`int8_nt`]) when the caller asked for them
     /// (`int8_rows == 1`, its [`MatmulPrecision::Int8Activations`](super::MatmulPrecision)) and the
-    /// groups are whole blocks of 32; otherwise `f32`, parallel over blocks of
+    /// groups are whole blocks of 32 ([`q8`]) or groups of 16 ([`kq`], the K-quants with
+    /// sub-blocks of 16); otherwise `f32`, parallel over blocks of
     /// weight rows (output columns), each packed word read once per call and decoded once for all
     /// input rows.
     fn fused_qmatmul_nt(
@@ -316,6 +317,10 @@ impl GroupQuantOps for Flex {
         if int8_rows == 1 && group.is_multiple_of(q8::BLOCK) {
             let w = q8::Weights { codes, scale, min, bits, group };
             return narrowed(int8_nt(&w, x, m, k_len, n), [m, n], dtype);
+        }
+        if int8_rows == 1 && kq::supports(bits, group) {
+            let w = q8::Weights { codes, scale, min, bits, group };
+            return narrowed(kq::int8_nt(&w, x, m, k_len, n), [m, n], dtype);
         }
         let groups = k_len / group;
         let xsum: Vec<f32> = x.chunks_exact(group).map(|c| c.iter().sum()).collect();

@@ -14,6 +14,8 @@
 //!
 //! Each op is a CubeCL kernel for every GPU runtime with a pure-Rust twin for Flex ([`ops`]).
 
+#[cfg(feature = "flex")]
+pub(crate) mod kq;
 mod matmul;
 pub mod ops;
 mod precision;

@@ -166,7 +166,11 @@ fn assert_close(found: &[f32], reference: &[f32], case: (usize, usize, usize)) {
 fn fused_qmatmul_transposed_equals_dequantize_then_matmul() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
     for device in devices() {
+        // Groups of 16: the K-quants with sub-blocks of 16 (Q2_K, Q3_K, Q6_K) as repacked at load.
+        let k_quants = [(3, 256, 9, 8, 16), (2, 96, 7, 4, 16)];
         for (m, k, n, bits, group) in [(1, 64, 40, 4, 32), (2, 96, 17, 8, 32), (16, 128, 33, 4, 64), (33, 64, 8, 8, 4)]
+            .into_iter()
+            .chain(k_quants)
         {
             let w: Vec<f32> = (0..k * n).map(|_| rng.random::<f32>() - 0.5).collect();
             let x: Vec<f32> = (0..m * k).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();

@@ -7,7 +7,7 @@ mod source;
 mod spm;
 mod tokenizer;
 
-pub use quant::{GgmlType, RepackedBlocks, dequantize, repack_blocks};
+pub use quant::{BlockLayout, GgmlType, RepackedBlocks, dequantize, repack_blocks};
 pub use source::{GgufModel, permute_rope_rows, unpermute_rope_rows};
 pub use tokenizer::{chat_template, tokenizer_from_gguf};
 
@@ -171,9 +171,16 @@ impl GgufHeader {
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                 .ok_or_else(|| format!("tensor `{name}`: element count overflows"))?;
+            let per_block = kind.block_elements() as u64;
+            if !dims[0].is_multiple_of(per_block) {
+                return Err(format!(
+                    "tensor `{name}`: rows of {} values do not fill whole {kind} blocks of {per_block}",
+                    dims[0]
+                ));
+            }
             let size = kind
                 .byte_size(elements)
-                .ok_or_else(|| format!("tensor `{name}`: {elements} elements do not fill whole {kind:?} blocks"))?;
+                .ok_or_else(|| format!("tensor `{name}`: {elements} elements do not fill whole {kind} blocks"))?;
             let start = data_start
                 .checked_add(offset)
                 .filter(|s| offset % alignment == 0 && *s <= bytes.len() as u64)
@@ -241,10 +248,8 @@ impl GgufFile {
         let info = self
             .tensor_info(name)
             .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), dir: self.path.clone() })?;
-        let values = dequantize(info.kind, self.tensor_bytes(info)).ok_or_else(|| ModelError::UnsupportedGgufType {
-            name: name.to_string(),
-            kind: format!("{:?}", info.kind),
-        })?;
+        let values = dequantize(info.kind, self.tensor_bytes(info))
+            .ok_or_else(|| ModelError::UnsupportedGgufType { name: name.to_string(), kind: info.kind.name() })?;
         Ok((values, info.shape()))
     }
 }

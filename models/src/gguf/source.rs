@@ -13,7 +13,7 @@ use serde_json::json;
 use burn::tensor::Device;
 use burn_llm_kernels::{GroupQuantized, QuantSpec};
 
-use super::quant::{BLOCK, RepackedBlocks, repack_blocks};
+use super::quant::{RepackedBlocks, repack_blocks};
 use super::{GgufFile, GgufValue};
 use crate::config::DecoderSpec;
 use crate::error::{ModelError, Result};
@@ -83,9 +83,10 @@ impl GgufModel {
 }
 
 impl GgufModel {
-    /// The blocks of a `Q4_0`/`Q4_1`/`Q8_0` matrix repacked on the host (groups of 32 along the
-    /// input dimension, llama.cpp's layout) with RoPE-permuted rows un-permuted as whole rows of
-    /// codes, scales and minimums, and how they are quantized; `None` for other tensors.
+    /// The blocks of a quantized matrix (any type [`repack_blocks`] reads) repacked on the host
+    /// (groups of 16 or 32 along the input dimension, llama.cpp's layout) with RoPE-permuted rows
+    /// un-permuted as whole rows of codes, scales and minimums, and how they are quantized; `None`
+    /// for other tensors.
     fn blocks(&self, name: &str, [rows, cols]: [usize; 2]) -> Result<Option<(RepackedBlocks, QuantSpec)>> {
         let Some((gguf, order)) = self.map_name(name) else {
             return Ok(None);
@@ -101,17 +102,17 @@ impl GgufModel {
             return Err(ModelError::ShapeMismatch { name: gguf, expected: vec![rows, cols], found: shape });
         }
         let corrupt = |message: String| ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message };
-        if !cols.is_multiple_of(BLOCK) {
-            return Err(corrupt(format!("`{gguf}` has rows of {cols} values, not whole blocks of {BLOCK}")));
+        let RepackedBlocks { mut codes, mut scale, mut min, bits, group } = blocks;
+        if !cols.is_multiple_of(group) {
+            return Err(corrupt(format!("`{gguf}` has rows of {cols} values, not whole groups of {group}")));
         }
-        let RepackedBlocks { mut codes, mut scale, mut min, bits } = blocks;
         if let Rows::Rope(heads) = order {
             codes = unpermute_rope_rows(&codes, heads, rows, cols * bits as usize / 32);
-            scale = unpermute_rope_rows(&scale, heads, rows, cols / BLOCK);
-            min = unpermute_rope_rows(&min, heads, rows, cols / BLOCK);
+            scale = unpermute_rope_rows(&scale, heads, rows, cols / group);
+            min = unpermute_rope_rows(&min, heads, rows, cols / group);
         }
-        let spec = QuantSpec::new(bits, BLOCK, WEIGHT_QUANT_AXIS).map_err(|e| corrupt(format!("`{gguf}`: {e}")))?;
-        Ok(Some((RepackedBlocks { codes, scale, min, bits }, spec)))
+        let spec = QuantSpec::new(bits, group, WEIGHT_QUANT_AXIS).map_err(|e| corrupt(format!("`{gguf}`: {e}")))?;
+        Ok(Some((RepackedBlocks { codes, scale, min, bits, group }, spec)))
     }
 
     /// Uploads host blocks of an `HF` `[rows, cols]` matrix to `device`.
@@ -130,7 +131,7 @@ impl GgufModel {
 }
 
 impl TensorSource for GgufModel {
-    /// `Q4_0`, `Q4_1` and `Q8_0` matrices come back as their blocks, repacked (groups of 32 along
+    /// Quantized matrices come back as their blocks, repacked losslessly (groups of 16 or 32 along
     /// the input dimension, llama.cpp's layout); RoPE-permuted rows are un-permuted as whole rows
     /// of codes, scales and minimums.
     fn quantized(&self, name: &str, shape: [usize; 2], device: &Device) -> Result<Option<GroupQuantized<2>>> {
@@ -153,25 +154,27 @@ impl TensorSource for GgufModel {
         let Some((blocks, spec)) = self.blocks(name, shape)? else {
             return Ok(None);
         };
-        if !cols.start.is_multiple_of(BLOCK) || !cols.end.is_multiple_of(BLOCK) {
+        let group = blocks.group;
+        if !cols.start.is_multiple_of(group) || !cols.end.is_multiple_of(group) {
             return Err(ModelError::Window {
                 name: name.to_string(),
                 shape,
                 rows,
                 cols,
                 why: format!(
-                    "the columns do not start and end on its blocks of {BLOCK} values; choose a split whose shards are whole blocks"
+                    "the columns do not start and end on its groups of {group} values; choose a split whose shards are whole groups"
                 ),
             });
         }
         let per_word = spec.per_word();
         let words = |c: &Range<usize>| c.start / per_word..c.end / per_word;
-        let groups = |c: &Range<usize>| c.start / BLOCK..c.end / BLOCK;
+        let groups = |c: &Range<usize>| c.start / group..c.end / group;
         let cut = RepackedBlocks {
             codes: window(&blocks.codes, shape[1] / per_word, rows.clone(), words(&cols)),
-            scale: window(&blocks.scale, shape[1] / BLOCK, rows.clone(), groups(&cols)),
-            min: window(&blocks.min, shape[1] / BLOCK, rows.clone(), groups(&cols)),
+            scale: window(&blocks.scale, shape[1] / group, rows.clone(), groups(&cols)),
+            min: window(&blocks.min, shape[1] / group, rows.clone(), groups(&cols)),
             bits: blocks.bits,
+            group,
         };
         self.upload(name, cut, [rows.len(), cols.len()], spec, device).map(Some)
     }

@@ -240,7 +240,7 @@ fn quantize_into_portable(rows: &mut QuantizedRows, x: &[f32], k: usize, per_gro
 /// element order; returns the scale kept at `f16` precision (so that the codes and scales are
 /// llama.cpp's) and the sum of the codes. Written lane-wise so that it vectorizes.
 #[inline(always)]
-fn quantize_block(values: &[f32; BLOCK], codes: &mut [i8; BLOCK]) -> (f32, i32) {
+pub(crate) fn quantize_block(values: &[f32; BLOCK], codes: &mut [i8; BLOCK]) -> (f32, i32) {
     let mut lanes = [0f32; 8];
     for chunk in values.chunks_exact(8) {
         for (lane, v) in lanes.iter_mut().zip(chunk) {

@@ -28,7 +28,11 @@ def _quiet(level, text, user_data):
 
 L.llama_log_set(_quiet, ctypes.c_void_p(0))
 L.llama_backend_init()
-model = L.llama_model_load_from_file(cfg["model"].encode(), L.llama_model_default_params())
+model_params = L.llama_model_default_params()
+# llama-cpp-python 0.3.36's extra buffer types (the AMX repack path) segfault on Sapphire Rapids
+# hosts, on Gemma 3 and SmolLM2 alike: weights stay in llama.cpp's plain CPU buffers.
+model_params.use_extra_bufts = False
+model = L.llama_model_load_from_file(cfg["model"].encode(), model_params)
 if not model:
     sys.exit(f"llama.cpp could not load {cfg['model']}")
 n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))

@@ -4,7 +4,10 @@
 //! llama.cpp runs through `llama-cpp-python` ([`LLAMA_CPP_PYTHON`] from PyPI, compiled by pip with
 //! cmake and gcc, `GGML_NATIVE=ON`: every instruction set of this CPU) in a virtual environment
 //! cached outside the repository (`~/.cache/burn-llm/llama-cpp-venv`, beside the model cache), driven by `llama_cpp.py`
-//! through its low-level bindings so that several sequences decode in one batch. Measured, each
+//! through its low-level bindings so that several sequences decode in one batch, its model loaded
+//! with `use_extra_bufts = False` (0.3.36's extra-buffer AMX repack path segfaults on Sapphire
+//! Rapids, on Gemma 3 and SmolLM2 alike). `--quantize Q4_K_M` (or another llama.cpp file type)
+//! benchmarks the model re-quantized by llama.cpp first ([`quantize`]). Measured, each
 //! `--runs` times (burn-llm then llama.cpp, per figure): decode tokens/s at batch 1, 8 and 32
 //! (`--new-tokens` greedy tokens after a 4-token prompt per sequence), prompt processing tokens/s
 //! of a `--prompt-tokens` prompt, each as a ratio; the roofline (batch × read bandwidth ÷ weight
@@ -14,6 +17,7 @@
 //! arithmetic orders of llama.cpp itself agree is the yardstick for burn-llm's agreement.
 
 mod divergence;
+mod quantize;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -36,7 +40,8 @@ const DRIVER: &str = include_str!("llama_cpp.py");
 /// Flags of `bench cpu`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model (default: the cached SmolLM2-135M-Instruct Q4_1 from `cargo xtask fetch-model smollm2`).
+    /// GGUF model: a path or hub id, or `smollm2` / `gemma3` for the file `cargo xtask fetch-model`
+    /// caches (default: `smollm2`, SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<String>,
     /// Runs of every figure (min / median / max are reported).
@@ -57,6 +62,11 @@ pub struct Args {
     /// burn-llm multiplies by `f32` input rows instead of 8-bit ones (`--exact-matmul` of the CLI).
     #[arg(long)]
     exact_matmul: bool,
+    /// Benchmark the model re-quantized to this llama.cpp file type first (`Q4_K_M`, `Q6_K`,
+    /// `Q5_0`, …), by llama.cpp's own `llama_model_quantize` in the venv (cached in the model
+    /// cache); the report is then `cpu-<type>`.
+    #[arg(long)]
+    quantize: Option<String>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -294,18 +304,33 @@ fn different_token(a: &[u32], b: &[u32]) -> Option<usize> {
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let default = &burn_llm::models::pypi::SMOLLM2_GGUF;
-    let model = match &args.model {
-        Some(m) => m.clone(),
-        None => default.cached_path().display().to_string(),
+    // `--model smollm2|gemma3` (or none) names a model `cargo xtask fetch-model` caches.
+    let known = match args.model.as_deref() {
+        None => Some(crate::fetch::Known::Smollm2),
+        Some(name) => <crate::fetch::Known as clap::ValueEnum>::from_str(name, true).ok(),
     };
-    // Reports name the default model by its file, not by this machine's cache path.
-    let label = args.model.clone().unwrap_or_else(|| format!("{} (model cache)", default.file));
-    let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model smollm2`)"))?;
+    let (model, label, fetch) = match (known, &args.model) {
+        (Some(known), _) => {
+            let source = known.source();
+            let name = <crate::fetch::Known as clap::ValueEnum>::to_possible_value(&known)
+                .map_or_else(String::new, |v| v.get_name().to_string());
+            // Reports name a cached model by its file, not by this machine's cache path.
+            (source.cached_path().display().to_string(), format!("{} (model cache)", source.file), name)
+        }
+        (None, m) => (m.clone().unwrap_or_default(), m.clone().unwrap_or_default(), "smollm2".to_string()),
+    };
+    let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model {fetch}`)"))?;
     // Next to the model cache (`~/.cache/burn-llm/models`), outside the repository.
     let venv =
         args.venv.clone().unwrap_or_else(|| burn_llm::models::pypi::cache_dir().with_file_name("llama-cpp-venv"));
     let python = llama_cpp_python(&venv)?;
+    let (path, label) = match &args.quantize {
+        Some(kind) => {
+            let label = format!("{label} re-quantized to {} by llama.cpp", kind.to_ascii_uppercase());
+            (quantize::requantized(&python, &path, kind)?, label)
+        }
+        None => (path, label),
+    };
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let max_batch = args.batch_sizes.iter().copied().max().unwrap_or(1);
     let n_batch = args.prompt_tokens.max(max_batch * 4).max(512);
@@ -386,13 +411,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.prompt_tokens,
         args.batch_sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
         if args.exact_matmul { " --exact-matmul" } else { "" }
-    );
+    ) + &args.quantize.as_ref().map_or(String::new(), |q| format!(" --quantize {q}"));
     let header = Header::new("cpu", command, Some("flex"), label);
     let mut md = header.markdown("CPU: burn-llm (Flex) vs llama.cpp, same GGUF file");
     md.push_str(&format!(
         "- threads: {threads} each (burn-llm's rayon pool, llama.cpp's `n_threads`); burn-llm's matmul precision: {precision:?}, \
          its integer kernels: {}\n\
-         - llama.cpp: llama-cpp-python {} built by pip from PyPI with `CMAKE_ARGS={LLAMA_CMAKE_ARGS}`; {}\n\
+         - llama.cpp: llama-cpp-python {} built by pip from PyPI with `CMAKE_ARGS={LLAMA_CMAKE_ARGS}`, model loaded with \
+         `use_extra_bufts = False` (its AMX repack buffers segfault on Sapphire Rapids); {}\n\
          - host read bandwidth: {bandwidth:.1} GB/s; burn-llm reads {:.1} MB of weights per decode step\n\
          - figures: median (min–max) of {} runs, burn-llm then llama.cpp back to back each run; ratio = burn-llm ÷ llama.cpp per run\n\
          - decode: {} greedy tokens per sequence after a 4-token prompt (sequences of a batch decode together; llama.cpp: one `llama_decode` of all sequences per step)\n\
@@ -473,7 +499,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         matmul_precision: format!("{precision:?}"),
         figures,
     };
-    report::write(&args.out, "cpu", &report, &md)?;
+    // One report per model and quantization, so runs on other files do not overwrite the default's.
+    let name = match (&args.quantize, fetch.as_str()) {
+        (Some(kind), _) => format!("cpu-{}", kind.to_ascii_lowercase()),
+        (None, "gemma3") => "cpu-gemma3".to_string(),
+        _ => "cpu".to_string(),
+    };
+    report::write(&args.out, &name, &report, &md)?;
     Ok(())
 }
 
