@@ -7,6 +7,7 @@
 
 mod common;
 
+mod archs;
 mod auto_stages;
 mod chunked;
 mod cli;
@@ -14,6 +15,8 @@ mod cli_golden;
 mod engine;
 mod errors;
 mod gguf;
+mod gguf_archs;
+mod gguf_writer;
 mod headless_chromium;
 mod loopback_client;
 mod offload;
