@@ -46,6 +46,11 @@ Fixtures:
                           sharded safetensors with an index file.
 * ``gpt2``                GPT-2 (Conv1D weights), tied head, stored in float16.
 
+``--arch`` writes only the fixtures of the newer architectures (``ARCH_SPECS``: Gemma 3, Qwen2,
+Qwen3, Mistral, Phi-3), each with a ``model.gguf`` copy written by the ``gguf`` package
+(``scripts/make_gguf_fixtures.py``), and ``llama/llama3.gguf`` (LLaMA 3 RoPE as
+``rope_freqs.weight``), leaving everything else untouched.
+
 The model seeds are picked deterministically: for each fixture a short fixed
 list of seeds is tried and the first one whose greedy continuations are varied,
 contain no EOS, have a clear top-1/top-2 logit margin at every step, and whose
@@ -88,6 +93,16 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -312,11 +327,82 @@ FIXTURE_SPECS = [
 ]
 
 
+# Sliding window of the architectures that have one: shorter than the long prompt plus its
+# continuation, so local layers see a different context than global attention would.
+WINDOW = 8
+
+
+def common_kwargs(kv_heads: int, tie: bool) -> dict:
+    return dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+        initializer_range=INIT_STD,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def gemma3_config() -> Gemma3TextConfig:
+    # head_dim 32 != hidden / heads, query_pre_attn_scalar != head_dim, two local layers (window 8,
+    # RoPE base 10 000) then a global one (base 1e6), final logit softcapping.
+    kwargs = common_kwargs(kv_heads=2, tie=True)
+    kwargs["num_hidden_layers"] = 3
+    return Gemma3TextConfig(
+        **kwargs,
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=WINDOW,
+        sliding_window_pattern=3,
+        final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh",
+        pad_token_id=0,
+    )
+
+
+def qwen2_config() -> Qwen2Config:
+    return Qwen2Config(**common_kwargs(kv_heads=2, tie=False), rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+def qwen3_config() -> Qwen3Config:
+    return Qwen3Config(**common_kwargs(kv_heads=2, tie=True), head_dim=32, attention_bias=False)
+
+
+def mistral_config() -> MistralConfig:
+    return MistralConfig(**common_kwargs(kv_heads=2, tie=False), sliding_window=WINDOW)
+
+
+def phi3_config() -> Phi3Config:
+    kwargs = common_kwargs(kv_heads=2, tie=False)
+    return Phi3Config(**kwargs, sliding_window=WINDOW, pad_token_id=0, original_max_position_embeddings=MAX_POS)
+
+
+# The architectures of issue 31, each also written as GGUF (see ``write_gguf``).
+ARCH_SPECS = [
+    ("gemma3", "llama", Gemma3ForCausalLM, gemma3_config, torch.bfloat16, None),
+    ("qwen2", "llama", Qwen2ForCausalLM, qwen2_config, torch.bfloat16, None),
+    ("qwen3", "llama", Qwen3ForCausalLM, qwen3_config, torch.bfloat16, None),
+    ("mistral", "llama", MistralForCausalLM, mistral_config, torch.bfloat16, None),
+    ("phi3", "llama", Phi3ForCausalLM, phi3_config, torch.bfloat16, None),
+]
+
+
 def new_model(cls, config, seed: int, storage_dtype: torch.dtype):
     torch.manual_seed(seed)
     config = copy.deepcopy(config)
     model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
     perturb_norms_and_biases(model, seed)
+    if config.model_type == "gemma3_text":
+        # Gemma multiplies embeddings by sqrt(hidden): a table drawn at INIT_STD would drown every
+        # layer's output in the residual stream (greedy then repeats its input token).
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(config.hidden_size**-0.25)
     model.eval()
     # Round-trip through the storage dtype so that selection runs on exactly the
     # weights the reference will be computed from.
@@ -672,6 +758,16 @@ def half_references(name: str):
 
 
 def main():
+    if sys.argv[1:] == ["--arch"]:
+        from make_gguf_fixtures import write_gguf, write_llama3_gguf
+
+        for spec in ARCH_SPECS:
+            make_fixture(*spec)
+            write_gguf(FIXTURES / spec[0])
+            worst, size = verify(spec[0])
+            print(f"verified {spec[0]:20s} total {size:8d} bytes, max |logits diff| on reload {worst:.2e}")
+        write_llama3_gguf(FIXTURES / "llama")
+        return 0
     if sys.argv[1:] == ["--penalties"]:
         for spec in FIXTURE_SPECS:
             penalty_references(spec[0])

@@ -14,6 +14,7 @@
 //! ([`PagedKvCache::begin_micro_batches`], [`MicroBatchCache`](burn_llm_models::MicroBatchCache)).
 
 mod split;
+mod window;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_kernels::paged::{PagedBatch, SlotMapping, copy_blocks_mut, read_blocks, write_blocks_mut};
@@ -56,6 +57,8 @@ pub struct PagedKvCache {
     /// The step's slots and block tables per micro-batch, per distinct device of `placement`,
     /// uploaded once and read by every layer there.
     steps: Vec<Vec<DeviceStep>>,
+    /// The same layouts on the host (local layers read their windows through them).
+    host_steps: Vec<PagedStep>,
     /// The micro-batch `attend` serves.
     current: usize,
     placement: LayerDevices,
@@ -131,6 +134,7 @@ impl PagedKvCache {
             host: vec![Vec::new(); layout.num_layers],
             num_host_blocks,
             steps: Vec::new(),
+            host_steps: Vec::new(),
             current: 0,
             placement,
         }
@@ -177,6 +181,7 @@ impl PagedKvCache {
             uploaded.push(per_device);
         }
         self.steps = uploaded;
+        self.host_steps = steps.to_vec();
         self.current = 0;
         Ok(())
     }
@@ -265,6 +270,18 @@ impl KvCache for PagedKvCache {
         scale: f32,
     ) -> burn_llm_models::Result<Tensor<4>> {
         self.whole_view().attend(layer, q, k, v, scale)
+    }
+
+    fn attend_window(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+        window: usize,
+    ) -> burn_llm_models::Result<Tensor<4>> {
+        self.whole_view().attend_window(layer, q, k, v, scale, window)
     }
 }
 

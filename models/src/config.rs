@@ -1,16 +1,19 @@
 //! Model configuration: HF `config.json` parsed per architecture and lowered to one
 //! [`DecoderSpec`] that the shared decoder is built from.
 //!
-//! OPT, LLaMA and GPT-2 are all pre- or post-norm decoder stacks that differ only in a handful of
-//! choices (norm kind, position scheme, activation, gating, biases, tied head, projections). Each
-//! architecture module parses its own `config.json` dialect and states those choices here, so the
-//! forward pass exists once.
+//! OPT, LLaMA, GPT-2, Mistral, Qwen2/3, Gemma 3 and Phi-3 are all pre- or post-norm decoder stacks
+//! that differ only in a handful of choices (norm kind, position scheme, activation, gating,
+//! biases, tied head, projections, and the newer families' [`DecoderVariants`]: QK-norm, sandwich
+//! norms, sliding windows…). Each architecture module parses its own `config.json` dialect and
+//! states those choices here, so the forward pass exists once.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::arch::{gpt2::Gpt2Config, llama::LlamaConfig, opt::OptConfig};
+use crate::arch::{
+    gemma::Gemma3Config, gpt2::Gpt2Config, llama::LlamaConfig, opt::OptConfig, phi3::Phi3Config, qwen::QwenConfig,
+};
 use crate::error::{ModelError, Result};
 use crate::layers::rope::RopeSpec;
 use crate::precision::Precision;
@@ -25,6 +28,16 @@ pub enum Architecture {
     Llama,
     /// OpenAI's GPT-2 (`model_type: "gpt2"`).
     Gpt2,
+    /// Mistral (`model_type: "mistral"`): LLaMA's layout with a sliding window.
+    Mistral,
+    /// Qwen2 and Qwen2.5 (`model_type: "qwen2"`): biases on q, k and v.
+    Qwen2,
+    /// Qwen3 (`model_type: "qwen3"`): QK-norm, no biases.
+    Qwen3,
+    /// Gemma 3's text model (`model_type: "gemma3_text"`).
+    Gemma3,
+    /// Phi-3 (`model_type: "phi3"`): fused `qkv_proj` and `gate_up_proj`.
+    Phi3,
 }
 
 impl Architecture {
@@ -34,6 +47,11 @@ impl Architecture {
             Architecture::Opt => "opt",
             Architecture::Llama => "llama",
             Architecture::Gpt2 => "gpt2",
+            Architecture::Mistral => "mistral",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3_text",
+            Architecture::Phi3 => "phi3",
         }
     }
 }
@@ -147,6 +165,68 @@ pub struct DecoderSpec {
     /// cast to it when loading.
     #[serde(default)]
     pub dtype: Precision,
+    /// What the newer architectures (Gemma 3, Qwen, Mistral, Phi-3) change; all off for OPT,
+    /// LLaMA and GPT-2.
+    #[serde(default)]
+    pub variants: DecoderVariants,
+}
+
+/// The choices of the newer decoder families, as data: each is off by default.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DecoderVariants {
+    /// RMSNorm over each head of the queries and keys, before RoPE (Gemma 3, Qwen3).
+    pub qk_norm: bool,
+    /// Norms after attention and after the MLP too, before their residual adds (Gemma's
+    /// `post_attention_layernorm` / `post_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    /// Added to every norm weight at load: Gemma's safetensors store `w` for a `(1 + w)` gain
+    /// (llama.cpp's converter bakes the `+1` into GGUF files).
+    pub norm_weight_offset: f64,
+    /// Token embeddings multiplied by this (Gemma's `√hidden`, rounded to the weights' dtype).
+    pub embed_scale: Option<f64>,
+    /// Attention score multiplier replacing `1/√head_dim` (Gemma's `query_pre_attn_scalar^-½`).
+    pub attention_scale: Option<f64>,
+    /// Bias on the output projection when it differs from
+    /// [`DecoderSpec::attention_bias`] (Qwen2: q, k and v only).
+    pub o_bias: Option<bool>,
+    /// Local attention of some or all layers.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Final logits become `cap · tanh(logits / cap)` (Gemma's `final_logit_softcapping`).
+    pub final_logit_softcap: Option<f64>,
+}
+
+/// Sliding-window attention: a query at position `p` sees keys at positions `p - size + 1..=p`
+/// (HF's `sliding_window`, the key itself included).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlidingWindow {
+    /// Keys a query sees, itself included.
+    pub size: usize,
+    /// `layers[i]`: layer `i` is local; empty means every layer is (Mistral, Phi-3).
+    pub layers: Vec<bool>,
+    /// RoPE of the local layers when it differs from the global one (Gemma 3's
+    /// `rope_local_base_freq`).
+    pub local_rope: Option<RopeSpec>,
+}
+
+impl SlidingWindow {
+    /// Whether layer `i` is local.
+    pub fn is_local(&self, layer: usize) -> bool {
+        self.layers.is_empty() || self.layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// The per-layer flags of HF's `layer_types` (`"sliding_attention"` / `"full_attention"`).
+    pub fn layers_from_types(types: &[String]) -> std::result::Result<Vec<bool>, String> {
+        types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(format!(
+                    "unsupported layer type `{other}` in `layer_types` (sliding_attention, full_attention are)"
+                )),
+            })
+            .collect()
+    }
 }
 
 impl DecoderSpec {
@@ -176,6 +256,18 @@ impl DecoderSpec {
                 .to_spec()
                 .map_err(|m| ModelError::config(path, m))?,
             Architecture::Gpt2 => Gpt2Config::deserialize(&value)
+                .map_err(parse_err)?
+                .to_spec()
+                .map_err(|m| ModelError::config(path, m))?,
+            Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => QwenConfig::deserialize(&value)
+                .map_err(parse_err)?
+                .to_spec(arch)
+                .map_err(|m| ModelError::config(path, m))?,
+            Architecture::Gemma3 => Gemma3Config::deserialize(&value)
+                .map_err(parse_err)?
+                .to_spec()
+                .map_err(|m| ModelError::config(path, m))?,
+            Architecture::Phi3 => Phi3Config::deserialize(&value)
                 .map_err(parse_err)?
                 .to_spec()
                 .map_err(|m| ModelError::config(path, m))?,
@@ -212,7 +304,29 @@ impl DecoderSpec {
         if self.vocab_size > u32::MAX as usize {
             return Err("vocab_size does not fit in u32 token ids".into());
         }
+        if let Some(window) = &self.variants.sliding_window {
+            if window.size == 0 {
+                return Err("`sliding_window` must be positive".into());
+            }
+            if !window.layers.is_empty() && window.layers.len() != self.num_layers {
+                return Err(format!(
+                    "`layer_types` names {} layers but the model has {} (num_hidden_layers)",
+                    window.layers.len(),
+                    self.num_layers
+                ));
+            }
+        }
+        if let Some(cap) = self.variants.final_logit_softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(format!("final_logit_softcapping must be a positive number, got {cap}"));
+        }
         Ok(())
+    }
+
+    /// The sliding window of layer `i`, if it attends locally.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.variants.sliding_window.as_ref().filter(|w| w.is_local(layer)).map(|w| w.size)
     }
 
     /// Queries per key/value head.
@@ -229,6 +343,11 @@ fn detect_architecture(value: &serde_json::Value) -> std::result::Result<Archite
         "opt" => Some(Architecture::Opt),
         "llama" => Some(Architecture::Llama),
         "gpt2" => Some(Architecture::Gpt2),
+        "mistral" => Some(Architecture::Mistral),
+        "qwen2" => Some(Architecture::Qwen2),
+        "qwen3" => Some(Architecture::Qwen3),
+        "gemma3_text" => Some(Architecture::Gemma3),
+        "phi3" => Some(Architecture::Phi3),
         _ => None,
     };
     if let Some(t) = model_type {
@@ -239,6 +358,11 @@ fn detect_architecture(value: &serde_json::Value) -> std::result::Result<Archite
         Some(name) if name.starts_with("OPT") => Ok(Architecture::Opt),
         Some(name) if name.starts_with("Llama") => Ok(Architecture::Llama),
         Some(name) if name.starts_with("GPT2") => Ok(Architecture::Gpt2),
+        Some(name) if name.starts_with("Mistral") => Ok(Architecture::Mistral),
+        Some(name) if name.starts_with("Qwen2") => Ok(Architecture::Qwen2),
+        Some(name) if name.starts_with("Qwen3") => Ok(Architecture::Qwen3),
+        Some("Gemma3ForCausalLM") => Ok(Architecture::Gemma3),
+        Some(name) if name.starts_with("Phi3") => Ok(Architecture::Phi3),
         Some(name) => Err(Some(name.to_string())),
         None => Err(None),
     }
@@ -277,6 +401,16 @@ pub struct SpecialIds {
     /// End-of-sequence id(s).
     #[serde(default)]
     pub eos_token_id: OneOrMany,
+}
+
+/// Deserializes a field HF may write as `null` (transformers 5 writes unset flags so) as its
+/// default.
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// Serde default for flags that HF configs default to `true`.

@@ -47,9 +47,13 @@ pub enum ModelError {
     },
     /// `config.json` names an architecture this crate does not implement.
     #[error(
-        "unsupported architecture `{0}`: burn-llm runs OPT (`opt`), LLaMA (`llama`) and GPT-2 (`gpt2`) checkpoints"
+        "unsupported architecture `{0}`: burn-llm runs OPT (`opt`), LLaMA (`llama`), GPT-2 (`gpt2`), Mistral \
+         (`mistral`), Qwen2/2.5 (`qwen2`), Qwen3 (`qwen3`), Gemma 3 (`gemma3_text`) and Phi-3 (`phi3`) checkpoints"
     )]
     UnsupportedArchitecture(String),
+    /// A model feature an engine or mode does not implement.
+    #[error("{0} is not supported")]
+    UnsupportedFeature(String),
     /// A safetensors file could not be parsed (truncated, corrupt, or not safetensors at all).
     #[error("corrupt or truncated weights file {path}: {message}")]
     CorruptWeights {

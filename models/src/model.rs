@@ -15,7 +15,7 @@ use crate::error::{ModelError, Result};
 use crate::language_model::LanguageModel;
 use crate::layers::attention::SelfAttention;
 use crate::layers::embedding::TokenEmbedding;
-use crate::layers::linear::{WeightLayout, load_fused_in_out, load_linear, load_projection};
+use crate::layers::linear::{WeightLayout, load_fused_in_out, load_fused_out_in, load_linear, load_projection};
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::Norm;
 use crate::layers::projection::{Projection, QLinear};
@@ -35,6 +35,10 @@ pub struct DecoderLayer {
     pub mlp: Mlp,
     /// Pre-norm (`true`) or post-norm.
     pub pre_norm: bool,
+    /// Norm of the attention output before its residual add (Gemma's sandwich norms).
+    pub post_attn_norm: Option<Norm>,
+    /// Norm of the MLP output before its residual add.
+    pub post_mlp_norm: Option<Norm>,
 }
 
 impl DecoderLayer {
@@ -55,7 +59,7 @@ impl DecoderLayer {
 
     /// Applies `f` to every attention and MLP projection (with its name, for errors).
     fn map_projections(self, f: impl Fn(Projection, &str) -> Result<Projection>) -> Result<Self> {
-        let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm } = self;
+        let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm, post_attn_norm, post_mlp_norm } = self;
         let attn =
             SelfAttention { q: f(attn.q, "q")?, k: f(attn.k, "k")?, v: f(attn.v, "v")?, o: f(attn.o, "o")?, ..attn };
         let mlp = Mlp {
@@ -67,7 +71,7 @@ impl DecoderLayer {
             down: f(mlp.down, "down")?,
             activation: mlp.activation,
         };
-        Ok(DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm })
+        Ok(DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm, post_attn_norm, post_mlp_norm })
     }
 
     /// Runs the layer on `[batch, seq, hidden]`.
@@ -78,9 +82,14 @@ impl DecoderLayer {
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
     ) -> Result<Tensor<3>> {
+        let post = |norm: &Option<Norm>, y: Tensor<3>| match norm {
+            Some(norm) => norm.forward(y),
+            None => y,
+        };
         Ok(if self.pre_norm {
-            let x = x.clone() + self.attn.forward(self.attn_norm.forward(x), layer, rotary, cache)?;
-            x.clone() + self.mlp.forward(self.mlp_norm.forward(x))
+            let attn = self.attn.forward(self.attn_norm.forward(x.clone()), layer, rotary, cache)?;
+            let x = x + post(&self.post_attn_norm, attn);
+            x.clone() + post(&self.post_mlp_norm, self.mlp.forward(self.mlp_norm.forward(x)))
         } else {
             let x = self.attn_norm.forward(x.clone() + self.attn.forward(x, layer, rotary, cache)?);
             self.mlp_norm.forward(x.clone() + self.mlp.forward(x))
@@ -117,7 +126,9 @@ pub struct CausalLm {
 pub struct Hidden {
     /// `[batch, seq, hidden]`.
     pub states: Tensor<3>,
-    /// `cos`/`sin` of the step's positions for rotary models.
+    /// `cos`/`sin` of the step's positions for rotary models, `[batch, seq, 1, tables · d / 2]`:
+    /// one table, or two side by side (global, then local) when local layers rotate with a RoPE
+    /// of their own (Gemma 3); each layer picks its own.
     pub rotary: Option<(Tensor<4>, Tensor<4>)>,
 }
 
@@ -179,8 +190,12 @@ impl CausalLm {
         };
         let project_in = project(names.project_in, [embed, hidden])?;
         let project_out = project(names.project_out, [hidden, embed])?;
-        let final_norm =
-            if spec.final_norm { Some(Norm::load(ckpt, names.final_norm, spec.norm, hidden, device)?) } else { None };
+        let offset = spec.variants.norm_weight_offset;
+        let final_norm = if spec.final_norm {
+            Some(Norm::load(ckpt, names.final_norm, spec.norm, hidden, offset, device)?)
+        } else {
+            None
+        };
         let lm_head = if spec.tie_word_embeddings {
             None
         } else {
@@ -287,6 +302,10 @@ impl CausalLm {
     /// Token and position embeddings of a step.
     pub fn embed(&self, step: &StepInput) -> Hidden {
         let mut states = self.embed_tokens.forward(step.tokens.clone());
+        if let Some(scale) = self.spec.variants.embed_scale {
+            // HF multiplies by the scale cast to the embedding's dtype.
+            states = states.mul_scalar(self.spec.dtype.round(scale));
+        }
         if let Some(project_in) = &self.project_in {
             states = project_in.forward(states);
         }
@@ -299,7 +318,12 @@ impl CausalLm {
             }
             PositionKind::Rotary(rope) => {
                 // Angles in `f32` (as HF computes them), cast to the model's dtype like HF's `cos`/`sin`.
-                let (cos, sin) = rope.cos_sin(&step.positions, step.max_position);
+                let (mut cos, mut sin) = rope.cos_sin(&step.positions, step.max_position);
+                if let Some(local) = self.spec.variants.sliding_window.as_ref().and_then(|w| w.local_rope.as_ref()) {
+                    let (local_cos, local_sin) = local.cos_sin(&step.positions, step.max_position);
+                    cos = Tensor::cat(vec![cos, local_cos], 3);
+                    sin = Tensor::cat(vec![sin, local_sin], 3);
+                }
                 let dtype = self.spec.dtype.dtype();
                 rotary = Some((cos.cast(dtype), sin.cast(dtype)));
             }
@@ -338,7 +362,11 @@ impl CausalLm {
             Some(head) => head.forward(states),
             None => self.embed_tokens.tied_logits(states),
         };
-        logits.cast(DType::F32)
+        let logits = logits.cast(DType::F32);
+        match self.spec.variants.final_logit_softcap {
+            Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
+            None => logits,
+        }
     }
 
     /// Logits of every token of the step, `[batch, seq, vocab]`.
@@ -361,9 +389,10 @@ impl CausalLm {
     }
 }
 
-/// `1/sqrt(head_dim)`, with GPT-2's optional `1/(layer+1)`.
+/// `1/sqrt(head_dim)` (or the architecture's own, Gemma's `query_pre_attn_scalar^-½`), with
+/// GPT-2's optional `1/(layer+1)`.
 fn attention_scale(spec: &DecoderSpec, layer: usize) -> f64 {
-    let base = 1.0 / (spec.head_dim as f64).sqrt();
+    let base = spec.variants.attention_scale.unwrap_or(1.0 / (spec.head_dim as f64).sqrt());
     if spec.scale_attn_by_inverse_layer_idx { base / (layer + 1) as f64 } else { base }
 }
 
@@ -391,30 +420,55 @@ fn load_layer_f32(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device
             let [q, k, v] = load_fused_in_out::<3>(ckpt, &name(qkv), hidden, q_out, device)?;
             (q.into(), k.into(), v.into())
         }
+        QkvNames::FusedOutIn(qkv) => {
+            let [q, k, v] = load_fused_out_in(ckpt, &name(qkv), hidden, [q_out, kv_out, kv_out], device)?;
+            (q, k, v)
+        }
     };
     let ffn = spec.intermediate_size;
+    let (gate, up) = match (names.gate_up, names.gate) {
+        (Some(gate_up), _) => {
+            let [gate, up] = load_fused_out_in(ckpt, &name(gate_up), hidden, [ffn, ffn], device)?;
+            (Some(gate), up)
+        }
+        (None, Some(gate)) => {
+            (Some(linear(gate, [hidden, ffn], spec.mlp_bias)?), linear(names.up, [hidden, ffn], spec.mlp_bias)?)
+        }
+        (None, None) => (None, linear(names.up, [hidden, ffn], spec.mlp_bias)?),
+    };
+    let variants = &spec.variants;
+    let norm =
+        |suffix: &str, dim: usize| Norm::load(ckpt, &name(suffix), spec.norm, dim, variants.norm_weight_offset, device);
+    let optional = |suffix: Option<&str>, on: bool, dim: usize| -> Result<Option<Norm>> {
+        match suffix {
+            Some(suffix) if on => norm(suffix, dim).map(Some),
+            _ => Ok(None),
+        }
+    };
+    let qk_norm = variants.qk_norm;
+    let sandwich = variants.sandwich_norms;
+    let window = spec.window(i);
+    let local_rope = variants.sliding_window.as_ref().is_some_and(|w| w.local_rope.is_some());
     Ok(DecoderLayer {
-        attn_norm: Norm::load(ckpt, &name(names.attn_norm), spec.norm, hidden, device)?,
+        attn_norm: norm(names.attn_norm, hidden)?,
         attn: SelfAttention {
             q,
             k,
             v,
-            o: linear(names.o_proj, [q_out, hidden], spec.attention_bias)?,
+            o: linear(names.o_proj, [q_out, hidden], variants.o_bias.unwrap_or(spec.attention_bias))?,
             num_heads: spec.num_heads,
             num_kv_heads: spec.num_kv_heads,
             head_dim: spec.head_dim,
             scale: attention_scale(spec, i),
+            q_norm: optional(names.q_norm, qk_norm, spec.head_dim)?,
+            k_norm: optional(names.k_norm, qk_norm, spec.head_dim)?,
+            window,
+            rope_table: usize::from(local_rope && window.is_some()),
         },
-        mlp_norm: Norm::load(ckpt, &name(names.mlp_norm), spec.norm, hidden, device)?,
-        mlp: Mlp {
-            up: linear(names.up, [hidden, ffn], spec.mlp_bias)?,
-            gate: match names.gate {
-                Some(gate) => Some(linear(gate, [hidden, ffn], spec.mlp_bias)?),
-                None => None,
-            },
-            down: linear(names.down, [ffn, hidden], spec.mlp_bias)?,
-            activation: spec.activation,
-        },
+        mlp_norm: norm(names.mlp_norm, hidden)?,
+        mlp: Mlp { up, gate, down: linear(names.down, [ffn, hidden], spec.mlp_bias)?, activation: spec.activation },
         pre_norm: spec.pre_norm,
+        post_attn_norm: optional(names.post_attn_norm, sandwich, hidden)?,
+        post_mlp_norm: optional(names.post_mlp_norm, sandwich, hidden)?,
     })
 }

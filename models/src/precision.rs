@@ -75,6 +75,15 @@ impl Precision {
         }
     }
 
+    /// `value` rounded to this type (as `f32`), as a constant cast to it would be.
+    pub fn round(self, value: f64) -> f32 {
+        match self {
+            Precision::F32 => value as f32,
+            Precision::F16 => half::f16::from_f64(value).to_f32(),
+            Precision::Bf16 => half::bf16::from_f64(value).to_f32(),
+        }
+    }
+
     /// Whether this is a 16-bit type.
     pub fn is_half(self) -> bool {
         self != Precision::F32

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod archs;
 mod auto_stages;
 mod batch_invariance;
 mod chunked;
@@ -15,6 +16,8 @@ mod cli_golden;
 mod engine;
 mod errors;
 mod gguf;
+mod gguf_archs;
+mod gguf_writer;
 mod headless_chromium;
 mod loopback_client;
 mod offload;

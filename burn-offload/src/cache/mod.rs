@@ -155,6 +155,34 @@ impl KvCache for OffloadKvCache {
         v: Tensor<4>,
         scale: f32,
     ) -> burn_llm_models::Result<Tensor<4>> {
+        self.attend_masked(layer, q, k, v, scale, None)
+    }
+
+    fn attend_window(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+        window: usize,
+    ) -> burn_llm_models::Result<Tensor<4>> {
+        self.attend_masked(layer, q, k, v, scale, Some(window))
+    }
+}
+
+impl OffloadKvCache {
+    /// Stores the step's keys and values of `layer` where its policy keeps them and attends over
+    /// its slots, through a sliding `window` for local layers.
+    fn attend_masked(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+        window: Option<usize>,
+    ) -> burn_llm_models::Result<Tensor<4>> {
         let step = self.steps.range_for(&self.layout, &k);
         let home = self.placement.get(layer);
         let slots = home.and(self.layers.get_mut(layer)).and_then(Option::take);
@@ -168,7 +196,10 @@ impl KvCache for OffloadKvCache {
         let (k, v) = if away { (k.to_device(&home.device), v.to_device(&home.device)) } else { (k, v) };
         let (slots, keys, values) = slots.store(k, v, step.clone());
         self.layers[layer] = Some(slots);
-        let bias = self.steps.bias();
+        let bias = match window {
+            None => self.steps.bias(),
+            Some(window) => self.steps.window_bias(window),
+        };
         // Top-K sparsity applies to decode steps (one new token per sequence).
         let keep = self.sparsity.filter(|_| step.len() == 1).map(|f| keys_kept(f, step.end));
         if !away {

@@ -24,6 +24,7 @@ pub(super) struct LayerView<'a> {
     keys: &'a mut [Tensor<4>],
     values: &'a mut [Tensor<4>],
     steps: &'a [Vec<DeviceStep>],
+    host_steps: &'a [super::PagedStep],
     placement: &'a LayerDevices,
     /// The micro-batch `attend` serves.
     current: usize,
@@ -37,6 +38,7 @@ impl PagedKvCache {
             keys: &mut self.keys,
             values: &mut self.values,
             steps: &self.steps,
+            host_steps: &self.host_steps,
             placement: &self.placement,
             current: self.current,
         }
@@ -54,6 +56,7 @@ impl LayerView<'_> {
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
+        window: Option<usize>,
     ) -> Result<Tensor<4>> {
         let [_, heads, tokens, head_dim] = q.dims();
         let to_rows = |t: Tensor<4>| -> Tensor<3> {
@@ -78,7 +81,17 @@ impl LayerView<'_> {
             )?;
         reshape_and_cache_with(&mut self.keys[local], to_rows(k), slots)?;
         reshape_and_cache_with(&mut self.values[local], to_rows(v), slots)?;
-        let out = paged_attention_with(to_rows(q), &self.keys[local], &self.values[local], batch, scale)?;
+        let out = match window {
+            None => paged_attention_with(to_rows(q), &self.keys[local], &self.values[local], batch, scale)?,
+            Some(window) => {
+                let step = self
+                    .host_steps
+                    .get(self.current)
+                    .ok_or_else(|| PagedError::Internal(format!("micro-batch {} has no host layout", self.current)))?;
+                let pools = (&self.keys[local], &self.values[local]);
+                super::window::windowed_attention(to_rows(q), pools, step, scale, window)?
+            }
+        };
         Ok(out.swap_dims(0, 1).reshape([1, heads, tokens, head_dim]))
     }
 }
@@ -92,7 +105,19 @@ impl KvCache for LayerView<'_> {
         v: Tensor<4>,
         scale: f32,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.attend_paged(layer, q, k, v, scale).map_err(|e| ModelError::KvCache(Box::new(e)))
+        self.attend_paged(layer, q, k, v, scale, None).map_err(|e| ModelError::KvCache(Box::new(e)))
+    }
+
+    fn attend_window(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+        window: usize,
+    ) -> burn_llm_models::Result<Tensor<4>> {
+        self.attend_paged(layer, q, k, v, scale, Some(window)).map_err(|e| ModelError::KvCache(Box::new(e)))
     }
 }
 
@@ -111,7 +136,7 @@ impl MicroBatchCache for PagedKvCache {
         if !splittable(layers, self.keys.len()) {
             return None;
         }
-        let (steps, placement) = (&self.steps, &self.placement);
+        let (steps, host_steps, placement) = (&self.steps, &self.host_steps, &self.placement);
         let (mut keys, mut values) = (&mut self.keys[..], &mut self.values[..]);
         let mut at = 0;
         let mut views: Vec<StageCache<'_>> = Vec::with_capacity(layers.len());
@@ -126,6 +151,7 @@ impl MicroBatchCache for PagedKvCache {
                 keys: view_k,
                 values: view_v,
                 steps,
+                host_steps,
                 placement,
                 current: 0,
             }));

@@ -66,6 +66,7 @@ mod source;
 mod split;
 
 use burn::tensor::{Device, Tensor};
+use burn_llm_models::arch::QkvNames;
 use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, DecoderSpec, KvCache, ModelError, QuantSpec};
@@ -102,6 +103,16 @@ impl TensorParallelLayer {
         }
         if layer >= spec.num_layers {
             return Err(TensorParallelError::NoSuchLayer { layer, layers: spec.num_layers });
+        }
+        let names = spec.arch.tensor_names();
+        if matches!(names.qkv, QkvNames::FusedOutIn(_)) || names.gate_up.is_some() || spec.variants.sandwich_norms {
+            // Phi-3's fused rows are not cut per rank here, and Gemma's post-norms read the whole
+            // reduced output.
+            return Err(ModelError::UnsupportedFeature(format!(
+                "tensor parallelism of a {} checkpoint; run it on one device or in a pipeline",
+                spec.arch.name()
+            ))
+            .into());
         }
         let plan = ShardPlan::for_spec(spec, devices.len())?;
         let rank_spec = plan.rank_spec(spec);

@@ -65,6 +65,8 @@ impl<'a, S: TensorSource> ShardSource<'a, S> {
                 let parts = vec![q.clone(), shift(&kv, q_out), shift(&kv, q_out + kv_out)];
                 shards.insert(name(qkv), Shard { split: Split::Fused(parts), d_in: hidden, d_out: q_out + 2 * kv_out });
             }
+            // Refused before a source is built (`TensorParallelLayer::load`).
+            QkvNames::FusedOutIn(_) => {}
         }
         shards.insert(name(names.o_proj), row(&q, q_out));
         shards.insert(name(names.up), column(&ffn, plan.ffn));

@@ -7,12 +7,12 @@ use std::ops::Range;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use burn_llm_models::Result;
 use burn_llm_models::layers::attention::SelfAttention;
 use burn_llm_models::layers::mlp::Mlp;
 use burn_llm_models::layers::projection::{Projection, QLinear};
 use burn_llm_models::model::DecoderLayer;
 use burn_llm_models::weights::quantized_window;
+use burn_llm_models::{ModelError, Result};
 
 use super::plan::ShardPlan;
 
@@ -40,6 +40,15 @@ pub(crate) fn split_layer(
     let row = |p: &Projection, cut: &Range<usize>, name: &str| cut_projection(p, Cut::Row, cut, keep, name, device);
     let attn = &layer.attn;
     let mlp = &layer.mlp;
+    if layer.post_attn_norm.is_some() || layer.post_mlp_norm.is_some() {
+        // Those norms read the whole reduced output, which this layer's forward never forms.
+        return Err(ModelError::UnsupportedFeature(
+            "tensor parallelism of a model with norms after attention and MLP (Gemma 3); run it on one device or \
+             in a pipeline"
+                .into(),
+        ));
+    }
+    let norm = |n: &Option<burn_llm_models::layers::norm::Norm>| n.clone().map(|n| n.to_device(device));
     Ok(DecoderLayer {
         attn_norm: layer.attn_norm.clone().to_device(device),
         attn: SelfAttention {
@@ -51,6 +60,10 @@ pub(crate) fn split_layer(
             num_kv_heads: plan.kv_heads_per_rank(),
             head_dim: attn.head_dim,
             scale: attn.scale,
+            q_norm: norm(&attn.q_norm),
+            k_norm: norm(&attn.k_norm),
+            window: attn.window,
+            rope_table: attn.rope_table,
         },
         mlp_norm: layer.mlp_norm.clone().to_device(device),
         mlp: Mlp {
@@ -60,6 +73,8 @@ pub(crate) fn split_layer(
             activation: mlp.activation,
         },
         pre_norm: layer.pre_norm,
+        post_attn_norm: None,
+        post_mlp_norm: None,
     })
 }
 

@@ -83,6 +83,7 @@ impl Gpt2Config {
             bos_token_id: self.ids.bos_token_id,
             eos_token_ids: self.ids.eos_token_id.to_vec(),
             dtype: Precision::F32,
+            variants: Default::default(),
         })
     }
 }
@@ -105,4 +106,9 @@ pub const NAMES: TensorNames = TensorNames {
     gate: None,
     down: "mlp.c_proj",
     layout: WeightLayout::InOut,
+    gate_up: None,
+    q_norm: None,
+    k_norm: None,
+    post_attn_norm: None,
+    post_mlp_norm: None,
 };

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::{QkvNames, TensorNames};
-use crate::config::{Activation, Architecture, DecoderSpec, NormKind, PositionKind, SpecialIds};
+use crate::config::{Activation, Architecture, DecoderSpec, DecoderVariants, NormKind, PositionKind, SpecialIds};
 use crate::layers::linear::WeightLayout;
 use crate::layers::rope::{RopeScaling, RopeSpec};
 use crate::precision::Precision;
@@ -44,13 +44,13 @@ pub struct LlamaConfig {
     #[serde(default)]
     pub rope_parameters: Option<serde_json::Value>,
     /// LM head tied to the embedding.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config::null_as_default")]
     pub tie_word_embeddings: bool,
     /// Biases on q/k/v/o.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config::null_as_default")]
     pub attention_bias: bool,
     /// Biases on the MLP.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config::null_as_default")]
     pub mlp_bias: bool,
     /// Gate activation.
     #[serde(default = "silu")]
@@ -98,37 +98,51 @@ impl LlamaConfig {
             bos_token_id: self.ids.bos_token_id,
             eos_token_ids: self.ids.eos_token_id.to_vec(),
             dtype: Precision::F32,
+            variants: DecoderVariants::default(),
         })
     }
 
-    fn rope_spec(&self, head_dim: usize) -> Result<RopeSpec, String> {
-        let params = self.rope_parameters.as_ref().or(self.rope_scaling.as_ref()).filter(|v| !v.is_null());
-        let field = |name: &str| params.and_then(|p| p.get(name));
-        let number = |name: &str| -> Result<f64, String> {
-            field(name).and_then(|v| v.as_f64()).ok_or_else(|| format!("rope scaling needs a numeric `{name}`"))
-        };
-        let theta = self.rope_theta.or_else(|| field("rope_theta").and_then(|v| v.as_f64())).unwrap_or(10_000.0);
-        let kind = field("rope_type").or_else(|| field("type")).and_then(|v| v.as_str()).unwrap_or("default");
-        let scaling = match kind {
-            "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear { factor: number("factor")? },
-            "dynamic" => {
-                RopeScaling::Dynamic { factor: number("factor")?, max_positions: self.max_position_embeddings }
-            }
-            "llama3" => RopeScaling::Llama3 {
-                factor: number("factor")?,
-                low_freq_factor: number("low_freq_factor")?,
-                high_freq_factor: number("high_freq_factor")?,
-                original_max_positions: number("original_max_position_embeddings")?,
-            },
-            other => {
-                return Err(format!(
-                    "unsupported rope scaling type `{other}` (supported: default, linear, dynamic, llama3)"
-                ));
-            }
-        };
-        Ok(RopeSpec { theta, dim: head_dim, scaling })
+    /// The RoPE parameters object (`rope_parameters`, or transformers 4's `rope_scaling`), if any.
+    pub fn rope_params(&self) -> Option<&serde_json::Value> {
+        self.rope_parameters.as_ref().or(self.rope_scaling.as_ref()).filter(|v| !v.is_null())
     }
+
+    fn rope_spec(&self, head_dim: usize) -> Result<RopeSpec, String> {
+        rope_spec(self.rope_params(), self.rope_theta, self.max_position_embeddings, head_dim)
+    }
+}
+
+/// Lowers an HF RoPE parameters object (`rope_type`, `factor`…; `rope_theta` inside it or given
+/// as `rope_theta`) for heads `head_dim` wide.
+pub fn rope_spec(
+    params: Option<&serde_json::Value>,
+    rope_theta: Option<f64>,
+    max_positions: usize,
+    head_dim: usize,
+) -> Result<RopeSpec, String> {
+    let field = |name: &str| params.and_then(|p| p.get(name));
+    let number = |name: &str| -> Result<f64, String> {
+        field(name).and_then(|v| v.as_f64()).ok_or_else(|| format!("rope scaling needs a numeric `{name}`"))
+    };
+    let theta = rope_theta.or_else(|| field("rope_theta").and_then(|v| v.as_f64())).unwrap_or(10_000.0);
+    let kind = field("rope_type").or_else(|| field("type")).and_then(|v| v.as_str()).unwrap_or("default");
+    let scaling = match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: number("factor")? },
+        "dynamic" => RopeScaling::Dynamic { factor: number("factor")?, max_positions },
+        "llama3" => RopeScaling::Llama3 {
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_positions: number("original_max_position_embeddings")?,
+        },
+        other => {
+            return Err(format!(
+                "unsupported rope scaling type `{other}` (supported: default, linear, dynamic, llama3)"
+            ));
+        }
+    };
+    Ok(RopeSpec { theta, dim: head_dim, scaling })
 }
 
 /// Where LLaMA checkpoints keep their tensors.
@@ -148,4 +162,9 @@ pub const NAMES: TensorNames = TensorNames {
     gate: Some("mlp.gate_proj"),
     down: "mlp.down_proj",
     layout: WeightLayout::OutIn,
+    gate_up: None,
+    q_norm: None,
+    k_norm: None,
+    post_attn_norm: None,
+    post_mlp_norm: None,
 };

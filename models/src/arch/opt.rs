@@ -79,6 +79,7 @@ impl OptConfig {
             bos_token_id: self.ids.bos_token_id,
             eos_token_ids: self.ids.eos_token_id.to_vec(),
             dtype: Precision::F32,
+            variants: Default::default(),
         }
     }
 }
@@ -100,4 +101,9 @@ pub const NAMES: TensorNames = TensorNames {
     gate: None,
     down: "fc2",
     layout: WeightLayout::OutIn,
+    gate_up: None,
+    q_norm: None,
+    k_norm: None,
+    post_attn_norm: None,
+    post_mlp_norm: None,
 };

@@ -19,6 +19,8 @@ pub struct ContiguousKvCache {
     placement: LayerDevices,
     /// The current step's mask on each of `placement`'s distinct devices.
     biases: Vec<Tensor<4>>,
+    /// The current step's masks of local layers, by window size, like `biases`.
+    window_biases: Vec<(usize, Vec<Tensor<4>>)>,
 }
 
 impl ContiguousKvCache {
@@ -69,7 +71,15 @@ impl ContiguousKvCache {
         let layers = (0..layout.num_layers)
             .map(|i| LayerSlots::zeros(layout, batch, capacity, quant, placement.device(i)))
             .collect();
-        Self { layout, quant, steps: StepSlots::new(batch, capacity, input), layers, placement, biases: Vec::new() }
+        Self {
+            layout,
+            quant,
+            steps: StepSlots::new(batch, capacity, input),
+            layers,
+            placement,
+            biases: Vec::new(),
+            window_biases: Vec::new(),
+        }
     }
 
     /// The per-layer shape of the keys and values.
@@ -97,7 +107,49 @@ impl ContiguousKvCache {
         let input = self.steps.begin_step(new_tokens)?;
         let bias = self.steps.bias();
         self.biases = self.placement.distinct().iter().map(|d| bias.clone().to_device(d)).collect();
+        self.window_biases.clear();
         Ok(input)
+    }
+
+    /// Stores the step's keys and values of `layer` and attends over its slots with the step's
+    /// mask, or for a local layer its `window`'s mask (built once per step and window size).
+    fn attend_with(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+        window: Option<usize>,
+    ) -> Tensor<4> {
+        let step = self.steps.range_for(&self.layout, &k);
+        // Moved out and back (never cloned) so the writes can happen in place: `swap_remove`
+        // takes the layer out, `push` and `swap` put it back where it was.
+        let slots = self.layers.swap_remove(layer).write(k, v, step.start);
+        self.layers.push(slots);
+        let last = self.layers.len() - 1;
+        self.layers.swap(layer, last);
+        let device = self.placement.slot(layer);
+        let bias = match window {
+            None => self.biases[device].clone(),
+            Some(window) => {
+                let at = match self.window_biases.iter().position(|(w, _)| *w == window) {
+                    Some(at) => at,
+                    None => {
+                        let bias = self.steps.window_bias(window);
+                        let per_device = self.placement.distinct().iter().map(|d| bias.clone().to_device(d)).collect();
+                        self.window_biases.push((window, per_device));
+                        self.window_biases.len() - 1
+                    }
+                };
+                self.window_biases[at].1[device].clone()
+            }
+        };
+        // Attention reads slots `0..step.end` where they are stored (no copy of the visible
+        // slots for dense storage); the handles are dropped before the next step writes.
+        let slots = &self.layers[layer];
+        let (keys, values) = (slots.keys.prefix(step.end), slots.values.prefix(step.end));
+        prefix_attention(q, keys, values, bias, step.end, scale)
     }
 
     /// The device of each cache layer.
@@ -108,17 +160,18 @@ impl ContiguousKvCache {
 
 impl KvCache for ContiguousKvCache {
     fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Result<Tensor<4>> {
-        let step = self.steps.range_for(&self.layout, &k);
-        // Moved out and back (never cloned) so the writes can happen in place: `swap_remove`
-        // takes the layer out, `push` and `swap` put it back where it was.
-        let slots = self.layers.swap_remove(layer).write(k, v, step.start);
-        self.layers.push(slots);
-        let last = self.layers.len() - 1;
-        self.layers.swap(layer, last);
-        // Attention reads slots `0..step.end` where they are stored (no copy of the visible
-        // slots for dense storage); the handles are dropped before the next step writes.
-        let slots = &self.layers[layer];
-        let (keys, values) = (slots.keys.prefix(step.end), slots.values.prefix(step.end));
-        Ok(prefix_attention(q, keys, values, self.biases[self.placement.slot(layer)].clone(), step.end, scale))
+        Ok(self.attend_with(layer, q, k, v, scale, None))
+    }
+
+    fn attend_window(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+        window: usize,
+    ) -> Result<Tensor<4>> {
+        Ok(self.attend_with(layer, q, k, v, scale, Some(window)))
     }
 }

@@ -61,6 +61,29 @@ pub trait KvCache {
     /// its arguments) returns the error, usually as
     /// [`ModelError::KvCache`](crate::ModelError::KvCache), and the forward pass stops there.
     fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Result<Tensor<4>>;
+
+    /// [`KvCache::attend`] for a local (sliding-window) layer: a query at position `p` sees only
+    /// the keys at positions `p - window + 1..=p` of its sequence. Caches that cannot restrict
+    /// attention that way refuse with an error (the default), so a model with local layers never
+    /// silently attends globally.
+    fn attend_window(
+        &mut self,
+        layer: usize,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        scale: f32,
+        window: usize,
+    ) -> Result<Tensor<4>> {
+        let _ = (q, k, v, scale);
+        Err(crate::ModelError::KvCache(
+            format!(
+                "layer {layer} attends through a sliding window of {window} tokens, which this KV cache does not \
+                 implement; run the model with the plain (contiguous) engine"
+            )
+            .into(),
+        ))
+    }
 }
 
 /// The model input of one step, laid out by the cache that will serve it.

@@ -89,6 +89,37 @@ impl StepSlots {
         self.bias.clone()
     }
 
+    /// The current step's mask for a local layer, `[batch, 1, step, used]`: [`StepSlots::bias`]
+    /// that also hides, from a query at position `p`, the keys of its sequence at positions
+    /// `p - window` and earlier (sliding-window attention).
+    pub fn window_bias(&self, window: usize) -> Tensor<4> {
+        let (used, step) = (self.used, self.used - self.step_start);
+        let mut values = vec![0f32; self.batch * step * used];
+        for (b, valid) in self.valid.iter().enumerate() {
+            // Position of each slot within its sequence (the number of real tokens before it).
+            let positions: Vec<usize> = valid
+                .iter()
+                .scan(0, |next, &ok| {
+                    let p = *next;
+                    *next += usize::from(ok);
+                    Some(p)
+                })
+                .collect();
+            for i in 0..step {
+                let query = self.step_start + i;
+                let row = &mut values[(b * step + i) * used..(b * step + i + 1) * used];
+                for (key, bias) in row.iter_mut().enumerate() {
+                    let hidden =
+                        !valid[key] || key > query || (valid[query] && positions[key] + window <= positions[query]);
+                    if hidden {
+                        *bias = MASKED;
+                    }
+                }
+            }
+        }
+        Tensor::from_data(TensorData::new(values, [self.batch, 1, step, used]), &self.device)
+    }
+
     /// Lays out the next step: `new_tokens[b]` are the tokens sequence `b` adds (possibly none).
     pub fn begin_step(&mut self, new_tokens: &[&[u32]]) -> Result<StepInput> {
         if new_tokens.len() != self.batch {

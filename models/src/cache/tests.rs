@@ -85,3 +85,35 @@ fn layers_keep_their_own_slots_across_steps() {
     }
     assert_eq!(cache.steps().len(0), 3);
 }
+
+/// A local layer's mask hides keys `window` or more positions back, counting real tokens only
+/// (padding slots shift slots, not positions), on top of the padding and causal mask.
+#[test]
+fn window_bias_hides_keys_outside_the_window() {
+    let device = Device::flex();
+    let mut steps = StepSlots::new(2, 8, &device);
+    steps.begin_step(&[&[1, 2, 3, 4], &[5, 6]]).unwrap();
+    let masked: Vec<bool> = values(steps.window_bias(2)).iter().map(|&b| b < -1.0).collect();
+    let rows = [
+        // Sequence 0, positions 0..4: each sees itself and the one before.
+        [false, true, true, true],
+        [false, false, true, true],
+        [true, false, false, true],
+        [true, true, false, false],
+        // Sequence 1, two padding slots then positions 0 and 1.
+        [true, true, true, true],
+        [true, true, true, true],
+        [true, true, false, true],
+        [true, true, false, false],
+    ];
+    // Padding query rows keep the plain mask (they see nothing real either way).
+    let plain: Vec<bool> = values(steps.bias()).iter().map(|&b| b < -1.0).collect();
+    assert_eq!(masked[16..24], plain[16..24]);
+    assert_eq!(masked[..16], rows[..4].concat()[..]);
+    assert_eq!(masked[24..], rows[6..].concat()[..]);
+    // A decode step: position 4 of sequence 0 sees positions 3 and 4 only.
+    steps.begin_step(&[&[7], &[8]]).unwrap();
+    let masked: Vec<bool> = values(steps.window_bias(2)).iter().map(|&b| b < -1.0).collect();
+    assert_eq!(masked[..5], [true, true, true, false, false]);
+    assert_eq!(masked[5..], [true, true, true, false, false]);
+}

@@ -2,6 +2,7 @@
 //! memory-mapped. Every count, length and offset is checked against the file before use, so a
 //! truncated or corrupted file is an error, never a panic or an out-of-bounds read.
 
+mod metadata;
 mod quant;
 mod source;
 mod spm;

@@ -1,21 +1,20 @@
-//! A LLaMA-architecture GGUF file as a model: `DecoderSpec` from its metadata, tensors under their
-//! HF names (so [`CausalLm`](crate::model::CausalLm) loads it like a safetensors checkpoint).
+//! A GGUF file as a model: `DecoderSpec` from its metadata ([`super::metadata`]), tensors under
+//! their HF names (so [`CausalLm`](crate::model::CausalLm) loads it like a safetensors checkpoint).
 //!
-//! llama.cpp's converter permutes the rows of `q_proj`/`k_proj` so that RoPE rotates adjacent pairs
-//! (`reshape(heads, 2, head_dim/2, in).swapaxes(1, 2)`); the decoder uses HF's rotate-half form, so
-//! those rows are permuted back on load.
+//! For its `llama` architecture, llama.cpp's converter permutes the rows of `q_proj`/`k_proj` so
+//! that RoPE rotates adjacent pairs (`reshape(heads, 2, head_dim/2, in).swapaxes(1, 2)`); the
+//! decoder uses HF's rotate-half form, so those rows are permuted back on load. The other
+//! architectures (Qwen, Gemma, Phi-3) are stored unpermuted, in NeoX layout.
 
 use std::ops::Range;
 use std::path::Path;
 
-use serde_json::json;
-
 use burn::tensor::Device;
 use burn_llm_kernels::{GroupQuantized, QuantSpec};
 
+use super::GgufFile;
 use super::quant::{RepackedBlocks, repack_blocks};
-use super::{GgufFile, GgufValue};
-use crate::config::DecoderSpec;
+use crate::config::{Architecture, DecoderSpec};
 use crate::error::{ModelError, Result};
 use crate::layers::projection::WEIGHT_QUANT_AXIS;
 use crate::weights::{TensorSource, check_window, window};
@@ -38,7 +37,7 @@ impl GgufModel {
     /// Opens `path` and reads its architecture.
     pub fn open(path: &Path) -> Result<Self> {
         let file = GgufFile::open(path)?;
-        let spec = spec_from_metadata(&file)?;
+        let spec = super::metadata::spec_from_metadata(&file)?;
         Ok(Self { file, spec })
     }
 
@@ -66,10 +65,22 @@ impl GgufModel {
         let rest = hf.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
         let (module, kind) = rest.rsplit_once('.')?;
+        // llama.cpp permutes q/k rows for its `llama` architecture only; the others rotate in NeoX
+        // (rotate-half) layout already.
+        let permuted = self.spec.arch.gguf_rope_permuted();
+        let rope = |heads: usize| if permuted { Rows::Rope(heads) } else { Rows::AsIs };
+        let gemma = self.spec.arch == Architecture::Gemma3;
         let (gguf, rows) = match module {
             "input_layernorm" => ("attn_norm", Rows::AsIs),
-            "self_attn.q_proj" => ("attn_q", Rows::Rope(self.spec.num_heads)),
-            "self_attn.k_proj" => ("attn_k", Rows::Rope(self.spec.num_kv_heads)),
+            "self_attn.q_proj" => ("attn_q", rope(self.spec.num_heads)),
+            "self_attn.k_proj" => ("attn_k", rope(self.spec.num_kv_heads)),
+            "self_attn.qkv_proj" => ("attn_qkv", Rows::AsIs),
+            "self_attn.q_norm" => ("attn_q_norm", Rows::AsIs),
+            "self_attn.k_norm" => ("attn_k_norm", Rows::AsIs),
+            "post_attention_layernorm" if gemma => ("post_attention_norm", Rows::AsIs),
+            "pre_feedforward_layernorm" => ("ffn_norm", Rows::AsIs),
+            "post_feedforward_layernorm" => ("post_ffw_norm", Rows::AsIs),
+            "mlp.gate_up_proj" => ("ffn_up", Rows::AsIs),
             "self_attn.v_proj" => ("attn_v", Rows::AsIs),
             "self_attn.o_proj" => ("attn_output", Rows::AsIs),
             "post_attention_layernorm" => ("ffn_norm", Rows::AsIs),
@@ -230,67 +241,6 @@ pub fn permute_rope_rows(values: &[f32], heads: usize, rows: usize, cols: usize)
         }
     }
     out
-}
-
-/// Builds the HF-style config of a `general.architecture = llama` file and lowers it, so GGUF
-/// models go through the same validation as `config.json`.
-fn spec_from_metadata(file: &GgufFile) -> Result<DecoderSpec> {
-    let path = file.path();
-    let arch = file.meta("general.architecture").and_then(GgufValue::as_str).ok_or_else(|| {
-        ModelError::CorruptGguf { path: path.to_path_buf(), message: "no general.architecture".into() }
-    })?;
-    if arch != "llama" {
-        return Err(ModelError::UnsupportedArchitecture(format!("{arch} (GGUF)")));
-    }
-    let int = |key: &str| -> Result<u64> {
-        file.meta(&format!("llama.{key}"))
-            .and_then(GgufValue::as_u64)
-            .ok_or_else(|| ModelError::config(path, format!("GGUF metadata `llama.{key}` missing or not an integer")))
-    };
-    let float =
-        |key: &str, default: f64| file.meta(&format!("llama.{key}")).and_then(GgufValue::as_f64).unwrap_or(default);
-    let heads = int("attention.head_count")?;
-    let vocab = match file.meta("llama.vocab_size").and_then(GgufValue::as_u64) {
-        Some(v) => v,
-        None => file
-            .meta("tokenizer.ggml.tokens")
-            .and_then(GgufValue::as_array)
-            .map(|t| t.len() as u64)
-            .ok_or_else(|| ModelError::config(path, "no llama.vocab_size and no tokenizer.ggml.tokens"))?,
-    };
-    let hidden = int("embedding_length")?;
-    let head_dim = file
-        .meta("llama.rope.dimension_count")
-        .and_then(GgufValue::as_u64)
-        .unwrap_or(hidden.checked_div(heads).unwrap_or(0));
-    let rope = match file.meta("llama.rope.scaling.type").and_then(GgufValue::as_str) {
-        None | Some("none") => json!({"rope_type": "default"}),
-        Some("linear") => json!({"rope_type": "linear", "factor": float("rope.scaling.factor", 1.0)}),
-        Some(other) => {
-            return Err(ModelError::config(path, format!("unsupported GGUF rope scaling `{other}`")));
-        }
-    };
-    if file.tensor_info("rope_freqs.weight").is_some() {
-        return Err(ModelError::config(path, "per-frequency RoPE factors (rope_freqs.weight) are not supported"));
-    }
-    let config = json!({
-        "model_type": "llama",
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": int("feed_forward_length")?,
-        "num_hidden_layers": int("block_count")?,
-        "num_attention_heads": heads,
-        "num_key_value_heads": file.meta("llama.attention.head_count_kv").and_then(GgufValue::as_u64).unwrap_or(heads),
-        "head_dim": head_dim,
-        "max_position_embeddings": int("context_length")?,
-        "rms_norm_eps": float("attention.layer_norm_rms_epsilon", 1e-5),
-        "rope_theta": float("rope.freq_base", 10_000.0),
-        "rope_scaling": rope,
-        "tie_word_embeddings": file.tensor_info("output.weight").is_none(),
-        "bos_token_id": file.meta("tokenizer.ggml.bos_token_id").and_then(GgufValue::as_u64),
-        "eos_token_id": file.meta("tokenizer.ggml.eos_token_id").and_then(GgufValue::as_u64),
-    });
-    DecoderSpec::from_json(&config.to_string(), path)
 }
 
 #[cfg(test)]

@@ -16,6 +16,10 @@ const SPECIAL_TOKEN_TYPES: [u32; 2] = [piece_type::CONTROL, piece_type::USER_DEF
 /// llama-3's pre-tokenizer regex (`llama-bpe`).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Qwen2's pre-tokenizer regex (`qwen2`): llama-3's with single digits.
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Builds the tokenizer stored in a GGUF file's metadata.
 pub fn tokenizer_from_gguf(file: &GgufFile) -> Result<Tokenizer> {
     let meta = Meta(file);
@@ -70,13 +74,16 @@ fn byte_level_bpe(meta: &Meta<'_>, tokens: &[String], types: &[u32]) -> Result<(
             {"type": "Digits", "individual_digits": true},
             byte_level(true)
         ]}),
-        "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": false},
-            byte_level(false)
-        ]}),
+        "llama-bpe" | "llama3" | "qwen2" | "deepseek-r1-qwen" => {
+            let split = if pre.contains("qwen") { QWEN2_SPLIT } else { LLAMA3_SPLIT };
+            json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
+                byte_level(false)
+            ]})
+        }
         other => {
             return Err(meta.fail(format!(
-                "GGUF pre-tokenizer `{other}` is not supported (default, gpt2, smollm, llama-bpe are)"
+                "GGUF pre-tokenizer `{other}` is not supported (default, gpt2, smollm, llama-bpe, qwen2 are)"
             )));
         }
     };

@@ -8,6 +8,7 @@ use burn_llm_kernels::rotate_half;
 
 use crate::cache::KvCache;
 use crate::error::Result;
+use crate::layers::norm::Norm;
 use crate::layers::projection::Projection;
 
 /// Self-attention of one decoder layer.
@@ -29,6 +30,17 @@ pub struct SelfAttention {
     pub head_dim: usize,
     /// Multiplier of the scores (`1/sqrt(head_dim)`, times GPT-2's per-layer factor).
     pub scale: f64,
+    /// Per-head RMSNorm of the queries before RoPE (QK-norm: Gemma 3, Qwen3).
+    pub q_norm: Option<Norm>,
+    /// Per-head RMSNorm of the keys before RoPE.
+    pub k_norm: Option<Norm>,
+    /// Keys a query sees when this layer is local (sliding-window attention).
+    #[module(skip)]
+    pub window: Option<usize>,
+    /// Which of the step's RoPE tables this layer rotates with (0: global, 1: local; see
+    /// [`Hidden::rotary`](crate::model::Hidden::rotary)).
+    #[module(skip)]
+    pub rope_table: usize,
 }
 
 impl SelfAttention {
@@ -47,13 +59,35 @@ impl SelfAttention {
         let mut q = split(self.q.forward(x.clone()), self.num_heads);
         let mut k = split(self.k.forward(x.clone()), self.num_kv_heads);
         let v = split(self.v.forward(x), self.num_kv_heads);
+        if let Some(norm) = &self.q_norm {
+            q = norm.forward(q);
+        }
+        if let Some(norm) = &self.k_norm {
+            k = norm.forward(k);
+        }
         if let Some((cos, sin)) = rotary {
-            q = rotate_half(q, cos, sin);
-            k = rotate_half(k, cos, sin);
+            let (cos, sin) = self.rope_table_of(cos, sin);
+            q = rotate_half(q, &cos, &sin);
+            k = rotate_half(k, &cos, &sin);
         }
         let heads = |t: Tensor<4>| t.swap_dims(1, 2);
-        let out = cache.attend(layer, heads(q), heads(k), heads(v), self.scale as f32)?;
+        let (q, k, v, scale) = (heads(q), heads(k), heads(v), self.scale as f32);
+        let out = match self.window {
+            Some(window) => cache.attend_window(layer, q, k, v, scale, window)?,
+            None => cache.attend(layer, q, k, v, scale)?,
+        };
         let out = out.swap_dims(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
         Ok(self.o.forward(out))
+    }
+
+    /// This layer's `cos`/`sin` out of the step's tables (`[.., tables · head_dim / 2]`, one
+    /// table per RoPE the model uses).
+    fn rope_table_of(&self, cos: &Tensor<4>, sin: &Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let half = self.head_dim / 2;
+        if cos.dims()[3] == half {
+            return (cos.clone(), sin.clone());
+        }
+        let at = self.rope_table * half;
+        (cos.clone().narrow(3, at, half), sin.clone().narrow(3, at, half))
     }
 }

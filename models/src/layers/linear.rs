@@ -85,3 +85,34 @@ pub fn load_fused_in_out<const PARTS: usize>(
         }
     }))
 }
+
+/// Splits a fused `[Σ parts, in]` projection (rows of each part after the other: Phi-3's
+/// `qkv_proj` and `gate_up_proj`) into one bias-free projection per part, each kept quantized when
+/// the file stores it so (its rows cut out of the blocks) or read dense otherwise.
+pub fn load_fused_out_in<const PARTS: usize>(
+    ckpt: &impl TensorSource,
+    prefix: &str,
+    d_in: usize,
+    parts: [usize; PARTS],
+    device: &Device,
+) -> Result<[Projection; PARTS]> {
+    let name = format!("{prefix}.weight");
+    let shape = [parts.iter().sum(), d_in];
+    let mut start = 0;
+    let mut out = Vec::with_capacity(PARTS);
+    for rows in parts {
+        let range = start..start + rows;
+        start += rows;
+        if let Some(q) = ckpt.quantized_window(&name, shape, range.clone(), 0..d_in, device)? {
+            out.push(Projection::Quantized(QLinear::from_out_in(q, None)));
+            continue;
+        }
+        let values = ckpt.read_f32_window(&name, shape, range, 0..d_in)?;
+        let weight = crate::weights::transpose(&values, rows, d_in);
+        out.push(Projection::Dense(Linear {
+            weight: Param::from_tensor(Tensor::from_data(TensorData::new(weight, [d_in, rows]), device)),
+            bias: None,
+        }));
+    }
+    Ok(out.try_into().unwrap_or_else(|_| unreachable!("one projection per part")))
+}

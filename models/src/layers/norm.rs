@@ -21,9 +21,20 @@ pub enum Norm {
 }
 
 impl Norm {
-    /// Loads `{prefix}.weight` (and `{prefix}.bias` for LayerNorm).
-    pub fn load(ckpt: &impl TensorSource, prefix: &str, kind: NormKind, dim: usize, device: &Device) -> Result<Self> {
-        let gamma = ckpt.tensor(&format!("{prefix}.weight"), [dim], device)?;
+    /// Loads `{prefix}.weight` (and `{prefix}.bias` for LayerNorm), `offset` added to the weight
+    /// (Gemma's `(1 + w)` gains are stored as `w`).
+    pub fn load(
+        ckpt: &impl TensorSource,
+        prefix: &str,
+        kind: NormKind,
+        dim: usize,
+        offset: f64,
+        device: &Device,
+    ) -> Result<Self> {
+        let mut gamma: Tensor<1> = ckpt.tensor(&format!("{prefix}.weight"), [dim], device)?;
+        if offset != 0.0 {
+            gamma = gamma.add_scalar(offset);
+        }
         Ok(match kind {
             NormKind::Layer { eps } => {
                 let mut norm = LayerNormConfig::new(dim).with_epsilon(eps).init(device);

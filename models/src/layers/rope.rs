@@ -34,6 +34,9 @@ pub enum RopeScaling {
         /// The context length of the original model.
         original_max_positions: f64,
     },
+    /// Each frequency divided by its own factor (llama.cpp's `rope_freqs.weight`, which GGUF
+    /// files of LLaMA 3.x carry instead of the `llama3` parameters).
+    Factors(Vec<f32>),
 }
 
 /// Parameters of a model's rotary embedding.
@@ -66,6 +69,7 @@ impl RopeSpec {
         match &self.scaling {
             RopeScaling::None | RopeScaling::Dynamic { .. } => plain.collect(),
             RopeScaling::Linear { factor } => plain.map(|f| f / *factor as f32).collect(),
+            RopeScaling::Factors(factors) => plain.zip(factors).map(|(f, factor)| f / factor).collect(),
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
                 let (factor, low, high, original) =
                     (*factor as f32, *low_freq_factor as f32, *high_freq_factor as f32, *original_max_positions as f32);
