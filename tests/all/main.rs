@@ -29,4 +29,5 @@ mod sampling;
 mod server;
 mod server_clients;
 mod server_models;
+mod server_placement;
 mod spec;
