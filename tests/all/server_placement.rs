@@ -68,8 +68,8 @@ fn answers_as_the_cli(server: &Running) -> Value {
         let url = server.url("/v1/completions");
         for (name, cli) in &expected {
             // Two at once, so that a model with replicas runs one on each.
-            let (a, b) =
-                tokio::join!(post(&client, &url, &greedy(name), None), post(&client, &url, &greedy(name), None));
+            let body = greedy(name);
+            let (a, b) = tokio::join!(post(&client, &url, &body, None), post(&client, &url, &body, None));
             for (status, r) in [a, b] {
                 assert_eq!(status, 200, "{name}: {r}");
                 assert_eq!(r["choices"][0]["text"], cli["requests"][0]["text"], "{name}");

@@ -216,13 +216,13 @@ pub fn place(
                 return Err(config("--placement auto and replicate need the models' costs".into()));
             };
             match (choice, workload) {
-                (PlacementChoice::Auto, None) => {
+                (PlacementChoice::Replicate, None) => costs.packed_replicas(&caps),
+                (_, Some(_)) => planned(choice, input)?,
+                (_, None) => {
                     return Err(config(
                         "--placement auto needs --workload FILE.json: each model's rate, cv and slo_s".into(),
                     ));
                 }
-                (PlacementChoice::Replicate, None) => costs.packed_replicas(&caps),
-                (_, Some(_)) => planned(choice, input)?,
             }
         }
     };
