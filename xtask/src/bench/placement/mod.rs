@@ -24,14 +24,9 @@ use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
 use burn_llm::server::placement::ServingPlacement;
 
+use super::online::loopback_client::client;
 use super::pipeline::workers::Workers;
-use loopback_client::client;
 use report::{Point, Results};
-
-/// The server tests' `reqwest` client (with the rustls provider installed).
-#[allow(dead_code)]
-#[path = "../../../../tests/all/loopback_client.rs"]
-mod loopback_client;
 
 /// The served names of the two copies.
 const NAMES: [&str; 2] = ["a", "b"];
