@@ -33,6 +33,9 @@ use super::launch::ModelSpec;
 pub use manual::Manual;
 use profiles::ModelCosts;
 
+/// The error of `--placement auto` without a workload.
+const NEEDS_WORKLOAD: &str = "--placement auto needs --workload FILE.json: each model's rate, cv and slo_s";
+
 /// What `--placement` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlacementChoice {
@@ -190,6 +193,14 @@ pub fn place(
     for m in models {
         check_model_flags(m, pool)?;
     }
+    // Every check that needs no profile comes before the profiling.
+    match (choice, workload) {
+        (PlacementChoice::Manual(manual), _) => {
+            manual.check(&names, pool.len()).map_err(|e| config(format!("--placement manual: {e}")))?;
+        }
+        (PlacementChoice::Auto, None) => return Err(config(NEEDS_WORKLOAD.into())),
+        _ => {}
+    }
     let caps = models[0].spec.parallel.device_memory.clone();
     if let Some(c) = caps.as_ref().filter(|c| c.len() != pool.len()) {
         return Err(config(format!(
@@ -207,10 +218,7 @@ pub fn place(
     };
     let input = costs.as_ref().map(|c| c.input(pool.len(), caps.iter().copied().min().unwrap_or(u64::MAX), workload));
     let groups = match choice {
-        PlacementChoice::Manual(manual) => {
-            manual.check(&names, pool.len()).map_err(|e| config(format!("--placement manual: {e}")))?;
-            manual_groups(manual, models, costs.as_ref())?
-        }
+        PlacementChoice::Manual(manual) => manual_groups(manual, models, costs.as_ref())?,
         PlacementChoice::Auto | PlacementChoice::Replicate => {
             let (Some(costs), Some(input)) = (&costs, &input) else {
                 return Err(config("--placement auto and replicate need the models' costs".into()));
@@ -218,11 +226,7 @@ pub fn place(
             match (choice, workload) {
                 (PlacementChoice::Replicate, None) => costs.packed_replicas(&caps),
                 (_, Some(_)) => planned(choice, input)?,
-                (_, None) => {
-                    return Err(config(
-                        "--placement auto needs --workload FILE.json: each model's rate, cv and slo_s".into(),
-                    ));
-                }
+                (_, None) => return Err(config(NEEDS_WORKLOAD.into())),
             }
         }
     };
