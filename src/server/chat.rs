@@ -43,7 +43,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     let params = request.sampling.params(max_tokens, top, vocab)?;
     let include_usage = request.sampling.include_usage()?;
     let prompt_tokens = ids.len();
-    let mut run = served.engine.submit(vec![ids], &params, state.config.max_waiting)?;
+    let mut run = served.pick().submit(vec![ids], &params, served.max_waiting.unwrap_or(state.config.max_waiting))?;
     run.accepted().await?;
     let model = served.name.clone();
     let (id, created) = (state.new_id("chatcmpl"), unix_now());

@@ -41,7 +41,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     let (texts, ids): (Vec<String>, Vec<Vec<u32>>) = prepared.into_iter().unzip();
     // A stream's echoed prompt is scored before any output carries its ids.
     let ids_for_echo = if echo && top.is_some() && request.sampling.streams() { ids.clone() } else { Vec::new() };
-    let mut run = served.engine.submit(ids, &params, state.config.max_waiting)?;
+    let mut run = served.pick().submit(ids, &params, served.max_waiting.unwrap_or(state.config.max_waiting))?;
     run.accepted().await?;
     let model = served.name.clone();
     let (id, created) = (state.new_id("cmpl"), unix_now());

@@ -103,6 +103,9 @@ pub struct EngineHandle {
     down: Down,
     /// Engine requests sent and not yet started (the `--max-waiting` count).
     pending: Arc<AtomicUsize>,
+    /// Engine requests sent whose runs are still open (waiting, running or being streamed): the
+    /// load replicas are chosen by.
+    outstanding: Arc<AtomicUsize>,
     next_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The model being served.
@@ -178,6 +181,7 @@ impl EngineHandle {
             commands,
             down,
             pending,
+            outstanding: Arc::new(AtomicUsize::new(0)),
             next_id: AtomicU64::new(0),
             thread: Mutex::new(Some(thread)),
             info,
@@ -202,7 +206,12 @@ impl EngineHandle {
         let (events, rx) = unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let arrived = Instant::now();
-        let mut guard = AbortGuard { ids: Vec::with_capacity(k), commands: self.commands.clone() };
+        self.outstanding.fetch_add(k, Ordering::SeqCst);
+        let mut guard = AbortGuard {
+            ids: Vec::with_capacity(k),
+            commands: self.commands.clone(),
+            outstanding: (self.outstanding.clone(), k),
+        };
         for (tag, prompt) in prompts.into_iter().enumerate() {
             let request_id = format!("req-{id}-{tag}");
             guard.ids.push(request_id.clone());
@@ -223,6 +232,11 @@ impl EngineHandle {
             }
         }
         Ok(Run { events: rx, buffered: VecDeque::new(), guard, count: k })
+    }
+
+    /// Engine requests whose runs are still open (see [`Run`]).
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::SeqCst)
     }
 
     /// Why the model no longer serves, once its engine is down.
@@ -264,10 +278,13 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 struct AbortGuard {
     ids: Vec<String>,
     commands: Sender<Command>,
+    /// The handle's count of open engine requests, and what this run added to it.
+    outstanding: (Arc<AtomicUsize>, usize),
 }
 
 impl Drop for AbortGuard {
     fn drop(&mut self) {
+        self.outstanding.0.fetch_sub(self.outstanding.1, Ordering::SeqCst);
         for id in self.ids.drain(..) {
             let _ = self.commands.send(Command::Abort(id));
         }

@@ -9,7 +9,10 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use super::model_args::{self, GivenFlags};
+use burn_parallel::plan::serving::ServingWorkload;
+
+use super::model_args::{self, GivenFlags, ServingFlags};
+use super::placement::ServingPlacement;
 use super::{ModelEntry, Server, ServerConfig, ServerError};
 use crate::engine::Engine;
 use crate::spec::{EngineKind, EngineSpec, Purpose};
@@ -54,6 +57,15 @@ pub struct ServeArgs {
     /// A Jinja chat template file replacing every model's own.
     #[arg(long)]
     pub chat_template: Option<std::path::PathBuf>,
+    /// Place the models on groups of the `--devices` pool (AlpaServe): `auto` (planned on the
+    /// simulator from start-up profiles and `--workload`), `replicate` (whole replicas on single
+    /// devices) or `manual:NAME=0,1;NAME=2` (each model's device groups by hand; see the README).
+    #[arg(long)]
+    pub placement: Option<super::placement::PlacementChoice>,
+    /// `--placement`: the workload JSON (per model: rate, cv, slo_s, optional prompt_tokens and
+    /// max_tokens; duration_s, seed) the placement is planned for and predicted on.
+    #[arg(long, value_name = "FILE.json")]
+    pub workload: Option<std::path::PathBuf>,
     /// The engine: the engine flags of the `*_generate` examples (`--engine paged` by default),
     /// shared by every model.
     #[command(flatten)]
@@ -90,7 +102,7 @@ impl ServeArgs {
         let overrides = model_args::overrides(&self.model_engine_args, &names)?;
         let mut specs = Vec::with_capacity(names.len());
         for (name, model) in names.into_iter().zip(&self.model) {
-            let spec = match overrides.iter().find(|(n, _)| *n == name) {
+            let (spec, serving) = match overrides.iter().find(|(n, _)| *n == name) {
                 Some((_, flags)) => {
                     let given = self.given_engine_flags.as_ref().ok_or_else(|| {
                         ServerError::Config(
@@ -98,26 +110,91 @@ impl ServeArgs {
                                 .into(),
                         )
                     })?;
-                    given
+                    let (spec, serving) = given
                         .model_spec(flags)
-                        .map_err(|e| ServerError::Config(format!("--model-engine-args {name}: {e}")))?
-                        .with_default_engine(EngineKind::Paged)
+                        .map_err(|e| ServerError::Config(format!("--model-engine-args {name}: {e}")))?;
+                    (spec.with_default_engine(EngineKind::Paged), serving)
                 }
-                None => self.engine_spec(),
+                None => (self.engine_spec(), ServingFlags::default()),
             };
-            spec.validate(spec.kind(), Purpose::Serve).map_err(|e| {
+            // With --placement, --device-memory and --stage-profile-dir describe the pool.
+            let mut checked = spec.clone();
+            if self.placement.is_some() {
+                checked.parallel.device_memory = None;
+                checked.parallel.stage_profile_dir = None;
+            }
+            checked.validate(spec.kind(), Purpose::Serve).map_err(|e| {
                 let whose = if self.model.len() > 1 { format!("model `{name}`: ") } else { String::new() };
                 ServerError::Config(format!("{whose}{e}"))
             })?;
-            specs.push(ModelSpec { name, source: model.clone(), spec });
+            let chat_template = match &serving.chat_template {
+                Some(path) => {
+                    Some(read_template(path).map_err(|e| ServerError::Config(format!("model `{name}`: {e}")))?)
+                }
+                None => None,
+            };
+            let max_waiting = serving.max_waiting;
+            specs.push(ModelSpec { name, source: model.clone(), spec, chat_template, max_waiting });
         }
         Ok(specs)
     }
 
-    /// The models to serve, checked as [`ServeArgs::model_specs`] does; each builds its engine on
-    /// its own thread when the server starts.
+    /// The models to serve, checked as [`ServeArgs::model_specs`] does (and placed, with
+    /// `--placement`: see [`ServeArgs::placed_entries`]); each builds its engine on its own thread
+    /// when the server starts.
     pub fn model_entries(&self) -> Result<Vec<ModelEntry>, ServerError> {
-        Ok(self.model_specs()?.into_iter().map(ModelSpec::entry).collect())
+        Ok(self.placed_entries(&mut std::io::sink())?.0)
+    }
+
+    /// The models to serve and, with `--placement`, their placement: profiles and the placement
+    /// go to `log`; each model's replicas are the groups serving it.
+    pub fn placed_entries(
+        &self,
+        log: &mut dyn std::io::Write,
+    ) -> Result<(Vec<ModelEntry>, Option<ServingPlacement>), ServerError> {
+        let specs = self.model_specs()?;
+        let Some(choice) = &self.placement else {
+            if self.workload.is_some() {
+                return Err(ServerError::Config(
+                    "--workload is read by --placement: add --placement auto (or drop --workload)".into(),
+                ));
+            }
+            return Ok((specs.into_iter().map(ModelSpec::entry).collect(), None));
+        };
+        let pool = self.engine.parallel.devices.clone().ok_or_else(|| {
+            ServerError::Config(
+                "--placement places the models on the --devices pool: list it (e.g. --devices ws://h1:9000,ws://h2:9000)"
+                    .into(),
+            )
+        })?;
+        let workload = match &self.workload {
+            Some(path) => Some(read_workload(path)?),
+            None => None,
+        };
+        let placement = super::placement::place(choice, &specs, &pool, workload.as_ref(), log)?;
+        for line in placement.lines() {
+            let _ = writeln!(log, "{line}");
+        }
+        let mut entries = Vec::with_capacity(specs.len());
+        for model in specs {
+            let mut replicas = placement.replica_specs(&model).into_iter();
+            let Some(first) = replicas.next() else {
+                return Err(ServerError::Config(format!("placement: model `{}` is on no group", model.name)));
+            };
+            let mut entry = ModelSpec { spec: first, ..model.clone() }.entry();
+            entry.replicas = replicas.map(|spec| ModelSpec { spec, ..model.clone() }.entry().build).collect();
+            entries.push(entry);
+        }
+        Ok((entries, Some(placement)))
+    }
+
+    /// Places (with `--placement`) and loads the models and starts their engines, with `config`
+    /// (from [`ServeArgs::server_config`]) showing the placement on `/health`; the placement and
+    /// its profiling go to `log`.
+    pub fn start_server(&self, mut config: ServerConfig, log: &mut dyn std::io::Write) -> Result<Server, ServerError> {
+        let (models, placement) = self.placed_entries(log)?;
+        config.placement = placement.as_ref().map(ServingPlacement::to_json);
+        Server::start_models(models, config)
     }
 
     /// The server settings these flags describe (the key from the flag or the environment).
@@ -125,10 +202,7 @@ impl ServeArgs {
     pub fn server_config(&self) -> Result<ServerConfig, Box<dyn std::error::Error>> {
         let name = model_args::names(&self.model, &self.served_model_name)?.into_iter().next();
         let chat_template = match &self.chat_template {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("--chat-template {}: cannot read it: {e}", path.display()))?,
-            ),
+            Some(path) => Some(read_template(path)?),
             None => None,
         };
         let api_key = self.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
@@ -138,6 +212,7 @@ impl ServeArgs {
             max_body_bytes: self.max_body_bytes,
             max_waiting: self.max_waiting,
             chat_template,
+            placement: None,
         })
     }
 
@@ -157,19 +232,40 @@ pub struct ModelSpec {
     pub source: String,
     /// Its engine flags: the shared ones with its `--model-engine-args`.
     pub spec: EngineSpec,
+    /// Its own chat template (`--chat-template` in its `--model-engine-args`), as text.
+    pub chat_template: Option<String>,
+    /// Its own `--max-waiting` (from its `--model-engine-args`).
+    pub max_waiting: Option<usize>,
 }
 
 impl ModelSpec {
     /// The model to serve: its engine is built from `spec` on the model's own thread.
     pub fn entry(self) -> ModelEntry {
-        let Self { name, source, spec } = self;
+        let Self { name, source, spec, chat_template, max_waiting } = self;
         let model = source.clone();
         let build: super::EngineBuilder = Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
             let dir = burn_llm_models::hub::resolve_model(&model)?;
             spec.init(&dir, Purpose::Serve, &mut std::io::stderr())
         });
-        ModelEntry { name, source, build }
+        ModelEntry { chat_template, max_waiting, ..ModelEntry::new(name, source, build) }
     }
+}
+
+/// A `--chat-template` file's text.
+fn read_template(path: &std::path::Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("--chat-template {}: cannot read it: {e}", path.display()))
+}
+
+/// The `--workload` file, parsed (its fields are checked against the served models later).
+fn read_workload(path: &std::path::Path) -> Result<ServingWorkload, ServerError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ServerError::Config(format!("--workload {}: cannot read it: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| {
+        ServerError::Config(format!(
+            "--workload {}: {e}; write {{\"models\": [{{\"model\": NAME, \"rate\": R, \"cv\": C, \"slo_s\": S}}]}}",
+            path.display()
+        ))
+    })
 }
 
 /// Entry point of the `serve` example.
@@ -186,17 +282,20 @@ pub fn main() -> ExitCode {
 
 /// Checks every model's flags, loads the models, binds, and serves until SIGINT/SIGTERM.
 pub fn run(args: &ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let models = args.model_entries()?;
     let config = server_config_logged(args)?;
-    let server = Server::start_models(models, config)?;
+    let server = args.start_server(config, &mut std::io::stderr())?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
         for model in server.models() {
             let info = &model.engine.info;
             let placement = info.placement.as_ref().map(|p| format!(" · {p}")).unwrap_or_default();
+            let replicas = match model.replicas.len() {
+                0 => String::new(),
+                n => format!(", {} replicas", n + 1),
+            };
             eprintln!(
-                "model `{}`: {} ({} engine, context {}{placement})",
+                "model `{}`: {} ({} engine, context {}{placement}{replicas})",
                 model.name, model.source, info.engine, info.spec.max_positions
             );
         }

@@ -15,7 +15,7 @@
 //! [`streaming`] (engine events to SSE chunks or whole responses), [`logprobs`], [`engine_loop`]
 //! (the engine thread), [`models`] (the served models and routing), [`metrics`], [`auth`],
 //! [`errors`], [`page`], [`launch`] (flags and main) with [`model_args`] (names and per-model
-//! engine flags).
+//! engine flags) and [`placement`] (models on device groups, AlpaServe).
 
 pub mod auth;
 pub mod chat;
@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod model_args;
 pub mod models;
 pub mod page;
+pub mod placement;
 pub mod protocol;
 pub mod streaming;
 
@@ -67,6 +68,8 @@ pub struct ServerConfig {
     pub max_waiting: usize,
     /// A Jinja chat template replacing every model's own (vLLM's `--chat-template`).
     pub chat_template: Option<String>,
+    /// The models' placement on device groups (`--placement`), as `/health` shows it.
+    pub placement: Option<serde_json::Value>,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +80,7 @@ impl Default for ServerConfig {
             max_body_bytes: 4 << 20,
             max_waiting: 1024,
             chat_template: None,
+            placement: None,
         }
     }
 }
@@ -90,6 +94,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_waiting", &self.max_waiting)
             .field("chat_template", &self.chat_template.is_some())
+            .field("placement", &self.placement.is_some())
             .finish()
     }
 }
@@ -164,7 +169,7 @@ impl Server {
     /// Serves one model, named `config.served_model_name`, built by `build`.
     pub fn start(build: EngineBuilder, config: ServerConfig) -> Result<Self, ServerError> {
         let name = config.served_model_name.clone();
-        let entry = ModelEntry { source: name.clone(), name, build };
+        let entry = ModelEntry::new(name.clone(), name, build);
         Self::start_models(vec![entry], config)
     }
 
@@ -183,7 +188,7 @@ impl Server {
             match ServedModel::start(entry, series, config.chat_template.as_deref()) {
                 Ok(model) => served.push(Arc::new(model)),
                 Err(e) => {
-                    served.iter().for_each(|m| m.engine.stop());
+                    served.iter().for_each(|m| m.stop());
                     return Err(e);
                 }
             }
@@ -237,7 +242,7 @@ impl Server {
     ) -> std::io::Result<()> {
         let result = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
         let state = self.state.clone();
-        tokio::task::spawn_blocking(move || state.models.iter().for_each(|m| m.engine.stop()))
+        tokio::task::spawn_blocking(move || state.models.iter().for_each(|m| m.stop()))
             .await
             .map_err(std::io::Error::other)?;
         result

@@ -28,6 +28,19 @@ pub const ALTERNATIVES: &[&[&str]] = &[&["device", "devices"], &["plan", "latenc
 struct ModelFlags {
     #[command(flatten)]
     engine: EngineSpec,
+    #[command(flatten)]
+    serving: ServingFlags,
+}
+
+/// The server flags a model may also give for itself in `--model-engine-args`.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
+pub struct ServingFlags {
+    /// The model's own Jinja chat template file (replacing `--chat-template` for it).
+    #[arg(long)]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Requests that may wait to start for this model (replacing `--max-waiting` for it).
+    #[arg(long)]
+    pub max_waiting: Option<usize>,
 }
 
 /// The engine flags given on a command line, per flag as tokens that parse back to the same
@@ -75,9 +88,9 @@ impl GivenFlags {
         Self(given)
     }
 
-    /// The engine spec of a model whose own flags are `flags` (shell-like words): its flags,
-    /// then the shared ones it does not give.
-    pub fn model_spec(&self, flags: &str) -> Result<EngineSpec, String> {
+    /// The engine spec and server flags of a model whose own flags are `flags` (shell-like
+    /// words): its flags, then the shared ones it does not give.
+    pub fn model_spec(&self, flags: &str) -> Result<(EngineSpec, ServingFlags), String> {
         let own = split_words(flags)?;
         let matches = ModelFlags::command().try_get_matches_from(&own).map_err(|e| clap_message(&e))?;
         let mut named: HashSet<&str> = matches
@@ -97,7 +110,7 @@ impl GivenFlags {
                 argv.extend(tokens.iter().cloned());
             }
         }
-        ModelFlags::try_parse_from(argv).map(|f| f.engine).map_err(|e| clap_message(&e))
+        ModelFlags::try_parse_from(argv).map(|f| (f.engine, f.serving)).map_err(|e| clap_message(&e))
     }
 }
 
@@ -234,17 +247,18 @@ mod tests {
             ["x", "--kv-cache-memory", "blocks:96", "--dtype", "f32", "--devices", "flex,flex", "--exact-matmul"];
         let matches = ModelFlags::command().no_binary_name(false).try_get_matches_from(shared).unwrap();
         let given = GivenFlags::from_matches(&matches);
-        let spec = given.model_spec("--kv-cache-memory 'blocks:8' --devices flex").unwrap();
+        let (spec, serving) = given.model_spec("--kv-cache-memory 'blocks:8' --devices flex --max-waiting 3").unwrap();
+        assert_eq!(serving, ServingFlags { chat_template: None, max_waiting: Some(3) });
         let alone = |flags: &[&str]| ModelFlags::try_parse_from(flags).unwrap().engine;
         let kv = alone(&["--kv-cache-memory", "blocks:8"]).paged.kv_cache_memory;
         assert_eq!(format!("{:?}", spec.paged.kv_cache_memory), format!("{kv:?}"));
         assert_eq!(spec.parallel.devices, Some(vec!["flex".to_string()]));
         assert!(spec.exact_matmul, "shared flags the model does not name stay");
         assert_eq!(format!("{:?}", spec.dtype), format!("{:?}", alone(&["--dtype", "f32"]).dtype));
-        let same = given.model_spec("").unwrap();
+        let (same, _) = given.model_spec("").unwrap();
         assert_eq!(same.parallel.devices, Some(vec!["flex".to_string(), "flex".to_string()]));
         let local = ModelFlags::command().no_binary_name(false).try_get_matches_from(["x", "--device", "flex"]);
-        let remote = GivenFlags::from_matches(&local.unwrap()).model_spec("--devices flex,flex").unwrap();
+        let (remote, _) = GivenFlags::from_matches(&local.unwrap()).model_spec("--devices flex,flex").unwrap();
         assert!(remote.device.is_none(), "--devices replaces the shared --device");
         let err = given.model_spec("--port 1").unwrap_err();
         assert!(err.contains("--port"), "{err}");

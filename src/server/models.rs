@@ -29,11 +29,36 @@ pub struct ModelEntry {
     pub source: String,
     /// Builds the engine on the model's own thread.
     pub build: EngineBuilder,
+    /// Builders of further replicas (a placement's other groups serving the model), each an
+    /// engine on its own thread; requests go to the replica with the fewest in flight.
+    pub replicas: Vec<EngineBuilder>,
+    /// Its own chat template (Jinja source), replacing the server's `--chat-template` for it.
+    pub chat_template: Option<String>,
+    /// Its own `--max-waiting`, replacing the server's for it.
+    pub max_waiting: Option<usize>,
+}
+
+impl ModelEntry {
+    /// A model served by one engine, with the server's chat template and `--max-waiting`.
+    pub fn new(name: impl Into<String>, source: impl Into<String>, build: EngineBuilder) -> Self {
+        Self {
+            name: name.into(),
+            source: source.into(),
+            build,
+            replicas: Vec::new(),
+            chat_template: None,
+            max_waiting: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for ModelEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelEntry").field("name", &self.name).field("source", &self.source).finish()
+        f.debug_struct("ModelEntry")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .field("replicas", &(1 + self.replicas.len()))
+            .finish()
     }
 }
 
@@ -43,12 +68,16 @@ pub struct ServedModel {
     pub name: String,
     /// What `--model` named.
     pub source: String,
-    /// Its engine thread.
+    /// Its engine thread (the first replica's).
     pub engine: EngineHandle,
+    /// The engine threads of its other replicas.
+    pub replicas: Vec<EngineHandle>,
     /// Its series of the server's metrics.
     pub metrics: Metrics,
     /// The chat template in use (`--chat-template`, else the model's).
     pub chat_template: Option<ChatTemplate>,
+    /// Its own `--max-waiting` (else the server's).
+    pub max_waiting: Option<usize>,
 }
 
 /// Fails when two entries share a name (before anything is loaded).
@@ -75,11 +104,32 @@ pub fn check_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), S
 }
 
 impl ServedModel {
-    /// Starts the model's engine thread and waits until the engine is built; `chat_template`
-    /// (a Jinja source) replaces the model's own.
+    /// Starts the model's engine threads (one per replica) and waits until each engine is built;
+    /// the entry's chat template, else `chat_template` (a Jinja source), replaces the model's own.
     pub fn start(entry: ModelEntry, metrics: Metrics, chat_template: Option<&str>) -> Result<Self, ServerError> {
-        let engine = EngineHandle::spawn(&entry.name, entry.build, metrics.clone())
-            .map_err(|e| ServerError::Engine(format!("model `{}` ({}): {e}", entry.name, entry.source)))?;
+        let ModelEntry { name, source, build, replicas: builders, chat_template: own_template, max_waiting } = entry;
+        let chat_template = own_template.as_deref().or(chat_template);
+        let several = !builders.is_empty();
+        let fail = |i: usize, e: String| {
+            let which = if several { format!(" replica {i}") } else { String::new() };
+            ServerError::Engine(format!("model `{name}` ({source}){which}: {e}"))
+        };
+        let engine = EngineHandle::spawn(&name, build, metrics.clone()).map_err(|e| fail(0, e))?;
+        let mut replicas = Vec::with_capacity(builders.len());
+        let mut failed = None;
+        for (i, build) in builders.into_iter().enumerate() {
+            match EngineHandle::spawn(&name, build, metrics.clone()) {
+                Ok(handle) => replicas.push(handle),
+                Err(e) => {
+                    failed = Some(fail(i + 1, e));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            std::iter::once(&engine).chain(&replicas).for_each(EngineHandle::stop);
+            return Err(e);
+        }
         let tokenizer = engine.info.tokenizer.as_ref();
         let chat_template = match chat_template {
             Some(source) => {
@@ -91,7 +141,29 @@ impl ServedModel {
             }
             None => tokenizer.and_then(|t| t.chat_template().cloned()),
         };
-        Ok(Self { name: entry.name, source: entry.source, engine, metrics, chat_template })
+        Ok(Self { name, source, engine, replicas, metrics, chat_template, max_waiting })
+    }
+
+    /// Every replica's engine thread.
+    pub fn engines(&self) -> impl Iterator<Item = &EngineHandle> {
+        std::iter::once(&self.engine).chain(&self.replicas)
+    }
+
+    /// The replica a new request goes to: of those up, the one with the fewest requests in flight
+    /// (the first on a tie); the first replica when all are down (it answers why).
+    pub fn pick(&self) -> &EngineHandle {
+        self.engines().filter(|e| e.down().is_none()).min_by_key(|e| e.outstanding()).unwrap_or(&self.engine)
+    }
+
+    /// Why the model no longer serves: every replica is down (the first one's reason).
+    pub fn down(&self) -> Option<String> {
+        let reasons: Vec<String> = self.engines().map_while(EngineHandle::down).collect();
+        (reasons.len() == 1 + self.replicas.len()).then(|| reasons[0].clone())
+    }
+
+    /// Stops every replica's engine thread.
+    pub fn stop(&self) {
+        self.engines().for_each(EngineHandle::stop);
     }
 
     /// Tokenizes and checks prompt `index`: its visible text (for `echo`) and its ids. Empty
@@ -188,15 +260,29 @@ pub async fn health(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut serving = 0;
     let mut models = serde_json::Map::new();
     for model in &state.models {
-        let status = match model.engine.down() {
+        let replicas_down: Vec<String> = model.engines().filter_map(EngineHandle::down).collect();
+        let status = match model.down() {
             Some(reason) => format!("down: {reason}"),
-            None => {
+            None if replicas_down.is_empty() => {
                 serving += 1;
                 "ok".into()
+            }
+            None => {
+                serving += 1;
+                format!(
+                    "ok ({} of {} replicas down: {})",
+                    replicas_down.len(),
+                    1 + model.replicas.len(),
+                    replicas_down[0]
+                )
             }
         };
         models.insert(model.name.clone(), status.into());
     }
     let status = if serving > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(json!({"models": models})))
+    let mut body = json!({"models": models});
+    if let Some(placement) = &state.config.placement {
+        body["placement"] = placement.clone();
+    }
+    (status, axum::Json(body))
 }

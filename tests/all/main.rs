@@ -33,4 +33,5 @@ mod sampling;
 mod server;
 mod server_clients;
 mod server_models;
+mod server_placement;
 mod spec;

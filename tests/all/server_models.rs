@@ -166,7 +166,7 @@ fn bad_model_lists_are_errors_before_anything_loads() {
             built.fetch_add(1, Ordering::SeqCst);
             Err("not built".into())
         });
-        ModelEntry { name: name.into(), source: name.into(), build }
+        ModelEntry::new(name, name, build)
     };
     let err = Server::start_models(vec![entry("m"), entry("m")], ServerConfig::default()).err().unwrap();
     assert!(err.to_string().contains("two models are served as `m`"), "{err}");
@@ -286,7 +286,7 @@ fn breakable(name: &str, fixture_name: &str, mode: &Arc<AtomicU8>) -> ModelEntry
         let inner = spec.init(&dir, burn_llm::spec::Purpose::Serve, &mut std::io::sink())?;
         Ok(Box::new(Breakable { inner, mode }) as Box<dyn Engine>)
     });
-    ModelEntry { name: name.into(), source: fixture_name.into(), build }
+    ModelEntry::new(name, fixture_name, build)
 }
 
 #[test]
@@ -384,4 +384,58 @@ fn a_dead_worker_under_one_model_leaves_the_other_serving() {
         assert_eq!((status, &r["choices"][0]["text"]), (200, &before["choices"][0]["text"]), "{r}");
     });
     server.shutdown();
+}
+
+/// `--chat-template` and `--max-waiting` per model in `--model-engine-args`: `gpt2` gets a
+/// template (the fixtures have none), `llama` lets no request wait.
+#[test]
+fn a_model_may_have_its_own_chat_template_and_max_waiting() {
+    let template = std::env::temp_dir().join(format!("burn-llm-own-template-{}.jinja", std::process::id()));
+    std::fs::write(&template, TEMPLATE).unwrap();
+    let (gpt2, llama) = (path("gpt2"), path("llama"));
+    let own = format!("gpt2=--chat-template '{}'", template.display());
+    let server = start_argv(&[
+        "serve",
+        "--model",
+        &gpt2,
+        "--model",
+        &llama,
+        "--device",
+        "flex",
+        "--kv-cache-memory",
+        "blocks:32",
+        "--model-engine-args",
+        &own,
+        "--model-engine-args",
+        "llama=--max-waiting 0",
+    ]);
+    server.runtime.block_on(async {
+        let client = loopback_client::client();
+        let chat =
+            |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+        let (status, r) = post(&client, &server.url("/v1/chat/completions"), &chat("gpt2"), None).await;
+        assert_eq!(status, 200, "gpt2 has its own template: {r}");
+        let (status, r) = post(&client, &server.url("/v1/chat/completions"), &chat("llama"), None).await;
+        assert_eq!(status, 400, "llama has none: {r}");
+        let url = server.url("/v1/completions");
+        let (status, r) = post(&client, &url, &greedy(Some("llama")), None).await;
+        assert_eq!(status, 503, "{r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("--max-waiting is 0"), "{r}");
+        let (status, r) = post(&client, &url, &greedy(Some("gpt2")), None).await;
+        assert_eq!(status, 200, "gpt2 keeps the server's --max-waiting: {r}");
+    });
+    server.shutdown();
+    let _ = std::fs::remove_file(&template);
+    let err = ServeArgs::try_parse_from([
+        "serve",
+        "--model",
+        "/nowhere/a",
+        "--model-engine-args",
+        "a=--chat-template /nowhere/t.jinja",
+    ])
+    .unwrap()
+    .model_specs()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("model `a`") && err.contains("/nowhere/t.jinja"), "{err}");
 }

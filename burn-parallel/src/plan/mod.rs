@@ -4,6 +4,7 @@ pub mod cli;
 pub mod placement;
 pub mod profile;
 pub mod schedule;
+pub mod serving;
 pub mod sim;
 pub mod slices;
 mod stage_devices;

@@ -217,6 +217,32 @@ pub fn plan(input: &PlacementInput) -> Result<PlacementOutput, PlacementError> {
     Ok(problem.output(&best, input.baseline))
 }
 
+/// Simulates `input`'s workload on a placement made elsewhere (`groups`: a hand-made one, or one
+/// to check), each placed model's `stage_latency_ms` as given; groups keep their order.
+pub fn evaluate(input: &PlacementInput, groups: Vec<GroupPlan>) -> Result<PlacementOutput, PlacementError> {
+    let problem = Checked::new(input)?;
+    let mut sim_groups = Vec::with_capacity(groups.len());
+    for (gi, g) in groups.iter().enumerate() {
+        let mut models = Vec::with_capacity(g.models.len());
+        for (mi, placed) in g.models.iter().enumerate() {
+            let field = format!("groups[{gi}].models[{mi}]");
+            let Some(index) = input.models.iter().position(|m| m.name == placed.model) else {
+                return Err(InputError::new(field, format!("no model is named `{}`", placed.model)).into());
+            };
+            check::same_len(
+                &format!("{field}.stage_latency_ms"),
+                &placed.stage_latency_ms,
+                g.pipeline_stages,
+                "stages",
+            )?;
+            check::latencies(&format!("{field}.stage_latency_ms"), &placed.stage_latency_ms)?;
+            models.push((index, placed.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect()));
+        }
+        sim_groups.push(Group { stages: g.pipeline_stages, models });
+    }
+    Ok(problem.outcome(groups, &sim_groups, input.baseline))
+}
+
 /// A model split for one group shape.
 #[derive(Debug, Clone)]
 struct Split {
@@ -441,11 +467,19 @@ impl<'a> Checked<'a> {
                 .collect();
             groups.push(GroupPlan { devices, pipeline_stages: p, tensor_parallel: t, models });
         }
-        let latencies = sim::simulate(&sel.groups, &self.requests);
+        self.outcome(groups, &sel.groups, baseline)
+    }
+
+    /// The output for `groups` as the simulator runs them (`sim_groups`): latencies back in trace
+    /// order and the attainment overall and per model.
+    fn outcome(&self, groups: Vec<GroupPlan>, sim_groups: &[Group], baseline: Option<Baseline>) -> PlacementOutput {
+        let latencies = sim::simulate(sim_groups, &self.requests);
         let mut latencies_s = vec![None; self.requests.len()];
         for (sorted, &original) in self.order.iter().enumerate() {
             latencies_s[original] = latencies[sorted];
         }
+        let attained = self.requests.iter().zip(&latencies).filter(|(r, l)| self.attained(**l, r)).count();
+        let slo_attainment = attained as f64 / self.requests.len() as f64;
         let models = self
             .input
             .models
@@ -466,7 +500,7 @@ impl<'a> Checked<'a> {
                 }
             })
             .collect();
-        PlacementOutput { groups, slo_attainment: sel.attainment, models, latencies_s, baseline }
+        PlacementOutput { groups, slo_attainment, models, latencies_s, baseline }
     }
 }
 

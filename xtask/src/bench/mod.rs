@@ -8,6 +8,7 @@ mod online;
 mod paged_attention;
 mod parallel;
 mod pipeline;
+mod placement;
 mod plot;
 mod quant;
 mod schedule;
@@ -40,6 +41,9 @@ pub enum Which {
     /// Alpa's automatic stages vs an even split, TeraPipe's token slices (time to first token at
     /// PP=2) and chunked prefill under mixed load, each against its prediction and baseline.
     Pipeline(pipeline::Args),
+    /// AlpaServe's placement vs replication over two one-thread workers: SLO attainment and p99
+    /// at CV 1, 3, 6 and swept rates, each beside the simulator's prediction.
+    Placement(placement::Args),
     /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
     /// to the device's streaming bandwidth.
     PagedAttention(paged_attention::Args),
@@ -57,6 +61,7 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Schedule(args) => schedule::run(args),
         Which::Parallel(args) => parallel::run(args),
         Which::Pipeline(args) => pipeline::run(args),
+        Which::Placement(args) => placement::run(args),
         Which::PagedAttention(args) => paged_attention::run(args),
     }
 }

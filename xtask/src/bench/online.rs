@@ -24,10 +24,11 @@ use crate::report::{self, Align::Left, Align::Right, Header, percentile, table};
 use loopback_client::{SseEvents, client};
 use reqwest::Client;
 
-/// The server tests' `reqwest` client (with the rustls provider installed) and SSE reader.
+/// The server tests' `reqwest` client (with the rustls provider installed) and SSE reader (also
+/// the placement benchmark's client).
 #[allow(dead_code)]
 #[path = "../../../tests/all/loopback_client.rs"]
-mod loopback_client;
+pub(super) mod loopback_client;
 
 /// Flags of the online mode.
 #[derive(clap::Args)]

@@ -1,0 +1,325 @@
+//! `serve --placement`: the served models placed on groups of the `--devices` pool as AlpaServe
+//! places them (thesis ch. 4), each group running its models as pipelines over its devices.
+//!
+//! - `auto`: each model profiled at start-up on the pool's first device (cached, as
+//!   `--stage-layers auto` does; the planner takes the pool as identical devices), its cost of
+//!   one request per layer taken from the `--workload` shape ([`burn_parallel::plan::serving`]),
+//!   and [`burn_parallel::plan::placement::plan`] choosing the group partition, each group's
+//!   stages and which models each group serves under the devices' memory (`--device-memory`).
+//! - `replicate`: AlpaServe's replication baseline: every group is one device, and a device holds
+//!   whole replicas of the models that fit, no model parallelism. With `--workload` the planner
+//!   chooses the replicas on the simulator (selective replication); without, every device takes
+//!   the models in order while they fit.
+//! - `manual:SPEC` ([`manual`]): the groups by hand, each model's layers split evenly over its
+//!   group's stages.
+//!
+//! A model on several groups is served by replicas: a request goes to the replica with the fewest
+//! requests in flight, as AlpaServe's controller and the simulator do. Models on one group share
+//! its devices first come, first served. Weights are what the memory check counts; each model's
+//! KV budget is its `--kv-cache-memory`.
+
+pub mod manual;
+mod profiles;
+
+use std::io::Write;
+
+use burn_parallel::pipeline::StageLayout;
+use burn_parallel::plan::placement::{self, Baseline, GroupPlan, PlacedModel, PlacementInput, PlacementOutput};
+use burn_parallel::plan::serving::ServingWorkload;
+use serde_json::json;
+
+use super::ServerError;
+use super::launch::ModelSpec;
+pub use manual::Manual;
+use profiles::ModelCosts;
+
+/// The error of `--placement auto` without a workload.
+const NEEDS_WORKLOAD: &str = "--placement auto needs --workload FILE.json: each model's rate, cv and slo_s";
+
+/// What `--placement` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlacementChoice {
+    /// AlpaServe's placement on the simulator.
+    Auto,
+    /// Replication only (AlpaServe's baseline).
+    Replicate,
+    /// Groups given by hand.
+    Manual(Manual),
+}
+
+impl std::str::FromStr for PlacementChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "auto" => Ok(Self::Auto),
+            "replicate" => Ok(Self::Replicate),
+            other => match other.strip_prefix("manual:") {
+                Some(spec) => spec.parse().map(Self::Manual).map_err(|e| format!("--placement manual: {e}")),
+                None => Err(format!("`{other}` is not a placement: give auto, replicate or manual:NAME=0,1;NAME=2")),
+            },
+        }
+    }
+}
+
+impl PlacementChoice {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Replicate => "replicate",
+            Self::Manual(_) => "manual",
+        }
+    }
+}
+
+/// A placement the server runs: the pool, its groups and what each serves, and the simulator's
+/// prediction for the workload.
+#[derive(Debug, Clone)]
+pub struct ServingPlacement {
+    /// `auto`, `replicate` or `manual`.
+    pub mode: &'static str,
+    /// The `--devices` entries.
+    pub pool: Vec<String>,
+    /// Groups of pool indices, each with its models' stages (`stage_latency_ms` empty when the
+    /// models were not profiled).
+    pub groups: Vec<GroupPlan>,
+    /// The simulator on the `--workload` (none without one).
+    pub prediction: Option<PlacementOutput>,
+    /// What the planner was given: each model's profiled cost of one request per layer and its
+    /// weight bytes, the pool and the workload (none when nothing was profiled). Predicting
+    /// another trace on this placement is [`placement::evaluate`] with this input's workload
+    /// replaced.
+    pub input: Option<PlacementInput>,
+}
+
+impl ServingPlacement {
+    /// Each model's engine specs, one per group serving it (its replicas), in group order: the
+    /// group's devices as `--devices` and the planned stages as `--stage-layers` (the pool's
+    /// `--device-memory` and `--stage-profile-dir` served the placement and are dropped).
+    pub fn replica_specs(&self, model: &ModelSpec) -> Vec<crate::spec::EngineSpec> {
+        let mut specs = Vec::new();
+        for group in &self.groups {
+            let Some(placed) = group.models.iter().find(|m| m.model == model.name) else { continue };
+            let mut spec = model.spec.clone();
+            spec.device = None;
+            spec.parallel.devices = Some(group.devices.iter().map(|&d| self.pool[d].clone()).collect());
+            // The placement has checked the memory and read the profiles these name.
+            spec.parallel.device_memory = None;
+            spec.parallel.stage_profile_dir = None;
+            spec.parallel.pipeline_parallel_size = None;
+            spec.parallel.stage_layers = Some(
+                placed.stages.iter().map(|[a, b]| format!("{a}-{}", b.saturating_sub(1))).collect::<Vec<_>>().join(","),
+            );
+            specs.push(spec);
+        }
+        specs
+    }
+
+    /// The placement as the start-up log prints it: one line per group, then the prediction.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "placement ({}): {} group(s) over {} device(s)",
+            self.mode,
+            self.groups.len(),
+            self.pool.len()
+        )];
+        for (gi, g) in self.groups.iter().enumerate() {
+            let devices: Vec<String> = g.devices.iter().map(|&d| format!("{d}:{}", self.pool[d])).collect();
+            let models: Vec<String> = g
+                .models
+                .iter()
+                .map(|m| {
+                    let stages: Vec<String> =
+                        m.stages.iter().map(|[a, b]| format!("{a}-{}", b.saturating_sub(1))).collect();
+                    format!("`{}` layers {}", m.model, stages.join(" | "))
+                })
+                .collect();
+            let models = if models.is_empty() { "nothing".to_string() } else { models.join(", ") };
+            lines.push(format!("  group {gi} [{}] ({} stage(s)): {models}", devices.join(", "), g.pipeline_stages));
+        }
+        if let Some(p) = &self.prediction {
+            let per_model: Vec<String> =
+                p.models.iter().map(|m| format!("`{}` {:.1}%", m.model, 100.0 * m.slo_attainment)).collect();
+            lines.push(format!(
+                "  predicted SLO attainment on the workload: {:.1}% ({})",
+                100.0 * p.slo_attainment,
+                per_model.join(", ")
+            ));
+        }
+        lines
+    }
+
+    /// The placement as `/health` shows it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let groups: Vec<_> = self
+            .groups
+            .iter()
+            .map(|g| {
+                let models: Vec<_> = g.models.iter().map(|m| json!({"model": m.model, "stages": m.stages})).collect();
+                json!({
+                    "devices": g.devices.iter().map(|&d| &self.pool[d]).collect::<Vec<_>>(),
+                    "pipeline_stages": g.pipeline_stages,
+                    "models": models,
+                })
+            })
+            .collect();
+        let mut out = json!({"mode": self.mode, "groups": groups});
+        if let Some(p) = &self.prediction {
+            out["predicted_slo_attainment"] = json!(p.slo_attainment);
+            out["predicted_models"] = json!(p.models);
+        }
+        out
+    }
+}
+
+/// Places `models` on the `pool` (checked: the pool's size, each model keeping the shared
+/// `--devices` and leaving the stages to the placement), profiling them where the choice, the
+/// memory check or the prediction needs it; progress and the placement go to `log`.
+pub fn place(
+    choice: &PlacementChoice,
+    models: &[ModelSpec],
+    pool: &[String],
+    workload: Option<&ServingWorkload>,
+    log: &mut dyn Write,
+) -> Result<ServingPlacement, ServerError> {
+    let config = |e: String| ServerError::Config(e);
+    if models.is_empty() || pool.is_empty() {
+        return Err(config("--placement needs models (--model) and devices (--devices) to place them on".into()));
+    }
+    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    if let Some(w) = workload {
+        w.check(&names).map_err(|e| config(format!("--workload: {e}")))?;
+    }
+    for m in models {
+        check_model_flags(m, pool)?;
+    }
+    // Every check that needs no profile comes before the profiling.
+    match (choice, workload) {
+        (PlacementChoice::Manual(manual), _) => {
+            manual.check(&names, pool.len()).map_err(|e| config(format!("--placement manual: {e}")))?;
+        }
+        (PlacementChoice::Auto, None) => return Err(config(NEEDS_WORKLOAD.into())),
+        _ => {}
+    }
+    let caps = models[0].spec.parallel.device_memory.clone();
+    if let Some(c) = caps.as_ref().filter(|c| c.len() != pool.len()) {
+        return Err(config(format!(
+            "--device-memory gives {} sizes for the {} --devices: give one per device, in the same order",
+            c.len(),
+            pool.len()
+        )));
+    }
+    let caps: Vec<u64> = caps.unwrap_or_else(|| pool.iter().map(|d| crate::spec::default_memory(d)).collect());
+    let needs_costs = !matches!(choice, PlacementChoice::Manual(_)) || workload.is_some();
+    let costs = if needs_costs || caps.iter().any(|&c| c < u64::MAX) {
+        Some(ModelCosts::measure(models, pool, workload, log)?)
+    } else {
+        None
+    };
+    let input = costs.as_ref().map(|c| c.input(pool.len(), caps.iter().copied().min().unwrap_or(u64::MAX), workload));
+    let groups = match choice {
+        PlacementChoice::Manual(manual) => manual_groups(manual, models, costs.as_ref())?,
+        PlacementChoice::Auto | PlacementChoice::Replicate => {
+            let (Some(costs), Some(input)) = (&costs, &input) else {
+                return Err(config("--placement auto and replicate need the models' costs".into()));
+            };
+            match (choice, workload) {
+                (PlacementChoice::Replicate, None) => costs.packed_replicas(&caps),
+                (_, Some(_)) => planned(choice, input)?,
+                (_, None) => return Err(config(NEEDS_WORKLOAD.into())),
+            }
+        }
+    };
+    if let Some(costs) = &costs {
+        costs.check_memory(&groups, &caps, pool)?;
+    }
+    let prediction = match (&input, workload) {
+        (Some(input), Some(_)) => {
+            Some(placement::evaluate(input, groups.clone()).map_err(|e| config(format!("--workload: {e}")))?)
+        }
+        _ => None,
+    };
+    Ok(ServingPlacement { mode: choice.name(), pool: pool.to_vec(), groups, prediction, input })
+}
+
+/// A model's own flags may not choose what the placement chooses.
+fn check_model_flags(model: &ModelSpec, pool: &[String]) -> Result<(), ServerError> {
+    let p = &model.spec.parallel;
+    let own_devices = p.devices.as_deref().is_some_and(|d| d != pool);
+    let flag = if own_devices {
+        Some("--devices")
+    } else if p.stage_layers.is_some() {
+        Some("--stage-layers")
+    } else if p.pipeline_parallel_size.is_some() {
+        Some("--pipeline-parallel-size")
+    } else if p.tensor_parallel_size.is_some() {
+        Some("--tensor-parallel-size")
+    } else {
+        None
+    };
+    match flag {
+        Some(flag) => Err(ServerError::Config(format!(
+            "model `{}`: {flag} conflicts with --placement, which chooses each model's devices and stages from the --devices pool: drop it",
+            model.name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The planner's placement (`replicate`: restricted to one-device groups); every served model
+/// must be on some group.
+fn planned(choice: &PlacementChoice, input: &PlacementInput) -> Result<Vec<GroupPlan>, ServerError> {
+    let mut input = input.clone();
+    input.baseline = matches!(choice, PlacementChoice::Replicate).then_some(Baseline::Replication);
+    let out =
+        placement::plan(&input).map_err(|e| ServerError::Config(format!("--placement {}: {e}", choice.name())))?;
+    Ok(out.groups.into_iter().filter(|g| !g.models.is_empty()).collect())
+}
+
+/// The groups of a manual placement: one per distinct device list, in first-use order, each model's
+/// layers split evenly over the group's stages.
+fn manual_groups(
+    manual: &Manual,
+    models: &[ModelSpec],
+    costs: Option<&ModelCosts>,
+) -> Result<Vec<GroupPlan>, ServerError> {
+    let mut groups: Vec<GroupPlan> = Vec::new();
+    for (name, model_groups) in &manual.models {
+        let Some(spec) = models.iter().find(|m| &m.name == name) else { continue };
+        for devices in model_groups {
+            let layers = match costs {
+                Some(c) => c.layers(name),
+                None => profiles::layer_count(spec)?,
+            };
+            let layout = StageLayout::even(layers, devices.len())
+                .map_err(|e| ServerError::Config(format!("--placement manual: model `{name}`: {e}")))?;
+            let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
+            let stage_latency_ms = costs.map(|c| c.stage_latency_ms(name, &stages)).unwrap_or_default();
+            let placed = PlacedModel { model: name.clone(), stages, stage_latency_ms };
+            match groups.iter_mut().find(|g| &g.devices == devices) {
+                Some(g) => g.models.push(placed),
+                None => groups.push(GroupPlan {
+                    devices: devices.clone(),
+                    pipeline_stages: devices.len(),
+                    tensor_parallel: 1,
+                    models: vec![placed],
+                }),
+            }
+        }
+    }
+    Ok(groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_choices_parse() {
+        assert_eq!("auto".parse::<PlacementChoice>().unwrap(), PlacementChoice::Auto);
+        assert_eq!("replicate".parse::<PlacementChoice>().unwrap(), PlacementChoice::Replicate);
+        assert!(matches!("manual:a=0".parse::<PlacementChoice>().unwrap(), PlacementChoice::Manual(_)));
+        assert!("manual:a".parse::<PlacementChoice>().unwrap_err().contains("--placement manual"));
+        assert!("spread".parse::<PlacementChoice>().unwrap_err().contains("auto, replicate or manual"));
+    }
+}

@@ -1,0 +1,188 @@
+//! Each served model's costs for the placement: profiled at start-up on the pool's first device
+//! (through the `--stage-layers auto` profiler and its cache), turned into one request's latency
+//! per layer and each layer's weight bytes.
+
+use std::io::Write;
+
+use burn_llm_models::PretrainedFiles;
+use burn_parallel::plan::placement::{GroupPlan, ModelSpec as PlannedModel, PlacedModel, PlacementInput};
+use burn_parallel::plan::serving::{
+    DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload, layer_memory_bytes, request_layer_ms,
+};
+use burn_parallel::profiler::ProfileGrid;
+
+use super::super::ServerError;
+use super::super::launch::ModelSpec;
+use crate::spec::{parse_device, profile_stage_device};
+
+/// The SLO of a model without traffic (it has no request to meet it).
+const NO_TRAFFIC_SLO_S: f64 = 1e9;
+
+/// One model's costs.
+#[derive(Debug, Clone)]
+struct Cost {
+    name: String,
+    layer_ms: Vec<f64>,
+    layer_bytes: Vec<u64>,
+    slo_s: f64,
+}
+
+/// Every served model's costs, in `--model` order.
+#[derive(Debug, Clone)]
+pub(super) struct ModelCosts(Vec<Cost>);
+
+/// The model files `model` names, opened.
+fn open(model: &ModelSpec) -> Result<(std::path::PathBuf, PretrainedFiles), ServerError> {
+    let fail =
+        |e: &dyn std::fmt::Display| ServerError::Engine(format!("model `{}` ({}): {e}", model.name, model.source));
+    let dir = burn_llm_models::hub::resolve_model(&model.source).map_err(|e| fail(&e))?;
+    let files = PretrainedFiles::open(&dir).map_err(|e| fail(&e))?;
+    Ok((dir, files))
+}
+
+/// The model's layer count, from its files.
+pub(super) fn layer_count(model: &ModelSpec) -> Result<usize, ServerError> {
+    Ok(open(model)?.1.spec.num_layers)
+}
+
+impl ModelCosts {
+    /// Profiles every model on `pool[0]` (cached) and prices one request of its `workload` shape.
+    pub(super) fn measure(
+        models: &[ModelSpec],
+        pool: &[String],
+        workload: Option<&ServingWorkload>,
+        log: &mut dyn Write,
+    ) -> Result<Self, ServerError> {
+        let entry = &pool[0];
+        let mut costs = Vec::with_capacity(models.len());
+        for model in models {
+            let fail = |e: &dyn std::fmt::Display| {
+                ServerError::Engine(format!("placement: profiling model `{}` on {entry}: {e}", model.name))
+            };
+            let (dir, files) = open(model)?;
+            let device = parse_device(entry, model.spec.worker_token.as_deref()).map_err(|e| fail(&e))?;
+            let _ = writeln!(log, "placement: costs of `{}` on {entry}", model.name);
+            let profile =
+                profile_stage_device(&model.spec, &dir, &files, entry, &device, &ProfileGrid::stages(), None, log)
+                    .map_err(|e| fail(&e))?;
+            let cost = profile.profile.cost_model("profile").map_err(|e| fail(&e))?;
+            let load = workload.and_then(|w| w.load(&model.name));
+            let shape = load.map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
+            costs.push(Cost {
+                name: model.name.clone(),
+                layer_ms: request_layer_ms(&cost, shape),
+                layer_bytes: layer_memory_bytes(&profile.profile),
+                slo_s: load.map_or(NO_TRAFFIC_SLO_S, |l| l.slo_s),
+            });
+        }
+        Ok(Self(costs))
+    }
+
+    fn cost(&self, name: &str) -> &Cost {
+        self.0.iter().find(|c| c.name == name).unwrap_or(&self.0[0])
+    }
+
+    /// The planner's input: `devices` identical devices of `memory` bytes.
+    pub(super) fn input(&self, devices: usize, memory: u64, workload: Option<&ServingWorkload>) -> PlacementInput {
+        let models = self
+            .0
+            .iter()
+            .map(|c| PlannedModel {
+                name: c.name.clone(),
+                layer_latency_ms: c.layer_ms.clone(),
+                layer_memory_bytes: c.layer_bytes.clone(),
+                slo_s: c.slo_s,
+                tensor_parallel: Vec::new(),
+            })
+            .collect();
+        let workload = workload.map(ServingWorkload::placement_workload).unwrap_or(
+            burn_parallel::plan::placement::PlacementWorkload {
+                trace: Some(Vec::new()),
+                arrivals: None,
+                duration_s: None,
+                seed: None,
+            },
+        );
+        PlacementInput { models, devices, device_memory_bytes: memory, workload, baseline: None, beam: None }
+    }
+
+    /// The model's layers.
+    pub(super) fn layers(&self, name: &str) -> usize {
+        self.cost(name).layer_ms.len()
+    }
+
+    /// The latency of one request on each of `stages` (half-open layer ranges) of `name`.
+    pub(super) fn stage_latency_ms(&self, name: &str, stages: &[[usize; 2]]) -> Vec<f64> {
+        let c = self.cost(name);
+        stages.iter().map(|[a, b]| c.layer_ms[*a..*b].iter().sum()).collect()
+    }
+
+    fn bytes(&self, name: &str, [a, b]: [usize; 2]) -> u64 {
+        self.cost(name).layer_bytes[a..b].iter().sum()
+    }
+
+    /// Replication without a workload: every device takes whole models in `--model` order while
+    /// they fit in its memory (`caps`).
+    pub(super) fn packed_replicas(&self, caps: &[u64]) -> Vec<GroupPlan> {
+        let mut groups = Vec::new();
+        for (d, &cap) in caps.iter().enumerate() {
+            let mut used = 0u64;
+            let mut models = Vec::new();
+            for c in &self.0 {
+                let whole = [0, c.layer_ms.len()];
+                let need = self.bytes(&c.name, whole);
+                if used.checked_add(need).is_some_and(|t| t <= cap) {
+                    used += need;
+                    let stage_latency_ms = self.stage_latency_ms(&c.name, &[whole]);
+                    models.push(PlacedModel { model: c.name.clone(), stages: vec![whole], stage_latency_ms });
+                }
+            }
+            if !models.is_empty() {
+                groups.push(GroupPlan { devices: vec![d], pipeline_stages: 1, tensor_parallel: 1, models });
+            }
+        }
+        groups
+    }
+
+    /// Fails when a model is on no group, or a device holds more weights than its memory.
+    pub(super) fn check_memory(&self, groups: &[GroupPlan], caps: &[u64], pool: &[String]) -> Result<(), ServerError> {
+        for c in &self.0 {
+            if !groups.iter().any(|g| g.models.iter().any(|m| m.model == c.name)) {
+                let need: u64 = c.layer_bytes.iter().sum();
+                return Err(ServerError::Config(format!(
+                    "placement: model `{}` ({need} bytes of weights) fits on no device group beside the others \
+                     (the smallest device memory is {} bytes): give more --devices, more --device-memory, or serve fewer models",
+                    c.name,
+                    caps.iter().min().copied().unwrap_or(0)
+                )));
+            }
+        }
+        for (d, &cap) in caps.iter().enumerate() {
+            let mut need = 0u64;
+            let mut holds = Vec::new();
+            for g in groups {
+                let Some(stage) = g.devices.iter().position(|&x| x == d) else { continue };
+                for m in &g.models {
+                    let Some(&range) = m.stages.get(stage) else { continue };
+                    let bytes = self.bytes(&m.model, range);
+                    need = need.saturating_add(bytes);
+                    holds.push(format!(
+                        "`{}` layers {}-{} ({bytes} bytes)",
+                        m.model,
+                        range[0],
+                        range[1].saturating_sub(1)
+                    ));
+                }
+            }
+            if need > cap {
+                return Err(ServerError::Config(format!(
+                    "placement: device {d} ({}) would hold {need} bytes of weights, {} — more than its {cap} bytes of memory: \
+                     spread the models over more devices, give more --device-memory, or serve fewer models",
+                    pool[d],
+                    holds.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,271 @@
+//! `serve --placement`: models placed on groups of the `--devices` pool by hand (`manual:`), by
+//! AlpaServe's planner on start-up profiles (`auto`) and as whole replicas (`replicate`); each
+//! model answering as the CLI does wherever it runs; the placement and its predicted SLO
+//! attainment on `/health`; bad placements and workloads as errors before anything loads; a
+//! worker dying under one group while the other group keeps serving.
+
+use std::path::PathBuf;
+
+use burn_llm::server::launch::ServeArgs;
+use serde_json::{Value, json};
+
+use crate::common::fixture;
+use crate::loopback_client;
+use crate::server::{Running, cli_json, post};
+
+const PROMPT: &str = "Hello, my name is";
+
+fn path(name: &str) -> String {
+    fixture(name).to_str().unwrap().to_string()
+}
+
+/// A scratch directory of this test (profiles, workload files).
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-llm-placement-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `serve` flags for both fixtures as `gpt2` and `llama`, with `extra`.
+fn argv(extra: &[&str]) -> Vec<String> {
+    let mut argv: Vec<String> =
+        ["serve", "--model", &path("gpt2"), "--model", &path("llama"), "--kv-cache-memory", "blocks:32"]
+            .map(String::from)
+            .to_vec();
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    argv
+}
+
+/// Starts the server these flags describe, as the `serve` example does.
+fn start(argv: &[String]) -> Running {
+    let args = ServeArgs::try_parse_from(argv).unwrap();
+    let server = args.start_server(args.server_config().unwrap(), &mut std::io::sink()).unwrap();
+    Running::serve(server)
+}
+
+/// The error starting these flags gives (nothing is served).
+fn start_error(argv: &[String]) -> String {
+    let args = match ServeArgs::try_parse_from(argv) {
+        Ok(args) => args,
+        Err(e) => return e.to_string(),
+    };
+    match args.start_server(args.server_config().unwrap(), &mut std::io::sink()) {
+        Ok(_) => panic!("{argv:?} started"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn greedy(model: &str) -> Value {
+    json!({"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+}
+
+/// Each model's greedy text equals the CLI's on the same fixture.
+fn answers_as_the_cli(server: &Running) -> Value {
+    let cli = |m: &str| cli_json(&fixture(m), &["--prompt", PROMPT]);
+    let expected = [("gpt2", cli("gpt2")), ("llama", cli("llama"))];
+    server.runtime.block_on(async {
+        let client = loopback_client::client();
+        let url = server.url("/v1/completions");
+        for (name, cli) in &expected {
+            // Two at once, so that a model with replicas runs one on each.
+            let body = greedy(name);
+            let (a, b) = tokio::join!(post(&client, &url, &body, None), post(&client, &url, &body, None));
+            for (status, r) in [a, b] {
+                assert_eq!(status, 200, "{name}: {r}");
+                assert_eq!(r["choices"][0]["text"], cli["requests"][0]["text"], "{name}");
+            }
+        }
+        let health = client.get(server.url("/health")).send().await.unwrap();
+        assert_eq!(health.status().as_u16(), 200);
+        health.json::<Value>().await.unwrap()
+    })
+}
+
+/// The models `/health` shows on each group.
+fn group_models(health: &Value) -> Vec<Vec<String>> {
+    health["placement"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["models"].as_array().unwrap().iter().map(|m| m["model"].as_str().unwrap().to_string()).collect())
+        .collect()
+}
+
+#[test]
+fn a_manual_placement_runs_each_model_on_its_group_as_the_cli_does() {
+    let dir = scratch("manual");
+    let profiles = dir.join("profiles").display().to_string();
+    let server = start(&argv(&[
+        "--devices",
+        "flex,flex",
+        "--stage-profile-dir",
+        &profiles,
+        "--placement",
+        "manual:gpt2=0,1;llama=1|0",
+    ]));
+    let health = answers_as_the_cli(&server);
+    let placement = &health["placement"];
+    assert_eq!(placement["mode"], "manual");
+    assert_eq!(group_models(&health), [vec!["gpt2"], vec!["llama"], vec!["llama"]]);
+    // gpt2 is a two-stage pipeline (one layer per device); llama has a replica on each device.
+    assert_eq!(placement["groups"][0]["pipeline_stages"], 2);
+    assert_eq!(placement["groups"][0]["models"][0]["stages"], json!([[0, 1], [1, 2]]));
+    assert!(placement.get("predicted_slo_attainment").is_none(), "no workload, no prediction");
+    assert_eq!(server_replicas(&server, "llama"), 2);
+    server.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Replicas of `model` (from the start-up line's count in `/v1/models`' order).
+fn server_replicas(server: &Running, model: &str) -> usize {
+    server.runtime.block_on(async {
+        let client = loopback_client::client();
+        let health = client.get(server.url("/health")).send().await.unwrap().json::<Value>().await.unwrap();
+        health["placement"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["models"].as_array().unwrap().iter().any(|m| m["model"] == model))
+            .count()
+    })
+}
+
+#[test]
+fn auto_and_replicate_plan_on_profiles_and_predict_the_workload() {
+    let dir = scratch("auto");
+    let workload = dir.join("workload.json");
+    std::fs::write(
+        &workload,
+        json!({"duration_s": 30, "seed": 1, "models": [
+            {"model": "gpt2", "rate": 2, "cv": 3, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 8},
+            {"model": "llama", "rate": 1, "cv": 1, "slo_s": 5}]})
+        .to_string(),
+    )
+    .unwrap();
+    let profiles = dir.join("profiles").display().to_string();
+    let (workload, profiles) = (workload.display().to_string(), profiles.as_str());
+    for mode in ["auto", "replicate"] {
+        let server = start(&argv(&[
+            "--devices",
+            "flex,flex",
+            "--placement",
+            mode,
+            "--workload",
+            &workload,
+            "--stage-profile-dir",
+            profiles,
+        ]));
+        let health = answers_as_the_cli(&server);
+        let placement = &health["placement"];
+        assert_eq!(placement["mode"], mode);
+        let predicted = placement["predicted_slo_attainment"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&predicted), "{placement}");
+        let per_model = placement["predicted_models"].as_array().unwrap();
+        assert_eq!(per_model.len(), 2, "{placement}");
+        assert!(per_model.iter().all(|m| m["requests"].as_u64().unwrap() > 0), "{placement}");
+        let groups = group_models(&health);
+        for name in ["gpt2", "llama"] {
+            assert!(groups.iter().any(|g| g.iter().any(|m| m == name)), "{name} is placed: {placement}");
+        }
+        if mode == "replicate" {
+            let one_device = placement["groups"].as_array().unwrap().iter().all(|g| g["pipeline_stages"] == 1);
+            assert!(one_device, "replication has no model parallelism: {placement}");
+        }
+        server.shutdown();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_placements_and_workloads_are_clear_errors_before_serving() {
+    let dir = scratch("bad");
+    let write = |name: &str, body: Value| {
+        let path = dir.join(name);
+        std::fs::write(&path, body.to_string()).unwrap();
+        path.display().to_string()
+    };
+    let unknown = write("unknown.json", json!({"models": [{"model": "gpt9", "rate": 1, "cv": 1, "slo_s": 1}]}));
+    let negative = write("negative.json", json!({"models": [{"model": "gpt2", "rate": -1, "cv": 1, "slo_s": 1}]}));
+    let negative_cv = write("cv.json", json!({"models": [{"model": "gpt2", "rate": 1, "cv": -2, "slo_s": 1}]}));
+    let garbled = write("garbled.json", json!({"models": [{"model": "gpt2", "rate": "fast"}]}));
+    let profiles = dir.join("profiles").display().to_string();
+    let pool = ["--devices", "flex,flex", "--stage-profile-dir", &profiles];
+    let cases: Vec<(Vec<&str>, &[&str])> = vec![
+        (vec!["--devices", "flex,flex", "--placement", "manual:gpt2=0;llama"], &["--placement manual", "no `=`"]),
+        (vec!["--devices", "flex,flex", "--placement", "manual:gpt2=0"], &["does not place `llama`"]),
+        (vec!["--devices", "flex,flex", "--placement", "manual:gpt2=0;llama=2"], &["device 2", "lists 2"]),
+        (vec!["--devices", "flex,flex", "--placement", "manual:gpt2=0;llama=1;opt=0"], &["`opt`, which is not served"]),
+        (vec!["--placement", "auto", "--device", "flex"], &["--devices pool"]),
+        (vec!["--devices", "flex,flex", "--placement", "auto"], &["needs --workload"]),
+        (vec!["--device", "flex", "--workload", &unknown], &["--workload is read by --placement"]),
+        (
+            [&pool[..], &["--placement", "auto", "--workload", &unknown]].concat(),
+            &["`gpt9` is not served", "`gpt2`, `llama`"],
+        ),
+        ([&pool[..], &["--placement", "auto", "--workload", &negative]].concat(), &["models[0].rate", "-1"]),
+        ([&pool[..], &["--placement", "auto", "--workload", &negative_cv]].concat(), &["models[0].cv", "-2"]),
+        ([&pool[..], &["--placement", "auto", "--workload", &garbled]].concat(), &["--workload", "rate"]),
+        (
+            [&pool[..], &["--placement", "replicate", "--model-engine-args", "llama=--stage-layers 0-0,1-1"]].concat(),
+            &["model `llama`", "--stage-layers conflicts with --placement"],
+        ),
+        (
+            [&pool[..], &["--placement", "replicate", "--device-memory", "2000,2000"]].concat(),
+            &["fits on no device group", "--device-memory"],
+        ),
+        (
+            [&pool[..], &["--placement", "manual:gpt2=0;llama=0", "--device-memory", "2000,2000"]].concat(),
+            &["device 0 (flex)", "more than its 2000 bytes"],
+        ),
+        (
+            [&pool[..], &["--placement", "replicate", "--device-memory", "1GiB"]].concat(),
+            &["1 sizes for the 2 --devices"],
+        ),
+    ];
+    for (extra, words) in cases {
+        let err = start_error(&argv(&extra));
+        for w in words {
+            assert!(err.contains(w), "{extra:?}: `{w}` not in: {err}");
+        }
+    }
+    let err = start_error(&argv(&["--placement", "spread"]));
+    assert!(err.contains("auto, replicate or manual"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two real workers, one model on each: killing one worker fails its model's requests naming the
+/// model and the worker, and the other group keeps serving.
+#[cfg(feature = "remote")]
+#[test]
+fn a_dead_worker_under_one_group_leaves_the_other_group_serving() {
+    use crate::remote::{TOKEN, Worker};
+    let (w0, w1) = (Worker::start_with("flex", &["--threads", "1"]), Worker::start_with("flex", &["--threads", "1"]));
+    let pool = format!("{},{}", w0.url, w1.url);
+    let server = start(&argv(&[
+        "--devices",
+        &pool,
+        "--worker-token",
+        TOKEN,
+        "--worker-timeout-s",
+        "20",
+        "--placement",
+        "manual:gpt2=0;llama=1",
+    ]));
+    let health = answers_as_the_cli(&server);
+    assert_eq!(health["placement"]["groups"][1]["devices"], json!([w1.url]));
+    server.runtime.block_on(async {
+        let client = loopback_client::client();
+        let url = server.url("/v1/completions");
+        let (_, before) = post(&client, &url, &greedy("gpt2"), None).await;
+        w1.signal("-KILL");
+        let (status, r) = post(&client, &url, &greedy("llama"), None).await;
+        assert!(status == 500 || status == 503, "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains("model `llama`") && message.contains(&w1.url), "{message}");
+        let (status, r) = post(&client, &url, &greedy("gpt2"), None).await;
+        assert_eq!((status, &r["choices"][0]["text"]), (200, &before["choices"][0]["text"]), "{r}");
+        let health = client.get(server.url("/health")).send().await.unwrap().json::<Value>().await.unwrap();
+        assert_eq!(health["models"]["gpt2"], "ok", "{health}");
+    });
+    server.shutdown();
+}
