@@ -29,4 +29,6 @@ mod sampling;
 mod server;
 mod server_clients;
 mod server_models;
+mod server_structured;
 mod spec;
+mod structured;

@@ -5,6 +5,7 @@ mod generate;
 mod kernels;
 mod offload;
 mod online;
+mod online_structured;
 mod paged_attention;
 mod parallel;
 mod pipeline;
@@ -12,6 +13,7 @@ mod plot;
 mod quant;
 mod schedule;
 mod serve;
+mod structured;
 mod workload;
 
 use clap::Subcommand;
@@ -40,6 +42,9 @@ pub enum Which {
     /// Alpa's automatic stages vs an even split, TeraPipe's token slices (time to first token at
     /// PP=2) and chunked prefill under mixed load, each against its prediction and baseline.
     Pipeline(pipeline::Args),
+    /// Structured outputs' cost: token-mask time per sequence and the paged engine's decode step
+    /// with every sequence constrained vs none, at batch 1 and 32.
+    Structured(structured::Args),
     /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
     /// to the device's streaming bandwidth.
     PagedAttention(paged_attention::Args),
@@ -58,5 +63,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Parallel(args) => parallel::run(args),
         Which::Pipeline(args) => pipeline::run(args),
         Which::PagedAttention(args) => paged_attention::run(args),
+        Which::Structured(args) => structured::run(args),
     }
 }
