@@ -74,7 +74,7 @@ def main() -> int:
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": schema}}]
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     reply = client.chat.completions.create(
-        model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=60, temperature=0
+        model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=70, temperature=0
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice
@@ -84,7 +84,7 @@ def main() -> int:
     assert arguments["city"] in ("Paris", "Rome"), arguments
     streamed_calls, reason = {}, None
     for chunk in client.chat.completions.create(
-        model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=60, temperature=0, stream=True
+        model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=70, temperature=0, stream=True
     ):
         for c in chunk.choices:
             for delta in c.delta.tool_calls or []:

@@ -395,6 +395,42 @@ mod tests {
     }
 
     #[test]
+    fn templates_without_tools_get_the_default_format() {
+        let template = ChatTemplate::new("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}", "", "");
+        assert!(!template.handles_tools());
+        let call = ToolCallInput {
+            id: Some("call_1".into()),
+            kind: Some("function".into()),
+            function: FunctionCallInput { name: "get_weather".into(), arguments: "{\"city\": \"Paris\"}".into() },
+        };
+        let message = |role: &str, content: &str, tool_calls: Option<Vec<ToolCallInput>>| MessageInput {
+            role: role.into(),
+            content: Some(super::super::protocol::MessageContent::Text(content.into())),
+            tool_calls,
+            tool_call_id: None,
+            name: None,
+        };
+        let inputs = vec![
+            message("user", "Weather?", None),
+            message("assistant", "", Some(vec![call])),
+            message("tool", "21C", None),
+        ];
+        let texts = super::super::protocol::chat_messages(&inputs).unwrap();
+        let text = render(&template, &inputs, &texts, Some(&plan(ToolMode::Auto))).unwrap();
+        assert!(text.starts_with("[system] You may call functions"), "{text}");
+        let listed = text.split("<tools>\n").nth(1).and_then(|t| t.split("\n</tools>").next()).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(listed).unwrap()["function"]["name"], "get_weather", "{text}");
+        let earlier =
+            text.split("[assistant] <tool_call>\n").nth(1).and_then(|t| t.split("\n</tool_call>").next()).unwrap();
+        let earlier: Value = serde_json::from_str(earlier).unwrap();
+        assert_eq!(earlier, json!({"name": "get_weather", "arguments": {"city": "Paris"}}), "{text}");
+        assert!(text.contains("[user] <tool_response>\n21C\n</tool_response>"), "{text}");
+        // `none`: the tools are not shown.
+        let hidden = render(&template, &inputs[..1], &texts[..1], Some(&plan(ToolMode::None))).unwrap();
+        assert_eq!(hidden, "[user] Weather?\n");
+    }
+
+    #[test]
     fn choices_are_checked() {
         let tools = vec![ToolDef { kind: "function".into(), function: plan(ToolMode::Auto).functions[0].clone() }];
         let named = ToolChoice::Named { function: NamedFunction { name: "other".into() } };

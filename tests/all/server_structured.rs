@@ -84,11 +84,11 @@ fn structured_outputs_and_tool_calls_over_http() {
         // Tools: required, named, none; then the round trip with a `tool` message.
         let tools = json!([weather_tool(), time_tool()]);
         let ask = json!([{"role": "user", "content": "Weather in Paris?"}]);
-        let body = json!({"messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 60, "seed": 5});
+        let body = json!({"messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 70, "seed": 5});
         let (_, r) = post(&client, &chat, &body, None).await;
         check_tool_reply(&r, &["get_weather", "get_time"]);
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        let body = json!({"messages": ask, "tools": tools, "tool_choice": named, "max_tokens": 60, "temperature": 0});
+        let body = json!({"messages": ask, "tools": tools, "tool_choice": named, "max_tokens": 70, "temperature": 0});
         let (_, r) = post(&client, &chat, &body, None).await;
         check_tool_reply(&r, &["get_weather"]);
         let call = r["choices"][0]["message"]["tool_calls"][0].clone();
@@ -97,7 +97,7 @@ fn structured_outputs_and_tool_calls_over_http() {
         let (_, r) = post(&client, &chat, &body, None).await;
         assert!(r["choices"][0]["message"].get("tool_calls").is_none(), "{r}");
         // Streamed: OpenAI's deltas (id, type, name first, then the arguments) build the same call.
-        let stream_body = json!({"messages": ask, "tools": tools, "tool_choice": named, "max_tokens": 60, "temperature": 0, "stream": true});
+        let stream_body = json!({"messages": ask, "tools": tools, "tool_choice": named, "max_tokens": 70, "temperature": 0, "stream": true});
         let response = client.post(&chat).json(&stream_body).send().await.unwrap();
         let chunks: Vec<Value> = SseEvents::new(response.bytes_stream())
             .collect()
@@ -172,7 +172,7 @@ fn structured_outputs_and_tool_calls_over_http() {
 #[test]
 fn tokenize_detokenize_timeout_and_cors() {
     let dir = chat_fixture();
-    let server = start(dir.path(), &["--request-timeout-s", "0.3", "--allowed-origins", "http://a.example"]);
+    let server = start(dir.path(), &["--request-timeout-s", "0.001", "--allowed-origins", "http://a.example"]);
     server.runtime.block_on(async {
         let client = loopback_client::client();
         let (status, t) = post(&client, &server.url("/tokenize"), &json!({"prompt": "Hello world"}), None).await;
@@ -195,12 +195,12 @@ fn tokenize_detokenize_timeout_and_cors() {
             assert_eq!(status, 400, "{path} {body}: {r}");
         }
         // A request past the timeout: 408, and its blocks go back to the pool.
-        let body = json!({"prompt": "x", "max_tokens": 100, "ignore_eos": true, "temperature": 0});
+        let body = json!({"prompt": "x", "max_tokens": 120, "ignore_eos": true, "temperature": 0});
         let (status, r) = post(&client, &server.url("/v1/completions"), &body, None).await;
         assert_eq!((status, &r["error"]["code"]), (408, &json!("request_timeout")), "{r}");
         let streamed = client
             .post(server.url("/v1/completions"))
-            .json(&json!({"prompt": "x", "max_tokens": 100, "ignore_eos": true, "stream": true}))
+            .json(&json!({"prompt": "x", "max_tokens": 120, "ignore_eos": true, "stream": true}))
             .send()
             .await
             .unwrap();
@@ -256,7 +256,7 @@ fn concurrent_structured_and_tool_requests_with_disconnects() {
         for i in 0..64u64 {
             let kind = i % 3;
             let disconnect = rng.random_bool(0.3);
-            let mut body = json!({"messages": [{"role": "user", "content": format!("Client {i}")}], "max_tokens": 100, "seed": i, "stream": true});
+            let mut body = json!({"messages": [{"role": "user", "content": format!("Client {i}")}], "max_tokens": 70, "seed": i, "stream": true});
             let schema = all[i as usize % all.len()].clone();
             match kind {
                 0 => body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
