@@ -45,11 +45,11 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
     let argv = [
         "serve",
         "--model",
-        &model,
+        model.as_str(),
         "--device",
         device.name(),
         "--kv-cache-memory",
-        &blocks,
+        blocks.as_str(),
         "--block-size",
         "16",
         "--max-num-seqs",
