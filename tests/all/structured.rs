@@ -36,7 +36,8 @@ pub(crate) fn validate(value: &Value, schema: &Value, at: &str) -> Result<(), St
         Some("object") => value.is_object(),
         Some("array") => value.is_array(),
         Some("string") => value.is_string(),
-        Some("integer") => value.is_i64() || value.is_u64(),
+        // JSON Schema's integers are numbers without a fractional part (`-0` and `1.0` included).
+        Some("integer") => value.as_f64().is_some_and(|n| n.fract() == 0.0),
         Some("number") => value.is_number(),
         Some("boolean") => value.is_boolean(),
         Some("null") => value.is_null(),
