@@ -416,7 +416,7 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
         let chat_url = server.url("/v1/chat/completions");
         for (what, body) in [
             ("no messages", json!({"messages": []})),
-            ("unknown role", json!({"messages": [{"role": "tool", "content": "x"}]})),
+            ("unknown role", json!({"messages": [{"role": "wizard", "content": "x"}]})),
             ("image part", json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
             (
                 "top_logprobs without logprobs",
