@@ -181,7 +181,7 @@ impl ToolPlan {
 
     /// The calls in a finished reply and the text left around them (`None` when it holds no
     /// call).
-    pub fn parse(&self, text: &str) -> Option<(Option<String>, Vec<(String, String)>)> {
+    pub fn parse(&self, text: &str) -> Option<ParsedReply> {
         match &self.mode {
             ToolMode::None => None,
             ToolMode::Required | ToolMode::Named(_) => call_of(text.trim()).map(|call| (None, vec![call])),
@@ -206,6 +206,10 @@ impl ToolPlan {
     }
 }
 
+/// A reply read for calls: the text left around them (if any) and each call's
+/// `(name, arguments as a JSON string)`.
+pub type ParsedReply = (Option<String>, Vec<(String, String)>);
+
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
@@ -228,11 +232,7 @@ fn call_id(response_id: &str, choice: usize, k: usize) -> String {
 }
 
 /// The calls of a finished reply (a reply cut by `max_tokens` or aborted holds none).
-fn finished_calls(
-    plan: Option<&ToolPlan>,
-    text: &str,
-    reason: FinishReason,
-) -> Option<(Option<String>, Vec<(String, String)>)> {
+fn finished_calls(plan: Option<&ToolPlan>, text: &str, reason: FinishReason) -> Option<ParsedReply> {
     if reason != FinishReason::Stop {
         return None;
     }

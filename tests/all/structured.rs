@@ -16,10 +16,10 @@ use crate::common::fixture;
 /// minLength/maxLength, anyOf); the error says which keyword failed where.
 pub(crate) fn validate(value: &Value, schema: &Value, at: &str) -> Result<(), String> {
     let fail = |what: &str| Err(format!("{at}: {what} (value {value}, schema {schema})"));
-    if let Some(options) = schema.get("anyOf").and_then(Value::as_array) {
-        if !options.iter().any(|s| validate(value, s, at).is_ok()) {
-            return fail("matches no anyOf branch");
-        }
+    if let Some(options) = schema.get("anyOf").and_then(Value::as_array)
+        && !options.iter().any(|s| validate(value, s, at).is_ok())
+    {
+        return fail("matches no anyOf branch");
     }
     if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
         && !allowed.contains(value)
