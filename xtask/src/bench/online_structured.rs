@@ -132,7 +132,7 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
         ("TPOT p50 / p99 (s)", Right),
         ("e2e / token (s)", Right),
     ];
-    let rows = args.rates.iter().enumerate().flat_map(|(k, _)| {
+    let rows = (0..args.rates.len()).flat_map(|k| {
         mixes.iter().map(move |m| {
             let p = &m.points[k];
             vec![
