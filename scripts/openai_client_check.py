@@ -2,7 +2,8 @@
 
 Usage: python openai_client_check.py BASE_URL MODEL API_KEY
 (BASE_URL like http://127.0.0.1:8000/v1). Runs a completion, a chat completion, both streamed,
-and an error case; prints one JSON line of what it saw and exits non-zero on any mismatch.
+a structured output, a tool-call round trip (required call, streamed call, the tool's result sent
+back) and error cases; prints one JSON line of what it saw and exits non-zero on any mismatch.
 """
 
 import json
@@ -53,6 +54,59 @@ def main() -> int:
     assert "".join(pieces) == seen["chat"], (pieces, seen["chat"])
     assert usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens, usage
 
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    }
+    structured = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Plan a trip"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "trip", "schema": schema, "strict": True}},
+        max_tokens=60,
+        seed=1,
+    )
+    trip = json.loads(structured.choices[0].message.content)
+    assert trip["city"] in ("Paris", "Rome") and 1 <= trip["days"] <= 7, trip
+    seen["structured"] = trip
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": schema}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = client.chat.completions.create(
+        model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=70, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_"), call
+    arguments = json.loads(call.function.arguments)
+    assert arguments["city"] in ("Paris", "Rome"), arguments
+    streamed_calls, reason = {}, None
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=70, temperature=0, stream=True
+    ):
+        for c in chunk.choices:
+            for delta in c.delta.tool_calls or []:
+                entry = streamed_calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                entry["name"] += (delta.function.name or "") if delta.function else ""
+                entry["arguments"] += (delta.function.arguments or "") if delta.function else ""
+            reason = c.finish_reason or reason
+    assert reason == "tool_calls", reason
+    assert streamed_calls[0] == {"name": "get_weather", "arguments": call.function.arguments}, streamed_calls
+    messages.append(choice.message)
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"celsius": 21})})
+    final = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=8, temperature=0)
+    assert final.choices[0].message.role == "assistant", final
+    seen["tool_call"] = {"name": call.function.name, "arguments": arguments}
+
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4, extra_body={"frobnicate": 1}
+        )
+        raise AssertionError("an unknown field was accepted")
+    except openai.BadRequestError as e:
+        assert "frobnicate" in str(e), e
     try:
         client.completions.create(model=model, prompt="x", max_tokens=8, temperature=-1)
         raise AssertionError("temperature -1 was accepted")

@@ -141,6 +141,10 @@ impl GenerateArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
+            // Request-level only (the server's `min_p`, `logit_bias` and structured outputs).
+            min_p: 0.0,
+            logit_bias: Default::default(),
+            constraint: None,
         }
     }
 

@@ -51,6 +51,23 @@ impl ChatTemplate {
     /// as transformers' `apply_chat_template(..., tokenize=False)` does (Python string methods
     /// such as `.strip()` and the `raise_exception` helper are available to the template).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, None, add_generation_prompt)
+    }
+
+    /// Whether the template reads a `tools` list (a model trained for tool calls formats them
+    /// itself; others get a default format from the caller).
+    pub fn handles_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// Renders any serializable message list (messages with `tool_calls`, `tool_call_id`, …) with
+    /// the `tools` variable set (`None`: undefined, as transformers leaves it without tools).
+    pub fn render_with(
+        &self,
+        messages: &(impl Serialize + ?Sized),
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let fail = |e: Error| {
             let mut message = e.to_string();
             if let Some(detail) = e.detail() {
@@ -68,6 +85,7 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,

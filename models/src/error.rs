@@ -152,6 +152,15 @@ pub enum ModelError {
     /// Sampling parameters that make no sense (negative temperature, top_p outside (0, 1], …).
     #[error("invalid sampling parameters: {0}")]
     InvalidSampling(String),
+    /// A structured-output constraint (JSON schema, regex, choice list or Lark grammar) that does
+    /// not compile; the message is the grammar compiler's.
+    #[error("invalid {kind}: {message}")]
+    InvalidConstraint {
+        /// Which kind of constraint (`json_schema`, `regex`, `choice`, `grammar`).
+        kind: &'static str,
+        /// The compiler's message.
+        message: String,
+    },
     /// The KV cache has no room for the tokens of this step.
     #[error("KV cache full: {needed} slots needed but only {capacity} were allocated")]
     CacheFull {

@@ -60,8 +60,8 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, DecoderSpec};
 pub use error::{ModelError, Result};
 pub use generation::{
-    BeamSearchParams, EarlyStopping, FinishReason, GenerationOutput, Generator, Prompt, PromptLogprobs, RequestOutput,
-    SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
+    BeamSearchParams, Constraint, EarlyStopping, FinishReason, GenerationOutput, Generator, Prompt, PromptLogprobs,
+    RequestOutput, SamplingParams, SequenceDelta, StepOutput, StreamEvent, Timing, TokenLogprob,
 };
 pub use language_model::{LanguageModel, MicroBatchCache, StageCache};
 pub use model::CausalLm;

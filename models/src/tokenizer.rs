@@ -3,11 +3,13 @@
 //! incremental detokenization for streaming.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::{ModelError, Result};
+use crate::generation::constraint::{CompilerCache, ConstraintCompiler};
 
 /// The chat template of a `tokenizer_config.json`: a string, or a list of named templates of which
 /// the `default` one (else the first) is used.
@@ -35,6 +37,8 @@ pub struct Tokenizer {
     add_bos: bool,
     add_eos: bool,
     chat_template: Option<ChatTemplate>,
+    /// Structured-output compilers, built on first use and shared by the clones.
+    constraints: CompilerCache,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -92,6 +96,7 @@ impl Tokenizer {
             eos_id: special("eos_token"),
             add_bos: flag("add_bos_token"),
             add_eos: flag("add_eos_token"),
+            constraints: CompilerCache::default(),
             inner,
         }
     }
@@ -151,6 +156,12 @@ impl Tokenizer {
     pub fn encode_verbatim(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self.inner.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The structured-output compiler for a model with `vocab_size` logits whose outputs end at
+    /// `eos_token_ids` (built once per pair and shared by this tokenizer's clones).
+    pub fn constraint_compiler(&self, vocab_size: usize, eos_token_ids: &[u32]) -> Result<Arc<ConstraintCompiler>> {
+        self.constraints.get(&self.inner, vocab_size, eos_token_ids)
     }
 
     /// The wrapped `tokenizers` object.

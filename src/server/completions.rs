@@ -12,11 +12,12 @@ use serde_json::{Value, json};
 use super::errors::{ApiError, ApiResult};
 use super::protocol::{CompletionRequest, MAX_LOGPROBS};
 use super::streaming::{self, ChunkFormat, finish_reason, usage};
-use super::{AppState, ServedModel, logprobs, parse_body, unix_now};
+use super::{AppState, ServedModel, logprobs, parse_body, structured, unix_now};
 
 /// The route.
 pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let request: CompletionRequest = parse_body(body, state.config.max_body_bytes)?;
+    structured::refuse_unknown(&request.extra)?;
     let served = state.model(request.model.as_deref())?;
     let echo = request.echo.unwrap_or(false);
     let top = request.logprobs;
@@ -30,7 +31,8 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     let prepared = prompts.iter().enumerate().map(|(i, p)| served.prepare(i, p)).collect::<ApiResult<Vec<_>>>()?;
     let max_tokens = request.sampling.max_tokens.unwrap_or(16);
     let vocab = served.engine.info.spec.vocab_size;
-    let mut params = request.sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab)?;
+    let mut params =
+        request.sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab, &request.constraints)?;
     // `echo` with `logprobs` scores the prompt too (the engine computes every prompt position).
     params.prompt_logprobs = if echo { params.logprobs } else { None };
     for (_, ids) in &prepared {
@@ -59,9 +61,10 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
             prompt_ids: ids_for_echo,
             top,
         };
-        return Ok(streaming::sse(run, n, prompt_tokens, include_usage, format).into_response());
+        return Ok(streaming::sse(run, (n, prompt_tokens, include_usage), state.config.request_timeout, format)
+            .into_response());
     }
-    let outputs = streaming::collect(&mut run).await?;
+    let outputs = streaming::collect(&mut run, state.config.request_timeout).await?;
     let mut choices = Vec::new();
     let mut completion_tokens = 0;
     for (prompt, outs) in outputs.iter().enumerate() {
@@ -168,7 +171,7 @@ impl ChunkFormat for CompletionChunks {
         chunks
     }
 
-    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value> {
+    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<Value> {
         let logprobs = match (self.top, &delta.logprobs, self.offsets.get_mut(choice)) {
             (Some(k), Some(steps), Some(offset)) => {
                 logprobs::completion(&self.served, logprobs::entries(&delta.token_ids, steps), k, offset)
@@ -176,9 +179,9 @@ impl ChunkFormat for CompletionChunks {
             _ => Value::Null,
         };
         if delta.text.is_empty() && logprobs.is_null() && delta.finish_reason.is_none() {
-            return None;
+            return Vec::new();
         }
-        Some(self.chunk(json!([self.choice(choice, &delta.text, logprobs, delta.finish_reason)])))
+        vec![self.chunk(json!([self.choice(choice, &delta.text, logprobs, delta.finish_reason)]))]
     }
 
     fn close(&mut self, choice: usize, reason: FinishReason) -> Value {

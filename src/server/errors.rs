@@ -95,6 +95,20 @@ impl ApiError {
         }
     }
 
+    /// 408: the request ran past `--request-timeout-s` (its engine requests are aborted).
+    pub fn timeout(limit: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request did not finish within the server's limit of {:.3} s (--request-timeout-s): ask for fewer tokens or retry later",
+                limit.as_secs_f64()
+            ),
+            kind: "timeout_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
     /// 500: the engine failed while running a request.
     pub fn internal(message: impl Into<String>) -> Self {
         Self {

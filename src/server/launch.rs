@@ -66,6 +66,13 @@ pub struct ServeArgs {
     /// max_tokens; duration_s, seed) the placement is planned for and predicted on.
     #[arg(long, value_name = "FILE.json")]
     pub workload: Option<std::path::PathBuf>,
+    /// Seconds a generation request may take before it ends with 408 (streamed: an error event)
+    /// and its KV blocks are freed; none by default.
+    #[arg(long)]
+    pub request_timeout_s: Option<f64>,
+    /// Origins allowed by CORS, comma-separated or repeated (default `*`, as vLLM's).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub allowed_origins: Vec<String>,
     /// The engine: the engine flags of the `*_generate` examples (`--engine paged` by default),
     /// shared by every model.
     #[command(flatten)]
@@ -206,6 +213,11 @@ impl ServeArgs {
             None => None,
         };
         let api_key = self.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
+        let request_timeout = match self.request_timeout_s {
+            None => None,
+            Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+            Some(s) => return Err(format!("--request-timeout-s must be a positive number of seconds, got {s}").into()),
+        };
         Ok(ServerConfig {
             served_model_name: name.unwrap_or_else(|| "model".into()),
             api_key,
@@ -213,6 +225,8 @@ impl ServeArgs {
             max_waiting: self.max_waiting,
             chat_template,
             placement: None,
+            request_timeout,
+            allowed_origins: self.allowed_origins.clone(),
         })
     }
 

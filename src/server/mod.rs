@@ -8,6 +8,7 @@
 //! | `POST /v1/chat/completions` | chat completions with the model's chat template, `logprobs`/`top_logprobs`, streaming |
 //! | `GET /v1/models` | the served models |
 //! | `GET /health`, `GET /version` | each model's state, and the version (no API key needed) |
+//! | `POST /tokenize`, `POST /detokenize` | vLLM's tokenizer endpoints ([`tokenize`]) |
 //! | `GET /metrics` | Prometheus text per `model`: queues, KV blocks, token counters, TTFT/TPOT/e2e histograms, preemptions |
 //! | `GET /` | a chat page streaming through `/v1/chat/completions` |
 //!
@@ -31,6 +32,9 @@ pub mod page;
 pub mod placement;
 pub mod protocol;
 pub mod streaming;
+pub mod structured;
+pub mod tokenize;
+pub mod tools;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -70,6 +74,10 @@ pub struct ServerConfig {
     pub chat_template: Option<String>,
     /// The models' placement on device groups (`--placement`), as `/health` shows it.
     pub placement: Option<serde_json::Value>,
+    /// How long a generation request may run before it ends with 408 (`--request-timeout-s`).
+    pub request_timeout: Option<std::time::Duration>,
+    /// Origins CORS allows (`*`: any, the default as in vLLM).
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +89,8 @@ impl Default for ServerConfig {
             max_waiting: 1024,
             chat_template: None,
             placement: None,
+            request_timeout: None,
+            allowed_origins: vec!["*".into()],
         }
     }
 }
@@ -95,6 +105,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_waiting", &self.max_waiting)
             .field("chat_template", &self.chat_template.is_some())
             .field("placement", &self.placement.is_some())
+            .field("request_timeout", &self.request_timeout)
+            .field("allowed_origins", &self.allowed_origins)
             .finish()
     }
 }
@@ -226,9 +238,11 @@ impl Server {
             .route("/health", get(models::health))
             .route("/version", get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
             .route("/metrics", get(metrics_route))
+            .route("/tokenize", post(tokenize::tokenize))
+            .route("/detokenize", post(tokenize::detokenize))
             .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
             .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
-            .layer(CorsLayer::permissive())
+            .layer(cors(&state.config.allowed_origins))
             .layer(TraceLayer::new_for_http())
             .with_state(state)
     }
@@ -247,6 +261,20 @@ impl Server {
             .map_err(std::io::Error::other)?;
         result
     }
+}
+
+/// CORS for `origins`: any origin when it holds `*` (vLLM's default), else exactly those (an
+/// origin that is not a valid header value is skipped, as it could never match).
+fn cors(origins: &[String]) -> CorsLayer {
+    if origins.is_empty() || origins.iter().any(|o| o == "*") {
+        return CorsLayer::permissive();
+    }
+    let allowed: Vec<header::HeaderValue> =
+        origins.iter().filter_map(|o| header::HeaderValue::from_str(o).ok()).collect();
+    CorsLayer::new()
+        .allow_origin(tower_http::cors::AllowOrigin::list(allowed))
+        .allow_methods(tower_http::cors::Any)
+        .allow_headers(tower_http::cors::Any)
 }
 
 /// `GET /metrics`.

@@ -1,10 +1,16 @@
 //! Request bodies of the OpenAI API (the fields vLLM's `protocol.py` accepts) and how they become
-//! [`SamplingParams`]; unknown fields are ignored, as OpenAI's own server does.
+//! [`SamplingParams`]; a field no struct takes lands in `extra`, and is a 400 unless
+//! [`structured::IGNORED_FIELDS`](super::structured::IGNORED_FIELDS) lists it.
+
+use std::collections::BTreeMap;
 
 use burn_llm_models::{ChatMessage, Prompt, SamplingParams};
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::errors::{ApiError, ApiResult};
+use super::structured::ConstraintFields;
+use super::tools::{ToolCallInput, ToolChoice, ToolDef};
 
 /// Largest `n` / `best_of`: more sequences than this per prompt are refused up front.
 pub const MAX_SEQUENCES: u64 = 128;
@@ -83,9 +89,16 @@ impl SamplingFields {
         }
     }
 
-    /// The engine's parameters for `max_tokens` tokens and `logprobs` alternatives, checked
-    /// against the model's vocabulary: every out-of-range value is a 400 naming its field.
-    pub fn params(&self, max_tokens: u64, logprobs: Option<usize>, vocab_size: usize) -> ApiResult<SamplingParams> {
+    /// The engine's parameters for `max_tokens` tokens and `logprobs` alternatives, with the
+    /// request's `constraints`, checked against the model's vocabulary: every out-of-range value
+    /// is a 400 naming its field.
+    pub fn params(
+        &self,
+        max_tokens: u64,
+        logprobs: Option<usize>,
+        vocab_size: usize,
+        constraints: &ConstraintFields,
+    ) -> ApiResult<SamplingParams> {
         if max_tokens == 0 {
             return Err(ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens")));
         }
@@ -142,6 +155,9 @@ impl SamplingFields {
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            min_p: constraints.min_p.unwrap_or(0.0),
+            logit_bias: constraints.logit_bias()?,
+            constraint: constraints.constraint()?,
         };
         params.validate(vocab_size).map_err(|e| {
             let message = e.to_string();
@@ -160,7 +176,9 @@ impl SamplingFields {
 /// The request field a sampling-validation message is about (the first word after the error's
 /// prefix, in the API's names).
 fn param_of(message: &str) -> Option<&'static str> {
-    const FIELDS: [&str; 9] = [
+    const FIELDS: [&str; 11] = [
+        "min_p",
+        "logit_bias",
         "temperature",
         "top_p",
         "logprobs",
@@ -235,6 +253,13 @@ pub struct CompletionRequest {
     /// The shared fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Structured outputs, `logit_bias` and `min_p` (flattened apart from `sampling`: serde hands
+    /// `extra` only the fields that a flattened struct without flattened fields of its own took).
+    #[serde(flatten)]
+    pub constraints: ConstraintFields,
+    /// Every other field (a 400 unless ignored by design).
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
 }
 
 /// A chat message's `content`: a string or a list of parts.
@@ -260,10 +285,16 @@ pub struct ContentPart {
 /// One message of `messages`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct MessageInput {
-    /// `system`, `developer` (as system), `user` or `assistant`.
+    /// `system`, `developer` (as system), `user`, `assistant` or `tool`.
     pub role: String,
     /// The content (`null` for an empty assistant turn).
     pub content: Option<MessageContent>,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Option<Vec<ToolCallInput>>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// The author's or the tool's name.
+    pub name: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -279,50 +310,27 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u32>,
     /// OpenAI's newer name for `max_tokens`.
     pub max_completion_tokens: Option<u64>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<ToolDef>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<ToolChoice>,
     /// The shared fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Structured outputs, `logit_bias` and `min_p` (flattened apart from `sampling`: serde hands
+    /// `extra` only the fields that a flattened struct without flattened fields of its own took).
+    #[serde(flatten)]
+    pub constraints: ConstraintFields,
+    /// Every other field (a 400 unless ignored by design).
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
 }
 
 impl ChatRequest {
     /// The conversation as the chat template takes it; an empty list, an unknown role or a
     /// non-text part is a 400.
     pub fn messages(&self) -> ApiResult<Vec<ChatMessage>> {
-        if self.messages.is_empty() {
-            return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
-        }
-        self.messages
-            .iter()
-            .map(|m| {
-                let role = match m.role.as_str() {
-                    "system" | "developer" => "system",
-                    "user" => "user",
-                    "assistant" => "assistant",
-                    other => {
-                        return Err(ApiError::bad_request(
-                            format!("message role `{other}` is not supported: use system, user or assistant"),
-                            Some("messages"),
-                        ));
-                    }
-                };
-                let content = match &m.content {
-                    None => String::new(),
-                    Some(MessageContent::Text(t)) => t.clone(),
-                    Some(MessageContent::Parts(parts)) => parts
-                        .iter()
-                        .map(|p| match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => Ok(t.as_str()),
-                            (kind, _) => Err(ApiError::bad_request(
-                                format!("content part `{kind}` is not supported: only text parts are"),
-                                Some("messages"),
-                            )),
-                        })
-                        .collect::<ApiResult<Vec<&str>>>()?
-                        .join("\n"),
-                };
-                Ok(ChatMessage { role: role.into(), content })
-            })
-            .collect()
+        chat_messages(&self.messages)
     }
 
     /// The engine's number of log-probability alternatives (`logprobs` + `top_logprobs`); the
@@ -338,4 +346,45 @@ impl ChatRequest {
             (false, None) => Ok(None),
         }
     }
+}
+
+/// A conversation as the chat template takes it; an empty list, an unknown role or a non-text
+/// part is a 400.
+pub fn chat_messages(messages: &[MessageInput]) -> ApiResult<Vec<ChatMessage>> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+    }
+    messages
+        .iter()
+        .map(|m| {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                "tool" => "tool",
+                other => {
+                    return Err(ApiError::bad_request(
+                        format!("message role `{other}` is not supported: use system, user, assistant or tool"),
+                        Some("messages"),
+                    ));
+                }
+            };
+            let content = match &m.content {
+                None => String::new(),
+                Some(MessageContent::Text(t)) => t.clone(),
+                Some(MessageContent::Parts(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => Ok(t.as_str()),
+                        (kind, _) => Err(ApiError::bad_request(
+                            format!("content part `{kind}` is not supported: only text parts are"),
+                            Some("messages"),
+                        )),
+                    })
+                    .collect::<ApiResult<Vec<&str>>>()?
+                    .join("\n"),
+            };
+            Ok(ChatMessage { role: role.into(), content })
+        })
+        .collect()
 }

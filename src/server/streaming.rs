@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use burn_llm_models::{FinishReason, PromptLogprobs, RequestOutput, SequenceDelta};
@@ -29,8 +30,17 @@ pub fn finish_reason(reason: FinishReason) -> Value {
     serde_json::to_value(reason).unwrap_or(Value::Null)
 }
 
-/// Waits for the final outputs of every engine request of `run` (per prompt, best first).
-pub async fn collect(run: &mut Run) -> ApiResult<Vec<Vec<RequestOutput>>> {
+/// Waits for the final outputs of every engine request of `run` (per prompt, best first); past
+/// `timeout`, a 408 (the caller then drops `run`, which aborts its requests and frees their
+/// blocks).
+pub async fn collect(run: &mut Run, timeout: Option<Duration>) -> ApiResult<Vec<Vec<RequestOutput>>> {
+    match timeout {
+        Some(limit) => tokio::time::timeout(limit, collect_all(run)).await.map_err(|_| ApiError::timeout(limit))?,
+        None => collect_all(run).await,
+    }
+}
+
+async fn collect_all(run: &mut Run) -> ApiResult<Vec<Vec<RequestOutput>>> {
     let mut outputs: Vec<Option<Vec<RequestOutput>>> = vec![None; run.len()];
     while outputs.iter().any(Option::is_none) {
         let Some(Tagged { tag, event }) = run.next().await else {
@@ -58,8 +68,8 @@ pub trait ChunkFormat: Send + 'static {
     fn prompt_logprobs(&mut self, _prompt: usize, _logprobs: &PromptLogprobs) -> Vec<Value> {
         Vec::new()
     }
-    /// The chunk for new tokens of choice `choice` (`None`: nothing to send).
-    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Option<Value>;
+    /// The chunks for new tokens of choice `choice` (none: nothing to send).
+    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<Value>;
     /// The chunk closing a choice that ended without a last delta (refused or aborted).
     fn close(&mut self, choice: usize, reason: FinishReason) -> Value;
     /// The last chunk, with `usage` and no choices.
@@ -68,15 +78,17 @@ pub trait ChunkFormat: Send + 'static {
 
 /// The SSE response of `run`: `n` choices per prompt (choice `prompt * n + sequence`), each
 /// delta a chunk in order, the usage chunk when asked, then `[DONE]`. An engine failure after the
-/// stream started is sent as an error object before `[DONE]`.
+/// stream started, or `timeout` running out (its requests then aborted), is sent as an error
+/// object before `[DONE]`.
 pub fn sse(
     mut run: Run,
-    n: usize,
-    prompt_tokens: usize,
-    include_usage: bool,
+    (n, prompt_tokens, include_usage): (usize, usize, bool),
+    timeout: Option<Duration>,
     mut format: impl ChunkFormat,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    // Far enough ahead to never fire when there is no limit.
+    let deadline = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(100 * 365 * 86_400));
     tokio::spawn(async move {
         let send = |value: &Value| Event::default().data(value.to_string());
         for chunk in format.opening() {
@@ -91,6 +103,12 @@ pub fn sse(
                 next = run.next() => next,
                 // The client hung up: returning drops `run`, which aborts its requests.
                 _ = tx.closed() => return,
+                _ = tokio::time::sleep_until(deadline), if timeout.is_some() => {
+                    let error = timeout.map(ApiError::timeout).unwrap_or_else(|| ApiError::internal("timeout"));
+                    let _ = tx.send(send(&error.body())).await;
+                    let _ = tx.send(Event::default().data("[DONE]")).await;
+                    return;
+                }
             };
             let mut chunks = Vec::new();
             match next.map(|t| (t.tag, t.event)) {

@@ -34,4 +34,6 @@ mod server;
 mod server_clients;
 mod server_models;
 mod server_placement;
+mod server_structured;
 mod spec;
+mod structured;

@@ -21,7 +21,7 @@ fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 
 #[test]
 fn top_k_keeps_the_k_most_likely() {
-    let (probs, ids) = filtered_distribution(logits_of(&[0.1, 0.4, 0.2, 0.3], 1), 1.0, 2, 1.0);
+    let (probs, ids) = filtered_distribution(logits_of(&[0.1, 0.4, 0.2, 0.3], 1), 1.0, 2, 1.0, 0.0);
     assert_eq!(ids.into_data().try_into_vec_as::<i64>().unwrap(), vec![1, 3]);
     let probs = to_vec(probs);
     assert!((probs[0] - 4.0 / 7.0).abs() < 1e-6 && (probs[1] - 3.0 / 7.0).abs() < 1e-6, "{probs:?}");
@@ -30,18 +30,18 @@ fn top_k_keeps_the_k_most_likely() {
 #[test]
 fn top_p_keeps_the_smallest_set_reaching_p() {
     let logits = logits_of(&[0.2, 0.5, 0.3], 1);
-    let (probs, ids) = filtered_distribution(logits.clone(), 1.0, 0, 0.6);
+    let (probs, ids) = filtered_distribution(logits.clone(), 1.0, 0, 0.6, 0.0);
     assert_eq!(ids.into_data().try_into_vec_as::<i64>().unwrap(), vec![1, 2, 0]);
     let probs = to_vec(probs);
     assert!(probs[0] > 0.49 && probs[1] > 0.29 && probs[2] == 0.0, "{probs:?}");
-    let (probs, _) = filtered_distribution(logits, 1.0, 0, 0.5);
+    let (probs, _) = filtered_distribution(logits, 1.0, 0, 0.5, 0.0);
     let probs = to_vec(probs);
     assert!(probs[0] > 0.49 && probs[1] == 0.0 && probs[2] == 0.0, "{probs:?}");
 }
 
 #[test]
 fn temperature_sharpens() {
-    let (probs, _) = filtered_distribution(logits_of(&[0.6, 0.4], 1), 0.5, 0, 1.0);
+    let (probs, _) = filtered_distribution(logits_of(&[0.6, 0.4], 1), 0.5, 0, 1.0, 0.0);
     let probs = to_vec(probs);
     let expected = 0.36 / (0.36 + 0.16);
     assert!((probs[0] - expected).abs() < 1e-5, "{probs:?} vs {expected}");
@@ -54,13 +54,13 @@ fn draws_follow_the_distribution() {
     let rows = 4000;
     let params = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
     let mut rngs: Vec<_> = (0..rows as u64).map(rand_chacha::ChaCha8Rng::seed_from_u64).collect();
-    let sampled = sample(logits_of(&[0.5, 0.3, 0.2], rows), &params, &mut rngs, &[]).unwrap();
+    let sampled = sample(logits_of(&[0.5, 0.3, 0.2], rows), &params, &mut rngs, &[], &[]).unwrap();
     for (id, p) in [(0u32, 0.5f64), (1, 0.3), (2, 0.2)] {
         let freq = sampled.ids.iter().filter(|&&i| i == id).count() as f64 / rows as f64;
         assert!((freq - p).abs() < 0.03, "token {id}: frequency {freq} vs probability {p}");
     }
     let top2 = SamplingParams { top_k: 2, ..params };
-    let sampled = sample(logits_of(&[0.5, 0.3, 0.2], rows), &top2, &mut rngs, &[]).unwrap();
+    let sampled = sample(logits_of(&[0.5, 0.3, 0.2], rows), &top2, &mut rngs, &[], &[]).unwrap();
     assert!(sampled.ids.iter().all(|&i| i != 2));
 }
 

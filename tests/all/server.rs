@@ -16,8 +16,10 @@ use crate::common::{Scratch, scratch_copy};
 use crate::loopback_client::{self, SseEvents};
 use reqwest::Client;
 
-/// A minimal chat template (none of the fixtures ships one).
-pub(crate) const TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+/// A minimal chat template (none of the fixtures ships one) that reads `tools` as tool-call
+/// models' templates do (briefly: the fixtures' context is 128 positions); without tools it
+/// renders each message as `<role> content`.
+pub(crate) const TEMPLATE: &str = "{% if tools %}<tools>{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}{% for m in messages %}<{{ m.role }}> {{ m.content }}{% for c in m.tool_calls or [] %} <call {{ c.function.name }}>{% endfor %}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
 const PROMPT: &str = "Hello, my name is";
 pub(crate) const KEY: &str = "test-key-123";
 
@@ -414,7 +416,7 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
         let chat_url = server.url("/v1/chat/completions");
         for (what, body) in [
             ("no messages", json!({"messages": []})),
-            ("unknown role", json!({"messages": [{"role": "tool", "content": "x"}]})),
+            ("unknown role", json!({"messages": [{"role": "wizard", "content": "x"}]})),
             ("image part", json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
             (
                 "top_logprobs without logprobs",

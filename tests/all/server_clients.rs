@@ -50,6 +50,7 @@ fn the_official_openai_python_client_works() {
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!((&seen["not_found"], &seen["auth"], &seen["models"]), (&json!(404), &json!(401), &json!(["fixture"])));
+    assert_eq!(seen["tool_call"]["name"], "get_weather", "{seen}");
     server.runtime.block_on(async {
         let client = loopback_client::client();
         let body = json!({"prompt": "Hello, my name is", "max_tokens": 8, "temperature": 0});

@@ -85,8 +85,12 @@ fn two_models_route_by_name_and_each_answers_as_the_cli_does() {
             (400, &json!("model"), &json!("invalid_request_error")),
             "{r}"
         );
-        for route in ["/v1/completions", "/v1/chat/completions"] {
-            let body = json!({"model": "gpt-9", "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}]});
+        for (route, input) in [
+            ("/v1/completions", json!({"prompt": PROMPT})),
+            ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}]})),
+        ] {
+            let mut body = input;
+            body["model"] = json!("gpt-9");
             let (status, r) = post(&client, &server.url(route), &body, None).await;
             assert_eq!(status, 404, "{route}: {r}");
             let error = &r["error"];

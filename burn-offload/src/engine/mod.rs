@@ -343,7 +343,7 @@ impl OffloadEngine {
     pub fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<(GenerationOutput, OffloadReport)> {
         let mut clock = GenerationClock::start();
         params.validate(self.spec.vocab_size)?;
-        let mut requests = prepare_requests(prompts, params, self.tokenizer.as_ref(), &self.spec)?;
+        let mut requests = prepare_requests(prompts, params, self.tokenizer.as_ref(), &self.spec, &self.eos_token_ids)?;
         self.ledger.reset_peaks();
         let gbs = self.policy.shape.gpu_batch_size.max(1) as usize;
         let block = gbs * self.policy.shape.num_gpu_batches.max(1) as usize;

@@ -264,7 +264,14 @@ impl<M: LanguageModel> LlmEngine<M> {
         }
         let first = SeqData {
             index: 0,
-            state: RequestState::new(prompt_text, prompt_ids.clone(), &params, spec.max_positions),
+            state: RequestState::constrained(
+                prompt_text,
+                prompt_ids.clone(),
+                &params,
+                spec.max_positions,
+                self.tokenizer.as_ref(),
+                (spec.vocab_size, &self.eos_token_ids),
+            )?,
             rng: sample_rng(&params, 0),
             cumulative_logprob: 0.0,
         };

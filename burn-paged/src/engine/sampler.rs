@@ -5,7 +5,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm_models::TokenLogprob;
-use burn_llm_models::generation::{TokenCounts, chosen_logprobs, sample};
+use burn_llm_models::generation::{SimpleVob, TokenCounts, chosen_logprobs, sample};
 use rand_chacha::ChaCha8Rng;
 
 use super::{RequestData, log_softmax_rows, sample_rng};
@@ -79,7 +79,13 @@ pub(crate) fn sample_groups(
             out.push((*group_id, rows.clone(), choices));
             continue;
         }
-        if p.is_greedy() && p.logprobs.is_none() && !ranked && data.expanded && !p.has_penalties() {
+        if p.is_greedy()
+            && p.logprobs.is_none()
+            && !ranked
+            && data.expanded
+            && !p.has_penalties()
+            && !p.has_logits_processors()
+        {
             greedy_rows.extend(rows.iter().copied());
             out.push((*group_id, rows.clone(), Vec::new()));
             continue;
@@ -96,9 +102,19 @@ pub(crate) fn sample_groups(
             })
             .collect();
         let selected = logits.clone().select(0, index(&picked, &logits));
+        let mut allowed: Vec<SimpleVob> = Vec::new();
+        if data.params.constraint.is_some() {
+            for i in 0..width {
+                let mask = match (expanding, allowed.first()) {
+                    (true, Some(first)) => Some(first.clone()),
+                    _ => data.live.get_mut(&seq_of(i)).map(|d| d.state.allowed_tokens()).transpose()?.flatten(),
+                };
+                allowed.extend(mask);
+            }
+        }
         let history: Vec<&TokenCounts> =
             (0..width).filter_map(|i| data.live.get(&seq_of(i)).and_then(|d| d.state.token_counts())).collect();
-        let sampled = sample(selected.clone(), &data.params, &mut rngs, &history)?;
+        let sampled = sample(selected.clone(), &data.params, &mut rngs, &history, &allowed)?;
         let chosen_logprobs = match &sampled.logprobs {
             Some(steps) if ranked => steps.iter().map(|step| step[0].logprob).collect(),
             None if ranked => chosen_logprobs(selected, &sampled.ids)?,

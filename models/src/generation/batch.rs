@@ -16,19 +16,28 @@ use crate::config::DecoderSpec;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
 
-/// Tokenizes and checks every prompt against the model, and starts a request for each.
+/// Tokenizes and checks every prompt against the model, and starts a request for each (its
+/// constraint, if any, compiled for outputs ending at `eos_token_ids`).
 pub fn prepare_requests(
     prompts: &[Prompt],
     params: &SamplingParams,
     tokenizer: Option<&Tokenizer>,
     spec: &DecoderSpec,
+    eos_token_ids: &[u32],
 ) -> Result<Vec<RequestState>> {
     prompts
         .iter()
         .enumerate()
         .map(|(i, p)| {
             let (text, ids) = prepare_prompt(i, p, tokenizer, spec.vocab_size, spec.max_positions)?;
-            Ok(RequestState::new(text, ids, params, spec.max_positions))
+            RequestState::constrained(
+                text,
+                ids,
+                params,
+                spec.max_positions,
+                tokenizer,
+                (spec.vocab_size, eos_token_ids),
+            )
         })
         .collect()
 }
@@ -143,8 +152,17 @@ impl StaticBatch<'_> {
             for (k, logits) in logits.into_iter().enumerate() {
                 let Some(logits) = logits else { continue };
                 let rows = k * group_rows..((k + 1) * group_rows).min(requests.len());
-                let sampled =
-                    sample(logits, self.params, &mut rngs[rows.clone()], &histories(&requests[rows.clone()]))?;
+                let allowed = requests[rows.clone()]
+                    .iter_mut()
+                    .filter_map(|r| r.allowed_tokens().transpose())
+                    .collect::<Result<Vec<_>>>()?;
+                let sampled = sample(
+                    logits,
+                    self.params,
+                    &mut rngs[rows.clone()],
+                    &histories(&requests[rows.clone()]),
+                    &allowed,
+                )?;
                 sampled_now += record_sampled(
                     &mut requests[rows.clone()],
                     &mut new_tokens[rows.clone()],

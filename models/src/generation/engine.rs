@@ -81,7 +81,7 @@ impl<M: LanguageModel> Generator<M> {
         params.validate(spec.vocab_size)?;
         params.require_single_sequence("plain")?;
         let tokenizer = self.tokenizer.as_ref();
-        let mut requests = prepare_requests(prompts, params, tokenizer, spec)?;
+        let mut requests = prepare_requests(prompts, params, tokenizer, spec, &self.eos_token_ids)?;
         if requests.is_empty() {
             return Ok(GenerationOutput { requests: Vec::new(), timing: Timing::default() });
         }

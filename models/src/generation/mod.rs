@@ -4,14 +4,17 @@
 
 mod batch;
 pub mod beam;
+pub mod constraint;
 mod engine;
 mod events;
 pub mod penalties;
+pub mod processors;
 mod request;
 pub mod sampling;
 
 pub use batch::{GenerationClock, GroupTokens, StaticBatch, prepare_requests, prompt_tokens, static_kv_capacity};
 pub use beam::{BeamSearchParams, EarlyStopping};
+pub use constraint::{Constraint, ConstraintCompiler, ConstraintState, SimpleVob};
 pub use engine::Generator;
 pub use events::{SequenceDelta, StepOutput, StreamEvent};
 pub use penalties::{TokenCounts, apply_penalties};

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::constraint::ConstraintState;
 use super::penalties::TokenCounts;
 use super::sampling::{PromptLogprobs, Sampled, SamplingParams, TokenLogprob};
 use crate::chat::ChatMessage;
@@ -165,6 +166,8 @@ pub struct RequestState {
     /// Tokens this request may generate (`max_new_tokens` capped by the context length).
     budget: usize,
     finish: Option<FinishReason>,
+    /// Where the output stands in its structured-output constraint, when it has one.
+    constraint: Option<ConstraintState>,
 }
 
 impl RequestState {
@@ -181,8 +184,35 @@ impl RequestState {
             streamed: 0,
             budget: params.max_new_tokens.min(room).max(1),
             finish: None,
+            constraint: None,
             prompt_ids: Arc::from(prompt_ids),
         }
+    }
+
+    /// Starts a request as [`RequestState::new`] does, compiling `params.constraint` (when it has
+    /// one) with the tokenizer's compiler for `vocab_size` logits ending at `eos_token_ids`. A
+    /// constraint without a tokenizer, or one that does not compile, is an error.
+    pub fn constrained(
+        prompt: Option<String>,
+        prompt_ids: Vec<u32>,
+        params: &SamplingParams,
+        max_positions: usize,
+        tokenizer: Option<&Tokenizer>,
+        (vocab_size, eos_token_ids): (usize, &[u32]),
+    ) -> Result<Self> {
+        let mut state = Self::new(prompt, prompt_ids, params, max_positions);
+        if let Some(constraint) = &params.constraint {
+            let tokenizer = tokenizer.ok_or_else(|| {
+                ModelError::Tokenizer("structured outputs need the model's tokenizer, and this model has none".into())
+            })?;
+            state.constraint = Some(tokenizer.constraint_compiler(vocab_size, eos_token_ids)?.compile(constraint)?);
+        }
+        Ok(state)
+    }
+
+    /// The tokens its constraint allows next (`None` when it has no constraint).
+    pub fn allowed_tokens(&mut self) -> Result<Option<llguidance::toktrie::SimpleVob>> {
+        self.constraint.as_mut().map(ConstraintState::allowed).transpose()
     }
 
     /// The prompt's text, when it was given as text.
@@ -230,10 +260,20 @@ impl RequestState {
         if let Some(counts) = self.counts.as_mut() {
             counts.push(id);
         }
+        let mut completes_constraint = false;
+        if let Some(constraint) = self.constraint.as_mut() {
+            let was_complete = constraint.is_complete();
+            constraint.commit(id)?;
+            completes_constraint = !was_complete && constraint.is_complete() && !eos_ids.contains(&id);
+        }
         if let (Some(all), Some(step)) = (self.logprobs.as_mut(), logprobs) {
             all.push(step);
         }
-        let stops_by_id = (!params.ignore_eos && eos_ids.contains(&id)) || params.stop_token_ids.contains(&id);
+        // A complete structured output ends the request (its end token, if sampled, ends it too).
+        let stops_by_id = (!params.ignore_eos && eos_ids.contains(&id))
+            || params.stop_token_ids.contains(&id)
+            || completes_constraint
+            || self.constraint.as_ref().is_some_and(|c| c.is_complete() && eos_ids.contains(&id));
         let at_budget = self.generated.len() >= self.budget;
         if let Some(tokenizer) = tokenizer {
             let mut delta = self.decoder.push(tokenizer, id)?;

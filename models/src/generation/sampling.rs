@@ -1,6 +1,8 @@
 //! Sampling parameters and the on-device sampler.
 //!
-//! The penalties ([`super::penalties`]), then temperature, top-k and top-p are applied to the
+//! vLLM's order of logits processors: the structured-output mask and `logit_bias`
+//! ([`super::processors`]), the penalties ([`super::penalties`]), then temperature, `min_p`,
+//! top-k and top-p are applied to the
 //! logits on the device (sort, truncate, softmax, cumulative sum); the draw itself compares one
 //! uniform number per sequence against the cumulative distribution, also on the device. Only the
 //! chosen ids (and, when asked, the log-probabilities) come back to the host, never a logit
@@ -16,8 +18,14 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
+use llguidance::toktrie::SimpleVob;
+
 use super::beam::BeamSearchParams;
+use super::constraint::Constraint;
 use super::penalties::{TokenCounts, apply_penalties};
+use super::processors::{add_biases, apply_min_p};
 use crate::error::{ModelError, Result};
 
 /// How to pick tokens, how many sequences to return and when to stop, per request (vLLM's
@@ -66,6 +74,13 @@ pub struct SamplingParams {
     /// HF/CTRL repetition penalty, > 0: the logit of every token in the prompt or the generated
     /// text is divided by it when positive and multiplied by it when negative. `1` disables it.
     pub repetition_penalty: f32,
+    /// vLLM's `min_p`, in [0, 1]: tokens less likely than `min_p` × the most likely token's
+    /// probability (after temperature) are removed. `0` disables it.
+    pub min_p: f32,
+    /// OpenAI's `logit_bias`: added to these tokens' logits (in [-100, 100]) before sampling.
+    pub logit_bias: BTreeMap<u32, f32>,
+    /// Structured output: what the generated text must match (see [`super::constraint`]).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -88,6 +103,9 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            min_p: 0.0,
+            logit_bias: BTreeMap::new(),
+            constraint: None,
         }
     }
 }
@@ -131,6 +149,12 @@ impl SamplingParams {
         )))
     }
 
+    /// Whether a step's logits are changed before sampling by a per-token rule (`logit_bias` or a
+    /// constraint), so that greedy rows cannot share a plain argmax.
+    pub fn has_logits_processors(&self) -> bool {
+        !self.logit_bias.is_empty() || self.constraint.is_some()
+    }
+
     /// Whether tokens are chosen by argmax.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
@@ -164,6 +188,17 @@ impl SamplingParams {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return fail(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return fail(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        for (&id, &bias) in &self.logit_bias {
+            if id as usize >= vocab_size {
+                return fail(format!("logit_bias: {id} is not a token id of this model (vocabulary of {vocab_size})"));
+            }
+            if !(-100.0..=100.0).contains(&bias) {
+                return fail(format!("logit_bias: the bias of token {id} must be in [-100, 100], got {bias}"));
+            }
+        }
         if self.stop.iter().any(String::is_empty) {
             return fail("stop strings must not be empty".into());
         }
@@ -183,6 +218,9 @@ impl SamplingParams {
             }
             if self.best_of.is_some() {
                 return fail("best_of does not apply to beam search (the beam width does)".into());
+            }
+            if self.constraint.is_some() {
+                return fail("structured outputs do not apply to beam search: drop the constraint or sample".into());
             }
             if self.has_penalties() {
                 return fail(
@@ -235,9 +273,11 @@ pub fn filtered_distribution(
     temperature: f32,
     top_k: usize,
     top_p: f32,
+    min_p: f32,
 ) -> (Tensor<2>, Tensor<2, Int>) {
     let [batch, vocab] = logits.dims();
-    let (mut sorted, mut ids) = (logits / temperature).sort_descending_with_indices(1);
+    let (sorted, mut ids) = (logits / temperature).sort_descending_with_indices(1);
+    let mut sorted = apply_min_p(sorted, min_p);
     if top_k > 0 && top_k < vocab {
         sorted = sorted.slice([0..batch, 0..top_k]);
         ids = ids.slice([0..batch, 0..top_k]);
@@ -251,22 +291,25 @@ pub fn filtered_distribution(
     (probs * keep.float(), ids)
 }
 
-/// Picks one token per row of `logits` (`[batch, vocab]`), with `rngs[b]` the stream of row `b`
-/// and `history[b]` its token history for the penalties (may be empty when every penalty is off).
+/// Picks one token per row of `logits` (`[batch, vocab]`), with `rngs[b]` the stream of row `b`,
+/// `history[b]` its token history for the penalties (may be empty when every penalty is off) and
+/// `allowed[b]` the tokens its constraint allows (empty when the request has none).
 pub fn sample(
     logits: Tensor<2>,
     params: &SamplingParams,
     rngs: &mut [ChaCha8Rng],
     history: &[&TokenCounts],
+    allowed: &[SimpleVob],
 ) -> Result<Sampled> {
     let [batch, _] = logits.dims();
     let device = logits.device();
     let raw = params.logprobs.map(|_| logits.clone());
+    let logits = add_biases(logits, params, allowed)?;
     let logits = apply_penalties(logits, params, history)?;
     let chosen: Tensor<2, Int> = if params.is_greedy() {
         burn_llm_kernels::argmax_rows(logits)
     } else {
-        let (probs, ids) = filtered_distribution(logits, params.temperature, params.top_k, params.top_p);
+        let (probs, ids) = filtered_distribution(logits, params.temperature, params.top_k, params.top_p, params.min_p);
         let n = probs.dims()[1];
         let cdf = probs.cumsum(1);
         let total = cdf.clone().slice([0..batch, n - 1..n]);

@@ -5,6 +5,7 @@ mod generate;
 mod kernels;
 mod offload;
 mod online;
+mod online_structured;
 mod paged_attention;
 mod parallel;
 mod pipeline;
@@ -13,6 +14,7 @@ mod plot;
 mod quant;
 mod schedule;
 mod serve;
+mod structured;
 mod workload;
 
 use clap::Subcommand;
@@ -44,6 +46,9 @@ pub enum Which {
     /// AlpaServe's placement vs replication over two one-thread workers: SLO attainment and p99
     /// at CV 1, 3, 6 and swept rates, each beside the simulator's prediction.
     Placement(placement::Args),
+    /// Structured outputs' cost: token-mask time per sequence and the paged engine's decode step
+    /// with every sequence constrained vs none, at batch 1 and 32.
+    Structured(structured::Args),
     /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
     /// to the device's streaming bandwidth.
     PagedAttention(paged_attention::Args),
@@ -63,5 +68,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Pipeline(args) => pipeline::run(args),
         Which::Placement(args) => placement::run(args),
         Which::PagedAttention(args) => paged_attention::run(args),
+        Which::Structured(args) => structured::run(args),
     }
 }

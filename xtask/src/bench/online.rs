@@ -21,7 +21,8 @@ use super::plot::{self, Panel};
 use super::serve::model;
 use super::workload::{Request, SyntheticWorkload};
 use crate::report::{self, Align::Left, Align::Right, Header, percentile, table};
-use loopback_client::{SseEvents, client};
+use loopback_client::SseEvents;
+pub(super) use loopback_client::client;
 use reqwest::Client;
 
 /// The server tests' `reqwest` client (with the rustls provider installed) and SSE reader (also
@@ -35,16 +36,23 @@ pub(super) mod loopback_client;
 pub struct OnlineArgs {
     /// Online mode: request rates to sweep (requests/s).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
-    rates: Vec<f64>,
+    pub(super) rates: Vec<f64>,
     /// Online mode: requests per rate.
     #[arg(long, default_value_t = 32)]
-    online_requests: usize,
+    pub(super) online_requests: usize,
     /// Online mode: multiplies ShareGPT's mean lengths (161 in / 338 out).
     #[arg(long, default_value_t = 0.1)]
-    online_scale: f64,
+    pub(super) online_scale: f64,
     /// Online mode: KV-cache budget in tokens (every configuration).
     #[arg(long, default_value_t = 4096)]
-    online_kv_tokens: usize,
+    pub(super) online_kv_tokens: usize,
+    /// Online mode: all-plain requests against half of them structured (`guided_json`) on the
+    /// paged engine and a real model, instead of the engine comparison.
+    #[arg(long)]
+    pub(super) online_structured: bool,
+    /// Online mode with `--online-structured`: the model (default: the cached SmolLM2 GGUF).
+    #[arg(long)]
+    pub(super) online_model: Option<String>,
 }
 
 /// The server configurations compared, as `serve` flags added to [`KV_FLAGS`]: the paged engine
@@ -60,17 +68,17 @@ const CONFIGS: [(&str, &[&str]); 3] = [
 const KV_FLAGS: [&str; 6] = ["--kv-cache-memory", "blocks:{blocks}", "--block-size", "16", "--max-num-seqs", "64"];
 
 #[derive(Serialize)]
-struct RatePoint {
-    rate: f64,
-    requests: usize,
-    seconds: f64,
-    requests_per_s: f64,
-    output_tokens_per_s: f64,
-    normalized_latency_s_per_token: f64,
-    ttft_p50_s: f64,
-    ttft_p99_s: f64,
-    tpot_p50_s: f64,
-    tpot_p99_s: f64,
+pub(super) struct RatePoint {
+    pub(super) rate: f64,
+    pub(super) requests: usize,
+    pub(super) seconds: f64,
+    pub(super) requests_per_s: f64,
+    pub(super) output_tokens_per_s: f64,
+    pub(super) normalized_latency_s_per_token: f64,
+    pub(super) ttft_p50_s: f64,
+    pub(super) ttft_p99_s: f64,
+    pub(super) tpot_p50_s: f64,
+    pub(super) tpot_p99_s: f64,
 }
 
 #[derive(Serialize)]
@@ -94,10 +102,13 @@ struct Report {
 }
 
 /// One request's measurements: (seconds to first token, end-to-end seconds, output tokens).
-type Sample = (f64, f64, usize);
+pub(super) type Sample = (f64, f64, usize);
 
 /// Runs the sweep for every configuration and writes `serve-online.{json,md,png}`.
 pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    if args.online_structured {
+        return super::online_structured::run(args, device, seed, out);
+    }
     let max_len = 1024;
     let workload = SyntheticWorkload::standard(args.online_scale, max_len)[0].clone();
     let spec = model(&device.device()?, max_len)?.spec().clone();
@@ -126,11 +137,11 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
             let _ = stopped.await;
         }));
         let client = client();
-        runtime.block_on(send(&client, &url, &requests[..1], 1.0, &mut rng))?; // warm-up
+        runtime.block_on(send(&client, &url, &requests[..1], 1.0, &mut rng, None))?; // warm-up
         let mut points = Vec::new();
         for &rate in &args.rates {
             let started = Instant::now();
-            let samples = runtime.block_on(send(&client, &url, &requests, rate, &mut rng))?;
+            let samples = runtime.block_on(send(&client, &url, &requests, rate, &mut rng, None))?;
             let point = summarize(rate, &samples, started.elapsed().as_secs_f64());
             eprintln!(
                 "{name} @ {rate} req/s: {:.2} req/s, {:.4} s/token, TTFT p50 {:.3} s",
@@ -151,23 +162,28 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
     write(args, device, seed, out, workload, configs)
 }
 
-/// Sends `requests` with Poisson arrivals at `rate`, each streamed; returns what each measured.
-async fn send(
+/// Sends `requests` with Poisson arrivals at `rate`, each streamed (every second one with
+/// `guided_json: half_structured` when given); returns what each measured.
+pub(super) async fn send(
     client: &Client,
     url: &str,
     requests: &[Request],
     rate: f64,
     rng: &mut impl Rng,
+    half_structured: Option<&serde_json::Value>,
 ) -> Result<Vec<Sample>, Box<dyn std::error::Error>> {
     let start = tokio::time::Instant::now();
     let mut at = 0.0;
     let mut tasks = Vec::new();
-    for (prompt, output) in requests {
+    for (i, (prompt, output)) in requests.iter().enumerate() {
         at += -(rng.random::<f64>().max(1e-12)).ln() / rate;
-        let body = json!({
+        let mut body = json!({
             "prompt": prompt, "max_tokens": output, "temperature": 0, "ignore_eos": true,
             "stream": true, "logprobs": 1,
         });
+        if let Some(schema) = half_structured.filter(|_| i % 2 == 1) {
+            body["guided_json"] = schema.clone();
+        }
         let (client, url, output) = (client.clone(), url.to_string(), *output);
         let send_at = start + Duration::from_secs_f64(at);
         tasks.push(tokio::spawn(async move {
@@ -196,7 +212,7 @@ async fn send(
     Ok(samples)
 }
 
-fn summarize(rate: f64, samples: &[Sample], seconds: f64) -> RatePoint {
+pub(super) fn summarize(rate: f64, samples: &[Sample], seconds: f64) -> RatePoint {
     let tokens: usize = samples.iter().map(|s| s.2).sum();
     let normalized =
         samples.iter().map(|&(_, e2e, n)| e2e / n.max(1) as f64).sum::<f64>() / samples.len().max(1) as f64;
