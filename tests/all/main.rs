@@ -11,6 +11,7 @@ mod auto_stages;
 mod chunked;
 mod cli;
 mod cli_golden;
+mod disagg;
 mod engine;
 mod errors;
 mod gguf;

@@ -26,7 +26,7 @@ mod profiles;
 mod report;
 mod stages;
 mod ttft;
-mod workers;
+pub(super) mod workers;
 
 use std::path::{Path, PathBuf};
 
