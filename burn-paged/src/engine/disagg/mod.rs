@@ -308,7 +308,10 @@ impl<M: LanguageModel> StepLoop for DisaggEngine<M> {
 
 /// Decode steps on `decode`, at least one, until `done()` or nothing is left to decode; their
 /// outputs in order and the seconds they took. Stops at the first error.
-fn decode_while<M: LanguageModel>(decode: &mut LlmEngine<M>, done: impl Fn() -> bool) -> (Result<Vec<StepOutput>>, f64) {
+fn decode_while<M: LanguageModel>(
+    decode: &mut LlmEngine<M>,
+    done: impl Fn() -> bool,
+) -> (Result<Vec<StepOutput>>, f64) {
     let (mut outputs, mut busy_s) = (Vec::new(), 0.0);
     loop {
         let (result, s) = timed(|| decode.step());
