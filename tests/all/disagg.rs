@@ -8,7 +8,7 @@ use burn::tensor::Device;
 use burn_llm::Generator;
 use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
-use burn_llm::paged::{DisaggConfig, DisaggEngine, EngineConfig, KvCacheMemory, PagedError, PreemptionMode};
+use burn_llm::paged::{DisaggConfig, DisaggEngine, EngineConfig, PagedError, PreemptionMode};
 use burn_llm::spec::EngineKind;
 use clap::Parser;
 

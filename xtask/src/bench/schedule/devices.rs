@@ -22,7 +22,7 @@ pub(super) enum Devices {
     /// Every system on one device.
     One(CausalLm),
     /// Two devices, named as given, with a replica of the model on each.
-    Two { names: [String; 2], devices: [Device; 2], replicas: [CausalLm; 2] },
+    Two { names: [String; 2], devices: [Device; 2], replicas: Box<[CausalLm; 2]> },
 }
 
 impl Devices {
@@ -32,7 +32,11 @@ impl Devices {
             None => Self::One(model),
             Some((second_name, second)) => {
                 let replica = model.clone().to_device(&second);
-                Self::Two { names: [first.0, second_name], devices: [first.1, second], replicas: [model, replica] }
+                Self::Two {
+                    names: [first.0, second_name],
+                    devices: [first.1, second],
+                    replicas: Box::new([model, replica]),
+                }
             }
         }
     }
@@ -118,7 +122,7 @@ impl Devices {
             }
             Self::Two { replicas, .. } => {
                 let config = waa_config(plan, base.clone())?;
-                let [a, b] = replicas.clone();
+                let [a, b] = (**replicas).clone();
                 Box::new(DisaggEngine::from_parts(a, b, None, vec![], config)?)
             }
         };
