@@ -73,8 +73,7 @@ fn arrivals_wait_for_room_on_the_decode_device() {
     let longest = prompts.iter().map(|p| if let Prompt::Ids(ids) = p { ids.len() } else { 0 }).max().unwrap();
     // Room for the longest request and its output, and for no second request beside it.
     let blocks = (longest + 10).div_ceil(4);
-    let decode =
-        EngineConfig { kv_cache_memory: KvCacheMemory::Blocks(blocks), ..config(blocks, 4, PreemptionMode::Swap) };
+    let decode = config(blocks, 4, PreemptionMode::Swap);
     let mut engine = waa(name, split(decode));
     let ids: Vec<String> = (0..prompts.len()).map(|i| format!("r{i}")).collect();
     for (id, p) in ids.iter().zip(&prompts) {
