@@ -24,9 +24,10 @@ fn waa(name: &str, config: DisaggConfig) -> DisaggEngine<burn_llm::CausalLm> {
 
 /// A roomy prefill pool with `decode` on the decode device, `B_E = 3`, `B_D = 16`.
 fn split(decode: EngineConfig) -> DisaggConfig {
-    let prefill = config(256, decode.block_size, PreemptionMode::Auto);
-    let both = DisaggConfig::waa(decode, 3, 16);
-    DisaggConfig { prefill: EngineConfig { kv_cache_memory: prefill.kv_cache_memory, ..both.prefill }, ..both }
+    let roomy = config(256, decode.block_size, PreemptionMode::Auto).kv_cache_memory;
+    let DisaggConfig { prefill, decode } = DisaggConfig::waa(decode, 3, 16);
+    DisaggConfig { prefill: EngineConfig { kv_cache_memory: roomy, ..prefill }, decode }
+}
 }
 
 #[test]
