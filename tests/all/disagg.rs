@@ -28,7 +28,6 @@ fn split(decode: EngineConfig) -> DisaggConfig {
     let DisaggConfig { prefill, decode } = DisaggConfig::waa(decode, 3, 16);
     DisaggConfig { prefill: EngineConfig { kv_cache_memory: roomy, ..prefill }, decode }
 }
-}
 
 #[test]
 fn waa_greedy_equals_plain_generation_with_and_without_preemption() {
