@@ -15,8 +15,8 @@ use burn_paged::{DisaggEngine, EngineConfig, LlmEngine};
 use burn_parallel::pipeline::PipelineLm;
 use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
 
-use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, PrefillSlices, TensorParallelSize, parse_device};
 use super::build::refused;
+use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, PrefillSlices, TensorParallelSize, parse_device};
 use super::{EngineSpec, Purpose, ScheduleKind};
 use crate::device::WatchedEngine;
 use crate::engine::Engine;
