@@ -19,7 +19,7 @@ use burn_llm_models::{
 };
 use burn_offload::{MemoryReport, OffloadEngine, OffloadError, OffloadReport};
 use burn_paged::memory::Location;
-use burn_paged::{EngineStats, LlmEngine, PagedError};
+use burn_paged::{DisaggEngine, EngineStats, LlmEngine, PagedError};
 use serde::Serialize;
 
 /// What can go wrong in an engine: each engine's own error, passed through unchanged (its message
@@ -320,6 +320,80 @@ impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
 
     fn tokenizer(&self) -> Option<&Tokenizer> {
         LlmEngine::tokenizer(self)
+    }
+
+    fn report(&self, timing: Timing) -> RunReport {
+        RunReport { engine: "paged", timing, memory: None, details: EngineDetails::Paged(self.stats()) }
+    }
+}
+
+/// ExeGPT's WAA over two devices: reported as the paged engine it is made of, its counters
+/// those of both devices with the KV moved between them.
+impl<M: LanguageModel + 'static> Engine for DisaggEngine<M> {
+    fn name(&self) -> &'static str {
+        "paged"
+    }
+
+    fn spec(&self) -> &DecoderSpec {
+        self.model().spec()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { streams_tokens: true, multiple_sequences: true, step_level: true }
+    }
+
+    fn describe(&self) -> String {
+        let stats = self.stats();
+        format!(
+            "prefill and decode disaggregated (ExeGPT WAA): {} requests' KV moved between the devices, {}",
+            stats.kv_transfers,
+            burn_llm_models::units::fmt_bytes(stats.kv_transfer_bytes)
+        )
+    }
+
+    fn generate_stream(
+        &mut self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        on_token: &mut dyn FnMut(StreamEvent<'_>),
+    ) -> EngineResult<Generation> {
+        let output = DisaggEngine::generate_stream(self, prompts, params, |request, delta| {
+            delta.events(request).for_each(&mut *on_token);
+        })?;
+        let report = Engine::report(self, output.timing);
+        Ok(Generation { output, report })
+    }
+
+    fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams) -> EngineResult<()> {
+        Ok(DisaggEngine::add_request(self, request_id, prompt, params)?)
+    }
+
+    fn step(&mut self) -> EngineResult<Vec<StepOutput>> {
+        Ok(DisaggEngine::step(self)?)
+    }
+
+    fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {
+        Ok(DisaggEngine::abort(self, request_id)?)
+    }
+
+    fn has_unfinished_requests(&self) -> bool {
+        DisaggEngine::has_unfinished_requests(self)
+    }
+
+    fn load(&self) -> Option<EngineLoad> {
+        let (waiting, running, swapped) = self.queue_lengths();
+        let (prefill, decode) = self.block_managers();
+        Some(EngineLoad {
+            waiting,
+            running,
+            swapped,
+            kv_blocks_used: prefill.used_blocks(Location::Device) + decode.used_blocks(Location::Device),
+            kv_blocks_total: prefill.total_blocks(Location::Device) + decode.total_blocks(Location::Device),
+        })
+    }
+
+    fn tokenizer(&self) -> Option<&Tokenizer> {
+        DisaggEngine::tokenizer(self)
     }
 
     fn report(&self, timing: Timing) -> RunReport {

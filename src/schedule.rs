@@ -3,10 +3,12 @@
 //! [`SchedulingPolicy::Phased`]. The paged engine knows only the schedule's shape; this facade
 //! knows the planner.
 //!
-//! Only ExeGPT's RRA strategy on one device maps onto the engine: prefill `B_E` requests, decode
+//! On one device only ExeGPT's RRA strategy maps onto the engine: prefill `B_E` requests, decode
 //! `N_D` iterations over at most `B_D` sequences, repeat (ExeGPT §4.1), prefilling sooner when `B_E`
-//! seats have freed (§5.2), as the planner's one-device simulation assumes. WAA needs separate
-//! encoding and decoding devices, and pipeline or tensor parallelism more than one device.
+//! seats have freed (§5.2), as the planner's one-device simulation assumes. Over two devices
+//! ([`plan_for`] with `devices: 2`) the planner's choice runs: WAA as [`burn_paged::DisaggEngine`]
+//! (prefill on one device, decode on the other, [`waa_config`]), RRA as the same phased schedule
+//! over a two-stage pipeline ([`pipelined_policy`]).
 //!
 //! Planning at start-up needs the model's cost profile on this device: a saved one, or one
 //! measured now ([`profiling`]: the layers, then the paged engine's per-step overhead).
@@ -19,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use burn_llm_models::generation::prepare_prompt;
 use burn_llm_models::{ModelError, Pretrained, Prompt};
-use burn_paged::{EngineConfig, PagedError, SchedulingPolicy};
+use burn_paged::{DisaggConfig, EngineConfig, PagedError, SchedulingPolicy};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy};
 use burn_parallel::profiler::ProfileError;
@@ -123,6 +125,41 @@ pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanErro
     Ok(policy)
 }
 
+/// The phased schedule of an RRA plan over a pipeline of `devices` stages (one stage per device,
+/// no tensor parallelism): the same phases as [`phased_policy`], the steps' sequences split into
+/// the plan's decoder micro-batches by the engine.
+pub fn pipelined_policy(plan: &ScheduleOutput, devices: usize) -> Result<SchedulingPolicy, PlanError> {
+    if plan.strategy != Strategy::Rra {
+        return Err(PlanError::NotRra { strategy: plan.strategy });
+    }
+    if plan.pipeline_stages != devices || plan.tensor_parallel_degree != 1 {
+        return Err(PlanError::Invalid(format!(
+            "the RRA plan runs {} pipeline stages at tensor-parallel degree {}, and {devices} devices are given: plan with `\"devices\": {devices}`",
+            plan.pipeline_stages, plan.tensor_parallel_degree
+        )));
+    }
+    let one_device = ScheduleOutput { pipeline_stages: 1, encode_devices: 1, decode_devices: 1, ..plan.clone() };
+    phased_policy(&one_device)
+}
+
+/// The two engines' settings of a WAA plan over two devices (one prefilling, one decoding):
+/// `base` with the plan's `B_E` and `B_D`.
+pub fn waa_config(plan: &ScheduleOutput, base: EngineConfig) -> Result<DisaggConfig, PlanError> {
+    if plan.strategy == Strategy::Rra {
+        return Err(PlanError::Invalid("an RRA plan has no separate prefill and decode devices".into()));
+    }
+    if plan.encode_devices != 1 || plan.decode_devices != 1 || plan.tensor_parallel_degree != 1 {
+        return Err(PlanError::Invalid(format!(
+            "the WAA plan prefills on {} and decodes on {} devices (tensor-parallel degree {}); two devices run one of each: plan with `\"devices\": 2`",
+            plan.encode_devices, plan.decode_devices, plan.tensor_parallel_degree
+        )));
+    }
+    if plan.encode_batch == 0 || plan.decode_batch == 0 {
+        return Err(PlanError::Invalid("the plan's encode and decode batches must be at least 1".into()));
+    }
+    Ok(DisaggConfig::waa(base, plan.encode_batch, plan.decode_batch))
+}
+
 /// Reads a saved planner output (`cargo run --example plan -- schedule --input … > FILE.json`).
 pub fn read_plan(path: &Path) -> Result<ScheduleOutput, PlanError> {
     read_json(path, "an ExeGPT plan (the JSON output of `cargo run --example plan -- schedule`)")
@@ -192,6 +229,18 @@ pub fn plan_rra(
     workload: &ScheduleWorkload,
     latency_bound_s: f64,
 ) -> Result<ScheduleOutput, PlanError> {
+    plan_for(profile, workload, latency_bound_s, 1)
+}
+
+/// Like [`plan_rra`] over `devices` devices of the same memory (each a full model replica and
+/// the pool), every strategy considered: RRA (pipeline stages) or WAA (separate prefill and
+/// decode devices), whichever the planner finds best under the bound.
+pub fn plan_for(
+    profile: Profile,
+    workload: &ScheduleWorkload,
+    latency_bound_s: f64,
+    devices: usize,
+) -> Result<ScheduleOutput, PlanError> {
     if workload.prompt_lens.is_empty() || workload.output_lens.is_empty() || workload.output_lens.contains(&0) {
         return Err(PlanError::Invalid(
             "planning needs at least one prompt and an output of at least one token (--max-new-tokens ≥ 1)".into(),
@@ -208,10 +257,10 @@ pub fn plan_rra(
         profile,
         input_lengths: LengthDistribution::Trace(workload.prompt_lens.clone()),
         output_lengths: LengthDistribution::Trace(workload.output_lens.clone()),
-        devices: 1,
+        devices,
         device_memory_bytes: weights.saturating_add(kv),
         latency_bound_s,
-        strategies: Some(vec![Strategy::Rra]),
+        strategies: if devices == 1 { Some(vec![Strategy::Rra]) } else { None },
         max_encode_batch: Some(workload.max_num_seqs),
         max_decode_iterations: None,
         max_decode_batch: Some(workload.max_num_seqs),
@@ -224,8 +273,23 @@ pub fn plan_rra(
 
 /// One line describing a plan: the schedule and what the planner predicts.
 pub fn describe(plan: &ScheduleOutput) -> String {
+    if plan.strategy != Strategy::Rra {
+        return format!(
+            "ExeGPT {:?} schedule: prefill on {} device(s) at B_E = {}, decode on {} at B_D ≤ {}, KV moved after each prefill · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
+            plan.strategy,
+            plan.encode_devices,
+            plan.encode_batch,
+            plan.decode_devices,
+            plan.decode_batch,
+            plan.throughput_qps,
+            plan.latency_percentile,
+            plan.latency_s,
+            plan.latency_bound_s
+        );
+    }
     format!(
-        "ExeGPT RRA schedule: prefill B_E = {}, then N_D = {} decode iterations at B_D ≤ {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
+        "ExeGPT RRA schedule over {} stage(s): prefill B_E = {}, then N_D = {} decode iterations at B_D ≤ {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
+        plan.pipeline_stages,
         plan.encode_batch,
         plan.decode_iterations.unwrap_or(0),
         plan.decode_batch,

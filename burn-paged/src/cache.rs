@@ -14,7 +14,10 @@
 //! ([`PagedKvCache::begin_micro_batches`], [`MicroBatchCache`](burn_llm_models::MicroBatchCache)).
 
 mod split;
+mod transfer;
 mod window;
+
+pub use transfer::KvBlocks;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_kernels::paged::{PagedBatch, SlotMapping, copy_blocks_mut, read_blocks, write_blocks_mut};

@@ -12,6 +12,9 @@
 //! - [`cache`]: the paged KV cache the models attend through (reshape-and-cache, PagedAttention).
 //! - [`beam`]: beam-search bookkeeping equal to Hugging Face's `generate(num_beams=…)`.
 //! - [`LlmEngine`]: `add_request` / `step` / `abort`, and offline `generate`.
+//! - [`DisaggEngine`]: ExeGPT's workload-aware allocation (WAA) over two devices, prefill on one
+//!   and decode on the other, each request's KV blocks moved between their pools (`to_device`)
+//!   after its prefill.
 
 #![warn(missing_docs)]
 
@@ -23,7 +26,8 @@ pub mod memory;
 pub mod scheduler;
 
 pub use engine::{
-    EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, ProgressHook, SequenceDelta, StepOutput,
+    DisaggConfig, DisaggEngine, EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, ProgressHook,
+    SequenceDelta, StepOutput,
 };
 pub use error::{PagedError, Result};
 pub use scheduler::{KvReservation, PreemptionMode, SchedulingPolicy};

@@ -38,6 +38,9 @@ impl EngineSpec {
         self.validate(kind, purpose)?;
         let choice = self.device_choice();
         let device = choice.device()?;
+        if kind == EngineKind::Paged && self.exegpt_over_two_devices() {
+            return super::disagg::build(self, model, purpose, log);
+        }
         if self.parallel.is_set() {
             return parallel::build_parallel_engine(self, kind, model, (choice.name(), &device), log);
         }
@@ -244,7 +247,7 @@ fn longest_prompt(files: &PretrainedFiles, prompts: &[Prompt]) -> burn_llm_model
 }
 
 /// The error for a combination that `validate` refuses, should a caller skip it.
-fn refused() -> super::SpecError {
+pub(super) fn refused() -> super::SpecError {
     super::SpecError {
         flag: "--schedule exegpt".into(),
         problem: "has no plan for this use".into(),

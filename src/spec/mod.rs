@@ -23,6 +23,7 @@
 
 mod auto_stages;
 mod build;
+mod disagg;
 mod loaded;
 mod parallel;
 pub mod precision;

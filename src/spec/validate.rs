@@ -185,11 +185,12 @@ impl EngineSpec {
                 "give the latency bound in seconds, e.g. 5",
             ));
         }
-        if (p.schedule.is_some() || p.scheduling.is_some()) && self.parallel.is_set() {
+        if (p.schedule.is_some() || p.scheduling.is_some()) && self.parallel.is_set() && !self.exegpt_over_two_devices()
+        {
             return Err(SpecError::new(
                 "--schedule",
-                "plans and runs schedules on one device",
-                "drop --schedule, or drop the parallelism flags",
+                "plans and runs schedules on one device, or ExeGPT's on exactly two --devices",
+                "drop --schedule or the parallelism flags, or give --schedule exegpt with two --devices and no other parallelism flag",
             ));
         }
         Ok(())

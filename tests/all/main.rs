@@ -13,6 +13,7 @@ mod batch_invariance;
 mod chunked;
 mod cli;
 mod cli_golden;
+mod disagg;
 mod engine;
 mod errors;
 mod gguf;

@@ -79,7 +79,7 @@ fn quantization_flags_are_given_once_and_where_they_can_be_honoured() {
 }
 
 #[test]
-fn exegpt_plans_need_their_schedule_and_one_device() {
+fn exegpt_plans_need_their_schedule_and_one_or_two_devices() {
     // Given without `--schedule exegpt` they were dropped over stages.
     for devices in [&[][..], &["--devices", "flex,flex"][..]] {
         let with =
@@ -91,7 +91,27 @@ fn exegpt_plans_need_their_schedule_and_one_device() {
     refused(&["--engine", "paged", "--schedule", "exegpt"], "--schedule exegpt");
     refused(&["--engine", "paged", "--schedule", "exegpt", "--latency-bound-s=-1"], "--latency-bound-s");
     refused(&["--engine", "paged", "--schedule", "fcfs", "--devices", "flex,flex"], "--schedule");
-    refused(&["--engine", "paged", "--schedule", "exegpt", "--plan", "p.json", "--devices", "flex,flex"], "--schedule");
+    // ExeGPT over two devices runs the planner's choice (WAA or a two-stage RRA); over three, or
+    // with other parallelism flags, it is refused.
+    refused(
+        &["--engine", "paged", "--schedule", "exegpt", "--plan", "p.json", "--devices", "flex,flex,flex"],
+        "--schedule",
+    );
+    refused(
+        &[
+            "--engine",
+            "paged",
+            "--schedule",
+            "exegpt",
+            "--plan",
+            "p.json",
+            "--devices",
+            "flex,flex",
+            "--micro-batches",
+            "2",
+        ],
+        "--schedule",
+    );
 }
 
 #[test]

@@ -7,9 +7,14 @@
 //!   that to the runner, samples, and hands the rows to the outputs;
 //! - [`runner`]: the step's layout for the paged cache, the forward pass, prompt log-probabilities;
 //! - [`outputs`]: sampled rows applied to their requests (parallel samples, beams), and the final
-//!   outputs of a finishing group.
+//!   outputs of a finishing group;
+//! - [`drive`]: the offline loop (queue every prompt, step until all finish) this engine and
+//!   [`DisaggEngine`] share;
+//! - [`disagg`]: [`DisaggEngine`], prefill and decode on two devices (ExeGPT's WAA).
 
 mod config;
+mod disagg;
+mod drive;
 mod outputs;
 mod runner;
 mod sampler;
@@ -19,7 +24,7 @@ use std::collections::HashMap;
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::log_softmax;
-use burn_llm_models::generation::{GenerationClock, RequestState, prepare_prompt};
+use burn_llm_models::generation::{RequestState, prepare_prompt};
 use burn_llm_models::{
     CausalLm, GenerationOutput, LanguageModel, Pretrained, Prompt, PromptLogprobs, RequestOutput, SamplingParams,
     Tokenizer,
@@ -27,6 +32,7 @@ use burn_llm_models::{
 use rand_chacha::ChaCha8Rng;
 
 pub use config::{EngineConfig, KvCacheMemory};
+pub use disagg::{DisaggConfig, DisaggEngine};
 pub use outputs::{SequenceDelta, StepOutput};
 pub use stats::EngineStats;
 
@@ -380,60 +386,10 @@ impl<M: LanguageModel> LlmEngine<M> {
         &mut self,
         prompts: &[Prompt],
         params: &SamplingParams,
-        mut on_delta: impl FnMut(usize, &SequenceDelta),
+        on_delta: impl FnMut(usize, &SequenceDelta),
     ) -> Result<GenerationOutput> {
-        let mut clock = GenerationClock::start();
         let base = self.next_group;
-        let ids: Vec<String> = (0..prompts.len()).map(|i| format!("generate-{base}-{i}")).collect();
-        for (id, prompt) in ids.iter().zip(prompts) {
-            if let Err(e) = self.add_request(id.clone(), prompt.clone(), params.clone()) {
-                for id in &ids {
-                    self.abort(id);
-                }
-                return Err(e);
-            }
-        }
-        let index: HashMap<&str, usize> = ids.iter().enumerate().map(|(i, id)| (id.as_str(), i)).collect();
-        let mut results: Vec<Option<Vec<RequestOutput>>> = vec![None; prompts.len()];
-        let (mut generated, mut finished) = (0usize, 0usize);
-        while results.iter().any(Option::is_none) {
-            let outputs = self.step()?;
-            let before = generated;
-            for out in outputs {
-                let Some(&i) = index.get(out.request_id.as_str()) else { continue };
-                for delta in &out.sequences {
-                    generated += delta.token_ids.len();
-                    on_delta(i, delta);
-                }
-                if let Some(done) = out.finished {
-                    if out.sequences.is_empty() {
-                        generated += done.iter().map(|o| o.generated_ids.len()).sum::<usize>();
-                    }
-                    results[i] = Some(done);
-                    finished += 1;
-                }
-            }
-            clock.step(generated - before);
-            self.report_progress(GenerateProgress {
-                finished,
-                requests: prompts.len(),
-                generated_tokens: generated,
-                elapsed_s: clock.elapsed_s(),
-            });
-        }
-        let requests: Vec<RequestOutput> = results.into_iter().flatten().flatten().collect();
-        let generated_tokens = requests.iter().map(|r| r.generated_ids.len()).sum();
-        let timing = clock.finish(requests.iter().map(|r| r.prompt_ids.len()).sum(), generated_tokens);
-        Ok(GenerationOutput { requests, timing })
-    }
-
-    /// Tells the progress hook, if any, and `tracing` where a [`LlmEngine::generate`] run is.
-    fn report_progress(&mut self, progress: GenerateProgress) {
-        let GenerateProgress { finished, requests, generated_tokens, elapsed_s } = progress;
-        tracing::debug!(target: "burn_paged::progress", finished, requests, generated_tokens, elapsed_s, "generate");
-        if let Some(hook) = self.progress.as_mut() {
-            hook(progress);
-        }
+        drive::generate_stream(self, base, prompts, params, on_delta)
     }
 
     fn alloc_seq(&mut self) -> SeqId {
@@ -465,6 +421,26 @@ fn sample_rng(params: &SamplingParams, index: u64) -> ChaCha8Rng {
     let mut rng = params.rng();
     rng.set_stream(index);
     rng
+}
+
+impl<M: LanguageModel> drive::StepLoop for LlmEngine<M> {
+    fn queue(&mut self, request_id: String, prompt: Prompt, params: SamplingParams) -> Result<()> {
+        self.add_request(request_id, prompt, params)
+    }
+
+    fn drop_request(&mut self, request_id: &str) {
+        self.abort(request_id);
+    }
+
+    fn step_once(&mut self) -> Result<Vec<StepOutput>> {
+        self.step()
+    }
+
+    fn progress(&mut self, progress: GenerateProgress) {
+        if let Some(hook) = self.progress.as_mut() {
+            hook(progress);
+        }
+    }
 }
 
 /// Preemption costs before anything is measured: a block moves at ~10 GB/s each way plus 20 µs

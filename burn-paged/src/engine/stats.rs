@@ -38,6 +38,17 @@ pub struct EngineStats {
     pub logical_blocks: usize,
     /// Distinct device blocks in use, summed over model steps.
     pub physical_blocks: usize,
+    /// Sequences whose KV blocks moved from the prefill device's pool to the decode device's
+    /// (disaggregated prefill and decode, [`DisaggEngine`](crate::DisaggEngine)).
+    pub kv_transfers: usize,
+    /// Bytes of KV blocks so moved.
+    pub kv_transfer_bytes: u64,
+    /// Seconds spent moving them (`to_device` and the writes into the decode pool).
+    pub kv_transfer_s: f64,
+    /// Seconds the prefill device's steps took ([`DisaggEngine`](crate::DisaggEngine); 0 otherwise).
+    pub prefill_busy_s: f64,
+    /// Seconds the decode device's steps took ([`DisaggEngine`](crate::DisaggEngine); 0 otherwise).
+    pub decode_busy_s: f64,
 }
 
 impl EngineStats {
@@ -59,6 +70,32 @@ impl EngineStats {
 }
 
 impl EngineStats {
+    /// The counters of two engines over separate pools (a prefill and a decode device) as one:
+    /// sums, the peaks of the two pools added.
+    pub fn combined(a: &Self, b: &Self) -> Self {
+        Self {
+            steps: a.steps.max(b.steps),
+            model_steps: a.model_steps + b.model_steps,
+            batched_seqs: a.batched_seqs + b.batched_seqs,
+            computed_tokens: a.computed_tokens + b.computed_tokens,
+            cached_tokens: a.cached_tokens + b.cached_tokens,
+            partial_prefills: a.partial_prefills + b.partial_prefills,
+            generated_tokens: a.generated_tokens + b.generated_tokens,
+            swaps: a.swaps + b.swaps,
+            recomputes: a.recomputes + b.recomputes,
+            kv_tokens: a.kv_tokens + b.kv_tokens,
+            kv_slots: a.kv_slots + b.kv_slots,
+            peak_blocks: a.peak_blocks + b.peak_blocks,
+            logical_blocks: a.logical_blocks + b.logical_blocks,
+            physical_blocks: a.physical_blocks + b.physical_blocks,
+            kv_transfers: a.kv_transfers + b.kv_transfers,
+            kv_transfer_bytes: a.kv_transfer_bytes + b.kv_transfer_bytes,
+            kv_transfer_s: a.kv_transfer_s + b.kv_transfer_s,
+            prefill_busy_s: a.prefill_busy_s + b.prefill_busy_s,
+            decode_busy_s: a.decode_busy_s + b.decode_busy_s,
+        }
+    }
+
     /// Counts one model step over `seqs`: its batch, the tokens it computes (one slot each) and
     /// those the prefix cache supplied.
     pub(super) fn record_model_step(&mut self, seqs: &[ScheduledSeq]) {

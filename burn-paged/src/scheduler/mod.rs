@@ -48,6 +48,7 @@ mod chunk;
 #[cfg(test)]
 mod chunk_tests;
 mod group;
+mod handoff;
 mod policy;
 mod preempt;
 #[cfg(test)]

@@ -1,0 +1,68 @@
+//! Whole blocks out of one paged cache and into another on another device: the KV hand-off of
+//! disaggregated prefill and decode (ExeGPT's WAA). The blocks stay tensors throughout; the
+//! destination moves them with Burn's `to_device`.
+
+use burn::tensor::Tensor;
+use burn_llm_kernels::paged::{read_blocks, write_blocks_mut};
+
+use super::PagedKvCache;
+use crate::error::{PagedError, Result};
+use crate::memory::BlockId;
+
+/// The K and V contents of some blocks, per layer, on the device they were read on.
+#[derive(Debug, Clone)]
+pub struct KvBlocks {
+    /// Per layer, `[K, V]`, each `[blocks, kv_heads, block_size, head_dim]`.
+    layers: Vec<[Tensor<4>; 2]>,
+    blocks: usize,
+    bytes: u64,
+}
+
+impl KvBlocks {
+    /// Blocks held.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Bytes held, all layers, K and V.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl PagedKvCache {
+    /// Copies device blocks `ids` (in this order) out of every layer's pools.
+    pub fn read_blocks(&self, ids: &[BlockId]) -> Result<KvBlocks> {
+        let raw: Vec<u32> = ids.iter().map(|b| b.0).collect();
+        let layers = self
+            .keys
+            .iter()
+            .zip(&self.values)
+            .map(|(k, v)| Ok([read_blocks(k, &raw)?, read_blocks(v, &raw)?]))
+            .collect::<Result<Vec<_>>>()?;
+        let per_block = Self::block_bytes(&self.layout, self.block_size) as u64;
+        Ok(KvBlocks { layers, blocks: ids.len(), bytes: per_block * ids.len() as u64 })
+    }
+
+    /// Writes `kv` into device blocks `ids` (the same count, in order) of every layer, each
+    /// layer's blocks moved to that layer's device first. Errors leave the blocks named so far
+    /// written and the rest as they were; the caller frees them either way.
+    pub fn write_blocks(&mut self, ids: &[BlockId], kv: KvBlocks) -> Result<()> {
+        if kv.blocks != ids.len() || kv.layers.len() != self.keys.len() {
+            return Err(PagedError::Internal(format!(
+                "a KV hand-off of {} blocks over {} layers cannot fill {} blocks over {} layers",
+                kv.blocks,
+                kv.layers.len(),
+                ids.len(),
+                self.keys.len()
+            )));
+        }
+        let raw: Vec<u32> = ids.iter().map(|b| b.0).collect();
+        for (layer, [k, v]) in kv.layers.into_iter().enumerate() {
+            let device = self.placement.device(layer).clone();
+            write_blocks_mut(&mut self.keys[layer], &raw, k.to_device(&device))?;
+            write_blocks_mut(&mut self.values[layer], &raw, v.to_device(&device))?;
+        }
+        Ok(())
+    }
+}

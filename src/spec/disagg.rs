@@ -1,0 +1,113 @@
+//! `--schedule exegpt` over two `--devices` (local devices or `ws://` workers): the ExeGPT
+//! planner chooses between its strategies for two devices and that choice runs. WAA prefills on
+//! the first device and decodes on the second ([`DisaggEngine`], each device a full model replica
+//! with its own KV pool, a request's blocks moved after its prefill); RRA runs the phased schedule
+//! over a two-stage pipeline (an even layer split, the plan's decoder micro-batches).
+
+use std::error::Error;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use burn::tensor::Device;
+use burn_llm_models::PretrainedFiles;
+use burn_paged::{DisaggEngine, EngineConfig, LlmEngine};
+use burn_parallel::pipeline::PipelineLm;
+use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
+
+use super::build::refused;
+use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, PrefillSlices, TensorParallelSize, parse_device};
+use super::{EngineSpec, Purpose, ScheduleKind};
+use crate::device::WatchedEngine;
+use crate::engine::Engine;
+use crate::schedule;
+
+/// Devices an ExeGPT plan over several devices runs on.
+const DEVICES: usize = 2;
+
+impl EngineSpec {
+    /// Whether the spec asks for ExeGPT's schedule over two devices: `--schedule exegpt` with two
+    /// `--devices` entries and no other parallelism flag (`--pipeline-parallel-size 2` allowed).
+    pub fn exegpt_over_two_devices(&self) -> bool {
+        let p = &self.parallel;
+        self.paged.schedule == Some(ScheduleKind::Exegpt)
+            && p.devices.as_ref().is_some_and(|d| d.len() == DEVICES)
+            && p.pipeline_parallel_size.is_none_or(|n| n == DEVICES)
+            && p.tensor_parallel_size.is_none_or(|t| t == TensorParallelSize::Fixed(1))
+            && p.stage_layers.is_none()
+            && p.micro_batches.is_none()
+            && p.prefill_slices.is_none_or(|s| s == PrefillSlices::Off)
+    }
+}
+
+/// Plans (or reads) the ExeGPT schedule for two devices and builds the engine that runs it; with
+/// remote workers, behind a [`WatchedEngine`].
+pub(super) fn build(
+    spec: &EngineSpec,
+    model: &Path,
+    purpose: Purpose<'_>,
+    log: &mut dyn Write,
+) -> Result<Box<dyn Engine>, Box<dyn Error>> {
+    let entries = spec.parallel.devices.clone().unwrap_or_default();
+    let token = spec.worker_token.as_deref();
+    let devices = entries.iter().map(|e| parse_device(e, token)).collect::<Result<Vec<Device>, _>>()?;
+    let p = &spec.paged;
+    let plan = match (&p.plan, p.latency_bound_s, purpose) {
+        (Some(path), _, _) => schedule::read_plan(path)?,
+        (None, Some(bound), Purpose::Generate { prompts, params }) => {
+            // The workload and the costs are the prefill device's (both devices run one model).
+            let first = PretrainedFiles::open(model)?.load(&devices[0])?;
+            let config = spec.engine_config();
+            let workload = schedule::ScheduleWorkload::new(&first, &config, prompts, params.max_new_tokens)?;
+            let profile =
+                schedule::load_or_profile(p.profile_json.as_deref(), &first.model, workload.max_num_seqs, log)?;
+            schedule::plan_for(profile, &workload, bound, DEVICES)?
+        }
+        // `validate` refuses the other combinations.
+        _ => return Err(Box::new(spec.validate(super::EngineKind::Paged, purpose).err().unwrap_or_else(refused))),
+    };
+    writeln!(log, "{}", schedule::describe(&plan))?;
+    let workers = spec.parallel.workers();
+    if workers.is_empty() {
+        return build_on_plan(spec, model, devices, &plan);
+    }
+    let timeout = spec.parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S);
+    let (spec, model) = (spec.clone(), model.to_path_buf());
+    let engine = WatchedEngine::spawn(workers, Duration::from_secs_f64(timeout), move || {
+        build_on_plan(&spec, &model, devices, &plan).map_err(|e| e.to_string())
+    })?;
+    Ok(Box::new(engine))
+}
+
+/// The engine of `plan` on `devices`: WAA's prefill and decode engines, or RRA's pipeline.
+fn build_on_plan(
+    spec: &EngineSpec,
+    model: &Path,
+    devices: Vec<Device>,
+    plan: &ScheduleOutput,
+) -> Result<Box<dyn Engine>, Box<dyn Error>> {
+    let files = PretrainedFiles::open(model)?;
+    let engine: Box<dyn Engine> = if plan.strategy == Strategy::Rra {
+        let policy = schedule::pipelined_policy(plan, DEVICES)?;
+        let default = ("flex", &devices[0]);
+        let stages = spec.parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?;
+        let lm = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &stages, spec.weight_quant()?)?;
+        let config = EngineConfig {
+            scheduling: policy,
+            micro_batches: Some(plan.decoder_micro_batches.max(1)),
+            ..spec.engine_config()
+        };
+        Box::new(LlmEngine::from_parts(lm, Some(files.tokenizer), files.eos_token_ids, config)?)
+    } else {
+        let config = schedule::waa_config(plan, spec.engine_config())?;
+        let load = |device: &Device| -> Result<_, Box<dyn Error>> {
+            let mut replica = PretrainedFiles::open(model)?.load(device)?;
+            if let Some(q) = spec.weight_quant()? {
+                replica.model = replica.model.quantize_weights(q)?;
+            }
+            Ok(replica)
+        };
+        Box::new(DisaggEngine::new(load(&devices[0])?, load(&devices[1])?, config)?)
+    };
+    Ok(spec.with_precision(engine))
+}

@@ -1,0 +1,181 @@
+//! ExeGPT's WAA over two devices ([`DisaggEngine`]): prefill on one device, decode on another,
+//! each request's KV blocks moved between their pools. Greedy outputs equal plain generation's
+//! with a roomy decode pool and with pools so small that the decode device preempts by swapping
+//! and by recomputation; a decode device without room makes arrivals wait and loses nothing; the
+//! planner's WAA and two-stage RRA plans run through `--schedule exegpt --devices a,b`.
+
+use burn::tensor::Device;
+use burn_llm::Generator;
+use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
+use burn_llm::models::{Pretrained, Prompt, SamplingParams};
+use burn_llm::paged::{DisaggConfig, DisaggEngine, EngineConfig, PagedError, PreemptionMode};
+use burn_llm::spec::EngineKind;
+use clap::Parser;
+
+use crate::common::{FIXTURES, fixture};
+use crate::paged::{config, mixed_prompts, one_by_one, pools};
+
+/// A WAA engine for fixture `name` with both replicas on Flex (two devices of one backend: the
+/// hand-off's `to_device` is then a copy between two pools, its bookkeeping the same).
+fn waa(name: &str, config: DisaggConfig) -> DisaggEngine<burn_llm::CausalLm> {
+    let load = || Pretrained::load(&fixture(name), &Device::flex()).unwrap();
+    DisaggEngine::new(load(), load(), config).unwrap()
+}
+
+/// A roomy prefill pool with `decode` on the decode device, `B_E = 3`, `B_D = 16`.
+fn split(decode: EngineConfig) -> DisaggConfig {
+    let roomy = config(256, decode.block_size, PreemptionMode::Auto).kv_cache_memory;
+    let DisaggConfig { prefill, decode } = DisaggConfig::waa(decode, 3, 16);
+    DisaggConfig { prefill: EngineConfig { kv_cache_memory: roomy, ..prefill }, decode }
+}
+
+#[test]
+fn waa_greedy_equals_plain_generation_with_and_without_preemption() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(14) };
+    for name in FIXTURES {
+        let prompts = mixed_prompts(name);
+        let plain = Generator::from(Pretrained::load(&fixture(name), &Device::flex()).unwrap());
+        let expected = one_by_one(&plain, &prompts, &params);
+        for (label, cfg) in pools(&prompts, &expected) {
+            let what = format!("{name}, {label} decode pool");
+            let mut engine = waa(name, split(cfg));
+            let out = engine.generate(&prompts, &params).unwrap();
+            let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
+            assert_eq!(got, expected, "{what}");
+            let stats = engine.stats();
+            match label {
+                "swap" => assert!(stats.swaps > 0, "{what}: no swap happened"),
+                "recompute" => assert!(stats.recomputes > 0, "{what}: no recomputation happened"),
+                _ => assert_eq!(stats.swaps + stats.recomputes, 0, "{what}"),
+            }
+            // Every request generates 14 tokens, so every one moved to the decode device.
+            assert_eq!(stats.kv_transfers, prompts.len(), "{what}");
+            assert!(stats.kv_transfer_bytes > 0 && stats.kv_transfer_s > 0.0, "{what}: {stats:?}");
+            assert!(stats.prefill_busy_s > 0.0 && stats.decode_busy_s > 0.0, "{what}: {stats:?}");
+            // The prefill device never decodes: it computed the prompts and sampled each once.
+            let prefill = engine.prefill_engine().stats();
+            assert_eq!(prefill.generated_tokens, prompts.len(), "{what}");
+            let (p, d) = engine.block_managers();
+            assert!(p.all_blocks_free() && d.all_blocks_free(), "{what}: blocks leaked");
+        }
+    }
+}
+
+/// A decode pool that holds about one request at a time: the others wait, prefilled, until there
+/// is room; nothing is lost, and the outputs are plain generation's.
+#[test]
+fn arrivals_wait_for_room_on_the_decode_device() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) };
+    let name = "llama";
+    let prompts: Vec<Prompt> = mixed_prompts(name).into_iter().filter(|p| matches!(p, Prompt::Ids(_))).collect();
+    let plain = Generator::from(Pretrained::load(&fixture(name), &Device::flex()).unwrap());
+    let expected = one_by_one(&plain, &prompts, &params);
+    let longest = prompts.iter().map(|p| if let Prompt::Ids(ids) = p { ids.len() } else { 0 }).max().unwrap();
+    // Room for the longest request and its output, and for no second request beside it.
+    let blocks = (longest + 10).div_ceil(4);
+    let decode = config(blocks, 4, PreemptionMode::Swap);
+    let mut engine = waa(name, split(decode));
+    let ids: Vec<String> = (0..prompts.len()).map(|i| format!("r{i}")).collect();
+    for (id, p) in ids.iter().zip(&prompts) {
+        engine.add_request(id.clone(), p.clone(), params.clone()).unwrap();
+    }
+    let mut got = vec![Vec::new(); prompts.len()];
+    // Steps that ended with every prompt prefilled and arrivals still waiting: waiting for room,
+    // not for the next step's admission (which every arrival waits for once).
+    let (mut most_decoding, mut waited) = (0, 0);
+    while engine.has_unfinished_requests() {
+        for out in engine.step().unwrap() {
+            let i: usize = out.request_id[1..].parse().unwrap();
+            if let Some(done) = out.finished {
+                got[i] = done[0].generated_ids.clone();
+            }
+        }
+        let (_, decoding, _) = engine.decode_engine().queue_lengths();
+        most_decoding = most_decoding.max(decoding);
+        if engine.arrivals_waiting() > 0 && !engine.prefill_engine().has_unfinished_requests() {
+            waited += 1;
+        }
+    }
+    assert_eq!(got, expected);
+    assert!(most_decoding < prompts.len(), "the decode pool holds few requests ({most_decoding})");
+    assert!(waited > 1, "prefilled requests should have waited for room on the decode device ({waited} steps)");
+    assert_eq!(engine.stats().kv_transfers, prompts.len());
+    let (p, d) = engine.block_managers();
+    assert!(p.all_blocks_free() && d.all_blocks_free(), "blocks leaked");
+}
+
+/// An aborted request comes back with what it had generated wherever it is, and the two pools
+/// end empty; replicas of one model must share a block size.
+#[test]
+fn aborts_and_bad_configurations() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let mut engine = waa("gpt2", split(config(64, 4, PreemptionMode::Auto)));
+    for i in 0..6 {
+        engine.add_request(format!("r{i}"), Prompt::Ids(vec![5 + i, 7, 9]), params.clone()).unwrap();
+    }
+    let err = engine.add_request("r0", Prompt::Ids(vec![1]), params.clone()).unwrap_err();
+    assert!(matches!(err, PagedError::DuplicateRequest(_)), "{err}");
+    engine.step().unwrap();
+    engine.step().unwrap();
+    for i in 0..6 {
+        let out = engine.abort(&format!("r{i}")).unwrap().expect("a queued request");
+        assert_eq!(out.len(), 1);
+    }
+    assert!(!engine.has_unfinished_requests());
+    let (p, d) = engine.block_managers();
+    assert!(p.all_blocks_free() && d.all_blocks_free());
+
+    let mut bad = split(config(64, 4, PreemptionMode::Auto));
+    bad.decode.block_size = 8;
+    let load = || Pretrained::load(&fixture("gpt2"), &Device::flex()).unwrap();
+    let err = DisaggEngine::new(load(), load(), bad).unwrap_err().to_string();
+    assert!(err.contains("one block size"), "{err}");
+}
+
+/// A saved plan (the planner's output shape) with `strategy` over two devices.
+fn plan_json(strategy: &str) -> String {
+    let (encode, decode, stages, iterations) = if strategy == "rra" { (2, 2, 2, "3") } else { (1, 1, 1, "null") };
+    format!(
+        r#"{{"strategy":"{strategy}","encode_batch":3,"decode_batch":5,"decode_iterations":{iterations},
+        "decoder_micro_batches":{stages},"tensor_parallel_degree":1,"tensor_parallel_stages":0,
+        "encode_devices":{encode},"decode_devices":{decode},"pipeline_stages":{stages},"throughput_qps":1.0,
+        "latency_s":1.0,"latency_percentile":99.0,"step_variation":{{"prefill":0.0,"decode":0.0}},
+        "latency_output_tokens":8,"latency_bound_s":2.0,"search":"branch-and-bound","simulations":1}}"#
+    )
+}
+
+/// `--schedule exegpt --plan FILE --devices flex,flex` runs a WAA plan disaggregated and an RRA
+/// plan as a two-stage pipeline, each printing the same greedy text as the plain engine.
+#[test]
+fn cli_runs_waa_and_two_stage_rra_plans() {
+    let model = fixture("llama");
+    let dir = std::env::temp_dir().join(format!("burn-llm-waa-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |flags: &[&str]| -> (String, String) {
+        let mut argv =
+            vec!["x", "--model", model.to_str().unwrap(), "--max-new-tokens", "8", "--prompt", "Hello there"];
+        argv.extend_from_slice(flags);
+        let args = GenerateArgs::try_parse_from(argv).unwrap();
+        let defaults =
+            ExampleDefaults { name: "test_generate", model: "unused", engine: EngineKind::Plain, fallback: None };
+        let (mut out, mut log) = (Vec::new(), Vec::new());
+        run_with(&args, defaults, &mut out, &mut log).unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+        (String::from_utf8(out).unwrap(), String::from_utf8(log).unwrap())
+    };
+    let (plain, _) = run(&["--device", "flex"]);
+    for (strategy, said) in [("waa-c", "ExeGPT WaaC schedule"), ("rra", "ExeGPT RRA schedule over 2 stage(s)")] {
+        let path = dir.join(format!("{strategy}.json"));
+        std::fs::write(&path, plan_json(strategy)).unwrap();
+        let flags =
+            ["--engine", "paged", "--schedule", "exegpt", "--plan", path.to_str().unwrap(), "--devices", "flex,flex"];
+        let (text, log) = run(&flags);
+        assert_eq!(generated(&text), generated(&plain), "{strategy}");
+        assert!(log.contains(said), "{strategy}: {log}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The printed text without the summary line after it (which differs by engine).
+fn generated(text: &str) -> &str {
+    text.rsplit_once("\n\n").map_or(text, |(generated, _)| generated)
+}
