@@ -260,50 +260,66 @@ impl<M: LanguageModel + 'static> Engine for Generator<M> {
     }
 }
 
+/// The `Engine` methods the paged engines share: `$engine` has the paged engine's inherent
+/// methods of the same names (`generate_stream`, `add_request`, `step`, `tokenizer`, …).
+macro_rules! paged_engine_methods {
+    ($engine:ident) => {
+        fn name(&self) -> &'static str {
+            "paged"
+        }
+
+        fn spec(&self) -> &DecoderSpec {
+            self.model().spec()
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities { streams_tokens: true, multiple_sequences: true, step_level: true }
+        }
+
+        fn generate_stream(
+            &mut self,
+            prompts: &[Prompt],
+            params: &SamplingParams,
+            on_token: &mut dyn FnMut(StreamEvent<'_>),
+        ) -> EngineResult<Generation> {
+            let output = $engine::generate_stream(self, prompts, params, |request, delta| {
+                delta.events(request).for_each(&mut *on_token);
+            })?;
+            let report = Engine::report(self, output.timing);
+            Ok(Generation { output, report })
+        }
+
+        fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams) -> EngineResult<()> {
+            Ok($engine::add_request(self, request_id, prompt, params)?)
+        }
+
+        fn step(&mut self) -> EngineResult<Vec<StepOutput>> {
+            Ok($engine::step(self)?)
+        }
+
+        fn has_unfinished_requests(&self) -> bool {
+            $engine::has_unfinished_requests(self)
+        }
+
+        fn tokenizer(&self) -> Option<&Tokenizer> {
+            $engine::tokenizer(self)
+        }
+
+        fn report(&self, timing: Timing) -> RunReport {
+            RunReport { engine: "paged", timing, memory: None, details: EngineDetails::Paged(self.stats()) }
+        }
+    };
+}
+
 impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
-    fn name(&self) -> &'static str {
-        "paged"
-    }
-
-    fn spec(&self) -> &DecoderSpec {
-        self.model().spec()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities { streams_tokens: true, multiple_sequences: true, step_level: true }
-    }
+    paged_engine_methods!(LlmEngine);
 
     fn placement(&self) -> Option<String> {
         placement_of(self.model())
     }
 
-    fn generate_stream(
-        &mut self,
-        prompts: &[Prompt],
-        params: &SamplingParams,
-        on_token: &mut dyn FnMut(StreamEvent<'_>),
-    ) -> EngineResult<Generation> {
-        let output = LlmEngine::generate_stream(self, prompts, params, |request, delta| {
-            delta.events(request).for_each(&mut *on_token);
-        })?;
-        let report = Engine::report(self, output.timing);
-        Ok(Generation { output, report })
-    }
-
-    fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams) -> EngineResult<()> {
-        Ok(LlmEngine::add_request(self, request_id, prompt, params)?)
-    }
-
-    fn step(&mut self) -> EngineResult<Vec<StepOutput>> {
-        Ok(LlmEngine::step(self)?)
-    }
-
     fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {
         Ok(LlmEngine::abort(self, request_id))
-    }
-
-    fn has_unfinished_requests(&self) -> bool {
-        LlmEngine::has_unfinished_requests(self)
     }
 
     fn load(&self) -> Option<EngineLoad> {
@@ -317,30 +333,12 @@ impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
             kv_blocks_total: blocks.total_blocks(Location::Device),
         })
     }
-
-    fn tokenizer(&self) -> Option<&Tokenizer> {
-        LlmEngine::tokenizer(self)
-    }
-
-    fn report(&self, timing: Timing) -> RunReport {
-        RunReport { engine: "paged", timing, memory: None, details: EngineDetails::Paged(self.stats()) }
-    }
 }
 
 /// ExeGPT's WAA over two devices: reported as the paged engine it is made of, its counters
 /// those of both devices with the KV moved between them.
 impl<M: LanguageModel + 'static> Engine for DisaggEngine<M> {
-    fn name(&self) -> &'static str {
-        "paged"
-    }
-
-    fn spec(&self) -> &DecoderSpec {
-        self.model().spec()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities { streams_tokens: true, multiple_sequences: true, step_level: true }
-    }
+    paged_engine_methods!(DisaggEngine);
 
     fn describe(&self) -> String {
         let stats = self.stats();
@@ -351,33 +349,8 @@ impl<M: LanguageModel + 'static> Engine for DisaggEngine<M> {
         )
     }
 
-    fn generate_stream(
-        &mut self,
-        prompts: &[Prompt],
-        params: &SamplingParams,
-        on_token: &mut dyn FnMut(StreamEvent<'_>),
-    ) -> EngineResult<Generation> {
-        let output = DisaggEngine::generate_stream(self, prompts, params, |request, delta| {
-            delta.events(request).for_each(&mut *on_token);
-        })?;
-        let report = Engine::report(self, output.timing);
-        Ok(Generation { output, report })
-    }
-
-    fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams) -> EngineResult<()> {
-        Ok(DisaggEngine::add_request(self, request_id, prompt, params)?)
-    }
-
-    fn step(&mut self) -> EngineResult<Vec<StepOutput>> {
-        Ok(DisaggEngine::step(self)?)
-    }
-
     fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {
         Ok(DisaggEngine::abort(self, request_id)?)
-    }
-
-    fn has_unfinished_requests(&self) -> bool {
-        DisaggEngine::has_unfinished_requests(self)
     }
 
     fn load(&self) -> Option<EngineLoad> {
@@ -390,14 +363,6 @@ impl<M: LanguageModel + 'static> Engine for DisaggEngine<M> {
             kv_blocks_used: prefill.used_blocks(Location::Device) + decode.used_blocks(Location::Device),
             kv_blocks_total: prefill.total_blocks(Location::Device) + decode.total_blocks(Location::Device),
         })
-    }
-
-    fn tokenizer(&self) -> Option<&Tokenizer> {
-        DisaggEngine::tokenizer(self)
-    }
-
-    fn report(&self, timing: Timing) -> RunReport {
-        RunReport { engine: "paged", timing, memory: None, details: EngineDetails::Paged(self.stats()) }
     }
 }
 

@@ -23,6 +23,8 @@ use crate::real_model::smollm2;
 
 /// What a request produced: its ids and, per step, the log-probabilities returned with them.
 type Trace = (Vec<u32>, Vec<(u32, f32)>);
+/// Named prompts added to the engine together.
+type Wave = Vec<(String, Prompt)>;
 
 fn trace(out: &RequestOutput) -> Trace {
     let logprobs = out.logprobs.iter().flatten().flatten().map(|l| (l.id, l.logprob)).collect();
@@ -46,12 +48,7 @@ fn engine(pretrained: Pretrained, budget: Option<usize>) -> LlmEngine {
 
 /// Runs `waves` of requests: the first added at once, each later one after `gap` more steps, then
 /// steps until all finish; returns every request's trace by id.
-fn drive(
-    engine: &mut LlmEngine,
-    waves: &[Vec<(String, Prompt)>],
-    params: &SamplingParams,
-    gap: usize,
-) -> HashMap<String, Trace> {
+fn drive(engine: &mut LlmEngine, waves: &[Wave], params: &SamplingParams, gap: usize) -> HashMap<String, Trace> {
     let mut traces = HashMap::new();
     let mut collect = |outputs: Vec<StepOutput>| {
         for out in outputs {
@@ -88,7 +85,7 @@ fn fillers(count: usize, vocab: u32, seed: u64) -> Vec<Prompt> {
         .collect()
 }
 
-fn named(prefix: &str, prompts: &[Prompt]) -> Vec<(String, Prompt)> {
+fn named(prefix: &str, prompts: &[Prompt]) -> Wave {
     prompts.iter().enumerate().map(|(i, p)| (format!("{prefix}{i}"), p.clone())).collect()
 }
 
@@ -113,7 +110,7 @@ fn assert_batch_invariant(
     let targets = named("t", targets);
     let with = |n: usize| [targets.clone(), named("f", &others[..n.saturating_sub(targets.len())])].concat();
     // (label, waves, steps between waves, step budget)
-    let runs: Vec<(&str, Vec<Vec<(String, Prompt)>>, usize, Option<usize>)> = vec![
+    let runs: Vec<(&str, Vec<Wave>, usize, Option<usize>)> = vec![
         ("batch of 4", vec![targets.clone()], 0, None),
         ("batch of 16", vec![with(16)], 0, None),
         ("batch of 32", vec![with(32)], 0, None),

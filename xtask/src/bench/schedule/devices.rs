@@ -20,21 +20,21 @@ type BoxError = Box<dyn std::error::Error>;
 /// The devices and the model on them.
 pub(super) enum Devices {
     /// Every system on one device.
-    One(CausalLm),
+    One(Box<CausalLm>),
     /// Two devices, named as given, with a replica of the model on each.
-    Two { names: [String; 2], devices: [Device; 2], replicas: Box<[CausalLm; 2]> },
+    Two { names: [String; 2], devices: Box<[Device; 2]>, replicas: Box<[CausalLm; 2]> },
 }
 
 impl Devices {
     /// `model` (on `first`) alone, or replicated onto the second device too.
     pub(super) fn new(model: CausalLm, first: (String, Device), second: Option<(String, Device)>) -> Self {
         match second {
-            None => Self::One(model),
+            None => Self::One(Box::new(model)),
             Some((second_name, second)) => {
                 let replica = model.clone().to_device(&second);
                 Self::Two {
                     names: [first.0, second_name],
-                    devices: [first.1, second],
+                    devices: Box::new([first.1, second]),
                     replicas: Box::new([model, replica]),
                 }
             }
@@ -67,7 +67,7 @@ impl Devices {
                     paged: PagedSpec::from(&config),
                     ..EngineSpec::default()
                 };
-                spec.init_model(model.clone(), None, vec![], Purpose::Serve, &mut std::io::sink())
+                spec.init_model((**model).clone(), None, vec![], Purpose::Serve, &mut std::io::sink())
             }
             Self::Two { .. } => {
                 let engine = LlmEngine::from_parts(self.pipeline()?, None, vec![], config)?;

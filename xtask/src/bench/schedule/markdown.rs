@@ -349,7 +349,7 @@ fn device_time(w: &WorkloadResult) -> String {
             ("moving s", Right),
             ("moving / run", Right),
         ],
-        rows.into_iter(),
+        rows,
     ));
     md
 }
