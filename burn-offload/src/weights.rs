@@ -46,7 +46,8 @@ pub fn write_layer(layer: &DecoderLayer, store: &mut DiskStore, prefix: &str) ->
 }
 
 /// Reads the layer [`write_layer`] wrote under `prefix` onto `device`, into the structure of
-/// `template` (any layer of the same model and compression; see [`hollow`]). Every file is
+/// `template` (that layer's own [`hollow`] copy: layers of one model may differ in more than their
+/// weights, e.g. Gemma 3's attention windows). Every file is
 /// checksum-verified; a missing, corrupted or mismatched tensor is an error.
 pub fn read_layer(
     template: &DecoderLayer,

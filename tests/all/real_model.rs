@@ -131,8 +131,13 @@ fn smollm2_batched_decode_equals_each_sequence_alone() {
             let lp = |r: &burn_llm::RequestOutput| -> Vec<f32> {
                 r.logprobs.iter().flatten().flatten().map(|l| l.logprob).collect()
             };
-            for (x, y) in lp(b).iter().zip(lp(a)) {
-                assert!((x - y).abs() <= 1e-6, "{precision:?}: prompt {i}: log-probability {x} batched, {y} alone");
+            // Log-probabilities are batch invariant on the default path only: `--exact-matmul`
+            // dequantizes above 16 rows (here the batched prefill) into a dense product whose sums
+            // are ordered by shape (docs/kernels-cpu.md, "Batch invariance").
+            if precision == MatmulPrecision::Int8Activations {
+                for (x, y) in lp(b).iter().zip(lp(a)) {
+                    assert!((x - y).abs() <= 1e-6, "prompt {i}: log-probability {x} batched, {y} alone");
+                }
             }
         }
     }

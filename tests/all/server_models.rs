@@ -434,6 +434,8 @@ fn a_model_may_have_its_own_chat_template_and_max_waiting() {
         "serve",
         "--model",
         "/nowhere/a",
+        "--served-model-name",
+        "a",
         "--model-engine-args",
         "a=--chat-template /nowhere/t.jinja",
     ])

@@ -233,12 +233,8 @@ impl OffloadEngine {
                     let budget = self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?;
                     Ok(Loaded { layer: layer.clone().to_device(&self.device), _budget: Some(budget) })
                 }
-                LayerHome::Disk => {
+                LayerHome::Disk(template) => {
                     let budget = self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?;
-                    let template = self
-                        .template
-                        .as_ref()
-                        .ok_or_else(|| OffloadError::Internal("no disk layer template".into()))?;
                     let layer = read_layer(template, &self.store, &format!("layer{j}/"), &self.device)?;
                     Ok(Loaded { layer, _budget: Some(budget) })
                 }

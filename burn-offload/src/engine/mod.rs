@@ -113,8 +113,10 @@ enum LayerHome {
     /// Resident in host memory, copied to the device when used.
     Host(DecoderLayer),
     /// In the offload directory as stored (compressed codes when the policy compresses weights),
-    /// read (memory-mapped, checksum-verified) when used.
-    Disk,
+    /// read (memory-mapped, checksum-verified) when used into this hollow copy of the layer: one
+    /// per layer, since layers differ in more than weights (Gemma 3's local and global layers
+    /// have their own attention window and rotary table).
+    Disk(DecoderLayer),
 }
 
 /// FlexGen's engine on Burn.
@@ -126,7 +128,6 @@ pub struct OffloadEngine {
     layers: Vec<LayerHome>,
     layer_bytes: Vec<u64>,
     /// The structure disk layers are read into (no weights).
-    template: Option<DecoderLayer>,
     store: DiskStore,
     ledger: MemoryLedger,
     _resident: Vec<Reservation>,
@@ -237,7 +238,6 @@ impl OffloadEngine {
         let mut store = DiskStore::open(&config.offload_dir)?;
         let mut layers = Vec::with_capacity(spec.num_layers);
         let mut layer_bytes = Vec::with_capacity(spec.num_layers);
-        let mut template = None;
         let compress = policy.shape.compress_weights;
         for (j, tier) in layer_tiers.iter().enumerate() {
             let what = format!("layer {j} weights");
@@ -256,10 +256,7 @@ impl OffloadEngine {
                 }
                 Tier::Disk => {
                     write_layer(&layer, &mut store, &format!("layer{j}/"))?;
-                    if template.is_none() {
-                        template = Some(hollow(layer));
-                    }
-                    LayerHome::Disk
+                    LayerHome::Disk(hollow(layer))
                 }
             };
             layers.push(home);
@@ -271,7 +268,6 @@ impl OffloadEngine {
             host: config.host,
             layers,
             layer_bytes,
-            template,
             store,
             ledger,
             _resident: resident,
@@ -314,7 +310,7 @@ impl OffloadEngine {
             .map(|h| match h {
                 LayerHome::Device(_) => Tier::Gpu,
                 LayerHome::Host(_) => Tier::Cpu,
-                LayerHome::Disk => Tier::Disk,
+                LayerHome::Disk(_) => Tier::Disk,
             })
             .collect()
     }
