@@ -271,20 +271,9 @@ impl KvCache for PagedKvCache {
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
+        window: Option<usize>,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.whole_view().attend(layer, q, k, v, scale)
-    }
-
-    fn attend_window(
-        &mut self,
-        layer: usize,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        scale: f32,
-        window: usize,
-    ) -> burn_llm_models::Result<Tensor<4>> {
-        self.whole_view().attend_window(layer, q, k, v, scale, window)
+        self.whole_view().attend(layer, q, k, v, scale, window)
     }
 }
 
@@ -303,7 +292,7 @@ mod tests {
         let device = Device::flex();
         let mut cache = PagedKvCache::new(LAYOUT, 4, 2, 0, &device);
         let x = || Tensor::<4>::ones([1, 1, 1, 4], &device);
-        let err = cache.attend(0, x(), x(), x(), 1.0).unwrap_err();
+        let err = cache.attend(0, x(), x(), x(), 1.0, None).unwrap_err();
         assert!(err.to_string().contains("before begin_step"), "{err}");
 
         let step = PagedStep {
@@ -314,9 +303,9 @@ mod tests {
             context_lens: vec![1],
         };
         cache.begin_step(&step).unwrap();
-        let err = cache.attend(1, x(), x(), x(), 1.0).unwrap_err();
+        let err = cache.attend(1, x(), x(), x(), 1.0, None).unwrap_err();
         assert!(err.to_string().contains("layer 1"), "{err}");
-        let out = cache.attend(0, x(), x(), x(), 1.0).unwrap();
+        let out = cache.attend(0, x(), x(), x(), 1.0, None).unwrap();
         assert_eq!(out.dims(), [1, 1, 1, 4]);
     }
 }

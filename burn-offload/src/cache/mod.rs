@@ -154,20 +154,9 @@ impl KvCache for OffloadKvCache {
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
+        window: Option<usize>,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.attend_masked(layer, q, k, v, scale, None)
-    }
-
-    fn attend_window(
-        &mut self,
-        layer: usize,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        scale: f32,
-        window: usize,
-    ) -> burn_llm_models::Result<Tensor<4>> {
-        self.attend_masked(layer, q, k, v, scale, Some(window))
+        self.attend_masked(layer, q, k, v, scale, window)
     }
 }
 

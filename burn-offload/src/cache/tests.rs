@@ -23,14 +23,14 @@ fn a_disk_layer_attends_only_with_its_slots_in() {
     let mut cache = OffloadKvCache::new(LAYOUT, 1, 4, &device, None, vec![home(false), home(true)]).unwrap();
     cache.begin_step(&[&[1, 2]]).unwrap();
     let x = Tensor::<4>::ones([1, 1, 2, 8], &device);
-    assert_eq!(values(cache.attend(0, x.clone(), x.clone(), x.clone(), 1.0).unwrap()), vec![1.0; 16]);
+    assert_eq!(values(cache.attend(0, x.clone(), x.clone(), x.clone(), 1.0, None).unwrap()), vec![1.0; 16]);
 
     assert!(cache.take_layer(1).is_none(), "a disk layer holds no slots between steps");
-    let err = cache.attend(1, x.clone(), x.clone(), x.clone(), 1.0).unwrap_err();
+    let err = cache.attend(1, x.clone(), x.clone(), x.clone(), 1.0, None).unwrap_err();
     assert!(err.to_string().contains("layer 1"), "{err}");
 
     cache.put_layer(1, LayerSlots::zeros(LAYOUT, 1, 4, None, &device)).unwrap();
-    assert_eq!(values(cache.attend(1, x.clone(), x.clone(), x, 1.0).unwrap()), vec![1.0; 16]);
+    assert_eq!(values(cache.attend(1, x.clone(), x.clone(), x, 1.0, None).unwrap()), vec![1.0; 16]);
     assert!(cache.take_layer(1).is_some());
     assert!(cache.put_layer(2, LayerSlots::zeros(LAYOUT, 1, 4, None, &device)).is_err());
 }

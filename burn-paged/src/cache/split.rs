@@ -104,20 +104,9 @@ impl KvCache for LayerView<'_> {
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
+        window: Option<usize>,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.attend_paged(layer, q, k, v, scale, None).map_err(|e| ModelError::KvCache(Box::new(e)))
-    }
-
-    fn attend_window(
-        &mut self,
-        layer: usize,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        scale: f32,
-        window: usize,
-    ) -> burn_llm_models::Result<Tensor<4>> {
-        self.attend_paged(layer, q, k, v, scale, Some(window)).map_err(|e| ModelError::KvCache(Box::new(e)))
+        self.attend_paged(layer, q, k, v, scale, window).map_err(|e| ModelError::KvCache(Box::new(e)))
     }
 }
 

@@ -140,8 +140,9 @@ impl KvCache for Unsplittable {
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
+        window: Option<usize>,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.0.attend(layer, q, k, v, scale)
+        self.0.attend(layer, q, k, v, scale, window)
     }
 }
 
@@ -242,9 +243,10 @@ impl KvCache for RecordingView<'_> {
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
+        window: Option<usize>,
     ) -> burn_llm_models::Result<Tensor<4>> {
         self.seen.lock().unwrap().push(matmul_precision());
-        self.inner.attend(layer, q, k, v, scale)
+        self.inner.attend(layer, q, k, v, scale, window)
     }
 }
 
@@ -262,8 +264,9 @@ impl KvCache for Recording {
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
+        window: Option<usize>,
     ) -> burn_llm_models::Result<Tensor<4>> {
-        self.inner.attend(layer, q, k, v, scale)
+        self.inner.attend(layer, q, k, v, scale, window)
     }
 }
 

@@ -159,19 +159,15 @@ impl ContiguousKvCache {
 }
 
 impl KvCache for ContiguousKvCache {
-    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Result<Tensor<4>> {
-        Ok(self.attend_with(layer, q, k, v, scale, None))
-    }
-
-    fn attend_window(
+    fn attend(
         &mut self,
         layer: usize,
         q: Tensor<4>,
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
-        window: usize,
+        window: Option<usize>,
     ) -> Result<Tensor<4>> {
-        Ok(self.attend_with(layer, q, k, v, scale, Some(window)))
+        Ok(self.attend_with(layer, q, k, v, scale, window))
     }
 }

@@ -55,35 +55,23 @@ pub trait KvCache {
     ///
     /// Shapes: `q` is `[batch, heads, seq, head_dim]`; `k` and `v` are
     /// `[batch, kv_heads, seq, head_dim]` (`heads` a multiple of `kv_heads`); the result has the
-    /// shape of `q`. `scale` multiplies the raw `q·kᵀ` scores.
+    /// shape of `q`. `scale` multiplies the raw `q·kᵀ` scores. With a `window` (a local,
+    /// sliding-window layer) a query at position `p` sees only the keys at positions
+    /// `p - window + 1..=p` of its sequence; a cache that cannot restrict attention that way must
+    /// refuse with an error, so that a model with local layers never silently attends globally.
     ///
     /// A cache that cannot serve the call (a step it was not prepared for, a kernel that refuses
     /// its arguments) returns the error, usually as
     /// [`ModelError::KvCache`](crate::ModelError::KvCache), and the forward pass stops there.
-    fn attend(&mut self, layer: usize, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f32) -> Result<Tensor<4>>;
-
-    /// [`KvCache::attend`] for a local (sliding-window) layer: a query at position `p` sees only
-    /// the keys at positions `p - window + 1..=p` of its sequence. Caches that cannot restrict
-    /// attention that way refuse with an error (the default), so a model with local layers never
-    /// silently attends globally.
-    fn attend_window(
+    fn attend(
         &mut self,
         layer: usize,
         q: Tensor<4>,
         k: Tensor<4>,
         v: Tensor<4>,
         scale: f32,
-        window: usize,
-    ) -> Result<Tensor<4>> {
-        let _ = (q, k, v, scale);
-        Err(crate::ModelError::KvCache(
-            format!(
-                "layer {layer} attends through a sliding window of {window} tokens, which this KV cache does not \
-                 implement; run the model with the plain (contiguous) engine"
-            )
-            .into(),
-        ))
-    }
+        window: Option<usize>,
+    ) -> Result<Tensor<4>>;
 }
 
 /// The model input of one step, laid out by the cache that will serve it.

@@ -70,12 +70,12 @@ fn layers_keep_their_own_slots_across_steps() {
     };
     cache.begin_step(&[&[1, 2]]).unwrap();
     for layer in 0..3 {
-        cache.attend(layer, kv(layer, 2, 0), kv(layer, 2, 0), kv(layer, 2, 1), 0.5).unwrap();
+        cache.attend(layer, kv(layer, 2, 0), kv(layer, 2, 0), kv(layer, 2, 1), 0.5, None).unwrap();
     }
     cache.begin_step(&[&[3]]).unwrap();
     for layer in [0, 1, 2] {
         let q = kv(layer, 1, 3);
-        let got = values(cache.attend(layer, q.clone(), kv(layer, 1, 4), kv(layer, 1, 5), 0.5).unwrap());
+        let got = values(cache.attend(layer, q.clone(), kv(layer, 1, 4), kv(layer, 1, 5), 0.5, None).unwrap());
         let k = Tensor::cat(vec![kv(layer, 2, 0), kv(layer, 1, 4)], 2);
         let v = Tensor::cat(vec![kv(layer, 2, 1), kv(layer, 1, 5)], 2);
         let expected = values(attention(q, k, v, causal_bias(2, 1, 3, &device), 0.5));

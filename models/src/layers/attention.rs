@@ -72,10 +72,7 @@ impl SelfAttention {
         }
         let heads = |t: Tensor<4>| t.swap_dims(1, 2);
         let (q, k, v, scale) = (heads(q), heads(k), heads(v), self.scale as f32);
-        let out = match self.window {
-            Some(window) => cache.attend_window(layer, q, k, v, scale, window)?,
-            None => cache.attend(layer, q, k, v, scale)?,
-        };
+        let out = cache.attend(layer, q, k, v, scale, self.window)?;
         let out = out.swap_dims(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
         Ok(self.o.forward(out))
     }
