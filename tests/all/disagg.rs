@@ -14,6 +14,7 @@ use clap::Parser;
 
 use crate::common::{FIXTURES, fixture};
 use crate::paged::{config, mixed_prompts, one_by_one, pools};
+use crate::remote::{TOKEN, Worker};
 
 /// A WAA engine for fixture `name` with both replicas on Flex (two devices of one backend: the
 /// hand-off's `to_device` is then a copy between two pools, its bookkeeping the same).
@@ -144,8 +145,9 @@ fn plan_json(strategy: &str) -> String {
     )
 }
 
-/// `--schedule exegpt --plan FILE --devices flex,flex` runs a WAA plan disaggregated and an RRA
-/// plan as a two-stage pipeline, each printing the same greedy text as the plain engine.
+/// `--schedule exegpt --plan FILE --devices flex,flex` (and flex beside a worker process) runs a
+/// WAA plan disaggregated and an RRA plan as a two-stage pipeline, each printing the same greedy
+/// text as the plain engine.
 #[test]
 fn cli_runs_waa_and_two_stage_rra_plans() {
     let model = fixture("llama");
@@ -163,14 +165,30 @@ fn cli_runs_waa_and_two_stage_rra_plans() {
         (String::from_utf8(out).unwrap(), String::from_utf8(log).unwrap())
     };
     let (plain, _) = run(&["--device", "flex"]);
-    for (strategy, said) in [("waa-c", "ExeGPT WaaC schedule"), ("rra", "ExeGPT RRA schedule over 2 stage(s)")] {
-        let path = dir.join(format!("{strategy}.json"));
-        std::fs::write(&path, plan_json(strategy)).unwrap();
-        let flags =
-            ["--engine", "paged", "--schedule", "exegpt", "--plan", path.to_str().unwrap(), "--devices", "flex,flex"];
-        let (text, log) = run(&flags);
-        assert_eq!(generated(&text), generated(&plain), "{strategy}");
-        assert!(log.contains(said), "{strategy}: {log}");
+    // Decoding on a one-thread worker process: the KV blocks cross a real process boundary.
+    let worker = Worker::start_with("flex", &["--threads", "1"]);
+    let flex_and_worker = format!("flex,{}", worker.url);
+    for devices in ["flex,flex", flex_and_worker.as_str()] {
+        for (strategy, said) in [("waa-c", "ExeGPT WaaC schedule"), ("rra", "ExeGPT RRA schedule over 2 stage(s)")] {
+            let path = dir.join(format!("{strategy}.json"));
+            std::fs::write(&path, plan_json(strategy)).unwrap();
+            let mut flags = vec![
+                "--engine",
+                "paged",
+                "--schedule",
+                "exegpt",
+                "--plan",
+                path.to_str().unwrap(),
+                "--devices",
+                devices,
+            ];
+            if devices != "flex,flex" {
+                flags.extend(["--worker-token", TOKEN]);
+            }
+            let (text, log) = run(&flags);
+            assert_eq!(generated(&text), generated(&plain), "{strategy} on {devices}");
+            assert!(log.contains(said), "{strategy} on {devices}: {log}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

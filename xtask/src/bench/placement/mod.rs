@@ -10,6 +10,8 @@
 //! 6; rates swept as fractions of one device's capacity for one model) are replayed against it,
 //! and each trace is also run through the simulator on the server's placement
 //! (`placement::evaluate`). SLO = `--slo-scale` × one request's predicted latency on one device.
+//! As in AlpaServe's experiments and its simulator, nothing is batched: each stage serves one
+//! request at a time ([`one_request_per_stage`]).
 //! Writes `bench-results/placement.{json,md,png}` ([`report`]).
 
 mod replay;
@@ -42,7 +44,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "0.2,0.4")]
     loads: Vec<f64>,
     /// Seconds of arrivals per trace.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 60.0)]
     duration_s: f64,
     /// SLO as a multiple of one request's predicted latency on one device.
     #[arg(long, default_value_t = 5.0)]
@@ -117,10 +119,27 @@ fn serve_argv(model: &Path, workers: &Workers, extra: &[String]) -> Vec<String> 
         .collect();
     argv.extend(["--devices".into(), pool.join(","), "--worker-token".into(), workers.token.clone()]);
     argv.extend(
-        ["--kv-cache-memory", "blocks:64", "--max-num-seqs", "4", "--worker-timeout-s", "300"].map(String::from),
+        ["--kv-cache-memory", "blocks:64", "--max-num-seqs", "1", "--worker-timeout-s", "300"].map(String::from),
     );
     argv.extend(extra.iter().cloned());
     argv
+}
+
+/// AlpaServe's experiments run without batching (thesis §4.6.5): each stage serves one request
+/// at a time. A model on a P-stage group gets `--max-num-seqs P`, so that P requests are in
+/// flight, one per stage, in the engine's P micro-batches; one-stage groups keep the shared
+/// `--max-num-seqs 1`.
+fn one_request_per_stage(placement: &ServingPlacement) -> Vec<String> {
+    let mut args = Vec::new();
+    for group in placement.groups.iter().filter(|g| g.pipeline_stages > 1) {
+        for m in &group.models {
+            args.extend([
+                "--model-engine-args".to_string(),
+                format!("{}=--max-num-seqs {}", m.model, group.pipeline_stages),
+            ]);
+        }
+    }
+    args
 }
 
 /// Writes a workload file for both models at `rate` each and coefficient of variation `cv`.
@@ -185,7 +204,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "--device-memory".into(),
             format!("{cap},{cap}"),
         ];
-        let serve = ServeArgs::try_parse_from(serve_argv(&model, &workers, &extra))?;
+        let mut argv = serve_argv(&model, &workers, &extra);
+        argv.extend(one_request_per_stage(&planned(&argv)?));
+        let serve = ServeArgs::try_parse_from(argv)?;
         let mut log = Vec::new();
         let (entries, placement) = serve.placed_entries(&mut log)?;
         eprint!("{}", String::from_utf8_lossy(&log));

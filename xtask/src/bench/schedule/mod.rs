@@ -454,9 +454,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         command.push_str(" --loopback-workers");
     }
     let load = [load_before, load_average()];
-    let header = Header::new("schedule", command, Some(args.device.name()), model_name.clone());
+    // One current report per set-up: one device, or two (the disaggregated comparison).
+    let name = if args.devices.is_some() || args.loopback_workers { "schedule-devices" } else { "schedule" };
+    let header = Header::new(name, command, Some(args.device.name()), model_name.clone());
     let md = markdown(&header, &model_name, &args, &devices, &profile_source, &profile, load, pct, &results);
-    let png = plot::schedule_png(&args.out.join("schedule.png"), &plot_series(&results));
+    let png = plot::schedule_png(&args.out.join(format!("{name}.png")), &plot_series(&results));
     let report = Report {
         header,
         devices: devices.describe(),
@@ -469,7 +471,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         load_average: load,
         workloads: results,
     };
-    report::write(&args.out, "schedule", &report, &md)?;
+    report::write(&args.out, name, &report, &md)?;
     match png {
         Ok(path) => eprintln!("wrote {}", path.display()),
         Err(e) => eprintln!("no plot: {e}"),
