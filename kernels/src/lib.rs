@@ -62,7 +62,7 @@ pub mod remote;
 pub mod test_devices;
 
 pub use cpu::CpuFeatures;
-pub use fused::{argmax_rows, attention_with, matmul, prefix_attention, rms_norm, rotate_half, silu_mul};
+pub use fused::{Gate, argmax_rows, attention_with, gated_mul, matmul, prefix_attention, rms_norm, rotate_half};
 pub use paged::{
     PagedBatch, PagedKernelError, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut, paged_attention,
     paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut, reshape_and_cache_with, slot,

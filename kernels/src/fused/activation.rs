@@ -1,11 +1,23 @@
-//! The gate of SwiGLU MLPs: `silu(gate) · up`.
+//! The gates of gated MLPs fused with their product: `silu(gate) · up` (SwiGLU) and
+//! `gelu_tanh(gate) · up` (GeGLU, Gemma).
 
 use burn::tensor::Tensor;
-use burn::tensor::activation::silu;
+use burn::tensor::activation::{gelu_approximate, silu};
 
-/// `silu(gate) · up = gate / (1 + e^(−gate)) · up`, elementwise over tensors of one shape. On Flex
-/// it runs in one pass, in place over `gate`'s buffer when no other tensor shares it.
-pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+/// The activation applied to a gated MLP's gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// `x · σ(x)`.
+    Silu,
+    /// GELU's tanh approximation, `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
+    GeluTanh,
+}
+
+/// `act(gate) · up` elementwise over tensors of one shape. On Flex it runs in one pass, in place
+/// over `gate`'s buffer when no other tensor shares it, with an exponential that vectorizes
+/// (Burn's ops run each step as a separate pass, with a libm call per element for GELU's `tanh`
+/// and cube).
+pub fn gated_mul<const D: usize>(act: Gate, gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
     #[cfg(feature = "flex")]
     if super::flex::on_flex(&gate) && super::flex::on_flex(&up) && gate.dims() == up.dims() {
         use super::flex::{for_rows, from_flex, into_flex, slice, slice_mut};
@@ -13,10 +25,17 @@ pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
         let mut gate = into_flex(gate);
         let up = into_flex(up);
         let up = slice(&up);
-        for_rows(slice_mut(&mut gate), width, width, |i, row| silu_mul_rows(row, &up[i * width..(i + 1) * width]));
+        let rows = match act {
+            Gate::Silu => silu_mul_rows,
+            Gate::GeluTanh => gelu_tanh_mul_rows,
+        };
+        for_rows(slice_mut(&mut gate), width, width, |i, row| rows(row, &up[i * width..(i + 1) * width]));
         return from_flex(gate);
     }
-    silu(gate) * up
+    match act {
+        Gate::Silu => silu(gate) * up,
+        Gate::GeluTanh => gelu_approximate(gate) * up,
+    }
 }
 
 #[cfg(feature = "flex")]
@@ -30,5 +49,24 @@ avx2_dispatch! {
 fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + super::exp::exp(-*g)) * u;
+    }
+}
+
+#[cfg(feature = "flex")]
+avx2_dispatch! {
+    /// `gate ← gelu_tanh(gate) · up`, with AVX2/FMA when the CPU has them.
+    fn gelu_tanh_mul_rows(gate: &mut [f32], up: &[f32]) => gelu_tanh_mul_portable
+}
+
+/// `½(1 + tanh z) = σ(2z)`, so `gelu_tanh(x) = x / (1 + e^(−2z))` with `z = √(2/π)(x + 0.044715x³)`:
+/// one exponential, as SiLU.
+#[cfg(feature = "flex")]
+#[inline(always)]
+fn gelu_tanh_mul_portable(gate: &mut [f32], up: &[f32]) {
+    const TWO_SQRT_2_OVER_PI: f32 = 2.0 * 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let z = TWO_SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = x / (1.0 + super::exp::exp(-z)) * u;
     }
 }

@@ -1,4 +1,4 @@
-//! Fused ops of a decoder step on the CPU: RMSNorm, rotate-half RoPE, `silu(gate) · up` and
+//! Fused ops of a decoder step on the CPU: RMSNorm, rotate-half RoPE, `silu(gate) · up` (and GELU's) and
 //! masked attention over a prefix of preallocated key/value slots.
 //!
 //! Burn's Flex backend runs each tensor op eagerly into a new buffer: RMSNorm is six ops (and six
@@ -25,7 +25,7 @@ mod rope;
 #[cfg(all(test, feature = "flex"))]
 mod tests;
 
-pub use activation::silu_mul;
+pub use activation::{Gate, gated_mul};
 pub use argmax::argmax_rows;
 pub use attention::{attention_with, prefix_attention};
 pub use matmul::matmul;

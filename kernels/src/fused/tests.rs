@@ -4,7 +4,7 @@
 
 use burn::module::Param;
 use burn::nn::RmsNorm;
-use burn::tensor::activation::silu;
+use burn::tensor::activation::{gelu_approximate, silu};
 use burn::tensor::{Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
@@ -91,17 +91,23 @@ fn rotate_half_matches_slices_and_leaves_shared_inputs_alone() {
 }
 
 #[test]
-fn silu_mul_matches_burn_ops_and_leaves_shared_inputs_alone() {
+fn gated_mul_matches_burn_ops_and_leaves_shared_inputs_alone() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
     for device in devices() {
-        for shape in [[1, 1, 1536], [2, 3, 13], [4, 200, 96]] {
-            let gate = random(&mut rng, shape, &device) * 20.0;
-            let up = random(&mut rng, shape, &device);
-            let before = values(gate.clone());
-            let expected = values(silu(gate.clone()) * up.clone());
-            let what = format!("{device:?} {shape:?}");
-            assert_close(&values(silu_mul(gate.clone(), up)), &expected, 1e-5, &what);
-            assert_eq!(values(gate), before, "{what}: the shared input was written");
+        for act in [Gate::Silu, Gate::GeluTanh] {
+            for shape in [[1, 1, 1536], [2, 3, 13], [4, 200, 96]] {
+                let gate = random(&mut rng, shape, &device) * 20.0;
+                let up = random(&mut rng, shape, &device);
+                let before = values(gate.clone());
+                let activated = match act {
+                    Gate::Silu => silu(gate.clone()),
+                    Gate::GeluTanh => gelu_approximate(gate.clone()),
+                };
+                let expected = values(activated * up.clone());
+                let what = format!("{device:?} {act:?} {shape:?}");
+                assert_close(&values(gated_mul(act, gate.clone(), up)), &expected, 1e-5, &what);
+                assert_eq!(values(gate), before, "{what}: the shared input was written");
+            }
         }
     }
 }

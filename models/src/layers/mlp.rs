@@ -4,7 +4,7 @@ use crate::layers::projection::Projection;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
-use burn_llm_kernels::silu_mul;
+use burn_llm_kernels::{Gate, gated_mul};
 
 use crate::config::Activation;
 
@@ -23,13 +23,18 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Applies the block to `[batch, seq, hidden]` (SwiGLU's `silu(gate) · up` as one fused pass on
-    /// Flex).
+    /// Applies the block to `[batch, seq, hidden]` (SwiGLU's `silu(gate) · up` and GeGLU's
+    /// `gelu_tanh(gate) · up` as one fused pass on Flex).
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let inner = match &self.gate {
-            Some(gate) if self.activation == Activation::Silu => silu_mul(gate.forward(x.clone()), self.up.forward(x)),
-            Some(gate) => activate(self.activation, gate.forward(x.clone())) * self.up.forward(x),
-            None => activate(self.activation, self.up.forward(x)),
+        let fused = match self.activation {
+            Activation::Silu => Some(Gate::Silu),
+            Activation::GeluTanh => Some(Gate::GeluTanh),
+            Activation::Relu | Activation::Gelu => None,
+        };
+        let inner = match (&self.gate, fused) {
+            (Some(gate), Some(act)) => gated_mul(act, gate.forward(x.clone()), self.up.forward(x)),
+            (Some(gate), None) => activate(self.activation, gate.forward(x.clone())) * self.up.forward(x),
+            (None, _) => activate(self.activation, self.up.forward(x)),
         };
         self.down.forward(inner)
     }
