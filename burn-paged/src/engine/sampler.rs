@@ -1,9 +1,11 @@
 //! Sampling for a step's rows, grouped by request: plain greedy rows of every request share one
-//! `argmax`; requests with their own sampling settings (penalties included: each sequence brings
-//! its own token history), parallel samples to start, best-of scoring or beam search are handled
-//! per request.
+//! `argmax`, and greedy rows held only by a structured-output constraint share one masked `argmax`;
+//! requests with their own sampling settings (penalties included: each sequence brings its own
+//! token history), parallel samples to start, best-of scoring or beam search are handled per
+//! request.
 
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_llm_models::SamplingParams;
 use burn_llm_models::TokenLogprob;
 use burn_llm_models::generation::{SimpleVob, TokenCounts, chosen_logprobs, sample};
 use rand_chacha::ChaCha8Rng;
@@ -63,6 +65,8 @@ pub(crate) fn sample_groups(
     }
     let mut out: Vec<(GroupId, Vec<usize>, Vec<RowChoice>)> = Vec::with_capacity(groups.len());
     let mut greedy_rows = Vec::new();
+    // Greedy rows whose only logits processor is a constraint, and their token masks.
+    let (mut masked_rows, mut masks) = (Vec::new(), Vec::new());
     for (group_id, rows) in &groups {
         let Some(group) = scheduler.group_mut(*group_id) else { continue };
         let data = &mut group.data;
@@ -87,6 +91,19 @@ pub(crate) fn sample_groups(
             && !p.has_logits_processors()
         {
             greedy_rows.extend(rows.iter().copied());
+            out.push((*group_id, rows.clone(), Vec::new()));
+            continue;
+        }
+        if p.is_greedy()
+            && p.logprobs.is_none()
+            && !ranked
+            && data.expanded
+            && !p.has_penalties()
+            && p.logit_bias.is_empty()
+            && let Some(row_masks) = row_masks(rows, seqs, data)?
+        {
+            masked_rows.extend(rows.iter().copied());
+            masks.extend(row_masks);
             out.push((*group_id, rows.clone(), Vec::new()));
             continue;
         }
@@ -138,12 +155,20 @@ pub(crate) fn sample_groups(
         }
         out.push((*group_id, rows.clone(), choices));
     }
+    let mut token_of: std::collections::HashMap<usize, u32> = std::collections::HashMap::new();
     if !greedy_rows.is_empty() {
         let ids = ids_of(
             burn_llm_kernels::argmax_rows(logits.clone().select(0, index(&greedy_rows, &logits)))
                 .reshape([greedy_rows.len()]),
         )?;
-        let token_of: std::collections::HashMap<usize, u32> = greedy_rows.iter().copied().zip(ids).collect();
+        token_of.extend(greedy_rows.iter().copied().zip(ids));
+    }
+    if !masked_rows.is_empty() {
+        let selected = logits.clone().select(0, index(&masked_rows, &logits));
+        let sampled = sample(selected, &SamplingParams::default(), &mut [], &[], &masks)?;
+        token_of.extend(masked_rows.iter().copied().zip(sampled.ids));
+    }
+    if !token_of.is_empty() {
         for (_, rows, choices) in out.iter_mut() {
             if choices.is_empty() {
                 *choices =
@@ -152,4 +177,21 @@ pub(crate) fn sample_groups(
         }
     }
     Ok(out.into_iter().map(|(g, _, choices)| (g, choices)).collect())
+}
+
+/// The token masks of a greedy request's `rows` when every one of its sequences has a live
+/// constraint (`None` otherwise: the request is sampled on its own).
+fn row_masks(rows: &[usize], seqs: &[&ScheduledSeq], data: &mut RequestData) -> Result<Option<Vec<SimpleVob>>> {
+    if data.params.constraint.is_none() {
+        return Ok(None);
+    }
+    let mut masks = Vec::with_capacity(rows.len());
+    for &r in rows {
+        let Some(live) = data.live.get_mut(&seqs[r].seq) else { return Ok(None) };
+        match live.state.allowed_tokens()? {
+            Some(mask) => masks.push(mask),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(masks))
 }
