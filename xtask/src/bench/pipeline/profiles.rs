@@ -47,7 +47,7 @@ pub fn profile_device(
     };
     let weights = ProfileWeights::Checkpoint { source: &files.files, quant: None };
     let mut log = Vec::new();
-    let profiled = device_profile(&files.spec, weights, device, &identity, grid, Some(cache_dir), &mut log)
+    let profiled = device_profile(&files.spec, weights, device, &identity, grid, Some(cache_dir), None, &mut log)
         .map_err(|e| format!("profiling {name}: {e}"))?;
     eprint!("{}", String::from_utf8_lossy(&log));
     Ok(profiled.profile)
