@@ -1,8 +1,8 @@
 //! Each device's costs for the predictions, measured as `--stage-layers auto` measures them:
 //! the per-device profiler (`burn_llm::parallel::profiler::device_profile`: the checkpoint's
-//! first layer, embeddings and head loaded onto the device as stored, cached per device, model and
-//! dtype) over a grid reaching the benchmark's prompt lengths, and the measured link from each
-//! stage's device to the next (`measure_link`).
+//! first layers, timed back to back, embeddings and head loaded onto the device as stored,
+//! cached per device, model and dtype) over a grid reaching the benchmark's prompt lengths, and
+//! the measured link from each stage's device to the next (`measure_link`).
 
 use std::path::Path;
 
