@@ -230,6 +230,7 @@ pub fn run_with(
         let mut report =
             JsonReport::new(model_arg, choice.name(), &generation.output, load_s).with_report(&generation.report);
         report.placement = engine.placement();
+        report.plan = engine.placement_plan();
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }

@@ -209,6 +209,12 @@ pub trait Engine {
     fn placement(&self) -> Option<String> {
         None
     }
+
+    /// The split as a structured plan (stages, their layers and devices, and what a planner
+    /// predicted), for `--json`; `None` on one device.
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// [`Engine::placement`] of an engine over `model`.
@@ -246,6 +252,10 @@ impl<M: LanguageModel + 'static> Engine for Generator<M> {
 
     fn placement(&self) -> Option<String> {
         placement_of(self.model())
+    }
+
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        self.model().placement_plan()
     }
 
     fn generate_stream(
@@ -316,6 +326,10 @@ impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
 
     fn placement(&self) -> Option<String> {
         placement_of(self.model())
+    }
+
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        self.model().placement_plan()
     }
 
     fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {

@@ -26,6 +26,9 @@ mod profiler;
 #[path = "plan/stage_devices.rs"]
 mod stage_devices;
 
+#[path = "plan/stage_groups.rs"]
+mod stage_groups;
+
 #[cfg(feature = "flex")]
 #[path = "parallel/tensor.rs"]
 mod tensor_parallel;
@@ -282,6 +285,7 @@ fn profile(rng: &mut ChaCha8Rng) -> Profile {
             decode_ms_fixed: rng.random_range(0.0..2.0),
             decode_ms_per_seq: rng.random_range(0.0..0.3),
         }),
+        call_ms: 0.0,
         engine_step_ms: rng.random_bool(0.5).then(|| engine_table(rng)),
         step_variation: rng.random_bool(0.5).then(|| StepVariation {
             prefill: rng.random_range(0.0..0.5),
@@ -566,6 +570,7 @@ fn hand_profile(engine_step: Option<EngineStep>) -> Profile {
         tensor_parallel: vec![],
         engine_step,
         engine_step_ms: None,
+        call_ms: 0.0,
         step_variation: None,
     }
 }

@@ -130,6 +130,12 @@ pub trait LanguageModel: Send + std::fmt::Debug {
         None
     }
 
+    /// The same as a structured plan for `--json` (stages with their layers and devices, and what
+    /// a planner predicted for them); `None` on one device.
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// The whole stack for one step: final hidden states `[batch, seq, embed_dim]`.
     fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<3>> {
         let mut hidden = self.embed(step);

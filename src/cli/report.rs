@@ -29,6 +29,12 @@ pub struct JsonReport<'a> {
     /// the bottleneck stage).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
+    /// The same split, structured (parallel runs): `stages` (each with `first_layer`,
+    /// `last_layer` and `devices`), `tensor_parallel`, and with `--stage-layers auto`
+    /// `predicted` (per stage: predicted prefill, decode step and request ms, bytes, link; the
+    /// bottleneck stage and its time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<serde_json::Value>,
 }
 
 impl<'a> JsonReport<'a> {
@@ -48,6 +54,7 @@ impl<'a> JsonReport<'a> {
             policy: None,
             memory: None,
             placement: None,
+            plan: None,
         }
     }
 

@@ -320,6 +320,11 @@ impl Engine for WatchedEngine {
         self.call("reading the placement", &mut |_| {}, |engine, _| engine.placement()).ok().flatten()
     }
 
+    /// The engine's structured plan, or `None` once it is closed.
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        self.call("reading the plan", &mut |_| {}, |engine, _| engine.placement_plan()).ok().flatten()
+    }
+
     /// The engine's own report, or the plain one once the engine is closed.
     fn report(&self, timing: Timing) -> RunReport {
         let plain = RunReport { engine: self.name, timing, memory: None, details: crate::engine::EngineDetails::Plain };

@@ -33,6 +33,9 @@ const LINK_TOKENS: usize = 64;
 /// Timed hand-overs per size.
 const LINK_REPEATS: usize = 5;
 
+/// A progress display for [`profile_stage_device`], which may run it on another thread.
+pub type SendProgress = Box<dyn FnMut(profiler::ProfileProgress<'_>) + Send>;
+
 /// Why automatic stages could not be planned.
 #[derive(Debug, thiserror::Error)]
 pub enum AutoStagesError {
@@ -86,7 +89,7 @@ pub(super) fn plan_auto(
     let timeout = worker_timeout(spec);
     let mut stage_devices = Vec::with_capacity(devices.len());
     for (i, (name, device)) in entries.names.iter().zip(&devices).enumerate() {
-        let profile = profile_stage_device(spec, dir, files, name, device, &ProfileGrid::stages(), None, log)?;
+        let profile = profile_stage_device(spec, dir, files, name, device, &ProfileGrid::stages(), None, None, log)?;
         let link_to_next = match devices.get(i + 1) {
             Some(next) => Some(measure(&entries.names[i..=i + 1], device, next, files.spec.hidden_size, timeout)?),
             None => None,
@@ -215,8 +218,9 @@ fn grouped(
 /// `entry`, as `spec` would run it, over `grid`: read from the profile cache when it was measured
 /// for this device, model, dtype and grid, else measured now and cached. `threads` measures a
 /// host-CPU device in a pool of that many threads (a stage's share when stages run concurrently;
-/// `None`: every core). On a worker it runs watched: a worker that dies or stalls while being
-/// profiled is an error naming it.
+/// `None`: every core). Each point is reported to `progress` as it starts (a progress display; a
+/// test kills a worker from it). On a worker it runs watched: a worker that dies or stalls while
+/// being profiled is an error naming it, and nothing is cached.
 #[allow(clippy::too_many_arguments)] // the device, what runs on it, and how it is measured
 pub fn profile_stage_device(
     spec: &EngineSpec,
@@ -226,6 +230,7 @@ pub fn profile_stage_device(
     device: &Device,
     grid: &ProfileGrid,
     threads: Option<usize>,
+    progress: Option<SendProgress>,
     log: &mut dyn Write,
 ) -> Result<DeviceProfile, AutoStagesError> {
     let quant = weight_quant(spec)?;
@@ -243,8 +248,10 @@ pub fn profile_stage_device(
         let files = PretrainedFiles::open(&dir)?;
         let mut log = Vec::new();
         let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+        let mut progress = progress;
         let profile = in_stage_pool(threads, || {
-            profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), &mut log)
+            let hook = progress.as_mut().map(|p| p.as_mut() as profiler::ProgressHook<'_>);
+            profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), hook, &mut log)
         })
         .map_err(|source| AutoStagesError::Profile { entry: name, source })?;
         Ok((profile, log))

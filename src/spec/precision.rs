@@ -78,4 +78,8 @@ impl Engine for Precise {
     fn placement(&self) -> Option<String> {
         self.inner.placement()
     }
+
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        self.inner.placement_plan()
+    }
 }

@@ -31,7 +31,7 @@ pub fn planned_slices(
     let (grid, hidden, timeout) = (slicing_grid(), files.spec.hidden_size, worker_timeout(spec));
     let profile = |stage: usize, device: &burn::tensor::Device, threads: Option<usize>| {
         let name = names[stage * tp].clone();
-        profile_stage_device(spec, dir, files, &name, device, &grid, threads, &mut *log).map(|p| p.profile)
+        profile_stage_device(spec, dir, files, &name, device, &grid, threads, None, &mut *log).map(|p| p.profile)
     };
     let link = |stage: usize, from: &burn::tensor::Device, to: &burn::tensor::Device| {
         measure(&[names[(stage - 1) * tp].clone(), names[stage * tp].clone()], from, to, hidden, timeout)

@@ -46,6 +46,26 @@ fn auto_stages_generate_what_one_device_does_and_report_the_plan() {
         let json: serde_json::Value = serde_json::from_str(cli(&flags).unwrap().trim()).unwrap();
         let placement = json["placement"].as_str().unwrap_or_default();
         assert!(placement.contains("auto stages"), "{engine}: {json}");
+        // The structured plan: the stages cover the layers in order, each on its device, with
+        // the prediction's stages matching them and a bottleneck among them.
+        let plan = &json["plan"];
+        let stages = plan["stages"].as_array().unwrap_or_else(|| panic!("{engine}: no plan.stages in {json}"));
+        assert_eq!(stages.len(), 2, "{engine}: {plan}");
+        assert_eq!(stages[0]["first_layer"], 0, "{plan}");
+        assert_eq!(stages[1]["first_layer"].as_u64(), stages[0]["last_layer"].as_u64().map(|l| l + 1), "{plan}");
+        assert_eq!(stages[1]["last_layer"], 1, "the GPT-2 fixture has 2 layers: {plan}");
+        assert_eq!(stages[0]["devices"], serde_json::json!(["flex"]), "{plan}");
+        let predicted = plan["predicted"]["stages"].as_array().unwrap_or_else(|| panic!("{plan}"));
+        for (p, s) in predicted.iter().zip(stages) {
+            assert_eq!((&p["first_layer"], &p["last_layer"]), (&s["first_layer"], &s["last_layer"]), "{plan}");
+            assert!(p["decode_step_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{plan}");
+        }
+        let bottleneck = plan["predicted"]["bottleneck_stage"].as_u64().unwrap_or(9) as usize;
+        assert_eq!(
+            plan["predicted"]["bottleneck_ms"].as_f64(),
+            predicted.get(bottleneck).and_then(|p| p["request_ms"].as_f64()),
+            "{plan}"
+        );
     }
     // Both devices are `flex` here: one profile, measured once and then read from the cache.
     let files = std::fs::read_dir(&dir).unwrap().count();
@@ -157,10 +177,55 @@ mod remote {
         spec.parallel.stage_profile_dir = Some(dir.clone());
         spec.parallel.worker_timeout_s = Some(20.0);
         let grid = burn_llm::parallel::profiler::ProfileGrid::stages();
-        let err = profile_stage_device(&spec, &model, &files, &worker.url, &device, &grid, None, &mut Vec::new())
+        let err = profile_stage_device(&spec, &model, &files, &worker.url, &device, &grid, None, None, &mut Vec::new())
             .expect_err("profiling a dead worker must fail")
             .to_string();
         assert!(err.contains(&worker.url) && err.contains("profiled"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A worker killed (SIGKILL, a real process death) after its first profiling points, while
+    /// the profiler is still measuring it: an error naming the worker and what to do, reporting
+    /// the death (not a stall at the timeout), and no profile cached.
+    #[test]
+    fn a_worker_that_dies_partway_through_profiling_is_an_error_naming_it() {
+        let dir = profile_dir("dies-mid-profile");
+        let worker = Worker::start_with("flex", &["--threads", "1"]);
+        let device = worker.device();
+        let model = fixture("gpt2");
+        let files = PretrainedFiles::open(&model).unwrap();
+        let mut spec = EngineSpec::default();
+        spec.parallel.stage_profile_dir = Some(dir.clone());
+        spec.parallel.worker_timeout_s = Some(60.0);
+        let grid = burn_llm::parallel::profiler::ProfileGrid::stages();
+        let (pid, killed) = (worker.pid(), std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)));
+        let seen = killed.clone();
+        // Kills the worker as the third point starts: two points were measured on it.
+        let progress: burn_llm::spec::SendProgress = Box::new(move |p| {
+            if p.done == 2 && seen.swap(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                let status = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                assert!(status.is_ok_and(|s| s.success()), "kill -KILL {pid}");
+            }
+        });
+        let err = profile_stage_device(
+            &spec,
+            &model,
+            &files,
+            &worker.url,
+            &device,
+            &grid,
+            None,
+            Some(progress),
+            &mut Vec::new(),
+        )
+        .expect_err("profiling a worker that died must fail")
+        .to_string();
+        assert_eq!(killed.load(std::sync::atomic::Ordering::SeqCst), 1, "the worker was killed mid-profile");
+        assert!(err.contains(&worker.url) && err.contains("profiled") && err.contains("check"), "{err}");
+        // The death itself is reported, not a stall at the timeout.
+        assert!(!err.contains("did not answer"), "{err}");
+        let cached = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+        assert_eq!(cached, 0, "a profile cut off by the worker's death must not be cached");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -88,6 +88,11 @@ impl Worker {
         remote_device(&self.url, Some(TOKEN)).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// The worker's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `signal` (`-KILL`, `-STOP`, `-TERM`) to the worker.
     pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("run kill");

@@ -7,7 +7,9 @@
 //! layer's cost on a device is its prefill of the prompt plus `output_tokens` decode steps; the
 //! first stage adds the embeddings, the last the final norm and LM head, and every stage but the
 //! last the hand-over of its output to the next device (the hidden states and rotary angles of
-//! the prompt, then of one token per step). [`AutoStages::plan`] hands that to the pure `stages`
+//! the prompt, then of one token per step; its measured time holds the synchronisation that ends
+//! the stage's pass), and the last stage its pass's fixed cost (`Profile::call_ms`: the
+//! synchronisation that reads the logits). [`AutoStages::plan`] hands that to the pure `stages`
 //! planner ([`crate::plan::stages`]) and returns a [`StagePrediction`]: each stage's layers,
 //! device, predicted prefill, decode step and per-request time, and the bottleneck.
 
@@ -228,15 +230,18 @@ impl AutoStages {
         let w = self.workload;
         let steps = w.output_tokens as f64;
         let layer_bytes = first.weight_bytes_per_layer + first.kv_bytes_per_token_per_layer * self.kv_tokens as u64;
+        let last_device = self.devices.len() - 1;
         let devices = self
             .devices
             .iter()
             .zip(&costs)
-            .map(|(d, c)| StageDevice {
+            .enumerate()
+            .map(|(s, (d, c))| StageDevice {
                 name: Some(d.name.clone()),
                 layer_latency_ms: vec![c.prefill_layer(w) + steps * c.decode_layer(w); layers],
                 memory_bytes: d.memory_bytes,
                 link_ms: d.link_to_next.map_or(0.0, |l| self.link_ms(&l)),
+                fixed_ms: if s == last_device { (1.0 + steps) * d.profile.call_ms } else { 0.0 },
             })
             .collect();
         let last = &self.devices[self.devices.len() - 1].profile;
@@ -277,8 +282,11 @@ impl AutoStages {
                 decode += embed;
             }
             if s == last {
-                prefill += device.profile.lm_head.ms_per_token;
-                decode += device.profile.lm_head.ms_per_token;
+                // The pass's fixed cost: the last stage synchronises to read the logits; the
+                // others end with the hand-over, whose measured time holds their synchronisation.
+                let head = device.profile.lm_head.ms_per_token + device.profile.call_ms;
+                prefill += head;
+                decode += head;
             }
             if let Some(link) = &device.link_to_next {
                 prefill += self.handover.ms(link, w.prompt_tokens);

@@ -119,6 +119,8 @@ pub struct PipelineLm {
     pools: StagePools,
     /// The planner's prediction, in one line (`--stage-layers auto`).
     predicted: Option<String>,
+    /// The plan as `--json` reports it ([`PipelinePlan::to_json`]).
+    plan_json: serde_json::Value,
 }
 
 impl std::fmt::Debug for PipelineLm {
@@ -190,6 +192,7 @@ impl PipelineLm {
             stages.push(Stage { layers: range.clone(), blocks, device: devices[0].clone(), name: plan.stage_names(s) });
         }
         let predicted = plan.prediction().map(|p| p.one_line());
+        let plan_json = plan.to_json();
         Ok(Self {
             embed,
             head,
@@ -199,6 +202,7 @@ impl PipelineLm {
             moved: AtomicU64::new(0),
             pools: StagePools::default(),
             predicted,
+            plan_json,
         })
     }
 
@@ -342,5 +346,9 @@ impl LanguageModel for PipelineLm {
         };
         let predicted = self.predicted.as_ref().map(|p| format!("; {p}")).unwrap_or_default();
         Some(format!("{} pipeline stages{tp} ({}{predicted})", self.stages.len(), stages.join(", ")))
+    }
+
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        Some(self.plan_json.clone())
     }
 }

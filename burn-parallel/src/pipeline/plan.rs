@@ -78,6 +78,32 @@ impl PipelinePlan {
         &self.names
     }
 
+    /// The plan for `--json`: `{"stages": [{"first_layer", "last_layer", "devices": [names]}],
+    /// "tensor_parallel", "predicted"}`, where `predicted` (present when the planner made the
+    /// stages) is the [`StagePrediction`]: each stage's predicted prefill, decode step and
+    /// per-request time, its bytes and link, and the bottleneck stage.
+    pub fn to_json(&self) -> serde_json::Value {
+        let tp = self.tensor_parallel;
+        let stages: Vec<serde_json::Value> = self
+            .layout
+            .stages()
+            .iter()
+            .enumerate()
+            .map(|(s, range)| {
+                serde_json::json!({
+                    "first_layer": range.start,
+                    "last_layer": range.end - 1,
+                    "devices": &self.names[s * tp..(s + 1) * tp],
+                })
+            })
+            .collect();
+        let mut plan = serde_json::json!({ "stages": stages, "tensor_parallel": tp });
+        if let Some(prediction) = &self.prediction {
+            plan["predicted"] = serde_json::to_value(prediction).unwrap_or(serde_json::Value::Null);
+        }
+        plan
+    }
+
     pub(super) fn stage_names(&self, stage: usize) -> String {
         let tp = self.tensor_parallel;
         self.names[stage * tp..(stage + 1) * tp].join("+")

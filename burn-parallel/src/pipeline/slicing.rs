@@ -286,6 +286,7 @@ mod tests {
             tensor_parallel: Vec::new(),
             engine_step: None,
             engine_step_ms: None,
+            call_ms: 0.0,
             step_variation: None,
         }
     }

@@ -8,4 +8,5 @@ pub mod serving;
 pub mod sim;
 pub mod slices;
 mod stage_devices;
+pub mod stage_groups;
 pub mod stages;

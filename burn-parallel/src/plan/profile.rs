@@ -32,6 +32,12 @@
 //!   `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j`, added (times the batch) when `j > 0`.
 //! - `decode`: `ms[b][c]`, one decode step of `batch[b]` sequences whose context is
 //!   `context[c]` tokens (tabulated).
+//! - `call_ms` (optional; absent means 0) is the one cost that is **not** per layer: what one
+//!   pass through a stage costs on this device beyond its layers (issuing the work and the
+//!   synchronisation that ends it, a network round trip on a remote worker). The profiler times
+//!   several consecutive layers between two synchronisations, as a stage runs them, and separates
+//!   this fixed part from the per-layer figures, so a stage of `n` layers costs `n ·` (per-layer)
+//!   `+ call_ms`.
 //! - `embedding.ms_per_token` is paid per input token, `lm_head.ms_per_token` per sequence and step
 //!   (one row of logits). Their weights are outside the per-layer figures.
 //! - `tensor_parallel`: at `degree` d a layer takes `time_scale ·` its one-device time `+
@@ -120,6 +126,15 @@ pub struct Profile {
     /// How far the engine's steps run above their median (absent: not measured, taken as 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_variation: Option<StepVariation>,
+    /// Fixed cost of one pass through a stage on this device, beyond its layers' times, in ms:
+    /// issuing the work and the one synchronisation (a round trip to a worker) that ends it. A
+    /// stage of `n` layers takes `n ·` (per-layer time) `+ call_ms` (absent: 0, not measured).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub call_ms: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 fn version_one() -> u32 {
@@ -355,6 +370,7 @@ impl Profile {
             ("ms", &self.decode.ms),
             Shape::Sublinear,
         )?;
+        check::non_negative(&f("call_ms"), self.call_ms)?;
         check::non_negative(&f("embedding.ms_per_token"), self.embedding.ms_per_token)?;
         check::non_negative(&f("lm_head.ms_per_token"), self.lm_head.ms_per_token)?;
         if self.tensor_parallel.len() > 64 {

@@ -2,7 +2,7 @@
 //! each stage bound to its own device): stage `s` runs on `devices[s]` at that device's measured
 //! per-layer latency, under that device's memory cap, plus what only the first stage (embeddings)
 //! and the last stage (final norm, LM head) hold, plus the time to hand its output to the next
-//! stage's device.
+//! stage's device, plus the device's fixed cost per stage (its passes' synchronisations).
 //!
 //! The search is the homogeneous planner's: the optimal bottleneck is the smallest stage cost
 //! `t_max` for which a split keeps every stage at most `t_max` (found by bisection over every
@@ -30,6 +30,10 @@ pub struct StageDevice {
     /// Milliseconds to hand the stage's output to the next stage's device (ignored on the last).
     #[serde(default)]
     pub link_ms: f64,
+    /// Milliseconds the stage costs on this device whatever layers it holds: the fixed cost of
+    /// its passes (issuing them and the synchronisation ending each, a round trip to a worker).
+    #[serde(default)]
+    pub fixed_ms: f64,
 }
 
 /// What the first or the last stage holds beyond its layers.
@@ -113,6 +117,7 @@ pub(super) fn plan(input: &StagesInput, devices: &[StageDevice]) -> Result<Stage
         check::same_len(&field, &d.layer_latency_ms, layers, "layers")?;
         check::latencies(&field, &d.layer_latency_ms)?;
         check::non_negative(&format!("devices[{i}].link_ms"), d.link_ms)?;
+        check::non_negative(&format!("devices[{i}].fixed_ms"), d.fixed_ms)?;
     }
     let first = input.first_stage.unwrap_or_default();
     let last = input.last_stage.unwrap_or_default();
@@ -175,9 +180,9 @@ impl<'a> Problem<'a> {
 
     /// What stage `s` holds beyond its layers: (latency, bytes).
     fn extras(&self, s: usize) -> (f64, u128) {
-        let mut extra = (0.0, 0u128);
+        let mut extra = (self.devices[s].fixed_ms, 0u128);
         if s == 0 {
-            extra = (self.first.latency_ms, u128::from(self.first.memory_bytes));
+            extra = (extra.0 + self.first.latency_ms, u128::from(self.first.memory_bytes));
         }
         if s + 1 == self.stages() {
             extra = (extra.0 + self.last.latency_ms, extra.1 + u128::from(self.last.memory_bytes));
@@ -296,7 +301,13 @@ mod tests {
     use crate::plan::stages::plan as plan_stages;
 
     fn device(lat: f64, layers: usize, memory: u64) -> StageDevice {
-        StageDevice { name: None, layer_latency_ms: vec![lat; layers], memory_bytes: memory, link_ms: 0.0 }
+        StageDevice {
+            name: None,
+            layer_latency_ms: vec![lat; layers],
+            memory_bytes: memory,
+            link_ms: 0.0,
+            fixed_ms: 0.0,
+        }
     }
 
     fn input(devices: Vec<StageDevice>, layers: usize) -> StagesInput {

@@ -2,7 +2,7 @@
 //! `--stage-layers auto` plans stages from (Alpa) and what TeraPipe's slice planner reads
 //! (`prefill.base_ms`, `prefill.context_ms`: `t_ctx(i, j)` per layer on that device).
 //!
-//! The profile is measured on a one-layer model whose layer is the checkpoint's first, loaded
+//! The profile is measured on a model of the checkpoint's first few layers ([`super::run_layers`]), loaded
 //! onto the device as the pipeline would load it (GGUF blocks kept, `--quantize` applied), with
 //! the checkpoint's embeddings and head: timings and bytes are those of the weights as stored.
 //! The cache file names a hash of the identity and the grid, and holds both: a file whose
@@ -17,7 +17,7 @@ use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, DecoderSpec, QuantSpec};
 use serde::{Deserialize, Serialize};
 
-use super::{ProfileError, ProfileGrid, profile_model};
+use super::{ProfileError, ProfileGrid, ProgressHook, profile_model};
 use crate::plan::profile::Profile;
 
 /// Who a profile was measured for. A cached profile is reused only for the same three.
@@ -52,9 +52,16 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// The version of what the profiler measures and how; a cache file of another version (or of
+/// none: before versions) is measured again. 2: consecutive layers per step and `call_ms`.
+pub const CACHE_FORMAT: u32 = 2;
+
 /// What a cache file holds.
 #[derive(Debug, Serialize, Deserialize)]
 struct CachedProfile {
+    /// [`CACHE_FORMAT`] when written (absent in files older than versions: 0).
+    #[serde(default)]
+    format: u32,
     identity: ProfileIdentity,
     grid: ProfileGrid,
     profile: Profile,
@@ -102,8 +109,9 @@ pub enum ProfileWeights<'a, S: TensorSource> {
 
 /// `spec`'s profile on `device` (see the [module docs](self)): read from `cache_dir` when a file
 /// there was measured for `identity` over `grid`, else measured now (progress lines to `log`)
-/// and written there. A device that fails while being measured (a worker that died) is an
-/// error naming the device.
+/// and written there, each point reported to `progress` as it starts. A device that fails while
+/// being measured (a worker that died) is an error naming the device; nothing is cached then.
+#[allow(clippy::too_many_arguments)] // the model, the device, the cache, and who watches
 pub fn device_profile<S: TensorSource>(
     spec: &DecoderSpec,
     weights: ProfileWeights<'_, S>,
@@ -111,13 +119,14 @@ pub fn device_profile<S: TensorSource>(
     identity: &ProfileIdentity,
     grid: &ProfileGrid,
     cache_dir: Option<&Path>,
+    progress: Option<ProgressHook<'_>>,
     log: &mut dyn Write,
 ) -> Result<DeviceProfile, ProfileError> {
     let path = cache_dir.map(|dir| identity.cache_file(dir, grid));
     let mut source = ProfileSource::Measured;
     if let Some(path) = path.as_ref().filter(|p| p.exists()) {
         match read_cached(path) {
-            Some(cached) if cached.identity == *identity && cached.grid == *grid => {
+            Some(cached) if cached.format == CACHE_FORMAT && cached.identity == *identity && cached.grid == *grid => {
                 return Ok(DeviceProfile {
                     identity: identity.clone(),
                     profile: cached.profile,
@@ -126,6 +135,9 @@ pub fn device_profile<S: TensorSource>(
             }
             other => {
                 let found = match other {
+                    Some(c) if c.format != CACHE_FORMAT => {
+                        format!("the profiler's format {} (this one writes {CACHE_FORMAT})", c.format)
+                    }
                     Some(c) if c.identity != *identity => c.identity.to_string(),
                     Some(_) => "another grid".to_string(),
                     None => "nothing readable".to_string(),
@@ -138,8 +150,8 @@ pub fn device_profile<S: TensorSource>(
     }
     let _ = writeln!(log, "profiling {identity} ...");
     let started = std::time::Instant::now();
-    let model = one_layer_model(spec, weights, device)?;
-    let mut profile = profile_model(&model, spec.num_layers, grid, None).map_err(|e| match e {
+    let model = first_layers_model(spec, weights, device, super::run_layers(spec.num_layers))?;
+    let mut profile = profile_model(&model, spec.num_layers, grid, progress).map_err(|e| match e {
         ProfileError::Device(reason) => ProfileError::Device(format!("device `{}`: {reason}", identity.device)),
         other => other,
     })?;
@@ -149,7 +161,12 @@ pub fn device_profile<S: TensorSource>(
     if let Some(path) = &path {
         write_cached(
             path,
-            &CachedProfile { identity: identity.clone(), grid: grid.clone(), profile: profile.clone() },
+            &CachedProfile {
+                format: CACHE_FORMAT,
+                identity: identity.clone(),
+                grid: grid.clone(),
+                profile: profile.clone(),
+            },
         )?;
     }
     Ok(DeviceProfile { identity: identity.clone(), profile, source })
@@ -161,12 +178,24 @@ pub fn one_layer_model<S: TensorSource>(
     weights: ProfileWeights<'_, S>,
     device: &Device,
 ) -> Result<CausalLm, ProfileError> {
-    let one_layer = DecoderSpec { num_layers: 1, ..spec.clone() };
+    first_layers_model(spec, weights, device, 1)
+}
+
+/// `spec`'s model with only its first `layers` layers (at most its depth), on `device`.
+pub fn first_layers_model<S: TensorSource>(
+    spec: &DecoderSpec,
+    weights: ProfileWeights<'_, S>,
+    device: &Device,
+    layers: usize,
+) -> Result<CausalLm, ProfileError> {
+    let first = DecoderSpec { num_layers: layers.clamp(1, spec.num_layers.max(1)), ..spec.clone() };
     Ok(match weights {
-        ProfileWeights::Random => CausalLm::random(one_layer, device)?,
+        ProfileWeights::Random => CausalLm::random(first, device)?,
         ProfileWeights::Checkpoint { source, quant } => {
-            let mut model = CausalLm::skeleton(one_layer.clone(), source, device)?;
-            model.layers.push(CausalLm::load_layer(&one_layer, source, 0, device)?);
+            let mut model = CausalLm::skeleton(first.clone(), source, device)?;
+            for layer in 0..first.num_layers {
+                model.layers.push(CausalLm::load_layer(&first, source, layer, device)?);
+            }
             match quant {
                 Some(q) => model.quantize_weights(q)?,
                 None => model,

@@ -284,9 +284,49 @@ pub fn slope_through_origin(xs: &[f64], ys: &[f64]) -> f64 {
     if xx > 0.0 { (xy / xx).max(0.0) } else { 0.0 }
 }
 
+/// The fixed cost of one pass (`Profile::call_ms`) from a step of the first layer alone taking
+/// `one_ms` and the same step through `layers` layers taking `all_ms`: with `one = o + l` and
+/// `all = o + layers·l`, `o = (layers·one − all) / (layers − 1)`, kept within `[0, one]` (0 when
+/// only one layer was run: nothing separates the two).
+pub fn call_ms(one_ms: f64, all_ms: f64, layers: usize) -> f64 {
+    if layers < 2 || !(one_ms.is_finite() && all_ms.is_finite()) {
+        return 0.0;
+    }
+    let k = layers as f64;
+    ((k * one_ms - all_ms) / (k - 1.0)).clamp(0.0, one_ms.max(0.0))
+}
+
+/// Share of a point's time kept as its layers' cost when noise put the point below the fixed
+/// cost: the planners need positive per-layer times.
+const LEAST_LAYER_SHARE: f64 = 0.05;
+
+/// Steps of `layers` layers that took `rows` ms each, as per-layer times: the fixed `call_ms`
+/// taken off, the rest divided by the layers (never below [`LEAST_LAYER_SHARE`] of the point).
+pub fn per_layer(rows: Vec<Vec<f64>>, call_ms: f64, layers: usize) -> Vec<Vec<f64>> {
+    let k = layers.max(1) as f64;
+    rows.into_iter()
+        .map(|row| row.into_iter().map(|t| (t - call_ms).max(LEAST_LAYER_SHARE * t) / k).collect())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fixed_cost_of_a_pass_is_separated_from_the_layers() {
+        // o = 2 ms per pass, l = 0.25 ms per layer, 4 layers.
+        let (one, all) = (2.25, 3.0);
+        assert!((call_ms(one, all, 4) - 2.0).abs() < 1e-12);
+        let table = per_layer(vec![vec![all, 2.0 + 4.0 * 1.5]], call_ms(one, all, 4), 4);
+        assert!((table[0][0] - 0.25).abs() < 1e-12 && (table[0][1] - 1.5).abs() < 1e-12, "{table:?}");
+        // One layer run: nothing to separate; noise never makes the cost negative or above one layer's step.
+        assert_eq!(call_ms(1.0, 0.5, 1), 0.0);
+        assert_eq!(call_ms(1.0, 9.0, 4), 0.0);
+        assert_eq!(call_ms(1.0, 0.1, 4), 1.0);
+        // A point below the fixed cost keeps a positive per-layer time.
+        assert!(per_layer(vec![vec![0.5]], 1.0, 4)[0][0] > 0.0);
+    }
 
     fn samples(a: [f64; 4], noise: impl Fn(usize) -> f64) -> Vec<ContextSample> {
         let mut out = Vec::new();
@@ -349,6 +389,7 @@ mod tests {
             tensor_parallel: vec![],
             engine_step: None,
             engine_step_ms: None,
+            call_ms: 0.0,
             step_variation: None,
         };
         profile.cost_model("p").unwrap()

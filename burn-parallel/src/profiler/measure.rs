@@ -1,5 +1,6 @@
 //! Timing one point: warm-up runs, then the median of timed runs, each between two device
-//! synchronisations, of one layer's prefill or decode step, the embedding or the LM head.
+//! synchronisations, of a prefill or decode step through the model's consecutive layers (issued
+//! back to back, as a pipeline stage issues them), the embedding or the LM head.
 
 use std::cell::{Cell, RefCell};
 use std::time::Instant;
@@ -42,13 +43,16 @@ impl<'h> Progress<'h> {
     }
 }
 
-/// Times parts of a one-layer model on its device.
+/// Times parts of a model of a few layers on its device.
+#[derive(Clone, Copy)]
 pub(super) struct Bench<'a, 'h> {
     model: &'a CausalLm,
     device: &'a Device,
     warmup: usize,
     repeats: usize,
     progress: &'a Progress<'h>,
+    /// Layers a prefill or decode step runs between its two synchronisations (the first ones).
+    layers: usize,
 }
 
 impl<'a, 'h> Bench<'a, 'h> {
@@ -59,15 +63,33 @@ impl<'a, 'h> Bench<'a, 'h> {
         repeats: usize,
         progress: &'a Progress<'h>,
     ) -> Self {
-        Self { model, device, warmup, repeats, progress }
+        Self { model, device, warmup, repeats, progress, layers: model.layers.len() }
     }
 
-    /// The layer's forward over `batch` sequences of `tokens` new tokens after `context` cached
+    /// The same bench running only the first `layers` layers per step.
+    pub(super) fn with_layers(self, layers: usize) -> Self {
+        Self { layers: layers.clamp(1, self.model.layers.len()), ..self }
+    }
+
+    /// Layers a step runs.
+    pub(super) fn layers(&self) -> usize {
+        self.layers
+    }
+
+    /// The bench's layers over `hidden`, issued back to back.
+    fn run_layers(&self, mut hidden: Hidden, cache: &mut ContiguousKvCache) -> Result<Tensor<3>, ModelError> {
+        for layer in 0..self.layers {
+            hidden = self.model.run_layer(layer, hidden, cache)?;
+        }
+        Ok(hidden.states)
+    }
+
+    /// The layers' forward over `batch` sequences of `tokens` new tokens after `context` cached
     /// tokens each (a fresh cache per run, so every run sees the same context).
     pub(super) fn prefill_ms(&self, batch: usize, tokens: usize, context: usize) -> Result<f64, ProfileError> {
         let slice = self.token_ids(tokens);
         let before = self.token_ids(context);
-        let what = format!("prefill: {batch} × {tokens} tokens after {context}");
+        let what = format!("prefill: {batch} × {tokens} tokens after {context}, {} layers", self.layers);
         self.median_ms(what, || {
             let mut cache = ContiguousKvCache::new(self.model.kv_layout(), batch, context + tokens, self.device);
             if context > 0 {
@@ -76,11 +98,11 @@ impl<'a, 'h> Bench<'a, 'h> {
             }
             let step = cache.begin_step(&vec![slice.as_slice(); batch])?;
             let hidden = self.model.embed(&step);
-            self.timed(|| self.model.run_layer(0, hidden, &mut cache).map(|h| h.states))
+            self.timed(|| self.run_layers(hidden, &mut cache))
         })
     }
 
-    /// One decode step of the layer: `batch` sequences, one new token each, after `context`
+    /// One decode step of the layers: `batch` sequences, one new token each, after `context`
     /// cached tokens (the runs share one cache, so the context grows by one token per run).
     pub(super) fn decode_ms(&self, batch: usize, context: usize) -> Result<f64, ProfileError> {
         let capacity = context + self.warmup + self.repeats;
@@ -89,11 +111,11 @@ impl<'a, 'h> Bench<'a, 'h> {
             cache.begin_step(&vec![self.token_ids(context).as_slice(); batch])?;
         }
         let token = self.token_ids(1);
-        let what = format!("decode: {batch} sequences after {context}");
+        let what = format!("decode: {batch} sequences after {context}, {} layers", self.layers);
         self.median_ms(what, || {
             let step = cache.begin_step(&vec![token.as_slice(); batch])?;
             let hidden = self.model.embed(&step);
-            self.timed(|| self.model.run_layer(0, hidden, &mut cache).map(|h| h.states))
+            self.timed(|| self.run_layers(hidden, &mut cache))
         })
     }
 

@@ -3,8 +3,15 @@
 //!
 //! The model is built with random weights through the ordinary loader ([`CausalLm::random`]):
 //! timing depends on shapes, not values. Every decoder layer of a model has the same shape, so the
-//! profiler builds the model with **one** layer, times it, and reports the spec's layer count:
-//! that keeps memory at one layer's weights and KV cache however deep the model is.
+//! profiler builds the model with its first few layers ([`run_layers`], at most [`RUN_LAYERS`]),
+//! times them, and reports the spec's layer count: that keeps memory at a few layers' weights and
+//! KV cache however deep the model is.
+//!
+//! A pipeline stage issues its layers back to back and synchronises once per pass. So every
+//! prefill and decode point runs all the built layers between two synchronisations, and one decode
+//! step of the first layer alone separates the fixed cost of a pass (`call_ms`: issuing it and the
+//! synchronisation, a network round trip on a remote worker) from the per-layer times the tables
+//! hold ([`fit::call_ms`], [`fit::per_layer`]).
 //!
 //! What is measured, each point after `warmup` runs as the median of `repeats` runs, with the
 //! device synchronised before the clock starts and before it is read:
@@ -189,6 +196,7 @@ impl ProfileGrid {
             + self.decode_batch.len() * self.decode_context.len()
             + self.prefill_tokens.len()
             + self.decode_batch.len()
+            + 1
     }
 }
 
@@ -300,14 +308,29 @@ pub fn profile(
     grid: &ProfileGrid,
     progress: Option<ProgressHook<'_>>,
 ) -> Result<Profile, ProfileError> {
-    let one_layer = DecoderSpec { num_layers: 1, ..spec.clone() };
-    let model = CausalLm::random(one_layer, device)?;
+    let run = DecoderSpec { num_layers: run_layers(spec.num_layers), ..spec.clone() };
+    let model = CausalLm::random(run, device)?;
     profile_model(&model, spec.num_layers, grid, progress)
 }
 
+/// Consecutive layers the profiler times between two synchronisations: as many as a stage of the
+/// model may run back to back, up to [`RUN_LAYERS`].
+pub fn run_layers(num_layers: usize) -> usize {
+    num_layers.clamp(1, RUN_LAYERS)
+}
+
+/// The most consecutive layers a profiled step runs. A pipeline stage issues its layers back to
+/// back and synchronises once (handing its output on); timing a run of layers, and one layer
+/// alone, separates that fixed cost (`call_ms`) from the per-layer cost, where timing one layer
+/// between synchronisations would charge every layer a whole round trip to a worker.
+pub const RUN_LAYERS: usize = 4;
+
 /// Measures `model`'s costs over `grid` on its device as [`profile`] does, for a model of
-/// `num_layers` layers like `model`'s first (`model` needs only that one layer: its weights,
-/// random or loaded from a checkpoint as stored, decide the timings and byte counts).
+/// `num_layers` layers like `model`'s (`model` needs only its first few layers, [`run_layers`];
+/// their weights, random or loaded from a checkpoint as stored, decide the timings and byte
+/// counts). Prefill and decode steps run all of `model`'s layers between two synchronisations;
+/// one decode step of the first layer alone gives the fixed cost per pass (`call_ms`), and the
+/// tables hold the rest divided by the layers run.
 pub fn profile_model(
     model: &CausalLm,
     num_layers: usize,
@@ -340,13 +363,20 @@ pub fn profile_model(
         samples.push(fit::ContextSample {
             tokens: i as f64,
             context: j as f64,
-            overhead_ms: bench.prefill_ms(1, i, j)? - without,
+            // Both runs pay the one fixed cost: the difference is the layers' alone.
+            overhead_ms: (bench.prefill_ms(1, i, j)? - without) / bench.layers() as f64,
         });
     }
     let context_ms = fit::context_overhead(&samples);
     let decode_ms = table(&grid.decode_batch, &grid.decode_context, |b, c| bench.decode_ms(b, c))?;
-    let embed = table(&[1], &grid.prefill_tokens, |_, t| bench.embed_ms(t))?;
-    let head = table(&[1], &grid.decode_batch, |_, b| bench.lm_head_ms(b))?;
+    let one_layer = bench.with_layers(1).decode_ms(grid.decode_batch[0], grid.decode_context[0])?;
+    let call_ms = fit::call_ms(one_layer, decode_ms[0][0], bench.layers());
+    let per_layer = |rows: Vec<Vec<f64>>| fit::per_layer(rows, call_ms, bench.layers());
+    let (base_ms, decode_ms) = (per_layer(base_ms), per_layer(decode_ms));
+    // The embedding and the head run inside a stage's pass: their fixed cost is the pass's.
+    let without_call = |rows: Vec<Vec<f64>>| fit::per_layer(rows, call_ms, 1);
+    let embed = without_call(table(&[1], &grid.prefill_tokens, |_, t| bench.embed_ms(t))?);
+    let head = without_call(table(&[1], &grid.decode_batch, |_, b| bench.lm_head_ms(b))?);
     progress.finish();
 
     let head_bytes = match &model.lm_head {
@@ -380,6 +410,7 @@ pub fn profile_model(
         engine_step: None,
         engine_step_ms: None,
         step_variation: None,
+        call_ms,
     })
 }
 

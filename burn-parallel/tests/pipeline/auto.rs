@@ -43,7 +43,7 @@ fn identity(model: &str, dtype: &str) -> ProfileIdentity {
 fn measure(spec_name: &str, identity: &ProfileIdentity, dir: &std::path::Path) -> DeviceProfile {
     let spec = deeper(spec_name);
     let weights = ProfileWeights::<RandomWeights>::Random;
-    device_profile(&spec, weights, &Device::flex(), identity, &tiny_grid(), Some(dir), &mut Vec::new()).unwrap()
+    device_profile(&spec, weights, &Device::flex(), identity, &tiny_grid(), Some(dir), None, &mut Vec::new()).unwrap()
 }
 
 #[test]

@@ -12,7 +12,7 @@ use super::{close, partitions};
 fn stage_cost(input: &StagesInput, s: usize, r: [usize; 2]) -> (f64, u64) {
     let devices = input.devices.as_ref().unwrap();
     let d = &devices[s];
-    let mut ms: f64 = d.layer_latency_ms[r[0]..r[1]].iter().sum();
+    let mut ms: f64 = d.layer_latency_ms[r[0]..r[1]].iter().sum::<f64>() + d.fixed_ms;
     let mut bytes: u64 = input.layer_memory_bytes.as_ref().unwrap()[r[0]..r[1]].iter().sum();
     if s == 0 {
         let e = input.first_stage.unwrap_or_default();
@@ -63,6 +63,7 @@ fn plan_device_stages_match_brute_force_on_random_inputs() {
                     layer_latency_ms: (0..layers).map(|_| speed * rng.random_range(1..8) as f64 * 0.5).collect(),
                     memory_bytes: rng.random_range(8..40),
                     link_ms: rng.random_range(0..3) as f64 * 0.25,
+                    fixed_ms: rng.random_range(0..3) as f64 * 0.5,
                 }
             })
             .collect();
@@ -108,12 +109,13 @@ fn plan_device_stages_match_brute_force_on_random_inputs() {
 fn plan_device_stages_read_the_json_interface() {
     let json = r#"{"layer_latency_ms": [1, 1, 1, 1, 1, 1], "stages": 2, "layer_memory_bytes": [1, 1, 1, 1, 1, 1],
         "devices": [{"name": "flex", "layer_latency_ms": [1, 1, 1, 1, 1, 1], "memory_bytes": 100, "link_ms": 0.5},
-                    {"name": "ws://w", "layer_latency_ms": [2, 2, 2, 2, 2, 2], "memory_bytes": 100}],
+                    {"name": "ws://w", "layer_latency_ms": [2, 2, 2, 2, 2, 2], "memory_bytes": 100, "fixed_ms": 1.0}],
         "last_stage": {"latency_ms": 1.0, "memory_bytes": 3}}"#;
     let input: StagesInput = serde_json::from_str(json).unwrap();
     let out = stages::plan(&input).unwrap();
-    assert_eq!(out.stages, vec![[0, 4], [4, 6]]);
-    assert_eq!(out.stage_latency_ms, vec![4.5, 5.0]);
+    // The worker's fixed 1 ms per stage moves a layer to flex: 5.5 / 4 beats 4.5 / 6.
+    assert_eq!(out.stages, vec![[0, 5], [5, 6]]);
+    assert_eq!(out.stage_latency_ms, vec![5.5, 4.0]);
     let text = serde_json::to_string(&out).unwrap();
-    assert!(text.contains(r#""stage_memory_bytes":[4,5]"#), "{text}");
+    assert!(text.contains(r#""stage_memory_bytes":[5,4]"#), "{text}");
 }

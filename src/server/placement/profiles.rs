@@ -62,9 +62,18 @@ impl ModelCosts {
             let (dir, files) = open(model)?;
             let device = parse_device(entry, model.spec.worker_token.as_deref()).map_err(|e| fail(&e))?;
             let _ = writeln!(log, "placement: costs of `{}` on {entry}", model.name);
-            let profile =
-                profile_stage_device(&model.spec, &dir, &files, entry, &device, &ProfileGrid::stages(), None, log)
-                    .map_err(|e| fail(&e))?;
+            let profile = profile_stage_device(
+                &model.spec,
+                &dir,
+                &files,
+                entry,
+                &device,
+                &ProfileGrid::stages(),
+                None,
+                None,
+                log,
+            )
+            .map_err(|e| fail(&e))?;
             let cost = profile.profile.cost_model("profile").map_err(|e| fail(&e))?;
             let load = workload.and_then(|w| w.load(&model.name));
             let shape = load.map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());

@@ -2,8 +2,8 @@
 //! prefill and decode times, embedding and LM head per token) and each link's measured latency
 //! and rate, with the cost terms `--stage-layers auto` plans with:
 //! - a stage's time for one micro-batch: its layers on its device, plus the embedding on the
-//!   first stage and the final norm and LM head on the last, plus handing the hidden states (and
-//!   rotary angles) to the next stage;
+//!   first stage and the final norm, LM head and the pass's fixed cost (`call_ms`) on the last,
+//!   plus handing the hidden states (and rotary angles) to the next stage;
 //! - a pipelined decode step of `M` micro-batches: `Σ_s t_s + (M − 1)·max_s t_s` (the slowest
 //!   stage is the bottleneck);
 //! - a prefill cut into token slices: TeraPipe's `Σ_i t_i + (K − 1)·max_i t_i` with `t_i` slice
@@ -78,7 +78,8 @@ pub fn stage_ms(devices: &[DeviceCost], layout: &[Range<usize>], work: Work) -> 
                 ms += d.profile.embedding.ms_per_token * rows as f64;
             }
             if s == last {
-                ms += d.profile.lm_head.ms_per_token * logits as f64;
+                // The hand-over ends every other stage's pass; the last one's ends reading logits.
+                ms += d.profile.lm_head.ms_per_token * logits as f64 + d.profile.call_ms;
             }
             ms + d.handover_ms(rows)
         })

@@ -1,8 +1,8 @@
 //! Each device's costs for the predictions, measured as `--stage-layers auto` measures them:
 //! the per-device profiler (`burn_llm::parallel::profiler::device_profile`: the checkpoint's
-//! first layer, embeddings and head loaded onto the device as stored, cached per device, model and
-//! dtype) over a grid reaching the benchmark's prompt lengths, and the measured link from each
-//! stage's device to the next (`measure_link`).
+//! first layers, timed back to back, embeddings and head loaded onto the device as stored,
+//! cached per device, model and dtype) over a grid reaching the benchmark's prompt lengths, and
+//! the measured link from each stage's device to the next (`measure_link`).
 
 use std::path::Path;
 
@@ -47,7 +47,7 @@ pub fn profile_device(
     };
     let weights = ProfileWeights::Checkpoint { source: &files.files, quant: None };
     let mut log = Vec::new();
-    let profiled = device_profile(&files.spec, weights, device, &identity, grid, Some(cache_dir), &mut log)
+    let profiled = device_profile(&files.spec, weights, device, &identity, grid, Some(cache_dir), None, &mut log)
         .map_err(|e| format!("profiling {name}: {e}"))?;
     eprint!("{}", String::from_utf8_lossy(&log));
     Ok(profiled.profile)

@@ -99,7 +99,7 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
     md.push_str(&format!(
         "- model: {model} on the default quantized CPU path (8-bit input rows); greedy, EOS ignored\n\
          - devices: this process's flex backend, and two `worker` processes on loopback, each `--threads 1`\n\
-         - predictions: each device's profile (the per-device profiler `--stage-layers auto` uses: the checkpoint's first layer, embeddings and head as stored) and each link's measured latency and rate\n\n"
+         - predictions: each device's profile (the per-device profiler `--stage-layers auto` uses: the checkpoint's first layers timed back to back, a pass's fixed cost separated, embeddings and head as stored) and each link's measured latency and rate\n\n"
     ));
     md.push_str("## Targets\n\n");
     md.push_str(&table(
