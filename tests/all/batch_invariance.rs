@@ -2,8 +2,9 @@
 //! log-probabilities do not depend on which other requests share its steps. The same prompts run
 //! alone, in batches of 4, 16 and 32 beside other prompts, arriving while the others decode
 //! (prefill rows in decode steps), and under chunked prefill (prompt chunks beside decode rows),
-//! through the paged engine; every run must give each prompt the same ids and log-probabilities
-//! (within 1e-6). Models: the tiny fixtures as loaded (dense `f32` products), the LLaMA fixture
+//! through the paged engine, and in the plain engine's left-padded static batch; every run must
+//! give each prompt the same ids and log-probabilities (within 1e-6). Models: the tiny fixtures
+//! as loaded (dense `f32` products; sliding windows on Gemma 3 and Mistral), the LLaMA fixture
 //! with its projections in GGUF's layout (4-bit groups of 32 along the input: the default 8-bit
 //! input-row integer path), and the real SmolLM2 Q4_1.
 
@@ -12,12 +13,14 @@ use std::path::Path;
 
 use burn::module::Param;
 use burn::tensor::{Device, Tensor};
+use burn_llm::Generator;
 use burn_llm::kernels::{QuantSpec, quantize};
 use burn_llm::models::layers::projection::{Projection, QLinear};
 use burn_llm::models::{Pretrained, Prompt, RequestOutput, SamplingParams, StepOutput};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode};
 use rand::{Rng, SeedableRng};
 
+use crate::archs::ARCH_FIXTURES;
 use crate::common::{FIXTURES, fixture};
 use crate::real_model::smollm2;
 
@@ -143,10 +146,56 @@ fn vocab_of(path: &Path) -> u32 {
     Pretrained::load(path, &Device::flex()).unwrap().model.spec.vocab_size as u32
 }
 
-/// Every tiny fixture as loaded (`f32` weights: the register-tiled dense products).
+/// Asserts that the plain engine's static batch gives `targets` the traces they get alone when
+/// they share it with 12 other prompts: every sequence is left-padded to the longest prompt, and
+/// a local layer's window hides different slots of each row.
+fn assert_static_batch_invariant(
+    what: &str,
+    pretrained: Pretrained,
+    targets: &[Prompt],
+    vocab: u32,
+    new_tokens: usize,
+) {
+    let generator = Generator::from(pretrained);
+    let params = SamplingParams { ignore_eos: true, logprobs: Some(2), ..SamplingParams::greedy(new_tokens) };
+    let batch = [targets, &fillers(12, vocab, 5)].concat();
+    let together = generator.generate(&batch, &params).unwrap();
+    for (i, prompt) in targets.iter().enumerate() {
+        let alone = generator.generate(std::slice::from_ref(prompt), &params).unwrap();
+        let ((ids, logprobs), (expected_ids, expected)) = (trace(&together.requests[i]), trace(&alone.requests[0]));
+        assert_eq!(ids, expected_ids, "{what}: prompt {i} (static batch): ids differ from the prompt alone");
+        assert_eq!(logprobs.len(), expected.len(), "{what}: prompt {i}");
+        for (step, (a, b)) in logprobs.iter().zip(&expected).enumerate() {
+            assert!(
+                a.0 == b.0 && (a.1 - b.1).abs() <= 1e-6,
+                "{what}: prompt {i} (static batch), log-probability {step}: {a:?} vs {b:?} alone"
+            );
+        }
+    }
+}
+
+/// The plain engine on every tiny fixture, the sliding-window ones (Gemma 3, Mistral: windows
+/// shorter than prompt + generation) included.
+#[test]
+fn static_batch_is_invariant_on_every_fixture() {
+    for name in FIXTURES.iter().chain(&ARCH_FIXTURES) {
+        let path = fixture(name);
+        let vocab = vocab_of(&path);
+        assert_static_batch_invariant(
+            name,
+            Pretrained::load(&path, &Device::flex()).unwrap(),
+            &targets(vocab),
+            vocab,
+            12,
+        );
+    }
+}
+
+/// Every tiny fixture as loaded (`f32` weights: the register-tiled dense products), the
+/// sliding-window architectures included.
 #[test]
 fn greedy_is_batch_invariant_on_dense_fixtures() {
-    for name in FIXTURES {
+    for name in FIXTURES.iter().chain(&ARCH_FIXTURES) {
         let path = fixture(name);
         let vocab = vocab_of(&path);
         let load = || Pretrained::load(&path, &Device::flex()).unwrap();

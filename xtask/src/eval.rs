@@ -4,8 +4,12 @@
 //! The text is tokenized once (special tokens as the model's tokenizer adds them to the start) and
 //! cut into non-overlapping windows of `--context` tokens; each window is one forward pass, and
 //! every token after the first of a window is scored. Perplexity is `exp(mean NLL)`.
+//!
+//! `--against llama.cpp` (a GGUF file) also scores the very same windows of token ids with
+//! llama.cpp (the `bench cpu` driver: llama-cpp-python, one `llama_decode` per window, the
+//! log-softmax in `f64`), as one more row of the table, written to `ppl-<model>-llama-cpp`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
@@ -14,7 +18,7 @@ use burn_llm::DeviceChoice;
 use burn_llm::kernels::QuantSpec;
 use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
-use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained, hub};
+use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained};
 use serde::Serialize;
 
 use crate::report::{self, Align::Left, Align::Right, Header, table};
@@ -22,9 +26,16 @@ use crate::report::{self, Align::Left, Align::Right, Header, table};
 /// Flags of `eval ppl`.
 #[derive(clap::Args)]
 pub struct PplArgs {
-    /// Model directory, `.gguf` file or hub id.
+    /// Model directory, `.gguf` file or hub id, or `smollm2` / `gemma3` for the file
+    /// `cargo xtask fetch-model` caches.
     #[arg(long)]
     model: String,
+    /// Score the same token ids with another engine too (`llama.cpp`: needs a GGUF file).
+    #[arg(long, value_enum)]
+    against: Option<Against>,
+    /// Virtual environment holding llama-cpp-python (as `bench cpu`'s `--venv`).
+    #[arg(long)]
+    venv: Option<PathBuf>,
     /// Text file to score (default: the GNU GPL v3 shipped by the OS).
     #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
     text: PathBuf,
@@ -51,6 +62,14 @@ pub struct PplArgs {
     out: PathBuf,
 }
 
+/// Engines `--against` runs.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Against {
+    /// llama.cpp through llama-cpp-python, with `use_extra_bufts = False` (see `bench cpu`).
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+}
+
 #[derive(Serialize)]
 struct Row {
     variant: String,
@@ -67,7 +86,60 @@ struct Report {
     text: String,
     context: usize,
     group_size: usize,
+    /// The llama-cpp-python release of the `llama.cpp` row, if there is one.
+    llama_cpp_python: Option<String>,
     results: Vec<Row>,
+}
+
+/// `tokens` cut into the windows every variant scores.
+fn windows(tokens: &[u32], context: usize, max_windows: usize) -> Vec<&[u32]> {
+    let mut windows: Vec<&[u32]> = tokens.chunks(context).filter(|w| w.len() >= 2).collect();
+    if max_windows > 0 {
+        windows.truncate(max_windows);
+    }
+    windows
+}
+
+/// Appends `variant`'s row, its change relative to the first row, and prints it.
+fn push_row(results: &mut Vec<Row>, variant: &str, nll: f64, count: usize, seconds: f64) {
+    let perplexity = (nll / count.max(1) as f64).exp();
+    let base = results.first().map(|r| r.perplexity).unwrap_or(perplexity);
+    let row = Row {
+        variant: variant.to_string(),
+        perplexity,
+        delta_percent: (perplexity / base - 1.0) * 100.0,
+        scored_tokens: count,
+        seconds,
+    };
+    eprintln!(
+        "{:>9}: perplexity {:.3} ({:+.2}%) over {} tokens in {:.1} s",
+        row.variant, row.perplexity, row.delta_percent, row.scored_tokens, row.seconds
+    );
+    results.push(row);
+}
+
+/// llama.cpp's summed NLL and scored tokens over `windows` of the GGUF file `path`, and the
+/// llama-cpp-python release it ran.
+fn llama_cpp_nll(
+    path: &Path,
+    venv: Option<&Path>,
+    windows: &[&[u32]],
+) -> Result<(f64, usize, String), Box<dyn std::error::Error>> {
+    use crate::bench::cpu::driver::{LlamaCpp, default_venv, llama_cpp_python};
+    if path.extension().and_then(|e| e.to_str()) != Some("gguf") {
+        return Err(format!("--against llama.cpp needs a .gguf file, and {} is not one", path.display()).into());
+    }
+    let python = llama_cpp_python(&default_venv(venv))?;
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let longest = windows.iter().map(|w| w.len()).max().unwrap_or(0);
+    let mut llama = LlamaCpp::start(&python, path, threads, 1, longest.max(512))?;
+    let (mut nll, mut count) = (0.0, 0);
+    for window in windows {
+        let [(n, c)] = llama.nll(&[window])?[..] else { return Err("llama.cpp driver: one answer per window".into()) };
+        nll += n;
+        count += c;
+    }
+    Ok((nll, count, llama.hello.version.clone()))
 }
 
 /// Sum of next-token negative log-likelihoods over one window, and how many tokens were scored.
@@ -98,9 +170,11 @@ fn window_nll(
 
 pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
-    let path = hub::resolve_model(&args.model)?;
+    let (path, label) = crate::fetch::resolve(&args.model)?;
     let text = std::fs::read_to_string(&args.text).map_err(|e| format!("cannot read {}: {e}", args.text.display()))?;
     let mut results: Vec<Row> = Vec::new();
+    // The token ids and window length every variant scored (one tokenizer: the model's).
+    let mut scored: Option<(Vec<u32>, usize)> = None;
     for variant in &args.variants {
         let pretrained = Pretrained::load(&path, &device)?;
         let weights = |bits| QuantSpec::new(bits, args.group_size, WEIGHT_QUANT_AXIS);
@@ -116,49 +190,52 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         };
         let tokens = pretrained.tokenizer.encode(&text)?;
         let context = args.context.min(model.spec().max_positions).max(2);
-        let mut windows: Vec<&[u32]> = tokens.chunks(context).filter(|w| w.len() >= 2).collect();
-        if args.max_windows > 0 {
-            windows.truncate(args.max_windows);
-        }
         let started = Instant::now();
         let (mut nll, mut count) = (0.0, 0);
-        for window in windows {
+        for window in windows(&tokens, context, args.max_windows) {
             let (n, c) = window_nll(&model, window, kv_bits, &device)?;
             nll += n;
             count += c;
         }
-        let perplexity = (nll / count.max(1) as f64).exp();
-        let base = results.first().map(|r| r.perplexity).unwrap_or(perplexity);
-        let row = Row {
-            variant: variant.clone(),
-            perplexity,
-            delta_percent: (perplexity / base - 1.0) * 100.0,
-            scored_tokens: count,
-            seconds: started.elapsed().as_secs_f64(),
-        };
-        eprintln!(
-            "{:>6}: perplexity {:.3} ({:+.2}%) over {} tokens in {:.1} s",
-            row.variant, row.perplexity, row.delta_percent, row.scored_tokens, row.seconds
-        );
-        results.push(row);
+        push_row(&mut results, variant, nll, count, started.elapsed().as_secs_f64());
+        scored = Some((tokens, context));
+    }
+    let mut llama_cpp_python = None;
+    if let (Some(Against::LlamaCpp), Some((tokens, context))) = (args.against, &scored) {
+        let started = Instant::now();
+        let (nll, count, version) =
+            llama_cpp_nll(&path, args.venv.as_deref(), &windows(tokens, *context, args.max_windows))?;
+        push_row(&mut results, "llama.cpp", nll, count, started.elapsed().as_secs_f64());
+        llama_cpp_python = Some(version);
     }
     let command = format!(
-        "cargo xtask eval ppl --model {} --text {} --variants {} --group-size {} --context {} --device {}",
+        "cargo xtask eval ppl --model {} --text {} --variants {} --group-size {} --context {} --device {}{}{}",
         args.model,
         args.text.display(),
         args.variants.join(","),
         args.group_size,
         args.context,
-        args.device.name()
+        args.device.name(),
+        if args.max_windows > 0 { format!(" --max-windows {}", args.max_windows) } else { String::new() },
+        if args.against.is_some() { " --against llama.cpp" } else { "" }
     );
     // The device is in the command line; the report keeps the shape it has always had, without it.
-    let header = Header::new("ppl", command, None, &args.model);
+    let header = Header::new("ppl", command, None, &label);
     let mut md = header.markdown("Perplexity");
     md.push_str(&format!(
-        "- text: {} (context {} tokens, non-overlapping windows)\n\n",
+        "- text: {} (context {} tokens, non-overlapping windows)\n",
         args.text.display(),
         args.context
     ));
+    if let Some(version) = &llama_cpp_python {
+        md.push_str(&format!(
+            "- llama.cpp: llama-cpp-python {version} (built as `bench cpu` builds it; model loaded with \
+             `use_extra_bufts = False`), {} threads, fed the very same token ids and windows; its \
+             log-softmax in `f64`\n",
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        ));
+    }
+    md.push('\n');
     md.push_str(&table(
         &[("variant", Left), ("perplexity", Right), ("Δ vs first", Right), ("scored tokens", Right)],
         results.iter().map(|r| {
@@ -175,8 +252,14 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         text: args.text.display().to_string(),
         context: args.context,
         group_size: args.group_size,
+        llama_cpp_python,
         results,
     };
-    report::write(&args.out, "ppl", &report, &md)?;
+    let name = match (args.against, crate::fetch::Known::parse(&args.model)) {
+        (None, _) => "ppl".to_string(),
+        (Some(Against::LlamaCpp), Some(known)) => format!("ppl-{}-llama-cpp", known.name()),
+        (Some(Against::LlamaCpp), None) => "ppl-llama-cpp".to_string(),
+    };
+    report::write(&args.out, &name, &report, &md)?;
     Ok(())
 }

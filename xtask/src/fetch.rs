@@ -24,6 +24,36 @@ impl Known {
             Known::Gemma3 => GEMMA3_GGUF,
         }
     }
+
+    /// The name `fetch-model` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Known::Smollm2 => "smollm2",
+            Known::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The known model `name` names (any case), if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::from_str(name, true).ok()
+    }
+}
+
+/// The file a benchmark's `--model` names: `smollm2` / `gemma3` for the file this command caches
+/// (an error says to fetch it when it is not cached), anything else a path or hub id; with the
+/// label reports give it (a cached model by its file name, not by this machine's cache path).
+pub fn resolve(model: &str) -> Result<(PathBuf, String), String> {
+    match Known::parse(model) {
+        Some(known) => {
+            let source = known.source();
+            let path = source.cached_path();
+            if !path.is_file() {
+                return Err(format!("{} is missing: run `cargo xtask fetch-model {}`", path.display(), known.name()));
+            }
+            Ok((path, format!("{} (model cache)", source.file)))
+        }
+        None => burn_llm::models::hub::resolve_model(model).map(|p| (p, model.to_string())).map_err(|e| e.to_string()),
+    }
 }
 
 /// Fetches `model` unless it is already cached; prints and returns its path.

@@ -4,9 +4,6 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
 
-#[cfg(feature = "flex")]
-use crate::quant::q8::dot;
-
 /// Query rows per sequence up to which Flex runs [`prefix_attention`] as one fused loop per query
 /// row and head reading keys as stored (decode steps); longer steps (prefill) first transpose the
 /// keys once, which pays off over many query rows (`super::prefill`).
@@ -206,17 +203,42 @@ avx2_dispatch! {
 #[cfg(feature = "flex")]
 #[inline(always)]
 fn attend_row_portable(q: &[f32], keys: &[f32], values: &[f32], bias: &[f32], scale: f32, out: &mut [f32]) {
-    let d = q.len();
-    let mut scores = vec![0f32; bias.len().min(keys.len() / d.max(1))];
-    key_scores(q, keys, bias, scale, &mut scores);
-    weighted_softmax_portable(&mut scores, values, out);
+    let d = q.len().max(1);
+    let visible = visible_keys(&bias[..bias.len().min(keys.len() / d)]);
+    let slots = visible.start * d..visible.end * d;
+    let mut scores = vec![0f32; visible.len()];
+    key_scores(q, &keys[slots.clone()], &bias[visible], scale, &mut scores);
+    weighted_softmax_portable(&mut scores, &values[slots], out);
 }
 
-/// `scores[j] = q · key_j · scale + bias[j]`. With AVX2/FMA and a head dimension that is a
-/// multiple of 8, four keys at a time ([`x86::key_scores`]): each 8-wide slice of `q` loaded
-/// once for four keys, four independent FMA chains, one horizontal reduction for the four (one
-/// key at a time waits on its single accumulator and reduces each key alone). Plain loops, not `map(…).collect()`: the collecting fold is a function of
-/// its own, not inlined into the AVX2 twin, which then ran on baseline SSE.
+/// A bias at or below this masks its key (models add `-1e30`, some `-∞`). Such a key gets weight
+/// exactly 0 in `f32` whenever its row has an unmasked key.
+#[cfg(feature = "flex")]
+pub(super) const MASK_LIMIT: f32 = -1.0e29;
+
+/// The keys a row's `bias` leaves visible: from its first unmasked key to its last, or every key
+/// when all are masked (a padding row, which then weighs them all alike as the plain softmax
+/// does). The masked keys outside the range weigh exactly 0, so skipping them changes nothing but
+/// the arithmetic's alignment: starting at the first visible key makes a row's sums (which keys
+/// share a group of four, a SIMD pass) the same whatever number of masked slots precede it, such
+/// as a static batch's left padding, so a sequence gets the same bits in any batch.
+#[cfg(feature = "flex")]
+pub(super) fn visible_keys(bias: &[f32]) -> std::ops::Range<usize> {
+    let unmasked = |x: &f32| *x > MASK_LIMIT;
+    match (bias.iter().position(unmasked), bias.iter().rposition(unmasked)) {
+        (Some(first), Some(last)) => first..last + 1,
+        _ => 0..bias.len(),
+    }
+}
+
+/// `scores[j] = q · key_j · scale + bias[j]`, in the one order of operations every Flex attention
+/// path uses ([`score`]), so that a query row gets the same bits whichever path serves it: a
+/// decode step, a prefill ([`super::prefill`]), a prompt chunk, alone or in any batch. With
+/// AVX2/FMA and a head dimension that is a multiple of 8, four keys at a time
+/// ([`x86::key_scores`]): each 8-wide slice of `q` loaded once for four keys, four independent FMA
+/// chains, one horizontal reduction for the four. Plain loops, not `map(…).collect()`: the
+/// collecting fold is a function of its own, not inlined into the AVX2 twin, which then ran on
+/// baseline SSE.
 #[cfg(feature = "flex")]
 #[inline(always)]
 fn key_scores(q: &[f32], keys: &[f32], bias: &[f32], scale: f32, scores: &mut [f32]) {
@@ -229,9 +251,33 @@ fn key_scores(q: &[f32], keys: &[f32], bias: &[f32], scale: f32, scores: &mut [f
         done = unsafe { x86::key_scores(q, keys, bias, scale, scores) };
     }
     let keys = keys.get(done * d..).unwrap_or_default();
-    for ((score, key), b) in scores.iter_mut().skip(done).zip(keys.chunks_exact(d)).zip(bias.iter().skip(done)) {
-        *score = dot(q, key) * scale + b;
+    for ((s, key), b) in scores.iter_mut().skip(done).zip(keys.chunks_exact(d)).zip(bias.iter().skip(done)) {
+        *s = score(q, |c| key[c], scale, *b);
     }
+}
+
+/// One key's score `q · key · scale + bias` in the order of operations all Flex attention paths
+/// share: eight lane accumulators, lane `l` a chain of fused multiply-adds over elements
+/// `l, l + 8, …` in order, summed by [`lane_sum`], then `sum · scale + bias` fused (what the AVX2
+/// kernels do with one register of lanes and `hadd`).
+#[cfg(feature = "flex")]
+#[inline(always)]
+pub(super) fn score(q: &[f32], key: impl Fn(usize) -> f32, scale: f32, bias: f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (c, chunk) in q.chunks(8).enumerate() {
+        for (l, &x) in chunk.iter().enumerate() {
+            lanes[l] = x.mul_add(key(8 * c + l), lanes[l]);
+        }
+    }
+    lane_sum(&lanes).mul_add(scale, bias)
+}
+
+/// `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`: the order in which two `hadd`s and the
+/// halves' sum reduce one register of lanes.
+#[cfg(feature = "flex")]
+#[inline(always)]
+pub(super) fn lane_sum(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 }
 
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
@@ -240,8 +286,9 @@ mod x86 {
 
     use crate::fused::gemm::nt::sum4;
 
-    /// The first `4 · ⌊n / 4⌋` scores of [`super::key_scores`] (`n`: the keys, biases and scores
-    /// there are), four keys at a time; returns how many it wrote.
+    /// The scores of [`super::key_scores`] for every key there is (`n`: the keys, biases and
+    /// scores there are), four keys at a time (a last group of fewer repeats its last key);
+    /// returns how many it wrote.
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA, and `q.len()` is a multiple of 8.
@@ -249,21 +296,25 @@ mod x86 {
     pub(super) unsafe fn key_scores(q: &[f32], keys: &[f32], bias: &[f32], scale: f32, scores: &mut [f32]) -> usize {
         let d = q.len();
         assert!(d.is_multiple_of(8) && d > 0);
-        let n = scores.len().min(bias.len()).min(keys.len() / d) / 4 * 4;
+        let n = scores.len().min(bias.len()).min(keys.len() / d);
         for j in (0..n).step_by(4) {
-            // SAFETY (every read and write): keys `j..j + 4` of `d` values each, biases and
-            // scores `j..j + 4`, and `q`'s `d` values are in bounds (`j + 4 ≤ n`).
+            let mut sums = [0f32; 4];
+            // SAFETY (every read and write): keys `j..min(j + 4, n)` of `d` values each and `q`'s
+            // `d` values are in bounds; `sums` holds four values.
             unsafe {
-                let k = keys.as_ptr().add(j * d);
+                let key = |r: usize| keys.as_ptr().add((j + r).min(n - 1) * d);
+                let k = [key(0), key(1), key(2), key(3)];
                 let mut acc = [_mm256_setzero_ps(); 4];
                 for c in (0..d).step_by(8) {
                     let qc = _mm256_loadu_ps(q.as_ptr().add(c));
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        *acc = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k.add(r * d + c)), *acc);
+                    for (acc, k) in acc.iter_mut().zip(k) {
+                        *acc = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k.add(c)), *acc);
                     }
                 }
-                let out = _mm_fmadd_ps(sum4(&acc), _mm_set1_ps(scale), _mm_loadu_ps(bias.as_ptr().add(j)));
-                _mm_storeu_ps(scores.as_mut_ptr().add(j), out);
+                _mm_storeu_ps(sums.as_mut_ptr(), sum4(&acc));
+            }
+            for (r, sum) in sums.iter().enumerate().take(n - j) {
+                scores[j + r] = sum.mul_add(scale, bias[j + r]);
             }
         }
         n

@@ -5,24 +5,21 @@
 //! whose slow path handles every masked score. Here each query row of each head runs scores,
 //! softmax and the weighted sum of values in one pass over a thread-local row of scores, with the
 //! keys of each (sequence, key/value head) transposed once per call so that SIMD lanes run over
-//! keys: a block of keys accumulates in registers across the head dimension. Keys after the last
-//! unmasked one of a row (the causal mask's upper triangle) are skipped: their weight is exactly 0.
+//! keys: a block of keys accumulates in registers across the head dimension. Keys before the first
+//! and after the last unmasked one of a row (left padding, a sliding window's past, the causal
+//! mask's upper triangle) are skipped: their weight is exactly 0 ([`visible_keys`]).
 
 use std::cell::RefCell;
 
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use super::attention::{FlexAttention, weighted_softmax};
+use super::attention::{FlexAttention, lane_sum, score, visible_keys, weighted_softmax};
 use super::flex::for_rows;
 
-/// A bias at or below this masks its key (models add `-1e30`, some `-∞`). Such keys at the end of
-/// a row get weight exactly 0 in `f32` whenever the row has an unmasked key, so they are skipped.
-const MASK_LIMIT: f32 = -1.0e29;
-
-/// Keys per register block of the score loop: 8 vectors of 8 lanes, enough independent
-/// accumulators to keep both FMA units busy.
-const KEY_BLOCK: usize = 64;
+/// Keys per register block of the score loop: eight lane accumulators (one per element index
+/// mod 8, the order of [`score`]) of 16 keys each, two AVX registers per lane.
+const KEY_BLOCK: usize = 16;
 
 thread_local! {
     /// One row of scores per thread, reused across rows and calls.
@@ -54,18 +51,15 @@ pub(super) fn tiled_prefix_attention(
     let mut out = vec![0f32; a.b * s * heads * d];
     for_rows(&mut out, heads * d, 2 * heads * len * d, |row, out| {
         let (bi, si) = (row / s, row % s);
-        let bias = a.bias(bi, si);
-        // A row with every key masked weighs them all alike, as the plain softmax does.
-        let end = bias.iter().rposition(|&x| x > MASK_LIMIT).map_or(len, |last| last + 1);
+        let visible = visible_keys(a.bias(bi, si));
+        let bias = &a.bias(bi, si)[visible.clone()];
         SCORES.with_borrow_mut(|scores| {
-            scores.resize(end, 0.0);
+            scores.resize(visible.len(), 0.0);
             for (head, out) in out.chunks_exact_mut(d).enumerate() {
                 let kv = a.kv_head(bi, head);
-                scores_of(a.query(bi, si, head), &keys_t[kv * d * len..][..d * len], len, scores);
-                for (score, b) in scores.iter_mut().zip(bias) {
-                    *score = *score * scale + b;
-                }
-                weighted_softmax(scores, &a.slots(kv, false)[..end * d], out);
+                // `keys_t[c · len + start + j]`: element `c` of visible key `j`.
+                scores_of(a.query(bi, si, head), &keys_t[kv * d * len + visible.start..], len, bias, scale, scores);
+                weighted_softmax(scores, &a.slots(kv, false)[visible.start * d..visible.end * d], out);
             }
         });
     });
@@ -73,32 +67,35 @@ pub(super) fn tiled_prefix_attention(
 }
 
 avx2_dispatch! {
-    /// `scores[j] = query · key_j` for `j < scores.len()`, where `keys_t` holds the keys
-    /// transposed (`keys_t[c · len + j]` is element `c` of key `j`); with AVX2/FMA when the CPU
-    /// has them.
-    fn scores_of(query: &[f32], keys_t: &[f32], len: usize, scores: &mut [f32]) => scores_of_portable
+    /// `scores[j] = query · key_j · scale + bias[j]` for `j < scores.len()`, where `keys_t` holds
+    /// the keys transposed (`keys_t[c · len + j]` is element `c` of key `j`), with SIMD lanes over
+    /// keys but each key's operations exactly those of [`score`] (the decode path's), so prefill
+    /// and decode give a row the same bits; with AVX2/FMA when the CPU has them.
+    fn scores_of(query: &[f32], keys_t: &[f32], len: usize, bias: &[f32], scale: f32, scores: &mut [f32]) => scores_of_portable
 }
 
 #[inline(always)]
-fn scores_of_portable(query: &[f32], keys_t: &[f32], len: usize, scores: &mut [f32]) {
+fn scores_of_portable(query: &[f32], keys_t: &[f32], len: usize, bias: &[f32], scale: f32, scores: &mut [f32]) {
     let end = scores.len();
     let blocks = end / KEY_BLOCK * KEY_BLOCK;
     for (start, block) in scores[..blocks].chunks_exact_mut(KEY_BLOCK).enumerate() {
         let start = start * KEY_BLOCK;
-        let mut acc = [0f32; KEY_BLOCK];
-        for (c, &x) in query.iter().enumerate() {
-            let keys: &[f32; KEY_BLOCK] = keys_t[c * len + start..][..KEY_BLOCK].try_into().expect("a whole block");
-            for (a, k) in acc.iter_mut().zip(keys) {
-                *a += x * k;
+        let mut acc = [[0f32; KEY_BLOCK]; 8];
+        for (c, chunk) in query.chunks(8).enumerate() {
+            for (l, &x) in chunk.iter().enumerate() {
+                let row = (8 * c + l) * len + start;
+                let keys: &[f32; KEY_BLOCK] = keys_t[row..row + KEY_BLOCK].try_into().expect("a whole block");
+                for (a, k) in acc[l].iter_mut().zip(keys) {
+                    *a = x.mul_add(*k, *a);
+                }
             }
         }
-        block.copy_from_slice(&acc);
-    }
-    let tail = &mut scores[blocks..];
-    tail.fill(0.0);
-    for (c, &x) in query.iter().enumerate() {
-        for (a, k) in tail.iter_mut().zip(&keys_t[c * len + blocks..c * len + end]) {
-            *a += x * k;
+        for (i, s) in block.iter_mut().enumerate() {
+            let lanes = std::array::from_fn(|l| acc[l][i]);
+            *s = lane_sum(&lanes).mul_add(scale, bias[start + i]);
         }
+    }
+    for (j, s) in scores.iter_mut().enumerate().skip(blocks) {
+        *s = score(query, |c| keys_t[c * len + j], scale, bias[j]);
     }
 }

@@ -1,6 +1,6 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
-mod cpu;
+pub(crate) mod cpu;
 mod generate;
 mod kernels;
 mod offload;

