@@ -77,8 +77,9 @@ fn quantized_prefix_cache_hits_give_the_same_tokens() {
 }
 
 /// Beam search forks a beam's blocks (copy-on-write of the last, partly filled one) every step:
-/// with 8-bit KV blocks it returns the same beams whatever the block size (so other blocks are
-/// shared and copied), and the same as with float blocks on these fixtures; no block leaks.
+/// with 8-bit KV blocks it returns the same beams whatever the block size (other blocks are then
+/// shared and copied, so a copy that lost a block's scales or minimums would show); no block
+/// leaks. (Against float blocks the beams may differ: 8-bit keys move near-tied scores.)
 #[test]
 fn quantized_beams_fork_their_blocks() {
     for name in FIXTURES {
@@ -103,9 +104,7 @@ fn quantized_beams_fork_their_blocks() {
             assert!(engine.block_manager().all_blocks_free(), "{name}: blocks leaked");
             beams
         };
-        let small = run(4, Some(8));
-        assert_eq!(small, run(16, Some(8)), "{name}: kv8 beams depend on the block size");
-        assert_eq!(small, run(4, None), "{name}: kv8 beams differ from float blocks");
+        assert_eq!(run(4, Some(8)), run(16, Some(8)), "{name}: kv8 beams depend on the block size");
     }
 }
 

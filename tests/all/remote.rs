@@ -261,7 +261,11 @@ fn models_on_a_remote_worker_equal_local() {
                 let expected_kv8 = greedy_ids(&mut quantized, &prompts, 12);
                 let (again, _) = load(name, &remote, false);
                 let mut paged = LlmEngine::new(again, EngineConfig { kv_quant: Some(kv8), ..config() }).unwrap();
-                assert_eq!(greedy_ids(&mut paged, &prompts, 12), expected_kv8, "{name}: kv8 paged engine on the worker");
+                assert_eq!(
+                    greedy_ids(&mut paged, &prompts, 12),
+                    expected_kv8,
+                    "{name}: kv8 paged engine on the worker"
+                );
             }
             assert_eq!(
                 greedy_ids(&mut Generator::from(there), &prompts, 12),
