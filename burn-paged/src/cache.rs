@@ -20,8 +20,9 @@ mod window;
 pub use transfer::KvBlocks;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_llm_kernels::paged::{PagedBatch, SlotMapping, copy_blocks_mut, read_blocks, write_blocks_mut};
-use burn_llm_models::cache::LayerDevices;
+use burn_llm_kernels::QuantSpec;
+use burn_llm_kernels::paged::{KvPool, PagedBatch, SlotMapping};
+use burn_llm_models::cache::{LayerDevices, check_kv_quant};
 use burn_llm_models::{KvCache, KvLayout};
 
 use crate::error::{PagedError, Result};
@@ -50,12 +51,15 @@ pub struct PagedKvCache {
     layout: KvLayout,
     block_size: usize,
     num_blocks: usize,
+    /// How keys and values are stored: floats (`None`) or group-quantized codes.
+    quant: Option<QuantSpec>,
     /// Per layer, updated in place by the kernels (never cloned, so never copied).
-    keys: Vec<Tensor<4>>,
-    values: Vec<Tensor<4>>,
-    /// Host swap space, per layer `[K | V]`, `num_host_blocks` blocks each, as the device's bytes
-    /// (in the layout's dtype); allocated on first use.
-    host: Vec<Vec<u8>>,
+    keys: Vec<KvPool>,
+    values: Vec<KvPool>,
+    /// Host swap space, per layer and per part of K then of V (the floats, or the codes, scales
+    /// and minimums), `num_host_blocks` blocks each, as the device's bytes; allocated on first
+    /// use.
+    host: Vec<Vec<Vec<u8>>>,
     num_host_blocks: usize,
     /// The step's slots and block tables per micro-batch, per distinct device of `placement`,
     /// uploaded once and read by every layer there.
@@ -73,6 +77,7 @@ impl std::fmt::Debug for PagedKvCache {
             .field("layout", &self.layout)
             .field("block_size", &self.block_size)
             .field("num_blocks", &self.num_blocks)
+            .field("quant", &self.quant)
             .field("num_host_blocks", &self.num_host_blocks)
             .finish()
     }
@@ -84,9 +89,18 @@ impl PagedKvCache {
         layout.num_kv_heads * block_size * layout.head_dim
     }
 
-    /// Bytes one block takes over all layers, K and V, in the layout's dtype.
-    pub fn block_bytes(layout: &KvLayout, block_size: usize) -> usize {
-        2 * layout.num_layers * Self::block_values(layout, block_size) * layout.dtype.size_bytes()
+    /// Bytes one block takes over all layers, K and V: `kv_heads · block_size · head_dim` values
+    /// in the layout's dtype per layer and K/V, or with `quant` their codes (`bits / 8` bytes a
+    /// value) plus a scale and a minimum in the layout's dtype per group of `group_size` values
+    /// (the layout [`QuantizedBlocks`](burn_llm_kernels::QuantizedBlocks) stores).
+    pub fn block_bytes(layout: &KvLayout, block_size: usize, quant: Option<QuantSpec>) -> usize {
+        let values = Self::block_values(layout, block_size);
+        let float = layout.dtype.size_bytes();
+        let per_layer = match quant {
+            None => values * float,
+            Some(spec) => values * spec.bits() as usize / 8 + values / spec.group_size() * 2 * float,
+        };
+        2 * layout.num_layers * per_layer
     }
 
     /// Allocates `num_blocks` device blocks per layer (zeroed, in the layout's dtype) and reserves
@@ -99,21 +113,28 @@ impl PagedKvCache {
         device: &Device,
     ) -> Self {
         let placement = LayerDevices::uniform(device, layout.num_layers);
-        Self::build(layout, block_size, num_blocks, num_host_blocks, placement)
+        Self::build(layout, block_size, num_blocks, num_host_blocks, placement, None)
+            .expect("float pools fit any layout")
     }
 
     /// Like [`PagedKvCache::new`], with layer `i`'s pools on `placement.device(i)` (the same
-    /// `num_blocks` on every layer: a block id names the same slots in every layer). Errors when
-    /// the placement does not name one device per layer.
+    /// `num_blocks` on every layer: a block id names the same slots in every layer), and keys and
+    /// values group-quantized as `quant` says (along the head dimension, see [`check_kv_quant`]).
+    /// Errors when the placement does not name one device per layer or `quant` does not fit the
+    /// heads.
     pub fn placed(
         layout: KvLayout,
         block_size: usize,
         num_blocks: usize,
         num_host_blocks: usize,
         placement: LayerDevices,
+        quant: Option<QuantSpec>,
     ) -> Result<Self> {
         placement.check(&layout)?;
-        Ok(Self::build(layout, block_size, num_blocks, num_host_blocks, placement))
+        if let Some(spec) = quant {
+            check_kv_quant(layout, spec)?;
+        }
+        Self::build(layout, block_size, num_blocks, num_host_blocks, placement, quant)
     }
 
     fn build(
@@ -122,25 +143,32 @@ impl PagedKvCache {
         num_blocks: usize,
         num_host_blocks: usize,
         placement: LayerDevices,
-    ) -> Self {
+        quant: Option<QuantSpec>,
+    ) -> Result<Self> {
         let shape = [num_blocks, layout.num_kv_heads, block_size, layout.head_dim];
         let dtype = layout.dtype.dtype();
-        let pool = || {
-            (0..layout.num_layers).map(|i| Tensor::<4>::zeros(shape, (placement.device(i), dtype))).collect::<Vec<_>>()
+        let pool = || -> Result<Vec<KvPool>> {
+            (0..layout.num_layers).map(|i| Ok(KvPool::zeros(shape, quant, dtype, placement.device(i))?)).collect()
         };
-        Self {
+        Ok(Self {
             layout,
             block_size,
             num_blocks,
-            keys: pool(),
-            values: pool(),
+            quant,
+            keys: pool()?,
+            values: pool()?,
             host: vec![Vec::new(); layout.num_layers],
             num_host_blocks,
             steps: Vec::new(),
             host_steps: Vec::new(),
             current: 0,
             placement,
-        }
+        })
+    }
+
+    /// How keys and values are stored: `None` for floats, else their group quantization.
+    pub fn quantization(&self) -> Option<QuantSpec> {
+        self.quant
     }
 
     /// Tokens per block.
@@ -194,37 +222,46 @@ impl PagedKvCache {
         &self.placement
     }
 
-    /// Copy-on-write: copies device blocks `src → dst` in every layer.
+    /// Copy-on-write: copies device blocks `src → dst` in every layer (codes with their scales
+    /// and minimums when quantized).
     pub fn copy_blocks(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<()> {
         if pairs.is_empty() {
             return Ok(());
         }
         let pairs: Vec<(u32, u32)> = pairs.iter().map(|(s, d)| (s.0, d.0)).collect();
         for pool in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            copy_blocks_mut(pool, &pairs)?;
+            pool.copy_blocks(&pairs)?;
         }
         Ok(())
     }
 
-    /// Swap-out: copies device blocks into host blocks (`(device, host)` pairs).
+    /// Bytes one block of each part of a layer's K (or V) pool takes: its floats, or its codes,
+    /// scales and minimums.
+    fn part_block_bytes(&self) -> Vec<usize> {
+        let slots = self.layout.num_kv_heads * self.block_size;
+        self.keys[0].parts().iter().map(|&(width, dtype)| slots * width * dtype.size()).collect()
+    }
+
+    /// Swap-out: copies device blocks into host blocks (`(device, host)` pairs), every part of
+    /// every layer's K and V.
     pub fn swap_out(&mut self, pairs: &[(BlockId, BlockId)]) -> Result<()> {
         if pairs.is_empty() {
             return Ok(());
         }
-        let per_block = Self::block_values(&self.layout, self.block_size) * self.layout.dtype.size_bytes();
-        let host_len = 2 * self.num_host_blocks * per_block;
+        let part_bytes = self.part_block_bytes();
         let ids: Vec<u32> = pairs.iter().map(|(d, _)| d.0).collect();
         for layer in 0..self.layout.num_layers {
             let host = &mut self.host[layer];
-            if host.len() != host_len {
-                host.resize(host_len, 0);
-            }
+            host.resize(2 * part_bytes.len(), Vec::new());
             for (half, pool) in [&self.keys[layer], &self.values[layer]].into_iter().enumerate() {
-                let blocks = read_blocks(pool, &ids)?.into_data();
-                let values = blocks.as_bytes();
-                for ((_, h), chunk) in pairs.iter().zip(values.chunks_exact(per_block)) {
-                    let at = (half * self.num_host_blocks + h.index()) * per_block;
-                    host[at..at + per_block].copy_from_slice(chunk);
+                for (part, data) in pool.read_blocks(&ids)?.into_data().into_iter().enumerate() {
+                    let per_block = part_bytes[part];
+                    let buffer = &mut host[half * part_bytes.len() + part];
+                    buffer.resize(self.num_host_blocks * per_block, 0);
+                    for ((_, h), chunk) in pairs.iter().zip(data.as_bytes().chunks_exact(per_block)) {
+                        let at = h.index() * per_block;
+                        buffer[at..at + per_block].copy_from_slice(chunk);
+                    }
                 }
             }
         }
@@ -236,25 +273,29 @@ impl PagedKvCache {
         if pairs.is_empty() {
             return Ok(());
         }
-        let per_block = Self::block_values(&self.layout, self.block_size) * self.layout.dtype.size_bytes();
-        let dtype = self.layout.dtype.dtype();
+        let parts = self.keys[0].parts();
+        let part_bytes = self.part_block_bytes();
         let ids: Vec<u32> = pairs.iter().map(|(_, d)| d.0).collect();
-        let shape = [pairs.len(), self.layout.num_kv_heads, self.block_size, self.layout.head_dim];
         for layer in 0..self.layout.num_layers {
             for half in 0..2 {
-                let host = &self.host[layer];
-                let mut data = Vec::with_capacity(pairs.len() * per_block);
-                for (h, _) in pairs {
-                    let at = (half * self.num_host_blocks + h.index()) * per_block;
-                    let block = host
-                        .get(at..at + per_block)
-                        .ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
-                    data.extend_from_slice(block);
+                let mut datas = Vec::with_capacity(parts.len());
+                for (part, &(width, dtype)) in parts.iter().enumerate() {
+                    let per_block = part_bytes[part];
+                    let buffer = self.host[layer].get(half * parts.len() + part).map(Vec::as_slice).unwrap_or(&[]);
+                    let mut data = Vec::with_capacity(pairs.len() * per_block);
+                    for (h, _) in pairs {
+                        let at = h.index() * per_block;
+                        let block = buffer
+                            .get(at..at + per_block)
+                            .ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
+                        data.extend_from_slice(block);
+                    }
+                    let shape = [pairs.len(), self.layout.num_kv_heads, self.block_size, width];
+                    datas.push(TensorData::from_bytes_vec(data, shape, dtype));
                 }
-                let data = TensorData::from_bytes_vec(data, shape, dtype);
-                let blocks = Tensor::<4>::from_data(data, (self.placement.device(layer), dtype));
+                let blocks = KvPool::from_data(datas, self.quant, self.placement.device(layer))?;
                 let pool = if half == 0 { &mut self.keys[layer] } else { &mut self.values[layer] };
-                write_blocks_mut(pool, &ids, blocks)?;
+                pool.write_blocks(&ids, blocks)?;
             }
         }
         Ok(())

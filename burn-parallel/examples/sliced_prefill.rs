@@ -94,8 +94,9 @@ fn time_ms(
 ) -> Result<(f64, Option<f64>), String> {
     let mut best = (f64::INFINITY, None);
     for _ in 0..repeats.max(1) {
-        let mut cache = PagedKvCache::placed(model.kv_layout(), BLOCK, len.div_ceil(BLOCK), 0, model.kv_devices())
-            .map_err(|e| e.to_string())?;
+        let mut cache =
+            PagedKvCache::placed(model.kv_layout(), BLOCK, len.div_ceil(BLOCK), 0, model.kv_devices(), None)
+                .map_err(|e| e.to_string())?;
         let (steps, inputs) = lay_out(&model.device(), len, slices);
         cache.begin_micro_batches(&steps).map_err(|e| e.to_string())?;
         let (start, cpu) = (Instant::now(), cpu_ms());

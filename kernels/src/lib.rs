@@ -64,9 +64,9 @@ pub mod test_devices;
 pub use cpu::CpuFeatures;
 pub use fused::{Gate, argmax_rows, attention_with, gated_mul, matmul, prefix_attention, rms_norm, rotate_half};
 pub use paged::{
-    PagedBatch, PagedKernelError, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut, paged_attention,
-    paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut, reshape_and_cache_with, slot,
-    write_blocks, write_blocks_mut,
+    KvPool, PagedBatch, PagedKernelError, QuantizedBlocks, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut,
+    paged_attention, paged_attention_pool, paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut,
+    reshape_and_cache_with, slot, write_blocks, write_blocks_mut,
 };
 #[cfg(feature = "flex")]
 pub use quant::integer_isa;

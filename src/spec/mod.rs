@@ -315,6 +315,8 @@ impl EngineSpec {
         EngineConfig {
             block_size: p.block_size.unwrap_or(defaults.block_size),
             kv_cache_memory: p.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY),
+            // `validate` refuses --kv-quant with --compress-cache, the one error here.
+            kv_quant: self.kv_quant_spec().ok().flatten(),
             max_num_seqs: p.max_num_seqs.unwrap_or(defaults.max_num_seqs),
             max_num_batched_tokens: p.max_num_batched_tokens,
             preemption: p.preemption.unwrap_or(defaults.preemption),

@@ -113,7 +113,8 @@ impl EngineSpec {
     }
 
     /// Weight and KV-cache quantization: one spelling each, groups only with `--quantize`, and no
-    /// quantized KV cache where the engine's cache cannot store one.
+    /// quantized KV cache where the engine's cache cannot store one (paged blocks over several
+    /// devices).
     fn check_quantization(&self, kind: EngineKind) -> Check {
         if self.quantize.is_some() && self.compress_weight {
             return Err(SpecError::new(
@@ -137,11 +138,12 @@ impl EngineSpec {
             ));
         }
         let kv_flag = if self.compress_cache { "--compress-cache" } else { "--kv-quant" };
-        if kind == EngineKind::Paged && (self.kv_quant.is_some() || self.compress_cache) {
+        if kind == EngineKind::Paged && (self.kv_quant.is_some() || self.compress_cache) && self.parallel.is_set() {
             return Err(SpecError::new(
                 kv_flag,
-                "the paged engine's KV blocks are not quantized (with or without pipeline stages)",
-                format!("use --engine plain or offload for a quantized KV cache, or drop {kv_flag}"),
+                "the paged engine quantizes its KV blocks on one device only, not over several (--devices, \
+                 pipeline or tensor-parallel stages, disaggregated prefill and decode)",
+                format!("run the paged engine on one device for a quantized KV cache, or drop {kv_flag}"),
             ));
         }
         self.weight_quant().map_err(|e| SpecError::new("--quantize/--group-size", e, "choose another group size"))?;

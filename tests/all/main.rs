@@ -23,6 +23,7 @@ mod headless_chromium;
 mod loopback_client;
 mod offload;
 mod paged;
+mod paged_kv_quant;
 mod parallel;
 mod parity;
 mod precision;

@@ -203,7 +203,10 @@ fn paged_and_offload_engines_run_in_half_precision() {
                 let pretrained = load(name, precision, &device);
                 let layout = pretrained.model.kv_layout();
                 let f32_layout = burn_llm::models::KvLayout { dtype: Precision::F32, ..layout };
-                assert_eq!(2 * PagedKvCache::block_bytes(&layout, 4), PagedKvCache::block_bytes(&f32_layout, 4));
+                assert_eq!(
+                    2 * PagedKvCache::block_bytes(&layout, 4, None),
+                    PagedKvCache::block_bytes(&f32_layout, 4, None)
+                );
                 // A pool that holds the longest sequence and little more: the others swap out.
                 let hf: Vec<Vec<u32>> = reference.prompts.iter().map(|p| p.greedy_ids.clone()).collect();
                 let [_, (label, config), _] = crate::paged::pools(&prompts, &hf);

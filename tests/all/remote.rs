@@ -17,6 +17,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_llm::device::{RemoteDeviceError, WatchedEngine, WorkerError, remote_device};
 use burn_llm::kernels::{self, QuantSpec};
 use burn_llm::models::LanguageModel;
+use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{ContiguousKvCache, PretrainedFiles, Prompt, SamplingParams};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine};
@@ -212,8 +213,9 @@ fn load(name: &str, device: &Device, quantize: bool) -> (Pretrained, Duration) {
     (model, start.elapsed())
 }
 
-/// A whole model on a remote Flex worker: plain and paged greedy generation and a model with
-/// 8-bit fused-matmul weights give local Flex's tokens, and logits within 1e-4.
+/// A whole model on a remote Flex worker: plain and paged greedy generation (float and 8-bit KV
+/// blocks) and a model with 8-bit fused-matmul weights give local Flex's tokens, and logits
+/// within 1e-4.
 #[test]
 fn models_on_a_remote_worker_equal_local() {
     let worker = Worker::start("flex");
@@ -255,6 +257,20 @@ fn models_on_a_remote_worker_equal_local() {
                 let (again, _) = load(name, &remote, false);
                 let mut paged = LlmEngine::new(again, config()).unwrap();
                 assert_eq!(greedy_ids(&mut paged, &prompts, 12), expected, "{name}: paged engine on the worker");
+                // 8-bit KV blocks on the worker: its dequantizing PagedAttention gives the local
+                // plain engine's tokens with the same quantized cache.
+                let kv8 = QuantSpec::new(8, 64, KV_QUANT_AXIS).unwrap();
+                let (local_model, _) = load(name, &local, false);
+                let spec = fit_kv_quant(local_model.model.kv_layout(), kv8).unwrap();
+                let mut quantized = Generator::from(local_model).with_kv_quantization(spec).unwrap();
+                let expected_kv8 = greedy_ids(&mut quantized, &prompts, 12);
+                let (again, _) = load(name, &remote, false);
+                let mut paged = LlmEngine::new(again, EngineConfig { kv_quant: Some(kv8), ..config() }).unwrap();
+                assert_eq!(
+                    greedy_ids(&mut paged, &prompts, 12),
+                    expected_kv8,
+                    "{name}: kv8 paged engine on the worker"
+                );
             }
             assert_eq!(
                 greedy_ids(&mut Generator::from(there), &prompts, 12),

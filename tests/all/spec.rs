@@ -69,13 +69,32 @@ fn quantization_flags_are_given_once_and_where_they_can_be_honoured() {
     refused(&["--compress-weight", "--group-size", "32"], "--group-size");
     refused(&["--quantize", "w4", "--group-size", "0"], "--quantize/--group-size");
     refused(&["--kv-quant", "4", "--compress-cache"], "--kv-quant, --compress-cache");
-    refused(&["--engine", "paged", "--kv-quant", "8"], "--kv-quant");
-    refused(&["--engine", "paged", "--compress-cache"], "--compress-cache");
-    // The pipeline build never read --kv-quant: over stages it is refused too.
+    // Quantized paged blocks live on one device: over stages the flag is refused.
     refused(
         &["--engine", "paged", "--kv-quant", "4", "--devices", "flex,flex", "--pipeline-parallel-size", "2"],
         "--kv-quant",
     );
+    refused(&["--engine", "paged", "--compress-cache", "--devices", "flex,flex"], "--compress-cache");
+}
+
+/// The paged engine stores its KV blocks quantized with `--kv-quant` (or `--compress-cache`), and
+/// the server accepts both.
+#[test]
+fn the_paged_engine_and_the_server_take_a_quantized_kv_cache() {
+    let model = fixture("opt");
+    for flags in [&["--kv-quant", "8"][..], &["--kv-quant", "4"], &["--compress-cache"]] {
+        let mut argv = vec!["x", "--model", model.to_str().unwrap(), "--max-new-tokens", "3", "--device", "flex"];
+        argv.extend_from_slice(&["--engine", "paged", "--prompt", "Hello"]);
+        argv.extend_from_slice(flags);
+        let args = GenerateArgs::try_parse_from(argv).unwrap();
+        let (mut out, mut log) = (Vec::new(), Vec::new());
+        run_with(&args, DEFAULTS, &mut out, &mut log).unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+        assert!(!out.is_empty(), "{flags:?}: nothing generated");
+        let serve = ServeArgs::try_parse_from([&["serve", "--model", "m"][..], flags].concat()).unwrap();
+        let spec = serve.engine_spec();
+        assert_eq!(spec.validate(spec.kind(), Purpose::Serve), Ok(()), "{flags:?}");
+        assert!(spec.engine_config().kv_quant.is_some(), "{flags:?}: the engine gets the quantization");
+    }
 }
 
 #[test]

@@ -18,7 +18,8 @@ use burn_llm::DeviceChoice;
 use burn_llm::kernels::QuantSpec;
 use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
-use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained};
+use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained, Prompt, SamplingParams};
+use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine};
 use serde::Serialize;
 
 use crate::report::{self, Align::Left, Align::Right, Header, table};
@@ -42,7 +43,9 @@ pub struct PplArgs {
     /// Variants to evaluate, comma-separated: `base` (weights as loaded: a GGUF file's quantized
     /// blocks as shipped), `f32` (every weight dequantized to f32), `w8`, `w4` (weights
     /// re-quantized in groups of `--group-size`), `kv8`, `kv4` (KV cache quantized along the head
-    /// dimension), `w4kv4` (both, FlexGen's compressed setting).
+    /// dimension), `w4kv4` (both, FlexGen's compressed setting); `paged`, `paged-kv8`,
+    /// `paged-kv4`: weights as loaded, scored through the paged engine with float or quantized
+    /// KV blocks (put `paged` first to compare the quantized ones against it).
     #[arg(long, value_delimiter = ',', default_value = "base,f32,w8,w4,kv8,kv4,w4kv4")]
     variants: Vec<String>,
     /// Quantization group size.
@@ -153,8 +156,7 @@ fn window_nll(
         None => ContiguousKvCache::new(model.kv_layout(), 1, window.len(), device),
         Some(bits) => {
             // FlexGen's groups of 64, or the whole head where 64 does not tile it.
-            let spec =
-                fit_kv_quant(model.kv_layout(), QuantSpec::new(bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS)?)?;
+            let spec = fit_kv_quant(model.kv_layout(), kv_spec(bits)?)?;
             ContiguousKvCache::quantized(model.kv_layout(), 1, window.len(), device, spec)?
         }
     };
@@ -168,6 +170,42 @@ fn window_nll(
     Ok((nll, s - 1))
 }
 
+/// `--kv-quant bits`: FlexGen's groups of 64 along the head dimension (fitted to the model's heads
+/// where 64 does not tile one).
+fn kv_spec(bits: u32) -> Result<QuantSpec, burn_llm::kernels::KernelError> {
+    QuantSpec::new(bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS)
+}
+
+/// Sum of next-token negative log-likelihoods over every window, scored through the paged engine
+/// (its prompt log-probabilities: PagedAttention over blocks of 16, quantized as `kv_bits` says),
+/// and how many tokens were scored.
+fn paged_nll(
+    pretrained: Pretrained,
+    windows: &[&[u32]],
+    kv_bits: Option<u32>,
+) -> Result<(f64, usize), Box<dyn std::error::Error>> {
+    let longest = windows.iter().map(|w| w.len()).max().unwrap_or(1);
+    let config = EngineConfig {
+        kv_cache_memory: KvCacheMemory::Blocks(4 * longest.div_ceil(16) + 4),
+        kv_quant: kv_bits.map(kv_spec).transpose()?,
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    let mut engine = LlmEngine::new(pretrained, config)?;
+    let params = SamplingParams { prompt_logprobs: Some(0), ..SamplingParams::greedy(1) };
+    let prompts: Vec<Prompt> = windows.iter().map(|w| Prompt::Ids(w.to_vec())).collect();
+    let out = engine.generate(&prompts, &params)?;
+    let (mut nll, mut count) = (0.0, 0);
+    for request in &out.requests {
+        let scored = request.prompt_logprobs.as_ref().ok_or("the paged engine returned no prompt log-probabilities")?;
+        for entry in scored.iter().flatten() {
+            nll -= f64::from(entry[0].logprob);
+            count += 1;
+        }
+    }
+    Ok((nll, count))
+}
+
 pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
     let (path, label) = crate::fetch::resolve(&args.model)?;
@@ -177,26 +215,44 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut scored: Option<(Vec<u32>, usize)> = None;
     for variant in &args.variants {
         let pretrained = Pretrained::load(&path, &device)?;
-        let weights = |bits| QuantSpec::new(bits, args.group_size, WEIGHT_QUANT_AXIS);
-        let (model, kv_bits) = match variant.as_str() {
-            "base" => (pretrained.model, None),
-            "f32" => (pretrained.model.dequantize_weights(), None),
-            "w8" => (pretrained.model.quantize_weights(weights(8)?)?, None),
-            "w4" => (pretrained.model.quantize_weights(weights(4)?)?, None),
-            "kv8" => (pretrained.model, Some(8)),
-            "kv4" => (pretrained.model, Some(4)),
-            "w4kv4" => (pretrained.model.quantize_weights(weights(4)?)?, Some(4)),
-            other => return Err(format!("unknown variant `{other}` (base, f32, w8, w4, kv8, kv4, w4kv4)").into()),
-        };
         let tokens = pretrained.tokenizer.encode(&text)?;
-        let context = args.context.min(model.spec().max_positions).max(2);
+        let context = args.context.min(pretrained.model.spec().max_positions).max(2);
+        let scored_windows = windows(&tokens, context, args.max_windows);
         let started = Instant::now();
-        let (mut nll, mut count) = (0.0, 0);
-        for window in windows(&tokens, context, args.max_windows) {
-            let (n, c) = window_nll(&model, window, kv_bits, &device)?;
-            nll += n;
-            count += c;
-        }
+        let (nll, count) = match variant.strip_prefix("paged") {
+            Some(kv) => {
+                let kv_bits = match kv {
+                    "" => None,
+                    "-kv8" => Some(8),
+                    "-kv4" => Some(4),
+                    _ => return Err(format!("unknown variant `{variant}` (paged, paged-kv8, paged-kv4)").into()),
+                };
+                paged_nll(pretrained, &scored_windows, kv_bits)?
+            }
+            None => {
+                let weights = |bits| QuantSpec::new(bits, args.group_size, WEIGHT_QUANT_AXIS);
+                let (model, kv_bits) = match variant.as_str() {
+                    "base" => (pretrained.model, None),
+                    "f32" => (pretrained.model.dequantize_weights(), None),
+                    "w8" => (pretrained.model.quantize_weights(weights(8)?)?, None),
+                    "w4" => (pretrained.model.quantize_weights(weights(4)?)?, None),
+                    "kv8" => (pretrained.model, Some(8)),
+                    "kv4" => (pretrained.model, Some(4)),
+                    "w4kv4" => (pretrained.model.quantize_weights(weights(4)?)?, Some(4)),
+                    other => return Err(format!(
+                        "unknown variant `{other}` (base, f32, w8, w4, kv8, kv4, w4kv4, paged, paged-kv8, paged-kv4)"
+                    )
+                    .into()),
+                };
+                let (mut nll, mut count) = (0.0, 0);
+                for window in &scored_windows {
+                    let (n, c) = window_nll(&model, window, kv_bits, &device)?;
+                    nll += n;
+                    count += c;
+                }
+                (nll, count)
+            }
+        };
         push_row(&mut results, variant, nll, count, started.elapsed().as_secs_f64());
         scored = Some((tokens, context));
     }

@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use burn::tensor::Tensor;
-use burn_llm_kernels::paged::{paged_attention_with, reshape_and_cache_with};
+use burn_llm_kernels::paged::{KvPool, paged_attention_pool};
 use burn_llm_models::cache::LayerDevices;
 use burn_llm_models::language_model::splittable;
 use burn_llm_models::{KvCache, MicroBatchCache, ModelError, StageCache};
@@ -21,8 +21,8 @@ use crate::error::{PagedError, Result};
 /// The pools of cache layers `first..first + keys.len()` and the step's layouts.
 pub(super) struct LayerView<'a> {
     first: usize,
-    keys: &'a mut [Tensor<4>],
-    values: &'a mut [Tensor<4>],
+    keys: &'a mut [KvPool],
+    values: &'a mut [KvPool],
     steps: &'a [Vec<DeviceStep>],
     host_steps: &'a [super::PagedStep],
     placement: &'a LayerDevices,
@@ -79,10 +79,10 @@ impl LayerView<'_> {
                     ))
                 },
             )?;
-        reshape_and_cache_with(&mut self.keys[local], to_rows(k), slots)?;
-        reshape_and_cache_with(&mut self.values[local], to_rows(v), slots)?;
+        self.keys[local].write(to_rows(k), slots)?;
+        self.values[local].write(to_rows(v), slots)?;
         let out = match window {
-            None => paged_attention_with(to_rows(q), &self.keys[local], &self.values[local], batch, scale)?,
+            None => paged_attention_pool(to_rows(q), &self.keys[local], &self.values[local], batch, scale)?,
             Some(window) => {
                 let step = self
                     .host_steps

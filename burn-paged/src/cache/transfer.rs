@@ -2,8 +2,7 @@
 //! disaggregated prefill and decode (ExeGPT's WAA). The blocks stay tensors throughout; the
 //! destination moves them with Burn's `to_device`.
 
-use burn::tensor::Tensor;
-use burn_llm_kernels::paged::{read_blocks, write_blocks_mut};
+use burn_llm_kernels::paged::KvPool;
 
 use super::PagedKvCache;
 use crate::error::{PagedError, Result};
@@ -12,8 +11,8 @@ use crate::memory::BlockId;
 /// The K and V contents of some blocks, per layer, on the device they were read on.
 #[derive(Debug, Clone)]
 pub struct KvBlocks {
-    /// Per layer, `[K, V]`, each `[blocks, kv_heads, block_size, head_dim]`.
-    layers: Vec<[Tensor<4>; 2]>,
+    /// Per layer, `[K, V]`, each `blocks` blocks stored as the source pool stores them.
+    layers: Vec<[KvPool; 2]>,
     blocks: usize,
     bytes: u64,
 }
@@ -38,9 +37,9 @@ impl PagedKvCache {
             .keys
             .iter()
             .zip(&self.values)
-            .map(|(k, v)| Ok([read_blocks(k, &raw)?, read_blocks(v, &raw)?]))
+            .map(|(k, v)| Ok([k.read_blocks(&raw)?, v.read_blocks(&raw)?]))
             .collect::<Result<Vec<_>>>()?;
-        let per_block = Self::block_bytes(&self.layout, self.block_size) as u64;
+        let per_block = Self::block_bytes(&self.layout, self.block_size, self.quant) as u64;
         Ok(KvBlocks { layers, blocks: ids.len(), bytes: per_block * ids.len() as u64 })
     }
 
@@ -60,8 +59,8 @@ impl PagedKvCache {
         let raw: Vec<u32> = ids.iter().map(|b| b.0).collect();
         for (layer, [k, v]) in kv.layers.into_iter().enumerate() {
             let device = self.placement.device(layer).clone();
-            write_blocks_mut(&mut self.keys[layer], &raw, k.to_device(&device))?;
-            write_blocks_mut(&mut self.values[layer], &raw, v.to_device(&device))?;
+            self.keys[layer].write_blocks(&raw, k.to_device(&device))?;
+            self.values[layer].write_blocks(&raw, v.to_device(&device))?;
         }
         Ok(())
     }

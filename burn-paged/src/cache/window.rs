@@ -5,7 +5,7 @@
 //! layers take this path; blocks before the earliest window are not read at all.
 
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_llm_kernels::paged::read_blocks;
+use burn_llm_kernels::paged::KvPool;
 use burn_llm_models::cache::{MASKED, attention};
 
 use super::PagedStep;
@@ -16,7 +16,7 @@ use crate::error::{PagedError, Result};
 /// sequence's context.
 pub(super) fn windowed_attention(
     q: Tensor<3>,
-    (keys, values): (&Tensor<4>, &Tensor<4>),
+    (keys, values): (&KvPool, &KvPool),
     step: &PagedStep,
     scale: f32,
     window: usize,
@@ -51,9 +51,10 @@ pub(super) fn windowed_attention(
             .ok_or_else(|| PagedError::Internal(format!("context of {end} positions exceeds its block table")))?;
         let offset = first * block_size;
         let span = ids.len() * block_size;
-        // `[blocks, H_kv, block_size, D]` → `[1, H_kv, blocks · block_size, D]`.
-        let run = |pool: &Tensor<4>| -> Result<Tensor<4>> {
-            Ok(read_blocks(pool, ids)?.swap_dims(0, 1).reshape([1, kv_heads, span, head_dim]))
+        // `[blocks, H_kv, block_size, D]` → `[1, H_kv, blocks · block_size, D]` (quantized blocks
+        // dequantized, as the contiguous cache attends its local layers).
+        let run = |pool: &KvPool| -> Result<Tensor<4>> {
+            Ok(pool.read_blocks(ids)?.dense().swap_dims(0, 1).reshape([1, kv_heads, span, head_dim]))
         };
         let mut bias = vec![MASKED; rows.len() * span];
         for (i, &len) in lens.iter().enumerate() {

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use burn_llm_kernels::MAX_GPU_TENSOR_ELEMENTS;
+use burn_llm_kernels::{MAX_GPU_TENSOR_ELEMENTS, QuantSpec};
+use burn_llm_models::cache::fit_kv_quant;
 use burn_llm_models::{KvLayout, LanguageModel, PrefillSlicing};
 
 use crate::cache::PagedKvCache;
@@ -63,6 +64,10 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// Device KV-cache pool size.
     pub kv_cache_memory: KvCacheMemory,
+    /// Group quantization of the KV blocks (`--kv-quant`), fitted to the model's heads when the
+    /// engine is built ([`fit_kv_quant`]); `None`: floats in the model's dtype. A quantized block
+    /// takes fewer bytes, so a byte budget buys more blocks.
+    pub kv_quant: Option<QuantSpec>,
     /// Host swap space for preempted groups, in bytes (vLLM's default is 4 GiB).
     pub swap_space: u64,
     /// Sequences running at once, at most.
@@ -98,6 +103,7 @@ impl PartialEq for EngineConfig {
         let Self {
             block_size,
             kv_cache_memory,
+            kv_quant,
             swap_space,
             max_num_seqs,
             max_num_batched_tokens,
@@ -114,6 +120,7 @@ impl PartialEq for EngineConfig {
         };
         *block_size == other.block_size
             && *kv_cache_memory == other.kv_cache_memory
+            && *kv_quant == other.kv_quant
             && *swap_space == other.swap_space
             && *max_num_seqs == other.max_num_seqs
             && *max_num_batched_tokens == other.max_num_batched_tokens
@@ -131,6 +138,7 @@ impl Default for EngineConfig {
         Self {
             block_size: 16,
             kv_cache_memory: KvCacheMemory::Fraction(0.4),
+            kv_quant: None,
             swap_space: 4 << 30,
             max_num_seqs: 256,
             max_num_batched_tokens: None,
@@ -171,14 +179,21 @@ impl EngineConfig {
     /// together (a block id holds its slots in every layer, so every stage has the same count).
     pub fn device_blocks_for(&self, model: &impl LanguageModel) -> Result<(usize, u64)> {
         let layout = model.kv_layout();
-        let block_bytes = PagedKvCache::block_bytes(&layout, self.block_size);
+        let quant = self.kv_quant_for(&layout)?;
+        let block_bytes = PagedKvCache::block_bytes(&layout, self.block_size, quant);
         let placement = model.kv_devices();
         let on_cpu = placement.distinct().iter().all(burn_llm_models::device::is_host_device);
         let (blocks, budget) = self.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)?;
         if !on_cpu {
-            check_gpu_pool(&layout, self.block_size, blocks)?;
+            check_gpu_pool(&layout, self.block_size, blocks, quant)?;
         }
         Ok((blocks, budget))
+    }
+
+    /// [`EngineConfig::kv_quant`] fitted to a model of `layout` ([`fit_kv_quant`]: groups of the
+    /// whole head when the requested size does not tile one).
+    pub fn kv_quant_for(&self, layout: &KvLayout) -> Result<Option<QuantSpec>> {
+        Ok(self.kv_quant.map(|spec| fit_kv_quant(*layout, spec)).transpose()?)
     }
 
     /// Host blocks of swap space.
@@ -190,14 +205,15 @@ impl EngineConfig {
 /// Checks that a GPU pool of `blocks` blocks can be used: each layer's keys (and values) are one
 /// tensor of `blocks` blocks, and over [`MAX_GPU_TENSOR_ELEMENTS`] a GPU kernel silently computes
 /// nothing (or the buffer fails to allocate) until a result is read.
-fn check_gpu_pool(layout: &KvLayout, block_size: usize, blocks: usize) -> Result<()> {
-    let block_elements = PagedKvCache::block_values(layout, block_size);
+fn check_gpu_pool(layout: &KvLayout, block_size: usize, blocks: usize, quant: Option<QuantSpec>) -> Result<()> {
+    // A quantized pool's largest tensor is its codes, `32 / bits` values to an element.
+    let block_elements = PagedKvCache::block_values(layout, block_size) / quant.map_or(1, |q| q.per_word());
     if blocks.saturating_mul(block_elements) <= MAX_GPU_TENSOR_ELEMENTS {
         return Ok(());
     }
     let most = MAX_GPU_TENSOR_ELEMENTS / block_elements.max(1);
     let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
-    let block_bytes = PagedKvCache::block_bytes(layout, block_size);
+    let block_bytes = PagedKvCache::block_bytes(layout, block_size, quant);
     Err(PagedError::Config(format!(
         "a KV cache of {blocks} blocks makes each layer's key and value tensors {} elements each, more than the \
          {MAX_GPU_TENSOR_ELEMENTS} a GPU kernel handles: give --kv-cache-memory of at most {most} blocks ({:.2} GiB \
@@ -238,11 +254,15 @@ mod tests {
         // LLaMA-7B's layer: 32 KV heads of 128, blocks of 16 tokens: 65536 elements per block and
         // tensor, so 8191 blocks stay under 2^29 elements and 8192 do not (the H200's limit).
         let layout = KvLayout { num_layers: 32, num_kv_heads: 32, head_dim: 128, dtype: Precision::F16 };
-        assert!(check_gpu_pool(&layout, 16, 8191).is_ok());
-        let Err(PagedError::Config(message)) = check_gpu_pool(&layout, 16, 8192) else {
+        assert!(check_gpu_pool(&layout, 16, 8191, None).is_ok());
+        let Err(PagedError::Config(message)) = check_gpu_pool(&layout, 16, 8192, None) else {
             panic!("8192 blocks of 65536 elements make a tensor of 2^29 elements");
         };
         assert!(message.contains("536870912 elements") && message.contains("at most 8191 blocks"), "{message}");
-        assert!(check_gpu_pool(&layout, 16, usize::MAX).is_err());
+        assert!(check_gpu_pool(&layout, 16, usize::MAX, None).is_err());
+        // 8-bit codes: four values to a `u32` element, so four times the blocks fit.
+        let kv8 = QuantSpec::new(8, 64, 3).unwrap();
+        assert!(check_gpu_pool(&layout, 16, 4 * 8191 + 3, Some(kv8)).is_ok());
+        assert!(check_gpu_pool(&layout, 16, 4 * 8192, Some(kv8)).is_err());
     }
 }

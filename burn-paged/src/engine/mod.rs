@@ -148,7 +148,8 @@ impl<M: LanguageModel> LlmEngine<M> {
         if config.micro_batches == Some(0) {
             return Err(PagedError::Config("micro_batches must be at least 1".into()));
         }
-        let block_bytes = PagedKvCache::block_bytes(&layout, config.block_size);
+        let quant = config.kv_quant_for(&layout)?;
+        let block_bytes = PagedKvCache::block_bytes(&layout, config.block_size, quant);
         let (device_blocks, budget) = config.device_blocks_for(&model)?;
         let needed = spec.max_positions.div_ceil(config.block_size);
         // A byte budget must hold one sequence of full context length (as vLLM requires); an
@@ -181,7 +182,17 @@ impl<M: LanguageModel> LlmEngine<M> {
             max_model_len: spec.max_positions,
             chunked_prefill: config.chunked_prefill,
         });
-        let cache = PagedKvCache::placed(layout, config.block_size, device_blocks, host_blocks, model.kv_devices())?;
+        let cache =
+            PagedKvCache::placed(layout, config.block_size, device_blocks, host_blocks, model.kv_devices(), quant)?;
+        tracing::info!(
+            blocks = device_blocks,
+            block_size = config.block_size,
+            block_bytes,
+            kv_quant = quant.map(|q| q.bits()),
+            "paged KV cache: {device_blocks} device blocks of {} tokens, {block_bytes} bytes each ({})",
+            config.block_size,
+            quant.map_or_else(|| format!("{:?}", layout.dtype), |q| q.to_string()),
+        );
         let micro_batches = config.micro_batches.unwrap_or(model.num_stages());
         Ok(Self {
             runner: ModelRunner { model, cache, micro_batches, slicing: config.prefill_slicing.clone() },

@@ -165,7 +165,7 @@ impl CacheUnderTest for Unsplittable {
 }
 
 fn paged(model: &impl LanguageModel) -> PagedKvCache {
-    PagedKvCache::placed(model.kv_layout(), BLOCK, BLOCKS, 0, model.kv_devices()).unwrap()
+    PagedKvCache::placed(model.kv_layout(), BLOCK, BLOCKS, 0, model.kv_devices(), None).unwrap()
 }
 
 /// The pipelines under test: 2 stages and 3 (even and uneven) over four layers, on flex, with one

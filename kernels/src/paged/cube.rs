@@ -210,6 +210,164 @@ fn paged_attention_kernel<F: Float>(
     }
 }
 
+/// Element `e` of slot row `row` of a group-quantized cache: `code · scale + min`, in `f32`
+/// (the codes `32 / bits` to a `u32` word, lowest bits first).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn dequantized<F: Float>(
+    codes: &Tensor<u32>,
+    scale: &Tensor<F>,
+    min: &Tensor<F>,
+    row: usize,
+    e: usize,
+    words: usize,
+    groups: usize,
+    group: usize,
+    bits: u32,
+) -> f32 {
+    let per = 32 / bits as usize;
+    let word = codes[row * words + e / per];
+    let mask = (1u32 << bits) - 1u32;
+    let code = (word >> (u32::cast_from(e % per) * bits)) & mask;
+    let g = row * groups + e / group;
+    f32::cast_from(code) * f32::cast_from(scale[g]) + f32::cast_from(min[g])
+}
+
+/// [`paged_attention_kernel`] over group-quantized keys and values, each read through
+/// [`dequantized`] where the float kernel reads the cache: the same tiles, barriers and online
+/// softmax.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn paged_attention_quantized_kernel<F: Float>(
+    q: &Tensor<F>,
+    k_codes: &Tensor<u32>,
+    k_scale: &Tensor<F>,
+    k_min: &Tensor<F>,
+    v_codes: &Tensor<u32>,
+    v_scale: &Tensor<F>,
+    v_min: &Tensor<F>,
+    block_tables: &Tensor<u32>,
+    query_seq: &Tensor<u32>,
+    context_lens: &Tensor<u32>,
+    out: &mut Tensor<F>,
+    scale: f32,
+    heads: usize,
+    kv_heads: usize,
+    block_size: usize,
+    max_blocks: usize,
+    total: usize,
+    words: usize,
+    groups: usize,
+    group: usize,
+    bits: u32,
+    #[comptime] head_dim: usize,
+    #[comptime] threads: usize,
+    #[comptime] dims_per_thread: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let cube = CUBE_POS;
+    if cube >= total {
+        terminate!();
+    }
+    let token = cube / heads;
+    let head = cube % heads;
+    let kv_head = head / (heads / kv_heads);
+    let unit = UNIT_POS as usize;
+    let table = (query_seq[token] as usize) * max_blocks;
+    let context = context_lens[token] as usize;
+    let base = cube * head_dim;
+
+    let mut q_shared = Shared::<[f32]>::new_slice(head_dim);
+    let mut scores = Shared::<[f32]>::new_slice(threads);
+    let mut probs = Shared::<[f32]>::new_slice(threads);
+
+    let mut d = unit;
+    while d < head_dim {
+        q_shared[d] = f32::cast_from(q[base + d]) * scale;
+        d += threads;
+    }
+    sync_cube();
+
+    let mut acc = Array::<f32>::new(dims_per_thread);
+    #[unroll]
+    for k in 0..dims_per_thread {
+        acc[k] = f32::new(0.0);
+    }
+    let mut running_max = f32::new(-3.0e38);
+    let mut running_sum = f32::new(0.0);
+
+    let mut start = 0usize;
+    while start < context {
+        let mut valid = context - start;
+        if valid > threads {
+            valid = threads;
+        }
+        if unit < valid {
+            let pos = start + unit;
+            let block = block_tables[table + pos / block_size] as usize;
+            let row = (block * kv_heads + kv_head) * block_size + pos % block_size;
+            let mut s = f32::new(0.0);
+            for i in 0..head_dim {
+                s += q_shared[i] * dequantized::<F>(k_codes, k_scale, k_min, row, i, words, groups, group, bits);
+            }
+            scores[unit] = s;
+        }
+        sync_cube();
+
+        let mut tile_max = running_max;
+        for i in 0..valid {
+            tile_max = f32::max(tile_max, scores[i]);
+        }
+        if unit < valid {
+            probs[unit] = f32::exp(scores[unit] - tile_max);
+        }
+        sync_cube();
+
+        let correction = f32::exp(running_max - tile_max);
+        running_sum *= correction;
+        #[unroll]
+        for k in 0..dims_per_thread {
+            acc[k] *= correction;
+        }
+        for i in 0..valid {
+            let pos = start + i;
+            let block = block_tables[table + pos / block_size] as usize;
+            let row = (block * kv_heads + kv_head) * block_size + pos % block_size;
+            let p = probs[i];
+            running_sum += p;
+            #[unroll]
+            for k in 0..dims_per_thread {
+                let d = unit + k * threads;
+                if d < head_dim {
+                    acc[k] += p * dequantized::<F>(v_codes, v_scale, v_min, row, d, words, groups, group, bits);
+                }
+            }
+        }
+        running_max = tile_max;
+        start += threads;
+    }
+
+    #[unroll]
+    for k in 0..dims_per_thread {
+        let d = unit + k * threads;
+        if d < head_dim {
+            let mut o = f32::new(0.0);
+            if running_sum > 0.0f32 {
+                o = acc[k] / running_sum;
+            }
+            out[base + d] = F::cast_from(o);
+        }
+    }
+}
+
+/// Threads per attention cube for heads of `head_dim` on `client`'s hardware, and the output dims
+/// each thread owns.
+fn attention_threads(client: &cubecl::client::Client, head_dim: usize) -> (usize, usize) {
+    let hardware = client.properties().hardware.max_units_per_cube as usize;
+    let threads = head_dim.next_multiple_of(32).clamp(32, MAX_THREADS.min(hardware.max(1)));
+    (threads, head_dim.div_ceil(threads))
+}
+
 /// The cache to write into: itself when this is the only reference to a non-overlapping
 /// buffer (no copy of a cache that may be gigabytes), otherwise a contiguous copy (the caller's
 /// other references keep the old contents). Same rule as burn-cubecl's `slice_assign`.
@@ -326,9 +484,7 @@ impl PagedKvOps for CubeBackend {
         if total == 0 || head_dim == 0 {
             return out;
         }
-        let hardware = client.properties().hardware.max_units_per_cube as usize;
-        let threads = head_dim.next_multiple_of(32).clamp(32, MAX_THREADS.min(hardware.max(1)));
-        let dims_per_thread = head_dim.div_ceil(threads);
+        let (threads, dims_per_thread) = attention_threads(&client, head_dim);
         let cube_dim = CubeDim::new_1d(threads as u32);
         let cube_count = calculate_cube_count_elemwise(&client, total * threads, cube_dim);
         let dtype = dtype_to_storage_type(q.dtype);
@@ -349,6 +505,73 @@ impl PagedKvOps for CubeBackend {
             block_size,
             max_blocks,
             total,
+            head_dim,
+            threads,
+            dims_per_thread,
+            dtype,
+        );
+        out
+    }
+
+    fn paged_attention_quantized(
+        q: FloatTensor<Self>,
+        k_codes: IntTensor<Self>,
+        k_scale: FloatTensor<Self>,
+        k_min: FloatTensor<Self>,
+        v_codes: IntTensor<Self>,
+        v_scale: FloatTensor<Self>,
+        v_min: FloatTensor<Self>,
+        block_tables: IntTensor<Self>,
+        query_seq: IntTensor<Self>,
+        context_lens: IntTensor<Self>,
+        scale: f32,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let q = into_contiguous(q);
+        let [k_codes, v_codes] = [k_codes, v_codes].map(into_contiguous);
+        let [k_scale, k_min, v_scale, v_min] = [k_scale, k_min, v_scale, v_min].map(into_contiguous);
+        let (block_tables, query_seq, context_lens) =
+            (into_contiguous(block_tables), into_contiguous(query_seq), into_contiguous(context_lens));
+        let [tokens, heads, head_dim] = q.shape().dims::<3>();
+        let [_, kv_heads, block_size, words] = k_codes.shape().dims::<4>();
+        let groups = k_scale.shape().dims::<4>()[3];
+        let max_blocks = block_tables.shape().dims::<2>()[1];
+        let client = q.client.clone();
+        let out = empty_device_dtype(client.clone(), q.device.clone(), q.shape(), q.dtype);
+        let total = tokens * heads;
+        if total == 0 || head_dim == 0 {
+            return out;
+        }
+        let (threads, dims_per_thread) = attention_threads(&client, head_dim);
+        let cube_dim = CubeDim::new_1d(threads as u32);
+        let cube_count = calculate_cube_count_elemwise(&client, total * threads, cube_dim);
+        let dtype = dtype_to_storage_type(q.dtype);
+        paged_attention_quantized_kernel::launch(
+            &client,
+            cube_count,
+            cube_dim,
+            q.into_tensor_arg(),
+            k_codes.into_tensor_arg(),
+            k_scale.into_tensor_arg(),
+            k_min.into_tensor_arg(),
+            v_codes.into_tensor_arg(),
+            v_scale.into_tensor_arg(),
+            v_min.into_tensor_arg(),
+            block_tables.into_tensor_arg(),
+            query_seq.into_tensor_arg(),
+            context_lens.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            scale,
+            heads,
+            kv_heads,
+            block_size,
+            max_blocks,
+            total,
+            words,
+            groups,
+            group,
+            bits,
             head_dim,
             threads,
             dims_per_thread,

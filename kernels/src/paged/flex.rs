@@ -9,6 +9,7 @@ use burn::tensor::{DType, Element, TensorData, bf16, f16};
 use rayon::prelude::*;
 
 use super::ops::PagedKvOps;
+use crate::quant::flex::{decode_words, f32s, widened};
 
 /// Float storage types of a cache, converted to `f32` for arithmetic.
 trait Real: Element + Copy + Send + Sync {
@@ -149,50 +150,149 @@ struct Tables<'a> {
     context_lens: &'a [u32],
 }
 
+/// One layer's keys (or values) read a slot row at a time: row `r` is slot
+/// `(block · kv_heads + kv_head) · block_size + offset`, `head_dim` values wide.
+trait KvRows: Sync {
+    /// `query · row`, with `buf` (`head_dim` values) as scratch.
+    fn dot(&self, query: &[f32], row: usize, buf: &mut [f32]) -> f32;
+    /// `acc += p · row`, with `buf` as scratch.
+    fn axpy(&self, p: f32, row: usize, acc: &mut [f32], buf: &mut [f32]);
+}
+
+/// Rows of a float cache, read in place.
+struct DenseRows<'a, E> {
+    data: &'a [E],
+    head_dim: usize,
+}
+
+impl<E: Real> KvRows for DenseRows<'_, E> {
+    #[inline(always)]
+    fn dot(&self, query: &[f32], row: usize, _: &mut [f32]) -> f32 {
+        dot(query, &self.data[row * self.head_dim..(row + 1) * self.head_dim])
+    }
+
+    #[inline(always)]
+    fn axpy(&self, p: f32, row: usize, acc: &mut [f32], _: &mut [f32]) {
+        for (a, x) in acc.iter_mut().zip(&self.data[row * self.head_dim..(row + 1) * self.head_dim]) {
+            *a += p * x.to_f32();
+        }
+    }
+}
+
+/// Rows of a group-quantized cache, each decoded into the scratch row as the group
+/// dequantization does it (`code · scale + min`, in `f32`) and then used as a float row.
+struct QuantRows<'a> {
+    codes: &'a [u32],
+    scale: &'a [f32],
+    min: &'a [f32],
+    words: usize,
+    groups: usize,
+    group: usize,
+    bits: u32,
+}
+
+impl<'a> QuantRows<'a> {
+    /// Rows of contiguous codes and `f32` scales and minimums, `(words, groups, group, bits)`
+    /// per row.
+    fn new(
+        codes: &'a FlexTensor,
+        scale: &'a FlexTensor,
+        min: &'a FlexTensor,
+        shape: (usize, usize, usize, u32),
+    ) -> Self {
+        let (words, groups, group, bits) = shape;
+        let codes = codes.as_slice::<u32>().expect("codes are contiguous u32 tensors");
+        Self { codes, scale: f32s(scale), min: f32s(min), words, groups, group, bits }
+    }
+
+    #[inline(always)]
+    fn decode(&self, row: usize, buf: &mut [f32]) {
+        decode_words(&self.codes[row * self.words..(row + 1) * self.words], self.bits, buf);
+        let params = row * self.groups..(row + 1) * self.groups;
+        for ((values, &s), &m) in
+            buf.chunks_exact_mut(self.group).zip(&self.scale[params.clone()]).zip(&self.min[params])
+        {
+            values.iter_mut().for_each(|v| *v = *v * s + m);
+        }
+    }
+}
+
+impl KvRows for QuantRows<'_> {
+    #[inline(always)]
+    fn dot(&self, query: &[f32], row: usize, buf: &mut [f32]) -> f32 {
+        self.decode(row, buf);
+        dot(query, buf)
+    }
+
+    #[inline(always)]
+    fn axpy(&self, p: f32, row: usize, acc: &mut [f32], buf: &mut [f32]) {
+        self.decode(row, buf);
+        for (a, x) in acc.iter_mut().zip(buf.iter()) {
+            *a += p * x;
+        }
+    }
+}
+
 avx2_dispatch! {
-    /// Output row `out` of query `idx / heads`, head `idx % heads`, using AVX2/FMA when the CPU has
-    /// them.
-    fn attend<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) => attend_portable
+    /// Output row `out` (in `f32`) of query `idx / heads`, head `idx % heads`, whose scaled query
+    /// is `query`, using AVX2/FMA when the CPU has them.
+    fn attend<R: KvRows>(g: &Geometry, t: &Tables, idx: usize, query: &[f32], k: &R, v: &R, out: &mut [f32]) => attend_portable
 }
 
 /// Online softmax over the context, one block at a time: the block's scores (eight-lane dot
-/// products against the contiguous keys of one head), the block maximum, a rescale of the
-/// running sum and accumulator by `exp(m_old − m_new)`, then `acc += p · v` for each key.
+/// products against the keys of one head), the block maximum, a rescale of the running sum and
+/// accumulator by `exp(m_old − m_new)`, then `acc += p · v` for each key.
 #[inline(always)]
-fn attend_portable<E: Real>(g: &Geometry, t: &Tables, idx: usize, q: &[E], k: &[E], v: &[E], out: &mut [E]) {
+fn attend_portable<R: KvRows>(g: &Geometry, t: &Tables, idx: usize, query: &[f32], k: &R, v: &R, out: &mut [f32]) {
     let d = g.head_dim;
     let token = idx / g.heads;
     let kv_head = idx % g.heads / (g.heads / g.kv_heads);
-    let query: Vec<f32> = q[idx * d..(idx + 1) * d].iter().map(|x| x.to_f32() * g.scale).collect();
     let context = t.context_lens[token] as usize;
     let row = &t.block_tables[t.query_seq[token] as usize * g.max_blocks..];
     let mut acc = vec![0f32; d];
+    let mut buf = vec![0f32; d];
     let mut scores = vec![0f32; g.block_size];
     let (mut running_max, mut running_sum) = (f32::NEG_INFINITY, 0f32);
     for (logical, &block) in row[..context.div_ceil(g.block_size)].iter().enumerate() {
         let n = g.block_size.min(context - logical * g.block_size);
-        let base = (block as usize * g.kv_heads + kv_head) * g.block_size * d;
+        let first = (block as usize * g.kv_heads + kv_head) * g.block_size;
         let mut block_max = running_max;
-        for (s, key) in scores.iter_mut().zip(k[base..base + n * d].chunks_exact(d)) {
-            *s = dot(&query, key);
+        for (i, s) in scores[..n].iter_mut().enumerate() {
+            *s = k.dot(query, first + i, &mut buf);
             block_max = block_max.max(*s);
         }
         let correction = if running_max == f32::NEG_INFINITY { 0.0 } else { (running_max - block_max).exp() };
         running_sum *= correction;
         acc.iter_mut().for_each(|a| *a *= correction);
-        for (s, value) in scores.iter().zip(v[base..base + n * d].chunks_exact(d)) {
+        for (i, s) in scores[..n].iter().enumerate() {
             let p = (s - block_max).exp();
             running_sum += p;
-            for (a, x) in acc.iter_mut().zip(value) {
-                *a += p * x.to_f32();
-            }
+            v.axpy(p, first + i, &mut acc, &mut buf);
         }
         running_max = block_max;
     }
     let inv = if running_sum > 0.0 { 1.0 / running_sum } else { 0.0 };
     for (o, a) in out.iter_mut().zip(&acc) {
-        *o = E::from_f32(a * inv);
+        *o = a * inv;
     }
+}
+
+/// Attention of every (query, head) row of `q` over the rows `k` and `v`, parallel over rows,
+/// as a `[tokens, heads, head_dim]` tensor of `q`'s dtype.
+fn attend_all<E: Real, R: KvRows>(g: &Geometry, t: &Tables, q: &[E], k: &R, v: &R, tokens: usize) -> FlexTensor {
+    let d = g.head_dim;
+    let mut out = vec![E::from_f32(0.0); tokens * g.heads * d];
+    if d > 0 && g.heads > 0 {
+        out.par_chunks_mut(d).enumerate().for_each(|(idx, o)| {
+            let query: Vec<f32> = q[idx * d..(idx + 1) * d].iter().map(|x| x.to_f32() * g.scale).collect();
+            let mut row = vec![0f32; d];
+            attend(g, t, idx, &query, k, v, &mut row);
+            for (o, r) in o.iter_mut().zip(&row) {
+                *o = E::from_f32(*r);
+            }
+        });
+    }
+    FlexTensor::from_data(TensorData::new(out, [tokens, g.heads, d]))
 }
 
 /// Dot product in eight independent lanes (one AVX register), then the tail.
@@ -281,13 +381,42 @@ impl PagedKvOps for Flex {
         with_float!(q.dtype(), E => {
             let same = "q, K and V share one dtype";
             let (qs, ks, vs) = (q.as_slice::<E>().expect(same), k_cache.as_slice::<E>().expect(same), v_cache.as_slice::<E>().expect(same));
-            let mut out = vec![E::from_f32(0.0); tokens * heads * head_dim];
-            if head_dim > 0 && heads > 0 {
-                out.par_chunks_mut(head_dim)
-                    .enumerate()
-                    .for_each(|(idx, o)| attend(&geometry, &tables, idx, qs, ks, vs, o));
-            }
-            FlexTensor::from_data(TensorData::new(out, [tokens, heads, head_dim]))
+            let (k, v) = (DenseRows { data: ks, head_dim }, DenseRows { data: vs, head_dim });
+            attend_all(&geometry, &tables, qs, &k, &v, tokens)
+        })
+    }
+
+    fn paged_attention_quantized(
+        q: FloatTensor<Self>,
+        k_codes: IntTensor<Self>,
+        k_scale: FloatTensor<Self>,
+        k_min: FloatTensor<Self>,
+        v_codes: IntTensor<Self>,
+        v_scale: FloatTensor<Self>,
+        v_min: FloatTensor<Self>,
+        block_tables: IntTensor<Self>,
+        query_seq: IntTensor<Self>,
+        context_lens: IntTensor<Self>,
+        scale: f32,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let [tokens, heads, head_dim] = q.layout().shape().dims::<3>();
+        let [_, kv_heads, block_size, words] = k_codes.layout().shape().dims::<4>();
+        let groups = k_scale.layout().shape().dims::<4>()[3];
+        let max_blocks = block_tables.layout().shape().dims::<2>()[1];
+        let q = contiguous(q);
+        let (k_codes, v_codes) = (contiguous(k_codes), contiguous(v_codes));
+        let [k_scale, k_min, v_scale, v_min] = [k_scale, k_min, v_scale, v_min].map(widened);
+        let (block_tables, query_seq, context_lens) =
+            (indices(block_tables), indices(query_seq), indices(context_lens));
+        let geometry = Geometry { heads, kv_heads, block_size, head_dim, max_blocks, scale };
+        let tables = Tables { block_tables: &block_tables, query_seq: &query_seq, context_lens: &context_lens };
+        let shape = (words, groups, group, bits);
+        let k = QuantRows::new(&k_codes, &k_scale, &k_min, shape);
+        let v = QuantRows::new(&v_codes, &v_scale, &v_min, shape);
+        with_float!(q.dtype(), E => {
+            attend_all(&geometry, &tables, q.as_slice::<E>().expect("q is contiguous"), &k, &v, tokens)
         })
     }
 }

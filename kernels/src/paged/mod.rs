@@ -45,7 +45,13 @@
 //! Arguments are validated on the host (lengths, block ids, slots, context lengths, head counts,
 //! dtypes, devices) and reported as [`PagedKernelError`]; nothing here panics on bad input.
 
+mod error;
 pub mod ops;
+mod quant;
+
+pub use error::PagedKernelError;
+
+pub use quant::{KvPool, QuantizedBlocks, paged_attention_pool};
 
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;
@@ -66,106 +72,6 @@ pub const SKIP_SLOT: u32 = u32::MAX;
 /// The slot of offset `offset` in physical block `block`: `block · block_size + offset`.
 pub fn slot(block: u32, offset: u32, block_size: u32) -> u32 {
     block * block_size + offset
-}
-
-/// What is wrong with a paged-cache or paged-attention request.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PagedKernelError {
-    /// A cache is not `[num_blocks, num_kv_heads, block_size, head_dim]` with non-zero heads,
-    /// block size and head size.
-    #[error("a paged cache needs non-zero kv heads, block size and head size, got shape {0:?}")]
-    CacheShape([usize; 4]),
-    /// Two tensors that must agree in shape do not.
-    #[error("{what}: expected shape {expected:?}, got {found:?}")]
-    Shape {
-        /// Which tensor.
-        what: &'static str,
-        /// Shape the cache (or the other operand) implies.
-        expected: Vec<usize>,
-        /// Shape received.
-        found: Vec<usize>,
-    },
-    /// A host slice has the wrong length.
-    #[error("{what}: expected {expected} entries, got {found}")]
-    Length {
-        /// Which argument.
-        what: &'static str,
-        /// Length the tensors imply.
-        expected: usize,
-        /// Length received.
-        found: usize,
-    },
-    /// A physical block id is outside the cache.
-    #[error("{what}: block {block} is out of range (the cache has {num_blocks} blocks)")]
-    Block {
-        /// Which argument it came from.
-        what: &'static str,
-        /// The offending id.
-        block: u32,
-        /// Blocks in the cache.
-        num_blocks: usize,
-    },
-    /// A slot is outside the cache (and is not [`SKIP_SLOT`]).
-    #[error("slot {slot} is out of range (the cache has {num_slots} slots)")]
-    Slot {
-        /// The (largest) offending slot.
-        slot: u32,
-        /// `num_blocks · block_size`.
-        num_slots: usize,
-    },
-    /// Two writes of one launch target the same place (the result would depend on thread order).
-    #[error("{what}: {index} is written twice")]
-    Duplicate {
-        /// Which argument.
-        what: &'static str,
-        /// The slot or block written twice.
-        index: u32,
-    },
-    /// A block is both copied from and copied to in one [`copy_blocks`] call.
-    #[error("copy_blocks: block {0} is both a source and a destination")]
-    CopyOverlap(u32),
-    /// A query names a block-table row that does not exist.
-    #[error("query {query} uses block-table row {row}, but there are {rows} rows")]
-    Sequence {
-        /// Query index.
-        query: usize,
-        /// Requested row.
-        row: u32,
-        /// Rows in the block table.
-        rows: usize,
-    },
-    /// A context is longer than a block-table row can map.
-    #[error("query {query} has context length {len}, more than max_blocks · block_size = {max}")]
-    Context {
-        /// Query index.
-        query: usize,
-        /// Its context length.
-        len: u32,
-        /// `max_blocks · block_size`.
-        max: usize,
-    },
-    /// The block table is not `rows × max_blocks` (or `max_blocks` is 0 with queries present).
-    #[error("block table of {len} entries is not a whole number of rows of max_blocks = {max_blocks}")]
-    BlockTable {
-        /// Entries received.
-        len: usize,
-        /// Row length.
-        max_blocks: usize,
-    },
-    /// Query heads are not a multiple of kv heads (grouped-query attention needs whole groups).
-    #[error("{heads} query heads are not a multiple of {kv_heads} kv heads")]
-    Heads {
-        /// Query heads.
-        heads: usize,
-        /// Key/value heads.
-        kv_heads: usize,
-    },
-    /// Float operands of one op have different dtypes, or a dtype the kernels do not handle.
-    #[error("dtype mismatch or unsupported: {0:?} (use one of F32, F16, BF16, F64 throughout)")]
-    DType(Vec<DType>),
-    /// Operands live on different devices.
-    #[error("operands of a paged op live on different devices")]
-    Device,
 }
 
 /// Uploads host indices as a `U32` vector on `device`.
@@ -203,12 +109,19 @@ fn same_device(devices: &[Device]) -> Result<(), PagedKernelError> {
     if devices.windows(2).all(|w| w[0] == w[1]) { Ok(()) } else { Err(PagedKernelError::Device) }
 }
 
+/// Cache rows and the new rows they take of a quantized write (see [`SlotMapping::code_rows`]).
+type CodeRows = (Tensor<1, Int>, Option<Tensor<1, Int>>);
+
 /// The slots of one step's new tokens, checked and uploaded once and then shared by the K and V
 /// caches of every layer (vLLM's slot mapping). See [`reshape_and_cache_with`].
 #[derive(Debug, Clone)]
 pub struct SlotMapping {
     /// `None` when every token is skipped (nothing to launch).
     slots: Option<Tensor<1, Int>>,
+    /// The slots on the host (quantized caches derive their code rows from them).
+    host: Vec<u32>,
+    /// The code rows of quantized writes for one `(kv_heads, block_size)`, built by the first.
+    code_rows: std::sync::OnceLock<((usize, usize), Option<CodeRows>)>,
     tokens: usize,
     /// Largest slot written.
     max_slot: Option<u32>,
@@ -226,12 +139,36 @@ impl SlotMapping {
             }
         }
         let max_slot = seen.iter().copied().max();
-        Ok(Self { slots: max_slot.map(|_| upload(slots.to_vec(), device)), tokens: slots.len(), max_slot })
+        Ok(Self {
+            slots: max_slot.map(|_| upload(slots.to_vec(), device)),
+            host: slots.to_vec(),
+            code_rows: std::sync::OnceLock::new(),
+            tokens: slots.len(),
+            max_slot,
+        })
+    }
+
+    /// The code rows a quantized cache of `kv_heads` heads and `block_size` slots per block
+    /// writes (see [`quant`]), built once per geometry and then shared by every layer.
+    fn code_rows(&self, kv_heads: usize, block_size: usize) -> Option<CodeRows> {
+        let device = || self.slots.as_ref().map(Tensor::device);
+        let build = || device().and_then(|d| quant::code_rows(&self.host, kv_heads, block_size, &d));
+        let (geometry, rows) = self.code_rows.get_or_init(|| ((kv_heads, block_size), build()));
+        if *geometry == (kv_heads, block_size) { rows.clone() } else { build() }
     }
 
     /// Number of tokens `T` (skipped ones included).
     pub fn tokens(&self) -> usize {
         self.tokens
+    }
+
+    /// Checks that these slots are for `tokens` tokens.
+    fn check_tokens(&self, tokens: usize) -> Result<(), PagedKernelError> {
+        if self.tokens == tokens {
+            Ok(())
+        } else {
+            Err(PagedKernelError::Length { what: "slots", expected: tokens, found: self.tokens })
+        }
     }
 
     /// Checks these slots against `cache` and `new`.
@@ -245,9 +182,7 @@ impl SlotMapping {
                 found: vec![tokens, h, d],
             });
         }
-        if self.tokens != tokens {
-            return Err(PagedKernelError::Length { what: "slots", expected: tokens, found: self.tokens });
-        }
+        self.check_tokens(tokens)?;
         same_dtype(&[cache.dtype(), new.dtype()])?;
         let mut devices = vec![cache.device(), new.device()];
         devices.extend(self.slots.as_ref().map(Tensor::device));
@@ -567,6 +502,32 @@ pub fn paged_attention_with(
     scale: f32,
 ) -> Result<Tensor<3>, PagedKernelError> {
     let _span = tracing::trace_span!("kernel", op = "paged_attention", tokens = batch.tokens).entered();
+    check_attention(q.dims(), q.dtype(), q.device(), k_cache, v_cache, batch)?;
+    let [tokens, heads, _] = q.dims();
+    if tokens == 0 || heads == 0 {
+        return Ok(q);
+    }
+    Ok(Tensor::from_dispatch(<Dispatch as PagedKvOps>::paged_attention(
+        q.into_dispatch(),
+        k_cache.clone().into_dispatch(),
+        v_cache.clone().into_dispatch(),
+        batch.tables.clone().into_dispatch(),
+        batch.query_seq.clone().into_dispatch(),
+        batch.context_lens.clone().into_dispatch(),
+        scale,
+    )))
+}
+
+/// The argument checks of [`paged_attention_with`] for a query of `q_dims`, `q_dtype` on
+/// `q_device` (shared with the quantized kernel, which checks its float parts this way).
+fn check_attention(
+    q_dims: [usize; 3],
+    q_dtype: DType,
+    q_device: Device,
+    k_cache: &Tensor<4>,
+    v_cache: &Tensor<4>,
+    batch: &PagedBatch,
+) -> Result<(), PagedKernelError> {
     let [num_blocks, kv_heads, block_size, head_dim] = cache_dims(k_cache)?;
     let cache_shape = [num_blocks, kv_heads, block_size, head_dim];
     if v_cache.dims() != cache_shape {
@@ -576,7 +537,7 @@ pub fn paged_attention_with(
             found: v_cache.dims().to_vec(),
         });
     }
-    let [tokens, heads, d] = q.dims();
+    let [tokens, heads, d] = q_dims;
     if d != head_dim || tokens != batch.tokens {
         return Err(PagedKernelError::Shape {
             what: "q",
@@ -594,24 +555,16 @@ pub fn paged_attention_with(
     if !heads.is_multiple_of(kv_heads) {
         return Err(PagedKernelError::Heads { heads, kv_heads });
     }
-    same_dtype(&[q.dtype(), k_cache.dtype(), v_cache.dtype()])?;
-    same_device(&[q.device(), k_cache.device(), v_cache.device(), batch.context_lens.device()])?;
+    same_dtype(&[q_dtype, k_cache.dtype(), v_cache.dtype()])?;
+    same_device(&[q_device, k_cache.device(), v_cache.device(), batch.context_lens.device()])?;
     if let Some(block) = batch.max_block.filter(|&b| b as usize >= num_blocks) {
         return Err(PagedKernelError::Block { what: "block_tables", block, num_blocks });
     }
-    if tokens == 0 || heads == 0 {
-        return Ok(q);
-    }
-    Ok(Tensor::from_dispatch(<Dispatch as PagedKvOps>::paged_attention(
-        q.into_dispatch(),
-        k_cache.clone().into_dispatch(),
-        v_cache.clone().into_dispatch(),
-        batch.tables.clone().into_dispatch(),
-        batch.query_seq.clone().into_dispatch(),
-        batch.context_lens.clone().into_dispatch(),
-        scale,
-    )))
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod quant_tests;

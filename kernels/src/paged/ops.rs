@@ -48,4 +48,27 @@ pub trait PagedKvOps: Backend {
         context_lens: IntTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self>;
+
+    /// [`PagedKvOps::paged_attention`] over group-quantized caches, dequantized inside the kernel:
+    /// key (value) element `e` of a slot is `code · scale[e / group] + min[e / group]`, the codes
+    /// packed little-end-first into `u32` words (`k_codes`: `[num_blocks, H_kv, block_size,
+    /// D · bits / 32]`; `k_scale`, `k_min`: `[num_blocks, H_kv, block_size, D / group]`, the dtype
+    /// of `q`), the layout [`crate::quant::quantize`] writes.
+    #[fusion(dtype = q, shape = q)]
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention_quantized(
+        q: FloatTensor<Self>,
+        k_codes: IntTensor<Self>,
+        k_scale: FloatTensor<Self>,
+        k_min: FloatTensor<Self>,
+        v_codes: IntTensor<Self>,
+        v_scale: FloatTensor<Self>,
+        v_min: FloatTensor<Self>,
+        block_tables: IntTensor<Self>,
+        query_seq: IntTensor<Self>,
+        context_lens: IntTensor<Self>,
+        scale: f32,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self>;
 }

@@ -10,7 +10,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn_router::{BackendRouter, CustomOpRegistry, RouterChannel};
 
 use super::ops::PagedKvOps;
-use crate::remote::launch;
+use crate::remote::{launch, scalar_usize};
 
 impl<C: RouterChannel> PagedKvOps for BackendRouter<C> {
     fn reshape_and_cache(
@@ -44,6 +44,27 @@ impl<C: RouterChannel> PagedKvOps for BackendRouter<C> {
         let (shape, dtype) = (q.shape(), q.dtype());
         let inputs = vec![q, k_cache, v_cache, block_tables, query_seq, context_lens];
         launch("paged_attention", inputs, shape, dtype, &[Scalar::from(scale)])
+    }
+
+    fn paged_attention_quantized(
+        q: FloatTensor<Self>,
+        k_codes: IntTensor<Self>,
+        k_scale: FloatTensor<Self>,
+        k_min: FloatTensor<Self>,
+        v_codes: IntTensor<Self>,
+        v_scale: FloatTensor<Self>,
+        v_min: FloatTensor<Self>,
+        block_tables: IntTensor<Self>,
+        query_seq: IntTensor<Self>,
+        context_lens: IntTensor<Self>,
+        scale: f32,
+        bits: u32,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        let (shape, dtype) = (q.shape(), q.dtype());
+        let inputs = vec![q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, block_tables, query_seq, context_lens];
+        let scalars = [Scalar::from(scale), Scalar::from(bits), Scalar::from(group)];
+        launch("paged_attention_quantized", inputs, shape, dtype, &scalars)
     }
 }
 
@@ -82,6 +103,26 @@ pub(crate) fn register<B: BackendIr + PagedKvOps>(registry: &mut CustomOpRegistr
             handles.get_int_tensor::<B>(query_seq),
             handles.get_int_tensor::<B>(context_lens),
             ir.scalars[0].elem::<f32>(),
+        );
+        handles.register_float_tensor::<B>(&out.id, y);
+    });
+    registry.register("paged_attention_quantized", |handles, ir, _device| {
+        let ([q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, block_tables, query_seq, context_lens], [out]) =
+            ir.as_fixed::<10, 1>();
+        let y = B::paged_attention_quantized(
+            handles.get_float_tensor::<B>(q),
+            handles.get_int_tensor::<B>(k_codes),
+            handles.get_float_tensor::<B>(k_scale),
+            handles.get_float_tensor::<B>(k_min),
+            handles.get_int_tensor::<B>(v_codes),
+            handles.get_float_tensor::<B>(v_scale),
+            handles.get_float_tensor::<B>(v_min),
+            handles.get_int_tensor::<B>(block_tables),
+            handles.get_int_tensor::<B>(query_seq),
+            handles.get_int_tensor::<B>(context_lens),
+            ir.scalars[0].elem::<f32>(),
+            scalar_usize(ir, 1) as u32,
+            scalar_usize(ir, 2),
         );
         handles.register_float_tensor::<B>(&out.id, y);
     });

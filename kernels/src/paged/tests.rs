@@ -10,21 +10,21 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-type Rng8 = rand_chacha::ChaCha8Rng;
+pub(super) type Rng8 = rand_chacha::ChaCha8Rng;
 
 use crate::test_devices::devices;
 #[cfg(any(feature = "wgpu", feature = "vulkan"))]
 use crate::test_devices::gpu_device;
 
-fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+pub(super) fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_into_vec_as::<f32>().unwrap()
 }
 
-fn random(rng: &mut Rng8, n: usize) -> Vec<f32> {
+pub(super) fn random(rng: &mut Rng8, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect()
 }
 
-fn tensor<const D: usize>(data: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
+pub(super) fn tensor<const D: usize>(data: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
     Tensor::from_data(TensorData::new(data, shape), device)
 }
 
@@ -149,16 +149,16 @@ fn copy_write_and_read_blocks_round_trip() {
 }
 
 /// One batch of paged-attention inputs: caches, block tables and queries.
-struct Batch {
-    shape: [usize; 4],
-    heads: usize,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    q: Vec<f32>,
-    tables: Vec<u32>,
-    max_blocks: usize,
-    query_seq: Vec<u32>,
-    context_lens: Vec<u32>,
+pub(super) struct Batch {
+    pub(super) shape: [usize; 4],
+    pub(super) heads: usize,
+    pub(super) k: Vec<f32>,
+    pub(super) v: Vec<f32>,
+    pub(super) q: Vec<f32>,
+    pub(super) tables: Vec<u32>,
+    pub(super) max_blocks: usize,
+    pub(super) query_seq: Vec<u32>,
+    pub(super) context_lens: Vec<u32>,
 }
 
 impl Batch {
@@ -166,7 +166,7 @@ impl Batch {
     /// `u32::MAX`, never read); every sequence gets a decode query at its full length, sequence
     /// `prefill` also gets `prefill_len` prefill queries with increasing context lengths ending
     /// just before it, and one query has an empty context.
-    fn new(
+    pub(super) fn new(
         rng: &mut Rng8,
         heads: usize,
         kv_heads: usize,
@@ -206,15 +206,15 @@ impl Batch {
         Batch { shape, heads, k: random(rng, n), v: random(rng, n), q, tables, max_blocks, query_seq, context_lens }
     }
 
-    fn tokens(&self) -> usize {
+    pub(super) fn tokens(&self) -> usize {
         self.query_seq.len()
     }
 
-    fn scale(&self) -> f32 {
+    pub(super) fn scale(&self) -> f32 {
         1.0 / (self.shape[3] as f32).sqrt()
     }
 
-    fn run(&self, device: &Device) -> Tensor<3> {
+    pub(super) fn run(&self, device: &Device) -> Tensor<3> {
         let q = tensor(self.q.clone(), [self.tokens(), self.heads, self.shape[3]], device);
         let k = tensor(self.k.clone(), self.shape, device);
         let v = tensor(self.v.clone(), self.shape, device);
@@ -224,7 +224,7 @@ impl Batch {
 
     /// Dense attention with plain Burn ops: gather each query's keys and values into contiguous
     /// tensors (slot-major cache, `select` by slot, repeat kv heads), matmul, softmax, matmul.
-    fn reference(&self, device: &Device) -> Tensor<3> {
+    pub(super) fn reference(&self, device: &Device) -> Tensor<3> {
         let [num_blocks, kv_heads, block_size, head_dim] = self.shape;
         let heads = self.heads;
         let by_slot = |data: &[f32]| {
@@ -262,7 +262,7 @@ impl Batch {
 }
 
 /// Within 1e-4 of the largest reference value (relative, at least absolute 1e-4).
-fn assert_close(found: &[f32], reference: &[f32], what: &str) {
+pub(super) fn assert_close(found: &[f32], reference: &[f32], what: &str) {
     assert_eq!(found.len(), reference.len(), "{what}");
     let scale = reference.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
     for (i, (a, b)) in found.iter().zip(reference).enumerate() {
@@ -274,7 +274,7 @@ fn assert_close(found: &[f32], reference: &[f32], what: &str) {
 /// GQA and MHA, head dims 16 and 64, block sizes 4 and 16, lengths 1, block boundaries and
 /// lengths longer than one key tile, and head dims that are not a power of two or exceed one
 /// cube's threads (several output dims per thread on the GPU).
-const CASES: [(usize, usize, usize, usize, &[usize]); 7] = [
+pub(super) const CASES: [(usize, usize, usize, usize, &[usize]); 7] = [
     (4, 2, 16, 4, &[1, 4, 9, 37]),
     (4, 4, 16, 16, &[16, 1, 33]),
     (4, 2, 64, 16, &[70, 32, 1, 17]),

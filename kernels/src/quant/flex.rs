@@ -113,7 +113,7 @@ fn weight_rows_portable(
 
 /// Unpacks `packed` codes (`32 / bits` per word, lowest bits first) into `out` as `f32`.
 #[inline(always)]
-fn decode_words(packed: &[u32], bits: u32, out: &mut [f32]) {
+pub(crate) fn decode_words(packed: &[u32], bits: u32, out: &mut [f32]) {
     if bits == 4 {
         for (o, &word) in out.chunks_exact_mut(8).zip(packed) {
             for (t, v) in o.iter_mut().enumerate() {
@@ -137,7 +137,7 @@ fn contiguous(t: FlexTensor) -> FlexTensor {
 
 /// `t` contiguous in `f32`: half-precision inputs are widened (the twin computes in `f32`, the
 /// precision a GPU kernel accumulates half inputs in).
-fn widened(t: FlexTensor) -> FlexTensor {
+pub(crate) fn widened(t: FlexTensor) -> FlexTensor {
     if t.dtype() == DType::F32 { contiguous(t) } else { FlexTensor::from_data(t.into_data().convert_dtype(DType::F32)) }
 }
 
@@ -147,11 +147,11 @@ fn narrowed(values: Vec<f32>, shape: [usize; 2], dtype: DType) -> FlexTensor {
     FlexTensor::from_data(if dtype == DType::F32 { data } else { data.convert_dtype(dtype) })
 }
 
-fn f32s(t: &FlexTensor) -> &[f32] {
+pub(crate) fn f32s(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>().expect("group quantization runs on contiguous f32 tensors")
 }
 
-fn u32s(t: &FlexTensor) -> &[u32] {
+pub(crate) fn u32s(t: &FlexTensor) -> &[u32] {
     t.as_slice::<u32>().expect("codes are contiguous u32 tensors")
 }
 

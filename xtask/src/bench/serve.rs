@@ -1,7 +1,8 @@
 //! `cargo xtask bench serve`: offline serving throughput of the paged engine (vLLM) against the
 //! baselines of the vLLM paper (thesis §5.6.1) under the same KV memory budget, on synthetic
 //! ShareGPT-like and Alpaca-like workloads; then the memory block sharing saves for parallel
-//! sampling and beam search.
+//! sampling and beam search, and vLLM's throughput with 8-bit KV blocks against float ones in the
+//! same KV budget in bytes (more blocks, larger batches).
 //!
 //! Every system is the paged engine with another [`SchedulingPolicy`], so they share the model,
 //! the kernels and the step loop and differ only in how they admit requests and hold KV memory:
@@ -22,6 +23,7 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
+use burn_llm::paged::cache::PagedKvCache;
 use burn_llm::paged::{EngineStats, KvCacheMemory, KvReservation, PreemptionMode, SchedulingPolicy};
 use burn_llm::spec::PagedSpec;
 use burn_llm::{BeamSearchParams, DeviceChoice, Engine, EngineDetails, EngineKind, EngineSpec, Purpose, Timing};
@@ -103,6 +105,26 @@ struct SystemResult {
     preemptions: usize,
     /// vLLM's throughput ÷ this system's.
     vllm_speedup: f64,
+    /// KV blocks the budget bought.
+    kv_blocks: usize,
+}
+
+/// vLLM with 8-bit KV blocks against vLLM with float ones, in the same KV budget in bytes.
+#[derive(Serialize)]
+struct KvQuantResult {
+    workload: String,
+    /// The budget both runs get: `--kv-tokens` of float (`f32`) KV.
+    budget_bytes: u64,
+    float_blocks: usize,
+    kv8_blocks: usize,
+    float_tokens_per_s: f64,
+    kv8_tokens_per_s: f64,
+    /// kv8's throughput ÷ float's.
+    kv8_speedup: f64,
+    float_average_batch: f64,
+    kv8_average_batch: f64,
+    float_preemptions: usize,
+    kv8_preemptions: usize,
 }
 
 #[derive(Serialize)]
@@ -128,6 +150,7 @@ struct Report {
     max_model_len: usize,
     block_size: usize,
     workloads: Vec<WorkloadResult>,
+    kv_quant: Vec<KvQuantResult>,
     sharing: Vec<SharingResult>,
 }
 
@@ -138,16 +161,29 @@ pub(super) fn model(device: &Device, max_model_len: usize) -> Result<CausalLm, B
     Ok(CausalLm::random(spec, device)?)
 }
 
-/// One system on all requests at once: the paged engine under `scheduling`, `kv_tokens` of KV.
+/// Bytes of `--kv-tokens` of float KV of the bench's model (whole blocks): the budget of the kv8
+/// comparison.
+fn float_budget_bytes(device: &Device, args: &Args) -> Result<u64, Box<dyn std::error::Error>> {
+    let layout = model(device, args.max_model_len)?.kv_layout();
+    Ok((args.kv_tokens / args.block_size * PagedKvCache::block_bytes(&layout, args.block_size, None)) as u64)
+}
+
+/// One system on all requests at once: the paged engine under `scheduling`, `kv_tokens` of KV,
+/// or with `kv_quant` bits the same budget in bytes of quantized blocks.
 fn run_system(
     device: &Device,
     args: &Args,
     reqs: &[Request],
     (label, scheduling): (&str, SchedulingPolicy),
+    kv_quant: Option<u32>,
 ) -> Result<SystemResult, Box<dyn std::error::Error>> {
+    let kv_cache_memory = match kv_quant {
+        None => KvCacheMemory::Blocks(args.kv_tokens / args.block_size),
+        Some(_) => KvCacheMemory::Bytes(float_budget_bytes(device, args)?),
+    };
     let paged = PagedSpec {
         block_size: Some(args.block_size),
-        kv_cache_memory: Some(KvCacheMemory::Blocks(args.kv_tokens / args.block_size)),
+        kv_cache_memory: Some(kv_cache_memory),
         max_num_seqs: Some(256),
         max_num_batched_tokens: Some(args.max_model_len.max(2048)),
         preemption: Some(PreemptionMode::Auto),
@@ -155,7 +191,8 @@ fn run_system(
         scheduling: Some(scheduling),
         ..PagedSpec::default()
     };
-    let mut engine = paged_engine(device, args, paged)?;
+    let mut engine = paged_engine(device, args, paged, kv_quant)?;
+    let kv_blocks = engine.load().map_or(0, |l| l.kv_blocks_total);
     let started = Instant::now();
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) };
@@ -173,7 +210,7 @@ fn run_system(
         return Err(format!("{label}: generated {output_tokens} tokens, the workload asks for {expected}").into());
     }
     let stats = paged_stats(engine.as_ref())?;
-    let pool_slots = (args.kv_tokens / args.block_size * args.block_size) as f64;
+    let pool_slots = (kv_blocks * args.block_size) as f64;
     eprintln!(
         "  {label:16} {:8.1} tokens/s, batch {:5.1}, KV budget used {:5.1}%",
         output_tokens as f64 / seconds,
@@ -191,6 +228,7 @@ fn run_system(
         kv_block_utilization: stats.kv_utilization(),
         preemptions: stats.swaps + stats.recomputes,
         vllm_speedup: 0.0,
+        kv_blocks,
     })
 }
 
@@ -202,7 +240,7 @@ fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result
         no_enable_prefix_caching: true,
         ..PagedSpec::default()
     };
-    let mut engine = paged_engine(device, args, paged)?;
+    let mut engine = paged_engine(device, args, paged, None)?;
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = if beam {
             SamplingParams { beam: Some(BeamSearchParams::new(4)), ignore_eos: true, ..SamplingParams::greedy(*out) }
@@ -224,10 +262,15 @@ fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result
 }
 
 /// The paged engine's scheduler and KV-cache counters, from its report.
-/// The paged engine with `paged`'s settings over the bench's random model on `device`, built as
-/// every engine is ([`EngineSpec::init_model`]).
-fn paged_engine(device: &Device, args: &Args, paged: PagedSpec) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
-    let spec = EngineSpec { engine: Some(EngineKind::Paged), paged, ..EngineSpec::default() };
+/// The paged engine with `paged`'s settings (and `--kv-quant kv_quant`) over the bench's random
+/// model on `device`, built as every engine is ([`EngineSpec::init_model`]).
+fn paged_engine(
+    device: &Device,
+    args: &Args,
+    paged: PagedSpec,
+    kv_quant: Option<u32>,
+) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+    let spec = EngineSpec { engine: Some(EngineKind::Paged), paged, kv_quant, ..EngineSpec::default() };
     spec.init_model(model(device, args.max_model_len)?, None, vec![], Purpose::Serve, &mut std::io::sink())
 }
 
@@ -247,17 +290,35 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let workloads = SyntheticWorkload::standard(args.scale, args.max_model_len);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
+    let mut kv_quant = Vec::new();
     for w in workloads.iter().cloned() {
         let reqs = w.requests(args.requests, vocab, args.max_model_len, &mut rng);
         let mean_prompt = reqs.iter().map(|(p, _)| p.len()).sum::<usize>() as f64 / reqs.len() as f64;
         let mean_output = reqs.iter().map(|(_, o)| *o).sum::<usize>() as f64 / reqs.len() as f64;
         eprintln!("{}: {} requests, mean prompt {mean_prompt:.1}, mean output {mean_output:.1}", w.name, reqs.len());
-        let mut systems =
-            SYSTEMS.iter().map(|&system| run_system(&device, &args, &reqs, system)).collect::<Result<Vec<_>, _>>()?;
+        let mut systems = SYSTEMS
+            .iter()
+            .map(|&system| run_system(&device, &args, &reqs, system, None))
+            .collect::<Result<Vec<_>, _>>()?;
         let vllm = systems[0].tokens_per_s;
         for s in &mut systems {
             s.vllm_speedup = vllm / s.tokens_per_s;
         }
+        let kv8 = run_system(&device, &args, &reqs, ("vLLM, kv8 blocks", SchedulingPolicy::Fcfs), Some(8))?;
+        let float = &systems[0];
+        kv_quant.push(KvQuantResult {
+            workload: w.name.to_string(),
+            budget_bytes: float_budget_bytes(&device, &args)?,
+            float_blocks: float.kv_blocks,
+            kv8_blocks: kv8.kv_blocks,
+            float_tokens_per_s: float.tokens_per_s,
+            kv8_tokens_per_s: kv8.tokens_per_s,
+            kv8_speedup: kv8.tokens_per_s / float.tokens_per_s,
+            float_average_batch: float.average_batch,
+            kv8_average_batch: kv8.average_batch,
+            float_preemptions: float.preemptions,
+            kv8_preemptions: kv8.preemptions,
+        });
         results.push(WorkloadResult { workload: w, mean_prompt, mean_output, systems });
     }
     let share_reqs = workloads[1].requests(32, vocab, args.max_model_len, &mut rng);
@@ -325,6 +386,32 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             })
         }),
     ));
+    md.push_str(&format!(
+        "\n## 8-bit KV blocks in the same budget\n\nvLLM (FCFS) with `--kv-quant 8` (groups of 64 along the head, codes plus an `f32` scale and minimum per group) against float blocks, both in the bytes of {} float KV tokens.\n\n",
+        args.kv_tokens
+    ));
+    md.push_str(&table(
+        &[
+            ("workload", Left),
+            ("blocks (f32 / kv8)", Right),
+            ("tokens/s f32", Right),
+            ("tokens/s kv8", Right),
+            ("kv8 ×", Right),
+            ("batch (f32 / kv8)", Right),
+            ("preemptions (f32 / kv8)", Right),
+        ],
+        kv_quant.iter().map(|k| {
+            vec![
+                k.workload.clone(),
+                format!("{} / {}", k.float_blocks, k.kv8_blocks),
+                format!("{:.1}", k.float_tokens_per_s),
+                format!("{:.1}", k.kv8_tokens_per_s),
+                format!("{:.2}×", k.kv8_speedup),
+                format!("{:.1} / {:.1}", k.float_average_batch, k.kv8_average_batch),
+                format!("{} / {}", k.float_preemptions, k.kv8_preemptions),
+            ]
+        }),
+    ));
     md.push_str("\n## Memory saved by block sharing\n\n");
     md.push_str(&table(
         &[("decoding", Left), ("requests", Right), ("KV memory saved", Right)],
@@ -336,6 +423,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         max_model_len: args.max_model_len,
         block_size: args.block_size,
         workloads: results,
+        kv_quant,
         sharing: shared,
     };
     report::write(&args.out, "serve", &report, &md)?;
