@@ -237,7 +237,11 @@ fn paged_engine_flags_and_runs() {
     run_with(&["--prompt", "GNU", "--prompt", "The", "--n", "2", "--temperature", "0.9", "--seed", "2", "--json"])
         .unwrap();
     run_with(&["--prompt", "GNU", "--beam-width", "3", "--n", "2", "--max-new-tokens", "4"]).unwrap();
-    let err = run_with(&["--prompt", "GNU", "--kv-quant", "8"]).unwrap_err().to_string();
+    // Quantized KV blocks on one device; over several devices it is refused, naming the flag.
+    run_with(&["--prompt", "GNU", "--kv-quant", "8", "--max-new-tokens", "4"]).unwrap();
+    let over_stages =
+        ["--model", model, "--engine", "paged", "--devices", "flex,flex", "--kv-quant", "8", "--prompt", "GNU"];
+    let err = run(&args(&over_stages), DEFAULTS).unwrap_err().to_string();
     assert!(err.contains("--kv-quant"), "{err}");
 
     // The JSON order: prompt order, then rank.
