@@ -33,11 +33,14 @@ pub fn add_biases(logits: Tensor<2>, params: &SamplingParams, allowed: &[SimpleV
                     "the output's constraint allows no token at this point".into(),
                 ));
             }
-            for (id, value) in row.iter_mut().enumerate() {
-                if !mask.get(id) {
-                    *value = f32::NEG_INFINITY;
+            // Forbid everything, then allow the mask's set bits (a word at a time: masks are
+            // mostly zero words).
+            row.fill(f32::NEG_INFINITY);
+            mask.iter_set_entries(|id| {
+                if let Some(value) = row.get_mut(id) {
+                    *value = 0.0;
                 }
-            }
+            });
         }
         for (&id, &by) in &params.logit_bias {
             if let Some(value) = row.get_mut(id as usize) {
