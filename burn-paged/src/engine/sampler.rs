@@ -83,22 +83,14 @@ pub(crate) fn sample_groups(
             out.push((*group_id, rows.clone(), choices));
             continue;
         }
-        if p.is_greedy()
-            && p.logprobs.is_none()
-            && !ranked
-            && data.expanded
-            && !p.has_penalties()
-            && !p.has_logits_processors()
-        {
+        // An argmax over the row is all this request needs, unmasked or behind its constraint.
+        let argmax_only = p.is_greedy() && p.logprobs.is_none() && !ranked && data.expanded && !p.has_penalties();
+        if argmax_only && !p.has_logits_processors() {
             greedy_rows.extend(rows.iter().copied());
             out.push((*group_id, rows.clone(), Vec::new()));
             continue;
         }
-        if p.is_greedy()
-            && p.logprobs.is_none()
-            && !ranked
-            && data.expanded
-            && !p.has_penalties()
+        if argmax_only
             && p.logit_bias.is_empty()
             && let Some(row_masks) = row_masks(rows, seqs, data)?
         {
