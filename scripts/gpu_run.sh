@@ -288,7 +288,10 @@ if has_phase offload; then
   extra=()
   if [ "$QUICK" = 0 ]; then
     if grep -q -- '--model' <<< "$help" && grep -q -- '--gpu-mem ' <<< "$help"; then
-      extra=(--model synthetic:opt-30b --gpu-mem 16GiB)
+      # FlexGen's setting: OPT-30B (60 GB of f16 weights) under a 16 GiB device budget, the
+      # weights held by host memory; the searched policy against both baselines, back to back.
+      extra=(--model synthetic:opt-30b --gpu-mem 16GiB --cpu-mem 100GiB --prompt-len 512 --gen-len 8
+        --policies searched,deepspeed,accelerate)
     else
       say "note: this build's 'bench offload' has no --model/--gpu-mem: it runs its built-in OPT model under its default budget, not OPT-30B under 16 GiB"
     fi

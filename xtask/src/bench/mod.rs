@@ -15,6 +15,7 @@ mod quant;
 mod schedule;
 mod serve;
 mod structured;
+mod synthetic;
 mod workload;
 
 use clap::Subcommand;
