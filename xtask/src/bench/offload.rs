@@ -51,7 +51,12 @@ pub struct Args {
     cpu_mem: u64,
     /// Policies to run, in order: searched, no-overlap, no-cpu-attention, deepspeed, accelerate
     /// (the searched policy always runs first: the ablations derive from it).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "searched,no-overlap,no-cpu-attention,deepspeed,accelerate")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "searched,no-overlap,no-cpu-attention,deepspeed,accelerate"
+    )]
     policies: Vec<Which>,
     /// Prompt length.
     #[arg(long, default_value_t = 32)]
@@ -215,40 +220,47 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     hw.cpu_memory_bytes = args.cpu_mem;
     eprintln!("profile: {hw:?}");
     // Embeddings and LM head stay on the device.
-    let reserved = TierBytes {
-        gpu: (spec.vocab_size * spec.hidden_size * dtype.size_bytes() * 2) as f64,
-        cpu: 0.0,
-        disk: 0.0,
-    };
+    let reserved =
+        TierBytes { gpu: (spec.vocab_size * spec.hidden_size * dtype.size_bytes() * 2) as f64, cpu: 0.0, disk: 0.0 };
     let available = TierBytes::available(&hw, &reserved);
     let fit = |build: &dyn Fn(u32) -> Policy| -> Result<Policy, Box<dyn std::error::Error>> {
         largest_fitting_batch(&hw, &shape, &workload, &available, MAX_BLOCK as u32, build)?
             .map(|(policy, _)| policy)
             .ok_or_else(|| "the baseline policy does not fit the budget even at batch 1".into())
     };
-    let mut rows: Vec<Row> = Vec::new();
+    // Every fixed policy is sized before anything runs, so a budget a baseline cannot fit fails
+    // at once rather than after the searched policy's run.
+    let mut choices = Vec::with_capacity(args.policies.len());
     for &which in &args.policies {
-        let choice = match which {
-            Which::Searched => PolicyChoice::Auto(space()),
-            Which::NoOverlap => {
-                let searched = rows[0].policy;
-                PolicyChoice::Fixed(Policy { shape: PolicyShape { overlap: false, ..searched.shape }, ..searched })
-            }
-            Which::NoCpuAttention => PolicyChoice::Auto(SearchSpace { cpu_attention: vec![false], ..space() }),
+        choices.push(match which {
+            Which::Searched => Some(PolicyChoice::Auto(space())),
+            // Derived from the searched policy once it has run.
+            Which::NoOverlap => None,
+            Which::NoCpuAttention => Some(PolicyChoice::Auto(SearchSpace { cpu_attention: vec![false], ..space() })),
             // The baselines keep their weights in host memory, or on disk when the host budget
             // cannot hold them (ZeRO-Inference's NVMe offload, Accelerate's `offload_folder`).
-            Which::Deepspeed => PolicyChoice::Fixed(
+            Which::Deepspeed => Some(PolicyChoice::Fixed(
                 fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu))
-                    .or_else(|_| fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Disk)))?,
-            ),
+                    .or_else(|_| fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Disk)))
+                    .map_err(|e| format!("DeepSpeed policy: {e}"))?,
+            )),
             Which::Accelerate => {
                 let weights = shape.layer_weight_bytes() * f64::from(shape.num_layers);
                 let on_gpu = (hw.gpu_memory_bytes as f64 * 0.5 / weights).min(1.0);
                 let on_cpu = (hw.cpu_memory_bytes as f64 * 0.5 / weights).min(1.0 - on_gpu);
                 let split = Placement::from_array([on_gpu, on_cpu, 1.0 - on_gpu - on_cpu]);
-                PolicyChoice::Fixed(fit(&|gbs| Policy::accelerate_like(gbs, split))?)
+                Some(PolicyChoice::Fixed(
+                    fit(&|gbs| Policy::accelerate_like(gbs, split)).map_err(|e| format!("Accelerate policy: {e}"))?,
+                ))
             }
-        };
+        });
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for (&which, choice) in args.policies.iter().zip(choices) {
+        let choice = choice.unwrap_or_else(|| {
+            let searched = rows[0].policy;
+            PolicyChoice::Fixed(Policy { shape: PolicyShape { overlap: false, ..searched.shape }, ..searched })
+        });
         rows.push(run_policy(which.label(), &spec, choice, &args, &hw, &device)?);
     }
     let ratio = |other: Which| {
