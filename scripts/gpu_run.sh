@@ -61,7 +61,7 @@ if [ "$QUICK" = 1 ]; then
   MODELS="${MODELS:-synthetic:opt-125m}"; BATCHES="${BATCHES:-1,2}"; PROMPT=8; NEW=4
   SERVE_ARGS=(--requests 8 --scale 0.02 --kv-tokens 1024 --max-model-len 128)
   OFFLOAD_ARGS=(--prompt-len 8 --gen-len 3)
-  PAGED_ARGS=(--seqs 2 --context 64 --heads 4 --kv-heads 4 --head-dim 32 --iters 2)
+  PAGED_ARGS=(--seqs 2 --context 64 --heads 4 --kv-heads 4,2 --head-dim 32 --iters 2)
 else
   T_TESTS=420; T_BENCH=540; DEADLINE="${DEADLINE:-560}"
   MODELS="${MODELS:-synthetic:opt-125m,synthetic:opt-1.3b,synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32,128}"

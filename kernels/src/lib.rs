@@ -18,7 +18,7 @@
 //!   elsewhere.
 //!
 //! [`cpu`] detects the host's vector extensions once, for every run-time dispatch of the Flex
-//! twins.
+//! twins; [`limits`] reads the largest tensor a GPU device holds ([`GpuTensorLimit`]).
 //!
 //! With the `remote` feature (and a GPU feature, which brings Burn's IR types), [`remote`] makes
 //! both modules' ops run on devices of other processes and machines (Burn's remote backend):
@@ -54,8 +54,8 @@ macro_rules! avx2_dispatch {
 
 pub mod cpu;
 pub mod fused;
+pub mod limits;
 pub mod paged;
-pub use paged::MAX_GPU_TENSOR_ELEMENTS;
 pub mod quant;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
 pub mod remote;
@@ -63,6 +63,7 @@ pub mod test_devices;
 
 pub use cpu::CpuFeatures;
 pub use fused::{Gate, argmax_rows, attention_with, gated_mul, matmul, prefix_attention, rms_norm, rotate_half};
+pub use limits::{GpuTensorLimit, KERNEL_INDEX_ELEMENTS};
 pub use paged::{
     KvPool, PagedBatch, PagedKernelError, QuantizedBlocks, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut,
     paged_attention, paged_attention_pool, paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut,

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use burn_llm_kernels::{MAX_GPU_TENSOR_ELEMENTS, QuantSpec};
+use burn::tensor::DType;
+use burn_llm_kernels::{GpuTensorLimit, QuantSpec};
 use burn_llm_models::cache::fit_kv_quant;
 use burn_llm_models::{KvLayout, LanguageModel, PrefillSlicing};
 
@@ -184,8 +185,10 @@ impl EngineConfig {
         let placement = model.kv_devices();
         let on_cpu = placement.distinct().iter().all(burn_llm_models::device::is_host_device);
         let (blocks, budget) = self.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)?;
-        if !on_cpu {
-            check_gpu_pool(&layout, self.block_size, blocks, quant)?;
+        // The smallest limit of the pool's devices (none for a device no CubeCL runtime drives here).
+        let limit = placement.distinct().iter().filter_map(GpuTensorLimit::of).min_by_key(|l| l.max_bytes);
+        if let Some(limit) = limit.filter(|_| !on_cpu) {
+            check_gpu_pool(&layout, self.block_size, blocks, quant, limit)?;
         }
         Ok((blocks, budget))
     }
@@ -202,24 +205,36 @@ impl EngineConfig {
     }
 }
 
-/// Checks that a GPU pool of `blocks` blocks can be used: each layer's keys (and values) are one
-/// tensor of `blocks` blocks, and over [`MAX_GPU_TENSOR_ELEMENTS`] a GPU kernel silently computes
-/// nothing (or the buffer fails to allocate) until a result is read.
-fn check_gpu_pool(layout: &KvLayout, block_size: usize, blocks: usize, quant: Option<QuantSpec>) -> Result<()> {
-    // A quantized pool's largest tensor is its codes, `32 / bits` values to an element.
-    let block_elements = PagedKvCache::block_values(layout, block_size) / quant.map_or(1, |q| q.per_word());
-    if blocks.saturating_mul(block_elements) <= MAX_GPU_TENSOR_ELEMENTS {
+/// Checks that a GPU pool of `blocks` blocks can be used on a device of `limit`: each layer's
+/// keys (and values) are one tensor of `blocks` blocks, and past the largest buffer the device
+/// binds (or 2^32 elements, the kernels' index width) the buffer fails to allocate, which shows
+/// only when a result is read.
+fn check_gpu_pool(
+    layout: &KvLayout,
+    block_size: usize,
+    blocks: usize,
+    quant: Option<QuantSpec>,
+    limit: GpuTensorLimit,
+) -> Result<()> {
+    // A quantized pool's largest tensor is its codes, `32 / bits` values to a `u32` element.
+    let (dtype, per_element) = match quant {
+        Some(q) => (DType::U32, q.per_word()),
+        None => (layout.dtype.dtype(), 1),
+    };
+    let block_elements = (PagedKvCache::block_values(layout, block_size) / per_element).max(1) as u64;
+    let most = limit.max_elements(dtype) / block_elements;
+    if blocks as u64 <= most {
         return Ok(());
     }
-    let most = MAX_GPU_TENSOR_ELEMENTS / block_elements.max(1);
-    let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
+    let gib = |bytes: f64| bytes / (1u64 << 30) as f64;
     let block_bytes = PagedKvCache::block_bytes(layout, block_size, quant);
+    let elements = (blocks as u64).saturating_mul(block_elements);
     Err(PagedError::Config(format!(
-        "a KV cache of {blocks} blocks makes each layer's key and value tensors {} elements each, more than the \
-         {MAX_GPU_TENSOR_ELEMENTS} a GPU kernel handles: give --kv-cache-memory of at most {most} blocks ({:.2} GiB \
-         of KV cache in all)",
-        blocks.saturating_mul(block_elements),
-        gib(most * block_bytes)
+        "a KV cache of {blocks} blocks makes each layer's key and value tensors {elements} {dtype:?} elements \
+         ({:.2} GiB) each, more than one GPU buffer holds on this device ({limit}): give --kv-cache-memory of at \
+         most {most} blocks ({:.2} GiB of KV cache in all)",
+        gib(elements as f64 * dtype.size() as f64),
+        gib(most as f64 * block_bytes as f64)
     )))
 }
 
@@ -251,18 +266,28 @@ mod tests {
 
     #[test]
     fn gpu_pools_over_what_a_kernel_handles_are_an_error() {
-        // LLaMA-7B's layer: 32 KV heads of 128, blocks of 16 tokens: 65536 elements per block and
-        // tensor, so 8191 blocks stay under 2^29 elements and 8192 do not (the H200's limit).
+        // wgpu's Vulkan cap of 2^31 − 1 bytes per binding. LLaMA-7B's layer: 32 KV heads of 128,
+        // blocks of 16 tokens: 65536 f16 elements (128 KiB) per block and tensor, so 16383 blocks
+        // stay under the cap and 16384 (2 GiB) do not.
+        let limit = GpuTensorLimit { max_bytes: (1 << 31) - 1 };
         let layout = KvLayout { num_layers: 32, num_kv_heads: 32, head_dim: 128, dtype: Precision::F16 };
-        assert!(check_gpu_pool(&layout, 16, 8191, None).is_ok());
-        let Err(PagedError::Config(message)) = check_gpu_pool(&layout, 16, 8192, None) else {
-            panic!("8192 blocks of 65536 elements make a tensor of 2^29 elements");
+        assert!(check_gpu_pool(&layout, 16, 16383, None, limit).is_ok());
+        let Err(PagedError::Config(message)) = check_gpu_pool(&layout, 16, 16384, None, limit) else {
+            panic!("16384 blocks of 128 KiB make a 2 GiB tensor");
         };
-        assert!(message.contains("536870912 elements") && message.contains("at most 8191 blocks"), "{message}");
-        assert!(check_gpu_pool(&layout, 16, usize::MAX, None).is_err());
-        // 8-bit codes: four values to a `u32` element, so four times the blocks fit.
+        assert!(message.contains("1073741824 F16 elements") && message.contains("at most 16383 blocks"), "{message}");
+        assert!(check_gpu_pool(&layout, 16, usize::MAX, None, limit).is_err());
+        // f32: half as many blocks.
+        let f32_layout = KvLayout { dtype: Precision::F32, ..layout };
+        assert!(check_gpu_pool(&f32_layout, 16, 8191, None, limit).is_ok());
+        assert!(check_gpu_pool(&f32_layout, 16, 8192, None, limit).is_err());
+        // 8-bit codes: four values to a 4-byte `u32` element, so twice the f16 blocks fit.
         let kv8 = QuantSpec::new(8, 64, 3).unwrap();
-        assert!(check_gpu_pool(&layout, 16, 4 * 8191 + 3, Some(kv8)).is_ok());
-        assert!(check_gpu_pool(&layout, 16, 4 * 8192, Some(kv8)).is_err());
+        assert!(check_gpu_pool(&layout, 16, 32767, Some(kv8), limit).is_ok());
+        assert!(check_gpu_pool(&layout, 16, 32768, Some(kv8), limit).is_err());
+        // A larger byte limit leaves the 32-bit element index as the bound.
+        let large = GpuTensorLimit { max_bytes: 1 << 40 };
+        assert!(check_gpu_pool(&layout, 16, 65535, None, large).is_ok());
+        assert!(check_gpu_pool(&layout, 16, 65536, None, large).is_err());
     }
 }

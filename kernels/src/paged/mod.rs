@@ -55,6 +55,8 @@ pub use quant::{KvPool, QuantizedBlocks, paged_attention_pool};
 
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube_v2;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
@@ -369,13 +371,6 @@ pub fn read_blocks(cache: &Tensor<4>, ids: &[u32]) -> Result<Tensor<4>, PagedKer
     Ok(cache.clone().select(0, upload(ids.to_vec(), &cache.device())))
 }
 
-/// Most elements one GPU tensor may hold here (2^29 − 1). Measured on an H200 under NVIDIA's
-/// Vulkan driver: a paged attention read K and V caches of 532M f16 elements and of 2^28 f32
-/// elements (1 GiB) correctly, but with caches of 2^29 f16 elements (also 1 GiB) the kernel did
-/// nothing, and a 2^29-element f32 buffer (2 GiB) failed to allocate. Neither failure says so until
-/// a result is read, so whoever sizes a cache checks it up front.
-pub const MAX_GPU_TENSOR_ELEMENTS: usize = (1 << 29) - 1;
-
 /// The per-step inputs of [`paged_attention_with`], checked and uploaded once and then shared by
 /// every layer of the step (vLLM's input metadata): block tables, which table row each query
 /// reads, and each query's context length.
@@ -568,3 +563,6 @@ mod tests;
 
 #[cfg(test)]
 mod quant_tests;
+
+#[cfg(all(test, any(feature = "wgpu", feature = "vulkan")))]
+mod v2_tests;

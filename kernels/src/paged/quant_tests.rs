@@ -13,14 +13,14 @@ use crate::test_devices::devices;
 
 /// `bits`-bit groups of 64 along the head, or of 16 where 64 does not tile it (what
 /// `fit_kv_quant` does with whole heads; 16 tiles every head of [`CASES`]).
-fn spec(bits: u32, head_dim: usize) -> QuantSpec {
+pub(super) fn spec(bits: u32, head_dim: usize) -> QuantSpec {
     let group = if head_dim.is_multiple_of(64) { 64 } else { 16 };
     QuantSpec::new(bits, group, 3).unwrap()
 }
 
 /// A pool of `cache`'s contents (`shape`), written through [`KvPool::write`] as one step whose
 /// token `t` goes to slot `t`.
-fn written(cache: &[f32], shape: [usize; 4], spec: QuantSpec, device: &Device) -> KvPool {
+pub(super) fn written(cache: &[f32], shape: [usize; 4], spec: QuantSpec, device: &Device) -> KvPool {
     let [blocks, heads, block_size, head_dim] = shape;
     let mut pool = KvPool::zeros(shape, Some(spec), DType::F32, device).unwrap();
     let tokens = blocks * block_size;
