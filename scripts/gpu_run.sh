@@ -2,7 +2,7 @@
 # burn-llm's GPU test suite and GPU benchmarks, run from the bundle `cargo xtask gpu-bundle` makes
 # (this file is the bundle's run.sh; its source is scripts/gpu_run.sh).
 #
-#   run.sh [--device vulkan|wgpu] [--quick] [--phases tests,generate,paged,serve,offload]
+#   run.sh [--device vulkan|wgpu] [--quick] [--phases tests,generate,paged,matvec,serve,offload]
 #          [--models synthetic:opt-125m,...] [--batch-sizes 1,8,32,128] [--dtype f16|bf16|f32]
 #          [--deadline SECONDS] [--out DIR] [--work DIR] [--python PYTHON]
 #
@@ -17,7 +17,7 @@ set -uo pipefail
 
 DEVICE=vulkan
 QUICK=0
-PHASES=tests,generate,paged,serve,offload
+PHASES=tests,generate,paged,matvec,serve,offload
 MODELS=""
 BATCHES=""
 DTYPE=""
@@ -62,6 +62,7 @@ if [ "$QUICK" = 1 ]; then
   SERVE_ARGS=(--requests 8 --scale 0.02 --kv-tokens 1024 --max-model-len 128)
   OFFLOAD_ARGS=(--prompt-len 8 --gen-len 3)
   PAGED_ARGS=(--seqs 2 --context 64 --heads 4 --kv-heads 4,2 --head-dim 32 --iters 2)
+  MATVEC_ARGS=(--shapes 256x512,96x200 --rows 1,5 --iters 2)
 else
   T_TESTS=420; T_BENCH=540; DEADLINE="${DEADLINE:-560}"
   MODELS="${MODELS:-synthetic:opt-125m,synthetic:opt-1.3b,synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32,128}"
@@ -69,6 +70,7 @@ else
   SERVE_ARGS=()
   OFFLOAD_ARGS=()
   PAGED_ARGS=()
+  MATVEC_ARGS=()
 fi
 T_TESTS="${BURN_LLM_GPU_TEST_TIMEOUT:-$T_TESTS}"
 T_BENCH="${BURN_LLM_GPU_BENCH_TIMEOUT:-$T_BENCH}"
@@ -266,6 +268,17 @@ if has_phase paged; then
   timed "$T_BENCH" "$RES/paged/paged.log" "$XTASK" bench paged-attention --device "$DEVICE" --out "$RES/paged" \
     "${PAGED_ARGS[@]}" "${peak[@]}" $(dtype_flag paged-attention)
   record paged "PagedAttention bandwidth" "$STEP_STATUS" "$STEP_SECONDS" "paged/paged-attention.md"
+  publish
+fi
+
+# ---- phase: decode matrix-vector kernels vs Burn's matmul and the per-output quantized kernel --
+if has_phase matvec; then
+  say "phase matvec (decode matrix-vector kernels, GB/s of weights) on $DEVICE"
+  mkdir -p "$RES/matvec"
+  # shellcheck disable=SC2046
+  timed "$T_BENCH" "$RES/matvec/matvec.log" "$XTASK" bench matvec --device "$DEVICE" --out "$RES/matvec" \
+    "${MATVEC_ARGS[@]}" $(dtype_flag matvec)
+  record matvec "matrix-vector kernels" "$STEP_STATUS" "$STEP_SECONDS" "matvec/matvec.md"
   publish
 fi
 

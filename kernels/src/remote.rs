@@ -4,9 +4,9 @@
 //!
 //! Two halves, both needed for an op to run remotely:
 //!
-//! - **Client**: [`GroupQuantOps`] and [`PagedKvOps`] are implemented for
-//!   `burn_router::BackendRouter<C>` (in `quant/remote.rs` and `paged/remote.rs`), and both
-//!   traits list the `Remote` selector, so a tensor on a remote device reaches them through
+//! - **Client**: [`GroupQuantOps`], [`PagedKvOps`] and [`MatvecOps`] are implemented for
+//!   `burn_router::BackendRouter<C>` (in `quant/remote.rs`, `paged/remote.rs` and
+//!   `matvec/remote.rs`), and the traits list the `Remote` selector, so a tensor on a remote device reaches them through
 //!   `Dispatch` like any other backend. With Burn's `fusion` on (every GPU feature turns it on),
 //!   the remote backend is `Fusion<BackendRouter<…>>`: the op then travels inside a cached op
 //!   graph as the `#[backend_extension]` macro's own custom op, and the router impl runs only when
@@ -31,10 +31,11 @@ use burn::backend::ir::{BackendIr, CustomOpIr, OperationIr, OperationOutput, Sca
 use burn::tensor::{DType, Shape};
 use burn_router::{CustomOpRegistry, RouterClient, RouterTensor};
 
+use crate::matvec::MatvecOps;
 use crate::paged::ops::PagedKvOps;
 use crate::quant::ops::GroupQuantOps;
 
-/// Adds the handlers of every op of this crate ([`GroupQuantOps`], [`PagedKvOps`]) to `registry`,
+/// Adds the handlers of every op of this crate ([`GroupQuantOps`], [`PagedKvOps`], [`MatvecOps`]) to `registry`,
 /// for a server whose devices run backend `B`:
 ///
 /// ```rust,ignore
@@ -42,8 +43,9 @@ use crate::quant::ops::GroupQuantOps;
 /// burn_llm_kernels::remote::register_ops(&mut ops);
 /// RemoteServer::new([Device::flex()]).with_custom_ops(ops).serve(transport)?;
 /// ```
-pub fn register_ops<B: BackendIr + GroupQuantOps + PagedKvOps>(registry: &mut CustomOpRegistry<B>) {
+pub fn register_ops<B: BackendIr + GroupQuantOps + PagedKvOps + MatvecOps>(registry: &mut CustomOpRegistry<B>) {
     crate::quant::remote::register::<B>(registry);
+    crate::matvec::remote::register::<B>(registry);
     crate::paged::remote::register::<B>(registry);
 }
 

@@ -3,6 +3,7 @@
 pub(crate) mod cpu;
 mod generate;
 mod kernels;
+mod matvec;
 mod offload;
 mod online;
 mod online_structured;
@@ -32,6 +33,9 @@ pub enum Which {
     /// The Flex kernels alone: `kernels::matmul` vs Burn on the LM head, the integer strip
     /// kernel's single-thread rate per instruction set.
     Kernels(kernels::Args),
+    /// The decode matrix-vector kernels vs Burn's matmul and the per-output quantized kernel, in
+    /// GB/s of weights read, at decode shapes on a GPU device.
+    Matvec(matvec::Args),
     /// FlexGen policies on a model larger than the device budget: searched vs baselines.
     Offload(offload::Args),
     /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings
@@ -62,6 +66,7 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Cpu(args) => cpu::run(args),
         Which::Quant(args) => quant::run(args),
         Which::Kernels(args) => kernels::run(args),
+        Which::Matvec(args) => matvec::run(args),
         Which::Serve(args) => serve::run(args),
         Which::Offload(args) => offload::run(args),
         Which::Schedule(args) => schedule::run(args),
