@@ -54,6 +54,8 @@ macro_rules! avx2_dispatch {
 
 pub mod cpu;
 pub mod fused;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+pub mod launches;
 pub mod paged;
 pub use paged::MAX_GPU_TENSOR_ELEMENTS;
 pub mod quant;
