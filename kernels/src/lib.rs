@@ -64,7 +64,10 @@ pub mod remote;
 pub mod test_devices;
 
 pub use cpu::CpuFeatures;
-pub use fused::{Gate, argmax_rows, attention_with, gated_mul, matmul, prefix_attention, rms_norm, rotate_half};
+pub use fused::{
+    Gate, add_rms_norm, argmax_rows, attention_with, gated_mul, gated_mul_fused, matmul, prefix_attention, rms_norm,
+    rotate_half, rotate_half_qk,
+};
 pub use paged::{
     KvPool, PagedBatch, PagedKernelError, QuantizedBlocks, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut,
     paged_attention, paged_attention_pool, paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut,

@@ -1,7 +1,10 @@
 //! Rotary position embeddings in HF's rotate-half form: dimension `i` of a head pairs with
 //! `i + d/2`.
 
+use burn::backend::Dispatch;
 use burn::tensor::Tensor;
+
+use super::ops::FusedOps;
 
 /// Rotates every head of `x` (`[batch, seq, heads, d]`, the layout a projection's output reshapes
 /// to) by the angles whose `cos` and `sin` are given per token (`[batch, seq, 1, d / 2]`):
@@ -19,6 +22,34 @@ pub fn rotate_half(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> 
     let out1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
     let out2 = x2 * cos.clone() + x1 * sin.clone();
     Tensor::cat(vec![out1, out2], 3)
+}
+
+/// [`rotate_half`] of the queries `q` (`[batch, seq, heads, d]`) and the keys `k` (`[batch, seq,
+/// kv_heads, d]`) together: on a GPU one kernel launch for both, reading `q` and `k` through their
+/// strides (views into a fused q|k|v projection's output need no copy) and writing them
+/// contiguous; on Flex the in-place loops of [`rotate_half`]. `cos`/`sin` may be views too.
+pub fn rotate_half_qk(q: Tensor<4>, k: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+    let [b, s, _, d] = q.dims();
+    let [kb, ks, _, kd] = k.dims();
+    let fits = [kb, ks, kd] == [b, s, d]
+        && d % 2 == 0
+        && cos.dims() == [b, s, 1, d / 2]
+        && sin.dims() == cos.dims()
+        && [k.device(), cos.device(), sin.device()].iter().all(|dev| *dev == q.device())
+        && k.dtype() == q.dtype()
+        && sin.dtype() == cos.dtype();
+    #[cfg(feature = "flex")]
+    let fits = fits && !super::flex::on_flex(&q);
+    if !fits {
+        return (rotate_half(q, cos, sin), rotate_half(k, cos, sin));
+    }
+    let (q, k) = <Dispatch as FusedOps>::fused_rotate_half_qk(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        cos.clone().into_dispatch(),
+        sin.clone().into_dispatch(),
+    );
+    (Tensor::from_dispatch(q), Tensor::from_dispatch(k))
 }
 
 #[cfg(feature = "flex")]
@@ -45,7 +76,7 @@ fn flex_rotate_half(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
 #[cfg(feature = "flex")]
 avx2_dispatch! {
     /// One head of [`rotate_half`], with AVX2/FMA when the CPU has them.
-    fn rotate(head: &mut [f32], cos: &[f32], sin: &[f32]) => rotate_portable
+    pub(super) fn rotate(head: &mut [f32], cos: &[f32], sin: &[f32]) => rotate_portable
 }
 
 #[cfg(feature = "flex")]
