@@ -1,8 +1,7 @@
 //! CubeCL kernels of [`FusedOps`] for every GPU runtime (wgpu, Vulkan, CUDA, Metal): one launch
 //! per op, computing in `f32` whatever the storage dtype.
 //!
-//! The row reductions (RMSNorm) sum in shared memory, a tree over the cube's units: no plane
-//! (subgroup) operations, so the same code runs where the runtime enables none (wgpu on a CPU
+//! The row reductions (RMSNorm) sum in shared memory: no plane (subgroup) operations, so the same code runs where the runtime enables none (wgpu on a CPU
 //! Vulkan device such as lavapipe, where the tests run).
 
 use burn::backend::TensorMetadata;
@@ -19,23 +18,19 @@ use super::ops::{FusedOps, halved};
 /// Most units one row's cube uses (wgpu guarantees 256 invocations per workgroup).
 const MAX_THREADS: usize = 256;
 
-/// The sum of every unit's `value` over the cube (`threads` units, a power of two), through
-/// shared memory; every unit gets it.
+/// The sum of every unit's `value` over the cube (`threads` units), through shared memory; every
+/// unit gets it. One barrier, then each unit adds the `threads` partial sums itself: a tree would
+/// need a barrier inside a loop, which naga's uniformity check rejects.
 #[cube]
 fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
-    let unit = UNIT_POS as usize;
     let mut partial = Shared::<[f32]>::new_slice(threads);
-    partial[unit] = value;
+    partial[UNIT_POS as usize] = value;
     sync_cube();
-    let mut stride = threads / 2;
-    while stride > 0 {
-        if unit < stride {
-            partial[unit] += partial[unit + stride];
-        }
-        sync_cube();
-        stride /= 2;
+    let mut total = f32::new(0.0);
+    for i in 0..threads {
+        total += partial[i];
     }
-    partial[0]
+    total
 }
 
 /// One cube per row of `x` (any rank, any strides: views into a fused projection's output need
@@ -214,13 +209,11 @@ fn gated_mul_kernel<F: Float>(
     out[idx] = F::cast_from(x / (f32::new(1.0) + f32::exp(-z)) * up);
 }
 
-/// Units per row cube for rows of `width` values: a power of two (for [`cube_sum`]), at most
-/// [`MAX_THREADS`] and the hardware's limit.
+/// Units per row cube for rows of `width` values: a multiple of 32, at most [`MAX_THREADS`] and
+/// the hardware's limit.
 fn row_threads(client: &cubecl::client::Client, width: usize) -> usize {
     let hardware = client.properties().hardware.max_units_per_cube as usize;
-    let limit = MAX_THREADS.min(hardware.max(1));
-    let limit = 1usize << limit.ilog2();
-    width.next_power_of_two().clamp(1, limit)
+    width.next_multiple_of(32).clamp(32, MAX_THREADS.min(hardware.max(1)))
 }
 
 /// Launch geometry of `cubes` cubes of `threads` units (more cubes than one grid dimension holds
