@@ -65,8 +65,8 @@ pub mod test_devices;
 
 pub use cpu::CpuFeatures;
 pub use fused::{
-    Gate, add_rms_norm, argmax_rows, attention_with, gated_mul, gated_mul_fused, matmul, prefix_attention, rms_norm,
-    rotate_half, rotate_half_qk,
+    Gate, add_rms_norm, argmax_rows, attention_with, gated_mul, gated_mul_fused, matmul, norm_add_norm,
+    norm_rotate_half_qk, prefix_attention, rms_norm, rms_norm_add, rotate_half, rotate_half_qk,
 };
 pub use paged::{
     KvPool, PagedBatch, PagedKernelError, QuantizedBlocks, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut,

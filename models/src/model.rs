@@ -97,15 +97,18 @@ impl DecoderLayer {
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
     ) -> Result<Tensor<3>> {
-        let post = |norm: &Option<Norm>, y: Tensor<3>| match norm {
-            Some(norm) => norm.forward(y),
-            None => y,
-        };
         Ok(if self.pre_norm {
             let attn = self.attn.forward(self.attn_norm.forward(x.clone()), layer, rotary, cache)?;
-            // The residual add and the MLP's norm in one pass.
-            let (normed, x) = self.mlp_norm.forward_add(x, post(&self.post_attn_norm, attn));
-            x + post(&self.post_mlp_norm, self.mlp.forward(normed))
+            // The post-attention norm (if any), the residual add and the MLP's norm in one pass.
+            let (normed, x) = match &self.post_attn_norm {
+                Some(post) => post.forward_add_norm(&self.mlp_norm, attn, x),
+                None => self.mlp_norm.forward_add(x, attn),
+            };
+            let mlp = self.mlp.forward(normed);
+            match &self.post_mlp_norm {
+                Some(post) => post.forward_then_add(mlp, x),
+                None => x + mlp,
+            }
         } else {
             let x = self.attn_norm.forward(x.clone() + self.attn.forward(x, layer, rotary, cache)?);
             self.mlp_norm.forward(x.clone() + self.mlp.forward(x))

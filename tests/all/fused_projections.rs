@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use burn_llm::Generator;
 use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained, Prompt, SamplingParams};
-use burn_llm::{EngineKind, EngineSpec, Purpose};
+use burn_llm::paged::KvCacheMemory;
+use burn_llm::spec::{EngineKind, EngineSpec, PagedSpec, Purpose};
 
 use crate::archs::ARCH_FIXTURES;
 use crate::common::{FIXTURES, devices, fixture, max_abs_diff, reference};
@@ -85,10 +86,18 @@ fn engines_fuse_on_gpu_only() {
         let prompts: Vec<Prompt> = reference.prompts.iter().map(|p| Prompt::Text(p.text.clone())).collect();
         for kind in [EngineKind::Plain, EngineKind::Paged] {
             let pretrained = Pretrained::load(&fixture("llama"), &device).unwrap();
-            let spec = EngineSpec { engine: Some(kind), ..EngineSpec::default() };
+            // A small KV pool: the default 1 GiB does not fit a software driver's buffers.
+            let paged = PagedSpec { kv_cache_memory: Some(KvCacheMemory::Blocks(64)), ..PagedSpec::default() };
+            let spec = EngineSpec { engine: Some(kind), paged, ..EngineSpec::default() };
             let purpose = Purpose::Generate { prompts: &prompts, params: &params };
             let mut engine = spec
-                .init_model(pretrained.model, Some(pretrained.tokenizer), pretrained.eos_token_ids, purpose, &mut std::io::sink())
+                .init_model(
+                    pretrained.model,
+                    Some(pretrained.tokenizer),
+                    pretrained.eos_token_ids,
+                    purpose,
+                    &mut std::io::sink(),
+                )
                 .unwrap();
             let out = engine.generate(&prompts, &params).unwrap().output;
             for (i, (out, expected)) in out.requests.iter().zip(&reference.prompts).enumerate() {

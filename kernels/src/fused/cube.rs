@@ -16,14 +16,16 @@ use cubecl::{calculate_cube_count_elemwise, prelude::*};
 use super::ops::{FusedOps, halved};
 
 /// Most units one row's cube uses (wgpu guarantees 256 invocations per workgroup).
-const MAX_THREADS: usize = 256;
+pub(super) const MAX_THREADS: usize = 256;
 
 /// The sum of every unit's `value` over the cube (`threads` units), through shared memory; every
 /// unit gets it. One barrier, then each unit adds the `threads` partial sums itself: a tree would
 /// need a barrier inside a loop, which naga's uniformity check rejects.
 #[cube]
-fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
+pub(super) fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
     let mut partial = Shared::<[f32]>::new_slice(threads);
+    // Every unit is past any earlier sum's reads before this one's writes.
+    sync_cube();
     partial[UNIT_POS as usize] = value;
     sync_cube();
     let mut total = f32::new(0.0);
@@ -211,20 +213,20 @@ fn gated_mul_kernel<F: Float>(
 
 /// Units per row cube for rows of `width` values: a multiple of 32, at most [`MAX_THREADS`] and
 /// the hardware's limit.
-fn row_threads(client: &cubecl::client::Client, width: usize) -> usize {
+pub(super) fn row_threads(client: &cubecl::client::Client, width: usize) -> usize {
     let hardware = client.properties().hardware.max_units_per_cube as usize;
     width.next_multiple_of(32).clamp(32, MAX_THREADS.min(hardware.max(1)))
 }
 
 /// Launch geometry of `cubes` cubes of `threads` units (more cubes than one grid dimension holds
 /// spill into the next; the kernels skip cubes past `cubes`).
-fn cubes_of(client: &cubecl::client::Client, cubes: usize, threads: usize) -> (CubeCount, CubeDim) {
+pub(super) fn cubes_of(client: &cubecl::client::Client, cubes: usize, threads: usize) -> (CubeCount, CubeDim) {
     let cube_dim = CubeDim::new_1d(threads as u32);
     (calculate_cube_count_elemwise(client, cubes * threads, cube_dim), cube_dim)
 }
 
 /// A new contiguous tensor of `x`'s device and dtype.
-fn empty_like(x: &CubeTensor, shape: burn::tensor::Shape) -> CubeTensor {
+pub(super) fn empty_like(x: &CubeTensor, shape: burn::tensor::Shape) -> CubeTensor {
     empty_device_dtype(x.client.clone(), x.device.clone(), shape, x.dtype)
 }
 
@@ -357,6 +359,38 @@ impl FusedOps for CubeBackend {
             dtype,
         );
         out
+    }
+
+    fn fused_rms_norm_add(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        super::cube_norms::rms_norm_add(x, gamma, residual, epsilon)
+    }
+
+    fn fused_norm_add_norm(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        gamma_first: FloatTensor<Self>,
+        gamma_second: FloatTensor<Self>,
+        epsilon_first: f32,
+        epsilon_second: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        super::cube_norms::norm_add_norm(x, residual, gamma_first, gamma_second, epsilon_first, epsilon_second)
+    }
+
+    fn fused_norm_rotate_half_qk(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        q_gamma: FloatTensor<Self>,
+        k_gamma: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        super::cube_norms::norm_rotate_half_qk(q, k, q_gamma, k_gamma, cos, sin, epsilon)
     }
 
     fn fused_prefix_attention(

@@ -27,6 +27,11 @@ fn tensor(values: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape).convert_dtype(dtype))
 }
 
+/// `values` rounded to `dtype` (as stored there) and back to `f32`.
+fn rounded(values: Vec<f32>, shape: &Shape, dtype: DType) -> Vec<f32> {
+    self::values(tensor(values, shape.clone(), dtype)).0
+}
+
 /// `x`'s rows (of `gamma.len()` values) normalized into a new vector.
 fn normalize_rows(x: &[f32], gamma: &[f32], epsilon: f32) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
@@ -44,7 +49,8 @@ fn rotate_heads(x: &mut [f32], heads: usize, half: usize, cos: &[f32], sin: &[f3
     if half == 0 || heads == 0 {
         return;
     }
-    for (token, (c, s)) in x.chunks_exact_mut(heads * 2 * half).zip(cos.chunks_exact(half).zip(sin.chunks_exact(half))) {
+    for (token, (c, s)) in x.chunks_exact_mut(heads * 2 * half).zip(cos.chunks_exact(half).zip(sin.chunks_exact(half)))
+    {
         for head in token.chunks_exact_mut(2 * half) {
             rotate(head, c, s);
         }
@@ -71,6 +77,53 @@ impl FusedOps for Flex {
         let sum = values(tensor(x.iter().zip(&residual).map(|(a, b)| a + b).collect(), shape.clone(), dtype)).0;
         let out = normalize_rows(&sum, &gamma, epsilon);
         (tensor(out, shape.clone(), dtype), tensor(sum, shape, dtype))
+    }
+
+    fn fused_rms_norm_add(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        let (x, shape, dtype) = values(x);
+        let (gamma, _, _) = values(gamma);
+        let (residual, _, _) = values(residual);
+        let normed = rounded(normalize_rows(&x, &gamma, epsilon), &shape, dtype);
+        tensor(normed.iter().zip(&residual).map(|(a, b)| a + b).collect(), shape, dtype)
+    }
+
+    fn fused_norm_add_norm(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        gamma_first: FloatTensor<Self>,
+        gamma_second: FloatTensor<Self>,
+        epsilon_first: f32,
+        epsilon_second: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, shape, dtype) = values(x);
+        let (residual, _, _) = values(residual);
+        let (first, second) = (values(gamma_first).0, values(gamma_second).0);
+        let normed = rounded(normalize_rows(&x, &first, epsilon_first), &shape, dtype);
+        let sum = rounded(normed.iter().zip(&residual).map(|(a, b)| a + b).collect(), &shape, dtype);
+        let out = normalize_rows(&sum, &second, epsilon_second);
+        (tensor(out, shape.clone(), dtype), tensor(sum, shape, dtype))
+    }
+
+    fn fused_norm_rotate_half_qk(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        q_gamma: FloatTensor<Self>,
+        k_gamma: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let normed = |x: FlexTensor, gamma: FlexTensor| {
+            let (x, shape, dtype) = values(x);
+            let gamma = values(gamma).0;
+            tensor(normalize_rows(&x, &gamma, epsilon), shape, dtype)
+        };
+        Self::fused_rotate_half_qk(normed(q, q_gamma), normed(k, k_gamma), cos, sin)
     }
 
     fn fused_rotate_half_qk(

@@ -17,6 +17,8 @@ mod attention;
 mod cube;
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube_attention;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube_norms;
 #[cfg(feature = "flex")]
 mod exp;
 #[cfg(feature = "flex")]
@@ -42,5 +44,5 @@ pub use activation::{Gate, gated_mul, gated_mul_fused};
 pub use argmax::argmax_rows;
 pub use attention::{attention_with, prefix_attention};
 pub use matmul::matmul;
-pub use norm::{add_rms_norm, rms_norm};
-pub use rope::{rotate_half, rotate_half_qk};
+pub use norm::{add_rms_norm, norm_add_norm, rms_norm, rms_norm_add};
+pub use rope::{norm_rotate_half_qk, rotate_half, rotate_half_qk};

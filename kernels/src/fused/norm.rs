@@ -50,6 +50,59 @@ pub fn add_rms_norm<const D: usize>(
     (Tensor::from_dispatch(out), Tensor::from_dispatch(sum))
 }
 
+/// `rms_norm(x) + residual`: a post-norm and the residual add after it (Gemma 3's sandwich
+/// norms), one kernel launch on a GPU. The normalized value is rounded to `x`'s dtype before the
+/// add, as the unfused ops store it.
+pub fn rms_norm_add<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, epsilon: f64, residual: Tensor<D>) -> Tensor<D> {
+    #[cfg(feature = "flex")]
+    let on_host = super::flex::on_flex(&x) && super::flex::on_flex(&residual);
+    #[cfg(not(feature = "flex"))]
+    let on_host = false;
+    if on_host || !fits(&x, &gamma) || x.dims() != residual.dims() || x.dtype() != residual.dtype() {
+        return rms_norm(x, gamma, epsilon) + residual;
+    }
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_rms_norm_add(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        residual.into_dispatch(),
+        epsilon as f32,
+    ))
+}
+
+/// `s = residual + rms_norm(x, γ₁)` and `rms_norm(s, γ₂)`: returns `(rms_norm(s, γ₂), s)`. A
+/// post-norm, the residual add and the next block's norm (Gemma 3's post-attention norm, residual
+/// and pre-MLP norm), one kernel launch on a GPU; the intermediate values are rounded to `x`'s
+/// dtype as the unfused ops store them.
+pub fn norm_add_norm<const D: usize>(
+    x: Tensor<D>,
+    residual: Tensor<D>,
+    (gamma_first, epsilon_first): (Tensor<1>, f64),
+    (gamma_second, epsilon_second): (Tensor<1>, f64),
+) -> (Tensor<D>, Tensor<D>) {
+    #[cfg(feature = "flex")]
+    let on_host = super::flex::on_flex(&x) && super::flex::on_flex(&residual);
+    #[cfg(not(feature = "flex"))]
+    let on_host = false;
+    if on_host
+        || !fits(&x, &gamma_first)
+        || !fits(&x, &gamma_second)
+        || x.dims() != residual.dims()
+        || x.dtype() != residual.dtype()
+    {
+        let sum = residual + rms_norm(x, gamma_first, epsilon_first);
+        return (rms_norm(sum.clone(), gamma_second, epsilon_second), sum);
+    }
+    let (out, sum) = <Dispatch as FusedOps>::fused_norm_add_norm(
+        x.into_dispatch(),
+        residual.into_dispatch(),
+        gamma_first.into_dispatch(),
+        gamma_second.into_dispatch(),
+        epsilon_first as f32,
+        epsilon_second as f32,
+    );
+    (Tensor::from_dispatch(out), Tensor::from_dispatch(sum))
+}
+
 /// Whether `gamma` has one weight per value of `x`'s rows, on `x`'s device: what the fused op
 /// expects.
 fn fits<const D: usize>(x: &Tensor<D>, gamma: &Tensor<1>) -> bool {

@@ -51,6 +51,41 @@ pub trait FusedOps: Backend {
         sin: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// `rms_norm(x) · γ + residual`, the normalized value rounded to `x`'s dtype before the add
+    /// (a post-norm and the residual add after it, Gemma 3's sandwich norms).
+    #[fusion(dtype = x, shape = x)]
+    fn fused_rms_norm_add(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self>;
+
+    /// `s = residual + rms_norm(x) · γ₁` (rounded as stored) and `rms_norm(s) · γ₂`: returns
+    /// `(norm₂(s), s)`.
+    #[fusion(meta = |x, _residual, _gamma_first, _gamma_second, _epsilon_first, _epsilon_second| (x.clone(), x.clone()))]
+    fn fused_norm_add_norm(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        gamma_first: FloatTensor<Self>,
+        gamma_second: FloatTensor<Self>,
+        epsilon_first: f32,
+        epsilon_second: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// [`FusedOps::fused_rotate_half_qk`] of each head RMS-normalized first (QK-norm), by
+    /// `q_gamma` / `k_gamma` (`[d]`), the normalized values rounded to `q`'s dtype.
+    #[fusion(meta = |q, k, _q_gamma, _k_gamma, _cos, _sin, _epsilon| (q.clone(), k.clone()))]
+    fn fused_norm_rotate_half_qk(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        q_gamma: FloatTensor<Self>,
+        k_gamma: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
     /// `act(gate) · up` where `gate_up` (`[..., 2f]`, contiguous) holds `gate` in its first `f`
     /// columns and `up` in its last: returns `[..., f]`. `act` is 0 for SiLU, 1 for GELU's tanh
     /// approximation ([`super::Gate::code`]).

@@ -24,9 +24,49 @@ impl<C: RouterChannel> FusedOps for BackendRouter<C> {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (shape, dtype) = (x.shape(), x.dtype());
         let outputs = [(shape.clone(), dtype), (shape, dtype)];
-        let [out, sum] =
-            launch_n("fused_add_rms_norm", vec![x, residual, gamma], outputs, &[Scalar::from(epsilon)]);
+        let [out, sum] = launch_n("fused_add_rms_norm", vec![x, residual, gamma], outputs, &[Scalar::from(epsilon)]);
         (out, sum)
+    }
+
+    fn fused_rms_norm_add(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        let (shape, dtype) = (x.shape(), x.dtype());
+        launch("fused_rms_norm_add", vec![x, gamma, residual], shape, dtype, &[Scalar::from(epsilon)])
+    }
+
+    fn fused_norm_add_norm(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        gamma_first: FloatTensor<Self>,
+        gamma_second: FloatTensor<Self>,
+        epsilon_first: f32,
+        epsilon_second: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (shape, dtype) = (x.shape(), x.dtype());
+        let outputs = [(shape.clone(), dtype), (shape, dtype)];
+        let scalars = [Scalar::from(epsilon_first), Scalar::from(epsilon_second)];
+        let [out, sum] =
+            launch_n("fused_norm_add_norm", vec![x, residual, gamma_first, gamma_second], outputs, &scalars);
+        (out, sum)
+    }
+
+    fn fused_norm_rotate_half_qk(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        q_gamma: FloatTensor<Self>,
+        k_gamma: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let outputs = [(q.shape(), q.dtype()), (k.shape(), k.dtype())];
+        let inputs = vec![q, k, q_gamma, k_gamma, cos, sin];
+        let [q, k] = launch_n("fused_norm_rotate_half_qk", inputs, outputs, &[Scalar::from(epsilon)]);
+        (q, k)
     }
 
     fn fused_rotate_half_qk(
@@ -82,6 +122,43 @@ pub(crate) fn register<B: BackendIr + FusedOps>(registry: &mut CustomOpRegistry<
         );
         handles.register_float_tensor::<B>(&out.id, y);
         handles.register_float_tensor::<B>(&sum.id, s);
+    });
+    registry.register("fused_rms_norm_add", |handles, ir, _device| {
+        let ([x, gamma, residual], [out]) = ir.as_fixed::<3, 1>();
+        let y = B::fused_rms_norm_add(
+            handles.get_float_tensor::<B>(x),
+            handles.get_float_tensor::<B>(gamma),
+            handles.get_float_tensor::<B>(residual),
+            ir.scalars[0].elem::<f32>(),
+        );
+        handles.register_float_tensor::<B>(&out.id, y);
+    });
+    registry.register("fused_norm_add_norm", |handles, ir, _device| {
+        let ([x, residual, first, second], [out, sum]) = ir.as_fixed::<4, 2>();
+        let (y, s) = B::fused_norm_add_norm(
+            handles.get_float_tensor::<B>(x),
+            handles.get_float_tensor::<B>(residual),
+            handles.get_float_tensor::<B>(first),
+            handles.get_float_tensor::<B>(second),
+            ir.scalars[0].elem::<f32>(),
+            ir.scalars[1].elem::<f32>(),
+        );
+        handles.register_float_tensor::<B>(&out.id, y);
+        handles.register_float_tensor::<B>(&sum.id, s);
+    });
+    registry.register("fused_norm_rotate_half_qk", |handles, ir, _device| {
+        let ([q, k, q_gamma, k_gamma, cos, sin], [q_out, k_out]) = ir.as_fixed::<6, 2>();
+        let (q, k) = B::fused_norm_rotate_half_qk(
+            handles.get_float_tensor::<B>(q),
+            handles.get_float_tensor::<B>(k),
+            handles.get_float_tensor::<B>(q_gamma),
+            handles.get_float_tensor::<B>(k_gamma),
+            handles.get_float_tensor::<B>(cos),
+            handles.get_float_tensor::<B>(sin),
+            ir.scalars[0].elem::<f32>(),
+        );
+        handles.register_float_tensor::<B>(&q_out.id, q);
+        handles.register_float_tensor::<B>(&k_out.id, k);
     });
     registry.register("fused_rotate_half_qk", |handles, ir, _device| {
         let ([q, k, cos, sin], [q_out, k_out]) = ir.as_fixed::<4, 2>();

@@ -92,7 +92,9 @@ fn rotate_half_qk_kernel_equals_flex_twin() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
     for dtype in DTYPES {
         // (batch, seq, heads, kv_heads, head_dim), with head dims past one cube's 256 units.
-        for (b, s, h, kv, d) in [(1, 1, 1, 1, 2), (1, 1, 9, 3, 64), (2, 5, 4, 2, 30), (3, 2, 3, 3, 18), (1, 2, 2, 1, 640)] {
+        for (b, s, h, kv, d) in
+            [(1, 1, 1, 1, 2), (1, 1, 9, 3, 64), (2, 5, 4, 2, 30), (3, 2, 3, 3, 18), (1, 2, 2, 1, 640)]
+        {
             let (q, q_flex) = pair(&mut rng, [b, s, h, d], dtype, &gpu);
             let (k, k_flex) = pair(&mut rng, [b, s, kv, d], dtype, &gpu);
             let (cos, cos_flex) = pair(&mut rng, [b, s, 1, d / 2], DType::F32, &gpu);
@@ -194,4 +196,70 @@ fn prefix_attention_kernel_masks() {
     let got = prefix_attention(q.swap_dims(1, 2), k, v, bias, 6, 0.3);
     let expected = prefix_attention(q_flex.swap_dims(1, 2), k_flex, v_flex, bias_flex, 6, 0.3);
     assert_close(&values(got), &values(expected), 1e-5, "masked keys");
+}
+
+#[test]
+fn rms_norm_add_kernel_equals_flex_twin() {
+    let Some(gpu) = gpu_device() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(20);
+    for dtype in DTYPES {
+        for shape in [[1, 1, 1], [1, 1, 640], [2, 7, 33], [1, 4, 1001]] {
+            let (x, x_flex) = pair(&mut rng, shape, dtype, &gpu);
+            let (r, r_flex) = pair(&mut rng, shape, dtype, &gpu);
+            let (gamma, gamma_flex) = pair(&mut rng, [shape[2]], DType::F32, &gpu);
+            let got = rms_norm_add(x, gamma, 1e-6, r);
+            // The twin in the same dtype: the normalized value is rounded before the add.
+            let expected = rms_norm_add(x_flex.cast(dtype), gamma_flex, 1e-6, r_flex.cast(dtype));
+            let what = format!("{dtype:?} {shape:?}");
+            assert_eq!(got.dtype(), dtype, "{what}");
+            assert_close(&values(got), &values(expected), tolerance(dtype), &what);
+        }
+    }
+}
+
+#[test]
+fn norm_add_norm_kernel_equals_flex_twin() {
+    let Some(gpu) = gpu_device() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    for dtype in DTYPES {
+        for shape in [[1, 1, 1], [1, 1, 640], [2, 7, 33], [1, 4, 1001]] {
+            let (x, x_flex) = pair(&mut rng, shape, dtype, &gpu);
+            let (r, r_flex) = pair(&mut rng, shape, dtype, &gpu);
+            let (g1, g1_flex) = pair(&mut rng, [shape[2]], DType::F32, &gpu);
+            let (g2, g2_flex) = pair(&mut rng, [shape[2]], DType::F32, &gpu);
+            let (out, sum) = norm_add_norm(x, r, (g1, 1e-6), (g2, 1e-5));
+            let (out_flex, sum_flex) =
+                norm_add_norm(x_flex.cast(dtype), r_flex.cast(dtype), (g1_flex, 1e-6), (g2_flex, 1e-5));
+            let what = format!("{dtype:?} {shape:?}");
+            assert_eq!((out.dtype(), sum.dtype()), (dtype, dtype), "{what}");
+            assert_close(&values(sum), &values(sum_flex), tolerance(dtype), &format!("{what}: sum"));
+            assert_close(&values(out), &values(out_flex), tolerance(dtype), &format!("{what}: norm"));
+        }
+    }
+}
+
+#[test]
+fn norm_rotate_half_qk_kernel_equals_flex_twin() {
+    let Some(gpu) = gpu_device() else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
+    for dtype in DTYPES {
+        for (b, s, h, kv, d) in [(1, 1, 1, 1, 2), (1, 1, 4, 1, 256), (2, 5, 4, 2, 30), (1, 2, 2, 1, 640)] {
+            let (qkv, qkv_flex) = pair(&mut rng, [b, s, h + 2 * kv, d], dtype, &gpu);
+            let (qg, qg_flex) = pair(&mut rng, [d], DType::F32, &gpu);
+            let (kg, kg_flex) = pair(&mut rng, [d], DType::F32, &gpu);
+            let (cos, cos_flex) = pair(&mut rng, [b, s, 1, d / 2], DType::F32, &gpu);
+            let (sin, sin_flex) = pair(&mut rng, [b, s, 1, d / 2], DType::F32, &gpu);
+            // Queries and keys as views of a fused q|k|v output, as the model passes them.
+            let views = |t: Tensor<4>| (t.clone().narrow(2, 0, h), t.narrow(2, h, kv));
+            let (q, k) = views(qkv);
+            let (q_flex, k_flex) = views(qkv_flex);
+            let (q_got, k_got) = norm_rotate_half_qk((q, qg), (k, kg), 1e-6, &cos, &sin);
+            let (q_want, k_want) =
+                norm_rotate_half_qk((q_flex, qg_flex), (k_flex, kg_flex), 1e-6, &cos_flex, &sin_flex);
+            let what = format!("{dtype:?} {:?}", (b, s, h, kv, d));
+            assert_eq!(q_got.dtype(), dtype, "{what}");
+            assert_close(&values(q_got), &values(q_want), tolerance(dtype), &format!("{what}: q"));
+            assert_close(&values(k_got), &values(k_want), tolerance(dtype), &format!("{what}: k"));
+        }
+    }
 }

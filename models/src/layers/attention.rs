@@ -4,7 +4,7 @@
 
 use burn::module::Module;
 use burn::tensor::Tensor;
-use burn_llm_kernels::rotate_half_qk;
+use burn_llm_kernels::{norm_rotate_half_qk, rotate_half_qk};
 
 use crate::cache::KvCache;
 use crate::error::Result;
@@ -74,15 +74,28 @@ impl SelfAttention {
                 )
             }
         };
-        if let Some(norm) = &self.q_norm {
-            q = norm.forward(q);
-        }
-        if let Some(norm) = &self.k_norm {
-            k = norm.forward(k);
-        }
-        if let Some((cos, sin)) = rotary {
-            let (cos, sin) = self.rope_table_of(cos, sin);
-            (q, k) = rotate_half_qk(q, k, &cos, &sin);
+        let qk_rms = match (self.q_norm.as_ref().and_then(Norm::rms), self.k_norm.as_ref().and_then(Norm::rms)) {
+            (Some((q_gamma, q_eps)), Some((k_gamma, k_eps))) if q_eps == k_eps => Some((q_gamma, k_gamma, q_eps)),
+            _ => None,
+        };
+        match (rotary, qk_rms) {
+            // QK-norm and RoPE of both in one pass.
+            (Some((cos, sin)), Some((q_gamma, k_gamma, epsilon))) => {
+                let (cos, sin) = self.rope_table_of(cos, sin);
+                (q, k) = norm_rotate_half_qk((q, q_gamma), (k, k_gamma), epsilon, &cos, &sin);
+            }
+            _ => {
+                if let Some(norm) = &self.q_norm {
+                    q = norm.forward(q);
+                }
+                if let Some(norm) = &self.k_norm {
+                    k = norm.forward(k);
+                }
+                if let Some((cos, sin)) = rotary {
+                    let (cos, sin) = self.rope_table_of(cos, sin);
+                    (q, k) = rotate_half_qk(q, k, &cos, &sin);
+                }
+            }
         }
         let heads = |t: Tensor<4>| t.swap_dims(1, 2);
         let (q, k, v, scale) = (heads(q), heads(k), heads(v), self.scale as f32);
