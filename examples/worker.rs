@@ -106,7 +106,8 @@ where
     B: burn::backend::ir::BackendIr
         + burn_llm::kernels::ops::GroupQuantOps
         + burn_llm::kernels::paged::ops::PagedKvOps
-        + burn_llm::kernels::matvec::MatvecOps,
+        + burn_llm::kernels::matvec::MatvecOps
+        + burn_llm::kernels::fused::ops::FusedOps,
 {
     let mut registry = burn::server::CustomOpRegistry::<B>::new();
     burn_llm::kernels::remote::register_ops(&mut registry);

@@ -57,6 +57,8 @@ macro_rules! avx2_dispatch {
 
 pub mod cpu;
 pub mod fused;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+pub mod launches;
 pub mod limits;
 pub mod matvec;
 pub mod paged;
@@ -66,7 +68,10 @@ pub mod remote;
 pub mod test_devices;
 
 pub use cpu::CpuFeatures;
-pub use fused::{Gate, argmax_rows, attention_with, gated_mul, matmul, prefix_attention, rms_norm, rotate_half};
+pub use fused::{
+    Gate, add_rms_norm, argmax_rows, attention_with, gated_mul, gated_mul_fused, matmul, norm_add_norm,
+    norm_rotate_half_qk, prefix_attention, rms_norm, rms_norm_add, rotate_half, rotate_half_qk,
+};
 pub use limits::{GpuTensorLimit, KERNEL_INDEX_ELEMENTS};
 pub use matvec::{MATVEC_MAX_ROWS, matvec_kernels, set_matvec_kernels};
 pub use paged::{

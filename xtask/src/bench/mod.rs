@@ -1,6 +1,7 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
 pub(crate) mod cpu;
+mod dispatches;
 mod generate;
 mod kernels;
 mod matvec;
@@ -57,6 +58,9 @@ pub enum Which {
     /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
     /// to the device's streaming bandwidth.
     PagedAttention(paged_attention::Args),
+    /// GPU kernel launches per decode step and per decoder layer (CubeCL's launch observer), for a
+    /// LLaMA-shaped and a Gemma-shaped model.
+    Dispatches(dispatches::Args),
 }
 
 /// Runs one benchmark.
@@ -75,5 +79,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Placement(args) => placement::run(args),
         Which::PagedAttention(args) => paged_attention::run(args),
         Which::Structured(args) => structured::run(args),
+        Which::Dispatches(args) => dispatches::run(args),
     }
 }
