@@ -353,13 +353,18 @@ pub(super) fn kn_cube_dim() -> CubeDim {
 /// How an `[n, k]` product is spread: lanes per group (a plane where the device has plane
 /// operations of one fixed size), groups per workgroup, output rows per group.
 pub(super) struct NkGrid {
+    /// Threads walking `k` together for the same weight rows.
     pub lanes: usize,
+    /// Lane groups per workgroup.
     pub groups: usize,
+    /// Rows of `W` (outputs) per lane group.
     pub per_group: usize,
+    /// Whether the lanes are one plane, reduced with `plane_sum`.
     pub plane: bool,
 }
 
 impl NkGrid {
+    /// The grid on `client`'s device for a kernel compiled for `rows` input rows.
     pub(super) fn new(client: &Client, rows: usize) -> Self {
         let hardware = &client.properties().hardware;
         let fixed = hardware.plane_size_min == hardware.plane_size_max;
