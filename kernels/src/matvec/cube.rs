@@ -233,7 +233,7 @@ fn sum_splits_kernel<F: Float, N: Size>(
     out[idx] = Vector::cast_from(sum);
 }
 
-/// Dense `[n, k]` weight (rows of `W` contiguous), both operands read in `N`-wide vectors along
+/// Dense `[n, k]` weight (`outputs = n` rows of `W`, each contiguous), both operands read in `N`-wide vectors along
 /// `k` (`k_lines = k / N` of them a row).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -242,7 +242,7 @@ fn matvec_nk_kernel<F: Float, N: Size>(
     w: &Tensor<Vector<F, N>>,
     out: &mut Tensor<F>,
     m: usize,
-    n: usize,
+    outputs: usize,
     k_lines: usize,
     #[comptime] rows: usize,
     #[comptime] per_group: usize,
@@ -262,10 +262,10 @@ fn matvec_nk_kernel<F: Float, N: Size>(
     while kl < k_lines {
         #[unroll]
         for r in 0..per_group {
-            // Rows past `n` (the last group's) read row `n − 1` and are never stored.
+            // Rows past `outputs` (the last group's) read row `outputs − 1` and are never stored.
             let mut j = j0 + r;
-            if j >= n {
-                j = n - 1;
+            if j >= outputs {
+                j = outputs - 1;
             }
             wv[r] = Vector::cast_from(w[j * k_lines + kl]);
         }
@@ -281,7 +281,7 @@ fn matvec_nk_kernel<F: Float, N: Size>(
         }
         kl += lanes;
     }
-    store_lane_sums::<F>(&acc, out, m, n, rows, per_group, lanes, groups, plane);
+    store_lane_sums::<F>(&acc, out, m, outputs, rows, per_group, lanes, groups, plane);
 }
 
 impl MatvecOps for CubeBackend {
@@ -353,13 +353,18 @@ pub(super) fn kn_cube_dim() -> CubeDim {
 /// How an `[n, k]` product is spread: lanes per group (a plane where the device has plane
 /// operations of one fixed size), groups per workgroup, output rows per group.
 pub(super) struct NkGrid {
+    /// Threads walking `k` together for the same weight rows.
     pub lanes: usize,
+    /// Lane groups per workgroup.
     pub groups: usize,
+    /// Rows of `W` (outputs) per lane group.
     pub per_group: usize,
+    /// Whether the lanes are one plane, reduced with `plane_sum`.
     pub plane: bool,
 }
 
 impl NkGrid {
+    /// The grid on `client`'s device for a kernel compiled for `rows` input rows.
     pub(super) fn new(client: &Client, rows: usize) -> Self {
         let hardware = &client.properties().hardware;
         let fixed = hardware.plane_size_min == hardware.plane_size_max;

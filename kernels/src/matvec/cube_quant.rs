@@ -93,7 +93,7 @@ fn qmatvec_kn_kernel<F: Float, O: Float, N: Size>(
     }
 }
 
-/// `[n, k]` codes grouped along `k` (`words` per row, `groups` scales per row); `x` in 4-wide
+/// `[n, k]` codes grouped along `k` (`outputs = n` rows, `words` per row, `groups` scales per row); `x` in 4-wide
 /// vectors, `k_lines = k / 4` of them a row.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -104,7 +104,7 @@ fn qmatvec_nk_kernel<F: Float, N: Size>(
     min: &Tensor<F>,
     out: &mut Tensor<F>,
     m: usize,
-    n: usize,
+    outputs: usize,
     k_lines: usize,
     words: usize,
     groups: usize,
@@ -133,10 +133,10 @@ fn qmatvec_nk_kernel<F: Float, N: Size>(
         let g = wi * per / group;
         #[unroll]
         for r in 0..per_group {
-            // Rows past `n` (the last group's) read row `n − 1` and are never stored.
+            // Rows past `outputs` (the last group's) read row `outputs − 1` and are never stored.
             let mut j = j0 + r;
-            if j >= n {
-                j = n - 1;
+            if j >= outputs {
+                j = outputs - 1;
             }
             let word = codes[j * words + wi];
             let s = f32::cast_from(scale[j * groups + g]);
@@ -167,7 +167,7 @@ fn qmatvec_nk_kernel<F: Float, N: Size>(
         }
         wi += lanes;
     }
-    store_lane_sums::<F>(&acc, out, m, n, rows, per_group, lanes, cube_groups, plane);
+    store_lane_sums::<F>(&acc, out, m, outputs, rows, per_group, lanes, cube_groups, plane);
 }
 
 /// The fused product `x · W` (`transposed`: `x · Wᵀ`) for `x` `[m, k]` contiguous, on the

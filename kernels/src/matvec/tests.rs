@@ -2,7 +2,8 @@
 //! has no plane operations: these tests run the shared-memory reductions; the `plane_sum` path
 //! runs only on a GPU) equal a plain `f32` product on Flex, for `m` across the row buckets, `k`
 //! and `n` that are not multiples of the vector width or of a workgroup, `k` long enough to be
-//! split across workgroups, `f32` and `f16`, both weight layouts, dense and 4/8-bit quantized.
+//! split across workgroups, `f32` and `f16`, both weight layouts, dense and 4/8-bit quantized; and
+//! the op's Flex implementation.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
@@ -171,4 +172,21 @@ fn quantized_products_equal_f32_reference() {
             }
         }
     }
+}
+
+/// The op's Flex implementation (what a remote Flex worker runs for it) is the CPU product of
+/// [`crate::matmul`], for both weight layouts.
+#[test]
+fn flex_implementation_equals_f32_reference() {
+    let cpu = Device::flex();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(37);
+    let [m, k, n] = [3, 45, 22];
+    let (x, w) = (random(&mut rng, m * k), random(&mut rng, k * n));
+    let want = reference(&x, &w, [m, k, n]);
+    let xs = Tensor::<2>::from_data(TensorData::new(x, [m, k]), &cpu);
+    let ws = Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &cpu);
+    assert_close(&values(super::matvec(xs.clone(), ws)), &want, 1e-5, "Flex [k, n]");
+    let table: Vec<f32> = (0..n * k).map(|i| w[(i % k) * n + i / k]).collect();
+    let table = Tensor::<2>::from_data(TensorData::new(table, [n, k]), &cpu);
+    assert_close(&values(super::matvec(xs, table.transpose())), &want, 1e-5, "Flex [n, k]ᵀ");
 }
