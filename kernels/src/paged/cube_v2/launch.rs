@@ -33,6 +33,22 @@ struct Plan {
     cubes: usize,
 }
 
+/// Environment variable forcing the reductions: `0` the shared-memory tree, `1` plane ops even
+/// where the runtime does not report them (CubeCL's wgpu runtime leaves them off on CPU devices
+/// such as lavapipe, whose Vulkan driver has subgroups), so that either path can be tested and
+/// timed on any device.
+const PLANE_ENV: &str = "BURN_LLM_PAGED_PLANE";
+
+/// The reduction [`PLANE_ENV`] forces, if any (read once).
+fn forced_plane() -> Option<bool> {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var(PLANE_ENV).as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    })
+}
+
 /// The launch plan for `tokens` queries of `heads` heads over `kv_heads` KV heads of `head_dim`,
 /// `width` values per vector, contexts of at most `max_context` tokens, on `client`'s device.
 #[allow(clippy::too_many_arguments)]
@@ -56,7 +72,7 @@ fn plan(
         threads /= 2;
     }
     let (plane_min, plane_max) = (hardware.plane_size_min as usize, hardware.plane_size_max as usize);
-    let plane_ops = props.features.plane.contains(Plane::Ops) && plane_min > 0;
+    let plane_ops = forced_plane().unwrap_or_else(|| props.features.plane.contains(Plane::Ops)) && plane_min > 0;
     let vec_dims = head_dim / width;
     let cfg = loop {
         let plane = plane_ops && plane_max <= threads && threads.is_multiple_of(plane_max);
