@@ -16,6 +16,7 @@ use super::{
 };
 
 /// The K and V operands of one attention launch.
+#[allow(clippy::large_enum_variant)] // built once per launch and consumed at once
 pub(in crate::paged) enum KvOperands {
     /// Float caches `[num_blocks, kv_heads, block_size, head_dim]`.
     Dense { k: CubeTensor, v: CubeTensor },
