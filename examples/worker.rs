@@ -103,7 +103,11 @@ fn serve(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
 fn kernels<B>() -> burn::server::CustomOpRegistry<B>
 where
-    B: burn::backend::ir::BackendIr + burn_llm::kernels::ops::GroupQuantOps + burn_llm::kernels::paged::ops::PagedKvOps,
+    B: burn::backend::ir::BackendIr
+        + burn_llm::kernels::ops::GroupQuantOps
+        + burn_llm::kernels::paged::ops::PagedKvOps
+        + burn_llm::kernels::matvec::MatvecOps
+        + burn_llm::kernels::fused::ops::FusedOps,
 {
     let mut registry = burn::server::CustomOpRegistry::<B>::new();
     burn_llm::kernels::remote::register_ops(&mut registry);

@@ -2,7 +2,7 @@
 # burn-llm's GPU test suite and GPU benchmarks, run from the bundle `cargo xtask gpu-bundle` makes
 # (this file is the bundle's run.sh; its source is scripts/gpu_run.sh).
 #
-#   run.sh [--device vulkan|wgpu] [--quick] [--phases tests,generate,paged,serve,offload]
+#   run.sh [--device vulkan|wgpu] [--quick | --speed] [--phases tests,generate,paged,matvec,dispatches,serve,offload]
 #          [--models synthetic:opt-125m,...] [--batch-sizes 1,8,32,128] [--dtype f16|bf16|f32]
 #          [--deadline SECONDS] [--out DIR] [--work DIR] [--python PYTHON]
 #
@@ -13,11 +13,15 @@
 # still returns what it finished; steps that would pass --deadline (default 560 s, inside the
 # device tool's 10 minutes; none with --quick) are cut short or skipped. --quick: tiny benchmark
 # shapes (a check on a software Vulkan driver such as lavapipe); the test suite is the same.
+# --speed: the GPU-speed set in one command of at most 9 minutes: kernel benches (matvec,
+# dispatches, paged), LLaMA-7B-shaped generate vs HF at batch 1, 8, 32, serve with OPT-1.3B's
+# shape and FlexGen's OPT-30B offloading setting, each step capped so the whole fits.
 set -uo pipefail
 
 DEVICE=vulkan
 QUICK=0
-PHASES=tests,generate,paged,serve,offload
+PHASES=""
+SPEED=0
 MODELS=""
 BATCHES=""
 DTYPE=""
@@ -26,11 +30,12 @@ OUT_DIR="${OUT:-$PWD/gpu-out}"
 WORK="${BURN_LLM_GPU_WORK:-${TMPDIR:-/tmp}/burn-llm-gpu}"
 PYTHON="${PYTHON:-python3}"
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --speed) SPEED=1; shift ;;
     --phases) PHASES="$2"; shift 2 ;;
     --models) MODELS="$2"; shift 2 ;;
     --batch-sizes) BATCHES="$2"; shift 2 ;;
@@ -62,6 +67,7 @@ if [ "$QUICK" = 1 ]; then
   SERVE_ARGS=(--requests 8 --scale 0.02 --kv-tokens 1024 --max-model-len 128)
   OFFLOAD_ARGS=(--prompt-len 8 --gen-len 3)
   PAGED_ARGS=(--seqs 2 --context 64 --heads 4 --kv-heads 4,2 --head-dim 32 --iters 2)
+  MATVEC_ARGS=(--shapes 256x512,96x200 --rows 1,5 --iters 2)
 else
   T_TESTS=420; T_BENCH=540; DEADLINE="${DEADLINE:-560}"
   MODELS="${MODELS:-synthetic:opt-125m,synthetic:opt-1.3b,synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32,128}"
@@ -69,9 +75,24 @@ else
   SERVE_ARGS=()
   OFFLOAD_ARGS=()
   PAGED_ARGS=()
+  MATVEC_ARGS=()
 fi
+if [ "$SPEED" = 1 ] && [ "$QUICK" = 0 ]; then
+  PHASES="${PHASES:-matvec,dispatches,paged,generate,serve,offload}"
+  MODELS="${MODELS:-synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32}"; NEW=16; DEADLINE=540
+  SERVE_ARGS=(--model synthetic:opt-1.3b --requests 64 --max-model-len 1024 --kv-tokens 32768)
+  # The issue's PagedAttention target: at >= 32 sequences, with and without grouped-query
+  # attention (32 query heads over 32 and 8 KV heads); 64 x 2048 is the 1 GiB f16 case.
+  PAGED_ARGS=(--seqs 32,64 --context 2048 --kv-heads 32,8 --iters 10)
+  # Per-step caps (seconds), about 520 in all.
+  T_MATVEC=45; T_DISPATCHES=30; T_PAGED=45; T_GENERATE=110; T_HF=110; T_SERVE=80; T_OFFLOAD=150
+fi
+PHASES="${PHASES:-tests,generate,paged,matvec,dispatches,serve,offload}"
 T_TESTS="${BURN_LLM_GPU_TEST_TIMEOUT:-$T_TESTS}"
 T_BENCH="${BURN_LLM_GPU_BENCH_TIMEOUT:-$T_BENCH}"
+for t in T_MATVEC T_DISPATCHES T_PAGED T_GENERATE T_HF T_SERVE T_OFFLOAD; do
+  [ -n "${!t:-}" ] || printf -v "$t" '%s' "$T_BENCH"
+done
 
 # ---- unpack ---------------------------------------------------------------------------------
 STAMP="$WORK/.unpacked-$(cksum < "$BUNDLE/payload.tar.xz" | cut -d' ' -f1)"
@@ -237,12 +258,12 @@ if has_phase generate; then
     slug="generate-${model#synthetic:}"
     dir="$RES/$slug"; mkdir -p "$dir"
     # shellcheck disable=SC2046
-    timed "$T_BENCH" "$dir/burn.log" "$XTASK" bench generate --device "$DEVICE" --model "$model" \
+    timed "$T_GENERATE" "$dir/burn.log" "$XTASK" bench generate --device "$DEVICE" --model "$model" \
       --batch-sizes "$BATCHES" --prompt-len "$PROMPT" --new-tokens "$NEW" --out "$dir" $(dtype_flag generate)
     record generate "$model burn-llm" "$STEP_STATUS" "$STEP_SECONDS" "$slug/generate.md"
     if [ "$HF" = 1 ] && [ -f "$dir/generate.json" ]; then
       hf_dtype=(); [ -n "$DTYPE" ] && hf_dtype=(--dtype "$DTYPE")
-      timed "$T_BENCH" "$dir/hf.log" "$PYTHON" "$WORK/hf_generate_bench.py" --like "$dir/generate.json" \
+      timed "$T_HF" "$dir/hf.log" "$PYTHON" "$WORK/hf_generate_bench.py" --like "$dir/generate.json" \
         --out "$dir/hf-generate" "${hf_dtype[@]}"
       record generate "$model HF" "$STEP_STATUS" "$STEP_SECONDS" "$slug/hf-generate.md (ratios)"
     fi
@@ -263,9 +284,31 @@ if has_phase paged; then
     *H100*) peak=(--peak-gb-s 3350) ;;
   esac
   # shellcheck disable=SC2046
-  timed "$T_BENCH" "$RES/paged/paged.log" "$XTASK" bench paged-attention --device "$DEVICE" --out "$RES/paged" \
+  timed "$T_PAGED" "$RES/paged/paged.log" "$XTASK" bench paged-attention --device "$DEVICE" --out "$RES/paged" \
     "${PAGED_ARGS[@]}" "${peak[@]}" $(dtype_flag paged-attention)
   record paged "PagedAttention bandwidth" "$STEP_STATUS" "$STEP_SECONDS" "paged/paged-attention.md"
+  publish
+fi
+
+# ---- phase: decode matrix-vector kernels vs Burn's matmul and the per-output quantized kernel --
+if has_phase matvec; then
+  say "phase matvec (decode matrix-vector kernels, GB/s of weights) on $DEVICE"
+  mkdir -p "$RES/matvec"
+  # shellcheck disable=SC2046
+  timed "$T_MATVEC" "$RES/matvec/matvec.log" "$XTASK" bench matvec --device "$DEVICE" --out "$RES/matvec" \
+    "${MATVEC_ARGS[@]}" $(dtype_flag matvec)
+  record matvec "matrix-vector kernels" "$STEP_STATUS" "$STEP_SECONDS" "matvec/matvec.md"
+  publish
+fi
+
+# ---- phase: kernel launches per decode step ----------------------------------------------------
+if has_phase dispatches; then
+  say "phase dispatches (kernel launches per decode layer) on $DEVICE"
+  mkdir -p "$RES/dispatches"
+  # shellcheck disable=SC2046
+  timed "$T_DISPATCHES" "$RES/dispatches/dispatches.log" "$XTASK" bench dispatches --device "$DEVICE" \
+    --out "$RES/dispatches" $(dtype_flag dispatches)
+  record dispatches "launches per decode layer" "$STEP_STATUS" "$STEP_SECONDS" "dispatches/dispatches.md"
   publish
 fi
 
@@ -274,7 +317,7 @@ if has_phase serve; then
   say "phase serve on $DEVICE"
   mkdir -p "$RES/serve"
   # shellcheck disable=SC2046
-  timed "$T_BENCH" "$RES/serve/serve.log" "$XTASK" bench serve --device "$DEVICE" --out "$RES/serve" \
+  timed "$T_SERVE" "$RES/serve/serve.log" "$XTASK" bench serve --device "$DEVICE" --out "$RES/serve" \
     "${SERVE_ARGS[@]}" $(dtype_flag serve)
   record serve "paged vs static" "$STEP_STATUS" "$STEP_SECONDS" "serve/serve.md"
   publish
@@ -288,13 +331,16 @@ if has_phase offload; then
   extra=()
   if [ "$QUICK" = 0 ]; then
     if grep -q -- '--model' <<< "$help" && grep -q -- '--gpu-mem ' <<< "$help"; then
-      extra=(--model synthetic:opt-30b --gpu-mem 16GiB)
+      # FlexGen's setting: OPT-30B (60 GB of f16 weights) under a 16 GiB device budget, the
+      # weights held by host memory; the searched policy against both baselines, back to back.
+      extra=(--model synthetic:opt-30b --gpu-mem 16GiB --cpu-mem 100GiB --prompt-len 512 --gen-len 8
+        --policies searched,deepspeed,accelerate)
     else
       say "note: this build's 'bench offload' has no --model/--gpu-mem: it runs its built-in OPT model under its default budget, not OPT-30B under 16 GiB"
     fi
   fi
   # shellcheck disable=SC2046
-  timed "$T_BENCH" "$RES/offload/offload.log" "$XTASK" bench offload --device "$DEVICE" --out "$RES/offload" \
+  timed "$T_OFFLOAD" "$RES/offload/offload.log" "$XTASK" bench offload --device "$DEVICE" --out "$RES/offload" \
     --offload-dir "$WORK/offload-tier" "${OFFLOAD_ARGS[@]}" "${extra[@]}" $(dtype_flag offload)
   rm -rf "$WORK/offload-tier"
   record offload "searched vs DeepSpeed vs Accelerate" "$STEP_STATUS" "$STEP_SECONDS" "offload/offload.md"

@@ -4,7 +4,7 @@
 //! Burn's Flex CPU backend, with a test that they agree. Kernels know nothing about models or
 //! policies.
 //!
-//! Three modules:
+//! Four modules:
 //!
 //! - [`quant`]: FlexGen's fine-grained group-wise asymmetric quantization ([`QuantSpec`],
 //!   [`quantize`], [`dequantize`]) and the fused dequantize-matmul ([`qmatmul`],
@@ -13,6 +13,9 @@
 //!   token by token ([`reshape_and_cache`]), copied block-wise for copy-on-write
 //!   ([`copy_blocks`]), swapped ([`write_blocks`], [`read_blocks`]) and attended to through
 //!   per-sequence block tables ([`paged_attention`]).
+//! - [`matvec`]: decode-sized products (`m ≤ 32` rows) on the GPU runtimes, dense and
+//!   group-quantized, reading each weight once ([`matmul`] and the fused quantized products use
+//!   them).
 //! - [`fused`]: the rest of a decoder step fused into single passes on Flex (RMSNorm, RoPE,
 //!   `silu(gate) · up`, attention over a prefix of preallocated K/V slots), ordinary Burn ops
 //!   elsewhere.
@@ -54,7 +57,10 @@ macro_rules! avx2_dispatch {
 
 pub mod cpu;
 pub mod fused;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+pub mod launches;
 pub mod limits;
+pub mod matvec;
 pub mod paged;
 pub mod quant;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
@@ -62,8 +68,12 @@ pub mod remote;
 pub mod test_devices;
 
 pub use cpu::CpuFeatures;
-pub use fused::{Gate, argmax_rows, attention_with, gated_mul, matmul, prefix_attention, rms_norm, rotate_half};
+pub use fused::{
+    Gate, add_rms_norm, argmax_rows, attention_with, gated_mul, gated_mul_fused, matmul, norm_add_norm,
+    norm_rotate_half_qk, prefix_attention, rms_norm, rms_norm_add, rotate_half, rotate_half_qk,
+};
 pub use limits::{GpuTensorLimit, KERNEL_INDEX_ELEMENTS};
+pub use matvec::{MATVEC_MAX_ROWS, matvec_kernels, set_matvec_kernels};
 pub use paged::{
     KvPool, PagedBatch, PagedKernelError, QuantizedBlocks, SKIP_SLOT, SlotMapping, copy_blocks, copy_blocks_mut,
     paged_attention, paged_attention_pool, paged_attention_with, read_blocks, reshape_and_cache, reshape_and_cache_mut,

@@ -4,9 +4,9 @@
 //!
 //! Two halves, both needed for an op to run remotely:
 //!
-//! - **Client**: [`GroupQuantOps`] and [`PagedKvOps`] are implemented for
-//!   `burn_router::BackendRouter<C>` (in `quant/remote.rs` and `paged/remote.rs`), and both
-//!   traits list the `Remote` selector, so a tensor on a remote device reaches them through
+//! - **Client**: [`GroupQuantOps`], [`PagedKvOps`] and [`MatvecOps`] are implemented for
+//!   `burn_router::BackendRouter<C>` (in `quant/remote.rs`, `paged/remote.rs` and
+//!   `matvec/remote.rs`), and the traits list the `Remote` selector, so a tensor on a remote device reaches them through
 //!   `Dispatch` like any other backend. With Burn's `fusion` on (every GPU feature turns it on),
 //!   the remote backend is `Fusion<BackendRouter<…>>`: the op then travels inside a cached op
 //!   graph as the `#[backend_extension]` macro's own custom op, and the router impl runs only when
@@ -31,10 +31,12 @@ use burn::backend::ir::{BackendIr, CustomOpIr, OperationIr, OperationOutput, Sca
 use burn::tensor::{DType, Shape};
 use burn_router::{CustomOpRegistry, RouterClient, RouterTensor};
 
+use crate::fused::ops::FusedOps;
+use crate::matvec::MatvecOps;
 use crate::paged::ops::PagedKvOps;
 use crate::quant::ops::GroupQuantOps;
 
-/// Adds the handlers of every op of this crate ([`GroupQuantOps`], [`PagedKvOps`]) to `registry`,
+/// Adds the handlers of every op of this crate ([`GroupQuantOps`], [`PagedKvOps`], [`MatvecOps`], [`FusedOps`]) to `registry`,
 /// for a server whose devices run backend `B`:
 ///
 /// ```rust,ignore
@@ -42,8 +44,12 @@ use crate::quant::ops::GroupQuantOps;
 /// burn_llm_kernels::remote::register_ops(&mut ops);
 /// RemoteServer::new([Device::flex()]).with_custom_ops(ops).serve(transport)?;
 /// ```
-pub fn register_ops<B: BackendIr + GroupQuantOps + PagedKvOps>(registry: &mut CustomOpRegistry<B>) {
+pub fn register_ops<B: BackendIr + GroupQuantOps + PagedKvOps + MatvecOps + FusedOps>(
+    registry: &mut CustomOpRegistry<B>,
+) {
+    crate::fused::remote::register::<B>(registry);
     crate::quant::remote::register::<B>(registry);
+    crate::matvec::remote::register::<B>(registry);
     crate::paged::remote::register::<B>(registry);
 }
 
@@ -56,15 +62,28 @@ pub(crate) fn launch<C: RouterClient>(
     dtype: DType,
     scalars: &[Scalar],
 ) -> RouterTensor<C> {
+    let [output] = launch_n(id, inputs, [(shape, dtype)], scalars);
+    output
+}
+
+/// [`launch`] for an op with `N` outputs, of the given shapes and dtypes, in order.
+pub(crate) fn launch_n<C: RouterClient, const N: usize>(
+    id: &str,
+    inputs: Vec<RouterTensor<C>>,
+    outputs: [(Shape, DType); N],
+    scalars: &[Scalar],
+) -> [RouterTensor<C>; N] {
     let client = inputs[0].client.clone();
-    let output = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
     let desc = CustomOpIr {
         id: id.to_owned(),
         inputs: inputs.into_iter().map(RouterTensor::into_ir).collect(),
-        outputs: vec![output],
+        outputs: outputs
+            .into_iter()
+            .map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape, dtype))
+            .collect(),
         scalars: scalars.iter().map(|&s| ScalarIr::from(s)).collect(),
     };
-    client.register(OperationIr::Custom(desc)).output()
+    client.register(OperationIr::Custom(desc)).outputs::<N>()
 }
 
 /// Scalar `index` of a shipped op as a `usize` (bit widths, group sizes).

@@ -50,8 +50,11 @@ impl DecoderLayer {
 
     /// Bytes of its projection weights as stored (norms and biases are not counted).
     pub fn weight_bytes(&self) -> usize {
-        let attn =
-            [&self.attn.q, &self.attn.k, &self.attn.v, &self.attn.o].iter().map(|p| p.weight_bytes()).sum::<usize>();
+        let attn = [Some(&self.attn.q), self.attn.k.as_ref(), self.attn.v.as_ref(), Some(&self.attn.o)]
+            .into_iter()
+            .flatten()
+            .map(Projection::weight_bytes)
+            .sum::<usize>();
         attn + self.mlp.up.weight_bytes()
             + self.mlp.down.weight_bytes()
             + self.mlp.gate.as_ref().map_or(0, Projection::weight_bytes)
@@ -60,8 +63,14 @@ impl DecoderLayer {
     /// Applies `f` to every attention and MLP projection (with its name, for errors).
     fn map_projections(self, f: impl Fn(Projection, &str) -> Result<Projection>) -> Result<Self> {
         let DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm, post_attn_norm, post_mlp_norm } = self;
-        let attn =
-            SelfAttention { q: f(attn.q, "q")?, k: f(attn.k, "k")?, v: f(attn.v, "v")?, o: f(attn.o, "o")?, ..attn };
+        let optional = |p: Option<Projection>, name: &str| p.map(|p| f(p, name)).transpose();
+        let attn = SelfAttention {
+            q: f(attn.q, "q")?,
+            k: optional(attn.k, "k")?,
+            v: optional(attn.v, "v")?,
+            o: f(attn.o, "o")?,
+            ..attn
+        };
         let mlp = Mlp {
             up: f(mlp.up, "up")?,
             gate: match mlp.gate {
@@ -69,9 +78,15 @@ impl DecoderLayer {
                 None => None,
             },
             down: f(mlp.down, "down")?,
-            activation: mlp.activation,
+            ..mlp
         };
         Ok(DecoderLayer { attn_norm, attn, mlp_norm, mlp, pre_norm, post_attn_norm, post_mlp_norm })
+    }
+
+    /// The layer with q|k|v and gate|up each fused into one projection where they can be (see
+    /// [`Projection::concat`]): one product where there were two or three, the same outputs.
+    pub fn fused(self) -> Self {
+        DecoderLayer { attn: self.attn.fused(), mlp: self.mlp.fused(), ..self }
     }
 
     /// Runs the layer on `[batch, seq, hidden]`.
@@ -82,14 +97,18 @@ impl DecoderLayer {
         rotary: Option<&(Tensor<4>, Tensor<4>)>,
         cache: &mut dyn KvCache,
     ) -> Result<Tensor<3>> {
-        let post = |norm: &Option<Norm>, y: Tensor<3>| match norm {
-            Some(norm) => norm.forward(y),
-            None => y,
-        };
         Ok(if self.pre_norm {
             let attn = self.attn.forward(self.attn_norm.forward(x.clone()), layer, rotary, cache)?;
-            let x = x + post(&self.post_attn_norm, attn);
-            x.clone() + post(&self.post_mlp_norm, self.mlp.forward(self.mlp_norm.forward(x)))
+            // The post-attention norm (if any), the residual add and the MLP's norm in one pass.
+            let (normed, x) = match &self.post_attn_norm {
+                Some(post) => post.forward_add_norm(&self.mlp_norm, attn, x),
+                None => self.mlp_norm.forward_add(x, attn),
+            };
+            let mlp = self.mlp.forward(normed);
+            match &self.post_mlp_norm {
+                Some(post) => post.forward_then_add(mlp, x),
+                None => x + mlp,
+            }
         } else {
             let x = self.attn_norm.forward(x.clone() + self.attn.forward(x, layer, rotary, cache)?);
             self.mlp_norm.forward(x.clone() + self.mlp.forward(x))
@@ -256,6 +275,15 @@ impl CausalLm {
         };
         let layers: usize = self.layers.iter().map(DecoderLayer::weight_bytes).sum();
         head + layers
+    }
+
+    /// The model with q|k|v and gate|up fused into one projection each in every layer (see
+    /// [`DecoderLayer::fused`]): what the plain and paged engines run on a GPU, where each product
+    /// is a kernel launch. Tensor parallelism and the offloading engine keep them separate (they
+    /// shard and move projections one by one).
+    pub fn fuse_projections(mut self) -> Self {
+        self.layers = std::mem::take(&mut self.layers).into_iter().map(DecoderLayer::fused).collect();
+        self
     }
 
     /// Applies `f` to every attention and MLP projection (with a name for errors).
@@ -453,8 +481,8 @@ fn load_layer_f32(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device
         attn_norm: norm(names.attn_norm, hidden)?,
         attn: SelfAttention {
             q,
-            k,
-            v,
+            k: Some(k),
+            v: Some(v),
             o: linear(names.o_proj, [q_out, hidden], variants.o_bias.unwrap_or(spec.attention_bias))?,
             num_heads: spec.num_heads,
             num_kv_heads: spec.num_kv_heads,
@@ -466,7 +494,13 @@ fn load_layer_f32(spec: &DecoderSpec, ckpt: &impl TensorSource, i: usize, device
             rope_table: usize::from(local_rope && window.is_some()),
         },
         mlp_norm: norm(names.mlp_norm, hidden)?,
-        mlp: Mlp { up, gate, down: linear(names.down, [ffn, hidden], spec.mlp_bias)?, activation: spec.activation },
+        mlp: Mlp {
+            up,
+            gate,
+            gate_up: false,
+            down: linear(names.down, [ffn, hidden], spec.mlp_bias)?,
+            activation: spec.activation,
+        },
         pre_norm: spec.pre_norm,
         post_attn_norm: optional(names.post_attn_norm, sandwich, hidden)?,
         post_mlp_norm: optional(names.post_mlp_norm, sandwich, hidden)?,

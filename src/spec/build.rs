@@ -8,7 +8,7 @@ use std::path::Path;
 use burn::tensor::Device;
 use burn_llm_kernels::MatmulPrecision;
 use burn_llm_models::cache::{KvLayout, fit_kv_quant};
-use burn_llm_models::{Generator, LanguageModel, Pretrained, PretrainedFiles, Prompt};
+use burn_llm_models::{CausalLm, Generator, LanguageModel, Pretrained, PretrainedFiles, Prompt};
 use burn_offload::policy::{OffloadWorkload, Placement, Policy, PolicyShape, SearchSpace};
 use burn_offload::{OffloadConfig, OffloadEngine, PolicyChoice};
 use burn_paged::{EngineConfig, LlmEngine, SchedulingPolicy};
@@ -56,6 +56,7 @@ impl EngineSpec {
         if let Some(spec) = self.weight_quant()? {
             pretrained.model = pretrained.model.quantize_weights(spec)?;
         }
+        pretrained.model = fuse_on_gpu(pretrained.model);
         let engine: Box<dyn Engine> = match kind {
             EngineKind::Paged => {
                 let scheduling = self.scheduling_policy(&pretrained, purpose, log)?;
@@ -258,4 +259,12 @@ pub(super) fn refused() -> super::SpecError {
 /// `~/.cache/burn-llm`.
 pub(crate) fn dirs_cache() -> std::path::PathBuf {
     std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir).join(".cache/burn-llm")
+}
+
+/// `model` with q|k|v and gate|up fused into one projection each ([`CausalLm::fuse_projections`])
+/// when it runs on a GPU, where every product is a kernel launch; on the host as it is (the Flex
+/// loops gain nothing there that has been measured). For the plain and paged engines on one
+/// device: tensor parallelism and offloading shard and move projections one by one.
+pub(crate) fn fuse_on_gpu(model: CausalLm) -> CausalLm {
+    if burn_llm_models::device::is_host_device(&model.device()) { model } else { model.fuse_projections() }
 }

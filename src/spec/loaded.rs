@@ -32,6 +32,7 @@ impl EngineSpec {
             Some(spec) => model.quantize_weights(spec)?,
             None => model,
         };
+        let model = super::build::fuse_on_gpu(model);
         let engine: Box<dyn Engine> = match kind {
             EngineKind::Paged => {
                 let scheduling = match self.planless_policy() {

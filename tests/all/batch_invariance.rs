@@ -222,9 +222,11 @@ fn greedy_is_batch_invariant_on_the_integer_path() {
         let mut pretrained = Pretrained::load(&path, &Device::flex()).unwrap();
         for layer in &mut pretrained.model.layers {
             let (attn, mlp) = (&mut layer.attn, &mut layer.mlp);
-            for p in [&mut attn.q, &mut attn.k, &mut attn.v, &mut attn.o, &mut mlp.up, &mut mlp.down] {
+            for p in [&mut attn.q, &mut attn.o, &mut mlp.up, &mut mlp.down] {
                 *p = gguf_layout(p.clone());
             }
+            attn.k = attn.k.take().map(gguf_layout);
+            attn.v = attn.v.take().map(gguf_layout);
             mlp.gate = mlp.gate.take().map(gguf_layout);
         }
         assert!(matches!(&pretrained.model.layers[0].attn.q, Projection::Quantized(q) if q.input_grouped));

@@ -16,6 +16,7 @@ mod cli_golden;
 mod disagg;
 mod engine;
 mod errors;
+mod fused_projections;
 mod gguf;
 mod gguf_archs;
 mod gguf_writer;

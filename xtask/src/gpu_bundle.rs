@@ -151,7 +151,7 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Built>, Box<dyn s
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(root)
         .args(args)
-        .args(["--release", "--workspace", "--features", "vulkan", "--message-format=json-render-diagnostics"])
+        .args(["--release", "--workspace", "--features", "vulkan,autotune", "--message-format=json-render-diagnostics"])
         .stdout(Stdio::piped());
     let command = format!("{cmd:?}");
     let hint = "see the compiler's messages above";
@@ -307,7 +307,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     // One invocation for test harnesses, examples and binaries: the features are then unified
     // once (dev-dependencies included), as `cargo test` does, so nothing is built twice.
-    eprintln!("building the test binaries, examples and xtask (release, --features vulkan)…");
+    eprintln!("building the test binaries, examples and xtask (release, --features vulkan,autotune)…");
     let built = cargo_executables(&root, &["build", "--all-targets"])?;
     let build_s = started.elapsed().as_secs_f64();
 
@@ -340,7 +340,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     list_files(&staging, &staging, &mut payload)?;
     let mut manifest = Manifest {
         commit: commit(&root),
-        features: "vulkan,wgpu (release)",
+        features: "vulkan,wgpu,autotune (release)",
         built_unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs())?,
         build_s,
         strip_s,

@@ -3,11 +3,15 @@
 //! requests with their own sampling settings (penalties included: each sequence brings its own
 //! token history), parallel samples to start, best-of scoring or beam search are handled per
 //! request.
+//!
+//! Every choice that needs no log-probability stays on the device until the end of the step, where
+//! all of them are concatenated and read back at once: on a GPU each read-back waits for the
+//! device queue to drain, so one per request would serialize the step on the host.
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, IntDType, Tensor, TensorData};
 use burn_llm_models::SamplingParams;
 use burn_llm_models::TokenLogprob;
-use burn_llm_models::generation::{SimpleVob, TokenCounts, chosen_logprobs, sample};
+use burn_llm_models::generation::{SimpleVob, TokenCounts, chosen_logprobs, sample, sample_on_device};
 use rand_chacha::ChaCha8Rng;
 
 use super::{RequestData, log_softmax_rows, sample_rng};
@@ -64,6 +68,8 @@ pub(crate) fn sample_groups(
         }
     }
     let mut out: Vec<(GroupId, Vec<usize>, Vec<RowChoice>)> = Vec::with_capacity(groups.len());
+    // Per-request choices left on the device (`[width, 1]` ids), with their entry in `out`.
+    let mut deferred: Vec<(usize, Tensor<2, Int>)> = Vec::new();
     let mut greedy_rows = Vec::new();
     // Greedy rows whose only logits processor is a constraint, and their token masks.
     let (mut masked_rows, mut masks) = (Vec::new(), Vec::new());
@@ -123,6 +129,23 @@ pub(crate) fn sample_groups(
         }
         let history: Vec<&TokenCounts> =
             (0..width).filter_map(|i| data.live.get(&seq_of(i)).and_then(|d| d.state.token_counts())).collect();
+        if data.params.logprobs.is_none() && !ranked {
+            let chosen = sample_on_device(selected, &data.params, &mut rngs, &history, &allowed)?;
+            let choices = rngs
+                .into_iter()
+                .enumerate()
+                .map(|(i, rng)| {
+                    let seq = seq_of(i);
+                    if !expanding && let Some(d) = data.live.get_mut(&seq) {
+                        d.rng = rng.clone();
+                    }
+                    RowChoice { rng: expanding.then_some(rng), ..RowChoice::token(seq, 0) }
+                })
+                .collect();
+            deferred.push((out.len(), chosen));
+            out.push((*group_id, rows.clone(), choices));
+            continue;
+        }
         let sampled = sample(selected.clone(), &data.params, &mut rngs, &history, &allowed)?;
         let chosen_logprobs = match &sampled.logprobs {
             Some(steps) if ranked => steps.iter().map(|step| step[0].logprob).collect(),
@@ -147,18 +170,31 @@ pub(crate) fn sample_groups(
         }
         out.push((*group_id, rows.clone(), choices));
     }
-    let mut token_of: std::collections::HashMap<usize, u32> = std::collections::HashMap::new();
+    // One read-back for the step: greedy rows, masked greedy rows, then each deferred request.
+    let mut parts: Vec<Tensor<2, Int>> = Vec::with_capacity(deferred.len() + 2);
     if !greedy_rows.is_empty() {
-        let ids = ids_of(
-            burn_llm_kernels::argmax_rows(logits.clone().select(0, index(&greedy_rows, &logits)))
-                .reshape([greedy_rows.len()]),
-        )?;
-        token_of.extend(greedy_rows.iter().copied().zip(ids));
+        parts.push(burn_llm_kernels::argmax_rows(logits.clone().select(0, index(&greedy_rows, &logits))));
     }
     if !masked_rows.is_empty() {
         let selected = logits.clone().select(0, index(&masked_rows, &logits));
-        let sampled = sample(selected, &SamplingParams::default(), &mut [], &[], &masks)?;
-        token_of.extend(masked_rows.iter().copied().zip(sampled.ids));
+        parts.push(sample_on_device(selected, &SamplingParams::default(), &mut [], &[], &masks)?);
+    }
+    parts.extend(deferred.iter().map(|(_, ids)| ids.clone()));
+    if parts.is_empty() {
+        return Ok(out.into_iter().map(|(g, _, choices)| (g, choices)).collect());
+    }
+    let total: usize = parts.iter().map(|p| p.dims()[0]).sum();
+    // Argmax and sort indices may come out in different integer types.
+    let parts = parts.into_iter().map(|p| p.cast(IntDType::I64)).collect();
+    let ids = ids_of(Tensor::cat(parts, 0).reshape([total]))?;
+    let (direct, rest) = ids.split_at(greedy_rows.len() + masked_rows.len());
+    let token_of: std::collections::HashMap<usize, u32> =
+        greedy_rows.iter().chain(&masked_rows).copied().zip(direct.iter().copied()).collect();
+    let mut rest = rest.iter();
+    for (entry, _) in &deferred {
+        for choice in out[*entry].2.iter_mut() {
+            choice.token = *rest.next().ok_or_else(|| PagedError::Device("fewer sampled ids than rows".into()))?;
+        }
     }
     if !token_of.is_empty() {
         for (_, rows, choices) in out.iter_mut() {

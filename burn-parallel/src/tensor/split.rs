@@ -48,13 +48,20 @@ pub(crate) fn split_layer(
                 .into(),
         ));
     }
+    let (Some(k), Some(v), false) = (&attn.k, &attn.v, mlp.gate_up) else {
+        return Err(ModelError::UnsupportedFeature(
+            "tensor parallelism of a layer whose projections are fused (q|k|v, gate|up): shard the layer as \
+             loaded, before `CausalLm::fuse_projections`"
+                .into(),
+        ));
+    };
     let norm = |n: &Option<burn_llm_models::layers::norm::Norm>| n.clone().map(|n| n.to_device(device));
     Ok(DecoderLayer {
         attn_norm: layer.attn_norm.clone().to_device(device),
         attn: SelfAttention {
             q: column(&attn.q, &q, "q")?,
-            k: column(&attn.k, &kv, "k")?,
-            v: column(&attn.v, &kv, "v")?,
+            k: Some(column(k, &kv, "k")?),
+            v: Some(column(v, &kv, "v")?),
             o: row(&attn.o, &q, "o")?,
             num_heads: plan.heads_per_rank(),
             num_kv_heads: plan.kv_heads_per_rank(),
@@ -69,6 +76,7 @@ pub(crate) fn split_layer(
         mlp: Mlp {
             up: column(&mlp.up, &ffn, "up")?,
             gate: mlp.gate.as_ref().map(|g| column(g, &ffn, "gate")).transpose()?,
+            gate_up: false,
             down: row(&mlp.down, &ffn, "down")?,
             activation: mlp.activation,
         },

@@ -1,8 +1,11 @@
 //! The gates of gated MLPs fused with their product: `silu(gate) · up` (SwiGLU) and
 //! `gelu_tanh(gate) · up` (GeGLU, Gemma).
 
+use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu_approximate, silu};
+
+use super::ops::FusedOps;
 
 /// The activation applied to a gated MLP's gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,6 +14,39 @@ pub enum Gate {
     Silu,
     /// GELU's tanh approximation, `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
     GeluTanh,
+}
+
+impl Gate {
+    /// The op code of [`FusedOps::fused_gated_mul`].
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Gate::Silu => 0,
+            Gate::GeluTanh => 1,
+        }
+    }
+}
+
+/// `act(gate) · up` where `gate_up` (`[..., 2f]`) is a fused gate|up projection's output, `gate`
+/// its first `f` columns and `up` its last `f`: returns `[..., f]`. On a GPU one kernel launch
+/// ([`FusedOps::fused_gated_mul`]); on Flex the one-pass loops of [`gated_mul`]. The last
+/// dimension is a fused projection's, so even: an odd one goes to [`gated_mul`] with halves of
+/// unequal widths, whose shape check reports it.
+pub fn gated_mul_fused<const D: usize>(act: Gate, gate_up: Tensor<D>) -> Tensor<D> {
+    let width = gate_up.dims()[D - 1];
+    let split = |t: Tensor<D>| {
+        let half = width / 2;
+        (t.clone().narrow(D - 1, 0, half), t.narrow(D - 1, half, width - half))
+    };
+    #[cfg(feature = "flex")]
+    if super::flex::on_flex(&gate_up) {
+        let (gate, up) = split(gate_up);
+        return gated_mul(act, gate, up);
+    }
+    if width % 2 != 0 {
+        let (gate, up) = split(gate_up);
+        return gated_mul(act, gate, up);
+    }
+    Tensor::from_dispatch(<Dispatch as FusedOps>::fused_gated_mul(gate_up.into_dispatch(), act.code()))
 }
 
 /// `act(gate) · up` elementwise over tensors of one shape. On Flex it runs in one pass, in place
@@ -41,7 +77,7 @@ pub fn gated_mul<const D: usize>(act: Gate, gate: Tensor<D>, up: Tensor<D>) -> T
 #[cfg(feature = "flex")]
 avx2_dispatch! {
     /// `gate ← silu(gate) · up`, with AVX2/FMA when the CPU has them.
-    fn silu_mul_rows(gate: &mut [f32], up: &[f32]) => silu_mul_portable
+    pub(super) fn silu_mul_rows(gate: &mut [f32], up: &[f32]) => silu_mul_portable
 }
 
 #[cfg(feature = "flex")]
@@ -55,7 +91,7 @@ fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
 #[cfg(feature = "flex")]
 avx2_dispatch! {
     /// `gate ← gelu_tanh(gate) · up`, with AVX2/FMA when the CPU has them.
-    fn gelu_tanh_mul_rows(gate: &mut [f32], up: &[f32]) => gelu_tanh_mul_portable
+    pub(super) fn gelu_tanh_mul_rows(gate: &mut [f32], up: &[f32]) => gelu_tanh_mul_portable
 }
 
 /// `½(1 + tanh z) = σ(2z)`, so `gelu_tanh(x) = x / (1 + e^(−2z))` with `z = √(2/π)(x + 0.044715x³)`:

@@ -1,8 +1,17 @@
 //! Masked scaled-dot-product attention with grouped-query heads, over the first `len` slots of
 //! preallocated key/value storage.
 
+use burn::backend::Dispatch;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
+
+use super::ops::FusedOps;
+
+/// Query rows per sequence up to which a GPU runs [`prefix_attention`] as one kernel launch
+/// ([`FusedOps::fused_prefix_attention`], one cube per query row and head): decode steps and
+/// short chunks. Longer steps (prefill) take the matmul path, whose tiles reuse each key across
+/// many queries.
+const GPU_MAX_QUERIES: usize = 16;
 
 /// Query rows per sequence up to which Flex runs [`prefix_attention`] as one fused loop per query
 /// row and head reading keys as stored (decode steps); longer steps (prefill) first transpose the
@@ -19,7 +28,9 @@ const FUSED_MAX_QUERIES: usize = 8;
 /// of values) reading keys and values where they are stored, with no copy of the visible slots
 /// and no score matrix; steps of many rows (prefill) read the keys transposed and skip the keys a
 /// causal mask hides. The result is a view of a `[b, s, heads, d]` buffer, which is the layout the
-/// output projection reads. Elsewhere: [`attention_with`] over the sliced slots.
+/// output projection reads. On a GPU, steps of up to [`GPU_MAX_QUERIES`] query rows are one kernel
+/// launch reading queries, keys, values and bias through their strides, with the same output
+/// layout. Elsewhere: [`attention_with`] over the sliced slots.
 pub fn prefix_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -35,6 +46,27 @@ pub fn prefix_attention(
         } else {
             super::prefill::tiled_prefix_attention(q, k, v, bias, len, scale)
         };
+    }
+    #[cfg(feature = "flex")]
+    let on_host = q.device() == burn::tensor::Device::flex();
+    #[cfg(not(feature = "flex"))]
+    let on_host = false;
+    if !on_host
+        && q.dims()[2] <= GPU_MAX_QUERIES
+        && shapes_fit(&q, &k, &v, &bias, len)
+        && [k.device(), v.device(), bias.device()].iter().all(|d| *d == q.device())
+        && k.dtype() == q.dtype()
+        && v.dtype() == q.dtype()
+    {
+        let out = <Dispatch as FusedOps>::fused_prefix_attention(
+            q.into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            bias.into_dispatch(),
+            len,
+            scale,
+        );
+        return Tensor::<4>::from_dispatch(out).swap_dims(1, 2);
     }
     let [b, kv_heads, slots, d] = k.dims();
     let (k, v) = if slots == len {
@@ -79,12 +111,15 @@ pub fn attention_with(
 #[cfg(feature = "flex")]
 fn fused_applies(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, bias: &Tensor<4>, len: usize) -> bool {
     use super::flex::on_flex;
+    on_flex(q) && on_flex(k) && on_flex(v) && on_flex(bias) && shapes_fit(q, k, v, bias, len)
+}
+
+/// Whether the shapes are those of a fused attention call: queries `[b, heads, s, d]`, keys and
+/// values `[b, kv_heads, slots ≥ len, d]` with `kv_heads` dividing `heads`, the bias
+/// `[b or 1, 1, s or 1, len]`.
+fn shapes_fit(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, bias: &Tensor<4>, len: usize) -> bool {
     let ([b, heads, s, d], [kb, kv_heads, slots, kd], [bb, bh, bs, bt]) = (q.dims(), k.dims(), bias.dims());
-    on_flex(q)
-        && on_flex(k)
-        && on_flex(v)
-        && on_flex(bias)
-        && v.dims() == k.dims()
+    v.dims() == k.dims()
         && kb == b
         && kd == d
         && kv_heads > 0
@@ -174,7 +209,7 @@ impl FlexAttention {
 }
 
 #[cfg(feature = "flex")]
-fn flex_prefix_attention(
+pub(super) fn flex_prefix_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,

@@ -5,29 +5,44 @@
 //! allocations), RoPE is two slices, six products and a concatenation, and attention over a cache
 //! view copies the visible keys and values before each product. On Flex these functions run the
 //! whole computation in one pass of plain Rust over the inputs (in place where the input buffer is
-//! not shared), vectorized for the CPU at hand. On every other device (wgpu and the GPU runtimes)
-//! they run the same math as ordinary Burn ops, so callers need no device check of their own.
+//! not shared), vectorized for the CPU at hand. On the GPU runtimes RMSNorm (with or without the
+//! residual add before it), RoPE of the queries and keys together and the gated product of a fused
+//! gate|up projection are one CubeCL kernel launch each ([`ops::FusedOps`], `cube.rs`, with a Flex
+//! twin in `flex_ops.rs`); attention runs as ordinary Burn ops. Callers need no device check.
 
 mod activation;
 mod argmax;
 mod attention;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube_attention;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube_norms;
 #[cfg(feature = "flex")]
 mod exp;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "flex")]
+mod flex_ops;
+#[cfg(feature = "flex")]
 mod gemm;
 mod matmul;
 mod norm;
+pub mod ops;
 #[cfg(feature = "flex")]
 mod prefill;
+#[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
+pub(crate) mod remote;
 mod rope;
 #[cfg(all(test, feature = "flex"))]
 mod tests;
+#[cfg(all(test, feature = "flex", feature = "wgpu"))]
+mod twin_tests;
 
-pub use activation::{Gate, gated_mul};
+pub use activation::{Gate, gated_mul, gated_mul_fused};
 pub use argmax::argmax_rows;
 pub use attention::{attention_with, prefix_attention};
 pub use matmul::matmul;
-pub use norm::rms_norm;
-pub use rope::rotate_half;
+pub use norm::{add_rms_norm, norm_add_norm, rms_norm, rms_norm_add};
+pub use rope::{norm_rotate_half_qk, rotate_half, rotate_half_qk};

@@ -1,7 +1,10 @@
 //! Rotary position embeddings in HF's rotate-half form: dimension `i` of a head pairs with
 //! `i + d/2`.
 
+use burn::backend::Dispatch;
 use burn::tensor::Tensor;
+
+use super::ops::FusedOps;
 
 /// Rotates every head of `x` (`[batch, seq, heads, d]`, the layout a projection's output reshapes
 /// to) by the angles whose `cos` and `sin` are given per token (`[batch, seq, 1, d / 2]`):
@@ -19,6 +22,74 @@ pub fn rotate_half(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> 
     let out1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
     let out2 = x2 * cos.clone() + x1 * sin.clone();
     Tensor::cat(vec![out1, out2], 3)
+}
+
+/// [`rotate_half`] of the queries `q` (`[batch, seq, heads, d]`) and the keys `k` (`[batch, seq,
+/// kv_heads, d]`) together: on a GPU one kernel launch for both, reading `q` and `k` through their
+/// strides (views into a fused q|k|v projection's output need no copy) and writing them
+/// contiguous; on Flex the in-place loops of [`rotate_half`]. `cos`/`sin` may be views too.
+pub fn rotate_half_qk(q: Tensor<4>, k: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+    if !kernel_fits(&q, &k, cos, sin) {
+        return (rotate_half(q, cos, sin), rotate_half(k, cos, sin));
+    }
+    let (q, k) = <Dispatch as FusedOps>::fused_rotate_half_qk(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        cos.clone().into_dispatch(),
+        sin.clone().into_dispatch(),
+    );
+    (Tensor::from_dispatch(q), Tensor::from_dispatch(k))
+}
+
+/// [`rotate_half_qk`] of `q` and `k` each RMS-normalized per head first (QK-norm: Gemma 3,
+/// Qwen3) by `q_gamma` / `k_gamma` (`[d]`), with `epsilon`: on a GPU one kernel launch for the
+/// norms and the rotation of both (the normalized values rounded to `q`'s dtype, as the unfused
+/// norm stores them); elsewhere [`super::rms_norm`] then [`rotate_half_qk`].
+pub fn norm_rotate_half_qk(
+    (q, q_gamma): (Tensor<4>, Tensor<1>),
+    (k, k_gamma): (Tensor<4>, Tensor<1>),
+    epsilon: f64,
+    cos: &Tensor<4>,
+    sin: &Tensor<4>,
+) -> (Tensor<4>, Tensor<4>) {
+    let d = q.dims()[3];
+    let gammas_fit = q_gamma.dims() == [d]
+        && k_gamma.dims() == [d]
+        && q_gamma.device() == q.device()
+        && k_gamma.device() == q.device()
+        && k_gamma.dtype() == q_gamma.dtype();
+    if !gammas_fit || !kernel_fits(&q, &k, cos, sin) {
+        let (q, k) = (super::rms_norm(q, q_gamma, epsilon), super::rms_norm(k, k_gamma, epsilon));
+        return rotate_half_qk(q, k, cos, sin);
+    }
+    let (q, k) = <Dispatch as FusedOps>::fused_norm_rotate_half_qk(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        q_gamma.into_dispatch(),
+        k_gamma.into_dispatch(),
+        cos.clone().into_dispatch(),
+        sin.clone().into_dispatch(),
+        epsilon as f32,
+    );
+    (Tensor::from_dispatch(q), Tensor::from_dispatch(k))
+}
+
+/// Whether the RoPE kernels take these arguments: queries `[b, s, heads, d]` and keys
+/// `[b, s, kv_heads, d]` of one dtype, `cos`/`sin` `[b, s, 1, d / 2]`, all on one device that
+/// is not Flex (whose loops run in place instead).
+fn kernel_fits(q: &Tensor<4>, k: &Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> bool {
+    let [b, s, _, d] = q.dims();
+    let [kb, ks, _, kd] = k.dims();
+    let fits = [kb, ks, kd] == [b, s, d]
+        && d % 2 == 0
+        && cos.dims() == [b, s, 1, d / 2]
+        && sin.dims() == cos.dims()
+        && [k.device(), cos.device(), sin.device()].iter().all(|dev| *dev == q.device())
+        && k.dtype() == q.dtype()
+        && sin.dtype() == cos.dtype();
+    #[cfg(feature = "flex")]
+    let fits = fits && q.device() != burn::tensor::Device::flex();
+    fits
 }
 
 #[cfg(feature = "flex")]
@@ -45,7 +116,7 @@ fn flex_rotate_half(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
 #[cfg(feature = "flex")]
 avx2_dispatch! {
     /// One head of [`rotate_half`], with AVX2/FMA when the CPU has them.
-    fn rotate(head: &mut [f32], cos: &[f32], sin: &[f32]) => rotate_portable
+    pub(super) fn rotate(head: &mut [f32], cos: &[f32], sin: &[f32]) => rotate_portable
 }
 
 #[cfg(feature = "flex")]

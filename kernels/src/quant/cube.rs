@@ -73,7 +73,8 @@ fn unpack_kernel<F: Float>(
     out[idx] = F::cast_from(q) * scale[g] + min[g];
 }
 
-/// One thread per output value `out[i, j]`, walking the shared dimension. The weight is `[k, n]`
+/// One thread per output value `out[i, j]`, walking the shared dimension (for `m` above
+/// `MATVEC_MAX_ROWS`; below, `crate::matvec`'s kernels read each weight once). The weight is `[k, n]`
 /// grouped along `n` (FlexGen), or with `transposed` `[n, k]` grouped along `k` (GGUF), chosen at
 /// compile time.
 #[cube(launch)]
@@ -209,8 +210,9 @@ impl GroupQuantOps for CubeBackend {
     }
 }
 
-/// Launches one of the fused matmul kernels (`transposed`: weight `[n, k]` grouped along `k`)
-/// with one thread per output value.
+/// Launches one of the fused matmul kernels (`transposed`: weight `[n, k]` grouped along `k`):
+/// the matrix-vector kernels for decode-sized `m` (`crate::matvec`), otherwise one thread per
+/// output value.
 #[allow(clippy::too_many_arguments)]
 fn launch_qmatmul(
     x: FloatTensor<CubeBackend>,
@@ -225,6 +227,9 @@ fn launch_qmatmul(
     let (x, codes) = (into_contiguous(x), into_contiguous(codes));
     let (scale, min) = (into_contiguous(scale), into_contiguous(min));
     let [m, k_len] = x.shape().dims::<2>();
+    if crate::matvec::quantized_applies(m) {
+        return crate::matvec::cube_quant::launch_qmatvec(x, codes, scale, min, n, bits, group, transposed);
+    }
     let client = x.client.clone();
     let out = empty_device_dtype(client.clone(), x.device.clone(), Shape::new([m, n]), x.dtype);
     let cube_dim = CubeDim::new(&client, m * n);

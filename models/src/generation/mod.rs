@@ -24,5 +24,5 @@ pub use request::{
 };
 pub use sampling::{
     PromptLogprobs, Sampled, SamplingParams, TokenLogprob, chosen_logprobs, filtered_distribution, sample,
-    token_logprobs,
+    sample_on_device, token_logprobs,
 };

@@ -301,12 +301,29 @@ pub fn sample(
     history: &[&TokenCounts],
     allowed: &[SimpleVob],
 ) -> Result<Sampled> {
+    let raw = params.logprobs.map(|_| logits.clone());
+    let chosen = sample_on_device(logits, params, rngs, history, allowed)?;
+    let logprobs = match (raw, params.logprobs) {
+        (Some(raw), Some(k)) => Some(step_logprobs(raw, chosen.clone(), k)?),
+        _ => None,
+    };
+    Ok(Sampled { ids: read_ids(chosen)?, logprobs })
+}
+
+/// [`sample`]'s choice left on the device (`[batch, 1]` ids) and without log-probabilities, so
+/// that an engine can gather every request's choice of a step and read them back at once.
+pub fn sample_on_device(
+    logits: Tensor<2>,
+    params: &SamplingParams,
+    rngs: &mut [ChaCha8Rng],
+    history: &[&TokenCounts],
+    allowed: &[SimpleVob],
+) -> Result<Tensor<2, Int>> {
     let [batch, _] = logits.dims();
     let device = logits.device();
-    let raw = params.logprobs.map(|_| logits.clone());
     let logits = add_biases(logits, params, allowed)?;
     let logits = apply_penalties(logits, params, history)?;
-    let chosen: Tensor<2, Int> = if params.is_greedy() {
+    Ok(if params.is_greedy() {
         burn_llm_kernels::argmax_rows(logits)
     } else {
         let (probs, ids) = filtered_distribution(logits, params.temperature, params.top_k, params.top_p, params.min_p);
@@ -318,12 +335,7 @@ pub fn sample(
         let target = (u * total).expand([batch, n]);
         let below = cdf.lower(target).int().sum_dim(1).clamp_max((n - 1) as i64);
         ids.gather(1, below)
-    };
-    let logprobs = match (raw, params.logprobs) {
-        (Some(raw), Some(k)) => Some(step_logprobs(raw, chosen.clone(), k)?),
-        _ => None,
-    };
-    Ok(Sampled { ids: read_ids(chosen)?, logprobs })
+    })
 }
 
 /// Per row of `logits` `[rows, vocab]`: the raw log-probability of `tokens[b]`, then the top `k`

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod embedding;
+pub mod fuse;
 pub mod linear;
 pub mod mlp;
 pub mod norm;

@@ -6,8 +6,8 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::{Device, Int, Tensor};
 use burn_llm_kernels::{
-    GroupQuantized, MatmulPrecision, QuantSpec, dequantize, matmul, matmul_precision, qmatmul, qmatmul_transposed,
-    quantize,
+    GroupQuantized, MATVEC_MAX_ROWS, MatmulPrecision, QuantSpec, dequantize, matmul, matmul_precision, qmatmul,
+    qmatmul_transposed, quantize,
 };
 
 use crate::error::{ModelError, Result};
@@ -16,8 +16,9 @@ use crate::error::{ModelError, Result};
 /// layout (and the input channel of GGUF's `[out, in]` one). A [`QuantSpec`] for weights names it.
 pub const WEIGHT_QUANT_AXIS: usize = 1;
 
-/// Rows of input up to which the fused dequantize-matmul kernel is used; above, dequantizing the
-/// weight once and running an ordinary matmul is faster.
+/// Rows of input up to which the fused dequantize-matmul kernel is used on the CPU (on a GPU: up
+/// to `MATVEC_MAX_ROWS`); above, dequantizing the weight once and running an ordinary matmul is
+/// faster.
 pub const FUSED_MAX_ROWS: usize = 16;
 
 /// A drop-in for `Linear` holding a group-quantized weight, in one of two layouts:
@@ -134,8 +135,10 @@ impl QLinear {
         let flat: Tensor<2> = x.reshape([rows, self.d_input]);
         let weight = self.weight();
         // The integer kernel (8-bit input rows) reads each weight block once per tile of input
-        // rows, so it also beats dequantize-then-matmul on prefill-sized inputs.
+        // rows, so it also beats dequantize-then-matmul on prefill-sized inputs. On a GPU the
+        // fused product reads each weight once for up to `MATVEC_MAX_ROWS` rows.
         let fused = rows <= FUSED_MAX_ROWS
+            || (rows <= MATVEC_MAX_ROWS && !crate::device::is_host_device(&flat.device()))
             || (self.input_grouped
                 && matmul_precision() == MatmulPrecision::Int8Activations
                 && flat.device() == Device::flex());

@@ -1,12 +1,22 @@
 //! Seeded random weights, a [`TensorSource`] like any checkpoint: FlexGen's "dummy weights" for
 //! benchmarks that only need the shape of a model. The model loader asks for every tensor by
 //! name and shape and builds the model exactly as from a file.
+//!
+//! Values are a hash of (seed, name, index), not a sequential stream, so a tensor is filled in
+//! parallel chunks and comes out the same on any thread count: an OPT-30B-shaped model's 30
+//! billion values take seconds on a many-core host instead of minutes.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
+use rayon::prelude::*;
+
 use crate::error::Result;
 use crate::weights::TensorSource;
+
+/// Values per parallel task: large enough that scheduling costs nothing, small enough to spread
+/// one layer's matrices over every core.
+const CHUNK: usize = 1 << 16;
 
 /// Seeded random weights by tensor name: norms get weight 1 and bias 0, other tensors uniform
 /// values of ±`scale`, so activations stay in range across many layers. The values of a tensor
@@ -32,6 +42,14 @@ fn is_norm(name: &str) -> bool {
     name.contains("norm") || name.contains("ln_")
 }
 
+/// SplitMix64's finalizer: a bijective mix of all 64 bits, so consecutive counters give
+/// independent-looking outputs.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 impl TensorSource for RandomWeights {
     fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
         let n: usize = expected.iter().product();
@@ -41,17 +59,17 @@ impl TensorSource for RandomWeights {
         }
         let mut hasher = DefaultHasher::new();
         (self.seed, name).hash(&mut hasher);
-        let mut state = hasher.finish() | 1;
-        Ok((0..n)
-            .map(|_| {
-                // xorshift64*: cheap, deterministic, good enough for random weights.
-                state ^= state >> 12;
-                state ^= state << 25;
-                state ^= state >> 27;
-                let bits = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-                (bits as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * self.scale
-            })
-            .collect())
+        let key = hasher.finish();
+        let scale = self.scale;
+        let mut values = vec![0f32; n];
+        values.par_chunks_mut(CHUNK).enumerate().for_each(|(chunk, out)| {
+            let start = (chunk * CHUNK) as u64;
+            for (i, v) in out.iter_mut().enumerate() {
+                let bits = mix(key.wrapping_add((start + i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))) >> 40;
+                *v = (bits as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale;
+            }
+        });
+        Ok(values)
     }
 }
 
@@ -77,6 +95,12 @@ mod tests {
         assert_ne!(a, other_seed.read_f32("model.layers.0.mlp.up_proj.weight", &[4, 8]).unwrap());
         assert!(a.iter().all(|v| v.abs() <= w.scale));
         assert!(a.iter().any(|v| *v != a[0]));
+        // Across parallel chunks: no repeats at the chunk boundary, values spread over the range.
+        let big = w.read_f32("model.layers.0.mlp.up_proj.weight", &[3, CHUNK]).unwrap();
+        assert_ne!(big[..16], big[CHUNK..CHUNK + 16]);
+        let mean = big.iter().sum::<f32>() / big.len() as f32;
+        assert!(mean.abs() < w.scale * 0.01, "mean {mean}");
+        assert!(big.iter().any(|v| *v > w.scale * 0.99) && big.iter().any(|v| *v < -w.scale * 0.99));
         assert_eq!(w.read_f32("model.norm.weight", &[3]).unwrap(), vec![1.0; 3]);
         assert_eq!(w.read_f32("transformer.h.0.ln_1.bias", &[3]).unwrap(), vec![0.0; 3]);
     }

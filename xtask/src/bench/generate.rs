@@ -8,46 +8,13 @@
 
 use std::path::PathBuf;
 
-use burn_llm::models::{CausalLm, DecoderSpec, Precision, Prompt, SamplingParams, hub};
+use burn_llm::models::{CausalLm, Precision, Prompt, SamplingParams, hub};
 use burn_llm::{DeviceChoice, Engine, EngineKind, EngineSpec, Purpose};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::synthetic;
 use crate::report::{self, Align::Right, Header, table};
-
-/// Built-in model shapes for dummy-weight runs, as HF `config.json` text (written into the
-/// report, so `scripts/hf_generate_bench.py` builds HF's model of the same shape).
-const SYNTHETIC: [(&str, &str); 5] = [
-    (
-        "synthetic:opt-125m",
-        r#"{"model_type":"opt","vocab_size":50272,"hidden_size":768,"num_hidden_layers":12,"ffn_dim":3072,
-            "num_attention_heads":12,"max_position_embeddings":2048,"do_layer_norm_before":true,
-            "word_embed_proj_dim":768,"eos_token_id":2}"#,
-    ),
-    (
-        "synthetic:gpt2",
-        r#"{"model_type":"gpt2","vocab_size":50257,"n_embd":768,"n_layer":12,"n_head":12,"n_positions":1024,
-            "eos_token_id":50256}"#,
-    ),
-    (
-        "synthetic:smollm2-135m",
-        r#"{"model_type":"llama","vocab_size":49152,"hidden_size":576,"intermediate_size":1536,
-            "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"max_position_embeddings":8192,
-            "rms_norm_eps":1e-5,"rope_theta":100000.0,"tie_word_embeddings":true,"eos_token_id":2}"#,
-    ),
-    (
-        "synthetic:opt-1.3b",
-        r#"{"model_type":"opt","vocab_size":50272,"hidden_size":2048,"num_hidden_layers":24,"ffn_dim":8192,
-            "num_attention_heads":32,"max_position_embeddings":2048,"do_layer_norm_before":true,
-            "word_embed_proj_dim":2048,"eos_token_id":2}"#,
-    ),
-    (
-        "synthetic:llama-7b",
-        r#"{"model_type":"llama","vocab_size":32000,"hidden_size":4096,"intermediate_size":11008,
-            "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,"max_position_embeddings":2048,
-            "rms_norm_eps":1e-6,"rope_theta":10000.0,"tie_word_embeddings":false,"eos_token_id":2}"#,
-    ),
-];
 
 /// Flags of `bench generate`.
 #[derive(clap::Args)]
@@ -55,8 +22,9 @@ pub struct Args {
     /// Device backend.
     #[arg(long, value_enum, default_value = "flex")]
     device: DeviceChoice,
-    /// A model directory or hub id, or one of synthetic:opt-125m, synthetic:gpt2,
-    /// synthetic:smollm2-135m, synthetic:opt-1.3b, synthetic:llama-7b (random weights).
+    /// A model directory or hub id, or a built-in shape with random weights: synthetic:opt-125m,
+    /// synthetic:gpt2, synthetic:smollm2-135m, synthetic:opt-1.3b, synthetic:opt-6.7b,
+    /// synthetic:opt-30b, synthetic:llama-7b, synthetic:offload-opt.
     #[arg(long, default_value = "synthetic:opt-125m")]
     model: String,
     /// Batch sizes to measure.
@@ -118,9 +86,8 @@ fn load(
         ..EngineSpec::default()
     };
     let purpose = Purpose::Generate { prompts: &[], params: &SamplingParams::default() };
-    if let Some((_, config)) = SYNTHETIC.iter().find(|(name, _)| *name == model) {
-        let mut decoder = DecoderSpec::from_json(config, model.as_ref())?;
-        decoder.dtype = precision;
+    if synthetic::config(model).is_some() {
+        let decoder = synthetic::spec(model, precision)?;
         return spec.init_model(CausalLm::random(decoder, device)?, None, vec![], purpose, &mut std::io::sink());
     }
     spec.init(&hub::resolve_model(model)?, purpose, &mut std::io::stderr())
@@ -139,11 +106,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut prompts = |n: usize| -> Vec<Prompt> {
         (0..n).map(|_| Prompt::Ids((0..args.prompt_len).map(|_| rng.random_range(0..vocab)).collect())).collect()
     };
-    // Warm-up: first-use allocations and kernel compilation stay out of the figures.
-    engine.generate(&prompts(1), &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(2) })?;
-
+    let warm_up = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(2) };
     let mut results = Vec::new();
     for &batch in &args.batch_sizes {
+        // Warm-up at this batch's shapes (its prefill and its first decode steps): first-use
+        // allocations, kernel compilation and, with the `autotune` feature, each GEMM shape's
+        // tuning stay out of the figures.
+        engine.generate(&prompts(batch), &warm_up)?;
         let t = engine.generate(&prompts(batch), &params)?.report.timing;
         let row = Row {
             batch,
@@ -196,8 +165,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ]
         }),
     ));
-    let config =
-        SYNTHETIC.iter().find(|(name, _)| *name == args.model).map(|(_, c)| serde_json::from_str(c)).transpose()?;
+    let config = synthetic::config(&args.model).map(serde_json::from_str).transpose()?;
     let report = Report {
         header,
         prompt_len: args.prompt_len,

@@ -1,8 +1,10 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
 pub(crate) mod cpu;
+mod dispatches;
 mod generate;
 mod kernels;
+mod matvec;
 mod offload;
 mod online;
 mod online_structured;
@@ -15,6 +17,7 @@ mod quant;
 mod schedule;
 mod serve;
 mod structured;
+mod synthetic;
 mod workload;
 
 use clap::Subcommand;
@@ -31,6 +34,9 @@ pub enum Which {
     /// The Flex kernels alone: `kernels::matmul` vs Burn on the LM head, the integer strip
     /// kernel's single-thread rate per instruction set.
     Kernels(kernels::Args),
+    /// The decode matrix-vector kernels vs Burn's matmul and the per-output quantized kernel, in
+    /// GB/s of weights read, at decode shapes on a GPU device.
+    Matvec(matvec::Args),
     /// FlexGen policies on a model larger than the device budget: searched vs baselines.
     Offload(offload::Args),
     /// Paged engine vs static batching on ShareGPT/Alpaca-like workloads; sharing savings
@@ -52,6 +58,9 @@ pub enum Which {
     /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
     /// to the device's streaming bandwidth.
     PagedAttention(paged_attention::Args),
+    /// GPU kernel launches per decode step and per decoder layer (CubeCL's launch observer), for a
+    /// LLaMA-shaped and a Gemma-shaped model.
+    Dispatches(dispatches::Args),
 }
 
 /// Runs one benchmark.
@@ -61,6 +70,7 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Cpu(args) => cpu::run(args),
         Which::Quant(args) => quant::run(args),
         Which::Kernels(args) => kernels::run(args),
+        Which::Matvec(args) => matvec::run(args),
         Which::Serve(args) => serve::run(args),
         Which::Offload(args) => offload::run(args),
         Which::Schedule(args) => schedule::run(args),
@@ -69,5 +79,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::Placement(args) => placement::run(args),
         Which::PagedAttention(args) => paged_attention::run(args),
         Which::Structured(args) => structured::run(args),
+        Which::Dispatches(args) => dispatches::run(args),
     }
 }

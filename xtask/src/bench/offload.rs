@@ -4,28 +4,26 @@
 //! on the host, one GPU batch, cache on the device), the "Accelerate" policy (some weights on the
 //! device, the rest on the host, no overlap), and the searched policy without overlap and
 //! without CPU attention (the paper's ablation). Reports throughput, effective batch, latency and
-//! predicted vs measured throughput.
+//! predicted vs measured throughput. `--model synthetic:opt-30b --gpu-mem 16GiB --dtype f16` is
+//! FlexGen's own setting (OPT-30B on a 16 GB GPU); the default is a model sized for a CPU.
 
 use std::path::PathBuf;
 
 use burn::tensor::Device;
+use burn_llm::models::units::fmt_bytes;
 use burn_llm::models::weights::RandomWeights;
-use burn_llm::models::{DecoderSpec, Prompt, SamplingParams};
+use burn_llm::models::{DecoderSpec, Precision, Prompt, SamplingParams};
 use burn_llm::offload::policy::{
     HardwareProfile, OffloadWorkload, Placement, Policy, PolicyShape, SearchSpace, Tier, TierBytes,
     largest_fitting_batch,
 };
 use burn_llm::offload::{OffloadConfig, OffloadEngine, PolicyChoice, model_shape};
+use burn_llm::spec::parse_bytes;
 use burn_llm::{DeviceChoice, Engine, EngineDetails};
 use serde::Serialize;
 
+use super::synthetic;
 use crate::report::{self, Align::Left, Align::Right, Header, table};
-
-/// The benchmarked model: OPT family, dummy weights, about 340 MB of `f32` layers (sized for a
-/// 2-core CPU; the device budget below is what makes it "not fit").
-const MODEL: &str = r#"{"model_type":"opt","vocab_size":8192,"hidden_size":768,"num_hidden_layers":12,"ffn_dim":3072,
-    "num_attention_heads":12,"max_position_embeddings":2048,"do_layer_norm_before":true,
-    "word_embed_proj_dim":768,"eos_token_id":2}"#;
 
 /// Most sequences per block any policy may use (FlexGen's "unbounded dataset" would make blocks
 /// of thousands of sequences, too many for a CPU run).
@@ -37,12 +35,29 @@ pub struct Args {
     /// Device backend.
     #[arg(long, value_enum, default_value = "flex")]
     device: DeviceChoice,
-    /// Device memory budget in MiB (enforced).
-    #[arg(long, default_value_t = 256)]
-    gpu_mem_mib: u64,
-    /// Host memory budget in MiB (enforced).
-    #[arg(long, default_value_t = 8192)]
-    cpu_mem_mib: u64,
+    /// A built-in shape with dummy weights (synthetic:offload-opt, about 340 MB of `f32` layers
+    /// sized for a 2-core CPU; synthetic:opt-30b is FlexGen's setting; see `bench generate` for the others).
+    #[arg(long, default_value = "synthetic:offload-opt")]
+    model: String,
+    /// Floating-point type of weights, activations and KV cache; default: f16 on GPU devices, f32
+    /// on flex.
+    #[arg(long)]
+    dtype: Option<Precision>,
+    /// Device memory budget (enforced), e.g. 256MiB or 16GiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    gpu_mem: u64,
+    /// Host memory budget (enforced).
+    #[arg(long, default_value = "8GiB", value_parser = parse_bytes)]
+    cpu_mem: u64,
+    /// Policies to run, in order: searched, no-overlap, no-cpu-attention, deepspeed, accelerate
+    /// (the searched policy always runs first: the ablations derive from it).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "searched,no-overlap,no-cpu-attention,deepspeed,accelerate"
+    )]
+    policies: Vec<Which>,
     /// Prompt length.
     #[arg(long, default_value_t = 32)]
     prompt_len: usize,
@@ -59,6 +74,38 @@ pub struct Args {
     /// budgets side by side.
     #[arg(long, default_value = "offload")]
     name: String,
+}
+
+/// One policy of the comparison.
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Searched,
+    NoOverlap,
+    NoCpuAttention,
+    Deepspeed,
+    Accelerate,
+}
+
+impl Which {
+    fn label(self) -> &'static str {
+        match self {
+            Which::Searched => "searched",
+            Which::NoOverlap => "searched, no overlap",
+            Which::NoCpuAttention => "searched, no CPU attention",
+            Which::Deepspeed => "DeepSpeed policy",
+            Which::Accelerate => "Accelerate policy",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Which::Searched => "searched",
+            Which::NoOverlap => "no-overlap",
+            Which::NoCpuAttention => "no-cpu-attention",
+            Which::Deepspeed => "deepspeed",
+            Which::Accelerate => "accelerate",
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -80,7 +127,10 @@ struct Report {
     header: Header,
     hardware: HardwareProfile,
     rows: Vec<Row>,
-    searched_vs_deepspeed: f64,
+    /// Searched ÷ DeepSpeed-like throughput, when both ran.
+    searched_vs_deepspeed: Option<f64>,
+    /// Searched ÷ Accelerate-like throughput, when both ran.
+    searched_vs_accelerate: Option<f64>,
 }
 
 fn run_policy(
@@ -92,8 +142,8 @@ fn run_policy(
     device: &Device,
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let config = OffloadConfig {
-        gpu_mem: args.gpu_mem_mib << 20,
-        cpu_mem: args.cpu_mem_mib << 20,
+        gpu_mem: args.gpu_mem,
+        cpu_mem: args.cpu_mem,
         offload_dir: args.offload_dir.join(name.replace(' ', "-")),
         policy: choice,
         hardware: hw.clone(),
@@ -132,6 +182,11 @@ fn run_policy(
     Ok(row)
 }
 
+/// A byte count as `--gpu-mem` / `--cpu-mem` take it back.
+fn mib_flag(bytes: u64) -> String {
+    format!("{}MiB", bytes >> 20)
+}
+
 fn workload(args: &Args) -> OffloadWorkload {
     OffloadWorkload {
         num_prompts: Some(MAX_BLOCK),
@@ -149,69 +204,97 @@ fn space() -> SearchSpace {
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.policies.first() != Some(&Which::Searched) {
+        return Err("--policies must start with `searched`: the ablations derive from the searched policy".into());
+    }
     let device = args.device.device()?;
-    let spec = DecoderSpec::from_json(MODEL, "synthetic:offload-opt".as_ref())?;
+    let (dtype, note) = args.device.precision(args.dtype, &device)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    let spec = synthetic::spec(&args.model, dtype)?;
     let shape = model_shape(&spec);
     let workload = workload(&args);
     let mut hw = burn_llm::offload::profiler::profile(&device, &Device::flex(), &args.offload_dir.join("profile"), 64)?;
-    hw.gpu_memory_bytes = args.gpu_mem_mib << 20;
-    hw.cpu_memory_bytes = args.cpu_mem_mib << 20;
+    hw.gpu_memory_bytes = args.gpu_mem;
+    hw.cpu_memory_bytes = args.cpu_mem;
     eprintln!("profile: {hw:?}");
-    let reserved = TierBytes { gpu: ((spec.vocab_size * spec.hidden_size * 4) * 2) as f64, cpu: 0.0, disk: 0.0 };
+    // Embeddings and LM head stay on the device.
+    let reserved =
+        TierBytes { gpu: (spec.vocab_size * spec.hidden_size * dtype.size_bytes() * 2) as f64, cpu: 0.0, disk: 0.0 };
     let available = TierBytes::available(&hw, &reserved);
     let fit = |build: &dyn Fn(u32) -> Policy| -> Result<Policy, Box<dyn std::error::Error>> {
         largest_fitting_batch(&hw, &shape, &workload, &available, MAX_BLOCK as u32, build)?
             .map(|(policy, _)| policy)
             .ok_or_else(|| "the baseline policy does not fit the budget even at batch 1".into())
     };
-    // The baselines keep their weights in host memory, or on disk when the host budget cannot
-    // hold them (ZeRO-Inference's NVMe offload, Accelerate's `offload_folder`).
-    let deepspeed = fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu))
-        .or_else(|_| fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Disk)))?;
-    let weights = shape.layer_weight_bytes() * f64::from(shape.num_layers);
-    let on_gpu = (hw.gpu_memory_bytes as f64 * 0.5 / weights).min(1.0);
-    let on_cpu = (hw.cpu_memory_bytes as f64 * 0.5 / weights).min(1.0 - on_gpu);
-    let accelerate =
-        fit(&|gbs| Policy::accelerate_like(gbs, Placement::from_array([on_gpu, on_cpu, 1.0 - on_gpu - on_cpu])))?;
-    let searched = run_policy("searched", &spec, PolicyChoice::Auto(space()), &args, &hw, &device)?;
-    let mut rows = vec![searched];
-    let searched = rows[0].policy;
-    let no_overlap = Policy { shape: PolicyShape { overlap: false, ..searched.shape }, ..searched };
-    let no_cpu_attention = SearchSpace { cpu_attention: vec![false], ..space() };
-    rows.push(run_policy("searched, no overlap", &spec, PolicyChoice::Fixed(no_overlap), &args, &hw, &device)?);
-    rows.push(run_policy(
-        "searched, no CPU attention",
-        &spec,
-        PolicyChoice::Auto(no_cpu_attention),
-        &args,
-        &hw,
-        &device,
-    )?);
-    rows.push(run_policy("DeepSpeed policy", &spec, PolicyChoice::Fixed(deepspeed), &args, &hw, &device)?);
-    rows.push(run_policy("Accelerate policy", &spec, PolicyChoice::Fixed(accelerate), &args, &hw, &device)?);
-    let ratio = rows[0].tokens_per_s / rows[3].tokens_per_s;
+    // Every fixed policy is sized before anything runs, so a budget a baseline cannot fit fails
+    // at once rather than after the searched policy's run.
+    let mut choices = Vec::with_capacity(args.policies.len());
+    for &which in &args.policies {
+        choices.push(match which {
+            Which::Searched => Some(PolicyChoice::Auto(space())),
+            // Derived from the searched policy once it has run.
+            Which::NoOverlap => None,
+            Which::NoCpuAttention => Some(PolicyChoice::Auto(SearchSpace { cpu_attention: vec![false], ..space() })),
+            // The baselines keep their weights in host memory, or on disk when the host budget
+            // cannot hold them (ZeRO-Inference's NVMe offload, Accelerate's `offload_folder`).
+            Which::Deepspeed => Some(PolicyChoice::Fixed(
+                fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Cpu))
+                    .or_else(|_| fit(&|gbs| Policy::deepspeed_like(gbs, Tier::Disk)))
+                    .map_err(|e| format!("DeepSpeed policy: {e}"))?,
+            )),
+            Which::Accelerate => {
+                let weights = shape.layer_weight_bytes() * f64::from(shape.num_layers);
+                let on_gpu = (hw.gpu_memory_bytes as f64 * 0.5 / weights).min(1.0);
+                let on_cpu = (hw.cpu_memory_bytes as f64 * 0.5 / weights).min(1.0 - on_gpu);
+                let split = Placement::from_array([on_gpu, on_cpu, 1.0 - on_gpu - on_cpu]);
+                Some(PolicyChoice::Fixed(
+                    fit(&|gbs| Policy::accelerate_like(gbs, split)).map_err(|e| format!("Accelerate policy: {e}"))?,
+                ))
+            }
+        });
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for (&which, choice) in args.policies.iter().zip(choices) {
+        let choice = choice.unwrap_or_else(|| {
+            let searched = rows[0].policy;
+            PolicyChoice::Fixed(Policy { shape: PolicyShape { overlap: false, ..searched.shape }, ..searched })
+        });
+        rows.push(run_policy(which.label(), &spec, choice, &args, &hw, &device)?);
+    }
+    let ratio = |other: Which| {
+        let row = args.policies.iter().position(|w| *w == other)?;
+        Some(rows[0].tokens_per_s / rows[row].tokens_per_s)
+    };
+    let (vs_deepspeed, vs_accelerate) = (ratio(Which::Deepspeed), ratio(Which::Accelerate));
 
     let command = format!(
-        "cargo xtask bench offload --device {} --gpu-mem-mib {} --cpu-mem-mib {} --prompt-len {} --gen-len {} --name {}",
+        "cargo xtask bench offload --device {} --model {} --dtype {} --gpu-mem {} --cpu-mem {} --prompt-len {} --gen-len {} --policies {} --name {}",
         args.device.name(),
-        args.gpu_mem_mib,
-        args.cpu_mem_mib,
+        args.model,
+        dtype.name(),
+        mib_flag(args.gpu_mem),
+        mib_flag(args.cpu_mem),
         args.prompt_len,
         args.gen_len,
+        args.policies.iter().map(|w| w.flag()).collect::<Vec<_>>().join(","),
         args.name
     );
-    let header = Header::new(
-        "offload",
-        command,
-        Some(args.device.name()),
-        "synthetic:offload-opt (OPT, 12 layers, hidden 768, vocab 8192)",
-    );
+    let header = Header::new("offload", command, Some(args.device.name()), &args.model);
     let layers_gib = shape.layer_weight_bytes() * f64::from(shape.num_layers) / (1u64 << 30) as f64;
     let mut md = header.markdown("Offloading throughput (FlexGen policies)");
     md.push_str(&format!(
-        "- model: OPT family, 12 layers, hidden 768, dummy weights, {layers_gib:.2} GiB of f32 layers; device budget {} MiB, host budget {} MiB\n\
+        "- model: {} ({} layers, hidden {}), dummy weights, {layers_gib:.2} GiB of {} layers; device budget {}, host budget {}\n\
          - workload: prompt {} tokens, {} generated tokens\n\n",
-        args.gpu_mem_mib, args.cpu_mem_mib, args.prompt_len, args.gen_len
+        args.model,
+        spec.num_layers,
+        spec.hidden_size,
+        dtype.name(),
+        fmt_bytes(args.gpu_mem),
+        fmt_bytes(args.cpu_mem),
+        args.prompt_len,
+        args.gen_len
     ));
     let split = |p: Placement| format!("{:.0}/{:.0}/{:.0}%", 100.0 * p.gpu, 100.0 * p.cpu, 100.0 * p.disk);
     let mib = |bytes: u64| format!("{:.0}", bytes as f64 / (1u64 << 20) as f64);
@@ -250,8 +333,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ]
         }),
     ));
-    md.push_str(&format!("\nSearched policy vs DeepSpeed policy: {ratio:.2}×\n"));
-    let report = Report { header, hardware: hw, rows, searched_vs_deepspeed: ratio };
+    for (name, ratio) in [("DeepSpeed", vs_deepspeed), ("Accelerate", vs_accelerate)] {
+        if let Some(ratio) = ratio {
+            md.push_str(&format!("\nSearched policy vs {name} policy: {ratio:.2}×\n"));
+        }
+    }
+    let report = Report {
+        header,
+        hardware: hw,
+        rows,
+        searched_vs_deepspeed: vs_deepspeed,
+        searched_vs_accelerate: vs_accelerate,
+    };
     report::write(&args.out, &args.name, &report, &md)?;
     Ok(())
 }

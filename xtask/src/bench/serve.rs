@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_llm::models::{CausalLm, DecoderSpec, Prompt, SamplingParams};
+use burn_llm::models::{CausalLm, DecoderSpec, Precision, Prompt, SamplingParams};
 use burn_llm::paged::cache::PagedKvCache;
 use burn_llm::paged::{EngineStats, KvCacheMemory, KvReservation, PreemptionMode, SchedulingPolicy};
 use burn_llm::spec::PagedSpec;
@@ -35,6 +35,11 @@ use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// The served model: OPT-family, random weights, small enough for many requests on a CPU; its
 /// maximum length (what Orca (Max) reserves) is `--max-model-len`.
+/// The run's floating-point type (`--dtype`, or the device's default).
+fn precision(args: &Args, device: &Device) -> Result<Precision, Box<dyn std::error::Error>> {
+    Ok(args.device.precision(args.dtype, device)?.0)
+}
+
 fn model_json(max_model_len: usize) -> String {
     format!(
         r#"{{"model_type":"opt","vocab_size":8192,"hidden_size":256,"num_hidden_layers":4,"ffn_dim":1024,
@@ -58,6 +63,15 @@ pub struct Args {
     /// Device backend.
     #[arg(long, value_enum, default_value = "flex")]
     device: DeviceChoice,
+    /// The served model's shape, random weights: synthetic:serve-opt (OPT, 4 layers, hidden 256,
+    /// sized for a CPU) or a built-in shape of `bench generate` (e.g. synthetic:opt-1.3b on a GPU),
+    /// its maximum length set to `--max-model-len`.
+    #[arg(long, default_value = SERVE_OPT)]
+    model: String,
+    /// Floating-point type of weights, activations and KV cache; default: f16 on GPU devices, f32
+    /// on flex.
+    #[arg(long)]
+    dtype: Option<Precision>,
     /// Requests per workload.
     #[arg(long, default_value_t = 200)]
     requests: usize,
@@ -154,17 +168,46 @@ struct Report {
     sharing: Vec<SharingResult>,
 }
 
+/// The default served model's name.
+const SERVE_OPT: &str = "synthetic:serve-opt";
+
 /// The benchmark's synthetic model on `device` with room for `max_model_len` positions (shared with the online
 /// mode).
 pub(super) fn model(device: &Device, max_model_len: usize) -> Result<CausalLm, Box<dyn std::error::Error>> {
-    let spec = DecoderSpec::from_json(&model_json(max_model_len), "synthetic:serve-opt".as_ref())?;
-    Ok(CausalLm::random(spec, device)?)
+    named_model(device, SERVE_OPT, Precision::F32, max_model_len)
+}
+
+/// Model `name` (`synthetic:serve-opt` or a built-in shape) in `precision` on `device`, with
+/// room for `max_model_len` positions.
+fn named_model(
+    device: &Device,
+    name: &str,
+    precision: Precision,
+    max_model_len: usize,
+) -> Result<CausalLm, Box<dyn std::error::Error>> {
+    Ok(CausalLm::random(named_spec(name, precision, max_model_len)?, device)?)
+}
+
+/// The shape of [`named_model`].
+fn named_spec(
+    name: &str,
+    precision: Precision,
+    max_model_len: usize,
+) -> Result<DecoderSpec, Box<dyn std::error::Error>> {
+    let mut spec = if name == SERVE_OPT {
+        DecoderSpec::from_json(&model_json(max_model_len), name.as_ref())?
+    } else {
+        super::synthetic::spec(name, precision).map_err(|e| format!("{e}, or {SERVE_OPT}"))?
+    };
+    spec.max_positions = max_model_len;
+    spec.dtype = precision;
+    Ok(spec)
 }
 
 /// Bytes of `--kv-tokens` of float KV of the bench's model (whole blocks): the budget of the kv8
 /// comparison.
 fn float_budget_bytes(device: &Device, args: &Args) -> Result<u64, Box<dyn std::error::Error>> {
-    let layout = model(device, args.max_model_len)?.kv_layout();
+    let layout = named_model(device, &args.model, precision(args, device)?, args.max_model_len)?.kv_layout();
     Ok((args.kv_tokens / args.block_size * PagedKvCache::block_bytes(&layout, args.block_size, None)) as u64)
 }
 
@@ -271,7 +314,8 @@ fn paged_engine(
     kv_quant: Option<u32>,
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
     let spec = EngineSpec { engine: Some(EngineKind::Paged), paged, kv_quant, ..EngineSpec::default() };
-    spec.init_model(model(device, args.max_model_len)?, None, vec![], Purpose::Serve, &mut std::io::sink())
+    let model = named_model(device, &args.model, precision(args, device)?, args.max_model_len)?;
+    spec.init_model(model, None, vec![], Purpose::Serve, &mut std::io::sink())
 }
 
 fn paged_stats(engine: &dyn Engine) -> Result<EngineStats, Box<dyn std::error::Error>> {
@@ -286,7 +330,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return super::online::run(&args.online_args, args.device, args.seed, &args.out);
     }
     let device = args.device.device()?;
-    let vocab = 8192;
+    if let (_, Some(note)) = args.device.precision(args.dtype, &device)? {
+        eprintln!("{note}");
+    }
+    let dtype = precision(&args, &device)?;
+    let served = named_spec(&args.model, dtype, args.max_model_len)?;
+    let vocab = served.vocab_size;
     let workloads = SyntheticWorkload::standard(args.scale, args.max_model_len);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     let mut results = Vec::new();
@@ -330,8 +379,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let command = format!(
-        "cargo xtask bench serve --device {} --requests {} --kv-tokens {} --max-model-len {} --block-size {} --scale {} --seed {}",
+        "cargo xtask bench serve --device {} --model {} --dtype {} --requests {} --kv-tokens {} --max-model-len {} --block-size {} --scale {} --seed {}",
         args.device.name(),
+        args.model,
+        dtype.name(),
         args.requests,
         args.kv_tokens,
         args.max_model_len,
@@ -339,18 +390,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.scale,
         args.seed
     );
-    let header = Header::new(
-        "serve",
-        command,
-        Some(args.device.name()),
-        "synthetic:serve-opt (OPT, 4 layers, hidden 256, vocab 8192)",
-    );
+    let header = Header::new("serve", command, Some(args.device.name()), &args.model);
     let mut md = header.markdown("Serving throughput: vLLM's paged engine vs Orca and static batching");
     md.push_str(&format!(
-        "- model: OPT-family, 4 layers, hidden 256, vocab 8192, random weights, maximum length {} tokens\n\
+        "- model: {} ({} layers, hidden {}, vocab {}) in {}, random weights, maximum length {} tokens\n\
          - KV budget: {} tokens for every system (blocks of {} tokens); Orca (Max) and static batching reserve {} tokens per request, so they run at most {} at once\n\
          - every system is the paged engine with another `--schedule` (`fcfs`, `orca-oracle`, `orca-pow2`, `orca-max`, `static`): same kernels, different admission and KV reservation (thesis §5.6.1; no buddy-allocator fragmentation, which favours Orca). Static batching is request-level (FasterTransformer-style): a batch's finished requests idle until its longest is done.\n\
          - all requests arrive at once (offline throughput; latency at a request rate is the online benchmark's); \"vLLM ×\" is vLLM's throughput over the system's; \"KV budget used\" is stored tokens over the whole budget, averaged over steps\n\n",
+        args.model,
+        served.num_layers,
+        served.hidden_size,
+        served.vocab_size,
+        dtype.name(),
         args.max_model_len,
         args.kv_tokens,
         args.block_size,
