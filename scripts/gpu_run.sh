@@ -81,6 +81,9 @@ if [ "$SPEED" = 1 ] && [ "$QUICK" = 0 ]; then
   PHASES="${PHASES:-matvec,dispatches,paged,generate,serve,offload}"
   MODELS="${MODELS:-synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32}"; NEW=16; DEADLINE=540
   SERVE_ARGS=(--model synthetic:opt-1.3b --requests 64 --max-model-len 1024 --kv-tokens 32768)
+  # The PagedAttention target: at >= 32 sequences, with and without grouped-query
+  # attention (32 query heads over 32 and 8 KV heads); 64 x 2048 is the 1 GiB f16 case.
+  PAGED_ARGS=(--seqs 32,64 --context 2048 --kv-heads 32,8 --iters 10)
   # Per-step caps (seconds), about 520 in all.
   T_MATVEC=45; T_DISPATCHES=30; T_PAGED=45; T_GENERATE=110; T_HF=110; T_SERVE=80; T_OFFLOAD=150
 fi

@@ -134,9 +134,11 @@ fn reduce_over_cube(
     if cfg.plane {
         #[unroll]
         for g in 0..cfg.heads_per_cube {
-            let mut v = plane_sum(values[g]);
+            let mut v = values[g];
             if max {
-                v = plane_max(values[g]);
+                v = plane_max(v);
+            } else {
+                v = plane_sum(v);
             }
             if UNIT_POS_PLANE == 0 {
                 scratch[g * cfg.max_planes + PLANE_POS as usize] = v;

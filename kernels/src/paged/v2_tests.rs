@@ -136,6 +136,32 @@ fn v2_quantized_long_contexts_equal_flex_twin() {
     }
 }
 
+/// The plane-reduction path on this GPU runtime: the long-context and quantized tests again, in a
+/// child process with plane reductions forced on (`BURN_LLM_PAGED_PLANE=1`; lavapipe has
+/// subgroups though CubeCL does not enable them on CPU devices), which must pass.
+#[test]
+fn v2_plane_reductions_equal_flex_twin() {
+    if gpu_device().is_none() || std::env::var_os("BURN_LLM_PAGED_PLANE").is_some() {
+        return;
+    }
+    for test in [
+        "paged::v2_tests::v2_long_contexts_equal_flex_twin",
+        "paged::v2_tests::v2_quantized_long_contexts_equal_flex_twin",
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--test-threads", "1"])
+            .env("BURN_LLM_PAGED_PLANE", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{test} with plane reductions:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// The partition choice: one pass when the context fits a partition, when the batch alone
 /// fills the GPU, or when the partition buffers would be too large; otherwise one partition per
 /// 512 tokens of the longest context the block table allows.

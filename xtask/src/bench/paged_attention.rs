@@ -282,12 +282,7 @@ fn case(
         of_stream: kernel_gb_s / stream,
         of_peak: args.peak_gb_s.map(|p| kernel_gb_s / p),
     };
-    let invalid = (kernel_gb_s > stream).then(|| {
-        format!(
-            "{kernel_gb_s:.1} GB/s of KV is above the {stream:.1} GB/s this device streams: the launch cannot have read \
-             its bytes, so its time is not reported"
-        )
-    });
+    let invalid = refusal(kernel_gb_s, stream);
     eprintln!(
         "{kv_heads:>3} KV heads, {seqs:>4} seqs × {context:>5} tokens: {:.3} ms, {kernel_gb_s:.1} GB/s of KV (stream \
          {stream:.1} GB/s, {:.0}%){}",
@@ -296,6 +291,17 @@ fn case(
         invalid.as_ref().map(|why| format!(" INVALID: {why}")).unwrap_or_default()
     );
     Ok(Row { kv_heads, seqs, context, kv_bytes, max_abs_error, figures: invalid.is_none().then_some(figures), invalid })
+}
+
+/// Why a figure of `kernel_gb_s` is refused on a device that streams `stream_gb_s`, if it is: a
+/// launch that reads its bytes cannot beat the device's streaming bandwidth.
+fn refusal(kernel_gb_s: f64, stream_gb_s: f64) -> Option<String> {
+    (kernel_gb_s > stream_gb_s).then(|| {
+        format!(
+            "{kernel_gb_s:.1} GB/s of KV is above the {stream_gb_s:.1} GB/s this device streams: the launch cannot have \
+             read its bytes, so its time is not reported"
+        )
+    })
 }
 
 /// A failed case as a report row: no figures, and the reason.
@@ -416,4 +422,42 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("{failures} case(s) gave outputs that differ from the Flex twin (see the report)").into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Figures above the streaming bandwidth are refused, others kept; tolerances widen with
+    /// coarser storage.
+    #[test]
+    fn refusals_and_tolerances() {
+        assert_eq!(refusal(900.0, 1000.0), None);
+        assert!(refusal(63039.9, 5321.1).is_some_and(|why| why.contains("above the 5321.1 GB/s")));
+        assert!(tolerance(DType::F32) < tolerance(DType::F16) && tolerance(DType::F16) < tolerance(DType::BF16));
+    }
+
+    /// The check passes the kernel's own output and fails one that is off, naming the sequence.
+    #[test]
+    fn the_flex_check_catches_a_wrong_output() {
+        let device = Device::flex();
+        let (seqs, context, block_size, blocks_per_seq) = (4, 40, 16, 3);
+        let mut tables: Vec<u32> = (0..(seqs * blocks_per_seq) as u32).collect();
+        tables.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(1));
+        let shape = [seqs * blocks_per_seq, 2, block_size, 8];
+        let random = |shape| Tensor::<4>::random(shape, Distribution::Uniform(-1.0, 1.0), &device);
+        let (k, v) = (random(shape), random(shape));
+        let q = Tensor::<3>::random([seqs, 4, 8], Distribution::Uniform(-1.0, 1.0), &device);
+        let query_seq: Vec<u32> = (0..seqs as u32).collect();
+        let out =
+            paged_attention(q.clone(), &k, &v, &tables, blocks_per_seq, &query_seq, &[context as u32; 4], 0.3).unwrap();
+        let check =
+            |out: &Tensor<3>| check_against_flex(&q, &k, &v, out, &tables, blocks_per_seq, context, 0.3, &[0, 2, 3]);
+        assert!(check(&out).unwrap() < 1e-6);
+        let mut wrong = out.into_data().try_to_vec::<f32>().unwrap();
+        wrong[2 * 4 * 8 + 5] += 0.01;
+        let wrong = Tensor::<3>::from_data(TensorData::new(wrong, [seqs, 4, 8]), &device);
+        let err = check(&wrong).unwrap_err();
+        assert!(err.is::<Mismatch>() && err.to_string().contains("sequence 2, value 5"), "{err}");
+    }
 }

@@ -16,6 +16,7 @@ use super::{
 };
 
 /// The K and V operands of one attention launch.
+#[allow(clippy::large_enum_variant)] // built once per launch and consumed at once
 pub(in crate::paged) enum KvOperands {
     /// Float caches `[num_blocks, kv_heads, block_size, head_dim]`.
     Dense { k: CubeTensor, v: CubeTensor },
@@ -31,6 +32,22 @@ struct Plan {
     parts: usize,
     /// Cubes of the attention kernel.
     cubes: usize,
+}
+
+/// Environment variable forcing the reductions: `0` the shared-memory tree, `1` plane ops even
+/// where the runtime does not report them (CubeCL's wgpu runtime leaves them off on CPU devices
+/// such as lavapipe, whose Vulkan driver has subgroups), so that either path can be tested and
+/// timed on any device.
+const PLANE_ENV: &str = "BURN_LLM_PAGED_PLANE";
+
+/// The reduction [`PLANE_ENV`] forces, if any (read once).
+fn forced_plane() -> Option<bool> {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var(PLANE_ENV).as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    })
 }
 
 /// The launch plan for `tokens` queries of `heads` heads over `kv_heads` KV heads of `head_dim`,
@@ -56,7 +73,7 @@ fn plan(
         threads /= 2;
     }
     let (plane_min, plane_max) = (hardware.plane_size_min as usize, hardware.plane_size_max as usize);
-    let plane_ops = props.features.plane.contains(Plane::Ops) && plane_min > 0;
+    let plane_ops = forced_plane().unwrap_or_else(|| props.features.plane.contains(Plane::Ops)) && plane_min > 0;
     let vec_dims = head_dim / width;
     let cfg = loop {
         let plane = plane_ops && plane_max <= threads && threads.is_multiple_of(plane_max);
