@@ -219,7 +219,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         SHORT + args.extra_steps
     ));
     md.push_str(&table(
-        &[("model", Left), ("layers", Right), ("per decode step", Right), ("per layer", Right), ("outside layers", Right)],
+        &[
+            ("model", Left),
+            ("layers", Right),
+            ("per decode step", Right),
+            ("per layer", Right),
+            ("outside layers", Right),
+        ],
         models.iter().map(|m| {
             vec![
                 m.model.clone(),
