@@ -277,7 +277,8 @@ fn fused_ops_are_one_launch_each() {
     let (cos, _) = pair(&mut rng, [1, 1, 1, 8], DType::F32, &gpu);
     let (cache, _) = pair(&mut rng, [1, 2, 8, 16], DType::F32, &gpu);
     let (bias, _) = pair(&mut rng, [1, 1, 1, 5], DType::F32, &gpu);
-    let ops: [(&str, Box<dyn Fn() -> Vec<f32>>); 5] = [
+    type Op<'a> = Box<dyn Fn() -> Vec<f32> + 'a>;
+    let ops: [(&str, Op); 5] = [
         ("RmsNormKernel", Box::new(|| values(rms_norm(x.clone(), gamma.clone(), 1e-5)))),
         ("AddRmsNormKernel", Box::new(|| values(add_rms_norm(x.clone(), x.clone(), gamma.clone(), 1e-5).0))),
         ("RotateHalfQkKernel", Box::new(|| values(rotate_half_qk(q.clone(), k.clone(), &cos, &cos).0))),
@@ -293,7 +294,7 @@ fn fused_ops_are_one_launch_each() {
     ];
     for (kernel, op) in ops {
         op(); // compiles the kernel outside the count
-        let (_, counts) = count_launches(|| op());
+        let (_, counts) = count_launches(&op);
         assert_eq!(counts.total, 1, "{kernel}: {:?}", counts.by_kernel);
         assert_eq!(counts.by_kernel.get(kernel), Some(&1), "{kernel}: {:?}", counts.by_kernel);
     }

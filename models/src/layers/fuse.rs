@@ -80,7 +80,8 @@ fn concat_quantized(parts: &[&QLinear]) -> Option<QLinear> {
             && q.group_size == first.group_size
             && q.input_grouped == first.input_grouped
             && q.d_input == first.d_input
-            && (q.input_grouped || (q.d_output % q.group_size == 0 && (q.d_output * q.bits as usize) % 32 == 0))
+            && (q.input_grouped
+                || (q.d_output.is_multiple_of(q.group_size) && (q.d_output * q.bits as usize).is_multiple_of(32)))
     };
     if !parts.iter().all(|q| alike(q)) {
         return None;
