@@ -42,7 +42,7 @@ pub fn gated_mul_fused<const D: usize>(act: Gate, gate_up: Tensor<D>) -> Tensor<
         let (gate, up) = split(gate_up);
         return gated_mul(act, gate, up);
     }
-    if width % 2 != 0 {
+    if !width.is_multiple_of(2) {
         let (gate, up) = split(gate_up);
         return gated_mul(act, gate, up);
     }

@@ -80,7 +80,8 @@ fn concat_quantized(parts: &[&QLinear]) -> Option<QLinear> {
             && q.group_size == first.group_size
             && q.input_grouped == first.input_grouped
             && q.d_input == first.d_input
-            && (q.input_grouped || (q.d_output % q.group_size == 0 && (q.d_output * q.bits as usize) % 32 == 0))
+            && (q.input_grouped
+                || (q.d_output.is_multiple_of(q.group_size) && (q.d_output * q.bits as usize).is_multiple_of(32)))
     };
     if !parts.iter().all(|q| alike(q)) {
         return None;
@@ -126,15 +127,15 @@ mod tests {
         t.into_data().try_into_vec_as::<f32>().unwrap()
     }
 
-    /// Three projections of one input (widths 64, 32, 32, q|k|v-like), with or without biases.
+    /// Three projections of one 64-wide input (widths 64, 32, 32, q|k|v-like), with or without biases.
     fn parts(bias: bool, device: &Device) -> Vec<Linear> {
-        [64, 32, 32].iter().map(|&out| LinearConfig::new(48, out).with_bias(bias).init(device)).collect()
+        [64, 32, 32].iter().map(|&out| LinearConfig::new(64, out).with_bias(bias).init(device)).collect()
     }
 
     /// The fused projection's output is the parts' outputs side by side.
     fn assert_concatenates(parts: &[Projection], what: &str) {
         let device = Device::flex();
-        let x = Tensor::<2>::random([5, 48], Distribution::Uniform(-1.0, 1.0), &device);
+        let x = Tensor::<2>::random([5, 64], Distribution::Uniform(-1.0, 1.0), &device);
         let refs: Vec<&Projection> = parts.iter().collect();
         let fused = Projection::concat(&refs).unwrap_or_else(|| panic!("{what}: not fused"));
         assert_eq!(fused.out_width(), 128, "{what}");
@@ -177,7 +178,7 @@ mod tests {
         let [a, b, _] = <[Linear; 3]>::try_from(parts(false, &device)).unwrap();
         let quantized = Projection::Quantized(QLinear::from_linear(&b, spec).unwrap());
         assert!(Projection::concat(&[&Projection::Dense(a.clone()), &quantized]).is_none(), "dense + quantized");
-        let with_bias = LinearConfig::new(48, 32).init(&device);
+        let with_bias = LinearConfig::new(64, 32).init(&device);
         let none = Projection::Dense(a.clone());
         assert!(Projection::concat(&[&none, &Projection::Dense(with_bias)]).is_none(), "bias on one part only");
         let other_input = LinearConfig::new(40, 32).with_bias(false).init(&device);
