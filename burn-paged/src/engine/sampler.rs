@@ -8,7 +8,7 @@
 //! all of them are concatenated and read back at once: on a GPU each read-back waits for the
 //! device queue to drain, so one per request would serialize the step on the host.
 
-use burn::tensor::{Int, IntDType, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm_models::SamplingParams;
 use burn_llm_models::TokenLogprob;
 use burn_llm_models::generation::{SimpleVob, TokenCounts, chosen_logprobs, sample, sample_on_device};
@@ -184,8 +184,10 @@ pub(crate) fn sample_groups(
         return Ok(out.into_iter().map(|(g, _, choices)| (g, choices)).collect());
     }
     let total: usize = parts.iter().map(|p| p.dims()[0]).sum();
-    // Argmax and sort indices may come out in different integer types.
-    let parts = parts.into_iter().map(|p| p.cast(IntDType::I64)).collect();
+    // Argmax and sort indices may come out in different integer types (Flex's argmax is `i64`);
+    // cast only then, since not every backend implements the cast (remote workers).
+    let dtype = parts[0].dtype();
+    let parts = parts.into_iter().map(|p| if p.dtype() == dtype { p } else { p.cast(dtype) }).collect();
     let ids = ids_of(Tensor::cat(parts, 0).reshape([total]))?;
     let (direct, rest) = ids.split_at(greedy_rows.len() + masked_rows.len());
     let token_of: std::collections::HashMap<usize, u32> =
