@@ -96,16 +96,6 @@ impl Which {
             Which::Accelerate => "Accelerate policy",
         }
     }
-
-    fn flag(self) -> &'static str {
-        match self {
-            Which::Searched => "searched",
-            Which::NoOverlap => "no-overlap",
-            Which::NoCpuAttention => "no-cpu-attention",
-            Which::Deepspeed => "deepspeed",
-            Which::Accelerate => "accelerate",
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -278,7 +268,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         mib_flag(args.cpu_mem),
         args.prompt_len,
         args.gen_len,
-        args.policies.iter().map(|w| w.flag()).collect::<Vec<_>>().join(","),
+        args.policies
+            .iter()
+            .filter_map(|w| clap::ValueEnum::to_possible_value(w).map(|v| v.get_name().to_string()))
+            .collect::<Vec<_>>()
+            .join(","),
         args.name
     );
     let header = Header::new("offload", command, Some(args.device.name()), &args.model);

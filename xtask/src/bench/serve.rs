@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_llm::models::{CausalLm, DecoderSpec, Precision, Prompt, SamplingParams};
+use burn_llm::models::{CausalLm, DecoderSpec, KvLayout, Precision, Prompt, SamplingParams};
 use burn_llm::paged::cache::PagedKvCache;
 use burn_llm::paged::{EngineStats, KvCacheMemory, KvReservation, PreemptionMode, SchedulingPolicy};
 use burn_llm::spec::PagedSpec;
@@ -35,11 +35,6 @@ use crate::report::{self, Align::Left, Align::Right, Header, table};
 
 /// The served model: OPT-family, random weights, small enough for many requests on a CPU; its
 /// maximum length (what Orca (Max) reserves) is `--max-model-len`.
-/// The run's floating-point type (`--dtype`, or the device's default).
-fn precision(args: &Args, device: &Device) -> Result<Precision, Box<dyn std::error::Error>> {
-    Ok(args.device.precision(args.dtype, device)?.0)
-}
-
 fn model_json(max_model_len: usize) -> String {
     format!(
         r#"{{"model_type":"opt","vocab_size":8192,"hidden_size":256,"num_hidden_layers":4,"ffn_dim":1024,
@@ -174,21 +169,11 @@ const SERVE_OPT: &str = "synthetic:serve-opt";
 /// The benchmark's synthetic model on `device` with room for `max_model_len` positions (shared with the online
 /// mode).
 pub(super) fn model(device: &Device, max_model_len: usize) -> Result<CausalLm, Box<dyn std::error::Error>> {
-    named_model(device, SERVE_OPT, Precision::F32, max_model_len)
+    Ok(CausalLm::random(named_spec(SERVE_OPT, Precision::F32, max_model_len)?, device)?)
 }
 
-/// Model `name` (`synthetic:serve-opt` or a built-in shape) in `precision` on `device`, with
+/// The shape of model `name` (`synthetic:serve-opt` or a built-in shape) in `precision`, with
 /// room for `max_model_len` positions.
-fn named_model(
-    device: &Device,
-    name: &str,
-    precision: Precision,
-    max_model_len: usize,
-) -> Result<CausalLm, Box<dyn std::error::Error>> {
-    Ok(CausalLm::random(named_spec(name, precision, max_model_len)?, device)?)
-}
-
-/// The shape of [`named_model`].
 fn named_spec(
     name: &str,
     precision: Precision,
@@ -206,15 +191,16 @@ fn named_spec(
 
 /// Bytes of `--kv-tokens` of float KV of the bench's model (whole blocks): the budget of the kv8
 /// comparison.
-fn float_budget_bytes(device: &Device, args: &Args) -> Result<u64, Box<dyn std::error::Error>> {
-    let layout = named_model(device, &args.model, precision(args, device)?, args.max_model_len)?.kv_layout();
-    Ok((args.kv_tokens / args.block_size * PagedKvCache::block_bytes(&layout, args.block_size, None)) as u64)
+fn float_budget_bytes(served: &DecoderSpec, args: &Args) -> u64 {
+    let layout = KvLayout::of(served);
+    (args.kv_tokens / args.block_size * PagedKvCache::block_bytes(&layout, args.block_size, None)) as u64
 }
 
 /// One system on all requests at once: the paged engine under `scheduling`, `kv_tokens` of KV,
 /// or with `kv_quant` bits the same budget in bytes of quantized blocks.
 fn run_system(
     device: &Device,
+    served: &DecoderSpec,
     args: &Args,
     reqs: &[Request],
     (label, scheduling): (&str, SchedulingPolicy),
@@ -222,7 +208,7 @@ fn run_system(
 ) -> Result<SystemResult, Box<dyn std::error::Error>> {
     let kv_cache_memory = match kv_quant {
         None => KvCacheMemory::Blocks(args.kv_tokens / args.block_size),
-        Some(_) => KvCacheMemory::Bytes(float_budget_bytes(device, args)?),
+        Some(_) => KvCacheMemory::Bytes(float_budget_bytes(served, args)),
     };
     let paged = PagedSpec {
         block_size: Some(args.block_size),
@@ -234,7 +220,7 @@ fn run_system(
         scheduling: Some(scheduling),
         ..PagedSpec::default()
     };
-    let mut engine = paged_engine(device, args, paged, kv_quant)?;
+    let mut engine = paged_engine(device, served, paged, kv_quant)?;
     let kv_blocks = engine.load().map_or(0, |l| l.kv_blocks_total);
     let started = Instant::now();
     for (i, (prompt, out)) in reqs.iter().enumerate() {
@@ -276,14 +262,20 @@ fn run_system(
 }
 
 /// Memory saved by sharing for `n = 4` parallel samples or beam width 4 (§5.6.3).
-fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result<f64, Box<dyn std::error::Error>> {
+fn sharing(
+    device: &Device,
+    served: &DecoderSpec,
+    args: &Args,
+    reqs: &[Request],
+    beam: bool,
+) -> Result<f64, Box<dyn std::error::Error>> {
     let paged = PagedSpec {
         block_size: Some(args.block_size),
         kv_cache_memory: Some(KvCacheMemory::Blocks(4 * args.kv_tokens / args.block_size)),
         no_enable_prefix_caching: true,
         ..PagedSpec::default()
     };
-    let mut engine = paged_engine(device, args, paged, None)?;
+    let mut engine = paged_engine(device, served, paged, None)?;
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = if beam {
             SamplingParams { beam: Some(BeamSearchParams::new(4)), ignore_eos: true, ..SamplingParams::greedy(*out) }
@@ -309,12 +301,12 @@ fn sharing(device: &Device, args: &Args, reqs: &[Request], beam: bool) -> Result
 /// model on `device`, built as every engine is ([`EngineSpec::init_model`]).
 fn paged_engine(
     device: &Device,
-    args: &Args,
+    served: &DecoderSpec,
     paged: PagedSpec,
     kv_quant: Option<u32>,
 ) -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
     let spec = EngineSpec { engine: Some(EngineKind::Paged), paged, kv_quant, ..EngineSpec::default() };
-    let model = named_model(device, &args.model, precision(args, device)?, args.max_model_len)?;
+    let model = CausalLm::random(served.clone(), device)?;
     spec.init_model(model, None, vec![], Purpose::Serve, &mut std::io::sink())
 }
 
@@ -330,10 +322,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return super::online::run(&args.online_args, args.device, args.seed, &args.out);
     }
     let device = args.device.device()?;
-    if let (_, Some(note)) = args.device.precision(args.dtype, &device)? {
+    let (dtype, note) = args.device.precision(args.dtype, &device)?;
+    if let Some(note) = note {
         eprintln!("{note}");
     }
-    let dtype = precision(&args, &device)?;
     let served = named_spec(&args.model, dtype, args.max_model_len)?;
     let vocab = served.vocab_size;
     let workloads = SyntheticWorkload::standard(args.scale, args.max_model_len);
@@ -347,17 +339,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("{}: {} requests, mean prompt {mean_prompt:.1}, mean output {mean_output:.1}", w.name, reqs.len());
         let mut systems = SYSTEMS
             .iter()
-            .map(|&system| run_system(&device, &args, &reqs, system, None))
+            .map(|&system| run_system(&device, &served, &args, &reqs, system, None))
             .collect::<Result<Vec<_>, _>>()?;
         let vllm = systems[0].tokens_per_s;
         for s in &mut systems {
             s.vllm_speedup = vllm / s.tokens_per_s;
         }
-        let kv8 = run_system(&device, &args, &reqs, ("vLLM, kv8 blocks", SchedulingPolicy::Fcfs), Some(8))?;
+        let kv8 = run_system(&device, &served, &args, &reqs, ("vLLM, kv8 blocks", SchedulingPolicy::Fcfs), Some(8))?;
         let float = &systems[0];
         kv_quant.push(KvQuantResult {
             workload: w.name.to_string(),
-            budget_bytes: float_budget_bytes(&device, &args)?,
+            budget_bytes: float_budget_bytes(&served, &args),
             float_blocks: float.kv_blocks,
             kv8_blocks: kv8.kv_blocks,
             float_tokens_per_s: float.tokens_per_s,
@@ -373,7 +365,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let share_reqs = workloads[1].requests(32, vocab, args.max_model_len, &mut rng);
     let mut shared = Vec::new();
     for (label, beam) in [("parallel sampling n = 4", false), ("beam search, width 4", true)] {
-        let saved = sharing(&device, &args, &share_reqs, beam)?;
+        let saved = sharing(&device, &served, &args, &share_reqs, beam)?;
         eprintln!("{label}: {:.1}% of KV memory saved by sharing", 100.0 * saved);
         shared.push(SharingResult { decoding: label.into(), requests: share_reqs.len(), memory_saved: saved });
     }
