@@ -129,30 +129,20 @@ pub(crate) fn sample_groups(
         }
         let history: Vec<&TokenCounts> =
             (0..width).filter_map(|i| data.live.get(&seq_of(i)).and_then(|d| d.state.token_counts())).collect();
-        if data.params.logprobs.is_none() && !ranked {
-            let chosen = sample_on_device(selected, &data.params, &mut rngs, &history, &allowed)?;
-            let choices = rngs
-                .into_iter()
-                .enumerate()
-                .map(|(i, rng)| {
-                    let seq = seq_of(i);
-                    if !expanding && let Some(d) = data.live.get_mut(&seq) {
-                        d.rng = rng.clone();
-                    }
-                    RowChoice { rng: expanding.then_some(rng), ..RowChoice::token(seq, 0) }
-                })
-                .collect();
-            deferred.push((out.len(), chosen));
-            out.push((*group_id, rows.clone(), choices));
-            continue;
-        }
-        let sampled = sample(selected.clone(), &data.params, &mut rngs, &history, &allowed)?;
-        let chosen_logprobs = match &sampled.logprobs {
-            Some(steps) if ranked => steps.iter().map(|step| step[0].logprob).collect(),
-            None if ranked => chosen_logprobs(selected, &sampled.ids)?,
-            _ => vec![0.0; width],
+        // Without log-probabilities the ids stay on the device until the step's one read-back,
+        // which fills in this request's tokens (left 0 here).
+        let (ids, chosen_logprobs, mut tops) = if data.params.logprobs.is_none() && !ranked {
+            deferred.push((out.len(), sample_on_device(selected, &data.params, &mut rngs, &history, &allowed)?));
+            (Vec::new(), vec![0.0; width], None)
+        } else {
+            let sampled = sample(selected.clone(), &data.params, &mut rngs, &history, &allowed)?;
+            let chosen_logprobs = match &sampled.logprobs {
+                Some(steps) if ranked => steps.iter().map(|step| step[0].logprob).collect(),
+                None if ranked => chosen_logprobs(selected, &sampled.ids)?,
+                _ => vec![0.0; width],
+            };
+            (sampled.ids, chosen_logprobs, sampled.logprobs.map(Vec::into_iter))
         };
-        let mut tops = sampled.logprobs.map(Vec::into_iter);
         let mut choices = Vec::with_capacity(width);
         for (i, rng) in rngs.into_iter().enumerate() {
             let seq = seq_of(i);
@@ -161,7 +151,7 @@ pub(crate) fn sample_groups(
             }
             choices.push(RowChoice {
                 seq,
-                token: sampled.ids[i],
+                token: ids.get(i).copied().unwrap_or(0),
                 logprob: chosen_logprobs[i],
                 top_logprobs: tops.as_mut().and_then(Iterator::next),
                 logprob_row: Vec::new(),
