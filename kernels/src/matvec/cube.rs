@@ -59,6 +59,27 @@ pub(super) fn dot<N: Size>(a: Vector<f32, N>, b: Vector<f32, N>) -> f32 {
     s
 }
 
+/// `acc[i] += x[i, kk] · wv` for the input rows `i < m` of a `[k, n]` kernel: `wv` is the
+/// (dequantized) weight vector of shared row `kk`, applied to every input row it serves.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn add_row_products<F: Float, N: Size>(
+    acc: &mut Array<Vector<f32, N>>,
+    x: &Tensor<F>,
+    wv: Vector<f32, N>,
+    kk: usize,
+    k_len: usize,
+    m: usize,
+    #[comptime] rows: usize,
+) {
+    #[unroll]
+    for i in 0..rows {
+        if i < m {
+            acc[i] += Vector::broadcast(f32::cast_from(x[i * k_len + kk])) * wv;
+        }
+    }
+}
+
 /// Sums each row's accumulator over the workgroup's `KN_SLICES` threads of one column vector
 /// (`UNIT_POS_Y`), `KN_ROWS_PER_ROUND` rows per round through shared memory, adding the slices
 /// in order, and writes rows `< m` to `out[(first_row + i) · lines + line]`.
@@ -198,12 +219,7 @@ fn matvec_kn_kernel<F: Float, O: Float, N: Size>(
         let mut kk = start + UNIT_POS_Y as usize;
         while kk < end {
             let wv = Vector::<f32, N>::cast_from(w[kk * lines + line]);
-            #[unroll]
-            for i in 0..rows {
-                if i < m {
-                    acc[i] += Vector::broadcast(f32::cast_from(x[i * k_len + kk])) * wv;
-                }
-            }
+            add_row_products::<F, N>(&mut acc, x, wv, kk, k_len, m, rows);
             kk += KN_SLICES;
         }
     }

@@ -18,8 +18,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::cube::{
-    KN_LINES, KN_SLICES, KnGrid, dot, kn_cube_dim, nk_launch_shape, row_bucket, store_lane_sums, store_slice_sums,
-    sum_splits,
+    KN_LINES, KN_SLICES, KnGrid, add_row_products, dot, kn_cube_dim, nk_launch_shape, row_bucket, store_lane_sums,
+    store_slice_sums, sum_splits,
 };
 
 /// Columns a `[k, n]` thread owns: one 4-wide vector.
@@ -79,12 +79,7 @@ fn qmatvec_kn_kernel<F: Float, O: Float, N: Size>(
                 let q = (word >> (first_shift + u32::cast_from(t) * bits)) & mask;
                 wv.insert(t, f32::cast_from(q) * s + mn);
             }
-            #[unroll]
-            for i in 0..rows {
-                if i < m {
-                    acc[i] += Vector::broadcast(f32::cast_from(x[i * k_len + kk])) * wv;
-                }
-            }
+            add_row_products::<F, N>(&mut acc, x, wv, kk, k_len, m, rows);
             kk += KN_SLICES;
         }
     }
