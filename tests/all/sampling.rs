@@ -473,3 +473,34 @@ fn logprobs_are_consistent_across_engines_and_streams() {
         }
     }
 }
+
+/// On a GPU the plain engine feeds each decode step the previous step's ids on the device and
+/// reads them back while the next step runs (`StaticBatch::feed_on_device`); asking for
+/// log-probabilities turns that off. Both give the same tokens and finishes, greedy and seeded,
+/// with rows that stop on different steps (a stop id one step before its budget discovered
+/// only after the next step was issued).
+#[test]
+fn device_fed_decode_steps_change_no_output() {
+    let expected = reference("llama");
+    let prompts: Vec<Prompt> = expected.prompts.iter().map(|p| Prompt::from(p.input_ids.clone())).collect();
+    // Stop ids taken from two references' greedy continuations: rows stop at different steps.
+    let stops = vec![expected.prompts[0].greedy_ids[3], expected.prompts[1].greedy_ids[6]];
+    let greedy = SamplingParams { stop_token_ids: stops, ..SamplingParams::greedy(12) };
+    let seeded = SamplingParams { temperature: 1.1, seed: Some(3), ignore_eos: true, ..SamplingParams::greedy(12) };
+    for (device_name, device) in devices() {
+        let generator = burn_llm::Generator::from(Pretrained::load(&fixture("llama"), &device).unwrap());
+        for params in [&greedy, &seeded] {
+            let fed = generator.generate(&prompts, params).unwrap();
+            let read = generator.generate(&prompts, &SamplingParams { logprobs: Some(1), ..params.clone() }).unwrap();
+            let lengths: Vec<usize> = fed.requests.iter().map(|r| r.generated_ids.len()).collect();
+            for (i, (a, b)) in fed.requests.iter().zip(&read.requests).enumerate() {
+                let what = format!("{device_name}, prompt {i}, temperature {}", params.temperature);
+                assert_eq!(a.generated_ids, b.generated_ids, "{what}");
+                assert_eq!(a.finish_reason, b.finish_reason, "{what}");
+            }
+            if params.temperature == 0.0 {
+                assert!(lengths.iter().any(|&n| n < 12) && lengths.iter().any(|&n| n != lengths[0]), "{lengths:?}");
+            }
+        }
+    }
+}

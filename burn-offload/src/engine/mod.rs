@@ -406,10 +406,12 @@ impl OffloadEngine {
             tokenizer: self.tokenizer.as_ref(),
             group_rows: gbs,
             engine: "offload",
+            // The zig-zag schedule lays each step's tokens out on the host.
+            feed_on_device: false,
         };
         // The forward of a step: every running GPU batch's embeddings, the zig-zag layer
         // schedule over all of them, then each one's last-token logits.
-        let generated = batch.run(block, clock, |groups| self.forward_block(groups, &mut caches, &io), |_| {})?;
+        let generated = batch.run(block, clock, |groups, _| self.forward_block(groups, &mut caches, &io), |_| {})?;
         drop(budgets);
         Ok((generated, io.disk_bytes()))
     }

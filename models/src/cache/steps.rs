@@ -179,3 +179,24 @@ impl StepSlots {
         })
     }
 }
+
+impl StepInput {
+    /// This step with its token ids taken from `ids` (`[batch, seq]`, on any device) instead of
+    /// the ids it was laid out with: for an engine that feeds a step the ids the previous step
+    /// sampled while they are still on the device. The layout (positions, padding, mask) stays
+    /// the one `begin_step` made from the placeholder tokens, so `ids` must have its shape; ids at
+    /// padded places are masked like any padding.
+    pub fn with_tokens(self, ids: Tensor<2, Int>) -> Result<Self> {
+        if ids.dims() != self.tokens.dims() {
+            return Err(ModelError::BatchMismatch(format!(
+                "a step laid out for tokens of shape {:?} was given ids of shape {:?}",
+                self.tokens.dims(),
+                ids.dims()
+            )));
+        }
+        let ids = ids.to_device(&self.tokens.device());
+        // Only when the kinds differ: some backends (remote workers) implement no integer cast.
+        let ids = if ids.dtype() == self.tokens.dtype() { ids } else { ids.cast(self.tokens.dtype()) };
+        Ok(Self { tokens: ids, ..self })
+    }
+}

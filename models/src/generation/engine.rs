@@ -99,17 +99,22 @@ impl<M: LanguageModel> Generator<M> {
             tokenizer,
             group_rows: requests.len(),
             engine: "plain",
+            feed_on_device: !crate::device::is_host_device(&self.model.device()),
         };
         let generated = batch.run(
             &mut requests,
             &mut clock,
-            |groups| {
+            |groups, fed| {
                 // One group, the whole batch, over one cache.
                 let mut logits = Vec::with_capacity(groups.len());
-                for rows in groups {
+                for (rows, fed) in groups.iter().zip(fed) {
                     logits.push(match rows {
                         Some(rows) => {
                             let step = cache.begin_step(rows)?;
+                            let step = match fed {
+                                Some(ids) => step.with_tokens(ids.clone())?,
+                                None => step,
+                            };
                             Some(self.model.forward_last_logits(&step, &mut cache)?)
                         }
                         None => None,

@@ -12,7 +12,9 @@ pub mod processors;
 mod request;
 pub mod sampling;
 
-pub use batch::{GenerationClock, GroupTokens, StaticBatch, prepare_requests, prompt_tokens, static_kv_capacity};
+pub use batch::{
+    FedIds, GenerationClock, GroupTokens, StaticBatch, prepare_requests, prompt_tokens, static_kv_capacity,
+};
 pub use beam::{BeamSearchParams, EarlyStopping};
 pub use constraint::{Constraint, ConstraintCompiler, ConstraintState, SimpleVob};
 pub use engine::Generator;
