@@ -180,7 +180,7 @@ fn grouped(
     for (s, group) in devices.chunks(degree).enumerate() {
         let names = entries.names[s * degree..(s + 1) * degree].join("+");
         let (dir, group_devices, entry) = (dir.to_owned(), group.to_vec(), names.clone());
-        let times = watched(&names.replace('+', " → "), "being profiled", timeout, move || {
+        let times = watched(&names.replace('+', " → "), "being profiled", timeout, move |_| {
             let files = PretrainedFiles::open(&dir)?;
             let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
             let model = profiler::device::one_layer_model(&files.spec, weights, &group_devices[0])
@@ -244,14 +244,30 @@ pub fn profile_stage_device(
         ProfileIdentity { device: device_identity(entry, threads), model: model_identity(dir, &files.spec), dtype };
     let (dir, device, cache, name) = (dir.to_owned(), device.clone(), profile_dir(spec), entry.to_string());
     let grid = grid.clone();
-    let (profile, lines) = watched(entry, "being profiled", worker_timeout(spec), move || {
+    let (profile, lines) = watched(entry, "being profiled", worker_timeout(spec), move |heartbeat| {
         let files = PretrainedFiles::open(&dir)?;
         let mut log = Vec::new();
         let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
         let mut progress = progress;
+        // Each point that starts is a sign of progress: the timeout bounds one point, not the
+        // whole profile.
+        let mut hook = move |p: profiler::ProfileProgress<'_>| {
+            heartbeat.beat();
+            if let Some(progress) = progress.as_mut() {
+                progress(p);
+            }
+        };
         let profile = in_stage_pool(threads, || {
-            let hook = progress.as_mut().map(|p| p.as_mut() as profiler::ProgressHook<'_>);
-            profiler::device_profile(&files.spec, weights, &device, &identity, &grid, Some(&cache), hook, &mut log)
+            profiler::device_profile(
+                &files.spec,
+                weights,
+                &device,
+                &identity,
+                &grid,
+                Some(&cache),
+                Some(&mut hook),
+                &mut log,
+            )
         })
         .map_err(|source| AutoStagesError::Profile { entry: name, source })?;
         Ok((profile, log))
@@ -301,7 +317,7 @@ pub(super) fn measure(
 ) -> Result<LinkProfile, AutoStagesError> {
     let names = pair.join(" → ");
     let (from, to, entry) = (from.clone(), to.clone(), names.clone());
-    watched(&names, "its link was measured", timeout, move || {
+    watched(&names, "its link was measured", timeout, move |_| {
         profiler::measure_link(&from, &to, hidden, LINK_TOKENS, LINK_REPEATS)
             .map_err(|source| AutoStagesError::Profile { entry, source })
     })
@@ -386,38 +402,67 @@ fn profile_dir(spec: &EngineSpec) -> PathBuf {
     spec.parallel.stage_profile_dir.clone().unwrap_or_else(|| super::build::dirs_cache().join("profiles"))
 }
 
-/// Runs `work` on a thread of its own and waits at most `timeout` for it when `name` names a
-/// worker: a worker that dies (an error or a panic in Burn's client) or stalls is an error
-/// naming it. Local devices run `work` on this thread.
+/// Runs `work` on a thread of its own when `name` involves a worker, waiting at most `timeout`
+/// for each sign of progress: the result, or a beat of the [`Heartbeat`] `work` is given (a
+/// profile beats as each point starts, so a long profile of a slow worker is not taken for a
+/// stall). A worker that dies or stalls is an error naming it, never a panic or a hang.
 fn watched<R: Send + 'static>(
     name: &str,
     what: &'static str,
     timeout: Duration,
-    work: impl FnOnce() -> Result<R, AutoStagesError> + Send + 'static,
+    work: impl FnOnce(Heartbeat) -> Result<R, AutoStagesError> + Send + 'static,
 ) -> Result<R, AutoStagesError> {
     let workers: Vec<&str> = name.split(" → ").filter(|e| WorkerAddress::is_worker(e)).collect();
     if workers.is_empty() {
-        return work();
+        return work(Heartbeat(None));
     }
     let workers = workers.join(", ");
     let (tx, rx) = mpsc::channel();
+    let beats = tx.clone();
+    let heartbeat = Heartbeat(Some(Box::new(move || {
+        let _ = beats.send(Watch::Alive);
+    })));
     std::thread::Builder::new()
         .name("burn-llm-profile".into())
         .spawn(move || {
-            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)));
+            let _ = tx.send(Watch::Done(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(heartbeat)))));
         })
         .map_err(|e| WorkerError::Failed { workers: workers.clone(), what, reason: e.to_string() })?;
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(Ok(r))) => Ok(r),
-        Ok(Ok(Err(e))) => Err(WorkerError::Failed { workers, what, reason: e.to_string() }.into()),
-        Ok(Err(panic)) => {
-            Err(WorkerError::Failed { workers, what, reason: crate::device::panic_message(panic) }.into())
+    loop {
+        match rx.recv_timeout(timeout) {
+            Ok(Watch::Alive) => continue,
+            Ok(Watch::Done(Ok(Ok(r)))) => return Ok(r),
+            Ok(Watch::Done(Ok(Err(e)))) => {
+                return Err(WorkerError::Failed { workers, what, reason: e.to_string() }.into());
+            }
+            Ok(Watch::Done(Err(panic))) => {
+                let reason = crate::device::panic_message(panic);
+                return Err(WorkerError::Failed { workers, what, reason }.into());
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                return Err(WorkerError::Stalled { workers, what, timeout_s: timeout.as_secs_f64() }.into());
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let reason = "the profiling thread ended".into();
+                return Err(WorkerError::Failed { workers, what, reason }.into());
+            }
         }
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            Err(WorkerError::Stalled { workers, what, timeout_s: timeout.as_secs_f64() }.into())
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            Err(WorkerError::Failed { workers, what, reason: "the profiling thread ended".into() }.into())
+    }
+}
+
+/// What the thread of [`watched`] sends: a sign of progress, or the result.
+enum Watch<R> {
+    Alive,
+    Done(std::thread::Result<Result<R, AutoStagesError>>),
+}
+
+/// A sign of progress for [`watched`]'s wait (a no-op when nothing watches).
+struct Heartbeat(Option<Box<dyn Fn() + Send>>);
+
+impl Heartbeat {
+    fn beat(&self) {
+        if let Some(beat) = &self.0 {
+            beat();
         }
     }
 }
