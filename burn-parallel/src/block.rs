@@ -4,7 +4,8 @@
 //! KV-cache addressing is shared by every block so that one cache serves any split: with a
 //! tensor-parallel degree `tp`, rank `r` of decoder layer `l` reads and writes cache layer
 //! `l * tp + r`, holding `num_kv_heads / tp` heads, on that rank's device ([`LayerBlock::kv_devices`]).
-//! A whole layer is the case `tp = 1`.
+//! A whole layer is the case `tp = 1`. A pipeline whose stages have different degrees maps these
+//! addresses to its cache's layers ([`crate::pipeline::kv_map`]).
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};

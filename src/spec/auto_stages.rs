@@ -1,7 +1,9 @@
 //! `--stage-layers auto`: each `--devices` entry profiled for this model (cached per device,
 //! model and dtype), the links between consecutive devices measured, and the stages planned by
 //! Alpa's inter-operator pass over those costs under each device's memory cap (`--device-memory`)
-//! before any weight of the pipeline loads.
+//! before any weight of the pipeline loads. With `--tensor-parallel-size auto`, every group of
+//! consecutive devices is a candidate stage too (its layer timed split over its devices), and the
+//! stages and each one's degree are planned together ([`AutoGroups`]).
 //!
 //! Profiles live in `--stage-profile-dir` (default `~/.cache/burn-llm/profiles`), one file per
 //! (device, model, dtype, grid); see [`burn_parallel::profiler::device`]. Profiling and link
@@ -17,7 +19,8 @@ use burn::tensor::Device;
 use burn_llm_models::PretrainedFiles;
 use burn_parallel::pipeline::slicing::in_stage_pool;
 use burn_parallel::pipeline::{
-    AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineError, PipelinePlan, StageWorkload,
+    AutoGroup, AutoGroups, AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineError, PipelinePlan,
+    StageWorkload,
 };
 use burn_parallel::profiler::{self, DeviceProfile, ProfileGrid, ProfileIdentity, ProfileWeights};
 
@@ -107,111 +110,81 @@ pub(super) fn plan_auto(
         kv_tokens: files.spec.max_positions,
         handover: Handover::of(&files.spec),
     };
-    let mut candidates = Vec::new();
-    if spec.parallel.tensor_parallel_size == Some(TensorParallelSize::Auto) {
-        for degree in (2..=devices.len()).filter(|d| devices.len() % d == 0) {
-            let hidden = files.spec.hidden_size;
-            if let Some(grouped) = grouped(spec, (dir, hidden), &auto, &entries, &devices, degree, log)? {
-                candidates.push((degree, grouped));
-            }
-        }
-    }
-    candidates.insert(0, (1, auto));
-    let (degree, auto) = fastest(candidates, log)?;
-    let plan = PipelinePlan::auto(&auto, degree, devices, entries.names)?;
+    let plan = if spec.parallel.tensor_parallel_size == Some(TensorParallelSize::Auto) {
+        let hidden = files.spec.hidden_size;
+        let groups = candidate_groups(spec, (dir, hidden), &auto, &entries, &devices, log)?;
+        let AutoStages { devices: singles, workload, kv_tokens, handover } = auto;
+        let auto = AutoGroups { devices: singles, groups, workload, kv_tokens, handover };
+        PipelinePlan::auto_groups(&auto, devices, entries.names)?
+    } else {
+        PipelinePlan::auto(&auto, 1, devices, entries.names)?
+    };
     if let Some(prediction) = plan.prediction() {
         let _ = writeln!(log, "{}", prediction.summary());
     }
     Ok(plan)
 }
 
-/// The candidate (tensor-parallel degree, stages) whose plan has the least bottleneck (the
-/// smaller degree on a tie), or the first candidate's error when none can be planned.
-fn fastest(candidates: Vec<(usize, AutoStages)>, log: &mut dyn Write) -> Result<(usize, AutoStages), AutoStagesError> {
-    let several = candidates.len() > 1;
-    let (mut best, mut first_error): (Option<(usize, f64, AutoStages)>, Option<PipelineError>) = (None, None);
-    for (degree, auto) in candidates {
-        match auto.plan() {
-            Ok(prediction) => {
-                if several {
-                    let ms = prediction.bottleneck_ms;
-                    let _ = writeln!(log, "tensor-parallel degree {degree}: bottleneck {ms:.2} ms per request");
-                }
-                if best.as_ref().is_none_or(|b| prediction.bottleneck_ms < b.1) {
-                    best = Some((degree, prediction.bottleneck_ms, auto));
-                }
-            }
-            Err(e) => {
-                if several {
-                    let _ = writeln!(log, "tensor-parallel degree {degree}: {e}");
-                }
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    match (best, first_error) {
-        (Some((degree, _, auto)), _) => {
-            if several {
-                let _ = writeln!(log, "tensor-parallel degree {degree} chosen (one degree for every stage)");
-            }
-            Ok((degree, auto))
-        }
-        (None, Some(e)) => Err(e.into()),
-        (None, None) => Err(PipelineError::Zero("the number of --devices entries").into()),
-    }
-}
-
-/// `single` (one device per stage) regrouped into stages of `degree` consecutive devices, each
-/// group's layer timed split over its devices (Alpa's intra-operator choice, one degree for
-/// every stage); `None` when the model's layers cannot be split by `degree`.
-fn grouped(
+/// Every group of two or more consecutive devices as a candidate stage (Alpa's submeshes along
+/// the pipeline): the checkpoint's first layer split over the group's devices and timed there
+/// (prefill of the workload's prompt and a decode step, every rank synchronised), the group's
+/// profile its rank 0's with those times and each device's share of a layer's bytes, and the
+/// link from its first device to the device after it measured. A degree the model's layers
+/// cannot be split by (heads, MLP width, architecture) is logged and skipped.
+fn candidate_groups(
     spec: &EngineSpec,
     (dir, hidden): (&Path, usize),
     single: &AutoStages,
     entries: &Entries,
     devices: &[Device],
-    degree: usize,
     log: &mut dyn Write,
-) -> Result<Option<AutoStages>, AutoStagesError> {
+) -> Result<Vec<AutoGroup>, AutoStagesError> {
     let quant = weight_quant(spec)?;
     let prompt = single.workload.prompt_tokens;
     let timeout = worker_timeout(spec);
-    let mut groups = Vec::with_capacity(devices.len() / degree);
-    for (s, group) in devices.chunks(degree).enumerate() {
-        let names = entries.names[s * degree..(s + 1) * degree].join("+");
-        let (dir, group_devices, entry) = (dir.to_owned(), group.to_vec(), names.clone());
-        let times = watched(&names.replace('+', " → "), "being profiled", timeout, move |_| {
-            let files = PretrainedFiles::open(&dir)?;
-            let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
-            let model = profiler::device::one_layer_model(&files.spec, weights, &group_devices[0])
-                .map_err(|source| AutoStagesError::Profile { entry, source })?;
-            Ok(profiler::tensor_parallel_times(&model, &group_devices, prompt, 3))
-        })?;
-        let times = match times {
-            Ok(times) => times,
-            Err(profiler::ProfileError::Grid(reason)) => {
-                let _ = writeln!(log, "tensor-parallel degree {degree} skipped: {reason}");
-                return Ok(None);
-            }
-            Err(source) => return Err(AutoStagesError::Profile { entry: names, source }),
-        };
-        let rank0 = &single.devices[s * degree];
-        let link_to_next = match devices.get((s + 1) * degree) {
-            Some(next) => {
-                let pair = [entries.names[s * degree].clone(), entries.names[(s + 1) * degree].clone()];
-                Some(measure(&pair, &group[0], next, hidden, timeout)?)
-            }
-            None => None,
-        };
-        let caps = &entries.caps[s * degree..(s + 1) * degree];
-        groups.push(AutoStageDevice {
-            name: names,
-            profile: profiler::group_profile(&rank0.profile, degree, prompt, times),
-            memory_bytes: caps.iter().copied().min().unwrap_or(u64::MAX),
-            link_to_next,
-        });
+    let mut groups = Vec::new();
+    'degrees: for degree in 2..=devices.len() {
+        for first in 0..=devices.len() - degree {
+            let members = first..first + degree;
+            let names = entries.names[members.clone()].join("+");
+            let (dir, group_devices, entry) = (dir.to_owned(), devices[members].to_vec(), names.clone());
+            let times = watched(&names.replace('+', " → "), "being profiled", timeout, move |_| {
+                let files = PretrainedFiles::open(&dir)?;
+                let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+                let model = profiler::device::one_layer_model(&files.spec, weights, &group_devices[0])
+                    .map_err(|source| AutoStagesError::Profile { entry, source })?;
+                Ok(profiler::tensor_parallel_times(&model, &group_devices, prompt, 3))
+            })?;
+            let times = match times {
+                Ok(times) => times,
+                Err(profiler::ProfileError::Grid(reason)) => {
+                    let _ = writeln!(log, "tensor-parallel degree {degree} skipped: {reason}");
+                    continue 'degrees;
+                }
+                Err(source) => return Err(AutoStagesError::Profile { entry: names, source }),
+            };
+            let _ = writeln!(
+                log,
+                "tensor-parallel group {names}: a layer's prefill of {prompt} tokens {:.3} ms, decode step {:.3} ms",
+                times.prefill_ms, times.decode_ms
+            );
+            let link_to_next = match devices.get(first + degree) {
+                Some(next) => {
+                    let pair = [entries.names[first].clone(), entries.names[first + degree].clone()];
+                    Some(measure(&pair, &devices[first], next, hidden, timeout)?)
+                }
+                None => None,
+            };
+            let rank0 = &single.devices[first].profile;
+            groups.push(AutoGroup {
+                first_device: first,
+                degree,
+                profile: profiler::group_profile(rank0, degree, prompt, times),
+                link_to_next,
+            });
+        }
     }
-    Ok(Some(AutoStages { devices: groups, ..single.clone() }))
+    Ok(groups)
 }
 
 /// The profile of the model at `dir` (opened as `files`) on `device`, the `--devices` entry
@@ -326,11 +299,14 @@ pub(super) fn measure(
 /// `--devices` (or the default device once per stage) and each one's memory cap.
 fn entries(spec: &EngineSpec, default: &str) -> Result<Entries, AutoStagesError> {
     let parallel = &spec.parallel;
-    if parallel.tensor_parallel_size.is_some_and(|t| t != TensorParallelSize::Auto && t != TensorParallelSize::Fixed(1))
+    if parallel
+        .tensor_parallel_size
+        .as_ref()
+        .is_some_and(|t| *t != TensorParallelSize::Auto && *t != TensorParallelSize::Fixed(1))
     {
         return Err(AutoStagesError::Flag {
             flag: "--stage-layers auto",
-            problem: "chooses the tensor-parallel degree itself, and --tensor-parallel-size fixes one above 1".into(),
+            problem: "chooses the tensor-parallel degrees itself, and --tensor-parallel-size fixes them".into(),
             fix: "use --tensor-parallel-size auto or drop it, or give the stages by hand with --stage-layers".into(),
         });
     }

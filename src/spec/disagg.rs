@@ -33,7 +33,7 @@ impl EngineSpec {
         self.paged.schedule == Some(ScheduleKind::Exegpt)
             && p.devices.as_ref().is_some_and(|d| d.len() == DEVICES)
             && p.pipeline_parallel_size.is_none_or(|n| n == DEVICES)
-            && p.tensor_parallel_size.is_none_or(|t| t == TensorParallelSize::Fixed(1))
+            && p.tensor_parallel_size.as_ref().is_none_or(|t| *t == TensorParallelSize::Fixed(1))
             && p.stage_layers.is_none()
             && p.micro_batches.is_none()
             && p.prefill_slices.is_none_or(|s| s == PrefillSlices::Off)

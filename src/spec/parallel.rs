@@ -34,9 +34,9 @@ pub struct ParallelSpec {
     #[arg(long)]
     pub pipeline_parallel_size: Option<usize>,
     /// Tensor-parallel ranks per stage: each layer of a stage split Megatron-style over this
-    /// many devices (default 1); `auto` with `--stage-layers auto`: the degree (one for every
-    /// stage) whose planned pipeline has the least bottleneck, each degree's layer timed on its
-    /// device groups.
+    /// many devices (default 1); a list (`2,1`) gives each stage its own degree, stage s on the
+    /// next `degree` entries of `--devices`; `auto` with `--stage-layers auto`: a degree per
+    /// stage chosen with the split (Alpa), each candidate group's layer timed on its devices.
     #[arg(long, value_parser = parse_tensor_parallel_size)]
     pub tensor_parallel_size: Option<TensorParallelSize>,
     /// Layers of each stage as inclusive ranges in layer order, e.g. `0-11,12-23` for 24
@@ -103,22 +103,31 @@ impl std::str::FromStr for PrefillSlices {
     }
 }
 
-/// `--tensor-parallel-size`: a degree, or `auto` (planned with `--stage-layers auto`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `--tensor-parallel-size`: a degree, one degree per stage, or `auto` (planned with
+/// `--stage-layers auto`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TensorParallelSize {
     /// This many ranks per stage.
     Fixed(usize),
-    /// The degree the planner finds fastest.
+    /// Stage `s` has `degrees[s]` ranks (`2,1`).
+    PerStage(Vec<usize>),
+    /// A degree per stage chosen by the planner.
     Auto,
 }
 
 fn parse_tensor_parallel_size(text: &str) -> Result<TensorParallelSize, String> {
+    let bad = || {
+        format!(
+            "`{text}`: give a number of ranks per stage, one number per stage (`2,1`), or `auto` with --stage-layers auto"
+        )
+    };
     match text.trim() {
         "auto" => Ok(TensorParallelSize::Auto),
-        n => n
-            .parse()
-            .map(TensorParallelSize::Fixed)
-            .map_err(|_| format!("`{text}`: give a number of ranks per stage, or `auto` with --stage-layers auto")),
+        n if n.contains(',') => {
+            let degrees = n.split(',').map(|d| d.trim().parse::<usize>()).collect::<Result<Vec<_>, _>>();
+            degrees.map(TensorParallelSize::PerStage).map_err(|_| bad())
+        }
+        n => n.parse().map(TensorParallelSize::Fixed).map_err(|_| bad()),
     }
 }
 
@@ -130,7 +139,7 @@ impl ParallelSpec {
     pub fn is_set(&self) -> bool {
         self.devices.is_some()
             || self.pipeline_parallel_size.is_some()
-            || self.tensor_parallel_size.is_some_and(|t| t != TensorParallelSize::Fixed(1))
+            || self.tensor_parallel_size.as_ref().is_some_and(|t| *t != TensorParallelSize::Fixed(1))
             || self.stage_layers.is_some()
             || self.micro_batches.is_some()
             || self.prefill_slices.is_some_and(|s| s != PrefillSlices::Off)
@@ -141,8 +150,9 @@ impl ParallelSpec {
     /// entries ÷ the tensor-parallel size, else 1.
     pub fn stages_hint(&self) -> usize {
         let ranges = self.stage_layers.as_deref().filter(|t| t.trim() != "auto").map(|t| t.split(',').count());
+        let per_stage = self.per_stage_degrees().map(<[usize]>::len);
         let listed = self.devices.as_ref().map(|d| d.len() / self.tensor_parallel().max(1));
-        self.pipeline_parallel_size.or(ranges).or(listed).unwrap_or(1)
+        self.pipeline_parallel_size.or(ranges).or(per_stage).or(listed).unwrap_or(1)
     }
 
     /// Whether the stages are planned from measured costs (`--stage-layers auto`).
@@ -150,10 +160,11 @@ impl ParallelSpec {
         self.stage_layers.as_deref().is_some_and(|s| s.trim() == super::auto_stages::AUTO)
     }
 
-    /// The checked split of a model of `num_layers` layers: stage layout, degree and devices
+    /// The checked split of a model of `num_layers` layers: stage layout, degrees and devices
     /// (`default` on every stage and rank when `--devices` is absent). Errors before any work:
     /// more stages than layers, a bad `--stage-layers`, a device list that does not match
-    /// stages × ranks, a device that cannot be used.
+    /// the stages' ranks, a list of degrees of another length than the stages, a device that
+    /// cannot be used.
     /// Remote entries connect now, with `token` (default: `$BURN_LLM_WORKER_TOKEN`).
     pub fn plan(
         &self,
@@ -179,11 +190,18 @@ impl ParallelSpec {
                 layout
             }
             (None, size) => {
+                let per_stage = self.per_stage_degrees().map(<[usize]>::len);
                 let listed = self.devices.as_ref().map(|d| d.len() / self.tensor_parallel().max(1));
-                StageLayout::even(num_layers, size.or(listed.filter(|&n| n > 0)).unwrap_or(1))?
+                StageLayout::even(num_layers, size.or(per_stage).or(listed.filter(|&n| n > 0)).unwrap_or(1))?
             }
         };
-        let tp = self.tensor_parallel();
+        let degrees = match self.per_stage_degrees() {
+            Some(degrees) => degrees.to_vec(),
+            None => vec![self.tensor_parallel(); layout.len()],
+        };
+        if degrees.len() != layout.len() {
+            return Err(PipelineError::DegreeCount { degrees: degrees.len(), stages: layout.len() });
+        }
         let (names, devices): (Vec<String>, Vec<Device>) = match &self.devices {
             Some(entries) => entries
                 .iter()
@@ -191,16 +209,32 @@ impl ParallelSpec {
                 .collect::<Result<Vec<_>, _>>()?
                 .into_iter()
                 .unzip(),
-            None => (0..layout.len() * tp).map(|_| (default.0.to_string(), default.1.clone())).unzip(),
+            None => {
+                let ranks: usize = degrees.iter().sum();
+                (0..ranks).map(|_| (default.0.to_string(), default.1.clone())).unzip()
+            }
         };
-        Ok(PipelinePlan::new(layout, tp, devices)?.with_names(names))
+        let plan = match self.per_stage_degrees() {
+            Some(_) => PipelinePlan::with_degrees(layout, degrees, devices)?,
+            None => PipelinePlan::new(layout, self.tensor_parallel(), devices)?,
+        };
+        Ok(plan.with_names(names))
     }
 
-    /// Tensor-parallel ranks per stage (1 when not given, or `auto`: chosen by the planner).
+    /// Tensor-parallel ranks per stage (1 when not given, per stage, or `auto`: see
+    /// [`ParallelSpec::per_stage_degrees`] and the planner).
     pub fn tensor_parallel(&self) -> usize {
         match self.tensor_parallel_size {
             Some(TensorParallelSize::Fixed(n)) => n,
             _ => 1,
+        }
+    }
+
+    /// Each stage's degree when `--tensor-parallel-size` lists one per stage.
+    pub fn per_stage_degrees(&self) -> Option<&[usize]> {
+        match &self.tensor_parallel_size {
+            Some(TensorParallelSize::PerStage(degrees)) => Some(degrees),
+            _ => None,
         }
     }
 
@@ -251,6 +285,8 @@ pub(super) fn build_parallel_engine(
     } else {
         parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?
     };
+    // Every stage's degree must split the model's heads and MLP before anything is profiled or loaded.
+    plan.check(&files.spec)?;
     let slicing = match kind {
         EngineKind::Paged => {
             let (slicing, line) = super::slicing::prefill_slicing(spec, dir, &files, &plan, log)?;

@@ -26,15 +26,14 @@ pub fn planned_slices(
     plan: &PipelinePlan,
     log: &mut dyn Write,
 ) -> Result<PlannedSlices, Box<dyn std::error::Error>> {
-    let names = plan.names();
-    let tp = plan.tensor_parallel();
     let (grid, hidden, timeout) = (slicing_grid(), files.spec.hidden_size, worker_timeout(spec));
+    let rank0 = |stage: usize| plan.stage_device_names(stage)[0].clone();
     let profile = |stage: usize, device: &burn::tensor::Device, threads: Option<usize>| {
-        let name = names[stage * tp].clone();
-        profile_stage_device(spec, dir, files, &name, device, &grid, threads, None, &mut *log).map(|p| p.profile)
+        profile_stage_device(spec, dir, files, &rank0(stage), device, &grid, threads, None, &mut *log)
+            .map(|p| p.profile)
     };
     let link = |stage: usize, from: &burn::tensor::Device, to: &burn::tensor::Device| {
-        measure(&[names[(stage - 1) * tp].clone(), names[stage * tp].clone()], from, to, hidden, timeout)
+        measure(&[rank0(stage - 1), rank0(stage)], from, to, hidden, timeout)
     };
     let costs = stage_costs::<AutoStagesError>(plan, None, hidden * 4, profile, link)?;
     Ok(PlannedSlices::new(costs)?)

@@ -39,4 +39,5 @@ mod server_models;
 mod server_placement;
 mod server_structured;
 mod spec;
+mod stage_degrees;
 mod structured;

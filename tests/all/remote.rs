@@ -410,18 +410,23 @@ fn stalled_worker_mid_generation_is_an_error() {
 }
 
 /// Pipeline and tensor parallelism over worker processes through the CLI's `--devices`: two
-/// stages on two workers, a local stage and a worker's, and two stages × two tensor-parallel
-/// ranks over three workers and local Flex, on the plain and the paged engine, give the same
-/// greedy text as one local device; the summary names the workers.
+/// stages on two workers, a local stage and a worker's, two stages × two tensor-parallel ranks
+/// over three workers and local Flex, and stages of degrees 2 and 1 mixing workers and Flex, on
+/// the plain and the paged engine, give the same greedy text as one local device; the summary
+/// names the workers.
 #[test]
 fn parallel_engines_over_workers_equal_one_device() {
     let workers = [Worker::start("flex"), Worker::start("flex"), Worker::start("flex")];
     let [a, b, c] = [&workers[0].url, &workers[1].url, &workers[2].url];
     let single = cli(&[]).unwrap();
-    let cases: [Vec<String>; 3] = [
+    let cases: [Vec<String>; 5] = [
         vec!["--devices".into(), format!("{a},{b}")],
         vec!["--devices".into(), format!("flex,{a}")],
         vec!["--devices".into(), format!("{a},{b},{c},flex"), "--tensor-parallel-size".into(), "2".into()],
+        // Stages of different degrees: two workers as one group beside local flex, and flex
+        // with a worker as one group beside another worker.
+        vec!["--devices".into(), format!("{a},{b},flex"), "--tensor-parallel-size".into(), "2,1".into()],
+        vec!["--devices".into(), format!("flex,{a},{c}"), "--tensor-parallel-size".into(), "2,1".into()],
     ];
     for engine in ["plain", "paged"] {
         for case in &cases {

@@ -80,8 +80,13 @@ impl Handover {
     }
 
     /// Milliseconds to hand `tokens` tokens over `link`.
-    fn ms(&self, link: &LinkProfile, tokens: usize) -> f64 {
+    pub(super) fn ms(&self, link: &LinkProfile, tokens: usize) -> f64 {
         link.latency_ms * self.tensors as f64 + link.ms_per_byte * self.bytes_per_token * tokens as f64
+    }
+
+    /// Hand-overs of one request of `w` over `link`: the prompt's, then one token per decode step.
+    pub(super) fn request_ms(&self, link: &LinkProfile, w: StageWorkload) -> f64 {
+        self.ms(link, w.prompt_tokens) + w.output_tokens as f64 * self.ms(link, 1)
     }
 }
 
@@ -118,8 +123,11 @@ pub struct PredictedStage {
     pub first_layer: usize,
     /// Last layer (inclusive).
     pub last_layer: usize,
-    /// The device's `--devices` entry.
+    /// The device's `--devices` entry (a tensor-parallel group's entries joined by `+`).
     pub device: String,
+    /// The stage's tensor-parallel degree (devices its layers are split over).
+    #[serde(default = "one")]
+    pub degree: usize,
     /// Prefill of the workload's prompt through this stage (hand-over included), ms.
     pub prefill_ms: f64,
     /// One decode step of one sequence through this stage (hand-over included), ms.
@@ -131,6 +139,10 @@ pub struct PredictedStage {
     /// The measured link to the next stage's device (`None` on the last).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<LinkProfile>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The plan `--stage-layers auto` made, printed before running and reported in `--json`.
@@ -147,6 +159,14 @@ pub struct StagePrediction {
 }
 
 impl StagePrediction {
+    /// The prediction of `stages`, its bottleneck the slowest stage's per-request time.
+    pub(super) fn new(stages: Vec<PredictedStage>, workload: StageWorkload) -> Self {
+        let bottleneck_stage =
+            (0..stages.len()).max_by(|&a, &b| stages[a].request_ms.total_cmp(&stages[b].request_ms)).unwrap_or(0);
+        let bottleneck_ms = stages.get(bottleneck_stage).map_or(0.0, |s| s.request_ms);
+        Self { stages, bottleneck_stage, bottleneck_ms, workload }
+    }
+
     /// The stages' layout.
     pub fn layout(&self) -> Result<StageLayout> {
         let text: Vec<String> = self.stages.iter().map(|s| format!("{}-{}", s.first_layer, s.last_layer)).collect();
@@ -157,8 +177,14 @@ impl StagePrediction {
     /// The prediction in one line, for summaries: each stage's predicted decode step and
     /// per-request time, and the bottleneck.
     pub fn one_line(&self) -> String {
-        let stages: Vec<String> =
-            self.stages.iter().map(|s| format!("{:.3}/{:.2}", s.decode_step_ms, s.request_ms)).collect();
+        let stages: Vec<String> = self
+            .stages
+            .iter()
+            .map(|s| match s.degree {
+                1 => format!("{:.3}/{:.2}", s.decode_step_ms, s.request_ms),
+                d => format!("{:.3}/{:.2} (degree {d})", s.decode_step_ms, s.request_ms),
+            })
+            .collect();
         format!(
             "auto stages, predicted decode step/request ms per stage {}, bottleneck stage {}",
             stages.join(", "),
@@ -181,8 +207,12 @@ impl StagePrediction {
                 },
                 None => String::new(),
             };
+            let degree = match s.degree {
+                1 => String::new(),
+                d => format!(" (tensor-parallel {d})"),
+            };
             lines.push(format!(
-                "  stage {i}: layers {}-{} on {}: prefill {:.2} ms, decode step {:.3} ms, request {:.2} ms, {}{link}",
+                "  stage {i}: layers {}-{} on {}{degree}: prefill {:.2} ms, decode step {:.3} ms, request {:.2} ms, {}{link}",
                 s.first_layer,
                 s.last_layer,
                 s.device,
@@ -199,23 +229,79 @@ impl StagePrediction {
 }
 
 /// Per-device costs the planner and the prediction share.
-struct DeviceCosts {
+pub(super) struct DeviceCosts {
     cost: CostModel,
 }
 
+/// One planned stage, for [`predict_stage`].
+pub(super) struct PlannedStage<'a> {
+    /// Its device (or group, with the group's profile and link).
+    pub device: &'a AutoStageDevice,
+    /// Its half-open layer range.
+    pub layers: [usize; 2],
+    /// Whether it is the first, the last stage.
+    pub first: bool,
+    pub last: bool,
+    /// Its tensor-parallel degree.
+    pub degree: usize,
+    /// The planner's per-request time and bytes for it.
+    pub request_ms: f64,
+    pub memory_bytes: u64,
+}
+
+/// What the profiles predict for `stage` under workload `w`: its layers' prefill and decode
+/// step, the embeddings on the first stage, the head and the pass's fixed cost on the last, the
+/// hand-over to the next stage on the others.
+pub(super) fn predict_stage(
+    w: StageWorkload,
+    handover: &Handover,
+    cost: &DeviceCosts,
+    stage: PlannedStage<'_>,
+) -> PredictedStage {
+    let device = stage.device;
+    let n = (stage.layers[1] - stage.layers[0]) as f64;
+    let (mut prefill, mut decode) = (n * cost.prefill_layer(w), n * cost.decode_layer(w));
+    if stage.first {
+        let embed = device.profile.embedding.ms_per_token;
+        prefill += embed * w.prompt_tokens as f64;
+        decode += embed;
+    }
+    if stage.last {
+        // The pass's fixed cost: the last stage synchronises to read the logits; the others end
+        // with the hand-over, whose measured time holds their synchronisation.
+        let head = device.profile.lm_head.ms_per_token + device.profile.call_ms;
+        prefill += head;
+        decode += head;
+    } else if let Some(link) = &device.link_to_next {
+        prefill += handover.ms(link, w.prompt_tokens);
+        decode += handover.ms(link, 1);
+    }
+    PredictedStage {
+        first_layer: stage.layers[0],
+        last_layer: stage.layers[1] - 1,
+        device: device.name.clone(),
+        degree: stage.degree,
+        prefill_ms: prefill,
+        decode_step_ms: decode,
+        request_ms: stage.request_ms,
+        memory_bytes: stage.memory_bytes,
+        link: if stage.last { None } else { device.link_to_next },
+    }
+}
+
 impl DeviceCosts {
-    fn new(device: &AutoStageDevice, index: usize) -> Result<Self> {
+    pub(super) fn new(device: &AutoStageDevice, index: usize) -> Result<Self> {
         let cost = device.profile.cost_model(&format!("devices[{index}].profile")).map_err(|e| {
             PipelineError::Device { entry: device.name.clone(), reason: format!("its profile cannot be used: {e}") }
         })?;
         Ok(Self { cost })
     }
 
-    fn prefill_layer(&self, w: StageWorkload) -> f64 {
+    pub(super) fn prefill_layer(&self, w: StageWorkload) -> f64 {
         self.cost.prefill_layer_ms(1.0, w.prompt_tokens as f64, 0.0)
     }
 
-    fn decode_layer(&self, w: StageWorkload) -> f64 {
+    pub(super) fn decode_layer(&self, w: StageWorkload) -> f64 {
         self.cost.decode_layer_ms(1.0, w.prompt_tokens as f64 + w.output_tokens as f64 / 2.0)
     }
 }
@@ -273,46 +359,25 @@ impl AutoStages {
         let memory = out.stage_memory_bytes.clone().unwrap_or_default();
         let mut predicted = Vec::with_capacity(out.stages.len());
         for (s, range) in out.stages.iter().enumerate() {
-            let (device, cost) = (&self.devices[s], &costs[s]);
-            let n = (range[1] - range[0]) as f64;
-            let (mut prefill, mut decode) = (n * cost.prefill_layer(w), n * cost.decode_layer(w));
-            if s == 0 {
-                let embed = device.profile.embedding.ms_per_token;
-                prefill += embed * w.prompt_tokens as f64;
-                decode += embed;
-            }
-            if s == last {
-                // The pass's fixed cost: the last stage synchronises to read the logits; the
-                // others end with the hand-over, whose measured time holds their synchronisation.
-                let head = device.profile.lm_head.ms_per_token + device.profile.call_ms;
-                prefill += head;
-                decode += head;
-            }
-            if let Some(link) = &device.link_to_next {
-                prefill += self.handover.ms(link, w.prompt_tokens);
-                decode += self.handover.ms(link, 1);
-            }
-            predicted.push(PredictedStage {
-                first_layer: range[0],
-                last_layer: range[1] - 1,
-                device: device.name.clone(),
-                prefill_ms: prefill,
-                decode_step_ms: decode,
+            let stage = PlannedStage {
+                device: &self.devices[s],
+                layers: *range,
+                first: s == 0,
+                last: s == last,
+                degree: 1,
                 request_ms: out.stage_latency_ms[s],
                 memory_bytes: memory.get(s).copied().unwrap_or(0),
-                link: device.link_to_next,
-            });
+            };
+            predicted.push(predict_stage(w, &self.handover, &costs[s], stage));
         }
-        let bottleneck_stage = (0..predicted.len())
-            .max_by(|&a, &b| predicted[a].request_ms.total_cmp(&predicted[b].request_ms))
-            .unwrap_or(0);
-        Ok(StagePrediction { stages: predicted, bottleneck_stage, bottleneck_ms: out.bottleneck_ms, workload: w })
+        let mut prediction = StagePrediction::new(predicted, w);
+        prediction.bottleneck_ms = out.bottleneck_ms;
+        Ok(prediction)
     }
 
     /// Hand-overs of one request over `link`: the prompt's, then one token per decode step.
     fn link_ms(&self, link: &LinkProfile) -> f64 {
-        let w = self.workload;
-        self.handover.ms(link, w.prompt_tokens) + w.output_tokens as f64 * self.handover.ms(link, 1)
+        self.handover.request_ms(link, self.workload)
     }
 
     fn costs(&self) -> Result<Vec<DeviceCosts>> {

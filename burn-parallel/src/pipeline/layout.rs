@@ -53,6 +53,30 @@ pub enum PipelineError {
         /// `stages × tp`.
         needed: usize,
     },
+    /// A list of per-stage tensor-parallel degrees that does not match the stages.
+    #[error(
+        "{degrees} tensor-parallel degrees given for {stages} pipeline stages: give one degree per stage \
+         (--tensor-parallel-size 2,1 runs stage 0 on two devices and stage 1 on one)"
+    )]
+    DegreeCount {
+        /// Degrees listed.
+        degrees: usize,
+        /// Pipeline stages.
+        stages: usize,
+    },
+    /// The device list does not match the per-stage degrees.
+    #[error(
+        "{given} devices given for stages of tensor-parallel degrees {degrees}: list exactly {needed} \
+         (each stage takes the next `degree` entries of --devices, in stage order)"
+    )]
+    GroupDeviceCount {
+        /// Devices listed.
+        given: usize,
+        /// The degrees, comma-separated.
+        degrees: String,
+        /// Their sum.
+        needed: usize,
+    },
     /// A layer cannot be split over the tensor-parallel ranks.
     #[error(transparent)]
     TensorParallel(#[from] crate::tensor::TensorParallelError),
@@ -67,6 +91,9 @@ pub enum PipelineError {
     /// The stage planner found no split (`--stage-layers auto`).
     #[error(transparent)]
     Stages(#[from] crate::plan::stages::StagesError),
+    /// The stage-and-degree planner found no split (`--tensor-parallel-size auto`).
+    #[error(transparent)]
+    Groups(#[from] crate::plan::stage_groups::GroupStagesError),
     /// Loading or moving the model failed.
     #[cfg(feature = "runtime")]
     #[error(transparent)]
@@ -200,6 +227,23 @@ pub fn check_device_count(given: usize, stages: usize, tp: usize) -> Result<()> 
     Ok(())
 }
 
+/// Checks that `given` devices serve stages of `degrees` ranks (one degree ≥ 1 per stage), one
+/// device per (stage, rank).
+pub fn check_group_devices(given: usize, stages: usize, degrees: &[usize]) -> Result<()> {
+    if degrees.len() != stages {
+        return Err(PipelineError::DegreeCount { degrees: degrees.len(), stages });
+    }
+    if degrees.contains(&0) {
+        return Err(PipelineError::Zero("every stage's tensor-parallel size"));
+    }
+    let needed = degrees.iter().sum();
+    if given != needed {
+        let degrees = degrees.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        return Err(PipelineError::GroupDeviceCount { given, degrees, needed });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +273,9 @@ mod tests {
         assert!(message(StageLayout::parse("0,1,2", 2)).contains("3 pipeline stages"));
         assert!(check_device_count(3, 2, 2).unwrap_err().to_string().contains("list exactly 4"));
         assert!(check_device_count(2, 2, 1).is_ok());
+        assert!(check_group_devices(3, 2, &[2, 1]).is_ok());
+        assert!(check_group_devices(4, 2, &[2, 1]).unwrap_err().to_string().contains("list exactly 3"));
+        assert!(check_group_devices(3, 3, &[2, 1]).unwrap_err().to_string().contains("2 tensor-parallel degrees"));
+        assert!(check_group_devices(2, 2, &[2, 0]).unwrap_err().to_string().contains("at least 1"));
     }
 }

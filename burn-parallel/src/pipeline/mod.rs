@@ -3,6 +3,9 @@
 //!
 //! - [`auto`]: `--stage-layers auto`, stages planned from each device's measured profile and
 //!   link (Alpa's inter-operator pass) and the prediction printed before running.
+//! - [`auto_groups`]: the same with a tensor-parallel degree per stage (`--tensor-parallel-size
+//!   auto`): each stage on a group of consecutive devices, planned by [`crate::plan::stage_groups`].
+//! - [`kv_map`] (feature `runtime`): the KV cache's layout when stages have different degrees.
 //! - [`plan`] (feature `runtime`): [`PipelinePlan`], the checked split over devices.
 //! - [`layout`]: which layers each stage runs (`--stage-layers 0-11,12-23`, inclusive, or an even
 //!   split) and the device-count check, pure and run before anything loads.
@@ -27,6 +30,9 @@
 //! devices.
 
 pub mod auto;
+pub mod auto_groups;
+#[cfg(feature = "runtime")]
+pub mod kv_map;
 pub mod layout;
 #[cfg(feature = "runtime")]
 pub mod model;
@@ -37,7 +43,10 @@ pub mod slicing;
 pub mod threaded;
 
 pub use auto::{AutoStageDevice, AutoStages, Handover, LinkProfile, PredictedStage, StagePrediction, StageWorkload};
-pub use layout::{PipelineError, StageLayout, check_device_count};
+pub use auto_groups::{AutoGroup, AutoGroups};
+#[cfg(feature = "runtime")]
+pub use kv_map::KvMap;
+pub use layout::{PipelineError, StageLayout, check_device_count, check_group_devices};
 #[cfg(feature = "runtime")]
 pub use model::{LayerWeights, PipelineLm, Stage, build_block};
 #[cfg(feature = "runtime")]

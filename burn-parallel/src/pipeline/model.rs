@@ -3,7 +3,9 @@
 //!
 //! The embeddings sit with the first stage, the final norm and LM head with the last; between
 //! stages the residual stream (and the step's rotary angles) move with `Tensor::to_device`, and
-//! each stage's KV cache layers live on its own device ([`LanguageModel::kv_devices`]).
+//! each stage's KV cache layers live on its own device ([`LanguageModel::kv_devices`]). Stages may
+//! have different tensor-parallel degrees; the cache's layers are then laid out by
+//! [`KvMap`](super::kv_map::KvMap).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,11 +19,12 @@ use burn_llm_models::model::{DecoderLayer, Hidden};
 use burn_llm_models::weights::TensorSource;
 use burn_llm_models::{CausalLm, DecoderSpec, KvCache, LanguageModel, MicroBatchCache, QuantSpec, StepInput};
 
+use super::kv_map::{KvMap, StageKv};
 use super::layout::{PipelineError, Result};
 use super::plan::PipelinePlan;
 use super::threaded::StagePools;
 use crate::block::LayerBlock;
-use crate::tensor::{TensorParallelLayer, rank_kv_layout};
+use crate::tensor::TensorParallelLayer;
 
 /// Where a block's weights come from.
 #[allow(clippy::large_enum_variant)] // one per layer, consumed at once
@@ -82,6 +85,7 @@ pub struct Stage {
     layers: Range<usize>,
     blocks: Vec<Box<dyn LayerBlock>>,
     device: Device,
+    degree: usize,
     name: String,
 }
 
@@ -89,6 +93,16 @@ impl Stage {
     /// The decoder layers it runs (half-open).
     pub fn layers(&self) -> Range<usize> {
         self.layers.clone()
+    }
+
+    /// Its tensor-parallel degree (devices per layer).
+    pub fn degree(&self) -> usize {
+        self.degree
+    }
+
+    /// Its devices' names, `+`-joined, rank 0 first.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The device its input and output live on.
@@ -99,7 +113,11 @@ impl Stage {
 
 impl std::fmt::Debug for Stage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stage").field("layers", &self.layers).field("device", &self.name).finish()
+        f.debug_struct("Stage")
+            .field("layers", &self.layers)
+            .field("devices", &self.name)
+            .field("degree", &self.degree)
+            .finish()
     }
 }
 
@@ -111,7 +129,8 @@ pub struct PipelineLm {
     /// it), on the last stage's device.
     head: CausalLm,
     stages: Vec<Stage>,
-    tensor_parallel: usize,
+    /// Where each rank's keys and values live in the cache.
+    kv_map: KvMap,
     weight_bytes: usize,
     /// Bytes handed from stage to stage so far.
     moved: AtomicU64,
@@ -125,11 +144,7 @@ pub struct PipelineLm {
 
 impl std::fmt::Debug for PipelineLm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PipelineLm")
-            .field("arch", &self.embed.spec.arch)
-            .field("stages", &self.stages)
-            .field("tensor_parallel", &self.tensor_parallel)
-            .finish()
+        f.debug_struct("PipelineLm").field("arch", &self.embed.spec.arch).field("stages", &self.stages).finish()
     }
 }
 
@@ -189,15 +204,22 @@ impl PipelineLm {
             let devices = plan.stage_devices(s);
             let blocks = range.clone().map(|layer| make(layer, devices)).collect::<Result<Vec<_>>>()?;
             weight_bytes += blocks.iter().map(|b| b.weight_bytes()).sum::<usize>();
-            stages.push(Stage { layers: range.clone(), blocks, device: devices[0].clone(), name: plan.stage_names(s) });
+            stages.push(Stage {
+                layers: range.clone(),
+                blocks,
+                device: devices[0].clone(),
+                degree: devices.len(),
+                name: plan.stage_names(s),
+            });
         }
+        let kv_map = plan.kv_map(embed.spec.num_kv_heads);
         let predicted = plan.prediction().map(|p| p.one_line());
         let plan_json = plan.to_json();
         Ok(Self {
             embed,
             head,
             stages,
-            tensor_parallel: plan.tensor_parallel,
+            kv_map,
             weight_bytes,
             moved: AtomicU64::new(0),
             pools: StagePools::default(),
@@ -211,9 +233,14 @@ impl PipelineLm {
         &self.stages
     }
 
-    /// Tensor-parallel ranks per stage.
-    pub fn tensor_parallel(&self) -> usize {
-        self.tensor_parallel
+    /// Each stage's tensor-parallel degree.
+    pub fn degrees(&self) -> Vec<usize> {
+        self.stages.iter().map(|s| s.degree).collect()
+    }
+
+    /// Where each rank's keys and values live in the cache.
+    pub fn kv_map(&self) -> &KvMap {
+        &self.kv_map
     }
 
     pub(super) fn pools(&self) -> &StagePools {
@@ -273,12 +300,17 @@ impl LanguageModel for PipelineLm {
     }
 
     fn kv_layout(&self) -> KvLayout {
-        rank_kv_layout(KvLayout::of(&self.embed.spec), self.tensor_parallel)
+        self.kv_map.layout(KvLayout::of(&self.embed.spec))
     }
 
     fn kv_devices(&self) -> LayerDevices {
-        let devices: Vec<Device> =
-            self.stages.iter().flat_map(|s| s.blocks.iter().flat_map(|b| b.kv_devices())).collect();
+        let mut devices: Vec<Device> = Vec::with_capacity(self.kv_map.num_cache_layers());
+        for stage in &self.stages {
+            for (block, layer) in stage.blocks.iter().zip(stage.layers.clone()) {
+                let chunks = self.kv_map.chunks(layer);
+                devices.extend(block.kv_devices().into_iter().flat_map(|d| std::iter::repeat_n(d, chunks)));
+            }
+        }
         LayerDevices::new(&devices)
     }
 
@@ -302,8 +334,9 @@ impl LanguageModel for PipelineLm {
         let stage_ref = &self.stages[stage];
         let hidden = if stage == 0 { hidden } else { self.hand_over(hidden, &stage_ref.device) };
         let Hidden { mut states, rotary } = hidden;
+        let mut cache = StageKv { inner: cache, map: &self.kv_map, degree: stage_ref.degree };
         for (block, layer) in stage_ref.blocks.iter().zip(stage_ref.layers.clone()) {
-            states = block.forward(states, layer, rotary.as_ref(), cache)?;
+            states = block.forward(states, layer, rotary.as_ref(), &mut cache)?;
         }
         Ok(Hidden { states, rotary })
     }
@@ -339,10 +372,15 @@ impl LanguageModel for PipelineLm {
             .map(|(i, s)| format!("stage {i}: layers {}-{} on {}", s.layers.start, s.layers.end - 1, s.name))
             .collect();
         let reduce = self.stages.iter().flat_map(|s| &s.blocks).find_map(|b| b.reduce_path());
-        let tp = if self.tensor_parallel > 1 {
-            format!(" × tensor-parallel {} (reduced by {})", self.tensor_parallel, reduce.unwrap_or("to_device"))
-        } else {
-            String::new()
+        let reduced = format!("(reduced by {})", reduce.unwrap_or("to_device"));
+        let degrees = self.degrees();
+        let tp = match degrees.iter().all(|&d| d == degrees[0]) {
+            true if degrees[0] > 1 => format!(" × tensor-parallel {} {reduced}", degrees[0]),
+            true => String::new(),
+            false => {
+                let list: Vec<String> = degrees.iter().map(usize::to_string).collect();
+                format!(", tensor-parallel degrees {} per stage {reduced}", list.join(","))
+            }
         };
         let predicted = self.predicted.as_ref().map(|p| format!("; {p}")).unwrap_or_default();
         Some(format!("{} pipeline stages{tp} ({}{predicted})", self.stages.len(), stages.join(", ")))

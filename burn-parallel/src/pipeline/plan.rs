@@ -1,30 +1,44 @@
-//! [`PipelinePlan`]: how a model is split over devices (stages, tensor-parallel ranks, devices),
-//! checked before anything loads, with the prediction of `--stage-layers auto` when the planner
-//! made it.
+//! [`PipelinePlan`]: how a model is split over devices (stages, each stage's tensor-parallel
+//! degree, devices), checked before anything loads, with the prediction of `--stage-layers auto`
+//! when the planner made it.
 
 use burn::tensor::Device;
 use burn_llm_models::DecoderSpec;
 
 use super::auto::{AutoStages, StagePrediction};
-use super::layout::{PipelineError, Result, StageLayout, check_device_count};
+use super::auto_groups::AutoGroups;
+use super::kv_map::KvMap;
+use super::layout::{PipelineError, Result, StageLayout, check_device_count, check_group_devices};
+use crate::tensor::ShardPlan;
 
-/// How a model is split: the stages' layers, the tensor-parallel degree inside each stage, and
-/// the devices, `devices[s * tensor_parallel + r]` for stage `s`, rank `r`.
+/// How a model is split: the stages' layers, each stage's tensor-parallel degree, and the
+/// devices in stage order, stage `s` rank `r` on `devices[offset(s) + r]` where `offset(s)` is the
+/// sum of the degrees before `s` (`s · tp + r` when every stage has degree `tp`).
 #[derive(Debug, Clone)]
 pub struct PipelinePlan {
     pub(super) layout: StageLayout,
-    pub(super) tensor_parallel: usize,
+    degrees: Vec<usize>,
     devices: Vec<Device>,
     names: Vec<String>,
     prediction: Option<StagePrediction>,
 }
 
 impl PipelinePlan {
-    /// Checks that `devices` has one entry per (stage, rank) and that `tensor_parallel` ≥ 1.
+    /// Every stage at degree `tensor_parallel`: checks that `devices` has one entry per (stage,
+    /// rank) and that `tensor_parallel` ≥ 1.
     pub fn new(layout: StageLayout, tensor_parallel: usize, devices: Vec<Device>) -> Result<Self> {
         check_device_count(devices.len(), layout.len(), tensor_parallel)?;
+        let degrees = vec![tensor_parallel; layout.len()];
+        Self::with_degrees(layout, degrees, devices)
+    }
+
+    /// Stage `s` at degree `degrees[s]` (Alpa's per-stage intra-operator choice), on the next
+    /// `degrees[s]` entries of `devices`: checks one degree ≥ 1 per stage and one device per
+    /// (stage, rank).
+    pub fn with_degrees(layout: StageLayout, degrees: Vec<usize>, devices: Vec<Device>) -> Result<Self> {
+        check_group_devices(devices.len(), layout.len(), &degrees)?;
         let names = devices.iter().map(|d| format!("{d:?}")).collect();
-        Ok(Self { layout, tensor_parallel, devices, names, prediction: None })
+        Ok(Self { layout, degrees, devices, names, prediction: None })
     }
 
     /// Stages planned from measured costs (`--stage-layers auto`, Alpa's inter-operator pass):
@@ -35,6 +49,18 @@ impl PipelinePlan {
     pub fn auto(auto: &AutoStages, tensor_parallel: usize, devices: Vec<Device>, names: Vec<String>) -> Result<Self> {
         let prediction = auto.plan()?;
         let plan = Self::new(prediction.layout()?, tensor_parallel, devices)?.with_names(names);
+        Ok(plan.with_prediction(prediction))
+    }
+
+    /// Stages and each stage's tensor-parallel degree planned together from measured costs
+    /// (`--stage-layers auto --tensor-parallel-size auto`: Alpa's inter-operator DP over layer
+    /// ranges and groups of consecutive devices, [`crate::plan::stage_groups`]), on `devices`
+    /// (one per entry of `auto.devices`), named `names`. Errors before anything loads when no
+    /// choice of groups fits the devices' caps.
+    pub fn auto_groups(auto: &AutoGroups, devices: Vec<Device>, names: Vec<String>) -> Result<Self> {
+        let prediction = auto.plan()?;
+        let degrees = prediction.stages.iter().map(|s| s.degree).collect();
+        let plan = Self::with_degrees(prediction.layout()?, degrees, devices)?.with_names(names);
         Ok(plan.with_prediction(prediction))
     }
 
@@ -62,15 +88,44 @@ impl PipelinePlan {
         &self.layout
     }
 
-    /// Tensor-parallel ranks per stage.
-    pub fn tensor_parallel(&self) -> usize {
-        self.tensor_parallel
+    /// Each stage's tensor-parallel degree.
+    pub fn degrees(&self) -> &[usize] {
+        &self.degrees
+    }
+
+    /// The degree of every stage when they all have the same one (`None` when they differ).
+    pub fn tensor_parallel(&self) -> Option<usize> {
+        let first = *self.degrees.first()?;
+        self.degrees.iter().all(|&d| d == first).then_some(first)
+    }
+
+    /// The entries of `devices` stage `stage` runs on.
+    fn stage_range(&self, stage: usize) -> std::ops::Range<usize> {
+        let start: usize = self.degrees[..stage].iter().sum();
+        start..start + self.degrees[stage]
     }
 
     /// The devices of stage `stage`, one per rank.
     pub fn stage_devices(&self, stage: usize) -> &[Device] {
-        let tp = self.tensor_parallel;
-        &self.devices[stage * tp..(stage + 1) * tp]
+        &self.devices[self.stage_range(stage)]
+    }
+
+    /// The names of stage `stage`'s devices, one per rank.
+    pub fn stage_device_names(&self, stage: usize) -> &[String] {
+        &self.names[self.stage_range(stage)]
+    }
+
+    /// Where the cache keeps each rank's keys and values ([`KvMap`]) for a model of `kv_heads`
+    /// key/value heads.
+    pub fn kv_map(&self, kv_heads: usize) -> KvMap {
+        let per_layer: Vec<usize> = self
+            .layout
+            .stages()
+            .iter()
+            .zip(&self.degrees)
+            .flat_map(|(r, &d)| std::iter::repeat_n(d, r.len()))
+            .collect();
+        KvMap::new(kv_heads, &per_layer)
     }
 
     /// The devices' names, in `--devices` order.
@@ -78,12 +133,12 @@ impl PipelinePlan {
         &self.names
     }
 
-    /// The plan for `--json`: `{"stages": [{"first_layer", "last_layer", "devices": [names]}],
-    /// "tensor_parallel", "predicted"}`, where `predicted` (present when the planner made the
-    /// stages) is the [`StagePrediction`]: each stage's predicted prefill, decode step and
-    /// per-request time, its bytes and link, and the bottleneck stage.
+    /// The plan for `--json`: `{"stages": [{"first_layer", "last_layer", "devices": [names],
+    /// "degree"}], "tensor_parallel", "predicted"}`, where `tensor_parallel` is every stage's
+    /// degree when they agree (`null` when they differ), and `predicted` (present when the
+    /// planner made the stages) is the [`StagePrediction`]: each stage's predicted prefill,
+    /// decode step and per-request time, its bytes and link, and the bottleneck stage.
     pub fn to_json(&self) -> serde_json::Value {
-        let tp = self.tensor_parallel;
         let stages: Vec<serde_json::Value> = self
             .layout
             .stages()
@@ -93,11 +148,12 @@ impl PipelinePlan {
                 serde_json::json!({
                     "first_layer": range.start,
                     "last_layer": range.end - 1,
-                    "devices": &self.names[s * tp..(s + 1) * tp],
+                    "devices": self.stage_device_names(s),
+                    "degree": self.degrees[s],
                 })
             })
             .collect();
-        let mut plan = serde_json::json!({ "stages": stages, "tensor_parallel": tp });
+        let mut plan = serde_json::json!({ "stages": stages, "tensor_parallel": self.tensor_parallel() });
         if let Some(prediction) = &self.prediction {
             plan["predicted"] = serde_json::to_value(prediction).unwrap_or(serde_json::Value::Null);
         }
@@ -105,17 +161,20 @@ impl PipelinePlan {
     }
 
     pub(super) fn stage_names(&self, stage: usize) -> String {
-        let tp = self.tensor_parallel;
-        self.names[stage * tp..(stage + 1) * tp].join("+")
+        self.stage_device_names(stage).join("+")
     }
 
-    /// Checks the plan against a model of `spec`'s depth.
-    pub(super) fn check(&self, spec: &DecoderSpec) -> Result<()> {
+    /// Checks the plan against a model of `spec`'s depth and heads: every stage's degree must
+    /// split its layers (before any weight loads).
+    pub fn check(&self, spec: &DecoderSpec) -> Result<()> {
         if self.layout.num_layers() != spec.num_layers {
             return Err(PipelineError::BadStageLayers {
                 text: self.layout.to_string(),
                 reason: format!("the model has {} layers", spec.num_layers),
             });
+        }
+        for &degree in self.degrees.iter().filter(|&&d| d > 1) {
+            ShardPlan::for_spec(spec, degree)?;
         }
         Ok(())
     }

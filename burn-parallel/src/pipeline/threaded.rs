@@ -106,9 +106,7 @@ impl PipelineLm {
         if self.stages().len() < 2 || steps.len() < 2 {
             return forward_micro_batches_in_turn(self, steps, cache);
         }
-        let tp = self.tensor_parallel();
-        let ranges: Vec<Range<usize>> =
-            self.stages().iter().map(|s| s.layers().start * tp..s.layers().end * tp).collect();
+        let ranges: Vec<Range<usize>> = self.stages().iter().map(|s| self.kv_map().cache_layers(s.layers())).collect();
         let pools = self.pools().get(self)?;
         let Some(views) = cache.split_layers(&ranges) else {
             return forward_micro_batches_in_turn(self, steps, cache);

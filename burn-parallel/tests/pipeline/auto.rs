@@ -8,10 +8,13 @@ use std::path::PathBuf;
 
 use burn::tensor::Device;
 use burn_llm_models::{CausalLm, LanguageModel, RandomWeights};
-use burn_parallel::pipeline::{AutoStageDevice, AutoStages, Handover, PipelineLm, PipelinePlan, StageWorkload};
+use burn_parallel::pipeline::{
+    AutoGroup, AutoGroups, AutoStageDevice, AutoStages, Handover, PipelineLm, PipelinePlan, StageWorkload,
+};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::profiler::{
-    DeviceProfile, ProfileGrid, ProfileIdentity, ProfileSource, ProfileWeights, device_profile, measure_link,
+    DeviceProfile, ProfileGrid, ProfileIdentity, ProfileSource, ProfileWeights, TensorParallelTimes, device_profile,
+    group_profile, measure_link,
 };
 
 use super::{assert_same, deeper, greedy};
@@ -154,5 +157,70 @@ fn auto_stages_refuse_caps_that_cannot_hold_a_layer_or_the_model() {
     // A cap that forces the split: the fast device holds only its embeddings and one layer.
     let plan = auto(&auto_stages(&profile, 1.0, [embed + layer, u64::MAX], "llama")).unwrap();
     assert_eq!(plan.layout().stages()[0].len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--tensor-parallel-size auto` in the library: three devices and the group of the first two
+/// as candidates; the group's layer (timed on it, here its measurement scaled) is ten times faster
+/// than one device's, so the planner puts a degree-2 stage on the group beside a degree-1 stage
+/// on the third device, and the pipeline built on the plan runs exactly that (stages, degrees,
+/// devices) with the outputs of one device. Caps too small for that group's share are refused.
+#[test]
+fn planned_degrees_per_stage_run_as_planned() {
+    let dir = cache_dir("auto-groups");
+    for name in ["llama", "gpt2"] {
+        let profile = measure(name, &identity(name, "f32"), &dir).profile;
+        let spec = deeper(name);
+        let link = measure_link(&Device::flex(), &Device::flex(), spec.hidden_size, 8, 2).unwrap();
+        let device = |name: &str, link_to_next| AutoStageDevice {
+            name: name.into(),
+            profile: profile.clone(),
+            memory_bytes: u64::MAX,
+            link_to_next,
+        };
+        let workload = StageWorkload { prompt_tokens: 8, output_tokens: 8 };
+        let fast = TensorParallelTimes {
+            prefill_ms: 0.1 * profile.prefill.base_ms[0][profile.prefill.base_ms[0].len() - 1],
+            decode_ms: 0.1 * profile.decode.ms[0][0],
+        };
+        let auto = AutoGroups {
+            devices: vec![device("a", Some(link)), device("b", Some(link)), device("c", None)],
+            groups: vec![AutoGroup {
+                first_device: 0,
+                degree: 2,
+                profile: group_profile(&profile, 2, workload.prompt_tokens, fast),
+                link_to_next: Some(link),
+            }],
+            workload,
+            kv_tokens: 32,
+            handover: Handover::of(&spec),
+        };
+        let devices = vec![Device::flex(); 3];
+        let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let plan = PipelinePlan::auto_groups(&auto, devices, names).unwrap();
+        assert_eq!(plan.degrees(), &[2, 1], "{name}: {:?}", plan.prediction());
+        assert_eq!(plan.stage_device_names(0), &["a".to_string(), "b".to_string()]);
+        let prediction = plan.prediction().unwrap();
+        assert_eq!(prediction.stages.iter().map(|s| s.degree).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(prediction.stages[0].device, "a+b");
+        assert!(prediction.summary().contains("on a+b (tensor-parallel 2)"), "{}", prediction.summary());
+        let stages = plan.layout().stages().to_vec();
+
+        let expected = greedy(&CausalLm::random(spec.clone(), &Device::flex()).unwrap());
+        let pipeline = PipelineLm::from_checkpoint(spec.clone(), &RandomWeights::default(), &plan, None).unwrap();
+        assert_eq!(pipeline.degrees(), [2, 1], "{name}");
+        let ran: Vec<_> = pipeline.stages().iter().map(|s| (s.layers(), s.degree(), s.name().to_string())).collect();
+        assert_eq!(ran, [(stages[0].clone(), 2, "a+b".to_string()), (stages[1].clone(), 1, "c".to_string())]);
+        assert_same(&format!("{name} on planned degrees {stages:?}"), &expected, &greedy(&pipeline));
+
+        // Each device of the group holds half a layer's bytes: a cap below that share is refused.
+        let layer = profile.weight_bytes_per_layer + 32 * profile.kv_bytes_per_token_per_layer;
+        let mut tight = auto.clone();
+        tight.devices.iter_mut().for_each(|d| d.memory_bytes = layer / 4);
+        let err = PipelinePlan::auto_groups(&tight, vec![Device::flex(); 3], vec!["a".into(), "b".into(), "c".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--device-memory"), "{err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

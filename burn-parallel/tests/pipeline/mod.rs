@@ -144,6 +144,36 @@ fn three_stages_equal_one_device_dense_and_quantized() {
     }
 }
 
+/// Stages of different tensor-parallel degrees (2 beside 1, and 1, 2, 1 over four devices;
+/// uneven layer splits) equal one device, from the checkpoint and from a loaded model, on flex
+/// devices and on flex + wgpu: the cache holds each rank's heads in units of the heads every
+/// rank's share divides into ([`burn_parallel::pipeline::KvMap`]).
+#[test]
+fn stages_of_different_degrees_equal_one_device() {
+    let source = RandomWeights::default();
+    for name in ARCHES {
+        let spec = deeper(name);
+        let expected = greedy(&CausalLm::random(spec.clone(), &Device::flex()).unwrap());
+        for (label, devices) in device_sets(4) {
+            for (layout, degrees) in [("0-2,3", vec![2, 1]), ("0,1-3", vec![1, 2]), ("0,1-2,3", vec![1, 2, 1])] {
+                let what = format!("{name}, layers {layout} at degrees {degrees:?} on {label}");
+                let ranks: usize = degrees.iter().sum();
+                let layout = StageLayout::parse(layout, 4).unwrap();
+                let plan = PipelinePlan::with_degrees(layout, degrees.clone(), devices[..ranks].to_vec()).unwrap();
+                assert_eq!(plan.tensor_parallel(), None, "{what}");
+                let pipeline = PipelineLm::from_checkpoint(spec.clone(), &source, &plan, None).unwrap();
+                assert_eq!(pipeline.degrees(), degrees, "{what}");
+                let kv = pipeline.kv_layout();
+                assert_eq!(pipeline.kv_devices().len(), kv.num_layers, "{what}");
+                assert_same(&format!("{what}, from the checkpoint"), &expected, &greedy(&pipeline));
+                let loaded = CausalLm::random(spec.clone(), &Device::flex()).unwrap();
+                let split = PipelineLm::from_model(loaded, &plan).unwrap();
+                assert_same(&format!("{what}, from a loaded model"), &expected, &greedy(&split));
+            }
+        }
+    }
+}
+
 /// The bytes handed between stages are the residual stream (and rotary angles) of every token
 /// crossing every boundary: `(stages − 1) × tokens × hidden × 4` for OPT.
 #[test]
@@ -175,6 +205,16 @@ fn bad_plans_are_errors() {
     assert!(message.contains("degree 3 does not divide"), "{message}");
     let few = PipelinePlan::new(StageLayout::even(2, 2).unwrap(), 2, vec![Device::flex(); 3]).unwrap_err();
     assert!(few.to_string().contains("3 devices given for 2 pipeline stages × 2"), "{few}");
+    // Per-stage degrees: one per stage, one device per rank, each dividing the heads, checked
+    // before any weight is read.
+    let two = || StageLayout::even(2, 2).unwrap();
+    let short = PipelinePlan::with_degrees(two(), vec![2], vec![Device::flex(); 2]).unwrap_err();
+    assert!(short.to_string().contains("1 tensor-parallel degrees given for 2 pipeline stages"), "{short}");
+    let few = PipelinePlan::with_degrees(two(), vec![2, 1], vec![Device::flex(); 2]).unwrap_err();
+    assert!(few.to_string().contains("list exactly 3"), "{few}");
+    let three = PipelinePlan::with_degrees(two(), vec![1, 3], vec![Device::flex(); 4]).unwrap();
+    assert!(three.check(&spec).unwrap_err().to_string().contains("degree 3 does not divide"));
+    assert!(err(PipelineLm::from_checkpoint(spec.clone(), &source, &three, None)).contains("degree 3 does not divide"));
     assert!(StageLayout::even(2, 3).unwrap_err().to_string().contains("3 pipeline stages for a model of 2 layers"));
     // A checkpoint missing a layer's tensor is an error naming it, not a panic.
     struct Missing;
