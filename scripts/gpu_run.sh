@@ -2,7 +2,7 @@
 # burn-llm's GPU test suite and GPU benchmarks, run from the bundle `cargo xtask gpu-bundle` makes
 # (this file is the bundle's run.sh; its source is scripts/gpu_run.sh).
 #
-#   run.sh [--device vulkan|wgpu] [--quick | --speed] [--phases tests,generate,paged,matvec,dispatches,serve,offload]
+#   run.sh [--device vulkan|wgpu] [--quick | --speed] [--phases tests,generate,paged,attention,matvec,dispatches,serve,offload]
 #          [--models synthetic:opt-125m,...] [--batch-sizes 1,8,32,128] [--dtype f16|bf16|f32]
 #          [--deadline SECONDS] [--out DIR] [--work DIR] [--python PYTHON]
 #
@@ -14,7 +14,7 @@
 # device tool's 10 minutes; none with --quick) are cut short or skipped. --quick: tiny benchmark
 # shapes (a check on a software Vulkan driver such as lavapipe); the test suite is the same.
 # --speed: the GPU-speed set in one command of at most 9 minutes: kernel benches (matvec,
-# dispatches, paged), LLaMA-7B-shaped generate vs HF at batch 1, 8, 32, serve with OPT-1.3B's
+# dispatches, paged, attention), LLaMA-7B-shaped generate vs HF at batch 1, 8, 32, serve with OPT-1.3B's
 # shape and FlexGen's OPT-30B offloading setting, each step capped so the whole fits.
 set -uo pipefail
 
@@ -68,6 +68,7 @@ if [ "$QUICK" = 1 ]; then
   OFFLOAD_ARGS=(--prompt-len 8 --gen-len 3)
   PAGED_ARGS=(--seqs 2 --context 64 --heads 4 --kv-heads 4,2 --head-dim 32 --iters 2)
   MATVEC_ARGS=(--shapes 256x512,96x200 --rows 1,5 --iters 2)
+  ATTENTION_ARGS=(--prompts 40 --heads 4 --kv-heads 4,2 --head-dim 32 --iters 2)
 else
   T_TESTS=420; T_BENCH=540; DEADLINE="${DEADLINE:-560}"
   MODELS="${MODELS:-synthetic:opt-125m,synthetic:opt-1.3b,synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32,128}"
@@ -76,21 +77,22 @@ else
   OFFLOAD_ARGS=()
   PAGED_ARGS=()
   MATVEC_ARGS=()
+  ATTENTION_ARGS=()
 fi
 if [ "$SPEED" = 1 ] && [ "$QUICK" = 0 ]; then
-  PHASES="${PHASES:-matvec,dispatches,paged,generate,serve,offload}"
+  PHASES="${PHASES:-matvec,dispatches,paged,attention,generate,serve,offload}"
   MODELS="${MODELS:-synthetic:llama-7b}"; BATCHES="${BATCHES:-1,8,32}"; NEW=16; DEADLINE=540
   SERVE_ARGS=(--model synthetic:opt-1.3b --requests 64 --max-model-len 1024 --kv-tokens 32768)
   # The PagedAttention target: at >= 32 sequences, with and without grouped-query
   # attention (32 query heads over 32 and 8 KV heads); 64 x 2048 is the 1 GiB f16 case.
   PAGED_ARGS=(--seqs 32,64 --context 2048 --kv-heads 32,8 --iters 10)
   # Per-step caps (seconds), about 520 in all.
-  T_MATVEC=45; T_DISPATCHES=30; T_PAGED=45; T_GENERATE=110; T_HF=110; T_SERVE=80; T_OFFLOAD=150
+  T_MATVEC=45; T_DISPATCHES=30; T_PAGED=45; T_ATTENTION=30; T_GENERATE=110; T_HF=110; T_SERVE=80; T_OFFLOAD=120
 fi
-PHASES="${PHASES:-tests,generate,paged,matvec,dispatches,serve,offload}"
+PHASES="${PHASES:-tests,generate,paged,attention,matvec,dispatches,serve,offload}"
 T_TESTS="${BURN_LLM_GPU_TEST_TIMEOUT:-$T_TESTS}"
 T_BENCH="${BURN_LLM_GPU_BENCH_TIMEOUT:-$T_BENCH}"
-for t in T_MATVEC T_DISPATCHES T_PAGED T_GENERATE T_HF T_SERVE T_OFFLOAD; do
+for t in T_MATVEC T_DISPATCHES T_PAGED T_ATTENTION T_GENERATE T_HF T_SERVE T_OFFLOAD; do
   [ -n "${!t:-}" ] || printf -v "$t" '%s' "$T_BENCH"
 done
 
@@ -287,6 +289,17 @@ if has_phase paged; then
   timed "$T_PAGED" "$RES/paged/paged.log" "$XTASK" bench paged-attention --device "$DEVICE" --out "$RES/paged" \
     "${PAGED_ARGS[@]}" "${peak[@]}" $(dtype_flag paged-attention)
   record paged "PagedAttention bandwidth" "$STEP_STATUS" "$STEP_SECONDS" "paged/paged-attention.md"
+  publish
+fi
+
+# ---- phase: prefill attention, flash kernel vs the matmul path ------------------------------
+if has_phase attention; then
+  say "phase attention (prefill: flash kernel vs matmul path) on $DEVICE"
+  mkdir -p "$RES/attention"
+  # shellcheck disable=SC2046
+  timed "$T_ATTENTION" "$RES/attention/attention.log" "$XTASK" bench attention --device "$DEVICE" \
+    --out "$RES/attention" "${ATTENTION_ARGS[@]}" $(dtype_flag attention)
+  record attention "flash vs matmul prefill" "$STEP_STATUS" "$STEP_SECONDS" "attention/attention.md"
   publish
 fi
 

@@ -69,8 +69,9 @@ pub mod test_devices;
 
 pub use cpu::CpuFeatures;
 pub use fused::{
-    Gate, add_rms_norm, argmax_rows, attention_with, gated_mul, gated_mul_fused, matmul, norm_add_norm,
-    norm_rotate_half_qk, prefix_attention, rms_norm, rms_norm_add, rotate_half, rotate_half_qk,
+    Gate, GpuPrefill, add_rms_norm, argmax_rows, attention_with, gated_mul, gated_mul_fused, gpu_prefill, matmul,
+    norm_add_norm, norm_rotate_half_qk, prefix_attention, rms_norm, rms_norm_add, rotate_half, rotate_half_qk,
+    set_gpu_prefill,
 };
 pub use limits::{GpuTensorLimit, KERNEL_INDEX_ELEMENTS};
 pub use matvec::{MATVEC_MAX_ROWS, matvec_kernels, set_matvec_kernels};

@@ -1,17 +1,53 @@
 //! Masked scaled-dot-product attention with grouped-query heads, over the first `len` slots of
 //! preallocated key/value storage.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use burn::backend::Dispatch;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
 
 use super::ops::FusedOps;
 
-/// Query rows per sequence up to which a GPU runs [`prefix_attention`] as one kernel launch
-/// ([`FusedOps::fused_prefix_attention`], one cube per query row and head): decode steps and
-/// short chunks. Longer steps (prefill) take the matmul path, whose tiles reuse each key across
-/// many queries.
-const GPU_MAX_QUERIES: usize = 16;
+/// Query rows per sequence up to which a GPU runs [`prefix_attention`] with the decode kernel
+/// (one cube per query row and head): decode steps and short chunks. Longer steps (prefill) take
+/// the flash-attention kernel, whose tiles reuse each key and value across many query rows
+/// ([`GpuPrefill`]).
+pub(super) const GPU_MAX_QUERIES: usize = 16;
+
+/// How a GPU runs [`prefix_attention`] for steps of more than 16 query rows (prefill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GpuPrefill {
+    /// The tiled flash-attention kernel (`fused/cube_flash.rs`), visiting only the key tiles
+    /// the bias leaves visible (the default).
+    #[default]
+    Flash,
+    /// The same kernel over every key tile: the same bits, more work (to check and time the
+    /// skipping).
+    FlashEveryTile,
+    /// Burn's ops: matmul, cast, bias, softmax, cast, matmul ([`attention_with`]), the path
+    /// before the flash kernel.
+    Matmul,
+}
+
+/// The process-wide [`GpuPrefill`] as its index in declaration order.
+static GPU_PREFILL: AtomicU8 = AtomicU8::new(0);
+
+/// Chooses how every GPU runs prefill attention from now on, for the whole process, so that a
+/// benchmark or a test can run the paths the flash kernel replaces on the same shapes. With
+/// Burn's fusion on, a kernel reads the mode when its launch runs (at the next read-back).
+pub fn set_gpu_prefill(mode: GpuPrefill) {
+    GPU_PREFILL.store(mode as u8, Ordering::Relaxed);
+}
+
+/// The current [`GpuPrefill`] (see [`set_gpu_prefill`]).
+pub fn gpu_prefill() -> GpuPrefill {
+    match GPU_PREFILL.load(Ordering::Relaxed) {
+        1 => GpuPrefill::FlashEveryTile,
+        2 => GpuPrefill::Matmul,
+        _ => GpuPrefill::Flash,
+    }
+}
 
 /// Query rows per sequence up to which Flex runs [`prefix_attention`] as one fused loop per query
 /// row and head reading keys as stored (decode steps); longer steps (prefill) first transpose the
@@ -28,9 +64,10 @@ const FUSED_MAX_QUERIES: usize = 8;
 /// of values) reading keys and values where they are stored, with no copy of the visible slots
 /// and no score matrix; steps of many rows (prefill) read the keys transposed and skip the keys a
 /// causal mask hides. The result is a view of a `[b, s, heads, d]` buffer, which is the layout the
-/// output projection reads. On a GPU, steps of up to [`GPU_MAX_QUERIES`] query rows are one kernel
-/// launch reading queries, keys, values and bias through their strides, with the same output
-/// layout. Elsewhere: [`attention_with`] over the sliced slots.
+/// output projection reads. On a GPU, every step is one kernel launch reading queries, keys,
+/// values and bias through their strides, with the same output layout: up to 16 query rows the
+/// decode kernel, above them (prefill) the flash-attention kernel, or [`attention_with`] when
+/// [`set_gpu_prefill`] asks for it. Elsewhere: [`attention_with`] over the sliced slots.
 pub fn prefix_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -52,7 +89,7 @@ pub fn prefix_attention(
     #[cfg(not(feature = "flex"))]
     let on_host = false;
     if !on_host
-        && q.dims()[2] <= GPU_MAX_QUERIES
+        && (q.dims()[2] <= GPU_MAX_QUERIES || gpu_prefill() != GpuPrefill::Matmul)
         && shapes_fit(&q, &k, &v, &bias, len)
         && [k.device(), v.device(), bias.device()].iter().all(|d| *d == q.device())
         && k.dtype() == q.dtype()
@@ -248,7 +285,7 @@ fn attend_row_portable(q: &[f32], keys: &[f32], values: &[f32], bias: &[f32], sc
 
 /// A bias at or below this masks its key (models add `-1e30`, some `-∞`). Such a key gets weight
 /// exactly 0 in `f32` whenever its row has an unmasked key.
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 pub(super) const MASK_LIMIT: f32 = -1.0e29;
 
 /// The keys a row's `bias` leaves visible: from its first unmasked key to its last, or every key

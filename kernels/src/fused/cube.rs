@@ -1,8 +1,9 @@
 //! CubeCL kernels of [`FusedOps`] for every GPU runtime (wgpu, Vulkan, CUDA, Metal): one launch
 //! per op, computing in `f32` whatever the storage dtype.
 //!
-//! The row reductions (RMSNorm) sum in shared memory: no plane (subgroup) operations, so the same code runs where the runtime enables none (wgpu on a CPU
-//! Vulkan device such as lavapipe, where the tests run).
+//! The row reductions (RMSNorm, in every form one kernel: `cube_row_norm.rs`) sum in shared
+//! memory: no plane (subgroup) operations, so the same code runs where the runtime enables none
+//! (wgpu on a CPU Vulkan device such as lavapipe, where the tests run).
 
 use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
@@ -13,6 +14,7 @@ use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
+use super::cube_row_norm::{RowNorm, row_norm};
 use super::ops::{FusedOps, halved};
 
 /// Most units one row's cube uses (wgpu guarantees 256 invocations per workgroup).
@@ -33,94 +35,6 @@ pub(super) fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
         total += partial[i];
     }
     total
-}
-
-/// One cube per row of `x` (any rank, any strides: views into a fused projection's output need
-/// no copy): RMSNorm into the contiguous `out`.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn rms_norm_kernel<F: Float, G: Float>(
-    x: &Tensor<F>,
-    gamma: &Tensor<G>,
-    out: &mut Tensor<F>,
-    rows: usize,
-    width: usize,
-    epsilon: f32,
-    #[comptime] threads: usize,
-    #[define(F, G)] _dtypes: [ElemType; 2],
-) {
-    let row = CUBE_POS;
-    if row >= rows {
-        terminate!();
-    }
-    let unit = UNIT_POS as usize;
-    let last = x.rank() - 1;
-    let step = x.stride(last);
-    // The row's offset: its index unravelled over the leading dimensions.
-    let mut rest = row;
-    let mut base = 0usize;
-    let mut dim = last;
-    while dim > 0 {
-        dim -= 1;
-        let size = x.shape(dim);
-        base += (rest % size) * x.stride(dim);
-        rest /= size;
-    }
-    let mut squares = f32::new(0.0);
-    let mut i = unit;
-    while i < width {
-        let v = f32::cast_from(x[base + i * step]);
-        squares += v * v;
-        i += threads;
-    }
-    let total = cube_sum(squares, threads);
-    let inv = f32::new(1.0) / f32::sqrt(total / f32::cast_from(width) + epsilon);
-    let mut i = unit;
-    while i < width {
-        out[row * width + i] = F::cast_from(f32::cast_from(x[base + i * step]) * inv * f32::cast_from(gamma[i]));
-        i += threads;
-    }
-}
-
-/// [`rms_norm_kernel`] of `s = x + residual`, also writing `s` (rounded to `F`, the value the
-/// norm reads) to `sum`.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn add_rms_norm_kernel<F: Float, G: Float>(
-    x: &Tensor<F>,
-    residual: &Tensor<F>,
-    gamma: &Tensor<G>,
-    out: &mut Tensor<F>,
-    sum: &mut Tensor<F>,
-    rows: usize,
-    width: usize,
-    epsilon: f32,
-    #[comptime] threads: usize,
-    #[define(F, G)] _dtypes: [ElemType; 2],
-) {
-    let row = CUBE_POS;
-    if row >= rows {
-        terminate!();
-    }
-    let unit = UNIT_POS as usize;
-    let base = row * width;
-    let mut squares = f32::new(0.0);
-    let mut i = unit;
-    while i < width {
-        let s = x[base + i] + residual[base + i];
-        sum[base + i] = s;
-        let v = f32::cast_from(s);
-        squares += v * v;
-        i += threads;
-    }
-    let total = cube_sum(squares, threads);
-    let inv = f32::new(1.0) / f32::sqrt(total / f32::cast_from(width) + epsilon);
-    let mut i = unit;
-    while i < width {
-        let v = f32::cast_from(x[base + i] + residual[base + i]);
-        out[base + i] = F::cast_from(v * inv * f32::cast_from(gamma[i]));
-        i += threads;
-    }
 }
 
 /// One cube per (token, head) over the `heads` query heads then the `kv_heads` key heads of
@@ -232,32 +146,7 @@ pub(super) fn empty_like(x: &CubeTensor, shape: burn::tensor::Shape) -> CubeTens
 
 impl FusedOps for CubeBackend {
     fn fused_rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f32) -> FloatTensor<Self> {
-        let gamma = into_contiguous(gamma);
-        let shape = x.shape();
-        let width = shape[shape.num_dims() - 1];
-        let rows = shape.num_elements() / width.max(1);
-        let out = empty_like(&x, shape);
-        if rows == 0 || width == 0 {
-            return out;
-        }
-        let client = x.client.clone();
-        let threads = row_threads(&client, width);
-        let (count, dim) = cubes_of(&client, rows, threads);
-        let dtypes = [dtype_to_storage_type(x.dtype), dtype_to_storage_type(gamma.dtype)];
-        rms_norm_kernel::launch(
-            &client,
-            count,
-            dim,
-            x.into_tensor_arg(),
-            gamma.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            rows,
-            width,
-            epsilon,
-            threads,
-            dtypes,
-        );
-        out
+        row_norm(RowNorm::Plain, x, None, (gamma, None), (epsilon, 0.0)).0
     }
 
     fn fused_add_rms_norm(
@@ -266,34 +155,7 @@ impl FusedOps for CubeBackend {
         gamma: FloatTensor<Self>,
         epsilon: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, residual, gamma) = (into_contiguous(x), into_contiguous(residual), into_contiguous(gamma));
-        let shape = x.shape();
-        let width = shape[shape.num_dims() - 1];
-        let rows = shape.num_elements() / width.max(1);
-        let (out, sum) = (empty_like(&x, shape.clone()), empty_like(&x, shape));
-        if rows == 0 || width == 0 {
-            return (out, sum);
-        }
-        let client = x.client.clone();
-        let threads = row_threads(&client, width);
-        let (count, dim) = cubes_of(&client, rows, threads);
-        let dtypes = [dtype_to_storage_type(x.dtype), dtype_to_storage_type(gamma.dtype)];
-        add_rms_norm_kernel::launch(
-            &client,
-            count,
-            dim,
-            x.into_tensor_arg(),
-            residual.into_tensor_arg(),
-            gamma.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            sum.clone().into_tensor_arg(),
-            rows,
-            width,
-            epsilon,
-            threads,
-            dtypes,
-        );
-        (out, sum)
+        row_norm(RowNorm::AddBefore, x, Some(residual), (gamma, None), (epsilon, 0.0))
     }
 
     fn fused_rotate_half_qk(
@@ -367,7 +229,7 @@ impl FusedOps for CubeBackend {
         residual: FloatTensor<Self>,
         epsilon: f32,
     ) -> FloatTensor<Self> {
-        super::cube_norms::rms_norm_add(x, gamma, residual, epsilon)
+        row_norm(RowNorm::AddAfter, x, Some(residual), (gamma, None), (epsilon, 0.0)).0
     }
 
     fn fused_norm_add_norm(
@@ -378,7 +240,8 @@ impl FusedOps for CubeBackend {
         epsilon_first: f32,
         epsilon_second: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        super::cube_norms::norm_add_norm(x, residual, gamma_first, gamma_second, epsilon_first, epsilon_second)
+        let gammas = (gamma_first, Some(gamma_second));
+        row_norm(RowNorm::AddBetween, x, Some(residual), gammas, (epsilon_first, epsilon_second))
     }
 
     fn fused_norm_rotate_half_qk(

@@ -6,6 +6,7 @@
 //! One cube per (sequence, query position, head), as the PagedAttention kernel
 //! (`crate::paged::cube`): keys in tiles of `threads`, unit `i` scoring key `tile + i` into shared
 //! memory, an online softmax, and each unit accumulating the output dims it owns. Sums in `f32`.
+//! Prefill-sized steps go to the flash-attention kernel (`cube_flash.rs`) instead.
 
 use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
@@ -15,11 +16,14 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
+use super::attention::GPU_MAX_QUERIES;
+use super::cube_flash::{flash_attention, flash_plan};
+
 /// Most units one cube uses (wgpu guarantees 256 invocations per workgroup).
 const MAX_THREADS: usize = 256;
 
 /// Strides of a `[b, 1, s, t]` bias, with `0` along its size-1 (broadcast) axes.
-fn broadcast_strides(t: &burn_cubecl::tensor::CubeTensor) -> [usize; 4] {
+pub(super) fn broadcast_strides(t: &burn_cubecl::tensor::CubeTensor) -> [usize; 4] {
     let (shape, strides) = (t.shape(), t.meta.strides());
     std::array::from_fn(|i| if shape[i] == 1 { 0 } else { strides[i] })
 }
@@ -146,8 +150,9 @@ fn prefix_attention_kernel<F: Float, G: Float>(
     }
 }
 
-/// The kernel's launch for [`FusedOps::fused_prefix_attention`] on a CubeCL backend: returns
-/// `[b, s, heads, d]`.
+/// [`FusedOps::fused_prefix_attention`] on a CubeCL backend: the flash-attention kernel
+/// (`cube_flash.rs`) for steps of more than [`GPU_MAX_QUERIES`] query rows where its tiles fit the
+/// device, this module's kernel otherwise. Returns `[b, s, heads, d]`.
 pub(super) fn prefix_attention(
     q: FloatTensor<CubeBackend>,
     k: FloatTensor<CubeBackend>,
@@ -156,6 +161,11 @@ pub(super) fn prefix_attention(
     len: usize,
     scale: f32,
 ) -> FloatTensor<CubeBackend> {
+    if q.shape()[2] > GPU_MAX_QUERIES
+        && let Some(plan) = flash_plan(&q, &k, &v)
+    {
+        return flash_attention(q, k, v, bias, len, scale, plan);
+    }
     let [b, heads, s, d] = q.shape().dims::<4>();
     let kv_heads = k.shape().dims::<4>()[1];
     let out = empty_device_dtype(q.client.clone(), q.device.clone(), Shape::new([b, s, heads, d]), q.dtype);

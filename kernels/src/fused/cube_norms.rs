@@ -1,7 +1,7 @@
-//! CubeCL kernels of the norms Gemma 3 and Qwen3 add to a decoder layer, each fused with what
-//! follows it: QK-norm with RoPE, the post-attention norm with the residual add and the MLP's
-//! norm, the post-MLP norm with the residual add. Every normalized value is rounded to the storage
-//! dtype where the unfused path stores it, so the kernels compute what the separate ops did.
+//! The CubeCL kernel of the QK-norm Gemma 3 and Qwen3 add to a decoder layer, fused with the RoPE
+//! after it. Every normalized value is rounded to the storage dtype where the unfused path stores
+//! it, so the kernel computes what the separate ops did. (Their post-norms with the residual add
+//! are forms of the one row-norm kernel, `cube_row_norm.rs`.)
 
 use burn::backend::TensorMetadata;
 use burn::backend::cubecl::dtype_to_storage_type;
@@ -10,7 +10,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use cubecl::prelude::*;
 
-use super::cube::{MAX_THREADS, cube_sum, cubes_of, empty_like, row_threads};
+use super::cube::{MAX_THREADS, cube_sum, cubes_of, empty_like};
 
 /// `x` rounded to `F` and back: the value an unfused op would have stored.
 #[cube]
@@ -103,170 +103,6 @@ fn norm_rotate_half_qk_kernel<F: Float, G: Float, W: Float>(
         }
         j += threads;
     }
-}
-
-/// One cube per row: `out = F(rms(x) · γ) + residual` (a post-norm and the residual add after it).
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn rms_norm_add_kernel<F: Float, G: Float>(
-    x: &Tensor<F>,
-    gamma: &Tensor<G>,
-    residual: &Tensor<F>,
-    out: &mut Tensor<F>,
-    rows: usize,
-    width: usize,
-    epsilon: f32,
-    #[comptime] threads: usize,
-    #[define(F, G)] _dtypes: [ElemType; 2],
-) {
-    let row = CUBE_POS;
-    if row >= rows {
-        terminate!();
-    }
-    let base = row * width;
-    let mut squares = f32::new(0.0);
-    let mut i = UNIT_POS as usize;
-    while i < width {
-        let v = f32::cast_from(x[base + i]);
-        squares += v * v;
-        i += threads;
-    }
-    let inv = f32::new(1.0) / f32::sqrt(cube_sum(squares, threads) / f32::cast_from(width) + epsilon);
-    let mut i = UNIT_POS as usize;
-    while i < width {
-        let normed = F::cast_from(f32::cast_from(x[base + i]) * inv * f32::cast_from(gamma[i]));
-        out[base + i] = normed + residual[base + i];
-        i += threads;
-    }
-}
-
-/// One cube per row: `s = residual + F(rms(x) · γ₁)` (a post-norm and the residual add), then
-/// `out = rms(s) · γ₂` (the next block's norm); writes both.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn norm_add_norm_kernel<F: Float, G: Float>(
-    x: &Tensor<F>,
-    residual: &Tensor<F>,
-    gamma_first: &Tensor<G>,
-    gamma_second: &Tensor<G>,
-    out: &mut Tensor<F>,
-    sum: &mut Tensor<F>,
-    rows: usize,
-    width: usize,
-    epsilon_first: f32,
-    epsilon_second: f32,
-    #[comptime] threads: usize,
-    #[define(F, G)] _dtypes: [ElemType; 2],
-) {
-    let row = CUBE_POS;
-    if row >= rows {
-        terminate!();
-    }
-    let base = row * width;
-    let mut squares = f32::new(0.0);
-    let mut i = UNIT_POS as usize;
-    while i < width {
-        let v = f32::cast_from(x[base + i]);
-        squares += v * v;
-        i += threads;
-    }
-    let inv = f32::new(1.0) / f32::sqrt(cube_sum(squares, threads) / f32::cast_from(width) + epsilon_first);
-    let mut sum_squares = f32::new(0.0);
-    let mut i = UNIT_POS as usize;
-    while i < width {
-        let s = residual[base + i] + F::cast_from(f32::cast_from(x[base + i]) * inv * f32::cast_from(gamma_first[i]));
-        sum[base + i] = s;
-        let v = f32::cast_from(s);
-        sum_squares += v * v;
-        i += threads;
-    }
-    let inv = f32::new(1.0) / f32::sqrt(cube_sum(sum_squares, threads) / f32::cast_from(width) + epsilon_second);
-    let mut i = UNIT_POS as usize;
-    while i < width {
-        // Each unit reads back the sums it wrote itself.
-        out[base + i] = F::cast_from(f32::cast_from(sum[base + i]) * inv * f32::cast_from(gamma_second[i]));
-        i += threads;
-    }
-}
-
-/// Rows and width of a `[..., width]` tensor.
-fn rows_width(x: &burn_cubecl::tensor::CubeTensor) -> (usize, usize) {
-    let shape = x.shape();
-    let width = shape[shape.num_dims() - 1];
-    (shape.num_elements() / width.max(1), width)
-}
-
-pub(super) fn rms_norm_add(
-    x: FloatTensor<CubeBackend>,
-    gamma: FloatTensor<CubeBackend>,
-    residual: FloatTensor<CubeBackend>,
-    epsilon: f32,
-) -> FloatTensor<CubeBackend> {
-    let (x, gamma, residual) = (into_contiguous(x), into_contiguous(gamma), into_contiguous(residual));
-    let (rows, width) = rows_width(&x);
-    let out = empty_like(&x, x.shape());
-    if rows == 0 || width == 0 {
-        return out;
-    }
-    let client = x.client.clone();
-    let threads = row_threads(&client, width);
-    let (count, dim) = cubes_of(&client, rows, threads);
-    let dtypes = [dtype_to_storage_type(x.dtype), dtype_to_storage_type(gamma.dtype)];
-    rms_norm_add_kernel::launch(
-        &client,
-        count,
-        dim,
-        x.into_tensor_arg(),
-        gamma.into_tensor_arg(),
-        residual.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        rows,
-        width,
-        epsilon,
-        threads,
-        dtypes,
-    );
-    out
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn norm_add_norm(
-    x: FloatTensor<CubeBackend>,
-    residual: FloatTensor<CubeBackend>,
-    gamma_first: FloatTensor<CubeBackend>,
-    gamma_second: FloatTensor<CubeBackend>,
-    epsilon_first: f32,
-    epsilon_second: f32,
-) -> (FloatTensor<CubeBackend>, FloatTensor<CubeBackend>) {
-    let (x, residual) = (into_contiguous(x), into_contiguous(residual));
-    let (gamma_first, gamma_second) = (into_contiguous(gamma_first), into_contiguous(gamma_second));
-    let (rows, width) = rows_width(&x);
-    let (out, sum) = (empty_like(&x, x.shape()), empty_like(&x, x.shape()));
-    if rows == 0 || width == 0 {
-        return (out, sum);
-    }
-    let client = x.client.clone();
-    let threads = row_threads(&client, width);
-    let (count, dim) = cubes_of(&client, rows, threads);
-    let dtypes = [dtype_to_storage_type(x.dtype), dtype_to_storage_type(gamma_first.dtype)];
-    norm_add_norm_kernel::launch(
-        &client,
-        count,
-        dim,
-        x.into_tensor_arg(),
-        residual.into_tensor_arg(),
-        gamma_first.into_tensor_arg(),
-        gamma_second.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        sum.clone().into_tensor_arg(),
-        rows,
-        width,
-        epsilon_first,
-        epsilon_second,
-        threads,
-        dtypes,
-    );
-    (out, sum)
 }
 
 #[allow(clippy::too_many_arguments)]

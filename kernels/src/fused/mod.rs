@@ -8,7 +8,8 @@
 //! not shared), vectorized for the CPU at hand. On the GPU runtimes RMSNorm (with or without the
 //! residual add before it), RoPE of the queries and keys together and the gated product of a fused
 //! gate|up projection are one CubeCL kernel launch each ([`ops::FusedOps`], `cube.rs`, with a Flex
-//! twin in `flex_ops.rs`); attention runs as ordinary Burn ops. Callers need no device check.
+//! twin in `flex_ops.rs`); so is attention (`cube_attention.rs` for decode steps, the
+//! flash-attention kernel of `cube_flash.rs` for prefill). Callers need no device check.
 
 mod activation;
 mod argmax;
@@ -18,9 +19,15 @@ mod cube;
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube_attention;
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube_flash;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube_norms;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+mod cube_row_norm;
 #[cfg(feature = "flex")]
 mod exp;
+#[cfg(all(test, feature = "flex", feature = "wgpu"))]
+mod flash_tests;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "flex")]
@@ -42,7 +49,7 @@ mod twin_tests;
 
 pub use activation::{Gate, gated_mul, gated_mul_fused};
 pub use argmax::argmax_rows;
-pub use attention::{attention_with, prefix_attention};
+pub use attention::{GpuPrefill, attention_with, gpu_prefill, prefix_attention, set_gpu_prefill};
 pub use matmul::matmul;
 pub use norm::{add_rms_norm, norm_add_norm, rms_norm, rms_norm_add};
 pub use rope::{norm_rotate_half_qk, rotate_half, rotate_half_qk};

@@ -124,7 +124,7 @@ fn random_bias(rng: &mut impl Rng, shape: [usize; 4], device: &Device) -> Tensor
 
 /// A causal bias `[b, 1, s, len]`: query `i` sees keys up to `len − s + i`, after `pad[b]` masked
 /// keys of left padding (whose own rows see nothing).
-fn causal_bias(pad: &[usize], s: usize, len: usize, device: &Device) -> Tensor<4> {
+pub(super) fn causal_bias(pad: &[usize], s: usize, len: usize, device: &Device) -> Tensor<4> {
     let mut data = vec![0f32; pad.len() * s * len];
     for (bi, &pad) in pad.iter().enumerate() {
         for i in 0..s {

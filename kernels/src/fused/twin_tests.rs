@@ -9,12 +9,17 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::test_devices::gpu_device;
 
-fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+pub(super) fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.cast(DType::F32).into_data().try_into_vec_as::<f32>().unwrap()
 }
 
 /// The same random values (rounded to `dtype`) on the GPU and on Flex.
-fn pair<const D: usize>(rng: &mut impl Rng, shape: [usize; D], dtype: DType, gpu: &Device) -> (Tensor<D>, Tensor<D>) {
+pub(super) fn pair<const D: usize>(
+    rng: &mut impl Rng,
+    shape: [usize; D],
+    dtype: DType,
+    gpu: &Device,
+) -> (Tensor<D>, Tensor<D>) {
     let n = shape.iter().product();
     let data: Vec<f32> = (0..n).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
     let flex = Tensor::<D>::from_data(TensorData::new(data, shape), &Device::flex()).cast(dtype).cast(DType::F32);
@@ -23,7 +28,7 @@ fn pair<const D: usize>(rng: &mut impl Rng, shape: [usize; D], dtype: DType, gpu
 }
 
 /// Within `tolerance` relative to the magnitude (at least 1), and the same length.
-fn assert_close(got: &[f32], expected: &[f32], tolerance: f32, what: &str) {
+pub(super) fn assert_close(got: &[f32], expected: &[f32], tolerance: f32, what: &str) {
     assert_eq!(got.len(), expected.len(), "{what}: lengths");
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
         assert!((g - e).abs() <= tolerance * e.abs().max(1.0), "{what}: element {i}: {g} vs {e}");
@@ -31,11 +36,11 @@ fn assert_close(got: &[f32], expected: &[f32], tolerance: f32, what: &str) {
 }
 
 /// `f32` kernels agree with the twin to rounding; `f16` ones to the storage precision.
-fn tolerance(dtype: DType) -> f32 {
+pub(super) fn tolerance(dtype: DType) -> f32 {
     if dtype == DType::F16 { 4e-3 } else { 1e-5 }
 }
 
-const DTYPES: [DType; 2] = [DType::F32, DType::F16];
+pub(super) const DTYPES: [DType; 2] = [DType::F32, DType::F16];
 
 #[test]
 fn rms_norm_kernel_equals_flex_twin() {

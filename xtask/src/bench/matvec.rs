@@ -24,7 +24,6 @@ use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_llm::DeviceChoice;
 use burn_llm::kernels::{QuantSpec, qmatmul, qmatmul_transposed, quantize, set_matvec_kernels};
 use burn_llm::models::Precision;
-use burn_llm::offload::profiler::time;
 use serde::Serialize;
 
 use crate::report::{self, Align::Left, Align::Right, Header, table};
@@ -79,19 +78,9 @@ struct Report {
 /// the last result.
 fn per_call(device: &Device, iters: usize, matvec: bool, f: &dyn Fn() -> Tensor<2>) -> (f64, Tensor<2>) {
     set_matvec_kernels(matvec);
-    let iters = iters.max(1);
-    let mut last = None;
-    let seconds = time(5, || {
-        let results: Vec<Tensor<2>> = (0..iters).map(|_| f()).collect();
-        let out = results.last().cloned().expect("at least one call");
-        // The read-back ends the sample: every call before it has run (one stream, in order).
-        let _ = out.clone().into_data();
-        let _ = device.sync();
-        drop(results);
-        last = Some(out);
-    });
+    let timed = super::calls::per_call(device, iters, f);
     set_matvec_kernels(true);
-    (seconds / iters as f64, last.expect("timed at least once"))
+    timed
 }
 
 /// `max |a − b| / max |a|`.

@@ -1,5 +1,7 @@
 //! Benchmarks. Each writes `bench-results/<name>.{json,md}` with the machine it ran on.
 
+mod attention;
+mod calls;
 pub(crate) mod cpu;
 mod dispatches;
 mod generate;
@@ -58,6 +60,9 @@ pub enum Which {
     /// The PagedAttention kernel's achieved memory bandwidth (KV bytes read ÷ kernel time) next
     /// to the device's streaming bandwidth.
     PagedAttention(paged_attention::Args),
+    /// Prefill attention on a GPU: the flash-attention kernel vs the matmul path, time and
+    /// effective FLOP/s, checked against the Flex twin.
+    Attention(attention::Args),
     /// GPU kernel launches per decode step and per decoder layer (CubeCL's launch observer), for a
     /// LLaMA-shaped and a Gemma-shaped model.
     Dispatches(dispatches::Args),
@@ -80,5 +85,6 @@ pub fn run(which: Which) -> Result<(), Box<dyn std::error::Error>> {
         Which::PagedAttention(args) => paged_attention::run(args),
         Which::Structured(args) => structured::run(args),
         Which::Dispatches(args) => dispatches::run(args),
+        Which::Attention(args) => attention::run(args),
     }
 }
