@@ -78,11 +78,7 @@ pub fn prefix_attention(
 ) -> Tensor<4> {
     #[cfg(feature = "flex")]
     if fused_applies(&q, &k, &v, &bias, len) {
-        return if q.dims()[2] <= FUSED_MAX_QUERIES {
-            flex_prefix_attention(q, k, v, bias, len, scale)
-        } else {
-            super::prefill::tiled_prefix_attention(q, k, v, bias, len, scale)
-        };
+        return flex_attention(q, k, v, bias, len, scale);
     }
     #[cfg(feature = "flex")]
     let on_host = q.device() == burn::tensor::Device::flex();
@@ -242,6 +238,25 @@ impl FlexAttention {
     /// `out` (`[b, s, heads, d]`) as the `[b, heads, s, d]` result.
     pub(super) fn output(&self, out: Vec<f32>) -> Tensor<4> {
         super::flex::from_vec(out, [self.b, self.s, self.heads, self.d]).swap_dims(1, 2)
+    }
+}
+
+/// [`prefix_attention`] on Flex in `f32` (shapes checked by the caller): the fused loop per query
+/// row for decode steps, the tiled loop over transposed keys for longer ones. Also what the
+/// GPU op's Flex twin runs (a remote worker's Flex device), so both give the same bits.
+#[cfg(feature = "flex")]
+pub(super) fn flex_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    len: usize,
+    scale: f32,
+) -> Tensor<4> {
+    if q.dims()[2] <= FUSED_MAX_QUERIES {
+        flex_prefix_attention(q, k, v, bias, len, scale)
+    } else {
+        super::prefill::tiled_prefix_attention(q, k, v, bias, len, scale)
     }
 }
 

@@ -10,7 +10,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::tensor::{DType, Shape, Tensor, TensorData};
 
 use super::activation::{gelu_tanh_mul_rows, silu_mul_rows};
-use super::attention::flex_prefix_attention;
+use super::attention::flex_attention;
 use super::norm::normalize;
 use super::ops::{FusedOps, halved};
 use super::rope::rotate;
@@ -167,7 +167,7 @@ impl FusedOps for Flex {
     ) -> FloatTensor<Self> {
         let dtype = q.dtype();
         let f32_of = |t: FlexTensor| Tensor::<4>::from_primitive::<Flex>(t).cast(DType::F32);
-        let out = flex_prefix_attention(f32_of(q), f32_of(k), f32_of(v), f32_of(bias), len, scale);
+        let out = flex_attention(f32_of(q), f32_of(k), f32_of(v), f32_of(bias), len, scale);
         // `[b, heads, s, d]` as a view of the `[b, s, heads, d]` buffer: that buffer, contiguous.
         let out = out.swap_dims(1, 2).cast(dtype);
         let out = out.try_into_primitive::<Flex>().expect("computed on Flex");
