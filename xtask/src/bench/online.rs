@@ -163,7 +163,9 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
 }
 
 /// Sends `requests` with Poisson arrivals at `rate`, each streamed (every second one with
-/// `guided_json: half_structured` when given); returns what each measured.
+/// `guided_json: half_structured` when given); returns what each measured: its first token is the
+/// first event carrying a choice, and its output length is what the server's closing usage
+/// counts (a request that ended early counts the tokens it did produce).
 pub(super) async fn send(
     client: &Client,
     url: &str,
@@ -179,12 +181,12 @@ pub(super) async fn send(
         at += -(rng.random::<f64>().max(1e-12)).ln() / rate;
         let mut body = json!({
             "prompt": prompt, "max_tokens": output, "temperature": 0, "ignore_eos": true,
-            "stream": true, "logprobs": 1,
+            "stream": true, "logprobs": 1, "stream_options": {"include_usage": true},
         });
         if let Some(schema) = half_structured.filter(|_| i % 2 == 1) {
             body["guided_json"] = schema.clone();
         }
-        let (client, url, output) = (client.clone(), url.to_string(), *output);
+        let (client, url) = (client.clone(), url.to_string());
         let send_at = start + Duration::from_secs_f64(at);
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(send_at).await;
@@ -196,13 +198,23 @@ pub(super) async fn send(
                 return Err(std::io::Error::other(format!("HTTP {status}: {text}")));
             }
             let mut events = SseEvents::new(response.bytes_stream());
-            let mut first = None;
+            let (mut first, mut produced) = (None, None);
             while let Some(event) = events.next().await {
-                event.map_err(std::io::Error::other)?;
-                first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
+                let data = event.map_err(std::io::Error::other)?;
+                if data == "[DONE]" {
+                    continue;
+                }
+                let chunk: serde_json::Value = serde_json::from_str(&data).map_err(std::io::Error::other)?;
+                if chunk["choices"].as_array().is_some_and(|c| !c.is_empty()) {
+                    first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
+                }
+                if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+                    produced = Some(n as usize);
+                }
             }
             let e2e = sent.elapsed().as_secs_f64();
-            Ok::<Sample, std::io::Error>((first.unwrap_or(e2e), e2e, output))
+            let produced = produced.ok_or_else(|| std::io::Error::other("the stream ended without its usage"))?;
+            Ok::<Sample, std::io::Error>((first.unwrap_or(e2e), e2e, produced))
         }));
     }
     let mut samples = Vec::new();
