@@ -16,7 +16,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm::DeviceChoice;
 use burn_llm::kernels::QuantSpec;
-use burn_llm::models::cache::{default_kv_group_size, fit_kv_quant, kv_quant};
+use burn_llm::models::cache::{KV_QUANT_AXIS, default_kv_group_size, fit_kv_quant, kv_quant};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine};
@@ -43,7 +43,8 @@ pub struct PplArgs {
     /// Variants to evaluate, comma-separated: `base` (weights as loaded: a GGUF file's quantized
     /// blocks as shipped), `f32` (every weight dequantized to f32), `w8`, `w4` (weights
     /// re-quantized in groups of `--group-size`), `kv8`, `kv4` (KV cache quantized along the head
-    /// dimension in groups of `--kv-group-size`; `kv4g16`: in groups of 16), `w4kv4` (both);
+    /// dimension in groups of `--kv-group-size`; `kv4g16`: in groups of 16), `w4kv4` (both,
+    /// FlexGen's compressed setting: KV in its groups of 64);
     /// `paged`, `paged-kv8`, `paged-kv4`, `paged-kv4g16`, …: weights as loaded, scored through the
     /// paged engine with float or quantized KV blocks (put `paged` first to compare the quantized
     /// ones against it).
@@ -52,8 +53,8 @@ pub struct PplArgs {
     /// Weight quantization group size (`w8`, `w4`, `w4kv4`).
     #[arg(long, default_value_t = 64)]
     group_size: usize,
-    /// KV-cache quantization group size along the head (`kv8`, `kv4`, `w4kv4`, `paged-kv8`,
-    /// `paged-kv4`; default: `--kv-quant`'s, 8 for 4 bits and 64 for 8).
+    /// KV-cache quantization group size along the head (`kv8`, `kv4`, `paged-kv8`, `paged-kv4`;
+    /// default: `--kv-quant`'s, 8 for 4 bits and 64 for 8).
     #[arg(long)]
     kv_group_size: Option<usize>,
     /// Tokens per window.
@@ -248,13 +249,15 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             None => {
                 let weights = |bits| QuantSpec::new(bits, args.group_size, WEIGHT_QUANT_AXIS);
-                let kv4 = || kv_quant(4, args.kv_group_size);
                 let (model, kv) = match variant.as_str() {
                     "base" => (pretrained.model, None),
                     "f32" => (pretrained.model.dequantize_weights(), None),
                     "w8" => (pretrained.model.quantize_weights(weights(8)?)?, None),
                     "w4" => (pretrained.model.quantize_weights(weights(4)?)?, None),
-                    "w4kv4" => (pretrained.model.quantize_weights(weights(4)?)?, Some(kv4()?)),
+                    // FlexGen's compressed setting: its cache groups of 64, whatever `--kv-group-size`.
+                    "w4kv4" => {
+                        (pretrained.model.quantize_weights(weights(4)?)?, Some(QuantSpec::flexgen(KV_QUANT_AXIS)))
+                    }
                     other => match kv_variant(other, args.kv_group_size) {
                         Some(spec) => (pretrained.model, Some(spec?)),
                         None => {
