@@ -149,10 +149,13 @@ pub struct EngineSpec {
     /// `--quantize`: values per quantization group, along each weight's output channel (default 64).
     #[arg(long)]
     pub group_size: Option<usize>,
-    /// Store the KV cache as 4- or 8-bit group-quantized codes (groups of 64 along the head
-    /// dimension, or the whole head when 64 does not tile it).
+    /// Store the KV cache as 4- or 8-bit group-quantized codes, in groups along the head
+    /// dimension (`--kv-group-size`; the whole head when the group does not tile it).
     #[arg(long, value_parser = parse_kv_bits)]
     pub kv_quant: Option<u32>,
+    /// `--kv-quant`: values per group along the head dimension (default 8 for 4 bits, 64 for 8).
+    #[arg(long)]
+    pub kv_group_size: Option<usize>,
     /// FlexGen's name for `--quantize w4 --group-size 64` (4-bit group-wise weights, §5).
     #[arg(long)]
     pub compress_weight: bool,

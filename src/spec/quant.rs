@@ -1,10 +1,10 @@
 //! The quantization settings as the kernels' [`QuantSpec`], built in one place for every engine:
 //! `--quantize w4|w8 --group-size G` for weights and `--kv-quant 4|8` for the KV cache, with
 //! FlexGen's names `--compress-weight` (= `--quantize w4 --group-size 64`) and `--compress-cache`
-//! (= `--kv-quant 4`) as spellings of the same thing.
+//! (= `--kv-quant 4 --kv-group-size 64`, FlexGen's format) as spellings of the same thing.
 
 use burn_llm_kernels::QuantSpec;
-use burn_llm_models::cache::{KV_QUANT_AXIS, KvLayout, fit_kv_quant};
+use burn_llm_models::cache::{KV_QUANT_AXIS, KvLayout, default_kv_group_size, fit_kv_quant};
 use burn_llm_models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_offload::PolicyChoice;
 use burn_offload::policy::SearchSpace;
@@ -38,16 +38,24 @@ impl EngineSpec {
         }
     }
 
-    /// `--kv-quant` (or FlexGen's name for `--kv-quant 4`, `--compress-cache`): groups of 64
-    /// along the head dimension, fitted to the model's heads when it is loaded
-    /// ([`fit_kv_quant`]: the whole head when 64 does not tile it).
+    /// `--kv-quant` with `--kv-group-size` (default [`default_kv_group_size`]: 8 for 4 bits, 64
+    /// for 8), or FlexGen's `--compress-cache` (4 bits in FlexGen's groups of 64, always): groups
+    /// along the head dimension, fitted to the model's heads when it is loaded ([`fit_kv_quant`]:
+    /// the whole head when the group does not tile it).
     pub fn kv_quant_spec(&self) -> Result<Option<QuantSpec>, String> {
-        match (self.kv_quant, self.compress_cache) {
-            (Some(_), true) => Err("--kv-quant and --compress-cache both quantize the KV cache: give one".into()),
-            (Some(bits), false) => {
-                quant_spec("--kv-quant", bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS).map(Some)
-            }
-            (None, on) => flexgen("--compress-cache", on, KV_QUANT_AXIS),
+        match (self.kv_quant, self.compress_cache, self.kv_group_size) {
+            (Some(_), true, _) => Err("--kv-quant and --compress-cache both quantize the KV cache: give one".into()),
+            (Some(bits), false, group) => quant_spec(
+                "--kv-quant/--kv-group-size",
+                bits,
+                group.unwrap_or(default_kv_group_size(bits)),
+                KV_QUANT_AXIS,
+            )
+            .map(Some),
+            (None, _, Some(_)) => Err("sets the groups of --kv-quant, which is not given (--compress-cache \
+                 always uses FlexGen's groups of 64)"
+                .into()),
+            (None, on, None) => flexgen("--compress-cache", on, KV_QUANT_AXIS),
         }
     }
 

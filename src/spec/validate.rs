@@ -137,6 +137,9 @@ impl EngineSpec {
                 "give one (--compress-cache is --kv-quant 4)",
             ));
         }
+        self.kv_quant_spec().map_err(|e| {
+            SpecError::new("--kv-group-size", e, "give --kv-quant 4|8 with a group size that tiles the head")
+        })?;
         let kv_flag = if self.compress_cache { "--compress-cache" } else { "--kv-quant" };
         if kind == EngineKind::Paged && (self.kv_quant.is_some() || self.compress_cache) && self.parallel.is_set() {
             return Err(SpecError::new(

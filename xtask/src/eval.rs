@@ -16,7 +16,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_llm::DeviceChoice;
 use burn_llm::kernels::QuantSpec;
-use burn_llm::models::cache::{KV_QUANT_AXIS, fit_kv_quant};
+use burn_llm::models::cache::{KV_QUANT_AXIS, default_kv_group_size, fit_kv_quant, kv_quant};
 use burn_llm::models::layers::projection::WEIGHT_QUANT_AXIS;
 use burn_llm::models::{CausalLm, ContiguousKvCache, Pretrained, Prompt, SamplingParams};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, LlmEngine};
@@ -43,14 +43,20 @@ pub struct PplArgs {
     /// Variants to evaluate, comma-separated: `base` (weights as loaded: a GGUF file's quantized
     /// blocks as shipped), `f32` (every weight dequantized to f32), `w8`, `w4` (weights
     /// re-quantized in groups of `--group-size`), `kv8`, `kv4` (KV cache quantized along the head
-    /// dimension), `w4kv4` (both, FlexGen's compressed setting); `paged`, `paged-kv8`,
-    /// `paged-kv4`: weights as loaded, scored through the paged engine with float or quantized
-    /// KV blocks (put `paged` first to compare the quantized ones against it).
+    /// dimension in groups of `--kv-group-size`; `kv4g16`: in groups of 16), `w4kv4` (both,
+    /// FlexGen's compressed setting: KV in its groups of 64);
+    /// `paged`, `paged-kv8`, `paged-kv4`, `paged-kv4g16`, …: weights as loaded, scored through the
+    /// paged engine with float or quantized KV blocks (put `paged` first to compare the quantized
+    /// ones against it).
     #[arg(long, value_delimiter = ',', default_value = "base,f32,w8,w4,kv8,kv4,w4kv4")]
     variants: Vec<String>,
-    /// Quantization group size.
+    /// Weight quantization group size (`w8`, `w4`, `w4kv4`).
     #[arg(long, default_value_t = 64)]
     group_size: usize,
+    /// KV-cache quantization group size along the head (`kv8`, `kv4`, `paged-kv8`, `paged-kv4`;
+    /// default: `--kv-quant`'s, 8 for 4 bits and 64 for 8).
+    #[arg(long)]
+    kv_group_size: Option<usize>,
     /// Tokens per window.
     #[arg(long, default_value_t = 512)]
     context: usize,
@@ -89,6 +95,8 @@ struct Report {
     text: String,
     context: usize,
     group_size: usize,
+    /// The KV group size asked for (`null`: `--kv-quant`'s default per bit width).
+    kv_group_size: Option<usize>,
     /// The llama-cpp-python release of the `llama.cpp` row, if there is one.
     llama_cpp_python: Option<String>,
     results: Vec<Row>,
@@ -149,14 +157,14 @@ fn llama_cpp_nll(
 fn window_nll(
     model: &CausalLm,
     window: &[u32],
-    kv_bits: Option<u32>,
+    kv: Option<QuantSpec>,
     device: &burn::tensor::Device,
 ) -> Result<(f64, usize), Box<dyn std::error::Error>> {
-    let mut cache = match kv_bits {
+    let mut cache = match kv {
         None => ContiguousKvCache::new(model.kv_layout(), 1, window.len(), device),
-        Some(bits) => {
-            // FlexGen's groups of 64, or the whole head where 64 does not tile it.
-            let spec = fit_kv_quant(model.kv_layout(), kv_spec(bits)?)?;
+        Some(spec) => {
+            // The whole head where the group does not tile it, as `--kv-quant` does.
+            let spec = fit_kv_quant(model.kv_layout(), spec)?;
             ContiguousKvCache::quantized(model.kv_layout(), 1, window.len(), device, spec)?
         }
     };
@@ -170,24 +178,18 @@ fn window_nll(
     Ok((nll, s - 1))
 }
 
-/// `--kv-quant bits`: FlexGen's groups of 64 along the head dimension (fitted to the model's heads
-/// where 64 does not tile one).
-fn kv_spec(bits: u32) -> Result<QuantSpec, burn_llm::kernels::KernelError> {
-    QuantSpec::new(bits, QuantSpec::FLEXGEN_GROUP_SIZE, KV_QUANT_AXIS)
-}
-
 /// Sum of next-token negative log-likelihoods over every window, scored through the paged engine
-/// (its prompt log-probabilities: PagedAttention over blocks of 16, quantized as `kv_bits` says),
-/// and how many tokens were scored.
+/// (its prompt log-probabilities: PagedAttention over blocks of 16, quantized as `kv` says), and
+/// how many tokens were scored.
 fn paged_nll(
     pretrained: Pretrained,
     windows: &[&[u32]],
-    kv_bits: Option<u32>,
+    kv: Option<QuantSpec>,
 ) -> Result<(f64, usize), Box<dyn std::error::Error>> {
     let longest = windows.iter().map(|w| w.len()).max().unwrap_or(1);
     let config = EngineConfig {
         kv_cache_memory: KvCacheMemory::Blocks(4 * longest.div_ceil(16) + 4),
-        kv_quant: kv_bits.map(kv_spec).transpose()?,
+        kv_quant: kv,
         enable_prefix_caching: false,
         ..EngineConfig::default()
     };
@@ -206,6 +208,18 @@ fn paged_nll(
     Ok((nll, count))
 }
 
+/// The KV quantization a variant's `kv` part names: `kv8`, `kv4` (in groups of `default_group`,
+/// else `--kv-quant`'s default) or `kv4g16` (groups of 16).
+fn kv_variant(kv: &str, default_group: Option<usize>) -> Option<Result<QuantSpec, String>> {
+    let rest = kv.strip_prefix("kv")?;
+    let (bits, group) = match rest.split_once('g') {
+        Some((bits, group)) => (bits, Some(group.parse::<usize>().ok()?)),
+        None => (rest, default_group),
+    };
+    let bits = bits.parse::<u32>().ok()?;
+    Some(kv_quant(bits, group).map_err(|e| e.to_string()))
+}
+
 pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     let device = args.device.device()?;
     let (path, label) = crate::fetch::resolve(&args.model)?;
@@ -221,32 +235,43 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         let started = Instant::now();
         let (nll, count) = match variant.strip_prefix("paged") {
             Some(kv) => {
-                let kv_bits = match kv {
-                    "" => None,
-                    "-kv8" => Some(8),
-                    "-kv4" => Some(4),
-                    _ => return Err(format!("unknown variant `{variant}` (paged, paged-kv8, paged-kv4)").into()),
+                let kv = match kv.strip_prefix('-').and_then(|kv| kv_variant(kv, args.kv_group_size)) {
+                    _ if kv.is_empty() => None,
+                    Some(spec) => Some(spec?),
+                    None => {
+                        return Err(format!(
+                            "unknown variant `{variant}` (paged, paged-kv8, paged-kv4, paged-kv4g16, …)"
+                        )
+                        .into());
+                    }
                 };
-                paged_nll(pretrained, &scored_windows, kv_bits)?
+                paged_nll(pretrained, &scored_windows, kv)?
             }
             None => {
                 let weights = |bits| QuantSpec::new(bits, args.group_size, WEIGHT_QUANT_AXIS);
-                let (model, kv_bits) = match variant.as_str() {
+                let (model, kv) = match variant.as_str() {
                     "base" => (pretrained.model, None),
                     "f32" => (pretrained.model.dequantize_weights(), None),
                     "w8" => (pretrained.model.quantize_weights(weights(8)?)?, None),
                     "w4" => (pretrained.model.quantize_weights(weights(4)?)?, None),
-                    "kv8" => (pretrained.model, Some(8)),
-                    "kv4" => (pretrained.model, Some(4)),
-                    "w4kv4" => (pretrained.model.quantize_weights(weights(4)?)?, Some(4)),
-                    other => return Err(format!(
-                        "unknown variant `{other}` (base, f32, w8, w4, kv8, kv4, w4kv4, paged, paged-kv8, paged-kv4)"
-                    )
-                    .into()),
+                    // FlexGen's compressed setting: its cache groups of 64, whatever `--kv-group-size`.
+                    "w4kv4" => {
+                        (pretrained.model.quantize_weights(weights(4)?)?, Some(QuantSpec::flexgen(KV_QUANT_AXIS)))
+                    }
+                    other => match kv_variant(other, args.kv_group_size) {
+                        Some(spec) => (pretrained.model, Some(spec?)),
+                        None => {
+                            return Err(format!(
+                                "unknown variant `{other}` (base, f32, w8, w4, kv8, kv4, kv4g16, …, w4kv4, paged, \
+                                 paged-kv8, paged-kv4, paged-kv4g16, …)"
+                            )
+                            .into());
+                        }
+                    },
                 };
                 let (mut nll, mut count) = (0.0, 0);
                 for window in &scored_windows {
-                    let (n, c) = window_nll(&model, window, kv_bits, &device)?;
+                    let (n, c) = window_nll(&model, window, kv, &device)?;
                     nll += n;
                     count += c;
                 }
@@ -265,11 +290,12 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         llama_cpp_python = Some(version);
     }
     let command = format!(
-        "cargo xtask eval ppl --model {} --text {} --variants {} --group-size {} --context {} --device {}{}{}",
+        "cargo xtask eval ppl --model {} --text {} --variants {} --group-size {}{} --context {} --device {}{}{}",
         args.model,
         args.text.display(),
         args.variants.join(","),
         args.group_size,
+        args.kv_group_size.map(|g| format!(" --kv-group-size {g}")).unwrap_or_default(),
         args.context,
         args.device.name(),
         if args.max_windows > 0 { format!(" --max-windows {}", args.max_windows) } else { String::new() },
@@ -282,6 +308,12 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         "- text: {} (context {} tokens, non-overlapping windows)\n",
         args.text.display(),
         args.context
+    ));
+    md.push_str(&format!(
+        "- KV cache (`kvB`, `paged-kvB`): 4-bit codes in groups of {} along the head, 8-bit ones in \
+         groups of {} (`kvBgG`: groups of G), a scale and minimum per group\n",
+        args.kv_group_size.unwrap_or(default_kv_group_size(4)),
+        args.kv_group_size.unwrap_or(default_kv_group_size(8)),
     ));
     if let Some(version) = &llama_cpp_python {
         md.push_str(&format!(
@@ -308,6 +340,7 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         text: args.text.display().to_string(),
         context: args.context,
         group_size: args.group_size,
+        kv_group_size: args.kv_group_size,
         llama_cpp_python,
         results,
     };

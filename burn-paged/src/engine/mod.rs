@@ -351,8 +351,18 @@ impl<M: LanguageModel> LlmEngine<M> {
         let wanted: Vec<Option<PromptLogprobsWanted>> =
             plan.seqs.iter().map(|s| self.pending_prompt_logprobs(s)).collect();
         self.stats.record_model_step(&plan.seqs);
-        let RunnerOutput { logits, prompt_logprobs: mut parts } =
-            self.runner.execute(&plan.seqs, &self.blocks, &wanted)?;
+        // The constrained sequences' token masks are computed beside the forward pass (vLLM
+        // overlaps them the same way), on another thread only when there are any.
+        let constrained = sampler::constrained(&plan.seqs, &self.scheduler);
+        let (runner, blocks, scheduler) = (&mut self.runner, &self.blocks, &mut self.scheduler);
+        let RunnerOutput { logits, prompt_logprobs: mut parts } = if constrained {
+            std::thread::scope(|scope| {
+                scope.spawn(|| sampler::prefetch_masks(&plan.seqs, scheduler));
+                runner.execute(&plan.seqs, blocks, &wanted)
+            })?
+        } else {
+            runner.execute(&plan.seqs, blocks, &wanted)?
+        };
         self.stats.record_usage(&self.blocks);
         let mut prompt_logprobs = HashMap::new();
         for s in &plan.seqs {

@@ -1,6 +1,8 @@
-//! Sampling for a step's rows, grouped by request: plain greedy rows of every request share one
-//! `argmax`, and greedy rows held only by a structured-output constraint share one masked `argmax`;
-//! requests with their own sampling settings (penalties included: each sequence brings its own
+//! Sampling for a step's rows, grouped by request: greedy rows of every request share one
+//! `argmax`, greedy rows held only by a structured-output constraint included. Such a row keeps
+//! that token when its mask allows it (it is then the masked argmax too) and otherwise takes the
+//! argmax over its allowed tokens alone ([`masked_argmax`]), so no `[rows, vocab]` bias is built.
+//! Requests with their own sampling settings (penalties included: each sequence brings its own
 //! token history), parallel samples to start, best-of scoring or beam search are handled per
 //! request.
 //!
@@ -9,8 +11,8 @@
 //! device queue to drain, so one per request would serialize the step on the host.
 
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_llm_models::SamplingParams;
 use burn_llm_models::TokenLogprob;
+use burn_llm_models::generation::processors::masked_argmax;
 use burn_llm_models::generation::{SimpleVob, TokenCounts, chosen_logprobs, sample, sample_on_device};
 use rand_chacha::ChaCha8Rng;
 
@@ -160,14 +162,14 @@ pub(crate) fn sample_groups(
         }
         out.push((*group_id, rows.clone(), choices));
     }
-    // One read-back for the step: greedy rows, masked greedy rows, then each deferred request.
-    let mut parts: Vec<Tensor<2, Int>> = Vec::with_capacity(deferred.len() + 2);
+    // One read-back for the step: greedy and masked greedy rows' argmax, then each deferred
+    // request.
+    let mut parts: Vec<Tensor<2, Int>> = Vec::with_capacity(deferred.len() + 1);
+    greedy_rows.extend(&masked_rows);
     if !greedy_rows.is_empty() {
-        parts.push(burn_llm_kernels::argmax_rows(logits.clone().select(0, index(&greedy_rows, &logits))));
-    }
-    if !masked_rows.is_empty() {
-        let selected = logits.clone().select(0, index(&masked_rows, &logits));
-        parts.push(sample_on_device(selected, &SamplingParams::default(), &mut [], &[], &masks)?);
+        let all = greedy_rows.len() == logits.dims()[0];
+        let rows = if all { logits.clone() } else { logits.clone().select(0, index(&greedy_rows, &logits)) };
+        parts.push(burn_llm_kernels::argmax_rows(rows));
     }
     parts.extend(deferred.iter().map(|(_, ids)| ids.clone()));
     if parts.is_empty() {
@@ -179,9 +181,21 @@ pub(crate) fn sample_groups(
     let dtype = parts[0].dtype();
     let parts = parts.into_iter().map(|p| if p.dtype() == dtype { p } else { p.cast(dtype) }).collect();
     let ids = ids_of(Tensor::cat(parts, 0).reshape([total]))?;
-    let (direct, rest) = ids.split_at(greedy_rows.len() + masked_rows.len());
-    let token_of: std::collections::HashMap<usize, u32> =
-        greedy_rows.iter().chain(&masked_rows).copied().zip(direct.iter().copied()).collect();
+    let (direct, rest) = ids.split_at(greedy_rows.len());
+    let mut token_of: std::collections::HashMap<usize, u32> =
+        greedy_rows.iter().copied().zip(direct.iter().copied()).collect();
+    // Masked rows whose unmasked argmax the constraint forbids: the argmax over their allowed
+    // tokens instead.
+    let (refused, refused_masks): (Vec<usize>, Vec<SimpleVob>) = masked_rows
+        .iter()
+        .zip(masks)
+        .filter(|(r, mask)| !token_of.get(r).is_some_and(|&t| mask.is_allowed(t)))
+        .map(|(&r, mask)| (r, mask))
+        .unzip();
+    if !refused.is_empty() {
+        let chosen = masked_argmax(logits.clone().select(0, index(&refused, &logits)), &refused_masks)?;
+        token_of.extend(refused.into_iter().zip(chosen));
+    }
     let mut rest = rest.iter();
     for (entry, _) in &deferred {
         for choice in out[*entry].2.iter_mut() {
@@ -214,4 +228,23 @@ fn row_masks(rows: &[usize], seqs: &[&ScheduledSeq], data: &mut RequestData) -> 
         }
     }
     Ok(Some(masks))
+}
+
+/// Whether a sequence `seqs` samples from has a structured-output constraint.
+pub(crate) fn constrained(seqs: &[ScheduledSeq], scheduler: &Scheduler<RequestData>) -> bool {
+    seqs.iter().any(|s| s.sample && scheduler.group(s.group).is_some_and(|g| g.data.params.constraint.is_some()))
+}
+
+/// Computes the token mask of every constrained sequence `seqs` samples from, which its
+/// constraint keeps until the token is committed ([`sample_groups`] then reads it). A mask that
+/// fails here is computed again there, where its error is reported.
+pub(crate) fn prefetch_masks(seqs: &[ScheduledSeq], scheduler: &mut Scheduler<RequestData>) {
+    for s in seqs.iter().filter(|s| s.sample) {
+        if let Some(group) = scheduler.group_mut(s.group)
+            && group.data.params.constraint.is_some()
+            && let Some(live) = group.data.live.get_mut(&s.seq)
+        {
+            let _ = live.state.allowed_tokens();
+        }
+    }
 }

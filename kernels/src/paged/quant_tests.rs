@@ -11,10 +11,15 @@ use super::*;
 use crate::quant::{GroupQuantized, QuantSpec, dequantize, quantize};
 use crate::test_devices::devices;
 
-/// `bits`-bit groups of 64 along the head, or of 16 where 64 does not tile it (what
-/// `fit_kv_quant` does with whole heads; 16 tiles every head of [`CASES`]).
+/// 4-bit groups of 8 along the head (`--kv-quant 4`'s default: one code word per group); 8-bit
+/// groups of 64, or of 16 where 64 does not tile the head (what `fit_kv_quant` does with whole
+/// heads; 16 tiles every head of [`CASES`]).
 pub(super) fn spec(bits: u32, head_dim: usize) -> QuantSpec {
-    let group = if head_dim.is_multiple_of(64) { 64 } else { 16 };
+    let group = match bits {
+        4 => 8,
+        _ if head_dim.is_multiple_of(64) => 64,
+        _ => 16,
+    };
     QuantSpec::new(bits, group, 3).unwrap()
 }
 

@@ -37,7 +37,7 @@ mod steps;
 pub use attention::{MASKED, attention, attention_with, causal_bias};
 pub use contiguous::ContiguousKvCache;
 pub use placement::LayerDevices;
-pub use quant::{KV_QUANT_AXIS, check_kv_quant, fit_kv_quant};
+pub use quant::{KV_QUANT_AXIS, check_kv_quant, default_kv_group_size, fit_kv_quant, kv_quant};
 pub use slots::{LayerSlots, Slots};
 pub use steps::StepSlots;
 

@@ -35,3 +35,21 @@ pub fn fit_kv_quant(layout: KvLayout, requested: QuantSpec) -> Result<QuantSpec>
     check_kv_quant(layout, spec)?;
     Ok(spec)
 }
+
+/// Values per group along the head that `--kv-quant bits` uses unless `--kv-group-size` says
+/// otherwise: FlexGen's 64 for 8-bit codes, 8 for 4-bit ones.
+///
+/// Keys are what 4-bit codes lose quality on: a few of a head's channels carry most of a key's
+/// magnitude, and one scale and minimum over the whole head spends the 16 levels on them. Groups
+/// of 8 give each its own range, at 1 byte of scale and minimum per value in `f32` (docs/paged.md
+/// tables the perplexity and size of every group).
+pub const fn default_kv_group_size(bits: u32) -> usize {
+    if bits == 4 { 8 } else { QuantSpec::FLEXGEN_GROUP_SIZE }
+}
+
+/// `bits`-bit KV codes in groups of `group_size` (default [`default_kv_group_size`]) along the
+/// head dimension, before fitting to a model ([`fit_kv_quant`]).
+pub fn kv_quant(bits: u32, group_size: Option<usize>) -> Result<QuantSpec> {
+    QuantSpec::new(bits, group_size.unwrap_or(default_kv_group_size(bits)), KV_QUANT_AXIS)
+        .map_err(|e| ModelError::Quantization(format!("KV cache: {e}")))
+}

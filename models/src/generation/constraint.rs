@@ -182,7 +182,7 @@ impl ConstraintCompiler {
             return Err(ModelError::InvalidConstraint { kind: constraint.kind(), message });
         }
         let ends = self.factory.tok_env().tok_trie().eos_token_set();
-        Ok(ConstraintState { matcher, ends, vocab_size: self.vocab_size })
+        Ok(ConstraintState { matcher, ends, vocab_size: self.vocab_size, next: None })
     }
 }
 
@@ -220,6 +220,9 @@ pub struct ConstraintState {
     matcher: Matcher,
     ends: SimpleVob,
     vocab_size: usize,
+    /// The mask of the current position once computed (until the next commit), so that an engine
+    /// can compute it ahead, beside the model's forward pass.
+    next: Option<SimpleVob>,
 }
 
 impl std::fmt::Debug for ConstraintState {
@@ -229,21 +232,27 @@ impl std::fmt::Debug for ConstraintState {
 }
 
 impl ConstraintState {
-    /// The tokens allowed next (only the end tokens once the output is complete).
+    /// The tokens allowed next (only the end tokens once the output is complete), computed once per
+    /// position.
     pub fn allowed(&mut self) -> Result<SimpleVob> {
-        match self.matcher.compute_mask_or_eos() {
-            Ok(mask) if mask.len() == self.vocab_size && !mask.is_zero() => Ok(mask),
-            Ok(_) => Ok(self.ends.clone()),
+        if let Some(mask) = &self.next {
+            return Ok(mask.clone());
+        }
+        let mask = match self.matcher.compute_mask_or_eos() {
+            Ok(mask) if mask.len() == self.vocab_size && !mask.is_zero() => mask,
+            Ok(_) => self.ends.clone(),
             Err(e) => {
                 tracing::warn!("structured output stopped: {e}");
-                Ok(self.ends.clone())
+                self.ends.clone()
             }
-        }
+        };
+        Ok(self.next.insert(mask).clone())
     }
 
     /// Advances past a sampled token (a token the parser refuses leaves it stopped, see
     /// [`ConstraintState`]).
     pub fn commit(&mut self, token: u32) -> Result<()> {
+        self.next = None;
         if !self.matcher.is_stopped()
             && let Err(e) = self.matcher.consume_token(token)
         {

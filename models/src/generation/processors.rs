@@ -52,6 +52,38 @@ pub fn add_biases(logits: Tensor<2>, params: &SamplingParams, allowed: &[SimpleV
     Ok(logits + bias)
 }
 
+/// Per row of `logits` (`[rows, vocab]`): the greedy token among those `allowed[row]` holds, the
+/// first index of the largest allowed logit, which is what an argmax of the row after
+/// [`add_biases`] gives. It reads the rows back and visits only the allowed entries, instead of
+/// building, uploading and adding a `[rows, vocab]` bias. A mask that allows no token of the row
+/// is an error.
+pub fn masked_argmax(logits: Tensor<2>, allowed: &[SimpleVob]) -> Result<Vec<u32>> {
+    let [rows, vocab] = logits.dims();
+    if allowed.len() != rows {
+        return Err(ModelError::InvalidSampling(format!(
+            "a constrained step needs one token mask per row: {rows} rows, {} masks",
+            allowed.len()
+        )));
+    }
+    let values = super::sampling::read_floats(logits)?;
+    let mut ids = Vec::with_capacity(rows);
+    for (row, mask) in values.chunks_exact(vocab.max(1)).zip(allowed) {
+        let mut best: Option<(usize, f32)> = None;
+        mask.iter_set_entries(|id| {
+            if let Some(&value) = row.get(id)
+                && best.is_none_or(|(_, top)| value > top)
+            {
+                best = Some((id, value));
+            }
+        });
+        let (id, _) = best.ok_or_else(|| {
+            ModelError::InvalidSampling("the output's constraint allows no token at this point".into())
+        })?;
+        ids.push(id as u32);
+    }
+    Ok(ids)
+}
+
 /// Sorted (descending) logits after temperature with every entry whose probability is below
 /// `min_p` × the row's highest set to `-inf` (`p ≥ min_p · p_max` ⇔ `l ≥ l_max + ln min_p`).
 pub fn apply_min_p(sorted: Tensor<2>, min_p: f32) -> Tensor<2> {
@@ -93,5 +125,28 @@ mod tests {
         let kept = values(apply_min_p(row(&[3.0, 2.0, 0.0]), 0.3));
         assert_eq!(kept, [3.0, 2.0, f32::NEG_INFINITY]);
         assert_eq!(values(apply_min_p(row(&[3.0, 2.0, 0.0]), 0.0)), [3.0, 2.0, 0.0]);
+    }
+
+    /// The masked argmax picks what an argmax after the `-inf` bias picks, ties included (the
+    /// first index), row by row; a row whose mask allows nothing is an error.
+    #[test]
+    fn masked_argmax_equals_argmax_after_the_bias() {
+        let logits = [0.5, 3.0, 2.0, 2.0, 9.0, 1.0, -4.0, -1.0, -1.0, 7.0];
+        let (rows, vocab) = (2, 5);
+        let tensor = || Tensor::<2>::from_data(TensorData::new(logits.to_vec(), [rows, vocab]), &Device::flex());
+        let masks: Vec<SimpleVob> = [&[2, 3][..], &[1, 2, 3]]
+            .iter()
+            .map(|ids| {
+                let mut mask = SimpleVob::alloc(vocab);
+                ids.iter().for_each(|&id| mask.allow_token(id));
+                mask
+            })
+            .collect();
+        let biased = add_biases(tensor(), &SamplingParams::default(), &masks).unwrap();
+        let expected = crate::generation::sampling::read_ids(burn_llm_kernels::argmax_rows(biased)).unwrap();
+        assert_eq!(masked_argmax(tensor(), &masks).unwrap(), expected);
+        assert_eq!(expected, [2, 2]);
+        assert!(masked_argmax(tensor(), &masks[..1]).is_err());
+        assert!(masked_argmax(tensor(), &[SimpleVob::alloc(vocab), masks[1].clone()]).is_err());
     }
 }

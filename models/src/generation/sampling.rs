@@ -380,7 +380,7 @@ fn id_column(ids: &[u32], device: &Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(column, [ids.len(), 1]), device)
 }
 
-fn read_floats<const D: usize>(values: Tensor<D>) -> Result<Vec<f32>> {
+pub(crate) fn read_floats<const D: usize>(values: Tensor<D>) -> Result<Vec<f32>> {
     let data = values.try_into_data().map_err(|e| ModelError::Device(format!("reading results back: {e:?}")))?;
     data.try_into_vec_as::<f32>().map_err(|e| ModelError::Device(format!("{e:?}")))
 }

@@ -141,7 +141,7 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
         let mut points = Vec::new();
         for &rate in &args.rates {
             let started = Instant::now();
-            let samples = runtime.block_on(send(&client, &url, &requests, rate, &mut rng, None))?;
+            let (samples, _) = runtime.block_on(send(&client, &url, &requests, rate, &mut rng, None))?;
             let point = summarize(rate, &samples, started.elapsed().as_secs_f64());
             eprintln!(
                 "{name} @ {rate} req/s: {:.2} req/s, {:.4} s/token, TTFT p50 {:.3} s",
@@ -163,7 +163,10 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
 }
 
 /// Sends `requests` with Poisson arrivals at `rate`, each streamed (every second one with
-/// `guided_json: half_structured` when given); returns what each measured.
+/// `guided_json: half_structured` when given); returns what each measured: its first token is the
+/// first event carrying a choice, and its output length is what the server's closing usage
+/// counts (a request that ended early counts the tokens it did produce). Also returns the text of
+/// every structured request, for the caller to check.
 pub(super) async fn send(
     client: &Client,
     url: &str,
@@ -171,7 +174,7 @@ pub(super) async fn send(
     rate: f64,
     rng: &mut impl Rng,
     half_structured: Option<&serde_json::Value>,
-) -> Result<Vec<Sample>, Box<dyn std::error::Error>> {
+) -> Result<(Vec<Sample>, Vec<String>), Box<dyn std::error::Error>> {
     let start = tokio::time::Instant::now();
     let mut at = 0.0;
     let mut tasks = Vec::new();
@@ -179,12 +182,14 @@ pub(super) async fn send(
         at += -(rng.random::<f64>().max(1e-12)).ln() / rate;
         let mut body = json!({
             "prompt": prompt, "max_tokens": output, "temperature": 0, "ignore_eos": true,
-            "stream": true, "logprobs": 1,
+            "stream": true, "logprobs": 1, "stream_options": {"include_usage": true},
         });
-        if let Some(schema) = half_structured.filter(|_| i % 2 == 1) {
+        let structured = half_structured.filter(|_| i % 2 == 1);
+        if let Some(schema) = structured {
             body["guided_json"] = schema.clone();
         }
-        let (client, url, output) = (client.clone(), url.to_string(), *output);
+        let structured = structured.is_some();
+        let (client, url) = (client.clone(), url.to_string());
         let send_at = start + Duration::from_secs_f64(at);
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(send_at).await;
@@ -196,20 +201,33 @@ pub(super) async fn send(
                 return Err(std::io::Error::other(format!("HTTP {status}: {text}")));
             }
             let mut events = SseEvents::new(response.bytes_stream());
-            let mut first = None;
+            let (mut first, mut produced, mut text) = (None, None, String::new());
             while let Some(event) = events.next().await {
-                event.map_err(std::io::Error::other)?;
-                first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
+                let data = event.map_err(std::io::Error::other)?;
+                if data == "[DONE]" {
+                    continue;
+                }
+                let chunk: serde_json::Value = serde_json::from_str(&data).map_err(std::io::Error::other)?;
+                if let Some(choice) = chunk["choices"].as_array().and_then(|c| c.first()) {
+                    first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
+                    text.push_str(choice["text"].as_str().unwrap_or_default());
+                }
+                if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+                    produced = Some(n as usize);
+                }
             }
             let e2e = sent.elapsed().as_secs_f64();
-            Ok::<Sample, std::io::Error>((first.unwrap_or(e2e), e2e, output))
+            let produced = produced.ok_or_else(|| std::io::Error::other("the stream ended without its usage"))?;
+            Ok::<_, std::io::Error>(((first.unwrap_or(e2e), e2e, produced), structured.then_some(text)))
         }));
     }
-    let mut samples = Vec::new();
+    let (mut samples, mut texts) = (Vec::new(), Vec::new());
     for task in tasks {
-        samples.push(task.await??);
+        let (sample, text) = task.await??;
+        samples.push(sample);
+        texts.extend(text);
     }
-    Ok(samples)
+    Ok((samples, texts))
 }
 
 pub(super) fn summarize(rate: f64, samples: &[Sample], seconds: f64) -> RatePoint {

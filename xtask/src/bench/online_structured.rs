@@ -90,11 +90,20 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
         MixResult { name: "all plain", points: Vec::new() },
         MixResult { name: "half structured", points: Vec::new() },
     ];
-    for &rate in &args.rates {
+    // Structured outputs checked against the schema (each a prefix of a valid array, since it
+    // stops at `max_tokens`).
+    let mut checked = 0;
+    for (k, &rate) in args.rates.iter().enumerate() {
         for mix in mixes.iter_mut() {
             let structured = (mix.name == "half structured").then_some(&schema);
+            // Both mixes see the same arrival times at a rate, so they differ only in the guides.
+            let mut arrivals = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_add(1 + k as u64));
             let started = Instant::now();
-            let samples = runtime.block_on(send(&client, &url, &requests, rate, &mut rng, structured))?;
+            let (samples, texts) = runtime.block_on(send(&client, &url, &requests, rate, &mut arrivals, structured))?;
+            for text in &texts {
+                check_output(text, &schema)?;
+            }
+            checked += texts.len();
             let point = summarize(rate, &samples, started.elapsed().as_secs_f64());
             eprintln!(
                 "{} @ {rate} req/s: {:.0} tokens/s, TPOT p99 {:.4} s",
@@ -120,7 +129,7 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
     let mut md = header.markdown("Online serving with structured outputs: all plain vs half guided_json");
     md.push_str(&format!(
         "- workload: {} (prompt mean {:.0}, output mean {:.0} tokens), {} requests per rate, greedy, `ignore_eos`\n\
-         - structured requests: every second one, `guided_json` = an array of exactly {longest} integers in [0, 9999] (runs to `max_tokens`)\n\
+         - structured requests: every second one, `guided_json` = an array of exactly {longest} integers in [0, 9999] (runs to `max_tokens`); all {checked} outputs are prefixes of such an array\n\
          - KV budget: {} tokens; paged engine, FCFS\n\n",
         workload.name, workload.prompt.mean, workload.output.mean, args.online_requests, args.online_kv_tokens
     ));
@@ -150,4 +159,41 @@ pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Re
     report::write(out, "serve-online-structured", &report, &md)?;
     println!("{md}");
     Ok(())
+}
+
+/// Checks that `text`, a structured output cut at `max_tokens`, begins an array that `schema`
+/// (integers within its `minimum`..`maximum`) allows: closed after its last complete item, it
+/// parses, and every item is in range.
+fn check_output(text: &str, schema: &Value) -> Result<(), String> {
+    let bad = |why: &str| format!("structured output {text:?} is not the start of the schema's array: {why}");
+    // Unless it is complete, drop a number the cut may have left unfinished and close the array.
+    let closed = match text.strip_suffix(']') {
+        Some(_) => text.to_string(),
+        None => {
+            let cut = text.trim_end_matches(|c: char| c.is_ascii_digit());
+            format!("{}]", cut.strip_suffix(',').unwrap_or(cut))
+        }
+    };
+    let items: Vec<i64> = serde_json::from_str(&closed).map_err(|e| bad(&e.to_string()))?;
+    let (low, high) = (schema["items"]["minimum"].as_i64(), schema["items"]["maximum"].as_i64());
+    match items.iter().find(|&&v| low.is_some_and(|l| v < l) || high.is_some_and(|h| v > h)) {
+        Some(v) => Err(bad(&format!("{v} is out of range"))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_are_checked_as_array_prefixes() {
+        let schema = json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9999}});
+        for good in ["[", "[12", "[12,", "[12,3456,7", "[0,9999]"] {
+            assert!(check_output(good, &schema).is_ok(), "{good}");
+        }
+        for bad in ["", "12", "[12,,3", "[\"a\"", "[12,10000,", "[-1"] {
+            assert!(check_output(bad, &schema).is_err(), "{bad}");
+        }
+    }
 }
