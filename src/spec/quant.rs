@@ -38,7 +38,7 @@ impl EngineSpec {
         }
     }
 
-    /// `--kv-quant` with `--kv-group-size` (default [`default_kv_group_size`]: 8 for 4 bits, 64
+    /// `--kv-quant` with `--kv-group-size` (default [`default_kv_group_size`]: 32 for 4 bits, 64
     /// for 8), or FlexGen's `--compress-cache` (4 bits in FlexGen's groups of 64, always): groups
     /// along the head dimension, fitted to the model's heads when it is loaded ([`fit_kv_quant`]:
     /// the whole head when the group does not tile it).

