@@ -104,3 +104,29 @@ fn fused_qmatmul_transposed_takes_the_group_16_kernels() {
         }
     }
 }
+
+/// The strip kernel on a split panel (groups of 16, AVX-512 VNNI) against this module's scalar
+/// kernel, within `f32` rounding (the two sum the same exact integer dots in another order):
+/// partial strips (`n` not a multiple of 16), partial tiles of input rows, odd block counts.
+#[test]
+fn the_split_strip_kernel_matches_the_scalar_kernel() {
+    use crate::quant::q8::strips::{self, Panel};
+    let Some(isa) = Isa::available().into_iter().find(|&isa| strips::supports_halves(isa, 8)) else {
+        return; // no AVX-512 VNNI on this CPU: groups of 16 stay on the row kernels
+    };
+    for (m, k, n, bits) in [(1, 256, 37, 8), (3, 96, 16, 4), (8, 2048, 33, 8), (9, 160, 50, 4), (17, 32, 70, 8)] {
+        let w = weight(n, k, bits, 11 + k as u64);
+        let x = values(m * k, 12);
+        let reference = product(&w, bits, &Rows16::new(&x, k, bits), n, Isa::Scalar);
+        let weights = Weights { codes: &w.codes, scale: &w.scale, min: &w.min, bits, group: GROUP };
+        let panel = Panel::halves(&x, m, k, bits);
+        let mut out = vec![f32::NAN; m * n];
+        strips::weight_rows(&weights, &panel, 0..n, isa, |i, j0, v| {
+            out[i * n + j0..i * n + j0 + v.len()].copy_from_slice(v)
+        });
+        let scale = reference.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+        for (at, (o, r)) in out.iter().zip(&reference).enumerate() {
+            assert!((o - r).abs() <= 1e-5 * scale, "({m}, {k}, {n}, {bits}) output {at}: {o} vs {r}");
+        }
+    }
+}
