@@ -47,7 +47,7 @@ fn product(w: &Weight, bits: u32, a: &Rows16, n: usize, isa: Isa) -> Vec<f32> {
     out
 }
 
-/// Odd and even block counts (the VNNI kernel's tail), both code widths, several input rows.
+/// Odd and even block counts, both code widths, several input rows.
 #[test]
 fn every_isa_matches_scalar_and_the_f32_product() {
     for (k, bits) in [(256, 4), (256, 8), (96, 4), (96, 8), (32, 8)] {
