@@ -185,14 +185,15 @@ mod x86 {
         for start in (0..n).step_by(KEY_BLOCK) {
             let mut acc = [[_mm512_setzero_ps(); 8]; 2];
             for c8 in (0..d).step_by(8) {
-                for l in 0..8 {
+                let [first_acc, second_acc] = &mut acc;
+                for (l, (a, b)) in first_acc.iter_mut().zip(second_acc.iter_mut()).enumerate() {
                     let c = c8 + l;
                     // SAFETY: key elements `c · len + start..+16` and query element `c` are in
                     // bounds (the caller's contract).
                     unsafe {
                         let keys = _mm512_loadu_ps(keys_t.as_ptr().add(c * len + start));
-                        acc[0][l] = _mm512_fmadd_ps(_mm512_set1_ps(*queries[0].get_unchecked(c)), keys, acc[0][l]);
-                        acc[1][l] = _mm512_fmadd_ps(_mm512_set1_ps(*queries[1].get_unchecked(c)), keys, acc[1][l]);
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*queries[0].get_unchecked(c)), keys, *a);
+                        *b = _mm512_fmadd_ps(_mm512_set1_ps(*queries[1].get_unchecked(c)), keys, *b);
                     }
                 }
             }

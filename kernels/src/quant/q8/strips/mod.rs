@@ -198,7 +198,7 @@ impl Panel {
             bits,
             split: true,
         };
-        let per_tile = |(tile, ((q, d), sums)): (usize, ((&mut [i8], &mut [f32]), &mut [f32]))| {
+        let per_tile = |tile: usize, q: &mut [i8], d: &mut [f32], sums: &mut [f32]| {
             let first = tile * ROWS;
             for (t, row) in x.chunks_exact(k.max(1)).skip(first).take(ROWS).enumerate() {
                 quantize_halves(row, bits, t, q, d, sums);
@@ -212,13 +212,13 @@ impl Panel {
                 .zip(d.par_chunks_mut((blocks * ROWS).max(1)))
                 .zip(sums.par_chunks_mut((groups * ROWS).max(1)))
                 .enumerate()
-                .for_each(per_tile);
+                .for_each(|(tile, ((q, d), sums))| per_tile(tile, q, d, sums));
         } else {
             q.chunks_mut(tile_q.max(1))
                 .zip(d.chunks_mut((blocks * ROWS).max(1)))
                 .zip(sums.chunks_mut((groups * ROWS).max(1)))
                 .enumerate()
-                .for_each(per_tile);
+                .for_each(|(tile, ((q, d), sums))| per_tile(tile, q, d, sums));
         }
         panel
     }
