@@ -373,6 +373,60 @@ mod x86 {
 
     use crate::fused::gemm::nt::sum4;
 
+    /// `out[c] += ((p0·v0[c] + p1·v1[c]) + p2·v2[c]) + p3·v3[c]` for each quad of weights `p` and
+    /// their value rows, quad after quad in order: the operations of
+    /// [`super::weighted_softmax`]'s loop (no fused multiply-add), on 512-bit registers, each
+    /// 64-element slice of `out` kept in registers across all the quads.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `out.len()` is a multiple of 16, `p.len()` a multiple of 4 and
+    /// `values` holds `p.len()` rows of `out.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weighted_quads(p: &[f32], values: &[f32], out: &mut [f32]) {
+        let d = out.len();
+        assert!(d.is_multiple_of(16) && p.len().is_multiple_of(4) && values.len() >= p.len() * d);
+        let mut c = 0;
+        // Four registers of `out` at a time (independent chains of additions), then one.
+        while c + 64 <= d {
+            // SAFETY: the contract above; `c + 64 ≤ d`.
+            unsafe { weighted_slice::<4>(p, values, out, c) };
+            c += 64;
+        }
+        while c < d {
+            // SAFETY: as above; `c + 16 ≤ d`.
+            unsafe { weighted_slice::<1>(p, values, out, c) };
+            c += 16;
+        }
+    }
+
+    /// [`weighted_quads`] on `out[c..c + 16 · W]`.
+    ///
+    /// # Safety
+    /// As [`weighted_quads`], and `c + 16 · W ≤ out.len()`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weighted_slice<const W: usize>(p: &[f32], values: &[f32], out: &mut [f32], c: usize) {
+        let d = out.len();
+        // SAFETY (every access): elements `c..c + 16 · W` of `out` and of each value row are in
+        // bounds (the contract above).
+        unsafe {
+            let mut o: [__m512; W] = std::array::from_fn(|r| _mm512_loadu_ps(out.as_ptr().add(c + 16 * r)));
+            for (q, w) in p.chunks_exact(4).enumerate() {
+                let v = values.as_ptr().add(4 * q * d + c);
+                let w = [_mm512_set1_ps(w[0]), _mm512_set1_ps(w[1]), _mm512_set1_ps(w[2]), _mm512_set1_ps(w[3])];
+                for (r, o) in o.iter_mut().enumerate() {
+                    let at = |k: usize| _mm512_loadu_ps(v.add(k * d + 16 * r));
+                    let t = _mm512_add_ps(_mm512_mul_ps(w[0], at(0)), _mm512_mul_ps(w[1], at(1)));
+                    let t = _mm512_add_ps(_mm512_add_ps(t, _mm512_mul_ps(w[2], at(2))), _mm512_mul_ps(w[3], at(3)));
+                    *o = _mm512_add_ps(*o, t);
+                }
+            }
+            for (r, o) in o.iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * r), *o);
+            }
+        }
+    }
+
     /// The scores of [`super::key_scores`] for every key there is (`n`: the keys, biases and
     /// scores there are), four keys at a time (a last group of fewer repeats its last key);
     /// returns how many it wrote.
@@ -428,7 +482,16 @@ fn weighted_softmax_portable(scores: &mut [f32], values: &[f32], out: &mut [f32]
     out.fill(0.0);
     // Four values per pass over `out`: fewer loads and stores of `out` per multiply-add.
     let quads = scores.len() / 4 * 4;
-    for (p, v) in scores[..quads].chunks_exact(4).zip(values.chunks_exact(4 * d)) {
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(16) && crate::cpu::features().avx512f {
+        // SAFETY: the CPU has AVX-512F; `d` is a multiple of 16 and `values` holds a row of `d`
+        // per score.
+        unsafe { x86::weighted_quads(&scores[..quads], &values[..quads * d], out) };
+        done = quads;
+    }
+    for (p, v) in scores[done..quads].chunks_exact(4).zip(values[done * d..].chunks_exact(4 * d)) {
         let (v0, rest) = v.split_at(d);
         let (v1, rest) = rest.split_at(d);
         let (v2, v3) = rest.split_at(d);

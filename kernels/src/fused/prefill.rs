@@ -49,17 +49,34 @@ pub(super) fn tiled_prefix_attention(
         });
     }
     let mut out = vec![0f32; a.b * s * heads * d];
+    let pairs = pairs_apply(d);
     for_rows(&mut out, heads * d, 2 * heads * len * d, |row, out| {
         let (bi, si) = (row / s, row % s);
         let visible = visible_keys(a.bias(bi, si));
         let bias = &a.bias(bi, si)[visible.clone()];
         SCORES.with_borrow_mut(|scores| {
-            scores.resize(visible.len(), 0.0);
-            for (head, out) in out.chunks_exact_mut(d).enumerate() {
+            scores.resize(2 * visible.len(), 0.0);
+            let (scores, second) = scores.split_at_mut(visible.len());
+            let mut outs = out.chunks_exact_mut(d);
+            let mut head = 0;
+            while let Some(out) = outs.next() {
                 let kv = a.kv_head(bi, head);
                 // `keys_t[c · len + start + j]`: element `c` of visible key `j`.
-                scores_of(a.query(bi, si, head), &keys_t[kv * d * len + visible.start..], len, bias, scale, scores);
-                weighted_softmax(scores, &a.slots(kv, false)[visible.start * d..visible.end * d], out);
+                let keys = &keys_t[kv * d * len + visible.start..];
+                let values = &a.slots(kv, false)[visible.start * d..visible.end * d];
+                // Two query heads that share a key head: each key element loaded once for both.
+                if pairs && head + 1 < heads && a.kv_head(bi, head + 1) == kv {
+                    let queries = [a.query(bi, si, head), a.query(bi, si, head + 1)];
+                    scores_of_pair(queries, keys, len, bias, scale, [&mut *scores, &mut *second]);
+                    let next = outs.next().expect("head + 1 < heads");
+                    weighted_softmax(scores, values, out);
+                    weighted_softmax(second, values, next);
+                    head += 2;
+                } else {
+                    scores_of(a.query(bi, si, head), keys, len, bias, scale, scores);
+                    weighted_softmax(scores, values, out);
+                    head += 1;
+                }
             }
         });
     });
@@ -97,5 +114,100 @@ fn scores_of_portable(query: &[f32], keys_t: &[f32], len: usize, bias: &[f32], s
     }
     for (j, s) in scores.iter_mut().enumerate().skip(blocks) {
         *s = score(query, |c| keys_t[c * len + j], scale, bias[j]);
+    }
+}
+
+/// Whether [`scores_of_pair`] runs its AVX-512 kernel for a head dimension of `d`.
+fn pairs_apply(d: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        d.is_multiple_of(8) && crate::cpu::features().avx512_fma()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = d;
+        false
+    }
+}
+
+/// [`scores_of`] for two query heads over the same keys (grouped-query attention): with
+/// AVX-512, 16 keys a register and both heads' lane accumulators (16 registers) fed by one load
+/// of each key element, so the keys stream from the cache once for the pair; the last keys of a
+/// row (fewer than 16) through [`score`]. Each score's operations are exactly [`score`]'s.
+/// Callers check [`pairs_apply`].
+fn scores_of_pair(queries: [&[f32]; 2], keys_t: &[f32], len: usize, bias: &[f32], scale: f32, scores: [&mut [f32]; 2]) {
+    let [first, second] = scores;
+    let end = first.len().min(second.len());
+    let d = queries[0].len();
+    assert!(queries[1].len() == d && d.is_multiple_of(8) && bias.len() >= end);
+    assert!(end == 0 || keys_t.len() >= (d - 1) * len + end);
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if pairs_apply(d) {
+        done = end / KEY_BLOCK * KEY_BLOCK;
+        // SAFETY: the CPU has AVX-512F and FMA (checked above); the bounds were checked above.
+        unsafe { x86::scores_pair(queries, keys_t, len, bias, scale, [&mut first[..done], &mut second[..done]]) };
+    }
+    for j in done..end {
+        first[j] = score(queries[0], |c| keys_t[c * len + j], scale, bias[j]);
+        second[j] = score(queries[1], |c| keys_t[c * len + j], scale, bias[j]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::KEY_BLOCK;
+
+    /// The scores of whole blocks of [`KEY_BLOCK`] keys (`scores[h].len()` of them) for both
+    /// heads: per block, lane `l` of head `h` a register of 16 keys' chains of FMAs over elements
+    /// `l, l + 8, …`, summed as [`super::lane_sum`] orders them, then `sum · scale + bias` fused.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and FMA; both queries have `d` (a multiple of 8) elements, `keys_t`
+    /// holds element `c` of key `j` at `c · len + j` for every `j < scores[h].len()`, and `bias`
+    /// that many values.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn scores_pair(
+        queries: [&[f32]; 2],
+        keys_t: &[f32],
+        len: usize,
+        bias: &[f32],
+        scale: f32,
+        scores: [&mut [f32]; 2],
+    ) {
+        let d = queries[0].len();
+        let [first, second] = scores;
+        let n = first.len().min(second.len());
+        let scale = _mm512_set1_ps(scale);
+        for start in (0..n).step_by(KEY_BLOCK) {
+            let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+            for c8 in (0..d).step_by(8) {
+                let [first_acc, second_acc] = &mut acc;
+                for (l, (a, b)) in first_acc.iter_mut().zip(second_acc.iter_mut()).enumerate() {
+                    let c = c8 + l;
+                    // SAFETY: key elements `c · len + start..+16` and query element `c` are in
+                    // bounds (the caller's contract).
+                    unsafe {
+                        let keys = _mm512_loadu_ps(keys_t.as_ptr().add(c * len + start));
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*queries[0].get_unchecked(c)), keys, *a);
+                        *b = _mm512_fmadd_ps(_mm512_set1_ps(*queries[1].get_unchecked(c)), keys, *b);
+                    }
+                }
+            }
+            for (acc, out) in acc.iter().zip([&mut *first, &mut *second]) {
+                let sum = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
+                    _mm512_add_ps(_mm512_add_ps(acc[4], acc[5]), _mm512_add_ps(acc[6], acc[7])),
+                );
+                // SAFETY: `start + 16 ≤ n`, within `bias` and `out`.
+                unsafe {
+                    let bias = _mm512_loadu_ps(bias.as_ptr().add(start));
+                    _mm512_storeu_ps(out.as_mut_ptr().add(start), _mm512_fmadd_ps(sum, scale, bias));
+                }
+            }
+        }
     }
 }

@@ -177,40 +177,44 @@ fn prefix_attention_matches_burn_attention_over_the_visible_slots() {
 /// Every query row gets the same bits from the prefill path (many rows, keys transposed) as from
 /// the decode path (the row alone), after any number of masked slots (a static batch's left
 /// padding): so a sequence's output does not depend on its batch, and a prefill of a context
-/// equals the decode step that reached it. Gemma 3's shape: four query heads on one key/value
-/// head of width 256.
+/// equals the decode step that reached it. Gemma 3's shape (four query heads on one key/value
+/// head of width 256, so pairs of heads share their keys), SmolLM2's (three query heads per
+/// key/value head: a pair and a single head), and a width that is not a multiple of 64.
 #[test]
 fn prefix_attention_rows_are_the_same_bits_on_every_path() {
     let device = Device::flex();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-    let (heads, kv_heads, d, s) = (4, 1, 256, 37);
-    let q = random(&mut rng, [1, heads, s, d], &device);
-    let k = random(&mut rng, [1, kv_heads, s, d], &device);
-    let v = random(&mut rng, [1, kv_heads, s, d], &device);
-    let scale = 0.0625;
-    let prefill = values(prefix_attention(q.clone(), k.clone(), v.clone(), causal_bias(&[0], s, s, &device), s, scale));
-    for pad in [0, 1, 3, 6, 13] {
-        let noise = |rng: &mut rand_chacha::ChaCha8Rng| random(rng, [1, kv_heads, pad, d], &device);
-        let (k_pad, v_pad) =
-            (Tensor::cat(vec![noise(&mut rng), k.clone()], 2), Tensor::cat(vec![noise(&mut rng), v.clone()], 2));
-        let len = pad + s;
-        let padded =
-            prefix_attention(q.clone(), k_pad.clone(), v_pad.clone(), causal_bias(&[pad], s, len, &device), len, scale);
-        assert!(
-            values(padded).iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "prefill after {pad} masked slots differs from the prefill without them"
-        );
-        for i in 0..s {
-            let row = q.clone().slice([0..1, 0..heads, i..i + 1, 0..d]);
-            let bias: Vec<f32> = (0..len).map(|j| if j < pad || j > pad + i { -1.0e30 } else { 0.0 }).collect();
-            let bias = Tensor::from_data(TensorData::new(bias, [1, 1, 1, len]), &device);
-            let alone = values(prefix_attention(row, k_pad.clone(), v_pad.clone(), bias, len, scale));
-            for h in 0..heads {
-                let expected = &prefill[(h * s + i) * d..(h * s + i + 1) * d];
-                assert!(
-                    alone[h * d..(h + 1) * d].iter().zip(expected).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "row {i}, head {h}, after {pad} masked slots: the decode path differs from the prefill path"
-                );
+    for (heads, kv_heads, d, s) in [(4, 1, 256, 37), (9, 3, 64, 41), (2, 1, 80, 20)] {
+        let q = random(&mut rng, [1, heads, s, d], &device);
+        let k = random(&mut rng, [1, kv_heads, s, d], &device);
+        let v = random(&mut rng, [1, kv_heads, s, d], &device);
+        let scale = 0.0625;
+        let prefill =
+            values(prefix_attention(q.clone(), k.clone(), v.clone(), causal_bias(&[0], s, s, &device), s, scale));
+        for pad in [0, 1, 3, 6, 13] {
+            let noise = |rng: &mut rand_chacha::ChaCha8Rng| random(rng, [1, kv_heads, pad, d], &device);
+            let (k_pad, v_pad) =
+                (Tensor::cat(vec![noise(&mut rng), k.clone()], 2), Tensor::cat(vec![noise(&mut rng), v.clone()], 2));
+            let len = pad + s;
+            let bias = causal_bias(&[pad], s, len, &device);
+            let padded = prefix_attention(q.clone(), k_pad.clone(), v_pad.clone(), bias, len, scale);
+            assert!(
+                values(padded).iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "h{heads}/{kv_heads} d{d}: prefill after {pad} masked slots differs from the prefill without them"
+            );
+            for i in 0..s {
+                let row = q.clone().slice([0..1, 0..heads, i..i + 1, 0..d]);
+                let bias: Vec<f32> = (0..len).map(|j| if j < pad || j > pad + i { -1.0e30 } else { 0.0 }).collect();
+                let bias = Tensor::from_data(TensorData::new(bias, [1, 1, 1, len]), &device);
+                let alone = values(prefix_attention(row, k_pad.clone(), v_pad.clone(), bias, len, scale));
+                for h in 0..heads {
+                    let expected = &prefill[(h * s + i) * d..(h * s + i + 1) * d];
+                    assert!(
+                        alone[h * d..(h + 1) * d].iter().zip(expected).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "h{heads}/{kv_heads} d{d}, row {i}, head {h}, after {pad} masked slots: the decode path \
+                         differs from the prefill path"
+                    );
+                }
             }
         }
     }

@@ -38,14 +38,17 @@ fn assert_rows_invariant(what: &str, k: usize, product: impl Fn(Tensor<2>) -> Te
     }
 }
 
-/// GGUF-layout weights (`[n, k]`, groups along `k`) of 4 and 8 bits, on the default integer path
-/// and the exact one; shapes with partial strips (`n` not a multiple of 16) and with enough
-/// multiply-adds to run on two threads.
+/// GGUF-layout weights (`[n, k]`, groups along `k`) of 4 and 8 bits, in groups of whole blocks
+/// and of 16 (the K-quants' sub-blocks), on the default integer path and the exact one; shapes
+/// with partial strips (`n` not a multiple of 16) and with enough multiply-adds to run on two
+/// threads.
 #[test]
 fn quantized_products_are_batch_invariant() {
     let device = Device::flex();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
-    for (k, n, bits, group) in [(64, 37, 4, 32), (576, 1536, 4, 32), (1536, 100, 8, 32), (128, 70, 4, 64)] {
+    for (k, n, bits, group) in
+        [(64, 37, 4, 32), (576, 1536, 4, 32), (1536, 100, 8, 32), (128, 70, 4, 64), (2048, 200, 8, 16), (96, 45, 4, 16)]
+    {
         let w: Vec<f32> = (0..n * k).map(|_| rng.random::<f32>() - 0.5).collect();
         let w = Tensor::<2>::from_data(TensorData::new(w, [n, k]), &device);
         let w = quantize(w, QuantSpec::new(bits, group, 1).unwrap()).unwrap();

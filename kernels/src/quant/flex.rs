@@ -186,31 +186,45 @@ fn use_strips(isa: q8::Isa, bits: u32) -> bool {
 /// split across threads in whole strips of [`q8::strips::STRIP`] rows: for decode-sized `m`, in
 /// as many parts as threads (on two cores, this thread and the [`split`] helper, without a round
 /// trip through rayon's sleep and wake-up, each taking over the other's last chunks when done
-/// first); for prefill-sized `m`, in a few parts per thread.
+/// first); for prefill-sized `m`, in a few parts per thread. Weights in groups of 16 (the
+/// K-quants with sub-blocks of 16) take the same strip kernel on a split panel where the CPU has
+/// AVX-512 VNNI, [`kq`]'s row kernels elsewhere.
 fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     if m == 0 || k == 0 || n == 0 {
         return vec![0.0; m * n];
     }
-    let a = if m > QUANTIZE_ROWS_PER_TASK {
-        q8::QuantizedRows::concat(
-            x.par_chunks(QUANTIZE_ROWS_PER_TASK * k)
-                .map(|rows| q8::QuantizedRows::new(rows, rows.len() / k, k, w.group, w.bits))
-                .collect(),
-        )
-    } else {
-        q8::QuantizedRows::new(x, m, k, w.group, w.bits)
-    };
-    debug_assert_eq!(a.rows(), m);
     let isa = *ISA.get_or_init(q8::Isa::best);
-    let panel = use_strips(isa, w.bits).then(|| q8::strips::Panel::new(&a));
+    let activations = if w.group == kq::GROUP {
+        if !q8::strips::supports_halves(isa, w.bits) {
+            return kq::int8_nt(w, x, m, k, n);
+        }
+        Activations::Strips(q8::strips::Panel::halves(x, m, k, w.bits))
+    } else {
+        let a = if m > QUANTIZE_ROWS_PER_TASK {
+            q8::QuantizedRows::concat(
+                x.par_chunks(QUANTIZE_ROWS_PER_TASK * k)
+                    .map(|rows| q8::QuantizedRows::new(rows, rows.len() / k, k, w.group, w.bits))
+                    .collect(),
+            )
+        } else {
+            q8::QuantizedRows::new(x, m, k, w.group, w.bits)
+        };
+        debug_assert_eq!(a.rows(), m);
+        match use_strips(isa, w.bits) {
+            true => Activations::Strips(q8::strips::Panel::new(&a)),
+            false => Activations::Rows(a),
+        }
+    };
     let mut out = vec![0f32; m * n];
     let shared = SharedOut(out.as_mut_ptr());
     // SAFETY (both writes): every caller of `part` hands it a range of weight rows (output
     // columns) that no other part covers; the `[m, n]` output outlives the parallel calls, and
     // the kernels hand out only `i < m`, columns inside `rows`.
-    let part = |rows: std::ops::Range<usize>| match &panel {
-        Some(panel) => q8::strips::weight_rows(w, panel, rows, isa, |i, j0, v| unsafe { shared.copy(i * n + j0, v) }),
-        None => q8::weight_rows(w, &a, rows, |i, j, v| unsafe { shared.write(i * n + j, v) }),
+    let part = |rows: std::ops::Range<usize>| match &activations {
+        Activations::Strips(panel) => {
+            q8::strips::weight_rows(w, panel, rows, isa, |i, j0, v| unsafe { shared.copy(i * n + j0, v) })
+        }
+        Activations::Rows(a) => q8::weight_rows(w, a, rows, |i, j, v| unsafe { shared.write(i * n + j, v) }),
     };
     let strip = q8::strips::STRIP;
     if m * n * k <= INT8_SERIAL_MACS {
@@ -224,15 +238,23 @@ fn int8_nt(w: &q8::Weights, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
         split::split2_chunks(n, SPLIT2_CHUNK_ROWS, &|rows| part(rows));
         return out;
     }
-    let per_task = match &panel {
-        None => INT8_ROWS_PER_TASK,
-        Some(_) => {
+    let per_task = match &activations {
+        Activations::Rows(_) => INT8_ROWS_PER_TASK,
+        Activations::Strips(_) => {
             let parts = if m <= SPLIT2_MAX_ROWS { threads } else { threads * PARTS_PER_THREAD };
             n.div_ceil(strip).div_ceil(parts) * strip
         }
     };
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| part(t * per_task..((t + 1) * per_task).min(n)));
     out
+}
+
+/// The input rows of an integer product, quantized for the kernel that runs it.
+enum Activations {
+    /// For the strip kernel ([`q8::strips`]).
+    Strips(q8::strips::Panel),
+    /// For the plain-Rust kernel ([`q8::weight_rows`]).
+    Rows(q8::QuantizedRows),
 }
 
 /// The instruction set the integer kernels use, detected once.
@@ -314,13 +336,9 @@ impl GroupQuantOps for Flex {
         let (x, codes, scale, min) = (widened(x), contiguous(codes), widened(scale), widened(min));
         let (x, codes) = (f32s(&x), u32s(&codes));
         let (scale, min) = (f32s(&scale), f32s(&min));
-        if int8_rows == 1 && group.is_multiple_of(q8::BLOCK) {
+        if int8_rows == 1 && (group.is_multiple_of(q8::BLOCK) || kq::supports(bits, group)) {
             let w = q8::Weights { codes, scale, min, bits, group };
             return narrowed(int8_nt(&w, x, m, k_len, n), [m, n], dtype);
-        }
-        if int8_rows == 1 && kq::supports(bits, group) {
-            let w = q8::Weights { codes, scale, min, bits, group };
-            return narrowed(kq::int8_nt(&w, x, m, k_len, n), [m, n], dtype);
         }
         let groups = k_len / group;
         let xsum: Vec<f32> = x.chunks_exact(group).map(|c| c.iter().sum()).collect();

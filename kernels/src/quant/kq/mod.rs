@@ -13,8 +13,9 @@
 //! nibbles, so for 4-bit weights each group of 16 activation codes is stored evens first, then
 //! odds (once per matmul), and the kernels never shuffle weight nibbles.
 //!
-//! Kernels: scalar (the reference), AVX2 (`vpmaddwd` on codes widened to 16 bits) and AVX-512 VNNI
-//! (`vpdpbusd` on two blocks a time), chosen at run time like `q8`'s ([`Isa::best`]).
+//! Kernels: scalar (the reference) and AVX2 (`vpmaddwd` on codes widened to 16 bits), chosen at
+//! run time like `q8`'s ([`Isa::best`]). With AVX-512 VNNI the Flex product does not come here:
+//! `q8`'s strip kernel multiplies groups of 16 on a split panel (`q8::strips::Panel::halves`).
 
 use std::ops::Range;
 
@@ -114,10 +115,8 @@ fn row_dot(isa: Isa, bits: u32, codes: &[u32], scale: &[f32], q: &[i8], d: &[f32
     match isa {
         Isa::Scalar => row_dot_scalar(bits, codes, scale, q, d),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::best` returned these only where the CPU has the features they enable.
-        Isa::Avx2 => unsafe { x86::row_dot_avx2(bits, codes, scale, q, d) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Vnni => unsafe { x86::row_dot_vnni(bits, codes, scale, q, d) },
+        // SAFETY: `Isa::best` returned these only where the CPU has AVX2 and FMA.
+        Isa::Avx2 | Isa::Vnni => unsafe { x86::row_dot_avx2(bits, codes, scale, q, d) },
     }
 }
 

@@ -47,7 +47,7 @@ fn product(w: &Weight, bits: u32, a: &Rows16, n: usize, isa: Isa) -> Vec<f32> {
     out
 }
 
-/// Odd and even block counts (the VNNI kernel's tail), both code widths, several input rows.
+/// Odd and even block counts, both code widths, several input rows.
 #[test]
 fn every_isa_matches_scalar_and_the_f32_product() {
     for (k, bits) in [(256, 4), (256, 8), (96, 4), (96, 8), (32, 8)] {
@@ -101,6 +101,32 @@ fn fused_qmatmul_transposed_takes_the_group_16_kernels() {
         let scale = exact.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
         for (f, e) in int8.iter().zip(&exact) {
             assert!((f - e).abs() <= 2e-2 * scale, "({m}, {k}, {n}, {bits}): int8 {f} vs exact {e}");
+        }
+    }
+}
+
+/// The strip kernel on a split panel (groups of 16, AVX-512 VNNI) against this module's scalar
+/// kernel, within `f32` rounding (the two sum the same exact integer dots in another order):
+/// partial strips (`n` not a multiple of 16), partial tiles of input rows, odd block counts.
+#[test]
+fn the_split_strip_kernel_matches_the_scalar_kernel() {
+    use crate::quant::q8::strips::{self, Panel};
+    let Some(isa) = Isa::available().into_iter().find(|&isa| strips::supports_halves(isa, 8)) else {
+        return; // no AVX-512 VNNI on this CPU: groups of 16 stay on the row kernels
+    };
+    for (m, k, n, bits) in [(1, 256, 37, 8), (3, 96, 16, 4), (8, 2048, 33, 8), (9, 160, 50, 4), (17, 32, 70, 8)] {
+        let w = weight(n, k, bits, 11 + k as u64);
+        let x = values(m * k, 12);
+        let reference = product(&w, bits, &Rows16::new(&x, k, bits), n, Isa::Scalar);
+        let weights = Weights { codes: &w.codes, scale: &w.scale, min: &w.min, bits, group: GROUP };
+        let panel = Panel::halves(&x, m, k, bits);
+        let mut out = vec![f32::NAN; m * n];
+        strips::weight_rows(&weights, &panel, 0..n, isa, |i, j0, v| {
+            out[i * n + j0..i * n + j0 + v.len()].copy_from_slice(v)
+        });
+        let scale = reference.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+        for (at, (o, r)) in out.iter().zip(&reference).enumerate() {
+            assert!((o - r).abs() <= 1e-5 * scale, "({m}, {k}, {n}, {bits}) output {at}: {o} vs {r}");
         }
     }
 }

@@ -1,6 +1,6 @@
-//! The x86 kernels of [`super::row_dot`]: AVX2 one block of 32 at a time, AVX-512 VNNI two.
+//! The x86 kernel of [`super::row_dot`]: AVX2, one block of 32 at a time.
 //!
-//! Both read a block's codes in the activation's order (see the module doc of [`super`]): 8-bit
+//! It reads a block's codes in the activation's order (see the module doc of [`super`]): 8-bit
 //! codes as they lie; 4-bit codes split into low and high nibbles and interleaved per 8 bytes
 //! (`unpacklo/hi_epi64`), which puts each group's low nibbles (its even elements) before its high
 //! ones (its odd elements).
@@ -62,38 +62,4 @@ pub(super) unsafe fn row_dot_avx2(bits: u32, codes: &[u32], scale: &[f32], q: &[
         acc = group_fma(acc, g1, &qb[GROUP..], db * scale[2 * b + 1]);
     }
     hsum256(acc)
-}
-
-/// [`super::row_dot`] with AVX-512 VNNI: two blocks (four groups) per `vpdpbusd`, whose sixteen
-/// `i32` lanes are four per group; the four factors `d_b · scale[g]` are spread to their lanes by
-/// one permute. An odd last block goes through the AVX2 kernel.
-///
-/// # Safety
-/// The CPU has AVX-512F, AVX-512 VNNI, AVX2 and FMA; the slices hold whole blocks as
-/// [`super::row_dot`] documents.
-#[target_feature(enable = "avx2,fma,avx512f,avx512vnni")]
-pub(super) unsafe fn row_dot_vnni(bits: u32, codes: &[u32], scale: &[f32], q: &[i8], d: &[f32]) -> f32 {
-    let mut acc = _mm512_setzero_ps();
-    let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    let pairs = d.len() / 2;
-    for p in 0..pairs {
-        let (b0, b1) = (2 * p, 2 * p + 1);
-        let (g0, g1) = block_groups(bits, codes, b0);
-        let (g2, g3) = block_groups(bits, codes, b1);
-        let u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(g1, g0)), _mm256_set_m128i(g3, g2), 1);
-        // SAFETY: two blocks of activation codes, 64 bytes.
-        let x = unsafe { _mm512_loadu_si512(q[b0 * BLOCK..].as_ptr().cast()) };
-        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
-        let s = &scale[4 * p..4 * p + 4];
-        let factors = _mm_set_ps(d[b1] * s[3], d[b1] * s[2], d[b0] * s[1], d[b0] * s[0]);
-        let factors = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(factors));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), factors, acc);
-    }
-    let mut total = _mm512_reduce_add_ps(acc);
-    if d.len() % 2 == 1 {
-        let b = d.len() - 1;
-        // SAFETY: the CPU has AVX2 and FMA (enabled here); one whole block.
-        total += unsafe { row_dot_avx2(bits, &codes[b * bits as usize..], &scale[2 * b..], &q[b * BLOCK..], &d[b..]) };
-    }
-    total
 }
