@@ -136,16 +136,20 @@ fn a_byte_budget_buys_more_quantized_blocks() {
     };
     let float = per_layer(16 * 4);
     let kv8 = per_layer(16 + 2 * 4);
+    // 4-bit codes in groups of 8 (`--kv-group-size 8`): two scales and minimums per head.
     let kv4 = per_layer(8 + 2 * 2 * 4);
+    let kv4g8 = kv_quant(4, Some(8)).unwrap();
     let kv4_flexgen = per_layer(8 + 2 * 4);
     let fitted = |spec| Some(fit_kv_quant(layout, spec).unwrap());
     assert_eq!(PagedKvCache::block_bytes(&layout, block_size, None), float);
     assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(kv(8))), kv8);
-    assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(kv(4))), kv4);
+    assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(kv4g8)), kv4);
+    // The default 4-bit groups of 32 do not tile the fixture's 16-wide heads: one group per head.
+    assert_eq!(fitted(kv(4)), fitted(flexgen));
     assert_eq!(PagedKvCache::block_bytes(&layout, block_size, fitted(flexgen)), kv4_flexgen);
     assert_eq!(blocks(None), budget / float);
     assert_eq!(blocks(Some(kv(8))), budget / kv8);
-    assert_eq!(blocks(Some(kv(4))), budget / kv4);
+    assert_eq!(blocks(Some(kv4g8)), budget / kv4);
     assert_eq!(blocks(Some(flexgen)), budget / kv4_flexgen);
     assert!(blocks(Some(kv(8))) > 2 * blocks(None) && blocks(Some(flexgen)) > 3 * blocks(None));
 }
