@@ -97,7 +97,11 @@ impl AutoGroups {
     /// degree, its fixed cost (on a group that ends the pipeline: the LM head and the pass's
     /// synchronisation per step) and its link; each device's cap; a layer's bytes at degree 1.
     pub fn groups_input(&self) -> Result<GroupStagesInput> {
-        let candidates = self.candidates()?;
+        self.input_of(&self.candidates()?)
+    }
+
+    /// [`AutoGroups::groups_input`] over `candidates` ([`AutoGroups::candidates`]).
+    fn input_of(&self, candidates: &[(usize, usize, AutoStageDevice)]) -> Result<GroupStagesInput> {
         let n = self.devices.len();
         let first = &self.devices[0].profile;
         let layers = first.layers;
@@ -139,9 +143,8 @@ impl AutoGroups {
     /// Plans the stages and their degrees; an error names the caps when no choice of groups
     /// holds the model, before anything loads.
     pub fn plan(&self) -> Result<StagePrediction> {
-        let input = self.groups_input()?;
-        let out = stage_groups::plan(&input)?;
         let candidates = self.candidates()?;
+        let out = stage_groups::plan(&self.input_of(&candidates)?)?;
         let last = out.stages.len().saturating_sub(1);
         let mut predicted = Vec::with_capacity(out.stages.len());
         for (s, stage) in out.stages.iter().enumerate() {
