@@ -11,7 +11,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use super::events::StreamEvent;
 use super::request::{Prompt, RequestState, Timing, histories, prepare_prompt, record_sampled};
-use super::sampling::{Sampled, SamplingParams, sample, sample_on_device};
+use super::sampling::{Sampled, SamplingParams, ids_of, sample, sample_on_device};
 use crate::config::DecoderSpec;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
@@ -306,9 +306,7 @@ impl PendingIds {
             None => burn::tensor::try_read_sync(self.read)
                 .ok_or_else(|| ModelError::Device("this platform cannot wait for a read from the device".into()))?,
         };
-        let data = data.map_err(|e| ModelError::Device(format!("reading sampled ids back: {e}")))?;
-        let values = data.try_into_vec_as::<i64>().map_err(|e| ModelError::Device(format!("{e:?}")))?;
-        Ok(values.into_iter().map(|v| v as u32).collect())
+        ids_of(data.map_err(|e| ModelError::Device(format!("reading sampled ids back: {e}")))?)
     }
 }
 

@@ -387,7 +387,11 @@ pub(crate) fn read_floats<const D: usize>(values: Tensor<D>) -> Result<Vec<f32>>
 
 /// Reads an int tensor back as token ids.
 pub(crate) fn read_ids<const D: usize>(ids: Tensor<D, Int>) -> Result<Vec<u32>> {
-    let data = ids.try_into_data().map_err(|e| ModelError::Device(format!("reading sampled ids back: {e:?}")))?;
+    ids_of(ids.try_into_data().map_err(|e| ModelError::Device(format!("reading sampled ids back: {e:?}")))?)
+}
+
+/// Token ids held by `data`, an int tensor's contents read back from its device.
+pub(crate) fn ids_of(data: TensorData) -> Result<Vec<u32>> {
     let values = data.try_into_vec_as::<i64>().map_err(|e| ModelError::Device(format!("{e:?}")))?;
     Ok(values.into_iter().map(|v| v as u32).collect())
 }
