@@ -336,10 +336,8 @@ impl PagedKvCache {
                 let mut datas = Vec::with_capacity(parts.len());
                 for (part, &(shape, dtype)) in parts.iter().enumerate() {
                     let per_block = part_bytes[half][part];
-                    let buffer = self.host[layer]
-                        .get(half * part_bytes[0].len() + part)
-                        .map(Vec::as_slice)
-                        .unwrap_or(&[]);
+                    let buffer =
+                        self.host[layer].get(half * part_bytes[0].len() + part).map(Vec::as_slice).unwrap_or(&[]);
                     let mut data = Vec::with_capacity(pairs.len() * per_block);
                     for (h, _) in pairs {
                         let at = h.index() * per_block;

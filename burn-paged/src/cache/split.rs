@@ -87,9 +87,10 @@ impl LayerView<'_> {
             )?;
         match self.tails.get_mut(local) {
             Some(tails) => {
-                let plan = self.key_plans.get(self.current).ok_or_else(|| {
-                    PagedError::Internal(format!("micro-batch {} has no key plan", self.current))
-                })?;
+                let plan = self
+                    .key_plans
+                    .get(self.current)
+                    .ok_or_else(|| PagedError::Internal(format!("micro-batch {} has no key plan", self.current)))?;
                 write_keys(&mut self.keys[local], tails, plan, self.placement.slot(layer), to_rows(k))?;
             }
             None => self.keys[local].write(to_rows(k), slots)?,
@@ -139,7 +140,8 @@ impl MicroBatchCache for PagedKvCache {
         if !splittable(layers, self.keys.len()) {
             return None;
         }
-        let (steps, host_steps, placement, key_plans) = (&self.steps, &self.host_steps, &self.placement, &self.key_plans);
+        let (steps, host_steps, placement, key_plans) =
+            (&self.steps, &self.host_steps, &self.placement, &self.key_plans);
         let (mut keys, mut values) = (&mut self.keys[..], &mut self.values[..]);
         let mut tails = &mut self.tail_pools[..];
         let mut at = 0;

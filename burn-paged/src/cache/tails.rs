@@ -63,16 +63,20 @@ impl TailBook {
     /// A tail slot, growing every layer's pool by half when none is free.
     fn alloc(&mut self, pools: &mut [Tensor<4>]) -> u32 {
         if self.free.is_empty() {
-            let more = (self.capacity / 2).max(1);
-            for pool in pools.iter_mut() {
-                let [_, heads, block_size, head_dim] = pool.dims();
-                let zeros = Tensor::zeros([more, heads, block_size, head_dim], (&pool.device(), pool.dtype()));
-                *pool = if self.capacity == 0 { zeros } else { Tensor::cat(vec![pool.clone(), zeros], 0) };
-            }
-            self.free.extend((self.capacity..self.capacity + more).rev().map(|s| s as u32));
-            self.capacity += more;
+            self.grow(pools, (self.capacity / 2).max(1));
         }
         self.free.pop().expect("grown above")
+    }
+
+    /// Adds `more` free tail slots to every layer's pool.
+    fn grow(&mut self, pools: &mut [Tensor<4>], more: usize) {
+        for pool in pools.iter_mut() {
+            let [_, heads, block_size, head_dim] = pool.dims();
+            let zeros = Tensor::zeros([more, heads, block_size, head_dim], (&pool.device(), pool.dtype()));
+            *pool = if self.capacity == 0 { zeros } else { Tensor::cat(vec![pool.clone(), zeros], 0) };
+        }
+        self.free.extend((self.capacity..self.capacity + more).rev().map(|s| s as u32));
+        self.capacity += more;
     }
 
     /// The key plans of a step's micro-batches, in order (a block a later micro-batch continues
@@ -127,7 +131,8 @@ impl TailBook {
                     self.free.push(t);
                 }
             }
-            plan.staging = devices.iter().map(|d| SlotMapping::new(&staging, d)).collect::<std::result::Result<_, _>>()?;
+            plan.staging =
+                devices.iter().map(|d| SlotMapping::new(&staging, d)).collect::<std::result::Result<_, _>>()?;
             plans.push(plan);
         }
         Ok(plans)
@@ -190,9 +195,8 @@ impl PagedKvCache {
     /// per-channel keys.
     pub fn reserve_tails(&mut self, n: usize) {
         let Some(book) = self.tails.as_mut() else { return };
-        while book.capacity < n {
-            let slot = book.alloc(&mut self.tail_pools);
-            book.free.push(slot);
+        if book.capacity < n {
+            book.grow(&mut self.tail_pools, n - book.capacity);
         }
     }
 
@@ -212,7 +216,7 @@ impl PagedKvCache {
     pub(super) fn plan_keys(&mut self, steps: &[PagedStep]) -> Result<()> {
         let Some(book) = self.tails.as_mut() else { return Ok(()) };
         let devices = self.placement.distinct();
-        self.key_plans = book.plan(steps, self.block_size, &mut self.tail_pools, &devices)?;
+        self.key_plans = book.plan(steps, self.block_size, &mut self.tail_pools, devices)?;
         Ok(())
     }
 
@@ -221,7 +225,8 @@ impl PagedKvCache {
         let Some(book) = self.tails.as_mut() else { return Ok(()) };
         for (device, host) in pairs {
             let Some(t) = book.of_block.remove(&device.0) else { continue };
-            let floats = self.tail_pools.iter().map(|p| Ok(read_blocks(p, &[t])?.into_data())).collect::<Result<_>>()?;
+            let floats =
+                self.tail_pools.iter().map(|p| Ok(read_blocks(p, &[t])?.into_data())).collect::<Result<_>>()?;
             book.host.insert(host.0, floats);
             book.free.push(t);
         }
@@ -235,7 +240,11 @@ impl PagedKvCache {
             let Some(floats) = book.host.remove(&host.0) else { continue };
             let t = book.alloc(&mut self.tail_pools);
             book.of_block.insert(device.0, t);
-            write_tail(&mut self.tail_pools, &self.placement, t, floats.into_iter().map(Into::into))?;
+            let floats = floats.into_iter().enumerate().map(|(layer, data)| {
+                let dtype = data.dtype();
+                Tensor::from_data(data, (self.placement.device(layer), dtype))
+            });
+            write_tail(&mut self.tail_pools, &self.placement, t, floats)?;
         }
         Ok(())
     }
@@ -260,7 +269,9 @@ impl PagedKvCache {
         ids.iter()
             .enumerate()
             .filter_map(|(i, b)| book.of_block.get(b).map(|&t| (i, t)))
-            .map(|(i, t)| Ok((i, self.tail_pools.iter().map(|p| read_blocks(p, &[t])).collect::<std::result::Result<_, _>>()?)))
+            .map(|(i, t)| {
+                Ok((i, self.tail_pools.iter().map(|p| read_blocks(p, &[t])).collect::<std::result::Result<_, _>>()?))
+            })
             .collect()
     }
 
@@ -277,21 +288,9 @@ impl PagedKvCache {
             let block = *ids.get(i).ok_or_else(|| PagedError::Internal(format!("handed-off tail {i} has no block")))?;
             let t = book.alloc(&mut self.tail_pools);
             book.of_block.insert(block, t);
-            write_tail(&mut self.tail_pools, &self.placement, t, floats.into_iter().map(TailFloats::Tensor))?;
+            write_tail(&mut self.tail_pools, &self.placement, t, floats.into_iter())?;
         }
         Ok(())
-    }
-}
-
-/// One layer's floats of a tail block, from the host or from another device.
-pub(super) enum TailFloats {
-    Host(TensorData),
-    Tensor(Tensor<4>),
-}
-
-impl From<TensorData> for TailFloats {
-    fn from(data: TensorData) -> Self {
-        Self::Host(data)
     }
 }
 
@@ -300,18 +299,10 @@ fn write_tail(
     pools: &mut [Tensor<4>],
     placement: &LayerDevices,
     t: u32,
-    floats: impl Iterator<Item = TailFloats>,
+    floats: impl Iterator<Item = Tensor<4>>,
 ) -> Result<()> {
     for (layer, (pool, floats)) in pools.iter_mut().zip(floats).enumerate() {
-        let device = placement.device(layer);
-        let block = match floats {
-            TailFloats::Host(data) => {
-                let dtype = data.dtype();
-                Tensor::from_data(data, (device, dtype))
-            }
-            TailFloats::Tensor(t) => t.to_device(device),
-        };
-        write_blocks_mut(pool, &[t], block)?;
+        write_blocks_mut(pool, &[t], floats.to_device(placement.device(layer)))?;
     }
     Ok(())
 }
@@ -340,7 +331,9 @@ mod tests {
 
     /// Key `p` of the test sequence: a steady outlier channel and small others.
     fn key(p: usize) -> Vec<f32> {
-        (0..16).map(|e| if e == 2 { 30.0 + (p % 3) as f32 } else { ((p * 7 + e * 3) % 11) as f32 / 10.0 - 0.5 }).collect()
+        (0..16)
+            .map(|e| if e == 2 { 30.0 + (p % 3) as f32 } else { ((p * 7 + e * 3) % 11) as f32 / 10.0 - 0.5 })
+            .collect()
     }
 
     /// Writes positions `positions` of a one-sequence step whose blocks are `table`.
@@ -409,10 +402,13 @@ mod tests {
         assert_eq!(keys(&copied, 1), expected, "the original");
     }
 
-    /// Tails of blocks no sequence holds any more are dropped; live ones stay.
+    /// The pool reserves the tails asked for; tails of blocks no sequence holds any more are
+    /// dropped, live ones stay.
     #[test]
     fn freed_blocks_drop_their_tails() {
         let mut cache = cache();
+        cache.reserve_tails(5);
+        assert_eq!(cache.num_tail_blocks(), 5);
         write(&mut cache, &[0], 0..3);
         write(&mut cache, &[1], 0..2);
         cache.drop_free_tails(|b| b == BlockId(1));

@@ -185,7 +185,8 @@ impl EngineConfig {
         let (block, tail, seqs) = (block_bytes.max(1) as u64, tail_bytes as u64, self.max_num_seqs as u64);
         // Every sequence holds a block, so at most `blocks` of them run: tails for all of
         // `max_num_seqs` when the budget has more blocks than that, else one per block.
-        let blocks = if budget >= seqs * (block + tail) { (budget - seqs * tail) / block } else { budget / (block + tail) };
+        let blocks =
+            if budget >= seqs * (block + tail) { (budget - seqs * tail) / block } else { budget / (block + tail) };
         Ok((blocks as usize, budget))
     }
 

@@ -60,7 +60,10 @@ fn per_channel_keys_round_trip_within_half_a_step_of_each_channel() {
                         let bound = (hi - lo) / top / 2.0 + 1e-5;
                         for (t, &x) in channel.iter().enumerate() {
                             let err = (back[at(shape, b, h, t, e)] - x).abs();
-                            assert!(err <= bound, "{device:?} {bits}-bit block {b} head {h} token {t} channel {e}: {err} > {bound}");
+                            assert!(
+                                err <= bound,
+                                "{device:?} {bits}-bit block {b} head {h} token {t} channel {e}: {err} > {bound}"
+                            );
                         }
                     }
                 }
@@ -84,7 +87,12 @@ fn an_outlier_channel_costs_the_other_channels_nothing() {
         }
     }
     let worst_other = |back: &[f32]| {
-        data.iter().zip(back).enumerate().filter(|(i, _)| i % 32 != 3).map(|(_, (a, b))| (a - b).abs()).fold(0f32, f32::max)
+        data.iter()
+            .zip(back)
+            .enumerate()
+            .filter(|(i, _)| i % 32 != 3)
+            .map(|(_, (a, b))| (a - b).abs())
+            .fold(0f32, f32::max)
     };
     for device in devices() {
         let keys = channel_keys(&data, shape, 4, &[16, 16], &device);
@@ -114,9 +122,15 @@ fn attention_over_per_channel_keys_equals_attention_over_their_dequantized_block
                 let v = written(&batch.v, batch.shape, spec(bits, head_dim), &device);
                 let what = format!("{device:?} {bits}-bit case {i}");
                 let q = tensor(batch.q.clone(), [batch.tokens(), heads, head_dim], &device);
-                let paged =
-                    PagedBatch::new(&batch.tables, batch.max_blocks, block_size, &batch.query_seq, &batch.context_lens, &device)
-                        .unwrap();
+                let paged = PagedBatch::new(
+                    &batch.tables,
+                    batch.max_blocks,
+                    block_size,
+                    &batch.query_seq,
+                    &batch.context_lens,
+                    &device,
+                )
+                .unwrap();
                 let found = values(paged_attention_pool(q.clone(), &k, &v, &paged, batch.scale()).unwrap());
                 let reference = values(paged_attention_with(q, &k.dense(), &v.dense(), &paged, batch.scale()).unwrap());
                 assert_close(&found, &reference, &what);

@@ -216,11 +216,11 @@ impl<'a> QuantRows<'a> {
             // Channel `c` of this slot's block and head is stored row `first + c`.
             let (first, token) = (row / block_size * buf.len(), row % block_size);
             let per = 32 / self.bits as usize;
-            let (word, shift, mask) = (token / per, (token % per) as u32 * self.bits, (1u32 << self.bits) - 1);
-            for (c, value) in buf.iter_mut().enumerate() {
-                let channel = first + c;
-                let code = (self.codes[channel * self.words + word] >> shift) & mask;
-                *value = code as f32 * self.scale[channel] + self.min[channel];
+            let (shift, mask) = ((token % per) as u32 * self.bits, (1u32 << self.bits) - 1);
+            let words = self.codes[first * self.words + token / per..].iter().step_by(self.words);
+            let params = self.scale[first..first + buf.len()].iter().zip(&self.min[first..]);
+            for ((value, &word), (&s, &m)) in buf.iter_mut().zip(words).zip(params) {
+                *value = ((word >> shift) & mask) as f32 * s + m;
             }
             return;
         }

@@ -74,7 +74,12 @@ impl QuantizedBlocks {
         Self::zeros_along(shape, spec, dtype, device)
     }
 
-    fn zeros_along(shape: [usize; 4], spec: QuantSpec, dtype: DType, device: &Device) -> Result<Self, PagedKernelError> {
+    fn zeros_along(
+        shape: [usize; 4],
+        spec: QuantSpec,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, PagedKernelError> {
         spec.validate(&shape).map_err(PagedKernelError::Quant)?;
         let [blocks, heads, rows, len] = stored(shape, spec);
         let groups = [blocks, heads, rows, len / spec.group_size()];
@@ -171,14 +176,19 @@ impl QuantizedBlocks {
             return Err(PagedKernelError::Length { what: "per-channel key block ids", expected: n, found: ids.len() });
         }
         if let Some(&count) = counts.iter().find(|&&c| c == 0 || c > block_size) {
-            return Err(PagedKernelError::Length { what: "tokens of a per-channel key block", expected: block_size, found: count });
+            return Err(PagedKernelError::Length {
+                what: "tokens of a per-channel key block",
+                expected: block_size,
+                found: count,
+            });
         }
         if n == 0 {
             return Ok(());
         }
         // Unwritten tokens take the value of token 0, so each channel's range is its written
         // tokens' range.
-        let keep: Vec<f32> = counts.iter().flat_map(|&c| (0..block_size).map(move |t| f32::from(u8::from(t < c)))).collect();
+        let keep: Vec<f32> =
+            counts.iter().flat_map(|&c| (0..block_size).map(move |t| f32::from(u8::from(t < c)))).collect();
         let device = floats.device();
         let keep = Tensor::<4>::from_data(TensorData::new(keep, [n, 1, block_size, 1]), &device).cast(floats.dtype());
         let first = floats.clone().slice([0..n, 0..heads, 0..1, 0..head_dim]);
