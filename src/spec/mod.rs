@@ -189,7 +189,8 @@ pub struct PagedSpec {
     /// the CPU such as `0.4`, or `blocks:N`; default 1GiB).
     #[arg(long, value_parser = parse_kv_memory)]
     pub kv_cache_memory: Option<KvCacheMemory>,
-    /// Paged engine: tokens per KV block (default 16).
+    /// Paged engine: tokens per KV block (default 16; with `--kv-quant 4` a multiple of 8, the
+    /// group of the per-channel keys).
     #[arg(long)]
     pub block_size: Option<usize>,
     /// Paged engine: sequences batched at once, at most (default 256).

@@ -105,13 +105,15 @@ fn an_outlier_channel_costs_the_other_channels_nothing() {
 
 /// The dequantizing attention over per-channel keys and per-token values equals float attention
 /// over the dequantized blocks, on every case and device (the Flex twin and the CubeCL kernel):
-/// 4-bit keys where the block size holds whole code words (8-bit ones otherwise), each
-/// sequence's last block written only up to its length (the partly filled tail).
+/// 4-bit keys where the block size holds whole code words (8-bit ones otherwise), blocks written
+/// only up to random lengths (partly filled tails), and a context of several partitions.
 #[test]
 fn attention_over_per_channel_keys_equals_attention_over_their_dequantized_blocks() {
     let mut rng = Rng8::seed_from_u64(9);
     for device in devices() {
-        for (i, &(heads, kv_heads, head_dim, block_size, lens)) in CASES.iter().enumerate() {
+        // Plus a context of several 512-token partitions (the GPU kernel's split-and-merge path).
+        let long: (usize, usize, usize, usize, &[usize]) = (4, 2, 64, 16, &[1100, 33]);
+        for (i, &(heads, kv_heads, head_dim, block_size, lens)) in CASES.iter().chain([&long]).enumerate() {
             for bits in [4, 8] {
                 if !block_size.is_multiple_of(32 / bits as usize) {
                     continue;
