@@ -373,6 +373,17 @@ mod tests {
             write(&mut stepped, &[0], p..p + 1);
         }
         assert_eq!(keys(&whole, 0), keys(&stepped, 0));
+        // Per channel, the steady outlier channel (2) costs the others nothing; one group along
+        // the 16-wide head (what 4 bits stored before) would spend its 16 levels on it.
+        let expected: Vec<f32> = (0..BS).flat_map(key).collect();
+        let worst = keys(&whole, 0)
+            .iter()
+            .zip(&expected)
+            .enumerate()
+            .filter(|(i, _)| i % 16 != 2)
+            .map(|(_, (a, b))| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1.0 / 15.0 / 2.0 + 1e-5, "keys are not quantized per channel: error {worst}");
         assert!(stepped.tails.as_ref().unwrap().of_block.is_empty(), "a full block frees its tail");
         assert_eq!(stepped.num_tail_blocks(), 1, "one tail served every step");
     }
