@@ -14,6 +14,7 @@
 //! ([`PagedKvCache::begin_micro_batches`], [`MicroBatchCache`](burn_llm_models::MicroBatchCache)).
 
 mod split;
+mod tails;
 mod transfer;
 mod window;
 
@@ -21,7 +22,7 @@ pub use transfer::KvBlocks;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_llm_kernels::QuantSpec;
-use burn_llm_kernels::paged::{KvPool, PagedBatch, SlotMapping};
+use burn_llm_kernels::paged::{KvPool, PagedBatch, QuantizedBlocks, SlotMapping};
 use burn_llm_models::cache::{LayerDevices, check_kv_quant};
 use burn_llm_models::{KvCache, KvLayout};
 
@@ -56,6 +57,13 @@ pub struct PagedKvCache {
     /// Per layer, updated in place by the kernels (never cloned, so never copied).
     keys: Vec<KvPool>,
     values: Vec<KvPool>,
+    /// With per-channel keys ([`PagedKvCache::key_channels`]): which blocks have a float tail.
+    tails: Option<tails::TailBook>,
+    /// Per layer, the float keys of unfinished blocks (`[tails, kv_heads, block_size,
+    /// head_dim]`; empty without per-channel keys).
+    tail_pools: Vec<Tensor<4>>,
+    /// The step's per-channel key writes, per micro-batch.
+    key_plans: Vec<tails::KeyPlan>,
     /// Host swap space, per layer and per part of K then of V (the floats, or the codes, scales
     /// and minimums), `num_host_blocks` blocks each, as the device's bytes; allocated on first
     /// use.
@@ -91,16 +99,28 @@ impl PagedKvCache {
 
     /// Bytes one block takes over all layers, K and V: `kv_heads · block_size · head_dim` values
     /// in the layout's dtype per layer and K/V, or with `quant` their codes (`bits / 8` bytes a
-    /// value) plus a scale and a minimum in the layout's dtype per group of `group_size` values
-    /// (the layout [`QuantizedBlocks`](burn_llm_kernels::QuantizedBlocks) stores).
+    /// value) plus a scale and a minimum in the layout's dtype per group: `group_size` values of
+    /// a token along the head, or for per-channel keys ([`PagedKvCache::key_channels`]) one
+    /// channel over the block's tokens (the layouts [`QuantizedBlocks`] stores). Per-channel
+    /// keys also need a float tail per running sequence ([`PagedKvCache::tail_bytes`]).
     pub fn block_bytes(layout: &KvLayout, block_size: usize, quant: Option<QuantSpec>) -> usize {
         let values = Self::block_values(layout, block_size);
         let float = layout.dtype.size_bytes();
         let per_layer = match quant {
-            None => values * float,
-            Some(spec) => values * spec.bits() as usize / 8 + values / spec.group_size() * 2 * float,
+            None => 2 * values * float,
+            Some(spec) => {
+                let key_group = if Self::key_channels(quant) { block_size } else { spec.group_size() };
+                2 * values * spec.bits() as usize / 8 + (values / spec.group_size() + values / key_group) * 2 * float
+            }
         };
-        2 * layout.num_layers * per_layer
+        layout.num_layers * per_layer
+    }
+
+    /// Whether `quant` stores keys per channel over each block's tokens (KIVI): 4-bit codes do,
+    /// since a few channels carry most of a key's magnitude and groups along the head spend the
+    /// 16 levels on them; 8-bit codes keep keys grouped along the head like values.
+    pub fn key_channels(quant: Option<QuantSpec>) -> bool {
+        quant.is_some_and(|q| q.bits() == 4)
     }
 
     /// Allocates `num_blocks` device blocks per layer (zeroed, in the layout's dtype) and reserves
@@ -133,6 +153,14 @@ impl PagedKvCache {
         placement.check(&layout)?;
         if let Some(spec) = quant {
             check_kv_quant(layout, spec)?;
+            if Self::key_channels(quant) && !block_size.is_multiple_of(spec.per_word()) {
+                return Err(PagedError::Config(format!(
+                    "--kv-quant {} stores keys per channel over each block's tokens, which needs a block size \
+                     that is a multiple of {}: got --block-size {block_size}",
+                    spec.bits(),
+                    spec.per_word()
+                )));
+            }
         }
         Self::build(layout, block_size, num_blocks, num_host_blocks, placement, quant)
     }
@@ -150,13 +178,36 @@ impl PagedKvCache {
         let pool = || -> Result<Vec<KvPool>> {
             (0..layout.num_layers).map(|i| Ok(KvPool::zeros(shape, quant, dtype, placement.device(i))?)).collect()
         };
+        let channels = Self::key_channels(quant);
+        let keys = match quant {
+            Some(spec) if channels => (0..layout.num_layers)
+                .map(|i| {
+                    Ok(KvPool::Quantized(QuantizedBlocks::zeros_per_channel(
+                        shape,
+                        spec.bits(),
+                        dtype,
+                        placement.device(i),
+                    )?))
+                })
+                .collect::<Result<Vec<_>>>()?,
+            _ => pool()?,
+        };
+        let tail_shape = [0, layout.num_kv_heads, block_size, layout.head_dim];
+        let tail_pools = if channels {
+            (0..layout.num_layers).map(|i| Tensor::zeros(tail_shape, (placement.device(i), dtype))).collect()
+        } else {
+            Vec::new()
+        };
         Ok(Self {
             layout,
             block_size,
             num_blocks,
             quant,
-            keys: pool()?,
+            keys,
             values: pool()?,
+            tails: channels.then(tails::TailBook::default),
+            tail_pools,
+            key_plans: Vec::new(),
             host: vec![Vec::new(); layout.num_layers],
             num_host_blocks,
             steps: Vec::new(),
@@ -211,6 +262,7 @@ impl PagedKvCache {
                 .collect::<Result<Vec<_>>>()?;
             uploaded.push(per_device);
         }
+        self.plan_keys(steps)?;
         self.steps = uploaded;
         self.host_steps = steps.to_vec();
         self.current = 0;
@@ -232,14 +284,16 @@ impl PagedKvCache {
         for pool in self.keys.iter_mut().chain(self.values.iter_mut()) {
             pool.copy_blocks(&pairs)?;
         }
-        Ok(())
+        self.copy_tails(&pairs)
     }
 
-    /// Bytes one block of each part of a layer's K (or V) pool takes: its floats, or its codes,
-    /// scales and minimums.
-    fn part_block_bytes(&self) -> Vec<usize> {
-        let slots = self.layout.num_kv_heads * self.block_size;
-        self.keys[0].parts().iter().map(|&(width, dtype)| slots * width * dtype.size()).collect()
+    /// Bytes one block of each part of a layer's K, then V, pool takes: its floats, or its
+    /// codes, scales and minimums.
+    fn part_block_bytes(&self) -> [Vec<usize>; 2] {
+        let bytes = |pool: &KvPool| -> Vec<usize> {
+            pool.parts().iter().map(|(block, dtype)| block.iter().product::<usize>() * dtype.size()).collect()
+        };
+        [bytes(&self.keys[0]), bytes(&self.values[0])]
     }
 
     /// Swap-out: copies device blocks into host blocks (`(device, host)` pairs), every part of
@@ -252,11 +306,11 @@ impl PagedKvCache {
         let ids: Vec<u32> = pairs.iter().map(|(d, _)| d.0).collect();
         for layer in 0..self.layout.num_layers {
             let host = &mut self.host[layer];
-            host.resize(2 * part_bytes.len(), Vec::new());
+            host.resize(part_bytes[0].len() + part_bytes[1].len(), Vec::new());
             for (half, pool) in [&self.keys[layer], &self.values[layer]].into_iter().enumerate() {
                 for (part, data) in pool.read_blocks(&ids)?.into_data().into_iter().enumerate() {
-                    let per_block = part_bytes[part];
-                    let buffer = &mut host[half * part_bytes.len() + part];
+                    let per_block = part_bytes[half][part];
+                    let buffer = &mut host[half * part_bytes[0].len() + part];
                     buffer.resize(self.num_host_blocks * per_block, 0);
                     for ((_, h), chunk) in pairs.iter().zip(data.as_bytes().chunks_exact(per_block)) {
                         let at = h.index() * per_block;
@@ -265,7 +319,7 @@ impl PagedKvCache {
                 }
             }
         }
-        Ok(())
+        self.swap_out_tails(pairs)
     }
 
     /// Swap-in: copies host blocks back into device blocks (`(host, device)` pairs).
@@ -273,15 +327,17 @@ impl PagedKvCache {
         if pairs.is_empty() {
             return Ok(());
         }
-        let parts = self.keys[0].parts();
         let part_bytes = self.part_block_bytes();
         let ids: Vec<u32> = pairs.iter().map(|(_, d)| d.0).collect();
         for layer in 0..self.layout.num_layers {
             for half in 0..2 {
+                let pool = if half == 0 { &self.keys[layer] } else { &self.values[layer] };
+                let (parts, quant) = (pool.parts(), pool.quantization());
                 let mut datas = Vec::with_capacity(parts.len());
-                for (part, &(width, dtype)) in parts.iter().enumerate() {
-                    let per_block = part_bytes[part];
-                    let buffer = self.host[layer].get(half * parts.len() + part).map(Vec::as_slice).unwrap_or(&[]);
+                for (part, &(shape, dtype)) in parts.iter().enumerate() {
+                    let per_block = part_bytes[half][part];
+                    let buffer =
+                        self.host[layer].get(half * part_bytes[0].len() + part).map(Vec::as_slice).unwrap_or(&[]);
                     let mut data = Vec::with_capacity(pairs.len() * per_block);
                     for (h, _) in pairs {
                         let at = h.index() * per_block;
@@ -290,15 +346,15 @@ impl PagedKvCache {
                             .ok_or_else(|| PagedError::Internal(format!("host block {h} was never written")))?;
                         data.extend_from_slice(block);
                     }
-                    let shape = [pairs.len(), self.layout.num_kv_heads, self.block_size, width];
-                    datas.push(TensorData::from_bytes_vec(data, shape, dtype));
+                    let [heads, rows, width] = shape;
+                    datas.push(TensorData::from_bytes_vec(data, [pairs.len(), heads, rows, width], dtype));
                 }
-                let blocks = KvPool::from_data(datas, self.quant, self.placement.device(layer))?;
+                let blocks = KvPool::from_data(datas, quant, self.placement.device(layer))?;
                 let pool = if half == 0 { &mut self.keys[layer] } else { &mut self.values[layer] };
                 pool.write_blocks(&ids, blocks)?;
             }
         }
-        Ok(())
+        self.swap_in_tails(pairs)
     }
 }
 

@@ -150,16 +150,21 @@ pub struct EngineSpec {
     #[arg(long)]
     pub group_size: Option<usize>,
     /// Store the KV cache as 4- or 8-bit group-quantized codes, in groups along the head
-    /// dimension (`--kv-group-size`; the whole head when the group does not tile it).
+    /// dimension (`--kv-group-size`; the whole head when the group does not tile it). The paged
+    /// engine's 4-bit keys are quantized per channel over each block's tokens instead (KIVI;
+    /// `--block-size` a multiple of 8); the plain and offload engines group keys along the head.
     #[arg(long, value_parser = parse_kv_bits)]
     pub kv_quant: Option<u32>,
-    /// `--kv-quant`: values per group along the head dimension (default 8 for 4 bits, 64 for 8).
+    /// `--kv-quant`: values per group along the head dimension (default 32 for 4 bits, 64 for 8):
+    /// every engine's values and 8-bit keys; 4-bit keys in the plain and offload engines (the
+    /// paged engine's 4-bit keys are grouped per channel over a block's tokens).
     #[arg(long)]
     pub kv_group_size: Option<usize>,
     /// FlexGen's name for `--quantize w4 --group-size 64` (4-bit group-wise weights, §5).
     #[arg(long)]
     pub compress_weight: bool,
-    /// FlexGen's name for `--kv-quant 4` (4-bit group-wise KV cache).
+    /// FlexGen's name for `--kv-quant 4 --kv-group-size 64` (4-bit group-wise KV cache; the paged
+    /// engine keeps its 4-bit keys per channel).
     #[arg(long)]
     pub compress_cache: bool,
     /// Token for remote workers (`ws://HOST:PORT[#INDEX]` entries of `--devices`, served by the
@@ -184,7 +189,8 @@ pub struct PagedSpec {
     /// the CPU such as `0.4`, or `blocks:N`; default 1GiB).
     #[arg(long, value_parser = parse_kv_memory)]
     pub kv_cache_memory: Option<KvCacheMemory>,
-    /// Paged engine: tokens per KV block (default 16).
+    /// Paged engine: tokens per KV block (default 16; with `--kv-quant 4` a multiple of 8, the
+    /// group of the per-channel keys).
     #[arg(long)]
     pub block_size: Option<usize>,
     /// Paged engine: sequences batched at once, at most (default 256).

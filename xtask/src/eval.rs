@@ -63,6 +63,12 @@ pub struct PplArgs {
     /// Score at most this many windows (0: all).
     #[arg(long, default_value_t = 0)]
     max_windows: usize,
+    /// `paged*` variants: write each window's tokens into the cache at most this many a step
+    /// (`max_num_batched_tokens`, one window at a time), so that with 1 every query attends to
+    /// the cache as a decode step would (an unfinished block's per-channel 4-bit keys quantized
+    /// over the tokens so far). Default: whole windows a step.
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
     /// Device backend.
     #[arg(long, value_enum, default_value = "flex")]
     device: DeviceChoice,
@@ -185,13 +191,17 @@ fn paged_nll(
     pretrained: Pretrained,
     windows: &[&[u32]],
     kv: Option<QuantSpec>,
+    prefill_chunk: Option<usize>,
 ) -> Result<(f64, usize), Box<dyn std::error::Error>> {
     let longest = windows.iter().map(|w| w.len()).max().unwrap_or(1);
+    let defaults = EngineConfig::default();
     let config = EngineConfig {
         kv_cache_memory: KvCacheMemory::Blocks(4 * longest.div_ceil(16) + 4),
         kv_quant: kv,
         enable_prefix_caching: false,
-        ..EngineConfig::default()
+        max_num_batched_tokens: prefill_chunk.or(defaults.max_num_batched_tokens),
+        max_num_seqs: if prefill_chunk.is_some() { 1 } else { defaults.max_num_seqs },
+        ..defaults
     };
     let mut engine = LlmEngine::new(pretrained, config)?;
     let params = SamplingParams { prompt_logprobs: Some(0), ..SamplingParams::greedy(1) };
@@ -245,7 +255,7 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
                         .into());
                     }
                 };
-                paged_nll(pretrained, &scored_windows, kv)?
+                paged_nll(pretrained, &scored_windows, kv, args.prefill_chunk)?
             }
             None => {
                 let weights = |bits| QuantSpec::new(bits, args.group_size, WEIGHT_QUANT_AXIS);
@@ -290,7 +300,7 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         llama_cpp_python = Some(version);
     }
     let command = format!(
-        "cargo xtask eval ppl --model {} --text {} --variants {} --group-size {}{} --context {} --device {}{}{}",
+        "cargo xtask eval ppl --model {} --text {} --variants {} --group-size {}{} --context {} --device {}{}{}{}",
         args.model,
         args.text.display(),
         args.variants.join(","),
@@ -299,6 +309,7 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
         args.context,
         args.device.name(),
         if args.max_windows > 0 { format!(" --max-windows {}", args.max_windows) } else { String::new() },
+        args.prefill_chunk.map(|n| format!(" --prefill-chunk {n}")).unwrap_or_default(),
         if args.against.is_some() { " --against llama.cpp" } else { "" }
     );
     // The device is in the command line; the report keeps the shape it has always had, without it.
@@ -311,10 +322,15 @@ pub fn run(args: PplArgs) -> Result<(), Box<dyn std::error::Error>> {
     ));
     md.push_str(&format!(
         "- KV cache (`kvB`, `paged-kvB`): 4-bit codes in groups of {} along the head, 8-bit ones in \
-         groups of {} (`kvBgG`: groups of G), a scale and minimum per group\n",
+         groups of {} (`kvBgG`: groups of G), a scale and minimum per group; `paged-kv4` keys per \
+         channel over each block's 16 tokens (KIVI, an unfinished block's keys kept as floats and \
+         quantized over the tokens so far)\n",
         args.kv_group_size.unwrap_or(default_kv_group_size(4)),
         args.kv_group_size.unwrap_or(default_kv_group_size(8)),
     ));
+    if let Some(n) = args.prefill_chunk {
+        md.push_str(&format!("- paged variants: windows written {n} token(s) a step, one window at a time\n"));
+    }
     if let Some(version) = &llama_cpp_python {
         md.push_str(&format!(
             "- llama.cpp: llama-cpp-python {version} (built as `bench cpu` builds it; model loaded with \

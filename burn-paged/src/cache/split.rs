@@ -15,6 +15,7 @@ use burn_llm_models::cache::LayerDevices;
 use burn_llm_models::language_model::splittable;
 use burn_llm_models::{KvCache, MicroBatchCache, ModelError, StageCache};
 
+use super::tails::{KeyPlan, write_keys};
 use super::{DeviceStep, PagedKvCache};
 use crate::error::{PagedError, Result};
 
@@ -23,6 +24,9 @@ pub(super) struct LayerView<'a> {
     first: usize,
     keys: &'a mut [KvPool],
     values: &'a mut [KvPool],
+    /// The layers' float key tails (empty unless keys are per channel).
+    tails: &'a mut [Tensor<4>],
+    key_plans: &'a [KeyPlan],
     steps: &'a [Vec<DeviceStep>],
     host_steps: &'a [super::PagedStep],
     placement: &'a LayerDevices,
@@ -37,6 +41,8 @@ impl PagedKvCache {
             first: 0,
             keys: &mut self.keys,
             values: &mut self.values,
+            tails: &mut self.tail_pools,
+            key_plans: &self.key_plans,
             steps: &self.steps,
             host_steps: &self.host_steps,
             placement: &self.placement,
@@ -79,7 +85,16 @@ impl LayerView<'_> {
                     ))
                 },
             )?;
-        self.keys[local].write(to_rows(k), slots)?;
+        match self.tails.get_mut(local) {
+            Some(tails) => {
+                let plan = self
+                    .key_plans
+                    .get(self.current)
+                    .ok_or_else(|| PagedError::Internal(format!("micro-batch {} has no key plan", self.current)))?;
+                write_keys(&mut self.keys[local], tails, plan, self.placement.slot(layer), to_rows(k))?;
+            }
+            None => self.keys[local].write(to_rows(k), slots)?,
+        }
         self.values[local].write(to_rows(v), slots)?;
         let out = match window {
             None => paged_attention_pool(to_rows(q), &self.keys[local], &self.values[local], batch, scale)?,
@@ -125,20 +140,34 @@ impl MicroBatchCache for PagedKvCache {
         if !splittable(layers, self.keys.len()) {
             return None;
         }
-        let (steps, host_steps, placement) = (&self.steps, &self.host_steps, &self.placement);
+        let (steps, host_steps, placement, key_plans) =
+            (&self.steps, &self.host_steps, &self.placement, &self.key_plans);
         let (mut keys, mut values) = (&mut self.keys[..], &mut self.values[..]);
+        let mut tails = &mut self.tail_pools[..];
         let mut at = 0;
         let mut views: Vec<StageCache<'_>> = Vec::with_capacity(layers.len());
         for range in layers {
-            let (_, rest_k) = keys.split_at_mut(range.start - at);
-            let (_, rest_v) = values.split_at_mut(range.start - at);
+            let skip = range.start - at;
+            let (_, rest_k) = keys.split_at_mut(skip);
+            let (_, rest_v) = values.split_at_mut(skip);
             let (view_k, rest_k) = rest_k.split_at_mut(range.len());
             let (view_v, rest_v) = rest_v.split_at_mut(range.len());
             (keys, values, at) = (rest_k, rest_v, range.end);
+            // Tails are per layer like the pools, or there are none.
+            let view_t = if tails.is_empty() {
+                &mut [][..]
+            } else {
+                let (_, rest_t) = std::mem::take(&mut tails).split_at_mut(skip);
+                let (view_t, rest_t) = rest_t.split_at_mut(range.len());
+                tails = rest_t;
+                view_t
+            };
             views.push(Box::new(LayerView {
                 first: range.start,
                 keys: view_k,
                 values: view_v,
+                tails: view_t,
+                key_plans,
                 steps,
                 host_steps,
                 placement,

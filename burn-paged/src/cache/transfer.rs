@@ -13,6 +13,9 @@ use crate::memory::BlockId;
 pub struct KvBlocks {
     /// Per layer, `[K, V]`, each `blocks` blocks stored as the source pool stores them.
     layers: Vec<[KvPool; 2]>,
+    /// Float key tails of unfinished blocks (per-channel keys): index in the blocks, each
+    /// layer's floats.
+    tails: Vec<(usize, Vec<burn::tensor::Tensor<4>>)>,
     blocks: usize,
     bytes: u64,
 }
@@ -39,8 +42,11 @@ impl PagedKvCache {
             .zip(&self.values)
             .map(|(k, v)| Ok([k.read_blocks(&raw)?, v.read_blocks(&raw)?]))
             .collect::<Result<Vec<_>>>()?;
+        let tails = self.read_tails(&raw)?;
         let per_block = Self::block_bytes(&self.layout, self.block_size, self.quant) as u64;
-        Ok(KvBlocks { layers, blocks: ids.len(), bytes: per_block * ids.len() as u64 })
+        let tail_bytes = Self::tail_bytes(&self.layout, self.block_size) as u64;
+        let bytes = per_block * ids.len() as u64 + tail_bytes * tails.len() as u64;
+        Ok(KvBlocks { layers, tails, blocks: ids.len(), bytes })
     }
 
     /// Writes `kv` into device blocks `ids` (the same count, in order) of every layer, each
@@ -62,6 +68,6 @@ impl PagedKvCache {
             self.keys[layer].write_blocks(&raw, k.to_device(&device))?;
             self.values[layer].write_blocks(&raw, v.to_device(&device))?;
         }
-        Ok(())
+        self.write_tails(&raw, kv.tails)
     }
 }

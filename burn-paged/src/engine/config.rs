@@ -154,10 +154,21 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// Device blocks the budget buys, given `block_bytes` per block and `weight_bytes` of model.
-    pub fn device_blocks(&self, block_bytes: usize, weight_bytes: usize, on_cpu: bool) -> Result<(usize, u64)> {
+    /// Device blocks the budget buys, given `block_bytes` per block and `weight_bytes` of model,
+    /// after the float key tails of per-channel keys (`tail_bytes` each, one per sequence run at
+    /// once, [`EngineConfig::tail_blocks`]); 0 `tail_bytes` for caches without them. The bytes
+    /// returned are the budget (or, for a block count, what the blocks and tails take).
+    pub fn device_blocks(
+        &self,
+        block_bytes: usize,
+        tail_bytes: usize,
+        weight_bytes: usize,
+        on_cpu: bool,
+    ) -> Result<(usize, u64)> {
         let budget = match self.kv_cache_memory {
-            KvCacheMemory::Blocks(n) => return Ok((n, (n * block_bytes) as u64)),
+            KvCacheMemory::Blocks(n) => {
+                return Ok((n, (n * block_bytes + self.tail_blocks(n, tail_bytes) * tail_bytes) as u64));
+            }
             KvCacheMemory::Bytes(b) => b,
             KvCacheMemory::Fraction(f) => {
                 if !(f > 0.0 && f < 1.0) {
@@ -171,7 +182,18 @@ impl EngineConfig {
                 ((total as f64 * f) as u64).saturating_sub(weight_bytes as u64)
             }
         };
-        Ok(((budget / block_bytes.max(1) as u64) as usize, budget))
+        let (block, tail, seqs) = (block_bytes.max(1) as u64, tail_bytes as u64, self.max_num_seqs as u64);
+        // Every sequence holds a block, so at most `blocks` of them run: tails for all of
+        // `max_num_seqs` when the budget has more blocks than that, else one per block.
+        let blocks =
+            if budget >= seqs * (block + tail) { (budget - seqs * tail) / block } else { budget / (block + tail) };
+        Ok((blocks as usize, budget))
+    }
+
+    /// Float key tail blocks a cache of `blocks` blocks reserves: one per sequence run at once
+    /// (`max_num_seqs`, at most one per block), none without tails (`tail_bytes` 0).
+    pub fn tail_blocks(&self, blocks: usize, tail_bytes: usize) -> usize {
+        if tail_bytes == 0 { 0 } else { self.max_num_seqs.min(blocks) }
     }
 
     /// Device blocks (and the budget in bytes) the budget buys for `model`'s KV cache on its
@@ -182,9 +204,11 @@ impl EngineConfig {
         let layout = model.kv_layout();
         let quant = self.kv_quant_for(&layout)?;
         let block_bytes = PagedKvCache::block_bytes(&layout, self.block_size, quant);
+        let tail_bytes =
+            if PagedKvCache::key_channels(quant) { PagedKvCache::tail_bytes(&layout, self.block_size) } else { 0 };
         let placement = model.kv_devices();
         let on_cpu = placement.distinct().iter().all(burn_llm_models::device::is_host_device);
-        let (blocks, budget) = self.device_blocks(block_bytes, model.decode_weight_bytes(), on_cpu)?;
+        let (blocks, budget) = self.device_blocks(block_bytes, tail_bytes, model.decode_weight_bytes(), on_cpu)?;
         // The smallest limit of the pool's devices (none for a device no CubeCL runtime drives here).
         let limit = placement.distinct().iter().filter_map(GpuTensorLimit::of).min_by_key(|l| l.max_bytes);
         if let Some(limit) = limit.filter(|_| !on_cpu) {

@@ -39,7 +39,7 @@ pub use stats::EngineStats;
 use crate::beam::{BeamRun, BeamSearch};
 use crate::cache::PagedKvCache;
 use crate::error::{PagedError, Result};
-use crate::memory::{BlockManager, BlockManagerConfig, SeqId};
+use crate::memory::{BlockManager, BlockManagerConfig, Location, SeqId};
 use crate::scheduler::{
     GroupId, PreemptionCost, PreemptionMode, ScheduledSeq, Scheduler, SchedulerConfig, Sequence, SequenceGroup,
 };
@@ -182,16 +182,25 @@ impl<M: LanguageModel> LlmEngine<M> {
             max_model_len: spec.max_positions,
             chunked_prefill: config.chunked_prefill,
         });
-        let cache =
+        let mut cache =
             PagedKvCache::placed(layout, config.block_size, device_blocks, host_blocks, model.kv_devices(), quant)?;
+        let tail_bytes = PagedKvCache::tail_bytes(&layout, config.block_size);
+        cache.reserve_tails(config.tail_blocks(device_blocks, tail_bytes));
+        let tails = cache.num_tail_blocks();
         tracing::info!(
             blocks = device_blocks,
             block_size = config.block_size,
             block_bytes,
+            tails,
             kv_quant = quant.map(|q| q.bits()),
-            "paged KV cache: {device_blocks} device blocks of {} tokens, {block_bytes} bytes each ({})",
+            "paged KV cache: {device_blocks} device blocks of {} tokens, {block_bytes} bytes each ({}{})",
             config.block_size,
             quant.map_or_else(|| format!("{:?}", layout.dtype), |q| q.to_string()),
+            if tails > 0 {
+                format!(", keys per channel, {tails} float key tails of {tail_bytes} bytes")
+            } else {
+                String::new()
+            },
         );
         let micro_batches = config.micro_batches.unwrap_or(model.num_stages());
         Ok(Self {
@@ -345,6 +354,8 @@ impl<M: LanguageModel> LlmEngine<M> {
         cache.swap_out(&plan.swap_out)?;
         cache.swap_in(&plan.swap_in)?;
         cache.copy_blocks(&plan.copies)?;
+        let blocks = &self.blocks;
+        cache.drop_free_tails(|b| blocks.ref_count(Location::Device, b).is_some_and(|c| c > 0));
         if plan.seqs.is_empty() {
             return Ok(outputs);
         }

@@ -200,8 +200,15 @@ impl PagedKvOps for CubeBackend {
         scale: f32,
         bits: u32,
         group: usize,
+        key_channels: u32,
     ) -> FloatTensor<Self> {
-        let kv = KvOperands::Quantized { k: [k_codes, k_scale, k_min], v: [v_codes, v_scale, v_min], bits, group };
+        let kv = KvOperands::Quantized {
+            k: [k_codes, k_scale, k_min],
+            v: [v_codes, v_scale, v_min],
+            bits,
+            group,
+            key_channels: key_channels != 0,
+        };
         cube_v2::paged_attention(q, kv, block_tables, query_seq, context_lens, scale)
     }
 }

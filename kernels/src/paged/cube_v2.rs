@@ -17,8 +17,10 @@
 //!   among themselves, consecutive units on consecutive 4-wide slices of a row (coalesced), and
 //!   fold them in with the online-softmax rescale. Accumulation is `f32` whatever the storage.
 //! - **Rows.** A comptime flag picks how a key or value row is read: a float row of the cache, or
-//!   a group-quantized row dequantized in registers (`code · scale + min`). The attention loop is
-//!   the same for both.
+//!   a group-quantized row dequantized in registers (`code · scale + min`). Quantized keys may be
+//!   per channel over each block's tokens (KIVI, a second comptime flag): a slot's element `e`
+//!   is then its token's code in channel `e`'s row with that channel's scale and minimum. The
+//!   attention loop is the same for all.
 //!
 //! Launches are unchecked: the public wrappers validate every index the kernels read (block ids,
 //! table rows, context lengths, shapes) before the op is called.
@@ -64,6 +66,8 @@ pub(super) struct Config {
     plane: bool,
     /// Rows are group-quantized codes, dequantized in registers.
     quantized: bool,
+    /// Quantized keys are per channel over each block's tokens (values stay per slot).
+    key_channels: bool,
     /// Partitions are merged by a second kernel (else the cube writes the output).
     partitioned: bool,
 }
@@ -90,8 +94,34 @@ fn dequantized<F: Float>(
     f32::cast_from(code) * f32::cast_from(scale[g]) + f32::cast_from(min[g])
 }
 
+/// Element `e` of slot row `row` of per-channel quantized keys: channel `e` of the slot's block
+/// and head is stored row `row / block_size · head_dim + e`, `words` code words over the block's
+/// tokens, with one scale and minimum.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn dequantized_channel<F: Float>(
+    codes: &Tensor<u32>,
+    scale: &Tensor<F>,
+    min: &Tensor<F>,
+    row: usize,
+    e: usize,
+    words: usize,
+    block_size: usize,
+    head_dim: usize,
+    bits: u32,
+) -> f32 {
+    let per = 32 / bits as usize;
+    let token = row % block_size;
+    let channel = row / block_size * head_dim + e;
+    let word = codes[channel * words + token / per];
+    let mask = (1u32 << bits) - 1u32;
+    let code = (word >> (u32::cast_from(token % per) * bits)) & mask;
+    f32::cast_from(code) * f32::cast_from(scale[channel]) + f32::cast_from(min[channel])
+}
+
 /// Vector `j` of slot row `row` of one cache, in `f32`: read from the float cache, or
-/// dequantized from the codes (the row loader; `cfg.quantized` picks it at compile time).
+/// dequantized from the codes (the row loader; `cfg.quantized` picks it at compile time, and
+/// `channels` the per-channel key layout, whose `words` are a channel's).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn row_vector<F: Float, N: Size>(
@@ -105,13 +135,21 @@ fn row_vector<F: Float, N: Size>(
     groups: usize,
     group: usize,
     bits: u32,
+    block_size: usize,
     #[comptime] cfg: Config,
+    #[comptime] channels: bool,
 ) -> Vector<f32, N> {
     let mut v = Vector::<f32, N>::empty();
     if cfg.quantized {
+        let head_dim = cfg.vec_dims * N::value();
         #[unroll]
         for i in 0..N::value() {
-            v.insert(i, dequantized::<F>(codes, scale, min, row, j * N::value() + i, words, groups, group, bits));
+            let e = j * N::value() + i;
+            if channels {
+                v.insert(i, dequantized_channel::<F>(codes, scale, min, row, e, words, block_size, head_dim, bits));
+            } else {
+                v.insert(i, dequantized::<F>(codes, scale, min, row, e, words, groups, group, bits));
+            }
         }
     } else {
         v = Vector::<f32, N>::cast_from(dense[row * cfg.vec_dims + j]);
@@ -233,6 +271,7 @@ fn paged_attention_v2_kernel<F: Float, N: Size>(
     parts: usize,
     total: usize,
     words: usize,
+    k_words: usize,
     groups: usize,
     group: usize,
     bits: u32,
@@ -314,7 +353,21 @@ fn paged_attention_v2_kernel<F: Float, N: Size>(
             let block = block_tables[table + pos / block_size] as usize;
             let row = block * head_stride + kv_head * block_size + pos % block_size;
             for j in 0..vec_dims {
-                let k = row_vector::<F, N>(k_cache, k_codes, k_scale, k_min, row, j, words, groups, group, bits, cfg);
+                let k = row_vector::<F, N>(
+                    k_cache,
+                    k_codes,
+                    k_scale,
+                    k_min,
+                    row,
+                    j,
+                    k_words,
+                    groups,
+                    group,
+                    bits,
+                    block_size,
+                    cfg,
+                    cfg.key_channels,
+                );
                 #[unroll]
                 for g in 0..hpc {
                     dot[g] += q_shared[g * vec_dims + j] * k;
@@ -364,7 +417,8 @@ fn paged_attention_v2_kernel<F: Float, N: Size>(
                     let d = lane + k * cfg.span;
                     if d < vec_dims {
                         let v = row_vector::<F, N>(
-                            v_cache, v_codes, v_scale, v_min, row, d, words, groups, group, bits, cfg,
+                            v_cache, v_codes, v_scale, v_min, row, d, words, groups, group, bits, block_size, cfg,
+                            false,
                         );
                         #[unroll]
                         for g in 0..hpc {

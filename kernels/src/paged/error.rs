@@ -112,4 +112,8 @@ pub enum PagedKernelError {
         /// The quantization of the blocks (or the values).
         blocks: Option<crate::quant::QuantSpec>,
     },
+    /// A write that the pool's layout does not take: per-token writes into per-channel key
+    /// blocks, or whole-block per-channel writes into blocks grouped along the head.
+    #[error("quantized KV blocks: {0}")]
+    Layout(&'static str),
 }

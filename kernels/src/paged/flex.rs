@@ -185,28 +185,45 @@ struct QuantRows<'a> {
     codes: &'a [u32],
     scale: &'a [f32],
     min: &'a [f32],
+    /// Code words per stored row: a slot's (grouped along the head) or a channel's.
     words: usize,
     groups: usize,
     group: usize,
     bits: u32,
+    /// `Some(block_size)`: keys per channel over each block's tokens (a stored row is one
+    /// channel, and slot row `r` is token `r % block_size` of channels `r / block_size · D ..`).
+    channels: Option<usize>,
 }
 
 impl<'a> QuantRows<'a> {
     /// Rows of contiguous codes and `f32` scales and minimums, `(words, groups, group, bits)`
-    /// per row.
+    /// per stored row, per channel over blocks of `channels` tokens if given.
     fn new(
         codes: &'a FlexTensor,
         scale: &'a FlexTensor,
         min: &'a FlexTensor,
         shape: (usize, usize, usize, u32),
+        channels: Option<usize>,
     ) -> Self {
         let (words, groups, group, bits) = shape;
         let codes = codes.as_slice::<u32>().expect("codes are contiguous u32 tensors");
-        Self { codes, scale: f32s(scale), min: f32s(min), words, groups, group, bits }
+        Self { codes, scale: f32s(scale), min: f32s(min), words, groups, group, bits, channels }
     }
 
     #[inline(always)]
     fn decode(&self, row: usize, buf: &mut [f32]) {
+        if let Some(block_size) = self.channels {
+            // Channel `c` of this slot's block and head is stored row `first + c`.
+            let (first, token) = (row / block_size * buf.len(), row % block_size);
+            let per = 32 / self.bits as usize;
+            let (shift, mask) = ((token % per) as u32 * self.bits, (1u32 << self.bits) - 1);
+            let words = self.codes[first * self.words + token / per..].iter().step_by(self.words);
+            let params = self.scale[first..first + buf.len()].iter().zip(&self.min[first..]);
+            for ((value, &word), (&s, &m)) in buf.iter_mut().zip(words).zip(params) {
+                *value = ((word >> shift) & mask) as f32 * s + m;
+            }
+            return;
+        }
         decode_words(&self.codes[row * self.words..(row + 1) * self.words], self.bits, buf);
         let params = row * self.groups..(row + 1) * self.groups;
         for ((values, &s), &m) in
@@ -400,10 +417,12 @@ impl PagedKvOps for Flex {
         scale: f32,
         bits: u32,
         group: usize,
+        key_channels: u32,
     ) -> FloatTensor<Self> {
         let [tokens, heads, head_dim] = q.layout().shape().dims::<3>();
-        let [_, kv_heads, block_size, words] = k_codes.layout().shape().dims::<4>();
-        let groups = k_scale.layout().shape().dims::<4>()[3];
+        let [_, kv_heads, block_size, words] = v_codes.layout().shape().dims::<4>();
+        let groups = v_scale.layout().shape().dims::<4>()[3];
+        let k_words = k_codes.layout().shape().dims::<4>()[3];
         let max_blocks = block_tables.layout().shape().dims::<2>()[1];
         let q = contiguous(q);
         let (k_codes, v_codes) = (contiguous(k_codes), contiguous(v_codes));
@@ -412,9 +431,12 @@ impl PagedKvOps for Flex {
             (indices(block_tables), indices(query_seq), indices(context_lens));
         let geometry = Geometry { heads, kv_heads, block_size, head_dim, max_blocks, scale };
         let tables = Tables { block_tables: &block_tables, query_seq: &query_seq, context_lens: &context_lens };
-        let shape = (words, groups, group, bits);
-        let k = QuantRows::new(&k_codes, &k_scale, &k_min, shape);
-        let v = QuantRows::new(&v_codes, &v_scale, &v_min, shape);
+        let k = if key_channels != 0 {
+            QuantRows::new(&k_codes, &k_scale, &k_min, (k_words, 1, 1, bits), Some(block_size))
+        } else {
+            QuantRows::new(&k_codes, &k_scale, &k_min, (words, groups, group, bits), None)
+        };
+        let v = QuantRows::new(&v_codes, &v_scale, &v_min, (words, groups, group, bits), None);
         with_float!(q.dtype(), E => {
             attend_all(&geometry, &tables, q.as_slice::<E>().expect("q is contiguous"), &k, &v, tokens)
         })

@@ -566,3 +566,6 @@ mod quant_tests;
 
 #[cfg(all(test, any(feature = "wgpu", feature = "vulkan")))]
 mod v2_tests;
+
+#[cfg(test)]
+mod channel_tests;

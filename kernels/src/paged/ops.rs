@@ -53,7 +53,10 @@ pub trait PagedKvOps: Backend {
     /// key (value) element `e` of a slot is `code · scale[e / group] + min[e / group]`, the codes
     /// packed little-end-first into `u32` words (`k_codes`: `[num_blocks, H_kv, block_size,
     /// D · bits / 32]`; `k_scale`, `k_min`: `[num_blocks, H_kv, block_size, D / group]`, the dtype
-    /// of `q`), the layout [`crate::quant::quantize`] writes.
+    /// of `q`), the layout [`crate::quant::quantize`] writes. With `key_channels = 1` the keys
+    /// are instead quantized per channel over each block's tokens (KIVI): `k_codes` is
+    /// `[num_blocks, H_kv, D, block_size · bits / 32]` and `k_scale`, `k_min` are `[num_blocks,
+    /// H_kv, D, 1]`, so key element `e` of a block's token `t` is `code(t) · scale[e] + min[e]`.
     #[fusion(dtype = q, shape = q)]
     #[allow(clippy::too_many_arguments)]
     fn paged_attention_quantized(
@@ -70,5 +73,6 @@ pub trait PagedKvOps: Backend {
         scale: f32,
         bits: u32,
         group: usize,
+        key_channels: u32,
     ) -> FloatTensor<Self>;
 }

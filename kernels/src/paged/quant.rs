@@ -14,6 +14,14 @@
 //! Writes quantize the step's new keys ([`quantize`], one group row per token and head) and
 //! scatter codes, scales and minimums to the tokens' slots; [`paged_attention_pool`] dequantizes
 //! inside the attention kernel (`code · scale + min`), never materializing a float cache.
+//!
+//! Keys may instead be quantized per channel (KIVI, Liu et al. 2024): one group is one channel of
+//! one head over a block's `block_size` tokens ([`QuantizedBlocks::zeros_per_channel`]). Such
+//! blocks are stored as [`quantize`] lays out groups along the token axis: codes `[num_blocks,
+//! kv_heads, head_dim, block_size · bits / 32]` and scale and minimum `[num_blocks, kv_heads,
+//! head_dim, 1]`. A block's channel groups need all its tokens, so they are written a whole block
+//! at a time from floats ([`QuantizedBlocks::write_channels`]); the cache keeps the floats of
+//! unfinished blocks itself.
 
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
@@ -25,15 +33,20 @@ use super::{
 };
 use crate::quant::{GroupQuantized, QuantSpec, dequantize, quantize};
 
-/// Axis of a `[.., .., .., head_dim]` block tensor that groups run along.
+/// Axis of a `[.., .., .., head_dim]` block tensor that per-token groups run along.
 const HEAD_AXIS: usize = 3;
+/// Axis of a `[.., .., block_size, ..]` block tensor that per-channel key groups run along.
+const TOKEN_AXIS: usize = 2;
 
-/// One layer's paged keys (or values), group-quantized along the head dimension.
+/// One layer's paged keys (or values), group-quantized along the head dimension, or (keys) per
+/// channel over each block's tokens.
 #[derive(Debug, Clone)]
 pub struct QuantizedBlocks {
-    /// `[num_blocks, kv_heads, block_size, head_dim · bits / 32]`, `U32`.
+    /// `[num_blocks, kv_heads, block_size, head_dim · bits / 32]`, `U32` (per channel:
+    /// `[num_blocks, kv_heads, head_dim, block_size · bits / 32]`).
     codes: Tensor<4, Int>,
-    /// `[num_blocks, kv_heads, block_size, head_dim / group]`.
+    /// `[num_blocks, kv_heads, block_size, head_dim / group]` (per channel: `[num_blocks,
+    /// kv_heads, head_dim, 1]`).
     scale: Tensor<4>,
     /// Per-group minimum, like `scale`.
     min: Tensor<4>,
@@ -45,27 +58,55 @@ impl QuantizedBlocks {
     /// head_dim]`), scales and minimums in `dtype`. Errors when `spec`'s groups do not tile a
     /// head.
     pub fn zeros(shape: [usize; 4], spec: QuantSpec, dtype: DType, device: &Device) -> Result<Self, PagedKernelError> {
-        let spec = spec.along(HEAD_AXIS);
+        Self::zeros_along(shape, spec.along(HEAD_AXIS), dtype, device)
+    }
+
+    /// Zeroed per-channel (KIVI) key storage for a float cache of `shape`: `bits`-bit codes, one
+    /// scale and minimum per channel of each head over each block's tokens. Errors when the
+    /// block size is not a whole number of `u32` words of codes (a multiple of `32 / bits`).
+    pub fn zeros_per_channel(
+        shape: [usize; 4],
+        bits: u32,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, PagedKernelError> {
+        let spec = QuantSpec::new(bits, shape[TOKEN_AXIS], TOKEN_AXIS).map_err(PagedKernelError::Quant)?;
+        Self::zeros_along(shape, spec, dtype, device)
+    }
+
+    fn zeros_along(
+        shape: [usize; 4],
+        spec: QuantSpec,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, PagedKernelError> {
         spec.validate(&shape).map_err(PagedKernelError::Quant)?;
-        let [blocks, heads, block_size, head_dim] = shape;
-        let groups = [blocks, heads, block_size, head_dim / spec.group_size()];
+        let [blocks, heads, rows, len] = stored(shape, spec);
+        let groups = [blocks, heads, rows, len / spec.group_size()];
         Ok(Self {
-            codes: Tensor::zeros([blocks, heads, block_size, head_dim / spec.per_word()], (device, DType::U32)),
+            codes: Tensor::zeros([blocks, heads, rows, len / spec.per_word()], (device, DType::U32)),
             scale: Tensor::zeros(groups, (device, dtype)),
             min: Tensor::zeros(groups, (device, dtype)),
             spec,
         })
     }
 
-    /// The quantization (groups along axis 3 of the block tensors).
+    /// The quantization: groups along axis 3 of the block tensors (the head dimension), or along
+    /// axis 2 (the tokens of a block, per-channel keys).
     pub fn spec(&self) -> QuantSpec {
         self.spec
     }
 
+    /// Keys quantized per channel over each block's tokens (KIVI).
+    pub fn per_channel(&self) -> bool {
+        self.spec.axis() == TOKEN_AXIS
+    }
+
     /// The shape of the float cache this stores: `[num_blocks, kv_heads, block_size, head_dim]`.
     pub fn dims(&self) -> [usize; 4] {
-        let [blocks, heads, block_size, words] = self.codes.dims();
-        [blocks, heads, block_size, words * self.spec.per_word()]
+        let [blocks, heads, rows, words] = self.codes.dims();
+        let len = words * self.spec.per_word();
+        if self.per_channel() { [blocks, heads, len, rows] } else { [blocks, heads, rows, len] }
     }
 
     /// The codes, scales and minimums as host data (`[codes, scale, min]`), e.g. to swap out.
@@ -82,7 +123,7 @@ impl QuantizedBlocks {
             codes: Tensor::from_data(codes, (device, DType::U32)),
             scale: Tensor::from_data(scale, (device, dtype)),
             min: Tensor::from_data(min, (device, dtype)),
-            spec: spec.along(HEAD_AXIS),
+            spec,
         };
         blocks.check_parts()?;
         Ok(blocks)
@@ -90,8 +131,8 @@ impl QuantizedBlocks {
 
     /// Codes, scales and minimums describe the same blocks.
     fn check_parts(&self) -> Result<(), PagedKernelError> {
-        let [blocks, heads, block_size, head_dim] = self.dims();
-        let groups = vec![blocks, heads, block_size, head_dim / self.spec.group_size()];
+        let [blocks, heads, rows, len] = stored(self.dims(), self.spec);
+        let groups = vec![blocks, heads, rows, len / self.spec.group_size()];
         for (what, part) in [("scale", &self.scale), ("min", &self.min)] {
             if part.dims().to_vec() != groups {
                 return Err(PagedKernelError::Shape { what, expected: groups, found: part.dims().to_vec() });
@@ -102,16 +143,65 @@ impl QuantizedBlocks {
 
     /// The blocks dequantized to floats (`[num_blocks, kv_heads, block_size, head_dim]`).
     pub fn dequantize(&self) -> Tensor<4> {
-        let [blocks, heads, block_size, head_dim] = self.dims();
-        let rows = blocks * heads * block_size;
-        let (words, groups) = (self.codes.dims()[3], self.scale.dims()[3]);
+        let [blocks, heads, rows, words] = self.codes.dims();
+        let rows = blocks * heads * rows;
+        let groups = self.scale.dims()[3];
         dequantize(&GroupQuantized {
             codes: self.codes.clone().reshape([rows, words]),
             scale: self.scale.clone().reshape([rows, groups]),
             min: self.min.clone().reshape([rows, groups]),
-            shape: [blocks, heads, block_size, head_dim],
+            shape: self.dims(),
             spec: self.spec,
         })
+    }
+
+    /// Per-channel keys: quantizes whole blocks `floats` (`[n, kv_heads, block_size, head_dim]`)
+    /// per channel over their first `counts[i]` tokens (the tokens after those hold nothing yet
+    /// and do not widen a channel's range) and writes them over blocks `ids`. Arguments are
+    /// checked before anything is written.
+    pub fn write_channels(&mut self, ids: &[u32], floats: Tensor<4>, counts: &[usize]) -> Result<(), PagedKernelError> {
+        let [_, heads, block_size, head_dim] = self.dims();
+        let [n, h, b, d] = floats.dims();
+        if !self.per_channel() {
+            return Err(PagedKernelError::Layout("blocks grouped along the head are written a token at a time"));
+        }
+        if [h, b, d] != [heads, block_size, head_dim] || counts.len() != n {
+            return Err(PagedKernelError::Shape {
+                what: "per-channel key blocks",
+                expected: vec![counts.len(), heads, block_size, head_dim],
+                found: vec![n, h, b, d],
+            });
+        }
+        if ids.len() != n {
+            return Err(PagedKernelError::Length { what: "per-channel key block ids", expected: n, found: ids.len() });
+        }
+        if let Some(&count) = counts.iter().find(|&&c| c == 0 || c > block_size) {
+            return Err(PagedKernelError::Length {
+                what: "tokens of a per-channel key block",
+                expected: block_size,
+                found: count,
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // Unwritten tokens take the value of token 0, so each channel's range is its written
+        // tokens' range.
+        let keep: Vec<f32> =
+            counts.iter().flat_map(|&c| (0..block_size).map(move |t| f32::from(u8::from(t < c)))).collect();
+        let device = floats.device();
+        let keep = Tensor::<4>::from_data(TensorData::new(keep, [n, 1, block_size, 1]), &device).cast(floats.dtype());
+        let first = floats.clone().slice([0..n, 0..heads, 0..1, 0..head_dim]);
+        let floats = floats * keep.clone() + first * (keep.neg() + 1.0);
+        let q = quantize(floats, self.spec).map_err(PagedKernelError::Quant)?;
+        let words = block_size / self.spec.per_word();
+        let blocks = Self {
+            codes: q.codes.reshape([n, heads, head_dim, words]),
+            scale: q.scale.reshape([n, heads, head_dim, 1]),
+            min: q.min.reshape([n, heads, head_dim, 1]),
+            spec: self.spec,
+        };
+        self.write_blocks(ids, blocks)
     }
 
     /// The same blocks on `device`.
@@ -128,6 +218,9 @@ impl QuantizedBlocks {
     /// parameters to slot `slots[t]` (skipping [`SKIP_SLOT`]s), in place when uniquely owned.
     /// Arguments are checked before anything is written.
     pub fn write(&mut self, new: Tensor<3>, slots: &SlotMapping) -> Result<(), PagedKernelError> {
+        if self.per_channel() {
+            return Err(PagedKernelError::Layout("per-channel key blocks are written a whole block at a time"));
+        }
         let [_, heads, block_size, head_dim] = self.dims();
         let [tokens, h, d] = new.dims();
         if [h, d] != [heads, head_dim] {
@@ -209,6 +302,13 @@ impl QuantizedBlocks {
     }
 }
 
+/// The shape a block tensor of `dims` (`[num_blocks, kv_heads, block_size, head_dim]`) is stored
+/// in: with the axis `spec`'s groups run along last.
+fn stored(dims: [usize; 4], spec: QuantSpec) -> [usize; 4] {
+    let [blocks, heads, block_size, head_dim] = dims;
+    if spec.axis() == TOKEN_AXIS { [blocks, heads, head_dim, block_size] } else { dims }
+}
+
 /// Codes of two block sets live on one device.
 fn same_codes_device(a: &Tensor<4, Int>, b: &Tensor<4, Int>) -> Result<(), PagedKernelError> {
     if a.device() == b.device() { Ok(()) } else { Err(PagedKernelError::Device) }
@@ -285,15 +385,16 @@ impl KvPool {
         }
     }
 
-    /// Width (last dimension) and dtype of each part of the pool's blocks, in the order of
-    /// [`KvPool::into_data`]: the floats, or the codes, scales and minimums.
-    pub fn parts(&self) -> Vec<(usize, DType)> {
+    /// The shape of one block (the last three dimensions) and the dtype of each part of the
+    /// pool, in the order of [`KvPool::into_data`]: the floats, or the codes, scales and minimums.
+    pub fn parts(&self) -> Vec<([usize; 3], DType)> {
+        let block = |t: [usize; 4]| [t[1], t[2], t[3]];
         match self {
-            Self::Dense(t) => vec![(t.dims()[3], t.dtype())],
+            Self::Dense(t) => vec![(block(t.dims()), t.dtype())],
             Self::Quantized(q) => vec![
-                (q.codes.dims()[3], DType::U32),
-                (q.scale.dims()[3], q.scale.dtype()),
-                (q.min.dims()[3], q.min.dtype()),
+                (block(q.codes.dims()), DType::U32),
+                (block(q.scale.dims()), q.scale.dtype()),
+                (block(q.min.dims()), q.min.dtype()),
             ],
         }
     }
@@ -383,9 +484,11 @@ impl KvPool {
 }
 
 /// [`paged_attention_with`] over pools of either kind: float caches as they are, quantized ones
-/// dequantized inside the kernel. Both pools must be stored alike.
+/// dequantized inside the kernel. Both pools must be stored alike, except that quantized keys may
+/// be per channel ([`QuantizedBlocks::zeros_per_channel`]) beside values of the same bits grouped
+/// along the head.
 ///
-/// Errors: those of [`paged_attention_with`] (checked on the float parts), or pools stored
+/// Errors: those of [`paged_attention_with`] (checked on the value scales), or pools stored
 /// differently.
 pub fn paged_attention_pool(
     q: Tensor<3>,
@@ -396,23 +499,33 @@ pub fn paged_attention_pool(
 ) -> Result<Tensor<3>, PagedKernelError> {
     let (k, v) = match (keys, values) {
         (KvPool::Dense(k), KvPool::Dense(v)) => return paged_attention_with(q, k, v, batch, scale),
-        (KvPool::Quantized(k), KvPool::Quantized(v)) if k.spec == v.spec => (k, v),
+        (KvPool::Quantized(k), KvPool::Quantized(v))
+            if !v.per_channel() && (k.spec == v.spec || (k.per_channel() && k.spec.bits() == v.spec.bits())) =>
+        {
+            (k, v)
+        }
         _ => return Err(PagedKernelError::Storage { pool: keys.quantization(), blocks: values.quantization() }),
     };
     let _span = tracing::trace_span!("kernel", op = "paged_attention_quantized", tokens = batch.tokens).entered();
-    // The checks of the float kernel, on the scales: block size and ids, heads, dtypes, devices
-    // (a scale tensor is a float cache `groups` wide: the query is checked against that width).
-    let [_, _, _, head_dim] = k.dims();
+    // The checks of the float kernel, on the value scales: block size and ids, heads, dtypes,
+    // devices (a scale tensor is a float cache `groups` wide: the query is checked against that
+    // width); the keys must store the same blocks on the same device in the same dtype.
+    let dims = v.dims();
+    if k.dims() != dims {
+        return Err(PagedKernelError::Shape { what: "key blocks", expected: dims.to_vec(), found: k.dims().to_vec() });
+    }
     let [tokens, heads, d] = q.dims();
-    if d != head_dim {
+    if d != dims[3] {
         return Err(PagedKernelError::Shape {
             what: "q",
-            expected: vec![tokens, heads, head_dim],
+            expected: vec![tokens, heads, dims[3]],
             found: vec![tokens, heads, d],
         });
     }
-    let groups = k.scale.dims()[3];
-    super::check_attention([tokens, heads, groups], q.dtype(), q.device(), &k.scale, &v.scale, batch)?;
+    let groups = v.scale.dims()[3];
+    super::check_attention([tokens, heads, groups], q.dtype(), q.device(), &v.scale, &v.scale, batch)?;
+    super::same_dtype(&[k.scale.dtype(), v.scale.dtype()])?;
+    super::same_device(&[k.codes.device(), v.codes.device()])?;
     if tokens == 0 || heads == 0 {
         return Ok(q);
     }
@@ -428,7 +541,8 @@ pub fn paged_attention_pool(
         batch.query_seq.clone().into_dispatch(),
         batch.context_lens.clone().into_dispatch(),
         scale,
-        k.spec.bits(),
-        k.spec.group_size(),
+        v.spec.bits(),
+        v.spec.group_size(),
+        u32::from(k.per_channel()),
     )))
 }

@@ -133,7 +133,7 @@ fn quantized_blocks_copy_read_write_and_round_trip() {
             let parts = read.parts();
             let host = read.into_data();
             assert_eq!(host.len(), 3);
-            assert_eq!(parts[0], (64 * bits as usize / 32, DType::U32));
+            assert_eq!(parts[0], ([2, 4, 64 * bits as usize / 32], DType::U32));
             let back = KvPool::from_data(host, Some(spec(bits, 64)), &device).unwrap();
             pool.write_blocks(&[3, 1], back).unwrap();
             let moved = values(pool.dense());

@@ -60,10 +60,11 @@ impl<C: RouterChannel> PagedKvOps for BackendRouter<C> {
         scale: f32,
         bits: u32,
         group: usize,
+        key_channels: u32,
     ) -> FloatTensor<Self> {
         let (shape, dtype) = (q.shape(), q.dtype());
         let inputs = vec![q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, block_tables, query_seq, context_lens];
-        let scalars = [Scalar::from(scale), Scalar::from(bits), Scalar::from(group)];
+        let scalars = [Scalar::from(scale), Scalar::from(bits), Scalar::from(group), Scalar::from(key_channels)];
         launch("paged_attention_quantized", inputs, shape, dtype, &scalars)
     }
 }
@@ -123,6 +124,7 @@ pub(crate) fn register<B: BackendIr + PagedKvOps>(registry: &mut CustomOpRegistr
             ir.scalars[0].elem::<f32>(),
             scalar_usize(ir, 1) as u32,
             scalar_usize(ir, 2),
+            scalar_usize(ir, 3) as u32,
         );
         handles.register_float_tensor::<B>(&out.id, y);
     });

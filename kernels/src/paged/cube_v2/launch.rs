@@ -21,8 +21,21 @@ pub(in crate::paged) enum KvOperands {
     /// Float caches `[num_blocks, kv_heads, block_size, head_dim]`.
     Dense { k: CubeTensor, v: CubeTensor },
     /// Group-quantized caches: `[codes, scale, min]` each, `bits` per code, `group` values per
-    /// scale (the layout of [`PagedKvOps::paged_attention_quantized`](super::ops::PagedKvOps)).
-    Quantized { k: [CubeTensor; 3], v: [CubeTensor; 3], bits: u32, group: usize },
+    /// scale, keys per channel if `key_channels` (the layouts of
+    /// [`PagedKvOps::paged_attention_quantized`](super::ops::PagedKvOps)).
+    Quantized { k: [CubeTensor; 3], v: [CubeTensor; 3], bits: u32, group: usize, key_channels: bool },
+}
+
+/// Block size and the code layout of one launch (`words`, `groups`, `group`: a value row's;
+/// `k_words`: a key row's, or a key channel's when keys are per channel).
+struct Geometry {
+    kv_heads: usize,
+    block_size: usize,
+    words: usize,
+    k_words: usize,
+    groups: usize,
+    group: usize,
+    bits: u32,
 }
 
 /// How one launch splits its work.
@@ -62,6 +75,7 @@ fn plan(
     width: usize,
     max_context: usize,
     quantized: bool,
+    key_channels: bool,
 ) -> Plan {
     let props = client.properties();
     let hardware = &props.hardware;
@@ -89,6 +103,7 @@ fn plan(
             max_planes: threads / plane_min.max(1),
             plane,
             quantized,
+            key_channels,
             partitioned: false,
         };
         let shared = 4 * (heads_per_cube * head_dim + heads_per_cube * threads + scratch_len(&cfg));
@@ -131,28 +146,26 @@ pub(in crate::paged) fn paged_attention(
     // single pass) are bound to small placeholder buffers.
     let placeholder =
         |dtype: DType, n: usize| empty_device_dtype(client.clone(), q.device.clone(), Shape::new([n]), dtype);
-    let (floats, [k_codes, k_scale, k_min], [v_codes, v_scale, v_min], geometry) = match kv {
+    let (floats, [k_codes, k_scale, k_min], [v_codes, v_scale, v_min], geometry, flags) = match kv {
         KvOperands::Dense { k, v } => {
             let unused = || [placeholder(DType::U32, 1), placeholder(q.dtype, 1), placeholder(q.dtype, 1)];
             let [_, kv_heads, block_size, _] = k.shape().dims::<4>();
-            ([into_contiguous(k), into_contiguous(v)], unused(), unused(), (kv_heads, block_size, 0, 0, 1, 32, false))
+            let geometry = Geometry { kv_heads, block_size, words: 0, k_words: 0, groups: 0, group: 1, bits: 32 };
+            ([into_contiguous(k), into_contiguous(v)], unused(), unused(), geometry, (false, false))
         }
-        KvOperands::Quantized { k, v, bits, group } => {
-            let [_, kv_heads, block_size, words] = k[0].shape().dims::<4>();
-            let groups = k[1].shape().dims::<4>()[3];
+        KvOperands::Quantized { k, v, bits, group, key_channels } => {
+            let [_, kv_heads, block_size, words] = v[0].shape().dims::<4>();
+            let (k_words, groups) = (k[0].shape().dims::<4>()[3], v[1].shape().dims::<4>()[3]);
             let floats = [placeholder(q.dtype, width), placeholder(q.dtype, width)];
-            (
-                floats,
-                k.map(into_contiguous),
-                v.map(into_contiguous),
-                (kv_heads, block_size, words, groups, group, bits, true),
-            )
+            let geometry = Geometry { kv_heads, block_size, words, k_words, groups, group, bits };
+            (floats, k.map(into_contiguous), v.map(into_contiguous), geometry, (true, key_channels))
         }
     };
-    let (kv_heads, block_size, words, groups, group, bits, quantized) = geometry;
+    let Geometry { kv_heads, block_size, words, k_words, groups, group, bits } = geometry;
+    let (quantized, key_channels) = flags;
     let [k_cache, v_cache] = floats;
     let Plan { cfg, parts, cubes } =
-        plan(&client, tokens, heads, kv_heads, head_dim, width, max_blocks * block_size, quantized);
+        plan(&client, tokens, heads, kv_heads, head_dim, width, max_blocks * block_size, quantized, key_channels);
     let (partial, stats) = if cfg.partitioned {
         (
             placeholder(DType::F32, tokens * heads * parts * head_dim),
@@ -196,6 +209,7 @@ pub(in crate::paged) fn paged_attention(
             parts,
             cubes,
             words,
+            k_words,
             groups,
             group,
             bits,
