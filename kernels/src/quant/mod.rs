@@ -76,6 +76,16 @@ impl<const D: usize> GroupQuantized<D> {
         self.spec.storage_bytes(self.shape.iter().product())
     }
 
+    /// Bytes a product on Flex's integer kernels reads: [`GroupQuantized::size_bytes`] less the
+    /// minimums of a [symmetric](QuantSpec::with_symmetric_offset) weight, which they derive.
+    pub fn cpu_read_bytes(&self) -> usize {
+        let derived = match self.spec.symmetric_offset() {
+            0 => 0,
+            _ => self.shape.iter().product::<usize>() / self.spec.group_size() * std::mem::size_of::<f32>(),
+        };
+        self.size_bytes() - derived
+    }
+
     /// Wraps codes, scales and minimums that were quantized elsewhere (a GGUF file's blocks,
     /// repacked) into a tensor on `device`, checking that their lengths fit `shape` and `spec`
     /// (and, for a [symmetric](QuantSpec::with_symmetric_offset) spec, that every minimum is

@@ -133,6 +133,11 @@ impl QLinear {
         self.weight().size_bytes()
     }
 
+    /// Bytes a product on the CPU's integer kernels reads (`GroupQuantized::cpu_read_bytes`).
+    pub fn cpu_read_bytes(&self) -> usize {
+        self.weight().cpu_read_bytes()
+    }
+
     /// `x · W + b` for `x` `[..., in]`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dims = x.dims();
@@ -207,6 +212,15 @@ impl Projection {
         match self {
             Projection::Dense(l) => l.weight.val().dims().iter().product::<usize>() * l.weight.val().dtype().size(),
             Projection::Quantized(q) => q.size_bytes(),
+        }
+    }
+
+    /// Bytes of the weight that a product on the CPU reads: as stored, less the minimums that the
+    /// integer kernels derive (a symmetric GGUF type's).
+    pub fn cpu_read_bytes(&self) -> usize {
+        match self {
+            Projection::Dense(_) => self.weight_bytes(),
+            Projection::Quantized(q) => q.cpu_read_bytes(),
         }
     }
 
