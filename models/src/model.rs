@@ -50,14 +50,20 @@ impl DecoderLayer {
 
     /// Bytes of its projection weights as stored (norms and biases are not counted).
     pub fn weight_bytes(&self) -> usize {
-        let attn = [Some(&self.attn.q), self.attn.k.as_ref(), self.attn.v.as_ref(), Some(&self.attn.o)]
-            .into_iter()
-            .flatten()
-            .map(Projection::weight_bytes)
-            .sum::<usize>();
-        attn + self.mlp.up.weight_bytes()
-            + self.mlp.down.weight_bytes()
-            + self.mlp.gate.as_ref().map_or(0, Projection::weight_bytes)
+        self.projection_bytes(Projection::weight_bytes)
+    }
+
+    /// Bytes of its projection weights that a step on the CPU reads
+    /// ([`Projection::cpu_read_bytes`]).
+    pub fn cpu_read_bytes(&self) -> usize {
+        self.projection_bytes(Projection::cpu_read_bytes)
+    }
+
+    /// `bytes` summed over its attention and MLP projections.
+    fn projection_bytes(&self, bytes: fn(&Projection) -> usize) -> usize {
+        let attn = [Some(&self.attn.q), self.attn.k.as_ref(), self.attn.v.as_ref(), Some(&self.attn.o)];
+        let mlp = [Some(&self.mlp.up), Some(&self.mlp.down), self.mlp.gate.as_ref()];
+        attn.into_iter().chain(mlp).flatten().map(bytes).sum()
     }
 
     /// Applies `f` to every attention and MLP projection (with its name, for errors).
@@ -275,6 +281,16 @@ impl CausalLm {
         };
         let layers: usize = self.layers.iter().map(DecoderLayer::weight_bytes).sum();
         head + layers
+    }
+
+    /// [`CausalLm::decode_weight_bytes`] as a step on the CPU reads them: a symmetric GGUF type's
+    /// minimums are derived from its scales, not read (`GroupQuantized::cpu_read_bytes`).
+    pub fn decode_cpu_read_bytes(&self) -> usize {
+        let head = match &self.lm_head {
+            Some(head) => head.cpu_read_bytes(),
+            None => self.embed_tokens.cpu_read_bytes(),
+        };
+        head + self.layers.iter().map(DecoderLayer::cpu_read_bytes).sum::<usize>()
     }
 
     /// The model with q|k|v and gate|up fused into one projection each in every layer (see

@@ -61,6 +61,42 @@ fn quantized_products_are_batch_invariant() {
     }
 }
 
+/// Weights of the symmetric GGUF types (`Q4_0`, `Q5_0`/`Q8_0`, `Q3_K`, `Q6_K`: every minimum is
+/// `−offset · scale`), whose minimums the integer kernels derive instead of reading: the product
+/// equals, bit for bit and for every row count, the one that reads the stored minimums (the same
+/// weight without its symmetric offset), so it is batch invariant as well.
+#[test]
+fn derived_minimums_equal_stored_ones() {
+    let device = Device::flex();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(35);
+    for (k, n, bits, group, offset) in
+        [(576, 100, 8, 32, 16), (576, 40, 8, 32, 128), (1536, 37, 8, 16, 32), (128, 70, 4, 32, 8), (96, 45, 4, 16, 4)]
+    {
+        let groups = n * k / group;
+        let codes: Vec<u32> = (0..n * k * bits as usize / 32).map(|_| rng.random()).collect();
+        // Some zero scales (constant groups): `0 · −offset` is `−0`, stored and derived alike.
+        let scale: Vec<f32> =
+            (0..groups).map(|_| if rng.random_bool(0.02) { 0.0 } else { rng.random::<f32>() * 0.02 }).collect();
+        let min: Vec<f32> = scale.iter().map(|s| s * -(offset as f32)).collect();
+        let spec = QuantSpec::new(bits, group, 1).unwrap();
+        let weight = |spec: QuantSpec| {
+            GroupQuantized::from_host(codes.clone(), scale.clone(), min.clone(), [n, k], spec, &device).unwrap()
+        };
+        let (derived, stored) = (weight(spec.with_symmetric_offset(offset)), weight(spec));
+        let what = format!("[{k}, {n}] {bits}-bit groups of {group}, offset {offset}");
+        let product = |w: &GroupQuantized<2>, x: Tensor<2>| {
+            with_matmul_precision(MatmulPrecision::Int8Activations, || qmatmul_transposed(x, w).unwrap())
+        };
+        assert_rows_invariant(&what, k, |x| product(&derived, x));
+        let x: Vec<f32> = (0..33 * k).map(|_| rng.random::<f32>() - 0.5).collect();
+        for m in [1, 8, 33] {
+            let x = Tensor::<2>::from_data(TensorData::new(x[..m * k].to_vec(), [m, k]), &device);
+            let (a, b) = (values(product(&derived, x.clone())), values(product(&stored, x)));
+            assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}, {m} rows: derived ≠ stored");
+        }
+    }
+}
+
 /// Dense `f32` products ([`crate::matmul`]): a `Linear` weight `[k, n]` and a transposed table
 /// (a tied LM head's `[n, k]` embedding read as its transpose).
 #[test]

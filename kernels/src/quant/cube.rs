@@ -136,6 +136,7 @@ impl GroupQuantOps for CubeBackend {
         bits: u32,
         group: usize,
         _int8_rows: u32,
+        _symmetric_offset: u32,
     ) -> FloatTensor<Self> {
         let n = codes.shape().dims::<2>()[0];
         launch_qmatmul(x, codes, scale, min, n, bits, group, true)

@@ -320,7 +320,8 @@ impl GroupQuantOps for Flex {
     /// groups are whole blocks of 32 ([`q8`]) or groups of 16 ([`kq`], the K-quants with
     /// sub-blocks of 16); otherwise `f32`, parallel over blocks of
     /// weight rows (output columns), each packed word read once per call and decoded once for all
-    /// input rows.
+    /// input rows. The integer kernels derive a symmetric weight's minimums from its scales
+    /// (`symmetric_offset`, see [`GroupQuantOps::fused_qmatmul_nt`]) rather than read them.
     fn fused_qmatmul_nt(
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
@@ -329,15 +330,19 @@ impl GroupQuantOps for Flex {
         bits: u32,
         group: usize,
         int8_rows: u32,
+        symmetric_offset: u32,
     ) -> FloatTensor<Self> {
         let [m, k_len] = x.layout().shape().dims::<2>();
         let [n, words] = codes.layout().shape().dims::<2>();
         let dtype = x.dtype();
+        // Minimums derived from half-precision scales could differ from the stored ones where
+        // those round to subnormals: derive them only from `f32` scales.
+        let symmetric_offset = if scale.dtype() == DType::F32 { symmetric_offset } else { 0 };
         let (x, codes, scale, min) = (widened(x), contiguous(codes), widened(scale), widened(min));
         let (x, codes) = (f32s(&x), u32s(&codes));
         let (scale, min) = (f32s(&scale), f32s(&min));
         if int8_rows == 1 && (group.is_multiple_of(q8::BLOCK) || kq::supports(bits, group)) {
-            let w = q8::Weights { codes, scale, min, bits, group };
+            let w = q8::Weights { codes, scale, min, bits, group, symmetric_offset };
             return narrowed(int8_nt(&w, x, m, k_len, n), [m, n], dtype);
         }
         let groups = k_len / group;

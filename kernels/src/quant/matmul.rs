@@ -53,7 +53,8 @@ fn fused(x: Tensor<2>, w: &GroupQuantized<2>, transposed: bool) -> Result<Tensor
     Ok(Tensor::from_dispatch(if transposed {
         // The precision is read here, on the caller's thread, and shipped with the op.
         let int8_rows = u32::from(super::matmul_precision() == super::MatmulPrecision::Int8Activations);
-        <Dispatch as GroupQuantOps>::fused_qmatmul_nt(x, codes, scale, min, bits, group, int8_rows)
+        let offset = w.spec.symmetric_offset();
+        <Dispatch as GroupQuantOps>::fused_qmatmul_nt(x, codes, scale, min, bits, group, int8_rows, offset)
     } else {
         <Dispatch as GroupQuantOps>::fused_qmatmul(x, codes, scale, min, bits, group)
     }))

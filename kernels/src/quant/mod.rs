@@ -76,10 +76,21 @@ impl<const D: usize> GroupQuantized<D> {
         self.spec.storage_bytes(self.shape.iter().product())
     }
 
+    /// Bytes a product on Flex's integer kernels reads: [`GroupQuantized::size_bytes`] less the
+    /// minimums of a [symmetric](QuantSpec::with_symmetric_offset) weight, which they derive.
+    pub fn cpu_read_bytes(&self) -> usize {
+        let derived = match self.spec.symmetric_offset() {
+            0 => 0,
+            _ => self.shape.iter().product::<usize>() / self.spec.group_size() * std::mem::size_of::<f32>(),
+        };
+        self.size_bytes() - derived
+    }
+
     /// Wraps codes, scales and minimums that were quantized elsewhere (a GGUF file's blocks,
-    /// repacked) into a tensor on `device`, checking that their lengths fit `shape` and `spec`.
-    /// The layout is the one documented on the type, with the quantized axis already last in the
-    /// host buffers.
+    /// repacked) into a tensor on `device`, checking that their lengths fit `shape` and `spec`
+    /// (and, for a [symmetric](QuantSpec::with_symmetric_offset) spec, that every minimum is
+    /// `−offset · scale`). The layout is the one documented on the type, with the quantized axis
+    /// already last in the host buffers.
     pub fn from_host(
         codes: Vec<u32>,
         scale: Vec<f32>,
@@ -97,6 +108,13 @@ impl<const D: usize> GroupQuantized<D> {
         let found = [codes.len(), scale.len(), min.len()];
         if expected != found {
             return Err(KernelError::HostBuffers { expected, found });
+        }
+        let offset = spec.symmetric_offset();
+        if offset > 0 {
+            let derived = |s: f32| s * -(offset as f32);
+            if let Some(group) = min.iter().zip(&scale).position(|(m, &s)| m.to_bits() != derived(s).to_bits()) {
+                return Err(KernelError::SymmetricMinimum { group, offset });
+            }
         }
         Ok(Self {
             codes: Tensor::from_data(TensorData::new(codes, [rows, words]), (device, DType::U32)),
@@ -150,7 +168,8 @@ pub fn quantize<const D: usize>(x: Tensor<D>, spec: QuantSpec) -> Result<GroupQu
         spec.bits(),
         spec.group_size(),
     ));
-    Ok(GroupQuantized { codes, scale, min, shape, spec })
+    // The minimums are each group's own, whatever offset `spec` names.
+    Ok(GroupQuantized { codes, scale, min, shape, spec: spec.with_symmetric_offset(0) })
 }
 
 /// Restores a tensor of the original shape, on the device the codes live on.

@@ -77,6 +77,11 @@ pub trait GroupQuantOps: Backend {
     /// [`Int8Activations`](super::MatmulPrecision::Int8Activations), 0: exact), so that it travels
     /// with the op to a remote worker instead of being read from the worker's own thread; only a
     /// backend with an 8-bit-row kernel (Flex) reads it.
+    ///
+    /// `symmetric_offset` is the weight's [`QuantSpec::symmetric_offset`](super::QuantSpec): when
+    /// it is not 0, every `min[j, g]` is exactly `−symmetric_offset · scale[j, g]`, and a kernel may
+    /// derive it rather than read it (Flex's integer kernels do; the others read `min`).
+    #[allow(clippy::too_many_arguments)]
     fn fused_qmatmul_nt(
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
@@ -85,5 +90,6 @@ pub trait GroupQuantOps: Backend {
         bits: u32,
         group: usize,
         int8_rows: u32,
+        symmetric_offset: u32,
     ) -> FloatTensor<Self>;
 }

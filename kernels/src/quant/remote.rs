@@ -61,12 +61,14 @@ impl<C: RouterChannel> GroupQuantOps for BackendRouter<C> {
         bits: u32,
         group: usize,
         int8_rows: u32,
+        symmetric_offset: u32,
     ) -> FloatTensor<Self> {
         let mut shape = x.shape();
         shape[1] = codes.shape()[0];
         let dtype = x.dtype();
         let [bits, group] = layout(bits, group);
-        launch("fused_qmatmul_nt", vec![x, codes, scale, min], shape, dtype, &[bits, group, Scalar::from(int8_rows)])
+        let scalars = [bits, group, Scalar::from(int8_rows), Scalar::from(symmetric_offset)];
+        launch("fused_qmatmul_nt", vec![x, codes, scale, min], shape, dtype, &scalars)
     }
 }
 
@@ -107,8 +109,8 @@ pub(crate) fn register<B: BackendIr + GroupQuantOps>(registry: &mut CustomOpRegi
         handles.register_float_tensor::<B>(&out.id, x);
     });
     // The two fused matmuls share one wire layout (x, codes, scale, min; bits, group), and the
-    // transposed one ships the client's matmul precision as a third scalar (see
-    // `GroupQuantOps::fused_qmatmul_nt`).
+    // transposed one ships the client's matmul precision and the weight's symmetric offset as a
+    // third and a fourth scalar (see `GroupQuantOps::fused_qmatmul_nt`).
     for (id, transposed) in [("fused_qmatmul", false), ("fused_qmatmul_nt", true)] {
         registry.register(id, move |handles, ir, _device| {
             let ([x, codes, scale, min], [out]) = ir.as_fixed::<4, 1>();
@@ -117,7 +119,10 @@ pub(crate) fn register<B: BackendIr + GroupQuantOps>(registry: &mut CustomOpRegi
             let codes = handles.get_int_tensor::<B>(codes);
             let (scale, min) = (handles.get_float_tensor::<B>(scale), handles.get_float_tensor::<B>(min));
             let y = match transposed {
-                true => B::fused_qmatmul_nt(x, codes, scale, min, bits, group, scalar_usize(ir, 2) as u32),
+                true => {
+                    let (int8_rows, offset) = (scalar_usize(ir, 2) as u32, scalar_usize(ir, 3) as u32);
+                    B::fused_qmatmul_nt(x, codes, scale, min, bits, group, int8_rows, offset)
+                }
                 false => B::fused_qmatmul(x, codes, scale, min, bits, group),
             };
             handles.register_float_tensor::<B>(&out.id, y);

@@ -42,6 +42,17 @@ pub enum KernelError {
         /// Lengths received.
         found: [usize; 3],
     },
+    /// A symmetric spec's minimum is not `−offset · scale` ([`QuantSpec::with_symmetric_offset`]).
+    #[error(
+        "group {group}'s minimum is not −{offset} × its scale, as the symmetric spec says; build the spec \
+         without a symmetric offset (`QuantSpec::with_symmetric_offset(0)`)"
+    )]
+    SymmetricMinimum {
+        /// The first group (in storage order) that disagrees.
+        group: usize,
+        /// The spec's offset.
+        offset: u32,
+    },
     /// The axis does not exist.
     #[error("axis {axis} out of range for a rank-{rank} tensor")]
     Axis {
@@ -62,6 +73,8 @@ pub struct QuantSpec {
     bits: u32,
     group_size: usize,
     axis: usize,
+    /// See [`QuantSpec::symmetric_offset`]; 0 for an independent minimum.
+    symmetric_offset: u32,
 }
 
 impl QuantSpec {
@@ -76,7 +89,7 @@ impl QuantSpec {
         if bits != 4 && bits != 8 {
             return Err(KernelError::Bits(bits));
         }
-        let spec = Self { bits, group_size, axis };
+        let spec = Self { bits, group_size, axis, symmetric_offset: 0 };
         let per_word = spec.per_word();
         if group_size == 0 || !group_size.is_multiple_of(per_word) {
             return Err(KernelError::GroupWords { group: group_size, bits, per_word });
@@ -86,12 +99,28 @@ impl QuantSpec {
 
     /// FlexGen's 4-bit groups of 64 along `axis`.
     pub const fn flexgen(axis: usize) -> Self {
-        Self { bits: Self::FLEXGEN_BITS, group_size: Self::FLEXGEN_GROUP_SIZE, axis }
+        Self { bits: Self::FLEXGEN_BITS, group_size: Self::FLEXGEN_GROUP_SIZE, axis, symmetric_offset: 0 }
     }
 
     /// The same bits and group size along another axis.
     pub const fn along(self, axis: usize) -> Self {
         Self { axis, ..self }
+    }
+
+    /// The same quantization of a symmetric type (llama.cpp's `Q4_0`, `Q5_0`, `Q8_0`, `Q3_K`,
+    /// `Q6_K`: `x = (code − offset) · scale`): every group's minimum is exactly `−offset · scale`,
+    /// so a kernel may derive it instead of reading it (the CPU kernels do: fewer bytes a
+    /// product). The minimums are still stored, so every backend can also read them;
+    /// [`GroupQuantized::from_host`](super::GroupQuantized::from_host) checks that they are that
+    /// product, bit for bit. 0: an independent minimum.
+    pub const fn with_symmetric_offset(self, offset: u32) -> Self {
+        Self { symmetric_offset: offset, ..self }
+    }
+
+    /// The offset whose `−offset · scale` is every group's minimum, or 0 (see
+    /// [`QuantSpec::with_symmetric_offset`]).
+    pub const fn symmetric_offset(&self) -> u32 {
+        self.symmetric_offset
     }
 
     /// Bits per code: 4 or 8.

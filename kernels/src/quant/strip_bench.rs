@@ -61,8 +61,14 @@ impl StripProduct {
     /// that the work is not optimised away. `None` for an instruction set it cannot run.
     pub fn run(&self, isa: &str) -> Option<f32> {
         let isa = Isa::available().into_iter().find(|&i| i.name() == isa && strips::supports(i, self.bits))?;
-        let weights =
-            q8::Weights { codes: &self.codes, scale: &self.scale, min: &self.min, bits: self.bits, group: Self::GROUP };
+        let weights = q8::Weights {
+            codes: &self.codes,
+            scale: &self.scale,
+            min: &self.min,
+            bits: self.bits,
+            group: Self::GROUP,
+            symmetric_offset: 0,
+        };
         let mut sink = 0f32;
         strips::weight_rows(&weights, &self.panel, 0..self.n, isa, |_, _, v| sink += v[0]);
         Some(sink)

@@ -198,6 +198,11 @@ fn host_buffers_and_row_selection() {
         let rebuilt =
             GroupQuantized::from_host(codes.clone(), scale.clone(), min.clone(), [4, 64], spec, &device).unwrap();
         assert_eq!(values(dequantize(&rebuilt)), values(dequantize(&q)));
+        // These minimums are the groups' own, not `−8 · scale`: a symmetric spec refuses them.
+        let symmetric = spec.with_symmetric_offset(8);
+        let wrong =
+            GroupQuantized::<2>::from_host(codes.clone(), scale.clone(), min.clone(), [4, 64], symmetric, &device);
+        assert!(matches!(wrong, Err(KernelError::SymmetricMinimum { group: 0, offset: 8 })), "{wrong:?}");
         let short = GroupQuantized::<2>::from_host(codes[1..].to_vec(), scale, min, [4, 64], spec, &device);
         assert!(matches!(short, Err(KernelError::HostBuffers { .. })));
 
@@ -249,7 +254,8 @@ impl Int8Case {
     }
 
     fn weights(&self) -> q8::Weights<'_> {
-        q8::Weights { codes: &self.codes, scale: &self.scale, min: &self.min, bits: self.bits, group: self.group }
+        let (codes, scale, min) = (&self.codes, &self.scale, &self.min);
+        q8::Weights { codes, scale, min, bits: self.bits, group: self.group, symmetric_offset: 0 }
     }
 
     /// `out[i, j]` of the integer formula in `f64` from the quantized rows, and `Σ |terms|` (the

@@ -113,7 +113,7 @@ impl GgufModel {
             return Err(ModelError::ShapeMismatch { name: gguf, expected: vec![rows, cols], found: shape });
         }
         let corrupt = |message: String| ModelError::CorruptGguf { path: self.file.path().to_path_buf(), message };
-        let RepackedBlocks { mut codes, mut scale, mut min, bits, group } = blocks;
+        let RepackedBlocks { mut codes, mut scale, mut min, bits, group, offset } = blocks;
         if !cols.is_multiple_of(group) {
             return Err(corrupt(format!("`{gguf}` has rows of {cols} values, not whole groups of {group}")));
         }
@@ -122,8 +122,12 @@ impl GgufModel {
             scale = unpermute_rope_rows(&scale, heads, rows, cols / group);
             min = unpermute_rope_rows(&min, heads, rows, cols / group);
         }
-        let spec = QuantSpec::new(bits, group, WEIGHT_QUANT_AXIS).map_err(|e| corrupt(format!("`{gguf}`: {e}")))?;
-        Ok(Some((RepackedBlocks { codes, scale, min, bits, group }, spec)))
+        // A symmetric type's minimums are `−offset · scale`: the CPU kernels derive them instead
+        // of reading them (`from_host` checks the product).
+        let spec = QuantSpec::new(bits, group, WEIGHT_QUANT_AXIS)
+            .map_err(|e| corrupt(format!("`{gguf}`: {e}")))?
+            .with_symmetric_offset(offset);
+        Ok(Some((RepackedBlocks { codes, scale, min, bits, group, offset }, spec)))
     }
 
     /// Uploads host blocks of an `HF` `[rows, cols]` matrix to `device`.
@@ -186,6 +190,7 @@ impl TensorSource for GgufModel {
             min: window(&blocks.min, shape[1] / group, rows.clone(), groups(&cols)),
             bits: blocks.bits,
             group,
+            offset: blocks.offset,
         };
         self.upload(name, cut, [rows.len(), cols.len()], spec, device).map(Some)
     }

@@ -76,4 +76,13 @@ impl TokenEmbedding {
             TokenEmbedding::Quantized(q) => q.size_bytes(),
         }
     }
+
+    /// Bytes of the table that a tied head's product on the CPU reads
+    /// ([`Projection::cpu_read_bytes`]).
+    pub fn cpu_read_bytes(&self) -> usize {
+        match self {
+            TokenEmbedding::Dense(_) => self.size_bytes(),
+            TokenEmbedding::Quantized(q) => q.cpu_read_bytes(),
+        }
+    }
 }

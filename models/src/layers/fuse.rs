@@ -91,7 +91,12 @@ fn concat_quantized(parts: &[&QLinear]) -> Option<QLinear> {
     let cat2 = |f: &dyn Fn(&QLinear) -> Tensor<2>| Tensor::cat(parts.iter().map(|q| f(q)).collect(), axis);
     let bias = concat_biases(parts.iter().map(|q| q.bias.as_ref().map(Param::val)).collect())?;
     let d_output = parts.iter().map(|q| q.d_output).sum();
-    let spec = QuantSpec::new(first.bits, first.group_size, super::projection::WEIGHT_QUANT_AXIS).ok()?;
+    // The minimums stay derivable where every part's are, with the same offset.
+    let offset = first.symmetric_offset;
+    let offset = if parts.iter().all(|q| q.symmetric_offset == offset) { offset } else { 0 };
+    let spec = QuantSpec::new(first.bits, first.group_size, super::projection::WEIGHT_QUANT_AXIS)
+        .ok()?
+        .with_symmetric_offset(offset);
     let shape = if first.input_grouped { [d_output, first.d_input] } else { [first.d_input, d_output] };
     let weight = GroupQuantized {
         codes: Tensor::cat(parts.iter().map(|q| q.codes.val()).collect(), axis),

@@ -47,6 +47,9 @@ pub struct QLinear {
     pub group_size: usize,
     /// Whether groups run along the input channel (`[out, in]` storage).
     pub input_grouped: bool,
+    /// For the weights of a symmetric GGUF type, the offset whose `−offset · scale` is every
+    /// group's minimum ([`QuantSpec::symmetric_offset`]); 0 otherwise.
+    pub symmetric_offset: u32,
 }
 
 impl QLinear {
@@ -88,6 +91,7 @@ impl QLinear {
             bits: q.spec.bits(),
             group_size: q.spec.group_size(),
             input_grouped,
+            symmetric_offset: q.spec.symmetric_offset(),
         }
     }
 
@@ -95,6 +99,7 @@ impl QLinear {
     pub fn spec(&self) -> QuantSpec {
         QuantSpec::new(self.bits, self.group_size, WEIGHT_QUANT_AXIS)
             .expect("a QLinear is built from a checked QuantSpec")
+            .with_symmetric_offset(self.symmetric_offset)
     }
 
     /// The quantized weight, `[in, out]` or (input-grouped) `[out, in]`, quantized along axis 1.
@@ -126,6 +131,11 @@ impl QLinear {
     /// Bytes of codes, scales and minimums.
     pub fn size_bytes(&self) -> usize {
         self.weight().size_bytes()
+    }
+
+    /// Bytes a product on the CPU's integer kernels reads (`GroupQuantized::cpu_read_bytes`).
+    pub fn cpu_read_bytes(&self) -> usize {
+        self.weight().cpu_read_bytes()
     }
 
     /// `x · W + b` for `x` `[..., in]`.
@@ -202,6 +212,15 @@ impl Projection {
         match self {
             Projection::Dense(l) => l.weight.val().dims().iter().product::<usize>() * l.weight.val().dtype().size(),
             Projection::Quantized(q) => q.size_bytes(),
+        }
+    }
+
+    /// Bytes of the weight that a product on the CPU reads: as stored, less the minimums that the
+    /// integer kernels derive (a symmetric GGUF type's).
+    pub fn cpu_read_bytes(&self) -> usize {
+        match self {
+            Projection::Dense(_) => self.weight_bytes(),
+            Projection::Quantized(q) => q.cpu_read_bytes(),
         }
     }
 

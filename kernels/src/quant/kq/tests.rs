@@ -41,7 +41,7 @@ fn weight(n: usize, k: usize, bits: u32, seed: u64) -> Weight {
 
 fn product(w: &Weight, bits: u32, a: &Rows16, n: usize, isa: Isa) -> Vec<f32> {
     let m = a.rows();
-    let weights = Weights { codes: &w.codes, scale: &w.scale, min: &w.min, bits, group: GROUP };
+    let weights = Weights { codes: &w.codes, scale: &w.scale, min: &w.min, bits, group: GROUP, symmetric_offset: 0 };
     let mut out = vec![0f32; m * n];
     weight_rows(&weights, a, 0..n, isa, |i, j, v| out[i * n + j] = v);
     out
@@ -118,7 +118,8 @@ fn the_split_strip_kernel_matches_the_scalar_kernel() {
         let w = weight(n, k, bits, 11 + k as u64);
         let x = values(m * k, 12);
         let reference = product(&w, bits, &Rows16::new(&x, k, bits), n, Isa::Scalar);
-        let weights = Weights { codes: &w.codes, scale: &w.scale, min: &w.min, bits, group: GROUP };
+        let weights =
+            Weights { codes: &w.codes, scale: &w.scale, min: &w.min, bits, group: GROUP, symmetric_offset: 0 };
         let panel = Panel::halves(&x, m, k, bits);
         let mut out = vec![f32::NAN; m * n];
         strips::weight_rows(&weights, &panel, 0..n, isa, |i, j0, v| {

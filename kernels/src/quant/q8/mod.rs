@@ -308,6 +308,10 @@ pub struct Weights<'a> {
     pub bits: u32,
     /// Values per group, a multiple of [`BLOCK`].
     pub group: usize,
+    /// When not 0, every `min[j, g]` is exactly `−symmetric_offset · scale[j, g]` (a symmetric
+    /// GGUF type, `burn_llm_kernels::QuantSpec::symmetric_offset`): the strip kernel computes it
+    /// from the scale it reads anyway instead of reading `min` (the same value, bit for bit).
+    pub symmetric_offset: u32,
 }
 
 impl Weights<'_> {

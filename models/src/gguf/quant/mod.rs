@@ -89,6 +89,9 @@ pub struct RepackedBlocks {
     pub bits: u32,
     /// Values per group: 16 or 32.
     pub group: usize,
+    /// For the symmetric types, the offset of their signed codes ([`BlockLayout::offset`]): every
+    /// minimum is then `−offset · scale`, exactly. 0 for the types with a minimum.
+    pub offset: u32,
 }
 
 /// Repacks the blocks of any quantized type as unsigned codes with a scale and minimum per group
@@ -102,7 +105,7 @@ pub fn repack_blocks(kind: GgmlType, bytes: &[u8]) -> Option<RepackedBlocks> {
         .chunks_exact(per)
         .map(|c| c.iter().enumerate().fold(0u32, |w, (t, &q)| w | (u32::from(q) << (bits as usize * t))))
         .collect();
-    Some(RepackedBlocks { codes, scale, min, bits, group: layout.group })
+    Some(RepackedBlocks { codes, scale, min, bits, group: layout.group, offset: u32::from(layout.offset) })
 }
 
 #[cfg(test)]

@@ -208,7 +208,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let precision = spec.matmul_precision();
     let pretrained = Pretrained::load(&path, &DeviceChoice::Flex.device()?)?;
-    let weight_bytes = pretrained.model.decode_weight_bytes();
+    // What a decode step on Flex reads (a symmetric type's minimums are derived, not read).
+    let weight_bytes = pretrained.model.decode_cpu_read_bytes();
     let vocab = pretrained.model.spec().vocab_size;
     let purpose = Purpose::Generate { prompts: &[], params: &SamplingParams::default() };
     let Pretrained { model, tokenizer, eos_token_ids, .. } = pretrained;

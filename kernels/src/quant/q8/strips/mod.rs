@@ -57,6 +57,9 @@ impl Strip {
     /// Transposes the weight rows `rows` (at most [`STRIP`]) of `w` into the strip; `w` has
     /// `words` code words and `groups` groups per row.
     /// `isa`: the registers full strips are transposed in ([`Isa::Scalar`]: the plain loop).
+    /// A symmetric weight's minimums are `−offset · scale`, computed from the strip's scales
+    /// (a product by a power of two in the GGUF types, exact: the stored minimums, bit for bit)
+    /// rather than read.
     fn load(&mut self, w: &Weights, words: usize, groups: usize, rows: Range<usize>, isa: Isa) {
         debug_assert!(rows.len() <= STRIP);
         self.codes.resize(words * STRIP, 0);
@@ -69,7 +72,12 @@ impl Strip {
         }
         transpose(&mut self.codes, w.codes, words, rows.clone(), isa);
         transpose(f32_bits_mut(&mut self.scale), f32_bits(w.scale), groups, rows.clone(), isa);
-        transpose(f32_bits_mut(&mut self.min), f32_bits(w.min), groups, rows, isa);
+        if w.symmetric_offset > 0 {
+            let factor = -(w.symmetric_offset as f32);
+            self.min.iter_mut().zip(&self.scale).for_each(|(min, &scale)| *min = scale * factor);
+        } else {
+            transpose(f32_bits_mut(&mut self.min), f32_bits(w.min), groups, rows, isa);
+        }
     }
 }
 
@@ -300,16 +308,22 @@ pub fn weight_rows(w: &Weights, a: &Panel, rows: Range<usize>, isa: Isa, mut out
             let strip_rows = j0..(j0 + STRIP).min(rows.end);
             // The transposition reads 16 rows side by side, an order the hardware prefetchers do
             // not follow from memory: read the strip (contiguous) in order first.
+            // A symmetric weight's minimums are not read at all (see `Strip::load`).
+            let read_min = w.symmetric_offset == 0;
             x86::stream(&w.codes[strip_rows.start * words..strip_rows.end * words]);
             x86::stream(&w.scale[strip_rows.start * a.groups..strip_rows.end * a.groups]);
-            x86::stream(&w.min[strip_rows.start * a.groups..strip_rows.end * a.groups]);
+            if read_min {
+                x86::stream(&w.min[strip_rows.start * a.groups..strip_rows.end * a.groups]);
+            }
             // And ask for the next strip, which arrives while this one is multiplied: past the
             // end of `rows` too (up to the weight's last row), as a split product's thread next
             // takes the chunk that follows its own in memory.
             let next = strip_rows.end..(strip_rows.end + STRIP).min(total_rows);
             x86::prefetch(&w.codes[next.start * words..next.end * words]);
             x86::prefetch(&w.scale[next.start * a.groups..next.end * a.groups]);
-            x86::prefetch(&w.min[next.start * a.groups..next.end * a.groups]);
+            if read_min {
+                x86::prefetch(&w.min[next.start * a.groups..next.end * a.groups]);
+            }
             strip.load(w, words, a.groups, strip_rows.clone(), isa);
             for i0 in (0..a.m).step_by(ROWS) {
                 let t = ROWS.min(a.m - i0);
