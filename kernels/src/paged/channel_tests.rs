@@ -8,8 +8,8 @@
 use burn::tensor::{DType, Device};
 use rand::{Rng, SeedableRng};
 
-use super::quant_tests::{spec, written};
-use super::tests::{Batch, CASES, Rng8, assert_close, random, tensor, values};
+use super::quant_tests::{assert_pool_attention_matches_dense, spec, written};
+use super::tests::{Batch, CASES, Rng8, random, tensor, values};
 use super::*;
 use crate::quant::QuantSpec;
 use crate::test_devices::devices;
@@ -123,19 +123,7 @@ fn attention_over_per_channel_keys_equals_attention_over_their_dequantized_block
                 let k = KvPool::Quantized(channel_keys(&batch.k, batch.shape, bits, &counts, &device));
                 let v = written(&batch.v, batch.shape, spec(bits, head_dim), &device);
                 let what = format!("{device:?} {bits}-bit case {i}");
-                let q = tensor(batch.q.clone(), [batch.tokens(), heads, head_dim], &device);
-                let paged = PagedBatch::new(
-                    &batch.tables,
-                    batch.max_blocks,
-                    block_size,
-                    &batch.query_seq,
-                    &batch.context_lens,
-                    &device,
-                )
-                .unwrap();
-                let found = values(paged_attention_pool(q.clone(), &k, &v, &paged, batch.scale()).unwrap());
-                let reference = values(paged_attention_with(q, &k.dense(), &v.dense(), &paged, batch.scale()).unwrap());
-                assert_close(&found, &reference, &what);
+                assert_pool_attention_matches_dense(&batch, &k, &v, &device, &what);
             }
         }
     }

@@ -41,6 +41,19 @@ fn round_trip(cache: &[f32], shape: [usize; 4], spec: QuantSpec, device: &Device
     values(dequantize(&q))
 }
 
+/// Attention of `batch`'s queries over the pools `k` and `v` (dequantized inside the kernel)
+/// equals float attention over their dequantized contents.
+pub(super) fn assert_pool_attention_matches_dense(batch: &Batch, k: &KvPool, v: &KvPool, device: &Device, what: &str) {
+    let [_, _, block_size, head_dim] = batch.shape;
+    let q = tensor(batch.q.clone(), [batch.tokens(), batch.heads, head_dim], device);
+    let paged =
+        PagedBatch::new(&batch.tables, batch.max_blocks, block_size, &batch.query_seq, &batch.context_lens, device)
+            .unwrap();
+    let found = values(paged_attention_pool(q.clone(), k, v, &paged, batch.scale()).unwrap());
+    let reference = values(paged_attention_with(q, &k.dense(), &v.dense(), &paged, batch.scale()).unwrap());
+    assert_close(&found, &reference, what);
+}
+
 /// Every slot written through the pool holds the codes `quantize` makes of it (so the paged cache
 /// stores what the contiguous cache stores), and the dequantizing kernel equals float attention
 /// over those dequantized keys and values, for 8 and 4 bits, on every case and device.
@@ -58,19 +71,7 @@ fn quantized_attention_equals_attention_over_dequantized_cache() {
                 assert_eq!(values(k.dense()), round_trip(&batch.k, batch.shape, spec, &device), "{what}: keys");
                 assert_eq!(values(v.dense()), round_trip(&batch.v, batch.shape, spec, &device), "{what}: values");
 
-                let q = tensor(batch.q.clone(), [batch.tokens(), heads, head_dim], &device);
-                let paged = PagedBatch::new(
-                    &batch.tables,
-                    batch.max_blocks,
-                    block_size,
-                    &batch.query_seq,
-                    &batch.context_lens,
-                    &device,
-                )
-                .unwrap();
-                let found = values(paged_attention_pool(q.clone(), &k, &v, &paged, batch.scale()).unwrap());
-                let reference = values(paged_attention_with(q, &k.dense(), &v.dense(), &paged, batch.scale()).unwrap());
-                assert_close(&found, &reference, &what);
+                assert_pool_attention_matches_dense(&batch, &k, &v, &device, &what);
             }
         }
     }
