@@ -32,6 +32,7 @@
 //! Launches are unchecked: shapes were validated by [`super::prefix_attention`], keys past `len`
 //! and rows past the step are never read.
 
+use crate::paged::lane_sum;
 use cubecl::prelude::*;
 
 mod launch;
@@ -62,17 +63,6 @@ impl Config {
     fn pitch(&self) -> usize {
         self.vec_dims + 1
     }
-}
-
-/// Sum of the lanes of `v`.
-#[cube]
-fn lane_sum<N: Size>(v: Vector<f32, N>) -> f32 {
-    let mut s = f32::new(0.0);
-    #[unroll]
-    for i in 0..N::value() {
-        s += v.extract(i);
-    }
-    s
 }
 
 /// Stages rows `first..first + count` (those below `limit`; zeros for the others) of one head of

@@ -228,9 +228,9 @@ fn reduce_over_cube(
     sync_cube();
 }
 
-/// Sum of the lanes of `v`.
+/// Sum of the lanes of `v` (also the flash-attention kernel's, `crate::fused::cube_flash`).
 #[cube]
-fn lane_sum<N: Size>(v: Vector<f32, N>) -> f32 {
+pub(crate) fn lane_sum<N: Size>(v: Vector<f32, N>) -> f32 {
     let mut s = f32::new(0.0);
     #[unroll]
     for i in 0..N::value() {

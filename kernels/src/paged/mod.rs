@@ -57,6 +57,8 @@ pub use quant::{KvPool, QuantizedBlocks, paged_attention_pool};
 mod cube;
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
 mod cube_v2;
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal"))]
+pub(crate) use cube_v2::lane_sum;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
