@@ -81,6 +81,12 @@ fn serve(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let listener = std::net::TcpListener::bind(&args.listen).map_err(|e| {
         format!("cannot listen on {}: {e} (is the port taken? pick another with --listen)", args.listen)
     })?;
+    // Burn's WebSocket client turns Nagle's algorithm off but its server leaves it on for the
+    // sockets it accepts, where a small reply after an unacknowledged one may wait for the
+    // client's delayed ACK. Linux copies TCP_NODELAY from a listening socket to those it accepts.
+    socket2::SockRef::from(&listener)
+        .set_tcp_nodelay(true)
+        .map_err(|e| format!("cannot turn off Nagle's algorithm on {}: {e}", args.listen))?;
     let address = listener.local_addr()?;
     let mut server = RemoteServer::new([device]);
     if let Some(token) = token {

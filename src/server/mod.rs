@@ -254,6 +254,14 @@ impl Server {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        // Streamed tokens are small writes: without TCP_NODELAY each one after the first waits for
+        // the client's ACK of the one before (Nagle's algorithm against delayed ACKs).
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            if let Err(err) = tcp.set_nodelay(true) {
+                eprintln!("warning: cannot set TCP_NODELAY on a client connection: {err}");
+            }
+        });
         let result = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
         let state = self.state.clone();
         tokio::task::spawn_blocking(move || state.models.iter().for_each(|m| m.stop()))
