@@ -304,6 +304,18 @@ impl PagedKvCache {
         }
         let part_bytes = self.part_block_bytes();
         let ids: Vec<u32> = pairs.iter().map(|(d, _)| d.0).collect();
+        // Host buffers grow to the highest host block written, not to the whole swap space:
+        // zero-filling `--swap-space` (4 GiB by default) at the first preemption would stall
+        // every running sequence for as long as the kernel takes to clear those pages. Host
+        // blocks are handed out lowest id first, so the buffers stay as large as the peak use.
+        let host_blocks = pairs.iter().map(|(_, h)| h.index() + 1).max().unwrap_or(0);
+        if host_blocks > self.num_host_blocks {
+            return Err(PagedError::Internal(format!(
+                "host block {} is past the {} host blocks of the swap space",
+                host_blocks - 1,
+                self.num_host_blocks
+            )));
+        }
         for layer in 0..self.layout.num_layers {
             let host = &mut self.host[layer];
             host.resize(part_bytes[0].len() + part_bytes[1].len(), Vec::new());
@@ -311,7 +323,9 @@ impl PagedKvCache {
                 for (part, data) in pool.read_blocks(&ids)?.into_data().into_iter().enumerate() {
                     let per_block = part_bytes[half][part];
                     let buffer = &mut host[half * part_bytes[0].len() + part];
-                    buffer.resize(self.num_host_blocks * per_block, 0);
+                    if buffer.len() < host_blocks * per_block {
+                        buffer.resize(host_blocks * per_block, 0);
+                    }
                     for ((_, h), chunk) in pairs.iter().zip(data.as_bytes().chunks_exact(per_block)) {
                         let at = h.index() * per_block;
                         buffer[at..at + per_block].copy_from_slice(chunk);
@@ -376,10 +390,11 @@ impl KvCache for PagedKvCache {
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Device, Tensor};
+    use burn::tensor::{Device, Tensor, TensorData};
     use burn_llm_models::{KvCache, KvLayout, Precision};
 
     use super::{PagedKvCache, PagedStep};
+    use crate::memory::BlockId;
 
     const LAYOUT: KvLayout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 4, dtype: Precision::F32 };
 
@@ -404,5 +419,38 @@ mod tests {
         assert!(err.to_string().contains("layer 1"), "{err}");
         let out = cache.attend(0, x(), x(), x(), 1.0, None).unwrap();
         assert_eq!(out.dims(), [1, 1, 1, 4]);
+    }
+
+    /// Swap-out keeps on the host only the host blocks written (up to the highest id), not the
+    /// whole swap space, and swap-in brings the block back unchanged; a host block past the swap
+    /// space is an error.
+    #[test]
+    fn host_buffers_grow_with_the_host_blocks_written() {
+        let device = Device::flex();
+        let mut cache = PagedKvCache::new(LAYOUT, 4, 3, 1 << 24, &device);
+        let step = PagedStep {
+            slots: vec![0, 1, 2, 3],
+            block_tables: vec![0],
+            max_blocks: 1,
+            query_seq: vec![0; 4],
+            context_lens: vec![1, 2, 3, 4],
+        };
+        cache.begin_step(&step).unwrap();
+        let x = Tensor::<4>::from_data(TensorData::new((0..16).map(|i| i as f32).collect(), [1, 1, 4, 4]), &device);
+        cache.attend(0, x.clone(), x.clone(), x, 1.0, None).unwrap();
+        let block = |cache: &PagedKvCache, b: u32| {
+            cache.keys[0].read_blocks(&[b]).unwrap().dense().into_data().try_into_vec_as::<f32>().unwrap()
+        };
+
+        cache.swap_out(&[(BlockId(0), BlockId(1))]).unwrap();
+        let block_bytes = 4 * 4 * 4;
+        let host: usize = cache.host.iter().flatten().map(Vec::len).sum();
+        assert_eq!(host, 2 * 2 * block_bytes, "K and V, host blocks 0 and 1 of 2^24");
+        cache.swap_in(&[(BlockId(1), BlockId(2))]).unwrap();
+        assert_eq!(block(&cache, 2), block(&cache, 0));
+        assert_eq!(block(&cache, 2), (0..16).map(|i| i as f32).collect::<Vec<_>>());
+
+        let err = cache.swap_out(&[(BlockId(0), BlockId(1 << 24))]).unwrap_err();
+        assert!(err.to_string().contains("swap space"), "{err}");
     }
 }
