@@ -16,7 +16,13 @@ use crate::test_devices::devices;
 
 /// Per-channel key blocks of `shape` holding `cache`'s keys, block `b` written whole over its
 /// first `counts[b]` tokens.
-fn channel_keys(cache: &[f32], shape: [usize; 4], bits: u32, counts: &[usize], device: &Device) -> QuantizedBlocks {
+pub(super) fn channel_keys(
+    cache: &[f32],
+    shape: [usize; 4],
+    bits: u32,
+    counts: &[usize],
+    device: &Device,
+) -> QuantizedBlocks {
     let mut keys = QuantizedBlocks::zeros_per_channel(shape, bits, DType::F32, device).unwrap();
     let ids: Vec<u32> = (0..shape[0] as u32).collect();
     keys.write_channels(&ids, tensor(cache.to_vec(), shape, device), counts).unwrap();

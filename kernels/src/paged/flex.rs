@@ -437,8 +437,62 @@ impl PagedKvOps for Flex {
             QuantRows::new(&k_codes, &k_scale, &k_min, (words, groups, group, bits), None)
         };
         let v = QuantRows::new(&v_codes, &v_scale, &v_min, (words, groups, group, bits), None);
+        let sequences = query_seq.iter().collect::<std::collections::BTreeSet<_>>().len();
         with_float!(q.dtype(), E => {
-            attend_all(&geometry, &tables, q.as_slice::<E>().expect("q is contiguous"), &k, &v, tokens)
+            let q = q.as_slice::<E>().expect("q is contiguous");
+            if tokens > sequences {
+                // A prompt or chunk: its rows would decode every key and value once per query row
+                // and head, so the blocks the step reads are decoded once and attended as floats
+                // (the same values, the same arithmetic, so the same bits).
+                let step = DecodedBlocks::new(&geometry, &tables, &k, &v);
+                let tables = Tables { block_tables: &step.tables, ..tables };
+                let (k, v) = (DenseRows { data: &step.keys, head_dim }, DenseRows { data: &step.values, head_dim });
+                attend_all(&geometry, &tables, q, &k, &v, tokens)
+            } else {
+                attend_all(&geometry, &tables, q, &k, &v, tokens)
+            }
         })
+    }
+}
+
+/// The blocks one step reads from a quantized cache, decoded once into float rows, and the step's
+/// block tables renumbered into them (block `i` of `keys` and `values` is the `i`-th distinct
+/// block the tables name within the sequences' contexts).
+struct DecodedBlocks {
+    tables: Vec<u32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl DecodedBlocks {
+    fn new(g: &Geometry, t: &Tables, k: &QuantRows, v: &QuantRows) -> Self {
+        let mut tables = vec![0u32; t.block_tables.len()];
+        let mut order: Vec<u32> = Vec::new();
+        let mut index = std::collections::HashMap::new();
+        for (&seq, &context) in t.query_seq.iter().zip(t.context_lens) {
+            let at = seq as usize * g.max_blocks;
+            for logical in 0..(context as usize).div_ceil(g.block_size.max(1)) {
+                let block = t.block_tables[at + logical];
+                let next = order.len() as u32;
+                tables[at + logical] = *index.entry(block).or_insert_with(|| {
+                    order.push(block);
+                    next
+                });
+            }
+        }
+        let block_len = g.kv_heads * g.block_size * g.head_dim;
+        let decode = |rows: &QuantRows| -> Vec<f32> {
+            let mut out = vec![0f32; order.len() * block_len];
+            if block_len > 0 {
+                out.par_chunks_mut(block_len).zip(&order).for_each(|(dense, &block)| {
+                    let first = block as usize * g.kv_heads * g.block_size;
+                    for (i, row) in dense.chunks_exact_mut(g.head_dim).enumerate() {
+                        rows.decode(first + i, row);
+                    }
+                });
+            }
+            out
+        };
+        Self { keys: decode(k), values: decode(v), tables }
     }
 }

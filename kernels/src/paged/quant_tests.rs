@@ -167,3 +167,42 @@ fn quantized_storage_mismatches_are_errors() {
     let err = pool.write(Tensor::<3>::zeros([1, 1, 16], &device), &SlotMapping::new(&[99], &device).unwrap());
     assert!(matches!(err, Err(PagedKernelError::Slot { .. })));
 }
+
+/// On Flex, a step with prompt rows (the blocks it reads decoded once, then attended as floats)
+/// gives each row the same bits as that row attended alone (decoded row by row), for keys grouped
+/// along the head and keys per channel.
+#[test]
+fn prompt_rows_over_quantized_blocks_equal_each_row_alone_bit_for_bit() {
+    let device = Device::flex();
+    let mut rng = Rng8::seed_from_u64(33);
+    for (i, &(heads, kv_heads, head_dim, block_size, lens)) in CASES.iter().enumerate() {
+        let batch = Batch::new(&mut rng, heads, kv_heads, head_dim, block_size, lens, i % lens.len());
+        for (bits, channels) in [(8, false), (4, false), (4, true)] {
+            if channels && !block_size.is_multiple_of(32 / bits as usize) {
+                continue;
+            }
+            let v = written(&batch.v, batch.shape, spec(bits, head_dim), &device);
+            let k = if channels {
+                let counts = vec![block_size; batch.shape[0]];
+                KvPool::Quantized(super::channel_tests::channel_keys(&batch.k, batch.shape, bits, &counts, &device))
+            } else {
+                written(&batch.k, batch.shape, spec(bits, head_dim), &device)
+            };
+            let run = |q: Vec<f32>, query_seq: &[u32], context_lens: &[u32]| {
+                let rows = query_seq.len();
+                let q = tensor(q, [rows, heads, head_dim], &device);
+                let paged =
+                    PagedBatch::new(&batch.tables, batch.max_blocks, block_size, query_seq, context_lens, &device)
+                        .unwrap();
+                values(paged_attention_pool(q, &k, &v, &paged, batch.scale()).unwrap())
+            };
+            let together = run(batch.q.clone(), &batch.query_seq, &batch.context_lens);
+            let row = heads * head_dim;
+            for (t, (&seq, &context)) in batch.query_seq.iter().zip(&batch.context_lens).enumerate() {
+                let alone = run(batch.q[t * row..(t + 1) * row].to_vec(), &[seq], &[context]);
+                let same = alone.iter().zip(&together[t * row..]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "case {i}, {bits} bits, channels {channels}, row {t}");
+            }
+        }
+    }
+}
