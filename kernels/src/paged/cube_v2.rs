@@ -96,7 +96,7 @@ fn dequantized<F: Float>(
 
 /// Element `e` of slot row `row` of per-channel quantized keys: channel `e` of the slot's block
 /// and head is stored row `row / block_size · head_dim + e`, `words` code words over the block's
-/// tokens, with one scale and minimum.
+/// tokens in one group, so it is element `row % block_size` (the token) of that stored row.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn dequantized_channel<F: Float>(
@@ -110,13 +110,8 @@ fn dequantized_channel<F: Float>(
     head_dim: usize,
     bits: u32,
 ) -> f32 {
-    let per = 32 / bits as usize;
-    let token = row % block_size;
     let channel = row / block_size * head_dim + e;
-    let word = codes[channel * words + token / per];
-    let mask = (1u32 << bits) - 1u32;
-    let code = (word >> (u32::cast_from(token % per) * bits)) & mask;
-    f32::cast_from(code) * f32::cast_from(scale[channel]) + f32::cast_from(min[channel])
+    dequantized::<F>(codes, scale, min, channel, row % block_size, words, 1usize, block_size, bits)
 }
 
 /// Vector `j` of slot row `row` of one cache, in `f32`: read from the float cache, or
