@@ -38,19 +38,18 @@ fn quantized_greedy_equals_plain_with_the_same_kv_quant() {
     for (device_name, device) in devices() {
         for name in FIXTURES {
             let prompts = mixed_prompts(name);
-            for bits in [8] {
-                let pretrained = Pretrained::load(&fixture(name), &device).unwrap();
-                let spec = fit_kv_quant(pretrained.model.kv_layout(), kv(bits)).unwrap();
-                let plain = Generator::from(pretrained).with_kv_quantization(spec).unwrap();
-                let expected = one_by_one(&plain, &prompts, &params);
-                for (label, cfg) in pools(&prompts, &expected) {
-                    let what = format!("{name} on {device_name}, kv{bits}, {label} pool");
-                    let mut engine = engine(name, &device, quantized(cfg, bits));
-                    let out = engine.generate(&prompts, &params).unwrap();
-                    let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
-                    assert_eq!(got, expected, "{what}");
-                    assert_pool_behaviour(label, engine.stats(), engine.block_manager().all_blocks_free(), &what);
-                }
+            let bits = 8;
+            let pretrained = Pretrained::load(&fixture(name), &device).unwrap();
+            let spec = fit_kv_quant(pretrained.model.kv_layout(), kv(bits)).unwrap();
+            let plain = Generator::from(pretrained).with_kv_quantization(spec).unwrap();
+            let expected = one_by_one(&plain, &prompts, &params);
+            for (label, cfg) in pools(&prompts, &expected) {
+                let what = format!("{name} on {device_name}, kv{bits}, {label} pool");
+                let mut engine = engine(name, &device, quantized(cfg, bits));
+                let out = engine.generate(&prompts, &params).unwrap();
+                let got: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
+                assert_eq!(got, expected, "{what}");
+                assert_pool_behaviour(label, engine.stats(), engine.block_manager().all_blocks_free(), &what);
             }
         }
     }
