@@ -388,8 +388,9 @@ impl EngineLoop {
             }
             if !self.is_down() && self.engine.has_unfinished_requests() {
                 self.step();
+            } else {
+                self.publish();
             }
-            self.publish();
         }
         self.fail_all("the server is shutting down");
         self.publish();
@@ -463,16 +464,29 @@ impl EngineLoop {
         self.metrics.e2e.observe(live.arrived.elapsed().as_secs_f64());
     }
 
-    /// One engine step. An error fails the live requests (the engine goes on with later ones);
-    /// a worker's failure or a panic leaves the engine unusable, so the model goes down.
+    /// One engine step, then the gauges. An error fails the live requests (the engine goes on
+    /// with later ones); a worker's failure or a panic leaves the engine unusable, so the model
+    /// goes down. The gauges are published before the step's outputs are delivered (and a
+    /// finished request is counted before its last output is sent), so a client that reads
+    /// `/metrics` once its response has ended sees that response counted.
     fn step(&mut self) {
         match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
-            Ok(Ok(outputs)) => outputs.into_iter().for_each(|out| self.deliver(out)),
-            Ok(Err(e @ EngineError::Worker(_))) => self.go_down(error_chain(&e)),
+            Ok(Ok(outputs)) => {
+                self.publish();
+                outputs.into_iter().for_each(|out| self.deliver(out));
+            }
+            Ok(Err(e @ EngineError::Worker(_))) => {
+                self.go_down(error_chain(&e));
+                self.publish();
+            }
             Ok(Err(e)) => {
                 self.fail_all(&format!("model `{}`: the engine failed: {}", self.name, error_chain(&e)));
+                self.publish();
             }
-            Err(panic) => self.go_down(format!("its engine panicked: {}", panic_message(panic))),
+            Err(panic) => {
+                self.go_down(format!("its engine panicked: {}", panic_message(panic)));
+                self.publish();
+            }
         }
     }
 
@@ -495,14 +509,15 @@ impl EngineLoop {
             live.last_token = Some(now);
             self.metrics.generation_tokens.inc_by(tokens as u64);
         }
-        let finished = out.finished.is_some();
-        let id = out.request_id.clone();
-        let delivered = live.events.send(Tagged { tag: live.tag, event: EngineEvent::Step(out) }).is_ok();
-        if finished {
-            if let Some(live) = self.live.remove(&id) {
+        if out.finished.is_some() {
+            if let Some(live) = self.live.remove(&out.request_id) {
                 self.retire(&live);
+                let _ = live.events.send(Tagged { tag: live.tag, event: EngineEvent::Step(out) });
             }
-        } else if !delivered {
+            return;
+        }
+        let id = out.request_id.clone();
+        if live.events.send(Tagged { tag: live.tag, event: EngineEvent::Step(out) }).is_err() {
             self.abort(&id);
         }
     }
