@@ -5,6 +5,10 @@
 //! consecutive devices is a candidate stage too (its layer timed split over its devices), and the
 //! stages and each one's degree are planned together ([`AutoGroups`]).
 //!
+//! Stages that slow each other down when they work at once (a worker on loopback beside the host
+//! CPU, two workers on one host) are measured doing so before planning ([`interference_of`]), and
+//! the planner splits for a pipelined pass at that interference.
+//!
 //! Profiles live in `--stage-profile-dir` (default `~/.cache/burn-llm/profiles`), one file per
 //! (device, model, dtype, grid); see [`burn_parallel::profiler::device`]. Profiling and link
 //! measurements on remote workers run on a thread of their own, watched: a worker that dies or
@@ -18,11 +22,14 @@ use std::time::Duration;
 use burn::tensor::Device;
 use burn_llm_models::PretrainedFiles;
 use burn_parallel::pipeline::slicing::in_stage_pool;
+use burn_parallel::pipeline::threaded::stage_pool_threads;
 use burn_parallel::pipeline::{
     AutoGroup, AutoGroups, AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineError, PipelinePlan,
     StageWorkload,
 };
-use burn_parallel::profiler::{self, DeviceProfile, ProfileGrid, ProfileIdentity, ProfileWeights};
+use burn_parallel::profiler::{
+    self, DeviceProfile, Interference, OverlapDevice, OverlapStep, ProfileGrid, ProfileIdentity, ProfileWeights,
+};
 
 use super::EngineSpec;
 use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, TensorParallelSize, parse_device};
@@ -104,16 +111,19 @@ pub(super) fn plan_auto(
             link_to_next,
         });
     }
+    let interference = interference_of(spec, dir, &entries.names, &devices, log)?;
     let auto = AutoStages {
         devices: stage_devices,
         workload: StageWorkload::default(),
         kv_tokens: files.spec.max_positions,
         handover: Handover::of(&files.spec),
+        interference: interference.kappa,
     };
     let plan = if spec.parallel.tensor_parallel_size == Some(TensorParallelSize::Auto) {
         let hidden = files.spec.hidden_size;
         let groups = candidate_groups(spec, (dir, hidden), &auto, &entries, &devices, log)?;
-        let AutoStages { devices: singles, workload, kv_tokens, handover } = auto;
+        // The groups' planner splits for the bottleneck alone (interference is not priced there).
+        let AutoStages { devices: singles, workload, kv_tokens, handover, interference: _ } = auto;
         let auto = AutoGroups { devices: singles, groups, workload, kv_tokens, handover };
         PipelinePlan::auto_groups(&auto, devices, entries.names)?
     } else {
@@ -249,6 +259,47 @@ pub fn profile_stage_device(
     Ok(profile)
 }
 
+/// The interference `κ` of `devices` (named `names`, in pipeline order) on a decode step
+/// ([`profiler::pipeline_interference`]): each runs the checkpoint's first layers, loaded as the
+/// profiler loads them, through about a stage's share of the model's layers (the run model's
+/// layers run again as often as needed), alone and then ticking together, host-CPU devices in the rayon pool their
+/// stage gets ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured. Logged in one line;
+/// watched when a worker is among the devices (one that dies or stalls is an error naming it).
+pub fn interference_of(
+    spec: &EngineSpec,
+    dir: &Path,
+    names: &[String],
+    devices: &[Device],
+    log: &mut dyn Write,
+) -> Result<Interference, AutoStagesError> {
+    if devices.len() < 2 {
+        return Ok(Interference::none());
+    }
+    let quant = weight_quant(spec)?;
+    let threads = stage_pool_threads(devices, None)?;
+    let joined = names.join(" → ");
+    let (dir, devices, entry) = (dir.to_owned(), devices.to_vec(), joined.clone());
+    let measured = watched(&joined, "timed with the other stages", worker_timeout(spec), move |heartbeat| {
+        let files = PretrainedFiles::open(&dir)?;
+        let layers = profiler::run_layers(files.spec.num_layers);
+        let mut models = Vec::with_capacity(devices.len());
+        for device in &devices {
+            let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+            let model = profiler::device::first_layers_model(&files.spec, weights, device, layers)
+                .map_err(|source| AutoStagesError::Profile { entry: entry.clone(), source })?;
+            models.push(model);
+            heartbeat.beat();
+        }
+        let runs: Vec<OverlapDevice<'_>> =
+            models.iter().zip(&threads).map(|(model, &threads)| OverlapDevice { model, threads }).collect();
+        // Each step runs about one stage's share of the model's layers.
+        let step = OverlapStep::decode(files.spec.num_layers.div_ceil(runs.len()), layers);
+        profiler::pipeline_interference(&runs, step).map_err(|source| AutoStagesError::Profile { entry, source })
+    })?;
+    let _ = writeln!(log, "{}", measured.summary(names));
+    Ok(measured)
+}
+
 /// The model as a profile's identity names it: its path and every shape that changes a layer's
 /// cost (readable in the start-up log, unlike the whole spec).
 fn model_identity(dir: &Path, spec: &burn_llm_models::DecoderSpec) -> String {
@@ -354,15 +405,25 @@ fn available_host_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// What tells two devices of one `--devices` spelling apart: a local CPU's thread count (a
-/// worker's address is its identity: restart a worker with other `--threads` on another port,
-/// or delete its profile).
+/// What tells two devices of one `--devices` spelling apart: a local CPU's thread count and
+/// model (a cache directory may outlive the machine it was measured on; a worker's address is
+/// its identity: restart a worker with other `--threads` on another port, or delete its profile).
 fn device_identity(entry: &str, threads: Option<usize>) -> String {
     if WorkerAddress::is_worker(entry) {
         return entry.to_string();
     }
     let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    format!("{entry} ({threads} threads)")
+    match host_cpu_model() {
+        Some(cpu) => format!("{entry} ({threads} threads, {cpu})"),
+        None => format!("{entry} ({threads} threads)"),
+    }
+}
+
+/// The first `model name` of `/proc/cpuinfo`, where there is one.
+fn host_cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("model name"))?;
+    Some(line.split_once(':')?.1.trim().to_string())
 }
 
 /// How the checkpoint stores its weights.

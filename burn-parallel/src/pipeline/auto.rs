@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::layout::{PipelineError, Result, StageLayout};
 use crate::plan::profile::{CostModel, Profile};
 use crate::plan::stages::{self, StageDevice, StageExtra, StagesInput};
+use crate::profiler::Interference;
 
 /// A measured link: handing `b` bytes over takes `latency_ms + b · ms_per_byte` milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -114,6 +115,10 @@ pub struct AutoStages {
     pub kv_tokens: usize,
     /// What a stage hands the next.
     pub handover: Handover,
+    /// How much the stages slow each other down when they work at once: the measured `κ` of
+    /// [`crate::profiler::pipeline_interference`] (0: not at all). The stages are split for the
+    /// least `max + κ·(Σ − max)` of their per-request times.
+    pub interference: f64,
 }
 
 /// One planned stage and what the profiles predict for it.
@@ -156,6 +161,9 @@ pub struct StagePrediction {
     pub bottleneck_ms: f64,
     /// The request the stages were balanced for.
     pub workload: StageWorkload,
+    /// The interference `κ` the stages were split with ([`AutoStages::interference`]).
+    #[serde(default)]
+    pub interference: f64,
 }
 
 impl StagePrediction {
@@ -164,7 +172,15 @@ impl StagePrediction {
         let bottleneck_stage =
             (0..stages.len()).max_by(|&a, &b| stages[a].request_ms.total_cmp(&stages[b].request_ms)).unwrap_or(0);
         let bottleneck_ms = stages.get(bottleneck_stage).map_or(0.0, |s| s.request_ms);
-        Self { stages, bottleneck_stage, bottleneck_ms, workload }
+        Self { stages, bottleneck_stage, bottleneck_ms, workload, interference: 0.0 }
+    }
+
+    /// A decode step of `micro_batches` micro-batches of one sequence, the stages overlapping:
+    /// `Σ t + (M − 1)·(max t + κ·(Σ t − max t))` of the stages' predicted decode steps
+    /// ([`Interference::pipelined_ms`]).
+    pub fn micro_batched_step_ms(&self, micro_batches: usize) -> f64 {
+        let steps: Vec<f64> = self.stages.iter().map(|s| s.decode_step_ms).collect();
+        Interference::pipelined_ms(&steps, micro_batches, self.interference)
     }
 
     /// The stages' layout.
@@ -224,6 +240,15 @@ impl StagePrediction {
         }
         lines
             .push(format!("  bottleneck: stage {} at {:.2} ms per request", self.bottleneck_stage, self.bottleneck_ms));
+        if self.interference > 0.0 {
+            let request: Vec<f64> = self.stages.iter().map(|s| s.request_ms).collect();
+            lines.push(format!(
+                "  stages overlapping at interference κ = {:.2}: {:.2} ms per request in a full pipeline, a decode step of 8 micro-batches {:.2} ms",
+                self.interference,
+                Interference::interval_ms(&request, self.interference),
+                self.micro_batched_step_ms(8)
+            ));
+        }
         lines.join("\n")
     }
 }
@@ -344,6 +369,7 @@ impl AutoStages {
                 latency_ms: last.lm_head.ms_per_token * (1 + w.output_tokens) as f64,
                 memory_bytes: last.lm_head.weight_bytes,
             }),
+            interference: self.interference,
             ..StagesInput::default()
         })
     }
@@ -372,6 +398,7 @@ impl AutoStages {
         }
         let mut prediction = StagePrediction::new(predicted, w);
         prediction.bottleneck_ms = out.bottleneck_ms;
+        prediction.interference = self.interference;
         Ok(prediction)
     }
 

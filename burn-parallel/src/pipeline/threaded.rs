@@ -22,7 +22,7 @@
 use std::ops::Range;
 use std::sync::mpsc::{Receiver, Sender, channel};
 
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 use burn_llm_kernels::{matmul_precision, with_matmul_precision};
 use burn_llm_models::device::is_host_device;
 use burn_llm_models::language_model::forward_micro_batches_in_turn;
@@ -52,6 +52,17 @@ fn env_stage_threads() -> Result<Option<usize>> {
     }
 }
 
+/// The rayon threads of each stage on `devices` (in pipeline order) when stages run concurrently:
+/// `Some` for a stage on the host CPU ([`stage_threads`] of the machine's cores, `overridden` or
+/// `$BURN_LLM_STAGE_THREADS` first), `None` for other devices. An unparsable variable is an error
+/// naming it.
+pub fn stage_pool_threads(devices: &[Device], overridden: Option<usize>) -> Result<Vec<Option<usize>>> {
+    let hosts = devices.iter().filter(|d| is_host_device(d)).count();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = stage_threads(hosts, cores, overridden.map_or_else(env_stage_threads, |n| Ok(Some(n)))?);
+    Ok(devices.iter().map(|d| is_host_device(d).then_some(threads)).collect())
+}
+
 /// One rayon pool per stage on the host CPU (`None` for other stages), built on first use.
 #[derive(Default)]
 pub(super) struct StagePools {
@@ -65,23 +76,19 @@ impl StagePools {
         if let Some(pools) = self.pools.get() {
             return Ok(pools);
         }
-        let host: Vec<bool> = model.stages().iter().map(|s| is_host_device(s.device())).collect();
-        let hosts = host.iter().filter(|&&h| h).count();
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let threads = stage_threads(hosts, cores, self.threads.map_or_else(env_stage_threads, |n| Ok(Some(n)))?);
+        let devices: Vec<Device> = model.stages().iter().map(|s| s.device().clone()).collect();
         // A pool that cannot be built leaves its stage on the global pool: slower, same result.
-        let pools = host
-            .iter()
+        let pools = stage_pool_threads(&devices, self.threads)?
+            .into_iter()
             .enumerate()
-            .map(|(s, &h)| {
-                h.then(|| {
+            .map(|(s, threads)| {
+                threads.and_then(|threads| {
                     rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
                         .thread_name(move |i| format!("burn-llm-stage{s}-{i}"))
                         .build()
                         .ok()
                 })
-                .flatten()
             })
             .collect();
         Ok(self.pools.get_or_init(|| pools))

@@ -9,12 +9,21 @@
 //! stage's possible cost, feasibility growing with the bound), and among the splits at that bound
 //! the one with the least total cost is kept (`F(s, k; t_max)` of Eq. 3.3 with the device fixed
 //! by `s`).
+//!
+//! Stages that slow each other down when they work at once (a measured interference `κ > 0`,
+//! [`crate::profiler::pipeline_interference`]) are split for the least `max + κ·(Σ − max)` of
+//! their costs instead: what one micro-batch adds to a pipelined pass. A looser bound can then
+//! win by a smaller sum, so the least-sum split of every feasible bound is scored (at most
+//! [`MAX_SCORED_BOUNDS`] bounds, spread evenly, the tightest and loosest among them).
 
 use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
 use super::stages::{StagesError, StagesInput, StagesOutput, smallest_feasible};
 use burn_llm_models::units::fmt_bytes;
+
+/// Most bounds whose splits are scored when stages interfere ([`StagesInput::interference`]).
+const MAX_SCORED_BOUNDS: usize = 512;
 
 /// One device of a heterogeneous pipeline, the stage of its position in `devices` runs on it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -126,7 +135,8 @@ pub(super) fn plan(input: &StagesInput, devices: &[StageDevice]) -> Result<Stage
     if stages > layers {
         return Err(StagesError::TooManyStages { stages, layers });
     }
-    let problem = Problem::new(devices, memory, first, last);
+    check::non_negative("interference", input.interference)?;
+    let problem = Problem::new(devices, memory, first, last, input.interference);
     problem.check_capacity()?;
     let (ranges, costs) = problem.solve().ok_or(DeviceStagesError::NoSplit { stages, layers })?;
     let stage_memory_bytes = ranges
@@ -153,10 +163,12 @@ struct Problem<'a> {
     first: StageExtra,
     last: StageExtra,
     layers: usize,
+    /// `κ`: a split is scored `max + κ·(Σ − max)` of its stage costs.
+    interference: f64,
 }
 
 impl<'a> Problem<'a> {
-    fn new(devices: &'a [StageDevice], memory: &[u64], first: StageExtra, last: StageExtra) -> Self {
+    fn new(devices: &'a [StageDevice], memory: &[u64], first: StageExtra, last: StageExtra, interference: f64) -> Self {
         let prefix = |values: &mut dyn Iterator<Item = f64>| {
             let mut acc = 0.0;
             std::iter::once(0.0)
@@ -171,7 +183,7 @@ impl<'a> Problem<'a> {
         for &m in memory {
             bytes.push(bytes[bytes.len() - 1] + u128::from(m));
         }
-        Self { devices, latency, memory: bytes, first, last, layers: memory.len() }
+        Self { devices, latency, memory: bytes, first, last, layers: memory.len(), interference }
     }
 
     fn stages(&self) -> usize {
@@ -254,7 +266,37 @@ impl<'a> Problem<'a> {
         }
         candidates.sort_by(f64::total_cmp);
         candidates.dedup();
-        smallest_feasible(&candidates, |t_max| self.min_total(t_max))
+        let fastest = smallest_feasible(&candidates, |t_max| self.min_total(t_max))?;
+        if self.interference <= 0.0 {
+            return Some(fastest);
+        }
+        // Stages that slow each other down: a looser bound may trade a slower bottleneck for a
+        // smaller sum. Every feasible bound's least-sum split is scored (at most
+        // `MAX_SCORED_BOUNDS` of them, spread evenly from the tightest to the loosest, with both).
+        let from = candidates.partition_point(|&c| c < self.bottleneck(&fastest.1));
+        let feasible = &candidates[from..];
+        let step = feasible.len().div_ceil(MAX_SCORED_BOUNDS).max(1);
+        let bounds = feasible.iter().step_by(step).chain(feasible.last());
+        let mut best = fastest;
+        for &t_max in bounds {
+            if let Some(split) = self.min_total(t_max)
+                && self.score(&split.1) < self.score(&best.1)
+            {
+                best = split;
+            }
+        }
+        Some(best)
+    }
+
+    fn bottleneck(&self, costs: &[f64]) -> f64 {
+        costs.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// A pipelined pass's share of one micro-batch over stages costing `costs`:
+    /// `max + κ·(Σ − max)`.
+    fn score(&self, costs: &[f64]) -> f64 {
+        let max = self.bottleneck(costs);
+        max + self.interference * (costs.iter().sum::<f64>() - max)
     }
 
     /// The split with every stage at most `t_max` and the least total cost, if any.
@@ -318,6 +360,28 @@ mod tests {
             devices: Some(devices),
             ..StagesInput::default()
         }
+    }
+
+    #[test]
+    fn stages_that_interfere_trade_the_bottleneck_for_a_smaller_sum() {
+        // 6 layers, the first device twice as fast. Balanced (κ = 0): 4 + 2 layers, 4 ms each.
+        let devices = vec![device(1.0, 6, 1000), device(2.0, 6, 1000)];
+        let balanced = plan_stages(&input(devices.clone(), 6)).expect("plans");
+        assert_eq!(balanced.stages, vec![[0, 4], [4, 6]]);
+        // Stages that take turns (κ = 1) cost their sum: 5 + 1 layers, 7 ms, beat 8 ms.
+        let turns = plan_stages(&StagesInput { interference: 1.0, ..input(devices.clone(), 6) }).expect("plans");
+        assert_eq!(turns.stages, vec![[0, 5], [5, 6]]);
+        assert_eq!(turns.bottleneck_ms, 5.0);
+        // A little interference keeps the balanced split: 4 + 0.2·4 < 5 + 0.2·2.
+        let little = plan_stages(&StagesInput { interference: 0.2, ..input(devices.clone(), 6) }).expect("plans");
+        assert_eq!(little.stages, balanced.stages);
+        let negative = plan_stages(&StagesInput { interference: -0.5, ..input(devices, 6) });
+        assert!(matches!(negative, Err(StagesError::Input(ref e)) if e.to_string().contains("interference")));
+        let homogeneous =
+            StagesInput { layer_latency_ms: vec![1.0; 4], stages: 2, interference: 1.0, ..Default::default() };
+        assert!(
+            matches!(plan_stages(&homogeneous), Err(StagesError::Input(ref e)) if e.to_string().contains("interference"))
+        );
     }
 
     #[test]

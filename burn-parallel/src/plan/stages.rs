@@ -51,6 +51,16 @@ pub struct StagesInput {
     /// What the last stage holds beyond its layers (final norm, LM head).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage: Option<StageExtra>,
+    /// With `devices`: how much the stages slow each other down when they work at once, the
+    /// measured `κ` of [`crate::profiler::pipeline_interference`] (0, the default: not at all).
+    /// Above 0 the split minimises a pipelined pass's `max + κ·(Σ − max)` of the stage costs
+    /// instead of the bottleneck alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub interference: f64,
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// Tensor-parallel degrees a stage may use, and the devices they share.
@@ -150,7 +160,12 @@ pub fn plan(input: &StagesInput) -> Result<StagesOutput, StagesError> {
     if let Some(devices) = &input.devices {
         return super::stage_devices::plan(input, devices);
     }
-    for (field, given) in [("first_stage", input.first_stage.is_some()), ("last_stage", input.last_stage.is_some())] {
+    let interference = input.interference != 0.0;
+    for (field, given) in [
+        ("first_stage", input.first_stage.is_some()),
+        ("last_stage", input.last_stage.is_some()),
+        ("interference", interference),
+    ] {
         if given {
             return Err(InputError::new(field, "is only read with `devices`; give one entry per stage there").into());
         }
@@ -416,6 +431,7 @@ mod tests {
             devices: None,
             first_stage: None,
             last_stage: None,
+            interference: 0.0,
         }
     }
 

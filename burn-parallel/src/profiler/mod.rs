@@ -44,6 +44,7 @@ pub mod device;
 pub mod fit;
 pub mod link;
 mod measure;
+pub mod overlap;
 pub mod tensor;
 
 use burn::tensor::Device;
@@ -55,6 +56,7 @@ use measure::{Bench, Progress};
 
 pub use device::{DeviceProfile, ProfileIdentity, ProfileSource, ProfileWeights, device_profile};
 pub use link::{LinkProfile, measure_link};
+pub use overlap::{Interference, OverlapDevice, OverlapStep, pipeline_interference};
 pub use tensor::{TensorParallelTimes, group_profile, tensor_parallel_times};
 
 /// The points the profiler measures. Points a model cannot hold (more positions than it was

@@ -136,6 +136,7 @@ fn auto_stages(profile: &Profile, factor: f64, caps: [u64; 2], spec_name: &str) 
         workload: StageWorkload { prompt_tokens: 8, output_tokens: 8 },
         kv_tokens: 32,
         handover: Handover::of(&spec),
+        interference: 0.0,
     }
 }
 

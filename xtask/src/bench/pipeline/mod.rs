@@ -283,7 +283,13 @@ fn remote_parts(
             "flex: this process's CPU backend with {cores} threads; {}: a worker process with --threads 1, reached over loopback WebSocket",
             w1.url
         );
-        results.stages = Some(stages::run(model, vocab, &costs, token, &settings.stages, &unequal)?);
+        let names = [flex.0.0.clone(), one.0.0.clone()];
+        let spec = burn_llm::EngineSpec { worker_token: Some(token.to_string()), ..burn_llm::EngineSpec::default() };
+        let mut log = Vec::new();
+        let interference =
+            burn_llm::spec::interference_of(&spec, model, &names, &[flex.0.1.clone(), one.0.1.clone()], &mut log)?;
+        eprint!("{}", String::from_utf8_lossy(&log));
+        results.stages = Some(stages::run(model, vocab, &costs, token, &settings.stages, &unequal, interference)?);
     }
     if ttft_part {
         let costs = profiles::pipeline(&files.spec, &[one.0.clone(), two.0.clone()], &profiled)?;

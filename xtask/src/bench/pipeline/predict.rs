@@ -4,8 +4,8 @@
 //! - a stage's time for one micro-batch: its layers on its device, plus the embedding on the
 //!   first stage and the final norm, LM head and the pass's fixed cost (`call_ms`) on the last,
 //!   plus handing the hidden states (and rotary angles) to the next stage;
-//! - a pipelined decode step of `M` micro-batches: `Σ_s t_s + (M − 1)·max_s t_s` (the slowest
-//!   stage is the bottleneck);
+//! - a pipelined decode step of `M` micro-batches: `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s −
+//!   max_s t_s))`, `κ` the devices' measured interference (`Interference::pipelined_ms`);
 //! - a prefill cut into token slices: TeraPipe's `Σ_i t_i + (K − 1)·max_i t_i` with `t_i` slice
 //!   `i`'s time on the slowest stage ([`PlannedSlices::predicted_ms`]); unsliced, `K` whole-prompt
 //!   passes.
@@ -86,11 +86,6 @@ pub fn stage_ms(devices: &[DeviceCost], layout: &[Range<usize>], work: Work) -> 
         .collect()
 }
 
-/// A pipelined pass of `micro_batches` equal micro-batches over stages taking `stage_ms` each.
-pub fn pipelined_ms(stage_ms: &[f64], micro_batches: usize) -> f64 {
-    stage_ms.iter().sum::<f64>() + micro_batches.saturating_sub(1) as f64 * max(stage_ms)
-}
-
 /// The largest of `values` (0 for none).
 pub fn max(values: &[f64]) -> f64 {
     values.iter().copied().fold(0.0, f64::max)
@@ -126,13 +121,6 @@ pub fn layout_of(placement: &str) -> Option<Vec<Range<usize>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pipelined_pass_is_sum_plus_bottleneck_per_extra_micro_batch() {
-        assert_eq!(pipelined_ms(&[2.0, 5.0], 1), 7.0);
-        assert_eq!(pipelined_ms(&[2.0, 5.0], 3), 17.0);
-        assert_eq!(pipelined_ms(&[], 2), 0.0);
-    }
 
     #[test]
     fn layout_is_read_from_the_placement_line() {

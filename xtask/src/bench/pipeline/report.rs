@@ -124,7 +124,7 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
 fn stages_md(s: &StagesResult) -> String {
     let w = &s.workload;
     let mut md = format!(
-        "\n## (a) Automatic stages vs even split\n\n- devices: {} — {}\n- decode step: one sequence after a {}-token prompt (stages in turn), and {} sequences in {} micro-batches of one (stages overlapping), medians of {} steps; measured bottleneck = (micro-batched step − one-sequence step) ÷ {}\n- prompt: one {}-token prompt, unsliced, median of {}\n- predicted: each stage's time from its device's profile and link; a pass of M micro-batches `Σ_s t_s + (M − 1)·max_s t_s`\n\n",
+        "\n## (a) Automatic stages vs even split\n\n- devices: {} — {}\n- decode step: one sequence after a {}-token prompt (stages in turn), and {} sequences in {} micro-batches of one (stages overlapping), medians of {} steps; measured bottleneck = (micro-batched step − one-sequence step) ÷ {}\n- prompt: one {}-token prompt, unsliced, median of {}\n- predicted: each stage's time from its device's profile and link; a pass of M micro-batches `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s − max_s t_s))`, with the devices' measured interference κ\n- {}\n\n",
         s.devices.join(", "),
         s.unequal,
         w.prompt,
@@ -133,7 +133,8 @@ fn stages_md(s: &StagesResult) -> String {
         w.steps,
         w.batch.max(2) - 1,
         w.long_prompt,
-        w.repeats
+        w.repeats,
+        s.interference.summary(&s.devices),
     );
     let ms = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(" / ");
     let versus = |v: &super::predict::Versus| format!("{:.1} / {:.1}", v.predicted_ms, v.measured_ms);

@@ -3,7 +3,9 @@
 //! each against its prediction from the devices' profiles ([`predict`](super::predict)):
 //! - a decode step of one sequence: every stage in turn, `Σ_s t_s`;
 //! - a decode step of `batch` sequences in `batch` micro-batches of one, the stages working on
-//!   different micro-batches at once: `Σ_s t_s + (batch − 1)·max_s t_s`, so that the measured
+//!   different micro-batches at once: `Σ_s t_s + (batch − 1)·(max_s t_s + κ·(Σ_s t_s − max_s t_s))`
+//!   with the devices' measured interference `κ` (`burn_llm::spec::interference_of`, what
+//!   `--stage-layers auto` plans with), so that the measured
 //!   bottleneck stage is `(step(batch) − step(1)) ÷ (batch − 1)`;
 //! - one prompt's prefill, unsliced: `Σ_s t_s` of the prompt.
 
@@ -13,6 +15,7 @@ use std::time::Instant;
 
 use burn_llm::models::{Prompt, SamplingParams};
 use burn_llm::paged::KvCacheMemory;
+use burn_llm::parallel::profiler::Interference;
 use burn_llm::spec::{PagedSpec, ParallelSpec, PrefillSlices};
 use burn_llm::{Engine, EngineKind, EngineSpec, Purpose};
 use rand::SeedableRng;
@@ -64,6 +67,8 @@ pub struct StagesResult {
     /// What makes the devices unequal.
     pub unequal: String,
     pub workload: StagesWorkload,
+    /// The devices' interference, measured as `--stage-layers auto` measures it.
+    pub interference: Interference,
     /// Even split first, then auto.
     pub rows: Vec<SplitRow>,
 }
@@ -85,8 +90,11 @@ pub fn run(
     token: &str,
     workload: &StagesWorkload,
     unequal: &str,
+    interference: Interference,
 ) -> Result<StagesResult, Box<dyn std::error::Error>> {
     let names: Vec<String> = costs.iter().map(|c| c.name.clone()).collect();
+    let kappa = interference.kappa;
+    let profile_dir = std::env::temp_dir().join(format!("burn-llm-bench-stage-profiles-{}", std::process::id()));
     let w = workload;
     let mut rows = Vec::new();
     for (label, stage_layers) in [("even split", None), ("auto (Alpa)", Some("auto".to_string()))] {
@@ -104,6 +112,9 @@ pub fn run(
             },
             parallel: ParallelSpec {
                 devices: Some(names.clone()),
+                // Profiled afresh, as the predictions' profiles are: a profile cached by an earlier
+                // run (another load, another CPU) would plan from other costs.
+                stage_profile_dir: stage_layers.is_some().then(|| profile_dir.clone()),
                 stage_layers,
                 micro_batches: Some(w.batch),
                 prefill_slices: Some(PrefillSlices::Off),
@@ -126,11 +137,11 @@ pub fn run(
             split: label.to_string(),
             stage_layers: ranges(&layout),
             plan_log,
-            decode_bottleneck: Versus::new(predict::max(&decode_stage_ms), measured_bottleneck),
+            decode_bottleneck: Versus::new(Interference::interval_ms(&decode_stage_ms, kappa), measured_bottleneck),
             prompt_bottleneck_ms: predict::max(&prompt_stage_ms),
-            decode_step: Versus::new(predict::pipelined_ms(&decode_stage_ms, 1), m.step),
-            batch_step: Versus::new(predict::pipelined_ms(&decode_stage_ms, w.batch), m.batch_step),
-            prompt: Versus::new(predict::pipelined_ms(&prompt_stage_ms, 1), m.prompt),
+            decode_step: Versus::new(Interference::pipelined_ms(&decode_stage_ms, 1, kappa), m.step),
+            batch_step: Versus::new(Interference::pipelined_ms(&decode_stage_ms, w.batch, kappa), m.batch_step),
+            prompt: Versus::new(Interference::pipelined_ms(&prompt_stage_ms, 1, kappa), m.prompt),
             decode_stage_ms,
             prompt_stage_ms,
         };
@@ -147,7 +158,8 @@ pub fn run(
         );
         rows.push(row);
     }
-    Ok(StagesResult { devices: names, unequal: unequal.to_string(), workload: workload.clone(), rows })
+    let _ = std::fs::remove_dir_all(&profile_dir);
+    Ok(StagesResult { devices: names, unequal: unequal.to_string(), workload: workload.clone(), interference, rows })
 }
 
 /// Measures one split (see [`Measured`]); a first run warms the devices up.
