@@ -229,17 +229,20 @@ pub fn plan_rra(
     workload: &ScheduleWorkload,
     latency_bound_s: f64,
 ) -> Result<ScheduleOutput, PlanError> {
-    plan_for(profile, workload, latency_bound_s, 1)
+    plan_for(profile, workload, latency_bound_s, 1, 0.0)
 }
 
 /// Like [`plan_rra`] over `devices` devices of the same memory (each a full model replica and
 /// the pool), every strategy considered: RRA (pipeline stages) or WAA (separate prefill and
-/// decode devices), whichever the planner finds best under the bound.
+/// decode devices), whichever the planner finds best under the bound; devices that work at once
+/// slow each other down by `interference` (the measured `κ` of
+/// [`burn_parallel::profiler::pipeline_interference`], 0 on one device).
 pub fn plan_for(
     profile: Profile,
     workload: &ScheduleWorkload,
     latency_bound_s: f64,
     devices: usize,
+    interference: f64,
 ) -> Result<ScheduleOutput, PlanError> {
     if workload.prompt_lens.is_empty() || workload.output_lens.is_empty() || workload.output_lens.contains(&0) {
         return Err(PlanError::Invalid(
@@ -267,6 +270,7 @@ pub fn plan_for(
         latency_percentile: None,
         step_variation: None,
         exhaustive: false,
+        interference,
     };
     Ok(schedule::plan(&input)?)
 }

@@ -483,6 +483,8 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
             latency_percentile: None,
             step_variation: None,
             exhaustive: false,
+            // Half the cases with devices that slow each other down: the bounds stay valid.
+            interference: if rng.random_bool(0.5) { rng.random_range(0.0..2.0) } else { 0.0 },
         };
         let bnb = schedule::plan(&input);
         input.exhaustive = true;
@@ -529,6 +531,7 @@ fn plan_schedule_trades_throughput_for_latency() {
         latency_percentile: None,
         step_variation: None,
         exhaustive: false,
+        interference: 0.0,
     };
     let mut last = 0.0;
     for bound in [0.5, 1.0, 2.0, 8.0] {
@@ -602,6 +605,7 @@ fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> Sche
         latency_percentile: None,
         step_variation: None,
         exhaustive: false,
+        interference: 0.0,
     }
 }
 
@@ -879,6 +883,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search_with_jumping_engine_
             latency_percentile: None,
             step_variation: None,
             exhaustive: false,
+            interference: 0.0,
         };
         let bnb = schedule::plan(&input);
         input.exhaustive = true;
@@ -911,6 +916,7 @@ fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
         latency_percentile: None,
         step_variation: None,
         exhaustive: false,
+        interference: 0.0,
     };
     let good = serde_json::to_value(&input).unwrap();
     let (out, code) = cli_run("schedule", &good.to_string(), &[]);
@@ -1079,6 +1085,7 @@ fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
         latency_percentile: None,
         step_variation: None,
         exhaustive: false,
+        interference: 0.0,
     };
     let json = serde_json::to_string(&input).unwrap();
     let (bnb, code) = cli_run("schedule", &json, &[]);

@@ -261,8 +261,8 @@ pub fn profile_stage_device(
 
 /// The interference `κ` of `devices` (named `names`, in pipeline order) on a decode step
 /// ([`profiler::pipeline_interference`]): each runs the checkpoint's first layers, loaded as the
-/// profiler loads them, through about a stage's share of the model's layers (the run model's
-/// layers run again as often as needed), alone and then ticking together, host-CPU devices in the rayon pool their
+/// profiler loads them, through a stage's share of the model's layers (the run model's layers
+/// run again as often as needed), alone and then ticking together, host-CPU devices in the rayon pool their
 /// stage gets ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured. Logged in one line;
 /// watched when a worker is among the devices (one that dies or stalls is an error naming it).
 pub fn interference_of(
@@ -293,7 +293,7 @@ pub fn interference_of(
         let runs: Vec<OverlapDevice<'_>> =
             models.iter().zip(&threads).map(|(model, &threads)| OverlapDevice { model, threads }).collect();
         // Each step runs about one stage's share of the model's layers.
-        let step = OverlapStep::decode(files.spec.num_layers.div_ceil(runs.len()), layers);
+        let step = OverlapStep::decode(files.spec.num_layers.div_ceil(runs.len()));
         profiler::pipeline_interference(&runs, step).map_err(|source| AutoStagesError::Profile { entry, source })
     })?;
     let _ = writeln!(log, "{}", measured.summary(names));

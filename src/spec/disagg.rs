@@ -2,7 +2,9 @@
 //! planner chooses between its strategies for two devices and that choice runs. WAA prefills on
 //! the first device and decodes on the second ([`DisaggEngine`], each device a full model replica
 //! with its own KV pool, a request's blocks moved after its prefill); RRA runs the phased schedule
-//! over a two-stage pipeline (an even layer split, the plan's decoder micro-batches).
+//! over a two-stage pipeline (an even layer split, the plan's decoder micro-batches). The plan
+//! prices the two devices working at once with their measured interference
+//! ([`super::interference_of`]: half the layers each, alone and ticking together).
 
 use std::error::Error;
 use std::io::Write;
@@ -61,7 +63,10 @@ pub(super) fn build(
             let workload = schedule::ScheduleWorkload::new(&first, &config, prompts, params.max_new_tokens)?;
             let profile =
                 schedule::load_or_profile(p.profile_json.as_deref(), &first.model, workload.max_num_seqs, log)?;
-            schedule::plan_for(profile, &workload, bound, DEVICES)?
+            // Both devices work at once (pipeline stages, or WAA's prefill beside its decode):
+            // how much they slow each other down is measured, as for `--stage-layers auto`.
+            let interference = super::interference_of(spec, model, &entries, &devices, log)?;
+            schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa)?
         }
         // `validate` refuses the other combinations.
         _ => return Err(Box::new(spec.validate(super::EngineKind::Paged, purpose).err().unwrap_or_else(refused))),

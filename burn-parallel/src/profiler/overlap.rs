@@ -37,17 +37,18 @@ pub struct OverlapDevice<'a> {
 }
 
 /// The step every device times: `tokens` new tokens of one sequence after `context` cached ones,
-/// through the model's layers `passes` times over between two synchronisations (so that a step
-/// lasts about as long as a stage's share of a deep model: per-tick costs, a thread woken, a
-/// worker's round trip, weigh in it as they weigh in a stage).
+/// through `layers` layers between two synchronisations: the model's layers in order, from the
+/// first again when it has fewer (so that a step lasts about as long as a stage's share of a deep
+/// model, and per-tick costs, a thread woken, a worker's round trip, weigh in it as they weigh in
+/// a stage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OverlapStep {
     /// New tokens (1: a decode step).
     pub tokens: usize,
     /// Cached tokens before them.
     pub context: usize,
-    /// Times the model's layers are run per step (at least 1).
-    pub passes: usize,
+    /// Layers run per step (at least 1).
+    pub layers: usize,
     /// Untimed runs before the timed ones (alone, and again together).
     pub warmup: usize,
     /// Timed runs, alone and together (the median is kept).
@@ -55,10 +56,10 @@ pub struct OverlapStep {
 }
 
 impl OverlapStep {
-    /// A decode step after 64 tokens through `stage_layers` layers, `run_layers` at a time (the
-    /// run model's layers): what a micro-batched decode step overlaps.
-    pub fn decode(stage_layers: usize, run_layers: usize) -> Self {
-        Self { tokens: 1, context: 64, passes: stage_layers.div_ceil(run_layers.max(1)).max(1), warmup: 3, repeats: 15 }
+    /// A decode step after 64 tokens through `stage_layers` layers: what a micro-batched decode
+    /// step overlaps.
+    pub fn decode(stage_layers: usize) -> Self {
+        Self { tokens: 1, context: 64, layers: stage_layers.max(1), warmup: 3, repeats: 15 }
     }
 }
 
@@ -78,7 +79,7 @@ pub struct Interference {
 impl Interference {
     /// No interference (one device, or devices that share nothing): `κ = 0`.
     pub fn none() -> Self {
-        Self { step: OverlapStep::decode(1, 1), alone_ms: Vec::new(), together_ms: 0.0, kappa: 0.0 }
+        Self { step: OverlapStep::decode(1), alone_ms: Vec::new(), together_ms: 0.0, kappa: 0.0 }
     }
 
     /// `κ` from a tick `together` and the steps `alone`: 0 when only one device works.
@@ -106,11 +107,11 @@ impl Interference {
     pub fn summary(&self, names: &[String]) -> String {
         let alone: Vec<String> = names.iter().zip(&self.alone_ms).map(|(n, a)| format!("{n} {a:.2} ms")).collect();
         format!(
-            "stages overlapping ({} new token(s) after {}, {} pass(es) of the profiled layers): alone {}, together {:.2} ms a tick: \
+            "stages overlapping ({} new token(s) after {}, {} layers each): alone {}, together {:.2} ms a tick: \
              interference κ = {:.2} (a micro-batch costs max + κ·(Σ − max) of its stages' times; 0 overlaps perfectly, 1 takes turns)",
             self.step.tokens,
             self.step.context,
-            self.step.passes,
+            self.step.layers,
             alone.join(", "),
             self.together_ms,
             self.kappa
@@ -218,11 +219,10 @@ fn step_ms(model: &CausalLm, step: OverlapStep) -> Result<f64, ProfileError> {
     let sync = || device.sync().map_err(|e| ProfileError::Device(e.to_string()));
     sync()?;
     let started = Instant::now();
-    // A later pass writes the same cache slots again: the cost of a layer, not new positions.
-    for _ in 0..step.passes.max(1) {
-        for layer in 0..model.layers.len() {
-            hidden = model.run_layer(layer, hidden, &mut cache)?;
-        }
+    // A layer run again writes the same cache slots again: the cost of a layer, not new positions.
+    let built = model.layers.len().max(1);
+    for k in 0..step.layers.max(1) {
+        hidden = model.run_layer(k % built, hidden, &mut cache)?;
     }
     sync()?;
     let ms = started.elapsed().as_secs_f64() * 1e3;
@@ -289,7 +289,7 @@ mod tests {
     fn one_device_has_nothing_to_overlap_with() {
         let model = tiny();
         let one = [OverlapDevice { model: &model, threads: None }];
-        let step = OverlapStep { tokens: 1, context: 8, passes: 2, warmup: 1, repeats: 3 };
+        let step = OverlapStep { tokens: 1, context: 8, layers: 3, warmup: 1, repeats: 3 };
         let measured = pipeline_interference(&one, step).expect("measures");
         assert_eq!(measured.kappa, 0.0);
         assert_eq!(measured.alone_ms.len(), 1);
@@ -299,7 +299,7 @@ mod tests {
     fn devices_ticking_together_report_their_steps_and_a_finite_interference() {
         let (a, b) = (tiny(), tiny());
         let devices = [OverlapDevice { model: &a, threads: Some(1) }, OverlapDevice { model: &b, threads: Some(1) }];
-        let step = OverlapStep { tokens: 4, context: 8, passes: 1, warmup: 1, repeats: 5 };
+        let step = OverlapStep { tokens: 4, context: 8, layers: 2, warmup: 1, repeats: 5 };
         let measured = pipeline_interference(&devices, step).expect("measures");
         assert_eq!(measured.alone_ms.len(), 2);
         assert!(measured.alone_ms.iter().all(|a| a.is_finite() && *a > 0.0), "{measured:?}");
@@ -313,7 +313,7 @@ mod tests {
     fn an_empty_step_is_refused() {
         let model = tiny();
         let devices = [OverlapDevice { model: &model, threads: None }, OverlapDevice { model: &model, threads: None }];
-        let step = OverlapStep { tokens: 0, ..OverlapStep::decode(4, 2) };
+        let step = OverlapStep { tokens: 0, ..OverlapStep::decode(4) };
         assert!(matches!(pipeline_interference(&devices, step), Err(ProfileError::Grid(_))));
     }
 }

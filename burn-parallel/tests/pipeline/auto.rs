@@ -13,8 +13,8 @@ use burn_parallel::pipeline::{
 };
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::profiler::{
-    DeviceProfile, ProfileGrid, ProfileIdentity, ProfileSource, ProfileWeights, TensorParallelTimes, device_profile,
-    group_profile, measure_link,
+    DeviceProfile, Interference, ProfileGrid, ProfileIdentity, ProfileSource, ProfileWeights, TensorParallelTimes,
+    device_profile, group_profile, measure_link,
 };
 
 use super::{assert_same, deeper, greedy};
@@ -163,6 +163,34 @@ fn auto_stages_give_a_slower_device_fewer_layers_and_equal_outputs() {
         let summary = pipeline.placement_summary().unwrap_or_default();
         assert!(summary.contains("auto stages"), "{summary}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn interfering_stages_leave_the_slower_device_one_layer_and_run_as_planned() {
+    let dir = cache_dir("auto-interference");
+    let name = "llama";
+    let profile = steady(&measure(name, &identity(name, "f32"), &dir).profile);
+    let balanced = auto_stages(&profile, 3.0, [u64::MAX, u64::MAX], name);
+    let balanced = PipelinePlan::auto(&balanced, 1, vec![Device::flex(), Device::flex()], names()).unwrap();
+    let layers = deeper(name).num_layers;
+    assert!(balanced.layout().stages()[1].len() > 1, "{:?}", balanced.layout().stages());
+    // Stages that cost more overlapped than in turn (κ > 1): the pass is cheapest with the least
+    // sum, so the device 3× slower keeps the one layer every stage needs.
+    let auto = AutoStages { interference: 1.5, ..auto_stages(&profile, 3.0, [u64::MAX, u64::MAX], name) };
+    let plan = PipelinePlan::auto(&auto, 1, vec![Device::flex(), Device::flex()], names()).unwrap();
+    let stages = plan.layout().stages().to_vec();
+    assert_eq!((stages[0].len(), stages[1].len()), (layers - 1, 1), "{stages:?}");
+    let prediction = plan.prediction().unwrap();
+    assert_eq!(prediction.interference, 1.5);
+    let steps: Vec<f64> = prediction.stages.iter().map(|s| s.decode_step_ms).collect();
+    assert_eq!(prediction.micro_batched_step_ms(8), Interference::pipelined_ms(&steps, 8, 1.5));
+    assert!(prediction.summary().contains("interference κ = 1.50"), "{}", prediction.summary());
+
+    let spec = deeper(name);
+    let expected = greedy(&CausalLm::random(spec.clone(), &Device::flex()).unwrap());
+    let pipeline = PipelineLm::from_checkpoint(spec, &RandomWeights::default(), &plan, None).unwrap();
+    assert_same(&format!("{name} on interfering auto stages {stages:?}"), &expected, &greedy(&pipeline));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

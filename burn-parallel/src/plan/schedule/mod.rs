@@ -87,6 +87,12 @@ pub struct ScheduleInput {
     /// choice, so keep the ranges small.
     #[serde(default)]
     pub exhaustive: bool,
+    /// How much devices that work at once slow each other down: the measured `κ` of
+    /// [`crate::profiler::pipeline_interference`] (default 0: not at all). Pipeline stages
+    /// working on different micro-batches, and WAA's encoding beside its decoding device, then
+    /// take `max t + κ·(Σ t − max t)` per micro-batch, not `max t`.
+    #[serde(default)]
+    pub interference: f64,
 }
 
 /// ExeGPT's scheduling strategies.
@@ -203,6 +209,7 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         Some(v) => v.check("step_variation")?,
         None => input.profile.step_variation.unwrap_or_default(),
     };
+    check::non_negative("interference", input.interference)?;
     let sim = XSim::new(
         cost,
         in_lengths,
@@ -211,7 +218,8 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         input.max_decode_batch,
         percentile,
         variation,
-    );
+    )
+    .with_interference(input.interference);
     let searcher = Searcher::new(&sim, max_batch, bound_s);
     let n = input.devices;
     let mut spaces: Vec<(Strategy, Space)> = Vec::new();

@@ -17,6 +17,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::plan::profile::{CostModel, StepVariation, TpScaling};
+use crate::profiler::Interference;
 
 use super::lengths::{Lengths, normal_quantile};
 use super::replay::Replay;
@@ -92,16 +93,20 @@ pub(crate) struct XSim {
     /// One device's prefill steps of `1, 2, …` queries and decode steps of `1, 2, …` sequences,
     /// as computed so far ([`XSim::engine_steps`]; every replay of the search reads them).
     one_device_steps: RefCell<(Vec<f64>, Vec<f64>)>,
+    /// `κ`: how much devices working at once slow each other down (`ScheduleInput::interference`).
+    interference: f64,
 }
 
-/// `m` equal micro-batches through stages taking `t` each: the last leaves at this time.
-pub(crate) fn fill(t: &[f64], m: f64) -> f64 {
-    t.iter().sum::<f64>() + (m - 1.0) * t.iter().copied().fold(0.0, f64::max)
+/// `m` equal micro-batches through stages taking `t` each alone, interfering by `kappa`: the last
+/// leaves at this time (each after the first adds `max t + κ·(Σ t − max t)`).
+pub(crate) fn fill(t: &[f64], m: f64, kappa: f64) -> f64 {
+    t.iter().sum::<f64>() + (m - 1.0) * Interference::interval_ms(t, kappa)
 }
 
-/// `m` micro-batches cycling through stages taking `t` each: the steady-state period.
-pub(crate) fn cyclic(t: &[f64], m: f64) -> f64 {
-    (m * t.iter().copied().fold(0.0, f64::max)).max(t.iter().sum())
+/// `m` micro-batches cycling through stages taking `t` each alone, interfering by `kappa`: the
+/// steady-state period.
+pub(crate) fn cyclic(t: &[f64], m: f64, kappa: f64) -> f64 {
+    (m * Interference::interval_ms(t, kappa)).max(t.iter().sum())
 }
 
 impl XSim {
@@ -136,6 +141,7 @@ impl XSim {
             sublinear: cost.engine_sublinear(&prompts, context),
             replay: Replay::new(&output),
             one_device_steps: RefCell::default(),
+            interference: 0.0,
             cost,
             input,
             output,
@@ -158,6 +164,13 @@ impl XSim {
         *self.completion.borrow_mut().entry(n_d).or_insert_with(|| {
             1.0 / self.output.points().iter().map(|&(s, p)| p * phases(s, n_d).max(1) as f64).sum::<f64>()
         })
+    }
+
+    /// The simulator with devices that slow each other down by `kappa` when they work at once
+    /// (pipeline stages on different micro-batches, WAA's encoder beside its decoder).
+    pub fn with_interference(mut self, kappa: f64) -> Self {
+        self.interference = kappa.max(0.0);
+        self
     }
 
     /// Tensor-parallel scaling of a pipe (identity without tensor parallelism).
@@ -288,8 +301,8 @@ impl XSim {
     pub fn rra(&self, b_e: f64, n_d: usize, pipe: &Pipe) -> Perf {
         let m = pipe.stages() as f64;
         let b_d = b_e / self.completion(n_d);
-        let encode = fill(&self.encode_times(pipe, b_e / m), m);
-        let iteration = cyclic(&self.decode_times(pipe, b_d / m), m);
+        let encode = fill(&self.encode_times(pipe, b_e / m), m, self.interference);
+        let iteration = cyclic(&self.decode_times(pipe, b_d / m), m, self.interference);
         let s = self.target_len;
         // The percentile query's prefills and the batch it decodes in: the fixed cycle's, or on
         // one device the engine's, whose cycle adjusts to the decoder (module docs, "One
@@ -341,8 +354,9 @@ impl XSim {
             return self.rra_replayed_upper(b_hi as usize, n_lo, pipe);
         }
         let m = pipe.stages() as f64;
-        let encode = |b: f64| fill(&self.encode_times(pipe, b / m), m);
-        let iteration = |b: f64, n: usize| cyclic(&self.decode_times(pipe, b / self.completion(n) / m), m);
+        let encode = |b: f64| fill(&self.encode_times(pipe, b / m), m, self.interference);
+        let iteration =
+            |b: f64, n: usize| cyclic(&self.decode_times(pipe, b / self.completion(n) / m), m, self.interference);
         let general = b_hi / ((encode(b_lo) + n_lo as f64 * iteration(b_lo, n_hi)) / 1000.0);
         if !self.sublinear {
             return general;
@@ -399,9 +413,10 @@ impl XSim {
         let b_d = self.waa_decode_batch(b_e);
         let enc = self.encode_times(&enc_pipe, b_e);
         let m = micro as f64;
-        let iteration = cyclic(&self.decode_times(decode, b_d / m), m);
+        let iteration = cyclic(&self.decode_times(decode, b_d / m), m, self.interference);
         let slowest_encoder = enc.iter().copied().fold(0.0, f64::max);
-        let period = slowest_encoder.max(iteration);
+        // The encoding and the decoding devices work at once, and slow each other by `κ`.
+        let period = Interference::interval_ms(&[slowest_encoder, iteration], self.interference);
         let pass: f64 = enc.iter().sum();
         let periods = (self.target_len - 1) as f64;
         // The period is set by its slowest side: encoder steps vary as prefills do.
@@ -471,7 +486,7 @@ mod tests {
         let t = [1.0, 3.0, 2.0];
         let mut p = Pipeline::new(3);
         let finish = (0..4).map(|_| p.run(0.0, &t)).fold(0.0, f64::max);
-        assert_eq!(finish, fill(&t, 4.0));
+        assert_eq!(finish, fill(&t, 4.0, 0.0));
         // Cycling micro-batches: each re-enters when it leaves the last stage.
         for m in [1usize, 2, 5] {
             let mut p = Pipeline::new(3);
@@ -484,7 +499,19 @@ mod tests {
                 ends.push(ready[m - 1]);
             }
             let period = ends[49] - ends[48];
-            assert!((period - cyclic(&t, m as f64)).abs() < 1e-9, "m={m} period={period}");
+            assert!((period - cyclic(&t, m as f64, 0.0)).abs() < 1e-9, "m={m} period={period}");
         }
+    }
+
+    #[test]
+    fn interfering_stages_lengthen_a_pass_up_to_taking_turns() {
+        let t = [1.0, 3.0, 2.0];
+        // κ = 1: every micro-batch pays every stage, `m·Σ t`.
+        assert_eq!(fill(&t, 4.0, 1.0), 24.0);
+        assert_eq!(cyclic(&t, 3.0, 1.0), 18.0);
+        // In between: `max + κ·(Σ − max)` per later micro-batch.
+        assert_eq!(fill(&t, 3.0, 0.5), 6.0 + 2.0 * 4.5);
+        assert_eq!(cyclic(&t, 1.0, 0.5), 6.0);
+        assert!(fill(&t, 4.0, 0.25) > fill(&t, 4.0, 0.0) && cyclic(&t, 3.0, 0.25) > cyclic(&t, 3.0, 0.0));
     }
 }

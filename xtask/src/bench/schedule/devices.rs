@@ -8,9 +8,11 @@ use burn::module::Module;
 use burn::tensor::Device;
 use burn_llm::models::CausalLm;
 use burn_llm::paged::{DisaggEngine, EngineConfig, LlmEngine, SchedulingPolicy};
+use burn_llm::parallel::pipeline::threaded::stage_pool_threads;
 use burn_llm::parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::{ScheduleOutput, Strategy};
+use burn_llm::parallel::profiler::{Interference, OverlapDevice, OverlapStep, pipeline_interference};
 use burn_llm::schedule::{PlanError, ScheduleWorkload, phased_policy, pipelined_policy, plan_for, waa_config};
 use burn_llm::spec::PagedSpec;
 use burn_llm::{Engine, EngineKind, EngineSpec, Purpose};
@@ -84,14 +86,31 @@ impl Devices {
         Ok(PipelineLm::from_model(replicas[0].clone(), &plan)?)
     }
 
-    /// ExeGPT's plan for `workload` under `bound` on these devices.
+    /// ExeGPT's plan for `workload` under `bound` on these devices, working at once with
+    /// `interference` ([`Devices::interference`]).
     pub(super) fn plan(
         &self,
         profile: &Profile,
         workload: &ScheduleWorkload,
         bound: f64,
+        interference: f64,
     ) -> Result<ScheduleOutput, PlanError> {
-        plan_for(profile.clone(), workload, bound, self.count())
+        plan_for(profile.clone(), workload, bound, self.count(), interference)
+    }
+
+    /// How much the two devices slow each other down when both work (pipeline stages, WAA's
+    /// prefill beside its decode), measured as `--schedule exegpt` over two `--devices` measures
+    /// it: each replica's decode step through half the layers, alone and ticking together. One
+    /// device: nothing measured.
+    pub(super) fn interference(&self) -> Result<Interference, BoxError> {
+        let Self::Two { names, devices, replicas } = self else { return Ok(Interference::none()) };
+        let threads = stage_pool_threads(devices.as_slice(), None)?;
+        let runs: Vec<OverlapDevice<'_>> =
+            replicas.iter().zip(&threads).map(|(model, &threads)| OverlapDevice { model, threads }).collect();
+        let step = OverlapStep::decode(replicas[0].spec.num_layers.div_ceil(2));
+        let measured = pipeline_interference(&runs, step)?;
+        eprintln!("{}", measured.summary(names.as_slice()));
+        Ok(measured)
     }
 
     /// The engine that runs `plan` (with the rest of `base`), and its `max_num_seqs`.

@@ -239,12 +239,13 @@ fn default_bounds(
     devices: &Devices,
     profile: &Profile,
     workload: &ScheduleWorkload,
+    interference: f64,
 ) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
-    let loose = devices.plan(profile, workload, 1e6)?.latency_s;
+    let loose = devices.plan(profile, workload, 1e6, interference)?.latency_s;
     let (mut infeasible, mut feasible) = (0.0, loose);
     for _ in 0..20 {
         let mid = (infeasible + feasible) / 2.0;
-        if devices.plan(profile, workload, mid).is_ok() {
+        if devices.plan(profile, workload, mid, interference).is_ok() {
             feasible = mid;
         } else {
             infeasible = mid;
@@ -284,8 +285,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let model_name = format!("SmolLM2-135M shape ({source}), {} layers, random weights", spec.num_layers);
     eprintln!("model: {model_name}");
     let model = CausalLm::random(spec.clone(), &first.1)?;
-    let (profile, profile_source) = profile(&args, &model)?;
+    let (profile, mut profile_source) = profile(&args, &model)?;
     let devices = Devices::new(model, first, second);
+    let interference = devices.interference()?;
+    let kappa = interference.kappa;
+    if !interference.alone_ms.is_empty() {
+        // The planner prices the two devices working at once with it (see `Devices::interference`).
+        profile_source.push_str(&format!("; the devices' interference, measured at start-up: κ = {kappa:.2} (each device's decode step through half the layers: alone {:.2?} ms, ticking together {:.2} ms)", interference.alone_ms, interference.together_ms));
+    }
     if let Some(table) = &profile.engine_step_ms {
         eprintln!("measured engine steps: {table:?}");
     }
@@ -320,15 +327,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
         let (bounds, from_profile) = match &args.latency_bounds {
             Some(b) => (b.clone(), false),
-            None => (default_bounds(&devices, &profile, &plan_workload)?, true),
+            None => (default_bounds(&devices, &profile, &plan_workload, kappa)?, true),
         };
         eprintln!(
             "{}: {} requests, mean prompt {mean_prompt:.1}, output mean {mean_output:.1} (p99 {p99_output}); bounds {bounds:.3?} s",
             w.name,
             reqs.len()
         );
-        let plans: Vec<Result<ScheduleOutput, String>> =
-            bounds.iter().map(|&b| devices.plan(&profile, &plan_workload, b).map_err(|e| e.to_string())).collect();
+        let plans: Vec<Result<ScheduleOutput, String>> = bounds
+            .iter()
+            .map(|&b| devices.plan(&profile, &plan_workload, b, kappa).map_err(|e| e.to_string()))
+            .collect();
         if let Some(plan) = plans.iter().flatten().next() {
             pct = plan.latency_percentile;
         }
