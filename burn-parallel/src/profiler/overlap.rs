@@ -10,7 +10,8 @@
 //! host-CPU devices in the rayon pool their stage would get, all starting together at each tick
 //! and the next tick waiting for the slowest, as a pipeline's stages wait for each other.
 //!
-//! With `a_d` each device's step alone and `T` a tick, `κ = (T − max a) ÷ (Σ a − max a)`: 0 when
+//! Each device is timed alone before and after the ticks, the devices taking turns run by run,
+//! and keeps the faster median. With `a_d` each device's step alone and `T` a tick, `κ = (T − max a) ÷ (Σ a − max a)`: 0 when
 //! the stages overlap perfectly (a tick is the slowest stage), 1 when they might as well take turns
 //! (a tick is the sum), above 1 when overlapping costs more than taking turns. A pipelined pass of
 //! stages taking `t_s` alone is then priced at `max t + κ·(Σ t − max t)` per micro-batch
@@ -125,28 +126,37 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
     if step.tokens == 0 || step.repeats == 0 {
         return Err(ProfileError::Grid("an overlap step needs at least one token and one timed run".into()));
     }
-    let alone = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            in_stage_pool(d.threads, || {
-                let runs =
-                    (0..step.warmup + step.repeats).map(|_| step_ms(d.model, step)).collect::<Result<Vec<_>, _>>();
-                runs.map(|r| median(&r[step.warmup..]))
-            })
-            .map_err(|e| at_device(i, e))
-        })
-        .collect::<Result<Vec<f64>, ProfileError>>()?;
+    let before = alone_ms(devices, step)?;
     if devices.len() < 2 {
         return Ok(Interference {
             step,
-            together_ms: alone.first().copied().unwrap_or(0.0),
-            alone_ms: alone,
+            together_ms: before.first().copied().unwrap_or(0.0),
+            alone_ms: before,
             kappa: 0.0,
         });
     }
     let together = ticks_ms(devices, step)?;
+    // Timed again after the ticks, each device's alone step is the faster of the two medians: a
+    // device still warming up (a worker's first steps after its weights arrived) or disturbed
+    // once must not pass for a slow one, which would hide the interference.
+    let after = alone_ms(devices, step)?;
+    let alone: Vec<f64> = before.iter().zip(&after).map(|(b, a)| b.min(*a)).collect();
     Ok(Interference { step, kappa: Interference::kappa_of(&alone, together), alone_ms: alone, together_ms: together })
+}
+
+/// Each device's median step alone, the devices taking turns run by run (so that whatever drifts
+/// while they are timed, the host's load or a device warming up, reaches all of them alike).
+fn alone_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Vec<f64>, ProfileError> {
+    let mut runs = vec![Vec::with_capacity(step.repeats); devices.len()];
+    for run in 0..step.warmup + step.repeats {
+        for (i, d) in devices.iter().enumerate() {
+            let ms = in_stage_pool(d.threads, || step_ms(d.model, step)).map_err(|e| at_device(i, e))?;
+            if run >= step.warmup {
+                runs[i].push(ms);
+            }
+        }
+    }
+    Ok(runs.iter().map(|r| median(r)).collect())
 }
 
 /// The median tick of `devices` all running `step`, started together and waited for together.
