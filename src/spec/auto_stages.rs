@@ -262,9 +262,10 @@ pub fn profile_stage_device(
 /// The interference `κ` of `devices` (named `names`, in pipeline order) on a decode step
 /// ([`profiler::pipeline_interference`]): each runs the checkpoint's first layers, loaded as the
 /// profiler loads them, through a stage's share of the model's layers (the run model's layers
-/// run again as often as needed), alone and then ticking together, host-CPU devices in the rayon pool their
-/// stage gets ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured. Logged in one line;
-/// watched when a worker is among the devices (one that dies or stalls is an error naming it).
+/// run again as often as needed), alone and then ticking together, host-CPU devices in the
+/// rayon pool their stage gets ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured.
+/// Logged in one line; watched when a worker is among the devices (one that dies or stalls is
+/// an error naming it).
 pub fn interference_of(
     spec: &EngineSpec,
     dir: &Path,

@@ -11,9 +11,10 @@
 //! and the next tick waiting for the slowest, as a pipeline's stages wait for each other.
 //!
 //! Each device is timed alone before and after the ticks, the devices taking turns run by run,
-//! and keeps the faster median. With `a_d` each device's step alone and `T` a tick, `κ = (T − max a) ÷ (Σ a − max a)`: 0 when
-//! the stages overlap perfectly (a tick is the slowest stage), 1 when they might as well take turns
-//! (a tick is the sum), above 1 when overlapping costs more than taking turns. A pipelined pass of
+//! and keeps the faster median. With `a_d` each device's step alone and `T` a tick,
+//! `κ = (T − max a) ÷ (Σ a − max a)`: 0 when the stages overlap perfectly (a tick is the slowest
+//! stage), 1 when they might as well take turns (a tick is the sum), above 1 when overlapping
+//! costs more than taking turns. A pipelined pass of
 //! stages taking `t_s` alone is then priced at `max t + κ·(Σ t − max t)` per micro-batch
 //! ([`Interference::interval_ms`]): each stage is slowed only while the others work, and by as
 //! much as their work.
@@ -109,7 +110,8 @@ impl Interference {
         let alone: Vec<String> = names.iter().zip(&self.alone_ms).map(|(n, a)| format!("{n} {a:.2} ms")).collect();
         format!(
             "stages overlapping ({} new token(s) after {}, {} layers each): alone {}, together {:.2} ms a tick: \
-             interference κ = {:.2} (a micro-batch costs max + κ·(Σ − max) of its stages' times; 0 overlaps perfectly, 1 takes turns)",
+             interference κ = {:.2} (a micro-batch costs max + κ·(Σ − max) of its stages' times; \
+             0 overlaps perfectly, 1 takes turns)",
             self.step.tokens,
             self.step.context,
             self.step.layers,

@@ -291,7 +291,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let kappa = interference.kappa;
     if !interference.alone_ms.is_empty() {
         // The planner prices the two devices working at once with it (see `Devices::interference`).
-        profile_source.push_str(&format!("; the devices' interference, measured at start-up: κ = {kappa:.2} (each device's decode step through half the layers: alone {:.2?} ms, ticking together {:.2} ms)", interference.alone_ms, interference.together_ms));
+        profile_source.push_str(&format!(
+            "; the devices' interference, measured at start-up: κ = {kappa:.2} (each device's decode step \
+             through half the layers: alone {:.2?} ms, ticking together {:.2} ms)",
+            interference.alone_ms, interference.together_ms
+        ));
     }
     if let Some(table) = &profile.engine_step_ms {
         eprintln!("measured engine steps: {table:?}");
