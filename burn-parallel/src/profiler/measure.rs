@@ -71,6 +71,14 @@ impl<'a, 'h> Bench<'a, 'h> {
         Self { layers: layers.clamp(1, self.model.layers.len()), ..self }
     }
 
+    /// The same bench running `layers` layers per step: the model's layers in order, from the
+    /// first again when it has fewer (a layer run again writes the same cache slots again: the
+    /// cost of a layer, not new positions), so that a model of a few layers times a stage's share
+    /// of a deep one.
+    pub(super) fn cycling_layers(self, layers: usize) -> Self {
+        Self { layers: layers.max(1), ..self }
+    }
+
     /// Layers a step runs.
     pub(super) fn layers(&self) -> usize {
         self.layers
@@ -78,8 +86,9 @@ impl<'a, 'h> Bench<'a, 'h> {
 
     /// The bench's layers over `hidden`, issued back to back.
     fn run_layers(&self, mut hidden: Hidden, cache: &mut ContiguousKvCache) -> Result<Tensor<3>, ModelError> {
+        let built = self.model.layers.len().max(1);
         for layer in 0..self.layers {
-            hidden = self.model.run_layer(layer, hidden, cache)?;
+            hidden = self.model.run_layer(layer % built, hidden, cache)?;
         }
         Ok(hidden.states)
     }
@@ -87,19 +96,20 @@ impl<'a, 'h> Bench<'a, 'h> {
     /// The layers' forward over `batch` sequences of `tokens` new tokens after `context` cached
     /// tokens each (a fresh cache per run, so every run sees the same context).
     pub(super) fn prefill_ms(&self, batch: usize, tokens: usize, context: usize) -> Result<f64, ProfileError> {
-        let slice = self.token_ids(tokens);
-        let before = self.token_ids(context);
         let what = format!("prefill: {batch} × {tokens} tokens after {context}, {} layers", self.layers);
-        self.median_ms(what, || {
-            let mut cache = ContiguousKvCache::new(self.model.kv_layout(), batch, context + tokens, self.device);
-            if context > 0 {
-                // Lays the context out without computing it: its slots stay zero.
-                cache.begin_step(&vec![before.as_slice(); batch])?;
-            }
-            let step = cache.begin_step(&vec![slice.as_slice(); batch])?;
-            let hidden = self.model.embed(&step);
-            self.timed(|| self.run_layers(hidden, &mut cache))
-        })
+        self.median_ms(what, || self.prefill_once_ms(batch, tokens, context))
+    }
+
+    /// One timed run of [`Bench::prefill_ms`].
+    pub(super) fn prefill_once_ms(&self, batch: usize, tokens: usize, context: usize) -> Result<f64, ProfileError> {
+        let mut cache = ContiguousKvCache::new(self.model.kv_layout(), batch, context + tokens, self.device);
+        if context > 0 {
+            // Lays the context out without computing it: its slots stay zero.
+            cache.begin_step(&vec![self.token_ids(context).as_slice(); batch])?;
+        }
+        let step = cache.begin_step(&vec![self.token_ids(tokens).as_slice(); batch])?;
+        let hidden = self.model.embed(&step);
+        self.timed(|| self.run_layers(hidden, &mut cache))
     }
 
     /// One decode step of the layers: `batch` sequences, one new token each, after `context`

@@ -23,10 +23,12 @@ use std::sync::Barrier;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use burn_llm_models::{CausalLm, ContiguousKvCache};
+use burn_llm_models::CausalLm;
 use serde::{Deserialize, Serialize};
 
 use super::ProfileError;
+use super::fit::median;
+use super::measure::{Bench, Progress};
 use crate::pipeline::slicing::in_stage_pool;
 
 /// One stage's device for [`pipeline_interference`].
@@ -158,7 +160,7 @@ fn alone_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Vec<f64>
             }
         }
     }
-    Ok(runs.iter().map(|r| median(r)).collect())
+    Ok(runs.into_iter().map(median).collect())
 }
 
 /// The median tick of `devices` all running `step`, started together and waited for together.
@@ -213,33 +215,16 @@ fn ticks_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pro
     // when it passed the first; the latest starter's reading is the shortest, so take the largest.
     let per_tick: Vec<f64> =
         (0..step.repeats).map(|r| ticks.iter().filter_map(|t| t.get(r)).copied().fold(0.0, f64::max)).collect();
-    Ok(median(&per_tick))
+    Ok(median(per_tick))
 }
 
-/// One timed step of `model`'s layers (see [`OverlapStep`]), the device drained before and after.
+/// One timed step of `model`'s layers (see [`OverlapStep`]), the device drained before and after:
+/// the profiler's prefill run ([`Bench::prefill_once_ms`]) through `step.layers` layers.
 fn step_ms(model: &CausalLm, step: OverlapStep) -> Result<f64, ProfileError> {
     let device = model.device();
-    let vocab = model.spec().vocab_size.max(1);
-    let ids = |n: usize, from: usize| (from..from + n).map(|k| ((k * 7 + 1) % vocab) as u32).collect::<Vec<_>>();
-    let mut cache = ContiguousKvCache::new(model.kv_layout(), 1, step.context + step.tokens, &device);
-    if step.context > 0 {
-        // Laid out without computing it, as the profiler does: the slots stay zero.
-        cache.begin_step(&[ids(step.context, 0).as_slice()])?;
-    }
-    let input = cache.begin_step(&[ids(step.tokens, step.context).as_slice()])?;
-    let mut hidden = model.embed(&input);
-    let sync = || device.sync().map_err(|e| ProfileError::Device(e.to_string()));
-    sync()?;
-    let started = Instant::now();
-    // A layer run again writes the same cache slots again: the cost of a layer, not new positions.
-    let built = model.layers.len().max(1);
-    for k in 0..step.layers.max(1) {
-        hidden = model.run_layer(k % built, hidden, &mut cache)?;
-    }
-    sync()?;
-    let ms = started.elapsed().as_secs_f64() * 1e3;
-    drop(hidden);
-    Ok(ms)
+    let progress = Progress::new(0, None);
+    let bench = Bench::new(model, &device, 0, 1, &progress).cycling_layers(step.layers);
+    bench.prefill_once_ms(1, step.tokens, step.context)
 }
 
 fn at_device(index: usize, e: ProfileError) -> ProfileError {
@@ -249,12 +234,6 @@ fn at_device(index: usize, e: ProfileError) -> ProfileError {
         }
         other => other,
     }
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
 #[cfg(test)]
