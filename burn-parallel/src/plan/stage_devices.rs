@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
 use super::stages::{StagesError, StagesInput, StagesOutput, smallest_feasible};
+use crate::profiler::Interference;
 use burn_llm_models::units::fmt_bytes;
 
 /// Most bounds whose splits are scored when stages interfere ([`StagesInput::interference`]).
@@ -295,8 +296,7 @@ impl<'a> Problem<'a> {
     /// A pipelined pass's share of one micro-batch over stages costing `costs`:
     /// `max + κ·(Σ − max)`.
     fn score(&self, costs: &[f64]) -> f64 {
-        let max = self.bottleneck(costs);
-        max + self.interference * (costs.iter().sum::<f64>() - max)
+        Interference::interval_ms(costs, self.interference)
     }
 
     /// The split with every stage at most `t_max` and the least total cost, if any.

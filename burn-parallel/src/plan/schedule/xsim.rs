@@ -97,10 +97,10 @@ pub(crate) struct XSim {
     interference: f64,
 }
 
-/// `m` equal micro-batches through stages taking `t` each alone, interfering by `kappa`: the last
-/// leaves at this time (each after the first adds `max t + κ·(Σ t − max t)`).
+/// `m` (a whole number) equal micro-batches through stages taking `t` each alone, interfering by
+/// `kappa`: the last leaves at this time ([`Interference::pipelined_ms`]).
 pub(crate) fn fill(t: &[f64], m: f64, kappa: f64) -> f64 {
-    t.iter().sum::<f64>() + (m - 1.0) * Interference::interval_ms(t, kappa)
+    Interference::pipelined_ms(t, m as usize, kappa)
 }
 
 /// `m` micro-batches cycling through stages taking `t` each alone, interfering by `kappa`: the
