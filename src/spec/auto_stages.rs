@@ -111,23 +111,23 @@ pub(super) fn plan_auto(
             link_to_next,
         });
     }
-    let interference = interference_of(spec, dir, &entries.names, &devices, log)?;
     let auto = AutoStages {
         devices: stage_devices,
         workload: StageWorkload::default(),
         kv_tokens: files.spec.max_positions,
         handover: Handover::of(&files.spec),
-        interference: interference.kappa,
+        interference: 0.0,
     };
     let plan = if spec.parallel.tensor_parallel_size == Some(TensorParallelSize::Auto) {
         let hidden = files.spec.hidden_size;
         let groups = candidate_groups(spec, (dir, hidden), &auto, &entries, &devices, log)?;
-        // The groups' planner splits for the bottleneck alone (interference is not priced there).
+        // The groups' planner splits for the bottleneck alone: the interference is not measured.
         let AutoStages { devices: singles, workload, kv_tokens, handover, interference: _ } = auto;
         let auto = AutoGroups { devices: singles, groups, workload, kv_tokens, handover };
         PipelinePlan::auto_groups(&auto, devices, entries.names)?
     } else {
-        PipelinePlan::auto(&auto, 1, devices, entries.names)?
+        let interference = interference_of(spec, dir, &entries.names, &devices, log)?.kappa;
+        PipelinePlan::auto(&AutoStages { interference, ..auto }, 1, devices, entries.names)?
     };
     if let Some(prediction) = plan.prediction() {
         let _ = writeln!(log, "{}", prediction.summary());
