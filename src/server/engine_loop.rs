@@ -470,24 +470,23 @@ impl EngineLoop {
     /// finished request is counted before its last output is sent), so a client that reads
     /// `/metrics` once its response has ended sees that response counted.
     fn step(&mut self) {
-        match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
-            Ok(Ok(outputs)) => {
-                self.publish();
-                outputs.into_iter().for_each(|out| self.deliver(out));
-            }
+        let outputs = match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
+            Ok(Ok(outputs)) => outputs,
             Ok(Err(e @ EngineError::Worker(_))) => {
                 self.go_down(error_chain(&e));
-                self.publish();
+                Vec::new()
             }
             Ok(Err(e)) => {
                 self.fail_all(&format!("model `{}`: the engine failed: {}", self.name, error_chain(&e)));
-                self.publish();
+                Vec::new()
             }
             Err(panic) => {
                 self.go_down(format!("its engine panicked: {}", panic_message(panic)));
-                self.publish();
+                Vec::new()
             }
-        }
+        };
+        self.publish();
+        outputs.into_iter().for_each(|out| self.deliver(out));
     }
 
     /// Hands one request's step output to its client, with the latency metrics.
