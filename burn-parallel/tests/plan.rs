@@ -362,7 +362,7 @@ fn plan_sim_matches_hand_computed_timelines() {
     // One group, two stages of 1 s and 2 s; requests at 0, 0, 1, 10.
     let groups = [Group { stages: 2, models: vec![(0, vec![1.0, 2.0])] }];
     let req = |t: f64| Request { arrival_s: t, model: 0 };
-    let lat = sim::simulate(&groups, &[req(0.0), req(0.0), req(1.0), req(10.0)]);
+    let lat = sim::simulate(&groups, &[req(0.0), req(0.0), req(1.0), req(10.0)], 0.0);
     // r0: s0 0–1, s1 1–3. r1: s0 1–2, s1 3–5. r2: s0 2–3, s1 5–7. r3: 10–11, 11–13.
     assert_eq!(lat, vec![Some(3.0), Some(5.0), Some(6.0), Some(3.0)]);
 
@@ -372,7 +372,7 @@ fn plan_sim_matches_hand_computed_timelines() {
         Group { stages: 1, models: vec![(0, vec![1.0]), (1, vec![0.5])] },
     ];
     let r = |t: f64, m: usize| Request { arrival_s: t, model: m };
-    let lat = sim::simulate(&groups, &[r(0.0, 1), r(0.1, 0), r(0.2, 0), r(0.3, 0), r(0.4, 2)]);
+    let lat = sim::simulate(&groups, &[r(0.0, 1), r(0.1, 0), r(0.2, 0), r(0.3, 0), r(0.4, 2)], 0.0);
     // m1 → g1: 0–0.5. m0@0.1 → g0 (queues 0 vs 1): 0.1–1.1. m0@0.2 → g0 (1 vs 1, tie to the
     // lowest): 1.1–2.1. m0@0.3 → g1 (2 vs 1): 0.5–1.5. Model 2: no group serves it.
     assert_eq!(lat[0], Some(0.5));
@@ -412,6 +412,7 @@ fn plan_placement_reports_hand_computed_latencies_in_trace_order() {
         },
         baseline: None,
         beam: None,
+        interference: None,
     };
     let out = placement::plan(&input).unwrap();
     // 0.0 → 0.3, 0.1 → 0.6, 0.2 → 0.9, 1.0 → 1.3.
@@ -441,6 +442,7 @@ fn plan_placement_model_parallelism_beats_replication_on_bursty_two_model_traffi
         },
         baseline: None,
         beam: None,
+        interference: None,
     };
     let best = placement::plan(&input).unwrap();
     let replication =
@@ -1002,6 +1004,7 @@ fn plan_bad_input_is_an_error_not_a_panic() {
         },
         baseline: None,
         beam: None,
+        interference: None,
     };
     assert!(placement::plan(&flood).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 2, 1, None)).is_err());
@@ -1139,6 +1142,7 @@ fn plan_placement_with_unreachable_slo_still_places_every_model() {
         },
         baseline: None,
         beam: Some(2),
+        interference: None,
     };
     let out = placement::plan(&input).unwrap();
     assert_eq!(out.slo_attainment, 0.0);

@@ -118,15 +118,17 @@ pub(super) fn plan_auto(
         handover: Handover::of(&files.spec),
         interference: 0.0,
     };
+    // How much the devices slow each other down working at once, each on a decode step through
+    // one device's share of the layers.
+    let step = OverlapStep::decode_share(files.spec.num_layers, devices.len());
+    let interference = interference_of(spec, dir, &entries.names, &devices, step, log)?.kappa;
     let plan = if spec.parallel.tensor_parallel_size == Some(TensorParallelSize::Auto) {
         let hidden = files.spec.hidden_size;
         let groups = candidate_groups(spec, (dir, hidden), &auto, &entries, &devices, log)?;
-        // The groups' planner splits for the bottleneck alone: the interference is not measured.
         let AutoStages { devices: singles, workload, kv_tokens, handover, interference: _ } = auto;
-        let auto = AutoGroups { devices: singles, groups, workload, kv_tokens, handover };
+        let auto = AutoGroups { devices: singles, groups, workload, kv_tokens, handover, interference };
         PipelinePlan::auto_groups(&auto, devices, entries.names)?
     } else {
-        let interference = interference_of(spec, dir, &entries.names, &devices, log)?.kappa;
         PipelinePlan::auto(&AutoStages { interference, ..auto }, 1, devices, entries.names)?
     };
     if let Some(prediction) = plan.prediction() {
@@ -259,11 +261,12 @@ pub fn profile_stage_device(
     Ok(profile)
 }
 
-/// The interference `κ` of `devices` (named `names`, in pipeline order) on a decode step
-/// ([`profiler::pipeline_interference`]): each runs the checkpoint's first layers, loaded as the
-/// profiler loads them, through a stage's share of the model's layers (the run model's layers
-/// run again as often as needed), alone and then ticking together, host-CPU devices in the
-/// rayon pool their stage gets ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured.
+/// The interference `κ` of `devices` (named `names`, in pipeline order) on `step`
+/// ([`profiler::pipeline_interference`]; [`OverlapStep::decode_share`]: a decode step through a
+/// stage's share of the model's layers): each runs the checkpoint's first layers, loaded as the
+/// profiler loads them (the run model's layers run again as often as the step needs), alone and
+/// then ticking together, host-CPU devices in the rayon pool their stage gets
+/// ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured.
 /// Logged in one line; watched when a worker is among the devices (one that dies or stalls is
 /// an error naming it).
 pub fn interference_of(
@@ -271,6 +274,7 @@ pub fn interference_of(
     dir: &Path,
     names: &[String],
     devices: &[Device],
+    step: OverlapStep,
     log: &mut dyn Write,
 ) -> Result<Interference, AutoStagesError> {
     if devices.len() < 2 {
@@ -293,8 +297,6 @@ pub fn interference_of(
         }
         let runs: Vec<OverlapDevice<'_>> =
             models.iter().zip(&threads).map(|(model, &threads)| OverlapDevice { model, threads }).collect();
-        // Each step runs about one stage's share of the model's layers.
-        let step = OverlapStep::decode(files.spec.num_layers.div_ceil(runs.len()));
         profiler::pipeline_interference(&runs, step).map_err(|source| AutoStagesError::Profile { entry, source })
     })?;
     let _ = writeln!(log, "{}", measured.summary(names));

@@ -16,6 +16,7 @@ use burn_llm_models::PretrainedFiles;
 use burn_paged::{DisaggEngine, EngineConfig, LlmEngine};
 use burn_parallel::pipeline::PipelineLm;
 use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
+use burn_parallel::profiler::OverlapStep;
 
 use super::build::refused;
 use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, PrefillSlices, TensorParallelSize, parse_device};
@@ -65,7 +66,8 @@ pub(super) fn build(
                 schedule::load_or_profile(p.profile_json.as_deref(), &first.model, workload.max_num_seqs, log)?;
             // Both devices work at once (pipeline stages, or WAA's prefill beside its decode):
             // how much they slow each other down is measured, as for `--stage-layers auto`.
-            let interference = super::interference_of(spec, model, &entries, &devices, log)?;
+            let step = OverlapStep::decode_share(first.model.spec.num_layers, devices.len());
+            let interference = super::interference_of(spec, model, &entries, &devices, step, log)?;
             schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa)?
         }
         // `validate` refuses the other combinations.

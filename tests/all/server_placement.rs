@@ -163,6 +163,9 @@ fn auto_and_replicate_plan_on_profiles_and_predict_the_workload() {
         let per_model = placement["predicted_models"].as_array().unwrap();
         assert_eq!(per_model.len(), 2, "{placement}");
         assert!(per_model.iter().all(|m| m["requests"].as_u64().unwrap() > 0), "{placement}");
+        // Two devices: how much they slow each other down was measured and priced.
+        let kappa = placement["interference"].as_f64().unwrap();
+        assert!(kappa.is_finite() && kappa >= 0.0, "{placement}");
         let groups = group_models(&health);
         for name in ["gpt2", "llama"] {
             assert!(groups.iter().any(|g| g.iter().any(|m| m == name)), "{name} is placed: {placement}");

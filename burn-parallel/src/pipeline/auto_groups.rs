@@ -8,7 +8,8 @@
 //! over it (timed on the group, communication included) and the measured link from its first
 //! device to the device after it. The pure planner [`crate::plan::stage_groups`] chooses which
 //! groups become stages and their layers, every device used once; [`AutoGroups::plan`] returns
-//! the [`StagePrediction`] with each stage's devices and degree.
+//! the [`StagePrediction`] with each stage's devices and degree. Stages that slow each other down
+//! (`interference`) are split for the least `max + κ·(Σ − max)` of their costs.
 
 use super::auto::{
     AutoStageDevice, DeviceCosts, Handover, LinkProfile, PlannedStage, StagePrediction, StageWorkload, predict_stage,
@@ -47,6 +48,9 @@ pub struct AutoGroups {
     pub kv_tokens: usize,
     /// What a stage hands the next.
     pub handover: Handover,
+    /// How much stages slow each other down when they work at once, as
+    /// [`AutoStages::interference`](super::AutoStages::interference) (0: not at all).
+    pub interference: f64,
 }
 
 impl AutoGroups {
@@ -137,6 +141,7 @@ impl AutoGroups {
             // The head's time is in the fixed cost of the groups that end the pipeline (its rank
             // 0 holds it); its bytes count on that rank.
             last_stage: Some(StageExtra { latency_ms: 0.0, memory_bytes: last.lm_head.weight_bytes }),
+            interference: self.interference,
         })
     }
 
@@ -168,6 +173,8 @@ impl AutoGroups {
             };
             predicted.push(predict_stage(self.workload, &self.handover, &DeviceCosts::new(device, index)?, planned));
         }
-        Ok(StagePrediction::new(predicted, self.workload))
+        let mut prediction = StagePrediction::new(predicted, self.workload);
+        prediction.interference = self.interference;
+        Ok(prediction)
     }
 }

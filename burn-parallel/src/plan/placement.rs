@@ -10,6 +10,9 @@
 //! a model is split over a group's stages by the [`stages`](super::stages) DP (§4.4.1). All
 //! models form one bucket (AlpaServe's size buckets are left out). `baseline: "replication"`
 //! restricts the search to one-device groups: replication only, on the same simulator.
+//! `interference` (the devices' measured `κ`) makes the simulator slow down stages that work at
+//! once, so that a pipeline's overlap and replicas beside each other are priced as the devices
+//! measured them, not as free.
 
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +45,11 @@ pub struct PlacementInput {
     /// Beam size `k` of Algorithm 3 (default 1).
     #[serde(default)]
     pub beam: Option<usize>,
+    /// The devices' measured interference `κ` ([`crate::profiler::Interference`]): stages of any
+    /// groups working at once slow each other down ([`sim`]'s module docs). Absent or 0: they
+    /// share nothing, as in AlpaServe's simulator.
+    #[serde(default)]
+    pub interference: Option<f64>,
 }
 
 /// One model: per-layer costs (from a profile) and its SLO.
@@ -282,6 +290,7 @@ struct Checked<'a> {
     requests: Vec<Request>,
     order: Vec<usize>,
     beam: usize,
+    kappa: f64,
 }
 
 impl<'a> Checked<'a> {
@@ -289,6 +298,7 @@ impl<'a> Checked<'a> {
         check::count("models", input.models.len(), MAX_MODELS)?;
         check::count("devices", input.devices, MAX_DEVICES)?;
         let beam = check::count("beam", input.beam.unwrap_or(1), 1024)?;
+        let kappa = check::non_negative("interference", input.interference.unwrap_or(0.0))?;
         for (i, m) in input.models.iter().enumerate() {
             let f = |name: &str| format!("models[{i}].{name}");
             if input.models[..i].iter().any(|o| o.name == m.name) {
@@ -319,7 +329,7 @@ impl<'a> Checked<'a> {
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[a].arrival_s.total_cmp(&requests[b].arrival_s));
         let sorted = order.iter().map(|&i| requests[i]).collect();
-        Ok(Self { input, requests: sorted, order, beam })
+        Ok(Self { input, requests: sorted, order, beam, kappa })
     }
 
     /// The split of `model` over a group of shape `(stages, degree)`, if it fits alone.
@@ -434,7 +444,7 @@ impl<'a> Checked<'a> {
                     .collect(),
             })
             .collect();
-        let attained = sim::simulate(&sel.groups, &self.requests)
+        let attained = sim::simulate(&sel.groups, &self.requests, self.kappa)
             .iter()
             .zip(&self.requests)
             .filter(|(l, r)| self.attained(**l, r))
@@ -473,7 +483,7 @@ impl<'a> Checked<'a> {
     /// The output for `groups` as the simulator runs them (`sim_groups`): latencies back in trace
     /// order and the attainment overall and per model.
     fn outcome(&self, groups: Vec<GroupPlan>, sim_groups: &[Group], baseline: Option<Baseline>) -> PlacementOutput {
-        let latencies = sim::simulate(sim_groups, &self.requests);
+        let latencies = sim::simulate(sim_groups, &self.requests, self.kappa);
         let mut latencies_s = vec![None; self.requests.len()];
         for (sorted, &original) in self.order.iter().enumerate() {
             latencies_s[original] = latencies[sorted];

@@ -243,13 +243,61 @@ mod tests {
             workload: w.placement_workload(),
             baseline: None,
             beam: None,
+            interference: None,
         };
+        for interference in [None, Some(0.7)] {
+            let input = PlacementInput { interference, ..input.clone() };
+            let planned = placement::plan(&input).unwrap();
+            let evaluated = placement::evaluate(&input, planned.groups.clone()).unwrap();
+            assert_eq!(evaluated, planned);
+        }
         let planned = placement::plan(&input).unwrap();
-        let evaluated = placement::evaluate(&input, planned.groups.clone()).unwrap();
-        assert_eq!(evaluated, planned);
         let mut unknown = planned.groups.clone();
         unknown[0].models[0].model = "c".into();
         let err = placement::evaluate(&input, unknown).unwrap_err().to_string();
         assert!(err.contains("no model is named `c`"), "{err}");
+    }
+
+    #[test]
+    fn interference_takes_away_what_a_pipeline_gains_over_replicas() {
+        use super::super::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput};
+        use super::super::placement::{PlacementError, PlacementWorkload};
+        // AlpaServe §4.3.1: two models of 0.4 s, two devices that each hold one, bursty traffic.
+        let model = |name: &str| ModelSpec {
+            name: name.into(),
+            layer_latency_ms: vec![100.0; 4],
+            layer_memory_bytes: vec![1 << 30; 4],
+            slo_s: 0.8,
+            tensor_parallel: Vec::new(),
+        };
+        let arrivals = |name: &str| Arrivals { model: ModelRef::Name(name.into()), rate: 1.0, cv: 4.0 };
+        let input = |interference: f64, baseline: Option<Baseline>| PlacementInput {
+            models: vec![model("a"), model("b")],
+            devices: 2,
+            device_memory_bytes: 4 << 30,
+            workload: PlacementWorkload {
+                trace: None,
+                arrivals: Some(vec![arrivals("a"), arrivals("b")]),
+                duration_s: Some(2000.0),
+                seed: Some(1),
+            },
+            baseline,
+            beam: None,
+            interference: Some(interference),
+        };
+        let attained = |kappa, baseline| placement::plan(&input(kappa, baseline)).unwrap().slo_attainment;
+        let gain = |kappa| attained(kappa, None) - attained(kappa, Some(Baseline::Replication));
+        // Devices that share nothing: the pipeline serves a burst of one model on both devices.
+        assert!(gain(0.0) > 0.02, "{}", gain(0.0));
+        // κ = 1: two stages at work take as long as one device doing both, and two replicas at
+        // work as long as one device doing both requests, so neither placement gains.
+        assert!(gain(1.0).abs() < gain(0.0) / 4.0, "{} vs {}", gain(1.0), gain(0.0));
+        // Interference only ever slows the same placement down.
+        for baseline in [None, Some(Baseline::Replication)] {
+            assert!(attained(1.0, baseline) < attained(0.0, baseline));
+            assert!(attained(0.5, baseline) <= attained(0.0, baseline) + 1e-12);
+        }
+        let err = placement::plan(&input(-0.5, None)).unwrap_err();
+        assert!(matches!(&err, PlacementError::Input(e) if e.field == "interference"), "{err}");
     }
 }

@@ -8,12 +8,18 @@
 //!   `start(r, s) = max(end(r, s − 1), end(r − 1, s))`, `end = start + latency(s)`, with
 //!   `end(r, −1)` the time the request is ready (its arrival).
 //! - Requests are never dropped; a request attains its SLO when `finish − arrival ≤ slo`.
+//! - Stages that work at once may slow each other down, by the devices' measured interference
+//!   `κ` ([`crate::profiler::Interference`]): while `n` stages of any groups hold a request, each
+//!   advances at `1 / (1 + κ·(n − 1))` of its own speed (processor sharing). Stages that start
+//!   together and take `t_s` alone then all finish after `max t + κ·(Σ t − max t)`, the price the
+//!   other planners give a micro-batch. `κ = 0` is AlpaServe's simulator: devices share nothing.
 //! - A request goes to the group, among those serving its model, with the fewest requests not yet
 //!   finished at its arrival (ties: the lowest group), as AlpaServe's controller does (§4.4.3).
 //!
 //! Workloads are explicit traces or gamma processes (rate, coefficient of variation, seed).
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -61,36 +67,187 @@ pub struct Group {
     pub models: Vec<(usize, Vec<f64>)>,
 }
 
-/// Simulates `requests` (sorted by arrival) on `groups`; returns each request's latency
-/// (`finish − arrival`) in order, `None` for a request whose model no group serves.
-pub fn simulate(groups: &[Group], requests: &[Request]) -> Vec<Option<f64>> {
+/// Simulates `requests` (sorted by arrival) on `groups` whose stages interfere by `kappa` (see
+/// the module docs; 0: not at all); returns each request's latency (`finish − arrival`) in order,
+/// `None` for a request whose model no group serves.
+pub fn simulate(groups: &[Group], requests: &[Request], kappa: f64) -> Vec<Option<f64>> {
+    if kappa > 0.0 { Shared::new(groups, kappa).run(requests) } else { simulate_apart(groups, requests) }
+}
+
+/// [`simulate`] without interference: each request's timeline in closed form, in FCFS order.
+fn simulate_apart(groups: &[Group], requests: &[Request]) -> Vec<Option<f64>> {
     let mut pipelines: Vec<Pipeline> = groups.iter().map(|g| Pipeline::new(g.stages)).collect();
     // Finish times of each group's unfinished requests, in FCFS order (which is finish order).
     let mut in_flight: Vec<VecDeque<f64>> = vec![VecDeque::new(); groups.len()];
     requests
         .iter()
         .map(|r| {
-            let mut chosen: Option<(usize, &[f64])> = None;
-            let mut chosen_queue = usize::MAX;
-            for (gi, g) in groups.iter().enumerate() {
-                let Some((_, lat)) = g.models.iter().find(|(m, _)| *m == r.model) else {
-                    continue;
-                };
-                let queue = &mut in_flight[gi];
+            for queue in &mut in_flight {
                 while queue.front().is_some_and(|&f| f <= r.arrival_s) {
                     queue.pop_front();
                 }
-                if queue.len() < chosen_queue {
-                    chosen_queue = queue.len();
-                    chosen = Some((gi, lat));
-                }
             }
-            let (gi, lat) = chosen?;
+            let (gi, lat) = least_loaded(groups, r.model, |g| in_flight[g].len())?;
             let finish = pipelines[gi].run(r.arrival_s, lat);
             in_flight[gi].push_back(finish);
             Some(finish - r.arrival_s)
         })
         .collect()
+}
+
+/// The group, among those serving `model`, with the fewest unfinished requests (ties: the
+/// lowest), and the model's stage latencies on it.
+fn least_loaded<'g>(
+    groups: &'g [Group],
+    model: usize,
+    unfinished: impl Fn(usize) -> usize,
+) -> Option<(usize, &'g [f64])> {
+    let mut chosen: Option<(usize, &[f64])> = None;
+    let mut chosen_queue = usize::MAX;
+    for (gi, g) in groups.iter().enumerate() {
+        let Some((_, lat)) = g.models.iter().find(|(m, _)| *m == model) else {
+            continue;
+        };
+        let queue = unfinished(gi);
+        if queue < chosen_queue {
+            chosen_queue = queue;
+            chosen = Some((gi, lat));
+        }
+    }
+    chosen
+}
+
+/// A stage at work: when its request's work ends on the shared clock, and where it is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Running {
+    ends_at_work: f64,
+    group: usize,
+    stage: usize,
+    request: usize,
+}
+
+impl Eq for Running {}
+
+impl Ord for Running {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.ends_at_work.total_cmp(&other.ends_at_work).then((self.group, self.stage, self.request).cmp(&(
+            other.group,
+            other.stage,
+            other.request,
+        )))
+    }
+}
+
+impl PartialOrd for Running {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The event-driven simulation with interference. Every busy stage advances at the same speed,
+/// so one clock of work done (`work`, seconds of a stage's own time) serves them all: a stage
+/// that starts at work `w` with `t` to do ends when the clock reaches `w + t`, and the clock runs
+/// at `1 / (1 + κ·(busy − 1))` of real time.
+struct Shared<'g> {
+    groups: &'g [Group],
+    kappa: f64,
+    /// Requests waiting for each stage of each group, in FCFS order.
+    waiting: Vec<Vec<VecDeque<usize>>>,
+    /// Whether each stage of each group holds a request.
+    busy: Vec<Vec<bool>>,
+    /// Requests dispatched to each group and not finished.
+    unfinished: Vec<usize>,
+    running: BinaryHeap<Reverse<Running>>,
+    /// Each dispatched request's stage latencies on its group.
+    latency: Vec<&'g [f64]>,
+    now: f64,
+    work: f64,
+}
+
+impl<'g> Shared<'g> {
+    fn new(groups: &'g [Group], kappa: f64) -> Self {
+        Self {
+            groups,
+            kappa,
+            waiting: groups.iter().map(|g| vec![VecDeque::new(); g.stages]).collect(),
+            busy: groups.iter().map(|g| vec![false; g.stages]).collect(),
+            unfinished: vec![0; groups.len()],
+            running: BinaryHeap::new(),
+            latency: Vec::new(),
+            now: 0.0,
+            work: 0.0,
+        }
+    }
+
+    /// Seconds of a stage's own time done per real second.
+    fn speed(&self) -> f64 {
+        1.0 / (1.0 + self.kappa * self.running.len().saturating_sub(1) as f64)
+    }
+
+    fn run(mut self, requests: &[Request]) -> Vec<Option<f64>> {
+        let mut latencies = vec![None; requests.len()];
+        let unplaced: &[f64] = &[];
+        self.latency = vec![unplaced; requests.len()];
+        let mut next = 0;
+        loop {
+            let done_at =
+                self.running.peek().map(|Reverse(r)| self.now + (r.ends_at_work - self.work).max(0.0) / self.speed());
+            let arrives_at = requests.get(next).map(|r| r.arrival_s);
+            // A stage finishing when a request arrives finishes first, as in the closed form.
+            let event = match (done_at, arrives_at) {
+                (Some(done), Some(arrival)) if arrival < done => (None, Some(arrival)),
+                (Some(done), _) => (Some(done), None),
+                (None, arrival) => (None, arrival),
+            };
+            match event {
+                (Some(done), _) => {
+                    let Some(Reverse(r)) = self.running.pop() else { break };
+                    self.now = done;
+                    self.work = self.work.max(r.ends_at_work);
+                    self.busy[r.group][r.stage] = false;
+                    if r.stage + 1 < self.groups[r.group].stages {
+                        self.enqueue(r.group, r.stage + 1, r.request);
+                    } else {
+                        self.unfinished[r.group] -= 1;
+                        latencies[r.request] = Some(self.now - requests[r.request].arrival_s);
+                    }
+                    self.start_next(r.group, r.stage);
+                }
+                (_, Some(arrival)) => {
+                    if !self.running.is_empty() {
+                        self.work += (arrival - self.now) * self.speed();
+                    }
+                    self.now = arrival;
+                    let r = &requests[next];
+                    if let Some((gi, lat)) = least_loaded(self.groups, r.model, |g| self.unfinished[g]) {
+                        self.latency[next] = lat;
+                        self.unfinished[gi] += 1;
+                        self.enqueue(gi, 0, next);
+                    }
+                    next += 1;
+                }
+                (None, None) => break,
+            }
+        }
+        latencies
+    }
+
+    fn enqueue(&mut self, group: usize, stage: usize, request: usize) {
+        self.waiting[group][stage].push_back(request);
+        self.start_next(group, stage);
+    }
+
+    /// Starts the stage's next waiting request if the stage is free.
+    fn start_next(&mut self, group: usize, stage: usize) {
+        if self.busy[group][stage] {
+            return;
+        }
+        if let Some(request) = self.waiting[group][stage].pop_front() {
+            self.busy[group][stage] = true;
+            let ends_at_work = self.work + self.latency[request][stage];
+            self.running.push(Reverse(Running { ends_at_work, group, stage, request }));
+        }
+    }
 }
 
 /// Arrival times of a gamma process over `[0, duration_s)`: inter-arrival gaps with mean
@@ -152,6 +309,76 @@ pub(crate) fn normal(rng: &mut ChaCha8Rng) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one_stage_groups(latencies: &[f64]) -> Vec<Group> {
+        latencies.iter().enumerate().map(|(m, &t)| Group { stages: 1, models: vec![(m, vec![t])] }).collect()
+    }
+
+    #[test]
+    fn sim_shared_clock_without_interference_is_the_closed_form() {
+        let mut rng = rng(11, 0);
+        for case in 0..300 {
+            let groups: Vec<Group> = (0..rng.random_range(1..4))
+                .map(|_| {
+                    let stages = rng.random_range(1..4);
+                    let mut models = Vec::new();
+                    for m in 0..3 {
+                        if rng.random_bool(0.6) {
+                            models.push((m, (0..stages).map(|_| rng.random_range(0.05..2.0)).collect()));
+                        }
+                    }
+                    Group { stages, models }
+                })
+                .collect();
+            let mut t = 0.0;
+            let requests: Vec<Request> = (0..rng.random_range(1..40))
+                .map(|_| {
+                    // Some requests arrive together, and some exactly when another finishes.
+                    t += if rng.random_bool(0.2) { 0.0 } else { rng.random_range(0.0..1.0) };
+                    Request { arrival_s: t, model: rng.random_range(0..4) }
+                })
+                .collect();
+            let closed = simulate_apart(&groups, &requests);
+            let shared = Shared::new(&groups, 0.0).run(&requests);
+            for (a, b) in closed.iter().zip(&shared) {
+                match (a, b) {
+                    (Some(a), Some(b)) => assert!((a - b).abs() < 1e-9, "case {case}: {closed:?} vs {shared:?}"),
+                    _ => assert_eq!(a, b, "case {case}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sim_interfering_stages_share_their_speed() {
+        // Two stages of 1 s, two requests at 0. r0's stage 1 and r1's stage 0 run together at
+        // 1/(1 + κ) speed: both end at 1 + (1 + κ); r1's stage 1 then runs alone.
+        let pipeline = [Group { stages: 2, models: vec![(0, vec![1.0, 1.0])] }];
+        let both = [Request { arrival_s: 0.0, model: 0 }; 2];
+        assert_eq!(simulate(&pipeline, &both, 0.0), vec![Some(2.0), Some(3.0)]);
+        let lat = simulate(&pipeline, &both, 0.5);
+        assert!((lat[0].unwrap() - 2.5).abs() < 1e-12 && (lat[1].unwrap() - 3.5).abs() < 1e-12, "{lat:?}");
+        // κ = 1: as if the stages took turns.
+        let lat = simulate(&pipeline, &both, 1.0);
+        assert!((lat[0].unwrap() - 3.0).abs() < 1e-12 && (lat[1].unwrap() - 4.0).abs() < 1e-12, "{lat:?}");
+    }
+
+    #[test]
+    fn sim_groups_starting_together_end_as_the_interference_prices_them() {
+        // Replicas on three devices, 1, 2 and 3 s alone, started together: stage i ends after
+        // a_i + κ·Σ_{j≠i} min(a_j, a_i); the last after max + κ·(Σ − max).
+        let groups = one_stage_groups(&[1.0, 2.0, 3.0]);
+        let requests: Vec<Request> = (0..3).map(|m| Request { arrival_s: 0.0, model: m }).collect();
+        let lat = simulate(&groups, &requests, 0.4);
+        for (got, want) in lat.iter().zip([1.8, 3.2, 4.2]) {
+            assert!((got.unwrap() - want).abs() < 1e-12, "{lat:?}");
+        }
+        let last = crate::profiler::Interference::interval_ms(&[1.0, 2.0, 3.0], 0.4);
+        assert!((lat[2].unwrap() - last).abs() < 1e-12);
+        // A device idle while the others work is not slowed: one request alone takes its time.
+        let alone = simulate(&groups, &[Request { arrival_s: 5.0, model: 1 }], 0.4);
+        assert_eq!(alone, vec![Some(2.0)]);
+    }
 
     #[test]
     fn sim_pipeline_follows_the_flow_shop_rule() {

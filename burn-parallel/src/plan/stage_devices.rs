@@ -14,17 +14,13 @@
 //! [`crate::profiler::pipeline_interference`]) are split for the least `max + κ·(Σ − max)` of
 //! their costs instead: what one micro-batch adds to a pipelined pass. A looser bound can then
 //! win by a smaller sum, so the least-sum split of every feasible bound is scored (at most
-//! [`MAX_SCORED_BOUNDS`] bounds, spread evenly, the tightest and loosest among them).
+//! 512 bounds, spread evenly, the tightest and loosest among them).
 
 use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
-use super::stages::{StagesError, StagesInput, StagesOutput, smallest_feasible};
-use crate::profiler::Interference;
+use super::stages::{StagesError, StagesInput, StagesOutput, least_interval, smallest_feasible};
 use burn_llm_models::units::fmt_bytes;
-
-/// Most bounds whose splits are scored when stages interfere ([`StagesInput::interference`]).
-const MAX_SCORED_BOUNDS: usize = 512;
 
 /// One device of a heterogeneous pipeline, the stage of its position in `devices` runs on it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -268,35 +264,13 @@ impl<'a> Problem<'a> {
         candidates.sort_by(f64::total_cmp);
         candidates.dedup();
         let fastest = smallest_feasible(&candidates, |t_max| self.min_total(t_max))?;
-        if self.interference <= 0.0 {
-            return Some(fastest);
-        }
-        // Stages that slow each other down: a looser bound may trade a slower bottleneck for a
-        // smaller sum. Every feasible bound's least-sum split is scored (at most
-        // `MAX_SCORED_BOUNDS` of them, spread evenly from the tightest to the loosest, with both).
-        let from = candidates.partition_point(|&c| c < self.bottleneck(&fastest.1));
-        let feasible = &candidates[from..];
-        let step = feasible.len().div_ceil(MAX_SCORED_BOUNDS).max(1);
-        let bounds = feasible.iter().step_by(step).chain(feasible.last());
-        let mut best = fastest;
-        for &t_max in bounds {
-            if let Some(split) = self.min_total(t_max)
-                && self.score(&split.1) < self.score(&best.1)
-            {
-                best = split;
-            }
-        }
-        Some(best)
-    }
-
-    fn bottleneck(&self, costs: &[f64]) -> f64 {
-        costs.iter().copied().fold(0.0, f64::max)
-    }
-
-    /// A pipelined pass's share of one micro-batch over stages costing `costs`:
-    /// `max + κ·(Σ − max)`.
-    fn score(&self, costs: &[f64]) -> f64 {
-        Interference::interval_ms(costs, self.interference)
+        Some(least_interval(
+            &candidates,
+            fastest,
+            self.interference,
+            |split| split.1.clone(),
+            |t_max| self.min_total(t_max),
+        ))
     }
 
     /// The split with every stage at most `t_max` and the least total cost, if any.

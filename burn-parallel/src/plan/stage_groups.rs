@@ -13,11 +13,15 @@
 //! `0..d`, every stage at most `t_max`; the optimal bottleneck is the smallest `t_max` for which
 //! `F(L, N)` is finite, found by bisection over every possible stage cost (feasibility grows with
 //! the bound), and the split at that bound with the least total is kept.
+//!
+//! Stages that slow each other down when they work at once (`interference`, a measured `κ > 0`)
+//! are split for the least `max + κ·(Σ − max)` of their costs, as the `stages` planner over
+//! devices does: the least-total split of every feasible bound is scored (at most 512 bounds).
 
 use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
-use super::stages::{StageExtra, smallest_feasible};
+use super::stages::{StageExtra, least_interval, smallest_feasible};
 use burn_llm_models::units::fmt_bytes;
 
 /// Largest number of layers, devices or groups accepted.
@@ -73,6 +77,10 @@ pub struct GroupStagesInput {
     /// What the last stage holds beyond its layers (final norm, LM head), on its first device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage: Option<StageExtra>,
+    /// How much stages slow each other down when they work at once: `κ` of
+    /// [`crate::profiler::Interference`] (0, the default: not at all).
+    #[serde(default)]
+    pub interference: f64,
 }
 
 /// One planned stage.
@@ -143,7 +151,9 @@ pub fn plan(input: &GroupStagesInput) -> Result<GroupStagesOutput, GroupStagesEr
     }
     candidates.sort_by(f64::total_cmp);
     candidates.dedup();
-    smallest_feasible(&candidates, |t_max| problem.min_total(t_max)).ok_or_else(|| problem.no_split())
+    let fastest = smallest_feasible(&candidates, |t_max| problem.min_total(t_max)).ok_or_else(|| problem.no_split())?;
+    let stage_costs = |o: &GroupStagesOutput| -> Vec<f64> { o.stages.iter().map(|s| s.latency_ms).collect() };
+    Ok(least_interval(&candidates, fastest, input.interference, stage_costs, |t_max| problem.min_total(t_max)))
 }
 
 /// The checked input with prefix sums.
@@ -189,6 +199,7 @@ impl<'a> Problem<'a> {
         let (first, last) = (input.first_stage.unwrap_or_default(), input.last_stage.unwrap_or_default());
         check::non_negative("first_stage.latency_ms", first.latency_ms)?;
         check::non_negative("last_stage.latency_ms", last.latency_ms)?;
+        check::non_negative("interference", input.interference)?;
         let latency = input
             .groups
             .iter()

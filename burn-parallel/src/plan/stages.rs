@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
 pub use super::stage_devices::{DeviceStagesError, StageDevice, StageExtra};
+use crate::profiler::Interference;
 
 /// Largest number of layers, stages, devices or degrees accepted.
 const MAX_LAYERS: usize = 4096;
@@ -415,6 +416,40 @@ pub(super) fn smallest_feasible<T>(candidates: &[f64], plan: impl Fn(f64) -> Opt
     }
     // `best` is the plan at `candidates[hi]`, the smallest feasible bound.
     Some(best)
+}
+
+/// Most bounds whose splits [`least_interval`] scores.
+pub(super) const MAX_SCORED_BOUNDS: usize = 512;
+
+/// For stages that slow each other down by `kappa` (a measured interference), the split of least
+/// `max + κ·(Σ − max)` of its stage costs (`costs`), what one micro-batch adds to a pipelined
+/// pass: a looser bound than `fastest`'s (the plan at the smallest feasible bound) may trade a
+/// slower bottleneck for a smaller sum, so the least-total split (`plan`) of every feasible bound
+/// in `candidates` (sorted ascending) is scored, at most [`MAX_SCORED_BOUNDS`] of them, spread
+/// evenly from the tightest to the loosest, with both. `kappa ≤ 0`: `fastest`.
+pub(super) fn least_interval<T>(
+    candidates: &[f64],
+    fastest: T,
+    kappa: f64,
+    costs: impl Fn(&T) -> Vec<f64>,
+    plan: impl Fn(f64) -> Option<T>,
+) -> T {
+    if kappa <= 0.0 {
+        return fastest;
+    }
+    let score = |t: &T| Interference::interval_ms(&costs(t), kappa);
+    let bottleneck = costs(&fastest).into_iter().fold(0.0, f64::max);
+    let feasible = &candidates[candidates.partition_point(|&c| c < bottleneck)..];
+    let step = feasible.len().div_ceil(MAX_SCORED_BOUNDS).max(1);
+    let mut best = fastest;
+    for &t_max in feasible.iter().step_by(step).chain(feasible.last()) {
+        if let Some(split) = plan(t_max)
+            && score(&split) < score(&best)
+        {
+            best = split;
+        }
+    }
+    best
 }
 
 #[cfg(test)]

@@ -65,6 +65,17 @@ impl OverlapStep {
     pub fn decode(stage_layers: usize) -> Self {
         Self { tokens: 1, context: 64, layers: stage_layers.max(1), warmup: 3, repeats: 15 }
     }
+
+    /// A decode step through one stage's share of `layers` layers split over `stages` stages.
+    pub fn decode_share(layers: usize, stages: usize) -> Self {
+        Self::decode(layers.div_ceil(stages.max(1)))
+    }
+
+    /// A prefill of `tokens` tokens (at least 1) through 2 layers: compute-bound steps, where a
+    /// tick's fixed costs weigh little, so two layers show what a stage's share would.
+    pub fn prefill(tokens: usize) -> Self {
+        Self { tokens: tokens.max(1), context: 0, layers: 2, warmup: 2, repeats: 5 }
+    }
 }
 
 /// What [`pipeline_interference`] measured.

@@ -250,6 +250,7 @@ fn planned_degrees_per_stage_run_as_planned() {
             workload,
             kv_tokens: 32,
             handover: Handover::of(&spec),
+            interference: 0.0,
         };
         let devices = vec![Device::flex(); 3];
         let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
@@ -260,6 +261,9 @@ fn planned_degrees_per_stage_run_as_planned() {
         assert_eq!(prediction.stages.iter().map(|s| s.degree).collect::<Vec<_>>(), [2, 1]);
         assert_eq!(prediction.stages[0].device, "a+b");
         assert!(prediction.summary().contains("on a+b (tensor-parallel 2)"), "{}", prediction.summary());
+        // Stages that slow each other down: the prediction prices their overlap with the κ planned for.
+        let priced = AutoGroups { interference: 0.5, ..auto.clone() }.plan().unwrap();
+        assert_eq!(priced.interference, 0.5);
         let stages = plan.layout().stages().to_vec();
 
         let expected = greedy(&CausalLm::random(spec.clone(), &Device::flex()).unwrap());

@@ -17,7 +17,12 @@
 //! requests in flight, as AlpaServe's controller and the simulator do. Models on one group share
 //! its devices first come, first served. Weights are what the memory check counts; each model's
 //! KV budget is its `--kv-cache-memory`.
+//!
+//! With a workload over two or more devices, the devices' interference `κ` is measured at start-up
+//! (module `interference`) and priced by the simulator, for the choice (`auto`, `replicate`) and the
+//! prediction alike: stages or replicas working at once are slowed as the devices measured.
 
+mod interference;
 pub mod manual;
 mod profiles;
 
@@ -140,8 +145,10 @@ impl ServingPlacement {
         if let Some(p) = &self.prediction {
             let per_model: Vec<String> =
                 p.models.iter().map(|m| format!("`{}` {:.1}%", m.model, 100.0 * m.slo_attainment)).collect();
+            let kappa =
+                self.interference().map(|k| format!(", the devices' interference κ = {k:.2}")).unwrap_or_default();
             lines.push(format!(
-                "  predicted SLO attainment on the workload: {:.1}% ({})",
+                "  predicted SLO attainment on the workload: {:.1}% ({}{kappa})",
                 100.0 * p.slo_attainment,
                 per_model.join(", ")
             ));
@@ -167,8 +174,14 @@ impl ServingPlacement {
         if let Some(p) = &self.prediction {
             out["predicted_slo_attainment"] = json!(p.slo_attainment);
             out["predicted_models"] = json!(p.models);
+            out["interference"] = json!(self.interference().unwrap_or(0.0));
         }
         out
+    }
+
+    /// The devices' measured interference the prediction priced, if any was measured.
+    pub fn interference(&self) -> Option<f64> {
+        self.input.as_ref().and_then(|i| i.interference)
     }
 }
 
@@ -216,7 +229,13 @@ pub fn place(
     } else {
         None
     };
-    let input = costs.as_ref().map(|c| c.input(pool.len(), caps.iter().copied().min().unwrap_or(u64::MAX), workload));
+    // What the simulator needs of the devices beside the costs: how they slow each other down.
+    let interference = match (&costs, workload) {
+        (Some(costs), Some(w)) => interference::measure(models, pool, w, costs, log)?,
+        _ => None,
+    };
+    let memory = caps.iter().copied().min().unwrap_or(u64::MAX);
+    let input = costs.as_ref().map(|c| c.input(pool.len(), memory, workload, interference));
     let groups = match choice {
         PlacementChoice::Manual(manual) => manual_groups(manual, models, costs.as_ref())?,
         PlacementChoice::Auto | PlacementChoice::Replicate => {

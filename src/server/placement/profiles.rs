@@ -25,6 +25,8 @@ struct Cost {
     layer_ms: Vec<f64>,
     layer_bytes: Vec<u64>,
     slo_s: f64,
+    /// The prefill's share of one request's time.
+    prefill_share: f64,
 }
 
 /// Every served model's costs, in `--model` order.
@@ -32,7 +34,7 @@ struct Cost {
 pub(super) struct ModelCosts(Vec<Cost>);
 
 /// The model files `model` names, opened.
-fn open(model: &ModelSpec) -> Result<(std::path::PathBuf, PretrainedFiles), ServerError> {
+pub(super) fn open(model: &ModelSpec) -> Result<(std::path::PathBuf, PretrainedFiles), ServerError> {
     let fail =
         |e: &dyn std::fmt::Display| ServerError::Engine(format!("model `{}` ({}): {e}", model.name, model.source));
     let dir = burn_llm_models::hub::resolve_model(&model.source).map_err(|e| fail(&e))?;
@@ -77,9 +79,13 @@ impl ModelCosts {
             let cost = profile.profile.cost_model("profile").map_err(|e| fail(&e))?;
             let load = workload.and_then(|w| w.load(&model.name));
             let shape = load.map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
+            let layer_ms = request_layer_ms(&cost, shape);
+            let prefill_ms: f64 = request_layer_ms(&cost, (shape.0, 1)).iter().sum();
+            let total: f64 = layer_ms.iter().sum();
             costs.push(Cost {
                 name: model.name.clone(),
-                layer_ms: request_layer_ms(&cost, shape),
+                prefill_share: if total > 0.0 { (prefill_ms / total).clamp(0.0, 1.0) } else { 1.0 },
+                layer_ms,
                 layer_bytes: layer_memory_bytes(&profile.profile),
                 slo_s: load.map_or(NO_TRAFFIC_SLO_S, |l| l.slo_s),
             });
@@ -91,8 +97,15 @@ impl ModelCosts {
         self.0.iter().find(|c| c.name == name).unwrap_or(&self.0[0])
     }
 
-    /// The planner's input: `devices` identical devices of `memory` bytes.
-    pub(super) fn input(&self, devices: usize, memory: u64, workload: Option<&ServingWorkload>) -> PlacementInput {
+    /// The planner's input: `devices` identical devices of `memory` bytes that slow each other
+    /// down by `interference` when they work at once.
+    pub(super) fn input(
+        &self,
+        devices: usize,
+        memory: u64,
+        workload: Option<&ServingWorkload>,
+        interference: Option<f64>,
+    ) -> PlacementInput {
         let models = self
             .0
             .iter()
@@ -112,7 +125,20 @@ impl ModelCosts {
                 seed: None,
             },
         );
-        PlacementInput { models, devices, device_memory_bytes: memory, workload, baseline: None, beam: None }
+        PlacementInput {
+            models,
+            devices,
+            device_memory_bytes: memory,
+            workload,
+            baseline: None,
+            beam: None,
+            interference,
+        }
+    }
+
+    /// The share of one request's time that `name` spends in its prefill.
+    pub(super) fn prefill_share(&self, name: &str) -> f64 {
+        self.cost(name).prefill_share
     }
 
     /// The model's layers.

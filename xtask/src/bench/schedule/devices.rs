@@ -107,7 +107,7 @@ impl Devices {
         let threads = stage_pool_threads(devices.as_slice(), None)?;
         let runs: Vec<OverlapDevice<'_>> =
             replicas.iter().zip(&threads).map(|(model, &threads)| OverlapDevice { model, threads }).collect();
-        let step = OverlapStep::decode(replicas[0].spec.num_layers.div_ceil(2));
+        let step = OverlapStep::decode_share(replicas[0].spec.num_layers, 2);
         let measured = pipeline_interference(&runs, step)?;
         eprintln!("{}", measured.summary(names.as_slice()));
         Ok(measured)
