@@ -108,6 +108,30 @@ impl ProfileGrid {
         }
     }
 
+    /// The [`stages`](Self::stages) grid around one request shape (a serving workload's: a
+    /// prompt of `prompt_tokens`, `max_tokens` generated): its prompt among the prefill points and
+    /// the context of its last decode step among the decode points, so that the request's cost is
+    /// read at measured points, not extended from the slope between 16 and 64 tokens (a CPU's
+    /// matmuls run faster per token on longer prompts); five timed runs per point (points whose
+    /// median of three can be off by a factor of three on a loopback worker).
+    pub fn request(prompt_tokens: usize, max_tokens: usize) -> Self {
+        let add = |axis: Vec<usize>, point: usize| {
+            let mut axis = axis;
+            axis.push(point);
+            axis.sort_unstable();
+            axis.dedup();
+            axis
+        };
+        let stages = Self::stages();
+        Self {
+            prefill_tokens: add(stages.prefill_tokens, prompt_tokens.max(1)),
+            decode_context: add(stages.decode_context, prompt_tokens + max_tokens.saturating_sub(1)),
+            warmup: 2,
+            repeats: 5,
+            ..Self::stages()
+        }
+    }
+
     /// The grid for planning real workloads (prompts up to 1024 tokens, contexts up to 2048).
     pub fn full() -> Self {
         Self {
@@ -427,4 +451,22 @@ fn table(
 
 fn as_f64(axis: &[usize]) -> Vec<f64> {
     axis.iter().map(|&p| p as f64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProfileGrid;
+
+    #[test]
+    fn a_request_grid_measures_the_requests_own_prompt_and_last_context() {
+        let grid = ProfileGrid::request(256, 4);
+        assert_eq!(grid.prefill_tokens, [1, 16, 64, 256]);
+        assert_eq!(grid.decode_context, [0, 64, 259]);
+        // A shape already on the grid adds nothing; the axes stay increasing, as the profiler
+        // requires.
+        let grid = ProfileGrid::request(16, 49);
+        assert_eq!(grid.prefill_tokens, [1, 16, 64]);
+        assert_eq!(grid.decode_context, [0, 64]);
+        assert_eq!(ProfileGrid::request(0, 0).prefill_tokens, [1, 16, 64]);
+    }
 }

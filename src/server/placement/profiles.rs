@@ -1,6 +1,7 @@
 //! Each served model's costs for the placement: profiled at start-up on the pool's first device
-//! (through the `--stage-layers auto` profiler and its cache), turned into one request's latency
-//! per layer and each layer's weight bytes.
+//! (through the `--stage-layers auto` profiler and its cache, over the grid around the model's
+//! request shape, [`ProfileGrid::request`]), turned into one request's latency per layer and each
+//! layer's weight bytes.
 
 use std::io::Write;
 
@@ -64,21 +65,21 @@ impl ModelCosts {
             let (dir, files) = open(model)?;
             let device = parse_device(entry, model.spec.worker_token.as_deref()).map_err(|e| fail(&e))?;
             let _ = writeln!(log, "placement: costs of `{}` on {entry}", model.name);
+            let load = workload.and_then(|w| w.load(&model.name));
+            let shape = load.map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
             let profile = profile_stage_device(
                 &model.spec,
                 &dir,
                 &files,
                 entry,
                 &device,
-                &ProfileGrid::stages(),
+                &ProfileGrid::request(shape.0, shape.1),
                 None,
                 None,
                 log,
             )
             .map_err(|e| fail(&e))?;
             let cost = profile.profile.cost_model("profile").map_err(|e| fail(&e))?;
-            let load = workload.and_then(|w| w.load(&model.name));
-            let shape = load.map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
             let layer_ms = request_layer_ms(&cost, shape);
             let prefill_ms: f64 = request_layer_ms(&cost, (shape.0, 1)).iter().sum();
             let total: f64 = layer_ms.iter().sum();
