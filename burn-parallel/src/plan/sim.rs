@@ -144,6 +144,12 @@ impl PartialOrd for Running {
     }
 }
 
+/// What happens next in [`Shared`]: a busy stage finishes, or the next request arrives, at a time.
+enum Event {
+    Done(f64),
+    Arrival(f64),
+}
+
 /// The event-driven simulation with interference. Every busy stage advances at the same speed,
 /// so one clock of work done (`work`, seconds of a stage's own time) serves them all: a stage
 /// that starts at work `w` with `t` to do ends when the clock reaches `w + t`, and the clock runs
@@ -195,12 +201,13 @@ impl<'g> Shared<'g> {
             let arrives_at = requests.get(next).map(|r| r.arrival_s);
             // A stage finishing when a request arrives finishes first, as in the closed form.
             let event = match (done_at, arrives_at) {
-                (Some(done), Some(arrival)) if arrival < done => (None, Some(arrival)),
-                (Some(done), _) => (Some(done), None),
-                (None, arrival) => (None, arrival),
+                (Some(done), Some(arrival)) if arrival < done => Event::Arrival(arrival),
+                (Some(done), _) => Event::Done(done),
+                (None, Some(arrival)) => Event::Arrival(arrival),
+                (None, None) => break,
             };
             match event {
-                (Some(done), _) => {
+                Event::Done(done) => {
                     let Some(Reverse(r)) = self.running.pop() else { break };
                     self.now = done;
                     self.work = self.work.max(r.ends_at_work);
@@ -213,7 +220,7 @@ impl<'g> Shared<'g> {
                     }
                     self.start_next(r.group, r.stage);
                 }
-                (_, Some(arrival)) => {
+                Event::Arrival(arrival) => {
                     if !self.running.is_empty() {
                         self.work += (arrival - self.now) * self.speed();
                     }
@@ -226,7 +233,6 @@ impl<'g> Shared<'g> {
                     }
                     next += 1;
                 }
-                (None, None) => break,
             }
         }
         latencies
