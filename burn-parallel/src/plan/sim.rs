@@ -97,11 +97,7 @@ fn simulate_apart(groups: &[Group], requests: &[Request]) -> Vec<Option<f64>> {
 
 /// The group, among those serving `model`, with the fewest unfinished requests (ties: the
 /// lowest), and the model's stage latencies on it.
-fn least_loaded<'g>(
-    groups: &'g [Group],
-    model: usize,
-    unfinished: impl Fn(usize) -> usize,
-) -> Option<(usize, &'g [f64])> {
+fn least_loaded(groups: &[Group], model: usize, unfinished: impl Fn(usize) -> usize) -> Option<(usize, &[f64])> {
     let mut chosen: Option<(usize, &[f64])> = None;
     let mut chosen_queue = usize::MAX;
     for (gi, g) in groups.iter().enumerate() {
