@@ -50,16 +50,13 @@ pub(super) fn measure(
     let (prompt, max_tokens) =
         workload.load(&model.name).map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
     let share = costs.prefill_share(&model.name);
+    let weight = prefill_weight(share);
     let mut kappa = |step: OverlapStep| -> Result<f64, ServerError> {
         Ok(interference_of(&model.spec, &dir, pool, &devices, step, log).map_err(|e| fail(&e))?.kappa)
     };
-    let prefill =
-        if share >= MIN_SHARE { kappa(OverlapStep::prefill(prompt.min(files.spec.max_positions)))? } else { 0.0 };
-    let decode = if share <= 1.0 - MIN_SHARE {
-        kappa(OverlapStep::decode_share(files.spec.num_layers, pool.len()))?
-    } else {
-        0.0
-    };
+    // A phase that weighs nothing is not measured.
+    let prefill = if weight > 0.0 { kappa(OverlapStep::prefill(prompt.min(files.spec.max_positions)))? } else { 0.0 };
+    let decode = if weight < 1.0 { kappa(OverlapStep::decode_share(files.spec.num_layers, pool.len()))? } else { 0.0 };
     let mixed = weighted(share, prefill, decode);
     let _ = writeln!(
         log,
@@ -71,16 +68,22 @@ pub(super) fn measure(
     Ok(Some(mixed))
 }
 
-/// `κ` of a request spending `share` of its time in the prefill.
-fn weighted(share: f64, prefill: f64, decode: f64) -> f64 {
-    let share = if share < MIN_SHARE {
+/// The weight of the prefill's `κ` for a request spending `share` of its time in the prefill:
+/// `share`, with a phase under [`MIN_SHARE`] of the time weighing nothing.
+fn prefill_weight(share: f64) -> f64 {
+    if share < MIN_SHARE {
         0.0
     } else if share > 1.0 - MIN_SHARE {
         1.0
     } else {
         share
-    };
-    share * prefill + (1.0 - share) * decode
+    }
+}
+
+/// `κ` of a request spending `share` of its time in the prefill.
+fn weighted(share: f64, prefill: f64, decode: f64) -> f64 {
+    let weight = prefill_weight(share);
+    weight * prefill + (1.0 - weight) * decode
 }
 
 #[cfg(test)]
