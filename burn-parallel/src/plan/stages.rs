@@ -419,7 +419,7 @@ pub(super) fn smallest_feasible<T>(candidates: &[f64], plan: impl Fn(f64) -> Opt
 }
 
 /// Most bounds whose splits [`least_interval`] scores.
-pub(super) const MAX_SCORED_BOUNDS: usize = 512;
+const MAX_SCORED_BOUNDS: usize = 512;
 
 /// For stages that slow each other down by `kappa` (a measured interference), the split of least
 /// `max + κ·(Σ − max)` of its stage costs (`costs`), what one micro-batch adds to a pipelined
@@ -441,12 +441,13 @@ pub(super) fn least_interval<T>(
     let bottleneck = costs(&fastest).into_iter().fold(0.0, f64::max);
     let feasible = &candidates[candidates.partition_point(|&c| c < bottleneck)..];
     let step = feasible.len().div_ceil(MAX_SCORED_BOUNDS).max(1);
+    let mut best_score = score(&fastest);
     let mut best = fastest;
     for &t_max in feasible.iter().step_by(step).chain(feasible.last()) {
-        if let Some(split) = plan(t_max)
-            && score(&split) < score(&best)
-        {
-            best = split;
+        let Some(split) = plan(t_max) else { continue };
+        let split_score = score(&split);
+        if split_score < best_score {
+            (best, best_score) = (split, split_score);
         }
     }
     best
