@@ -111,25 +111,25 @@ pub(super) fn plan_auto(
             link_to_next,
         });
     }
+    // How much the devices slow each other down working at once, each on a decode step through
+    // one device's share of the layers.
+    let step = OverlapStep::decode_share(files.spec.num_layers, devices.len());
+    let interference = interference_of(spec, dir, &entries.names, &devices, step, log)?.kappa;
     let auto = AutoStages {
         devices: stage_devices,
         workload: StageWorkload::default(),
         kv_tokens: files.spec.max_positions,
         handover: Handover::of(&files.spec),
-        interference: 0.0,
+        interference,
     };
-    // How much the devices slow each other down working at once, each on a decode step through
-    // one device's share of the layers.
-    let step = OverlapStep::decode_share(files.spec.num_layers, devices.len());
-    let interference = interference_of(spec, dir, &entries.names, &devices, step, log)?.kappa;
     let plan = if spec.parallel.tensor_parallel_size == Some(TensorParallelSize::Auto) {
         let hidden = files.spec.hidden_size;
         let groups = candidate_groups(spec, (dir, hidden), &auto, &entries, &devices, log)?;
-        let AutoStages { devices: singles, workload, kv_tokens, handover, interference: _ } = auto;
+        let AutoStages { devices: singles, workload, kv_tokens, handover, interference } = auto;
         let auto = AutoGroups { devices: singles, groups, workload, kv_tokens, handover, interference };
         PipelinePlan::auto_groups(&auto, devices, entries.names)?
     } else {
-        PipelinePlan::auto(&AutoStages { interference, ..auto }, 1, devices, entries.names)?
+        PipelinePlan::auto(&auto, 1, devices, entries.names)?
     };
     if let Some(prediction) = plan.prediction() {
         let _ = writeln!(log, "{}", prediction.summary());
