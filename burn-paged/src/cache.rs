@@ -269,6 +269,14 @@ impl PagedKvCache {
         Ok(())
     }
 
+    /// Drops the step's uploaded layouts once its forward pass is recorded. Done before the
+    /// step's results are read, a lazy device (fusion) records their drops with the pass that
+    /// read them, instead of at the start of the next step, where each would open a fusion block
+    /// of its own.
+    pub fn end_step(&mut self) {
+        self.steps.clear();
+    }
+
     /// The device of each layer's pools.
     pub fn placement(&self) -> &LayerDevices {
         &self.placement

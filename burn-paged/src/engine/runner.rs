@@ -82,6 +82,7 @@ impl<M: LanguageModel> ModelRunner<M> {
         } else {
             self.model.forward_micro_batches(&inputs, &mut self.cache)?
         };
+        self.cache.end_step();
         // Each sequence's rows whose prompt log-probabilities are wanted, gathered over pieces.
         let mut logprob_rows: HashMap<usize, Vec<Tensor<2>>> = HashMap::new();
         let mut logits = Vec::with_capacity(states.len());

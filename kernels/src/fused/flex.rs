@@ -51,7 +51,7 @@ pub(super) fn from_vec<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> T
 /// products (`crate::quant::split`), which is still spinning from the last product: rayon's
 /// workers would contend with it for the second core. Alternate rows also balance a causal
 /// mask's growing rows. Elsewhere, rayon.
-pub(super) fn for_rows(out: &mut [f32], width: usize, work_per_row: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(crate) fn for_rows(out: &mut [f32], width: usize, work_per_row: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     if width == 0 {
         return;
     }

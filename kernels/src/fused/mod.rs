@@ -29,7 +29,7 @@ mod exp;
 #[cfg(all(test, feature = "flex", feature = "wgpu"))]
 mod flash_tests;
 #[cfg(feature = "flex")]
-mod flex;
+pub(crate) mod flex;
 #[cfg(feature = "flex")]
 mod flex_ops;
 #[cfg(feature = "flex")]

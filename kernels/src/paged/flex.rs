@@ -298,17 +298,18 @@ fn attend_portable<R: KvRows>(g: &Geometry, t: &Tables, idx: usize, query: &[f32
 /// as a `[tokens, heads, head_dim]` tensor of `q`'s dtype.
 fn attend_all<E: Real, R: KvRows>(g: &Geometry, t: &Tables, q: &[E], k: &R, v: &R, tokens: usize) -> FlexTensor {
     let d = g.head_dim;
-    let mut out = vec![E::from_f32(0.0); tokens * g.heads * d];
+    let mut rows = vec![0f32; tokens * g.heads * d];
     if d > 0 && g.heads > 0 {
-        out.par_chunks_mut(d).enumerate().for_each(|(idx, o)| {
+        // A row reads its sequence's context twice (scores, then values); a decode step's rows
+        // are too little work to hand to the thread pool, a prompt's are not.
+        let context: usize = t.context_lens.iter().map(|&c| c as usize).sum();
+        let work_per_row = 2 * d * context / tokens.max(1);
+        crate::fused::flex::for_rows(&mut rows, d, work_per_row, |idx, row| {
             let query: Vec<f32> = q[idx * d..(idx + 1) * d].iter().map(|x| x.to_f32() * g.scale).collect();
-            let mut row = vec![0f32; d];
-            attend(g, t, idx, &query, k, v, &mut row);
-            for (o, r) in o.iter_mut().zip(&row) {
-                *o = E::from_f32(*r);
-            }
+            attend(g, t, idx, &query, k, v, row);
         });
     }
+    let out: Vec<E> = rows.into_iter().map(E::from_f32).collect();
     FlexTensor::from_data(TensorData::new(out, [tokens, g.heads, d]))
 }
 

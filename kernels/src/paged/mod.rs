@@ -46,6 +46,7 @@
 //! dtypes, devices) and reported as [`PagedKernelError`]; nothing here panics on bad input.
 
 mod error;
+mod in_place;
 pub mod ops;
 mod quant;
 
@@ -239,7 +240,7 @@ pub fn reshape_and_cache_with(
 ) -> Result<(), PagedKernelError> {
     let _span = tracing::trace_span!("kernel", op = "reshape_and_cache").entered();
     slots.check(cache, &new)?;
-    cache.inplace(|c| slots.write(c, new));
+    in_place::update(cache, |c| slots.write(c, new));
     Ok(())
 }
 
@@ -292,7 +293,7 @@ pub fn copy_blocks(cache: Tensor<4>, pairs: &[(u32, u32)]) -> Result<Tensor<4>, 
 pub fn copy_blocks_mut(cache: &mut Tensor<4>, pairs: &[(u32, u32)]) -> Result<(), PagedKernelError> {
     let _span = tracing::trace_span!("kernel", op = "copy_blocks", pairs = pairs.len()).entered();
     check_copy_blocks(cache, pairs)?;
-    cache.inplace(|c| run_copy_blocks(c, pairs));
+    in_place::update(cache, |c| run_copy_blocks(c, pairs));
     Ok(())
 }
 
@@ -359,7 +360,7 @@ pub fn write_blocks(cache: Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<
 pub fn write_blocks_mut(cache: &mut Tensor<4>, ids: &[u32], blocks: Tensor<4>) -> Result<(), PagedKernelError> {
     let _span = tracing::trace_span!("kernel", op = "write_blocks", blocks = ids.len()).entered();
     check_write_blocks(cache, ids, &blocks)?;
-    cache.inplace(|c| run_write_blocks(c, ids, blocks));
+    in_place::update(cache, |c| run_write_blocks(c, ids, blocks));
     Ok(())
 }
 

@@ -243,7 +243,7 @@ impl QuantizedBlocks {
             Some(src) => q.codes.select(0, src),
             None => q.codes,
         };
-        self.codes.inplace(|c| {
+        super::in_place::update(&mut self.codes, |c| {
             let [blocks, heads, block_size, words] = c.dims();
             c.reshape([blocks * heads * block_size, words])
                 .select_assign(0, dst, codes, IndexingUpdateOp::Assign)
@@ -263,7 +263,7 @@ impl QuantizedBlocks {
         let device = self.codes.device();
         let src = upload(pairs.iter().map(|p| p.0).collect(), &device);
         let dst = upload(pairs.iter().map(|p| p.1).collect(), &device);
-        self.codes.inplace(|c| {
+        super::in_place::update(&mut self.codes, |c| {
             let blocks = c.clone().select(0, src);
             c.select_assign(0, dst, blocks, IndexingUpdateOp::Assign)
         });
@@ -297,7 +297,7 @@ impl QuantizedBlocks {
             return Ok(());
         }
         let ids = upload(ids.to_vec(), &self.codes.device());
-        self.codes.inplace(|c| c.select_assign(0, ids, blocks.codes, IndexingUpdateOp::Assign));
+        super::in_place::update(&mut self.codes, |c| c.select_assign(0, ids, blocks.codes, IndexingUpdateOp::Assign));
         Ok(())
     }
 }
