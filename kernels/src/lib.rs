@@ -83,6 +83,7 @@ pub use paged::{
 #[cfg(feature = "flex")]
 pub use quant::integer_isa;
 pub use quant::{
-    GroupQuantized, KernelError, MatmulPrecision, QMatmulLayout, QuantSpec, dequantize, matmul_precision, ops, qmatmul,
-    qmatmul_transposed, quantize, set_matmul_precision, with_matmul_precision,
+    FUSED_MAX_ROWS, GroupQuantized, KernelError, MatmulPrecision, ProductSite, QMatmulLayout, QuantSpec, dequantize,
+    fused_product_wins, matmul_precision, ops, product_site, qmatmul, qmatmul_transposed, quantize,
+    set_matmul_precision, with_matmul_precision,
 };

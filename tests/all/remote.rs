@@ -134,6 +134,11 @@ fn kernel_outputs(device: &Device) -> Vec<(&'static str, Vec<f32>)> {
         out.push(("dequantize", values(kernels::dequantize(&q))));
         out.push(("qmatmul", values(kernels::qmatmul(t2(&mut rng, [3, 64]), &q).unwrap())));
         out.push(("qmatmul_transposed", values(kernels::qmatmul_transposed(t2(&mut rng, [2, 96]), &q).unwrap())));
+        // Prefill-sized inputs, for which a worker's server picks the product it runs.
+        let rows = kernels::MATVEC_MAX_ROWS + 8;
+        out.push(("qmatmul, prefill rows", values(kernels::qmatmul(t2(&mut rng, [rows, 64]), &q).unwrap())));
+        let x = t2(&mut rng, [rows, 96]);
+        out.push(("qmatmul_transposed, prefill rows", values(kernels::qmatmul_transposed(x, &q).unwrap())));
     }
 
     let shape = [6, 2, 4, 8];

@@ -14,6 +14,7 @@
 //!
 //! Each op is a CubeCL kernel for every GPU runtime with a pure-Rust twin for Flex ([`ops`]).
 
+mod choice;
 #[cfg(feature = "flex")]
 pub(crate) mod kq;
 mod matmul;
@@ -36,6 +37,7 @@ pub(crate) mod flex;
 #[cfg(all(feature = "remote", any(feature = "wgpu", feature = "vulkan", feature = "cuda", feature = "metal")))]
 pub(crate) mod remote;
 
+pub use choice::{FUSED_MAX_ROWS, ProductSite, fused_product_wins, product_site};
 pub use matmul::{QMatmulLayout, qmatmul, qmatmul_transposed};
 pub use precision::{MatmulPrecision, matmul_precision, set_matmul_precision, with_matmul_precision};
 pub use spec::{KernelError, QuantSpec};

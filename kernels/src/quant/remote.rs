@@ -9,6 +9,7 @@ use burn::tensor::DType;
 use burn_router::{BackendRouter, CustomOpRegistry, RouterChannel};
 
 use super::ops::GroupQuantOps;
+use super::{MatmulPrecision, ProductSite, fused_product_wins};
 use crate::remote::{launch, scalar_usize};
 
 impl<C: RouterChannel> GroupQuantOps for BackendRouter<C> {
@@ -83,7 +84,7 @@ fn read_layout(ir: &CustomOpIr) -> (u32, usize) {
 }
 
 /// Registers the server-side handlers of every [`GroupQuantOps`] op for backend `B`.
-pub(crate) fn register<B: BackendIr + GroupQuantOps>(registry: &mut CustomOpRegistry<B>) {
+pub(crate) fn register<B: BackendIr + GroupQuantOps + 'static>(registry: &mut CustomOpRegistry<B>) {
     registry.register("pack_groups", |handles, ir, _device| {
         let ([x, scale, min], [out]) = ir.as_fixed::<3, 1>();
         let (bits, group) = read_layout(ir);
@@ -118,14 +119,30 @@ pub(crate) fn register<B: BackendIr + GroupQuantOps>(registry: &mut CustomOpRegi
             let x = handles.get_float_tensor::<B>(x);
             let codes = handles.get_int_tensor::<B>(codes);
             let (scale, min) = (handles.get_float_tensor::<B>(scale), handles.get_float_tensor::<B>(min));
-            let y = match transposed {
-                true => {
-                    let (int8_rows, offset) = (scalar_usize(ir, 2) as u32, scalar_usize(ir, 3) as u32);
-                    B::fused_qmatmul_nt(x, codes, scale, min, bits, group, int8_rows, offset)
-                }
-                false => B::fused_qmatmul(x, codes, scale, min, bits, group),
+            // The client ships the fused op for any number of rows (it cannot tell a CPU worker
+            // from a GPU one); the choice it would make for a device of its own is made here.
+            let int8_rows = if transposed { scalar_usize(ir, 2) as u32 } else { 0 };
+            let precision = if int8_rows == 1 { MatmulPrecision::Int8Activations } else { MatmulPrecision::Exact };
+            let rows = x.shape()[0];
+            let y = if !fused_product_wins(rows, site::<B>(), transposed, precision) {
+                let w = B::unpack_groups(codes, scale, min, bits, group);
+                B::float_matmul(x, if transposed { B::float_transpose(w) } else { w })
+            } else if transposed {
+                B::fused_qmatmul_nt(x, codes, scale, min, bits, group, int8_rows, scalar_usize(ir, 3) as u32)
+            } else {
+                B::fused_qmatmul(x, codes, scale, min, bits, group)
             };
             handles.register_float_tensor::<B>(&out.id, y);
         });
     }
+}
+
+/// What a server of backend `B` computes on: Flex is the CPU; every other backend a worker
+/// serves is a CubeCL runtime.
+fn site<B: 'static>() -> ProductSite {
+    #[cfg(feature = "flex")]
+    if std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn::backend::Flex>() {
+        return ProductSite::Cpu;
+    }
+    ProductSite::Gpu
 }

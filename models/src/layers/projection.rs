@@ -4,9 +4,10 @@
 
 use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Int, Tensor};
+pub use burn_llm_kernels::FUSED_MAX_ROWS;
 use burn_llm_kernels::{
-    GroupQuantized, MATVEC_MAX_ROWS, MatmulPrecision, QuantSpec, dequantize, matmul, matmul_precision, qmatmul,
+    GroupQuantized, QuantSpec, dequantize, fused_product_wins, matmul, matmul_precision, product_site, qmatmul,
     qmatmul_transposed, quantize,
 };
 
@@ -15,11 +16,6 @@ use crate::error::{ModelError, Result};
 /// Axis a weight is quantized along: its last, the output channel of FlexGen's `[in, out]`
 /// layout (and the input channel of GGUF's `[out, in]` one). A [`QuantSpec`] for weights names it.
 pub const WEIGHT_QUANT_AXIS: usize = 1;
-
-/// Rows of input up to which the fused dequantize-matmul kernel is used on the CPU (on a GPU: up
-/// to `MATVEC_MAX_ROWS`); above, dequantizing the weight once and running an ordinary matmul is
-/// faster.
-pub const FUSED_MAX_ROWS: usize = 16;
 
 /// A drop-in for `Linear` holding a group-quantized weight, in one of two layouts:
 /// - FlexGen's: `[in, out]` grouped along the output channel (what [`QLinear::from_linear`] makes);
@@ -144,14 +140,10 @@ impl QLinear {
         let rows = dims[..D - 1].iter().product::<usize>();
         let flat: Tensor<2> = x.reshape([rows, self.d_input]);
         let weight = self.weight();
-        // The integer kernel (8-bit input rows) reads each weight block once per tile of input
-        // rows, so it also beats dequantize-then-matmul on prefill-sized inputs. On a GPU the
-        // fused product reads each weight once for up to `MATVEC_MAX_ROWS` rows.
-        let fused = rows <= FUSED_MAX_ROWS
-            || (rows <= MATVEC_MAX_ROWS && !crate::device::is_host_device(&flat.device()))
-            || (self.input_grouped
-                && matmul_precision() == MatmulPrecision::Int8Activations
-                && flat.device() == Device::flex());
+        // A worker's device gets the fused op whatever the rows: its server, which knows whether
+        // it is a CPU or a GPU, makes the same choice there.
+        let fused = product_site(&flat.device())
+            .is_none_or(|site| fused_product_wins(rows, site, self.input_grouped, matmul_precision()));
         let out = match (fused, self.input_grouped) {
             (true, false) => qmatmul(flat, &weight).expect("QLinear weights are quantized along the output axis"),
             (true, true) => qmatmul_transposed(flat, &weight).expect("input-grouped QLinear weights are [out, in]"),
