@@ -29,6 +29,9 @@ mod stage_devices;
 #[path = "plan/stage_groups.rs"]
 mod stage_groups;
 
+#[path = "plan/serve_every_model.rs"]
+mod serve_every_model;
+
 #[cfg(feature = "flex")]
 #[path = "parallel/tensor.rs"]
 mod tensor_parallel;
@@ -413,6 +416,7 @@ fn plan_placement_reports_hand_computed_latencies_in_trace_order() {
         baseline: None,
         beam: None,
         interference: None,
+        serve_every_model: false,
     };
     let out = placement::plan(&input).unwrap();
     // 0.0 → 0.3, 0.1 → 0.6, 0.2 → 0.9, 1.0 → 1.3.
@@ -443,6 +447,7 @@ fn plan_placement_model_parallelism_beats_replication_on_bursty_two_model_traffi
         baseline: None,
         beam: None,
         interference: None,
+        serve_every_model: false,
     };
     let best = placement::plan(&input).unwrap();
     let replication =
@@ -1005,6 +1010,7 @@ fn plan_bad_input_is_an_error_not_a_panic() {
         baseline: None,
         beam: None,
         interference: None,
+        serve_every_model: false,
     };
     assert!(placement::plan(&flood).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 2, 1, None)).is_err());
@@ -1143,6 +1149,7 @@ fn plan_placement_with_unreachable_slo_still_places_every_model() {
         baseline: None,
         beam: Some(2),
         interference: None,
+        serve_every_model: false,
     };
     let out = placement::plan(&input).unwrap();
     assert_eq!(out.slo_attainment, 0.0);

@@ -50,6 +50,11 @@ pub struct PlacementInput {
     /// share nothing, as in AlpaServe's simulator.
     #[serde(default)]
     pub interference: Option<f64>,
+    /// Keep only placements that serve every model, as a server must (default `false`, AlpaServe's
+    /// Algorithm 3, which keeps the highest attainment even when it leaves a model out: under
+    /// overload, leaving one model's traffic unserved can let more of the others' meet their SLO).
+    #[serde(default)]
+    pub serve_every_model: bool,
 }
 
 /// One model: per-layer costs (from a profile) and its SLO.
@@ -214,7 +219,7 @@ pub fn plan(input: &PlacementInput) -> Result<PlacementOutput, PlacementError> {
                 shapes.push((input.devices % g, 1));
             }
             let selection = problem.greedy(&shapes)?;
-            if best.as_ref().is_none_or(|b| selection.better_than(b)) {
+            if best.as_ref().is_none_or(|b| selection.better_than(b, problem.every())) {
                 best = Some(selection);
             }
         }
@@ -277,8 +282,20 @@ impl Selection {
         self.replicas.iter().all(Vec::is_empty)
     }
 
-    /// More attainment, or the first placement that serves anything at all.
-    fn better_than(&self, other: &Selection) -> bool {
+    /// Whether every one of `models` has a replica.
+    fn serves_all(&self, models: usize) -> bool {
+        (0..models).all(|m| self.replicas.iter().any(|r| r.contains(&m)))
+    }
+
+    /// More attainment, or the first placement that serves anything at all; with `every` (the
+    /// number of models) a placement that serves them all beats one that does not, first.
+    fn better_than(&self, other: &Selection, every: Option<usize>) -> bool {
+        if let Some(models) = every {
+            let (mine, theirs) = (self.serves_all(models), other.serves_all(models));
+            if mine != theirs {
+                return mine;
+            }
+        }
         !self.is_empty() && (other.is_empty() || self.attainment > other.attainment)
     }
 }
@@ -294,6 +311,11 @@ struct Checked<'a> {
 }
 
 impl<'a> Checked<'a> {
+    /// The number of models when every one must be served.
+    fn every(&self) -> Option<usize> {
+        self.input.serve_every_model.then_some(self.input.models.len())
+    }
+
     fn new(input: &'a PlacementInput) -> Result<Self, PlacementError> {
         check::count("models", input.models.len(), MAX_MODELS)?;
         check::count("devices", input.devices, MAX_DEVICES)?;
@@ -419,10 +441,14 @@ impl<'a> Checked<'a> {
                 return Ok(best);
             }
             next.sort_by(|a, b| b.attainment.total_cmp(&a.attainment));
-            next.truncate(self.beam);
-            if next[0].better_than(&best) {
-                best = next[0].clone();
+            // The best of all candidates, not only of the beam: with `serve_every_model`, the
+            // highest attainment may be one that leaves a model out.
+            for candidate in &next {
+                if candidate.better_than(&best, self.every()) {
+                    best = candidate.clone();
+                }
             }
+            next.truncate(self.beam);
             beam = next;
         }
     }

@@ -244,6 +244,7 @@ mod tests {
             baseline: None,
             beam: None,
             interference: None,
+            serve_every_model: false,
         };
         for interference in [None, Some(0.7)] {
             let input = PlacementInput { interference, ..input.clone() };
@@ -284,6 +285,7 @@ mod tests {
             baseline,
             beam: None,
             interference: Some(interference),
+            serve_every_model: false,
         };
         let attained = |kappa, baseline| placement::plan(&input(kappa, baseline)).unwrap().slo_attainment;
         let gain = |kappa| attained(kappa, None) - attained(kappa, Some(Baseline::Replication));

@@ -134,6 +134,8 @@ impl ModelCosts {
             baseline: None,
             beam: None,
             interference,
+            // A server serves every model it was given.
+            serve_every_model: true,
         }
     }
 
