@@ -10,6 +10,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -33,11 +34,26 @@ pub(crate) const TOKEN: &str = "test-token-0123";
 /// A worker process, killed when dropped.
 pub(crate) struct Worker {
     child: Child,
-    /// `ws://127.0.0.1:PORT`.
+    /// `ws://127.0.X.Y:PORT` ([`loopback_address`]).
     pub(crate) url: String,
 }
 
 /// The worker example next to this test executable (`target/debug/examples/worker`).
+/// A loopback address no earlier worker of this test process listened on. Burn keeps one client
+/// per worker address for the whole process, so a worker that got the port of one that died (a
+/// killed or stalled worker's test) would be reached through the dead one's client, and every
+/// read would wait forever. Linux routes all of 127.0.0.0/8 to the loopback interface; elsewhere
+/// only 127.0.0.1 is certain, and the port alone tells workers apart.
+fn loopback_address() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    if cfg!(target_os = "linux") {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % (254 * 254);
+        format!("127.0.{}.{}:0", n / 254, n % 254 + 1)
+    } else {
+        "127.0.0.1:0".into()
+    }
+}
+
 fn worker_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let bin = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples/worker");
@@ -55,7 +71,7 @@ impl Worker {
     /// [`Worker::start`] with `extra` worker flags (`--threads 1`).
     pub(crate) fn start_with(device: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(worker_binary())
-            .args(["--listen", "127.0.0.1:0", "--device", device, "--token", TOKEN])
+            .args(["--listen", &loopback_address(), "--device", device, "--token", TOKEN])
             .args(extra)
             .env_remove("BURN_LLM_WORKER_TOKEN")
             .stdout(Stdio::piped())

@@ -77,13 +77,13 @@ mod tests {
                     x.add_scalar(1.0)
                 });
             }
-            assert_eq!(t.to_data().to_vec::<f32>().unwrap(), vec![4.0, 5.0, 6.0, 7.0], "{name}");
+            assert_eq!(t.to_data().try_to_vec::<f32>().unwrap(), vec![4.0, 5.0, 6.0, 7.0], "{name}");
             assert_eq!(kept(), before + 1, "{name}: one placeholder for Tensor<2> on this device");
 
             let mut ids = Tensor::<1, Int>::from_ints([1, 2], &device);
             update(&mut ids, |x| x * 2);
             update(&mut ids, |x| x + 1);
-            assert_eq!(ids.to_data().convert::<i64>().to_vec::<i64>().unwrap(), vec![3, 5], "{name}");
+            assert_eq!(ids.to_data().convert::<i64>().try_to_vec::<i64>().unwrap(), vec![3, 5], "{name}");
             assert_eq!(kept(), before + 2, "{name}: a second placeholder for Tensor<1, Int>");
         }
     }
