@@ -20,6 +20,9 @@ use super::check::{self, InputError};
 use super::sim::{self, Group, Request};
 use super::stages::{Problem, StageOption, StagesError, TpDegree};
 
+mod selection;
+use selection::{Selection, same_replicas};
+
 /// Largest device count, model count and request count accepted.
 const MAX_DEVICES: usize = 4096;
 const MAX_MODELS: usize = 4096;
@@ -264,42 +267,6 @@ struct Split {
     device_memory_bytes: Vec<u64>,
 }
 
-/// A (partial) placement: group shapes, replicas, and how it simulates.
-#[derive(Debug, Clone)]
-struct Selection {
-    shapes: Vec<(usize, usize)>,
-    /// Models on each group, in the order they were added.
-    replicas: Vec<Vec<usize>>,
-    /// Bytes used on each device of each stage of each group.
-    used: Vec<Vec<u64>>,
-    attainment: f64,
-    /// The selection as the simulator sees it.
-    groups: Vec<Group>,
-}
-
-impl Selection {
-    fn is_empty(&self) -> bool {
-        self.replicas.iter().all(Vec::is_empty)
-    }
-
-    /// Whether every one of `models` has a replica.
-    fn serves_all(&self, models: usize) -> bool {
-        (0..models).all(|m| self.replicas.iter().any(|r| r.contains(&m)))
-    }
-
-    /// More attainment, or the first placement that serves anything at all; with `every` (the
-    /// number of models) a placement that serves them all beats one that does not, first.
-    fn better_than(&self, other: &Selection, every: Option<usize>) -> bool {
-        if let Some(models) = every {
-            let (mine, theirs) = (self.serves_all(models), other.serves_all(models));
-            if mine != theirs {
-                return mine;
-            }
-        }
-        !self.is_empty() && (other.is_empty() || self.attainment > other.attainment)
-    }
-}
-
 /// Checked input and the derived workload.
 struct Checked<'a> {
     input: &'a PlacementInput,
@@ -538,16 +505,6 @@ impl<'a> Checked<'a> {
             .collect();
         PlacementOutput { groups, slo_attainment, models, latencies_s, baseline }
     }
-}
-
-/// Whether two selections hold the same replicas (in any order of addition).
-fn same_replicas(a: &Selection, b: &Selection) -> bool {
-    a.replicas.iter().zip(&b.replicas).all(|(x, y)| {
-        let (mut x, mut y) = (x.clone(), y.clone());
-        x.sort_unstable();
-        y.sort_unstable();
-        x == y
-    })
 }
 
 /// The requests of `input.workload`, in trace order (generated: arrival order).

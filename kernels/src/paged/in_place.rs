@@ -18,11 +18,13 @@ use std::mem::ManuallyDrop;
 use burn::tensor::kind::Basic;
 use burn::tensor::{Device, Tensor};
 
+/// An empty tensor of some type on `Device`, never dropped: a thread-local destructor would send
+/// a drop to a device that may be gone by then, and an empty tensor holds no memory.
+type Placeholder = (Device, ManuallyDrop<Box<dyn Any>>);
+
 thread_local! {
-    /// One empty tensor per (device, tensor type) this thread has updated. Never dropped: a
-    /// thread-local destructor would send a drop to a device that may be gone by then, and an
-    /// empty tensor holds no memory.
-    static PLACEHOLDERS: RefCell<Vec<(Device, ManuallyDrop<Box<dyn Any>>)>> = const { RefCell::new(Vec::new()) };
+    /// One empty tensor per (device, tensor type) this thread has updated.
+    static PLACEHOLDERS: RefCell<Vec<Placeholder>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A tensor with no elements on `device`, of the same type as the tensors it stands in for.
