@@ -265,7 +265,7 @@ pub fn profile_stage_device(
 /// ([`profiler::pipeline_interference`]; [`OverlapStep::decode_share`]: a decode step through a
 /// stage's share of the model's layers): each runs the checkpoint's first layers, loaded as the
 /// profiler loads them (the run model's layers run again as often as the step needs), alone and
-/// then ticking together, host-CPU devices in the rayon pool their stage gets
+/// then in a pipelined pass of micro-batches, host-CPU devices in the rayon pool their stage gets
 /// ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured.
 /// Logged in one line; watched when a worker is among the devices (one that dies or stalls is
 /// an error naming it).

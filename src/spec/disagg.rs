@@ -4,7 +4,7 @@
 //! with its own KV pool, a request's blocks moved after its prefill); RRA runs the phased schedule
 //! over a two-stage pipeline (an even layer split, the plan's decoder micro-batches). The plan
 //! prices the two devices working at once with their measured interference
-//! ([`super::interference_of`]: half the layers each, alone and ticking together).
+//! ([`super::interference_of`]: half the layers each, alone and in a pipelined pass).
 
 use std::error::Error;
 use std::io::Write;

@@ -5,22 +5,28 @@
 //! `s + 1` on micro-batch `m` while stage `s` works on `m + 1`) may share what the profile never
 //! saw shared: a machine's cores when the host CPU computes beside a worker on loopback, or two
 //! workers on one host, and the host threads that drive a worker (they issue every operation and
-//! wait on its replies). So it is measured, in the pipeline's own rhythm: every device runs the
-//! same step (the checkpoint's first layers, as the profiler runs them) on a thread of its own,
-//! host-CPU devices in the rayon pool their stage would get, all starting together at each tick
-//! and the next tick waiting for the slowest, as a pipeline's stages wait for each other.
+//! wait on its replies). So it is measured in the pipeline's own rhythm: a pass of
+//! [`OverlapStep::micro_batches`] micro-batches through the devices as stages, each device on a
+//! thread of its own (host-CPU devices in the rayon pool their stage would get) running the same
+//! step (the checkpoint's first layers, as the profiler runs them), every micro-batch handed on to
+//! the next device when done, as `PipelineLm`'s threaded stages hand on hidden states.
 //!
-//! Each device is timed alone before and after the ticks, the devices taking turns run by run,
-//! and keeps the faster median. With `a_d` each device's step alone and `T` a tick,
-//! `κ = (T − max a) ÷ (Σ a − max a)`: 0 when the stages overlap perfectly (a tick is the slowest
-//! stage), 1 when they might as well take turns (a tick is the sum), above 1 when overlapping
-//! costs more than taking turns. A pipelined pass of
-//! stages taking `t_s` alone is then priced at `max t + κ·(Σ t − max t)` per micro-batch
-//! ([`Interference::interval_ms`]): each stage is slowed only while the others work, and by as
-//! much as their work.
+//! Each device is timed alone before and after the passes, the devices taking turns run by run,
+//! and keeps the faster median. With `a_d` each device's step alone, `M` micro-batches and `P` a
+//! pass, the interval a later micro-batch adds is `(P − Σ a) ÷ (M − 1)`, and
+//! `κ = (interval − max a) ÷ (Σ a − max a)`: 0 when the stages overlap perfectly (each later
+//! micro-batch adds only the slowest stage), 1 when they might as well take turns, above 1 when
+//! overlapping costs more than taking turns. A pipelined pass of stages taking `t_s` alone is then
+//! priced at `Σ t + (M − 1)·(max t + κ·(Σ t − max t))` ([`Interference::pipelined_ms`]), the
+//! formula the measurement solves for `κ`: each stage is slowed only while the others work, and by
+//! as much as their work.
+//!
+//! A pass rather than lock-step ticks (every device's step started together, the next waiting for
+//! the slowest): a pipeline's stages wait only on their inputs, so a fast stage runs ahead of a
+//! slow one, which ticks never let it do; the pass times the rhythm the price is used for.
 
-use std::sync::Barrier;
-use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 use burn_llm_models::CausalLm;
@@ -43,7 +49,7 @@ pub struct OverlapDevice<'a> {
 /// The step every device times: `tokens` new tokens of one sequence after `context` cached ones,
 /// through `layers` layers between two synchronisations: the model's layers in order, from the
 /// first again when it has fewer (so that a step lasts about as long as a stage's share of a deep
-/// model, and per-tick costs, a thread woken, a worker's round trip, weigh in it as they weigh in
+/// model, and per-step costs, a thread woken, a worker's round trip, weigh in it as they weigh in
 /// a stage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OverlapStep {
@@ -53,17 +59,19 @@ pub struct OverlapStep {
     pub context: usize,
     /// Layers run per step (at least 1).
     pub layers: usize,
-    /// Untimed runs before the timed ones (alone, and again together).
+    /// Micro-batches in a pass through the devices (at least 2 to see them overlap).
+    pub micro_batches: usize,
+    /// Untimed runs before the timed ones (steps alone, and passes).
     pub warmup: usize,
-    /// Timed runs, alone and together (the median is kept).
+    /// Timed runs, steps alone and passes (the median is kept).
     pub repeats: usize,
 }
 
 impl OverlapStep {
-    /// A decode step after 64 tokens through `stage_layers` layers: what a micro-batched decode
-    /// step overlaps.
+    /// A decode step after 64 tokens through `stage_layers` layers, 8 micro-batches a pass: what a
+    /// micro-batched decode step overlaps.
     pub fn decode(stage_layers: usize) -> Self {
-        Self { tokens: 1, context: 64, layers: stage_layers.max(1), warmup: 3, repeats: 15 }
+        Self { tokens: 1, context: 64, layers: stage_layers.max(1), micro_batches: 8, warmup: 3, repeats: 15 }
     }
 
     /// A decode step through one stage's share of `layers` layers split over `stages` stages.
@@ -71,10 +79,10 @@ impl OverlapStep {
         Self::decode(layers.div_ceil(stages.max(1)))
     }
 
-    /// A prefill of `tokens` tokens (at least 1) through 2 layers: compute-bound steps, where a
-    /// tick's fixed costs weigh little, so two layers show what a stage's share would.
+    /// A prefill of `tokens` tokens (at least 1) through 2 layers, 4 a pass: compute-bound steps,
+    /// where a step's fixed costs weigh little, so two layers show what a stage's share would.
     pub fn prefill(tokens: usize) -> Self {
-        Self { tokens: tokens.max(1), context: 0, layers: 2, warmup: 2, repeats: 5 }
+        Self { tokens: tokens.max(1), context: 0, layers: 2, micro_batches: 4, warmup: 2, repeats: 5 }
     }
 }
 
@@ -85,23 +93,40 @@ pub struct Interference {
     pub step: OverlapStep,
     /// Each device's step alone (median), ms.
     pub alone_ms: Vec<f64>,
-    /// A tick, every device's step started together (median), ms.
-    pub together_ms: f64,
-    /// `(together − max alone) ÷ (Σ alone − max alone)`, at least 0 (see the module docs).
+    /// A pass of the step's micro-batches through every device in turn, overlapping (median), ms.
+    pub pass_ms: f64,
+    /// `(interval − max alone) ÷ (Σ alone − max alone)` with `interval = (pass − Σ alone) ÷ (M − 1)`,
+    /// at least 0 (see the module docs).
     pub kappa: f64,
 }
 
 impl Interference {
     /// No interference (one device, or devices that share nothing): `κ = 0`.
     pub fn none() -> Self {
-        Self { step: OverlapStep::decode(1), alone_ms: Vec::new(), together_ms: 0.0, kappa: 0.0 }
+        Self { step: OverlapStep::decode(1), alone_ms: Vec::new(), pass_ms: 0.0, kappa: 0.0 }
     }
 
-    /// `κ` from a tick `together` and the steps `alone`: 0 when only one device works.
-    pub fn kappa_of(alone: &[f64], together: f64) -> f64 {
+    /// `κ` from a pass `pass` of `micro_batches` micro-batches through devices whose steps take
+    /// `alone`: the `κ` for which [`pipelined_ms`](Self::pipelined_ms) gives `pass`. 0 when only
+    /// one device works or one micro-batch shows no overlap.
+    pub fn kappa_of(alone: &[f64], pass: f64, micro_batches: usize) -> f64 {
         let (sum, max) = (alone.iter().sum::<f64>(), alone.iter().copied().fold(0.0, f64::max));
         let rest = sum - max;
-        if rest > 0.0 && together.is_finite() { ((together - max) / rest).max(0.0) } else { 0.0 }
+        if rest <= 0.0 || micro_batches < 2 || !pass.is_finite() {
+            return 0.0;
+        }
+        let interval = (pass - sum) / (micro_batches - 1) as f64;
+        ((interval - max) / rest).max(0.0)
+    }
+
+    /// The time a pass's later micro-batch added, ms: `(pass − Σ alone) ÷ (M − 1)` (0 without
+    /// a pass of several micro-batches).
+    pub fn measured_interval_ms(&self) -> f64 {
+        let sum: f64 = self.alone_ms.iter().sum();
+        match self.step.micro_batches {
+            m if m >= 2 && self.alone_ms.len() >= 2 => ((self.pass_ms - sum) / (m - 1) as f64).max(0.0),
+            _ => 0.0,
+        }
     }
 
     /// One micro-batch's share of a pipelined pass over stages taking `stage_ms` alone:
@@ -122,14 +147,16 @@ impl Interference {
     pub fn summary(&self, names: &[String]) -> String {
         let alone: Vec<String> = names.iter().zip(&self.alone_ms).map(|(n, a)| format!("{n} {a:.2} ms")).collect();
         format!(
-            "stages overlapping ({} new token(s) after {}, {} layers each): alone {}, together {:.2} ms a tick: \
-             interference κ = {:.2} (a micro-batch costs max + κ·(Σ − max) of its stages' times; \
-             0 overlaps perfectly, 1 takes turns)",
+            "stages overlapping ({} new token(s) after {}, {} layers each): alone {}; a pass of {} micro-batches \
+             {:.2} ms, {:.2} ms each after the first: interference κ = {:.2} (a later micro-batch costs \
+             max + κ·(Σ − max) of its stages' times; 0 overlaps perfectly, 1 takes turns)",
             self.step.tokens,
             self.step.context,
             self.step.layers,
             alone.join(", "),
-            self.together_ms,
+            self.step.micro_batches,
+            self.pass_ms,
+            self.measured_interval_ms(),
             self.kappa
         )
     }
@@ -138,25 +165,28 @@ impl Interference {
 /// Measures the interference of `devices` on `step` (see the module docs). One device has nothing
 /// to overlap with: `κ = 0`. A device that fails is an error naming its index.
 pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Interference, ProfileError> {
-    if step.tokens == 0 || step.repeats == 0 {
-        return Err(ProfileError::Grid("an overlap step needs at least one token and one timed run".into()));
+    if step.tokens == 0 || step.repeats == 0 || step.micro_batches < 2 {
+        return Err(ProfileError::Grid(
+            "an overlap step needs at least one token, one timed run and two micro-batches a pass".into(),
+        ));
     }
     let before = alone_ms(devices, step)?;
     if devices.len() < 2 {
         return Ok(Interference {
             step,
-            together_ms: before.first().copied().unwrap_or(0.0),
+            pass_ms: step.micro_batches as f64 * before.first().copied().unwrap_or(0.0),
             alone_ms: before,
             kappa: 0.0,
         });
     }
-    let together = ticks_ms(devices, step)?;
-    // Timed again after the ticks, each device's alone step is the faster of the two medians: a
+    let pass = passes_ms(devices, step)?;
+    // Timed again after the passes, each device's alone step is the faster of the two medians: a
     // device still warming up (a worker's first steps after its weights arrived) or disturbed
     // once must not pass for a slow one, which would hide the interference.
     let after = alone_ms(devices, step)?;
     let alone: Vec<f64> = before.iter().zip(&after).map(|(b, a)| b.min(*a)).collect();
-    Ok(Interference { step, kappa: Interference::kappa_of(&alone, together), alone_ms: alone, together_ms: together })
+    let kappa = Interference::kappa_of(&alone, pass, step.micro_batches);
+    Ok(Interference { step, kappa, alone_ms: alone, pass_ms: pass })
 }
 
 /// Each device's median step alone, the devices taking turns run by run (so that whatever drifts
@@ -174,46 +204,67 @@ fn alone_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Vec<f64>
     Ok(runs.into_iter().map(median).collect())
 }
 
-/// The median tick of `devices` all running `step`, started together and waited for together.
-/// Every thread passes every barrier, failed or not, so that none waits forever; the first
-/// failure is returned.
-fn ticks_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, ProfileError> {
+/// The median pass of `step.micro_batches` micro-batches through `devices` in order, each on a
+/// thread of its own: device `d` runs micro-batch `m` once it has run `m − 1` and device `d − 1`
+/// has run `m`. A pass runs from the first device's start to the last device's end; all start
+/// together. Every thread hands on every micro-batch and passes every barrier, failed or not, so
+/// that none waits forever; the first failure is returned.
+fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, ProfileError> {
     let n = devices.len();
-    let (start, end) = (Barrier::new(n), Barrier::new(n));
+    let start = Barrier::new(n);
     let failure: Mutex<Option<(usize, ProfileError)>> = Mutex::new(None);
     let failed = || failure.lock().map(|f| f.is_some()).unwrap_or(true);
-    let ticks = std::thread::scope(|scope| {
+    // Device `d` hands each micro-batch on to `d + 1`: the first has nothing to wait for, the last
+    // no one to hand on to.
+    let mut senders: Vec<Option<Sender<()>>> = Vec::with_capacity(n);
+    let mut receivers: Vec<Option<Receiver<()>>> = vec![None];
+    for _ in 1..n {
+        let (tx, rx) = channel();
+        senders.push(Some(tx));
+        receivers.push(Some(rx));
+    }
+    senders.push(None);
+    let spans = std::thread::scope(|scope| {
         let handles: Vec<_> = devices
             .iter()
+            .zip(senders.into_iter().zip(receivers))
             .enumerate()
-            .map(|(i, d)| {
-                let (start, end, failure, failed) = (&start, &end, &failure, &failed);
+            .map(|(i, (d, (to, from)))| {
+                let (start, failure, failed) = (&start, &failure, &failed);
                 scope.spawn(move || {
-                    in_stage_pool(d.threads, || {
-                        let mut ticks = Vec::with_capacity(step.repeats);
+                    in_stage_pool(d.threads, move || {
+                        let mut spans = Vec::with_capacity(step.repeats);
                         for run in 0..step.warmup + step.repeats {
                             start.wait();
                             let began = Instant::now();
-                            if !failed()
-                                && let Err(e) = step_ms(d.model, step)
-                                && let Ok(mut slot) = failure.lock()
-                            {
-                                slot.get_or_insert((i, e));
+                            for _ in 0..step.micro_batches {
+                                // A closed channel means a neighbour panicked: its panic is resumed below.
+                                if let Some(from) = &from {
+                                    let _ = from.recv();
+                                }
+                                if !failed()
+                                    && let Err(e) = step_ms(d.model, step)
+                                    && let Ok(mut slot) = failure.lock()
+                                {
+                                    slot.get_or_insert((i, e));
+                                }
+                                if let Some(to) = &to {
+                                    let _ = to.send(());
+                                }
                             }
-                            end.wait();
                             if run >= step.warmup {
-                                ticks.push(began.elapsed().as_secs_f64() * 1e3);
+                                spans.push((began, Instant::now()));
                             }
                         }
-                        ticks
+                        spans
                     })
                 })
             })
             .collect();
-        let mut per_thread: Vec<Vec<f64>> = Vec::with_capacity(n);
+        let mut per_thread: Vec<Vec<(Instant, Instant)>> = Vec::with_capacity(n);
         for handle in handles {
             match handle.join() {
-                Ok(ticks) => per_thread.push(ticks),
+                Ok(spans) => per_thread.push(spans),
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
@@ -222,11 +273,14 @@ fn ticks_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pro
     if let Some((i, e)) = failure.into_inner().ok().flatten() {
         return Err(at_device(i, e));
     }
-    // A tick ends at the second barrier for every thread: each one's reading of it differs by
-    // when it passed the first; the latest starter's reading is the shortest, so take the largest.
-    let per_tick: Vec<f64> =
-        (0..step.repeats).map(|r| ticks.iter().filter_map(|t| t.get(r)).copied().fold(0.0, f64::max)).collect();
-    Ok(median(per_tick))
+    let per_pass: Vec<f64> = (0..step.repeats)
+        .filter_map(|r| {
+            let began = spans.iter().filter_map(|s| s.get(r)).map(|s| s.0).min()?;
+            let ended = spans.iter().filter_map(|s| s.get(r)).map(|s| s.1).max()?;
+            Some(ended.duration_since(began).as_secs_f64() * 1e3)
+        })
+        .collect();
+    Ok(median(per_pass))
 }
 
 /// One timed step of `model`'s layers (see [`OverlapStep`]), the device drained before and after:
@@ -268,12 +322,21 @@ mod tests {
 
     #[test]
     fn kappa_is_zero_for_perfect_overlap_one_for_turns_and_more_when_overlap_costs() {
-        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 6.0), 0.0);
-        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 8.0), 1.0);
-        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 12.0), 3.0);
-        // Faster than the slowest alone is noise, not negative interference.
-        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 5.0), 0.0);
-        assert_eq!(Interference::kappa_of(&[6.0], 9.0), 0.0);
+        // Stages of 2 and 6 ms, 3 micro-batches: 8 + 2·6 ms when every later one adds only the
+        // slowest stage, 3·8 ms when they take turns.
+        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 20.0, 3), 0.0);
+        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 24.0, 3), 1.0);
+        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 32.0, 3), 3.0);
+        // Faster than the slowest stage allows is noise, not negative interference.
+        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 18.0, 3), 0.0);
+        // One device, or one micro-batch, shows nothing of an overlap.
+        assert_eq!(Interference::kappa_of(&[6.0], 30.0, 3), 0.0);
+        assert_eq!(Interference::kappa_of(&[2.0, 6.0], 12.0, 1), 0.0);
+        // The measurement solves the price: the pass it prices is the pass measured.
+        for kappa in [0.0, 0.4, 1.0, 2.5] {
+            let pass = Interference::pipelined_ms(&[3.0, 7.0, 5.0], 8, kappa);
+            assert!((Interference::kappa_of(&[3.0, 7.0, 5.0], pass, 8) - kappa).abs() < 1e-12);
+        }
     }
 
     #[test]
@@ -291,24 +354,26 @@ mod tests {
     fn one_device_has_nothing_to_overlap_with() {
         let model = tiny();
         let one = [OverlapDevice { model: &model, threads: None }];
-        let step = OverlapStep { tokens: 1, context: 8, layers: 3, warmup: 1, repeats: 3 };
+        let step = OverlapStep { tokens: 1, context: 8, layers: 3, micro_batches: 4, warmup: 1, repeats: 3 };
         let measured = pipeline_interference(&one, step).expect("measures");
         assert_eq!(measured.kappa, 0.0);
         assert_eq!(measured.alone_ms.len(), 1);
     }
 
     #[test]
-    fn devices_ticking_together_report_their_steps_and_a_finite_interference() {
+    fn devices_in_a_pass_report_their_steps_and_a_finite_interference() {
         let (a, b) = (tiny(), tiny());
         let devices = [OverlapDevice { model: &a, threads: Some(1) }, OverlapDevice { model: &b, threads: Some(1) }];
-        let step = OverlapStep { tokens: 4, context: 8, layers: 2, warmup: 1, repeats: 5 };
+        let step = OverlapStep { tokens: 4, context: 8, layers: 2, micro_batches: 4, warmup: 1, repeats: 5 };
         let measured = pipeline_interference(&devices, step).expect("measures");
         assert_eq!(measured.alone_ms.len(), 2);
         assert!(measured.alone_ms.iter().all(|a| a.is_finite() && *a > 0.0), "{measured:?}");
-        assert!(measured.together_ms > 0.0 && measured.kappa.is_finite() && measured.kappa >= 0.0, "{measured:?}");
-        // A tick waits for the slower device: never shorter than it alone, up to timing noise.
+        assert!(measured.pass_ms > 0.0 && measured.kappa.is_finite() && measured.kappa >= 0.0, "{measured:?}");
+        // The last device runs every micro-batch after the first device's first: a pass is never
+        // shorter than the slower device's 4 steps, up to timing noise.
         let slowest = measured.alone_ms.iter().copied().fold(0.0, f64::max);
-        assert!(measured.together_ms > 0.5 * slowest, "{measured:?}");
+        assert!(measured.pass_ms > 0.5 * 4.0 * slowest, "{measured:?}");
+        assert!(measured.measured_interval_ms() >= 0.0 && measured.measured_interval_ms() < measured.pass_ms);
     }
 
     #[test]
@@ -316,6 +381,8 @@ mod tests {
         let model = tiny();
         let devices = [OverlapDevice { model: &model, threads: None }, OverlapDevice { model: &model, threads: None }];
         let step = OverlapStep { tokens: 0, ..OverlapStep::decode(4) };
+        assert!(matches!(pipeline_interference(&devices, step), Err(ProfileError::Grid(_))));
+        let step = OverlapStep { micro_batches: 1, ..OverlapStep::decode(4) };
         assert!(matches!(pipeline_interference(&devices, step), Err(ProfileError::Grid(_))));
     }
 }

@@ -5,8 +5,10 @@
 //! Q4_1 (`cargo xtask fetch-model smollm2`) are served as `a` and `b`, with each device's memory
 //! (`--device-memory`) set to `--memory-scale` × one model's weights, so that a device holds one
 //! whole model, as in AlpaServe's experiments where replication is memory-bound. For each mode
-//! (`--placement auto`, planned for the workload at CV 3 and the highest rate, and `--placement
-//! replicate`) one server runs in this process; seeded gamma arrival traces per model (CV 1, 3,
+//! (`--placement auto`, planned for the workload at CV 3 and the highest rate; `--placement
+//! replicate`; and `pipeline`, `--placement manual:a=0,1;b=0,1`, both models pipelined over both
+//! devices: the model-parallel placement of AlpaServe's claim, whichever the planner picks) one
+//! server runs in this process; seeded gamma arrival traces per model (CV 1, 3,
 //! 6; rates swept as fractions of one device's capacity for one model) are replayed against it,
 //! and each trace is also run through the simulator on the server's placement
 //! (`placement::evaluate`). SLO = `--slo-scale` × one request's predicted latency on one device.
@@ -64,6 +66,9 @@ pub struct Args {
     /// Seed of the traces.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Placements to serve with: `auto`, `replicate`, `pipeline` (both models over both devices).
+    #[arg(long, value_delimiter = ',', default_value = "auto,replicate,pipeline")]
+    modes: Vec<String>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -88,13 +93,19 @@ impl Args {
         if self.prompt_tokens == 0 || self.max_tokens == 0 {
             return Err("--prompt-tokens and --max-tokens must be at least 1".into());
         }
+        if self.modes.is_empty() {
+            return Err("--modes: give one or more of auto, replicate, pipeline".into());
+        }
+        for mode in &self.modes {
+            placement_flag(mode)?;
+        }
         Ok(())
     }
 
     fn command(&self) -> String {
         let list = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
         format!(
-            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {}",
+            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --modes {}",
             list(&self.cvs),
             list(&self.loads),
             self.duration_s,
@@ -102,7 +113,8 @@ impl Args {
             self.memory_scale,
             self.prompt_tokens,
             self.max_tokens,
-            self.seed
+            self.seed,
+            self.modes.join(",")
         )
     }
 }
@@ -140,6 +152,15 @@ fn one_request_per_stage(placement: &ServingPlacement) -> Vec<String> {
         }
     }
     args
+}
+
+/// The `--placement` value of a mode of [`Args::modes`].
+fn placement_flag(mode: &str) -> Result<String, String> {
+    match mode {
+        "auto" | "replicate" => Ok(mode.to_string()),
+        "pipeline" => Ok(format!("manual:{}=0,1;{}=0,1", NAMES[0], NAMES[1])),
+        other => Err(format!("--modes: unknown mode `{other}`: give auto, replicate or pipeline")),
+    }
 }
 
 /// Writes a workload file for both models at `rate` each and coefficient of variation `cv`.
@@ -195,10 +216,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let http = client();
     let mut results = Results { one_device_s, slo_s, model_bytes, device_memory_bytes: cap, modes: Vec::new() };
-    for mode in ["auto", "replicate"] {
+    for mode in &args.modes {
         let extra = [
             "--placement".to_string(),
-            mode.into(),
+            placement_flag(mode)?,
             "--workload".into(),
             plan_workload.display().to_string(),
             "--device-memory".into(),
@@ -247,7 +268,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         let _ = stop.send(());
         runtime.block_on(task)??;
-        results.modes.push(report::Mode { mode: mode.into(), placement: placement.lines(), points });
+        results.modes.push(report::Mode { mode: mode.clone(), placement: placement.lines(), points });
     }
     let _ = std::fs::remove_file(&probe);
     let _ = std::fs::remove_file(&plan_workload);

@@ -44,11 +44,18 @@ impl Point {
 /// One placement mode's server and its points.
 #[derive(Debug, Clone, Serialize)]
 pub struct Mode {
-    /// `auto` or `replicate`.
+    /// `auto`, `replicate` or `pipeline` (`bench placement --modes`).
     pub mode: String,
     /// The placement as the server printed it.
     pub placement: Vec<String>,
     pub points: Vec<Point>,
+}
+
+impl Mode {
+    /// The placement's groups (its lines naming them), to tell modes that placed alike.
+    fn groups(&self) -> Vec<&str> {
+        self.placement.iter().map(String::as_str).filter(|l| l.trim_start().starts_with("group ")).collect()
+    }
 }
 
 /// Everything measured.
@@ -129,20 +136,23 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
 
 /// The paper's claim and the prediction target, checked on the points.
 fn claims(results: &Results) -> String {
-    let find = |mode: &str| results.modes.iter().find(|m| m.mode == mode);
     let mut md = String::from("\n");
-    if let (Some(auto), Some(rep)) = (find("auto"), find("replicate")) {
-        let pairs: Vec<(&Point, &Point)> = auto
-            .points
-            .iter()
-            .filter(|p| p.cv >= 3.0)
-            .filter_map(|p| rep.points.iter().find(|q| q.cv == p.cv && q.load == p.load).map(|q| (p, q)))
-            .collect();
-        let held = pairs.iter().filter(|(p, q)| p.attainment >= q.attainment).count();
-        md.push_str(&format!(
-            "- placement ≥ replication in measured attainment at CV ≥ 3: {held} of {} points\n",
-            pairs.len()
-        ));
+    if let Some(rep) = results.modes.iter().find(|m| m.mode == "replicate") {
+        for mode in results.modes.iter().filter(|m| m.mode != "replicate") {
+            let pairs: Vec<(&Point, &Point)> = mode
+                .points
+                .iter()
+                .filter(|p| p.cv >= 3.0)
+                .filter_map(|p| rep.points.iter().find(|q| q.cv == p.cv && q.load == p.load).map(|q| (p, q)))
+                .collect();
+            let held = pairs.iter().filter(|(p, q)| p.attainment >= q.attainment).count();
+            let same = if mode.groups() == rep.groups() { " (the same groups as `replicate`)" } else { "" };
+            md.push_str(&format!(
+                "- `{}`{same} ≥ replication in measured attainment at CV ≥ 3: {held} of {} points\n",
+                mode.mode,
+                pairs.len()
+            ));
+        }
     }
     let all: Vec<&Point> = results.modes.iter().flat_map(|m| &m.points).collect();
     let close = all.iter().filter(|p| (p.predicted_attainment - p.attainment).abs() <= 0.10).count();

@@ -100,7 +100,7 @@ impl Devices {
 
     /// How much the two devices slow each other down when both work (pipeline stages, WAA's
     /// prefill beside its decode), measured as `--schedule exegpt` over two `--devices` measures
-    /// it: each replica's decode step through half the layers, alone and ticking together. One
+    /// it: each replica's decode step through half the layers, alone and in a pipelined pass. One
     /// device: nothing measured.
     pub(super) fn interference(&self) -> Result<Interference, BoxError> {
         let Self::Two { names, devices, replicas } = self else { return Ok(Interference::none()) };

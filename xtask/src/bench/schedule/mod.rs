@@ -293,8 +293,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // The planner prices the two devices working at once with it (see `Devices::interference`).
         profile_source.push_str(&format!(
             "; the devices' interference, measured at start-up: κ = {kappa:.2} (each device's decode step \
-             through half the layers: alone {:.2?} ms, ticking together {:.2} ms)",
-            interference.alone_ms, interference.together_ms
+             through half the layers: alone {:.2?} ms, a pass of {} micro-batches {:.2} ms)",
+            interference.alone_ms, interference.step.micro_batches, interference.pass_ms
         ));
     }
     if let Some(table) = &profile.engine_step_ms {
