@@ -228,3 +228,11 @@ impl ModelError {
         Self::InvalidConfig { path: path.into(), message: message.into() }
     }
 }
+
+/// The text of a caught panic's payload (`"panic"` when it carries no text).
+pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => payload.downcast_ref::<&str>().map_or_else(|| "panic".to_owned(), |s| (*s).to_owned()),
+    }
+}

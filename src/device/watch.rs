@@ -18,7 +18,6 @@
 //! closed: the engine thread may still be blocked on the dead worker, and the model's state on
 //! it is lost, so later calls fail at once with [`WorkerError::Closed`].
 
-use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -61,13 +60,7 @@ pub enum WorkerError {
     },
 }
 
-/// The text of a caught panic.
-pub(crate) fn panic_message(payload: Box<dyn Any + Send>) -> String {
-    match payload.downcast::<String>() {
-        Ok(s) => *s,
-        Err(payload) => payload.downcast_ref::<&str>().map_or_else(|| "panic".to_owned(), |s| (*s).to_owned()),
-    }
-}
+pub(crate) use burn_llm_models::error::panic_message;
 
 /// Work for the engine thread.
 type Job = Box<dyn FnOnce(&mut dyn Engine) + Send>;

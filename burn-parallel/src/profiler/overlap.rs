@@ -207,8 +207,8 @@ fn alone_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Vec<f64>
 /// The median pass of `step.micro_batches` micro-batches through `devices` in order, each on a
 /// thread of its own: device `d` runs micro-batch `m` once it has run `m − 1` and device `d − 1`
 /// has run `m`. A pass runs from the first device's start to the last device's end; all start
-/// together. Every thread hands on every micro-batch and passes every barrier, failed or not, so
-/// that none waits forever; the first failure is returned.
+/// together. Every thread hands on every micro-batch and passes every barrier, failed or not (a
+/// step that panics counts as failed), so that none waits forever; the first failure is returned.
 fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, ProfileError> {
     let n = devices.len();
     let start = Barrier::new(n);
@@ -243,7 +243,7 @@ fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pr
                                     let _ = from.recv();
                                 }
                                 if !failed()
-                                    && let Err(e) = step_ms(d.model, step)
+                                    && let Err(e) = guarded_step_ms(d.model, step)
                                     && let Ok(mut slot) = failure.lock()
                                 {
                                     slot.get_or_insert((i, e));
@@ -290,6 +290,14 @@ fn step_ms(model: &CausalLm, step: OverlapStep) -> Result<f64, ProfileError> {
     let progress = Progress::new(0, None);
     let bench = Bench::new(model, &device, 0, 1, &progress).cycling_layers(step.layers);
     bench.prefill_once_ms(1, step.tokens, step.context)
+}
+
+/// [`step_ms`] with a panic (a device's backend failing inside an operation) turned into an
+/// error: a pass's thread that unwound would leave the others waiting at the next pass's barrier.
+fn guarded_step_ms(model: &CausalLm, step: OverlapStep) -> Result<f64, ProfileError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_ms(model, step))).unwrap_or_else(|panic| {
+        Err(ProfileError::Device(format!("the step panicked: {}", burn_llm_models::error::panic_message(panic))))
+    })
 }
 
 fn at_device(index: usize, e: ProfileError) -> ProfileError {
