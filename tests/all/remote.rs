@@ -38,7 +38,6 @@ pub(crate) struct Worker {
     pub(crate) url: String,
 }
 
-/// The worker example next to this test executable (`target/debug/examples/worker`).
 /// A loopback address no earlier worker of this test process listened on. Burn keeps one client
 /// per worker address for the whole process, so a worker that got the port of one that died (a
 /// killed or stalled worker's test) would be reached through the dead one's client, and every
@@ -54,6 +53,7 @@ fn loopback_address() -> String {
     }
 }
 
+/// The worker example next to this test executable (`target/debug/examples/worker`).
 fn worker_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let bin = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples/worker");

@@ -112,21 +112,16 @@ impl Interference {
     pub fn kappa_of(alone: &[f64], pass: f64, micro_batches: usize) -> f64 {
         let (sum, max) = (alone.iter().sum::<f64>(), alone.iter().copied().fold(0.0, f64::max));
         let rest = sum - max;
-        if rest <= 0.0 || micro_batches < 2 || !pass.is_finite() {
-            return 0.0;
+        match later_interval_ms(alone, pass, micro_batches) {
+            Some(interval) if rest > 0.0 => ((interval - max) / rest).max(0.0),
+            _ => 0.0,
         }
-        let interval = (pass - sum) / (micro_batches - 1) as f64;
-        ((interval - max) / rest).max(0.0)
     }
 
     /// The time a pass's later micro-batch added, ms: `(pass − Σ alone) ÷ (M − 1)` (0 without
-    /// a pass of several micro-batches).
+    /// a pass of several micro-batches through several devices).
     pub fn measured_interval_ms(&self) -> f64 {
-        let sum: f64 = self.alone_ms.iter().sum();
-        match self.step.micro_batches {
-            m if m >= 2 && self.alone_ms.len() >= 2 => ((self.pass_ms - sum) / (m - 1) as f64).max(0.0),
-            _ => 0.0,
-        }
+        later_interval_ms(&self.alone_ms, self.pass_ms, self.step.micro_batches).map_or(0.0, |i| i.max(0.0))
     }
 
     /// One micro-batch's share of a pipelined pass over stages taking `stage_ms` alone:
@@ -160,6 +155,13 @@ impl Interference {
             self.kappa
         )
     }
+}
+
+/// What each micro-batch after the first added to a pass `pass` of `micro_batches` through
+/// devices whose steps take `alone`: `(pass − Σ alone) ÷ (M − 1)`; `None` without several of both.
+fn later_interval_ms(alone: &[f64], pass: f64, micro_batches: usize) -> Option<f64> {
+    (micro_batches >= 2 && alone.len() >= 2 && pass.is_finite())
+        .then(|| (pass - alone.iter().sum::<f64>()) / (micro_batches - 1) as f64)
 }
 
 /// Measures the interference of `devices` on `step` (see the module docs). One device has nothing
