@@ -1,0 +1,5 @@
+mod base;
+
+pub use base::*;
+
+pub(crate) mod handle;

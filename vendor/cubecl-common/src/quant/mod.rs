@@ -1,0 +1,4 @@
+/// Presets for quantization schemes.
+pub mod presets;
+/// Types representing the quantization scheme
+pub mod scheme;
