@@ -851,6 +851,10 @@ mod custom_channel {
     /// ([`Server::fetch`]).
     /// `CUBECL_CHANNEL_CLIENT_SPIN` overrides it ([`spin_budget`]).
     const SPIN_BUDGET_CLIENT: u32 = 1024;
+    /// Longest a parked client waits before it looks at the queue again. The
+    /// server wakes it as soon as it swaps buffers, so this bounds only a
+    /// missed wake-up, never how late a task is queued.
+    const PARK_STEP_CLIENT: Duration = Duration::from_micros(200);
 
     /// The spin budget the environment variable `name` sets, or `default`
     /// where it is unset or not a number. Read once per process.
@@ -874,10 +878,6 @@ mod custom_channel {
         static BUDGET: OnceLock<u32> = OnceLock::new();
         spin_budget(&BUDGET, "CUBECL_CHANNEL_CLIENT_SPIN", SPIN_BUDGET_CLIENT)
     }
-    /// Longest a parked client waits before it looks at the queue again. The
-    /// server wakes it as soon as it swaps buffers, so this bounds only a
-    /// missed wake-up, never how late a task is queued.
-    const PARK_STEP_CLIENT: Duration = Duration::from_micros(200);
 
     /// The client-side handle used to enqueue tasks.
     pub struct DeviceClient {
