@@ -251,8 +251,24 @@ impl PipelineLm {
         &mut self.pools
     }
 
+    /// Stage `stage`'s layers over `hidden`, already on the stage's device.
+    pub(super) fn run_stage_layers(
+        &self,
+        stage: usize,
+        hidden: Hidden,
+        cache: &mut dyn KvCache,
+    ) -> burn_llm_models::Result<Hidden> {
+        let stage_ref = &self.stages[stage];
+        let Hidden { mut states, rotary } = hidden;
+        let mut cache = StageKv { inner: cache, map: &self.kv_map, degree: stage_ref.degree };
+        for (block, layer) in stage_ref.blocks.iter().zip(stage_ref.layers.clone()) {
+            states = block.forward(states, layer, rotary.as_ref(), &mut cache)?;
+        }
+        Ok(Hidden { states, rotary })
+    }
+
     /// Moves a stage's output to the next stage's device, counting the bytes handed over.
-    fn hand_over(&self, hidden: Hidden, device: &Device) -> Hidden {
+    pub(super) fn hand_over(&self, hidden: Hidden, device: &Device) -> Hidden {
         let bytes = |t: &Tensor<3>| t.shape().num_elements() * t.dtype().size();
         let angles = |t: &Tensor<4>| t.shape().num_elements() * t.dtype().size();
         let moved = bytes(&hidden.states) + hidden.rotary.as_ref().map_or(0, |(c, s)| angles(c) + angles(s));
@@ -331,14 +347,11 @@ impl LanguageModel for PipelineLm {
     }
 
     fn run_stage(&self, stage: usize, hidden: Hidden, cache: &mut dyn KvCache) -> burn_llm_models::Result<Hidden> {
-        let stage_ref = &self.stages[stage];
-        let hidden = if stage == 0 { hidden } else { self.hand_over(hidden, &stage_ref.device) };
-        let Hidden { mut states, rotary } = hidden;
-        let mut cache = StageKv { inner: cache, map: &self.kv_map, degree: stage_ref.degree };
-        for (block, layer) in stage_ref.blocks.iter().zip(stage_ref.layers.clone()) {
-            states = block.forward(states, layer, rotary.as_ref(), &mut cache)?;
-        }
-        Ok(Hidden { states, rotary })
+        let hidden = match stage {
+            0 => hidden,
+            _ => self.hand_over(hidden, &self.stages[stage].device),
+        };
+        self.run_stage_layers(stage, hidden, cache)
     }
 
     /// Each stage on a thread of its own ([`super::threaded`]): the same result as the default

@@ -6,7 +6,9 @@
 //! on (the last stage applies the head). So stage `s + 1` works on micro-batch (or TeraPipe token
 //! slice) `m` while stage `s` works on `m + 1`, on every kind of device: stages on the host CPU
 //! (Flex) compute at the same time on their own cores, and stages on asynchronous devices (wgpu,
-//! remote workers) have their blocking calls (a worker's round trips, a read back) overlap.
+//! remote workers) have their blocking calls (a worker's round trips, a read back) overlap. A stage
+//! goes on to micro-batch `m + 1` only once the next stage has handed `m` over to its device, so
+//! a device that runs its work in order (a worker) hands `m` on before it starts `m + 1`.
 //!
 //! Each stage sees the micro-batches in order, through its own cache layers, so the result equals
 //! [`forward_micro_batches_in_turn`] bit for bit: only when work happens changes.
@@ -121,13 +123,17 @@ impl PipelineLm {
         let last = views.len() - 1;
         let precision = matmul_precision();
         std::thread::scope(|scope| {
-            let mut from: Option<Receiver<Hidden>> = None;
+            let mut from: Option<Upstream> = None;
             let mut handles = Vec::with_capacity(views.len());
             for (s, mut view) in views.into_iter().enumerate() {
                 let (to, next) = match s < last {
                     true => {
-                        let (tx, rx) = channel();
-                        (Some(tx), Some(rx))
+                        let (hidden_tx, hidden_rx) = channel();
+                        let (handed_tx, handed_rx) = channel();
+                        (
+                            Some(Downstream { hidden: hidden_tx, handed: handed_rx }),
+                            Some(Upstream { hidden: hidden_rx, handed: handed_tx }),
+                        )
                     }
                     false => (None, None),
                 };
@@ -164,28 +170,45 @@ impl PipelineLm {
     /// Stage `s`'s thread: every micro-batch in order, from the stage before (or embedded), through
     /// its layers, to the stage after (or the head). `Ok(None)` when a neighbour stopped (its
     /// error is the one reported) or for stages before the last.
+    ///
+    /// A stage hands micro-batch `m` over to its own device itself and only then lets the stage
+    /// before go on to `m + 1` ([`Upstream::handed`]). An asynchronous device runs its work in
+    /// the order it was issued, so the hand-over (a worker's expose of `m`) comes before the
+    /// stage before's work on `m + 1`, and the next device has `m` while that runs. Without the
+    /// wait, the stage before issues every micro-batch at once (issuing costs little) and the
+    /// hand-over of the first queues behind all of them: no overlap. Each stage also flushes its
+    /// device after issuing a micro-batch's layers: the remote backend's fusion keeps operations
+    /// back until a read, and a stage's work left there would run only at the step's end.
     fn stage_loop(
         &self,
         s: usize,
         steps: &[StepInput],
         view: &mut dyn MicroBatchCache,
-        from: Option<Receiver<Hidden>>,
-        to: Option<Sender<Hidden>>,
+        from: Option<Upstream>,
+        to: Option<Downstream>,
     ) -> Result<Option<Vec<Tensor<3>>>> {
         let mut out = Vec::with_capacity(if to.is_none() { steps.len() } else { 0 });
         for (m, step) in steps.iter().enumerate() {
             let hidden = match &from {
                 None => self.embed(step),
-                Some(rx) => match rx.recv() {
-                    Ok(hidden) => hidden,
-                    Err(_) => return Ok(None),
-                },
+                Some(up) => {
+                    let Ok(hidden) = up.hidden.recv() else { return Ok(None) };
+                    let hidden = self.hand_over(hidden, self.stages()[s].device());
+                    if up.handed.send(()).is_err() {
+                        return Ok(None);
+                    }
+                    hidden
+                }
             };
             view.select_micro_batch(m);
-            let hidden = self.run_stage(s, hidden, &mut *view)?;
+            let hidden = self.run_stage_layers(s, hidden, &mut *view)?;
+            // A lazy device (fusion over a worker) holds the layers' operations until something
+            // reads; send them now so this device computes `m` while the others go on.
+            let device = self.stages()[s].device();
+            device.flush().map_err(|e| ModelError::Device(format!("stage {s} on {device:?}: {e:?}")))?;
             match &to {
-                Some(tx) => {
-                    if tx.send(hidden).is_err() {
+                Some(down) => {
+                    if down.hidden.send(hidden).is_err() || down.handed.recv().is_err() {
                         return Ok(None);
                     }
                 }
@@ -194,6 +217,19 @@ impl PipelineLm {
         }
         Ok(to.is_none().then_some(out))
     }
+}
+
+/// A stage's link from the stage before: micro-batches' hidden states in, and a signal back once
+/// each is handed over to this stage's device.
+struct Upstream {
+    hidden: Receiver<Hidden>,
+    handed: Sender<()>,
+}
+
+/// A stage's link to the stage after: the other ends of the next stage's [`Upstream`].
+struct Downstream {
+    hidden: Sender<Hidden>,
+    handed: Receiver<()>,
 }
 
 #[cfg(test)]
