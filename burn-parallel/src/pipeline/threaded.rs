@@ -187,13 +187,14 @@ impl PipelineLm {
         from: Option<Upstream>,
         to: Option<Downstream>,
     ) -> Result<Option<Vec<Tensor<3>>>> {
+        let device = self.stages()[s].device();
         let mut out = Vec::with_capacity(if to.is_none() { steps.len() } else { 0 });
         for (m, step) in steps.iter().enumerate() {
             let hidden = match &from {
                 None => self.embed(step),
                 Some(up) => {
                     let Ok(hidden) = up.hidden.recv() else { return Ok(None) };
-                    let hidden = self.hand_over(hidden, self.stages()[s].device());
+                    let hidden = self.hand_over(hidden, device);
                     if up.handed.send(()).is_err() {
                         return Ok(None);
                     }
@@ -204,7 +205,6 @@ impl PipelineLm {
             let hidden = self.run_stage_layers(s, hidden, &mut *view)?;
             // A lazy device (fusion over a worker) holds the layers' operations until something
             // reads; send them now so this device computes `m` while the others go on.
-            let device = self.stages()[s].device();
             device.flush().map_err(|e| ModelError::Device(format!("stage {s} on {device:?}: {e:?}")))?;
             match &to {
                 Some(down) => {
