@@ -19,7 +19,7 @@ use burn_llm_models::{
 };
 use burn_offload::{MemoryReport, OffloadEngine, OffloadError, OffloadReport};
 use burn_paged::memory::Location;
-use burn_paged::{DisaggEngine, EngineStats, LlmEngine, PagedError};
+use burn_paged::{DisaggEngine, EngineStats, LlmEngine, PagedError, VirtualEngines};
 use serde::Serialize;
 
 /// What can go wrong in an engine: each engine's own error, passed through unchanged (its message
@@ -346,6 +346,34 @@ impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
             kv_blocks_used: blocks.used_blocks(Location::Device),
             kv_blocks_total: blocks.total_blocks(Location::Device),
         })
+    }
+}
+
+/// vLLM's virtual engines over one pipeline: reported as the paged engine they are, their
+/// counters and pools added up.
+impl<M: LanguageModel + Sync + 'static> Engine for VirtualEngines<M> {
+    paged_engine_methods!(VirtualEngines);
+
+    fn describe(&self) -> String {
+        format!("{} virtual engines over the pipeline, stepping at once", self.count())
+    }
+
+    fn placement(&self) -> Option<String> {
+        placement_of(self.model())
+    }
+
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        self.model().placement_plan()
+    }
+
+    fn abort(&mut self, request_id: &str) -> EngineResult<Option<Vec<RequestOutput>>> {
+        Ok(VirtualEngines::abort(self, request_id)?)
+    }
+
+    fn load(&self) -> Option<EngineLoad> {
+        let (waiting, running, swapped) = self.queue_lengths();
+        let (kv_blocks_used, kv_blocks_total) = self.kv_blocks();
+        Some(EngineLoad { waiting, running, swapped, kv_blocks_used, kv_blocks_total })
     }
 }
 

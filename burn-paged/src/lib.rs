@@ -27,7 +27,7 @@ pub mod scheduler;
 
 pub use engine::{
     DisaggConfig, DisaggEngine, EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, ProgressHook,
-    SequenceDelta, StepOutput,
+    SequenceDelta, StepOutput, VirtualEngines,
 };
 pub use error::{PagedError, Result};
 pub use scheduler::{KvReservation, PreemptionMode, SchedulingPolicy};

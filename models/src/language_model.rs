@@ -209,3 +209,67 @@ impl LanguageModel for CausalLm {
         CausalLm::logits(self, states)
     }
 }
+
+/// One model shared by several engines (the paged engine's virtual engines over one pipeline,
+/// vLLM's): every call goes to the shared model, whose weights stay loaded once.
+impl<M: LanguageModel + Sync + ?Sized> LanguageModel for std::sync::Arc<M> {
+    fn spec(&self) -> &DecoderSpec {
+        (**self).spec()
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        (**self).kv_layout()
+    }
+
+    fn kv_devices(&self) -> LayerDevices {
+        (**self).kv_devices()
+    }
+
+    fn device(&self) -> Device {
+        (**self).device()
+    }
+
+    fn decode_weight_bytes(&self) -> usize {
+        (**self).decode_weight_bytes()
+    }
+
+    fn num_stages(&self) -> usize {
+        (**self).num_stages()
+    }
+
+    fn embed(&self, step: &StepInput) -> Hidden {
+        (**self).embed(step)
+    }
+
+    fn run_stage(&self, stage: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Result<Hidden> {
+        (**self).run_stage(stage, hidden, cache)
+    }
+
+    fn finish(&self, hidden: Hidden) -> Tensor<3> {
+        (**self).finish(hidden)
+    }
+
+    fn logits(&self, states: Tensor<2>) -> Tensor<2> {
+        (**self).logits(states)
+    }
+
+    fn stage_transfer_bytes(&self) -> u64 {
+        (**self).stage_transfer_bytes()
+    }
+
+    fn placement_summary(&self) -> Option<String> {
+        (**self).placement_summary()
+    }
+
+    fn placement_plan(&self) -> Option<serde_json::Value> {
+        (**self).placement_plan()
+    }
+
+    fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<3>> {
+        (**self).forward(step, cache)
+    }
+
+    fn forward_micro_batches(&self, steps: &[StepInput], cache: &mut dyn MicroBatchCache) -> Result<Vec<Tensor<3>>> {
+        (**self).forward_micro_batches(steps, cache)
+    }
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_llm_models::{Generator, LanguageModel, PrefillSlicing, PretrainedFiles};
-use burn_paged::{EngineConfig, LlmEngine};
+use burn_paged::{EngineConfig, LlmEngine, VirtualEngines};
 use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayout};
 use clap::ValueEnum;
 
@@ -70,6 +70,12 @@ pub struct ParallelSpec {
     /// pass).
     #[arg(long)]
     pub prefill_slices: Option<PrefillSlices>,
+    /// Paged engine over stages: engines over the one pipeline, each with its own scheduler and
+    /// an even share of the KV pool, stepping at once so that one's step runs on the later stages
+    /// while another's runs on the earlier ones (vLLM's virtual engines; give the number of
+    /// stages). A request goes to the one with the fewest unfinished requests. Default 1.
+    #[arg(long)]
+    pub virtual_engines: Option<usize>,
 }
 
 /// The paged engine's prefill slicing (`None`: one pass).
@@ -143,6 +149,7 @@ impl ParallelSpec {
             || self.stage_layers.is_some()
             || self.micro_batches.is_some()
             || self.prefill_slices.is_some_and(|s| s != PrefillSlices::Off)
+            || self.virtual_engines.is_some_and(|n| n != 1)
     }
 
     /// The pipeline stages the flags ask for, as far as they tell without the model: the
@@ -327,7 +334,10 @@ fn build_on_plan(
     let engine: Box<dyn Engine> = match kind {
         EngineKind::Paged => {
             let config = EngineConfig { prefill_slicing, ..spec.engine_config() };
-            Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?)
+            match spec.parallel.virtual_engines.filter(|&n| n > 1) {
+                Some(n) => Box::new(VirtualEngines::new(model, tokenizer, eos, config, n)?),
+                None => Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?),
+            }
         }
         _ => Box::new(spec.plain_generator(Generator::new(model, tokenizer, eos))?),
     };

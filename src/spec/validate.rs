@@ -60,6 +60,7 @@ impl EngineSpec {
             ("--latency-bound-s", p.latency_bound_s.is_some()),
             ("--profile-json", p.profile_json.is_some()),
             ("--micro-batches", self.parallel.micro_batches.is_some()),
+            ("--virtual-engines", self.parallel.virtual_engines.is_some()),
         ];
         let offload_only = [
             ("--gpu-mem", o.gpu_mem.is_some()),
@@ -286,6 +287,7 @@ impl EngineSpec {
             return Ok(());
         }
         self.check_prefill_slices(kind)?;
+        self.check_virtual_engines()?;
         if kind == EngineKind::Offload {
             return Err(SpecError::new(
                 "--devices, --pipeline-parallel-size, --tensor-parallel-size, --stage-layers, --micro-batches",
@@ -334,6 +336,34 @@ impl EngineSpec {
                 "--prefill-slices",
                 "overlaps token slices across pipeline stages, and this run has one stage",
                 "split the model with --pipeline-parallel-size N (N ≥ 2) or --devices, or drop --prefill-slices (one device: chunked prefill cuts long prompts)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `--virtual-engines`: at least one, and more only over pipeline stages and without ExeGPT's
+    /// schedule (which sets the batches itself). Paged-only is checked with the other paged flags.
+    fn check_virtual_engines(&self) -> Check {
+        let Some(n) = self.parallel.virtual_engines else { return Ok(()) };
+        if n == 0 {
+            return Err(SpecError::new(
+                "--virtual-engines",
+                "must be at least 1",
+                "give the number of pipeline stages, or 1",
+            ));
+        }
+        if n > 1 && self.parallel.stages_hint() < 2 {
+            return Err(SpecError::new(
+                "--virtual-engines",
+                "overlaps engines' steps across pipeline stages, and this run has one stage",
+                "split the model with --pipeline-parallel-size N (N ≥ 2) or --devices, or drop --virtual-engines",
+            ));
+        }
+        if n > 1 && self.paged.schedule == Some(ScheduleKind::Exegpt) {
+            return Err(SpecError::new(
+                "--virtual-engines",
+                "ExeGPT's plan sets the batches and the devices' roles itself",
+                "drop --virtual-engines, or drop --schedule exegpt",
             ));
         }
         Ok(())

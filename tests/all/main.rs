@@ -41,3 +41,4 @@ mod server_structured;
 mod spec;
 mod stage_degrees;
 mod structured;
+mod virtual_engines;

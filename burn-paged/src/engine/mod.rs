@@ -10,7 +10,9 @@
 //!   outputs of a finishing group;
 //! - [`drive`]: the offline loop (queue every prompt, step until all finish) this engine and
 //!   [`DisaggEngine`] share;
-//! - [`disagg`]: [`DisaggEngine`], prefill and decode on two devices (ExeGPT's WAA).
+//! - [`disagg`]: [`DisaggEngine`], prefill and decode on two devices (ExeGPT's WAA);
+//! - [`virtual_engines`]: [`VirtualEngines`], several engines over one pipeline, stepping at once
+//!   (vLLM's virtual engines).
 
 mod config;
 mod disagg;
@@ -19,6 +21,7 @@ mod outputs;
 mod runner;
 mod sampler;
 mod stats;
+mod virtual_engines;
 
 use std::collections::HashMap;
 
@@ -35,6 +38,7 @@ pub use config::{EngineConfig, KvCacheMemory};
 pub use disagg::{DisaggConfig, DisaggEngine};
 pub use outputs::{SequenceDelta, StepOutput};
 pub use stats::EngineStats;
+pub use virtual_engines::VirtualEngines;
 
 use crate::beam::{BeamRun, BeamSearch};
 use crate::cache::PagedKvCache;

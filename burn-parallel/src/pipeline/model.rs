@@ -23,6 +23,7 @@ use super::kv_map::{KvMap, StageKv};
 use super::layout::{PipelineError, Result};
 use super::plan::PipelinePlan;
 use super::threaded::StagePools;
+use super::turns::StageTurns;
 use crate::block::LayerBlock;
 use crate::tensor::TensorParallelLayer;
 
@@ -136,6 +137,8 @@ pub struct PipelineLm {
     moved: AtomicU64,
     /// The host stages' thread pools when stages run concurrently ([`super::threaded`]).
     pools: StagePools,
+    /// Which caller issues to each stage next, when several run the model at once.
+    turns: StageTurns,
     /// The planner's prediction, in one line (`--stage-layers auto`).
     predicted: Option<String>,
     /// The plan as `--json` reports it ([`PipelinePlan::to_json`]).
@@ -223,6 +226,7 @@ impl PipelineLm {
             weight_bytes,
             moved: AtomicU64::new(0),
             pools: StagePools::default(),
+            turns: StageTurns::new(plan.layout.len()),
             predicted,
             plan_json,
         })
@@ -249,6 +253,10 @@ impl PipelineLm {
 
     pub(super) fn pools_mut(&mut self) -> &mut StagePools {
         &mut self.pools
+    }
+
+    pub(super) fn turns(&self) -> &StageTurns {
+        &self.turns
     }
 
     /// Stage `stage`'s layers over `hidden`, already on the stage's device.
@@ -352,6 +360,12 @@ impl LanguageModel for PipelineLm {
             _ => self.hand_over(hidden, &self.stages[stage].device),
         };
         self.run_stage_layers(stage, hidden, cache)
+    }
+
+    /// The stages in order, each stage's turn taken ([`super::turns`]) so that callers running
+    /// the model at once follow each other through the stages.
+    fn forward(&self, step: &StepInput, cache: &mut dyn KvCache) -> burn_llm_models::Result<Tensor<3>> {
+        self.forward_in_turns(step, cache)
     }
 
     /// Each stage on a thread of its own ([`super::threaded`]): the same result as the default

@@ -16,6 +16,9 @@
 //! Host stages share the machine's cores: each gets its own rayon pool (Flex's matrix products
 //! and reductions split over `rayon::current_num_threads`) of `cores ÷ host stages` threads (at
 //! least one), or [`PipelineLm::with_stage_threads`] / `$BURN_LLM_STAGE_THREADS` threads each.
+//! Only a stage's computing runs in its pool; its thread waits for the stage before, the next
+//! stage and its turn ([`super::turns`]) outside it, so that steps of several callers at once
+//! share a pool of one thread without deadlock.
 //! Every stage thread computes in the calling thread's matmul precision (`--exact-matmul` is a
 //! thread-local setting of the kernels, [`with_matmul_precision`]). Without a split (a cache that
 //! cannot be split, one stage or one micro-batch) the stages run in turn on the calling thread,
@@ -138,14 +141,8 @@ impl PipelineLm {
                     false => (None, None),
                 };
                 let from = std::mem::replace(&mut from, next);
-                let pool = pools.get(s).and_then(Option::as_ref);
-                handles.push(scope.spawn(move || {
-                    let work = || with_matmul_precision(precision, || self.stage_loop(s, steps, &mut *view, from, to));
-                    match pool {
-                        Some(pool) => pool.install(work),
-                        None => work(),
-                    }
-                }));
+                let compute = Compute { pool: pools.get(s).and_then(Option::as_ref), precision };
+                handles.push(scope.spawn(move || self.stage_loop(s, steps, &mut *view, from, to, compute)));
             }
             let mut out = None;
             let mut failed = None;
@@ -183,26 +180,30 @@ impl PipelineLm {
         &self,
         s: usize,
         steps: &[StepInput],
-        view: &mut dyn MicroBatchCache,
+        view: &mut (dyn MicroBatchCache + Send),
         from: Option<Upstream>,
         to: Option<Downstream>,
+        compute: Compute<'_>,
     ) -> Result<Option<Vec<Tensor<3>>>> {
         let device = self.stages()[s].device();
         let mut out = Vec::with_capacity(if to.is_none() { steps.len() } else { 0 });
         for (m, step) in steps.iter().enumerate() {
-            let hidden = match &from {
-                None => self.embed(step),
+            // This stage's turn among callers running the model at once ([`super::turns`]),
+            // taken once `m` is ready for it and kept until the next stage has handed it over.
+            let (turn, hidden) = match &from {
+                None => (self.turns().take(s), compute.run(|| self.embed(step))),
                 Some(up) => {
                     let Ok(hidden) = up.hidden.recv() else { return Ok(None) };
+                    let turn = self.turns().take(s);
                     let hidden = self.hand_over(hidden, device);
                     if up.handed.send(()).is_err() {
                         return Ok(None);
                     }
-                    hidden
+                    (turn, hidden)
                 }
             };
             view.select_micro_batch(m);
-            let hidden = self.run_stage_layers(s, hidden, &mut *view)?;
+            let hidden = compute.run(|| self.run_stage_layers(s, hidden, &mut *view))?;
             // A lazy device (fusion over a worker) holds the layers' operations until something
             // reads; send them now so this device computes `m` while the others go on.
             device.flush().map_err(|e| ModelError::Device(format!("stage {s} on {device:?}: {e:?}")))?;
@@ -212,10 +213,31 @@ impl PipelineLm {
                         return Ok(None);
                     }
                 }
-                None => out.push(self.finish(hidden)),
+                None => out.push(compute.run(|| self.finish(hidden))),
             }
+            drop(turn);
         }
         Ok(to.is_none().then_some(out))
+    }
+}
+
+/// Where a stage thread computes: in its stage's pool (host stages), in the caller's matmul
+/// precision. Only the computing goes to the pool, never a wait on a channel or a turn: a pool
+/// thread blocked on another stage would leave the pool to nothing else, and callers running the
+/// model at once (virtual engines) would deadlock on pools of one thread.
+#[derive(Clone, Copy)]
+struct Compute<'a> {
+    pool: Option<&'a rayon::ThreadPool>,
+    precision: burn_llm_kernels::MatmulPrecision,
+}
+
+impl Compute<'_> {
+    fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> T {
+        let work = || with_matmul_precision(self.precision, work);
+        match self.pool {
+            Some(pool) => pool.install(work),
+            None => work(),
+        }
     }
 }
 

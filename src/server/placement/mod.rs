@@ -13,6 +13,10 @@
 //! - `manual:SPEC` ([`manual`]): the groups by hand, each model's layers split evenly over its
 //!   group's stages.
 //!
+//! A model on a group of several stages runs as one virtual engine per stage over the one loaded
+//! pipeline (`--virtual-engines`), so that, as in the simulator, a stage takes the next request
+//! once it has passed on the last rather than when the last has left the pipeline.
+//!
 //! A model on several groups is served by replicas: a request goes to the replica with the fewest
 //! requests in flight, as AlpaServe's controller and the simulator do. Models on one group share
 //! its devices first come, first served. Weights are what the memory check counts; each model's
@@ -99,7 +103,8 @@ pub struct ServingPlacement {
 
 impl ServingPlacement {
     /// Each model's engine specs, one per group serving it (its replicas), in group order: the
-    /// group's devices as `--devices` and the planned stages as `--stage-layers` (the pool's
+    /// group's devices as `--devices`, the planned stages as `--stage-layers` and, over several
+    /// stages, one virtual engine per stage unless the model's flags say otherwise (the pool's
     /// `--device-memory` and `--stage-profile-dir` served the placement and are dropped).
     pub fn replica_specs(&self, model: &ModelSpec) -> Vec<crate::spec::EngineSpec> {
         let mut specs = Vec::new();
@@ -115,6 +120,11 @@ impl ServingPlacement {
             spec.parallel.stage_layers = Some(
                 placed.stages.iter().map(|[a, b]| format!("{a}-{}", b.saturating_sub(1))).collect::<Vec<_>>().join(","),
             );
+            // The simulator's pipeline: a stage takes the next request once it has passed on the
+            // last, which takes one engine per stage (each engine's step spans every stage).
+            if group.pipeline_stages > 1 && spec.parallel.virtual_engines.is_none() {
+                spec.parallel.virtual_engines = Some(group.pipeline_stages);
+            }
             specs.push(spec);
         }
         specs

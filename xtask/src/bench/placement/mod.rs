@@ -13,7 +13,8 @@
 //! and each trace is also run through the simulator on the server's placement
 //! (`placement::evaluate`). SLO = `--slo-scale` × one request's predicted latency on one device.
 //! As in AlpaServe's experiments and its simulator, nothing is batched: each stage serves one
-//! request at a time ([`one_request_per_stage`]).
+//! request at a time (`--max-num-seqs 1`, and a pipelined model runs one virtual engine per stage,
+//! so that a stage takes the next request once it has passed on the last).
 //! Writes `bench-results/placement.{json,md,png}` ([`report`]).
 
 mod replay;
@@ -137,23 +138,6 @@ fn serve_argv(model: &Path, workers: &Workers, extra: &[String]) -> Vec<String> 
     argv
 }
 
-/// AlpaServe's experiments run without batching (thesis §4.6.5): each stage serves one request
-/// at a time. A model on a P-stage group gets `--max-num-seqs P`, so that P requests are in
-/// flight, one per stage, in the engine's P micro-batches; one-stage groups keep the shared
-/// `--max-num-seqs 1`.
-fn one_request_per_stage(placement: &ServingPlacement) -> Vec<String> {
-    let mut args = Vec::new();
-    for group in placement.groups.iter().filter(|g| g.pipeline_stages > 1) {
-        for m in &group.models {
-            args.extend([
-                "--model-engine-args".to_string(),
-                format!("{}=--max-num-seqs {}", m.model, group.pipeline_stages),
-            ]);
-        }
-    }
-    args
-}
-
 /// The `--placement` value of a mode of [`Args::modes`].
 fn placement_flag(mode: &str) -> Result<String, String> {
     match mode {
@@ -225,8 +209,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "--device-memory".into(),
             format!("{cap},{cap}"),
         ];
-        let mut argv = serve_argv(&model, &workers, &extra);
-        argv.extend(one_request_per_stage(&planned(&argv)?));
+        let argv = serve_argv(&model, &workers, &extra);
         let serve = ServeArgs::try_parse_from(argv)?;
         let mut log = Vec::new();
         let (entries, placement) = serve.placed_entries(&mut log)?;
