@@ -64,7 +64,7 @@ fn worker_binary() -> PathBuf {
 impl Worker {
     /// Starts a worker serving `device` with the test token on a free loopback port and waits
     /// (bounded) for its ready line.
-    fn start(device: &str) -> Self {
+    pub(crate) fn start(device: &str) -> Self {
         Self::start_with(device, &[])
     }
 

@@ -11,6 +11,7 @@ use burn_llm::paged::{EngineConfig, KvCacheMemory, VirtualEngines};
 use crate::common::fixture;
 use crate::paged::{mixed_prompts, one_by_one, pools};
 use crate::parallel::{cli, pipeline, text};
+use crate::remote::{TOKEN, Worker};
 
 /// Two virtual engines over two flex stages equal plain generation for every request of a mixed
 /// batch, in a roomy pool and in pools (each engine's share as small as one engine's in
@@ -116,4 +117,32 @@ fn the_virtual_engines_flag_runs_and_bad_values_are_errors() {
         let err = cli(flags).expect_err(&format!("{flags:?} must fail"));
         assert!(err.contains(expected), "{flags:?}: {err}");
     }
+}
+
+/// Over two worker processes (devices whose turns every pipeline on them shares), two virtual
+/// engines equal plain generation for a mixed batch, and `--virtual-engines 2` prints one device's
+/// text.
+#[test]
+fn virtual_engines_over_two_workers_equal_plain_generation() {
+    let (a, b) = (Worker::start("flex"), Worker::start("flex"));
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
+    let prompts: Vec<_> = mixed_prompts("llama").into_iter().take(6).collect();
+    let plain = Generator::from(Pretrained::load(&fixture("llama"), &Device::flex()).unwrap());
+    let expected = one_by_one(&plain, &prompts, &params);
+    let (model, files) = pipeline("llama", &[a.device(), b.device()]);
+    let cfg = EngineConfig {
+        kv_cache_memory: KvCacheMemory::Blocks(128),
+        block_size: 4,
+        max_num_seqs: 2,
+        ..EngineConfig::default()
+    };
+    let mut engines = VirtualEngines::new(model, Some(files.tokenizer), files.eos_token_ids, cfg, 2).unwrap();
+    let out = engines.generate(&prompts, &params).unwrap();
+    let ids: Vec<Vec<u32>> = out.requests.iter().map(|r| r.generated_ids.clone()).collect();
+    assert_eq!(ids, expected);
+    assert!(engines.stats().model_steps > 0 && engines.kv_blocks().0 == 0);
+    let single = cli(&["--device", "flex"]).unwrap();
+    let devices = format!("{},{}", a.url, b.url);
+    let flags = ["--engine", "paged", "--devices", &devices, "--virtual-engines", "2", "--worker-token", TOKEN];
+    assert_eq!(text(&cli(&flags).unwrap()), text(&single));
 }

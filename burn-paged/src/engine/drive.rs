@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use burn_llm_models::generation::GenerationClock;
 use burn_llm_models::{GenerationOutput, Prompt, RequestOutput, SamplingParams};
 
-use super::{GenerateProgress, SequenceDelta, StepOutput};
+use super::{GenerateProgress, ProgressHook, SequenceDelta, StepOutput};
 use crate::error::Result;
 
 /// What the loop needs of an engine.
@@ -17,8 +17,8 @@ pub(crate) trait StepLoop {
     fn drop_request(&mut self, request_id: &str);
     /// One iteration.
     fn step_once(&mut self) -> Result<Vec<StepOutput>>;
-    /// Tells the caller's progress hook, if any.
-    fn progress(&mut self, progress: GenerateProgress);
+    /// The caller's progress hook, if any.
+    fn progress_hook(&mut self) -> Option<&mut ProgressHook>;
 }
 
 /// Runs `prompts` to completion on `engine` with request ids `generate-{base}-{i}`, calling
@@ -68,7 +68,9 @@ pub(crate) fn generate_stream<E: StepLoop>(
             elapsed_s: clock.elapsed_s(),
         };
         tracing::debug!(target: "burn_paged::progress", finished, requests = prompts.len(), generated_tokens = generated, elapsed_s = progress.elapsed_s, "generate");
-        engine.progress(progress);
+        if let Some(hook) = engine.progress_hook() {
+            hook(progress);
+        }
     }
     let requests: Vec<RequestOutput> = results.into_iter().flatten().flatten().collect();
     let generated_tokens = requests.iter().map(|r| r.generated_ids.len()).sum();

@@ -472,10 +472,8 @@ impl<M: LanguageModel> drive::StepLoop for LlmEngine<M> {
         self.step()
     }
 
-    fn progress(&mut self, progress: GenerateProgress) {
-        if let Some(hook) = self.progress.as_mut() {
-            hook(progress);
-        }
+    fn progress_hook(&mut self) -> Option<&mut ProgressHook> {
+        self.progress.as_mut()
     }
 }
 

@@ -23,31 +23,38 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use burn_llm_models::{GenerationOutput, LanguageModel, Prompt, RequestOutput, SamplingParams, Tokenizer};
 
 use super::StepOutput;
 use super::drive::{self, StepLoop};
-use super::{EngineConfig, EngineStats, GenerateProgress, KvCacheMemory, LlmEngine, ProgressHook, SequenceDelta};
+use super::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, ProgressHook, SequenceDelta};
 use crate::error::{PagedError, Result};
 use crate::memory::Location;
 
+/// The longest [`VirtualEngines::step`] waits for an engine's step before it returns nothing.
+pub const STEP_WAIT: Duration = Duration::from_millis(5);
+
 /// A message to one engine's thread.
 enum Command {
-    Add {
-        request_id: String,
-        prompt: Prompt,
-        params: SamplingParams,
-        reply: Sender<Result<()>>,
-    },
+    Add(Box<Add>),
     Abort {
         request_id: String,
         reply: Sender<Option<Vec<RequestOutput>>>,
     },
     /// Step while there are unfinished requests.
     Run,
+}
+
+/// A request for an engine's thread, and where its answer goes.
+struct Add {
+    request_id: String,
+    prompt: Prompt,
+    params: SamplingParams,
+    reply: Sender<Result<()>>,
 }
 
 /// What an engine's thread reports after each step.
@@ -214,7 +221,7 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
         let load = self.unfinished();
         let engine = (0..load.len()).min_by_key(|&e| load[e]).unwrap_or(0);
         let (reply, answer) = channel();
-        let command = Command::Add { request_id: request_id.clone(), prompt, params, reply };
+        let command = Command::Add(Box::new(Add { request_id: request_id.clone(), prompt, params, reply }));
         self.send(engine, command)?;
         answer.recv().map_err(|_| stopped(engine))??;
         self.routes.insert(request_id, engine);
@@ -230,8 +237,10 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
     }
 
     /// Waits for the next step any engine finishes, and returns its outputs with those of any
-    /// other step finished meanwhile (nothing, at once, when no request is unfinished). An engine
-    /// whose step failed reports its error here, and has stopped.
+    /// other step finished meanwhile: nothing, at once, when no request is unfinished, and nothing
+    /// after [`STEP_WAIT`] without a finished step, so that a caller that also takes new requests
+    /// (the server's engine loop) hands them over while the engines run. An engine whose step
+    /// failed reports its error here, and has stopped.
     pub fn step(&mut self) -> Result<Vec<StepOutput>> {
         if self.routes.is_empty() {
             return Ok(Vec::new());
@@ -242,7 +251,13 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
                 let _ = self.engines[engine].commands.send(Command::Run);
             }
         }
-        let first = self.reports.recv().map_err(|_| PagedError::Internal("every virtual engine has stopped".into()))?;
+        let first = match self.reports.recv_timeout(STEP_WAIT) {
+            Ok(report) => report,
+            Err(RecvTimeoutError::Timeout) => return Ok(Vec::new()),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(PagedError::Internal("every virtual engine has stopped".into()));
+            }
+        };
         let mut outputs = Vec::new();
         let mut failed = None;
         for report in std::iter::once(first).chain(std::iter::from_fn(|| self.reports.try_recv().ok())) {
@@ -314,10 +329,8 @@ impl<M: LanguageModel + Sync + 'static> StepLoop for VirtualEngines<M> {
         self.step()
     }
 
-    fn progress(&mut self, progress: GenerateProgress) {
-        if let Some(hook) = self.progress.as_mut() {
-            hook(progress);
-        }
+    fn progress_hook(&mut self) -> Option<&mut ProgressHook> {
+        self.progress.as_mut()
     }
 }
 
@@ -341,7 +354,8 @@ fn run<M: LanguageModel>(index: usize, mut engine: LlmEngine<M>, inbox: Receiver
         };
         if let Some(command) = command {
             match command {
-                Command::Add { request_id, prompt, params, reply } => {
+                Command::Add(add) => {
+                    let Add { request_id, prompt, params, reply } = *add;
                     let _ = reply.send(engine.add_request(request_id, prompt, params));
                 }
                 Command::Abort { request_id, reply } => {

@@ -18,8 +18,9 @@
 //!   from the stages' measured costs.
 //! - [`threaded`] (feature `runtime`): each stage on a thread of its own for a step's
 //!   micro-batches or a prefill's token slices.
-//! - `turns` (feature `runtime`): callers that run one pipeline at once (virtual engines) take
-//!   each stage in turn, so that their steps follow each other through the stages.
+//! - `turns` (feature `runtime`): callers that run pipelines at once (virtual engines, models on
+//!   the same devices) take each device in turn, so that their steps follow each other through
+//!   the stages.
 //!
 //! A token's path: the first stage's device embeds it; each stage runs its layers (attending
 //! through its own cache layers on its own device) and hands the residual stream and the rotary

@@ -215,6 +215,7 @@ impl PipelineLm {
                 name: plan.stage_names(s),
             });
         }
+        let stage_devices: Vec<Device> = stages.iter().map(|s| s.device.clone()).collect();
         let kv_map = plan.kv_map(embed.spec.num_kv_heads);
         let predicted = plan.prediction().map(|p| p.one_line());
         let plan_json = plan.to_json();
@@ -226,7 +227,7 @@ impl PipelineLm {
             weight_bytes,
             moved: AtomicU64::new(0),
             pools: StagePools::default(),
-            turns: StageTurns::new(plan.layout.len()),
+            turns: StageTurns::new(&stage_devices),
             predicted,
             plan_json,
         })

@@ -188,18 +188,18 @@ impl PipelineLm {
         let device = self.stages()[s].device();
         let mut out = Vec::with_capacity(if to.is_none() { steps.len() } else { 0 });
         for (m, step) in steps.iter().enumerate() {
-            // This stage's turn among callers running the model at once ([`super::turns`]),
-            // taken once `m` is ready for it and kept until the next stage has handed it over.
+            // This stage's turn among callers running pipelines at once ([`super::turns`]),
+            // taken once `m` is here and kept until the next stage has handed it over (the stage
+            // before still holds its own while this one hands `m` over, and none waits for two).
             let (turn, hidden) = match &from {
                 None => (self.turns().take(s), compute.run(|| self.embed(step))),
                 Some(up) => {
                     let Ok(hidden) = up.hidden.recv() else { return Ok(None) };
-                    let turn = self.turns().take(s);
                     let hidden = self.hand_over(hidden, device);
                     if up.handed.send(()).is_err() {
                         return Ok(None);
                     }
-                    (turn, hidden)
+                    (self.turns().take(s), hidden)
                 }
             };
             view.select_micro_batch(m);
@@ -215,7 +215,8 @@ impl PipelineLm {
                 }
                 None => out.push(compute.run(|| self.finish(hidden))),
             }
-            drop(turn);
+            // Flushed above, after the layers.
+            self.turns().give_up(s, device, turn, false)?;
         }
         Ok(to.is_none().then_some(out))
     }

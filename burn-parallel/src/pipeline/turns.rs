@@ -1,35 +1,65 @@
-//! Stage turns: when several callers run one [`PipelineLm`] at once (the paged engine's virtual
-//! engines, each stepping on its own thread), each stage takes their work one caller at a time,
-//! in the order they reach it, and a caller keeps its turn on stage `s` until it has handed its
-//! output over to stage `s + 1`.
+//! Stage turns: when several callers run pipelines at once (the paged engine's virtual engines,
+//! each stepping on its own thread, and other models' engines on the same devices), a device takes
+//! one caller's stage at a time, in the order they reach it, and a caller keeps its turn until it
+//! has issued its output's hand-over to the next stage.
 //!
-//! A device runs the work it is sent in the order it arrives. Without turns, two callers issuing
-//! to the same stage at once interleave their operations, the stage shares itself between them
-//! and both reach the next stage together, so the stages take turns instead of overlapping. A
-//! caller's turn also covers the hand-over (the worker's expose of its output): otherwise the
-//! other caller's work for the same stage, issued in between, would queue before it, and the
-//! next stage would wait for both. Holding the turn of stage `s` while waiting for that of
-//! `s + 1` cannot deadlock: turns are only ever taken in stage order.
+//! Without turns, two callers issuing to the same device at once interleave their operations, and
+//! both reach the next stage together: the stages take turns instead of overlapping. The turn also
+//! covers the hand-over (a worker's expose of the output), so that it is issued before the other
+//! caller's work for the same device.
 //!
-//! One caller alone always finds the turns free; its results do not depend on them.
+//! - A device that runs a queue (a worker, a GPU) has one turn shared by every pipeline in the
+//!   process that has a stage on it, so that models placed on the same devices issue to them first
+//!   come, first served. A stage on the host CPU (Flex) has a turn of its own: it computes in its
+//!   own thread pool as it issues.
+//! - A worker runs each client thread's operations on a thread of its own, so turns order what
+//!   reaches it, not what it runs: two callers' stages on one worker can still share its cores.
+//! - A caller never holds two turns: it gives up stage `s`'s before it waits for `s + 1`'s, so
+//!   pipelines that visit the same devices in different orders cannot deadlock.
+//! - One caller alone always finds its turns free; its results never depend on them.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
-use burn::tensor::Tensor;
-use burn_llm_models::{KvCache, ModelError, Result, StepInput};
+use burn::tensor::{Device, Tensor};
+use burn_llm_models::device::is_host_device;
+use burn_llm_models::{KvCache, LanguageModel, ModelError, Result, StepInput};
 
 use super::model::PipelineLm;
 
 /// One turn per stage.
 #[derive(Debug, Default)]
 pub(super) struct StageTurns {
-    turns: Vec<Mutex<()>>,
+    turns: Vec<Arc<Mutex<()>>>,
+}
+
+/// The turns of the queue-running devices in use, by device.
+fn device_turns() -> &'static Mutex<HashMap<String, Weak<Mutex<()>>>> {
+    static TURNS: OnceLock<Mutex<HashMap<String, Weak<Mutex<()>>>>> = OnceLock::new();
+    TURNS.get_or_init(Default::default)
 }
 
 impl StageTurns {
-    /// Turns for `stages` stages.
-    pub fn new(stages: usize) -> Self {
-        Self { turns: (0..stages).map(|_| Mutex::new(())).collect() }
+    /// Turns for stages on `devices` (see the [module docs](self)).
+    pub fn new(devices: &[Device]) -> Self {
+        let mut shared = device_turns().lock().unwrap_or_else(PoisonError::into_inner);
+        shared.retain(|_, turn| turn.strong_count() > 0);
+        let turns = devices
+            .iter()
+            .map(|device| {
+                if is_host_device(device) {
+                    return Arc::new(Mutex::new(()));
+                }
+                let key = format!("{device:?}");
+                if let Some(turn) = shared.get(&key).and_then(Weak::upgrade) {
+                    return turn;
+                }
+                let turn = Arc::new(Mutex::new(()));
+                shared.insert(key, Arc::downgrade(&turn));
+                turn
+            })
+            .collect();
+        Self { turns }
     }
 
     /// Waits for stage `stage`'s turn. A caller that panicked holding it leaves nothing half-done
@@ -37,31 +67,45 @@ impl StageTurns {
     pub fn take(&self, stage: usize) -> MutexGuard<'_, ()> {
         self.turns[stage].lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Gives up stage `stage`'s turn (`turn`) on `device`, after sending what a lazy device still
+    /// holds when `flush`. Waiting for the device to finish first (`Device::sync`) when others may
+    /// want it would order their work on a worker too, but costs a round trip and leaves the
+    /// device idle while the next caller issues: it measured slower, so it is not done.
+    pub fn give_up(&self, stage: usize, device: &Device, turn: MutexGuard<'_, ()>, flush: bool) -> Result<()> {
+        let done = if flush { device.flush() } else { Ok(()) };
+        drop(turn);
+        done.map_err(|e| ModelError::Device(format!("stage {stage} on {device:?}: {e:?}")))
+    }
 }
 
 impl PipelineLm {
     /// One step through every stage on the calling thread, taking each stage's turn (see the
     /// [module docs](self)): the result equals the stages run in order, as
-    /// [`LanguageModel::forward`](burn_llm_models::LanguageModel::forward)'s default runs them.
+    /// [`LanguageModel::forward`]'s default runs them.
     pub(super) fn forward_in_turns(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<3>> {
-        let mut held = self.turns().take(0);
-        let mut hidden = burn_llm_models::LanguageModel::embed(self, step);
-        for s in 0..self.stages().len() {
-            if s > 0 {
-                let next = self.turns().take(s);
-                hidden = self.hand_over(hidden, self.stages()[s].device());
-                // The stage before is free once its output's hand-over has been issued.
-                held = next;
-            }
-            hidden = self.run_stage_layers(s, hidden, cache)?;
-        }
-        let out = burn_llm_models::LanguageModel::finish(self, hidden);
-        // Send the last stage's work before the next caller's: a lazy device (fusion over a
-        // worker) would otherwise hold it until this caller reads the logits.
         let last = self.stages().len() - 1;
-        let device = self.stages()[last].device();
-        device.flush().map_err(|e| ModelError::Device(format!("stage {last} on {device:?}: {e:?}")))?;
-        drop(held);
-        Ok(out)
+        let mut hidden = None;
+        for s in 0..=last {
+            let turn = self.turns().take(s);
+            let input = match hidden.take() {
+                None => self.embed(step),
+                Some(h) => h,
+            };
+            let out = self.run_stage_layers(s, input, cache)?;
+            let device = self.stages()[s].device();
+            if s < last {
+                hidden = Some(self.hand_over(out, self.stages()[s + 1].device()));
+                // The hand-over has sent the stage's work.
+                self.turns().give_up(s, device, turn, false)?;
+                continue;
+            }
+            let out = self.finish(out);
+            // The last stage's work goes out before the next caller's: a lazy device (fusion
+            // over a worker) would otherwise hold it until this caller reads the logits.
+            self.turns().give_up(s, device, turn, true)?;
+            return Ok(out);
+        }
+        Err(ModelError::Device("a pipeline without stages".into()))
     }
 }

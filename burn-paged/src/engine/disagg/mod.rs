@@ -28,7 +28,7 @@ use std::time::Instant;
 use burn_llm_models::{GenerationOutput, LanguageModel, Pretrained, Prompt, RequestOutput, SamplingParams, Tokenizer};
 
 use super::drive::{self, StepLoop};
-use super::{EngineConfig, EngineStats, GenerateProgress, LlmEngine, ProgressHook, SequenceDelta, StepOutput};
+use super::{EngineConfig, EngineStats, LlmEngine, ProgressHook, SequenceDelta, StepOutput};
 use crate::error::{PagedError, Result};
 use crate::memory::{BlockManager, SeqId};
 use crate::scheduler::SchedulingPolicy;
@@ -299,10 +299,8 @@ impl<M: LanguageModel> StepLoop for DisaggEngine<M> {
         self.step()
     }
 
-    fn progress(&mut self, progress: GenerateProgress) {
-        if let Some(hook) = self.progress.as_mut() {
-            hook(progress);
-        }
+    fn progress_hook(&mut self) -> Option<&mut ProgressHook> {
+        self.progress.as_mut()
     }
 }
 
