@@ -65,7 +65,7 @@ struct Report {
 }
 
 /// One engine's counters and queues after its last step or command.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct EngineState {
     stats: EngineStats,
     queues: (usize, usize, usize),
@@ -142,19 +142,12 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
                     }
                 })
                 .map_err(|e| PagedError::Device(format!("starting virtual engine {index}'s thread: {e}")))?;
+            // An engine that failed to build has ended its thread; those built so far end as
+            // `engines` is dropped.
             let state = built.recv().unwrap_or_else(|_| {
                 Err(PagedError::Internal(format!("virtual engine {index} stopped while it was being built")))
-            });
-            let mut handle = Handle { commands, thread: Some(thread), state: EngineState::default() };
-            match state {
-                Ok(state) => handle.state = state,
-                Err(e) => {
-                    // Dropping the handles ends the threads built so far.
-                    drop(handle);
-                    return Err(e);
-                }
-            }
-            engines.push(handle);
+            })?;
+            engines.push(Handle { commands, thread: Some(thread), state });
         }
         Ok(Self { model, tokenizer, engines, reports, routes: HashMap::new(), next_generate: 0, progress: None })
     }

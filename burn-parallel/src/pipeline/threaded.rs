@@ -216,7 +216,7 @@ impl PipelineLm {
                 None => out.push(compute.run(|| self.finish(hidden))),
             }
             // Flushed above, after the layers.
-            self.turns().give_up(s, device, turn, false)?;
+            drop(turn);
         }
         Ok(to.is_none().then_some(out))
     }

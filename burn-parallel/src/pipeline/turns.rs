@@ -28,7 +28,7 @@ use burn_llm_models::{KvCache, LanguageModel, ModelError, Result, StepInput};
 use super::model::PipelineLm;
 
 /// One turn per stage.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct StageTurns {
     turns: Vec<Arc<Mutex<()>>>,
 }
@@ -67,16 +67,6 @@ impl StageTurns {
     pub fn take(&self, stage: usize) -> MutexGuard<'_, ()> {
         self.turns[stage].lock().unwrap_or_else(PoisonError::into_inner)
     }
-
-    /// Gives up stage `stage`'s turn (`turn`) on `device`, after sending what a lazy device still
-    /// holds when `flush`. Waiting for the device to finish first (`Device::sync`) when others may
-    /// want it would order their work on a worker too, but costs a round trip and leaves the
-    /// device idle while the next caller issues: it measured slower, so it is not done.
-    pub fn give_up(&self, stage: usize, device: &Device, turn: MutexGuard<'_, ()>, flush: bool) -> Result<()> {
-        let done = if flush { device.flush() } else { Ok(()) };
-        drop(turn);
-        done.map_err(|e| ModelError::Device(format!("stage {stage} on {device:?}: {e:?}")))
-    }
 }
 
 impl PipelineLm {
@@ -85,27 +75,23 @@ impl PipelineLm {
     /// [`LanguageModel::forward`]'s default runs them.
     pub(super) fn forward_in_turns(&self, step: &StepInput, cache: &mut dyn KvCache) -> Result<Tensor<3>> {
         let last = self.stages().len() - 1;
-        let mut hidden = None;
-        for s in 0..=last {
-            let turn = self.turns().take(s);
-            let input = match hidden.take() {
-                None => self.embed(step),
-                Some(h) => h,
-            };
-            let out = self.run_stage_layers(s, input, cache)?;
-            let device = self.stages()[s].device();
-            if s < last {
-                hidden = Some(self.hand_over(out, self.stages()[s + 1].device()));
-                // The hand-over has sent the stage's work.
-                self.turns().give_up(s, device, turn, false)?;
-                continue;
-            }
-            let out = self.finish(out);
-            // The last stage's work goes out before the next caller's: a lazy device (fusion
-            // over a worker) would otherwise hold it until this caller reads the logits.
-            self.turns().give_up(s, device, turn, true)?;
-            return Ok(out);
+        let mut turn = self.turns().take(0);
+        let mut hidden = self.embed(step);
+        for s in 0..last {
+            hidden = self.run_stage_layers(s, hidden, cache)?;
+            hidden = self.hand_over(hidden, self.stages()[s + 1].device());
+            // The hand-over has sent the stage's work: the next caller may issue its own. Given
+            // up before waiting for the next stage's turn, so that no caller holds two.
+            drop(turn);
+            turn = self.turns().take(s + 1);
         }
-        Err(ModelError::Device("a pipeline without stages".into()))
+        let out = self.finish(self.run_stage_layers(last, hidden, cache)?);
+        // The last stage's work goes out before the next caller's: a lazy device (fusion over a
+        // worker) would otherwise hold it until this caller reads the logits.
+        let device = self.stages()[last].device();
+        let flushed = device.flush();
+        drop(turn);
+        flushed.map_err(|e| ModelError::Device(format!("stage {last} on {device:?}: {e:?}")))?;
+        Ok(out)
     }
 }
