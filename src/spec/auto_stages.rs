@@ -7,7 +7,12 @@
 //!
 //! Stages that slow each other down when they work at once (a worker on loopback beside the host
 //! CPU, two workers on one host) are measured doing so before planning ([`interference_of`]), and
-//! the planner splits for a pipelined pass at that interference.
+//! the planner splits for a pipelined pass at that interference. How much they interfere depends
+//! on what each stage does (a stage of one layer on a worker mostly waits on its round trip; one
+//! of half the model computes on a core the host shares), so the interference is measured again
+//! on the split it chose, each device running its stage's layers ([`split_interference`]), and
+//! the split planned again at that interference until it plans the split it was measured on
+//! ([`AutoStages::plan_settled`]); without tensor-parallel groups.
 //!
 //! Profiles live in `--stage-profile-dir` (default `~/.cache/burn-llm/profiles`), one file per
 //! (device, model, dtype, grid); see [`burn_parallel::profiler::device`]. Profiling and link
@@ -115,6 +120,7 @@ pub(super) fn plan_auto(
     // one device's share of the layers.
     let step = OverlapStep::decode_share(files.spec.num_layers, devices.len());
     let interference = interference_of(spec, dir, &entries.names, &devices, step, log)?.kappa;
+    let shares = vec![step.layers; devices.len()];
     let auto = AutoStages {
         devices: stage_devices,
         workload: StageWorkload::default(),
@@ -129,7 +135,12 @@ pub(super) fn plan_auto(
         let auto = AutoGroups { devices: singles, groups, workload, kv_tokens, handover, interference };
         PipelinePlan::auto_groups(&auto, devices, entries.names)?
     } else {
-        PipelinePlan::auto(&auto, 1, devices, entries.names)?
+        let prediction = auto.plan_settled(|layers| match layers == shares.as_slice() {
+            true => Ok(interference),
+            false => split_interference(spec, dir, &entries.names, &devices, layers, log).map(|i| i.kappa),
+        })?;
+        let plan = PipelinePlan::new(prediction.layout()?, 1, devices)?.with_names(entries.names);
+        plan.with_prediction(prediction)
     };
     if let Some(prediction) = plan.prediction() {
         let _ = writeln!(log, "{}", prediction.summary());
@@ -261,6 +272,21 @@ pub fn profile_stage_device(
     Ok(profile)
 }
 
+/// The interference of `devices` (named `names`) on the split `layers` (stage `s`'s layer count
+/// on `devices[s]`): [`interference_of`] on a decode step, each device running its own stage's
+/// layers.
+pub fn split_interference(
+    spec: &EngineSpec,
+    dir: &Path,
+    names: &[String],
+    devices: &[Device],
+    layers: &[usize],
+    log: &mut dyn Write,
+) -> Result<Interference, AutoStagesError> {
+    let step = OverlapStep::decode(layers.iter().copied().max().unwrap_or(1));
+    measure_interference(spec, dir, names, devices, step, Some(layers), log)
+}
+
 /// The interference `κ` of `devices` (named `names`, in pipeline order) on `step`
 /// ([`profiler::pipeline_interference`]; [`OverlapStep::decode_share`]: a decode step through a
 /// stage's share of the model's layers): each runs the checkpoint's first layers, loaded as the
@@ -277,6 +303,19 @@ pub fn interference_of(
     step: OverlapStep,
     log: &mut dyn Write,
 ) -> Result<Interference, AutoStagesError> {
+    measure_interference(spec, dir, names, devices, step, None, log)
+}
+
+/// [`interference_of`], device `d` running `layers[d]` layers per step where given.
+fn measure_interference(
+    spec: &EngineSpec,
+    dir: &Path,
+    names: &[String],
+    devices: &[Device],
+    step: OverlapStep,
+    layers: Option<&[usize]>,
+    log: &mut dyn Write,
+) -> Result<Interference, AutoStagesError> {
     if devices.len() < 2 {
         return Ok(Interference::none());
     }
@@ -284,6 +323,7 @@ pub fn interference_of(
     let threads = stage_pool_threads(devices, None)?;
     let joined = names.join(" → ");
     let (dir, devices, entry) = (dir.to_owned(), devices.to_vec(), joined.clone());
+    let own: Vec<Option<usize>> = (0..devices.len()).map(|d| layers.and_then(|l| l.get(d).copied())).collect();
     let measured = watched(&joined, "timed with the other stages", worker_timeout(spec), move |heartbeat| {
         let files = PretrainedFiles::open(&dir)?;
         let layers = profiler::run_layers(files.spec.num_layers);
@@ -295,8 +335,12 @@ pub fn interference_of(
             models.push(model);
             heartbeat.beat();
         }
-        let runs: Vec<OverlapDevice<'_>> =
-            models.iter().zip(&threads).map(|(model, &threads)| OverlapDevice { model, threads }).collect();
+        let runs: Vec<OverlapDevice<'_>> = models
+            .iter()
+            .zip(&threads)
+            .zip(&own)
+            .map(|((model, &threads), &layers)| OverlapDevice { model, threads, layers })
+            .collect();
         profiler::pipeline_interference(&runs, step).map_err(|source| AutoStagesError::Profile { entry, source })
     })?;
     let _ = writeln!(log, "{}", measured.summary(names));

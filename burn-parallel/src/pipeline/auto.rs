@@ -104,6 +104,13 @@ pub struct AutoStageDevice {
     pub link_to_next: Option<LinkProfile>,
 }
 
+/// Rounds of [`AutoStages::plan_settled`]: plans, each followed by a measurement on its split.
+const SETTLE_ROUNDS: usize = 3;
+
+/// How close (in `κ`) a split's measured interference must come to the one it was planned with
+/// for [`AutoStages::plan_settled`] to take the plan as settled.
+const KAPPA_SETTLED: f64 = 0.1;
+
 /// Everything `--stage-layers auto` plans from: one device per stage, in pipeline order.
 #[derive(Debug, Clone)]
 pub struct AutoStages {
@@ -181,6 +188,11 @@ impl StagePrediction {
     pub fn micro_batched_step_ms(&self, micro_batches: usize) -> f64 {
         let steps: Vec<f64> = self.stages.iter().map(|s| s.decode_step_ms).collect();
         Interference::pipelined_ms(&steps, micro_batches, self.interference)
+    }
+
+    /// Each stage's number of layers, in order.
+    pub fn layer_counts(&self) -> Vec<usize> {
+        self.stages.iter().map(|s| s.last_layer + 1 - s.first_layer).collect()
     }
 
     /// The stages' layout.
@@ -400,6 +412,48 @@ impl AutoStages {
         prediction.bottleneck_ms = out.bottleneck_ms;
         prediction.interference = self.interference;
         Ok(prediction)
+    }
+
+    /// Plans the stages at [`Self::interference`], then measures the interference of the split
+    /// it chose (`measure`: each device running its stage's layer count) and plans again at that,
+    /// until a plan was made at (within [`KAPPA_SETTLED`]) the interference measured on its own
+    /// split, a split comes back, or [`SETTLE_ROUNDS`] splits were measured. Interference depends
+    /// on what each stage does: a stage of one layer on a worker mostly waits on its round trip,
+    /// one of half the model computes on a core the host shares. Of the splits measured, the one
+    /// whose pipelined pass at its own interference is shortest (`max + κ·(Σ − max)` of its
+    /// stages' per-request times) is returned, priced at that interference.
+    pub fn plan_settled<E>(
+        &self,
+        mut measure: impl FnMut(&[usize]) -> std::result::Result<f64, E>,
+    ) -> std::result::Result<StagePrediction, E>
+    where
+        E: From<PipelineError>,
+    {
+        let mut auto = self.clone();
+        let mut measured: Vec<StagePrediction> = Vec::new();
+        for _ in 0..SETTLE_ROUNDS {
+            let mut prediction = auto.plan()?;
+            let layers = prediction.layer_counts();
+            if measured.iter().any(|p| p.layer_counts() == layers) {
+                break;
+            }
+            let kappa = measure(&layers)?;
+            let settled = (kappa - auto.interference).abs() <= KAPPA_SETTLED;
+            prediction.interference = kappa;
+            measured.push(prediction);
+            if settled {
+                break;
+            }
+            auto.interference = kappa;
+        }
+        let interval = |p: &StagePrediction| {
+            let request: Vec<f64> = p.stages.iter().map(|s| s.request_ms).collect();
+            Interference::interval_ms(&request, p.interference)
+        };
+        match measured.into_iter().min_by(|a, b| interval(a).total_cmp(&interval(b))) {
+            Some(best) => Ok(best),
+            None => Ok(auto.plan()?),
+        }
     }
 
     /// Hand-overs of one request over `link`: the prompt's, then one token per decode step.

@@ -44,6 +44,15 @@ pub struct OverlapDevice<'a> {
     /// Rayon threads a stage on the host CPU computes with (`None`: the caller's pool; other
     /// devices ignore it).
     pub threads: Option<usize>,
+    /// Layers this device's step runs (`None`: the step's [`OverlapStep::layers`]): a stage's
+    /// own share, when the split being priced gives the devices unequal shares.
+    pub layers: Option<usize>,
+}
+
+impl OverlapDevice<'_> {
+    fn layers(&self, step: OverlapStep) -> usize {
+        self.layers.unwrap_or(step.layers).max(1)
+    }
 }
 
 /// The step every device times: `tokens` new tokens of one sequence after `context` cached ones,
@@ -98,12 +107,16 @@ pub struct Interference {
     /// `(interval − max alone) ÷ (Σ alone − max alone)` with `interval = (pass − Σ alone) ÷ (M − 1)`,
     /// at least 0 (see the module docs).
     pub kappa: f64,
+    /// Each device's layers per step where they differ from the step's (empty: every device ran
+    /// [`OverlapStep::layers`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<usize>,
 }
 
 impl Interference {
     /// No interference (one device, or devices that share nothing): `κ = 0`.
     pub fn none() -> Self {
-        Self { step: OverlapStep::decode(1), alone_ms: Vec::new(), pass_ms: 0.0, kappa: 0.0 }
+        Self { step: OverlapStep::decode(1), alone_ms: Vec::new(), pass_ms: 0.0, kappa: 0.0, layers: Vec::new() }
     }
 
     /// `κ` from a pass `pass` of `micro_batches` micro-batches through devices whose steps take
@@ -141,13 +154,16 @@ impl Interference {
     /// One line for start-up logs.
     pub fn summary(&self, names: &[String]) -> String {
         let alone: Vec<String> = names.iter().zip(&self.alone_ms).map(|(n, a)| format!("{n} {a:.2} ms")).collect();
+        let layers = match self.layers.as_slice() {
+            [] => format!("{} layers each", self.step.layers),
+            own => format!("layers {}", own.iter().map(usize::to_string).collect::<Vec<_>>().join(" / ")),
+        };
         format!(
-            "stages overlapping ({} new token(s) after {}, {} layers each): alone {}; a pass of {} micro-batches \
+            "stages overlapping ({} new token(s) after {}, {layers}): alone {}; a pass of {} micro-batches \
              {:.2} ms, {:.2} ms each after the first: interference κ = {:.2} (a later micro-batch costs \
              max + κ·(Σ − max) of its stages' times; 0 overlaps perfectly, 1 takes turns)",
             self.step.tokens,
             self.step.context,
-            self.step.layers,
             alone.join(", "),
             self.step.micro_batches,
             self.pass_ms,
@@ -172,6 +188,8 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
             "an overlap step needs at least one token, one timed run and two micro-batches a pass".into(),
         ));
     }
+    let own: Vec<usize> = devices.iter().map(|d| d.layers(step)).collect();
+    let layers = if own.iter().all(|&l| l == step.layers) { Vec::new() } else { own };
     let before = alone_ms(devices, step)?;
     if devices.len() < 2 {
         return Ok(Interference {
@@ -179,6 +197,7 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
             pass_ms: step.micro_batches as f64 * before.first().copied().unwrap_or(0.0),
             alone_ms: before,
             kappa: 0.0,
+            layers,
         });
     }
     let pass = passes_ms(devices, step)?;
@@ -188,7 +207,7 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
     let after = alone_ms(devices, step)?;
     let alone: Vec<f64> = before.iter().zip(&after).map(|(b, a)| b.min(*a)).collect();
     let kappa = Interference::kappa_of(&alone, pass, step.micro_batches);
-    Ok(Interference { step, kappa, alone_ms: alone, pass_ms: pass })
+    Ok(Interference { step, kappa, alone_ms: alone, pass_ms: pass, layers })
 }
 
 /// Each device's median step alone, the devices taking turns run by run (so that whatever drifts
@@ -197,7 +216,8 @@ fn alone_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Vec<f64>
     let mut runs = vec![Vec::with_capacity(step.repeats); devices.len()];
     for run in 0..step.warmup + step.repeats {
         for (i, d) in devices.iter().enumerate() {
-            let ms = in_stage_pool(d.threads, || step_ms(d.model, step)).map_err(|e| at_device(i, e))?;
+            let ms =
+                in_stage_pool(d.threads, || step_ms(d.model, step, d.layers(step))).map_err(|e| at_device(i, e))?;
             if run >= step.warmup {
                 runs[i].push(ms);
             }
@@ -245,7 +265,7 @@ fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pr
                                     let _ = from.recv();
                                 }
                                 if !failed()
-                                    && let Err(e) = guarded_step_ms(d.model, step)
+                                    && let Err(e) = guarded_step_ms(d.model, step, d.layers(step))
                                     && let Ok(mut slot) = failure.lock()
                                 {
                                     slot.get_or_insert((i, e));
@@ -286,18 +306,18 @@ fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pr
 }
 
 /// One timed step of `model`'s layers (see [`OverlapStep`]), the device drained before and after:
-/// the profiler's prefill run ([`Bench::prefill_once_ms`]) through `step.layers` layers.
-fn step_ms(model: &CausalLm, step: OverlapStep) -> Result<f64, ProfileError> {
+/// the profiler's prefill run ([`Bench::prefill_once_ms`]) through `layers` layers.
+fn step_ms(model: &CausalLm, step: OverlapStep, layers: usize) -> Result<f64, ProfileError> {
     let device = model.device();
     let progress = Progress::new(0, None);
-    let bench = Bench::new(model, &device, 0, 1, &progress).cycling_layers(step.layers);
+    let bench = Bench::new(model, &device, 0, 1, &progress).cycling_layers(layers);
     bench.prefill_once_ms(1, step.tokens, step.context)
 }
 
 /// [`step_ms`] with a panic (a device's backend failing inside an operation) turned into an
 /// error: a pass's thread that unwound would leave the others waiting at the next pass's barrier.
-fn guarded_step_ms(model: &CausalLm, step: OverlapStep) -> Result<f64, ProfileError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_ms(model, step))).unwrap_or_else(|panic| {
+fn guarded_step_ms(model: &CausalLm, step: OverlapStep, layers: usize) -> Result<f64, ProfileError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_ms(model, step, layers))).unwrap_or_else(|panic| {
         Err(ProfileError::Device(format!("the step panicked: {}", burn_llm_models::error::panic_message(panic))))
     })
 }
@@ -363,7 +383,7 @@ mod tests {
     #[test]
     fn one_device_has_nothing_to_overlap_with() {
         let model = tiny();
-        let one = [OverlapDevice { model: &model, threads: None }];
+        let one = [OverlapDevice { model: &model, threads: None, layers: None }];
         let step = OverlapStep { tokens: 1, context: 8, layers: 3, micro_batches: 4, warmup: 1, repeats: 3 };
         let measured = pipeline_interference(&one, step).expect("measures");
         assert_eq!(measured.kappa, 0.0);
@@ -373,7 +393,10 @@ mod tests {
     #[test]
     fn devices_in_a_pass_report_their_steps_and_a_finite_interference() {
         let (a, b) = (tiny(), tiny());
-        let devices = [OverlapDevice { model: &a, threads: Some(1) }, OverlapDevice { model: &b, threads: Some(1) }];
+        let devices = [
+            OverlapDevice { model: &a, threads: Some(1), layers: None },
+            OverlapDevice { model: &b, threads: Some(1), layers: None },
+        ];
         let step = OverlapStep { tokens: 4, context: 8, layers: 2, micro_batches: 4, warmup: 1, repeats: 5 };
         let measured = pipeline_interference(&devices, step).expect("measures");
         assert_eq!(measured.alone_ms.len(), 2);
@@ -387,9 +410,32 @@ mod tests {
     }
 
     #[test]
+    fn each_device_can_run_its_own_share_of_layers() {
+        let (a, b) = (tiny(), tiny());
+        let devices = [
+            OverlapDevice { model: &a, threads: Some(1), layers: Some(24) },
+            OverlapDevice { model: &b, threads: Some(1), layers: Some(1) },
+        ];
+        let step = OverlapStep { tokens: 4, context: 8, layers: 2, micro_batches: 2, warmup: 1, repeats: 5 };
+        let measured = pipeline_interference(&devices, step).expect("measures");
+        assert_eq!(measured.layers, vec![24, 1]);
+        assert!(measured.alone_ms[0] > measured.alone_ms[1], "24 layers against 1: {measured:?}");
+        assert!(measured.summary(&["a".into(), "b".into()]).contains("layers 24 / 1"));
+        // Devices that all run the step's layers record none of their own.
+        let same = [
+            OverlapDevice { model: &a, threads: Some(1), layers: Some(2) },
+            OverlapDevice { model: &b, threads: Some(1), layers: None },
+        ];
+        assert!(pipeline_interference(&same, step).expect("measures").layers.is_empty());
+    }
+
+    #[test]
     fn an_empty_step_is_refused() {
         let model = tiny();
-        let devices = [OverlapDevice { model: &model, threads: None }, OverlapDevice { model: &model, threads: None }];
+        let devices = [
+            OverlapDevice { model: &model, threads: None, layers: None },
+            OverlapDevice { model: &model, threads: None, layers: None },
+        ];
         let step = OverlapStep { tokens: 0, ..OverlapStep::decode(4) };
         assert!(matches!(pipeline_interference(&devices, step), Err(ProfileError::Grid(_))));
         let step = OverlapStep { micro_batches: 1, ..OverlapStep::decode(4) };

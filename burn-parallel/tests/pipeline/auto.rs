@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use burn_llm_models::{CausalLm, LanguageModel, RandomWeights};
 use burn_parallel::pipeline::{
-    AutoGroup, AutoGroups, AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineLm, PipelinePlan, StageWorkload,
+    AutoGroup, AutoGroups, AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineError, PipelineLm, PipelinePlan,
+    StageWorkload,
 };
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::profiler::{
@@ -192,6 +193,44 @@ fn interfering_stages_leave_the_slower_device_one_layer_and_run_as_planned() {
     let expected = greedy(&CausalLm::random(spec.clone(), &Device::flex()).unwrap());
     let pipeline = PipelineLm::from_checkpoint(spec, &RandomWeights::default(), &plan, None).unwrap();
     assert_same(&format!("{name} on interfering auto stages {stages:?}"), &expected, &greedy(&pipeline));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn settled_stages_are_priced_at_the_interference_of_their_own_split() {
+    let dir = cache_dir("auto-settle");
+    let name = "llama";
+    let profile = steady(&measure(name, &identity(name, "f32"), &dir).profile);
+    let layers = deeper(name).num_layers;
+    // Measured on equal shares, the stages interfere (κ = 1.5), so the slower device keeps one
+    // layer. Measured on that split they hardly do (its stage waits more than it computes), so
+    // the planner balances them again; measured on the balanced split they interfere as before.
+    let auto = AutoStages { interference: 1.5, ..auto_stages(&profile, 1.2, [u64::MAX, u64::MAX], name) };
+    let mut calls = Vec::new();
+    let prediction = auto
+        .plan_settled(|split: &[usize]| {
+            calls.push(split.to_vec());
+            Ok::<_, PipelineError>(if split[1] == 1 { 0.0 } else { 1.5 })
+        })
+        .unwrap();
+    assert_eq!(calls.len(), 2, "the lopsided split, the balanced one, then the lopsided again (seen): {calls:?}");
+    assert_eq!(calls[0], vec![layers - 1, 1]);
+    assert!(calls[1][1] > 1, "{calls:?}");
+    // Of the two, the lopsided split at its own κ = 0 has the shorter pass.
+    assert_eq!(prediction.layer_counts(), vec![layers - 1, 1]);
+    assert_eq!(prediction.interference, 0.0);
+
+    // A split measured as planned is settled at once; a failed measurement is the error.
+    let mut count = 0;
+    let settled = auto
+        .plan_settled(|_: &[usize]| {
+            count += 1;
+            Ok::<_, PipelineError>(1.45)
+        })
+        .unwrap();
+    assert_eq!((count, settled.interference, settled.layer_counts()), (1, 1.45, vec![layers - 1, 1]));
+    let failed = auto.plan_settled(|_: &[usize]| Err(PipelineError::Zero("a test's measurement")));
+    assert!(failed.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -14,6 +14,18 @@ pub(super) enum Shape {
     NonDecreasing,
 }
 
+/// How a table is read along its second axis between (and beyond) its points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Along {
+    /// The value is piecewise linear (a decode step's time against its context: `c + a·j`).
+    Linear,
+    /// The value per unit of the axis is piecewise linear, so the value is `x·p(x)`: exact for
+    /// `a·x + b·x²`, a prefill's time against its tokens (projections linear, attention
+    /// quadratic), where the chord between two points overstates every length between them.
+    /// Beyond the last point the per-unit value keeps its last slope, never falling.
+    PerUnit,
+}
+
 /// A table over (batch, second axis), read as described in the module docs.
 #[derive(Debug, Clone)]
 pub(super) struct Grid {
@@ -21,6 +33,7 @@ pub(super) struct Grid {
     other: Vec<f64>,
     values: Vec<Vec<f64>>,
     shape: Shape,
+    along: Along,
 }
 
 impl Grid {
@@ -52,7 +65,12 @@ impl Grid {
                 check::non_negative(&format!("{row_field}[{i}]"), v)?;
             }
         }
-        Ok(Self { batch: batch.to_vec(), other: other.to_vec(), values: values.to_vec(), shape })
+        Ok(Self { batch: batch.to_vec(), other: other.to_vec(), values: values.to_vec(), shape, along: Along::Linear })
+    }
+
+    /// The same table read `along` its second axis.
+    pub(super) fn along(self, along: Along) -> Self {
+        Self { along, ..self }
     }
 
     /// The same points holding `max(0, value − f(batch, other))`, read [`Shape::NonDecreasing`].
@@ -69,7 +87,11 @@ impl Grid {
     /// The batch curve at `other`, at the batch points, made monotone as its [`Shape`] says.
     pub(super) fn curve(&self, other: f64) -> Vec<f64> {
         // Read every batch row at `other`, then make the batch curve monotone.
-        let mut curve: Vec<f64> = self.values.iter().map(|row| interpolate(&self.other, row, other).max(0.0)).collect();
+        let read = |row: &[f64]| match self.along {
+            Along::Linear => interpolate(&self.other, row, other),
+            Along::PerUnit => per_unit(&self.other, row, other),
+        };
+        let mut curve: Vec<f64> = self.values.iter().map(|row| read(row).max(0.0)).collect();
         for i in 1..curve.len() {
             curve[i] = curve[i].max(curve[i - 1]);
         }
@@ -104,6 +126,27 @@ fn interpolate(xs: &[f64], ys: &[f64], x: f64) -> f64 {
     let seg = xs[..xs.len() - 1].iter().rposition(|&p| p <= x).unwrap_or(0);
     let w = (x - xs[seg]) / (xs[seg + 1] - xs[seg]);
     ys[seg] + w * (ys[seg + 1] - ys[seg])
+}
+
+/// [`Along::PerUnit`]: `x·p(x)` with `p` the piecewise-linear `ys/xs` at `x`, its last slope
+/// held at no less than 0 beyond the last point (a single point's per-unit value held); below
+/// the first point, the first value.
+fn per_unit(xs: &[f64], ys: &[f64], x: f64) -> f64 {
+    if x <= xs[0] || xs[0] <= 0.0 {
+        return interpolate(xs, ys, x);
+    }
+    if xs.len() == 1 {
+        return ys[0] / xs[0] * x;
+    }
+    let per: Vec<f64> = xs.iter().zip(ys).map(|(&x, &y)| y / x).collect();
+    let last = xs.len() - 1;
+    let p = if x > xs[last] {
+        let slope = (per[last] - per[last - 1]) / (xs[last] - xs[last - 1]);
+        per[last] + slope.max(0.0) * (x - xs[last])
+    } else {
+        interpolate(xs, &per, x)
+    };
+    x * p
 }
 
 #[cfg(test)]
@@ -169,6 +212,43 @@ mod tests {
         let over = dip.minus(|b, _| 10.0 * b);
         assert_eq!((over.eval(1.0, 0.0), over.eval(4.0, 0.0)), (20.0, 20.0));
         assert_eq!(dip.minus(|_, _| 100.0).eval(2.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn profile_grid_per_unit_is_exact_for_a_quadratic_and_never_falls_beyond_its_points() {
+        // 0.05·t + 1e-4·t² ms at 256, 1024 and 2048 tokens.
+        let f = |t: f64| 0.05 * t + 1e-4 * t * t;
+        let tokens = [256.0, 1024.0, 2048.0];
+        let row: Vec<f64> = tokens.iter().map(|&t| f(t)).collect();
+        let g = Grid::new("g", ("batch", &[1.0], 1.0), ("tokens", &tokens, 1.0), ("v", &[row]), Shape::Sublinear)
+            .unwrap()
+            .along(Along::PerUnit);
+        for t in [256.0, 512.0, 700.0, 1500.0, 4096.0] {
+            assert!((g.eval(1.0, t) - f(t)).abs() < 1e-9, "{t}: {} vs {}", g.eval(1.0, t), f(t));
+        }
+        // The chord at 512 overstates it; below the first point the first value holds.
+        let chord = Grid::new(
+            "g",
+            ("batch", &[1.0], 1.0),
+            ("tokens", &tokens, 1.0),
+            ("v", &[tokens.map(f).to_vec()]),
+            Shape::Sublinear,
+        )
+        .unwrap();
+        assert!(chord.eval(1.0, 512.0) > f(512.0) * 1.1);
+        assert_eq!(g.eval(1.0, 16.0), f(256.0));
+        // Falling per-unit costs (fixed costs amortised) are held beyond the last point, not extended.
+        let falling = Grid::new(
+            "g",
+            ("batch", &[1.0], 1.0),
+            ("tokens", &[16.0, 64.0], 1.0),
+            ("v", &[vec![3.2, 6.4]]),
+            Shape::Sublinear,
+        )
+        .unwrap()
+        .along(Along::PerUnit);
+        assert!((falling.eval(1.0, 128.0) - 12.8).abs() < 1e-12);
+        assert!((falling.eval(1.0, 40.0) - 6.0).abs() < 1e-12);
     }
 
     #[test]

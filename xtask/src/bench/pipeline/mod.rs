@@ -34,7 +34,7 @@ use burn::tensor::Device;
 use burn_llm::models::PretrainedFiles;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::parallel::plan::profile::Profile;
-use burn_llm::parallel::profiler::OverlapStep;
+use burn_llm::parallel::profiler::Interference;
 
 use chunked::MixedLoad;
 use stages::StagesWorkload;
@@ -286,12 +286,14 @@ fn remote_parts(
         );
         let names = [flex.0.0.clone(), one.0.0.clone()];
         let spec = burn_llm::EngineSpec { worker_token: Some(token.to_string()), ..burn_llm::EngineSpec::default() };
-        let mut log = Vec::new();
         let devices = [flex.0.1.clone(), one.0.1.clone()];
-        let step = OverlapStep::decode_share(files.spec.num_layers, devices.len());
-        let interference = burn_llm::spec::interference_of(&spec, model, &names, &devices, step, &mut log)?;
-        eprint!("{}", String::from_utf8_lossy(&log));
-        results.stages = Some(stages::run(model, vocab, &costs, token, &settings.stages, &unequal, interference)?);
+        let mut on_split = |layers: &[usize]| -> Result<Interference, Box<dyn std::error::Error>> {
+            let mut log = Vec::new();
+            let measured = burn_llm::spec::split_interference(&spec, model, &names, &devices, layers, &mut log)?;
+            eprint!("{}", String::from_utf8_lossy(&log));
+            Ok(measured)
+        };
+        results.stages = Some(stages::run(model, vocab, &costs, token, &settings.stages, &unequal, &mut on_split)?);
     }
     if ttft_part {
         let costs = profiles::pipeline(&files.spec, &[one.0.clone(), two.0.clone()], &profiled)?;

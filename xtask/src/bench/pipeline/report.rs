@@ -124,7 +124,7 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
 fn stages_md(s: &StagesResult) -> String {
     let w = &s.workload;
     let mut md = format!(
-        "\n## (a) Automatic stages vs even split\n\n- devices: {} — {}\n- decode step: one sequence after a {}-token prompt (stages in turn), and {} sequences in {} micro-batches of one (stages overlapping), medians of {} steps; measured bottleneck = (micro-batched step − one-sequence step) ÷ {}\n- prompt: one {}-token prompt, unsliced, median of {}\n- predicted: each stage's time from its device's profile and link; a pass of M micro-batches `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s − max_s t_s))`, with the devices' measured interference κ\n- {}\n\n",
+        "\n## (a) Automatic stages vs even split\n\n- devices: {} — {}\n- decode step: one sequence after a {}-token prompt (stages in turn), and {} sequences in {} micro-batches of one (stages overlapping), medians of {} steps; measured bottleneck = (micro-batched step − one-sequence step) ÷ {}\n- prompt: one {}-token prompt, unsliced, median of {}\n- predicted: each stage's time from its device's profile and link; a pass of M micro-batches `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s − max_s t_s))`, with the devices' interference κ measured on the split (each device running its stage's layers)\n- on equal shares, what `--stage-layers auto` plans with first: {}\n\n",
         s.devices.join(", "),
         s.unequal,
         w.prompt,
@@ -143,6 +143,7 @@ fn stages_md(s: &StagesResult) -> String {
             ("split", Left),
             ("stage layers", Left),
             ("decode stage ms (pred.)", Right),
+            ("κ on the split", Right),
             ("bottleneck ms: pred. / meas.", Right),
             ("1-seq step ms: pred. / meas.", Right),
             ("micro-batched step ms: pred. / meas.", Right),
@@ -154,6 +155,7 @@ fn stages_md(s: &StagesResult) -> String {
                 r.split.clone(),
                 r.stage_layers.join(", "),
                 ms(&r.decode_stage_ms),
+                format!("{:.2}", r.interference.kappa),
                 versus(&r.decode_bottleneck),
                 versus(&r.decode_step),
                 versus(&r.batch_step),
@@ -162,6 +164,9 @@ fn stages_md(s: &StagesResult) -> String {
             ]
         }),
     ));
+    for r in &s.rows {
+        md.push_str(&format!("\n{}, on its split: {}\n", r.split, r.interference.summary(&s.devices)));
+    }
     for r in s.rows.iter().filter(|r| !r.plan_log.is_empty()) {
         md.push_str(&format!("\n{} — the engine's start-up log:\n\n```\n{}\n```\n", r.split, r.plan_log));
     }

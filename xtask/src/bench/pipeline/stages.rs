@@ -4,9 +4,9 @@
 //! - a decode step of one sequence: every stage in turn, `Σ_s t_s`;
 //! - a decode step of `batch` sequences in `batch` micro-batches of one, the stages working on
 //!   different micro-batches at once: `Σ_s t_s + (batch − 1)·(max_s t_s + κ·(Σ_s t_s − max_s t_s))`
-//!   with the devices' measured interference `κ` (`burn_llm::spec::interference_of`, what
-//!   `--stage-layers auto` plans with), so that the measured
-//!   bottleneck stage is `(step(batch) − step(1)) ÷ (batch − 1)`;
+//!   with the devices' interference `κ` measured on that split, each device running its stage's
+//!   layers (`burn_llm::spec::split_interference`, what `--stage-layers auto` prices its chosen
+//!   split with), so that the measured bottleneck stage is `(step(batch) − step(1)) ÷ (batch − 1)`;
 //! - one prompt's prefill, unsliced: `Σ_s t_s` of the prompt.
 
 use std::ops::Range;
@@ -23,6 +23,9 @@ use serde::Serialize;
 
 use super::drive::{self, Request};
 use super::predict::{self, DeviceCost, Versus, Work};
+
+/// Measures the devices' interference on a split (each device's layer count, in order).
+pub type SplitInterference<'a> = dyn FnMut(&[usize]) -> Result<Interference, Box<dyn std::error::Error>> + 'a;
 
 /// Part (a)'s settings.
 #[derive(Debug, Clone, Serialize)]
@@ -54,6 +57,8 @@ pub struct SplitRow {
     pub decode_bottleneck: Versus,
     /// Predicted slowest stage of the prompt's prefill.
     pub prompt_bottleneck_ms: f64,
+    /// The devices' interference measured on this split (each running its stage's layers).
+    pub interference: Interference,
     /// One sequence's decode step, `batch` sequences' micro-batched step, the prompt's prefill.
     pub decode_step: Versus,
     pub batch_step: Versus,
@@ -67,7 +72,7 @@ pub struct StagesResult {
     /// What makes the devices unequal.
     pub unequal: String,
     pub workload: StagesWorkload,
-    /// The devices' interference, measured as `--stage-layers auto` measures it.
+    /// The devices' interference on equal shares, what `--stage-layers auto` plans with first.
     pub interference: Interference,
     /// Even split first, then auto.
     pub rows: Vec<SplitRow>,
@@ -90,10 +95,12 @@ pub fn run(
     token: &str,
     workload: &StagesWorkload,
     unequal: &str,
-    interference: Interference,
+    split_interference: &mut SplitInterference<'_>,
 ) -> Result<StagesResult, Box<dyn std::error::Error>> {
     let names: Vec<String> = costs.iter().map(|c| c.name.clone()).collect();
-    let kappa = interference.kappa;
+    let layers = costs.first().map_or(0, |c| c.profile.layers);
+    let shares = vec![layers.div_ceil(costs.len().max(1)); costs.len()];
+    let interference = split_interference(&shares)?;
     let profile_dir = std::env::temp_dir().join(format!("burn-llm-bench-stage-profiles-{}", std::process::id()));
     let w = workload;
     let mut rows = Vec::new();
@@ -129,6 +136,9 @@ pub fn run(
         let layout = predict::layout_of(&placement)
             .ok_or_else(|| format!("{label}: the engine reports no stages (placement: `{placement}`)"))?;
         let m = measure(engine.as_mut(), vocab, w)?;
+        let counts: Vec<usize> = layout.iter().map(|r| r.len()).collect();
+        let own = if counts == shares { interference.clone() } else { split_interference(&counts)? };
+        let kappa = own.kappa;
         let context = w.prompt + w.steps / 2;
         let decode_stage_ms = predict::stage_ms(costs, &layout, Work::Decode { batch: 1, context });
         let prompt_stage_ms = predict::stage_ms(costs, &layout, Work::Prefill { tokens: w.long_prompt, context: 0 });
@@ -142,6 +152,7 @@ pub fn run(
             decode_step: Versus::new(Interference::pipelined_ms(&decode_stage_ms, 1, kappa), m.step),
             batch_step: Versus::new(Interference::pipelined_ms(&decode_stage_ms, w.batch, kappa), m.batch_step),
             prompt: Versus::new(Interference::pipelined_ms(&prompt_stage_ms, 1, kappa), m.prompt),
+            interference: own,
             decode_stage_ms,
             prompt_stage_ms,
         };

@@ -105,8 +105,11 @@ impl Devices {
     pub(super) fn interference(&self) -> Result<Interference, BoxError> {
         let Self::Two { names, devices, replicas } = self else { return Ok(Interference::none()) };
         let threads = stage_pool_threads(devices.as_slice(), None)?;
-        let runs: Vec<OverlapDevice<'_>> =
-            replicas.iter().zip(&threads).map(|(model, &threads)| OverlapDevice { model, threads }).collect();
+        let runs: Vec<OverlapDevice<'_>> = replicas
+            .iter()
+            .zip(&threads)
+            .map(|(model, &threads)| OverlapDevice { model, threads, layers: None })
+            .collect();
         let step = OverlapStep::decode_share(replicas[0].spec.num_layers, 2);
         let measured = pipeline_interference(&runs, step)?;
         eprintln!("{}", measured.summary(names.as_slice()));
