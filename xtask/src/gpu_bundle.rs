@@ -46,8 +46,9 @@ pub struct Args {
     #[arg(long)]
     debs: Option<PathBuf>,
     /// Examples to pack (the GPU run itself uses only the test binaries and xtask; every
-    /// example adds about 110 MiB before compression).
-    #[arg(long, value_delimiter = ',', default_value = "opt_generate,llama_generate,gpt2_generate,flexgen_generate")]
+    /// example adds about 110 MiB before compression, and the device tool carries the bundle
+    /// and the working tree within 64 MiB together).
+    #[arg(long, value_delimiter = ',', default_value = "llama_generate")]
     examples: Vec<String>,
     /// LZMA dictionary size in MiB: the window within which repeated code compresses away.
     #[arg(long, default_value_t = 256)]
@@ -56,7 +57,7 @@ pub struct Args {
     #[arg(long, default_value_t = 6)]
     xz_preset: u32,
     /// Largest bundle accepted in MiB (the device tool carries 64 MiB, working tree included).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 48)]
     max_mib: u64,
 }
 
