@@ -28,8 +28,9 @@
 //! All times are for **one layer** in milliseconds:
 //! - `prefill`: TeraPipe's `t_fwd(i, j) = t_fwd(i, 0) + t_ctx(i, j)` (Eq. 2.9). `base_ms[b][t]` is
 //!   the time of a prefill of `batch[b]` sequences of `tokens[t]` tokens each with no context
-//!   (tabulated; between token counts its time per token is interpolated linearly, which is exact
-//!   for a layer's `a·i + b·i²` where the chord would overstate every length between two points);
+//!   (tabulated; between token counts it is read through quadratics of three neighbouring
+//!   points, exact for a layer's `c + a·i + b·i²` where the chord overstates every length between
+//!   two points);
 //!   `context_ms = [a0, a1, a2, a3]` is the fitted per-sequence context overhead
 //!   `t_ctx(i, j) = a0 + a1·i + a2·j + a3·i·j`, added (times the batch) when `j > 0`.
 //! - `decode`: `ms[b][c]`, one decode step of `batch[b]` sequences whose context is
@@ -77,8 +78,8 @@
 //!
 //! Tables are interpolated piecewise-linearly (held constant below the first point, extended with
 //! the last segment's slope beyond the last), except `prefill.base_ms` along its tokens, which is
-//! read per token as said above (beyond the last point the time per token keeps its last slope,
-//! never falling). Along the batch axis a table is read as
+//! read through quadratics as said above (beyond the last point the last three points' quadratic,
+//! never below the last segment's line). Along the batch axis a table is read as
 //! non-decreasing, with a time per sequence that never grows with the batch (a running maximum,
 //! then a running minimum of the per-sequence time): measurement noise cannot make a larger batch
 //! cheaper or a smaller one more efficient, which is the monotonicity ExeGPT's search relies on
@@ -368,7 +369,7 @@ impl Profile {
             ("base_ms", &self.prefill.base_ms),
             Shape::Sublinear,
         )?
-        .along(Along::PerUnit);
+        .along(Along::Quadratic);
         for (i, &a) in self.prefill.context_ms.iter().enumerate() {
             check::non_negative(&f(&format!("prefill.context_ms[{i}]")), a)?;
         }

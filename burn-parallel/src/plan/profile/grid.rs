@@ -19,11 +19,12 @@ pub(super) enum Shape {
 pub(super) enum Along {
     /// The value is piecewise linear (a decode step's time against its context: `c + a·j`).
     Linear,
-    /// The value per unit of the axis is piecewise linear, so the value is `x·p(x)`: exact for
-    /// `a·x + b·x²`, a prefill's time against its tokens (projections linear, attention
-    /// quadratic), where the chord between two points overstates every length between them.
-    /// Beyond the last point the per-unit value keeps its last slope, never falling.
-    PerUnit,
+    /// Through quadratics of three neighbouring points: exact for `c + a·x + b·x²`, a prefill's
+    /// time against its tokens (a fixed cost, projections linear, attention quadratic), where
+    /// the chord between two points overstates every length between them. Between two points,
+    /// the mean of the quadratics through the triples that hold both; beyond the last point, the
+    /// last triple's, never below the last segment's line.
+    Quadratic,
 }
 
 /// A table over (batch, second axis), read as described in the module docs.
@@ -89,7 +90,7 @@ impl Grid {
         // Read every batch row at `other`, then make the batch curve monotone.
         let read = |row: &[f64]| match self.along {
             Along::Linear => interpolate(&self.other, row, other),
-            Along::PerUnit => per_unit(&self.other, row, other),
+            Along::Quadratic => quadratic(&self.other, row, other),
         };
         let mut curve: Vec<f64> = self.values.iter().map(|row| read(row).max(0.0)).collect();
         for i in 1..curve.len() {
@@ -128,25 +129,28 @@ fn interpolate(xs: &[f64], ys: &[f64], x: f64) -> f64 {
     ys[seg] + w * (ys[seg + 1] - ys[seg])
 }
 
-/// [`Along::PerUnit`]: `x·p(x)` with `p` the piecewise-linear `ys/xs` at `x`, its last slope
-/// held at no less than 0 beyond the last point (a single point's per-unit value held); below
-/// the first point, the first value.
-fn per_unit(xs: &[f64], ys: &[f64], x: f64) -> f64 {
-    if x <= xs[0] || xs[0] <= 0.0 {
+/// [`Along::Quadratic`] at `x`: below the first point the first value; with fewer than three
+/// points, [`interpolate`].
+fn quadratic(xs: &[f64], ys: &[f64], x: f64) -> f64 {
+    let n = xs.len();
+    if n < 3 || x <= xs[0] {
         return interpolate(xs, ys, x);
     }
-    if xs.len() == 1 {
-        return ys[0] / xs[0] * x;
-    }
-    let per: Vec<f64> = xs.iter().zip(ys).map(|(&x, &y)| y / x).collect();
-    let last = xs.len() - 1;
-    let p = if x > xs[last] {
-        let slope = (per[last] - per[last - 1]) / (xs[last] - xs[last - 1]);
-        per[last] + slope.max(0.0) * (x - xs[last])
-    } else {
-        interpolate(xs, &per, x)
+    let through = |first: usize| {
+        let (px, py) = (&xs[first..first + 3], &ys[first..first + 3]);
+        (0..3)
+            .map(|i| {
+                let weight: f64 = (0..3).filter(|&j| j != i).map(|j| (x - px[j]) / (px[i] - px[j])).product();
+                weight * py[i]
+            })
+            .sum::<f64>()
     };
-    x * p
+    if x >= xs[n - 1] {
+        return through(n - 3).max(interpolate(xs, ys, x));
+    }
+    let seg = xs[..n - 1].iter().rposition(|&p| p <= x).unwrap_or(0);
+    let triples: Vec<usize> = [seg.checked_sub(1), Some(seg)].into_iter().flatten().filter(|&f| f + 3 <= n).collect();
+    triples.iter().map(|&f| through(f)).sum::<f64>() / triples.len() as f64
 }
 
 #[cfg(test)]
@@ -215,40 +219,44 @@ mod tests {
     }
 
     #[test]
-    fn profile_grid_per_unit_is_exact_for_a_quadratic_and_never_falls_beyond_its_points() {
-        // 0.05·t + 1e-4·t² ms at 256, 1024 and 2048 tokens.
-        let f = |t: f64| 0.05 * t + 1e-4 * t * t;
-        let tokens = [256.0, 1024.0, 2048.0];
+    fn profile_grid_quadratic_is_exact_for_a_fixed_linear_and_quadratic_cost() {
+        // 2 + 0.05·t + 1e-4·t² ms, tabulated as a profile's prompt lengths.
+        let f = |t: f64| 2.0 + 0.05 * t + 1e-4 * t * t;
+        let tokens = [16.0, 64.0, 256.0, 1024.0, 2048.0];
         let row: Vec<f64> = tokens.iter().map(|&t| f(t)).collect();
-        let g = Grid::new("g", ("batch", &[1.0], 1.0), ("tokens", &tokens, 1.0), ("v", &[row]), Shape::Sublinear)
-            .unwrap()
-            .along(Along::PerUnit);
-        for t in [256.0, 512.0, 700.0, 1500.0, 4096.0] {
+        let read = |along| {
+            Grid::new("g", ("batch", &[1.0], 1.0), ("tokens", &tokens, 1.0), ("v", &[row.clone()]), Shape::Sublinear)
+                .unwrap()
+                .along(along)
+        };
+        let g = read(Along::Quadratic);
+        for t in [16.0, 40.0, 100.0, 512.0, 700.0, 1500.0, 2048.0, 4096.0] {
             assert!((g.eval(1.0, t) - f(t)).abs() < 1e-9, "{t}: {} vs {}", g.eval(1.0, t), f(t));
         }
         // The chord at 512 overstates it; below the first point the first value holds.
-        let chord = Grid::new(
+        assert!(read(Along::Linear).eval(1.0, 512.0) > f(512.0) * 1.1);
+        assert_eq!(g.eval(1.0, 8.0), f(16.0));
+        // A concave tail is not extended below the last segment's line; two points read linearly.
+        let concave = Grid::new(
             "g",
             ("batch", &[1.0], 1.0),
-            ("tokens", &tokens, 1.0),
-            ("v", &[tokens.map(f).to_vec()]),
-            Shape::Sublinear,
-        )
-        .unwrap();
-        assert!(chord.eval(1.0, 512.0) > f(512.0) * 1.1);
-        assert_eq!(g.eval(1.0, 16.0), f(256.0));
-        // Falling per-unit costs (fixed costs amortised) are held beyond the last point, not extended.
-        let falling = Grid::new(
-            "g",
-            ("batch", &[1.0], 1.0),
-            ("tokens", &[16.0, 64.0], 1.0),
-            ("v", &[vec![3.2, 6.4]]),
+            ("tokens", &[1.0, 2.0, 3.0], 1.0),
+            ("v", &[vec![1.0, 1.8, 2.4]]),
             Shape::Sublinear,
         )
         .unwrap()
-        .along(Along::PerUnit);
-        assert!((falling.eval(1.0, 128.0) - 12.8).abs() < 1e-12);
-        assert!((falling.eval(1.0, 40.0) - 6.0).abs() < 1e-12);
+        .along(Along::Quadratic);
+        assert!((concave.eval(1.0, 5.0) - 3.6).abs() < 1e-12);
+        let two = Grid::new(
+            "g",
+            ("batch", &[1.0], 1.0),
+            ("tokens", &[1.0, 3.0], 1.0),
+            ("v", &[vec![1.0, 3.0]]),
+            Shape::Sublinear,
+        )
+        .unwrap()
+        .along(Along::Quadratic);
+        assert!((two.eval(1.0, 2.0) - 2.0).abs() < 1e-12);
     }
 
     #[test]
