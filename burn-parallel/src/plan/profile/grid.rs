@@ -225,9 +225,15 @@ mod tests {
         let tokens = [16.0, 64.0, 256.0, 1024.0, 2048.0];
         let row: Vec<f64> = tokens.iter().map(|&t| f(t)).collect();
         let read = |along| {
-            Grid::new("g", ("batch", &[1.0], 1.0), ("tokens", &tokens, 1.0), ("v", &[row.clone()]), Shape::Sublinear)
-                .unwrap()
-                .along(along)
+            Grid::new(
+                "g",
+                ("batch", &[1.0], 1.0),
+                ("tokens", &tokens, 1.0),
+                ("v", std::slice::from_ref(&row)),
+                Shape::Sublinear,
+            )
+            .unwrap()
+            .along(along)
         };
         let g = read(Along::Quadratic);
         for t in [16.0, 40.0, 100.0, 512.0, 700.0, 1500.0, 2048.0, 4096.0] {
