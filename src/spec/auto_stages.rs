@@ -139,8 +139,7 @@ pub(super) fn plan_auto(
             true => Ok(interference),
             false => split_interference(spec, dir, &entries.names, &devices, layers, log).map(|i| i.kappa),
         })?;
-        let plan = PipelinePlan::new(prediction.layout()?, 1, devices)?.with_names(entries.names);
-        plan.with_prediction(prediction)
+        PipelinePlan::from_prediction(prediction, 1, devices, entries.names)?
     };
     if let Some(prediction) = plan.prediction() {
         let _ = writeln!(log, "{}", prediction.summary());

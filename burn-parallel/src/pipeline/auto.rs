@@ -429,31 +429,34 @@ impl AutoStages {
     where
         E: From<PipelineError>,
     {
-        let mut auto = self.clone();
-        let mut measured: Vec<StagePrediction> = Vec::new();
-        for _ in 0..SETTLE_ROUNDS {
-            let mut prediction = auto.plan()?;
-            let layers = prediction.layer_counts();
-            if measured.iter().any(|p| p.layer_counts() == layers) {
-                break;
-            }
-            let kappa = measure(&layers)?;
-            let settled = (kappa - auto.interference).abs() <= KAPPA_SETTLED;
-            prediction.interference = kappa;
-            measured.push(prediction);
-            if settled {
-                break;
-            }
-            auto.interference = kappa;
-        }
         let interval = |p: &StagePrediction| {
             let request: Vec<f64> = p.stages.iter().map(|s| s.request_ms).collect();
             Interference::interval_ms(&request, p.interference)
         };
-        match measured.into_iter().min_by(|a, b| interval(a).total_cmp(&interval(b))) {
-            Some(best) => Ok(best),
-            None => Ok(auto.plan()?),
+        let mut auto = self.clone();
+        let mut best = auto.plan()?;
+        let mut seen = vec![best.layer_counts()];
+        let mut kappa = measure(&seen[0])?;
+        best.interference = kappa;
+        for _ in 1..SETTLE_ROUNDS {
+            if (kappa - auto.interference).abs() <= KAPPA_SETTLED {
+                break;
+            }
+            auto.interference = kappa;
+            let mut next = auto.plan()?;
+            let layers = next.layer_counts();
+            if seen.contains(&layers) {
+                break;
+            }
+            kappa = measure(&layers)?;
+            next.interference = kappa;
+            seen.push(layers);
+            // The first of equally short passes is kept.
+            if interval(&next) < interval(&best) {
+                best = next;
+            }
         }
+        Ok(best)
     }
 
     /// Hand-overs of one request over `link`: the prompt's, then one token per decode step.

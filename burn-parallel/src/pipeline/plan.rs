@@ -47,7 +47,18 @@ impl PipelinePlan {
     /// [`PipelinePlan::new`]), named `names`. Errors before anything loads when a device cannot
     /// hold one layer or the caps cannot hold the model.
     pub fn auto(auto: &AutoStages, tensor_parallel: usize, devices: Vec<Device>, names: Vec<String>) -> Result<Self> {
-        let prediction = auto.plan()?;
+        Self::from_prediction(auto.plan()?, tensor_parallel, devices, names)
+    }
+
+    /// The split a [`StagePrediction`] describes (from [`AutoStages::plan`] or
+    /// [`AutoStages::plan_settled`]), every stage at degree `tensor_parallel`, on `devices` named
+    /// `names`, carrying the prediction.
+    pub fn from_prediction(
+        prediction: StagePrediction,
+        tensor_parallel: usize,
+        devices: Vec<Device>,
+        names: Vec<String>,
+    ) -> Result<Self> {
         let plan = Self::new(prediction.layout()?, tensor_parallel, devices)?.with_names(names);
         Ok(plan.with_prediction(prediction))
     }

@@ -148,9 +148,10 @@ fn quadratic(xs: &[f64], ys: &[f64], x: f64) -> f64 {
     if x >= xs[n - 1] {
         return through(n - 3).max(interpolate(xs, ys, x));
     }
+    // The triples holding segment `seg`'s two points start at `seg − 1` and `seg`, where they
+    // exist: at the ends both are the one triple there.
     let seg = xs[..n - 1].iter().rposition(|&p| p <= x).unwrap_or(0);
-    let triples: Vec<usize> = [seg.checked_sub(1), Some(seg)].into_iter().flatten().filter(|&f| f + 3 <= n).collect();
-    triples.iter().map(|&f| through(f)).sum::<f64>() / triples.len() as f64
+    (through(seg.saturating_sub(1).min(n - 3)) + through(seg.min(n - 3))) / 2.0
 }
 
 #[cfg(test)]

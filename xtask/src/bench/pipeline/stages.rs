@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use burn_llm::models::{Prompt, SamplingParams};
 use burn_llm::paged::KvCacheMemory;
-use burn_llm::parallel::profiler::Interference;
+use burn_llm::parallel::profiler::{Interference, OverlapStep};
 use burn_llm::spec::{PagedSpec, ParallelSpec, PrefillSlices};
 use burn_llm::{Engine, EngineKind, EngineSpec, Purpose};
 use rand::SeedableRng;
@@ -99,7 +99,7 @@ pub fn run(
 ) -> Result<StagesResult, Box<dyn std::error::Error>> {
     let names: Vec<String> = costs.iter().map(|c| c.name.clone()).collect();
     let layers = costs.first().map_or(0, |c| c.profile.layers);
-    let shares = vec![layers.div_ceil(costs.len().max(1)); costs.len()];
+    let shares = vec![OverlapStep::decode_share(layers, costs.len()).layers; costs.len()];
     let interference = split_interference(&shares)?;
     let profile_dir = std::env::temp_dir().join(format!("burn-llm-bench-stage-profiles-{}", std::process::id()));
     let w = workload;
