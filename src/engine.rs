@@ -349,6 +349,23 @@ impl<M: LanguageModel + 'static> Engine for LlmEngine<M> {
     }
 }
 
+/// The paged engine over `model` with `config`, or `count` virtual engines over it
+/// ([`VirtualEngines`]: each with `config`, the KV pool and swap space divided between them)
+/// when `count` is above 1.
+pub fn paged_engines<M: LanguageModel + Sync + 'static>(
+    model: M,
+    tokenizer: Option<Tokenizer>,
+    eos_token_ids: Vec<u32>,
+    config: burn_paged::EngineConfig,
+    count: usize,
+) -> Result<Box<dyn Engine>, PagedError> {
+    Ok(if count > 1 {
+        Box::new(VirtualEngines::new(model, tokenizer, eos_token_ids, config, count)?)
+    } else {
+        Box::new(LlmEngine::from_parts(model, tokenizer, eos_token_ids, config)?)
+    })
+}
+
 /// vLLM's virtual engines over one pipeline: reported as the paged engine they are, their
 /// counters and pools added up.
 impl<M: LanguageModel + Sync + 'static> Engine for VirtualEngines<M> {

@@ -8,13 +8,15 @@
 //! seats have freed (§5.2), as the planner's one-device simulation assumes. Over two devices
 //! ([`plan_for`] with `devices: 2`) the planner's choice runs: WAA as [`burn_paged::DisaggEngine`]
 //! (prefill on one device, decode on the other, [`waa_config`]), RRA as the same phased schedule
-//! over a two-stage pipeline ([`pipelined_policy`]).
+//! on virtual engines over a two-stage pipeline, one per decoder micro-batch ([`pipelined_engines`]).
 //!
 //! Planning at start-up needs the model's cost profile on this device: a saved one, or one
 //! measured now ([`profiling`]: the layers, then the paged engine's per-step overhead).
 
+mod cycle;
 mod profiling;
 
+pub use cycle::{EngineInterference, engine_interference};
 pub use profiling::{check_layers, engine_steps, load_or_profile, measure_profile, time_engine_steps};
 
 use std::path::{Path, PathBuf};
@@ -125,10 +127,21 @@ pub fn phased_policy(plan: &ScheduleOutput) -> Result<SchedulingPolicy, PlanErro
     Ok(policy)
 }
 
-/// The phased schedule of an RRA plan over a pipeline of `devices` stages (one stage per device,
-/// no tensor parallelism): the same phases as [`phased_policy`], the steps' sequences split into
-/// the plan's decoder micro-batches by the engine.
-pub fn pipelined_policy(plan: &ScheduleOutput, devices: usize) -> Result<SchedulingPolicy, PlanError> {
+/// How an RRA plan over a pipeline of `devices` stages (one stage per device, no tensor
+/// parallelism) runs: as one virtual engine per decoder micro-batch over the one pipeline
+/// ([`crate::engine::paged_engines`]), so that the micro-batches cycle through the stages from one
+/// decode iteration to the next (ExeGPT Figure 4(c): a stage starts micro-batch 1's next
+/// iteration while a later stage works on micro-batch 2), as the planner prices RRA's decode
+/// iterations. One engine would not: it samples a step's logits before it schedules the next, so
+/// every step waits for its last micro-batch to leave the last stage. Each engine runs the plan's
+/// phases ([`phased_policy`]) on its share of the batches, `⌈B_E ÷ M⌉` and `⌈B_D ÷ M⌉`, one
+/// micro-batch per step, with its share of `base`'s KV pool. Returns each engine's configuration
+/// and how many.
+pub fn pipelined_engines(
+    plan: &ScheduleOutput,
+    devices: usize,
+    base: EngineConfig,
+) -> Result<(EngineConfig, usize), PlanError> {
     if plan.strategy != Strategy::Rra {
         return Err(PlanError::NotRra { strategy: plan.strategy });
     }
@@ -138,8 +151,23 @@ pub fn pipelined_policy(plan: &ScheduleOutput, devices: usize) -> Result<Schedul
             plan.pipeline_stages, plan.tensor_parallel_degree
         )));
     }
-    let one_device = ScheduleOutput { pipeline_stages: 1, encode_devices: 1, decode_devices: 1, ..plan.clone() };
-    phased_policy(&one_device)
+    let engines = plan.decoder_micro_batches.max(1);
+    let share = ScheduleOutput {
+        pipeline_stages: 1,
+        encode_devices: 1,
+        decode_devices: 1,
+        encode_batch: plan.encode_batch.div_ceil(engines),
+        decode_batch: plan.decode_batch.div_ceil(engines),
+        ..plan.clone()
+    };
+    let scheduling = phased_policy(&share)?;
+    let config = EngineConfig {
+        max_num_seqs: share.encode_batch.max(share.decode_batch),
+        scheduling,
+        micro_batches: Some(1),
+        ..base
+    };
+    Ok((config, engines))
 }
 
 /// The two engines' settings of a WAA plan over two devices (one prefilling, one decoding):
@@ -256,6 +284,9 @@ pub fn plan_for(
     let kv = (workload.kv_tokens as u64)
         .saturating_mul(profile.kv_bytes_per_token_per_layer)
         .saturating_mul(profile.layers as u64);
+    // Over several devices the engines run a pipeline's stages or WAA's prefill and decode
+    // devices, never tensor parallelism: the planner is not offered what cannot run.
+    let profile = Profile { tensor_parallel: Vec::new(), ..profile };
     let input = ScheduleInput {
         profile,
         input_lengths: LengthDistribution::Trace(workload.prompt_lens.clone()),

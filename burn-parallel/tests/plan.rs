@@ -616,6 +616,21 @@ fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> Sche
     }
 }
 
+/// The stages a decode step is priced in over a pipeline: equal layer shares, the engine's
+/// step overhead on the first stage (it launches the step), the LM head on the last.
+#[test]
+fn plan_schedule_decode_stage_times_carry_the_overhead_first_and_the_head_last() {
+    let cost = hand_profile(Some(hand_overhead())).cost_model("profile").unwrap();
+    // One layer of 0.5 ms each; 2 + 0.5 ms overhead at one sequence; a 0.25 ms head.
+    let two = schedule::decode_stage_ms(&cost, 2, 1.0, 10.0);
+    assert!(two.len() == 2 && close(two[0], 3.0) && close(two[1], 0.75), "{two:?}");
+    let one = schedule::decode_stage_ms(&cost, 1, 1.0, 10.0);
+    assert!(one.len() == 1 && close(one[0], 3.75), "{one:?}");
+    // Two sequences: the per-sequence overhead and the head grow with the batch.
+    let batch = schedule::decode_stage_ms(&cost, 2, 2.0, 10.0);
+    assert!(close(batch[0], 3.5) && close(batch[1], 1.0), "{batch:?}");
+}
+
 /// One device's RRA throughput as the planner replays the engine (1024 queries queued at once)
 /// when `B_E` = 1, every query decodes `c·n_d` steps and the plan holds `c` seats (`i[b − 1]` a
 /// decode step of `b`): a seat is free, so the engine prefills again at once (ExeGPT §5.2's

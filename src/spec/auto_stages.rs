@@ -81,6 +81,9 @@ pub enum AutoStagesError {
     /// The model could not be opened.
     #[error(transparent)]
     Model(#[from] burn_llm_models::ModelError),
+    /// Timing engines over the devices failed (`--schedule exegpt`'s interference).
+    #[error(transparent)]
+    Schedule(#[from] crate::schedule::PlanError),
 }
 
 /// The devices' `--devices` entries and their memory caps.
@@ -489,7 +492,7 @@ fn profile_dir(spec: &EngineSpec) -> PathBuf {
 /// for each sign of progress: the result, or a beat of the [`Heartbeat`] `work` is given (a
 /// profile beats as each point starts, so a long profile of a slow worker is not taken for a
 /// stall). A worker that dies or stalls is an error naming it, never a panic or a hang.
-fn watched<R: Send + 'static>(
+pub(super) fn watched<R: Send + 'static>(
     name: &str,
     what: &'static str,
     timeout: Duration,
@@ -540,7 +543,7 @@ enum Watch<R> {
 }
 
 /// A sign of progress for [`watched`]'s wait (a no-op when nothing watches).
-struct Heartbeat(Option<Box<dyn Fn() + Send>>);
+pub(super) struct Heartbeat(Option<Box<dyn Fn() + Send>>);
 
 impl Heartbeat {
     fn beat(&self) {

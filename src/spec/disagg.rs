@@ -2,28 +2,31 @@
 //! planner chooses between its strategies for two devices and that choice runs. WAA prefills on
 //! the first device and decodes on the second ([`DisaggEngine`], each device a full model replica
 //! with its own KV pool, a request's blocks moved after its prefill); RRA runs the phased schedule
-//! over a two-stage pipeline (an even layer split, the plan's decoder micro-batches). The plan
-//! prices the two devices working at once with their measured interference
-//! ([`super::interference_of`]: half the layers each, alone and in a pipelined pass).
+//! over a two-stage pipeline (an even layer split), on one virtual engine per decoder micro-batch
+//! ([`schedule::pipelined_engines`]). The plan prices the two devices working at once with their
+//! measured interference: two virtual engines decoding over the two-stage pipeline against one
+//! ([`schedule::engine_interference`]); the pipeline is then kept for an RRA plan.
 
 use std::error::Error;
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_llm_models::PretrainedFiles;
-use burn_paged::{DisaggEngine, EngineConfig, LlmEngine};
+use burn_paged::DisaggEngine;
 use burn_parallel::pipeline::PipelineLm;
+use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
-use burn_parallel::profiler::OverlapStep;
 
+use super::auto_stages::{watched, worker_timeout};
 use super::build::refused;
 use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, PrefillSlices, TensorParallelSize, parse_device};
 use super::{EngineSpec, Purpose, ScheduleKind};
 use crate::device::WatchedEngine;
-use crate::engine::Engine;
-use crate::schedule;
+use crate::engine::{Engine, paged_engines};
+use crate::schedule::{self, EngineInterference};
 
 /// Devices an ExeGPT plan over several devices runs on.
 const DEVICES: usize = 2;
@@ -55,8 +58,8 @@ pub(super) fn build(
     let token = spec.worker_token.as_deref();
     let devices = entries.iter().map(|e| parse_device(e, token)).collect::<Result<Vec<Device>, _>>()?;
     let p = &spec.paged;
-    let plan = match (&p.plan, p.latency_bound_s, purpose) {
-        (Some(path), _, _) => schedule::read_plan(path)?,
+    let (plan, pipeline) = match (&p.plan, p.latency_bound_s, purpose) {
+        (Some(path), _, _) => (schedule::read_plan(path)?, None),
         (None, Some(bound), Purpose::Generate { prompts, params }) => {
             // The workload and the costs are the prefill device's (both devices run one model).
             let first = PretrainedFiles::open(model)?.load(&devices[0])?;
@@ -65,10 +68,13 @@ pub(super) fn build(
             let profile =
                 schedule::load_or_profile(p.profile_json.as_deref(), &first.model, workload.max_num_seqs, log)?;
             // Both devices work at once (pipeline stages, or WAA's prefill beside its decode):
-            // how much they slow each other down is measured, as for `--stage-layers auto`.
-            let step = OverlapStep::decode_share(first.model.spec.num_layers, devices.len());
-            let interference = super::interference_of(spec, model, &entries, &devices, step, log)?;
-            schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa)?
+            // how much they slow each other down is measured on the engines RRA would run, two
+            // virtual engines over the two-stage pipeline, which is kept for RRA.
+            drop(first);
+            let lm = Arc::new(load_pipeline(spec, model, &devices)?);
+            let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone())?;
+            writeln!(log, "{}", interference.summary())?;
+            (schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa)?, Some(lm))
         }
         // `validate` refuses the other combinations.
         _ => return Err(Box::new(spec.validate(super::EngineKind::Paged, purpose).err().unwrap_or_else(refused))),
@@ -76,35 +82,58 @@ pub(super) fn build(
     writeln!(log, "{}", schedule::describe(&plan))?;
     let workers = spec.parallel.workers();
     if workers.is_empty() {
-        return build_on_plan(spec, model, devices, &plan);
+        return build_on_plan(spec, model, devices, &plan, pipeline);
     }
     let timeout = spec.parallel.worker_timeout_s.unwrap_or(DEFAULT_WORKER_TIMEOUT_S);
     let (spec, model) = (spec.clone(), model.to_path_buf());
     let engine = WatchedEngine::spawn(workers, Duration::from_secs_f64(timeout), move || {
-        build_on_plan(&spec, &model, devices, &plan).map_err(|e| e.to_string())
+        build_on_plan(&spec, &model, devices, &plan, pipeline).map_err(|e| e.to_string())
     })?;
     Ok(Box::new(engine))
 }
 
-/// The engine of `plan` on `devices`: WAA's prefill and decode engines, or RRA's pipeline.
+/// The model in two stages over `devices` (an even layer split, unless `--stage-layers` says
+/// otherwise).
+fn load_pipeline(spec: &EngineSpec, model: &Path, devices: &[Device]) -> Result<PipelineLm, Box<dyn Error>> {
+    let files = PretrainedFiles::open(model)?;
+    let default = ("flex", &devices[0]);
+    let stages = spec.parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?;
+    Ok(PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &stages, spec.weight_quant()?)?)
+}
+
+/// [`schedule::engine_interference`] over `pipeline`, whose stages are on the devices of
+/// `entries`: with a worker among them, watched, so that a worker that dies or stalls is an error
+/// naming it.
+fn engines_interference(
+    spec: &EngineSpec,
+    entries: &[String],
+    pipeline: Arc<PipelineLm>,
+    profile: Profile,
+) -> Result<EngineInterference, Box<dyn Error>> {
+    let name = entries.join(" → ");
+    let what = "timed as two engines over the pipeline";
+    Ok(watched(&name, what, worker_timeout(spec), move |_| {
+        Ok(schedule::engine_interference(&pipeline, DEVICES, &profile)?)
+    })?)
+}
+
+/// The engine of `plan` on `devices`: WAA's prefill and decode engines, or RRA's pipeline
+/// (`pipeline` when already loaded).
 fn build_on_plan(
     spec: &EngineSpec,
     model: &Path,
     devices: Vec<Device>,
     plan: &ScheduleOutput,
+    pipeline: Option<Arc<PipelineLm>>,
 ) -> Result<Box<dyn Engine>, Box<dyn Error>> {
     let files = PretrainedFiles::open(model)?;
     let engine: Box<dyn Engine> = if plan.strategy == Strategy::Rra {
-        let policy = schedule::pipelined_policy(plan, DEVICES)?;
-        let default = ("flex", &devices[0]);
-        let stages = spec.parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?;
-        let lm = PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &stages, spec.weight_quant()?)?;
-        let config = EngineConfig {
-            scheduling: policy,
-            micro_batches: Some(plan.decoder_micro_batches.max(1)),
-            ..spec.engine_config()
+        let (config, engines) = schedule::pipelined_engines(plan, DEVICES, spec.engine_config())?;
+        let lm = match pipeline {
+            Some(lm) => lm,
+            None => Arc::new(load_pipeline(spec, model, &devices)?),
         };
-        Box::new(LlmEngine::from_parts(lm, Some(files.tokenizer), files.eos_token_ids, config)?)
+        paged_engines(lm, Some(files.tokenizer), files.eos_token_ids, config, engines)?
     } else {
         let config = schedule::waa_config(plan, spec.engine_config())?;
         let load = |device: &Device| -> Result<_, Box<dyn Error>> {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use burn::tensor::Device;
 use burn_llm_models::{Generator, LanguageModel, PrefillSlicing, PretrainedFiles};
-use burn_paged::{EngineConfig, LlmEngine, VirtualEngines};
+use burn_paged::EngineConfig;
 use burn_parallel::pipeline::{PipelineError, PipelineLm, PipelinePlan, StageLayout};
 use clap::ValueEnum;
 
@@ -334,10 +334,7 @@ fn build_on_plan(
     let engine: Box<dyn Engine> = match kind {
         EngineKind::Paged => {
             let config = EngineConfig { prefill_slicing, ..spec.engine_config() };
-            match spec.parallel.virtual_engines.filter(|&n| n > 1) {
-                Some(n) => Box::new(VirtualEngines::new(model, tokenizer, eos, config, n)?),
-                None => Box::new(LlmEngine::from_parts(model, tokenizer, eos, config)?),
-            }
+            crate::engine::paged_engines(model, tokenizer, eos, config, spec.parallel.virtual_engines.unwrap_or(1))?
         }
         _ => Box::new(spec.plain_generator(Generator::new(model, tokenizer, eos))?),
     };

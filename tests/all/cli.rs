@@ -347,6 +347,16 @@ fn exegpt_schedule_flags_and_errors() {
     ])
     .unwrap();
     assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up");
+    // Over two devices the plan is made with the interference of engines over the two-stage
+    // pipeline, measured at start-up; whichever strategy it chooses, the tokens are the same.
+    let mut argv: Vec<&str> = common.iter().copied().filter(|&a| a != "--device" && a != "flex").collect();
+    argv.extend(["--engine", "paged", "--json", "--schedule", "exegpt", "--latency-bound-s", "60"]);
+    argv.extend(["--profile-json", profile, "--devices", "flex,flex"]);
+    let (mut planned, mut log) = (Vec::new(), Vec::new());
+    burn_llm::cli::run_with(&args(&argv), DEFAULTS, &mut planned, &mut log).unwrap();
+    let (planned, log) = (String::from_utf8(planned).unwrap(), String::from_utf8(log).unwrap());
+    assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up for two devices");
+    assert!(log.contains("engines overlapping") && log.contains("interference κ"), "{log}");
     let (_, log) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file]).unwrap();
     assert!(log.contains("ExeGPT RRA schedule"), "the text run names its schedule: {log}");
 

@@ -332,8 +332,18 @@ impl<M: LanguageModel> LlmEngine<M> {
     }
 
     /// Runs one iteration: schedule, move blocks, one forward pass over every scheduled token,
-    /// sample, and report what changed.
+    /// sample, and report what changed (each output stamped with the step's start).
     pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        let started = std::time::Instant::now();
+        let mut outputs = self.run_step()?;
+        for out in &mut outputs {
+            out.step_started.get_or_insert(started);
+        }
+        Ok(outputs)
+    }
+
+    /// [`LlmEngine::step`] before its outputs are stamped.
+    fn run_step(&mut self) -> Result<Vec<StepOutput>> {
         let _span = tracing::debug_span!("step", engine = "paged", step = self.stats.steps).entered();
         let plan = self.scheduler.schedule(&mut self.blocks);
         self.stats.steps += 1;
@@ -352,6 +362,7 @@ impl<M: LanguageModel> LlmEngine<M> {
                 sequences: Vec::new(),
                 finished: Some(finished),
                 prompt_logprobs: None,
+                step_started: None,
             });
         }
         let cache = &mut self.runner.cache;

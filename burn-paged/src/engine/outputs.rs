@@ -66,7 +66,7 @@ impl<M: LanguageModel> LlmEngine<M> {
             Some(g) if g.seqs.is_empty() => Some(self.finish_group(group_id, false)?),
             _ => None,
         };
-        Ok(Some(StepOutput { request_id, sequences: deltas, finished, prompt_logprobs: None }))
+        Ok(Some(StepOutput { request_id, sequences: deltas, finished, prompt_logprobs: None, step_started: None }))
     }
 
     /// Records a sampled token for one sequence and retires it when it stops.
@@ -139,7 +139,7 @@ impl<M: LanguageModel> LlmEngine<M> {
         group.seqs = next;
         let finished =
             if result.done || group.seqs.is_empty() { Some(self.finish_group(group_id, false)?) } else { None };
-        Ok(Some(StepOutput { request_id, sequences: Vec::new(), finished, prompt_logprobs: None }))
+        Ok(Some(StepOutput { request_id, sequences: Vec::new(), finished, prompt_logprobs: None, step_started: None }))
     }
 
     /// Removes a group and builds its final outputs, best first (`abort`: live sequences are cut

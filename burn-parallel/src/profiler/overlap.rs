@@ -131,6 +131,19 @@ impl Interference {
         }
     }
 
+    /// `κ` from a cycle: `engines` steps (virtual engines', or micro-batches') cycling through
+    /// stages taking `stage_ms` alone, each coming round every `period` ms. The `κ` for which
+    /// `engines·(max t + κ·(Σ t − max t)) = period`, the planner's price of decode iterations
+    /// cycling through a pipeline, at least 0; 0 with one stage or one engine.
+    pub fn kappa_of_cycle(stage_ms: &[f64], period: f64, engines: usize) -> f64 {
+        let (sum, max) = (stage_ms.iter().sum::<f64>(), stage_ms.iter().copied().fold(0.0, f64::max));
+        let rest = sum - max;
+        if engines < 2 || rest <= 0.0 || !period.is_finite() {
+            return 0.0;
+        }
+        ((period / engines as f64 - max) / rest).max(0.0)
+    }
+
     /// The time a pass's later micro-batch added, ms: `(pass − Σ alone) ÷ (M − 1)` (0 without
     /// a pass of several micro-batches through several devices).
     pub fn measured_interval_ms(&self) -> f64 {
@@ -366,6 +379,25 @@ mod tests {
         for kappa in [0.0, 0.4, 1.0, 2.5] {
             let pass = Interference::pipelined_ms(&[3.0, 7.0, 5.0], 8, kappa);
             assert!((Interference::kappa_of(&[3.0, 7.0, 5.0], pass, 8) - kappa).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn kappa_of_a_cycle_solves_the_cyclic_price_of_its_engines() {
+        // Two engines over stages of 4 and 6 ms: each comes round every 2·6 ms when the stages
+        // overlap perfectly, every 2·10 ms when the engines might as well take turns.
+        assert_eq!(Interference::kappa_of_cycle(&[4.0, 6.0], 12.0, 2), 0.0);
+        assert_eq!(Interference::kappa_of_cycle(&[4.0, 6.0], 20.0, 2), 1.0);
+        assert_eq!(Interference::kappa_of_cycle(&[4.0, 6.0], 16.0, 2), 0.5);
+        // Faster than the slowest stage allows is noise; one engine or one stage shows nothing.
+        assert_eq!(Interference::kappa_of_cycle(&[4.0, 6.0], 10.0, 2), 0.0);
+        assert_eq!(Interference::kappa_of_cycle(&[4.0, 6.0], 20.0, 1), 0.0);
+        assert_eq!(Interference::kappa_of_cycle(&[10.0], 30.0, 2), 0.0);
+        assert_eq!(Interference::kappa_of_cycle(&[4.0, 6.0], f64::NAN, 2), 0.0);
+        // Solved against the price it feeds: three engines over three stages.
+        for kappa in [0.0, 0.3, 1.0, 2.0] {
+            let period = 3.0 * Interference::interval_ms(&[3.0, 7.0, 5.0], kappa);
+            assert!((Interference::kappa_of_cycle(&[3.0, 7.0, 5.0], period, 3) - kappa).abs() < 1e-12);
         }
     }
 

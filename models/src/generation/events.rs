@@ -64,4 +64,9 @@ pub struct StepOutput {
     /// With `SamplingParams::prompt_logprobs`: the prompt's log-probabilities, in the step that
     /// computed the prompt (see [`RequestOutput::prompt_logprobs`]).
     pub prompt_logprobs: Option<PromptLogprobs>,
+    /// When the engine step that produced this output started (`None` outside a step). A
+    /// request's first output carries the start of its prefill step, the moment ExeGPT's latency
+    /// is counted from; engines that step on threads of their own (virtual engines) report it
+    /// where the caller's clock cannot.
+    pub step_started: Option<std::time::Instant>,
 }

@@ -258,6 +258,7 @@ impl<M: LanguageModel> DisaggEngine<M> {
                     sequences: Vec::new(),
                     finished: Some(finished),
                     prompt_logprobs: None,
+                    step_started: Some(Instant::now()),
                 });
             } else {
                 self.arriving.push_front(handoff);

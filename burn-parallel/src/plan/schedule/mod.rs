@@ -37,6 +37,7 @@ mod xsim;
 use serde::{Deserialize, Serialize};
 
 pub use lengths::{LengthDistribution, Lengths, TruncatedNormal};
+pub use xsim::decode_stage_ms;
 
 use super::check::{self, InputError};
 use super::profile::{Profile, StepVariation};

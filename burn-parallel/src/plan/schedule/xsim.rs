@@ -109,6 +109,39 @@ pub(crate) fn cyclic(t: &[f64], m: f64, kappa: f64) -> f64 {
     (m * Interference::interval_ms(t, kappa)).max(t.iter().sum())
 }
 
+/// Stage times (ms) of `stages` stages of equal layer shares of `layers` layers, the first
+/// `tp_groups` tensor-parallel: a layer takes `layer_ms.0` (`layer_ms.1` in a tensor-parallel
+/// stage); the first stage has `first` extra, the last `last`.
+fn split_stages(layers: f64, stages: usize, tp_groups: usize, layer_ms: (f64, f64), first: f64, last: f64) -> Vec<f64> {
+    let p = stages.max(1);
+    let per_stage = layers / p as f64;
+    let mut t: Vec<f64> = (0..p).map(|k| per_stage * if k < tp_groups { layer_ms.1 } else { layer_ms.0 }).collect();
+    t[0] += first;
+    t[p - 1] += last;
+    t
+}
+
+/// One decode step of `batch` sequences at `context` as pipeline stages see it: a layer's time,
+/// the first stage's extra (the embedding and the engine's per-step overhead, which the step's
+/// launch carries) and the last's (the LM head), ms.
+fn decode_parts(cost: &CostModel, batch: f64, context: f64) -> (f64, f64, f64) {
+    let prof = cost.profile();
+    (
+        cost.decode_layer_ms(batch, context),
+        batch * prof.embedding.ms_per_token + cost.decode_overhead_ms(batch, context),
+        batch * prof.lm_head.ms_per_token,
+    )
+}
+
+/// The planner's stage times (ms) of one decode step of `batch` sequences at `context` over
+/// `stages` pipeline stages of equal layer shares, no tensor parallelism: the times its decode
+/// iterations over a pipeline are priced from ([`crate::profiler::Interference::kappa_of_cycle`]
+/// solves a measured cycle for `κ` against them).
+pub fn decode_stage_ms(cost: &CostModel, stages: usize, batch: f64, context: f64) -> Vec<f64> {
+    let (layer_ms, first, last) = decode_parts(cost, batch, context);
+    split_stages(cost.profile().layers as f64, stages, 0, (layer_ms, layer_ms), first, last)
+}
+
 impl XSim {
     pub fn new(
         cost: CostModel,
@@ -185,21 +218,9 @@ impl XSim {
     /// Stage times (ms) of a pass whose per-layer time is `layer_ms`, with `first`/`last` extra
     /// (the first stage launches the step: embedding and engine overhead; the last holds the head).
     fn stage_times(&self, pipe: &Pipe, layer_ms: f64, first: f64, last: f64) -> Vec<f64> {
-        let p = pipe.stages();
-        let per_stage = self.layers / p as f64;
         let tp = self.scaling(pipe);
-        let mut t: Vec<f64> = (0..p)
-            .map(|k| {
-                if k < pipe.tp_groups {
-                    per_stage * (tp.time_scale * layer_ms + tp.sync_ms_per_layer)
-                } else {
-                    per_stage * layer_ms
-                }
-            })
-            .collect();
-        t[0] += first;
-        t[p - 1] += last;
-        t
+        let tp_layer_ms = tp.time_scale * layer_ms + tp.sync_ms_per_layer;
+        split_stages(self.layers, pipe.stages(), pipe.tp_groups, (layer_ms, tp_layer_ms), first, last)
     }
 
     /// Whether every device of `pipe` holds its weights and the KV of `kv_tokens` tokens.
@@ -288,13 +309,8 @@ impl XSim {
         if Self::one_device(pipe) {
             return vec![self.cost.decode_step_ms(batch, self.context)];
         }
-        let prof = self.cost.profile();
-        self.stage_times(
-            pipe,
-            self.cost.decode_layer_ms(batch, self.context),
-            batch * prof.embedding.ms_per_token + self.cost.decode_overhead_ms(batch, self.context),
-            batch * prof.lm_head.ms_per_token,
-        )
+        let (layer_ms, first, last) = decode_parts(&self.cost, batch, self.context);
+        self.stage_times(pipe, layer_ms, first, last)
     }
 
     /// RRA with encode batch `b_e` and `n_d` decode iterations per phase on `pipe`.

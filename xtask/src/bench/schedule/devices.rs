@@ -1,19 +1,26 @@
 //! Where the systems of `bench schedule` run: one device, every system on it; or two (local
 //! devices or `ws://` workers), where FCFS and static batching run the model as a PP=2 pipeline
-//! over both (iteration-level scheduling, ExeGPT's comparison) and ExeGPT runs what its planner
-//! chooses for two devices: WAA (prefill on the first, decode on the second, KV moved between
-//! them) or RRA over the same pipeline.
+//! over both (iteration-level scheduling, ExeGPT's comparison), on virtual engines as vLLM runs
+//! pipeline parallelism, and ExeGPT runs what its planner chooses for two devices: WAA (prefill on
+//! the first, decode on the second, KV moved between them) or RRA on virtual engines over the same
+//! pipeline, one per decoder micro-batch.
+
+use std::sync::Arc;
 
 use burn::module::Module;
 use burn::tensor::Device;
+use burn_llm::engine::paged_engines;
 use burn_llm::models::CausalLm;
-use burn_llm::paged::{DisaggEngine, EngineConfig, LlmEngine, SchedulingPolicy};
+use burn_llm::paged::{DisaggEngine, EngineConfig, KvCacheMemory, SchedulingPolicy};
 use burn_llm::parallel::pipeline::threaded::stage_pool_threads;
 use burn_llm::parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::{ScheduleOutput, Strategy};
 use burn_llm::parallel::profiler::{Interference, OverlapDevice, OverlapStep, pipeline_interference};
-use burn_llm::schedule::{PlanError, ScheduleWorkload, phased_policy, pipelined_policy, plan_for, waa_config};
+use burn_llm::schedule::{
+    EngineInterference, PlanError, ScheduleWorkload, engine_interference, phased_policy, pipelined_engines, plan_for,
+    waa_config,
+};
 use burn_llm::spec::PagedSpec;
 use burn_llm::{Engine, EngineKind, EngineSpec, Purpose};
 
@@ -60,7 +67,11 @@ impl Devices {
     }
 
     /// A baseline (FCFS or static batching, by `config`): on the device, or as a PP=2 pipeline
-    /// over both, every call counted at the default matmul precision as every system is.
+    /// over both, every call counted at the default matmul precision as every system is. Over
+    /// two devices the pipeline runs as vLLM runs pipeline parallelism: one virtual engine per
+    /// stage (one when there is one seat), `config`'s seats and KV pool divided between them,
+    /// each step one micro-batch, so that one engine's step runs on the second device while the
+    /// other's runs on the first.
     pub(super) fn baseline(&self, config: EngineConfig) -> Result<Box<dyn Engine>, BoxError> {
         match self {
             Self::One(model) => {
@@ -72,10 +83,28 @@ impl Devices {
                 spec.init_model((**model).clone(), None, vec![], Purpose::Serve, &mut std::io::sink())
             }
             Self::Two { .. } => {
-                let engine = LlmEngine::from_parts(self.pipeline()?, None, vec![], config)?;
-                Ok(EngineSpec::default().with_precision(Box::new(engine)))
+                let seats = config.max_num_seqs.max(1);
+                let engines = seats.min(2);
+                let per_engine = seats.div_ceil(engines);
+                let kv_cache_memory = match (config.scheduling, config.kv_cache_memory) {
+                    // Static batching's pool holds every seat's whole-context reservation (plus a
+                    // block, `static_config`): keep that true of each engine's share.
+                    (SchedulingPolicy::Static, KvCacheMemory::Blocks(n)) => {
+                        KvCacheMemory::Blocks(n.div_ceil(seats) * per_engine * engines)
+                    }
+                    (_, memory) => memory,
+                };
+                let config =
+                    EngineConfig { max_num_seqs: per_engine, micro_batches: Some(1), kv_cache_memory, ..config };
+                self.on_pipeline(config, engines)
             }
         }
+    }
+
+    /// `engines` paged engines (virtual engines when several) over the two-stage pipeline.
+    fn on_pipeline(&self, config: EngineConfig, engines: usize) -> Result<Box<dyn Engine>, BoxError> {
+        let engine = paged_engines(self.pipeline()?, None, vec![], config, engines)?;
+        Ok(EngineSpec::default().with_precision(engine))
     }
 
     /// The model split in two even stages, one on each device.
@@ -116,31 +145,37 @@ impl Devices {
         Ok(measured)
     }
 
+    /// How much the pipeline's stages slow each other down when its engines, not its layers
+    /// alone, overlap (two devices; `None` on one): [`engine_interference`], the `κ` the planner
+    /// gets. The layers' pass ([`Devices::interference`]) sees neither the engines' work on the
+    /// host nor two engines' threads sharing the client, which the plans' cycling decode
+    /// iterations pay.
+    pub(super) fn engine_interference(&self, profile: &Profile) -> Result<Option<EngineInterference>, BoxError> {
+        let Self::Two { .. } = self else { return Ok(None) };
+        let measured = engine_interference(&Arc::new(self.pipeline()?), 2, profile)?;
+        eprintln!("{}", measured.summary());
+        Ok(Some(measured))
+    }
+
     /// The engine that runs `plan` (with the rest of `base`), and its `max_num_seqs`.
     pub(super) fn exegpt(
         &self,
         plan: &ScheduleOutput,
         base: &EngineConfig,
     ) -> Result<(Box<dyn Engine>, usize), BoxError> {
-        let phased = |policy: SchedulingPolicy| -> Result<EngineConfig, BoxError> {
-            let SchedulingPolicy::Phased { encode_batch, decode_batch, .. } = policy else {
-                return Err("the plan's policy is not phased".into());
-            };
-            Ok(EngineConfig { max_num_seqs: encode_batch.max(decode_batch), scheduling: policy, ..base.clone() })
-        };
         let engine: Box<dyn Engine> = match self {
             Self::One(_) => {
-                let config = phased(phased_policy(plan)?)?;
-                let seqs = config.max_num_seqs;
+                let SchedulingPolicy::Phased { encode_batch, decode_batch, .. } = phased_policy(plan)? else {
+                    return Err("the plan's policy is not phased".into());
+                };
+                let seqs = encode_batch.max(decode_batch);
+                let config = EngineConfig { max_num_seqs: seqs, scheduling: phased_policy(plan)?, ..base.clone() };
                 return Ok((self.baseline(config)?, seqs));
             }
             Self::Two { .. } if plan.strategy == Strategy::Rra => {
-                let config = EngineConfig {
-                    micro_batches: Some(plan.decoder_micro_batches.max(1)),
-                    ..phased(pipelined_policy(plan, 2)?)?
-                };
-                let seqs = config.max_num_seqs;
-                return Ok((self.baseline(config)?, seqs));
+                let (config, engines) = pipelined_engines(plan, 2, base.clone())?;
+                let seqs = config.max_num_seqs * engines;
+                return Ok((self.on_pipeline(config, engines)?, seqs));
             }
             Self::Two { replicas, .. } => {
                 let config = waa_config(plan, base.clone())?;

@@ -89,7 +89,10 @@ pub(super) fn run_engine(
         for out in outputs {
             let i: usize = out.request_id.parse()?;
             tokens += out.sequences.iter().map(|d| d.token_ids.len()).sum::<usize>();
-            prefilled[i].get_or_insert(step_start);
+            // The engine's own step start: virtual engines step on threads of their own, so the
+            // step this loop waited on need not be the one that prefilled the request.
+            let step_started = out.step_started.map_or(step_start, |t| t.duration_since(started).as_secs_f64());
+            prefilled[i].get_or_insert(step_started);
             if out.finished.is_some() {
                 finished[i] = Some(step_end);
             }

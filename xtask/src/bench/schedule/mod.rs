@@ -43,8 +43,8 @@ use burn_llm::models::{CausalLm, DecoderSpec};
 use burn_llm::paged::{EngineConfig, KvCacheMemory};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::ScheduleOutput;
-use burn_llm::parallel::profiler::{EngineStepGrid, ProfileGrid};
-use burn_llm::schedule::{ScheduleWorkload, check_layers, measure_profile, read_profile};
+use burn_llm::parallel::profiler::{EngineStepGrid, Interference, ProfileGrid};
+use burn_llm::schedule::{EngineInterference, ScheduleWorkload, check_layers, measure_profile, read_profile};
 use burn_llm::spec::parse_device;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -189,6 +189,12 @@ struct Report {
     latency_percentile: f64,
     profile: Profile,
     profile_source: String,
+    /// The devices' interference over the layers alone (two devices).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layer_interference: Option<Interference>,
+    /// The devices' interference over the engines (two devices): the `κ` the planner got.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_interference: Option<EngineInterference>,
     /// The machine's 1-minute load average before the first run and after the last (`None`
     /// where the system does not report it): other work on the cores makes the numbers noisy.
     load_average: [Option<f64>; 2],
@@ -288,13 +294,23 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (profile, mut profile_source) = profile(&args, &model)?;
     let devices = Devices::new(model, first, second);
     let interference = devices.interference()?;
-    let kappa = interference.kappa;
-    if !interference.alone_ms.is_empty() {
-        // The planner prices the two devices working at once with it (see `Devices::interference`).
+    let engines = devices.engine_interference(&profile)?;
+    // The planner prices the two devices working at once with the engines' κ (see
+    // `Devices::engine_interference`); the layers' is reported beside it.
+    let kappa = engines.as_ref().map_or(interference.kappa, |e| e.kappa);
+    if let Some(e) = &engines {
         profile_source.push_str(&format!(
-            "; the devices' interference, measured at start-up: κ = {kappa:.2} (each device's decode step \
-             through half the layers: alone {:.2?} ms, a pass of {} micro-batches {:.2} ms)",
-            interference.alone_ms, interference.step.micro_batches, interference.pass_ms
+            "; the devices' interference, measured at start-up: κ = {kappa:.2} over the engines (one engine's \
+             decode step of one sequence {:.2} ms alone, stages {:.2?} ms as the planner splits it; two virtual \
+             engines' steps came round every {:.2} ms), κ = {:.2} over the layers alone (each device's decode \
+             step through half the layers: alone {:.2?} ms, a pass of {} micro-batches {:.2} ms)",
+            e.alone_ms,
+            e.stage_ms,
+            e.period_ms,
+            interference.kappa,
+            interference.alone_ms,
+            interference.step.micro_batches,
+            interference.pass_ms
         ));
     }
     if let Some(table) = &profile.engine_step_ms {
@@ -481,6 +497,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         latency_percentile: pct,
         profile,
         profile_source,
+        layer_interference: engines.is_some().then_some(interference),
+        engine_interference: engines,
         load_average: load,
         workloads: results,
     };

@@ -1,0 +1,115 @@
+//! The interference of engines over a pipeline, measured in the rhythm the planner prices RRA's
+//! decode iterations in: steps cycling through the stages.
+//!
+//! [`burn_parallel::profiler::pipeline_interference`] times a pipelined pass of the layers alone.
+//! The engines add what it never sees: each step's work on the host (scheduling, sampling,
+//! streaming every operation to a worker), and two engines' threads sharing the process that
+//! drives the devices. So [`engine_interference`] times one engine's decode step of one sequence
+//! over the pipeline alone, then two virtual engines decoding one sequence each, and solves the
+//! planner's price of their cycle, `2·(max t + κ·(Σ t − max t))` over its own stage times
+//! ([`decode_stage_ms`], scaled to the measured step), for the period measured
+//! ([`Interference::kappa_of_cycle`]).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn_llm_models::{LanguageModel, Prompt, SamplingParams};
+use burn_paged::{EngineConfig, KvCacheMemory};
+use burn_parallel::plan::profile::Profile;
+use burn_parallel::plan::schedule::decode_stage_ms;
+use burn_parallel::profiler::Interference;
+use burn_parallel::profiler::fit::median;
+use serde::{Deserialize, Serialize};
+
+use super::PlanError;
+use crate::engine::paged_engines;
+
+/// Prompt tokens of each sequence of the runs.
+const PROMPT: usize = 64;
+/// New tokens of each sequence of the runs.
+const TOKENS: usize = 64;
+/// Steps of each sequence left out before its periods are timed: the prefill, and the engines
+/// falling into their cycle (both start together, so their first steps share the first stage).
+const SETTLE: usize = 8;
+/// Tokens per KV block of the runs' engines.
+const BLOCK: usize = 16;
+
+/// What [`engine_interference`] measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineInterference {
+    /// One engine's decode step of one sequence over the pipeline alone (median), ms.
+    pub alone_ms: f64,
+    /// That step as the planner splits it into stages, scaled to `alone_ms`.
+    pub stage_ms: Vec<f64>,
+    /// How often each of two virtual engines' decode steps came round (median), ms.
+    pub period_ms: f64,
+    /// `κ` of the cycle ([`Interference::kappa_of_cycle`]).
+    pub kappa: f64,
+}
+
+impl EngineInterference {
+    /// One line for start-up logs.
+    pub fn summary(&self) -> String {
+        format!(
+            "engines overlapping: one engine's decode step of one sequence {:.2} ms alone (stages {:.2?} ms as \
+             the planner splits it); two virtual engines' steps came round every {:.2} ms: interference κ = {:.2}",
+            self.alone_ms, self.stage_ms, self.period_ms, self.kappa
+        )
+    }
+}
+
+/// Measures the interference of paged engines over `pipeline`, a model in `stages` pipeline
+/// stages whose cost `profile` holds (see the module docs).
+pub fn engine_interference<M: LanguageModel + Send + Sync + 'static>(
+    pipeline: &Arc<M>,
+    stages: usize,
+    profile: &Profile,
+) -> Result<EngineInterference, PlanError> {
+    let alone_ms = decode_period_ms(pipeline, 1)?;
+    let period_ms = decode_period_ms(pipeline, 2)?;
+    let context = (PROMPT + TOKENS / 2) as f64;
+    let cost = profile.cost_model("profile").map_err(|e| PlanError::Profile(e.to_string()))?;
+    let planned = decode_stage_ms(&cost, stages, 1.0, context);
+    let scale = alone_ms / planned.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+    let stage_ms: Vec<f64> = planned.iter().map(|t| t * scale).collect();
+    let kappa = Interference::kappa_of_cycle(&stage_ms, period_ms, 2);
+    Ok(EngineInterference { alone_ms, stage_ms, period_ms, kappa })
+}
+
+/// The median time (ms) between one engine's decode steps while `engines` paged engines (virtual
+/// engines when several) over `pipeline` decode one sequence each, from the steps' own starts.
+fn decode_period_ms<M: LanguageModel + Send + Sync + 'static>(
+    pipeline: &Arc<M>,
+    engines: usize,
+) -> Result<f64, PlanError> {
+    let config = EngineConfig {
+        block_size: BLOCK,
+        kv_cache_memory: KvCacheMemory::Blocks(engines * ((PROMPT + TOKENS).div_ceil(BLOCK) + 1)),
+        max_num_seqs: 1,
+        micro_batches: Some(1),
+        ..EngineConfig::default()
+    };
+    let failed =
+        |e: &dyn std::fmt::Display| PlanError::Profile(format!("timing {engines} engine(s) over the pipeline: {e}"));
+    let mut engine = paged_engines(Arc::clone(pipeline), None, vec![], config, engines).map_err(|e| failed(&e))?;
+    let vocab = pipeline.spec().vocab_size.max(1);
+    let prompt: Vec<u32> = (0..PROMPT).map(|k| ((k * 7 + 1) % vocab) as u32).collect();
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(TOKENS) };
+    for i in 0..engines {
+        engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params.clone()).map_err(|e| failed(&e))?;
+    }
+    let mut starts: Vec<Vec<Instant>> = vec![Vec::new(); engines];
+    while engine.has_unfinished_requests() {
+        for out in engine.step().map_err(|e| failed(&e))? {
+            if let Some(at) = out.request_id.parse::<usize>().ok().and_then(|i| starts.get_mut(i)) {
+                at.extend(out.step_started);
+            }
+        }
+    }
+    let periods: Vec<f64> =
+        starts.iter().flat_map(|s| s.windows(2).skip(SETTLE).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)).collect();
+    if periods.is_empty() {
+        return Err(failed(&"no decode steps to time"));
+    }
+    Ok(median(periods))
+}
