@@ -92,8 +92,8 @@ pub(super) fn build(
     Ok(Box::new(engine))
 }
 
-/// The model in two stages over `devices` (an even layer split, unless `--stage-layers` says
-/// otherwise).
+/// The model in two stages over `devices`, an even layer split (this path runs only without
+/// `--stage-layers`, [`EngineSpec::exegpt_over_two_devices`]).
 fn load_pipeline(spec: &EngineSpec, model: &Path, devices: &[Device]) -> Result<PipelineLm, Box<dyn Error>> {
     let files = PretrainedFiles::open(model)?;
     let default = ("flex", &devices[0]);
