@@ -5,6 +5,7 @@ use burn_llm::{EngineKind, Generator, Pretrained, Prompt, Purpose, SamplingParam
 use clap::Parser;
 
 use crate::common::fixture;
+use crate::remote::{TOKEN, Worker};
 
 pub(crate) const DEFAULTS: ExampleDefaults = ExampleDefaults {
     name: "test_generate",
@@ -349,14 +350,24 @@ fn exegpt_schedule_flags_and_errors() {
     assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up");
     // Over two devices the plan is made with the interference of engines over the two-stage
     // pipeline, measured at start-up; whichever strategy it chooses, the tokens are the same.
-    let mut argv: Vec<&str> = common.iter().copied().filter(|&a| a != "--device" && a != "flex").collect();
-    argv.extend(["--engine", "paged", "--json", "--schedule", "exegpt", "--latency-bound-s", "60"]);
-    argv.extend(["--profile-json", profile, "--devices", "flex,flex"]);
-    let (mut planned, mut log) = (Vec::new(), Vec::new());
-    burn_llm::cli::run_with(&args(&argv), DEFAULTS, &mut planned, &mut log).unwrap();
-    let (planned, log) = (String::from_utf8(planned).unwrap(), String::from_utf8(log).unwrap());
-    assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up for two devices");
-    assert!(log.contains("engines overlapping") && log.contains("interference κ"), "{log}");
+    // Beside a worker process, the measurement runs watched (a dead worker is an error naming it).
+    let worker = Worker::start_with("flex", &["--threads", "1"]);
+    let beside_worker = format!("flex,{}", worker.url);
+    for devices in ["flex,flex", beside_worker.as_str()] {
+        let mut argv: Vec<&str> = common.iter().copied().filter(|&a| a != "--device" && a != "flex").collect();
+        argv.extend(["--engine", "paged", "--json", "--schedule", "exegpt", "--latency-bound-s", "60"]);
+        argv.extend(["--profile-json", profile, "--devices", devices]);
+        if devices != "flex,flex" {
+            argv.extend(["--worker-token", TOKEN]);
+        }
+        let (mut planned, mut log) = (Vec::new(), Vec::new());
+        burn_llm::cli::run_with(&args(&argv), DEFAULTS, &mut planned, &mut log)
+            .unwrap_or_else(|e| panic!("{devices}: {e}"));
+        let (planned, log) = (String::from_utf8(planned).unwrap(), String::from_utf8(log).unwrap());
+        assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up over {devices}");
+        assert!(log.contains("engines overlapping") && log.contains("interference κ"), "{devices}: {log}");
+    }
+    drop(worker);
     let (_, log) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file]).unwrap();
     assert!(log.contains("ExeGPT RRA schedule"), "the text run names its schedule: {log}");
 
