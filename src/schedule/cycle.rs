@@ -24,15 +24,41 @@ use serde::{Deserialize, Serialize};
 use super::PlanError;
 use crate::engine::paged_engines;
 
-/// Prompt tokens of each sequence of the runs.
+/// Prompt tokens of each sequence of the runs (fewer on a model of fewer positions).
 const PROMPT: usize = 64;
-/// New tokens of each sequence of the runs.
+/// New tokens of each sequence of the runs (fewer on a model of fewer positions).
 const TOKENS: usize = 64;
 /// Steps of each sequence left out before its periods are timed: the prefill, and the engines
 /// falling into their cycle (both start together, so their first steps share the first stage).
 const SETTLE: usize = 8;
 /// Tokens per KV block of the runs' engines.
 const BLOCK: usize = 16;
+
+/// Each sequence's prompt and new tokens, within the model's positions.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    prompt: usize,
+    tokens: usize,
+}
+
+impl Run {
+    /// [`PROMPT`] and [`TOKENS`], halved together until they fit `positions`; an error when too
+    /// few steps would be left to time.
+    fn within(positions: usize) -> Result<Self, PlanError> {
+        let (mut prompt, mut tokens) = (PROMPT, TOKENS);
+        while prompt + tokens > positions && tokens > SETTLE + 2 {
+            (prompt, tokens) = ((prompt / 2).max(1), (tokens / 2).max(SETTLE + 2));
+        }
+        if prompt + tokens > positions {
+            return Err(PlanError::Profile(format!(
+                "the model's {positions} positions leave too few decode steps to time engines over the pipeline \
+                 (at least {}): give the plan with --plan FILE.json instead",
+                SETTLE + 3
+            )));
+        }
+        Ok(Self { prompt, tokens })
+    }
+}
 
 /// What [`engine_interference`] measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,9 +91,10 @@ pub fn engine_interference<M: LanguageModel + Send + Sync + 'static>(
     stages: usize,
     profile: &Profile,
 ) -> Result<EngineInterference, PlanError> {
-    let alone_ms = decode_period_ms(pipeline, 1)?;
-    let period_ms = decode_period_ms(pipeline, 2)?;
-    let context = (PROMPT + TOKENS / 2) as f64;
+    let run = Run::within(pipeline.spec().max_positions)?;
+    let alone_ms = decode_period_ms(pipeline, run, 1)?;
+    let period_ms = decode_period_ms(pipeline, run, 2)?;
+    let context = (run.prompt + run.tokens / 2) as f64;
     let cost = profile.cost_model("profile").map_err(|e| PlanError::Profile(e.to_string()))?;
     let planned = decode_stage_ms(&cost, stages, 1.0, context);
     let scale = alone_ms / planned.iter().sum::<f64>().max(f64::MIN_POSITIVE);
@@ -80,11 +107,12 @@ pub fn engine_interference<M: LanguageModel + Send + Sync + 'static>(
 /// engines when several) over `pipeline` decode one sequence each, from the steps' own starts.
 fn decode_period_ms<M: LanguageModel + Send + Sync + 'static>(
     pipeline: &Arc<M>,
+    run: Run,
     engines: usize,
 ) -> Result<f64, PlanError> {
     let config = EngineConfig {
         block_size: BLOCK,
-        kv_cache_memory: KvCacheMemory::Blocks(engines * ((PROMPT + TOKENS).div_ceil(BLOCK) + 1)),
+        kv_cache_memory: KvCacheMemory::Blocks(engines * ((run.prompt + run.tokens).div_ceil(BLOCK) + 1)),
         max_num_seqs: 1,
         micro_batches: Some(1),
         ..EngineConfig::default()
@@ -93,8 +121,8 @@ fn decode_period_ms<M: LanguageModel + Send + Sync + 'static>(
         |e: &dyn std::fmt::Display| PlanError::Profile(format!("timing {engines} engine(s) over the pipeline: {e}"));
     let mut engine = paged_engines(Arc::clone(pipeline), None, vec![], config, engines).map_err(|e| failed(&e))?;
     let vocab = pipeline.spec().vocab_size.max(1);
-    let prompt: Vec<u32> = (0..PROMPT).map(|k| ((k * 7 + 1) % vocab) as u32).collect();
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(TOKENS) };
+    let prompt: Vec<u32> = (0..run.prompt).map(|k| ((k * 7 + 1) % vocab) as u32).collect();
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(run.tokens) };
     for i in 0..engines {
         engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params.clone()).map_err(|e| failed(&e))?;
     }
@@ -112,4 +140,19 @@ fn decode_period_ms<M: LanguageModel + Send + Sync + 'static>(
         return Err(failed(&"no decode steps to time"));
     }
     Ok(median(periods))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_fit_the_models_positions_or_say_what_to_do() {
+        let roomy = Run::within(2048).unwrap();
+        assert_eq!((roomy.prompt, roomy.tokens), (PROMPT, TOKENS));
+        let small = Run::within(40).unwrap();
+        assert!(small.prompt + small.tokens <= 40 && small.tokens > SETTLE + 1, "{small:?}");
+        let err = Run::within(8).unwrap_err().to_string();
+        assert!(err.contains("8 positions") && err.contains("--plan"), "{err}");
+    }
 }
