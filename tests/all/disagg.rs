@@ -25,8 +25,13 @@ fn waa(name: &str, config: DisaggConfig) -> DisaggEngine<burn_llm::CausalLm> {
 
 /// A roomy prefill pool with `decode` on the decode device, `B_E = 3`, `B_D = 16`.
 fn split(decode: EngineConfig) -> DisaggConfig {
+    split_with(decode, 3)
+}
+
+/// [`split`] with `B_E = encode_batch`.
+fn split_with(decode: EngineConfig, encode_batch: usize) -> DisaggConfig {
     let roomy = config(256, decode.block_size, PreemptionMode::Auto).kv_cache_memory;
-    let DisaggConfig { prefill, decode } = DisaggConfig::waa(decode, 3, 16);
+    let DisaggConfig { prefill, decode } = DisaggConfig::waa(decode, encode_batch, 16);
     DisaggConfig { prefill: EngineConfig { kv_cache_memory: roomy, ..prefill }, decode }
 }
 
@@ -75,7 +80,10 @@ fn arrivals_wait_for_room_on_the_decode_device() {
     // Room for the longest request and its output, and for no second request beside it.
     let blocks = (longest + 10).div_ceil(4);
     let decode = config(blocks, 4, PreemptionMode::Swap);
-    let mut engine = waa(name, split(decode));
+    // Every prompt is prefilled in the first step, so that how long the prefill device takes
+    // beside the decode device (which depends on the machine's load) cannot let the decode
+    // device drain its requests before the arrivals pile up.
+    let mut engine = waa(name, split_with(decode, prompts.len()));
     let ids: Vec<String> = (0..prompts.len()).map(|i| format!("r{i}")).collect();
     for (id, p) in ids.iter().zip(&prompts) {
         engine.add_request(id.clone(), p.clone(), params.clone()).unwrap();
