@@ -124,7 +124,7 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
 fn stages_md(s: &StagesResult) -> String {
     let w = &s.workload;
     let mut md = format!(
-        "\n## (a) Automatic stages vs even split\n\n- devices: {} — {}\n- decode step: one sequence after a {}-token prompt (stages in turn), and {} sequences in {} micro-batches of one (stages overlapping), medians of {} steps; measured bottleneck = (micro-batched step − one-sequence step) ÷ {}\n- prompt: one {}-token prompt, unsliced, median of {}\n- predicted: each stage's time from its device's profile and link; a pass of M micro-batches `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s − max_s t_s))`, with the devices' interference κ measured on the split (each device running its stage's layers)\n- on equal shares, what `--stage-layers auto` plans with first: {}\n\n",
+        "\n## (a) Automatic stages vs even split\n\n- devices: {} — {}\n- decode step: one sequence after a {}-token prompt (stages in turn), and {} sequences in {} micro-batches of one (stages overlapping), medians of {} steps; measured bottleneck = (micro-batched step − one-sequence step) ÷ {}\n- prompt: one {}-token prompt, unsliced, median of {}\n- predicted: each stage's time from its device's profile and link; a pass of M micro-batches `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s − max_s t_s))`, with the devices' interference κ measured on the split (each device running its stage's layers); the auto split's decode steps against the planner's own prediction (the stage times and κ it chose the split with, measured at the engine's start-up)\n- on equal shares, what `--stage-layers auto` plans with first: {}\n\n",
         s.devices.join(", "),
         s.unequal,
         w.prompt,
@@ -144,6 +144,7 @@ fn stages_md(s: &StagesResult) -> String {
             ("stage layers", Left),
             ("decode stage ms (pred.)", Right),
             ("κ on the split", Right),
+            ("κ of the decode prediction", Right),
             ("bottleneck ms: pred. / meas.", Right),
             ("1-seq step ms: pred. / meas.", Right),
             ("micro-batched step ms: pred. / meas.", Right),
@@ -156,6 +157,7 @@ fn stages_md(s: &StagesResult) -> String {
                 r.stage_layers.join(", "),
                 ms(&r.decode_stage_ms),
                 format!("{:.2}", r.interference.kappa),
+                format!("{:.2}", r.decode_kappa),
                 versus(&r.decode_bottleneck),
                 versus(&r.decode_step),
                 versus(&r.batch_step),
@@ -165,7 +167,12 @@ fn stages_md(s: &StagesResult) -> String {
         }),
     ));
     for r in &s.rows {
-        md.push_str(&format!("\n{}, on its split: {}\n", r.split, r.interference.summary(&s.devices)));
+        md.push_str(&format!(
+            "\n{}, on its split: {}; decode predicted from {}\n",
+            r.split,
+            r.interference.summary(&s.devices),
+            r.decode_predicted_by
+        ));
     }
     for r in s.rows.iter().filter(|r| !r.plan_log.is_empty()) {
         md.push_str(&format!("\n{} — the engine's start-up log:\n\n```\n{}\n```\n", r.split, r.plan_log));

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use burn_llm::models::{Prompt, SamplingParams};
 use burn_llm::paged::KvCacheMemory;
+use burn_llm::parallel::pipeline::StagePrediction;
 use burn_llm::parallel::profiler::{Interference, OverlapStep};
 use burn_llm::spec::{PagedSpec, ParallelSpec, PrefillSlices};
 use burn_llm::{Engine, EngineKind, EngineSpec, Purpose};
@@ -59,6 +60,12 @@ pub struct SplitRow {
     pub prompt_bottleneck_ms: f64,
     /// The devices' interference measured on this split (each running its stage's layers).
     pub interference: Interference,
+    /// Where the decode predictions come from: the planner's own (`--stage-layers auto`: the
+    /// stage times and `κ` it split with, measured at the engine's start-up, right before the
+    /// split runs), or the bench's device profiles and `interference`.
+    pub decode_predicted_by: String,
+    /// The `κ` the decode predictions use.
+    pub decode_kappa: f64,
     /// One sequence's decode step, `batch` sequences' micro-batched step, the prompt's prefill.
     pub decode_step: Versus,
     pub batch_step: Versus,
@@ -138,9 +145,21 @@ pub fn run(
         let m = measure(engine.as_mut(), vocab, w)?;
         let counts: Vec<usize> = layout.iter().map(|r| r.len()).collect();
         let own = if counts == shares { interference.clone() } else { split_interference(&counts)? };
-        let kappa = own.kappa;
         let context = w.prompt + w.steps / 2;
-        let decode_stage_ms = predict::stage_ms(costs, &layout, Work::Decode { batch: 1, context });
+        // Auto stages are judged against what the planner predicted for the split it chose; the
+        // even split, which no planner chose, against the bench's profiles.
+        let (decode_stage_ms, kappa, decode_predicted_by) = match planned(engine.as_ref()) {
+            Some(p) => (
+                p.stages.iter().map(|s| s.decode_step_ms).collect(),
+                p.interference,
+                "the planner's own prediction (its stage times and κ, measured at start-up)".to_string(),
+            ),
+            None => (
+                predict::stage_ms(costs, &layout, Work::Decode { batch: 1, context }),
+                own.kappa,
+                "the bench's device profiles, κ on the split".to_string(),
+            ),
+        };
         let prompt_stage_ms = predict::stage_ms(costs, &layout, Work::Prefill { tokens: w.long_prompt, context: 0 });
         let measured_bottleneck = (m.batch_step - m.step) / (w.batch.max(2) - 1) as f64;
         let row = SplitRow {
@@ -153,6 +172,8 @@ pub fn run(
             batch_step: Versus::new(Interference::pipelined_ms(&decode_stage_ms, w.batch, kappa), m.batch_step),
             prompt: Versus::new(Interference::pipelined_ms(&prompt_stage_ms, 1, kappa), m.prompt),
             interference: own,
+            decode_predicted_by,
+            decode_kappa: kappa,
             decode_stage_ms,
             prompt_stage_ms,
         };
@@ -171,6 +192,11 @@ pub fn run(
     }
     let _ = std::fs::remove_dir_all(&profile_dir);
     Ok(StagesResult { devices: names, unequal: unequal.to_string(), workload: workload.clone(), interference, rows })
+}
+
+/// The planner's prediction of the engine's stages (`--stage-layers auto`), from its plan.
+fn planned(engine: &dyn Engine) -> Option<StagePrediction> {
+    serde_json::from_value(engine.placement_plan()?.get("predicted")?.clone()).ok()
 }
 
 /// Measures one split (see [`Measured`]); a first run warms the devices up.
