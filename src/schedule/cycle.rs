@@ -17,8 +17,8 @@ use burn_llm_models::{LanguageModel, Prompt, SamplingParams};
 use burn_paged::{EngineConfig, KvCacheMemory};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::decode_stage_ms;
-use burn_parallel::profiler::Interference;
 use burn_parallel::profiler::fit::median;
+use burn_parallel::profiler::{Interference, probe_ids};
 use serde::{Deserialize, Serialize};
 
 use super::PlanError;
@@ -120,8 +120,7 @@ fn decode_period_ms<M: LanguageModel + Send + Sync + 'static>(
     let failed =
         |e: &dyn std::fmt::Display| PlanError::Profile(format!("timing {engines} engine(s) over the pipeline: {e}"));
     let mut engine = paged_engines(Arc::clone(pipeline), None, vec![], config, engines).map_err(|e| failed(&e))?;
-    let vocab = pipeline.spec().vocab_size.max(1);
-    let prompt: Vec<u32> = (0..run.prompt).map(|k| ((k * 7 + 1) % vocab) as u32).collect();
+    let prompt = probe_ids(run.prompt, pipeline.spec().vocab_size);
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(run.tokens) };
     for i in 0..engines {
         engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params.clone()).map_err(|e| failed(&e))?;

@@ -97,8 +97,7 @@ fn run_once(model: &CausalLm, batch: usize, tokens: usize, decode_steps: usize) 
         ..EngineConfig::default()
     };
     let mut engine = LlmEngine::from_parts(model.clone(), None, vec![], config)?;
-    let vocab = model.spec().vocab_size.max(1);
-    let ids: Vec<u32> = (0..tokens).map(|k| ((k * 7 + 1) % vocab) as u32).collect();
+    let ids = profiler::probe_ids(tokens, model.spec().vocab_size);
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(decode_steps + 1) };
     for i in 0..batch {
         engine.add_request(i.to_string(), Prompt::Ids(ids.clone()), params.clone())?;

@@ -183,7 +183,6 @@ impl<'a, 'h> Bench<'a, 'h> {
 
     /// `n` token ids cycling through the vocabulary.
     fn token_ids(&self, n: usize) -> Vec<u32> {
-        let vocab = self.model.spec().vocab_size;
-        (0..n).map(|k| ((k * 7 + 1) % vocab) as u32).collect()
+        super::probe_ids(n, self.model.spec().vocab_size)
     }
 }

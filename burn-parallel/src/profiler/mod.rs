@@ -59,6 +59,13 @@ pub use link::{LinkProfile, measure_link};
 pub use overlap::{Interference, OverlapDevice, OverlapStep, pipeline_interference};
 pub use tensor::{TensorParallelTimes, group_profile, tensor_parallel_times};
 
+/// `n` token ids cycling through a vocabulary of `vocab` ids: the prompts timing runs feed a
+/// model (what the ids are does not change how long a step takes).
+pub fn probe_ids(n: usize, vocab: usize) -> Vec<u32> {
+    let vocab = vocab.max(1);
+    (0..n).map(|k| ((k * 7 + 1) % vocab) as u32).collect()
+}
+
 /// The points the profiler measures. Points a model cannot hold (more positions than it was
 /// trained for) are dropped before measuring.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

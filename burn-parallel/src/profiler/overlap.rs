@@ -123,7 +123,7 @@ impl Interference {
     /// `alone`: the `κ` for which [`pipelined_ms`](Self::pipelined_ms) gives `pass`. 0 when only
     /// one device works or one micro-batch shows no overlap.
     pub fn kappa_of(alone: &[f64], pass: f64, micro_batches: usize) -> f64 {
-        let (sum, max) = (alone.iter().sum::<f64>(), alone.iter().copied().fold(0.0, f64::max));
+        let (sum, max) = sum_and_max(alone);
         let rest = sum - max;
         match later_interval_ms(alone, pass, micro_batches) {
             Some(interval) if rest > 0.0 => ((interval - max) / rest).max(0.0),
@@ -136,7 +136,7 @@ impl Interference {
     /// `engines·(max t + κ·(Σ t − max t)) = period`, the planner's price of decode iterations
     /// cycling through a pipeline, at least 0; 0 with one stage or one engine.
     pub fn kappa_of_cycle(stage_ms: &[f64], period: f64, engines: usize) -> f64 {
-        let (sum, max) = (stage_ms.iter().sum::<f64>(), stage_ms.iter().copied().fold(0.0, f64::max));
+        let (sum, max) = sum_and_max(stage_ms);
         let rest = sum - max;
         if engines < 2 || rest <= 0.0 || !period.is_finite() {
             return 0.0;
@@ -153,7 +153,7 @@ impl Interference {
     /// One micro-batch's share of a pipelined pass over stages taking `stage_ms` alone:
     /// `max t + κ·(Σ t − max t)` for interference `kappa`.
     pub fn interval_ms(stage_ms: &[f64], kappa: f64) -> f64 {
-        let (sum, max) = (stage_ms.iter().sum::<f64>(), stage_ms.iter().copied().fold(0.0, f64::max));
+        let (sum, max) = sum_and_max(stage_ms);
         max + kappa.max(0.0) * (sum - max)
     }
 
@@ -184,6 +184,11 @@ impl Interference {
             self.kappa
         )
     }
+}
+
+/// `(Σ t, max t)` of stage times (`max` 0 without stages).
+fn sum_and_max(t: &[f64]) -> (f64, f64) {
+    (t.iter().sum(), t.iter().copied().fold(0.0, f64::max))
 }
 
 /// What each micro-batch after the first added to a pass `pass` of `micro_batches` through

@@ -36,8 +36,7 @@ pub fn tensor_parallel_times(
     let block = TensorParallelLayer::split(layer, devices)
         .map_err(|e| ProfileError::Grid(format!("tensor-parallel degree {}: {e}", devices.len())))?;
     let layout = rank_kv_layout(model.kv_layout(), devices.len());
-    let vocab = model.spec().vocab_size.max(1);
-    let prompt: Vec<u32> = (0..prompt_tokens).map(|k| ((k * 7 + 1) % vocab) as u32).collect();
+    let prompt = super::probe_ids(prompt_tokens, model.spec().vocab_size);
     let sync = || devices.iter().try_for_each(|d| d.sync().map_err(|e| ProfileError::Device(e.to_string())));
     let runs = repeats.max(1) + 1;
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());

@@ -165,11 +165,12 @@ impl Devices {
     ) -> Result<(Box<dyn Engine>, usize), BoxError> {
         let engine: Box<dyn Engine> = match self {
             Self::One(_) => {
-                let SchedulingPolicy::Phased { encode_batch, decode_batch, .. } = phased_policy(plan)? else {
+                let scheduling = phased_policy(plan)?;
+                let SchedulingPolicy::Phased { encode_batch, decode_batch, .. } = scheduling else {
                     return Err("the plan's policy is not phased".into());
                 };
                 let seqs = encode_batch.max(decode_batch);
-                let config = EngineConfig { max_num_seqs: seqs, scheduling: phased_policy(plan)?, ..base.clone() };
+                let config = EngineConfig { max_num_seqs: seqs, scheduling, ..base.clone() };
                 return Ok((self.baseline(config)?, seqs));
             }
             Self::Two { .. } if plan.strategy == Strategy::Rra => {
