@@ -4,7 +4,8 @@
 //! rayon threads, on a model of SmolLM2-135M's shape with `N` layers of random weights. For one
 //! prompt it prints (JSON lines) the wall time to the first token's logits of: one unsliced pass;
 //! uniform slicings; the planner's slicing (`--prefill-slices auto`, from the stages' measured
-//! profiles), each with its prediction `Σ t_i + (K−1)·max t_i`; and the same slices run in turn
+//! profiles, here at interference κ = 0, which the threaded run then puts to the test), each with
+//! its prediction `Σ t_i + (K−1)·max t_i`; and the same slices run in turn
 //! on one thread (no overlap), which isolates what the threads bring. `cpu_per_wall` is the
 //! process's CPU time over the wall time of the threaded run (Linux; about 1 when nothing runs
 //! at once, up to the stages' threads when they all compute together): on a machine whose cores

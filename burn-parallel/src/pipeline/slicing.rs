@@ -6,7 +6,10 @@
 //! stage's: each stage's layer count × its device profile's one-layer prefill time
 //! ([`CostModel::prefill_layer_ms`]: the measured table plus the fitted context term), plus the
 //! embedding on the first stage and the hand-over of the slice's hidden states into the stage.
-//! The planner minimises `Σ t_i + (K−1)·max t_i` over slicings; results are memoized per
+//! The planner minimises `Σ t_i + (K−1)·max t_i` over slicings, plus the stage devices'
+//! interference when they slow each other computing at once
+//! ([`with_interference`](PlannedSlices::with_interference), [`slices::pipelined_latency_ms`]);
+//! results are memoized per
 //! (length, context). Long prefills are planned in units of `⌈len / 64⌉` tokens (the last slice
 //! takes the remainder), which keeps each plan to milliseconds.
 //!
@@ -49,6 +52,8 @@ pub struct StageCost {
 #[derive(Debug)]
 pub struct PlannedSlices {
     stages: Vec<(CostModel, StageCost)>,
+    /// The stage devices' interference `κ` (0: they overlap without slowing each other).
+    kappa: f64,
     memo: Mutex<HashMap<(usize, usize), SlicesOutput>>,
 }
 
@@ -69,7 +74,23 @@ impl PlannedSlices {
                 Ok((model, cost))
             })
             .collect::<Result<Vec<_>, InputError>>()?;
-        Ok(Self { stages, memo: Mutex::new(HashMap::new()) })
+        Ok(Self { stages, kappa: 0.0, memo: Mutex::new(HashMap::new()) })
+    }
+
+    /// Plans and predicts with the stage devices' measured interference `kappa` (on a prefill
+    /// step, [`crate::profiler::Interference::kappa`]): the overlapped slices' work is stretched
+    /// as [`slices::pipelined_latency_ms`] says. A negative or non-finite `κ` is refused.
+    pub fn with_interference(mut self, kappa: f64) -> Result<Self, InputError> {
+        self.kappa = crate::plan::check::non_negative("interference", kappa)?;
+        if let Ok(mut memo) = self.memo.lock() {
+            memo.clear();
+        }
+        Ok(self)
+    }
+
+    /// The interference `κ` it plans with.
+    pub fn interference(&self) -> f64 {
+        self.kappa
     }
 
     /// Pipeline stages `K`.
@@ -94,16 +115,15 @@ impl PlannedSlices {
     }
 
     /// TeraPipe's predicted latency of a prefill cut into `slices` after `context` tokens:
-    /// `Σ t_i + (K−1)·max t_i` (the first token's time, up to sampling).
+    /// `Σ t_i + (K−1)·max t_i` and the interference term (the first token's time, up to sampling).
     pub fn predicted_ms(&self, slices: &[usize], context: usize) -> f64 {
-        let (mut sum, mut max, mut at) = (0.0f64, 0.0f64, context);
-        for &len in slices {
+        let mut at = context;
+        let times = slices.iter().map(|&len| {
             let t = self.t_fwd_ms(len, at);
-            sum += t;
-            max = max.max(t);
             at += len;
-        }
-        sum + (self.stages.len() - 1) as f64 * max
+            t
+        });
+        slices::pipelined_latency_ms(times, self.stages.len(), self.kappa)
     }
 
     /// The planner's slicing of `len` new tokens after `context`, and its predicted latency.
@@ -133,8 +153,13 @@ impl PlannedSlices {
         let table: Vec<Vec<Option<f64>>> = (1..=units)
             .map(|k| (0..=units - k).map(|j| Some(self.t_fwd_ms(tokens(k, j), context + j * unit))).collect())
             .collect();
-        let input =
-            SlicesInput { seq_len: units, stages: self.stages.len(), t_fwd_ms: Some(table), ..SlicesInput::default() };
+        let input = SlicesInput {
+            seq_len: units,
+            stages: self.stages.len(),
+            t_fwd_ms: Some(table),
+            interference: Some(self.kappa),
+            ..SlicesInput::default()
+        };
         let slices = match slices::plan(&input) {
             Ok(out) => {
                 let mut at = 0;
@@ -333,6 +358,24 @@ mod tests {
         // A large fixed cost per slice makes one pass best.
         let costly = two_stages(1e6);
         assert_eq!(costly.slices(256, 0), vec![256]);
+    }
+
+    #[test]
+    fn interference_lengthens_the_prediction_and_can_undo_slicing() {
+        let free = two_stages(0.5);
+        let sliced = free.plan(2048, 0);
+        assert!(sliced.slices.len() > 1, "{sliced:?}");
+        let slowed = two_stages(0.5).with_interference(0.5).unwrap();
+        assert_eq!(slowed.interference(), 0.5);
+        assert!(slowed.predicted_ms(&sliced.slices, 0) > free.predicted_ms(&sliced.slices, 0));
+        // One pass overlaps nothing: interference leaves it as it was.
+        assert!((slowed.predicted_ms(&[2048], 0) - free.predicted_ms(&[2048], 0)).abs() < 1e-9);
+        // At κ = 1 over two stages the overlap costs what taking turns does, so the least total
+        // work wins: one pass, which has no fixed costs per slice and no context to attend to.
+        let turns = two_stages(0.5).with_interference(1.0).unwrap();
+        assert_eq!(turns.slices(2048, 0), vec![2048]);
+        assert!(two_stages(0.5).with_interference(-1.0).is_err());
+        assert!(two_stages(0.5).with_interference(f64::NAN).is_err());
     }
 
     #[test]

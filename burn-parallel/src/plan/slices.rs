@@ -9,6 +9,17 @@
 //! with `epsilon_ms > 0` only evaluates a `t_max` at least ε above the last one evaluated (the
 //! result is then within `K·ε` of the optimum; ε = 0 gives the exact optimum).
 //!
+//! Interference: devices that slow each other while they compute at once (two workers on one
+//! host's cores, a host stage beside a worker) stretch the work the pipeline overlaps. With the
+//! devices' measured interference `κ` (optional `"interference"`, default 0: TeraPipe's model),
+//! a slicing costs `T = Σ t_i + (K−1)·max t_i + κ·(K−1)·(Σ t_i − max t_i)`
+//! ([`pipelined_latency_ms`]): every slice but the slowest overlaps the other `K−1` stages' work,
+//! and `κ` prices that overlap as a micro-batch's interval `max t + κ·(Σ t − max t)` does
+//! ([`crate::profiler::Interference`]); `M` equal slices cost exactly `M` equal micro-batches.
+//! For a given `t_max`, `T` still grows with `S*`, so Algorithm 1 is unchanged and only the outer
+//! choice of `t_max` weighs `κ`; `T ≥ K·t_max` still holds for the slicing whose slowest slice
+//! is `t_max`, so the early stop stands.
+//!
 //! [`plan_batch`] adds the batch dimension (§2.3.4): the optimum `T_b` for every micro-batch
 //! size `b ≤ B`, then a 1-D knapsack choosing sizes `b_1 + … + b_D = B` that minimise `Σ T_{b_d}`.
 
@@ -48,6 +59,9 @@ pub struct SlicesInput {
     /// the DP small for long prompts. `seq_len` must be a multiple of it.
     #[serde(default)]
     pub unit_tokens: Option<usize>,
+    /// The stage devices' interference `κ` (see the module docs; default 0).
+    #[serde(default)]
+    pub interference: Option<f64>,
     /// [`plan_batch`]: sequences in the batch `B`.
     #[serde(default)]
     pub batch: Option<usize>,
@@ -62,7 +76,8 @@ pub struct SlicesInput {
 pub struct SlicesOutput {
     /// Slice lengths in tokens, in prompt order, summing to `seq_len`.
     pub slices: Vec<usize>,
-    /// `Σ t_i + (K−1)·max t_i` of these slices.
+    /// [`pipelined_latency_ms`] of these slices: `Σ t_i + (K−1)·max t_i`, plus the interference
+    /// term when `κ > 0`.
     pub latency_ms: f64,
 }
 
@@ -166,7 +181,7 @@ pub fn plan(input: &SlicesInput) -> Result<SlicesOutput, SlicesError> {
         }
         _ => return Err(one_source_error("t_fwd_ms").into()),
     };
-    let (slices, latency_ms) = optimal_slices(&table, input.stages, common.epsilon);
+    let (slices, latency_ms) = optimal_slices(&table, input.stages, &common);
     Ok(SlicesOutput { slices: slices.into_iter().map(|k| k * common.unit).collect(), latency_ms })
 }
 
@@ -202,8 +217,7 @@ pub fn plan_batch(input: &SlicesInput) -> Result<BatchSlicesOutput, SlicesError>
         }
         _ => return Err(one_source_error("t_fwd_ms_by_batch").into()),
     };
-    let per_size: Vec<(Vec<usize>, f64)> =
-        tables.iter().map(|t| optimal_slices(t, input.stages, common.epsilon)).collect();
+    let per_size: Vec<(Vec<usize>, f64)> = tables.iter().map(|t| optimal_slices(t, input.stages, &common)).collect();
     // Knapsack: best[n] = min_b best[n − b] + T_b.
     let mut best = vec![(0.0f64, 0usize); batch + 1];
     for n in 1..=batch {
@@ -241,6 +255,7 @@ struct Common {
     units: usize,
     unit: usize,
     epsilon: f64,
+    kappa: f64,
 }
 
 impl Common {
@@ -248,6 +263,7 @@ impl Common {
         let seq_len = check::count("seq_len", input.seq_len, usize::MAX)?;
         check::count("stages", input.stages, 1 << 20)?;
         let epsilon = check::non_negative("epsilon_ms", input.epsilon_ms.unwrap_or(0.0))?;
+        let kappa = check::non_negative("interference", input.interference.unwrap_or(0.0))?;
         let unit = check::count("unit_tokens", input.unit_tokens.unwrap_or(1), seq_len)?;
         if !seq_len.is_multiple_of(unit) {
             return Err(InputError::new("unit_tokens", format!("{unit} does not divide `seq_len` {seq_len}")));
@@ -259,7 +275,7 @@ impl Common {
                 format!("{units} slicing units are more than {MAX_UNITS}; set `unit_tokens` to group tokens"),
             ));
         }
-        Ok(Self { units, unit, epsilon })
+        Ok(Self { units, unit, epsilon, kappa })
     }
 
     fn table_only(&self, unit: Option<usize>) -> Result<(), InputError> {
@@ -270,22 +286,29 @@ impl Common {
     }
 }
 
-/// TeraPipe's `T` of a slicing: `Σ t_i + (K−1)·max t_i`.
-fn pipeline_latency(table: &Table, slices: &[usize], stages: usize) -> f64 {
+/// TeraPipe's `T` (Eq. 2.5) of slices whose times on the slowest stage are `times`, over `stages`
+/// stages whose devices interfere by `kappa`: `Σ t_i + (K−1)·max t_i + κ·(K−1)·(Σ t_i − max t_i)`
+/// (see the module docs; `κ = 0` is Eq. 2.5).
+pub fn pipelined_latency_ms(times: impl IntoIterator<Item = f64>, stages: usize, kappa: f64) -> f64 {
+    let (sum, max) = times.into_iter().fold((0.0f64, 0.0f64), |(sum, max), t| (sum + t, max.max(t)));
+    let overlap = stages.saturating_sub(1) as f64;
+    sum + overlap * max + kappa.max(0.0) * overlap * (sum - max)
+}
+
+/// [`pipelined_latency_ms`] of a slicing read from `table`.
+fn pipeline_latency(table: &Table, slices: &[usize], stages: usize, kappa: f64) -> f64 {
     let mut context = 0;
-    let (mut sum, mut max) = (0.0f64, 0.0f64);
-    for &k in slices {
+    let times = slices.iter().map(|&k| {
         let t = table.t(k, context);
-        sum += t;
-        max = max.max(t);
         context += k;
-    }
-    sum + (stages - 1) as f64 * max
+        t
+    });
+    pipelined_latency_ms(times, stages, kappa)
 }
 
 /// Algorithm 1 with the t_max enumeration, early stop and ε pruning.
-fn optimal_slices(table: &Table, stages: usize, epsilon: f64) -> (Vec<usize>, f64) {
-    let n = table.units;
+fn optimal_slices(table: &Table, stages: usize, common: &Common) -> (Vec<usize>, f64) {
+    let (n, epsilon, kappa) = (table.units, common.epsilon, common.kappa);
     let mut candidates: Vec<f64> = table.rows.iter().flatten().copied().collect();
     candidates.sort_by(f64::total_cmp);
     candidates.dedup();
@@ -325,13 +348,13 @@ fn optimal_slices(table: &Table, stages: usize, epsilon: f64) -> (Vec<usize>, f6
             i -= q[i];
         }
         slices.reverse();
-        let latency = pipeline_latency(table, &slices, stages);
+        let latency = pipeline_latency(table, &slices, stages, kappa);
         if best.as_ref().is_none_or(|(_, b)| latency < *b) {
             best = Some((slices, latency));
         }
     }
     // Non-empty: the last candidate admits the single slice of all units.
-    best.unwrap_or_else(|| (vec![n], pipeline_latency(table, &[n], stages)))
+    best.unwrap_or_else(|| (vec![n], pipeline_latency(table, &[n], stages, kappa)))
 }
 
 #[cfg(test)]
@@ -342,10 +365,15 @@ mod tests {
         Table { units: n, rows: (1..=n).map(|k| (0..=n - k).map(|j| f(k, j)).collect()).collect() }
     }
 
+    /// The exact optimum (ε = 0) at interference `kappa`.
+    fn exact(kappa: f64) -> Common {
+        Common { units: 0, unit: 1, epsilon: 0.0, kappa }
+    }
+
     #[test]
     fn slices_constant_overhead_prefers_one_slice_when_pipeline_is_one_stage() {
         let t = table(8, |k, _| 1.0 + k as f64);
-        let (slices, latency) = optimal_slices(&t, 1, 0.0);
+        let (slices, latency) = optimal_slices(&t, 1, &exact(0.0));
         assert_eq!(slices, vec![8]);
         assert_eq!(latency, 9.0);
     }
@@ -354,8 +382,37 @@ mod tests {
     fn slices_pipeline_prefers_several_slices() {
         // Linear cost, no overhead: with 4 stages finer slices shrink the bubble.
         let t = table(8, |k, _| k as f64);
-        let (slices, latency) = optimal_slices(&t, 4, 0.0);
+        let (slices, latency) = optimal_slices(&t, 4, &exact(0.0));
         assert_eq!(slices, vec![1; 8]);
         assert_eq!(latency, 8.0 + 3.0);
+    }
+
+    #[test]
+    fn interference_prices_the_overlap_and_can_make_one_pass_best() {
+        // M equal slices over K stages cost what M equal micro-batches do.
+        let (m, k, t, kappa) = (5usize, 3usize, 2.0, 0.4);
+        let micro = k as f64 * t + (m - 1) as f64 * (t + kappa * (k - 1) as f64 * t);
+        let sliced = pipelined_latency_ms(vec![t; m], k, kappa);
+        assert!((sliced - micro).abs() < 1e-12, "{sliced} vs {micro}");
+        assert_eq!(pipelined_latency_ms([1.0, 3.0], 2, 0.0), 4.0 + 3.0);
+        // A fixed cost of 1 per slice plus 1 per unit, 2 stages. At κ = 0 slicing pays
+        // (2 slices of 4: 10 + 5 = 15 against one pass's 9 + 9 = 18); at κ = 1 every overlapped
+        // unit costs twice, and one pass is best.
+        let t = table(8, |k, _| 1.0 + k as f64);
+        let (free, free_ms) = optimal_slices(&t, 2, &exact(0.0));
+        assert!(free.len() > 1, "{free:?}");
+        let (costly, costly_ms) = optimal_slices(&t, 2, &exact(1.0));
+        assert_eq!(costly, vec![8]);
+        assert_eq!(costly_ms, 18.0);
+        assert!(free_ms < costly_ms);
+        // The interference field is checked like every other.
+        let input = SlicesInput {
+            seq_len: 2,
+            stages: 2,
+            t_fwd_ms: Some(vec![vec![Some(1.0), Some(1.0)], vec![Some(1.5)]]),
+            interference: Some(-0.5),
+            ..SlicesInput::default()
+        };
+        assert!(plan(&input).unwrap_err().to_string().contains("interference"));
     }
 }

@@ -10,7 +10,7 @@
 //!   a decode step and a prompt's prefill, each measured and predicted per stage;
 //! - **(b) ttft** ([`ttft`]): time to first token of 256-, 1024- and 2048-token prompts at PP=2 over
 //!   the two one-thread workers, in the planner's slices, in uniform slices and unsliced, each
-//!   against TeraPipe's `Σ t_i + (K − 1)·max t_i`;
+//!   against TeraPipe's `Σ t_i + (K − 1)·max t_i` plus the workers' interference on the overlap;
 //! - **(c) chunked** ([`chunked`]): chunked prefill on the local flex device while 16 sequences
 //!   decode and long prompts arrive: inter-token latency (p50, p99) and throughput, chunked
 //!   against unchunked.

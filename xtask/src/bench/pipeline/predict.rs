@@ -7,7 +7,8 @@
 //! - a pipelined decode step of `M` micro-batches: `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s −
 //!   max_s t_s))`, `κ` the devices' measured interference (`Interference::pipelined_ms`);
 //! - a prefill cut into token slices: TeraPipe's `Σ_i t_i + (K − 1)·max_i t_i` with `t_i` slice
-//!   `i`'s time on the slowest stage ([`PlannedSlices::predicted_ms`]); unsliced, `K` whole-prompt
+//!   `i`'s time on the slowest stage, plus `κ·(K − 1)·(Σ_i t_i − max_i t_i)` for the stage devices'
+//!   interference on a prefill step ([`PlannedSlices::predicted_ms`]); unsliced, `K` whole-prompt
 //!   passes.
 
 use std::ops::Range;

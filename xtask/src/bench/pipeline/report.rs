@@ -182,9 +182,10 @@ fn stages_md(s: &StagesResult) -> String {
 
 fn ttft_md(t: &TtftResult, out: &Path) -> String {
     let mut md = format!(
-        "\n## (b) Time to first token at PP=2 (token slices)\n\n- stages: layers {} on {}; one prompt on an idle engine, median of the measured runs\n- predicted: TeraPipe's `Σ t_i + (K − 1)·max t_i` for the slices used (`t_i` the slowest stage's time for slice `i`); unsliced = K whole-prompt passes\n\n",
+        "\n## (b) Time to first token at PP=2 (token slices)\n\n- stages: layers {} on {}; one prompt on an idle engine, median of the measured runs\n- predicted: TeraPipe's `Σ t_i + (K − 1)·max t_i` for the slices used (`t_i` the slowest stage's time for slice `i`), plus `κ·(K − 1)·(Σ t_i − max t_i)` at the workers' interference on a prefill step, κ = {:.2} (the overlapped work slowed as a micro-batch's is); unsliced = K whole-prompt passes\n\n",
         t.stage_layers.join(", "),
-        t.devices.join(", ")
+        t.devices.join(", "),
+        t.interference
     );
     md.push_str(&table(
         &[

@@ -46,7 +46,8 @@ pub struct TtftPoint {
     /// The slices used (the planner's: planned again here as the engine plans them, from the
     /// same measurement of the stages' devices, so they match the engine's up to timing noise).
     pub slices: Vec<usize>,
-    /// Time to first token: TeraPipe's `Σ t_i + (K − 1)·max t_i` against the median measured.
+    /// Time to first token: TeraPipe's `Σ t_i + (K − 1)·max t_i`, with the interference term,
+    /// against the median measured.
     pub ttft: Versus,
     /// Every measured time to first token, in milliseconds.
     pub measured_ms: Vec<f64>,
@@ -58,6 +59,9 @@ pub struct TtftResult {
     pub workload: TtftWorkload,
     pub devices: Vec<String>,
     pub stage_layers: Vec<String>,
+    /// The workers' interference `κ` on a prefill step, which the planner and every prediction
+    /// use (measured when the planner was built).
+    pub interference: f64,
     pub points: Vec<TtftPoint>,
     /// Planner ÷ unsliced at the longest prompt.
     pub planner_over_unsliced_longest: f64,
@@ -146,6 +150,7 @@ pub fn run(
         workload: workload.clone(),
         devices: names,
         stage_layers: ranges(&layout),
+        interference: engine_planner.as_ref().map_or(0.0, PlannedSlices::interference),
         points,
         planner_over_unsliced_longest: ratio,
     })
