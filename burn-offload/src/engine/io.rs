@@ -221,24 +221,52 @@ fn poisoned() -> OffloadError {
 }
 
 impl OffloadEngine {
-    /// `load_weight`: layer `j` on the device, with the device budget it holds while loaded
-    /// (a copy from the host, or a disk read, checksum and upload), in the I/O pool.
-    pub(super) fn load_weight(&self, j: usize) -> Result<Loaded> {
+    /// `load_weight(j)` as a task of the block schedule: layer `j` on the device, with the device
+    /// budget it holds while loaded (a copy from the host, or a disk read, checksum and upload),
+    /// in the I/O pool.
+    ///
+    /// With `overlap` the budget is taken here, when the load is issued, not when its thread
+    /// gets to run: the layer may be resident from then on, and a thread the host schedules late
+    /// must not let the ledger count the previous layer gone first (the peak would then depend
+    /// on the host's load). Deferred, the load and its budget wait until it is joined, after the
+    /// previous layer left the device.
+    pub(super) fn weight_task<'scope, 'env>(
+        &'scope self,
+        scope: &'scope Scope<'scope, 'env>,
+        overlap: bool,
+        j: usize,
+    ) -> Task<'scope, Loaded> {
+        let issued = overlap.then(|| self.weight_budget(j));
+        Task::start(scope, overlap, move || {
+            let budget = match issued {
+                Some(budget) => budget?,
+                None => self.weight_budget(j)?,
+            };
+            self.load_weight(j, budget)
+        })
+    }
+
+    /// The device budget layer `j` takes while loaded (`None` for a layer that lives there).
+    fn weight_budget(&self, j: usize) -> Result<Option<Reservation>> {
+        match &self.layers[j] {
+            LayerHome::Device(_) => Ok(None),
+            LayerHome::Host(_) | LayerHome::Disk(_) => {
+                let what = format!("layer {j} weights (loaded)");
+                Ok(Some(self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?))
+            }
+        }
+    }
+
+    /// `load_weight`: layer `j` on the device under `budget`, in the I/O pool.
+    fn load_weight(&self, j: usize, budget: Option<Reservation>) -> Result<Loaded> {
         let _span = trace_span!("load_weight", layer = j).entered();
         self.in_pool(&self.io_pool, || {
-            let what = format!("layer {j} weights (loaded)");
-            match &self.layers[j] {
-                LayerHome::Device(layer) => Ok(Loaded { layer: layer.clone(), _budget: None }),
-                LayerHome::Host(layer) => {
-                    let budget = self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?;
-                    Ok(Loaded { layer: layer.clone().to_device(&self.device), _budget: Some(budget) })
-                }
-                LayerHome::Disk(template) => {
-                    let budget = self.ledger.reserve(Tier::Gpu, self.layer_bytes[j], &what)?;
-                    let layer = read_layer(template, &self.store, &format!("layer{j}/"), &self.device)?;
-                    Ok(Loaded { layer, _budget: Some(budget) })
-                }
-            }
+            let layer = match &self.layers[j] {
+                LayerHome::Device(layer) => layer.clone(),
+                LayerHome::Host(layer) => layer.clone().to_device(&self.device),
+                LayerHome::Disk(template) => read_layer(template, &self.store, &format!("layer{j}/"), &self.device)?,
+            };
+            Ok(Loaded { layer, _budget: budget })
         })
     }
 

@@ -54,7 +54,7 @@ impl OffloadEngine {
         let overlap = self.policy.shape.overlap;
         std::thread::scope(|scope| -> Result<()> {
             // Before the first step: its weights start loading, its cache and activations come in.
-            let mut weights = Weights::new(Task::start(scope, overlap, move || self.load_weight(first.0)));
+            let mut weights = Weights::new(self.weight_task(scope, overlap, first.0));
             let mut inputs = self.load_inputs(self.load_job(first, caches, &mut parked), io)?;
             let mut pending: Option<StoreJob> = None;
             for (t, &(j, k)) in order.iter().enumerate() {
@@ -62,8 +62,7 @@ impl OffloadEngine {
                 // load_weight(j + 1): at a layer's first batch its weights are in, and the next
                 // layer's start loading.
                 let next_layer = (j + 1 < layers).then_some(j + 1);
-                let layer = weights
-                    .layer(j, || next_layer.map(|n| Task::start(scope, overlap, move || self.load_weight(n))))?;
+                let layer = weights.layer(j, || next_layer.map(|n| self.weight_task(scope, overlap, n)))?;
                 // This step's cache and activations, loaded during the previous step, go in.
                 let (state, kv_budget) = self.take_inputs(&mut inputs, &mut caches[k], &mut parked[k], j, io)?;
                 // store_cache(j, k − 1), store_hidden(j, k − 1), then load_cache(j, k + 1),
