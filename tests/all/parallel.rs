@@ -97,13 +97,18 @@ const DEFAULTS: ExampleDefaults = ExampleDefaults {
 
 /// Runs the CLI on the GPT-2 fixture with `extra` flags; stdout on success, the error otherwise.
 pub(crate) fn cli(extra: &[&str]) -> Result<String, String> {
+    cli_logged(extra).map(|(out, _)| out)
+}
+
+/// [`cli`], with the start-up log.
+fn cli_logged(extra: &[&str]) -> Result<(String, String), String> {
     let dir = fixture("gpt2");
     let mut argv = vec!["x", "--model", dir.to_str().unwrap(), "--prompt", "GNU", "--max-new-tokens", "4"];
     argv.extend_from_slice(extra);
     let args = GenerateArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
     let (mut out, mut log) = (Vec::new(), Vec::new());
     run_with(&args, DEFAULTS, &mut out, &mut log).map_err(|e| e.to_string())?;
-    Ok(String::from_utf8(out).unwrap())
+    Ok((String::from_utf8(out).unwrap(), String::from_utf8_lossy(&log).into_owned()))
 }
 
 /// The text of a CLI run, without its summary line.
@@ -216,9 +221,9 @@ fn bad_parallel_flags_are_errors() {
     assert!(err.contains("micro_batches must be at least 1"), "{err}");
 }
 
-/// `--prefill-slices`: planned (`auto`, from the stages' profiles measured at start-up), uniform
-/// and no slices through two paged stages give one device's text; a bad value, an engine without
-/// sliced steps and a run of one stage are errors naming the flag and what to do.
+/// `--prefill-slices`: planned (`auto`, from the stages' profiles and interference measured at
+/// start-up), uniform and no slices through two paged stages give one device's text; a bad value,
+/// an engine without sliced steps and a run of one stage are errors naming the flag and what to do.
 #[test]
 fn prefill_slices_run_through_stages_and_bad_ones_are_errors() {
     let single = cli(&["--device", "flex"]).unwrap();
@@ -233,8 +238,14 @@ fn prefill_slices_run_through_stages_and_bad_ones_are_errors() {
             "--prefill-slices",
             slicing,
         ];
-        let out = cli(&flags).unwrap_or_else(|e| panic!("{slicing}: {e}"));
+        let (out, log) = cli_logged(&flags).unwrap_or_else(|e| panic!("{slicing}: {e}"));
         assert_eq!(text(&out), text(&single), "--prefill-slices {slicing}");
+        if slicing == "auto" {
+            // The planner prices the slices' overlap at the stages' interference, measured on a
+            // prefill step at start-up, and says so.
+            assert!(log.contains("stages overlapping") && log.contains("prefill slices: auto"), "{log}");
+            assert!(log.contains("at interference κ = "), "{log}");
+        }
     }
     let unparsable = "unparsable --prefill-slices 'x': expected auto, uniform:N (N ≥ 1) or off";
     let cases: [(&[&str], &str); 5] = [
