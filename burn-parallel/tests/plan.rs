@@ -32,6 +32,9 @@ mod stage_groups;
 #[path = "plan/serve_every_model.rs"]
 mod serve_every_model;
 
+#[path = "plan/measured_pipelines.rs"]
+mod measured_pipelines;
+
 #[cfg(feature = "flex")]
 #[path = "parallel/tensor.rs"]
 mod tensor_parallel;
@@ -392,6 +395,7 @@ fn model(name: &str, layers: usize, layer_ms: f64, slo_s: f64) -> ModelSpec {
         layer_memory_bytes: vec![1 << 30; layers],
         slo_s,
         tensor_parallel: Vec::new(),
+        measured_pipelines: Vec::new(),
     }
 }
 

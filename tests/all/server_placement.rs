@@ -170,9 +170,20 @@ fn auto_and_replicate_plan_on_profiles_and_predict_the_workload() {
         for name in ["gpt2", "llama"] {
             assert!(groups.iter().any(|g| g.iter().any(|m| m == name)), "{name} is placed: {placement}");
         }
+        // `auto` may pipeline: each model with traffic was timed running as a two-stage pipeline,
+        // which prices the two-stage groups; replication has none to price.
+        let measured = placement["measured_pipelines"].as_array().cloned().unwrap_or_default();
         if mode == "replicate" {
             let one_device = placement["groups"].as_array().unwrap().iter().all(|g| g["pipeline_stages"] == 1);
             assert!(one_device, "replication has no model parallelism: {placement}");
+            assert!(measured.is_empty(), "{placement}");
+        } else {
+            assert_eq!(measured.len(), 2, "{placement}");
+            for m in &measured {
+                let p = &m["pipeline"];
+                assert_eq!(p["stages"], 2, "{placement}");
+                assert!(p["latency_ms"].as_f64().unwrap() > 0.0 && p["interval_ms"].as_f64().unwrap() >= 0.0);
+            }
         }
         server.shutdown();
     }

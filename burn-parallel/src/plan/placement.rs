@@ -12,7 +12,9 @@
 //! restricts the search to one-device groups: replication only, on the same simulator.
 //! `interference` (the devices' measured `κ`) makes the simulator slow down stages that work at
 //! once, so that a pipeline's overlap and replicas beside each other are priced as the devices
-//! measured them, not as free.
+//! measured them, not as free. A model's `measured_pipelines` (a pipeline of it timed running)
+//! price a group of that many stages from the measurement ([`measured`]), as AlpaServe profiles
+//! each parallel configuration, instead of from its layers' one-device latencies alone.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,7 +22,9 @@ use super::check::{self, InputError};
 use super::sim::{self, Group, Request};
 use super::stages::{Problem, StageOption, StagesError, TpDegree};
 
+mod measured;
 mod selection;
+pub use measured::{MeasuredPipeline, measured_stage_latency_ms};
 use selection::{Selection, same_replicas};
 
 /// Largest device count, model count and request count accepted.
@@ -75,6 +79,10 @@ pub struct ModelSpec {
     /// Per-layer latencies at tensor-parallel degrees ≥ 2 (optional).
     #[serde(default)]
     pub tensor_parallel: Vec<TpDegree>,
+    /// Pipelines of the model timed running, at most one per stage count (optional): a group of
+    /// that many stages is priced from the measurement ([`measured_stage_latency_ms`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured_pipelines: Vec<MeasuredPipeline>,
 }
 
 /// The placement baselines.
@@ -308,6 +316,13 @@ impl<'a> Checked<'a> {
                 check::same_len(&format!("{tf}.layer_latency_ms"), &d.layer_latency_ms, layers, "layers")?;
                 check::latencies(&format!("{tf}.layer_latency_ms"), &d.layer_latency_ms)?;
             }
+            for (j, p) in m.measured_pipelines.iter().enumerate() {
+                let pf = f(&format!("measured_pipelines[{j}]"));
+                p.check(&pf, layers)?;
+                if m.measured_pipelines[..j].iter().any(|o| o.stages == p.stages) {
+                    return Err(InputError::new(format!("{pf}.stages"), "is measured twice").into());
+                }
+            }
         }
         let requests = workload(input)?;
         if requests.is_empty() {
@@ -342,10 +357,14 @@ impl<'a> Checked<'a> {
             None,
         )
         .map_err(|source| PlacementError::Stages { model: m.name.clone(), source })?;
+        let measured = m.measured_pipelines.iter().find(|p| degree == 1 && p.stages == stages);
         match problem.solve() {
             Ok(p) => Ok(Some(Split {
                 ranges: p.ranges,
-                stage_latency_ms: p.stage_latency_ms,
+                stage_latency_ms: match measured {
+                    Some(measured) => measured_stage_latency_ms(&p.stage_latency_ms, measured, self.kappa),
+                    None => p.stage_latency_ms,
+                },
                 device_memory_bytes: p.device_memory_bytes,
             })),
             Err(StagesError::DoesNotFit { .. }) => Ok(None),

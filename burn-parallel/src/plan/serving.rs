@@ -235,6 +235,7 @@ mod tests {
             layer_memory_bytes: vec![10; 4],
             slo_s: 0.5,
             tensor_parallel: Vec::new(),
+            measured_pipelines: Vec::new(),
         };
         let input = PlacementInput {
             models: vec![model("a"), model("b")],
@@ -270,6 +271,7 @@ mod tests {
             layer_memory_bytes: vec![1 << 30; 4],
             slo_s: 0.8,
             tensor_parallel: Vec::new(),
+            measured_pipelines: Vec::new(),
         };
         let arrivals = |name: &str| Arrivals { model: ModelRef::Name(name.into()), rate: 1.0, cv: 4.0 };
         let input = |interference: f64, baseline: Option<Baseline>| PlacementInput {

@@ -24,10 +24,15 @@
 //!
 //! With a workload over two or more devices, the devices' interference `κ` is measured at start-up
 //! (module `interference`) and priced by the simulator, for the choice (`auto`, `replicate`) and the
-//! prediction alike: stages or replicas working at once are slowed as the devices measured.
+//! prediction alike: stages or replicas working at once are slowed as the devices measured. Where
+//! the choice can run two-stage pipelines (`auto`, or a manual group of two devices), each model
+//! with traffic is also timed running as one over the pool's first two devices (module
+//! `pipelined`), and two-stage groups are priced from that, as AlpaServe profiles each parallel
+//! configuration.
 
 mod interference;
 pub mod manual;
+mod pipelined;
 mod profiles;
 
 use std::io::Write;
@@ -110,22 +115,8 @@ impl ServingPlacement {
         let mut specs = Vec::new();
         for group in &self.groups {
             let Some(placed) = group.models.iter().find(|m| m.model == model.name) else { continue };
-            let mut spec = model.spec.clone();
-            spec.device = None;
-            spec.parallel.devices = Some(group.devices.iter().map(|&d| self.pool[d].clone()).collect());
-            // The placement has checked the memory and read the profiles these name.
-            spec.parallel.device_memory = None;
-            spec.parallel.stage_profile_dir = None;
-            spec.parallel.pipeline_parallel_size = None;
-            spec.parallel.stage_layers = Some(
-                placed.stages.iter().map(|[a, b]| format!("{a}-{}", b.saturating_sub(1))).collect::<Vec<_>>().join(","),
-            );
-            // The simulator's pipeline: a stage takes the next request once it has passed on the
-            // last, which takes one engine per stage (each engine's step spans every stage).
-            if group.pipeline_stages > 1 && spec.parallel.virtual_engines.is_none() {
-                spec.parallel.virtual_engines = Some(group.pipeline_stages);
-            }
-            specs.push(spec);
+            let devices = group.devices.iter().map(|&d| self.pool[d].clone()).collect();
+            specs.push(group_spec(model, devices, &placed.stages, group.pipeline_stages));
         }
         specs
     }
@@ -186,6 +177,16 @@ impl ServingPlacement {
             out["predicted_models"] = json!(p.models);
             out["interference"] = json!(self.interference().unwrap_or(0.0));
         }
+        // The pipelines timed running, which priced the groups of their stage count.
+        let measured: Vec<_> = self
+            .input
+            .iter()
+            .flat_map(|i| &i.models)
+            .flat_map(|m| m.measured_pipelines.iter().map(move |p| json!({"model": m.name, "pipeline": p})))
+            .collect();
+        if !measured.is_empty() {
+            out["measured_pipelines"] = json!(measured);
+        }
         out
     }
 
@@ -234,7 +235,7 @@ pub fn place(
     }
     let caps: Vec<u64> = caps.unwrap_or_else(|| pool.iter().map(|d| crate::spec::default_memory(d)).collect());
     let needs_costs = !matches!(choice, PlacementChoice::Manual(_)) || workload.is_some();
-    let costs = if needs_costs || caps.iter().any(|&c| c < u64::MAX) {
+    let mut costs = if needs_costs || caps.iter().any(|&c| c < u64::MAX) {
         Some(ModelCosts::measure(models, pool, workload, log)?)
     } else {
         None
@@ -244,10 +245,22 @@ pub fn place(
         (Some(costs), Some(w)) => interference::measure(models, pool, w, costs, log)?,
         _ => None,
     };
+    // And what running as a pipeline adds, where the choice can run two-stage pipelines.
+    let two_stages = match choice {
+        PlacementChoice::Auto => true,
+        PlacementChoice::Replicate => false,
+        PlacementChoice::Manual(m) => {
+            m.models.iter().any(|(_, groups)| groups.iter().any(|g| g.len() == pipelined::STAGES))
+        }
+    };
+    if let (Some(costs), Some(w), true) = (costs.as_mut(), workload, two_stages) {
+        costs.set_pipelines(pipelined::measure(models, pool, w, log)?);
+    }
+    let kappa = interference.unwrap_or(0.0);
     let memory = caps.iter().copied().min().unwrap_or(u64::MAX);
     let input = costs.as_ref().map(|c| c.input(pool.len(), memory, workload, interference));
     let groups = match choice {
-        PlacementChoice::Manual(manual) => manual_groups(manual, models, costs.as_ref())?,
+        PlacementChoice::Manual(manual) => manual_groups(manual, models, costs.as_ref(), kappa)?,
         PlacementChoice::Auto | PlacementChoice::Replicate => {
             let (Some(costs), Some(input)) = (&costs, &input) else {
                 return Err(config("--placement auto and replicate need the models' costs".into()));
@@ -269,6 +282,33 @@ pub fn place(
         _ => None,
     };
     Ok(ServingPlacement { mode: choice.name(), pool: pool.to_vec(), groups, prediction, input })
+}
+
+/// `model`'s engine spec on a group of `devices` (`--devices` entries) running its layers in
+/// `stages` (half-open ranges, as `--stage-layers`) over `pipeline_stages` stages: over several,
+/// one virtual engine per stage unless the model's flags say otherwise (the pool's
+/// `--device-memory` and `--stage-profile-dir` served the placement and are dropped).
+fn group_spec(
+    model: &ModelSpec,
+    devices: Vec<String>,
+    stages: &[[usize; 2]],
+    pipeline_stages: usize,
+) -> crate::spec::EngineSpec {
+    let mut spec = model.spec.clone();
+    spec.device = None;
+    spec.parallel.devices = Some(devices);
+    // The placement has checked the memory and read the profiles these name.
+    spec.parallel.device_memory = None;
+    spec.parallel.stage_profile_dir = None;
+    spec.parallel.pipeline_parallel_size = None;
+    spec.parallel.stage_layers =
+        Some(stages.iter().map(|[a, b]| format!("{a}-{}", b.saturating_sub(1))).collect::<Vec<_>>().join(","));
+    // The simulator's pipeline: a stage takes the next request once it has passed on the last,
+    // which takes one engine per stage (each engine's step spans every stage).
+    if pipeline_stages > 1 && spec.parallel.virtual_engines.is_none() {
+        spec.parallel.virtual_engines = Some(pipeline_stages);
+    }
+    spec
 }
 
 /// A model's own flags may not choose what the placement chooses.
@@ -311,6 +351,7 @@ fn manual_groups(
     manual: &Manual,
     models: &[ModelSpec],
     costs: Option<&ModelCosts>,
+    kappa: f64,
 ) -> Result<Vec<GroupPlan>, ServerError> {
     let mut groups: Vec<GroupPlan> = Vec::new();
     for (name, model_groups) in &manual.models {
@@ -323,7 +364,7 @@ fn manual_groups(
             let layout = StageLayout::even(layers, devices.len())
                 .map_err(|e| ServerError::Config(format!("--placement manual: model `{name}`: {e}")))?;
             let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
-            let stage_latency_ms = costs.map(|c| c.stage_latency_ms(name, &stages)).unwrap_or_default();
+            let stage_latency_ms = costs.map(|c| c.stage_latency_ms(name, &stages, kappa)).unwrap_or_default();
             let placed = PlacedModel { model: name.clone(), stages, stage_latency_ms };
             match groups.iter_mut().find(|g| &g.devices == devices) {
                 Some(g) => g.models.push(placed),

@@ -6,7 +6,9 @@
 use std::io::Write;
 
 use burn_llm_models::PretrainedFiles;
-use burn_parallel::plan::placement::{GroupPlan, ModelSpec as PlannedModel, PlacedModel, PlacementInput};
+use burn_parallel::plan::placement::{
+    GroupPlan, MeasuredPipeline, ModelSpec as PlannedModel, PlacedModel, PlacementInput, measured_stage_latency_ms,
+};
 use burn_parallel::plan::serving::{
     DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload, layer_memory_bytes, request_layer_ms,
 };
@@ -28,6 +30,8 @@ struct Cost {
     slo_s: f64,
     /// The prefill's share of one request's time.
     prefill_share: f64,
+    /// Pipelines of it timed running ([`super::pipelined`]).
+    pipelines: Vec<MeasuredPipeline>,
 }
 
 /// Every served model's costs, in `--model` order.
@@ -89,9 +93,20 @@ impl ModelCosts {
                 layer_ms,
                 layer_bytes: layer_memory_bytes(&profile.profile),
                 slo_s: load.map_or(NO_TRAFFIC_SLO_S, |l| l.slo_s),
+                pipelines: Vec::new(),
             });
         }
         Ok(Self(costs))
+    }
+
+    /// Records each `(model, pipeline measured)`.
+    pub(super) fn set_pipelines(&mut self, measured: Vec<(String, MeasuredPipeline)>) {
+        for (name, pipeline) in measured {
+            if let Some(c) = self.0.iter_mut().find(|c| c.name == name) {
+                c.pipelines.retain(|p| p.stages != pipeline.stages);
+                c.pipelines.push(pipeline);
+            }
+        }
     }
 
     fn cost(&self, name: &str) -> &Cost {
@@ -116,6 +131,7 @@ impl ModelCosts {
                 layer_memory_bytes: c.layer_bytes.clone(),
                 slo_s: c.slo_s,
                 tensor_parallel: Vec::new(),
+                measured_pipelines: c.pipelines.clone(),
             })
             .collect();
         let workload = workload.map(ServingWorkload::placement_workload).unwrap_or(
@@ -149,10 +165,16 @@ impl ModelCosts {
         self.cost(name).layer_ms.len()
     }
 
-    /// The latency of one request on each of `stages` (half-open layer ranges) of `name`.
-    pub(super) fn stage_latency_ms(&self, name: &str, stages: &[[usize; 2]]) -> Vec<f64> {
+    /// The latency of one request on each of `stages` (half-open layer ranges) of `name`: its
+    /// layers' one-device latencies, or, for a pipeline of a stage count measured running, the
+    /// measurement's price at the devices' interference `kappa` (as the planner prices it).
+    pub(super) fn stage_latency_ms(&self, name: &str, stages: &[[usize; 2]], kappa: f64) -> Vec<f64> {
         let c = self.cost(name);
-        stages.iter().map(|[a, b]| c.layer_ms[*a..*b].iter().sum()).collect()
+        let split: Vec<f64> = stages.iter().map(|[a, b]| c.layer_ms[*a..*b].iter().sum()).collect();
+        match c.pipelines.iter().find(|p| p.stages == stages.len()) {
+            Some(measured) => measured_stage_latency_ms(&split, measured, kappa),
+            None => split,
+        }
     }
 
     fn bytes(&self, name: &str, [a, b]: [usize; 2]) -> u64 {
@@ -171,7 +193,7 @@ impl ModelCosts {
                 let need = self.bytes(&c.name, whole);
                 if used.checked_add(need).is_some_and(|t| t <= cap) {
                     used += need;
-                    let stage_latency_ms = self.stage_latency_ms(&c.name, &[whole]);
+                    let stage_latency_ms = self.stage_latency_ms(&c.name, &[whole], 0.0);
                     models.push(PlacedModel { model: c.name.clone(), stages: vec![whole], stage_latency_ms });
                 }
             }

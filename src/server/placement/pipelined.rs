@@ -1,0 +1,108 @@
+//! Each model with traffic timed running as a two-stage pipeline over the pool's first two
+//! devices, for the simulator's price of two-stage groups
+//! ([`burn_parallel::plan::placement::MeasuredPipeline`]).
+//!
+//! AlpaServe's simulator takes a parallel configuration's latencies from profiling that
+//! configuration. The per-layer profile prices a stage as its layers on one device; running as a
+//! pipeline adds what the layers alone never see: hidden states handed between the devices every
+//! step, the host driving both stages, the virtual engines taking turns on each device. So the
+//! model is loaded as the placement would run it on a two-stage group (its layers split evenly,
+//! one virtual engine per stage, its own engine flags, prefix caching off so that every request
+//! computes its prompt), one request of the workload's shape is timed alone, then two started
+//! together, and the engines are dropped before the placement loads anything.
+
+use std::io::Write;
+use std::time::Instant;
+
+use burn_llm_models::{Prompt, SamplingParams};
+use burn_parallel::pipeline::StageLayout;
+use burn_parallel::plan::placement::MeasuredPipeline;
+use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
+use burn_parallel::profiler::probe_ids;
+
+use super::super::ServerError;
+use super::super::launch::ModelSpec;
+use super::profiles;
+use crate::{Engine, Purpose};
+
+/// Stages of the pipeline timed (groups of other sizes keep the layers' own prices).
+pub(super) const STAGES: usize = 2;
+/// Untimed requests before the timed ones.
+const WARMUP: usize = 1;
+/// Timed runs of each kind (the fastest is kept: the host's stalls only ever add).
+const REPEATS: usize = 2;
+
+/// `(model, its pipeline measured)` for every model with traffic in `workload`, timed over
+/// `pool[0]` and `pool[1]`; nothing for a pool of one device.
+pub(super) fn measure(
+    models: &[ModelSpec],
+    pool: &[String],
+    workload: &ServingWorkload,
+    log: &mut dyn Write,
+) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
+    if pool.len() < STAGES {
+        return Ok(Vec::new());
+    }
+    let devices = pool[..STAGES].to_vec();
+    let mut out = Vec::new();
+    for model in models.iter().filter(|m| workload.load(&m.name).is_some()) {
+        let fail = |e: &dyn std::fmt::Display| {
+            ServerError::Engine(format!(
+                "placement: timing `{}` as a pipeline over {}: {e}; check that both devices hold half of it and that \
+                 the workers run",
+                model.name,
+                devices.join(" → ")
+            ))
+        };
+        let (dir, files) = profiles::open(model)?;
+        let shape = workload.load(&model.name).map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
+        let tokens = shape.1.max(1);
+        let prompt = shape.0.clamp(1, files.spec.max_positions.saturating_sub(tokens).max(1));
+        let layout = StageLayout::even(files.spec.num_layers, STAGES).map_err(|e| fail(&e))?;
+        let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
+        let mut spec = super::group_spec(model, devices.clone(), &stages, STAGES);
+        spec.paged.no_enable_prefix_caching = true;
+        let mut engine = spec.init(&dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
+        let vocab = files.spec.vocab_size;
+        let prompts: Vec<Vec<u32>> = (0..STAGES)
+            .map(|r| probe_ids(prompt, vocab).into_iter().map(|id| (id + r as u32) % vocab.max(1) as u32).collect())
+            .collect();
+        let mut time = |n: usize| -> Result<f64, ServerError> {
+            let runs = (0..WARMUP + REPEATS)
+                .map(|_| requests_ms(engine.as_mut(), &prompts[..n], tokens).map_err(|e| fail(&e)))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(runs[WARMUP..].iter().copied().fold(f64::INFINITY, f64::min))
+        };
+        let alone = time(1)?;
+        let pair = time(STAGES)?;
+        let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: (pair - alone).max(0.0) };
+        let _ = writeln!(
+            log,
+            "placement: `{}` as a pipeline over {} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms, \
+             two started together {pair:.0} ms (the second adds {:.0} ms)",
+            model.name,
+            devices.join(" → "),
+            measured.interval_ms
+        );
+        out.push((model.name.clone(), measured));
+    }
+    Ok(out)
+}
+
+/// Milliseconds from adding one request per prompt (`tokens` new tokens each, EOS ignored) to the
+/// last one finishing.
+fn requests_ms(
+    engine: &mut dyn Engine,
+    prompts: &[Vec<u32>],
+    tokens: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(tokens) };
+    let started = Instant::now();
+    for (i, ids) in prompts.iter().enumerate() {
+        engine.add_request(&format!("placement-probe-{i}"), Prompt::Ids(ids.clone()), params.clone())?;
+    }
+    while engine.has_unfinished_requests() {
+        engine.step()?;
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e3)
+}
