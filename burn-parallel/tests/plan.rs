@@ -435,24 +435,7 @@ fn plan_placement_reports_hand_computed_latencies_in_trace_order() {
 #[test]
 fn plan_placement_model_parallelism_beats_replication_on_bursty_two_model_traffic() {
     // AlpaServe §4.3.1: two models of 0.4 s, two devices that each hold one model, bursty traffic.
-    let input = PlacementInput {
-        models: vec![model("a", 4, 100.0, 0.8), model("b", 4, 100.0, 0.8)],
-        devices: 2,
-        device_memory_bytes: 4 << 30,
-        workload: PlacementWorkload {
-            trace: None,
-            arrivals: Some(vec![
-                Arrivals { model: ModelRef::Name("a".into()), rate: 1.0, cv: 4.0 },
-                Arrivals { model: ModelRef::Name("b".into()), rate: 1.0, cv: 4.0 },
-            ]),
-            duration_s: Some(2000.0),
-            seed: Some(1),
-        },
-        baseline: None,
-        beam: None,
-        interference: None,
-        serve_every_model: false,
-    };
+    let input = measured_pipelines::bursty(None);
     let best = placement::plan(&input).unwrap();
     let replication =
         placement::plan(&PlacementInput { baseline: Some(Baseline::Replication), ..input.clone() }).unwrap();

@@ -8,7 +8,7 @@ use super::model;
 
 /// AlpaServe §4.3.1's case: two 0.4 s models, two devices that each hold one, bursty traffic;
 /// the layers alone make pipelining both models over both devices the best placement.
-fn bursty(measured: Option<MeasuredPipeline>) -> PlacementInput {
+pub(crate) fn bursty(measured: Option<MeasuredPipeline>) -> PlacementInput {
     let arrivals = |name: &str| Arrivals { model: ModelRef::Name(name.into()), rate: 1.0, cv: 4.0 };
     let mut models = vec![model("a", 4, 100.0, 0.8), model("b", 4, 100.0, 0.8)];
     for m in &mut models {

@@ -143,6 +143,15 @@ impl ServingPlacement {
             let models = if models.is_empty() { "nothing".to_string() } else { models.join(", ") };
             lines.push(format!("  group {gi} [{}] ({} stage(s)): {models}", devices.join(", "), g.pipeline_stages));
         }
+        for m in self.input.iter().flat_map(|i| &i.models) {
+            for p in &m.measured_pipelines {
+                lines.push(format!(
+                    "  `{}` timed as a {}-stage pipeline: one request {:.0} ms, a second started with it adds {:.0} ms \
+                     ({}-stage groups priced from this)",
+                    m.name, p.stages, p.latency_ms, p.interval_ms, p.stages
+                ));
+            }
+        }
         if let Some(p) = &self.prediction {
             let per_model: Vec<String> =
                 p.models.iter().map(|m| format!("`{}` {:.1}%", m.model, 100.0 * m.slo_attainment)).collect();
