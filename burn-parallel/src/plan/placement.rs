@@ -24,7 +24,7 @@ use super::stages::{Problem, StageOption, StagesError, TpDegree};
 
 mod measured;
 mod selection;
-pub use measured::{MeasuredPipeline, measured_stage_latency_ms};
+pub use measured::{MeasuredPipeline, measured_stage_latency_ms, priced_stage_latency_ms};
 use selection::{Selection, same_replicas};
 
 /// Largest device count, model count and request count accepted.
@@ -357,13 +357,13 @@ impl<'a> Checked<'a> {
             None,
         )
         .map_err(|source| PlacementError::Stages { model: m.name.clone(), source })?;
-        let measured = m.measured_pipelines.iter().find(|p| degree == 1 && p.stages == stages);
         match problem.solve() {
             Ok(p) => Ok(Some(Split {
                 ranges: p.ranges,
-                stage_latency_ms: match measured {
-                    Some(measured) => measured_stage_latency_ms(&p.stage_latency_ms, measured, self.kappa),
-                    None => p.stage_latency_ms,
+                // Measured pipelines run at degree 1.
+                stage_latency_ms: match degree {
+                    1 => priced_stage_latency_ms(&m.measured_pipelines, p.stage_latency_ms, self.kappa),
+                    _ => p.stage_latency_ms,
                 },
                 device_memory_bytes: p.device_memory_bytes,
             })),

@@ -18,7 +18,7 @@ use burn_parallel::profiler::OverlapStep;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
-use super::profiles::{self, ModelCosts};
+use super::profiles::ModelCosts;
 use crate::spec::{interference_of, parse_device};
 
 /// A phase below this share of a request's time is left unmeasured (its `κ` weighs too little).
@@ -46,17 +46,17 @@ pub(super) fn measure(
         .map(|entry| parse_device(entry, token))
         .collect::<Result<Vec<Device>, _>>()
         .map_err(|e| fail(&e))?;
-    let (dir, files) = profiles::open(model)?;
+    let (dir, spec) = costs.model(&model.name);
     let (prompt, max_tokens) =
         workload.load(&model.name).map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
     let share = costs.prefill_share(&model.name);
     let weight = prefill_weight(share);
     let mut kappa = |step: OverlapStep| -> Result<f64, ServerError> {
-        Ok(interference_of(&model.spec, &dir, pool, &devices, step, log).map_err(|e| fail(&e))?.kappa)
+        Ok(interference_of(&model.spec, dir, pool, &devices, step, log).map_err(|e| fail(&e))?.kappa)
     };
     // A phase that weighs nothing is not measured.
-    let prefill = if weight > 0.0 { kappa(OverlapStep::prefill(prompt.min(files.spec.max_positions)))? } else { 0.0 };
-    let decode = if weight < 1.0 { kappa(OverlapStep::decode_share(files.spec.num_layers, pool.len()))? } else { 0.0 };
+    let prefill = if weight > 0.0 { kappa(OverlapStep::prefill(prompt.min(spec.max_positions)))? } else { 0.0 };
+    let decode = if weight < 1.0 { kappa(OverlapStep::decode_share(spec.num_layers, pool.len()))? } else { 0.0 };
     let mixed = weighted(share, prefill, decode);
     let _ = writeln!(
         log,

@@ -263,7 +263,8 @@ pub fn place(
         }
     };
     if let (Some(costs), Some(w), true) = (costs.as_mut(), workload, two_stages) {
-        costs.set_pipelines(pipelined::measure(models, pool, w, log)?);
+        let measured = pipelined::measure(models, pool, w, costs, log)?;
+        costs.set_pipelines(measured);
     }
     let kappa = interference.unwrap_or(0.0);
     let memory = caps.iter().copied().min().unwrap_or(u64::MAX);

@@ -22,7 +22,7 @@ use burn_parallel::profiler::probe_ids;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
-use super::profiles;
+use super::profiles::ModelCosts;
 use crate::{Engine, Purpose};
 
 /// Stages of the pipeline timed (groups of other sizes keep the layers' own prices).
@@ -38,6 +38,7 @@ pub(super) fn measure(
     models: &[ModelSpec],
     pool: &[String],
     workload: &ServingWorkload,
+    costs: &ModelCosts,
     log: &mut dyn Write,
 ) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
     if pool.len() < STAGES {
@@ -54,16 +55,16 @@ pub(super) fn measure(
                 devices.join(" → ")
             ))
         };
-        let (dir, files) = profiles::open(model)?;
+        let (dir, arch) = costs.model(&model.name);
         let shape = workload.load(&model.name).map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
         let tokens = shape.1.max(1);
-        let prompt = shape.0.clamp(1, files.spec.max_positions.saturating_sub(tokens).max(1));
-        let layout = StageLayout::even(files.spec.num_layers, STAGES).map_err(|e| fail(&e))?;
+        let prompt = shape.0.clamp(1, arch.max_positions.saturating_sub(tokens).max(1));
+        let layout = StageLayout::even(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
         let mut spec = super::group_spec(model, devices.clone(), &stages, STAGES);
         spec.paged.no_enable_prefix_caching = true;
-        let mut engine = spec.init(&dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
-        let vocab = files.spec.vocab_size;
+        let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
+        let vocab = arch.vocab_size;
         let prompts: Vec<Vec<u32>> = (0..STAGES)
             .map(|r| probe_ids(prompt, vocab).into_iter().map(|id| (id + r as u32) % vocab.max(1) as u32).collect())
             .collect();

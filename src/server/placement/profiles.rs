@@ -6,8 +6,11 @@
 use std::io::Write;
 
 use burn_llm_models::PretrainedFiles;
+use std::path::{Path, PathBuf};
+
+use burn_llm_models::DecoderSpec;
 use burn_parallel::plan::placement::{
-    GroupPlan, MeasuredPipeline, ModelSpec as PlannedModel, PlacedModel, PlacementInput, measured_stage_latency_ms,
+    GroupPlan, MeasuredPipeline, ModelSpec as PlannedModel, PlacedModel, PlacementInput, priced_stage_latency_ms,
 };
 use burn_parallel::plan::serving::{
     DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload, layer_memory_bytes, request_layer_ms,
@@ -25,6 +28,10 @@ const NO_TRAFFIC_SLO_S: f64 = 1e9;
 #[derive(Debug, Clone)]
 struct Cost {
     name: String,
+    /// Its model directory and architecture, as opened for the profile (the interference and
+    /// pipeline timings read them too).
+    dir: PathBuf,
+    spec: DecoderSpec,
     layer_ms: Vec<f64>,
     layer_bytes: Vec<u64>,
     slo_s: f64,
@@ -39,7 +46,7 @@ struct Cost {
 pub(super) struct ModelCosts(Vec<Cost>);
 
 /// The model files `model` names, opened.
-pub(super) fn open(model: &ModelSpec) -> Result<(std::path::PathBuf, PretrainedFiles), ServerError> {
+pub(super) fn open(model: &ModelSpec) -> Result<(PathBuf, PretrainedFiles), ServerError> {
     let fail =
         |e: &dyn std::fmt::Display| ServerError::Engine(format!("model `{}` ({}): {e}", model.name, model.source));
     let dir = burn_llm_models::hub::resolve_model(&model.source).map_err(|e| fail(&e))?;
@@ -89,6 +96,8 @@ impl ModelCosts {
             let total: f64 = layer_ms.iter().sum();
             costs.push(Cost {
                 name: model.name.clone(),
+                spec: files.spec.clone(),
+                dir,
                 prefill_share: if total > 0.0 { (prefill_ms / total).clamp(0.0, 1.0) } else { 1.0 },
                 layer_ms,
                 layer_bytes: layer_memory_bytes(&profile.profile),
@@ -107,6 +116,12 @@ impl ModelCosts {
                 c.pipelines.push(pipeline);
             }
         }
+    }
+
+    /// `name`'s model directory and architecture.
+    pub(super) fn model(&self, name: &str) -> (&Path, &DecoderSpec) {
+        let c = self.cost(name);
+        (&c.dir, &c.spec)
     }
 
     fn cost(&self, name: &str) -> &Cost {
@@ -170,11 +185,8 @@ impl ModelCosts {
     /// measurement's price at the devices' interference `kappa` (as the planner prices it).
     pub(super) fn stage_latency_ms(&self, name: &str, stages: &[[usize; 2]], kappa: f64) -> Vec<f64> {
         let c = self.cost(name);
-        let split: Vec<f64> = stages.iter().map(|[a, b]| c.layer_ms[*a..*b].iter().sum()).collect();
-        match c.pipelines.iter().find(|p| p.stages == stages.len()) {
-            Some(measured) => measured_stage_latency_ms(&split, measured, kappa),
-            None => split,
-        }
+        let split = stages.iter().map(|[a, b]| c.layer_ms[*a..*b].iter().sum()).collect();
+        priced_stage_latency_ms(&c.pipelines, split, kappa)
     }
 
     fn bytes(&self, name: &str, [a, b]: [usize; 2]) -> u64 {

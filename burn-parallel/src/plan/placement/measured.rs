@@ -42,6 +42,16 @@ impl MeasuredPipeline {
     }
 }
 
+/// `split` (a model's stage latencies, ms, as the DP split them) priced from whichever of its
+/// `measured` pipelines has that many stages ([`measured_stage_latency_ms`]); as it is when none
+/// has.
+pub fn priced_stage_latency_ms(measured: &[MeasuredPipeline], split: Vec<f64>, kappa: f64) -> Vec<f64> {
+    match measured.iter().find(|p| p.stages == split.len()) {
+        Some(pipeline) => measured_stage_latency_ms(&split, pipeline, kappa),
+        None => split,
+    }
+}
+
 /// The stage latencies (ms) of a pipeline whose stages the DP split as `split`, priced from
 /// `measured` at interference `kappa`: they add up to `measured.latency_ms = L`, the split's
 /// slowest stage takes `m` with `m + κ·(L − m) = measured.interval_ms` (the interval the
