@@ -35,6 +35,9 @@ mod serve_every_model;
 #[path = "plan/measured_pipelines.rs"]
 mod measured_pipelines;
 
+#[path = "plan/slo_admission.rs"]
+mod slo_admission;
+
 #[cfg(feature = "flex")]
 #[path = "parallel/tensor.rs"]
 mod tensor_parallel;
@@ -421,6 +424,7 @@ fn plan_placement_reports_hand_computed_latencies_in_trace_order() {
         beam: None,
         interference: None,
         serve_every_model: false,
+        admission: Default::default(),
     };
     let out = placement::plan(&input).unwrap();
     // 0.0 → 0.3, 0.1 → 0.6, 0.2 → 0.9, 1.0 → 1.3.
@@ -1013,6 +1017,7 @@ fn plan_bad_input_is_an_error_not_a_panic() {
         beam: None,
         interference: None,
         serve_every_model: false,
+        admission: Default::default(),
     };
     assert!(placement::plan(&flood).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 2, 1, None)).is_err());
@@ -1152,6 +1157,7 @@ fn plan_placement_with_unreachable_slo_still_places_every_model() {
         beam: Some(2),
         interference: None,
         serve_every_model: false,
+        admission: Default::default(),
     };
     let out = placement::plan(&input).unwrap();
     assert_eq!(out.slo_attainment, 0.0);

@@ -19,6 +19,7 @@ use std::time::Instant;
 use burn_llm_models::{DecoderSpec, Prompt, SamplingParams, StepOutput, Timing, Tokenizer};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use super::admission::SloGate;
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use crate::device::panic_message;
@@ -108,6 +109,10 @@ pub struct EngineHandle {
     outstanding: Arc<AtomicUsize>,
     next_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// `--admission slo`: the model's admission on this replica's group.
+    gate: Option<SloGate>,
+    /// Its count of requests the gate rejected.
+    slo_rejections: prometheus::IntCounter,
     /// The model being served.
     pub info: ModelInfo,
 }
@@ -127,6 +132,7 @@ impl EngineHandle {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo, String>>();
         let pending = Arc::new(AtomicUsize::new(0));
         let loop_pending = pending.clone();
+        let slo_rejections = metrics.slo_rejections.clone();
         let thread = std::thread::Builder::new()
             .name(format!("burn-llm-engine-{name}"))
             .spawn(move || {
@@ -184,12 +190,21 @@ impl EngineHandle {
             outstanding: Arc::new(AtomicUsize::new(0)),
             next_id: AtomicU64::new(0),
             thread: Mutex::new(Some(thread)),
+            gate: None,
+            slo_rejections,
             info,
         })
     }
 
+    /// The handle with its requests admitted by `gate` (`--admission slo`).
+    pub fn with_gate(mut self, gate: SloGate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
     /// Sends one engine request per prompt (all with `params`), sharing one event channel, after
-    /// checking that at most `max_waiting` engine requests would then wait to start (else 503).
+    /// checking that at most `max_waiting` engine requests would then wait to start (else 503)
+    /// and, with a gate (`--admission slo`), that they would meet the model's SLO (else 503).
     /// A model that is down answers 503 naming it.
     pub fn submit(&self, prompts: Vec<Vec<u32>>, params: &SamplingParams, max_waiting: usize) -> ApiResult<Run> {
         if let Some(reason) = self.down() {
@@ -202,6 +217,13 @@ impl EngineHandle {
                 "too many requests waiting for model `{}` (the server's --max-waiting is {max_waiting}): retry later",
                 self.name
             )));
+        }
+        if let Some(gate) = &self.gate
+            && let Err(e) = gate.admit(&self.name, k)
+        {
+            self.pending.fetch_sub(k, Ordering::SeqCst);
+            self.slo_rejections.inc();
+            return Err(e);
         }
         let (events, rx) = unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 use burn_parallel::plan::serving::ServingWorkload;
+use burn_parallel::plan::sim::Admission;
 
 use super::model_args::{self, GivenFlags, ServingFlags};
 use super::placement::ServingPlacement;
@@ -66,6 +67,11 @@ pub struct ServeArgs {
     /// max_tokens; duration_s, seed) the placement is planned for and predicted on.
     #[arg(long, value_name = "FILE.json")]
     pub workload: Option<std::path::PathBuf>,
+    /// `slo`: reject at arrival (503, code `slo_unattainable`) a request that the placement
+    /// predicts would miss its model's SLO, as AlpaServe does (needs --placement and --workload;
+    /// the prediction drops the same requests). `all`: serve every request, however late.
+    #[arg(long, value_enum, default_value_t = Admission::All)]
+    pub admission: Admission,
     /// Seconds a generation request may take before it ends with 408 (streamed: an error event)
     /// and its KV blocks are freed; none by default.
     #[arg(long)]
@@ -160,6 +166,13 @@ impl ServeArgs {
         log: &mut dyn std::io::Write,
     ) -> Result<(Vec<ModelEntry>, Option<ServingPlacement>), ServerError> {
         let specs = self.model_specs()?;
+        if self.admission == Admission::Slo && (self.placement.is_none() || self.workload.is_none()) {
+            return Err(ServerError::Config(
+                "--admission slo predicts each request's finish from the placement and each model's slo_s: \
+                 add --placement and --workload (or drop --admission)"
+                    .into(),
+            ));
+        }
         let Some(choice) = &self.placement else {
             if self.workload.is_some() {
                 return Err(ServerError::Config(
@@ -178,10 +191,11 @@ impl ServeArgs {
             Some(path) => Some(read_workload(path)?),
             None => None,
         };
-        let placement = super::placement::place(choice, &specs, &pool, workload.as_ref(), log)?;
+        let placement = super::placement::place(choice, &specs, &pool, workload.as_ref(), self.admission, log)?;
         for line in placement.lines() {
             let _ = writeln!(log, "{line}");
         }
+        let mut gates = placement.gates();
         let mut entries = Vec::with_capacity(specs.len());
         for model in specs {
             let mut replicas = placement.replica_specs(&model).into_iter();
@@ -190,6 +204,7 @@ impl ServeArgs {
             };
             let mut entry = ModelSpec { spec: first, ..model.clone() }.entry();
             entry.replicas = replicas.map(|spec| ModelSpec { spec, ..model.clone() }.entry().build).collect();
+            entry.gates = gates.remove(&model.name).unwrap_or_default();
             entries.push(entry);
         }
         Ok((entries, Some(placement)))

@@ -22,7 +22,7 @@ const MODEL_LABEL: &str = "model";
 pub struct MetricsRegistry {
     registry: Registry,
     gauges: [IntGaugeVec; 6],
-    counters: [IntCounterVec; 4],
+    counters: [IntCounterVec; 5],
     histograms: [HistogramVec; 3],
 }
 
@@ -49,6 +49,8 @@ pub struct Metrics {
     pub requests_finished: IntCounter,
     /// Preemptions (swaps and recomputations).
     pub preemptions: IntCounter,
+    /// Requests rejected at arrival as predicted to miss their SLO (`--admission slo`).
+    pub slo_rejections: IntCounter,
     /// Arrival to first token.
     pub ttft: Histogram,
     /// Time between consecutive tokens of a sequence.
@@ -91,6 +93,10 @@ impl MetricsRegistry {
                 counter("generation_tokens_total", "Tokens generated.")?,
                 counter("requests_finished_total", "Requests finished or aborted.")?,
                 counter("num_preemptions_total", "Sequence groups preempted (swap or recompute).")?,
+                counter(
+                    "requests_rejected_slo_total",
+                    "Requests rejected at arrival as predicted to miss their SLO (--admission slo).",
+                )?,
             ],
             histograms: [
                 histogram("time_to_first_token_seconds", "Time from arrival to the first generated token.")?,
@@ -106,7 +112,7 @@ impl MetricsRegistry {
     pub fn for_model(&self, model: &str) -> Metrics {
         let [running, waiting, swapped, kv_blocks_used, kv_blocks_total, up] =
             self.gauges.clone().map(|g| g.with_label_values(&[model]));
-        let [prompt_tokens, generation_tokens, requests_finished, preemptions] =
+        let [prompt_tokens, generation_tokens, requests_finished, preemptions, slo_rejections] =
             self.counters.clone().map(|c| c.with_label_values(&[model]));
         let [ttft, tpot, e2e] = self.histograms.clone().map(|h| h.with_label_values(&[model]));
         up.set(1);
@@ -121,6 +127,7 @@ impl MetricsRegistry {
             generation_tokens,
             requests_finished,
             preemptions,
+            slo_rejections,
             ttft,
             tpot,
             e2e,

@@ -16,8 +16,10 @@
 //! [`streaming`] (engine events to SSE chunks or whole responses), [`logprobs`], [`engine_loop`]
 //! (the engine thread), [`models`] (the served models and routing), [`metrics`], [`auth`],
 //! [`errors`], [`page`], [`launch`] (flags and main) with [`model_args`] (names and per-model
-//! engine flags) and [`placement`] (models on device groups, AlpaServe).
+//! engine flags), [`placement`] (models on device groups, AlpaServe) and [`admission`] (requests
+//! rejected at arrival when the placement predicts they would miss their SLO).
 
+pub mod admission;
 pub mod auth;
 pub mod chat;
 pub mod completions;

@@ -16,6 +16,7 @@ use burn_llm_models::generation::prepare_prompt;
 use burn_llm_models::{ChatTemplate, ModelError, Prompt};
 use serde_json::json;
 
+use super::admission::SloGate;
 use super::engine_loop::{EngineBuilder, EngineHandle};
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
@@ -36,6 +37,8 @@ pub struct ModelEntry {
     pub chat_template: Option<String>,
     /// Its own `--max-waiting`, replacing the server's for it.
     pub max_waiting: Option<usize>,
+    /// `--admission slo`: the admission of each engine (the first, then the replicas), or none.
+    pub gates: Vec<SloGate>,
 }
 
 impl ModelEntry {
@@ -48,6 +51,7 @@ impl ModelEntry {
             replicas: Vec::new(),
             chat_template: None,
             max_waiting: None,
+            gates: Vec::new(),
         }
     }
 }
@@ -107,19 +111,32 @@ impl ServedModel {
     /// Starts the model's engine threads (one per replica) and waits until each engine is built;
     /// the entry's chat template, else `chat_template` (a Jinja source), replaces the model's own.
     pub fn start(entry: ModelEntry, metrics: Metrics, chat_template: Option<&str>) -> Result<Self, ServerError> {
-        let ModelEntry { name, source, build, replicas: builders, chat_template: own_template, max_waiting } = entry;
+        let ModelEntry { name, source, build, replicas: builders, chat_template: own_template, max_waiting, gates } =
+            entry;
+        if !gates.is_empty() && gates.len() != 1 + builders.len() {
+            return Err(ServerError::Config(format!(
+                "model `{name}` has {} admission gates for its {} engines: give one per engine or none",
+                gates.len(),
+                1 + builders.len()
+            )));
+        }
+        let mut gates = gates.into_iter();
+        let gated = |handle: EngineHandle, gate: Option<SloGate>| match gate {
+            Some(gate) => handle.with_gate(gate),
+            None => handle,
+        };
         let chat_template = own_template.as_deref().or(chat_template);
         let several = !builders.is_empty();
         let fail = |i: usize, e: String| {
             let which = if several { format!(" replica {i}") } else { String::new() };
             ServerError::Engine(format!("model `{name}` ({source}){which}: {e}"))
         };
-        let engine = EngineHandle::spawn(&name, build, metrics.clone()).map_err(|e| fail(0, e))?;
+        let engine = gated(EngineHandle::spawn(&name, build, metrics.clone()).map_err(|e| fail(0, e))?, gates.next());
         let mut replicas = Vec::with_capacity(builders.len());
         let mut failed = None;
         for (i, build) in builders.into_iter().enumerate() {
             match EngineHandle::spawn(&name, build, metrics.clone()) {
-                Ok(handle) => replicas.push(handle),
+                Ok(handle) => replicas.push(gated(handle, gates.next())),
                 Err(e) => {
                     failed = Some(fail(i + 1, e));
                     break;

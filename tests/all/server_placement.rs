@@ -242,8 +242,73 @@ fn bad_placements_and_workloads_are_clear_errors_before_serving() {
             assert!(err.contains(w), "{extra:?}: `{w}` not in: {err}");
         }
     }
+    for extra in
+        [&["--admission", "slo"][..], &[&pool[..], &["--placement", "replicate", "--admission", "slo"]].concat()]
+    {
+        let err = start_error(&argv(extra));
+        assert!(err.contains("--admission slo") && err.contains("add --placement and --workload"), "{err}");
+    }
+    let err = start_error(&argv(&["--admission", "late"]));
+    assert!(err.contains("'late'") && err.contains("all") && err.contains("slo"), "{err}");
     let err = start_error(&argv(&["--placement", "spread"]));
     assert!(err.contains("auto, replicate or manual"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--admission slo`: a model whose SLO no request can meet has every request rejected at arrival
+/// (503 `slo_unattainable`, counted per model), predicted so at start-up, while a model whose SLO
+/// every request meets serves as the CLI does.
+#[test]
+fn slo_admission_rejects_at_arrival_what_the_placement_predicts_late() {
+    let dir = scratch("admission");
+    let workload = dir.join("workload.json");
+    std::fs::write(
+        &workload,
+        json!({"duration_s": 10, "seed": 2, "models": [
+            {"model": "gpt2", "rate": 2, "cv": 1, "slo_s": 1e-6, "prompt_tokens": 8, "max_tokens": 8},
+            {"model": "llama", "rate": 2, "cv": 1, "slo_s": 1e6, "prompt_tokens": 8, "max_tokens": 8}]})
+        .to_string(),
+    )
+    .unwrap();
+    let (workload, profiles) = (workload.display().to_string(), dir.join("profiles").display().to_string());
+    let server = start(&argv(&[
+        "--devices",
+        "flex,flex",
+        "--placement",
+        "replicate",
+        "--workload",
+        &workload,
+        "--stage-profile-dir",
+        &profiles,
+        "--admission",
+        "slo",
+    ]));
+    let cli = cli_json(&fixture("llama"), &["--prompt", PROMPT]);
+    server.runtime.block_on(async {
+        let client = loopback_client::client();
+        let url = server.url("/v1/completions");
+        for _ in 0..3 {
+            let (status, body) = post(&client, &url, &greedy("gpt2"), None).await;
+            assert_eq!(status, 503, "{body}");
+            assert_eq!(body["error"]["code"], "slo_unattainable", "{body}");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains("model `gpt2`") && message.contains("past its SLO"), "{message}");
+            let (status, body) = post(&client, &url, &greedy("llama"), None).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["choices"][0]["text"], cli["requests"][0]["text"]);
+        }
+        let health = client.get(server.url("/health")).send().await.unwrap().json::<Value>().await.unwrap();
+        let placement = &health["placement"];
+        assert_eq!(placement["admission"], "slo", "{placement}");
+        // The prediction rejects gpt2's requests too, and serves llama's within their SLO.
+        let per_model = placement["predicted_models"].as_array().unwrap();
+        let attained = |m: &str| per_model.iter().find(|p| p["model"] == m).unwrap()["slo_attainment"].as_f64();
+        assert_eq!((attained("gpt2"), attained("llama")), (Some(0.0), Some(1.0)), "{placement}");
+        let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        assert!(metrics.contains("burn_llm_requests_rejected_slo_total{model=\"gpt2\"} 3"), "{metrics}");
+        assert!(metrics.contains("burn_llm_requests_rejected_slo_total{model=\"llama\"} 0"), "{metrics}");
+    });
+    server.shutdown();
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

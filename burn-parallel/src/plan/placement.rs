@@ -19,20 +19,21 @@
 use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
-use super::sim::{self, Group, Request};
+use super::sim::{self, Admission, Dropping, Group, Request};
 use super::stages::{Problem, StageOption, StagesError, TpDegree};
 
 mod measured;
 mod selection;
+mod workload;
 pub use measured::{MeasuredPipeline, measured_stage_latency_ms, priced_stage_latency_ms};
 use selection::{Selection, same_replicas};
+use workload::workload;
 
 /// Largest device count, model count and request count accepted.
 const MAX_DEVICES: usize = 4096;
 const MAX_MODELS: usize = 4096;
 const MAX_REQUESTS: usize = 10_000_000;
-/// Slack on the SLO comparison (one nanosecond) so that rounding cannot miss an exact deadline.
-const SLO_SLACK_S: f64 = 1e-9;
+use sim::SLO_SLACK_S;
 
 /// Input of [`plan`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,6 +63,11 @@ pub struct PlacementInput {
     /// overload, leaving one model's traffic unserved can let more of the others' meet their SLO).
     #[serde(default)]
     pub serve_every_model: bool,
+    /// `"slo"`: each group drops at arrival a request its stage clocks say would miss its SLO, as
+    /// AlpaServe's controller does ([`sim`]'s module docs); a dropped request misses. Default
+    /// `"all"`: every request is served, however late.
+    #[serde(default, skip_serializing_if = "Admission::is_all")]
+    pub admission: Admission,
 }
 
 /// One model: per-layer costs (from a profile) and its SLO.
@@ -143,7 +149,8 @@ pub struct PlacementOutput {
     /// Attainment per model.
     pub models: Vec<ModelAttainment>,
     /// Latency of every request in seconds, in trace order (generated workloads: arrival order);
-    /// `null` for a request whose model no group serves.
+    /// `null` for a request whose model no group serves, or that was dropped at arrival
+    /// (`admission: "slo"`).
     pub latencies_s: Vec<Option<f64>>,
     /// The baseline this placement was restricted to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,6 +290,8 @@ struct Checked<'a> {
     order: Vec<usize>,
     beam: usize,
     kappa: f64,
+    /// Each model's SLO in seconds, in model order.
+    slo_s: Vec<f64>,
 }
 
 impl<'a> Checked<'a> {
@@ -333,7 +342,8 @@ impl<'a> Checked<'a> {
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[a].arrival_s.total_cmp(&requests[b].arrival_s));
         let sorted = order.iter().map(|&i| requests[i]).collect();
-        Ok(Self { input, requests: sorted, order, beam, kappa })
+        let slo_s = input.models.iter().map(|m| m.slo_s).collect();
+        Ok(Self { input, requests: sorted, order, beam, kappa, slo_s })
     }
 
     /// The split of `model` over a group of shape `(stages, degree)`, if it fits alone.
@@ -456,13 +466,19 @@ impl<'a> Checked<'a> {
                     .collect(),
             })
             .collect();
-        let attained = sim::simulate(&sel.groups, &self.requests, self.kappa)
-            .iter()
-            .zip(&self.requests)
-            .filter(|(l, r)| self.attained(**l, r))
-            .count();
+        let attained =
+            self.simulate(&sel.groups).iter().zip(&self.requests).filter(|(l, r)| self.attained(**l, r)).count();
         sel.attainment = attained as f64 / self.requests.len() as f64;
         sel
+    }
+
+    /// The latency of every request on `groups` (sorted order), dropped as `admission` says.
+    fn simulate(&self, groups: &[Group]) -> Vec<Option<f64>> {
+        let drop = match self.input.admission {
+            Admission::All => Dropping::Never,
+            Admission::Slo => Dropping::Late(&self.slo_s),
+        };
+        sim::simulate_admitting(groups, &self.requests, self.kappa, drop)
     }
 
     /// Whether a request with latency `latency` met its model's SLO.
@@ -495,7 +511,7 @@ impl<'a> Checked<'a> {
     /// The output for `groups` as the simulator runs them (`sim_groups`): latencies back in trace
     /// order and the attainment overall and per model.
     fn outcome(&self, groups: Vec<GroupPlan>, sim_groups: &[Group], baseline: Option<Baseline>) -> PlacementOutput {
-        let latencies = sim::simulate(sim_groups, &self.requests, self.kappa);
+        let latencies = self.simulate(sim_groups);
         let mut latencies_s = vec![None; self.requests.len()];
         for (sorted, &original) in self.order.iter().enumerate() {
             latencies_s[original] = latencies[sorted];
@@ -523,69 +539,5 @@ impl<'a> Checked<'a> {
             })
             .collect();
         PlacementOutput { groups, slo_attainment, models, latencies_s, baseline }
-    }
-}
-
-/// The requests of `input.workload`, in trace order (generated: arrival order).
-fn workload(input: &PlacementInput) -> Result<Vec<Request>, InputError> {
-    let w = &input.workload;
-    let resolve = |field: &str, r: &ModelRef| -> Result<usize, InputError> {
-        match r {
-            ModelRef::Index(i) if *i < input.models.len() => Ok(*i),
-            ModelRef::Index(i) => Err(InputError::new(field, format!("model index {i} is out of range"))),
-            ModelRef::Name(n) => input
-                .models
-                .iter()
-                .position(|m| &m.name == n)
-                .ok_or_else(|| InputError::new(field, format!("no model is named `{n}`"))),
-        }
-    };
-    match (&w.trace, &w.arrivals) {
-        (Some(trace), None) => {
-            check::count("workload.trace", trace.len(), MAX_REQUESTS)?;
-            trace
-                .iter()
-                .enumerate()
-                .map(|(i, (t, m))| {
-                    let field = format!("workload.trace[{i}]");
-                    Ok(Request { arrival_s: check::non_negative(&field, *t)?, model: resolve(&field, m)? })
-                })
-                .collect()
-        }
-        (None, Some(arrivals)) => {
-            let duration = check::positive(
-                "workload.duration_s",
-                w.duration_s.ok_or_else(|| {
-                    InputError::new("workload.duration_s", "is missing; generated arrivals need a duration")
-                })?,
-            )?;
-            let seed = w.seed.unwrap_or(0);
-            let mut requests = Vec::new();
-            for (i, a) in arrivals.iter().enumerate() {
-                let f = |name: &str| format!("workload.arrivals[{i}].{name}");
-                let model = resolve(&f("model"), &a.model)?;
-                let rate = check::positive(&f("rate"), a.rate)?;
-                let cv = check::non_negative(&f("cv"), a.cv)?;
-                if rate * duration > MAX_REQUESTS as f64 {
-                    return Err(InputError::new(f("rate"), format!("rate × duration exceeds {MAX_REQUESTS} requests")));
-                }
-                if cv > 1e3 {
-                    return Err(InputError::new(f("cv"), "must be at most 1000"));
-                }
-                let left = MAX_REQUESTS - requests.len();
-                let mut rng = sim::rng(seed, i as u64);
-                let times = sim::gamma_arrivals(rate, cv, duration, left + 1, &mut rng);
-                if times.len() > left {
-                    return Err(InputError::new(
-                        f("rate"),
-                        format!("the workload has more than {MAX_REQUESTS} requests; lower the rates or the duration"),
-                    ));
-                }
-                requests.extend(times.into_iter().map(|t| Request { arrival_s: t, model }));
-            }
-            requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
-            Ok(requests)
-        }
-        _ => Err(InputError::new("workload", "give exactly one of `trace` and `arrivals`")),
     }
 }

@@ -246,6 +246,7 @@ mod tests {
             beam: None,
             interference: None,
             serve_every_model: false,
+            admission: Default::default(),
         };
         for interference in [None, Some(0.7)] {
             let input = PlacementInput { interference, ..input.clone() };
@@ -288,6 +289,7 @@ mod tests {
             beam: None,
             interference: Some(interference),
             serve_every_model: false,
+            admission: Default::default(),
         };
         let attained = |kappa, baseline| placement::plan(&input(kappa, baseline)).unwrap().slo_attainment;
         let gain = |kappa| attained(kappa, None) - attained(kappa, Some(Baseline::Replication));

@@ -7,7 +7,15 @@
 //!   left stage `s` and the previous request has left stage `s + 1`:
 //!   `start(r, s) = max(end(r, s − 1), end(r − 1, s))`, `end = start + latency(s)`, with
 //!   `end(r, −1)` the time the request is ready (its arrival).
-//! - Requests are never dropped; a request attains its SLO when `finish − arrival ≤ slo`.
+//! - A request attains its SLO when `finish − arrival ≤ slo`. Under [`Admission::All`] every
+//!   request is served, however late. Under [`Admission::Slo`] a group takes a request only if
+//!   its stage clocks say it will meet its SLO, and drops it at arrival otherwise, as AlpaServe's
+//!   group managers do (thesis §4.6: "when a group receives a request, it checks whether it can
+//!   serve the request under SLO and rejects the request if it cannot"). The clocks are the
+//!   flow-shop rule above, a dropped request holding no stage, run on [`admission_latencies`]:
+//!   each stage as it runs while its group's pipeline is full, beside the group's other stages
+//!   at the devices' `κ`, so that a pipeline's clocks take requests at the interval it serves
+//!   them at. What other groups do is not on a group's clocks (nor on a server's).
 //! - Stages that work at once may slow each other down, by the devices' measured interference
 //!   `κ` ([`crate::profiler::Interference`]): while `n` stages of any groups hold a request, each
 //!   advances at `1 / (1 + κ·(n − 1))` of its own speed (processor sharing). Stages that start
@@ -23,6 +31,37 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// Slack on an SLO comparison (one nanosecond) so that rounding cannot miss an exact deadline.
+pub const SLO_SLACK_S: f64 = 1e-9;
+
+/// Which requests a group takes (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Admission {
+    /// Every request, however late it will finish.
+    #[default]
+    All,
+    /// Only requests the group's stage clocks say will meet their model's SLO; the others are
+    /// dropped at arrival (AlpaServe's controller).
+    Slo,
+}
+
+impl Admission {
+    /// Whether this is [`Admission::All`] (the default, left out of JSON).
+    pub fn is_all(&self) -> bool {
+        *self == Self::All
+    }
+
+    /// Its name on command lines and in JSON.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Slo => "slo",
+        }
+    }
+}
 
 /// One pipeline's stages, each free from some time on.
 #[derive(Debug, Clone)]
@@ -45,6 +84,52 @@ impl Pipeline {
             *free = t;
         }
         t
+    }
+
+    /// Runs the request as [`Pipeline::run`] does if it leaves the last stage by `deadline`;
+    /// otherwise leaves the stages as they were and returns `None` (the request is dropped).
+    pub fn run_by(&mut self, ready: f64, stage_latency: &[f64], deadline: f64) -> Option<f64> {
+        let mut t = ready;
+        for (&free, &latency) in self.free_at.iter().zip(stage_latency) {
+            t = t.max(free) + latency;
+        }
+        (t <= deadline + SLO_SLACK_S).then(|| self.run(ready, stage_latency))
+    }
+}
+
+/// The latencies a group's admission clocks run on, from its stages' latencies alone (any unit):
+/// stage `s` as it runs beside the group's other stages at interference `kappa`,
+/// `t_s + κ·Σ_{j≠s} min(t_j, t_s)` (the price of stages that start together). The slowest stage
+/// then takes a micro-batch's interval `max t + κ·(Σ t − max t)`; one stage keeps its latency.
+pub fn admission_latencies(stage_latency: &[f64], kappa: f64) -> Vec<f64> {
+    stage_latency
+        .iter()
+        .enumerate()
+        .map(|(s, &t)| {
+            let beside: f64 =
+                stage_latency.iter().enumerate().filter(|&(j, _)| j != s).map(|(_, &other)| other.min(t)).sum();
+            t + kappa.max(0.0) * beside
+        })
+        .collect()
+}
+
+/// What [`simulate_admitting`] drops: nothing, or each request that would miss `slo_s` of its
+/// model (indexed by model; models past its end have no SLO and are always taken).
+#[derive(Debug, Clone, Copy)]
+pub enum Dropping<'a> {
+    /// Every request is served ([`Admission::All`]).
+    Never,
+    /// [`Admission::Slo`] with these SLOs in seconds.
+    Late(&'a [f64]),
+}
+
+impl Dropping<'_> {
+    /// The latest finish `request` may have and still be taken (infinite when never dropped).
+    fn deadline(&self, request: &Request) -> f64 {
+        match self {
+            Self::Never => f64::INFINITY,
+            Self::Late(slo) => slo.get(request.model).map_or(f64::INFINITY, |s| request.arrival_s + s),
+        }
     }
 }
 
@@ -71,11 +156,18 @@ pub struct Group {
 /// the module docs; 0: not at all); returns each request's latency (`finish − arrival`) in order,
 /// `None` for a request whose model no group serves.
 pub fn simulate(groups: &[Group], requests: &[Request], kappa: f64) -> Vec<Option<f64>> {
-    if kappa > 0.0 { Shared::new(groups, kappa).run(requests) } else { simulate_apart(groups, requests) }
+    simulate_admitting(groups, requests, kappa, Dropping::Never)
 }
 
-/// [`simulate`] without interference: each request's timeline in closed form, in FCFS order.
-fn simulate_apart(groups: &[Group], requests: &[Request]) -> Vec<Option<f64>> {
+/// [`simulate`] with the groups dropping requests at arrival as `drop` says (module docs);
+/// a dropped request's latency is `None`.
+pub fn simulate_admitting(groups: &[Group], requests: &[Request], kappa: f64, drop: Dropping) -> Vec<Option<f64>> {
+    if kappa > 0.0 { Shared::new(groups, kappa).run(requests, drop) } else { simulate_apart(groups, requests, drop) }
+}
+
+/// [`simulate_admitting`] without interference: each request's timeline in closed form, in FCFS
+/// order.
+fn simulate_apart(groups: &[Group], requests: &[Request], drop: Dropping) -> Vec<Option<f64>> {
     let mut pipelines: Vec<Pipeline> = groups.iter().map(|g| Pipeline::new(g.stages)).collect();
     // Finish times of each group's unfinished requests, in FCFS order (which is finish order).
     let mut in_flight: Vec<VecDeque<f64>> = vec![VecDeque::new(); groups.len()];
@@ -88,7 +180,7 @@ fn simulate_apart(groups: &[Group], requests: &[Request]) -> Vec<Option<f64>> {
                 }
             }
             let (gi, lat) = least_loaded(groups, r.model, |g| in_flight[g].len())?;
-            let finish = pipelines[gi].run(r.arrival_s, lat);
+            let finish = pipelines[gi].run_by(r.arrival_s, lat, drop.deadline(r))?;
             in_flight[gi].push_back(finish);
             Some(finish - r.arrival_s)
         })
@@ -162,6 +254,10 @@ struct Shared<'g> {
     running: BinaryHeap<Reverse<Running>>,
     /// Each dispatched request's stage latencies on its group.
     latency: Vec<&'g [f64]>,
+    /// Each group's admission clocks, and each of its models' [`admission_latencies`] (in the
+    /// order of the group's `models`).
+    clocks: Vec<Pipeline>,
+    admit_latency: Vec<Vec<Vec<f64>>>,
     now: f64,
     work: f64,
 }
@@ -176,6 +272,11 @@ impl<'g> Shared<'g> {
             unfinished: vec![0; groups.len()],
             running: BinaryHeap::new(),
             latency: Vec::new(),
+            clocks: groups.iter().map(|g| Pipeline::new(g.stages)).collect(),
+            admit_latency: groups
+                .iter()
+                .map(|g| g.models.iter().map(|(_, lat)| admission_latencies(lat, kappa)).collect())
+                .collect(),
             now: 0.0,
             work: 0.0,
         }
@@ -186,7 +287,7 @@ impl<'g> Shared<'g> {
         1.0 / (1.0 + self.kappa * self.running.len().saturating_sub(1) as f64)
     }
 
-    fn run(mut self, requests: &[Request]) -> Vec<Option<f64>> {
+    fn run(mut self, requests: &[Request], drop: Dropping) -> Vec<Option<f64>> {
         let mut latencies = vec![None; requests.len()];
         let unplaced: &[f64] = &[];
         self.latency = vec![unplaced; requests.len()];
@@ -222,7 +323,8 @@ impl<'g> Shared<'g> {
                     }
                     self.now = arrival;
                     let r = &requests[next];
-                    if let Some((gi, lat)) = least_loaded(self.groups, r.model, |g| self.unfinished[g]) {
+                    let chosen = least_loaded(self.groups, r.model, |g| self.unfinished[g]);
+                    if let Some((gi, lat)) = chosen.filter(|&(gi, _)| self.admit(gi, r, drop)) {
                         self.latency[next] = lat;
                         self.unfinished[gi] += 1;
                         self.enqueue(gi, 0, next);
@@ -232,6 +334,14 @@ impl<'g> Shared<'g> {
             }
         }
         latencies
+    }
+
+    /// Whether group `gi` takes `request` (advancing its admission clocks if it does).
+    fn admit(&mut self, gi: usize, request: &Request, drop: Dropping) -> bool {
+        let Some(m) = self.groups[gi].models.iter().position(|(model, _)| *model == request.model) else {
+            return false;
+        };
+        self.clocks[gi].run_by(request.arrival_s, &self.admit_latency[gi][m], drop.deadline(request)).is_some()
     }
 
     fn enqueue(&mut self, group: usize, stage: usize, request: usize) {
@@ -340,12 +450,15 @@ mod tests {
                     Request { arrival_s: t, model: rng.random_range(0..4) }
                 })
                 .collect();
-            let closed = simulate_apart(&groups, &requests);
-            let shared = Shared::new(&groups, 0.0).run(&requests);
-            for (a, b) in closed.iter().zip(&shared) {
-                match (a, b) {
-                    (Some(a), Some(b)) => assert!((a - b).abs() < 1e-9, "case {case}: {closed:?} vs {shared:?}"),
-                    _ => assert_eq!(a, b, "case {case}"),
+            let slo: Vec<f64> = (0..3).map(|_| rng.random_range(0.5..4.0)).collect();
+            for drop in [Dropping::Never, Dropping::Late(&slo)] {
+                let closed = simulate_apart(&groups, &requests, drop);
+                let shared = Shared::new(&groups, 0.0).run(&requests, drop);
+                for (a, b) in closed.iter().zip(&shared) {
+                    match (a, b) {
+                        (Some(a), Some(b)) => assert!((a - b).abs() < 1e-9, "case {case}: {closed:?} vs {shared:?}"),
+                        _ => assert_eq!(a, b, "case {case} {drop:?}"),
+                    }
                 }
             }
         }
@@ -383,6 +496,38 @@ mod tests {
     }
 
     #[test]
+    fn sim_slo_admission_drops_what_would_be_late_and_the_dropped_hold_no_stage() {
+        let group = one_stage_groups(&[1.0]);
+        let at = |t: f64| Request { arrival_s: t, model: 0 };
+        let burst = [at(0.0), at(0.0), at(0.0), at(0.0), at(1.0)];
+        assert_eq!(simulate(&group, &burst, 0.0), vec![Some(1.0), Some(2.0), Some(3.0), Some(4.0), Some(4.0)]);
+        // SLO 2.5 s: the third and fourth would finish at 3 s and are dropped; the one at 1 s then
+        // finds the stage free at 2 s, not at 4 s.
+        let slo = [2.5];
+        let want = vec![Some(1.0), Some(2.0), None, None, Some(2.0)];
+        assert_eq!(simulate_admitting(&group, &burst, 0.0, Dropping::Late(&slo)), want);
+        // A model past the SLO list has none and is always taken.
+        assert_eq!(simulate_admitting(&group, &burst, 0.0, Dropping::Late(&[])), simulate(&group, &burst, 0.0));
+        // Admission reads the stages' own latencies, not the interference: two replicas at κ = 1
+        // each take both requests' time, 2 s, past an SLO of 1.5 s that admission expected to meet.
+        let two = one_stage_groups(&[1.0, 1.0]);
+        let both = [at(0.0), Request { arrival_s: 0.0, model: 1 }];
+        let lat = simulate_admitting(&two, &both, 1.0, Dropping::Late(&[1.5, 1.5]));
+        assert!(lat.iter().all(|l| l.is_some_and(|l| (l - 2.0).abs() < 1e-12)), "{lat:?}");
+        // A pipeline's own stages are on its clocks at κ: stages of 1 s and 0.5 s at κ = 0.6
+        // serve a request every 1.3 s (the interval of stages at work together) and admission
+        // takes them at that interval, so that what it takes is served as it expects.
+        assert_eq!(admission_latencies(&[1.0, 0.5], 0.6), vec![1.3, 0.8]);
+        assert_eq!(admission_latencies(&[2.0], 0.6), vec![2.0]);
+        let pipeline = [Group { stages: 2, models: vec![(0, vec![1.0, 0.5])] }];
+        let burst = [at(0.0); 6];
+        let lat = simulate_admitting(&pipeline, &burst, 0.6, Dropping::Late(&[4.5]));
+        let taken: Vec<f64> = lat.iter().flatten().copied().collect();
+        assert!(taken.len() < burst.len() && taken.len() >= 2, "{lat:?}");
+        assert!(taken.iter().all(|&l| l <= 4.5 + 1e-9), "{lat:?}");
+    }
+
+    #[test]
     fn sim_pipeline_follows_the_flow_shop_rule() {
         let mut p = Pipeline::new(2);
         // r0 at 0: stage0 0..1, stage1 1..3. r1 at 0: stage0 1..2, stage1 3..5.
@@ -390,6 +535,9 @@ mod tests {
         assert_eq!(p.run(0.0, &[1.0, 2.0]), 5.0);
         // r2 at 10: idle pipeline.
         assert_eq!(p.run(10.0, &[1.0, 2.0]), 13.0);
+        // A request that cannot leave by its deadline is not run: the stages stay as they were.
+        assert_eq!(p.run_by(10.0, &[1.0, 2.0], 14.9), None);
+        assert_eq!(p.run_by(10.0, &[1.0, 2.0], 15.0), Some(15.0));
     }
 
     #[test]

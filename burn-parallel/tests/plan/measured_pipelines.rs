@@ -28,6 +28,7 @@ pub(crate) fn bursty(measured: Option<MeasuredPipeline>) -> PlacementInput {
         beam: None,
         interference: None,
         serve_every_model: false,
+        admission: Default::default(),
     }
 }
 

@@ -23,6 +23,7 @@ fn overloaded(serve_every_model: bool) -> PlacementInput {
         beam: None,
         interference: Some(0.36),
         serve_every_model,
+        admission: Default::default(),
     }
 }
 

@@ -35,14 +35,17 @@ pub mod manual;
 mod pipelined;
 mod profiles;
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use burn_parallel::pipeline::StageLayout;
 use burn_parallel::plan::placement::{self, Baseline, GroupPlan, PlacedModel, PlacementInput, PlacementOutput};
 use burn_parallel::plan::serving::ServingWorkload;
+use burn_parallel::plan::sim::{self, Admission};
 use serde_json::json;
 
 use super::ServerError;
+use super::admission::{GroupClock, SloGate};
 use super::launch::ModelSpec;
 pub use manual::Manual;
 use profiles::ModelCosts;
@@ -121,6 +124,29 @@ impl ServingPlacement {
         specs
     }
 
+    /// `--admission slo`: each model's gates, one per group serving it in group order (as
+    /// [`ServingPlacement::replica_specs`]), the models on one group sharing its clocks, which run
+    /// on each model's [`sim::admission_latencies`] at the devices' interference. A model
+    /// without traffic in the workload has no SLO and is always taken, but its requests still
+    /// take their turn on the clocks. Empty under `--admission all`.
+    pub fn gates(&self) -> HashMap<String, Vec<SloGate>> {
+        let mut gates: HashMap<String, Vec<SloGate>> = HashMap::new();
+        let Some(input) = self.input.as_ref().filter(|i| i.admission == Admission::Slo) else {
+            return gates;
+        };
+        let kappa = self.interference().unwrap_or(0.0);
+        for (gi, group) in self.groups.iter().enumerate() {
+            let clock = GroupClock::new(gi, group.pipeline_stages);
+            for placed in &group.models {
+                let Some(model) = input.models.iter().find(|m| m.name == placed.model) else { continue };
+                let latency_ms = sim::admission_latencies(&placed.stage_latency_ms, kappa);
+                let gate = SloGate::new(clock.clone(), &latency_ms, model.slo_s);
+                gates.entry(placed.model.clone()).or_default().push(gate);
+            }
+        }
+        gates
+    }
+
     /// The placement as the start-up log prints it: one line per group, then the prediction.
     pub fn lines(&self) -> Vec<String> {
         let mut lines = vec![format!(
@@ -163,6 +189,14 @@ impl ServingPlacement {
                 per_model.join(", ")
             ));
         }
+        if let (Some(p), Some(Admission::Slo)) = (&self.prediction, self.input.as_ref().map(|i| i.admission)) {
+            let dropped = p.latencies_s.iter().filter(|l| l.is_none()).count();
+            lines.push(format!(
+                "  --admission slo: requests predicted to miss their SLO are rejected at arrival (503); \
+                 the prediction rejects {dropped} of the workload's {}",
+                p.latencies_s.len()
+            ));
+        }
         lines
     }
 
@@ -180,7 +214,8 @@ impl ServingPlacement {
                 })
             })
             .collect();
-        let mut out = json!({"mode": self.mode, "groups": groups});
+        let admission = self.input.as_ref().map(|i| i.admission).unwrap_or_default();
+        let mut out = json!({"mode": self.mode, "groups": groups, "admission": admission});
         if let Some(p) = &self.prediction {
             out["predicted_slo_attainment"] = json!(p.slo_attainment);
             out["predicted_models"] = json!(p.models);
@@ -213,6 +248,7 @@ pub fn place(
     models: &[ModelSpec],
     pool: &[String],
     workload: Option<&ServingWorkload>,
+    admission: Admission,
     log: &mut dyn Write,
 ) -> Result<ServingPlacement, ServerError> {
     let config = |e: String| ServerError::Config(e);
@@ -268,7 +304,8 @@ pub fn place(
     }
     let kappa = interference.unwrap_or(0.0);
     let memory = caps.iter().copied().min().unwrap_or(u64::MAX);
-    let input = costs.as_ref().map(|c| c.input(pool.len(), memory, workload, interference));
+    let input =
+        costs.as_ref().map(|c| PlacementInput { admission, ..c.input(pool.len(), memory, workload, interference) });
     let groups = match choice {
         PlacementChoice::Manual(manual) => manual_groups(manual, models, costs.as_ref(), kappa)?,
         PlacementChoice::Auto | PlacementChoice::Replicate => {

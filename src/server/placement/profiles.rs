@@ -167,6 +167,7 @@ impl ModelCosts {
             interference,
             // A server serves every model it was given.
             serve_every_model: true,
+            admission: Default::default(),
         }
     }
 

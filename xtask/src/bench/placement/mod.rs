@@ -14,7 +14,9 @@
 //! (`placement::evaluate`). SLO = `--slo-scale` × one request's predicted latency on one device.
 //! As in AlpaServe's experiments and its simulator, nothing is batched: each stage serves one
 //! request at a time (`--max-num-seqs 1`, and a pipelined model runs one virtual engine per stage,
-//! so that a stage takes the next request once it has passed on the last).
+//! so that a stage takes the next request once it has passed on the last). And as there (§4.6),
+//! each group rejects at arrival a request it predicts would miss its SLO (`--admission slo`,
+//! the default; a rejection is a miss), in the server and in the prediction alike.
 //! Writes `bench-results/placement.{json,md,png}` ([`report`]).
 
 mod replay;
@@ -25,6 +27,7 @@ use std::path::{Path, PathBuf};
 use burn_llm::models::PretrainedFiles;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::parallel::plan::placement::{self, ModelRef, PlacementInput, PlacementWorkload};
+use burn_llm::parallel::plan::sim::Admission;
 use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
 use burn_llm::server::placement::ServingPlacement;
@@ -67,6 +70,11 @@ pub struct Args {
     /// Seed of the traces.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// `slo`: the server rejects at arrival a request predicted to miss its SLO, as AlpaServe's
+    /// controller does in the paper's experiments (a rejection is a miss); `all`: every request
+    /// is served, however late.
+    #[arg(long, value_enum, default_value_t = Admission::Slo)]
+    admission: Admission,
     /// Placements to serve with: `auto`, `replicate`, `pipeline` (both models over both devices).
     #[arg(long, value_delimiter = ',', default_value = "auto,replicate,pipeline")]
     modes: Vec<String>,
@@ -106,7 +114,7 @@ impl Args {
     fn command(&self) -> String {
         let list = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
         format!(
-            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --modes {}",
+            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --admission {} --modes {}",
             list(&self.cvs),
             list(&self.loads),
             self.duration_s,
@@ -115,6 +123,7 @@ impl Args {
             self.prompt_tokens,
             self.max_tokens,
             self.seed,
+            self.admission.name(),
             self.modes.join(",")
         )
     }
@@ -208,6 +217,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             plan_workload.display().to_string(),
             "--device-memory".into(),
             format!("{cap},{cap}"),
+            "--admission".into(),
+            args.admission.name().into(),
         ];
         let argv = serve_argv(&model, &workers, &extra);
         let serve = ServeArgs::try_parse_from(argv)?;
@@ -239,10 +250,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 let predicted = predict(&input, &placement, &trace)?;
                 let point = Point::new(cv, load, rate, slo_s, &measured, &predicted);
                 eprintln!(
-                    "{mode} cv {cv} load {load}: {} requests, attainment {:.1}% (predicted {:.1}%), p99 {:.2} s (predicted {:.2} s)",
+                    "{mode} cv {cv} load {load}: {} requests, attainment {:.1}% (predicted {:.1}%), rejected {:.1}% (predicted {:.1}%), p99 {:.2} s (predicted {:.2} s)",
                     point.requests,
                     100.0 * point.attainment,
                     100.0 * point.predicted_attainment,
+                    100.0 * point.rejected,
+                    100.0 * point.predicted_rejected,
                     point.p99_s,
                     point.predicted_p99_s
                 );
@@ -259,12 +272,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     report::write(&args.out, &args.command(), &file_name(&model), results)
 }
 
-/// The simulator's latency of every request of `trace` on `placement`, in trace order.
+/// The simulator's latency of every request of `trace` on `placement`, in trace order (`None`:
+/// rejected at arrival).
 fn predict(
     input: &PlacementInput,
     placement: &ServingPlacement,
     trace: &[replay::Arrival],
-) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+) -> Result<Vec<Option<f64>>, Box<dyn std::error::Error>> {
     let mut input = input.clone();
     input.workload = PlacementWorkload {
         trace: Some(trace.iter().map(|a| (a.at_s, ModelRef::Index(a.model))).collect()),
@@ -273,7 +287,7 @@ fn predict(
         seed: None,
     };
     let out = placement::evaluate(&input, placement.groups.clone())?;
-    Ok(out.latencies_s.into_iter().map(|l| l.unwrap_or(f64::INFINITY)).collect())
+    Ok(out.latencies_s)
 }
 
 fn file_name(path: &Path) -> String {

@@ -34,14 +34,15 @@ pub fn trace(rates: &[f64], cv: f64, duration_s: f64, seed: u64, prompt_tokens: 
 }
 
 /// Sends every arrival to `url` at its time (model `names[model]`, greedy, exactly `max_tokens`
-/// tokens); returns each request's end-to-end latency in seconds, in trace order.
+/// tokens); returns each request's end-to-end latency in seconds, in trace order, `None` for a
+/// request the server rejected at arrival as predicted to miss its SLO (`--admission slo`).
 pub async fn replay(
     client: &Client,
     url: &str,
     names: &[String],
     arrivals: &[Arrival],
     max_tokens: usize,
-) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+) -> Result<Vec<Option<f64>>, Box<dyn std::error::Error>> {
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::with_capacity(arrivals.len());
     for a in arrivals {
@@ -57,10 +58,13 @@ pub async fn replay(
             let response = client.post(&url).json(&body).send().await.map_err(std::io::Error::other)?;
             let status = response.status().as_u16();
             let text = response.text().await.map_err(std::io::Error::other)?;
+            if status == 503 && text.contains("\"slo_unattainable\"") {
+                return Ok(None);
+            }
             if status != 200 {
                 return Err(std::io::Error::other(format!("HTTP {status}: {text}")));
             }
-            Ok::<f64, std::io::Error>(sent.elapsed().as_secs_f64())
+            Ok::<_, std::io::Error>(Some(sent.elapsed().as_secs_f64()))
         }));
     }
     let mut latencies = Vec::with_capacity(tasks.len());

@@ -20,14 +20,24 @@ pub struct Point {
     pub requests: usize,
     pub attainment: f64,
     pub predicted_attainment: f64,
+    /// Share of the requests rejected at arrival (`--admission slo`), measured and predicted.
+    pub rejected: f64,
+    pub predicted_rejected: f64,
+    /// p99 latency of the requests served (not rejected).
     pub p99_s: f64,
     pub predicted_p99_s: f64,
 }
 
 impl Point {
-    /// The point of `measured` and `predicted` latencies (seconds, same requests) under `slo_s`.
-    pub fn new(cv: f64, load: f64, rate: f64, slo_s: f64, measured: &[f64], predicted: &[f64]) -> Self {
-        let within = |l: &[f64]| l.iter().filter(|&&x| x <= slo_s).count() as f64 / l.len().max(1) as f64;
+    /// The point of `measured` and `predicted` latencies (seconds, same requests; `None`:
+    /// rejected at arrival) under `slo_s`.
+    pub fn new(cv: f64, load: f64, rate: f64, slo_s: f64, measured: &[Option<f64>], predicted: &[Option<f64>]) -> Self {
+        let share = |l: &[Option<f64>], f: &dyn Fn(Option<f64>) -> bool| {
+            l.iter().filter(|&&x| f(x)).count() as f64 / l.len().max(1) as f64
+        };
+        let within = |l: &[Option<f64>]| share(l, &|x| x.is_some_and(|x| x <= slo_s));
+        let rejected = |l: &[Option<f64>]| share(l, &|x| x.is_none());
+        let p99 = |l: &[Option<f64>]| percentile(&l.iter().flatten().copied().collect::<Vec<_>>(), 99.0);
         Self {
             cv,
             load,
@@ -35,8 +45,10 @@ impl Point {
             requests: measured.len(),
             attainment: within(measured),
             predicted_attainment: within(predicted),
-            p99_s: percentile(measured, 99.0),
-            predicted_p99_s: percentile(predicted, 99.0),
+            rejected: rejected(measured),
+            predicted_rejected: rejected(predicted),
+            p99_s: p99(measured),
+            predicted_p99_s: p99(predicted),
         }
     }
 }
@@ -99,6 +111,7 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
                 format!("{:.1}%", 100.0 * p.attainment),
                 format!("{:.1}%", 100.0 * p.predicted_attainment),
                 format!("{:+.1}", 100.0 * (p.predicted_attainment - p.attainment)),
+                format!("{:.0}% ({:.0}%)", 100.0 * p.rejected, 100.0 * p.predicted_rejected),
                 format!("{:.2}", p.p99_s),
                 format!("{:.2}", p.predicted_p99_s),
             ]
@@ -113,7 +126,8 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
             ("SLO attainment", Right),
             ("predicted", Right),
             ("prediction − measured (points)", Right),
-            ("p99 (s)", Right),
+            ("rejected (predicted)", Right),
+            ("p99 served (s)", Right),
             ("predicted p99 (s)", Right),
         ],
         rows,
