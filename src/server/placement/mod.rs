@@ -172,7 +172,7 @@ impl ServingPlacement {
         for m in self.input.iter().flat_map(|i| &i.models) {
             for p in &m.measured_pipelines {
                 lines.push(format!(
-                    "  `{}` timed as a {}-stage pipeline: one request {:.0} ms, a second started with it adds {:.0} ms \
+                    "  `{}` timed as a {}-stage pipeline: one request {:.0} ms, each further one started with it adds {:.0} ms \
                      ({}-stage groups priced from this)",
                     m.name, p.stages, p.latency_ms, p.interval_ms, p.stages
                 ));

@@ -8,8 +8,9 @@
 //! step, the host driving both stages, the virtual engines taking turns on each device. So the
 //! model is loaded as the placement would run it on a two-stage group (its layers split evenly,
 //! one virtual engine per stage, its own engine flags, prefix caching off so that every request
-//! computes its prompt), one request of the workload's shape is timed alone, then two started
-//! together, and the engines are dropped before the placement loads anything.
+//! computes its prompt), one request of the workload's shape is timed alone, then [`BURST`]
+//! started together, whose finishes come one interval apart once the pipeline is full, and the
+//! engines are dropped before the placement loads anything.
 
 use std::io::Write;
 use std::time::Instant;
@@ -27,10 +28,14 @@ use crate::{Engine, Purpose};
 
 /// Stages of the pipeline timed (groups of other sizes keep the layers' own prices).
 pub(super) const STAGES: usize = 2;
-/// Untimed requests before the timed ones.
+/// Requests started together for the interval: `BURST − 1` intervals averaged, as one pair's
+/// interval moves by half between runs on a host whose cores the stages share.
+pub(super) const BURST: usize = 4;
+/// Untimed runs before the timed ones.
 const WARMUP: usize = 1;
-/// Timed runs of each kind (the fastest is kept: the host's stalls only ever add).
-const REPEATS: usize = 2;
+/// Timed runs of each kind: the fastest one request alone (the host's stalls only ever add to
+/// it), the median burst (how the stages share the host is part of what it measures).
+const REPEATS: usize = 3;
 
 /// `(model, its pipeline measured)` for every model with traffic in `workload`, timed over
 /// `pool[0]` and `pool[1]`; nothing for a pool of one device.
@@ -65,25 +70,27 @@ pub(super) fn measure(
         spec.paged.no_enable_prefix_caching = true;
         let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
         let vocab = arch.vocab_size;
-        let prompts: Vec<Vec<u32>> = (0..STAGES)
+        let prompts: Vec<Vec<u32>> = (0..BURST)
             .map(|r| probe_ids(prompt, vocab).into_iter().map(|id| (id + r as u32) % vocab.max(1) as u32).collect())
             .collect();
-        let mut time = |n: usize| -> Result<f64, ServerError> {
-            let runs = (0..WARMUP + REPEATS)
+        let mut time = |n: usize| -> Result<Vec<f64>, ServerError> {
+            let mut runs = (0..WARMUP + REPEATS)
                 .map(|_| requests_ms(engine.as_mut(), &prompts[..n], tokens).map_err(|e| fail(&e)))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(runs[WARMUP..].iter().copied().fold(f64::INFINITY, f64::min))
+            let mut timed = runs.split_off(WARMUP);
+            timed.sort_by(f64::total_cmp);
+            Ok(timed)
         };
-        let alone = time(1)?;
-        let pair = time(STAGES)?;
-        let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: (pair - alone).max(0.0) };
+        let alone = time(1)?[0];
+        let burst = time(BURST)?[REPEATS / 2];
+        let interval = ((burst - alone) / (BURST - 1) as f64).max(0.0);
+        let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: interval };
         let _ = writeln!(
             log,
             "placement: `{}` as a pipeline over {} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms, \
-             two started together {pair:.0} ms (the second adds {:.0} ms)",
+             {BURST} started together {burst:.0} ms (each after the first adds {interval:.0} ms)",
             model.name,
             devices.join(" → "),
-            measured.interval_ms
         );
         out.push((model.name.clone(), measured));
     }

@@ -5,10 +5,10 @@
 //! split by the stages DP, which leave out what running as a pipeline adds: hidden states handed
 //! between devices every step, the host driving every stage, the engines taking turns on each
 //! device. Where a model was timed running as a pipeline of `stages` stages (one request alone,
-//! then a second started with it), a group of that many stages is priced from the measurement
+//! then several started together), a group of that many stages is priced from the measurement
 //! instead ([`measured_stage_latency_ms`]): the stages' latencies add up to the measured latency,
 //! and their slowest stage is set so that the simulator, at the devices' interference `κ`, makes
-//! the second request add what it added when measured.
+//! a second request add the measured interval.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,8 +22,9 @@ pub struct MeasuredPipeline {
     pub stages: usize,
     /// One request alone through the pipeline, milliseconds.
     pub latency_ms: f64,
-    /// What a second request started with it added to the pair's time, milliseconds: the
-    /// pipeline's interval between two requests, its slowest stage slowed by the others.
+    /// What each request started with it after the first added to the batch's time,
+    /// milliseconds: the pipeline's interval between requests, its slowest stage slowed by the
+    /// others.
     pub interval_ms: f64,
 }
 
