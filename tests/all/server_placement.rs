@@ -26,6 +26,13 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
+/// Writes `body` as the workload file of scratch directory `dir`; returns its path.
+fn workload_file(dir: &std::path::Path, body: Value) -> String {
+    let path = dir.join("workload.json");
+    std::fs::write(&path, body.to_string()).unwrap();
+    path.display().to_string()
+}
+
 /// `serve` flags for both fixtures as `gpt2` and `llama`, with `extra`.
 fn argv(extra: &[&str]) -> Vec<String> {
     let mut argv: Vec<String> =
@@ -133,17 +140,14 @@ fn server_replicas(server: &Running, model: &str) -> usize {
 #[test]
 fn auto_and_replicate_plan_on_profiles_and_predict_the_workload() {
     let dir = scratch("auto");
-    let workload = dir.join("workload.json");
-    std::fs::write(
-        &workload,
+    let workload = workload_file(
+        &dir,
         json!({"duration_s": 30, "seed": 1, "models": [
             {"model": "gpt2", "rate": 2, "cv": 3, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 8},
-            {"model": "llama", "rate": 1, "cv": 1, "slo_s": 5}]})
-        .to_string(),
-    )
-    .unwrap();
+            {"model": "llama", "rate": 1, "cv": 1, "slo_s": 5}]}),
+    );
     let profiles = dir.join("profiles").display().to_string();
-    let (workload, profiles) = (workload.display().to_string(), profiles.as_str());
+    let profiles = profiles.as_str();
     for mode in ["auto", "replicate"] {
         let server = start(&argv(&[
             "--devices",
@@ -261,16 +265,13 @@ fn bad_placements_and_workloads_are_clear_errors_before_serving() {
 #[test]
 fn slo_admission_rejects_at_arrival_what_the_placement_predicts_late() {
     let dir = scratch("admission");
-    let workload = dir.join("workload.json");
-    std::fs::write(
-        &workload,
+    let workload = workload_file(
+        &dir,
         json!({"duration_s": 10, "seed": 2, "models": [
             {"model": "gpt2", "rate": 2, "cv": 1, "slo_s": 1e-6, "prompt_tokens": 8, "max_tokens": 8},
-            {"model": "llama", "rate": 2, "cv": 1, "slo_s": 1e6, "prompt_tokens": 8, "max_tokens": 8}]})
-        .to_string(),
-    )
-    .unwrap();
-    let (workload, profiles) = (workload.display().to_string(), dir.join("profiles").display().to_string());
+            {"model": "llama", "rate": 2, "cv": 1, "slo_s": 1e6, "prompt_tokens": 8, "max_tokens": 8}]}),
+    );
+    let profiles = dir.join("profiles").display().to_string();
     let server = start(&argv(&[
         "--devices",
         "flex,flex",
