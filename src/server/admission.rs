@@ -64,8 +64,8 @@ impl SloGate {
         let mut stages = self.clock.stages.lock().unwrap_or_else(|e| e.into_inner());
         let mut after = stages.clone();
         for _ in 0..count {
-            if after.run_by(now, &self.stage_latency_s, deadline).is_none() {
-                let predicted = after.clone().run(now, &self.stage_latency_s) - now;
+            if let Err(finish) = after.run_by(now, &self.stage_latency_s, deadline) {
+                let predicted = finish - now;
                 return Err(ApiError::unavailable(format!(
                     "model `{model}` would finish this request in {predicted:.2} s, past its SLO of {:.2} s \
                      (its group {} is busy with earlier requests): rejected at arrival by --admission slo; \

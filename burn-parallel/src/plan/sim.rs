@@ -86,14 +86,15 @@ impl Pipeline {
         t
     }
 
-    /// Runs the request as [`Pipeline::run`] does if it leaves the last stage by `deadline`;
-    /// otherwise leaves the stages as they were and returns `None` (the request is dropped).
-    pub fn run_by(&mut self, ready: f64, stage_latency: &[f64], deadline: f64) -> Option<f64> {
+    /// Runs the request as [`Pipeline::run`] does if it leaves the last stage by `deadline`
+    /// (`Ok` with when); otherwise leaves the stages as they were and returns `Err` with when it
+    /// would have left (the request is dropped).
+    pub fn run_by(&mut self, ready: f64, stage_latency: &[f64], deadline: f64) -> Result<f64, f64> {
         let mut t = ready;
         for (&free, &latency) in self.free_at.iter().zip(stage_latency) {
             t = t.max(free) + latency;
         }
-        (t <= deadline + SLO_SLACK_S).then(|| self.run(ready, stage_latency))
+        if t <= deadline + SLO_SLACK_S { Ok(self.run(ready, stage_latency)) } else { Err(t) }
     }
 }
 
@@ -180,7 +181,7 @@ fn simulate_apart(groups: &[Group], requests: &[Request], drop: Dropping) -> Vec
                 }
             }
             let (gi, lat) = least_loaded(groups, r.model, |g| in_flight[g].len())?;
-            let finish = pipelines[gi].run_by(r.arrival_s, lat, drop.deadline(r))?;
+            let finish = pipelines[gi].run_by(r.arrival_s, lat, drop.deadline(r)).ok()?;
             in_flight[gi].push_back(finish);
             Some(finish - r.arrival_s)
         })
@@ -341,7 +342,7 @@ impl<'g> Shared<'g> {
         let Some(m) = self.groups[gi].models.iter().position(|(model, _)| *model == request.model) else {
             return false;
         };
-        self.clocks[gi].run_by(request.arrival_s, &self.admit_latency[gi][m], drop.deadline(request)).is_some()
+        self.clocks[gi].run_by(request.arrival_s, &self.admit_latency[gi][m], drop.deadline(request)).is_ok()
     }
 
     fn enqueue(&mut self, group: usize, stage: usize, request: usize) {
@@ -536,8 +537,8 @@ mod tests {
         // r2 at 10: idle pipeline.
         assert_eq!(p.run(10.0, &[1.0, 2.0]), 13.0);
         // A request that cannot leave by its deadline is not run: the stages stay as they were.
-        assert_eq!(p.run_by(10.0, &[1.0, 2.0], 14.9), None);
-        assert_eq!(p.run_by(10.0, &[1.0, 2.0], 15.0), Some(15.0));
+        assert_eq!(p.run_by(10.0, &[1.0, 2.0], 14.9), Err(15.0));
+        assert_eq!(p.run_by(10.0, &[1.0, 2.0], 15.0), Ok(15.0));
     }
 
     #[test]
