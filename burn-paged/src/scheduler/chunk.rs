@@ -3,7 +3,7 @@
 //! [`scheduler`](super)), and the block-manager appends that reserve their slots.
 
 use super::{GroupId, ScheduledSeq, Scheduler, SchedulerOutput, SchedulingPolicy};
-use crate::memory::BlockManager;
+use crate::memory::{BlockManager, Location};
 
 /// The tokens one group computes this step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +52,24 @@ impl<T> Scheduler<T> {
         }
         let cost = budget - left;
         (cost > 0).then_some(Chunk { take, cost, complete: false })
+    }
+
+    /// Whether group `id` (running or swapped) needs more than the whole device pool to compute
+    /// the tokens it has: the distinct blocks its sequences hold (a shared prompt block once)
+    /// plus the blocks their pending tokens fill, without copy-on-write, so never an
+    /// overestimate. Such a group can never advance, whatever is preempted.
+    pub(super) fn never_fits(&self, id: GroupId, blocks: &BlockManager) -> bool {
+        let bs = blocks.block_size();
+        let mut held = Vec::new();
+        let mut growth = 0;
+        for seq in &self.groups[&id].seqs {
+            let Some(table) = blocks.table(seq.id) else { return false };
+            held.extend_from_slice(table.blocks());
+            growth += (table.num_tokens() + seq.pending().len()).div_ceil(bs).saturating_sub(table.num_blocks());
+        }
+        held.sort_unstable_by_key(|b| b.0);
+        held.dedup();
+        held.len() + growth > blocks.total_blocks(Location::Device)
     }
 
     /// Device blocks appending `chunk` to group `id` may consume (copy-on-write included; prefix

@@ -153,6 +153,19 @@ impl<T> Scheduler<T> {
         (self.waiting.len(), self.running.len(), self.swapped.len())
     }
 
+    /// Rejects group `id`, taken off its queue by the caller: its blocks go back to the pools
+    /// now, so that the groups behind it may use them this step, and the engine finishes it
+    /// ([`SchedulerOutput::rejected`]).
+    fn reject(&mut self, id: GroupId, blocks: &mut BlockManager, out: &mut SchedulerOutput) {
+        if let Some(group) = self.groups.get(&id) {
+            for seq in &group.seqs {
+                // A sequence without blocks has nothing to give back.
+                let _ = blocks.free(seq.id);
+            }
+        }
+        out.rejected.push(id);
+    }
+
     /// Removes a group (finished or aborted), freeing its sequences' blocks.
     pub fn remove(&mut self, id: GroupId, blocks: &mut BlockManager) -> Option<SequenceGroup<T>> {
         let group = self.groups.remove(&id)?;
@@ -277,6 +290,13 @@ impl<T> Scheduler<T> {
                 kept.push(id);
                 continue;
             };
+            if self.never_fits(id, blocks) {
+                // Its next tokens need more than the whole device pool: preempting it (or anyone)
+                // would only bring it back to the same step. It is finished, as a prompt that can
+                // never fit is.
+                self.reject(id, blocks, out);
+                continue;
+            }
             while self.chunk_blocks(id, &chunk, blocks) > blocks.num_free_blocks(Location::Device) {
                 // Preempt the latest arrival; when none is left behind this group, itself.
                 match queue.pop_back() {
@@ -322,6 +342,13 @@ impl<T> Scheduler<T> {
                     })
                 })
                 .sum();
+            if self.never_fits(id, blocks) {
+                // It can never come back: even the whole device pool cannot hold it and its next
+                // tokens. Finished, as a prompt that can never fit is; the queue behind it moves.
+                self.swapped.pop_front();
+                self.reject(id, blocks, out);
+                continue;
+            }
             let fits = blocks.can_swap_in(&seqs)
                 && table_blocks + growth <= blocks.num_free_blocks(Location::Device)
                 && seats_used + group.seats() <= seats;

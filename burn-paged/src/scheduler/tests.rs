@@ -450,3 +450,31 @@ fn a_reservation_beyond_the_pool_is_rejected() {
     let out = s.schedule(&mut blocks);
     assert_eq!(out.rejected, vec![1]);
 }
+
+/// A sequence whose prompt fills the whole device pool can never take its next token: it is
+/// rejected at that step, in every preemption mode, instead of being swapped out for good (or
+/// recomputed) and holding up the queue; the request behind it then runs, and no block leaks.
+#[test]
+fn a_sequence_that_outgrows_the_whole_pool_is_rejected_not_preempted_forever() {
+    for mode in [PreemptionMode::Swap, PreemptionMode::Recompute, PreemptionMode::Auto] {
+        let mut blocks = manager(2, 4);
+        let mut s = Scheduler::new(config(8, mode));
+        // 8 tokens fill both blocks of 4; generating 3 needs a third.
+        s.add(group(1, 8, 3));
+        s.add(group(2, 3, 2));
+        let (mut rejected, mut finished) = (Vec::<GroupId>::new(), Vec::new());
+        for _ in 0..20 {
+            if s.is_empty() {
+                break;
+            }
+            let out = s.schedule(&mut blocks);
+            rejected.extend(&out.rejected);
+            finished.extend(advance(&mut s, &out, &mut blocks));
+            s.check_consistency(&blocks).unwrap();
+        }
+        assert_eq!(rejected, vec![1], "{mode:?}");
+        assert_eq!(finished, vec![2], "{mode:?}");
+        assert!(s.is_empty(), "{mode:?}: every request is done");
+        assert_eq!(blocks.num_free_blocks(Location::Device), 2, "{mode:?}");
+    }
+}
