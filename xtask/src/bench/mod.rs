@@ -15,6 +15,7 @@ mod parallel;
 mod pipeline;
 mod placement;
 mod plot;
+mod process_cpu;
 mod quant;
 mod schedule;
 mod serve;

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use super::super::process_cpu::Process;
+
 /// How long a worker may take to print its ready line.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -74,6 +76,15 @@ impl Workers {
     /// The started workers, in the order of [`Workers::start`]'s `threads`.
     pub fn all(&self) -> &[Worker] {
         &self.workers
+    }
+
+    /// The started workers as processes to meter, named `worker 1`, `worker 2`, … in order.
+    pub fn processes(&self) -> Vec<Process> {
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| Process { name: format!("worker {}", i + 1), pid: Some(w.child.id()) })
+            .collect()
     }
 
     /// Whether every worker is still running (one that died is named).

@@ -34,6 +34,7 @@ use burn_llm::server::placement::ServingPlacement;
 
 use super::online::loopback_client::client;
 use super::pipeline::workers::Workers;
+use super::process_cpu::{CpuMeter, Process};
 use report::{Point, Results};
 
 /// The served names of the two copies.
@@ -189,6 +190,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let vocab = PretrainedFiles::open(&model)?.spec.vocab_size;
     let tmp = std::env::temp_dir();
     let workers = Workers::start(&[1, 1], args.worker_bin.as_deref(), &tmp)?;
+    // The bench process (the server and the replaying client) and the workers, metered per replay.
+    let mut processes = vec![Process::this("server")];
+    processes.extend(workers.processes());
     // One request's cost and one model's bytes, from the profile (measured once, then cached).
     let probe = workload_file(&tmp, &args, 1.0, 1.0, 1e6)?;
     let base = planned(&serve_argv(
@@ -246,9 +250,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 if trace.is_empty() {
                     continue;
                 }
+                let meter = CpuMeter::start(&processes);
                 let measured = runtime.block_on(replay::replay(&http, &url, &names, &trace, args.max_tokens))?;
+                let cpu = meter.read();
                 let predicted = predict(&input, &placement, &trace)?;
-                let point = Point::new(cv, load, rate, slo_s, &measured, &predicted);
+                let point = Point { cpu, ..Point::new(cv, load, rate, slo_s, &measured, &predicted) };
                 eprintln!(
                     "{mode} cv {cv} load {load}: {} requests, attainment {:.1}% (predicted {:.1}%), rejected {:.1}% (predicted {:.1}%), p99 {:.2} s (predicted {:.2} s)",
                     point.requests,
@@ -259,6 +265,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     point.p99_s,
                     point.predicted_p99_s
                 );
+                if let Some(cpu) = &point.cpu {
+                    eprintln!("  cores busy: {}", cpu.describe());
+                }
                 points.push(point);
             }
         }

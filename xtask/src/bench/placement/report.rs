@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::bench::plot::{self, Axes, Panel};
+use crate::bench::process_cpu::CpuShares;
 use crate::report::{self, Align::Left, Align::Right, Header, percentile, table};
 
 /// One trace replayed on one mode's server.
@@ -26,6 +27,10 @@ pub struct Point {
     /// p99 latency of the requests served (not rejected).
     pub p99_s: f64,
     pub predicted_p99_s: f64,
+    /// The cores the bench process (server and client) and each worker kept busy during the
+    /// replay (`None` where `/proc` cannot say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuShares>,
 }
 
 impl Point {
@@ -49,6 +54,7 @@ impl Point {
             predicted_rejected: rejected(predicted),
             p99_s: p99(measured),
             predicted_p99_s: p99(predicted),
+            cpu: None,
         }
     }
 }
@@ -114,6 +120,10 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
                 format!("{:.0}% ({:.0}%)", 100.0 * p.rejected, 100.0 * p.predicted_rejected),
                 format!("{:.2}", p.p99_s),
                 format!("{:.2}", p.predicted_p99_s),
+                p.cpu.as_ref().map_or("–".into(), |c| {
+                    let each: Vec<String> = c.processes.iter().map(|p| format!("{:.2}", p.cores)).collect();
+                    format!("{} = {:.2}", each.join(" + "), c.total())
+                }),
             ]
         })
     });
@@ -129,9 +139,18 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
             ("rejected (predicted)", Right),
             ("p99 served (s)", Right),
             ("predicted p99 (s)", Right),
+            ("cores busy", Right),
         ],
         rows,
     ));
+    if let Some(c) = results.modes.iter().flat_map(|m| &m.points).find_map(|p| p.cpu.as_ref()) {
+        let names: Vec<&str> = c.processes.iter().map(|p| p.name.as_str()).collect();
+        md.push_str(&format!(
+            "\ncores busy: CPU seconds over the replay's seconds of {}, and their sum, against the host's {} cores.\n",
+            names.join(" + "),
+            c.host_cores
+        ));
+    }
     md.push_str(&claims(&results));
     let png = out.join("placement.png");
     match plot::line_png(

@@ -223,6 +223,7 @@ pub(super) fn markdown(
             }),
         ));
         md.push_str(&device_time(w));
+        md.push_str(&cores_table(w));
         md.push_str(
             "\nAgainst (d), static batching tuned the same way (FasterTransformer-style, ExeGPT's baseline in §7.3: \
              a batch starts when the previous one has finished; the KV pool holds every seat's reservation):\n\n",
@@ -300,6 +301,7 @@ fn grid_table(runs: &[Run], pct: f64) -> String {
             (&format!("p{pct} latency s"), Right),
             ("mean latency s", Right),
             (&format!("p{pct} from arrival s"), Right),
+            ("cores busy", Right),
         ],
         runs.iter().map(|r| {
             vec![
@@ -310,9 +312,42 @@ fn grid_table(runs: &[Run], pct: f64) -> String {
                 format!("{:.3}", r.latency_s),
                 format!("{:.3}", r.mean_latency_s),
                 format!("{:.3}", r.latency_from_arrival_s),
+                cores_cell(r),
             ]
         }),
     )
+}
+
+/// The cores each metered process kept busy over a run, and their sum (`–` unmetered).
+fn cores_cell(r: &Run) -> String {
+    r.cpu.as_ref().map_or("–".into(), |c| {
+        let each: Vec<String> = c.processes.iter().map(|p| format!("{:.2}", p.cores)).collect();
+        format!("{} = {:.2}", each.join(" + "), c.total())
+    })
+}
+
+/// Where the cores went in (b)'s and (c)'s runs at each bound: whether a system left a device
+/// idle or the host's cores were full; empty when no run was metered.
+fn cores_table(w: &WorkloadResult) -> String {
+    let Some(first) = w.fcfs_grid.iter().find_map(|r| r.cpu.as_ref()) else { return String::new() };
+    let names: Vec<&str> = first.processes.iter().map(|p| p.name.as_str()).collect();
+    let mut md = format!(
+        "\nWhere the cores went: CPU seconds over the run's seconds of {}, and their sum, against the host's {} \
+         cores (the bench process is the client driving the devices, with every engine's thread):\n\n",
+        names.join(" + "),
+        first.host_cores
+    );
+    md.push_str(&table(
+        &[("bound s", Right), ("(b) FCFS tuned", Right), ("(c) ExeGPT", Right)],
+        w.bounds.iter().map(|b| {
+            vec![
+                format!("{:.3}", b.latency_bound_s),
+                b.fcfs_tuned.as_ref().map_or("–".into(), |v| cores_cell(&v.run)),
+                b.exegpt.as_ref().map_or("–".into(), |p| cores_cell(&p.verdict.run)),
+            ]
+        }),
+    ));
+    md
 }
 
 /// Where (c)'s time went over two devices (WAA runs): each device's busy share of the run and the

@@ -8,6 +8,7 @@ use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::{Engine, EngineDetails};
 use serde::Serialize;
 
+use super::super::process_cpu::{CpuMeter, CpuShares, Process};
 use super::super::workload::Request;
 use super::devices::Devices;
 use crate::report::percentile;
@@ -36,6 +37,10 @@ pub(super) struct Run {
     pub(super) latency_from_arrival_s: f64,
     /// Per-device busy time and KV moved (disaggregated runs).
     pub(super) devices: Option<DeviceTime>,
+    /// The cores the bench (the client, with the engines' threads) and each worker process kept
+    /// busy over the run (`None` where `/proc` cannot say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) cpu: Option<CpuShares>,
 }
 
 /// A run judged against a bound.
@@ -62,19 +67,22 @@ pub(super) fn measure(
     config: EngineConfig,
     reqs: &[Request],
     pct: f64,
+    processes: &[Process],
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let max_num_seqs = config.max_num_seqs;
-    run_engine(devices.baseline(config)?, max_num_seqs, reqs, pct)
+    run_engine(devices.baseline(config)?, max_num_seqs, reqs, pct, processes)
 }
 
 /// Runs every request of `reqs` (all queued at once) on `engine`, whose `max_num_seqs` is
-/// `max_num_seqs`.
+/// `max_num_seqs`, metering the CPU time of `processes` over the run.
 pub(super) fn run_engine(
     mut engine: Box<dyn Engine>,
     max_num_seqs: usize,
     reqs: &[Request],
     pct: f64,
+    processes: &[Process],
 ) -> Result<Run, Box<dyn std::error::Error>> {
+    let meter = CpuMeter::start(processes);
     let started = Instant::now();
     for (i, (prompt, out)) in reqs.iter().enumerate() {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(*out) };
@@ -99,6 +107,7 @@ pub(super) fn run_engine(
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = meter.read();
     let (mut starts, mut ends) = (Vec::with_capacity(reqs.len()), Vec::with_capacity(reqs.len()));
     for (i, (start, end)) in prefilled.iter().zip(&finished).enumerate() {
         let (Some(start), Some(end)) = (start, end) else {
@@ -122,6 +131,7 @@ pub(super) fn run_engine(
         mean_latency_s: latency.iter().sum::<f64>() / latency.len().max(1) as f64,
         latency_from_arrival_s: percentile(from_arrival, pct),
         devices: DeviceTime::of(engine.as_ref(), seconds),
+        cpu,
     })
 }
 

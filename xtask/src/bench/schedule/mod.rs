@@ -51,6 +51,7 @@ use serde::Serialize;
 
 use super::pipeline::workers::Workers;
 use super::plot;
+use super::process_cpu::Process;
 use super::workload::SyntheticWorkload;
 use crate::report::{self, Header, percentile};
 use devices::Devices;
@@ -275,6 +276,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         true => Some(Workers::start(&[1, 1], args.worker_bin.as_deref(), &std::env::temp_dir())?),
         false => None,
     };
+    // The bench (client and engines) and the workers it started, metered over every run.
+    let mut processes = vec![Process::this("bench")];
+    processes.extend(workers.iter().flat_map(Workers::processes));
     let entries: Option<Vec<String>> = match &workers {
         Some(w) => Some(w.all().iter().map(|w| w.url.clone()).collect()),
         None => args.devices.clone(),
@@ -362,7 +366,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             pct = plan.latency_percentile;
         }
 
-        let default = measure(&devices, base.clone(), &reqs, pct)?;
+        let default = measure(&devices, base.clone(), &reqs, pct, &processes)?;
         eprintln!("  (a) FCFS default: {:.2} req/s, p{pct} {:.3} s", default.requests_per_s, default.latency_s);
         // FCFS also runs at each plan's seat count, so that (c) is compared with FCFS at the
         // same batch too, not only at the grid's powers of two.
@@ -372,7 +376,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         fcfs_seats.dedup();
         let mut fcfs_grid = Vec::new();
         for &seqs in &fcfs_seats {
-            let r = measure(&devices, EngineConfig { max_num_seqs: seqs, ..base.clone() }, &reqs, pct)?;
+            let r = measure(&devices, EngineConfig { max_num_seqs: seqs, ..base.clone() }, &reqs, pct, &processes)?;
             eprintln!("  (b) FCFS max_num_seqs {seqs}: {:.2} req/s, p{pct} {:.3} s", r.requests_per_s, r.latency_s);
             fcfs_grid.push(r);
         }
@@ -381,7 +385,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let one_seat = fcfs_grid.iter().find(|r| r.max_num_seqs == 1).filter(|_| seqs == 1);
             let r = match one_seat {
                 Some(one_seat) => one_seat.clone(),
-                None => measure(&devices, static_config(&base, seqs, &spec), &reqs, pct)?,
+                None => measure(&devices, static_config(&base, seqs, &spec), &reqs, pct, &processes)?,
             };
             eprintln!("  (d) static max_num_seqs {seqs}: {:.2} req/s, p{pct} {:.3} s", r.requests_per_s, r.latency_s);
             static_grid.push(r);
@@ -393,7 +397,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let exegpt = match plan {
                 Ok(plan) => {
                     let (engine, seqs) = devices.exegpt(&plan, &base)?;
-                    let r = run_engine(engine, seqs, &reqs, pct)?;
+                    let r = run_engine(engine, seqs, &reqs, pct, &processes)?;
                     eprintln!(
                         "  (c) ExeGPT {:?} B_E {} N_D {} B_D {} at {bound:.3} s: {:.2} req/s (predicted {:.2}), p{pct} {:.3} s (predicted {:.3}){}",
                         plan.strategy,
