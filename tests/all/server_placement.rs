@@ -174,20 +174,22 @@ fn auto_and_replicate_plan_on_profiles_and_predict_the_workload() {
         for name in ["gpt2", "llama"] {
             assert!(groups.iter().any(|g| g.iter().any(|m| m == name)), "{name} is placed: {placement}");
         }
-        // `auto` may pipeline: each model with traffic was timed running as a two-stage pipeline,
-        // which prices the two-stage groups; replication has none to price.
+        // Each model with traffic was timed on one device, which prices the one-device groups;
+        // `auto` may pipeline, so each was also timed running as a two-stage pipeline, which
+        // prices the two-stage groups; replication has none to price.
         let measured = placement["measured_pipelines"].as_array().cloned().unwrap_or_default();
+        let timed = |stages: u64| measured.iter().filter(|m| m["pipeline"]["stages"] == stages).count();
+        for m in &measured {
+            let p = &m["pipeline"];
+            assert!(p["latency_ms"].as_f64().unwrap() > 0.0 && p["interval_ms"].as_f64().unwrap() >= 0.0);
+        }
+        assert_eq!(timed(1), 2, "{placement}");
         if mode == "replicate" {
             let one_device = placement["groups"].as_array().unwrap().iter().all(|g| g["pipeline_stages"] == 1);
             assert!(one_device, "replication has no model parallelism: {placement}");
-            assert!(measured.is_empty(), "{placement}");
-        } else {
             assert_eq!(measured.len(), 2, "{placement}");
-            for m in &measured {
-                let p = &m["pipeline"];
-                assert_eq!(p["stages"], 2, "{placement}");
-                assert!(p["latency_ms"].as_f64().unwrap() > 0.0 && p["interval_ms"].as_f64().unwrap() >= 0.0);
-            }
+        } else {
+            assert_eq!((timed(2), measured.len()), (2, 4), "{placement}");
         }
         server.shutdown();
     }
@@ -348,4 +350,42 @@ fn a_dead_worker_under_one_group_leaves_the_other_group_serving() {
         assert_eq!(health["models"]["gpt2"], "ok", "{health}");
     });
     server.shutdown();
+}
+
+/// The devices' interference is timed as the server serves, one request on a replica on each
+/// device alone and at once, where the model fits a device whole; a model that fits none falls
+/// back to a pass through a few layers on each device.
+#[test]
+fn interference_is_timed_on_replicas_or_over_layers_when_the_model_fits_no_device() {
+    let dir = scratch("interference");
+    let workload = workload_file(
+        &dir,
+        json!({"duration_s": 10, "seed": 1, "models": [
+            {"model": "gpt2", "rate": 1, "cv": 1, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 4}]}),
+    );
+    let profiles = dir.join("profiles").display().to_string();
+    let served = |extra: &[&str]| -> (String, burn_llm::server::placement::ServingPlacement) {
+        let argv: Vec<String> = ["serve", "--model", &path("gpt2"), "--kv-cache-memory", "blocks:32"]
+            .into_iter()
+            .chain(["--devices", "flex,flex", "--workload", &workload, "--stage-profile-dir", &profiles])
+            .chain(extra.iter().copied())
+            .map(String::from)
+            .collect();
+        let args = ServeArgs::try_parse_from(&argv).unwrap();
+        let mut log = Vec::new();
+        let (_, placement) = args.placed_entries(&mut log).unwrap();
+        (String::from_utf8_lossy(&log).into_owned(), placement.unwrap())
+    };
+    let (log, placement) = served(&["--placement", "replicate"]);
+    assert!(log.contains("a replica on each of flex, flex: one request alone"), "{log}");
+    let kappa = placement.input.as_ref().and_then(|i| i.interference).unwrap();
+    assert!(kappa.is_finite() && kappa >= 0.0, "{log}");
+    // Devices that hold half of the model but not all of it: the pipeline fits, a replica does not.
+    let bytes: u64 = placement.input.as_ref().unwrap().models[0].layer_memory_bytes.iter().sum();
+    let cap = format!("{0},{0}", bytes - 1);
+    let (log, placement) = served(&["--placement", "manual:gpt2=0,1", "--device-memory", &cap]);
+    assert!(!log.contains("a replica on each of"), "{log}");
+    assert!(log.contains("over a few layers (the model fits no device whole)"), "{log}");
+    assert!(placement.input.as_ref().and_then(|i| i.interference).is_some_and(|k| k >= 0.0), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

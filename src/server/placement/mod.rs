@@ -171,11 +171,17 @@ impl ServingPlacement {
         }
         for m in self.input.iter().flat_map(|i| &i.models) {
             for p in &m.measured_pipelines {
-                lines.push(format!(
-                    "  `{}` timed as a {}-stage pipeline: one request {:.0} ms, each further one started with it adds {:.0} ms \
-                     ({}-stage groups priced from this)",
-                    m.name, p.stages, p.latency_ms, p.interval_ms, p.stages
-                ));
+                lines.push(match p.stages {
+                    1 => format!(
+                        "  `{}` timed on one device: one request {:.0} ms (one-device groups priced from this)",
+                        m.name, p.latency_ms
+                    ),
+                    n => format!(
+                        "  `{}` timed as a {n}-stage pipeline: one request {:.0} ms, each further one started with it \
+                         adds {:.0} ms ({n}-stage groups priced from this)",
+                        m.name, p.latency_ms, p.interval_ms
+                    ),
+                });
             }
         }
         if let Some(p) = &self.prediction {
@@ -287,19 +293,31 @@ pub fn place(
     };
     // What the simulator needs of the devices beside the costs: how they slow each other down.
     let interference = match (&costs, workload) {
-        (Some(costs), Some(w)) => interference::measure(models, pool, w, costs, log)?,
+        (Some(costs), Some(w)) => interference::measure(models, pool, w, costs, &caps, log)?,
         _ => None,
     };
-    // And what running as a pipeline adds, where the choice can run two-stage pipelines.
-    let two_stages = match choice {
+    // And what the engine adds to the layers, on one device and running as a pipeline, for the
+    // group sizes the choice can run.
+    let runs = |stages: usize| match choice {
         PlacementChoice::Auto => true,
-        PlacementChoice::Replicate => false,
-        PlacementChoice::Manual(m) => {
-            m.models.iter().any(|(_, groups)| groups.iter().any(|g| g.len() == pipelined::STAGES))
-        }
+        PlacementChoice::Replicate => stages == 1,
+        PlacementChoice::Manual(m) => m.models.iter().any(|(_, groups)| groups.iter().any(|g| g.len() == stages)),
     };
-    if let (Some(costs), Some(w), true) = (costs.as_mut(), workload, two_stages) {
-        let measured = pipelined::measure(models, pool, w, costs, log)?;
+    if let (Some(costs), Some(w)) = (costs.as_mut(), workload) {
+        let mut measured = Vec::new();
+        if runs(1) {
+            measured.extend(pipelined::measure_one_device(
+                models,
+                pool,
+                w,
+                costs,
+                caps.first().copied().unwrap_or(u64::MAX),
+                log,
+            )?);
+        }
+        if runs(pipelined::STAGES) {
+            measured.extend(pipelined::measure(models, pool, w, costs, log)?);
+        }
         costs.set_pipelines(measured);
     }
     let kappa = interference.unwrap_or(0.0);

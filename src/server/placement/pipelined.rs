@@ -1,21 +1,27 @@
-//! Each model with traffic timed running as a two-stage pipeline over the pool's first two
-//! devices, for the simulator's price of two-stage groups
+//! Each model with traffic timed as the placement would run it, for the simulator's price of
+//! one-device groups and of two-stage groups
 //! ([`burn_parallel::plan::placement::MeasuredPipeline`]).
 //!
 //! AlpaServe's simulator takes a parallel configuration's latencies from profiling that
-//! configuration. The per-layer profile prices a stage as its layers on one device; running as a
-//! pipeline adds what the layers alone never see: hidden states handed between the devices every
-//! step, the host driving both stages, the virtual engines taking turns on each device. So the
-//! model is loaded as the placement would run it on a two-stage group (its layers split evenly,
-//! one virtual engine per stage, its own engine flags, prefix caching off so that every request
-//! computes its prompt), one request of the workload's shape is timed alone, then [`BURST`]
-//! started together, whose finishes come one interval apart once the pipeline is full, and the
-//! engines are dropped before the placement loads anything.
+//! configuration. The per-layer profile prices a group as its layers' compute; serving adds what
+//! the layers alone never see: the engine's own work each step (scheduling, sampling), on a worker
+//! the operations' hand-over, and over a pipeline the hidden states handed between the devices
+//! every step, the host driving both stages and the virtual engines taking turns on each device.
+//! The layer profile is also cached from an earlier start, while these are timed now.
+//!
+//! - One device ([`measure_one_device`]): the model loaded whole on the pool's first device (a
+//!   one-stage engine, as a replica runs), one request of the workload's shape timed alone.
+//! - Two stages ([`measure`]): the model loaded as the placement would run it on a two-stage group
+//!   (its layers split evenly, one virtual engine per stage), one request timed alone, then
+//!   [`BURST`] started together, whose finishes come one interval apart once the pipeline is full.
+//!
+//! Each with the model's own engine flags and prefix caching off (so that every request computes
+//! its prompt); the engines are dropped before the placement loads anything.
 
 use std::io::Write;
 use std::time::Instant;
 
-use burn_llm_models::{Prompt, SamplingParams};
+use burn_llm_models::{DecoderSpec, Prompt, SamplingParams};
 use burn_parallel::pipeline::StageLayout;
 use burn_parallel::plan::placement::MeasuredPipeline;
 use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
@@ -32,10 +38,53 @@ pub(super) const STAGES: usize = 2;
 /// interval moves by half between runs on a host whose cores the stages share.
 pub(super) const BURST: usize = 4;
 /// Untimed runs before the timed ones.
-const WARMUP: usize = 1;
+pub(super) const WARMUP: usize = 1;
 /// Timed runs of each kind: the fastest one request alone (the host's stalls only ever add to
 /// it), the median burst (how the stages share the host is part of what it measures).
-const REPEATS: usize = 3;
+pub(super) const REPEATS: usize = 3;
+
+/// `(model, one request on one device)` for every model with traffic in `workload` that fits
+/// `pool[0]`'s memory `cap` whole, timed there (the fastest of [`REPEATS`] runs).
+pub(super) fn measure_one_device(
+    models: &[ModelSpec],
+    pool: &[String],
+    workload: &ServingWorkload,
+    costs: &ModelCosts,
+    cap: u64,
+    log: &mut dyn Write,
+) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
+    let Some(device) = pool.first() else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for model in models.iter().filter(|m| workload.load(&m.name).is_some() && costs.model_bytes(&m.name) <= cap) {
+        let (dir, arch) = costs.model(&model.name);
+        let (prompt, tokens) = request_shape(workload, &model.name, arch);
+        let mut spec = super::group_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
+        spec.paged.no_enable_prefix_caching = true;
+        let fail = |e: &dyn std::fmt::Display| {
+            ServerError::Engine(format!(
+                "placement: timing `{}` on {device}: {e}; check that the device holds the model and that the worker runs",
+                model.name
+            ))
+        };
+        let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
+        let ids = [probe_ids(prompt, arch.vocab_size)];
+        let mut runs = (0..WARMUP + REPEATS)
+            .map(|_| requests_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e)))
+            .collect::<Result<Vec<_>, _>>()?
+            .split_off(WARMUP);
+        runs.sort_by(f64::total_cmp);
+        let alone = runs[0];
+        let _ = writeln!(
+            log,
+            "placement: `{}` on {device} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms \
+             (the layers' profile: {:.0} ms)",
+            model.name,
+            costs.request_ms(&model.name)
+        );
+        out.push((model.name.clone(), MeasuredPipeline { stages: 1, latency_ms: alone, interval_ms: alone }));
+    }
+    Ok(out)
+}
 
 /// `(model, its pipeline measured)` for every model with traffic in `workload`, timed over
 /// `pool[0]` and `pool[1]`; nothing for a pool of one device.
@@ -61,9 +110,7 @@ pub(super) fn measure(
             ))
         };
         let (dir, arch) = costs.model(&model.name);
-        let shape = workload.load(&model.name).map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
-        let tokens = shape.1.max(1);
-        let prompt = shape.0.clamp(1, arch.max_positions.saturating_sub(tokens).max(1));
+        let (prompt, tokens) = request_shape(workload, &model.name, arch);
         let layout = StageLayout::even(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
         let mut spec = super::group_spec(model, devices.clone(), &stages, STAGES);
@@ -97,9 +144,17 @@ pub(super) fn measure(
     Ok(out)
 }
 
+/// The prompt tokens and generated tokens of one of `name`'s requests in `workload` (its
+/// defaults where the workload gives none), fitted in the model's context.
+pub(super) fn request_shape(workload: &ServingWorkload, name: &str, arch: &DecoderSpec) -> (usize, usize) {
+    let shape = workload.load(name).map_or((DEFAULT_PROMPT_TOKENS, DEFAULT_MAX_TOKENS), |l| l.shape());
+    let tokens = shape.1.max(1);
+    (shape.0.clamp(1, arch.max_positions.saturating_sub(tokens).max(1)), tokens)
+}
+
 /// Milliseconds from adding one request per prompt (`tokens` new tokens each, EOS ignored) to the
 /// last one finishing.
-fn requests_ms(
+pub(super) fn requests_ms(
     engine: &mut dyn Engine,
     prompts: &[Vec<u32>],
     tokens: usize,

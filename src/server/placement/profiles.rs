@@ -194,6 +194,16 @@ impl ModelCosts {
         self.cost(name).layer_bytes[a..b].iter().sum()
     }
 
+    /// One request of `name` on one device as its layers' profile prices it, ms.
+    pub(super) fn request_ms(&self, name: &str) -> f64 {
+        self.cost(name).layer_ms.iter().sum()
+    }
+
+    /// The bytes of all of `name`'s layers.
+    pub(super) fn model_bytes(&self, name: &str) -> u64 {
+        self.cost(name).layer_bytes.iter().sum()
+    }
+
     /// Replication without a workload: every device takes whole models in `--model` order while
     /// they fit in its memory (`caps`).
     pub(super) fn packed_replicas(&self, caps: &[u64]) -> Vec<GroupPlan> {

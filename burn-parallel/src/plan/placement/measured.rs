@@ -8,7 +8,9 @@
 //! then several started together), a group of that many stages is priced from the measurement
 //! instead ([`measured_stage_latency_ms`]): the stages' latencies add up to the measured latency,
 //! and their slowest stage is set so that the simulator, at the devices' interference `κ`, makes
-//! a second request add the measured interval.
+//! a second request add the measured interval. A "pipeline" of one stage is one request on one
+//! device, measured: a one-device group of the model is priced at its latency, which the layers'
+//! profile leaves the engine's own work out of (scheduling, sampling, the hand-over to a worker).
 
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +20,7 @@ use super::super::check::{self, InputError};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MeasuredPipeline {
-    /// Pipeline stages (at least 2), tensor-parallel degree 1.
+    /// Pipeline stages (1: the model on one device), tensor-parallel degree 1.
     pub stages: usize,
     /// One request alone through the pipeline, milliseconds.
     pub latency_ms: f64,
@@ -31,10 +33,10 @@ pub struct MeasuredPipeline {
 impl MeasuredPipeline {
     /// Checks the fields, naming `field` in errors.
     pub(super) fn check(&self, field: &str, layers: usize) -> Result<(), InputError> {
-        if self.stages < 2 || self.stages > layers {
+        if self.stages < 1 || self.stages > layers {
             return Err(InputError::new(
                 format!("{field}.stages"),
-                format!("{} is not between 2 and the model's {layers} layers", self.stages),
+                format!("{} is not between 1 and the model's {layers} layers", self.stages),
             ));
         }
         check::positive(&format!("{field}.latency_ms"), self.latency_ms)?;
@@ -115,8 +117,13 @@ mod tests {
     fn bad_measurements_are_refused_naming_the_field() {
         let ok = MeasuredPipeline { stages: 2, latency_ms: 10.0, interval_ms: 6.0 };
         assert!(ok.check("m", 4).is_ok());
+        let none = MeasuredPipeline { stages: 0, ..ok.clone() };
+        assert!(none.check("m", 4).unwrap_err().to_string().contains("m.stages"));
+        // One stage: the model on one device, priced at its measured latency whatever the split.
         let one = MeasuredPipeline { stages: 1, ..ok.clone() };
-        assert!(one.check("m", 4).unwrap_err().to_string().contains("m.stages"));
+        assert!(one.check("m", 4).is_ok());
+        assert_eq!(priced_stage_latency_ms(std::slice::from_ref(&one), vec![7.0], 0.3), vec![10.0]);
+        assert_eq!(priced_stage_latency_ms(std::slice::from_ref(&one), vec![3.0, 4.0], 0.3), vec![3.0, 4.0]);
         let deep = MeasuredPipeline { stages: 5, ..ok.clone() };
         assert!(deep.check("m", 4).is_err());
         let zero = MeasuredPipeline { latency_ms: 0.0, ..ok.clone() };
