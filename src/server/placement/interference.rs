@@ -27,7 +27,7 @@ use burn_parallel::profiler::{OverlapStep, probe_ids};
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
-use super::pipelined::{REPEATS, WARMUP, request_shape, requests_ms};
+use super::pipelined::{REPEATS, WARMUP, probe_spec, request_shape, requests_ms};
 use super::profiles::ModelCosts;
 use crate::Purpose;
 use crate::spec::{interference_of, parse_device};
@@ -85,8 +85,7 @@ fn replicas(target: Target<'_>, log: &mut dyn Write) -> Result<f64, String> {
         for device in pool {
             let (go, told) = mpsc::channel::<()>();
             let (report, reports) = mpsc::channel::<Result<f64, String>>();
-            let mut spec = super::group_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
-            spec.paged.no_enable_prefix_caching = true;
+            let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
             let ids = ids.clone();
             scope.spawn(move || {
                 let mut engine = match spec.init(dir, Purpose::Serve, &mut std::io::sink()) {

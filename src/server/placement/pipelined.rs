@@ -58,22 +58,16 @@ pub(super) fn measure_one_device(
     for model in models.iter().filter(|m| workload.load(&m.name).is_some() && costs.model_bytes(&m.name) <= cap) {
         let (dir, arch) = costs.model(&model.name);
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
-        let mut spec = super::group_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
-        spec.paged.no_enable_prefix_caching = true;
         let fail = |e: &dyn std::fmt::Display| {
             ServerError::Engine(format!(
                 "placement: timing `{}` on {device}: {e}; check that the device holds the model and that the worker runs",
                 model.name
             ))
         };
+        let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
         let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
         let ids = [probe_ids(prompt, arch.vocab_size)];
-        let mut runs = (0..WARMUP + REPEATS)
-            .map(|_| requests_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e)))
-            .collect::<Result<Vec<_>, _>>()?
-            .split_off(WARMUP);
-        runs.sort_by(f64::total_cmp);
-        let alone = runs[0];
+        let alone = timed_runs_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e))?[0];
         let _ = writeln!(
             log,
             "placement: `{}` on {device} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms \
@@ -113,21 +107,13 @@ pub(super) fn measure(
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
         let layout = StageLayout::even(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
-        let mut spec = super::group_spec(model, devices.clone(), &stages, STAGES);
-        spec.paged.no_enable_prefix_caching = true;
+        let spec = probe_spec(model, devices.clone(), &stages, STAGES);
         let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
         let vocab = arch.vocab_size;
         let prompts: Vec<Vec<u32>> = (0..BURST)
             .map(|r| probe_ids(prompt, vocab).into_iter().map(|id| (id + r as u32) % vocab.max(1) as u32).collect())
             .collect();
-        let mut time = |n: usize| -> Result<Vec<f64>, ServerError> {
-            let mut runs = (0..WARMUP + REPEATS)
-                .map(|_| requests_ms(engine.as_mut(), &prompts[..n], tokens).map_err(|e| fail(&e)))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut timed = runs.split_off(WARMUP);
-            timed.sort_by(f64::total_cmp);
-            Ok(timed)
-        };
+        let mut time = |n: usize| timed_runs_ms(engine.as_mut(), &prompts[..n], tokens).map_err(|e| fail(&e));
         let alone = time(1)?[0];
         let burst = time(BURST)?[REPEATS / 2];
         let interval = ((burst - alone) / (BURST - 1) as f64).max(0.0);
@@ -142,6 +128,33 @@ pub(super) fn measure(
         out.push((model.name.clone(), measured));
     }
     Ok(out)
+}
+
+/// `model`'s engine spec on a group of `devices` running `stages` over `pipeline_stages`, as the
+/// placement serves it, with prefix caching off so that every timed request computes its prompt.
+pub(super) fn probe_spec(
+    model: &ModelSpec,
+    devices: Vec<String>,
+    stages: &[[usize; 2]],
+    pipeline_stages: usize,
+) -> crate::spec::EngineSpec {
+    let mut spec = super::group_spec(model, devices, stages, pipeline_stages);
+    spec.paged.no_enable_prefix_caching = true;
+    spec
+}
+
+/// [`requests_ms`] of `prompts` run [`WARMUP`] times untimed, then [`REPEATS`] times timed:
+/// the timed runs, fastest first.
+fn timed_runs_ms(
+    engine: &mut dyn Engine,
+    prompts: &[Vec<u32>],
+    tokens: usize,
+) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    let mut runs =
+        (0..WARMUP + REPEATS).map(|_| requests_ms(engine, prompts, tokens)).collect::<Result<Vec<_>, _>>()?;
+    let mut timed = runs.split_off(WARMUP);
+    timed.sort_by(f64::total_cmp);
+    Ok(timed)
 }
 
 /// The prompt tokens and generated tokens of one of `name`'s requests in `workload` (its
