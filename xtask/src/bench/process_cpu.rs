@@ -102,7 +102,7 @@ impl CpuShares {
         self.processes.iter().map(|p| p.cores).sum()
     }
 
-    /// `worker 1 0.71, worker 2 0.64, bench 0.52 = 1.87 of 2 cores`.
+    /// Each process's name and cores, then their sum and the host's cores: `NAME CORES, … = SUM of N cores`.
     pub fn describe(&self) -> String {
         let each: Vec<String> = self.processes.iter().map(|p| format!("{} {:.2}", p.name, p.cores)).collect();
         format!("{} = {:.2} of {} cores", each.join(", "), self.total(), self.host_cores)
