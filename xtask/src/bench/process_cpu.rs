@@ -102,6 +102,17 @@ impl CpuShares {
         self.processes.iter().map(|p| p.cores).sum()
     }
 
+    /// A report's cell: each process's cores, then their sum (`CORES + … = SUM`).
+    pub fn sum_cell(&self) -> String {
+        let each: Vec<String> = self.processes.iter().map(|p| format!("{:.2}", p.cores)).collect();
+        format!("{} = {:.2}", each.join(" + "), self.total())
+    }
+
+    /// The processes' names in [`CpuShares::sum_cell`]'s order (`NAME + …`).
+    pub fn names(&self) -> String {
+        self.processes.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(" + ")
+    }
+
     /// Each process's name and cores, then their sum and the host's cores: `NAME CORES, … = SUM of N cores`.
     pub fn describe(&self) -> String {
         let each: Vec<String> = self.processes.iter().map(|p| format!("{} {:.2}", p.name, p.cores)).collect();

@@ -120,10 +120,7 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
                 format!("{:.0}% ({:.0}%)", 100.0 * p.rejected, 100.0 * p.predicted_rejected),
                 format!("{:.2}", p.p99_s),
                 format!("{:.2}", p.predicted_p99_s),
-                p.cpu.as_ref().map_or("–".into(), |c| {
-                    let each: Vec<String> = c.processes.iter().map(|p| format!("{:.2}", p.cores)).collect();
-                    format!("{} = {:.2}", each.join(" + "), c.total())
-                }),
+                p.cpu.as_ref().map_or("–".into(), CpuShares::sum_cell),
             ]
         })
     });
@@ -144,10 +141,9 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
         rows,
     ));
     if let Some(c) = results.modes.iter().flat_map(|m| &m.points).find_map(|p| p.cpu.as_ref()) {
-        let names: Vec<&str> = c.processes.iter().map(|p| p.name.as_str()).collect();
         md.push_str(&format!(
             "\ncores busy: CPU seconds over the replay's seconds of {}, and their sum, against the host's {} cores.\n",
-            names.join(" + "),
+            c.names(),
             c.host_cores
         ));
     }

@@ -3,6 +3,7 @@
 use burn_llm::parallel::plan::profile::Profile;
 
 use super::super::plot;
+use super::super::process_cpu::CpuShares;
 use super::devices::Devices;
 use super::measure::{Run, Verdict};
 use super::{Args, BoundResult, Planned, WorkloadResult};
@@ -320,21 +321,17 @@ fn grid_table(runs: &[Run], pct: f64) -> String {
 
 /// The cores each metered process kept busy over a run, and their sum (`–` unmetered).
 fn cores_cell(r: &Run) -> String {
-    r.cpu.as_ref().map_or("–".into(), |c| {
-        let each: Vec<String> = c.processes.iter().map(|p| format!("{:.2}", p.cores)).collect();
-        format!("{} = {:.2}", each.join(" + "), c.total())
-    })
+    r.cpu.as_ref().map_or("–".into(), CpuShares::sum_cell)
 }
 
 /// Where the cores went in (b)'s and (c)'s runs at each bound: whether a system left a device
 /// idle or the host's cores were full; empty when no run was metered.
 fn cores_table(w: &WorkloadResult) -> String {
     let Some(first) = w.fcfs_grid.iter().find_map(|r| r.cpu.as_ref()) else { return String::new() };
-    let names: Vec<&str> = first.processes.iter().map(|p| p.name.as_str()).collect();
     let mut md = format!(
         "\nWhere the cores went: CPU seconds over the run's seconds of {}, and their sum, against the host's {} \
          cores (the bench process is the client driving the devices, with every engine's thread):\n\n",
-        names.join(" + "),
+        first.names(),
         first.host_cores
     );
     md.push_str(&table(
