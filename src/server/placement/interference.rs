@@ -35,6 +35,15 @@ use crate::spec::{interference_of, parse_device};
 /// A phase below this share of a request's time is left unmeasured (its `κ` weighs too little).
 const MIN_SHARE: f64 = 0.05;
 
+/// What [`measure`] found.
+pub(super) struct Measured {
+    /// The devices' interference `κ`.
+    pub(super) kappa: f64,
+    /// `(model, ms)`: one request of the model alone on the pool's first device, where the
+    /// replicas were timed (the one-device timing of that model, which need not run again).
+    pub(super) alone_on_first: Option<(String, f64)>,
+}
+
 /// The pool's interference `κ` for `workload`'s requests; `None` for a pool of one device or a
 /// workload without traffic. `caps`: each device's memory, which decides whether a replica of the
 /// model fits on every device.
@@ -45,7 +54,7 @@ pub(super) fn measure(
     costs: &ModelCosts,
     caps: &[u64],
     log: &mut dyn Write,
-) -> Result<Option<f64>, ServerError> {
+) -> Result<Option<Measured>, ServerError> {
     let Some(model) = models.iter().find(|m| workload.load(&m.name).is_some()) else { return Ok(None) };
     if pool.len() < 2 {
         return Ok(None);
@@ -58,8 +67,12 @@ pub(super) fn measure(
     };
     let whole = costs.model_bytes(&model.name);
     let target = Target { model, pool, workload, costs };
-    let kappa = if caps.iter().all(|&cap| whole <= cap) { replicas(target, log) } else { layer_passes(target, log) };
-    kappa.map(Some).map_err(|e| fail(&e))
+    let measured = match caps.iter().all(|&cap| whole <= cap) {
+        true => replicas(target, log)
+            .map(|(kappa, alone)| Measured { kappa, alone_on_first: Some((model.name.clone(), alone)) }),
+        false => layer_passes(target, log).map(|kappa| Measured { kappa, alone_on_first: None }),
+    };
+    measured.map(Some).map_err(|e| fail(&e))
 }
 
 /// The model whose requests are timed, on which devices, and its costs.
@@ -71,8 +84,9 @@ struct Target<'a> {
     costs: &'a ModelCosts,
 }
 
-/// `κ` from one request on a replica of `model` on every device of `pool`, alone and at once.
-fn replicas(target: Target<'_>, log: &mut dyn Write) -> Result<f64, String> {
+/// `κ` from one request on a replica of `model` on every device of `pool`, alone and at once, and
+/// the request's time alone on the first device (ms).
+fn replicas(target: Target<'_>, log: &mut dyn Write) -> Result<(f64, f64), String> {
     let Target { model, pool, workload, costs } = target;
     let (dir, arch) = costs.model(&model.name);
     let (prompt, tokens) = request_shape(workload, &model.name, arch);
@@ -146,7 +160,7 @@ fn replicas(target: Target<'_>, log: &mut dyn Write) -> Result<f64, String> {
         join_ms(&alone),
         join_ms(&median)
     );
-    Ok(kappa)
+    Ok((kappa, alone[0]))
 }
 
 /// `κ` of `n` devices from each one's time alone and each run's times with all at once: a run's

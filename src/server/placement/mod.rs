@@ -292,10 +292,11 @@ pub fn place(
         None
     };
     // What the simulator needs of the devices beside the costs: how they slow each other down.
-    let interference = match (&costs, workload) {
+    let devices_together = match (&costs, workload) {
         (Some(costs), Some(w)) => interference::measure(models, pool, w, costs, &caps, log)?,
         _ => None,
     };
+    let interference = devices_together.as_ref().map(|m| m.kappa);
     // And what the engine adds to the layers, on one device and running as a pipeline, for the
     // group sizes the choice can run.
     let runs = |stages: usize| match choice {
@@ -312,6 +313,7 @@ pub fn place(
                 w,
                 costs,
                 caps.first().copied().unwrap_or(u64::MAX),
+                devices_together.as_ref().and_then(|m| m.alone_on_first.as_ref()),
                 log,
             )?);
         }

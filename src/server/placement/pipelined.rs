@@ -44,13 +44,15 @@ pub(super) const WARMUP: usize = 1;
 pub(super) const REPEATS: usize = 3;
 
 /// `(model, one request on one device)` for every model with traffic in `workload` that fits
-/// `pool[0]`'s memory `cap` whole, timed there (the fastest of [`REPEATS`] runs).
+/// `pool[0]`'s memory `cap` whole, timed there (the fastest of [`REPEATS`] runs); `timed`: a
+/// model already timed so (by the devices' interference on replicas), `(name, ms)`.
 pub(super) fn measure_one_device(
     models: &[ModelSpec],
     pool: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
     cap: u64,
+    timed: Option<&(String, f64)>,
     log: &mut dyn Write,
 ) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
     let Some(device) = pool.first() else { return Ok(Vec::new()) };
@@ -64,10 +66,15 @@ pub(super) fn measure_one_device(
                 model.name
             ))
         };
-        let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
-        let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
-        let ids = [probe_ids(prompt, arch.vocab_size)];
-        let alone = timed_runs_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e))?[0];
+        let alone = match timed.filter(|(name, _)| *name == model.name) {
+            Some(&(_, ms)) => ms,
+            None => {
+                let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
+                let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
+                let ids = [probe_ids(prompt, arch.vocab_size)];
+                timed_runs_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e))?[0]
+            }
+        };
         let _ = writeln!(
             log,
             "placement: `{}` on {device} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms \
