@@ -290,7 +290,11 @@ impl<T> Scheduler<T> {
                 kept.push(id);
                 continue;
             };
-            if self.never_fits(id, blocks) {
+            // Checked only when it is short of blocks (which `never_fits` implies), so that a step
+            // with room pays nothing for it.
+            if self.chunk_blocks(id, &chunk, blocks) > blocks.num_free_blocks(Location::Device)
+                && self.never_fits(id, blocks)
+            {
                 // Its next tokens need more than the whole device pool: preempting it (or anyone)
                 // would only bring it back to the same step. It is finished, as a prompt that can
                 // never fit is.
@@ -342,16 +346,16 @@ impl<T> Scheduler<T> {
                     })
                 })
                 .sum();
-            if self.never_fits(id, blocks) {
+            let fits = blocks.can_swap_in(&seqs)
+                && table_blocks + growth <= blocks.num_free_blocks(Location::Device)
+                && seats_used + group.seats() <= seats;
+            if !fits && self.never_fits(id, blocks) {
                 // It can never come back: even the whole device pool cannot hold it and its next
                 // tokens. Finished, as a prompt that can never fit is; the queue behind it moves.
                 self.swapped.pop_front();
                 self.reject(id, blocks, out);
                 continue;
             }
-            let fits = blocks.can_swap_in(&seqs)
-                && table_blocks + growth <= blocks.num_free_blocks(Location::Device)
-                && seats_used + group.seats() <= seats;
             let Some(chunk) = chunk.filter(|_| fits) else {
                 break;
             };
