@@ -1,11 +1,19 @@
 //! vLLM's virtual engines over one pipeline (`--virtual-engines`): several paged engines share the
 //! loaded stages, each with its share of the KV pool, stepping at once. Their greedy outputs equal
 //! plain generation for mixed batches, with and without preemption; requests spread over the
-//! engines and can be aborted; the flag runs through the CLI and every value it cannot honour is
-//! an error that says what to do.
+//! engines and can be aborted; adding one never waits for a busy engine's step; the flag runs
+//! through the CLI and every value it cannot honour is an error that says what to do.
 
-use burn::tensor::Device;
-use burn_llm::models::{FinishReason, Generator, Pretrained, SamplingParams};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use burn::tensor::{Device, Tensor};
+use burn_llm::models::cache::{KvLayout, LayerDevices};
+use burn_llm::models::model::Hidden;
+use burn_llm::models::{
+    DecoderSpec, FinishReason, Generator, KvCache, LanguageModel, Pretrained, SamplingParams, StepInput,
+};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, VirtualEngines};
 
 use crate::common::fixture;
@@ -145,4 +153,120 @@ fn virtual_engines_over_two_workers_equal_plain_generation() {
     let devices = format!("{},{}", a.url, b.url);
     let flags = ["--engine", "paged", "--devices", &devices, "--virtual-engines", "2", "--worker-token", TOKEN];
     assert_eq!(text(&cli(&flags).unwrap()), text(&single));
+}
+
+/// A gate a model's forward pass waits at once it is closed, saying on `entered` that it has.
+#[derive(Debug)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    entered: Mutex<Option<Sender<()>>>,
+}
+
+impl Gate {
+    fn set(&self, open: bool) {
+        *self.open.lock().unwrap() = open;
+        self.opened.notify_all();
+    }
+
+    fn is_open(&self) -> bool {
+        *self.open.lock().unwrap()
+    }
+
+    fn pass(&self) {
+        let mut open = self.open.lock().unwrap();
+        if !*open && let Some(entered) = self.entered.lock().unwrap().take() {
+            let _ = entered.send(());
+        }
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+}
+
+/// A model whose forward passes wait at a gate.
+#[derive(Debug)]
+struct Gated<M> {
+    model: M,
+    gate: Arc<Gate>,
+}
+
+impl<M: LanguageModel> LanguageModel for Gated<M> {
+    fn spec(&self) -> &DecoderSpec {
+        self.model.spec()
+    }
+    fn kv_layout(&self) -> KvLayout {
+        self.model.kv_layout()
+    }
+    fn kv_devices(&self) -> LayerDevices {
+        self.model.kv_devices()
+    }
+    fn device(&self) -> Device {
+        self.model.device()
+    }
+    fn decode_weight_bytes(&self) -> usize {
+        self.model.decode_weight_bytes()
+    }
+    fn num_stages(&self) -> usize {
+        self.model.num_stages()
+    }
+    fn embed(&self, step: &StepInput) -> Hidden {
+        self.gate.pass();
+        self.model.embed(step)
+    }
+    fn run_stage(&self, stage: usize, hidden: Hidden, cache: &mut dyn KvCache) -> burn_llm::models::Result<Hidden> {
+        self.model.run_stage(stage, hidden, cache)
+    }
+    fn finish(&self, hidden: Hidden) -> Tensor<3> {
+        self.model.finish(hidden)
+    }
+    fn logits(&self, states: Tensor<2>) -> Tensor<2> {
+        self.model.logits(states)
+    }
+}
+
+/// While one engine is inside a step, a request routed to it is queued at once (it joins at that
+/// engine's next step), and its tokens equal plain generation's.
+#[test]
+fn adding_a_request_does_not_wait_for_a_busy_engine() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
+    let (model, files) = pipeline("llama", &[Device::flex(), Device::flex()]);
+    let gate = Arc::new(Gate { open: Mutex::new(true), opened: Condvar::new(), entered: Mutex::new(None) });
+    let gated = Gated { model, gate: gate.clone() };
+    let cfg = EngineConfig { kv_cache_memory: KvCacheMemory::Blocks(128), block_size: 4, ..EngineConfig::default() };
+    let mut engines = VirtualEngines::new(gated, Some(files.tokenizer), files.eos_token_ids, cfg, 2).unwrap();
+    let prompts: Vec<_> = mixed_prompts("llama").into_iter().skip(1).take(3).collect();
+    let (entered, inside) = channel();
+    *gate.entered.lock().unwrap() = Some(entered);
+    gate.set(false);
+    engines.add_request("r0", prompts[0].clone(), params.clone()).unwrap();
+    assert!(engines.step().unwrap().is_empty(), "the only step is held at the gate");
+    inside.recv_timeout(Duration::from_secs(60)).expect("engine 0 did not start its step");
+    // Should an add wait for engine 0's step after all, the test fails instead of hanging.
+    let watchdog = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(30));
+            gate.set(true);
+        })
+    };
+    engines.add_request("r1", prompts[1].clone(), params.clone()).unwrap();
+    engines.add_request("r2", prompts[2].clone(), params.clone()).unwrap();
+    assert!(!gate.is_open(), "an add waited for engine 0's step to end");
+    assert_eq!(engines.unfinished(), [2, 1], "r2 was routed to the engine inside its step");
+    gate.set(true);
+    let mut finished = Vec::new();
+    while engines.has_unfinished_requests() {
+        for out in engines.step().unwrap() {
+            if let Some(done) = out.finished {
+                finished.push((out.request_id, done[0].generated_ids.clone()));
+            }
+        }
+    }
+    finished.sort();
+    let plain = Generator::from(Pretrained::load(&fixture("llama"), &Device::flex()).unwrap());
+    let expected = one_by_one(&plain, &prompts, &params);
+    let ids: Vec<Vec<u32>> = finished.into_iter().map(|(_, ids)| ids).collect();
+    assert_eq!(ids, expected);
+    drop(watchdog);
 }

@@ -5,6 +5,7 @@
 //! - this module, the engine: requests in ([`LlmEngine::add_request`]) and out
 //!   ([`LlmEngine::abort`]), and [`LlmEngine::step`], which asks the scheduler what to run, hands
 //!   that to the runner, samples, and hands the rows to the outputs;
+//! - [`admit`]: a request checked and laid out before it joins the scheduler;
 //! - [`runner`]: the step's layout for the paged cache, the forward pass, prompt log-probabilities;
 //! - [`outputs`]: sampled rows applied to their requests (parallel samples, beams), and the final
 //!   outputs of a finishing group;
@@ -14,6 +15,7 @@
 //! - [`virtual_engines`]: [`VirtualEngines`], several engines over one pipeline, stepping at once
 //!   (vLLM's virtual engines).
 
+mod admit;
 mod config;
 mod disagg;
 mod drive;
@@ -27,7 +29,7 @@ use std::collections::HashMap;
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::log_softmax;
-use burn_llm_models::generation::{RequestState, prepare_prompt};
+use burn_llm_models::generation::RequestState;
 use burn_llm_models::{
     CausalLm, GenerationOutput, LanguageModel, Pretrained, Prompt, PromptLogprobs, RequestOutput, SamplingParams,
     Tokenizer,
@@ -40,13 +42,14 @@ pub use outputs::{SequenceDelta, StepOutput};
 pub use stats::EngineStats;
 pub use virtual_engines::VirtualEngines;
 
-use crate::beam::{BeamRun, BeamSearch};
+use crate::beam::BeamSearch;
 use crate::cache::PagedKvCache;
 use crate::error::{PagedError, Result};
 use crate::memory::{BlockManager, BlockManagerConfig, Location, SeqId};
 use crate::scheduler::{
     GroupId, PreemptionCost, PreemptionMode, ScheduledSeq, Scheduler, SchedulerConfig, Sequence, SequenceGroup,
 };
+use admit::{Checked, Checker, PromptLimits};
 use runner::{ModelRunner, PromptLogprobsWanted, RunnerOutput};
 use sampler::sample_groups;
 
@@ -262,49 +265,39 @@ impl<M: LanguageModel> LlmEngine<M> {
     /// the engine unchanged.
     pub fn add_request(&mut self, request_id: impl Into<String>, prompt: Prompt, params: SamplingParams) -> Result<()> {
         let request_id = request_id.into();
-        let spec = self.runner.model.spec().clone();
-        params.validate(spec.vocab_size)?;
         if self.requests.contains_key(&request_id) {
             return Err(PagedError::DuplicateRequest(request_id));
         }
-        let (prompt_text, prompt_ids) =
-            prepare_prompt(self.requests.len(), &prompt, self.tokenizer.as_ref(), spec.vocab_size, spec.max_positions)?;
-        let max = self.scheduler.config().max_num_batched_tokens;
-        if prompt_ids.len() > max && !self.scheduler.chunks_prompts() {
-            return Err(PagedError::PromptTooLong { request: request_id, len: prompt_ids.len(), max });
+        let checked = self.checker().check(self.requests.len(), request_id, &prompt, params)?;
+        self.enqueue(checked);
+        Ok(())
+    }
+
+    /// What requests are checked against besides the model ([`admit`]).
+    pub(crate) fn prompt_limits(&self) -> PromptLimits {
+        PromptLimits {
+            max_num_batched_tokens: self.scheduler.config().max_num_batched_tokens,
+            chunks_prompts: self.scheduler.chunks_prompts(),
         }
-        let width = params.width();
-        if width > max {
-            return Err(PagedError::TooWideForStep { request: request_id, width, max });
+    }
+
+    fn checker(&self) -> Checker<'_> {
+        Checker {
+            spec: self.runner.model.spec(),
+            tokenizer: self.tokenizer.as_ref(),
+            eos_token_ids: &self.eos_token_ids,
+            limits: self.prompt_limits(),
         }
-        let beam = match &params.beam {
-            Some(b) => {
-                let room = (spec.max_positions + 1).saturating_sub(prompt_ids.len()).max(1);
-                let mut eos_token_ids = if params.ignore_eos { Vec::new() } else { self.eos_token_ids.clone() };
-                eos_token_ids.extend(&params.stop_token_ids);
-                let run =
-                    BeamRun { num_return: params.n, max_new_tokens: params.max_new_tokens.min(room), eos_token_ids };
-                Some(BeamSearch::new(*b, run, prompt_ids.len())?)
-            }
-            None => None,
-        };
+    }
+
+    /// Queues a checked request (its id not in use here) for the scheduler.
+    pub(crate) fn enqueue(&mut self, request: Checked) {
+        let Checked { request_id, prompt_ids, state, params, beam, width } = request;
         let seq_id = self.alloc_seq();
         if params.prompt_logprobs.is_some() {
             self.blocks.set_prefix_lookup(seq_id, false);
         }
-        let first = SeqData {
-            index: 0,
-            state: RequestState::constrained(
-                prompt_text,
-                prompt_ids.clone(),
-                &params,
-                spec.max_positions,
-                self.tokenizer.as_ref(),
-                (spec.vocab_size, &self.eos_token_ids),
-            )?,
-            rng: sample_rng(&params, 0),
-            cumulative_logprob: 0.0,
-        };
+        let first = SeqData { index: 0, state, rng: sample_rng(&params, 0), cumulative_logprob: 0.0 };
         let group_id = self.next_group;
         self.next_group += 1;
         let data = RequestData {
@@ -321,7 +314,6 @@ impl<M: LanguageModel> LlmEngine<M> {
         let group = SequenceGroup::new(group_id, group_id, Sequence::new(seq_id, prompt_ids), width, data);
         self.scheduler.add(group.with_max_new_tokens(max_new_tokens));
         self.requests.insert(request_id, group_id);
-        Ok(())
     }
 
     /// Stops a request now; returns what it had produced (finish reason `abort`), or `None` for

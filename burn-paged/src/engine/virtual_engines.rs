@@ -11,6 +11,8 @@
 //!
 //! - A request goes to the engine with the fewest unfinished requests (the first on a tie), as
 //!   vLLM adds it to the virtual engine with the fewest unfinished sequence groups, and stays there.
+//!   It is checked here, in front ([`super::admit`]), so that adding it never waits for the end of
+//!   that engine's step (a whole prefill through every stage): the engine takes it between steps.
 //! - The KV pool and swap space are split evenly between the engines (vLLM divides the blocks by
 //!   the pipeline size): each admits and preempts in its own share.
 //! - Each engine thread takes requests and aborts between its steps, and steps from the first
@@ -30,8 +32,9 @@ use std::time::Duration;
 use burn_llm_models::{GenerationOutput, LanguageModel, Prompt, RequestOutput, SamplingParams, Tokenizer};
 
 use super::StepOutput;
+use super::admit::{Checked, Checker};
 use super::drive::{self, StepLoop};
-use super::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, ProgressHook, SequenceDelta};
+use super::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, ProgressHook, PromptLimits, SequenceDelta};
 use crate::error::{PagedError, Result};
 use crate::memory::Location;
 
@@ -40,21 +43,14 @@ pub const STEP_WAIT: Duration = Duration::from_millis(5);
 
 /// A message to one engine's thread.
 enum Command {
-    Add(Box<Add>),
+    /// A checked request, to queue before the next step.
+    Add(Box<Checked>),
     Abort {
         request_id: String,
         reply: Sender<Option<Vec<RequestOutput>>>,
     },
     /// Step while there are unfinished requests.
     Run,
-}
-
-/// A request for an engine's thread, and where its answer goes.
-struct Add {
-    request_id: String,
-    prompt: Prompt,
-    params: SamplingParams,
-    reply: Sender<Result<()>>,
 }
 
 /// What an engine's thread reports after each step.
@@ -97,6 +93,9 @@ pub struct VirtualEngines<M: LanguageModel + Sync + 'static> {
     model: Arc<M>,
     tokenizer: Option<Tokenizer>,
     engines: Vec<Handle>,
+    eos_token_ids: Vec<u32>,
+    /// The engines' limits on a request (the same config for each).
+    limits: PromptLimits,
     reports: Receiver<Report>,
     /// The engine of each unfinished request.
     routes: HashMap<String, usize>,
@@ -125,6 +124,7 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
         let model = Arc::new(model);
         let (report_tx, reports) = channel();
         let mut engines = Vec::with_capacity(count);
+        let mut limits = None;
         for index in 0..count {
             let (commands, inbox) = channel();
             let (built_tx, built) = channel();
@@ -134,7 +134,7 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
                 .name(format!("burn-llm-engine{index}"))
                 .spawn(move || match LlmEngine::from_parts(model, tokenizer, eos, config) {
                     Ok(engine) => {
-                        let _ = built_tx.send(Ok(EngineState::of(&engine)));
+                        let _ = built_tx.send(Ok((EngineState::of(&engine), engine.prompt_limits())));
                         run(index, engine, inbox, reports);
                     }
                     Err(e) => {
@@ -144,12 +144,24 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
                 .map_err(|e| PagedError::Device(format!("starting virtual engine {index}'s thread: {e}")))?;
             // An engine that failed to build has ended its thread; those built so far end as
             // `engines` is dropped.
-            let state = built.recv().unwrap_or_else(|_| {
+            let (state, engine_limits) = built.recv().unwrap_or_else(|_| {
                 Err(PagedError::Internal(format!("virtual engine {index} stopped while it was being built")))
             })?;
+            limits = Some(engine_limits);
             engines.push(Handle { commands, thread: Some(thread), state });
         }
-        Ok(Self { model, tokenizer, engines, reports, routes: HashMap::new(), next_generate: 0, progress: None })
+        let limits = limits.ok_or_else(|| PagedError::Config("virtual engines: give at least 1".into()))?;
+        Ok(Self {
+            model,
+            tokenizer,
+            engines,
+            eos_token_ids,
+            limits,
+            reports,
+            routes: HashMap::new(),
+            next_generate: 0,
+            progress: None,
+        })
     }
 
     /// The shared model.
@@ -204,19 +216,24 @@ impl<M: LanguageModel + Sync + 'static> VirtualEngines<M> {
         self.progress = hook;
     }
 
-    /// Queues a request on the engine with the fewest unfinished requests. Errors are that
-    /// engine's (duplicate ids are caught here, over all engines).
+    /// Queues a request on the engine with the fewest unfinished requests, without waiting for
+    /// that engine's step to end. Errors are an engine's (a duplicate id over all engines, bad
+    /// parameters, a prompt that can never fit), and leave every engine unchanged.
     pub fn add_request(&mut self, request_id: impl Into<String>, prompt: Prompt, params: SamplingParams) -> Result<()> {
         let request_id = request_id.into();
         if self.routes.contains_key(&request_id) {
             return Err(PagedError::DuplicateRequest(request_id));
         }
+        let checker = Checker {
+            spec: self.model.spec(),
+            tokenizer: self.tokenizer.as_ref(),
+            eos_token_ids: &self.eos_token_ids,
+            limits: self.limits,
+        };
+        let checked = checker.check(self.routes.len(), request_id.clone(), &prompt, params)?;
         let load = self.unfinished();
         let engine = (0..load.len()).min_by_key(|&e| load[e]).unwrap_or(0);
-        let (reply, answer) = channel();
-        let command = Command::Add(Box::new(Add { request_id: request_id.clone(), prompt, params, reply }));
-        self.send(engine, command)?;
-        answer.recv().map_err(|_| stopped(engine))??;
+        self.send(engine, Command::Add(Box::new(checked)))?;
         self.routes.insert(request_id, engine);
         Ok(())
     }
@@ -347,10 +364,7 @@ fn run<M: LanguageModel>(index: usize, mut engine: LlmEngine<M>, inbox: Receiver
         };
         if let Some(command) = command {
             match command {
-                Command::Add(add) => {
-                    let Add { request_id, prompt, params, reply } = *add;
-                    let _ = reply.send(engine.add_request(request_id, prompt, params));
-                }
+                Command::Add(checked) => engine.enqueue(*checked),
                 Command::Abort { request_id, reply } => {
                     let _ = reply.send(engine.abort(&request_id));
                 }

@@ -189,17 +189,19 @@ impl PipelineLm {
         let mut out = Vec::with_capacity(if to.is_none() { steps.len() } else { 0 });
         for (m, step) in steps.iter().enumerate() {
             // This stage's turn among callers running pipelines at once ([`super::turns`]),
-            // taken once `m` is here and kept until the next stage has handed it over (the stage
-            // before still holds its own while this one hands `m` over, and none waits for two).
+            // taken once `m` is here (before it is handed over to this stage's device, where the
+            // turns' ranks allow) and kept until the next stage has handed it over.
             let (turn, hidden) = match &from {
                 None => (self.turns().take(s), compute.run(|| self.embed(step))),
                 Some(up) => {
                     let Ok(hidden) = up.hidden.recv() else { return Ok(None) };
+                    // Under this stage's turn too, where the ranks allow ([`super::turns`]).
+                    let turn = self.turns().hand_over_under_both(s).then(|| self.turns().take(s));
                     let hidden = self.hand_over(hidden, device);
                     if up.handed.send(()).is_err() {
                         return Ok(None);
                     }
-                    (self.turns().take(s), hidden)
+                    (turn.unwrap_or_else(|| self.turns().take(s)), hidden)
                 }
             };
             view.select_micro_batch(m);
