@@ -74,6 +74,15 @@ fn requests_spread_over_the_engines_and_abort_where_they_run() {
     assert!(aborted[0].generated_ids.is_empty());
     assert_eq!(engines.unfinished(), [2, 0]);
     assert!(engines.abort("r1").unwrap().is_none(), "r1 is no longer known");
+    let finished = run_to_the_end(&mut engines);
+    let expected = one_by_one(&llama(), &prompts, &params);
+    assert_eq!(finished, [("r0".to_string(), expected[0].clone()), ("r2".to_string(), expected[2].clone())]);
+    assert!(engines.step().unwrap().is_empty(), "nothing left: a step returns at once");
+}
+
+/// Steps `engines` until every request has finished: each one's id and first sequence's tokens,
+/// sorted by id.
+fn run_to_the_end<M: LanguageModel + Sync + 'static>(engines: &mut VirtualEngines<M>) -> Vec<(String, Vec<u32>)> {
     let mut finished = Vec::new();
     while engines.has_unfinished_requests() {
         for out in engines.step().unwrap() {
@@ -83,10 +92,12 @@ fn requests_spread_over_the_engines_and_abort_where_they_run() {
         }
     }
     finished.sort();
-    let plain = Generator::from(Pretrained::load(&fixture("llama"), &Device::flex()).unwrap());
-    let expected = one_by_one(&plain, &prompts, &params);
-    assert_eq!(finished, [("r0".to_string(), expected[0].clone()), ("r2".to_string(), expected[2].clone())]);
-    assert!(engines.step().unwrap().is_empty(), "nothing left: a step returns at once");
+    finished
+}
+
+/// The llama fixture for plain generation on one device.
+fn llama() -> Generator {
+    Generator::from(Pretrained::load(&fixture("llama"), &Device::flex()).unwrap())
 }
 
 /// `--virtual-engines 2` over two flex stages prints one device's text; a value the run cannot
@@ -255,17 +266,8 @@ fn adding_a_request_does_not_wait_for_a_busy_engine() {
     assert!(!gate.is_open(), "an add waited for engine 0's step to end");
     assert_eq!(engines.unfinished(), [2, 1], "r2 was routed to the engine inside its step");
     gate.set(true);
-    let mut finished = Vec::new();
-    while engines.has_unfinished_requests() {
-        for out in engines.step().unwrap() {
-            if let Some(done) = out.finished {
-                finished.push((out.request_id, done[0].generated_ids.clone()));
-            }
-        }
-    }
-    finished.sort();
-    let plain = Generator::from(Pretrained::load(&fixture("llama"), &Device::flex()).unwrap());
-    let expected = one_by_one(&plain, &prompts, &params);
+    let finished = run_to_the_end(&mut engines);
+    let expected = one_by_one(&llama(), &prompts, &params);
     let ids: Vec<Vec<u32>> = finished.into_iter().map(|(_, ids)| ids).collect();
     assert_eq!(ids, expected);
     drop(watchdog);
