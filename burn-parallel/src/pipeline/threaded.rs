@@ -196,7 +196,7 @@ impl PipelineLm {
                 Some(up) => {
                     let Ok(hidden) = up.hidden.recv() else { return Ok(None) };
                     // Under this stage's turn too, where the ranks allow ([`super::turns`]).
-                    let turn = self.turns().hand_over_under_both(s).then(|| self.turns().take(s));
+                    let turn = self.turns().take_for_hand_over(s);
                     let hidden = self.hand_over(hidden, device);
                     if up.handed.send(()).is_err() {
                         return Ok(None);

@@ -98,8 +98,14 @@ impl StageTurns {
 
     /// Whether a caller holding stage `stage - 1`'s turn may wait for `stage`'s before it gives the
     /// first up: `stage`'s turn ranks higher (see the [module docs](self)).
-    pub fn hand_over_under_both(&self, stage: usize) -> bool {
+    fn hand_over_under_both(&self, stage: usize) -> bool {
         stage > 0 && self.turns[stage - 1].rank < self.turns[stage].rank
+    }
+
+    /// Stage `stage`'s turn, taken before the hand-over into it while stage `stage - 1`'s is still
+    /// held, where the ranks allow; `None` where the hand-over goes out under `stage - 1`'s alone.
+    pub fn take_for_hand_over(&self, stage: usize) -> Option<MutexGuard<'_, ()>> {
+        self.hand_over_under_both(stage).then(|| self.take(stage))
     }
 
     /// From stage `stage - 1`, whose turn is `held`, to `stage`: runs `hand_over` under both turns
@@ -111,7 +117,7 @@ impl StageTurns {
         held: MutexGuard<'a, ()>,
         hand_over: impl FnOnce() -> T,
     ) -> (MutexGuard<'a, ()>, T) {
-        let next = self.hand_over_under_both(stage).then(|| self.take(stage));
+        let next = self.take_for_hand_over(stage);
         let out = hand_over();
         drop(held);
         (next.unwrap_or_else(|| self.take(stage)), out)
