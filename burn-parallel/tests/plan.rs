@@ -369,17 +369,14 @@ fn plan_slices_accept_a_profile_instead_of_the_table() {
 #[test]
 fn plan_sim_matches_hand_computed_timelines() {
     // One group, two stages of 1 s and 2 s; requests at 0, 0, 1, 10.
-    let groups = [Group { stages: 2, models: vec![(0, vec![1.0, 2.0])] }];
+    let groups = [Group::new(2, vec![(0, vec![1.0, 2.0])])];
     let req = |t: f64| Request { arrival_s: t, model: 0 };
     let lat = sim::simulate(&groups, &[req(0.0), req(0.0), req(1.0), req(10.0)], 0.0);
     // r0: s0 0–1, s1 1–3. r1: s0 1–2, s1 3–5. r2: s0 2–3, s1 5–7. r3: 10–11, 11–13.
     assert_eq!(lat, vec![Some(3.0), Some(5.0), Some(6.0), Some(3.0)]);
 
     // Two one-stage groups of model 0, one of model 1; shortest queue first, ties to the lowest.
-    let groups = [
-        Group { stages: 1, models: vec![(0, vec![1.0])] },
-        Group { stages: 1, models: vec![(0, vec![1.0]), (1, vec![0.5])] },
-    ];
+    let groups = [Group::new(1, vec![(0, vec![1.0])]), Group::new(1, vec![(0, vec![1.0]), (1, vec![0.5])])];
     let r = |t: f64, m: usize| Request { arrival_s: t, model: m };
     let lat = sim::simulate(&groups, &[r(0.0, 1), r(0.1, 0), r(0.2, 0), r(0.3, 0), r(0.4, 2)], 0.0);
     // m1 → g1: 0–0.5. m0@0.1 → g0 (queues 0 vs 1): 0.1–1.1. m0@0.2 → g0 (1 vs 1, tie to the

@@ -12,11 +12,16 @@
 //! on the placement's prices, not on what the engines report, exactly as the simulator's do: the
 //! prediction (`placement::evaluate` with `admission: "slo"`) rejects the same requests a server
 //! whose devices run as priced rejects.
+//!
+//! A group whose models the placement serves step by step (its pipeline timed serving,
+//! [`burn_parallel::plan::sim::Steps`]) keeps the simulator's own timeline of the group instead
+//! ([`StepClocks`]): a request is taken if, added to the requests taken before it, it would leave
+//! by its deadline there, each of their decode steps queueing behind the others' prefills.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use burn_parallel::plan::sim::Pipeline;
+use burn_parallel::plan::sim::{Pipeline, StepClocks};
 
 use super::errors::ApiError;
 
@@ -27,13 +32,26 @@ pub struct GroupClock {
     group: usize,
     /// Time zero of the clocks.
     epoch: Instant,
-    stages: Mutex<Pipeline>,
+    stages: Mutex<Clocks>,
+}
+
+/// The flow-shop clocks of one-pass groups, or a stepped group's timeline.
+#[derive(Debug, Clone)]
+enum Clocks {
+    Flow(Pipeline),
+    Steps(StepClocks),
 }
 
 impl GroupClock {
     /// The clocks of group `group`, of `stages` idle stages, from now on.
     pub fn new(group: usize, stages: usize) -> Arc<Self> {
-        Arc::new(Self { group, epoch: Instant::now(), stages: Mutex::new(Pipeline::new(stages)) })
+        Arc::new(Self { group, epoch: Instant::now(), stages: Mutex::new(Clocks::Flow(Pipeline::new(stages))) })
+    }
+
+    /// The step-by-step clocks of group `group` from now on (its gates name their model by its
+    /// index in the clocks' group).
+    pub fn stepped(group: usize, clocks: StepClocks) -> Arc<Self> {
+        Arc::new(Self { group, epoch: Instant::now(), stages: Mutex::new(Clocks::Steps(clocks)) })
     }
 }
 
@@ -41,6 +59,8 @@ impl GroupClock {
 #[derive(Debug, Clone)]
 pub struct SloGate {
     clock: Arc<GroupClock>,
+    /// The model's index in step-by-step clocks.
+    model: usize,
     /// The model's latency on each of the group's stages, in seconds.
     stage_latency_s: Vec<f64>,
     /// The model's SLO in seconds.
@@ -51,7 +71,12 @@ impl SloGate {
     /// The gate of a model whose stages on `clock`'s group take `stage_latency_ms` and whose
     /// requests must finish within `slo_s`.
     pub fn new(clock: Arc<GroupClock>, stage_latency_ms: &[f64], slo_s: f64) -> Self {
-        Self { clock, stage_latency_s: stage_latency_ms.iter().map(|ms| ms / 1000.0).collect(), slo_s }
+        Self { clock, model: 0, stage_latency_s: stage_latency_ms.iter().map(|ms| ms / 1000.0).collect(), slo_s }
+    }
+
+    /// The gate of model `model` (its index in the clocks' group) on step-by-step clocks.
+    pub fn stepped(clock: Arc<GroupClock>, model: usize, slo_s: f64) -> Self {
+        Self { clock, model, stage_latency_s: Vec::new(), slo_s }
     }
 
     /// Takes `count` requests arriving now if every one of them would meet the SLO, advancing
@@ -64,7 +89,11 @@ impl SloGate {
         let mut stages = self.clock.stages.lock().unwrap_or_else(|e| e.into_inner());
         let mut after = stages.clone();
         for _ in 0..count {
-            if let Err(finish) = after.run_by(now, &self.stage_latency_s, deadline) {
+            let taken = match &mut after {
+                Clocks::Flow(pipeline) => pipeline.run_by(now, &self.stage_latency_s, deadline),
+                Clocks::Steps(clocks) => clocks.take_by(now, self.model, deadline),
+            };
+            if let Err(finish) = taken {
                 let predicted = finish - now;
                 return Err(ApiError::unavailable(format!(
                     "model `{model}` would finish this request in {predicted:.2} s, past its SLO of {:.2} s \
@@ -105,5 +134,26 @@ mod tests {
         assert!(b.admit("b", 8).is_err());
         let after = clock.stages.lock().unwrap().clone();
         assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    #[test]
+    fn a_stepped_group_takes_what_its_own_timeline_serves_in_time() {
+        use burn_parallel::plan::sim::{Group, StepClocks, Steps};
+        // Two stages, a prefill pass of 1 s on each and two decode passes of 0.1 s on each, two
+        // seats. Alone a request takes 2.4 s; two at once end at 3.3 and 3.4 s (the first one's
+        // decode steps wait behind the second's prefill), so under an SLO of 3.35 s the second
+        // is refused, and a request of the other model on the group, one pass of 0.5 s per
+        // stage, is taken behind them.
+        let steps = Steps { prefill: vec![1.0, 1.0], decode: vec![0.1, 0.1], decodes: 2, seats: 2, kappa: 0.0 };
+        let group = Group { steps: vec![(0, steps)], ..Group::new(2, vec![(0, vec![1.2, 1.2]), (1, vec![0.5, 0.5])]) };
+        let clock = GroupClock::stepped(1, StepClocks::new(group, 0.0));
+        let a = SloGate::stepped(clock.clone(), 0, 3.35);
+        a.admit("a", 1).unwrap();
+        let err = a.admit("a", 1).unwrap_err();
+        assert!(err.message.contains("past its SLO of 3.35 s") && err.message.contains("group 1"), "{}", err.message);
+        let b = SloGate::stepped(clock.clone(), 1, 10.0);
+        b.admit("b", 1).unwrap();
+        // Two prompts of one request are taken together or not at all.
+        assert!(a.admit("a", 2).is_err());
     }
 }

@@ -25,7 +25,10 @@ use super::stages::{Problem, StageOption, StagesError, TpDegree};
 mod measured;
 mod selection;
 mod workload;
-pub use measured::{MeasuredPipeline, measured_stage_latency_ms, priced_stage_latency_ms};
+pub use measured::{
+    MeasuredPipeline, MeasuredSteps, StepCosts, measured_stage_latency_ms, measured_steps, priced_stage_latency_ms,
+    priced_steps,
+};
 use selection::{Selection, same_replicas};
 use workload::workload;
 
@@ -179,6 +182,11 @@ pub struct PlacedModel {
     pub stages: Vec<[usize; 2]>,
     /// Its latency on each stage in milliseconds.
     pub stage_latency_ms: Vec<f64>,
+    /// How it serves step by step, when its pipeline was timed so ([`measured_steps`]): the
+    /// simulator runs its requests pass by pass on these; `stage_latency_ms` stays what
+    /// admission runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<StepCosts>,
 }
 
 /// SLO attainment of one model.
@@ -255,6 +263,7 @@ pub fn evaluate(input: &PlacementInput, groups: Vec<GroupPlan>) -> Result<Placem
     let mut sim_groups = Vec::with_capacity(groups.len());
     for (gi, g) in groups.iter().enumerate() {
         let mut models = Vec::with_capacity(g.models.len());
+        let mut steps = Vec::new();
         for (mi, placed) in g.models.iter().enumerate() {
             let field = format!("groups[{gi}].models[{mi}]");
             let Some(index) = input.models.iter().position(|m| m.name == placed.model) else {
@@ -268,8 +277,12 @@ pub fn evaluate(input: &PlacementInput, groups: Vec<GroupPlan>) -> Result<Placem
             )?;
             check::latencies(&format!("{field}.stage_latency_ms"), &placed.stage_latency_ms)?;
             models.push((index, placed.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect()));
+            if let Some(costs) = &placed.steps {
+                costs.check(&format!("{field}.steps"), g.pipeline_stages)?;
+                steps.push((index, costs.sim()));
+            }
         }
-        sim_groups.push(Group { stages: g.pipeline_stages, models });
+        sim_groups.push(Group { stages: g.pipeline_stages, models, steps });
     }
     Ok(problem.outcome(groups, &sim_groups, input.baseline))
 }
@@ -279,6 +292,7 @@ pub fn evaluate(input: &PlacementInput, groups: Vec<GroupPlan>) -> Result<Placem
 struct Split {
     ranges: Vec<[usize; 2]>,
     stage_latency_ms: Vec<f64>,
+    steps: Option<StepCosts>,
     device_memory_bytes: Vec<u64>,
 }
 
@@ -371,6 +385,7 @@ impl<'a> Checked<'a> {
             Ok(p) => Ok(Some(Split {
                 ranges: p.ranges,
                 // Measured pipelines run at degree 1.
+                steps: (degree == 1).then(|| priced_steps(&m.measured_pipelines, &p.stage_latency_ms)).flatten(),
                 stage_latency_ms: match degree {
                     1 => priced_stage_latency_ms(&m.measured_pipelines, p.stage_latency_ms, self.kappa),
                     _ => p.stage_latency_ms,
@@ -455,15 +470,15 @@ impl<'a> Checked<'a> {
             .replicas
             .iter()
             .enumerate()
-            .map(|(gi, models)| Group {
-                stages: sel.shapes[gi].0,
-                models: models
-                    .iter()
-                    .filter_map(|&m| {
-                        let split = splits[gi][m].as_ref()?;
-                        Some((m, split.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect()))
-                    })
-                    .collect(),
+            .map(|(gi, models)| {
+                let placed = || models.iter().filter_map(|&m| Some((m, splits[gi][m].as_ref()?)));
+                Group {
+                    stages: sel.shapes[gi].0,
+                    models: placed()
+                        .map(|(m, split)| (m, split.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect()))
+                        .collect(),
+                    steps: placed().filter_map(|(m, split)| Some((m, split.steps.as_ref()?.sim()))).collect(),
+                }
             })
             .collect();
         let attained =
@@ -500,6 +515,7 @@ impl<'a> Checked<'a> {
                         model: self.input.models[m].name.clone(),
                         stages: split.ranges,
                         stage_latency_ms: split.stage_latency_ms,
+                        steps: split.steps,
                     })
                 })
                 .collect();

@@ -126,7 +126,8 @@ impl ServingPlacement {
 
     /// `--admission slo`: each model's gates, one per group serving it in group order (as
     /// [`ServingPlacement::replica_specs`]), the models on one group sharing its clocks, which run
-    /// on each model's [`sim::admission_latencies`] at the devices' interference. A model
+    /// on each model's [`sim::admission_latencies`] at the devices' interference, or, on a group
+    /// serving models step by step, on the group's own timeline ([`sim::StepClocks`]). A model
     /// without traffic in the workload has no SLO and is always taken, but its requests still
     /// take their turn on the clocks. Empty under `--admission all`.
     pub fn gates(&self) -> HashMap<String, Vec<SloGate>> {
@@ -136,11 +137,31 @@ impl ServingPlacement {
         };
         let kappa = self.interference().unwrap_or(0.0);
         for (gi, group) in self.groups.iter().enumerate() {
-            let clock = GroupClock::new(gi, group.pipeline_stages);
-            for placed in &group.models {
+            // As the simulator keeps a group's clocks (`plan::sim`): its own step-by-step
+            // timeline where it serves a model step by step, the flow-shop rule otherwise.
+            let stepped = group.models.iter().any(|m| m.steps.is_some());
+            let clock = match stepped {
+                true => {
+                    let to_s = |ms: &[f64]| ms.iter().map(|t| t / 1000.0).collect();
+                    let models = group.models.iter().enumerate().map(|(i, m)| (i, to_s(&m.stage_latency_ms)));
+                    let steps = group.models.iter().enumerate().filter_map(|(i, m)| Some((i, m.steps.as_ref()?.sim())));
+                    let sim_group = sim::Group {
+                        steps: steps.collect(),
+                        ..sim::Group::new(group.pipeline_stages, models.collect())
+                    };
+                    GroupClock::stepped(gi, sim::StepClocks::new(sim_group, kappa))
+                }
+                false => GroupClock::new(gi, group.pipeline_stages),
+            };
+            for (i, placed) in group.models.iter().enumerate() {
                 let Some(model) = input.models.iter().find(|m| m.name == placed.model) else { continue };
-                let latency_ms = sim::admission_latencies(&placed.stage_latency_ms, kappa);
-                let gate = SloGate::new(clock.clone(), &latency_ms, model.slo_s);
+                let gate = match stepped {
+                    true => SloGate::stepped(clock.clone(), i, model.slo_s),
+                    false => {
+                        let latency_ms = sim::admission_latencies(&placed.stage_latency_ms, kappa);
+                        SloGate::new(clock.clone(), &latency_ms, model.slo_s)
+                    }
+                };
                 gates.entry(placed.model.clone()).or_default().push(gate);
             }
         }
@@ -176,11 +197,26 @@ impl ServingPlacement {
                         "  `{}` timed on one device: one request {:.0} ms (one-device groups priced from this)",
                         m.name, p.latency_ms
                     ),
-                    n => format!(
-                        "  `{}` timed as a {n}-stage pipeline: one request {:.0} ms, each further one started with it \
-                         adds {:.0} ms ({n}-stage groups priced from this)",
-                        m.name, p.latency_ms, p.interval_ms
-                    ),
+                    n => {
+                        let stepped = self.groups.iter().flat_map(|g| &g.models).find_map(|placed| {
+                            placed.steps.as_ref().filter(|s| placed.model == m.name && s.prefill_ms.len() == n)
+                        });
+                        let (prefill, steps) = match (&p.steps, stepped) {
+                            (Some(timed), Some(costs)) => (
+                                format!(" (its prefill {:.0} ms)", timed.prefill_ms),
+                                format!(
+                                    "; served step by step, its stages slowing each other by κ = {:.2} replay that",
+                                    costs.kappa
+                                ),
+                            ),
+                            _ => Default::default(),
+                        };
+                        format!(
+                            "  `{}` timed as a {n}-stage pipeline: one request {:.0} ms{prefill}, each further one \
+                             started with it adds {:.0} ms{steps} ({n}-stage groups priced from this)",
+                            m.name, p.latency_ms, p.interval_ms
+                        )
+                    }
                 });
             }
         }
@@ -431,8 +467,10 @@ fn manual_groups(
             let layout = StageLayout::even(layers, devices.len())
                 .map_err(|e| ServerError::Config(format!("--placement manual: model `{name}`: {e}")))?;
             let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
-            let stage_latency_ms = costs.map(|c| c.stage_latency_ms(name, &stages, kappa)).unwrap_or_default();
-            let placed = PlacedModel { model: name.clone(), stages, stage_latency_ms };
+            let placed = match costs {
+                Some(c) => c.placed(name, stages, kappa),
+                None => PlacedModel { model: name.clone(), stages, stage_latency_ms: Vec::new(), steps: None },
+            };
             match groups.iter_mut().find(|g| &g.devices == devices) {
                 Some(g) => g.models.push(placed),
                 None => groups.push(GroupPlan {

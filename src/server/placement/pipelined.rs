@@ -14,6 +14,12 @@
 //! - Two stages ([`measure`]): the model loaded as the placement would run it on a two-stage group
 //!   (its layers split evenly, one virtual engine per stage), one request timed alone, then
 //!   [`BURST`] started together, whose finishes come one interval apart once the pipeline is full.
+//!   Where its engines step one sequence at a time (`--max-num-seqs 1`, as AlpaServe serves), the
+//!   request's prefill is also timed alone, and the simulator serves the model step by step on
+//!   two-stage groups ([`burn_parallel::plan::placement::measured_steps`]): each decode step is a
+//!   pass of its own that queues behind other requests' prefills at every stage. With larger
+//!   batches the engines batch what queues, which passes one by one do not price, and the
+//!   one-pass price stays.
 //!
 //! Each with the model's own engine flags and prefix caching off (so that every request computes
 //! its prompt); the engines are dropped before the placement loads anything.
@@ -23,7 +29,7 @@ use std::time::Instant;
 
 use burn_llm_models::{DecoderSpec, Prompt, SamplingParams};
 use burn_parallel::pipeline::StageLayout;
-use burn_parallel::plan::placement::MeasuredPipeline;
+use burn_parallel::plan::placement::{MeasuredPipeline, MeasuredSteps};
 use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 use burn_parallel::profiler::probe_ids;
 
@@ -82,7 +88,10 @@ pub(super) fn measure_one_device(
             model.name,
             costs.request_ms(&model.name)
         );
-        out.push((model.name.clone(), MeasuredPipeline { stages: 1, latency_ms: alone, interval_ms: alone }));
+        out.push((
+            model.name.clone(),
+            MeasuredPipeline { stages: 1, latency_ms: alone, interval_ms: alone, steps: None },
+        ));
     }
     Ok(out)
 }
@@ -115,20 +124,28 @@ pub(super) fn measure(
         let layout = StageLayout::even(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
         let spec = probe_spec(model, devices.clone(), &stages, STAGES);
+        let one_at_a_time = spec.engine_config().max_num_seqs == 1;
+        let seats = spec.parallel.virtual_engines.unwrap_or(1);
         let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
         let vocab = arch.vocab_size;
         let prompts: Vec<Vec<u32>> = (0..BURST)
             .map(|r| probe_ids(prompt, vocab).into_iter().map(|id| (id + r as u32) % vocab.max(1) as u32).collect())
             .collect();
-        let mut time = |n: usize| timed_runs_ms(engine.as_mut(), &prompts[..n], tokens).map_err(|e| fail(&e));
-        let alone = time(1)?[0];
-        let burst = time(BURST)?[REPEATS / 2];
+        let mut time =
+            |n: usize, tokens: usize| timed_runs_ms(engine.as_mut(), &prompts[..n], tokens).map_err(|e| fail(&e));
+        let alone = time(1, tokens)?[0];
+        let burst = time(BURST, tokens)?[REPEATS / 2];
         let interval = ((burst - alone) / (BURST - 1) as f64).max(0.0);
-        let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: interval };
+        let steps = match one_at_a_time {
+            true => Some(MeasuredSteps { prefill_ms: time(1, 1)?[0], tokens, seats, burst: BURST }),
+            false => None,
+        };
+        let prefill = steps.as_ref().map(|s| format!(" (its prefill {:.0} ms)", s.prefill_ms)).unwrap_or_default();
+        let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: interval, steps };
         let _ = writeln!(
             log,
-            "placement: `{}` as a pipeline over {} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms, \
-             {BURST} started together {burst:.0} ms (each after the first adds {interval:.0} ms)",
+            "placement: `{}` as a pipeline over {} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms\
+             {prefill}, {BURST} started together {burst:.0} ms (each after the first adds {interval:.0} ms)",
             model.name,
             devices.join(" → "),
         );

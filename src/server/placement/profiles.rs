@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use burn_llm_models::DecoderSpec;
 use burn_parallel::plan::placement::{
     GroupPlan, MeasuredPipeline, ModelSpec as PlannedModel, PlacedModel, PlacementInput, priced_stage_latency_ms,
+    priced_steps,
 };
 use burn_parallel::plan::serving::{
     DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload, layer_memory_bytes, request_layer_ms,
@@ -181,13 +182,16 @@ impl ModelCosts {
         self.cost(name).layer_ms.len()
     }
 
-    /// The latency of one request on each of `stages` (half-open layer ranges) of `name`: its
-    /// layers' one-device latencies, or, for a pipeline of a stage count measured running, the
-    /// measurement's price at the devices' interference `kappa` (as the planner prices it).
-    pub(super) fn stage_latency_ms(&self, name: &str, stages: &[[usize; 2]], kappa: f64) -> Vec<f64> {
+    /// `name` placed on `stages` (half-open layer ranges), priced as the planner prices it: each
+    /// stage's latency of one request from its layers' one-device latencies, or, for a pipeline of
+    /// a stage count measured running, the measurement's price at the devices' interference
+    /// `kappa`; and its steps where that pipeline was timed serving step by step.
+    pub(super) fn placed(&self, name: &str, stages: Vec<[usize; 2]>, kappa: f64) -> PlacedModel {
         let c = self.cost(name);
-        let split = stages.iter().map(|[a, b]| c.layer_ms[*a..*b].iter().sum()).collect();
-        priced_stage_latency_ms(&c.pipelines, split, kappa)
+        let split: Vec<f64> = stages.iter().map(|[a, b]| c.layer_ms[*a..*b].iter().sum()).collect();
+        let steps = priced_steps(&c.pipelines, &split);
+        let stage_latency_ms = priced_stage_latency_ms(&c.pipelines, split, kappa);
+        PlacedModel { model: name.to_string(), stages, stage_latency_ms, steps }
     }
 
     fn bytes(&self, name: &str, [a, b]: [usize; 2]) -> u64 {
@@ -216,8 +220,7 @@ impl ModelCosts {
                 let need = self.bytes(&c.name, whole);
                 if used.checked_add(need).is_some_and(|t| t <= cap) {
                     used += need;
-                    let stage_latency_ms = self.stage_latency_ms(&c.name, &[whole], 0.0);
-                    models.push(PlacedModel { model: c.name.clone(), stages: vec![whole], stage_latency_ms });
+                    models.push(self.placed(&c.name, vec![whole], 0.0));
                 }
             }
             if !models.is_empty() {

@@ -11,10 +11,22 @@
 //! a second request add the measured interval. A "pipeline" of one stage is one request on one
 //! device, measured: a one-device group of the model is priced at its latency, which the layers'
 //! profile leaves the engine's own work out of (scheduling, sampling, the hand-over to a worker).
+//!
+//! A pipeline timed as it serves step by step ([`MeasuredSteps`]: each engine one sequence a
+//! step) is also priced as the simulator's [`Steps`](crate::plan::sim::Steps)
+//! ([`measured_steps`]): its prefill and decode passes from the request's prefill timed alone and
+//! the rest of the request, split over the stages in the DP split's proportions, and the `κ` its
+//! stages slow each other by set so that the simulator, running the timed burst step by step,
+//! takes as long as the burst took.
 
 use serde::{Deserialize, Serialize};
 
 use super::super::check::{self, InputError};
+use crate::plan::sim::{self, Group, Request, Steps};
+
+/// The largest `κ` [`measured_steps`] fits: a burst slower than that prices stages that take
+/// turns many times over.
+const MAX_STEPS_KAPPA: f64 = 16.0;
 
 /// One request through a model's pipeline, measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,6 +40,69 @@ pub struct MeasuredPipeline {
     /// milliseconds: the pipeline's interval between requests, its slowest stage slowed by the
     /// others.
     pub interval_ms: f64,
+    /// How the pipeline was timed serving step by step, when it was (optional): a group of
+    /// `stages` stages then serves the model step by step in the simulator ([`measured_steps`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<MeasuredSteps>,
+}
+
+/// What a pipeline timed serving step by step adds to [`MeasuredPipeline`]: its engines ran one
+/// sequence a step, and the burst of `burst` requests started together took `latency_ms +
+/// (burst − 1)·interval_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredSteps {
+    /// One request's prefill alone (one token generated), milliseconds.
+    pub prefill_ms: f64,
+    /// Tokens each timed request generated (its decode steps are one fewer).
+    pub tokens: usize,
+    /// Requests the pipeline ran at once (its engines, one sequence each).
+    pub seats: usize,
+    /// Requests started together for `interval_ms`.
+    pub burst: usize,
+}
+
+/// A model's steps on a group, priced: [`Steps`] in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepCosts {
+    /// Each stage's time of the prefill pass.
+    pub prefill_ms: Vec<f64>,
+    /// Each stage's time of one decode pass.
+    pub decode_ms: Vec<f64>,
+    /// Decode passes after the prefill.
+    pub decodes: usize,
+    /// Requests in the stages at once.
+    pub seats: usize,
+    /// How much each other busy stage of the group slows a pass.
+    pub kappa: f64,
+}
+
+impl StepCosts {
+    /// The simulator's steps (seconds).
+    pub fn sim(&self) -> Steps {
+        let s = |ms: &[f64]| ms.iter().map(|t| t / 1000.0).collect();
+        Steps {
+            prefill: s(&self.prefill_ms),
+            decode: s(&self.decode_ms),
+            decodes: self.decodes,
+            seats: self.seats,
+            kappa: self.kappa,
+        }
+    }
+
+    /// Checks the fields for a group of `stages` stages, naming `field` in errors.
+    pub(super) fn check(&self, field: &str, stages: usize) -> Result<(), InputError> {
+        check::same_len(&format!("{field}.prefill_ms"), &self.prefill_ms, stages, "stages")?;
+        check::latencies(&format!("{field}.prefill_ms"), &self.prefill_ms)?;
+        check::same_len(&format!("{field}.decode_ms"), &self.decode_ms, stages, "stages")?;
+        check::latencies(&format!("{field}.decode_ms"), &self.decode_ms)?;
+        if self.seats == 0 {
+            return Err(InputError::new(format!("{field}.seats"), "must be at least 1"));
+        }
+        check::non_negative(&format!("{field}.kappa"), self.kappa)?;
+        Ok(())
+    }
 }
 
 impl MeasuredPipeline {
@@ -41,8 +116,71 @@ impl MeasuredPipeline {
         }
         check::positive(&format!("{field}.latency_ms"), self.latency_ms)?;
         check::non_negative(&format!("{field}.interval_ms"), self.interval_ms)?;
+        if let Some(steps) = &self.steps {
+            check::positive(&format!("{field}.steps.prefill_ms"), steps.prefill_ms)?;
+            for (name, value, least) in
+                [("tokens", steps.tokens, 1), ("seats", steps.seats, 1), ("burst", steps.burst, 2)]
+            {
+                if value < least {
+                    return Err(InputError::new(format!("{field}.steps.{name}"), format!("must be at least {least}")));
+                }
+            }
+        }
         Ok(())
     }
+}
+
+/// `split` (a model's stage latencies, ms, as the DP split them) priced step by step from
+/// whichever of its `measured` pipelines has that many stages and was timed so
+/// ([`measured_steps`]); `None` when none was.
+pub fn priced_steps(measured: &[MeasuredPipeline], split: &[f64]) -> Option<StepCosts> {
+    measured.iter().find(|p| p.stages == split.len() && split.len() > 1).and_then(|p| measured_steps(split, p))
+}
+
+/// The steps of a pipeline whose stages the DP split as `split`, priced from `measured` (`None`
+/// when it was not timed step by step): the prefill pass takes the measured prefill `P`, each
+/// decode pass `(L − P) ÷ (tokens − 1)` of the measured request `L`, both shared over the stages
+/// as `split` shares the request; the seats are the engines it ran; and `κ` is the one at which
+/// the simulator, running `burst` requests started together step by step on the group alone,
+/// takes the burst's measured time `L + (burst − 1)·interval` (0 when it is that slow already,
+/// at most [`MAX_STEPS_KAPPA`]).
+pub fn measured_steps(split: &[f64], measured: &MeasuredPipeline) -> Option<StepCosts> {
+    let steps = measured.steps.as_ref()?;
+    let n = split.len().max(1);
+    let total: f64 = split.iter().sum();
+    let share = |t: f64| if total > 0.0 { t / total } else { 1.0 / n as f64 };
+    let prefill = steps.prefill_ms.min(measured.latency_ms);
+    let decodes = steps.tokens.saturating_sub(1);
+    let decode = if decodes > 0 { (measured.latency_ms - prefill) / decodes as f64 } else { 0.0 };
+    let mut costs = StepCosts {
+        prefill_ms: split.iter().map(|&t| prefill * share(t)).collect(),
+        decode_ms: split.iter().map(|&t| decode * share(t)).collect(),
+        decodes,
+        seats: steps.seats.max(1),
+        kappa: 0.0,
+    };
+    let target_s = (measured.latency_ms + (steps.burst.max(1) - 1) as f64 * measured.interval_ms) / 1000.0;
+    let burst_s = |kappa: f64| {
+        let costs = StepCosts { kappa, ..costs.clone() };
+        let per_request = costs.prefill_ms.iter().zip(&costs.decode_ms).map(|(p, d)| (p + d * decodes as f64) / 1e3);
+        let group =
+            Group { steps: vec![(0, costs.sim())], ..Group::new(split.len(), vec![(0, per_request.collect())]) };
+        let burst = vec![Request { arrival_s: 0.0, model: 0 }; steps.burst.max(1)];
+        sim::simulate(&[group], &burst, 0.0).into_iter().flatten().fold(0.0, f64::max)
+    };
+    costs.kappa = if burst_s(0.0) >= target_s {
+        0.0
+    } else if burst_s(MAX_STEPS_KAPPA) <= target_s {
+        MAX_STEPS_KAPPA
+    } else {
+        let (mut low, mut high) = (0.0, MAX_STEPS_KAPPA);
+        for _ in 0..60 {
+            let mid = 0.5 * (low + high);
+            if burst_s(mid) < target_s { low = mid } else { high = mid }
+        }
+        0.5 * (low + high)
+    };
+    Some(costs)
 }
 
 /// `split` (a model's stage latencies, ms, as the DP split them) priced from whichever of its
@@ -90,14 +228,14 @@ mod tests {
 
     #[test]
     fn measured_stages_make_the_simulator_replay_the_measured_pair() {
-        let measured = MeasuredPipeline { stages: 2, latency_ms: 1000.0, interval_ms: 800.0 };
+        let measured = MeasuredPipeline { stages: 2, latency_ms: 1000.0, interval_ms: 800.0, steps: None };
         for kappa in [0.0, 0.2, 0.5] {
             let stages = measured_stage_latency_ms(&[400.0, 500.0], &measured, kappa);
             assert!((stages.iter().sum::<f64>() - 1000.0).abs() < 1e-9, "{stages:?}");
             assert!(stages[1] > stages[0], "the split's slowest stage stays the slowest: {stages:?}");
             // One request alone takes the measured latency; two started together, latency plus
             // interval, in the simulator at the same κ.
-            let group = Group { stages: 2, models: vec![(0, stages.iter().map(|ms| ms / 1e3).collect())] };
+            let group = Group::new(2, vec![(0, stages.iter().map(|ms| ms / 1e3).collect())]);
             let at = |t| Request { arrival_s: t, model: 0 };
             let alone = sim::simulate(std::slice::from_ref(&group), &[at(0.0)], kappa);
             let pair = sim::simulate(std::slice::from_ref(&group), &[at(0.0), at(0.0)], kappa);
@@ -113,9 +251,40 @@ mod tests {
         assert_eq!(measured_stage_latency_ms(&[400.0, 500.0], &measured, 1.5), vec![0.0, 1000.0]);
     }
 
+    fn timed_serving(interval_ms: f64) -> MeasuredPipeline {
+        let steps = MeasuredSteps { prefill_ms: 580.0, tokens: 4, seats: 2, burst: 4 };
+        MeasuredPipeline { stages: 2, latency_ms: 720.0, interval_ms, steps: Some(steps) }
+    }
+
+    #[test]
+    fn measured_steps_make_the_simulator_replay_the_measured_burst_step_by_step() {
+        let measured = timed_serving(486.0);
+        let costs = measured_steps(&[300.0, 330.0], &measured).unwrap();
+        assert!((costs.prefill_ms.iter().sum::<f64>() - 580.0).abs() < 1e-9, "{costs:?}");
+        assert!((costs.decode_ms.iter().sum::<f64>() * 3.0 - 140.0).abs() < 1e-9, "{costs:?}");
+        assert!(costs.prefill_ms[1] > costs.prefill_ms[0], "shared as the split shares a request: {costs:?}");
+        assert_eq!((costs.decodes, costs.seats), (3, 2));
+        assert!(costs.kappa > 0.0, "{costs:?}");
+        let group = Group { steps: vec![(0, costs.sim())], ..Group::new(2, vec![(0, vec![0.3, 0.33])]) };
+        let at = |t| Request { arrival_s: t, model: 0 };
+        let alone = sim::simulate(std::slice::from_ref(&group), &[at(0.0)], 0.0);
+        assert!((alone[0].unwrap() - 0.72).abs() < 1e-9, "{alone:?}");
+        let burst = sim::simulate(std::slice::from_ref(&group), &[at(0.0); 4], 0.0);
+        let last = burst.iter().flatten().fold(0.0, |a: f64, &b| a.max(b));
+        assert!((last - (0.72 + 3.0 * 0.486)).abs() < 1e-6, "{burst:?}");
+        // A burst the stages serve that fast without slowing each other: κ 0, not below.
+        assert_eq!(measured_steps(&[300.0, 330.0], &timed_serving(100.0)).unwrap().kappa, 0.0);
+        // Untimed step by step, or one stage: no steps.
+        assert_eq!(measured_steps(&[1.0, 1.0], &MeasuredPipeline { steps: None, ..measured.clone() }), None);
+        assert!(priced_steps(std::slice::from_ref(&measured), &[1.0, 1.0]).is_some());
+        assert!(priced_steps(std::slice::from_ref(&measured), &[1.0, 1.0, 1.0]).is_none());
+        let one = MeasuredPipeline { stages: 1, ..measured };
+        assert!(priced_steps(&[one], &[1.0]).is_none());
+    }
+
     #[test]
     fn bad_measurements_are_refused_naming_the_field() {
-        let ok = MeasuredPipeline { stages: 2, latency_ms: 10.0, interval_ms: 6.0 };
+        let ok = MeasuredPipeline { stages: 2, latency_ms: 10.0, interval_ms: 6.0, steps: None };
         assert!(ok.check("m", 4).is_ok());
         let none = MeasuredPipeline { stages: 0, ..ok.clone() };
         assert!(none.check("m", 4).unwrap_err().to_string().contains("m.stages"));
@@ -130,5 +299,21 @@ mod tests {
         assert!(zero.check("m", 4).unwrap_err().to_string().contains("m.latency_ms"));
         let nan = MeasuredPipeline { interval_ms: f64::NAN, ..ok };
         assert!(nan.check("m", 4).unwrap_err().to_string().contains("m.interval_ms"));
+        let steps = timed_serving(400.0);
+        assert!(steps.check("m", 4).is_ok());
+        for (bad, field) in [
+            (MeasuredSteps { burst: 1, ..steps.steps.clone().unwrap() }, "m.steps.burst"),
+            (MeasuredSteps { seats: 0, ..steps.steps.clone().unwrap() }, "m.steps.seats"),
+            (MeasuredSteps { tokens: 0, ..steps.steps.clone().unwrap() }, "m.steps.tokens"),
+            (MeasuredSteps { prefill_ms: 0.0, ..steps.steps.clone().unwrap() }, "m.steps.prefill_ms"),
+        ] {
+            let err = MeasuredPipeline { steps: Some(bad), ..steps.clone() }.check("m", 4).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+        let costs = measured_steps(&[1.0, 1.0], &steps).unwrap();
+        assert!(costs.check("s", 2).is_ok());
+        assert!(costs.check("s", 3).unwrap_err().to_string().contains("s.prefill_ms"));
+        assert!(StepCosts { seats: 0, ..costs.clone() }.check("s", 2).unwrap_err().to_string().contains("s.seats"));
+        assert!(StepCosts { kappa: -1.0, ..costs }.check("s", 2).unwrap_err().to_string().contains("s.kappa"));
     }
 }

@@ -23,11 +23,22 @@
 //!   other planners give a micro-batch. `κ = 0` is AlpaServe's simulator: devices share nothing.
 //! - A request goes to the group, among those serving its model, with the fewest requests not yet
 //!   finished at its arrival (ties: the lowest group), as AlpaServe's controller does (§4.4.3).
+//! - A model may be served step by step ([`Steps`]), as an engine with iteration-level
+//!   scheduling serves it: AlpaServe's requests cross the pipeline once, but a generating request
+//!   crosses it once per step, its prefill and then each decode step, and each pass queues at
+//!   every stage behind what reached it first. Under load, a request's decode steps then wait
+//!   behind other requests' prefills at every stage, which one pass per request leaves out. Its
+//!   requests hold one of `seats` (the model's engines) from their first pass to their last; the
+//!   others wait for one in arrival order. Its stages slow each other by the model's own `κ`
+//!   (measured serving, [`crate::plan::placement::MeasuredPipeline`]), and stages of other groups
+//!   by the devices'. Admission stays on the clocks above.
 //!
 //! Workloads are explicit traces or gamma processes (rate, coefficient of variation, seed).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
+
+mod events;
+pub use events::StepClocks;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -149,8 +160,40 @@ pub struct Request {
 pub struct Group {
     /// Pipeline stages of the group.
     pub stages: usize,
-    /// `(model, stage latencies in seconds)` for every model the group holds.
+    /// `(model, stage latencies in seconds)` for every model the group holds: one pass of a
+    /// request, and what the group's admission clocks run on.
     pub models: Vec<(usize, Vec<f64>)>,
+    /// `(model, its steps)` for the models of `models` the group serves step by step; the others
+    /// cross the stages once per request.
+    pub steps: Vec<(usize, Steps)>,
+}
+
+impl Group {
+    /// A group whose every model crosses its stages once per request (AlpaServe's simulator).
+    pub fn new(stages: usize, models: Vec<(usize, Vec<f64>)>) -> Self {
+        Self { stages, models, steps: Vec::new() }
+    }
+}
+
+/// A model served step by step on a group, as an engine with iteration-level scheduling serves
+/// it: each request's prefill, then each of its `decodes` decode steps, is a pass through every
+/// stage, and a pass queues at each stage behind whatever reached it first (other requests'
+/// prefills included). At most `seats` of the model's requests are in the stages at once (its
+/// engines, one sequence each); later ones wait, first come first served.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Steps {
+    /// Each stage's time of the prefill pass, seconds.
+    pub prefill: Vec<f64>,
+    /// Each stage's time of one decode pass, seconds.
+    pub decode: Vec<f64>,
+    /// Decode passes after the prefill.
+    pub decodes: usize,
+    /// Requests of the model in the stages at once (at least 1).
+    pub seats: usize,
+    /// How much each other busy stage of its group slows one of this model's passes (the
+    /// interference its pipeline measured serving); stages of other groups slow it by the
+    /// devices' `κ`.
+    pub kappa: f64,
 }
 
 /// Simulates `requests` (sorted by arrival) on `groups` whose stages interfere by `kappa` (see
@@ -163,7 +206,11 @@ pub fn simulate(groups: &[Group], requests: &[Request], kappa: f64) -> Vec<Optio
 /// [`simulate`] with the groups dropping requests at arrival as `drop` says (module docs);
 /// a dropped request's latency is `None`.
 pub fn simulate_admitting(groups: &[Group], requests: &[Request], kappa: f64, drop: Dropping) -> Vec<Option<f64>> {
-    if kappa > 0.0 { Shared::new(groups, kappa).run(requests, drop) } else { simulate_apart(groups, requests, drop) }
+    if kappa > 0.0 || groups.iter().any(|g| !g.steps.is_empty()) {
+        events::Events::new(groups, kappa).run(requests, drop)
+    } else {
+        simulate_apart(groups, requests, drop)
+    }
 }
 
 /// [`simulate_admitting`] without interference: each request's timeline in closed form, in FCFS
@@ -204,163 +251,6 @@ fn least_loaded(groups: &[Group], model: usize, unfinished: impl Fn(usize) -> us
         }
     }
     chosen
-}
-
-/// A stage at work: when its request's work ends on the shared clock, and where it is.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Running {
-    ends_at_work: f64,
-    group: usize,
-    stage: usize,
-    request: usize,
-}
-
-impl Eq for Running {}
-
-impl Ord for Running {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.ends_at_work.total_cmp(&other.ends_at_work).then((self.group, self.stage, self.request).cmp(&(
-            other.group,
-            other.stage,
-            other.request,
-        )))
-    }
-}
-
-impl PartialOrd for Running {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-/// What happens next in [`Shared`]: a busy stage finishes, or the next request arrives, at a time.
-enum Event {
-    Done(f64),
-    Arrival(f64),
-}
-
-/// The event-driven simulation with interference. Every busy stage advances at the same speed,
-/// so one clock of work done (`work`, seconds of a stage's own time) serves them all: a stage
-/// that starts at work `w` with `t` to do ends when the clock reaches `w + t`, and the clock runs
-/// at `1 / (1 + κ·(busy − 1))` of real time.
-struct Shared<'g> {
-    groups: &'g [Group],
-    kappa: f64,
-    /// Requests waiting for each stage of each group, in FCFS order.
-    waiting: Vec<Vec<VecDeque<usize>>>,
-    /// Whether each stage of each group holds a request.
-    busy: Vec<Vec<bool>>,
-    /// Requests dispatched to each group and not finished.
-    unfinished: Vec<usize>,
-    running: BinaryHeap<Reverse<Running>>,
-    /// Each dispatched request's stage latencies on its group.
-    latency: Vec<&'g [f64]>,
-    /// Each group's admission clocks, and each of its models' [`admission_latencies`] (in the
-    /// order of the group's `models`).
-    clocks: Vec<Pipeline>,
-    admit_latency: Vec<Vec<Vec<f64>>>,
-    now: f64,
-    work: f64,
-}
-
-impl<'g> Shared<'g> {
-    fn new(groups: &'g [Group], kappa: f64) -> Self {
-        Self {
-            groups,
-            kappa,
-            waiting: groups.iter().map(|g| vec![VecDeque::new(); g.stages]).collect(),
-            busy: groups.iter().map(|g| vec![false; g.stages]).collect(),
-            unfinished: vec![0; groups.len()],
-            running: BinaryHeap::new(),
-            latency: Vec::new(),
-            clocks: groups.iter().map(|g| Pipeline::new(g.stages)).collect(),
-            admit_latency: groups
-                .iter()
-                .map(|g| g.models.iter().map(|(_, lat)| admission_latencies(lat, kappa)).collect())
-                .collect(),
-            now: 0.0,
-            work: 0.0,
-        }
-    }
-
-    /// Seconds of a stage's own time done per real second.
-    fn speed(&self) -> f64 {
-        1.0 / (1.0 + self.kappa * self.running.len().saturating_sub(1) as f64)
-    }
-
-    fn run(mut self, requests: &[Request], drop: Dropping) -> Vec<Option<f64>> {
-        let mut latencies = vec![None; requests.len()];
-        let unplaced: &[f64] = &[];
-        self.latency = vec![unplaced; requests.len()];
-        let mut next = 0;
-        loop {
-            let done_at =
-                self.running.peek().map(|Reverse(r)| self.now + (r.ends_at_work - self.work).max(0.0) / self.speed());
-            let arrives_at = requests.get(next).map(|r| r.arrival_s);
-            // A stage finishing when a request arrives finishes first, as in the closed form.
-            let event = match (done_at, arrives_at) {
-                (Some(done), Some(arrival)) if arrival < done => Event::Arrival(arrival),
-                (Some(done), _) => Event::Done(done),
-                (None, Some(arrival)) => Event::Arrival(arrival),
-                (None, None) => break,
-            };
-            match event {
-                Event::Done(done) => {
-                    let Some(Reverse(r)) = self.running.pop() else { break };
-                    self.now = done;
-                    self.work = self.work.max(r.ends_at_work);
-                    self.busy[r.group][r.stage] = false;
-                    if r.stage + 1 < self.groups[r.group].stages {
-                        self.enqueue(r.group, r.stage + 1, r.request);
-                    } else {
-                        self.unfinished[r.group] -= 1;
-                        latencies[r.request] = Some(self.now - requests[r.request].arrival_s);
-                    }
-                    self.start_next(r.group, r.stage);
-                }
-                Event::Arrival(arrival) => {
-                    if !self.running.is_empty() {
-                        self.work += (arrival - self.now) * self.speed();
-                    }
-                    self.now = arrival;
-                    let r = &requests[next];
-                    let chosen = least_loaded(self.groups, r.model, |g| self.unfinished[g]);
-                    if let Some((gi, lat)) = chosen.filter(|&(gi, _)| self.admit(gi, r, drop)) {
-                        self.latency[next] = lat;
-                        self.unfinished[gi] += 1;
-                        self.enqueue(gi, 0, next);
-                    }
-                    next += 1;
-                }
-            }
-        }
-        latencies
-    }
-
-    /// Whether group `gi` takes `request` (advancing its admission clocks if it does).
-    fn admit(&mut self, gi: usize, request: &Request, drop: Dropping) -> bool {
-        let Some(m) = self.groups[gi].models.iter().position(|(model, _)| *model == request.model) else {
-            return false;
-        };
-        self.clocks[gi].run_by(request.arrival_s, &self.admit_latency[gi][m], drop.deadline(request)).is_ok()
-    }
-
-    fn enqueue(&mut self, group: usize, stage: usize, request: usize) {
-        self.waiting[group][stage].push_back(request);
-        self.start_next(group, stage);
-    }
-
-    /// Starts the stage's next waiting request if the stage is free.
-    fn start_next(&mut self, group: usize, stage: usize) {
-        if self.busy[group][stage] {
-            return;
-        }
-        if let Some(request) = self.waiting[group][stage].pop_front() {
-            self.busy[group][stage] = true;
-            let ends_at_work = self.work + self.latency[request][stage];
-            self.running.push(Reverse(Running { ends_at_work, group, stage, request }));
-        }
-    }
 }
 
 /// Arrival times of a gamma process over `[0, duration_s)`: inter-arrival gaps with mean
@@ -424,7 +314,7 @@ mod tests {
     use super::*;
 
     fn one_stage_groups(latencies: &[f64]) -> Vec<Group> {
-        latencies.iter().enumerate().map(|(m, &t)| Group { stages: 1, models: vec![(m, vec![t])] }).collect()
+        latencies.iter().enumerate().map(|(m, &t)| Group::new(1, vec![(m, vec![t])])).collect()
     }
 
     #[test]
@@ -440,7 +330,7 @@ mod tests {
                             models.push((m, (0..stages).map(|_| rng.random_range(0.05..2.0)).collect()));
                         }
                     }
-                    Group { stages, models }
+                    Group::new(stages, models)
                 })
                 .collect();
             let mut t = 0.0;
@@ -454,7 +344,7 @@ mod tests {
             let slo: Vec<f64> = (0..3).map(|_| rng.random_range(0.5..4.0)).collect();
             for drop in [Dropping::Never, Dropping::Late(&slo)] {
                 let closed = simulate_apart(&groups, &requests, drop);
-                let shared = Shared::new(&groups, 0.0).run(&requests, drop);
+                let shared = events::Events::new(&groups, 0.0).run(&requests, drop);
                 for (a, b) in closed.iter().zip(&shared) {
                     match (a, b) {
                         (Some(a), Some(b)) => assert!((a - b).abs() < 1e-9, "case {case}: {closed:?} vs {shared:?}"),
@@ -469,7 +359,7 @@ mod tests {
     fn sim_interfering_stages_share_their_speed() {
         // Two stages of 1 s, two requests at 0. r0's stage 1 and r1's stage 0 run together at
         // 1/(1 + κ) speed: both end at 1 + (1 + κ); r1's stage 1 then runs alone.
-        let pipeline = [Group { stages: 2, models: vec![(0, vec![1.0, 1.0])] }];
+        let pipeline = [Group::new(2, vec![(0, vec![1.0, 1.0])])];
         let both = [Request { arrival_s: 0.0, model: 0 }; 2];
         assert_eq!(simulate(&pipeline, &both, 0.0), vec![Some(2.0), Some(3.0)]);
         let lat = simulate(&pipeline, &both, 0.5);
@@ -520,7 +410,7 @@ mod tests {
         // takes them at that interval, so that what it takes is served as it expects.
         assert_eq!(admission_latencies(&[1.0, 0.5], 0.6), vec![1.3, 0.8]);
         assert_eq!(admission_latencies(&[2.0], 0.6), vec![2.0]);
-        let pipeline = [Group { stages: 2, models: vec![(0, vec![1.0, 0.5])] }];
+        let pipeline = [Group::new(2, vec![(0, vec![1.0, 0.5])])];
         let burst = [at(0.0); 6];
         let lat = simulate_admitting(&pipeline, &burst, 0.6, Dropping::Late(&[4.5]));
         let taken: Vec<f64> = lat.iter().flatten().copied().collect();
