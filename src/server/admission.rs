@@ -39,7 +39,7 @@ pub struct GroupClock {
 #[derive(Debug, Clone)]
 enum Clocks {
     Flow(Pipeline),
-    Steps(StepClocks),
+    Steps(Box<StepClocks>),
 }
 
 impl GroupClock {
@@ -51,7 +51,7 @@ impl GroupClock {
     /// The step-by-step clocks of group `group` from now on (its gates name their model by its
     /// index in the clocks' group).
     pub fn stepped(group: usize, clocks: StepClocks) -> Arc<Self> {
-        Arc::new(Self { group, epoch: Instant::now(), stages: Mutex::new(Clocks::Steps(clocks)) })
+        Arc::new(Self { group, epoch: Instant::now(), stages: Mutex::new(Clocks::Steps(Box::new(clocks))) })
     }
 }
 

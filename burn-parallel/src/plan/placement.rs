@@ -385,7 +385,7 @@ impl<'a> Checked<'a> {
             Ok(p) => Ok(Some(Split {
                 ranges: p.ranges,
                 // Measured pipelines run at degree 1.
-                steps: (degree == 1).then(|| priced_steps(&m.measured_pipelines, &p.stage_latency_ms)).flatten(),
+                steps: if degree == 1 { priced_steps(&m.measured_pipelines, &p.stage_latency_ms) } else { None },
                 stage_latency_ms: match degree {
                     1 => priced_stage_latency_ms(&m.measured_pipelines, p.stage_latency_ms, self.kappa),
                     _ => p.stage_latency_ms,

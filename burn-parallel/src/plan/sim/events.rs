@@ -41,7 +41,7 @@ enum Clock {
     /// The flow-shop rule on each model's [`admission_latencies`] (in the group's `models` order).
     Flow(Pipeline, Vec<Vec<f64>>),
     /// The group's own step-by-step timeline.
-    Steps(StepClocks),
+    Steps(Box<StepClocks>),
 }
 
 /// The admission clocks of a group that serves models step by step: the simulator's timeline of
@@ -119,7 +119,7 @@ impl<'g> Events<'g> {
                         Pipeline::new(g.stages),
                         g.models.iter().map(|(_, lat)| admission_latencies(lat, kappa)).collect(),
                     ),
-                    false => Clock::Steps(StepClocks::new(g.clone(), kappa)),
+                    false => Clock::Steps(Box::new(StepClocks::new(g.clone(), kappa))),
                 })
                 .collect(),
             false => Vec::new(),
