@@ -303,6 +303,7 @@ mod tests {
     use super::super::{Dropping, Group, Request, Steps, simulate, simulate_admitting};
     use super::StepClocks;
     use crate::plan::sim::rng;
+    use crate::plan::sim::tests::random_case;
     use rand::Rng;
 
     fn stepped(prefill: [f64; 2], decode: [f64; 2], decodes: usize, seats: usize, kappa: f64) -> [Group; 1] {
@@ -371,25 +372,7 @@ mod tests {
         let mut r = rng(5, 0);
         for case in 0..200 {
             let kappa = if r.random_bool(0.3) { 0.0 } else { r.random_range(0.0..1.5) };
-            let groups: Vec<Group> = (0..r.random_range(1..4))
-                .map(|_| {
-                    let stages = r.random_range(1..4);
-                    let mut models = Vec::new();
-                    for m in 0..3 {
-                        if r.random_bool(0.6) {
-                            models.push((m, (0..stages).map(|_| r.random_range(0.05..2.0)).collect()));
-                        }
-                    }
-                    Group::new(stages, models)
-                })
-                .collect();
-            let mut t = 0.0;
-            let requests: Vec<Request> = (0..r.random_range(1..30))
-                .map(|_| {
-                    t += if r.random_bool(0.2) { 0.0 } else { r.random_range(0.0..1.0) };
-                    Request { arrival_s: t, model: r.random_range(0..3) }
-                })
-                .collect();
+            let (groups, requests) = random_case(&mut r);
             let as_steps: Vec<Group> = groups
                 .iter()
                 .map(|g| {

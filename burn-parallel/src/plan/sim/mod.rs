@@ -317,30 +317,36 @@ mod tests {
         latencies.iter().enumerate().map(|(m, &t)| Group::new(1, vec![(m, vec![t])])).collect()
     }
 
+    /// Up to 3 groups of up to 3 stages serving some of models 0..3, and up to 40 requests for
+    /// models 0..4 (model 3 served nowhere), some arriving together.
+    pub(super) fn random_case(rng: &mut ChaCha8Rng) -> (Vec<Group>, Vec<Request>) {
+        let groups: Vec<Group> = (0..rng.random_range(1..4))
+            .map(|_| {
+                let stages = rng.random_range(1..4);
+                let mut models = Vec::new();
+                for m in 0..3 {
+                    if rng.random_bool(0.6) {
+                        models.push((m, (0..stages).map(|_| rng.random_range(0.05..2.0)).collect()));
+                    }
+                }
+                Group::new(stages, models)
+            })
+            .collect();
+        let mut t = 0.0;
+        let requests: Vec<Request> = (0..rng.random_range(1..40))
+            .map(|_| {
+                t += if rng.random_bool(0.2) { 0.0 } else { rng.random_range(0.0..1.0) };
+                Request { arrival_s: t, model: rng.random_range(0..4) }
+            })
+            .collect();
+        (groups, requests)
+    }
+
     #[test]
     fn sim_shared_clock_without_interference_is_the_closed_form() {
         let mut rng = rng(11, 0);
         for case in 0..300 {
-            let groups: Vec<Group> = (0..rng.random_range(1..4))
-                .map(|_| {
-                    let stages = rng.random_range(1..4);
-                    let mut models = Vec::new();
-                    for m in 0..3 {
-                        if rng.random_bool(0.6) {
-                            models.push((m, (0..stages).map(|_| rng.random_range(0.05..2.0)).collect()));
-                        }
-                    }
-                    Group::new(stages, models)
-                })
-                .collect();
-            let mut t = 0.0;
-            let requests: Vec<Request> = (0..rng.random_range(1..40))
-                .map(|_| {
-                    // Some requests arrive together, and some exactly when another finishes.
-                    t += if rng.random_bool(0.2) { 0.0 } else { rng.random_range(0.0..1.0) };
-                    Request { arrival_s: t, model: rng.random_range(0..4) }
-                })
-                .collect();
+            let (groups, requests) = random_case(&mut rng);
             let slo: Vec<f64> = (0..3).map(|_| rng.random_range(0.5..4.0)).collect();
             for drop in [Dropping::Never, Dropping::Late(&slo)] {
                 let closed = simulate_apart(&groups, &requests, drop);
