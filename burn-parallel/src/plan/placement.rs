@@ -173,6 +173,19 @@ pub struct GroupPlan {
     pub models: Vec<PlacedModel>,
 }
 
+impl GroupPlan {
+    /// The group as the simulator runs it, its `models[i]` as model `indices[i]`: each model's
+    /// stage latencies in seconds, and its steps where it is served step by step.
+    pub fn sim_group(&self, indices: &[usize]) -> Group {
+        let placed = || indices.iter().copied().zip(&self.models);
+        Group {
+            stages: self.pipeline_stages,
+            models: placed().map(|(i, m)| (i, m.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect())).collect(),
+            steps: placed().filter_map(|(i, m)| Some((i, m.steps.as_ref()?.sim()))).collect(),
+        }
+    }
+}
+
 /// A model replica on a group.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlacedModel {
@@ -262,8 +275,7 @@ pub fn evaluate(input: &PlacementInput, groups: Vec<GroupPlan>) -> Result<Placem
     let problem = Checked::new(input)?;
     let mut sim_groups = Vec::with_capacity(groups.len());
     for (gi, g) in groups.iter().enumerate() {
-        let mut models = Vec::with_capacity(g.models.len());
-        let mut steps = Vec::new();
+        let mut indices = Vec::with_capacity(g.models.len());
         for (mi, placed) in g.models.iter().enumerate() {
             let field = format!("groups[{gi}].models[{mi}]");
             let Some(index) = input.models.iter().position(|m| m.name == placed.model) else {
@@ -276,13 +288,12 @@ pub fn evaluate(input: &PlacementInput, groups: Vec<GroupPlan>) -> Result<Placem
                 "stages",
             )?;
             check::latencies(&format!("{field}.stage_latency_ms"), &placed.stage_latency_ms)?;
-            models.push((index, placed.stage_latency_ms.iter().map(|ms| ms / 1000.0).collect()));
             if let Some(costs) = &placed.steps {
                 costs.check(&format!("{field}.steps"), g.pipeline_stages)?;
-                steps.push((index, costs.sim()));
             }
+            indices.push(index);
         }
-        sim_groups.push(Group { stages: g.pipeline_stages, models, steps });
+        sim_groups.push(g.sim_group(&indices));
     }
     Ok(problem.outcome(groups, &sim_groups, input.baseline))
 }

@@ -142,14 +142,8 @@ impl ServingPlacement {
             let stepped = group.models.iter().any(|m| m.steps.is_some());
             let clock = match stepped {
                 true => {
-                    let to_s = |ms: &[f64]| ms.iter().map(|t| t / 1000.0).collect();
-                    let models = group.models.iter().enumerate().map(|(i, m)| (i, to_s(&m.stage_latency_ms)));
-                    let steps = group.models.iter().enumerate().filter_map(|(i, m)| Some((i, m.steps.as_ref()?.sim())));
-                    let sim_group = sim::Group {
-                        steps: steps.collect(),
-                        ..sim::Group::new(group.pipeline_stages, models.collect())
-                    };
-                    GroupClock::stepped(gi, sim::StepClocks::new(sim_group, kappa))
+                    let indices: Vec<usize> = (0..group.models.len()).collect();
+                    GroupClock::stepped(gi, sim::StepClocks::new(group.sim_group(&indices), kappa))
                 }
                 false => GroupClock::new(gi, group.pipeline_stages),
             };
