@@ -221,6 +221,12 @@ pub struct ScheduleWorkload {
 }
 
 impl ScheduleWorkload {
+    /// The mean context of a decode step: the mean prompt plus half the mean output.
+    pub fn mean_context(&self) -> f64 {
+        let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
+        mean(&self.prompt_lens) + mean(&self.output_lens) / 2.0
+    }
+
     /// The workload of generating up to `max_new_tokens` tokens for each of `prompts` with
     /// `model` on a paged engine configured by `config` (every output planned at
     /// `max_new_tokens`).
@@ -257,20 +263,22 @@ pub fn plan_rra(
     workload: &ScheduleWorkload,
     latency_bound_s: f64,
 ) -> Result<ScheduleOutput, PlanError> {
-    plan_for(profile, workload, latency_bound_s, 1, 0.0)
+    plan_for(profile, workload, latency_bound_s, 1, 0.0, None)
 }
 
 /// Like [`plan_rra`] over `devices` devices of the same memory (each a full model replica and
 /// the pool), every strategy considered: RRA (pipeline stages) or WAA (separate prefill and
 /// decode devices), whichever the planner finds best under the bound; devices that work at once
 /// slow each other down by `interference` (the measured `κ` of
-/// [`burn_parallel::profiler::pipeline_interference`], 0 on one device).
+/// [`burn_parallel::profiler::pipeline_interference`], 0 on one device). `stage_layers`: the
+/// layers of each stage of the pipeline RRA runs over the devices, where it is not an even split.
 pub fn plan_for(
     profile: Profile,
     workload: &ScheduleWorkload,
     latency_bound_s: f64,
     devices: usize,
     interference: f64,
+    stage_layers: Option<&[usize]>,
 ) -> Result<ScheduleOutput, PlanError> {
     if workload.prompt_lens.is_empty() || workload.output_lens.is_empty() || workload.output_lens.contains(&0) {
         return Err(PlanError::Invalid(
@@ -302,8 +310,41 @@ pub fn plan_for(
         step_variation: None,
         exhaustive: false,
         interference,
+        stage_layers: stage_layers.map(<[usize]>::to_vec),
     };
     Ok(schedule::plan(&input)?)
+}
+
+/// The layers of each of the `stages` stages RRA runs over as many devices, as `text` gives them
+/// (`--stage-layers`): `auto` has Alpa's stage planner balance `profile`'s decode step of
+/// `batch` sequences at `context` ([`schedule::balanced_stage_layers`]: the embedding and the
+/// engine's step on the first stage, the LM head on the last), a list (`0-2,3-3`) is taken as it
+/// is, and none is an even split.
+pub fn rra_stage_layers(
+    profile: &Profile,
+    stages: usize,
+    text: Option<&str>,
+    batch: usize,
+    context: f64,
+) -> Result<Vec<usize>, PlanError> {
+    use burn_parallel::pipeline::StageLayout;
+    let invalid = |e: &dyn std::fmt::Display| PlanError::Invalid(format!("--stage-layers: {e}"));
+    let layout = match text.map(str::trim) {
+        Some("auto") => {
+            let cost = profile.cost_model("profile").map_err(|e| PlanError::Profile(e.to_string()))?;
+            let batch = batch.max(1) as f64;
+            return schedule::balanced_stage_layers(&cost, stages, batch, context, 0.0).map_err(|e| invalid(&e));
+        }
+        Some(list) => StageLayout::parse(list, profile.layers).map_err(|e| invalid(&e))?,
+        None => StageLayout::even(profile.layers, stages).map_err(|e| invalid(&e))?,
+    };
+    if layout.len() != stages {
+        return Err(invalid(&format_args!(
+            "gives {} stages, and RRA runs {stages} here: give {stages} ranges",
+            layout.len()
+        )));
+    }
+    Ok(layout.stages().iter().map(|r| r.len()).collect())
 }
 
 /// One line describing a plan: the schedule and what the planner predicts.
@@ -322,8 +363,12 @@ pub fn describe(plan: &ScheduleOutput) -> String {
             plan.latency_bound_s
         );
     }
+    let layers = match &plan.stage_layers {
+        Some(layers) => format!(" of {} layers", layers.iter().map(usize::to_string).collect::<Vec<_>>().join(" | ")),
+        None => String::new(),
+    };
     format!(
-        "ExeGPT RRA schedule over {} stage(s): prefill B_E = {}, then N_D = {} decode iterations at B_D ≤ {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
+        "ExeGPT RRA schedule over {} stage(s){layers}: prefill B_E = {}, then N_D = {} decode iterations at B_D ≤ {} · predicted {:.2} queries/s, p{} latency {:.3} s (bound {} s)",
         plan.pipeline_stages,
         plan.encode_batch,
         plan.decode_iterations.unwrap_or(0),

@@ -480,6 +480,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
             exhaustive: false,
             // Half the cases with devices that slow each other down: the bounds stay valid.
             interference: if rng.random_bool(0.5) { rng.random_range(0.0..2.0) } else { 0.0 },
+            stage_layers: None,
         };
         let bnb = schedule::plan(&input);
         input.exhaustive = true;
@@ -527,6 +528,7 @@ fn plan_schedule_trades_throughput_for_latency() {
         step_variation: None,
         exhaustive: false,
         interference: 0.0,
+        stage_layers: None,
     };
     let mut last = 0.0;
     for bound in [0.5, 1.0, 2.0, 8.0] {
@@ -601,6 +603,7 @@ fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> Sche
         step_variation: None,
         exhaustive: false,
         interference: 0.0,
+        stage_layers: None,
     }
 }
 
@@ -610,12 +613,12 @@ fn hand_input(bound: f64, profile: Profile, prompts: LengthDistribution) -> Sche
 fn plan_schedule_decode_stage_times_carry_the_overhead_first_and_the_head_last() {
     let cost = hand_profile(Some(hand_overhead())).cost_model("profile").unwrap();
     // One layer of 0.5 ms each; 2 + 0.5 ms overhead at one sequence; a 0.25 ms head.
-    let two = schedule::decode_stage_ms(&cost, 2, 1.0, 10.0);
+    let two = schedule::decode_stage_ms(&cost, &[1, 1], 1.0, 10.0);
     assert!(two.len() == 2 && close(two[0], 3.0) && close(two[1], 0.75), "{two:?}");
-    let one = schedule::decode_stage_ms(&cost, 1, 1.0, 10.0);
+    let one = schedule::decode_stage_ms(&cost, &[2], 1.0, 10.0);
     assert!(one.len() == 1 && close(one[0], 3.75), "{one:?}");
     // Two sequences: the per-sequence overhead and the head grow with the batch.
-    let batch = schedule::decode_stage_ms(&cost, 2, 2.0, 10.0);
+    let batch = schedule::decode_stage_ms(&cost, &[1, 1], 2.0, 10.0);
     assert!(close(batch[0], 3.5) && close(batch[1], 1.0), "{batch:?}");
 }
 
@@ -894,6 +897,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search_with_jumping_engine_
             step_variation: None,
             exhaustive: false,
             interference: 0.0,
+            stage_layers: None,
         };
         let bnb = schedule::plan(&input);
         input.exhaustive = true;
@@ -927,6 +931,7 @@ fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
         step_variation: None,
         exhaustive: false,
         interference: 0.0,
+        stage_layers: None,
     };
     let good = serde_json::to_value(&input).unwrap();
     let (out, code) = cli_run("schedule", &good.to_string(), &[]);
@@ -1099,6 +1104,7 @@ fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
         step_variation: None,
         exhaustive: false,
         interference: 0.0,
+        stage_layers: None,
     };
     let json = serde_json::to_string(&input).unwrap();
     let (bnb, code) = cli_run("schedule", &json, &[]);

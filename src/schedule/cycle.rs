@@ -84,11 +84,11 @@ impl EngineInterference {
     }
 }
 
-/// Measures the interference of paged engines over `pipeline`, a model in `stages` pipeline
-/// stages whose cost `profile` holds (see the module docs).
+/// Measures the interference of paged engines over `pipeline`, a model in pipeline stages of
+/// `stage_layers` layers each, whose cost `profile` holds (see the module docs).
 pub fn engine_interference<M: LanguageModel + Send + Sync + 'static>(
     pipeline: &Arc<M>,
-    stages: usize,
+    stage_layers: &[usize],
     profile: &Profile,
 ) -> Result<EngineInterference, PlanError> {
     let run = Run::within(pipeline.spec().max_positions)?;
@@ -96,7 +96,7 @@ pub fn engine_interference<M: LanguageModel + Send + Sync + 'static>(
     let period_ms = decode_period_ms(pipeline, run, 2)?;
     let context = (run.prompt + run.tokens / 2) as f64;
     let cost = profile.cost_model("profile").map_err(|e| PlanError::Profile(e.to_string()))?;
-    let planned = decode_stage_ms(&cost, stages, 1.0, context);
+    let planned = decode_stage_ms(&cost, stage_layers, 1.0, context);
     let scale = alone_ms / planned.iter().sum::<f64>().max(f64::MIN_POSITIVE);
     let stage_ms: Vec<f64> = planned.iter().map(|t| t * scale).collect();
     let kappa = Interference::kappa_of_cycle(&stage_ms, period_ms, 2);

@@ -2,7 +2,9 @@
 //! planner chooses between its strategies for two devices and that choice runs. WAA prefills on
 //! the first device and decodes on the second ([`DisaggEngine`], each device a full model replica
 //! with its own KV pool, a request's blocks moved after its prefill); RRA runs the phased schedule
-//! over a two-stage pipeline (an even layer split), on one virtual engine per decoder micro-batch
+//! over a two-stage pipeline (an even layer split, or `--stage-layers`: a list, or `auto` for Alpa's
+//! stage planner over the ExeGPT profile, [`schedule::rra_stage_layers`], whose split the planner
+//! then prices), on one virtual engine per decoder micro-batch
 //! ([`schedule::pipelined_engines`]). The plan prices the two devices working at once with their
 //! measured interference: two virtual engines decoding over the two-stage pipeline against one
 //! ([`schedule::engine_interference`]); the pipeline is then kept for an RRA plan.
@@ -16,7 +18,7 @@ use std::time::Duration;
 use burn::tensor::Device;
 use burn_llm_models::PretrainedFiles;
 use burn_paged::DisaggEngine;
-use burn_parallel::pipeline::PipelineLm;
+use burn_parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
 
@@ -33,14 +35,14 @@ const DEVICES: usize = 2;
 
 impl EngineSpec {
     /// Whether the spec asks for ExeGPT's schedule over two devices: `--schedule exegpt` with two
-    /// `--devices` entries and no other parallelism flag (`--pipeline-parallel-size 2` allowed).
+    /// `--devices` entries and no other parallelism flag (`--pipeline-parallel-size 2` and
+    /// `--stage-layers`, the split RRA's pipeline runs, allowed).
     pub fn exegpt_over_two_devices(&self) -> bool {
         let p = &self.parallel;
         self.paged.schedule == Some(ScheduleKind::Exegpt)
             && p.devices.as_ref().is_some_and(|d| d.len() == DEVICES)
             && p.pipeline_parallel_size.is_none_or(|n| n == DEVICES)
             && p.tensor_parallel_size.as_ref().is_none_or(|t| *t == TensorParallelSize::Fixed(1))
-            && p.stage_layers.is_none()
             && p.micro_batches.is_none()
             && p.prefill_slices.is_none_or(|s| s == PrefillSlices::Off)
     }
@@ -71,10 +73,14 @@ pub(super) fn build(
             // how much they slow each other down is measured on the engines RRA would run, two
             // virtual engines over the two-stage pipeline, which is kept for RRA.
             drop(first);
-            let lm = Arc::new(load_pipeline(spec, model, &devices)?);
-            let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone())?;
+            let text = spec.parallel.stage_layers.as_deref();
+            let (batch, context) = (workload.max_num_seqs, workload.mean_context());
+            let layers = schedule::rra_stage_layers(&profile, DEVICES, text, batch, context)?;
+            let lm = Arc::new(load_pipeline(spec, model, &devices, &layers)?);
+            let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone(), &layers)?;
             writeln!(log, "{}", interference.summary())?;
-            (schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa)?, Some(lm))
+            let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa, Some(&layers))?;
+            (plan, Some(lm))
         }
         // `validate` refuses the other combinations.
         _ => return Err(Box::new(spec.validate(super::EngineKind::Paged, purpose).err().unwrap_or_else(refused))),
@@ -92,13 +98,44 @@ pub(super) fn build(
     Ok(Box::new(engine))
 }
 
-/// The model in two stages over `devices`, an even layer split (this path runs only without
-/// `--stage-layers`, [`EngineSpec::exegpt_over_two_devices`]).
-fn load_pipeline(spec: &EngineSpec, model: &Path, devices: &[Device]) -> Result<PipelineLm, Box<dyn Error>> {
+/// The model in two stages of `layers` layers each over `devices`.
+fn load_pipeline(
+    spec: &EngineSpec,
+    model: &Path,
+    devices: &[Device],
+    layers: &[usize],
+) -> Result<PipelineLm, Box<dyn Error>> {
     let files = PretrainedFiles::open(model)?;
-    let default = ("flex", &devices[0]);
-    let stages = spec.parallel.plan(files.spec.num_layers, default, spec.worker_token.as_deref())?;
+    let stages = PipelinePlan::new(StageLayout::from_counts(layers)?, 1, devices.to_vec())?
+        .with_names(spec.parallel.devices.clone().unwrap_or_default());
     Ok(PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &stages, spec.weight_quant()?)?)
+}
+
+/// The layers of each stage a saved RRA `plan` runs: the plan's own split where it priced one
+/// (then `--stage-layers`, if given, must agree), otherwise `--stage-layers` or an even split.
+fn saved_plan_layers(spec: &EngineSpec, model: &Path, plan: &ScheduleOutput) -> Result<Vec<usize>, Box<dyn Error>> {
+    let layers = PretrainedFiles::open(model)?.spec.num_layers;
+    let given = match spec.parallel.stage_layers.as_deref() {
+        Some(text) if text.trim() == "auto" => {
+            return Err("--stage-layers auto plans the split with the schedule: give --latency-bound-s instead of \
+                        --plan, or the split the plan was made for"
+                .into());
+        }
+        Some(text) => Some(StageLayout::parse(text, layers)?),
+        None => None,
+    };
+    let counts = |l: &StageLayout| l.stages().iter().map(|r| r.len()).collect::<Vec<_>>();
+    match (&plan.stage_layers, given) {
+        (Some(planned), Some(given)) if *planned != counts(&given) => Err(format!(
+            "the plan was priced on stages of {planned:?} layers and --stage-layers gives {:?}: drop --stage-layers \
+             or plan again for that split",
+            counts(&given)
+        )
+        .into()),
+        (Some(planned), _) => Ok(planned.clone()),
+        (None, Some(given)) => Ok(counts(&given)),
+        (None, None) => Ok(counts(&StageLayout::even(layers, DEVICES)?)),
+    }
 }
 
 /// [`schedule::engine_interference`] over `pipeline`, whose stages are on the devices of
@@ -109,11 +146,13 @@ fn engines_interference(
     entries: &[String],
     pipeline: Arc<PipelineLm>,
     profile: Profile,
+    layers: &[usize],
 ) -> Result<EngineInterference, Box<dyn Error>> {
     let name = entries.join(" → ");
     let what = "timed as two engines over the pipeline";
+    let layers = layers.to_vec();
     Ok(watched(&name, what, worker_timeout(spec), move |_| {
-        Ok(schedule::engine_interference(&pipeline, DEVICES, &profile)?)
+        Ok(schedule::engine_interference(&pipeline, &layers, &profile)?)
     })?)
 }
 
@@ -131,7 +170,7 @@ fn build_on_plan(
         let (config, engines) = schedule::pipelined_engines(plan, DEVICES, spec.engine_config())?;
         let lm = match pipeline {
             Some(lm) => lm,
-            None => Arc::new(load_pipeline(spec, model, &devices)?),
+            None => Arc::new(load_pipeline(spec, model, &devices, &saved_plan_layers(spec, model, plan)?)?),
         };
         paged_engines(lm, Some(files.tokenizer), files.eos_token_ids, config, engines)?
     } else {

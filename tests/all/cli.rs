@@ -353,12 +353,17 @@ fn exegpt_schedule_flags_and_errors() {
     // Beside a worker process, the measurement runs watched (a dead worker is an error naming it).
     let worker = Worker::start_with("flex", &["--threads", "1"]);
     let beside_worker = format!("flex,{}", worker.url);
-    for devices in ["flex,flex", beside_worker.as_str()] {
+    // `--stage-layers auto`: Alpa's stage planner splits RRA's pipeline from the profile, and the
+    // planner prices that split (the fixture's 2 layers leave one split: 1 | 1).
+    for (devices, split) in [("flex,flex", None), ("flex,flex", Some("auto")), (beside_worker.as_str(), None)] {
         let mut argv: Vec<&str> = common.iter().copied().filter(|&a| a != "--device" && a != "flex").collect();
         argv.extend(["--engine", "paged", "--json", "--schedule", "exegpt", "--latency-bound-s", "60"]);
         argv.extend(["--profile-json", profile, "--devices", devices]);
         if devices != "flex,flex" {
             argv.extend(["--worker-token", TOKEN]);
+        }
+        if let Some(split) = split {
+            argv.extend(["--stage-layers", split]);
         }
         let (mut planned, mut log) = (Vec::new(), Vec::new());
         burn_llm::cli::run_with(&args(&argv), DEFAULTS, &mut planned, &mut log)
@@ -366,6 +371,7 @@ fn exegpt_schedule_flags_and_errors() {
         let (planned, log) = (String::from_utf8(planned).unwrap(), String::from_utf8(log).unwrap());
         assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up over {devices}");
         assert!(log.contains("engines overlapping") && log.contains("interference κ"), "{devices}: {log}");
+        assert!(!log.contains("RRA") || log.contains("of 1 | 1 layers"), "the split priced is named: {log}");
     }
     drop(worker);
     let (_, log) = run_with(&["--engine", "paged", "--schedule", "exegpt", "--plan", &rra_file]).unwrap();

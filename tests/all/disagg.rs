@@ -166,20 +166,9 @@ fn plan_json(strategy: &str) -> String {
 /// text as the plain engine.
 #[test]
 fn cli_runs_waa_and_two_stage_rra_plans() {
-    let model = fixture("llama");
     let dir = std::env::temp_dir().join(format!("burn-llm-waa-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let run = |flags: &[&str]| -> (String, String) {
-        let mut argv =
-            vec!["x", "--model", model.to_str().unwrap(), "--max-new-tokens", "8", "--prompt", "Hello there"];
-        argv.extend_from_slice(flags);
-        let args = GenerateArgs::try_parse_from(argv).unwrap();
-        let defaults =
-            ExampleDefaults { name: "test_generate", model: "unused", engine: EngineKind::Plain, fallback: None };
-        let (mut out, mut log) = (Vec::new(), Vec::new());
-        run_with(&args, defaults, &mut out, &mut log).unwrap_or_else(|e| panic!("{flags:?}: {e}"));
-        (String::from_utf8(out).unwrap(), String::from_utf8(log).unwrap())
-    };
+    let run = |flags: &[&str]| generate(flags).unwrap_or_else(|e| panic!("{flags:?}: {e}"));
     let (plain, _) = run(&["--device", "flex"]);
     // Decoding on a one-thread worker process: the KV blocks cross a real process boundary.
     let worker = Worker::start_with("flex", &["--threads", "1"]);
@@ -207,6 +196,48 @@ fn cli_runs_waa_and_two_stage_rra_plans() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A saved RRA plan priced on a split (`"stage_layers"`) runs that split, and says so;
+/// `--stage-layers` that agrees with it is taken, one that disagrees, or `auto` (which plans the
+/// split with the schedule), is an error saying what to do.
+#[test]
+fn a_saved_rra_plan_runs_its_own_split() {
+    let dir = std::env::temp_dir().join(format!("burn-llm-rra-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = plan_json("rra").replacen("\"pipeline_stages\":2,", "\"pipeline_stages\":2,\"stage_layers\":[1,1],", 1);
+    let path = dir.join("rra-split.json");
+    std::fs::write(&path, plan).unwrap();
+    let run = |extra: &[&str]| {
+        let mut flags = vec!["--engine", "paged", "--schedule", "exegpt", "--devices", "flex,flex"];
+        flags.extend(["--plan", path.to_str().unwrap()]);
+        flags.extend_from_slice(extra);
+        generate(&flags)
+    };
+    let (plain, _) = generate(&["--device", "flex"]).unwrap();
+    for extra in [&[][..], &["--stage-layers", "0-0,1-1"][..]] {
+        let (text, log) = run(extra).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        assert_eq!(generated(&text), generated(&plain), "{extra:?}");
+        assert!(log.contains("over 2 stage(s) of 1 | 1 layers"), "{extra:?}: {log}");
+    }
+    let error = run(&["--stage-layers", "0-1"]).unwrap_err();
+    assert!(error.contains("stage"), "{error}");
+    let error = run(&["--stage-layers", "auto"]).unwrap_err();
+    assert!(error.contains("--latency-bound-s"), "auto with a saved plan: {error}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Greedy text of the llama fixture after "Hello there" (8 tokens) with `flags`, and the log.
+fn generate(flags: &[&str]) -> Result<(String, String), String> {
+    let model = fixture("llama");
+    let mut argv = vec!["x", "--model", model.to_str().unwrap(), "--max-new-tokens", "8", "--prompt", "Hello there"];
+    argv.extend_from_slice(flags);
+    let args = GenerateArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
+    let defaults =
+        ExampleDefaults { name: "test_generate", model: "unused", engine: EngineKind::Plain, fallback: None };
+    let (mut out, mut log) = (Vec::new(), Vec::new());
+    run_with(&args, defaults, &mut out, &mut log).map_err(|e| e.to_string())?;
+    Ok((String::from_utf8(out).unwrap(), String::from_utf8(log).unwrap()))
 }
 
 /// The printed text without the summary line after it (which differs by engine and run).

@@ -131,6 +131,26 @@ impl StageLayout {
         Ok(Self { stages: ranges })
     }
 
+    /// Stages of `counts[i]` layers each, in order (a planner's split, as
+    /// [`crate::plan::schedule::balanced_stage_layers`] gives it).
+    pub fn from_counts(counts: &[usize]) -> Result<Self> {
+        if counts.is_empty() {
+            return Err(PipelineError::Zero("the number of pipeline stages"));
+        }
+        if counts.contains(&0) {
+            return Err(PipelineError::Zero("the layers of a pipeline stage"));
+        }
+        let mut start = 0;
+        let stages = counts
+            .iter()
+            .map(|&n| {
+                start += n;
+                start - n..start
+            })
+            .collect();
+        Ok(Self { stages })
+    }
+
     /// Parses `--stage-layers` (`0-11,12-23`: inclusive ranges in layer order) for a model of
     /// `num_layers` layers, rejecting gaps, overlaps, reversed or out-of-range ranges.
     pub fn parse(text: &str, num_layers: usize) -> Result<Self> {

@@ -32,11 +32,13 @@
 mod lengths;
 mod replay;
 mod search;
+mod stage_layers;
 mod xsim;
 
 use serde::{Deserialize, Serialize};
 
 pub use lengths::{LengthDistribution, Lengths, TruncatedNormal};
+pub use stage_layers::balanced_stage_layers;
 pub use xsim::decode_stage_ms;
 
 use super::check::{self, InputError};
@@ -94,6 +96,12 @@ pub struct ScheduleInput {
     /// take `max t + κ·(Σ t − max t)` per micro-batch, not `max t`.
     #[serde(default)]
     pub interference: f64,
+    /// The layers of each stage where the decoding devices run a fixed split (as `--stage-layers`
+    /// or Alpa's stage planner gives it), one count per stage, summing to the profile's layers: a
+    /// pipeline of that many one-device stages is priced on these shares, others on equal shares
+    /// (default: equal shares everywhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_layers: Option<Vec<usize>>,
 }
 
 /// ExeGPT's scheduling strategies.
@@ -134,6 +142,10 @@ pub struct ScheduleOutput {
     pub decode_devices: usize,
     /// Pipeline stages of the decoding devices.
     pub pipeline_stages: usize,
+    /// The layers of each of those stages, where the input's `stage_layers` priced them (absent:
+    /// equal shares).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_layers: Option<Vec<usize>>,
     /// Predicted queries per second (RRA on one device: the engine's schedule replayed).
     pub throughput_qps: f64,
     /// Predicted latency of the percentile-length output, in seconds.
@@ -211,6 +223,9 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         None => input.profile.step_variation.unwrap_or_default(),
     };
     check::non_negative("interference", input.interference)?;
+    if let Some(layers) = &input.stage_layers {
+        check_stage_layers(layers, input.profile.layers)?;
+    }
     let sim = XSim::new(
         cost,
         in_lengths,
@@ -220,7 +235,8 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         percentile,
         variation,
     )
-    .with_interference(input.interference);
+    .with_interference(input.interference)
+    .with_stage_layers(input.stage_layers.as_deref());
     let searcher = Searcher::new(&sim, max_batch, bound_s);
     let n = input.devices;
     let mut spaces: Vec<(Strategy, Space)> = Vec::new();
@@ -297,6 +313,10 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         encode_devices: encoders,
         decode_devices: pipe.plain + pipe.tp_groups * pipe.degree,
         pipeline_stages: pipe.stages(),
+        stage_layers: input
+            .stage_layers
+            .clone()
+            .filter(|l| l.len() == pipe.stages() && pipe.tp_groups == 0 && pipe.stages() > 1),
         throughput_qps: perf.throughput_qps,
         latency_s: perf.latency_s,
         latency_percentile: percentile,
@@ -306,4 +326,23 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         search: if input.exhaustive { "exhaustive" } else { "branch-and-bound" }.to_string(),
         simulations: searcher.simulations(),
     })
+}
+
+/// `stage_layers` of a model of `layers` layers: at least one stage, every stage at least one
+/// layer, all of them together the model's.
+fn check_stage_layers(stage_layers: &[usize], layers: usize) -> Result<(), InputError> {
+    let field = "stage_layers";
+    if stage_layers.is_empty() || stage_layers.contains(&0) {
+        return Err(InputError::new(field, "needs at least one stage, each of at least one layer"));
+    }
+    let total: usize = stage_layers.iter().sum();
+    if total != layers {
+        return Err(InputError::new(
+            field,
+            format!(
+                "holds {total} layers and the profile's model has {layers}: give one count per stage summing to {layers}"
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -95,6 +95,9 @@ pub(crate) struct XSim {
     one_device_steps: RefCell<(Vec<f64>, Vec<f64>)>,
     /// `κ`: how much devices working at once slow each other down (`ScheduleInput::interference`).
     interference: f64,
+    /// The layers of each stage of the decoding devices' pipeline, where they run a fixed split
+    /// (`ScheduleInput::stage_layers`).
+    layout: Option<Vec<f64>>,
 }
 
 /// `m` (a whole number) equal micro-batches through stages taking `t` each alone, interfering by
@@ -109,14 +112,25 @@ pub(crate) fn cyclic(t: &[f64], m: f64, kappa: f64) -> f64 {
     (m * Interference::interval_ms(t, kappa)).max(t.iter().sum())
 }
 
-/// Stage times (ms) of `stages` stages of equal layer shares of `layers` layers, the first
-/// `tp_groups` tensor-parallel: a layer takes `layer_ms.0` (`layer_ms.1` in a tensor-parallel
-/// stage); the first stage has `first` extra, the last `last`.
-fn split_stages(layers: f64, stages: usize, tp_groups: usize, layer_ms: (f64, f64), first: f64, last: f64) -> Vec<f64> {
+/// The layers each of `stages` stages holds: `layout` where it lists that many stages and none
+/// is tensor-parallel (a fixed split the devices run, [`XSim::with_stage_layers`]), otherwise
+/// equal shares of `layers`.
+fn stage_shares(layers: f64, stages: usize, tp_groups: usize, layout: Option<&[f64]>) -> Vec<f64> {
     let p = stages.max(1);
-    let per_stage = layers / p as f64;
-    let mut t: Vec<f64> = (0..p).map(|k| per_stage * if k < tp_groups { layer_ms.1 } else { layer_ms.0 }).collect();
+    match layout {
+        Some(layout) if layout.len() == p && tp_groups == 0 => layout.to_vec(),
+        _ => vec![layers / p as f64; p],
+    }
+}
+
+/// Stage times (ms) of stages holding `shares` layers each, the first `tp_groups`
+/// tensor-parallel: a layer takes `layer_ms.0` (`layer_ms.1` in a tensor-parallel stage); the
+/// first stage has `first` extra, the last `last`.
+fn split_stages(shares: &[f64], tp_groups: usize, layer_ms: (f64, f64), first: f64, last: f64) -> Vec<f64> {
+    let mut t: Vec<f64> =
+        shares.iter().enumerate().map(|(k, n)| n * if k < tp_groups { layer_ms.1 } else { layer_ms.0 }).collect();
     t[0] += first;
+    let p = t.len();
     t[p - 1] += last;
     t
 }
@@ -124,7 +138,7 @@ fn split_stages(layers: f64, stages: usize, tp_groups: usize, layer_ms: (f64, f6
 /// One decode step of `batch` sequences at `context` as pipeline stages see it: a layer's time,
 /// the first stage's extra (the embedding and the engine's per-step overhead, which the step's
 /// launch carries) and the last's (the LM head), ms.
-fn decode_parts(cost: &CostModel, batch: f64, context: f64) -> (f64, f64, f64) {
+pub(super) fn decode_parts(cost: &CostModel, batch: f64, context: f64) -> (f64, f64, f64) {
     let prof = cost.profile();
     (
         cost.decode_layer_ms(batch, context),
@@ -134,12 +148,15 @@ fn decode_parts(cost: &CostModel, batch: f64, context: f64) -> (f64, f64, f64) {
 }
 
 /// The planner's stage times (ms) of one decode step of `batch` sequences at `context` over
-/// `stages` pipeline stages of equal layer shares, no tensor parallelism: the times its decode
-/// iterations over a pipeline are priced from ([`crate::profiler::Interference::kappa_of_cycle`]
-/// solves a measured cycle for `κ` against them).
-pub fn decode_stage_ms(cost: &CostModel, stages: usize, batch: f64, context: f64) -> Vec<f64> {
+/// pipeline stages holding `stage_layers` layers each, no tensor parallelism: the times its
+/// decode iterations over a pipeline are priced from
+/// ([`crate::profiler::Interference::kappa_of_cycle`] solves a measured cycle for `κ` against
+/// them).
+pub fn decode_stage_ms(cost: &CostModel, stage_layers: &[usize], batch: f64, context: f64) -> Vec<f64> {
     let (layer_ms, first, last) = decode_parts(cost, batch, context);
-    split_stages(cost.profile().layers as f64, stages, 0, (layer_ms, layer_ms), first, last)
+    let shares: Vec<f64> = stage_layers.iter().map(|&n| n as f64).collect();
+    let shares = if shares.is_empty() { vec![cost.profile().layers as f64] } else { shares };
+    split_stages(&shares, 0, (layer_ms, layer_ms), first, last)
 }
 
 impl XSim {
@@ -175,6 +192,7 @@ impl XSim {
             replay: Replay::new(&output),
             one_device_steps: RefCell::default(),
             interference: 0.0,
+            layout: None,
             cost,
             input,
             output,
@@ -206,6 +224,18 @@ impl XSim {
         self
     }
 
+    /// The simulator with the decoding devices' pipeline of `stage_layers.len()` stages holding
+    /// that many layers each, as the devices run it (other pipelines keep equal shares).
+    pub fn with_stage_layers(mut self, stage_layers: Option<&[usize]>) -> Self {
+        self.layout = stage_layers.map(|l| l.iter().map(|&n| n as f64).collect());
+        self
+    }
+
+    /// The layers each stage of `pipe` holds.
+    fn shares(&self, pipe: &Pipe) -> Vec<f64> {
+        stage_shares(self.layers, pipe.stages(), pipe.tp_groups, self.layout.as_deref())
+    }
+
     /// Tensor-parallel scaling of a pipe (identity without tensor parallelism).
     fn scaling(&self, pipe: &Pipe) -> TpScaling {
         self.cost.tensor_parallel(pipe.degree).unwrap_or(TpScaling {
@@ -220,7 +250,7 @@ impl XSim {
     fn stage_times(&self, pipe: &Pipe, layer_ms: f64, first: f64, last: f64) -> Vec<f64> {
         let tp = self.scaling(pipe);
         let tp_layer_ms = tp.time_scale * layer_ms + tp.sync_ms_per_layer;
-        split_stages(self.layers, pipe.stages(), pipe.tp_groups, (layer_ms, tp_layer_ms), first, last)
+        split_stages(&self.shares(pipe), pipe.tp_groups, (layer_ms, tp_layer_ms), first, last)
     }
 
     /// Whether every device of `pipe` holds its weights and the KV of `kv_tokens` tokens.
@@ -228,9 +258,10 @@ impl XSim {
         let prof = self.cost.profile();
         let p = pipe.stages();
         let per_layer = prof.weight_bytes_per_layer as f64 + kv_tokens * prof.kv_bytes_per_token_per_layer as f64;
+        let shares = self.shares(pipe);
         (0..p).all(|k| {
             let degree = if k < pipe.tp_groups { pipe.degree as f64 } else { 1.0 };
-            let mut bytes = self.layers / p as f64 * per_layer / degree;
+            let mut bytes = shares[k] * per_layer / degree;
             if k == 0 {
                 bytes += prof.embedding.weight_bytes as f64;
             }

@@ -30,8 +30,9 @@ type BoxError = Box<dyn std::error::Error>;
 pub(super) enum Devices {
     /// Every system on one device.
     One(Box<CausalLm>),
-    /// Two devices, named as given, with a replica of the model on each.
-    Two { names: [String; 2], devices: Box<[Device; 2]>, replicas: Box<[CausalLm; 2]> },
+    /// Two devices, named as given, with a replica of the model on each, and the layers of each
+    /// stage of the pipeline over them.
+    Two { names: [String; 2], devices: Box<[Device; 2]>, replicas: Box<[CausalLm; 2]>, stage_layers: Vec<usize> },
 }
 
 impl Devices {
@@ -41,12 +42,39 @@ impl Devices {
             None => Self::One(Box::new(model)),
             Some((second_name, second)) => {
                 let replica = model.clone().to_device(&second);
+                let even =
+                    StageLayout::even(model.spec.num_layers, 2).map(|l| l.stages().iter().map(|r| r.len()).collect());
                 Self::Two {
                     names: [first.0, second_name],
                     devices: Box::new([first.1, second]),
                     replicas: Box::new([model, replica]),
+                    stage_layers: even.unwrap_or_default(),
                 }
             }
+        }
+    }
+
+    /// Every pipeline over the two devices (FCFS's, static batching's, RRA's) split into stages
+    /// of `layers` layers each, which the planner then prices; one device: nothing to split.
+    pub(super) fn with_stage_layers(mut self, layers: Vec<usize>) -> Result<Self, BoxError> {
+        if let Self::Two { stage_layers, replicas, .. } = &mut self {
+            if layers.len() != 2 || layers.iter().sum::<usize>() != replicas[0].spec.num_layers || layers.contains(&0) {
+                return Err(format!(
+                    "--stage-layers: two stages of at least one layer each, {} in all, are needed; got {layers:?}",
+                    replicas[0].spec.num_layers
+                )
+                .into());
+            }
+            *stage_layers = layers;
+        }
+        Ok(self)
+    }
+
+    /// The layers of each stage of the pipeline (two devices).
+    pub(super) fn stage_layers(&self) -> Option<&[usize]> {
+        match self {
+            Self::One(_) => None,
+            Self::Two { stage_layers, .. } => Some(stage_layers),
         }
     }
 
@@ -62,7 +90,9 @@ impl Devices {
     pub(super) fn describe(&self) -> String {
         match self {
             Self::One(_) => "one device".into(),
-            Self::Two { names, .. } => format!("two devices ({}, {})", names[0], names[1]),
+            Self::Two { names, stage_layers, .. } => {
+                format!("two devices ({}, {}), stages of {stage_layers:?} layers", names[0], names[1])
+            }
         }
     }
 
@@ -107,11 +137,12 @@ impl Devices {
         Ok(EngineSpec::default().with_precision(engine))
     }
 
-    /// The model split in two even stages, one on each device.
+    /// The model split in two stages, one on each device.
     fn pipeline(&self) -> Result<PipelineLm, BoxError> {
-        let Self::Two { replicas, devices, .. } = self else { return Err("a pipeline needs two devices".into()) };
-        let layers = replicas[0].spec.num_layers;
-        let plan = PipelinePlan::new(StageLayout::even(layers, 2)?, 1, devices.to_vec())?;
+        let Self::Two { replicas, devices, stage_layers, .. } = self else {
+            return Err("a pipeline needs two devices".into());
+        };
+        let plan = PipelinePlan::new(StageLayout::from_counts(stage_layers)?, 1, devices.to_vec())?;
         Ok(PipelineLm::from_model(replicas[0].clone(), &plan)?)
     }
 
@@ -124,7 +155,7 @@ impl Devices {
         bound: f64,
         interference: f64,
     ) -> Result<ScheduleOutput, PlanError> {
-        plan_for(profile.clone(), workload, bound, self.count(), interference)
+        plan_for(profile.clone(), workload, bound, self.count(), interference, self.stage_layers())
     }
 
     /// How much the two devices slow each other down when both work (pipeline stages, WAA's
@@ -132,7 +163,7 @@ impl Devices {
     /// it: each replica's decode step through half the layers, alone and in a pipelined pass. One
     /// device: nothing measured.
     pub(super) fn interference(&self) -> Result<Interference, BoxError> {
-        let Self::Two { names, devices, replicas } = self else { return Ok(Interference::none()) };
+        let Self::Two { names, devices, replicas, .. } = self else { return Ok(Interference::none()) };
         let threads = stage_pool_threads(devices.as_slice(), None)?;
         let runs: Vec<OverlapDevice<'_>> = replicas
             .iter()
@@ -151,8 +182,8 @@ impl Devices {
     /// host nor two engines' threads sharing the client, which the plans' cycling decode
     /// iterations pay.
     pub(super) fn engine_interference(&self, profile: &Profile) -> Result<Option<EngineInterference>, BoxError> {
-        let Self::Two { .. } = self else { return Ok(None) };
-        let measured = engine_interference(&Arc::new(self.pipeline()?), 2, profile)?;
+        let Some(layers) = self.stage_layers() else { return Ok(None) };
+        let measured = engine_interference(&Arc::new(self.pipeline()?), layers, profile)?;
         eprintln!("{}", measured.summary());
         Ok(Some(measured))
     }

@@ -44,7 +44,9 @@ use burn_llm::paged::{EngineConfig, KvCacheMemory};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::ScheduleOutput;
 use burn_llm::parallel::profiler::{EngineStepGrid, Interference, ProfileGrid};
-use burn_llm::schedule::{EngineInterference, ScheduleWorkload, check_layers, measure_profile, read_profile};
+use burn_llm::schedule::{
+    EngineInterference, ScheduleWorkload, check_layers, measure_profile, read_profile, rra_stage_layers,
+};
 use burn_llm::spec::parse_device;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -120,6 +122,11 @@ pub struct Args {
     /// The `worker` executable for `--loopback-workers` (default: build the example).
     #[arg(long)]
     worker_bin: Option<PathBuf>,
+    /// Over two devices, the layers of each of the pipeline's two stages, for every system:
+    /// `auto` (Alpa's stage planner over the profile's decode step at `--max-batch`, the LM head
+    /// on the second stage), or ranges (`0-2,3-3`). Default: an even split.
+    #[arg(long)]
+    stage_layers: Option<String>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -296,7 +303,20 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("model: {model_name}");
     let model = CausalLm::random(spec.clone(), &first.1)?;
     let (profile, mut profile_source) = profile(&args, &model)?;
-    let devices = Devices::new(model, first, second);
+    let mut devices = Devices::new(model, first, second);
+    if let Some(text) = &args.stage_layers {
+        if devices.count() != 2 {
+            return Err(
+                "--stage-layers splits the pipeline over two devices: add --devices or --loopback-workers".into()
+            );
+        }
+        // The split's decode context: the first workload's mean prompt plus half its mean output.
+        let [first, _] = SyntheticWorkload::standard(args.scale, MAX_LEN);
+        let context = first.prompt.mean + first.output.mean / 2.0;
+        let layers = rra_stage_layers(&profile, 2, Some(text), args.max_batch, context)?;
+        eprintln!("pipeline stages of {layers:?} layers (--stage-layers {text})");
+        devices = devices.with_stage_layers(layers)?;
+    }
     let interference = devices.interference()?;
     let engines = devices.engine_interference(&profile)?;
     // The planner prices the two devices working at once with the engines' κ (see
@@ -485,6 +505,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.loopback_workers {
         command.push_str(" --loopback-workers");
+    }
+    if let Some(layers) = &args.stage_layers {
+        command.push_str(&format!(" --stage-layers {layers}"));
     }
     let load = [load_before, load_average()];
     // One current report per set-up: one device, or two (the disaggregated comparison).
