@@ -622,6 +622,58 @@ fn plan_schedule_decode_stage_times_carry_the_overhead_first_and_the_head_last()
     assert!(close(batch[0], 3.5) && close(batch[1], 1.0), "{batch:?}");
 }
 
+/// The hand profile with `layers` layers (0.5 ms a decode step each) and a head of `head_ms` a
+/// sequence, nothing else on either stage.
+fn headed_profile(layers: usize, head_ms: f64) -> Profile {
+    Profile { layers, lm_head: Extra { weight_bytes: 1, ms_per_token: head_ms }, ..hand_profile(None) }
+}
+
+/// Alpa's stage planner over the profile (`balanced_stage_layers`): a head worth four layers
+/// moves layers forward, 7 + (3 and the head) being 3.5 ms against 3.5 ms where the even 5 + 5
+/// leaves the second stage at 4.5 ms; the head's cost grows with the batch; the last stage keeps
+/// a layer however heavy the head; more stages than layers is an error.
+#[test]
+fn plan_schedule_a_heavy_head_moves_layers_to_the_first_stage() {
+    let split = |layers: usize, head_ms: f64, batch: f64| {
+        let cost = headed_profile(layers, head_ms).cost_model("profile").unwrap();
+        schedule::balanced_stage_layers(&cost, 2, batch, 0.0, 0.0)
+    };
+    assert_eq!(split(10, 2.0, 1.0).unwrap(), vec![7, 3]);
+    assert_eq!(split(10, 0.0, 1.0).unwrap(), vec![5, 5], "no head: even");
+    assert_eq!(split(4, 20.0, 1.0).unwrap(), vec![3, 1], "the last stage keeps a layer");
+    assert_eq!(split(10, 2.0, 2.0).unwrap(), vec![9, 1], "two sequences: the head is worth 8 layers");
+    let cost = headed_profile(2, 1.0).cost_model("profile").unwrap();
+    assert!(schedule::balanced_stage_layers(&cost, 3, 1.0, 0.0, 0.0).is_err());
+}
+
+/// The planner prices RRA over two devices on the split it is given (`stage_layers`), says so
+/// in its output, prices the even split given as a list as the even split, and refuses a split
+/// that is not the model's.
+#[test]
+fn plan_schedule_prices_the_split_it_is_given() {
+    let input = |stage_layers: Option<Vec<usize>>| ScheduleInput {
+        devices: 2,
+        max_encode_batch: Some(4),
+        max_decode_iterations: None,
+        max_decode_batch: Some(4),
+        stage_layers,
+        ..hand_input(1e3, headed_profile(10, 2.0), LengthDistribution::Histogram(vec![(10, 1.0)]))
+    };
+    let even = schedule::plan(&input(None)).unwrap();
+    let balanced = schedule::plan(&input(Some(vec![7, 3]))).unwrap();
+    assert_eq!(even.stage_layers, None);
+    assert_eq!(balanced.stage_layers, Some(vec![7, 3]));
+    assert!(balanced.throughput_qps > even.throughput_qps, "{balanced:?} against {even:?}");
+    let listed = schedule::plan(&input(Some(vec![5, 5]))).unwrap();
+    assert!(close(listed.throughput_qps, even.throughput_qps), "{listed:?} against {even:?}");
+    for bad in [vec![5, 4], vec![10, 0], vec![]] {
+        match schedule::plan(&input(Some(bad.clone()))) {
+            Err(ScheduleError::Input(e)) => assert!(e.to_string().contains("stage_layers"), "{bad:?}: {e}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}
+
 /// One device's RRA throughput as the planner replays the engine (1024 queries queued at once)
 /// when `B_E` = 1, every query decodes `c·n_d` steps and the plan holds `c` seats (`i[b − 1]` a
 /// decode step of `b`): a seat is free, so the engine prefills again at once (ExeGPT §5.2's
