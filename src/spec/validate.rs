@@ -199,6 +199,21 @@ impl EngineSpec {
                 "drop --schedule or the parallelism flags, or give --schedule exegpt with two --devices and no other parallelism flag",
             ));
         }
+        // ExeGPT's `--stage-layers auto` splits from the ExeGPT profile, not from the devices'
+        // own profiles and memory caps.
+        let stage_flags = [
+            ("--device-memory", self.parallel.device_memory.is_some()),
+            ("--stage-profile-dir", self.parallel.stage_profile_dir.is_some()),
+        ];
+        if self.exegpt_over_two_devices()
+            && let Some(flag) = first_given(&stage_flags)
+        {
+            return Err(SpecError::new(
+                flag,
+                "applies to --stage-layers auto over profiled devices, and --schedule exegpt splits its pipeline from the ExeGPT profile",
+                format!("drop {flag}"),
+            ));
+        }
         Ok(())
     }
 

@@ -200,7 +200,8 @@ fn cli_runs_waa_and_two_stage_rra_plans() {
 
 /// A saved RRA plan priced on a split (`"stage_layers"`) runs that split, and says so;
 /// `--stage-layers` that agrees with it is taken, one that disagrees, or `auto` (which plans the
-/// split with the schedule), is an error saying what to do.
+/// split with the schedule), is an error saying what to do, as is `--device-memory` (a flag of
+/// the devices' own stage planning).
 #[test]
 fn a_saved_rra_plan_runs_its_own_split() {
     let dir = std::env::temp_dir().join(format!("burn-llm-rra-split-{}", std::process::id()));
@@ -224,6 +225,9 @@ fn a_saved_rra_plan_runs_its_own_split() {
     assert!(error.contains("stage"), "{error}");
     let error = run(&["--stage-layers", "auto"]).unwrap_err();
     assert!(error.contains("--latency-bound-s"), "auto with a saved plan: {error}");
+    // The split comes from the ExeGPT profile: the devices' own caps are not used, so not taken.
+    let error = run(&["--stage-layers", "auto", "--device-memory", "1000000000,1000000000"]).unwrap_err();
+    assert!(error.contains("--device-memory") && error.contains("ExeGPT profile"), "{error}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
