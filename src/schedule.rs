@@ -344,7 +344,7 @@ pub fn rra_stage_layers(
             layout.len()
         )));
     }
-    Ok(layout.stages().iter().map(|r| r.len()).collect())
+    Ok(layout.counts())
 }
 
 /// One line describing a plan: the schedule and what the planner predicts.

@@ -124,17 +124,16 @@ fn saved_plan_layers(spec: &EngineSpec, model: &Path, plan: &ScheduleOutput) -> 
         Some(text) => Some(StageLayout::parse(text, layers)?),
         None => None,
     };
-    let counts = |l: &StageLayout| l.stages().iter().map(|r| r.len()).collect::<Vec<_>>();
     match (&plan.stage_layers, given) {
-        (Some(planned), Some(given)) if *planned != counts(&given) => Err(format!(
+        (Some(planned), Some(given)) if *planned != given.counts() => Err(format!(
             "the plan was priced on stages of {planned:?} layers and --stage-layers gives {:?}: drop --stage-layers \
              or plan again for that split",
-            counts(&given)
+            given.counts()
         )
         .into()),
         (Some(planned), _) => Ok(planned.clone()),
-        (None, Some(given)) => Ok(counts(&given)),
-        (None, None) => Ok(counts(&StageLayout::even(layers, DEVICES)?)),
+        (None, Some(given)) => Ok(given.counts()),
+        (None, None) => Ok(StageLayout::even(layers, DEVICES)?.counts()),
     }
 }
 

@@ -151,6 +151,11 @@ impl StageLayout {
         Ok(Self { stages })
     }
 
+    /// The layers of each stage, in order ([`StageLayout::from_counts`] back).
+    pub fn counts(&self) -> Vec<usize> {
+        self.stages.iter().map(|r| r.len()).collect()
+    }
+
     /// Parses `--stage-layers` (`0-11,12-23`: inclusive ranges in layer order) for a model of
     /// `num_layers` layers, rejecting gaps, overlaps, reversed or out-of-range ranges.
     pub fn parse(text: &str, num_layers: usize) -> Result<Self> {

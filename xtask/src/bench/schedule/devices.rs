@@ -36,38 +36,22 @@ pub(super) enum Devices {
 }
 
 impl Devices {
-    /// `model` (on `first`) alone, or replicated onto the second device too.
-    pub(super) fn new(model: CausalLm, first: (String, Device), second: Option<(String, Device)>) -> Self {
+    /// `model` (on `first`) alone, or replicated onto the second device too, with the pipeline
+    /// over both split into stages of `stage_layers` layers each: every pipeline over the two
+    /// devices (FCFS's, static batching's, RRA's) runs that split, and the planner prices it.
+    pub(super) fn new(model: CausalLm, first: (String, Device), second: Option<(String, Device, Vec<usize>)>) -> Self {
         match second {
             None => Self::One(Box::new(model)),
-            Some((second_name, second)) => {
+            Some((second_name, second, stage_layers)) => {
                 let replica = model.clone().to_device(&second);
-                let even =
-                    StageLayout::even(model.spec.num_layers, 2).map(|l| l.stages().iter().map(|r| r.len()).collect());
                 Self::Two {
                     names: [first.0, second_name],
                     devices: Box::new([first.1, second]),
                     replicas: Box::new([model, replica]),
-                    stage_layers: even.unwrap_or_default(),
+                    stage_layers,
                 }
             }
         }
-    }
-
-    /// Every pipeline over the two devices (FCFS's, static batching's, RRA's) split into stages
-    /// of `layers` layers each, which the planner then prices; one device: nothing to split.
-    pub(super) fn with_stage_layers(mut self, layers: Vec<usize>) -> Result<Self, BoxError> {
-        if let Self::Two { stage_layers, replicas, .. } = &mut self {
-            if layers.len() != 2 || layers.iter().sum::<usize>() != replicas[0].spec.num_layers || layers.contains(&0) {
-                return Err(format!(
-                    "--stage-layers: two stages of at least one layer each, {} in all, are needed; got {layers:?}",
-                    replicas[0].spec.num_layers
-                )
-                .into());
-            }
-            *stage_layers = layers;
-        }
-        Ok(self)
     }
 
     /// The layers of each stage of the pipeline (two devices).

@@ -303,20 +303,24 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("model: {model_name}");
     let model = CausalLm::random(spec.clone(), &first.1)?;
     let (profile, mut profile_source) = profile(&args, &model)?;
-    let mut devices = Devices::new(model, first, second);
-    if let Some(text) = &args.stage_layers {
-        if devices.count() != 2 {
+    // Over two devices, the pipeline's split: `--stage-layers`, or even.
+    let second = match (second, &args.stage_layers) {
+        (None, Some(_)) => {
             return Err(
                 "--stage-layers splits the pipeline over two devices: add --devices or --loopback-workers".into()
             );
         }
-        // The split's decode context: the first workload's mean prompt plus half its mean output.
-        let [first, _] = SyntheticWorkload::standard(args.scale, MAX_LEN);
-        let context = first.prompt.mean + first.output.mean / 2.0;
-        let layers = rra_stage_layers(&profile, 2, Some(text), args.max_batch, context)?;
-        eprintln!("pipeline stages of {layers:?} layers (--stage-layers {text})");
-        devices = devices.with_stage_layers(layers)?;
-    }
+        (None, None) => None,
+        (Some((name, device)), text) => {
+            // The split's decode context: the first workload's mean prompt plus half its mean output.
+            let [first, _] = SyntheticWorkload::standard(args.scale, MAX_LEN);
+            let context = first.prompt.mean + first.output.mean / 2.0;
+            let layers = rra_stage_layers(&profile, 2, text.as_deref(), args.max_batch, context)?;
+            eprintln!("pipeline stages of {layers:?} layers (--stage-layers {})", text.as_deref().unwrap_or("even"));
+            Some((name, device, layers))
+        }
+    };
+    let devices = Devices::new(model, first, second);
     let interference = devices.interference()?;
     let engines = devices.engine_interference(&profile)?;
     // The planner prices the two devices working at once with the engines' κ (see
