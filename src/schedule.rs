@@ -263,7 +263,7 @@ pub fn plan_rra(
     workload: &ScheduleWorkload,
     latency_bound_s: f64,
 ) -> Result<ScheduleOutput, PlanError> {
-    plan_for(profile, workload, latency_bound_s, 1, 0.0, None)
+    plan_for(profile, workload, latency_bound_s, 1, 0.0, None, None)
 }
 
 /// Like [`plan_rra`] over `devices` devices of the same memory (each a full model replica and
@@ -272,6 +272,8 @@ pub fn plan_rra(
 /// slow each other down by `interference` (the measured `κ` of
 /// [`burn_parallel::profiler::pipeline_interference`], 0 on one device). `stage_layers`: the
 /// layers of each stage of the pipeline RRA runs over the devices, where it is not an even split.
+/// `strategies`: the strategies the planner may choose from (default: all three over several
+/// devices, RRA on one; WAA alone on one device is the planner's error).
 pub fn plan_for(
     profile: Profile,
     workload: &ScheduleWorkload,
@@ -279,6 +281,7 @@ pub fn plan_for(
     devices: usize,
     interference: f64,
     stage_layers: Option<&[usize]>,
+    strategies: Option<&[Strategy]>,
 ) -> Result<ScheduleOutput, PlanError> {
     if workload.prompt_lens.is_empty() || workload.output_lens.is_empty() || workload.output_lens.contains(&0) {
         return Err(PlanError::Invalid(
@@ -302,7 +305,11 @@ pub fn plan_for(
         devices,
         device_memory_bytes: weights.saturating_add(kv),
         latency_bound_s,
-        strategies: if devices == 1 { Some(vec![Strategy::Rra]) } else { None },
+        strategies: match (devices, strategies) {
+            (_, Some(strategies)) => Some(strategies.to_vec()),
+            (1, None) => Some(vec![Strategy::Rra]),
+            _ => None,
+        },
         max_encode_batch: Some(workload.max_num_seqs),
         max_decode_iterations: None,
         max_decode_batch: Some(workload.max_num_seqs),

@@ -79,7 +79,7 @@ pub(super) fn build(
             let lm = Arc::new(load_pipeline(spec, model, &devices, &layers)?);
             let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone(), &layers)?;
             writeln!(log, "{}", interference.summary())?;
-            let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa, Some(&layers))?;
+            let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa, Some(&layers), None)?;
             (plan, Some(lm))
         }
         // `validate` refuses the other combinations.

@@ -248,3 +248,39 @@ fn generate(flags: &[&str]) -> Result<(String, String), String> {
 fn generated(text: &str) -> &str {
     text.trim_end().rsplit_once('\n').map_or(text, |(generated, _)| generated)
 }
+
+/// `plan_for` over two devices plans among the strategies it is given: WAA alone (as `bench
+/// schedule --strategies waa-c,waa-m` runs it), RRA alone. WAA's decoder holds `B_E·(S̄_D − 1)`
+/// queries, so outputs longer than the engine's seats leave it no plan, and the error says why;
+/// WAA alone on one device is the planner's error too, naming the fix.
+#[test]
+fn plan_for_chooses_among_the_strategies_it_is_given() {
+    use burn_llm::parallel::plan::profile::Profile;
+    use burn_llm::parallel::plan::schedule::Strategy;
+    use burn_llm::schedule::{ScheduleWorkload, plan_for};
+
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/burn-parallel/inputs/smollm2-flex-profile.json");
+    let profile: Profile = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let workload = |output| ScheduleWorkload {
+        prompt_lens: vec![24; 16],
+        output_lens: vec![output; 16],
+        kv_tokens: 4096,
+        max_num_seqs: 8,
+    };
+    let short = workload(4);
+    let plan = |devices, strategies: Option<&[Strategy]>| {
+        plan_for(profile.clone(), &short, 1e6, devices, 0.0, None, strategies)
+    };
+    let both_waa = [Strategy::WaaC, Strategy::WaaM];
+    let waa = plan(2, Some(&both_waa)).unwrap();
+    assert!(matches!(waa.strategy, Strategy::WaaC | Strategy::WaaM), "{waa:?}");
+    assert_eq!((waa.encode_devices, waa.decode_devices), (1, 1), "{waa:?}");
+    assert_eq!(plan(2, Some(&[Strategy::Rra])).unwrap().strategy, Strategy::Rra);
+    assert_eq!(plan(1, None).unwrap().strategy, Strategy::Rra);
+    let error = plan(1, Some(&[Strategy::WaaC])).unwrap_err().to_string();
+    assert!(error.contains("WAA needs at least 2") && error.contains("rra"), "{error}");
+    let long = workload(48);
+    let error = plan_for(profile.clone(), &long, 1e6, 2, 0.0, None, Some(&both_waa)).unwrap_err().to_string();
+    assert!(error.contains("WAA decodes B_E·(S̄_D − 1) = 47") && error.contains("max_decode_batch 8"), "{error}");
+    assert_eq!(plan_for(profile, &long, 1e6, 2, 0.0, None, None).unwrap().strategy, Strategy::Rra);
+}

@@ -2,9 +2,9 @@
 //! stages from the measurement (AlpaServe profiles each parallel configuration), so that a
 //! pipeline that overlaps its requests worse than its layers promise stops winning the placement.
 
-use burn_parallel::plan::placement::{self, Arrivals, MeasuredPipeline, ModelRef, PlacementInput, PlacementWorkload};
+use burn_parallel::plan::placement::{self, Arrivals, MeasuredPipeline, ModelRef, PlacementInput};
 
-use super::model;
+use super::placement::{arrivals as workload, input, model};
 
 /// AlpaServe §4.3.1's case: two 0.4 s models, two devices that each hold one, bursty traffic;
 /// the layers alone make pipelining both models over both devices the best placement.
@@ -14,22 +14,7 @@ pub(crate) fn bursty(measured: Option<MeasuredPipeline>) -> PlacementInput {
     for m in &mut models {
         m.measured_pipelines = measured.iter().cloned().collect();
     }
-    PlacementInput {
-        models,
-        devices: 2,
-        device_memory_bytes: 4 << 30,
-        workload: PlacementWorkload {
-            trace: None,
-            arrivals: Some(vec![arrivals("a"), arrivals("b")]),
-            duration_s: Some(2000.0),
-            seed: Some(1),
-        },
-        baseline: None,
-        beam: None,
-        interference: None,
-        serve_every_model: false,
-        admission: Default::default(),
-    }
+    input(models, 2, 4 << 30, workload(vec![arrivals("a"), arrivals("b")], 2000.0, Some(1)))
 }
 
 #[test]

@@ -1,30 +1,17 @@
 //! `serve_every_model`: AlpaServe's Algorithm 3 keeps the highest attainment, which under
 //! overload can leave a model out; a server asks for placements that serve every model.
 
-use burn_parallel::plan::placement::{self, Arrivals, ModelRef, PlacementInput, PlacementWorkload};
+use burn_parallel::plan::placement::{self, Arrivals, ModelRef, PlacementInput};
 
-use super::model;
+use super::placement::{arrivals as workload, input, model};
 
 /// Two 1.25 s models, two devices that each hold one and a half of them, and bursty traffic at
 /// 0.8 of what one device serves per model.
 fn overloaded(serve_every_model: bool) -> PlacementInput {
     let arrivals = |name: &str| Arrivals { model: ModelRef::Name(name.into()), rate: 0.64, cv: 3.0 };
-    PlacementInput {
-        models: vec![model("a", 4, 312.5, 4.67), model("b", 4, 312.5, 4.67)],
-        devices: 2,
-        device_memory_bytes: 6 << 30,
-        workload: PlacementWorkload {
-            trace: None,
-            arrivals: Some(vec![arrivals("a"), arrivals("b")]),
-            duration_s: Some(60.0),
-            seed: Some(0),
-        },
-        baseline: None,
-        beam: None,
-        interference: Some(0.36),
-        serve_every_model,
-        admission: Default::default(),
-    }
+    let models = vec![model("a", 4, 312.5, 4.67), model("b", 4, 312.5, 4.67)];
+    let workload = workload(vec![arrivals("a"), arrivals("b")], 60.0, Some(0));
+    PlacementInput { interference: Some(0.36), serve_every_model, ..input(models, 2, 6 << 30, workload) }
 }
 
 fn served(out: &placement::PlacementOutput) -> Vec<String> {

@@ -6,7 +6,8 @@ use burn_parallel::plan::stages::{self, DeviceStagesError, StageDevice, StageExt
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{close, partitions};
+use super::close;
+use super::stages::partitions;
 
 /// Cost of stage `s` over `r` (latency, bytes), as the planner defines it.
 fn stage_cost(input: &StagesInput, s: usize, r: [usize; 2]) -> (f64, u64) {

@@ -8,7 +8,8 @@ use burn_parallel::profiler::Interference;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{close, partitions};
+use super::close;
+use super::stages::partitions;
 
 /// Stage cost (latency, bytes on the group's first device, fits) of `group` over layers `r`, as
 /// the module docs define it.

@@ -119,6 +119,17 @@ pub enum Strategy {
     WaaM,
 }
 
+impl std::fmt::Display for Strategy {
+    /// The name the planner's JSON gives it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Rra => "rra",
+            Self::WaaC => "waa-c",
+            Self::WaaM => "waa-m",
+        })
+    }
+}
+
 /// Output of [`plan`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScheduleOutput {
@@ -182,11 +193,13 @@ pub enum ScheduleError {
     },
     /// No configuration fits in memory (or within `max_decode_batch`).
     #[error(
-        "no configuration fits in {memory} bytes per device (within max_decode_batch, if given); add memory or devices"
+        "no configuration fits in {memory} bytes per device (within max_decode_batch, if given); add memory or devices{waa}"
     )]
     DoesNotFit {
         /// Memory per device.
         memory: u64,
+        /// Why WAA cannot fit within `max_decode_batch`, where that is why (else empty).
+        waa: String,
     },
     /// The requested strategies cannot run on these devices.
     #[error("no requested strategy runs on {devices} device(s) (WAA needs at least 2); add `rra` to `strategies`")]
@@ -289,7 +302,10 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         return Err(if least.is_finite() {
             ScheduleError::Infeasible { bound_s, best_latency_s: least }
         } else {
-            ScheduleError::DoesNotFit { memory: input.device_memory_bytes }
+            ScheduleError::DoesNotFit {
+                memory: input.device_memory_bytes,
+                waa: waa_over_max_batch(&sim, &spaces, input),
+            }
         });
     };
     let point = searcher.point(&space, &c);
@@ -326,6 +342,20 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         search: if input.exhaustive { "exhaustive" } else { "branch-and-bound" }.to_string(),
         simulations: searcher.simulations(),
     })
+}
+
+/// Where WAA was asked for and its least decode batch, `B_E·(S̄_D − 1)` at `B_E = 1` (ExeGPT
+/// §4.1 and §6: the decoder holds every query the encoder passes it until it completes), exceeds
+/// `max_decode_batch`: a sentence saying so and what to do; else empty.
+fn waa_over_max_batch(sim: &XSim, spaces: &[(Strategy, Space)], input: &ScheduleInput) -> String {
+    let least = sim.waa_decode_batch(1.0);
+    match input.max_decode_batch {
+        Some(max) if spaces.iter().any(|(s, _)| *s != Strategy::Rra) && least > max as f64 => format!(
+            "; WAA decodes B_E·(S̄_D − 1) = {least:.0} sequences at the least (encode batch 1, the outputs' mean \
+             length less one), over max_decode_batch {max}: raise max_decode_batch, shorten the outputs, or plan RRA"
+        ),
+        _ => String::new(),
+    }
 }
 
 /// `stage_layers` of a model of `layers` layers: at least one stage, every stage at least one

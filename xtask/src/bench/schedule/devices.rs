@@ -131,15 +131,16 @@ impl Devices {
     }
 
     /// ExeGPT's plan for `workload` under `bound` on these devices, working at once with
-    /// `interference` ([`Devices::interference`]).
+    /// `interference` ([`Devices::interference`]), chosen among `strategies` (all when `None`).
     pub(super) fn plan(
         &self,
         profile: &Profile,
         workload: &ScheduleWorkload,
         bound: f64,
         interference: f64,
+        strategies: Option<&[Strategy]>,
     ) -> Result<ScheduleOutput, PlanError> {
-        plan_for(profile.clone(), workload, bound, self.count(), interference, self.stage_layers())
+        plan_for(profile.clone(), workload, bound, self.count(), interference, self.stage_layers(), strategies)
     }
 
     /// How much the two devices slow each other down when both work (pipeline stages, WAA's

@@ -42,7 +42,7 @@ use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::models::{CausalLm, DecoderSpec};
 use burn_llm::paged::{EngineConfig, KvCacheMemory};
 use burn_llm::parallel::plan::profile::Profile;
-use burn_llm::parallel::plan::schedule::ScheduleOutput;
+use burn_llm::parallel::plan::schedule::{ScheduleOutput, Strategy};
 use burn_llm::parallel::profiler::{EngineStepGrid, Interference, ProfileGrid};
 use burn_llm::schedule::{
     EngineInterference, ScheduleWorkload, check_layers, measure_profile, read_profile, rra_stage_layers,
@@ -127,6 +127,12 @@ pub struct Args {
     /// on the second stage), or ranges (`0-2,3-3`). Default: an even split.
     #[arg(long)]
     stage_layers: Option<String>,
+    /// Over two devices, the strategies ExeGPT's planner chooses (c) from: `rra`, `waa-c`,
+    /// `waa-m` (default: all three). `waa-c,waa-m` measures the disaggregated schedule, prefill on
+    /// the first device and decode on the second with the KV moved between them, where the
+    /// planner would choose RRA.
+    #[arg(long, value_delimiter = ',', value_parser = parse_strategy)]
+    strategies: Option<Vec<Strategy>>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -248,18 +254,25 @@ fn profile(args: &Args, model: &CausalLm) -> Result<(Profile, String), Box<dyn s
     Ok((profile, source))
 }
 
+/// A strategy as the planner's JSON names it.
+fn parse_strategy(text: &str) -> Result<Strategy, String> {
+    serde_json::from_value(serde_json::Value::String(text.trim().to_string()))
+        .map_err(|_| format!("unknown strategy `{text}`: give rra, waa-c or waa-m"))
+}
+
 /// The three default bounds for a workload (see `--latency-bounds`).
 fn default_bounds(
     devices: &Devices,
     profile: &Profile,
     workload: &ScheduleWorkload,
     interference: f64,
+    strategies: Option<&[Strategy]>,
 ) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
-    let loose = devices.plan(profile, workload, 1e6, interference)?.latency_s;
+    let loose = devices.plan(profile, workload, 1e6, interference, strategies)?.latency_s;
     let (mut infeasible, mut feasible) = (0.0, loose);
     for _ in 0..20 {
         let mid = (infeasible + feasible) / 2.0;
-        if devices.plan(profile, workload, mid, interference).is_ok() {
+        if devices.plan(profile, workload, mid, interference, strategies).is_ok() {
             feasible = mid;
         } else {
             infeasible = mid;
@@ -278,6 +291,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     {
         return Err(format!("--latency-bounds must be positive seconds, got {bounds:?}").into());
     }
+    if args.strategies.is_some() && args.devices.is_none() && !args.loopback_workers {
+        return Err(
+            "--strategies chooses among ExeGPT's strategies over two devices: add --devices or --loopback-workers"
+                .into(),
+        );
+    }
+    let strategies = args.strategies.as_deref();
     // Dropped when `run` returns, on error too: the workers end either way.
     let workers = match args.loopback_workers {
         true => Some(Workers::start(&[1, 1], args.worker_bin.as_deref(), &std::env::temp_dir())?),
@@ -375,7 +395,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
         let (bounds, from_profile) = match &args.latency_bounds {
             Some(b) => (b.clone(), false),
-            None => (default_bounds(&devices, &profile, &plan_workload, kappa)?, true),
+            None => (default_bounds(&devices, &profile, &plan_workload, kappa, strategies)?, true),
         };
         eprintln!(
             "{}: {} requests, mean prompt {mean_prompt:.1}, output mean {mean_output:.1} (p99 {p99_output}); bounds {bounds:.3?} s",
@@ -384,7 +404,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         let plans: Vec<Result<ScheduleOutput, String>> = bounds
             .iter()
-            .map(|&b| devices.plan(&profile, &plan_workload, b, kappa).map_err(|e| e.to_string()))
+            .map(|&b| devices.plan(&profile, &plan_workload, b, kappa, strategies).map_err(|e| e.to_string()))
             .collect();
         if let Some(plan) = plans.iter().flatten().next() {
             pct = plan.latency_percentile;
@@ -513,9 +533,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(layers) = &args.stage_layers {
         command.push_str(&format!(" --stage-layers {layers}"));
     }
+    if let Some(strategies) = strategies {
+        let names: Vec<String> = strategies.iter().map(|s| s.to_string()).collect();
+        command.push_str(&format!(" --strategies {}", names.join(",")));
+    }
     let load = [load_before, load_average()];
-    // One current report per set-up: one device, or two (the disaggregated comparison).
-    let name = if args.devices.is_some() || args.loopback_workers { "schedule-devices" } else { "schedule" };
+    // One current report per set-up: one device; two, the planner choosing (c); two, (c) WAA only.
+    let waa_only = strategies.is_some_and(|s| !s.contains(&Strategy::Rra));
+    let name = match (args.devices.is_some() || args.loopback_workers, waa_only) {
+        (false, _) => "schedule",
+        (true, false) => "schedule-devices",
+        (true, true) => "schedule-devices-waa",
+    };
     let header = Header::new(name, command, Some(args.device.name()), model_name.clone());
     let md = markdown(&header, &model_name, &args, &devices, &profile_source, &profile, load, pct, &results);
     let png = plot::schedule_png(&args.out.join(format!("{name}.png")), &plot_series(&results));

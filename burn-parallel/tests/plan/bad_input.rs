@@ -1,0 +1,166 @@
+//! Bad input to every planner through the library and the CLI, and the sample inputs.
+
+use burn_parallel::plan::cli;
+use burn_parallel::plan::placement::{self, Arrivals, ModelRef};
+use burn_parallel::plan::profile::Profile;
+use burn_parallel::plan::schedule::{LengthDistribution, ScheduleInput};
+use burn_parallel::plan::slices::{self, SlicesInput};
+use burn_parallel::plan::stages::{self, StagesError, StagesInput};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::close;
+use super::placement::{arrivals, input, model};
+use super::profiles::profile;
+use super::schedule::schedule_input;
+use super::slices::slices_input;
+
+#[test]
+fn plan_bad_input_is_an_error_not_a_panic() {
+    let base = StagesInput { layer_latency_ms: vec![1.0, 2.0], stages: 1, ..StagesInput::default() };
+    for bad in [
+        StagesInput { layer_latency_ms: vec![f64::NAN, 1.0], ..base.clone() },
+        StagesInput { layer_latency_ms: vec![-1.0, 1.0], ..base.clone() },
+        StagesInput { layer_latency_ms: vec![], ..base.clone() },
+        StagesInput { stages: 3, ..base.clone() },
+        StagesInput {
+            layer_memory_bytes: Some(vec![u64::MAX, u64::MAX]),
+            stage_memory_bytes: Some(u64::MAX),
+            ..base.clone()
+        },
+        StagesInput { layer_memory_bytes: Some(vec![1]), stage_memory_bytes: Some(1), ..base.clone() },
+    ] {
+        assert!(stages::plan(&bad).is_err(), "{bad:?}");
+    }
+    // Sizes past what the planners can allocate are errors, not aborts.
+    let huge = StagesInput { layer_latency_ms: vec![1.0; 4096], stages: 4096, ..base.clone() };
+    assert!(matches!(stages::plan(&huge), Err(StagesError::TooLarge { .. })));
+    let many = StagesInput { layer_latency_ms: vec![1.0; 5000], ..base.clone() };
+    assert!(stages::plan(&many).is_err());
+    let batch = SlicesInput {
+        seq_len: 4096,
+        stages: 2,
+        batch: Some(4096),
+        profile: Some(profile(&mut ChaCha8Rng::seed_from_u64(1))),
+        ..SlicesInput::default()
+    };
+    assert!(slices::plan_batch(&batch).is_err());
+    // The batch extension is its own function.
+    assert!(slices::plan(&SlicesInput { batch: Some(1), ..slices_input(vec![vec![Some(1.0)]], 1, 1, None) }).is_err());
+    let workload = arrivals(vec![Arrivals { model: ModelRef::Index(0), rate: 1e9, cv: 1.0 }], 1e9, None);
+    let flood = input(vec![model("a", 1, 1.0, 1.0)], 1, 1 << 30, workload);
+    assert!(placement::plan(&flood).is_err());
+    assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 2, 1, None)).is_err());
+    assert!(slices::plan(&slices_input(vec![vec![Some(f64::INFINITY)]], 1, 1, None)).is_err());
+    assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 1, 0, None)).is_err());
+}
+
+/// Writes `json` to a fresh temporary file and runs the CLI on it.
+pub(super) fn cli_run(planner: &str, json: &str, extra: &[&str]) -> (serde_json::Value, i32) {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("burn-parallel-plan-{}-{n}.json", std::process::id()));
+    std::fs::write(&path, json).unwrap();
+    let mut args = vec!["plan".to_string(), planner.to_string(), "--input".into(), path.display().to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let (out, code) = cli::run(args);
+    std::fs::remove_file(&path).ok();
+    (serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}")), code)
+}
+
+#[test]
+fn plan_cli_prints_one_json_object_and_exits_2_on_bad_input() {
+    let (out, code) = cli_run("stages", r#"{"layer_latency_ms": [1, 2, 3, 4], "stages": 2}"#, &[]);
+    assert_eq!(code, 0);
+    assert_eq!(out["stages"], serde_json::json!([[0, 3], [3, 4]]));
+    assert_eq!(out["bottleneck_ms"], 6.0);
+    let (out, code) = cli_run("slices", r#"{"seq_len": 2, "stages": 2, "t_fwd_ms": [[1, 1], [3, null]]}"#, &[]);
+    assert_eq!((code, out["slices"].clone()), (0, serde_json::json!([1, 1])));
+    for (planner, json, extra) in [
+        ("stages", r#"{"stages": 2}"#, &[][..]),
+        ("stages", r#"{"layer_latency_ms": [1, -2], "stages": 1}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [NaN], "stages": 1}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [], "stages": 1}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [1], "stages": 18446744073709551616}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [1e400], "stages": 1}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [1], "stages": 2}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [1], "stages": 1, "typo": 1}"#, &[]),
+        ("stages", r#"{"layer_latency_ms": [1], "stages": 1}"#, &["--exhaustive"]),
+        ("slices", r#"{"seq_len": 3, "stages": 1, "t_fwd_ms": [[1]]}"#, &[]),
+        ("slices", r#"{"seq_len": 100000, "stages": 1, "t_fwd_ms": []}"#, &[]),
+        (
+            "placement",
+            r#"{"models": [], "devices": 1, "device_memory_bytes": 1, "workload": {"trace": [[0, "a"]]}}"#,
+            &[],
+        ),
+        (
+            "placement",
+            r#"{"models": [{"name": "a", "layer_latency_ms": [1], "layer_memory_bytes": [10], "slo_s": 1}], "devices": 1, "device_memory_bytes": 1, "workload": {"trace": [[0, "a"]]}}"#,
+            &["--baseline", "replication"],
+        ),
+        (
+            "placement",
+            r#"{"models": [{"name": "a", "layer_latency_ms": [1], "layer_memory_bytes": [1], "slo_s": 1}], "devices": 1, "device_memory_bytes": 1, "workload": {"trace": [[0, "nope"]]}}"#,
+            &[],
+        ),
+        ("schedule", r#"{"devices": 1}"#, &[]),
+        ("unknown", "{}", &[]),
+    ] {
+        let (out, code) = cli_run(planner, json, extra);
+        assert_eq!(code, 2, "{planner} {json}: {out}");
+        assert!(out["error"].as_str().is_some_and(|e| !e.is_empty()), "{out}");
+    }
+    let (out, code) = cli::run(["plan", "stages", "--input", "/nonexistent/plan.json"]);
+    assert_eq!(code, 2, "{out}");
+}
+
+#[test]
+fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let input = ScheduleInput {
+        devices: 2,
+        device_memory_bytes: 1 << 20,
+        max_encode_batch: Some(8),
+        ..schedule_input(
+            profile(&mut rng),
+            LengthDistribution::Trace(vec![16, 24, 32]),
+            LengthDistribution::Histogram(vec![(4, 1.0), (8, 1.0)]),
+        )
+    };
+    let json = serde_json::to_string(&input).unwrap();
+    let (bnb, code) = cli_run("schedule", &json, &[]);
+    assert_eq!(code, 0, "{bnb}");
+    let (all, code) = cli_run("schedule", &json, &["--exhaustive"]);
+    assert_eq!(code, 0, "{all}");
+    assert_eq!(all["search"], "exhaustive");
+    assert!(close(bnb["throughput_qps"].as_f64().unwrap(), all["throughput_qps"].as_f64().unwrap()));
+    let placement = r#"{"models": [{"name": "a", "layer_latency_ms": [100, 100], "layer_memory_bytes": [1, 1], "slo_s": 1}],
+        "devices": 2, "device_memory_bytes": 2, "workload": {"arrivals": [{"model": "a", "rate": 2, "cv": 2}], "duration_s": 20, "seed": 3}}"#;
+    let (out, code) = cli_run("placement", placement, &["--baseline", "replication"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out["baseline"], "replication");
+    assert_eq!(out["latencies_s"].as_array().unwrap().len(), out["models"][0]["requests"].as_u64().unwrap() as usize);
+}
+
+#[test]
+fn plan_sample_inputs_all_plan() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("inputs");
+    let mut ran = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let Some(planner) = ["stages", "slices", "placement", "schedule"].into_iter().find(|p| name.starts_with(p))
+        else {
+            continue;
+        };
+        let (out, code) = cli::run(["plan", planner, "--input", path.to_str().unwrap()]);
+        assert_eq!(code, 0, "{name}: {out}");
+        assert!(serde_json::from_str::<serde_json::Value>(&out).unwrap().is_object());
+        ran += 1;
+    }
+    assert!(ran >= 9, "ran {ran} sample inputs");
+    // The profile on its own is a valid profile.
+    let text = std::fs::read_to_string(dir.join("profile.json")).unwrap();
+    let profile: Profile = serde_json::from_str(&text).unwrap();
+    assert!(profile.cost_model("profile").is_ok());
+}
