@@ -198,7 +198,8 @@ pub enum ScheduleError {
     DoesNotFit {
         /// Memory per device.
         memory: u64,
-        /// Why WAA cannot fit within `max_decode_batch`, where that is why (else empty).
+        /// Why WAA, the only strategy asked for, cannot fit within `max_decode_batch`, where that
+        /// is why (else empty).
         waa: String,
     },
     /// The requested strategies cannot run on these devices.
@@ -344,13 +345,14 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
     })
 }
 
-/// Where WAA was asked for and its least decode batch, `B_E·(S̄_D − 1)` at `B_E = 1` (ExeGPT
-/// §4.1 and §6: the decoder holds every query the encoder passes it until it completes), exceeds
-/// `max_decode_batch`: a sentence saying so and what to do; else empty.
+/// Where only WAA was asked for and its least decode batch, `B_E·(S̄_D − 1)` at `B_E = 1`
+/// (ExeGPT §4.1 and §6: the decoder holds every query the encoder passes it until it completes),
+/// exceeds `max_decode_batch`: a sentence saying so and what to do; else empty.
 fn waa_over_max_batch(sim: &XSim, spaces: &[(Strategy, Space)], input: &ScheduleInput) -> String {
     let least = sim.waa_decode_batch(1.0);
+    let only_waa = spaces.iter().all(|(s, _)| *s != Strategy::Rra);
     match input.max_decode_batch {
-        Some(max) if spaces.iter().any(|(s, _)| *s != Strategy::Rra) && least > max as f64 => format!(
+        Some(max) if only_waa && least > max as f64 => format!(
             "; WAA decodes B_E·(S̄_D − 1) = {least:.0} sequences at the least (encode batch 1, the outputs' mean \
              length less one), over max_decode_batch {max}: raise max_decode_batch, shorten the outputs, or plan RRA"
         ),

@@ -1,6 +1,7 @@
 //! The report of `bench schedule`: its Markdown tables and the plot's series.
 
 use burn_llm::parallel::plan::profile::Profile;
+use burn_llm::parallel::plan::schedule::ScheduleOutput;
 
 use super::super::plot;
 use super::super::process_cpu::CpuShares;
@@ -164,13 +165,7 @@ pub(super) fn markdown(
                 let (seqs, b_rate, b_lat) = tuned_cells(&b.fcfs_tuned);
                 let (shape, c_rate, c_lat, c_met) = match &b.exegpt {
                     Ok(p) => (
-                        format!(
-                            "{:?}: {}, {}, {}",
-                            p.plan.strategy,
-                            p.plan.encode_batch,
-                            p.plan.decode_iterations.unwrap_or(0),
-                            p.plan.decode_batch
-                        ),
+                        plan_shape(&p.plan),
                         rate(&p.verdict.run),
                         format!("{:.3}", p.verdict.run.latency_s),
                         yes(p.verdict.meets_bound),
@@ -386,4 +381,10 @@ fn device_time(w: &WorkloadResult) -> String {
         rows,
     ));
     md
+}
+
+/// A plan's strategy, `B_E`, `N_D` (WAA has none: its encoder runs beside the decoder) and `B_D`.
+pub(super) fn plan_shape(plan: &ScheduleOutput) -> String {
+    let n_d = plan.decode_iterations.map_or("–".to_string(), |n| n.to_string());
+    format!("{:?}: {}, {n_d}, {}", plan.strategy, plan.encode_batch, plan.decode_batch)
 }

@@ -57,7 +57,7 @@ use super::process_cpu::Process;
 use super::workload::SyntheticWorkload;
 use crate::report::{self, Header, percentile};
 use devices::Devices;
-use markdown::{markdown, plot_series, throughput_ratio};
+use markdown::{markdown, plan_shape, plot_series, throughput_ratio};
 use measure::{Run, Verdict, best_meeting, judge, load_average, measure, one_seat_seconds, run_engine, static_config};
 
 /// SmolLM2-135M's shape, for when its GGUF is not in the model cache.
@@ -443,11 +443,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     let (engine, seqs) = devices.exegpt(&plan, &base)?;
                     let r = run_engine(engine, seqs, &reqs, pct, &processes)?;
                     eprintln!(
-                        "  (c) ExeGPT {:?} B_E {} N_D {} B_D {} at {bound:.3} s: {:.2} req/s (predicted {:.2}), p{pct} {:.3} s (predicted {:.3}){}",
-                        plan.strategy,
-                        plan.encode_batch,
-                        plan.decode_iterations.unwrap_or(0),
-                        plan.decode_batch,
+                        "  (c) ExeGPT {} at {bound:.3} s: {:.2} req/s (predicted {:.2}), p{pct} {:.3} s (predicted {:.3}){}",
+                        plan_shape(&plan),
                         r.requests_per_s,
                         plan.throughput_qps,
                         r.latency_s,
