@@ -77,14 +77,23 @@ pub(super) fn markdown(
          a load above its {} threads means other work slowed these runs)\n",
         devices.describe(),
         if devices.count() == 2 {
-            "(a), (b) and (d) run the model as a PP=2 pipeline over both (iteration-level scheduling), as vLLM runs \
-             pipeline parallelism: two virtual engines over the one pipeline, each with half the seats and of the KV \
-             pool, one micro-batch a step (one engine at one seat); (c) runs the planner's choice for two devices: WAA \
-             (prefill on the first device, decode on the second, each request's KV blocks moved after its prefill) or \
-             RRA on one virtual engine per decoder micro-batch over the same pipeline; each device a full replica with \
-             the KV pool below"
+            format!(
+                "(a), (b) and (d) run the model as a PP=2 pipeline over both (iteration-level scheduling), as vLLM runs \
+                 pipeline parallelism: two virtual engines over the one pipeline, each with half the seats and of the \
+                 KV pool, one micro-batch a step (one engine at one seat); (c) runs the planner's choice for two \
+                 devices{}: WAA (prefill on the first device, decode on the second, each request's KV blocks moved \
+                 after its prefill) or RRA on one virtual engine per decoder micro-batch over the same pipeline; each \
+                 device a full replica with the KV pool below",
+                match &args.strategies {
+                    Some(s) => format!(
+                        " among {} (`--strategies`)",
+                        s.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                    ),
+                    None => String::new(),
+                }
+            )
         } else {
-            "every system on it"
+            "every system on it".to_string()
         },
         args.kv_tokens,
         args.block_size,
