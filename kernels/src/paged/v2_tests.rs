@@ -32,21 +32,7 @@ const LONG_CASES: [(usize, usize, usize, usize, &[usize]); 7] = [
 
 /// `batch` on `device` with every float operand in `dtype`, read back as f32.
 fn run(batch: &Batch, device: &Device, dtype: DType) -> Vec<f32> {
-    let head_dim = batch.shape[3];
-    let q = tensor(batch.q.clone(), [batch.tokens(), batch.heads, head_dim], device).cast(dtype);
-    let k = tensor(batch.k.clone(), batch.shape, device).cast(dtype);
-    let v = tensor(batch.v.clone(), batch.shape, device).cast(dtype);
-    let out = paged_attention(
-        q,
-        &k,
-        &v,
-        &batch.tables,
-        batch.max_blocks,
-        &batch.query_seq,
-        &batch.context_lens,
-        batch.scale(),
-    )
-    .unwrap();
+    let out = batch.run_as(device, dtype);
     assert_eq!(out.dtype(), dtype);
     values(out.cast(DType::F32))
 }

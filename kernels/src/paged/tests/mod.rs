@@ -4,7 +4,7 @@
 //! argument errors. Block tables, context lengths and data are drawn at random (seeded).
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -217,9 +217,14 @@ impl Batch {
     }
 
     pub(super) fn run(&self, device: &Device) -> Tensor<3> {
-        let q = tensor(self.q.clone(), [self.tokens(), self.heads, self.shape[3]], device);
-        let k = tensor(self.k.clone(), self.shape, device);
-        let v = tensor(self.v.clone(), self.shape, device);
+        self.run_as(device, DType::F32)
+    }
+
+    /// [`Batch::run`] with every float operand in `dtype`.
+    pub(super) fn run_as(&self, device: &Device, dtype: DType) -> Tensor<3> {
+        let q = tensor(self.q.clone(), [self.tokens(), self.heads, self.shape[3]], device).cast(dtype);
+        let k = tensor(self.k.clone(), self.shape, device).cast(dtype);
+        let v = tensor(self.v.clone(), self.shape, device).cast(dtype);
         paged_attention(q, &k, &v, &self.tables, self.max_blocks, &self.query_seq, &self.context_lens, self.scale())
             .unwrap()
     }
@@ -540,33 +545,20 @@ fn per_step_inputs_serve_every_layer() {
 /// precision (arithmetic is f32 either way), and cache writes keep the values.
 #[test]
 fn half_precision_caches() {
-    use burn::tensor::DType;
     let mut rng = Rng8::seed_from_u64(8);
     for device in devices() {
         let batch = Batch::new(&mut rng, 4, 2, 16, 4, &[5, 20, 33], 2);
         let reference = values(batch.reference(&device));
         let dtypes: &[DType] = if device == Device::flex() { &[DType::F16, DType::BF16] } else { &[DType::F16] };
         for &dtype in dtypes {
-            let q = tensor(batch.q.clone(), [batch.tokens(), batch.heads, 16], &device).cast(dtype);
-            let k = tensor(batch.k.clone(), batch.shape, &device).cast(dtype);
-            let v = tensor(batch.v.clone(), batch.shape, &device).cast(dtype);
-            let out = paged_attention(
-                q,
-                &k,
-                &v,
-                &batch.tables,
-                batch.max_blocks,
-                &batch.query_seq,
-                &batch.context_lens,
-                batch.scale(),
-            );
-            let out = out.unwrap();
+            let out = batch.run_as(&device, dtype);
             assert_eq!(out.dtype(), dtype);
             let found = values(out.cast(DType::F32));
             let tolerance = if dtype == DType::F16 { 1e-2 } else { 5e-2 };
             for (a, b) in found.iter().zip(&reference) {
                 assert!((a - b).abs() <= tolerance, "{device:?} {dtype:?}: {a} vs {b}");
             }
+            let k = tensor(batch.k.clone(), batch.shape, &device).cast(dtype);
             let new = tensor(random(&mut rng, 2 * 2 * 16), [2, 2, 16], &device).cast(dtype);
             let written = reshape_and_cache(k.clone(), new.clone(), &[0, 7]).unwrap();
             let got = values(read_blocks(&written, &[0, 1]).unwrap().cast(DType::F32));
