@@ -76,7 +76,7 @@ pub(super) fn build(
             let text = spec.parallel.stage_layers.as_deref();
             let (batch, context) = (workload.max_num_seqs, workload.mean_context());
             let layers = schedule::rra_stage_layers(&profile, DEVICES, text, batch, context)?;
-            let lm = Arc::new(load_pipeline(spec, model, &devices, &layers)?);
+            let lm = Arc::new(load_pipeline(spec, &PretrainedFiles::open(model)?, &devices, &layers)?);
             let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone(), &layers)?;
             writeln!(log, "{}", interference.summary())?;
             let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa, Some(&layers), None)?;
@@ -98,23 +98,22 @@ pub(super) fn build(
     Ok(Box::new(engine))
 }
 
-/// The model in two stages of `layers` layers each over `devices`.
+/// The model of `files` in two stages of `layers` layers each over `devices`.
 fn load_pipeline(
     spec: &EngineSpec,
-    model: &Path,
+    files: &PretrainedFiles,
     devices: &[Device],
     layers: &[usize],
 ) -> Result<PipelineLm, Box<dyn Error>> {
-    let files = PretrainedFiles::open(model)?;
     let stages = PipelinePlan::new(StageLayout::from_counts(layers)?, 1, devices.to_vec())?
         .with_names(spec.parallel.devices.clone().unwrap_or_default());
     Ok(PipelineLm::from_checkpoint(files.spec.clone(), &files.files, &stages, spec.weight_quant()?)?)
 }
 
-/// The layers of each stage a saved RRA `plan` runs: the plan's own split where it priced one
-/// (then `--stage-layers`, if given, must agree), otherwise `--stage-layers` or an even split.
-fn saved_plan_layers(spec: &EngineSpec, model: &Path, plan: &ScheduleOutput) -> Result<Vec<usize>, Box<dyn Error>> {
-    let layers = PretrainedFiles::open(model)?.spec.num_layers;
+/// The layers of each stage a saved RRA `plan` runs on a model of `layers` layers: the plan's own
+/// split where it priced one (then `--stage-layers`, if given, must agree), otherwise
+/// `--stage-layers` or an even split.
+fn saved_plan_layers(spec: &EngineSpec, layers: usize, plan: &ScheduleOutput) -> Result<Vec<usize>, Box<dyn Error>> {
     let given = match spec.parallel.stage_layers.as_deref() {
         Some(text) if text.trim() == "auto" => {
             return Err("--stage-layers auto plans the split with the schedule: give --latency-bound-s instead of \
@@ -169,7 +168,10 @@ fn build_on_plan(
         let (config, engines) = schedule::pipelined_engines(plan, DEVICES, spec.engine_config())?;
         let lm = match pipeline {
             Some(lm) => lm,
-            None => Arc::new(load_pipeline(spec, model, &devices, &saved_plan_layers(spec, model, plan)?)?),
+            None => {
+                let layers = saved_plan_layers(spec, files.spec.num_layers, plan)?;
+                Arc::new(load_pipeline(spec, &files, &devices, &layers)?)
+            }
         };
         paged_engines(lm, Some(files.tokenizer), files.eos_token_ids, config, engines)?
     } else {
