@@ -292,9 +292,11 @@ pub fn split_interference(
 /// The interference `κ` of `devices` (named `names`, in pipeline order) on `step`
 /// ([`profiler::pipeline_interference`]; [`OverlapStep::decode_share`]: a decode step through a
 /// stage's share of the model's layers): each runs the checkpoint's first layers, loaded as the
-/// profiler loads them (the run model's layers run again as often as the step needs), alone and
-/// then in a pipelined pass of micro-batches, host-CPU devices in the rayon pool their stage gets
-/// ([`stage_pool_threads`]). One device: `κ = 0`, nothing measured.
+/// profiler loads them (the run model's layers run again as often as the step needs), the last
+/// device ending its step with the final norm and LM head as the last stage does (the stage times
+/// `κ` multiplies hold the head), alone and then in a pipelined pass of micro-batches, host-CPU
+/// devices in the rayon pool their stage gets ([`stage_pool_threads`]). One device: `κ = 0`,
+/// nothing measured.
 /// Logged in one line; watched when a worker is among the devices (one that dies or stalls is
 /// an error naming it).
 pub fn interference_of(
@@ -337,11 +339,13 @@ fn measure_interference(
             models.push(model);
             heartbeat.beat();
         }
+        let last = models.len() - 1;
         let runs: Vec<OverlapDevice<'_>> = models
             .iter()
             .zip(&threads)
             .zip(&own)
-            .map(|((model, &threads), &layers)| OverlapDevice { model, threads, layers })
+            .enumerate()
+            .map(|(d, ((model, &threads), &layers))| OverlapDevice { model, threads, layers, head: d == last })
             .collect();
         profiler::pipeline_interference(&runs, step).map_err(|source| AutoStagesError::Profile { entry, source })
     })?;

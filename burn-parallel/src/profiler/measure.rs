@@ -53,6 +53,9 @@ pub(super) struct Bench<'a, 'h> {
     progress: &'a Progress<'h>,
     /// Layers a prefill or decode step runs between its two synchronisations (the first ones).
     layers: usize,
+    /// Whether [`Bench::prefill_once_ms`] ends with the final norm and the LM head over each
+    /// sequence's last position, as a pipeline's last stage ends its step.
+    head: bool,
 }
 
 impl<'a, 'h> Bench<'a, 'h> {
@@ -63,7 +66,7 @@ impl<'a, 'h> Bench<'a, 'h> {
         repeats: usize,
         progress: &'a Progress<'h>,
     ) -> Self {
-        Self { model, device, warmup, repeats, progress, layers: model.layers.len() }
+        Self { model, device, warmup, repeats, progress, layers: model.layers.len(), head: false }
     }
 
     /// The same bench running only the first `layers` layers per step.
@@ -77,6 +80,12 @@ impl<'a, 'h> Bench<'a, 'h> {
     /// of a deep one.
     pub(super) fn cycling_layers(self, layers: usize) -> Self {
         Self { layers: layers.max(1), ..self }
+    }
+
+    /// The same bench ending [`Bench::prefill_once_ms`]'s step with the final norm and the LM
+    /// head over each sequence's last position (`head`), as a pipeline's last stage does.
+    pub(super) fn with_head(self, head: bool) -> Self {
+        Self { head, ..self }
     }
 
     /// Layers a step runs.
@@ -109,7 +118,21 @@ impl<'a, 'h> Bench<'a, 'h> {
         }
         let step = cache.begin_step(&vec![self.token_ids(tokens).as_slice(); batch])?;
         let hidden = self.model.embed(&step);
-        self.timed(|| self.run_layers(hidden, &mut cache))
+        self.timed(|| {
+            let states = self.run_layers(hidden, &mut cache)?;
+            Ok(if self.head { self.head_of_last(states) } else { states })
+        })
+    }
+
+    /// Final norm and logits of each sequence's last position of `states` (`[batch, seq,
+    /// hidden]`), as `[batch, 1, vocab]`.
+    fn head_of_last(&self, states: Tensor<3>) -> Tensor<3> {
+        let [batch, seq, _] = states.dims();
+        let last = states.narrow(1, seq.saturating_sub(1), 1);
+        let finished = self.model.finish(Hidden { states: last, rotary: None });
+        let logits = self.model.logits(finished.reshape([batch, self.model.spec().embed_dim]));
+        let vocab = logits.dims()[1];
+        logits.reshape([batch, 1, vocab])
     }
 
     /// One decode step of the layers: `batch` sequences, one new token each, after `context`

@@ -8,8 +8,10 @@
 //! wait on its replies). So it is measured in the pipeline's own rhythm: a pass of
 //! [`OverlapStep::micro_batches`] micro-batches through the devices as stages, each device on a
 //! thread of its own (host-CPU devices in the rayon pool their stage would get) running the same
-//! step (the checkpoint's first layers, as the profiler runs them), every micro-batch handed on to
-//! the next device when done, as `PipelineLm`'s threaded stages hand on hidden states.
+//! step (the checkpoint's first layers, as the profiler runs them, and on the last stage's device
+//! the final norm and LM head over the step's last position: [`OverlapDevice::head`]), every
+//! micro-batch handed on to the next device when done, as `PipelineLm`'s threaded stages hand on
+//! hidden states.
 //!
 //! Each device is timed alone before and after the passes, the devices taking turns run by run,
 //! and keeps the faster median. With `a_d` each device's step alone, `M` micro-batches and `P` a
@@ -47,6 +49,10 @@ pub struct OverlapDevice<'a> {
     /// Layers this device's step runs (`None`: the step's [`OverlapStep::layers`]): a stage's
     /// own share, when the split being priced gives the devices unequal shares.
     pub layers: Option<usize>,
+    /// Whether each step ends with the final norm and the LM head over the step's last position,
+    /// as the pipeline's last stage ends its step: the stage times a measured `κ` multiplies
+    /// include the head, so the step it is measured on must too.
+    pub head: bool,
 }
 
 impl OverlapDevice<'_> {
@@ -111,12 +117,22 @@ pub struct Interference {
     /// [`OverlapStep::layers`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<usize>,
+    /// The devices whose steps ended with the LM head ([`OverlapDevice::head`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub head: Vec<usize>,
 }
 
 impl Interference {
     /// No interference (one device, or devices that share nothing): `κ = 0`.
     pub fn none() -> Self {
-        Self { step: OverlapStep::decode(1), alone_ms: Vec::new(), pass_ms: 0.0, kappa: 0.0, layers: Vec::new() }
+        Self {
+            step: OverlapStep::decode(1),
+            alone_ms: Vec::new(),
+            pass_ms: 0.0,
+            kappa: 0.0,
+            layers: Vec::new(),
+            head: Vec::new(),
+        }
     }
 
     /// `κ` from a pass `pass` of `micro_batches` micro-batches through devices whose steps take
@@ -171,6 +187,11 @@ impl Interference {
             [] => format!("{} layers each", self.step.layers),
             own => format!("layers {}", own.iter().map(usize::to_string).collect::<Vec<_>>().join(" / ")),
         };
+        let head: Vec<&str> = self.head.iter().filter_map(|&d| names.get(d).map(String::as_str)).collect();
+        let layers = match head.as_slice() {
+            [] => layers,
+            on => format!("{layers}, the LM head on {}", on.join(", ")),
+        };
         format!(
             "stages overlapping ({} new token(s) after {}, {layers}): alone {}; a pass of {} micro-batches \
              {:.2} ms, {:.2} ms each after the first: interference κ = {:.2} (a later micro-batch costs \
@@ -208,6 +229,7 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
     }
     let own: Vec<usize> = devices.iter().map(|d| d.layers(step)).collect();
     let layers = if own.iter().all(|&l| l == step.layers) { Vec::new() } else { own };
+    let head: Vec<usize> = devices.iter().enumerate().filter(|(_, d)| d.head).map(|(i, _)| i).collect();
     let before = alone_ms(devices, step)?;
     if devices.len() < 2 {
         return Ok(Interference {
@@ -216,6 +238,7 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
             alone_ms: before,
             kappa: 0.0,
             layers,
+            head,
         });
     }
     let pass = passes_ms(devices, step)?;
@@ -225,7 +248,7 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
     let after = alone_ms(devices, step)?;
     let alone: Vec<f64> = before.iter().zip(&after).map(|(b, a)| b.min(*a)).collect();
     let kappa = Interference::kappa_of(&alone, pass, step.micro_batches);
-    Ok(Interference { step, kappa, alone_ms: alone, pass_ms: pass, layers })
+    Ok(Interference { step, kappa, alone_ms: alone, pass_ms: pass, layers, head })
 }
 
 /// Each device's median step alone, the devices taking turns run by run (so that whatever drifts
@@ -234,8 +257,7 @@ fn alone_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Vec<f64>
     let mut runs = vec![Vec::with_capacity(step.repeats); devices.len()];
     for run in 0..step.warmup + step.repeats {
         for (i, d) in devices.iter().enumerate() {
-            let ms =
-                in_stage_pool(d.threads, || step_ms(d.model, step, d.layers(step))).map_err(|e| at_device(i, e))?;
+            let ms = in_stage_pool(d.threads, || step_ms(d, step)).map_err(|e| at_device(i, e))?;
             if run >= step.warmup {
                 runs[i].push(ms);
             }
@@ -283,7 +305,7 @@ fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pr
                                     let _ = from.recv();
                                 }
                                 if !failed()
-                                    && let Err(e) = guarded_step_ms(d.model, step, d.layers(step))
+                                    && let Err(e) = guarded_step_ms(d, step)
                                     && let Ok(mut slot) = failure.lock()
                                 {
                                     slot.get_or_insert((i, e));
@@ -323,19 +345,21 @@ fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pr
     Ok(median(per_pass))
 }
 
-/// One timed step of `model`'s layers (see [`OverlapStep`]), the device drained before and after:
-/// the profiler's prefill run ([`Bench::prefill_once_ms`]) through `layers` layers.
-fn step_ms(model: &CausalLm, step: OverlapStep, layers: usize) -> Result<f64, ProfileError> {
-    let device = model.device();
+/// One timed step of the device's layers (see [`OverlapStep`]), and its LM head where it runs
+/// one, the device drained before and after: the profiler's prefill run
+/// ([`Bench::prefill_once_ms`]).
+fn step_ms(device: &OverlapDevice<'_>, step: OverlapStep) -> Result<f64, ProfileError> {
+    let on = device.model.device();
     let progress = Progress::new(0, None);
-    let bench = Bench::new(model, &device, 0, 1, &progress).cycling_layers(layers);
+    let bench =
+        Bench::new(device.model, &on, 0, 1, &progress).cycling_layers(device.layers(step)).with_head(device.head);
     bench.prefill_once_ms(1, step.tokens, step.context)
 }
 
 /// [`step_ms`] with a panic (a device's backend failing inside an operation) turned into an
 /// error: a pass's thread that unwound would leave the others waiting at the next pass's barrier.
-fn guarded_step_ms(model: &CausalLm, step: OverlapStep, layers: usize) -> Result<f64, ProfileError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_ms(model, step, layers))).unwrap_or_else(|panic| {
+fn guarded_step_ms(device: &OverlapDevice<'_>, step: OverlapStep) -> Result<f64, ProfileError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_ms(device, step))).unwrap_or_else(|panic| {
         Err(ProfileError::Device(format!("the step panicked: {}", burn_llm_models::error::panic_message(panic))))
     })
 }
@@ -420,7 +444,7 @@ mod tests {
     #[test]
     fn one_device_has_nothing_to_overlap_with() {
         let model = tiny();
-        let one = [OverlapDevice { model: &model, threads: None, layers: None }];
+        let one = [OverlapDevice { model: &model, threads: None, layers: None, head: false }];
         let step = OverlapStep { tokens: 1, context: 8, layers: 3, micro_batches: 4, warmup: 1, repeats: 3 };
         let measured = pipeline_interference(&one, step).expect("measures");
         assert_eq!(measured.kappa, 0.0);
@@ -431,8 +455,8 @@ mod tests {
     fn devices_in_a_pass_report_their_steps_and_a_finite_interference() {
         let (a, b) = (tiny(), tiny());
         let devices = [
-            OverlapDevice { model: &a, threads: Some(1), layers: None },
-            OverlapDevice { model: &b, threads: Some(1), layers: None },
+            OverlapDevice { model: &a, threads: Some(1), layers: None, head: false },
+            OverlapDevice { model: &b, threads: Some(1), layers: None, head: false },
         ];
         let step = OverlapStep { tokens: 4, context: 8, layers: 2, micro_batches: 4, warmup: 1, repeats: 5 };
         let measured = pipeline_interference(&devices, step).expect("measures");
@@ -450,8 +474,8 @@ mod tests {
     fn each_device_can_run_its_own_share_of_layers() {
         let (a, b) = (tiny(), tiny());
         let devices = [
-            OverlapDevice { model: &a, threads: Some(1), layers: Some(24) },
-            OverlapDevice { model: &b, threads: Some(1), layers: Some(1) },
+            OverlapDevice { model: &a, threads: Some(1), layers: Some(24), head: false },
+            OverlapDevice { model: &b, threads: Some(1), layers: Some(1), head: false },
         ];
         let step = OverlapStep { tokens: 4, context: 8, layers: 2, micro_batches: 2, warmup: 1, repeats: 5 };
         let measured = pipeline_interference(&devices, step).expect("measures");
@@ -460,18 +484,41 @@ mod tests {
         assert!(measured.summary(&["a".into(), "b".into()]).contains("layers 24 / 1"));
         // Devices that all run the step's layers record none of their own.
         let same = [
-            OverlapDevice { model: &a, threads: Some(1), layers: Some(2) },
-            OverlapDevice { model: &b, threads: Some(1), layers: None },
+            OverlapDevice { model: &a, threads: Some(1), layers: Some(2), head: false },
+            OverlapDevice { model: &b, threads: Some(1), layers: None, head: false },
         ];
         assert!(pipeline_interference(&same, step).expect("measures").layers.is_empty());
+    }
+
+    #[test]
+    fn the_last_stage_can_end_its_step_with_the_lm_head() {
+        // A vocabulary of 32768 over a hidden size of 32: the head's 1M multiply-adds outweigh a
+        // layer's ~20k fifty-fold, so the device that runs it is the slower one alone.
+        let config = serde_json::json!({
+            "model_type": "llama", "vocab_size": 32768, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        });
+        let spec = DecoderSpec::from_json(&config.to_string(), Path::new("wide")).expect("a wide spec parses");
+        let model = CausalLm::random(spec, &Device::flex()).expect("a wide model builds");
+        let devices = [
+            OverlapDevice { model: &model, threads: Some(1), layers: Some(1), head: false },
+            OverlapDevice { model: &model, threads: Some(1), layers: Some(1), head: true },
+        ];
+        let step = OverlapStep { tokens: 4, context: 8, layers: 1, micro_batches: 2, warmup: 1, repeats: 5 };
+        let measured = pipeline_interference(&devices, step).expect("measures");
+        assert_eq!(measured.head, vec![1]);
+        assert!(measured.alone_ms[1] > measured.alone_ms[0], "the head's device is slower alone: {measured:?}");
+        let summary = measured.summary(&["a".into(), "b".into()]);
+        assert!(summary.contains("1 layers each, the LM head on b"), "{summary}");
     }
 
     #[test]
     fn an_empty_step_is_refused() {
         let model = tiny();
         let devices = [
-            OverlapDevice { model: &model, threads: None, layers: None },
-            OverlapDevice { model: &model, threads: None, layers: None },
+            OverlapDevice { model: &model, threads: None, layers: None, head: false },
+            OverlapDevice { model: &model, threads: None, layers: None, head: false },
         ];
         let step = OverlapStep { tokens: 0, ..OverlapStep::decode(4) };
         assert!(matches!(pipeline_interference(&devices, step), Err(ProfileError::Grid(_))));

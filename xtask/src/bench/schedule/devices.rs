@@ -144,16 +144,17 @@ impl Devices {
     }
 
     /// How much the two devices slow each other down when both work (pipeline stages, WAA's
-    /// prefill beside its decode), measured as `--schedule exegpt` over two `--devices` measures
-    /// it: each replica's decode step through half the layers, alone and in a pipelined pass. One
-    /// device: nothing measured.
+    /// prefill beside its decode) over their layers alone: each replica's decode step through half
+    /// the layers (the second's ending with the LM head, as the last stage's does), alone and in a
+    /// pipelined pass. One device: nothing measured.
     pub(super) fn interference(&self) -> Result<Interference, BoxError> {
         let Self::Two { names, devices, replicas, .. } = self else { return Ok(Interference::none()) };
         let threads = stage_pool_threads(devices.as_slice(), None)?;
         let runs: Vec<OverlapDevice<'_>> = replicas
             .iter()
             .zip(&threads)
-            .map(|(model, &threads)| OverlapDevice { model, threads, layers: None })
+            .enumerate()
+            .map(|(d, (model, &threads))| OverlapDevice { model, threads, layers: None, head: d == 1 })
             .collect();
         let step = OverlapStep::decode_share(replicas[0].spec.num_layers, 2);
         let measured = pipeline_interference(&runs, step)?;
