@@ -15,9 +15,11 @@
 
 mod cycle;
 mod profiling;
+mod waa_pair;
 
 pub use cycle::{EngineInterference, engine_interference};
 pub use profiling::{check_layers, engine_steps, load_or_profile, measure_profile, time_engine_steps};
+pub use waa_pair::waa_interference;
 
 use std::path::{Path, PathBuf};
 
@@ -266,11 +268,28 @@ pub fn plan_rra(
     plan_for(profile, workload, latency_bound_s, 1, 0.0, None, None)
 }
 
+/// How much devices that work at once slow each other down, as the planner prices it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeviceInterference {
+    /// Pipeline stages on different micro-batches (RRA over the devices): the `κ` of
+    /// [`burn_parallel::profiler::pipeline_interference`] or of [`engine_interference`].
+    pub stages: f64,
+    /// WAA's prefill device beside its decode device, each repeating its own kind of step: the `κ`
+    /// of [`burn_parallel::profiler::side_by_side`] (`None`: `stages`).
+    pub waa: Option<f64>,
+}
+
+impl From<f64> for DeviceInterference {
+    /// One `κ` for every way the devices work at once.
+    fn from(stages: f64) -> Self {
+        Self { stages, waa: None }
+    }
+}
+
 /// Like [`plan_rra`] over `devices` devices of the same memory (each a full model replica and
 /// the pool), every strategy considered: RRA (pipeline stages) or WAA (separate prefill and
 /// decode devices), whichever the planner finds best under the bound; devices that work at once
-/// slow each other down by `interference` (the measured `κ` of
-/// [`burn_parallel::profiler::pipeline_interference`], 0 on one device). `stage_layers`: the
+/// slow each other down by `interference` (0 on one device). `stage_layers`: the
 /// layers of each stage of the pipeline RRA runs over the devices, where it is not an even split.
 /// `strategies`: the strategies the planner may choose from (default: all three over several
 /// devices, RRA on one; WAA alone on one device is the planner's error).
@@ -279,7 +298,7 @@ pub fn plan_for(
     workload: &ScheduleWorkload,
     latency_bound_s: f64,
     devices: usize,
-    interference: f64,
+    interference: impl Into<DeviceInterference>,
     stage_layers: Option<&[usize]>,
     strategies: Option<&[Strategy]>,
 ) -> Result<ScheduleOutput, PlanError> {
@@ -288,6 +307,7 @@ pub fn plan_for(
             "planning needs at least one prompt and an output of at least one token (--max-new-tokens ≥ 1)".into(),
         ));
     }
+    let interference = interference.into();
     let weights = (profile.layers as u64)
         .saturating_mul(profile.weight_bytes_per_layer)
         .saturating_add(profile.embedding.weight_bytes)
@@ -316,7 +336,8 @@ pub fn plan_for(
         latency_percentile: None,
         step_variation: None,
         exhaustive: false,
-        interference,
+        interference: interference.stages,
+        waa_interference: interference.waa,
         stage_layers: stage_layers.map(<[usize]>::to_vec),
     };
     Ok(schedule::plan(&input)?)

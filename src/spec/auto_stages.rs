@@ -550,7 +550,7 @@ enum Watch<R> {
 pub(super) struct Heartbeat(Option<Box<dyn Fn() + Send>>);
 
 impl Heartbeat {
-    fn beat(&self) {
+    pub(super) fn beat(&self) {
         if let Some(beat) = &self.0 {
             beat();
         }

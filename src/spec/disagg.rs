@@ -6,8 +6,10 @@
 //! stage planner over the ExeGPT profile, [`schedule::rra_stage_layers`], whose split the planner
 //! then prices), on one virtual engine per decoder micro-batch
 //! ([`schedule::pipelined_engines`]). The plan prices the two devices working at once with their
-//! measured interference: two virtual engines decoding over the two-stage pipeline against one
-//! ([`schedule::engine_interference`]); the pipeline is then kept for an RRA plan.
+//! measured interference: RRA's at two virtual engines decoding over the two-stage pipeline against
+//! one ([`schedule::engine_interference`]; the pipeline is then kept for an RRA plan), WAA's at the
+//! first device prefilling a mean prompt beside the second decoding a batch
+//! ([`schedule::waa_interference`]).
 
 use std::error::Error;
 use std::io::Write;
@@ -18,11 +20,13 @@ use std::time::Duration;
 use burn::tensor::Device;
 use burn_llm_models::PretrainedFiles;
 use burn_paged::DisaggEngine;
+use burn_parallel::pipeline::threaded::stage_pool_threads;
 use burn_parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
+use burn_parallel::profiler::{self, ProfileWeights, SideBySide};
 
-use super::auto_stages::{watched, worker_timeout};
+use super::auto_stages::{AutoStagesError, watched, worker_timeout};
 use super::build::refused;
 use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, PrefillSlices, TensorParallelSize, parse_device};
 use super::{EngineSpec, Purpose, ScheduleKind};
@@ -79,7 +83,12 @@ pub(super) fn build(
             let lm = Arc::new(load_pipeline(spec, &PretrainedFiles::open(model)?, &devices, &layers)?);
             let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone(), &layers)?;
             writeln!(log, "{}", interference.summary())?;
-            let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference.kappa, Some(&layers), None)?;
+            // WAA's prefill beside its decode slows each other otherwise: timed on the workload's
+            // own steps, the κ WAA's plans are priced at.
+            let waa = waa_pair_interference(spec, model, &entries, &devices, &workload)?;
+            writeln!(log, "{}", waa.summary([entries[0].as_str(), entries[1].as_str()]))?;
+            let interference = schedule::DeviceInterference { stages: interference.kappa, waa: Some(waa.kappa) };
+            let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference, Some(&layers), None)?;
             (plan, Some(lm))
         }
         // `validate` refuses the other combinations.
@@ -151,6 +160,46 @@ fn engines_interference(
     let layers = layers.to_vec();
     Ok(watched(&name, what, worker_timeout(spec), move |_| {
         Ok(schedule::engine_interference(&pipeline, &layers, &profile)?)
+    })?)
+}
+
+/// [`schedule::waa_interference`] on `devices` (`entries`, the prefill device first), each
+/// running the checkpoint's first layers as the profiler loads them (again from the first through
+/// the model's layers, [`profiler::run_layers`]): with a worker among them, watched, so that a
+/// worker that dies or stalls is an error naming it.
+fn waa_pair_interference(
+    spec: &EngineSpec,
+    model: &Path,
+    entries: &[String],
+    devices: &[Device],
+    workload: &schedule::ScheduleWorkload,
+) -> Result<SideBySide, Box<dyn Error>> {
+    let quant = spec.weight_quant()?;
+    let threads = stage_pool_threads(devices, None)?;
+    let (dir, devices, workload) = (model.to_owned(), devices.to_vec(), workload.clone());
+    let name = entries.join(" → ");
+    let entry = name.clone();
+    let what = "timed as WAA's prefill beside its decode";
+    Ok(watched(&name, what, worker_timeout(spec), move |heartbeat| {
+        let files = PretrainedFiles::open(&dir)?;
+        let run = profiler::run_layers(files.spec.num_layers);
+        let mut models = Vec::with_capacity(devices.len());
+        for device in &devices {
+            let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+            let model = profiler::device::first_layers_model(&files.spec, weights, device, run)
+                .map_err(|source| AutoStagesError::Profile { entry: entry.clone(), source })?;
+            models.push(model);
+            heartbeat.beat();
+        }
+        let [prefill, decode] = models.as_slice() else {
+            return Err(AutoStagesError::Flag {
+                flag: "--devices",
+                problem: format!("WAA runs on 2 devices, not {}", models.len()),
+                fix: "give two --devices entries".into(),
+            });
+        };
+        let threads = [threads.first().copied().flatten(), threads.get(1).copied().flatten()];
+        Ok(schedule::waa_interference(&workload, [prefill, decode], threads, files.spec.num_layers)?)
     })?)
 }
 

@@ -349,7 +349,8 @@ fn exegpt_schedule_flags_and_errors() {
     .unwrap();
     assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up");
     // Over two devices the plan is made with the interference of engines over the two-stage
-    // pipeline, measured at start-up; whichever strategy it chooses, the tokens are the same.
+    // pipeline and of WAA's two devices side by side, measured at start-up; whichever strategy it
+    // chooses, the tokens are the same.
     // Beside a worker process, the measurement runs watched (a dead worker is an error naming it).
     let worker = Worker::start_with("flex", &["--threads", "1"]);
     let beside_worker = format!("flex,{}", worker.url);
@@ -371,6 +372,9 @@ fn exegpt_schedule_flags_and_errors() {
         let (planned, log) = (String::from_utf8(planned).unwrap(), String::from_utf8(log).unwrap());
         assert_eq!(generated(&planned), generated(&fcfs), "a plan made at start-up over {devices}");
         assert!(log.contains("engines overlapping") && log.contains("interference κ"), "{devices}: {log}");
+        // WAA's price takes its own κ: the first device prefilling beside the second decoding.
+        let first = devices.split(',').next().unwrap();
+        assert!(log.contains(&format!("prefill beside decode: {first} ")), "{devices}: {log}");
         assert!(!log.contains("RRA") || log.contains("of 1 | 1 layers"), "the split priced is named: {log}");
     }
     drop(worker);

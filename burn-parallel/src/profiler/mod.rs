@@ -45,6 +45,7 @@ pub mod fit;
 pub mod link;
 mod measure;
 pub mod overlap;
+pub mod side_by_side;
 pub mod tensor;
 
 use burn::tensor::Device;
@@ -57,6 +58,7 @@ use measure::{Bench, Progress};
 pub use device::{DeviceProfile, ProfileIdentity, ProfileSource, ProfileWeights, device_profile};
 pub use link::{LinkProfile, measure_link};
 pub use overlap::{Interference, OverlapDevice, OverlapStep, pipeline_interference};
+pub use side_by_side::{Side, SideBySide, side_by_side};
 pub use tensor::{TensorParallelTimes, group_profile, tensor_parallel_times};
 
 /// `n` token ids cycling through a vocabulary of `vocab` ids: the prompts timing runs feed a

@@ -29,6 +29,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
             max_decode_batch: rng.random_bool(0.4).then(|| rng.random_range(1..=24)),
             // Half the cases with devices that slow each other down: the bounds stay valid.
             interference: if rng.random_bool(0.5) { rng.random_range(0.0..2.0) } else { 0.0 },
+            waa_interference: None,
             ..lengths
         };
         let bnb = schedule::plan(&input);
@@ -150,6 +151,7 @@ pub(super) fn schedule_input(
         step_variation: None,
         exhaustive: false,
         interference: 0.0,
+        waa_interference: None,
         stage_layers: None,
     }
 }
@@ -304,4 +306,29 @@ fn plan_schedule_waa_names_its_least_decode_batch_when_the_cap_is_below_it() {
     assert_eq!((plan.encode_batch, plan.decode_batch), (1, 4), "{plan:?}");
     let rra = ScheduleInput { strategies: None, ..waa(3) };
     assert_eq!(schedule::plan(&rra).unwrap().strategy, schedule::Strategy::Rra);
+}
+
+/// WAA's period is `max + κ·min` of its encoder's step and its decoder's iteration at the pair's
+/// own interference (`waa_interference`, measured side by side), which stands in for the pipeline
+/// stages' `interference` in WAA's price only; without it WAA takes the stages'.
+#[test]
+fn plan_schedule_prices_waa_at_its_own_interference() {
+    use schedule::Strategy::{Rra, WaaC, WaaM};
+    let input = |stages: f64, waa: Option<f64>, strategies: Vec<schedule::Strategy>| ScheduleInput {
+        devices: 2,
+        strategies: Some(strategies),
+        interference: stages,
+        waa_interference: waa,
+        ..hand_input(1e3, hand_profile(Some(hand_overhead())), LengthDistribution::Histogram(vec![(10, 1.0)]))
+    };
+    let waa = |stages, waa| schedule::plan(&input(stages, waa, vec![WaaC, WaaM])).unwrap().throughput_qps;
+    let apart = waa(0.0, None);
+    let shared = waa(0.0, Some(1.0));
+    assert!(shared < apart, "devices that take turns serve less: {shared} against {apart}");
+    assert!(close(shared, waa(1.0, None)), "without its own κ WAA is priced at the stages'");
+    assert!(close(apart, waa(1.0, Some(0.0))), "its own κ replaces the stages' for WAA");
+    let rra = |waa| schedule::plan(&input(0.5, waa, vec![Rra])).unwrap().throughput_qps;
+    assert_eq!(rra(None), rra(Some(3.0)), "RRA's pipeline is priced at the stages' κ alone");
+    let error = schedule::plan(&input(0.0, Some(-0.1), vec![WaaC])).unwrap_err().to_string();
+    assert!(error.contains("waa_interference"), "{error}");
 }

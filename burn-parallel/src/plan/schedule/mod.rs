@@ -96,6 +96,11 @@ pub struct ScheduleInput {
     /// take `max t + κ·(Σ t − max t)` per micro-batch, not `max t`.
     #[serde(default)]
     pub interference: f64,
+    /// How much WAA's encoding and decoding devices slow each other down, each repeating its own
+    /// kind of step at once ([`crate::profiler::side_by_side`]): WAA's period is then
+    /// `max + κ·min` of the encoder's step and the decoder's iteration (default: `interference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waa_interference: Option<f64>,
     /// The layers of each stage where the decoding devices run a fixed split (as `--stage-layers`
     /// or Alpa's stage planner gives it), one count per stage, summing to the profile's layers: a
     /// pipeline of that many one-device stages is priced on these shares, others on equal shares
@@ -237,6 +242,9 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         None => input.profile.step_variation.unwrap_or_default(),
     };
     check::non_negative("interference", input.interference)?;
+    if let Some(kappa) = input.waa_interference {
+        check::non_negative("waa_interference", kappa)?;
+    }
     if let Some(layers) = &input.stage_layers {
         check_stage_layers(layers, input.profile.layers)?;
     }
@@ -250,6 +258,7 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         variation,
     )
     .with_interference(input.interference)
+    .with_waa_interference(input.waa_interference)
     .with_stage_layers(input.stage_layers.as_deref());
     let searcher = Searcher::new(&sim, max_batch, bound_s);
     let n = input.devices;

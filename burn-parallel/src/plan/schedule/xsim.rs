@@ -95,6 +95,9 @@ pub(crate) struct XSim {
     one_device_steps: RefCell<(Vec<f64>, Vec<f64>)>,
     /// `κ`: how much devices working at once slow each other down (`ScheduleInput::interference`).
     interference: f64,
+    /// `κ` between WAA's encoding and decoding devices (`ScheduleInput::waa_interference`;
+    /// `None`: `interference`).
+    waa_interference: Option<f64>,
     /// The layers of each stage of the decoding devices' pipeline, where they run a fixed split
     /// (`ScheduleInput::stage_layers`).
     layout: Option<Vec<f64>>,
@@ -192,6 +195,7 @@ impl XSim {
             replay: Replay::new(&output),
             one_device_steps: RefCell::default(),
             interference: 0.0,
+            waa_interference: None,
             layout: None,
             cost,
             input,
@@ -221,6 +225,13 @@ impl XSim {
     /// (pipeline stages on different micro-batches, WAA's encoder beside its decoder).
     pub fn with_interference(mut self, kappa: f64) -> Self {
         self.interference = kappa.max(0.0);
+        self
+    }
+
+    /// The simulator with WAA's encoding and decoding devices slowing each other down by `kappa`
+    /// (`None`: by [`XSim::with_interference`]'s).
+    pub fn with_waa_interference(mut self, kappa: Option<f64>) -> Self {
+        self.waa_interference = kappa.map(|k| k.max(0.0));
         self
     }
 
@@ -462,8 +473,9 @@ impl XSim {
         let m = micro as f64;
         let iteration = cyclic(&self.decode_times(decode, b_d / m), m, self.interference);
         let slowest_encoder = enc.iter().copied().fold(0.0, f64::max);
-        // The encoding and the decoding devices work at once, and slow each other by `κ`.
-        let period = Interference::interval_ms(&[slowest_encoder, iteration], self.interference);
+        // The encoding and the decoding devices work at once, and slow each other by their `κ`.
+        let kappa = self.waa_interference.unwrap_or(self.interference);
+        let period = Interference::interval_ms(&[slowest_encoder, iteration], kappa);
         let pass: f64 = enc.iter().sum();
         let periods = (self.target_len - 1) as f64;
         // The period is set by its slowest side: encoder steps vary as prefills do.

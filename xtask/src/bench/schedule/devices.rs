@@ -16,10 +16,10 @@ use burn_llm::parallel::pipeline::threaded::stage_pool_threads;
 use burn_llm::parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::{ScheduleOutput, Strategy};
-use burn_llm::parallel::profiler::{Interference, OverlapDevice, OverlapStep, pipeline_interference};
+use burn_llm::parallel::profiler::{Interference, OverlapDevice, OverlapStep, SideBySide, pipeline_interference};
 use burn_llm::schedule::{
-    EngineInterference, PlanError, ScheduleWorkload, engine_interference, phased_policy, pipelined_engines, plan_for,
-    waa_config,
+    DeviceInterference, EngineInterference, PlanError, ScheduleWorkload, engine_interference, phased_policy,
+    pipelined_engines, plan_for, waa_config, waa_interference,
 };
 use burn_llm::spec::PagedSpec;
 use burn_llm::{Engine, EngineKind, EngineSpec, Purpose};
@@ -131,13 +131,14 @@ impl Devices {
     }
 
     /// ExeGPT's plan for `workload` under `bound` on these devices, working at once with
-    /// `interference` ([`Devices::interference`]), chosen among `strategies` (all when `None`).
+    /// `interference` ([`Devices::engine_interference`], [`Devices::waa_interference`]), chosen
+    /// among `strategies` (all when `None`).
     pub(super) fn plan(
         &self,
         profile: &Profile,
         workload: &ScheduleWorkload,
         bound: f64,
-        interference: f64,
+        interference: DeviceInterference,
         strategies: Option<&[Strategy]>,
     ) -> Result<ScheduleOutput, PlanError> {
         plan_for(profile.clone(), workload, bound, self.count(), interference, self.stage_layers(), strategies)
@@ -160,6 +161,24 @@ impl Devices {
         let measured = pipeline_interference(&runs, step)?;
         eprintln!("{}", measured.summary(names.as_slice()));
         Ok(measured)
+    }
+
+    /// How much WAA's prefill device and decode device slow each other down on `workload`'s steps
+    /// ([`waa_interference`]: the first replica prefilling beside the second decoding), where
+    /// WAA is among `strategies` over two devices; `None` otherwise.
+    pub(super) fn waa_interference(
+        &self,
+        workload: &ScheduleWorkload,
+        strategies: Option<&[Strategy]>,
+    ) -> Result<Option<SideBySide>, BoxError> {
+        let Self::Two { devices, replicas, .. } = self else { return Ok(None) };
+        if strategies.is_some_and(|s| s.iter().all(|&s| s == Strategy::Rra)) {
+            return Ok(None);
+        }
+        let threads = stage_pool_threads(devices.as_slice(), None)?;
+        let [a, b] = &**replicas;
+        let measured = waa_interference(workload, [a, b], [threads[0], threads[1]], a.spec.num_layers)?;
+        Ok(Some(measured))
     }
 
     /// How much the pipeline's stages slow each other down when its engines, not its layers

@@ -377,6 +377,13 @@ fn device_time(w: &WorkloadResult) -> String {
     let mut md = "\nWhere (c)'s time went (WAA: each device's busy share of the run, the KV moved from the prefill \
                   device's pool to the decode device's):\n\n"
         .to_string();
+    if let Some(waa) = &w.waa_interference {
+        md = format!(
+            "\nWAA priced at the two devices timed side by side on this workload's steps (a mean prompt's prefill \
+             beside a decode step of the seat cap at the mean context): {}\n{md}",
+            waa.summary(["prefill device", "decode device"])
+        );
+    }
     md.push_str(&table(
         &[
             ("bound s", Right),

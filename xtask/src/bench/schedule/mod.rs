@@ -43,9 +43,10 @@ use burn_llm::models::{CausalLm, DecoderSpec};
 use burn_llm::paged::{EngineConfig, KvCacheMemory};
 use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::plan::schedule::{ScheduleOutput, Strategy};
-use burn_llm::parallel::profiler::{EngineStepGrid, Interference, ProfileGrid};
+use burn_llm::parallel::profiler::{EngineStepGrid, Interference, ProfileGrid, SideBySide};
 use burn_llm::schedule::{
-    EngineInterference, ScheduleWorkload, check_layers, measure_profile, read_profile, rra_stage_layers,
+    DeviceInterference, EngineInterference, ScheduleWorkload, check_layers, measure_profile, read_profile,
+    rra_stage_layers,
 };
 use burn_llm::spec::parse_device;
 use rand::SeedableRng;
@@ -188,6 +189,10 @@ struct WorkloadResult {
     /// (`None` without a one-seat run). Below 1 the host slowed after the profile, and every
     /// prediction is off by about as much.
     host_speed: Option<f64>,
+    /// WAA's prefill device beside its decode device on this workload's steps (two devices, WAA
+    /// among the strategies): the `κ` WAA's plans are priced at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waa_interference: Option<SideBySide>,
     bounds: Vec<BoundResult>,
 }
 
@@ -265,7 +270,7 @@ fn default_bounds(
     devices: &Devices,
     profile: &Profile,
     workload: &ScheduleWorkload,
-    interference: f64,
+    interference: DeviceInterference,
     strategies: Option<&[Strategy]>,
 ) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
     let loose = devices.plan(profile, workload, 1e6, interference, strategies)?.latency_s;
@@ -393,9 +398,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             kv_tokens: blocks * args.block_size,
             max_num_seqs: args.max_batch,
         };
+        let waa_interference = devices.waa_interference(&plan_workload, strategies)?;
+        if let Some(waa) = &waa_interference {
+            eprintln!("{}: {}", w.name, waa.summary(["prefill device", "decode device"]));
+        }
+        let priced = DeviceInterference { stages: kappa, waa: waa_interference.as_ref().map(|w| w.kappa) };
         let (bounds, from_profile) = match &args.latency_bounds {
             Some(b) => (b.clone(), false),
-            None => (default_bounds(&devices, &profile, &plan_workload, kappa, strategies)?, true),
+            None => (default_bounds(&devices, &profile, &plan_workload, priced, strategies)?, true),
         };
         eprintln!(
             "{}: {} requests, mean prompt {mean_prompt:.1}, output mean {mean_output:.1} (p99 {p99_output}); bounds {bounds:.3?} s",
@@ -404,7 +414,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         let plans: Vec<Result<ScheduleOutput, String>> = bounds
             .iter()
-            .map(|&b| devices.plan(&profile, &plan_workload, b, kappa, strategies).map_err(|e| e.to_string()))
+            .map(|&b| devices.plan(&profile, &plan_workload, b, priced, strategies).map_err(|e| e.to_string()))
             .collect();
         if let Some(plan) = plans.iter().flatten().next() {
             pct = plan.latency_percentile;
@@ -495,6 +505,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .find(|r| r.max_num_seqs == 1)
                 .map(|r| one_seat_seconds(&profile, &reqs).map(|predicted| predicted / r.seconds))
                 .transpose()?,
+            waa_interference,
             fcfs_grid,
             static_grid,
             bounds: per_bound,
