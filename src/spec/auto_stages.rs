@@ -330,15 +330,7 @@ fn measure_interference(
     let own: Vec<Option<usize>> = (0..devices.len()).map(|d| layers.and_then(|l| l.get(d).copied())).collect();
     let measured = watched(&joined, "timed with the other stages", worker_timeout(spec), move |heartbeat| {
         let files = PretrainedFiles::open(&dir)?;
-        let layers = profiler::run_layers(files.spec.num_layers);
-        let mut models = Vec::with_capacity(devices.len());
-        for device in &devices {
-            let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
-            let model = profiler::device::first_layers_model(&files.spec, weights, device, layers)
-                .map_err(|source| AutoStagesError::Profile { entry: entry.clone(), source })?;
-            models.push(model);
-            heartbeat.beat();
-        }
+        let models = run_models(&files, quant, &devices, &entry, &heartbeat)?;
         let last = models.len() - 1;
         let runs: Vec<OverlapDevice<'_>> = models
             .iter()
@@ -351,6 +343,28 @@ fn measure_interference(
     })?;
     let _ = writeln!(log, "{}", measured.summary(names));
     Ok(measured)
+}
+
+/// The profiler's run model of `files` on each of `devices` (the checkpoint's first
+/// [`profiler::run_layers`] layers, loaded as the profiler loads them), a beat of `heartbeat`
+/// after each; a device that fails is an error naming `entry`.
+pub(super) fn run_models(
+    files: &PretrainedFiles,
+    quant: Option<burn_llm_models::QuantSpec>,
+    devices: &[Device],
+    entry: &str,
+    heartbeat: &Heartbeat,
+) -> Result<Vec<burn_llm_models::CausalLm>, AutoStagesError> {
+    let layers = profiler::run_layers(files.spec.num_layers);
+    let mut models = Vec::with_capacity(devices.len());
+    for device in devices {
+        let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
+        let model = profiler::device::first_layers_model(&files.spec, weights, device, layers)
+            .map_err(|source| AutoStagesError::Profile { entry: entry.to_string(), source })?;
+        models.push(model);
+        heartbeat.beat();
+    }
+    Ok(models)
 }
 
 /// The model as a profile's identity names it: its path and every shape that changes a layer's
@@ -550,7 +564,7 @@ enum Watch<R> {
 pub(super) struct Heartbeat(Option<Box<dyn Fn() + Send>>);
 
 impl Heartbeat {
-    pub(super) fn beat(&self) {
+    fn beat(&self) {
         if let Some(beat) = &self.0 {
             beat();
         }

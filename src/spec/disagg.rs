@@ -24,9 +24,9 @@ use burn_parallel::pipeline::threaded::stage_pool_threads;
 use burn_parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
-use burn_parallel::profiler::{self, ProfileWeights, SideBySide};
+use burn_parallel::profiler::SideBySide;
 
-use super::auto_stages::{AutoStagesError, watched, worker_timeout};
+use super::auto_stages::{AutoStagesError, run_models, watched, worker_timeout};
 use super::build::refused;
 use super::parallel::{DEFAULT_WORKER_TIMEOUT_S, PrefillSlices, TensorParallelSize, parse_device};
 use super::{EngineSpec, Purpose, ScheduleKind};
@@ -165,8 +165,8 @@ fn engines_interference(
 
 /// [`schedule::waa_interference`] on `devices` (`entries`, the prefill device first), each
 /// running the checkpoint's first layers as the profiler loads them (again from the first through
-/// the model's layers, [`profiler::run_layers`]): with a worker among them, watched, so that a
-/// worker that dies or stalls is an error naming it.
+/// the model's layers, [`run_models`]): with a worker among them, watched, so that a worker that
+/// dies or stalls is an error naming it.
 fn waa_pair_interference(
     spec: &EngineSpec,
     model: &Path,
@@ -178,19 +178,11 @@ fn waa_pair_interference(
     let threads = stage_pool_threads(devices, None)?;
     let (dir, devices, workload) = (model.to_owned(), devices.to_vec(), workload.clone());
     let name = entries.join(" → ");
-    let entry = name.clone();
+    let name_of_pair = name.clone();
     let what = "timed as WAA's prefill beside its decode";
     Ok(watched(&name, what, worker_timeout(spec), move |heartbeat| {
         let files = PretrainedFiles::open(&dir)?;
-        let run = profiler::run_layers(files.spec.num_layers);
-        let mut models = Vec::with_capacity(devices.len());
-        for device in &devices {
-            let weights = ProfileWeights::Checkpoint { source: &files.files, quant };
-            let model = profiler::device::first_layers_model(&files.spec, weights, device, run)
-                .map_err(|source| AutoStagesError::Profile { entry: entry.clone(), source })?;
-            models.push(model);
-            heartbeat.beat();
-        }
+        let models = run_models(&files, quant, &devices, &name_of_pair, &heartbeat)?;
         let [prefill, decode] = models.as_slice() else {
             return Err(AutoStagesError::Flag {
                 flag: "--devices",

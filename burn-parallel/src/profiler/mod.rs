@@ -462,6 +462,19 @@ fn as_f64(axis: &[usize]) -> Vec<f64> {
     axis.iter().map(|&p| p as f64).collect()
 }
 
+/// A random Llama of hidden size 32 with `vocab` ids and `layers` layers on Flex, for the
+/// profiler's tests.
+#[cfg(test)]
+pub(crate) fn tiny_llama(vocab: usize, layers: usize) -> CausalLm {
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    });
+    let spec = DecoderSpec::from_json(&config.to_string(), std::path::Path::new("tiny")).expect("a tiny spec parses");
+    CausalLm::random(spec, &Device::flex()).expect("a tiny model builds")
+}
+
 #[cfg(test)]
 mod tests {
     use super::ProfileGrid;

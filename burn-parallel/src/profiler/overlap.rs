@@ -375,21 +375,11 @@ fn at_device(index: usize, e: ProfileError) -> ProfileError {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use burn::tensor::Device;
-    use burn_llm_models::DecoderSpec;
-
     use super::*;
+    use crate::profiler::tiny_llama;
 
     fn tiny() -> CausalLm {
-        let config = serde_json::json!({
-            "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        });
-        let spec = DecoderSpec::from_json(&config.to_string(), Path::new("tiny")).expect("a tiny spec parses");
-        CausalLm::random(spec, &Device::flex()).expect("a tiny model builds")
+        tiny_llama(64, 2)
     }
 
     #[test]
@@ -494,13 +484,7 @@ mod tests {
     fn the_last_stage_can_end_its_step_with_the_lm_head() {
         // A vocabulary of 32768 over a hidden size of 32: the head's 1M multiply-adds outweigh a
         // layer's ~20k fifty-fold, so the device that runs it is the slower one alone.
-        let config = serde_json::json!({
-            "model_type": "llama", "vocab_size": 32768, "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        });
-        let spec = DecoderSpec::from_json(&config.to_string(), Path::new("wide")).expect("a wide spec parses");
-        let model = CausalLm::random(spec, &Device::flex()).expect("a wide model builds");
+        let model = tiny_llama(32768, 1);
         let devices = [
             OverlapDevice { model: &model, threads: Some(1), layers: Some(1), head: false },
             OverlapDevice { model: &model, threads: Some(1), layers: Some(1), head: true },

@@ -185,22 +185,8 @@ fn at_side(index: usize, e: ProfileError) -> ProfileError {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use burn::tensor::Device;
-    use burn_llm_models::DecoderSpec;
-
     use super::*;
-
-    fn tiny() -> CausalLm {
-        let config = serde_json::json!({
-            "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        });
-        let spec = DecoderSpec::from_json(&config.to_string(), Path::new("tiny")).expect("a tiny spec parses");
-        CausalLm::random(spec, &Device::flex()).expect("a tiny model builds")
-    }
+    use crate::profiler::tiny_llama;
 
     #[test]
     fn kappa_prices_the_slower_side_at_once_from_the_two_alone() {
@@ -218,7 +204,7 @@ mod tests {
 
     #[test]
     fn a_prefill_beside_a_decode_batch_is_timed_alone_and_at_once() {
-        let (a, b) = (tiny(), tiny());
+        let (a, b) = (tiny_llama(64, 2), tiny_llama(64, 2));
         let prefill = Side { model: &a, threads: Some(1), batch: 1, tokens: 24, context: 0, layers: 4 };
         let decode = Side { model: &b, threads: Some(1), batch: 4, tokens: 1, context: 16, layers: 4 };
         let measured = side_by_side([prefill, decode], 1, 5).expect("measures");
