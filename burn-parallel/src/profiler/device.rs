@@ -53,8 +53,9 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// The version of what the profiler measures and how; a cache file of another version (or of
-/// none: before versions) is measured again. 2: consecutive layers per step and `call_ms`.
-pub const CACHE_FORMAT: u32 = 2;
+/// none: before versions) is measured again. 2: consecutive layers per step and `call_ms`. 3: an
+/// untimed decode step before the decode table.
+pub const CACHE_FORMAT: u32 = 3;
 
 /// What a cache file holds.
 #[derive(Debug, Serialize, Deserialize)]

@@ -152,6 +152,14 @@ impl<'a, 'h> Bench<'a, 'h> {
         })
     }
 
+    /// The same bench's warm-up and timed decode steps of `batch` sequences after `context`
+    /// cached tokens, their times discarded: decode's allocations, thread pools and caches warmed
+    /// before its first timed point.
+    pub(super) fn decode_once_untimed(&self, batch: usize, context: usize) -> Result<(), ProfileError> {
+        let progress = Progress::new(0, None);
+        Bench { progress: &progress, ..*self }.decode_ms(batch, context).map(|_| ())
+    }
+
     /// Token (and position) embeddings of `tokens` tokens of one sequence.
     pub(super) fn embed_ms(&self, tokens: usize) -> Result<f64, ProfileError> {
         let ids = self.token_ids(tokens);

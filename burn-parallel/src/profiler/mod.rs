@@ -403,6 +403,10 @@ pub fn profile_model(
         });
     }
     let context_ms = fit::context_overhead(&samples);
+    // One untimed decode step first, as for prefill: the first decode point timed right after
+    // the long prefills ran slower than the next (per layer slower without context than with
+    // 64 tokens of it), which inflated the table's first point and, through it, hid `call_ms`.
+    bench.decode_once_untimed(largest(&grid.decode_batch), largest(&grid.decode_context))?;
     let decode_ms = table(&grid.decode_batch, &grid.decode_context, |b, c| bench.decode_ms(b, c))?;
     let one_layer = bench.with_layers(1).decode_ms(grid.decode_batch[0], grid.decode_context[0])?;
     let call_ms = fit::call_ms(one_layer, decode_ms[0][0], bench.layers());
