@@ -223,10 +223,14 @@ pub struct ScheduleWorkload {
 }
 
 impl ScheduleWorkload {
+    /// The mean prompt length.
+    pub fn mean_prompt(&self) -> f64 {
+        mean(&self.prompt_lens)
+    }
+
     /// The mean context of a decode step: the mean prompt plus half the mean output.
     pub fn mean_context(&self) -> f64 {
-        let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
-        mean(&self.prompt_lens) + mean(&self.output_lens) / 2.0
+        self.mean_prompt() + mean(&self.output_lens) / 2.0
     }
 
     /// The workload of generating up to `max_new_tokens` tokens for each of `prompts` with
@@ -266,6 +270,11 @@ pub fn plan_rra(
     latency_bound_s: f64,
 ) -> Result<ScheduleOutput, PlanError> {
     plan_for(profile, workload, latency_bound_s, 1, 0.0, None, None)
+}
+
+/// The mean of `v` (0 for none).
+fn mean(v: &[usize]) -> f64 {
+    v.iter().sum::<usize>() as f64 / v.len().max(1) as f64
 }
 
 /// How much devices that work at once slow each other down, as the planner prices it.

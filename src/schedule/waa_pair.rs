@@ -29,8 +29,7 @@ pub fn waa_interference(
     threads: [Option<usize>; 2],
     layers: usize,
 ) -> Result<SideBySide, PlanError> {
-    let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
-    let prompt = mean(&workload.prompt_lens).round().max(1.0) as usize;
+    let prompt = workload.mean_prompt().round().max(1.0) as usize;
     let context = workload.mean_context().round() as usize;
     let prefill = Side { model: models[0], threads: threads[0], batch: 1, tokens: prompt, context: 0, layers };
     let decode =

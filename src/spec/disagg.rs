@@ -80,12 +80,13 @@ pub(super) fn build(
             let text = spec.parallel.stage_layers.as_deref();
             let (batch, context) = (workload.max_num_seqs, workload.mean_context());
             let layers = schedule::rra_stage_layers(&profile, DEVICES, text, batch, context)?;
-            let lm = Arc::new(load_pipeline(spec, &PretrainedFiles::open(model)?, &devices, &layers)?);
+            let files = Arc::new(PretrainedFiles::open(model)?);
+            let lm = Arc::new(load_pipeline(spec, &files, &devices, &layers)?);
             let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone(), &layers)?;
             writeln!(log, "{}", interference.summary())?;
             // WAA's prefill beside its decode slows each other otherwise: timed on the workload's
             // own steps, the κ WAA's plans are priced at.
-            let waa = waa_pair_interference(spec, model, &entries, &devices, &workload)?;
+            let waa = waa_pair_interference(spec, files, &entries, &devices, &workload)?;
             writeln!(log, "{}", waa.summary([entries[0].as_str(), entries[1].as_str()]))?;
             let interference = schedule::DeviceInterference { stages: interference.kappa, waa: Some(waa.kappa) };
             let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference, Some(&layers), None)?;
@@ -169,19 +170,18 @@ fn engines_interference(
 /// dies or stalls is an error naming it.
 fn waa_pair_interference(
     spec: &EngineSpec,
-    model: &Path,
+    files: Arc<PretrainedFiles>,
     entries: &[String],
     devices: &[Device],
     workload: &schedule::ScheduleWorkload,
 ) -> Result<SideBySide, Box<dyn Error>> {
     let quant = spec.weight_quant()?;
     let threads = stage_pool_threads(devices, None)?;
-    let (dir, devices, workload) = (model.to_owned(), devices.to_vec(), workload.clone());
+    let (devices, workload) = (devices.to_vec(), workload.clone());
     let name = entries.join(" → ");
     let name_of_pair = name.clone();
     let what = "timed as WAA's prefill beside its decode";
     Ok(watched(&name, what, worker_timeout(spec), move |heartbeat| {
-        let files = PretrainedFiles::open(&dir)?;
         let models = run_models(&files, quant, &devices, &name_of_pair, &heartbeat)?;
         let [prefill, decode] = models.as_slice() else {
             return Err(AutoStagesError::Flag {

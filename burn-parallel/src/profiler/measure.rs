@@ -11,6 +11,54 @@ use burn_llm_models::{CausalLm, ContiguousKvCache, ModelError};
 
 use super::{ProfileError, ProfileProgress, ProgressHook};
 
+/// What one timed step runs: `batch` sequences of `tokens` new tokens after `context` cached ones,
+/// through `layers` layers (the model's layers in order, from the first again when it has fewer),
+/// ending with the final norm and LM head over each sequence's last position where `head`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepShape {
+    pub(super) batch: usize,
+    pub(super) tokens: usize,
+    pub(super) context: usize,
+    pub(super) layers: usize,
+    pub(super) head: bool,
+}
+
+/// One timed step of `model` of `shape`, the device drained before and after: the profiler's
+/// prefill run ([`Bench::prefill_once_ms`]). A panic inside it (a device's backend failing within
+/// an operation) is an error, so that a thread timing it beside others never leaves them waiting.
+pub(super) fn guarded_step_ms(model: &CausalLm, shape: StepShape) -> Result<f64, ProfileError> {
+    let step = || {
+        let device = model.device();
+        let progress = Progress::new(0, None);
+        let bench = Bench::new(model, &device, 0, 1, &progress).cycling_layers(shape.layers).with_head(shape.head);
+        bench.prefill_once_ms(shape.batch, shape.tokens, shape.context)
+    };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        Err(ProfileError::Device(format!("the step panicked: {}", burn_llm_models::error::panic_message(panic))))
+    })
+}
+
+/// Each of `count` devices' median step alone (`time(i)` times device `i` once), `warmup`
+/// untimed and `repeats` timed runs each, the devices taking turns run by run (so that whatever
+/// drifts while they are timed, the host's load or a device warming up, reaches all of them alike).
+pub(super) fn alone_in_turns_ms(
+    count: usize,
+    warmup: usize,
+    repeats: usize,
+    mut time: impl FnMut(usize) -> Result<f64, ProfileError>,
+) -> Result<Vec<f64>, ProfileError> {
+    let mut runs = vec![Vec::with_capacity(repeats); count];
+    for run in 0..warmup + repeats {
+        for (i, times) in runs.iter_mut().enumerate() {
+            let ms = time(i)?;
+            if run >= warmup {
+                times.push(ms);
+            }
+        }
+    }
+    Ok(runs.into_iter().map(super::fit::median).collect())
+}
+
 /// Reports each point as it starts, and once when all are done, to the caller's hook, if any (the
 /// library draws nothing itself).
 pub(super) struct Progress<'h> {

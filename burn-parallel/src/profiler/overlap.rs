@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ProfileError;
 use super::fit::median;
-use super::measure::{Bench, Progress};
+use super::measure::{StepShape, alone_in_turns_ms, guarded_step_ms};
 use crate::pipeline::slicing::in_stage_pool;
 
 /// One stage's device for [`pipeline_interference`].
@@ -58,6 +58,12 @@ pub struct OverlapDevice<'a> {
 impl OverlapDevice<'_> {
     fn layers(&self, step: OverlapStep) -> usize {
         self.layers.unwrap_or(step.layers).max(1)
+    }
+
+    /// What the device's step of `step` runs: one sequence, its own layers, and the head where it
+    /// runs one.
+    fn shape(&self, step: OverlapStep) -> StepShape {
+        StepShape { batch: 1, tokens: step.tokens, context: step.context, layers: self.layers(step), head: self.head }
     }
 }
 
@@ -251,19 +257,13 @@ pub fn pipeline_interference(devices: &[OverlapDevice<'_>], step: OverlapStep) -
     Ok(Interference { step, kappa, alone_ms: alone, pass_ms: pass, layers, head })
 }
 
-/// Each device's median step alone, the devices taking turns run by run (so that whatever drifts
-/// while they are timed, the host's load or a device warming up, reaches all of them alike).
+/// Each device's median step alone, the devices taking turns run by run
+/// ([`alone_in_turns_ms`]).
 fn alone_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<Vec<f64>, ProfileError> {
-    let mut runs = vec![Vec::with_capacity(step.repeats); devices.len()];
-    for run in 0..step.warmup + step.repeats {
-        for (i, d) in devices.iter().enumerate() {
-            let ms = in_stage_pool(d.threads, || step_ms(d, step)).map_err(|e| at_device(i, e))?;
-            if run >= step.warmup {
-                runs[i].push(ms);
-            }
-        }
-    }
-    Ok(runs.into_iter().map(median).collect())
+    alone_in_turns_ms(devices.len(), step.warmup, step.repeats, |i| {
+        let d = &devices[i];
+        in_stage_pool(d.threads, || guarded_step_ms(d.model, d.shape(step))).map_err(|e| at_device(i, e))
+    })
 }
 
 /// The median pass of `step.micro_batches` micro-batches through `devices` in order, each on a
@@ -305,7 +305,7 @@ fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pr
                                     let _ = from.recv();
                                 }
                                 if !failed()
-                                    && let Err(e) = guarded_step_ms(d, step)
+                                    && let Err(e) = guarded_step_ms(d.model, d.shape(step))
                                     && let Ok(mut slot) = failure.lock()
                                 {
                                     slot.get_or_insert((i, e));
@@ -343,25 +343,6 @@ fn passes_ms(devices: &[OverlapDevice<'_>], step: OverlapStep) -> Result<f64, Pr
         })
         .collect();
     Ok(median(per_pass))
-}
-
-/// One timed step of the device's layers (see [`OverlapStep`]), and its LM head where it runs
-/// one, the device drained before and after: the profiler's prefill run
-/// ([`Bench::prefill_once_ms`]).
-fn step_ms(device: &OverlapDevice<'_>, step: OverlapStep) -> Result<f64, ProfileError> {
-    let on = device.model.device();
-    let progress = Progress::new(0, None);
-    let bench =
-        Bench::new(device.model, &on, 0, 1, &progress).cycling_layers(device.layers(step)).with_head(device.head);
-    bench.prefill_once_ms(1, step.tokens, step.context)
-}
-
-/// [`step_ms`] with a panic (a device's backend failing inside an operation) turned into an
-/// error: a pass's thread that unwound would leave the others waiting at the next pass's barrier.
-fn guarded_step_ms(device: &OverlapDevice<'_>, step: OverlapStep) -> Result<f64, ProfileError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_ms(device, step))).unwrap_or_else(|panic| {
-        Err(ProfileError::Device(format!("the step panicked: {}", burn_llm_models::error::panic_message(panic))))
-    })
 }
 
 fn at_device(index: usize, e: ProfileError) -> ProfileError {

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ProfileError;
 use super::fit::median;
-use super::measure::{Bench, Progress};
+use super::measure::{StepShape, alone_in_turns_ms, guarded_step_ms};
 use crate::pipeline::slicing::in_stage_pool;
 
 /// One device of [`side_by_side`] and the step it repeats: `batch` sequences of `tokens` new
@@ -46,19 +46,17 @@ pub struct Side<'a> {
 }
 
 impl Side<'_> {
+    /// One timed step ([`guarded_step_ms`]: a panic is an error, so that the other thread is not
+    /// left waiting for steps that never come).
     fn step_ms(&self) -> Result<f64, ProfileError> {
-        let device = self.model.device();
-        let progress = Progress::new(0, None);
-        let bench = Bench::new(self.model, &device, 0, 1, &progress).cycling_layers(self.layers.max(1)).with_head(true);
-        bench.prefill_once_ms(self.batch.max(1), self.tokens.max(1), self.context)
-    }
-
-    /// [`Side::step_ms`] with a panic turned into an error, so that the other thread is not left
-    /// waiting for steps that never come.
-    fn guarded_step_ms(&self) -> Result<f64, ProfileError> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step_ms())).unwrap_or_else(|panic| {
-            Err(ProfileError::Device(format!("the step panicked: {}", burn_llm_models::error::panic_message(panic))))
-        })
+        let shape = StepShape {
+            batch: self.batch.max(1),
+            tokens: self.tokens.max(1),
+            context: self.context,
+            layers: self.layers.max(1),
+            head: true,
+        };
+        guarded_step_ms(self.model, shape)
     }
 }
 
@@ -111,19 +109,12 @@ pub fn side_by_side(sides: [Side<'_>; 2], warmup: usize, repeats: usize) -> Resu
     Ok(SideBySide { alone_ms: alone, together_ms: together, kappa: SideBySide::kappa_of(alone, together) })
 }
 
-/// Each side's median step alone, the two taking turns run by run.
+/// Each side's median step alone, the two taking turns run by run ([`alone_in_turns_ms`]).
 fn alone_ms(sides: &[Side<'_>; 2], warmup: usize, repeats: usize) -> Result<[f64; 2], ProfileError> {
-    let mut runs = [Vec::with_capacity(repeats), Vec::with_capacity(repeats)];
-    for run in 0..warmup + repeats {
-        for (i, side) in sides.iter().enumerate() {
-            let ms = in_stage_pool(side.threads, || side.step_ms()).map_err(|e| at_side(i, e))?;
-            if run >= warmup {
-                runs[i].push(ms);
-            }
-        }
-    }
-    let [a, b] = runs;
-    Ok([median(a), median(b)])
+    let alone = alone_in_turns_ms(2, warmup, repeats, |i| {
+        in_stage_pool(sides[i].threads, || sides[i].step_ms()).map_err(|e| at_side(i, e))
+    })?;
+    Ok([alone[0], alone[1]])
 }
 
 /// Each side's median step while the other repeats its own: both start together, and each keeps
@@ -150,7 +141,7 @@ fn together_ms(sides: &[Side<'_>; 2], warmup: usize, repeats: usize) -> Result<[
                                 return Ok(times);
                             }
                             let began = Instant::now();
-                            if let Err(e) = side.guarded_step_ms() {
+                            if let Err(e) = side.step_ms() {
                                 done[i].store(usize::MAX, Ordering::Release);
                                 return Err(at_side(i, e));
                             }
