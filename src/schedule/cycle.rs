@@ -18,7 +18,7 @@ use burn_paged::{EngineConfig, KvCacheMemory};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::plan::schedule::decode_stage_ms;
 use burn_parallel::profiler::fit::median;
-use burn_parallel::profiler::{Interference, probe_ids};
+use burn_parallel::profiler::{Interference, probe_prompt};
 use serde::{Deserialize, Serialize};
 
 use super::PlanError;
@@ -115,15 +115,17 @@ fn decode_period_ms<M: LanguageModel + Send + Sync + 'static>(
         kv_cache_memory: KvCacheMemory::Blocks(engines * ((run.prompt + run.tokens).div_ceil(BLOCK) + 1)),
         max_num_seqs: 1,
         micro_batches: Some(1),
+        enable_prefix_caching: false,
         ..EngineConfig::default()
     };
     let failed =
         |e: &dyn std::fmt::Display| PlanError::Profile(format!("timing {engines} engine(s) over the pipeline: {e}"));
     let mut engine = paged_engines(Arc::clone(pipeline), None, vec![], config, engines).map_err(|e| failed(&e))?;
-    let prompt = probe_ids(run.prompt, pipeline.spec().vocab_size);
+    let vocab = pipeline.spec().vocab_size;
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(run.tokens) };
     for i in 0..engines {
-        engine.add_request(&i.to_string(), Prompt::Ids(prompt.clone()), params.clone()).map_err(|e| failed(&e))?;
+        let prompt = Prompt::Ids(probe_prompt(run.prompt, vocab, i));
+        engine.add_request(&i.to_string(), prompt, params.clone()).map_err(|e| failed(&e))?;
     }
     let mut starts: Vec<Vec<Instant>> = vec![Vec::new(); engines];
     while engine.has_unfinished_requests() {

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use burn_llm_models::{CausalLm, Prompt, SamplingParams};
-use burn_paged::{EngineConfig, KvCacheMemory, LlmEngine, SchedulingPolicy};
+use burn_paged::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, SchedulingPolicy};
 use burn_parallel::plan::profile::Profile;
 use burn_parallel::profiler::fit::{self, StepKind, StepSample};
 use burn_parallel::profiler::{self, EngineStepGrid, ProfileGrid};
@@ -64,7 +64,7 @@ pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<
     let mut samples = Vec::new();
     for run in 0..grid.repeats.max(1) {
         for &(batch, tokens) in &points {
-            let times = run_once(model, batch, tokens, grid.decode_steps)?;
+            let (times, _) = run_once(model, batch, tokens, grid.decode_steps)?;
             // The decode steps run at contexts `tokens ..= tokens + decode_steps − 1`.
             let context = tokens + grid.decode_steps.saturating_sub(1) / 2;
             samples.push(StepSample { kind: StepKind::Prefill, batch, tokens, context: 0, ms: times[0], run });
@@ -81,9 +81,17 @@ pub fn time_engine_steps(model: &CausalLm, grid: &EngineStepGrid) -> Result<Vec<
     Ok(samples)
 }
 
-/// One prefill of `batch` prompts of `tokens` tokens, then `decode_steps` decode steps: each
-/// step's milliseconds (`engine.step()` returns once the sampled tokens are on the host).
-fn run_once(model: &CausalLm, batch: usize, tokens: usize, decode_steps: usize) -> Result<Vec<f64>, PlanError> {
+/// One prefill of `batch` distinct prompts of `tokens` tokens, then `decode_steps` decode steps:
+/// each step's milliseconds (`engine.step()` returns once the sampled tokens are on the host) and
+/// the engine's counters.
+/// The prompts differ from their first token and the prefix cache is off, so the prefill
+/// computes every prompt, as a batch of users' prompts needs.
+fn run_once(
+    model: &CausalLm,
+    batch: usize,
+    tokens: usize,
+    decode_steps: usize,
+) -> Result<(Vec<f64>, EngineStats), PlanError> {
     let blocks = 2 * batch * (tokens + decode_steps + 1).div_ceil(BLOCK_SIZE) + 8;
     let config = EngineConfig {
         block_size: BLOCK_SIZE,
@@ -94,13 +102,14 @@ fn run_once(model: &CausalLm, batch: usize, tokens: usize, decode_steps: usize) 
             decode_batch: batch,
             decode_iterations: decode_steps + 1,
         },
+        enable_prefix_caching: false,
         ..EngineConfig::default()
     };
     let mut engine = LlmEngine::from_parts(model.clone(), None, vec![], config)?;
-    let ids = profiler::probe_ids(tokens, model.spec().vocab_size);
+    let vocab = model.spec().vocab_size;
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(decode_steps + 1) };
     for i in 0..batch {
-        engine.add_request(i.to_string(), Prompt::Ids(ids.clone()), params.clone())?;
+        engine.add_request(i.to_string(), Prompt::Ids(profiler::probe_prompt(tokens, vocab, i)), params.clone())?;
     }
     let mut times = Vec::with_capacity(decode_steps + 1);
     for _ in 0..=decode_steps {
@@ -108,7 +117,7 @@ fn run_once(model: &CausalLm, batch: usize, tokens: usize, decode_steps: usize) 
         engine.step()?;
         times.push(started.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(times)
+    Ok((times, engine.stats()))
 }
 
 /// Times `model`'s paged-engine steps over `grid` and sets `profile`'s `engine_step_ms` and
@@ -173,4 +182,28 @@ pub fn check_layers(profile: &Profile, layers: usize, path: &Path) -> Result<(),
         path.display(),
         profile.layers
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Device;
+    use burn_llm_models::DecoderSpec;
+
+    use super::*;
+
+    /// A timed prefill of a batch computes every prompt of it: none is read from the prefix
+    /// cache, as none of a batch of users' prompts would be.
+    #[test]
+    fn a_timed_prefill_computes_every_prompt_of_its_batch() {
+        let config = r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}"#;
+        let spec = DecoderSpec::from_json(config, Path::new("tiny")).unwrap();
+        let model = CausalLm::random(spec, &Device::flex()).unwrap();
+        let (batch, tokens, decode_steps) = (3, 2 * BLOCK_SIZE, 2);
+        let (times, stats) = run_once(&model, batch, tokens, decode_steps).unwrap();
+        assert_eq!(times.len(), decode_steps + 1);
+        assert_eq!(stats.cached_tokens, 0, "{stats:?}");
+        assert_eq!(stats.computed_tokens, batch * (tokens + decode_steps), "{stats:?}");
+    }
 }

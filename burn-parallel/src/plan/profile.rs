@@ -3,7 +3,7 @@
 //!
 //! ```json
 //! {
-//!   "version": 1, "model": "SmolLM2-135M", "device": "flex",
+//!   "version": 2, "model": "SmolLM2-135M", "device": "flex",
 //!   "layers": 30,
 //!   "prefill": {"batch": [1, 4], "tokens": [1, 16, 64, 256],
 //!               "base_ms": [[0.2, 0.3, 0.6, 2.0], [0.4, 0.9, 2.1, 7.5]],
@@ -93,6 +93,12 @@ mod grid;
 
 use grid::{Along, Grid, Shape};
 
+/// The profile format this crate writes. Version 2 times `engine_step_ms`' prefill steps over
+/// distinct prompts with the prefix cache off; version 1's batches repeated one prompt, which the
+/// paged engine's prefix cache computed once, so their batched prefills read far too cheap. A
+/// version-1 profile is read only without `engine_step_ms`.
+pub const PROFILE_VERSION: u32 = 2;
+
 /// Largest axis a profile table may have.
 pub(super) const MAX_POINTS: usize = 4096;
 
@@ -100,7 +106,7 @@ pub(super) const MAX_POINTS: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
-    /// Format version; 1.
+    /// Format version: [`PROFILE_VERSION`] (1 where the JSON has none).
     #[serde(default = "version_one")]
     pub version: u32,
     /// Model the profile was measured on (informative).
@@ -355,10 +361,21 @@ impl Profile {
     /// Checks every field (`field` prefixes the names in errors) and builds the cost model.
     pub fn cost_model(&self, field: &str) -> Result<CostModel, InputError> {
         let f = |name: &str| format!("{field}.{name}");
-        if self.version != 1 {
+        if !(1..=PROFILE_VERSION).contains(&self.version) {
             return Err(InputError::new(
                 f("version"),
-                format!("version {} is not supported; this planner reads version 1", self.version),
+                format!(
+                    "version {} is not supported; this planner reads versions 1 to {PROFILE_VERSION}",
+                    self.version
+                ),
+            ));
+        }
+        if self.version == 1 && self.engine_step_ms.is_some() {
+            return Err(InputError::new(
+                f("engine_step_ms"),
+                "was timed by a version-1 profiler, whose batched prefill steps repeated one prompt that the \
+                 prefix cache computed once, so they read too cheap; delete the profile so that it is measured \
+                 again (or drop engine_step_ms from it)",
             ));
         }
         check::count(&f("layers"), self.layers, 1 << 20)?;

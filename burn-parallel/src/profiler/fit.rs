@@ -367,7 +367,7 @@ mod tests {
     fn cost() -> CostModel {
         use crate::plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
         let profile = Profile {
-            version: 1,
+            version: crate::plan::profile::PROFILE_VERSION,
             model: None,
             device: None,
             layers: 2,

@@ -64,8 +64,16 @@ pub use tensor::{TensorParallelTimes, group_profile, tensor_parallel_times};
 /// `n` token ids cycling through a vocabulary of `vocab` ids: the prompts timing runs feed a
 /// model (what the ids are does not change how long a step takes).
 pub fn probe_ids(n: usize, vocab: usize) -> Vec<u32> {
+    probe_prompt(n, vocab, 0)
+}
+
+/// Prompt `r` of a batch of timing prompts: [`probe_ids`] shifted by `r`, so that no two
+/// prompts of a batch share a first token. A paged engine's prefix cache would otherwise compute
+/// one prompt of the batch and map the others' full blocks onto it, and a timed step of `b`
+/// prompts would cost about one prompt's.
+pub fn probe_prompt(n: usize, vocab: usize, r: usize) -> Vec<u32> {
     let vocab = vocab.max(1);
-    (0..n).map(|k| ((k * 7 + 1) % vocab) as u32).collect()
+    (0..n).map(|k| ((k * 7 + 1 + r) % vocab) as u32).collect()
 }
 
 /// The points the profiler measures. Points a model cannot hold (more positions than it was
@@ -424,7 +432,7 @@ pub fn profile_model(
     };
     let kv = model.kv_layout();
     Ok(Profile {
-        version: 1,
+        version: crate::plan::profile::PROFILE_VERSION,
         model: None,
         device: None,
         layers: num_layers,

@@ -2,7 +2,7 @@
 
 use burn_parallel::plan::cli;
 use burn_parallel::plan::placement::{self, Arrivals, ModelRef};
-use burn_parallel::plan::profile::Profile;
+use burn_parallel::plan::profile::{PROFILE_VERSION, Profile};
 use burn_parallel::plan::schedule::{LengthDistribution, ScheduleInput};
 use burn_parallel::plan::slices::{self, SlicesInput};
 use burn_parallel::plan::stages::{self, StagesError, StagesInput};
@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::close;
 use super::placement::{arrivals, input, model};
-use super::profiles::profile;
+use super::profiles::{engine_table, profile};
 use super::schedule::schedule_input;
 use super::slices::slices_input;
 
@@ -53,6 +53,23 @@ fn plan_bad_input_is_an_error_not_a_panic() {
     assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 2, 1, None)).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(f64::INFINITY)]], 1, 1, None)).is_err());
     assert!(slices::plan(&slices_input(vec![vec![Some(1.0)]], 1, 0, None)).is_err());
+}
+
+/// A version-1 profile's engine steps were timed with one prompt repeated in each batch (the prefix
+/// cache computed it once): read without them, refused with them; unknown versions are refused.
+#[test]
+fn profiles_of_the_old_engine_timing_are_measured_again() {
+    let rng = &mut ChaCha8Rng::seed_from_u64(3);
+    let current = Profile { engine_step_ms: Some(engine_table(rng)), ..profile(rng) };
+    assert_eq!(current.version, PROFILE_VERSION);
+    assert!(current.cost_model("profile").is_ok());
+    let old = Profile { version: 1, ..current.clone() };
+    let err = old.cost_model("profile").unwrap_err();
+    assert_eq!(err.field, "profile.engine_step_ms");
+    assert!(err.problem.contains("measured again"), "{err:?}");
+    assert!(Profile { engine_step_ms: None, ..old }.cost_model("profile").is_ok());
+    let err = Profile { version: PROFILE_VERSION + 1, ..current }.cost_model("profile").unwrap_err();
+    assert_eq!(err.field, "profile.version");
 }
 
 /// Writes `json` to a fresh temporary file and runs the CLI on it.

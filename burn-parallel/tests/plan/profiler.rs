@@ -62,7 +62,7 @@ fn profile_has_the_grid_shape_and_the_model_sizes() {
     let p = measured();
     let grid = ProfileGrid::small();
     let axis = |v: &[usize]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-    assert_eq!(p.version, 1);
+    assert_eq!(p.version, burn_parallel::plan::profile::PROFILE_VERSION);
     assert_eq!(p.layers, 2);
     assert_eq!(p.prefill.batch, axis(&grid.prefill_batch));
     assert_eq!(p.prefill.tokens, axis(&grid.prefill_tokens));

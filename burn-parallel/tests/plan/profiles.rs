@@ -16,7 +16,7 @@ pub(super) fn profile(rng: &mut ChaCha8Rng) -> Profile {
     let context = vec![0.0, 64.0, 256.0];
     let ms = batch.iter().map(|&bb: &f64| context.iter().map(|&cc: &f64| c + d * bb + e * bb * cc).collect()).collect();
     Profile {
-        version: 1,
+        version: burn_parallel::plan::profile::PROFILE_VERSION,
         model: None,
         device: None,
         layers: rng.random_range(2..=8),

@@ -94,7 +94,7 @@ fn plan_schedule_trades_throughput_for_latency() {
 /// 2 ms + 0.5 ms per sequence).
 pub(super) fn hand_profile(engine_step: Option<EngineStep>) -> Profile {
     Profile {
-        version: 1,
+        version: burn_parallel::plan::profile::PROFILE_VERSION,
         model: None,
         device: None,
         layers: 2,

@@ -31,7 +31,7 @@ use burn_llm_models::{DecoderSpec, Prompt, SamplingParams};
 use burn_parallel::pipeline::StageLayout;
 use burn_parallel::plan::placement::{MeasuredPipeline, MeasuredSteps};
 use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
-use burn_parallel::profiler::probe_ids;
+use burn_parallel::profiler::{probe_ids, probe_prompt};
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
@@ -128,9 +128,7 @@ pub(super) fn measure(
         let seats = spec.parallel.virtual_engines.unwrap_or(1);
         let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
         let vocab = arch.vocab_size;
-        let prompts: Vec<Vec<u32>> = (0..BURST)
-            .map(|r| probe_ids(prompt, vocab).into_iter().map(|id| (id + r as u32) % vocab.max(1) as u32).collect())
-            .collect();
+        let prompts: Vec<Vec<u32>> = (0..BURST).map(|r| probe_prompt(prompt, vocab, r)).collect();
         // The three timings interleaved, round by round, so that a stretch of the host running
         // slower falls on all of them alike: the burst's interval and the prefill are read
         // against the request alone, and timed minutes apart they disagreed (a prefill alone
