@@ -204,8 +204,8 @@ fn build_on_plan(
     plan: &ScheduleOutput,
     pipeline: Option<Arc<PipelineLm>>,
 ) -> Result<Box<dyn Engine>, Box<dyn Error>> {
-    let files = PretrainedFiles::open(model)?;
     let engine: Box<dyn Engine> = if plan.strategy == Strategy::Rra {
+        let files = PretrainedFiles::open(model)?;
         let (config, engines) = schedule::pipelined_engines(plan, DEVICES, spec.engine_config())?;
         let lm = match pipeline {
             Some(lm) => lm,
