@@ -379,6 +379,7 @@ impl CausalLm {
     pub fn run_layer(&self, layer: usize, hidden: Hidden, cache: &mut dyn KvCache) -> Result<Hidden> {
         let _span = tracing::trace_span!("layer", layer).entered();
         let states = self.layers[layer].forward(hidden.states, layer, hidden.rotary.as_ref(), cache)?;
+        crate::device::send_to_worker(&states.device())?;
         Ok(Hidden { states, rotary: hidden.rotary })
     }
 

@@ -14,6 +14,7 @@ use burn::module::{Module, Param};
 use burn::nn::Embedding;
 use burn::tensor::{Device, Tensor};
 use burn_llm_models::cache::{KvLayout, LayerDevices};
+use burn_llm_models::device::send_to_worker;
 use burn_llm_models::layers::embedding::TokenEmbedding;
 use burn_llm_models::model::{DecoderLayer, Hidden};
 use burn_llm_models::weights::TensorSource;
@@ -272,6 +273,7 @@ impl PipelineLm {
         let mut cache = StageKv { inner: cache, map: &self.kv_map, degree: stage_ref.degree };
         for (block, layer) in stage_ref.blocks.iter().zip(stage_ref.layers.clone()) {
             states = block.forward(states, layer, rotary.as_ref(), &mut cache)?;
+            send_to_worker(&stage_ref.device)?;
         }
         Ok(Hidden { states, rotary })
     }
