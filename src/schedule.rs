@@ -27,7 +27,9 @@ use burn_llm_models::generation::prepare_prompt;
 use burn_llm_models::{ModelError, Pretrained, Prompt};
 use burn_paged::{DisaggConfig, EngineConfig, PagedError, SchedulingPolicy};
 use burn_parallel::plan::profile::Profile;
-use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy};
+use burn_parallel::plan::schedule::{
+    self, BatchInterference, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy,
+};
 use burn_parallel::profiler::ProfileError;
 
 /// Why an ExeGPT plan cannot run in the paged engine.
@@ -283,6 +285,9 @@ pub struct DeviceInterference {
     /// Pipeline stages on different micro-batches (RRA over the devices): the `κ` of
     /// [`burn_parallel::profiler::pipeline_interference`] or of [`engine_interference`].
     pub stages: f64,
+    /// The same with each engine decoding a batch, where measured
+    /// ([`EngineInterference::at_batch`]; `None`: `stages` at every batch).
+    pub stages_at_batch: Option<BatchInterference>,
     /// WAA's prefill device beside its decode device, each repeating its own kind of step: the `κ`
     /// of [`burn_parallel::profiler::side_by_side`] (`None`: `stages`).
     pub waa: Option<f64>,
@@ -291,7 +296,7 @@ pub struct DeviceInterference {
 impl From<f64> for DeviceInterference {
     /// One `κ` for every way the devices work at once.
     fn from(stages: f64) -> Self {
-        Self { stages, waa: None }
+        Self { stages, stages_at_batch: None, waa: None }
     }
 }
 
@@ -346,6 +351,7 @@ pub fn plan_for(
         step_variation: None,
         exhaustive: false,
         interference: interference.stages,
+        interference_at_batch: interference.stages_at_batch,
         waa_interference: interference.waa,
         stage_layers: stage_layers.map(<[usize]>::to_vec),
     };

@@ -82,13 +82,15 @@ pub(super) fn build(
             let layers = schedule::rra_stage_layers(&profile, DEVICES, text, batch, context)?;
             let files = Arc::new(PretrainedFiles::open(model)?);
             let lm = Arc::new(load_pipeline(spec, &files, &devices, &layers)?);
-            let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone(), &layers)?;
+            // An RRA plan's engines, one per stage, hold up to their share of `max_num_seqs`.
+            let seats = batch.div_ceil(DEVICES);
+            let interference = engines_interference(spec, &entries, Arc::clone(&lm), profile.clone(), &layers, seats)?;
             writeln!(log, "{}", interference.summary())?;
             // WAA's prefill beside its decode slows each other otherwise: timed on the workload's
             // own steps, the κ WAA's plans are priced at.
             let waa = waa_pair_interference(spec, files, &entries, &devices, &workload)?;
             writeln!(log, "{}", waa.summary([entries[0].as_str(), entries[1].as_str()]))?;
-            let interference = schedule::DeviceInterference { stages: interference.kappa, waa: Some(waa.kappa) };
+            let interference = interference.priced(Some(waa.kappa));
             let plan = schedule::plan_for(profile, &workload, bound, DEVICES, interference, Some(&layers), None)?;
             (plan, Some(lm))
         }
@@ -155,12 +157,13 @@ fn engines_interference(
     pipeline: Arc<PipelineLm>,
     profile: Profile,
     layers: &[usize],
+    seats: usize,
 ) -> Result<EngineInterference, Box<dyn Error>> {
     let name = entries.join(" → ");
     let what = "timed as two engines over the pipeline";
     let layers = layers.to_vec();
     Ok(watched(&name, what, worker_timeout(spec), move |_| {
-        Ok(schedule::engine_interference(&pipeline, &layers, &profile)?)
+        Ok(schedule::engine_interference(&pipeline, &layers, &profile, seats)?)
     })?)
 }
 

@@ -29,6 +29,11 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search() {
             max_decode_batch: rng.random_bool(0.4).then(|| rng.random_range(1..=24)),
             // Half the cases with devices that slow each other down: the bounds stay valid.
             interference: if rng.random_bool(0.5) { rng.random_range(0.0..2.0) } else { 0.0 },
+            // And a quarter with a `κ` of its own at a larger batch, above or below the first.
+            interference_at_batch: rng.random_bool(0.25).then(|| schedule::BatchInterference {
+                batch: rng.random_range(1.0..6.0),
+                kappa: rng.random_range(0.0..2.0),
+            }),
             waa_interference: None,
             ..lengths
         };
@@ -151,6 +156,7 @@ pub(super) fn schedule_input(
         step_variation: None,
         exhaustive: false,
         interference: 0.0,
+        interference_at_batch: None,
         waa_interference: None,
         stage_layers: None,
     }
@@ -331,4 +337,42 @@ fn plan_schedule_prices_waa_at_its_own_interference() {
     assert_eq!(rra(None), rra(Some(3.0)), "RRA's pipeline is priced at the stages' κ alone");
     let error = schedule::plan(&input(0.0, Some(-0.1), vec![WaaC])).unwrap_err().to_string();
     assert!(error.contains("waa_interference"), "{error}");
+}
+
+/// RRA over two devices runs as two virtual engines, one step each per round through the stages
+/// (ExeGPT's plan as `schedule::pipelined_engines` runs it), and the planner replays that: the
+/// hand profile over two stages of one layer, a prompt of 10 tokens, outputs of 5 tokens, `B_E`
+/// = 1. A prefill's stages take 1 + 5 ms (its layer and the engine's overhead) and 1 + 0.25 ms
+/// (its layer and the head), a decode step of `b` sequences 0.5 + 2 + 0.5·b and 0.5 + 0.25·b ms.
+/// At `N_D` = 1, `B_D` = 4: each engine holds 2 seats, prefills twice (the second at once, a seat
+/// being free) and decodes both 4 times. A round of two prefills takes the first stage's 2 × 6 ms
+/// (at `κ`, each pass's other stage adds `κ`·1.25 ms), one of two decodes of 2 the first stage's
+/// 2 × 3.5 ms (plus `κ`·1 ms each): 4 queries every 2 + 4 rounds. With a `κ` measured at a larger
+/// batch, decode rounds take it interpolated at their batch, prefill rounds the larger batch's.
+#[test]
+fn plan_schedule_replays_rra_over_a_pipeline_as_virtual_engines() {
+    let input = |kappa: f64, at_batch: Option<(f64, f64)>| ScheduleInput {
+        devices: 2,
+        interference: kappa,
+        interference_at_batch: at_batch.map(|(batch, kappa)| schedule::BatchInterference { batch, kappa }),
+        ..hand_input(1.0, hand_profile(Some(hand_overhead())), LengthDistribution::Histogram(vec![(10, 1.0)]))
+    };
+    // (κ at one sequence, κ at a larger batch, the prefill rounds' κ, the decode rounds' κ)
+    for (one, at_batch, prefill, decode) in [
+        (0.0, None, 0.0, 0.0),
+        (0.5, None, 0.5, 0.5),
+        (0.0, Some((3.0, 1.0)), 1.0, 0.5),
+        (0.5, Some((3.0, 0.1)), 0.5, 0.5),
+    ] {
+        let plan = schedule::plan(&input(one, at_batch)).unwrap();
+        assert_eq!((plan.decode_iterations, plan.decode_batch, plan.pipeline_stages), (Some(1), 4, 2), "{plan:?}");
+        let prefills = 2.0 * (6.0 + prefill * 1.25);
+        let decodes = 2.0 * (3.5 + decode * 1.0);
+        let expected = 4.0 / ((2.0 * prefills + 4.0 * decodes) / 1000.0);
+        assert!(close(plan.throughput_qps, expected), "κ {one} {at_batch:?}: {plan:?} against {expected}");
+    }
+    for (bad, field) in [((0.5, 1.0), "interference_at_batch.batch"), ((2.0, -1.0), "interference_at_batch.kappa")] {
+        let error = schedule::plan(&input(0.0, Some(bad))).unwrap_err().to_string();
+        assert!(error.contains(field), "{bad:?}: {error}");
+    }
 }

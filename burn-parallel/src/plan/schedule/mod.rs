@@ -25,9 +25,10 @@
 //! more prompt tokens than average ones. And because steps vary, the latency's sum of steps is
 //! taken at its percentile from the profile's `step_variation` (§7.9; see [`xsim`]).
 //!
-//! RRA's throughput on one device is the paged engine's, [replayed](replay) on a sample of output
-//! lengths for every point the search may choose (one that fits and meets the bound); the
-//! branch-and-bound's block bound is then the replay's own ([`replay::Replay::upper`]).
+//! RRA's throughput is the paged engine's, [replayed](replay) on a sample of output lengths for
+//! every point the search may choose (one that fits and meets the bound): on one device, and over
+//! a pipeline as the engine runs it there, one virtual engine per stage; the branch-and-bound's
+//! block bound is then the replay's own ([`replay::Replay::upper`]).
 
 mod lengths;
 mod replay;
@@ -96,6 +97,13 @@ pub struct ScheduleInput {
     /// take `max t + κ·(Σ t − max t)` per micro-batch, not `max t`.
     #[serde(default)]
     pub interference: f64,
+    /// How much the pipeline's virtual engines slow each other down when each decodes `batch`
+    /// sequences (`interference` being theirs at one sequence each): RRA's rounds over a pipeline
+    /// then take `κ` interpolated linearly in the engines' decode batch between the two, held
+    /// beyond them, never below `interference`, and a prefill's rounds this one (a prefill is a
+    /// batch of many tokens). Default: `interference` at every batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interference_at_batch: Option<BatchInterference>,
     /// How much WAA's encoding and decoding devices slow each other down, each repeating its own
     /// kind of step at once ([`crate::profiler::side_by_side`]): WAA's period is then
     /// `max + κ·min` of the encoder's step and the decoder's iteration (default: `interference`).
@@ -107,6 +115,16 @@ pub struct ScheduleInput {
     /// (default: equal shares everywhere).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_layers: Option<Vec<usize>>,
+}
+
+/// `κ` measured with each engine decoding `batch` sequences ([`ScheduleInput::interference_at_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchInterference {
+    /// Sequences each engine decoded, at least 1.
+    pub batch: f64,
+    /// The `κ` measured, at least 0.
+    pub kappa: f64,
 }
 
 /// ExeGPT's scheduling strategies.
@@ -162,7 +180,7 @@ pub struct ScheduleOutput {
     /// equal shares).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_layers: Option<Vec<usize>>,
-    /// Predicted queries per second (RRA on one device: the engine's schedule replayed).
+    /// Predicted queries per second (RRA: the engine's schedule replayed).
     pub throughput_qps: f64,
     /// Predicted latency of the percentile-length output, in seconds.
     pub latency_s: f64,
@@ -245,6 +263,14 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
     if let Some(kappa) = input.waa_interference {
         check::non_negative("waa_interference", kappa)?;
     }
+    if let Some(at) = input.interference_at_batch {
+        check::non_negative("interference_at_batch.kappa", at.kappa)?;
+        if !(at.batch.is_finite() && at.batch >= 1.0) {
+            return Err(
+                InputError::new("interference_at_batch.batch", "must be a number of sequences, at least 1").into()
+            );
+        }
+    }
     if let Some(layers) = &input.stage_layers {
         check_stage_layers(layers, input.profile.layers)?;
     }
@@ -257,7 +283,7 @@ pub fn plan(input: &ScheduleInput) -> Result<ScheduleOutput, ScheduleError> {
         percentile,
         variation,
     )
-    .with_interference(input.interference)
+    .with_interference(input.interference, input.interference_at_batch)
     .with_waa_interference(input.waa_interference)
     .with_stage_layers(input.stage_layers.as_deref());
     let searcher = Searcher::new(&sim, max_batch, bound_s);

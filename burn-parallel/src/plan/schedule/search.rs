@@ -96,12 +96,10 @@ impl Searcher<'_> {
             Space::Rra { pipe, .. } => {
                 let n_d = p.decode_iterations.unwrap_or(1);
                 let mut perf = self.sim.rra(p.encode_batch as f64, n_d, pipe);
-                // One device: the engine's throughput, replayed where the search reads it (a
-                // point that cannot be chosen keeps the closed form).
-                if self.feasible(&perf)
-                    && let Some(qps) = self.sim.rra_replayed(p.encode_batch, n_d, pipe)
-                {
-                    perf.throughput_qps = qps;
+                // The engine's throughput, replayed where the search reads it (a point that
+                // cannot be chosen keeps the closed form).
+                if self.feasible(&perf) {
+                    perf.throughput_qps = self.sim.rra_replayed(p.encode_batch, n_d, pipe);
                 }
                 perf
             }
@@ -128,7 +126,7 @@ impl Searcher<'_> {
             Space::Waa { .. } => [lo[0], hi[0], 0, 0],
         };
         *self.upper.borrow_mut().entry((*space, key)).or_insert_with(|| match space {
-            Space::Rra { pipe, nd_max } => self.sim.rra_upper(b_lo, b_hi, nd_max - hi[1], nd_max - lo[1], pipe),
+            Space::Rra { pipe, nd_max } => self.sim.rra_upper(hi[0] + 1, nd_max - hi[1], pipe),
             Space::Waa { encoders, micro, pipe } => self.sim.waa_upper(b_lo, b_hi, *micro, *encoders, pipe),
         })
     }

@@ -5,8 +5,8 @@
 //! decode iterations. Timelines use the [simulator's](crate::plan::sim) flow-shop rule in closed
 //! form ([`fill`], [`cyclic`]). On one device a step costs what the profile's measured engine
 //! steps say; in a pipeline the first stage also pays what the layer tables do not predict
-//! ([`CostModel::prefill_overhead_ms`]). RRA's throughput on one device is the paged engine's
-//! schedule [replayed](super::replay) step by step.
+//! ([`CostModel::prefill_overhead_ms`]). RRA's throughput is the paged engine's schedule
+//! [replayed](super::replay) step by step, on one device and over a pipeline's virtual engines.
 //!
 //! The derivation (RRA and WAA formulas, the RRA decode batch by Little's law where §6 sums
 //! `P_D(U)` over arriving queries, §5.2's adjusted cycle, the prompt tail, the step variation by
@@ -19,8 +19,9 @@ use std::collections::HashMap;
 use crate::plan::profile::{CostModel, StepVariation, TpScaling};
 use crate::profiler::Interference;
 
+use super::BatchInterference;
 use super::lengths::{Lengths, normal_quantile};
-use super::replay::Replay;
+use super::replay::{EngineKappa, Engines, Replay};
 
 /// A pipeline: `tp_groups` tensor-parallel stages of `degree` devices, then `plain` one-device
 /// stages.
@@ -58,6 +59,14 @@ impl Perf {
     }
 }
 
+/// One pipeline's engine steps: the stage times of a prefill of `n` queries at `prefill[n − 1]`,
+/// of a decode step of `b` sequences at `decode[b − 1]`.
+#[derive(Debug, Default)]
+struct StepTables {
+    prefill: Vec<Vec<f64>>,
+    decode: Vec<Vec<f64>>,
+}
+
 /// The simulator's fixed inputs.
 pub(crate) struct XSim {
     cost: CostModel,
@@ -88,13 +97,16 @@ pub(crate) struct XSim {
     sublinear: bool,
     /// `Σ_U P_D(U)` by `N_D`, as computed so far (the search asks for the same values often).
     completion: RefCell<HashMap<usize, f64>>,
-    /// The engine's schedule replayed on a sample of output lengths (RRA on one device).
+    /// The engine's schedule replayed on a sample of output lengths (RRA's throughput).
     replay: Replay,
-    /// One device's prefill steps of `1, 2, …` queries and decode steps of `1, 2, …` sequences,
-    /// as computed so far ([`XSim::engine_steps`]; every replay of the search reads them).
-    one_device_steps: RefCell<(Vec<f64>, Vec<f64>)>,
+    /// Each pipeline's stage times of prefill steps of `1, 2, …` queries and of decode steps of
+    /// `1, 2, …` sequences, as computed so far ([`XSim::engine_steps`]; every replay of the
+    /// search reads them).
+    engine_steps: RefCell<HashMap<Pipe, StepTables>>,
     /// `κ`: how much devices working at once slow each other down (`ScheduleInput::interference`).
     interference: f64,
+    /// RRA's engines' `κ` by their decode batch (`ScheduleInput::interference_at_batch`).
+    engine_kappa: EngineKappa,
     /// `κ` between WAA's encoding and decoding devices (`ScheduleInput::waa_interference`;
     /// `None`: `interference`).
     waa_interference: Option<f64>,
@@ -193,8 +205,9 @@ impl XSim {
             z: normal_quantile(percentile / 100.0).max(0.0),
             sublinear: cost.engine_sublinear(&prompts, context),
             replay: Replay::new(&output),
-            one_device_steps: RefCell::default(),
+            engine_steps: RefCell::default(),
             interference: 0.0,
+            engine_kappa: EngineKappa::default(),
             waa_interference: None,
             layout: None,
             cost,
@@ -222,9 +235,12 @@ impl XSim {
     }
 
     /// The simulator with devices that slow each other down by `kappa` when they work at once
-    /// (pipeline stages on different micro-batches, WAA's encoder beside its decoder).
-    pub fn with_interference(mut self, kappa: f64) -> Self {
+    /// (pipeline stages on different micro-batches, WAA's encoder beside its decoder), and RRA's
+    /// engines over a pipeline by `at_batch`'s `κ` when each decodes its batch
+    /// ([`super::ScheduleInput::interference_at_batch`]).
+    pub fn with_interference(mut self, kappa: f64, at_batch: Option<BatchInterference>) -> Self {
         self.interference = kappa.max(0.0);
+        self.engine_kappa = EngineKappa { one: self.interference, at: at_batch.map(|a| (a.batch, a.kappa)) };
         self
     }
 
@@ -359,70 +375,55 @@ impl XSim {
     pub fn rra(&self, b_e: f64, n_d: usize, pipe: &Pipe) -> Perf {
         let m = pipe.stages() as f64;
         let b_d = b_e / self.completion(n_d);
-        let encode = fill(&self.encode_times(pipe, b_e / m), m, self.interference);
-        let iteration = cyclic(&self.decode_times(pipe, b_d / m), m, self.interference);
+        let kappa = &self.engine_kappa;
+        let encode = fill(&self.encode_times(pipe, b_e / m), m, kappa.prefill());
+        let iteration = cyclic(&self.decode_times(pipe, b_d / m), m, kappa.at(b_d / m));
         let s = self.target_len;
-        // The percentile query's prefills and the batch it decodes in: the fixed cycle's, or on
-        // one device the engine's, whose cycle adjusts to the decoder (module docs, "One
-        // device").
-        let (k, batch, latency_iteration) = if Self::one_device(pipe) {
-            let batch = self.adjusted_batch(b_e, n_d);
-            (self.adjusted_prefills(n_d), batch, self.decode_times(pipe, batch)[0])
+        // The percentile query's prefills and the batch it decodes in: the engines' (one per
+        // stage), whose cycle adjusts to the decoder (module docs, "The cycle adjusted to the
+        // decoder").
+        let batch = self.adjusted_batch(b_e, n_d, m);
+        let latency_iteration = if Self::one_device(pipe) {
+            self.decode_times(pipe, batch)[0]
         } else {
-            (phases(s, n_d).max(1) as f64, b_d, iteration)
+            cyclic(&self.decode_times(pipe, batch), m, kappa.at(batch))
         };
+        let k = self.adjusted_prefills(n_d);
         let tail = self.prompt_tail_ms(k * b_e);
         let decode_ms = (s - 1) as f64 * latency_iteration;
         Perf {
             throughput_qps: b_e / ((encode + n_d as f64 * iteration) / 1000.0),
             latency_s: self.varied(encode, k, tail, decode_ms, (s - 1) as f64, false) / 1000.0,
-            fits: b_d <= self.max_decode_batch && self.fits(pipe, batch * (self.mean_in + self.mean_out)),
+            fits: b_d <= self.max_decode_batch && self.fits(pipe, m * batch * (self.mean_in + self.mean_out)),
         }
     }
 
-    /// Prefills the percentile query sees on one device, its own among them: a prefill every
-    /// `g = S̄_D·Σ_U P_D(U)` decode steps, the steps in which `B_D` sequences complete `B_E`
-    /// queries (`S̄_D` the mean decode iterations per query; `g ≤ N_D`), so `max(1, ⌈(S−1)/g⌉)`.
-    /// Non-increasing in `n_d`, independent of `B_E`.
+    /// Prefills the percentile query sees, its own among them: its engine prefills every
+    /// `g = S̄_D·Σ_U P_D(U)` decode steps, the steps in which its sequences complete as many
+    /// queries as a prefill admits (`S̄_D` the mean decode iterations per query; `g ≤ N_D`), so
+    /// `max(1, ⌈(S−1)/g⌉)`. Non-increasing in `n_d`, independent of `B_E`.
     fn adjusted_prefills(&self, n_d: usize) -> f64 {
         let steps = (self.target_len - 1) as f64;
         let gap = ((self.mean_out - 1.0) * self.completion(n_d)).min(n_d as f64);
         if steps > 0.0 && gap > 0.0 { (steps / gap).ceil().max(1.0) } else { 1.0 }
     }
 
-    /// The batch the percentile query decodes in on one device: the engine refills its
-    /// `⌈B_D⌉` seats whenever `B_E` are free, so between `⌈B_D⌉ − B_E + 1` and `⌈B_D⌉` run, on
-    /// average `⌈B_D⌉ − (B_E − 1)/2`, and never fewer than `B_D`. Non-decreasing in `b_e`
+    /// The batch the percentile query decodes in, on each of `engines` engines (one per stage):
+    /// an engine refills its `⌈B_D⌉/M` seats whenever `B_E/M` are free, so between
+    /// `(⌈B_D⌉ − B_E)/M + 1` and `⌈B_D⌉/M` run, on average `(⌈B_D⌉ − B_E/2)/M + 1/2` (on one
+    /// device `⌈B_D⌉ − (B_E − 1)/2`), and never fewer than `B_D/M`. Non-decreasing in `b_e`
     /// (`⌈B_D⌉` grows by at least 1 per query of `B_E`), non-increasing in `n_d`.
-    fn adjusted_batch(&self, b_e: f64, n_d: usize) -> f64 {
+    fn adjusted_batch(&self, b_e: f64, n_d: usize, engines: f64) -> f64 {
         let b_d = b_e / self.completion(n_d);
-        (self.seats(b_e, n_d) as f64 - (b_e - 1.0) / 2.0).max(b_d)
+        ((self.seats(b_e, n_d) as f64 - b_e / 2.0) / engines + 0.5).max(b_d / engines)
     }
 
-    /// An upper bound on RRA's throughput over `b_lo ≤ B_E ≤ b_hi`, `n_lo ≤ N_D ≤ n_hi`: a cycle
-    /// is `E(B_E) + N·I(B_E / q(N))` with `q = Σ_U P_D(U)` non-decreasing in `N` and `E`, `I`
-    /// non-decreasing in the batch. Always valid: `b_hi / (E(b_lo) + n_lo·I(b_lo / q(n_hi)))`.
-    /// When no step costs more per query at a larger batch, throughput grows with `B_E`, so
-    /// `B_E = b_hi` is taken, with two lower bounds on `N·I(…)`: `n_lo · I(b_hi / q(n_hi))` (the
-    /// smallest count of the cheapest iterations), and `min_N (N / q(N)) · q(n_lo) ·
-    /// I(b_hi / q(n_lo))`; the smaller bound is returned. On one device, where the search reads
-    /// the replayed throughput ([`XSim::rra_replayed`]), the replay's own bound instead.
-    pub fn rra_upper(&self, b_lo: f64, b_hi: f64, n_lo: usize, n_hi: usize, pipe: &Pipe) -> f64 {
-        if Self::one_device(pipe) {
-            return self.rra_replayed_upper(b_hi as usize, n_lo, pipe);
-        }
-        let m = pipe.stages() as f64;
-        let encode = |b: f64| fill(&self.encode_times(pipe, b / m), m, self.interference);
-        let iteration =
-            |b: f64, n: usize| cyclic(&self.decode_times(pipe, b / self.completion(n) / m), m, self.interference);
-        let general = b_hi / ((encode(b_lo) + n_lo as f64 * iteration(b_lo, n_hi)) / 1000.0);
-        if !self.sublinear {
-            return general;
-        }
-        let fewest = n_lo as f64 * iteration(b_hi, n_hi);
-        let per_query = (n_lo..=n_hi).map(|n| n as f64 / self.completion(n)).fold(f64::INFINITY, f64::min);
-        let amortised = per_query * self.completion(n_lo) * iteration(b_hi, n_lo);
-        general.min(b_hi / ((encode(b_hi) + fewest.max(amortised)) / 1000.0))
+    /// An upper bound on [`XSim::rra_replayed`], the throughput the search reads for RRA, over
+    /// `B_E ≤ b_hi`, `N_D ≥ n_lo` ([`Replay::upper`]; the most seats are at `b_hi`, `n_lo`).
+    pub fn rra_upper(&self, b_hi: usize, n_lo: usize, pipe: &Pipe) -> f64 {
+        let engines = pipe.stages().max(1);
+        let (b_e, seats) = (b_hi.div_ceil(engines), self.seats(b_hi as f64, n_lo).div_ceil(engines));
+        self.with_engine_steps(pipe, b_e, seats, |prefill, decode| self.replay.upper(prefill, decode))
     }
 
     /// The sequences the engine holds for encode batch `b_e` and `n_d` decode iterations: `B_D`
@@ -431,37 +432,43 @@ impl XSim {
         (b_e / self.completion(n_d) - 1e-9).ceil().max(1.0) as usize
     }
 
-    /// The one-device engine's step times: prefills of `1..=b_e` queries and decode steps of
-    /// `1..=seats` sequences, as [`XSim::rra`] takes them (`pipe` is the one device), computed
-    /// once each.
-    fn engine_steps(&self, pipe: &Pipe, b_e: usize, seats: usize) -> (Vec<f64>, Vec<f64>) {
-        let mut known = self.one_device_steps.borrow_mut();
-        let (prefill, decode) = &mut *known;
-        for n in prefill.len() + 1..=b_e {
-            prefill.push(self.encode_times(pipe, n as f64)[0]);
+    /// `f` of `pipe`'s stage times of prefills of `1..=b_e` queries and of decode steps of
+    /// `1..=seats` sequences, as [`XSim::rra`] takes them, each computed once.
+    fn with_engine_steps<R>(
+        &self,
+        pipe: &Pipe,
+        b_e: usize,
+        seats: usize,
+        f: impl FnOnce(&[Vec<f64>], &[Vec<f64>]) -> R,
+    ) -> R {
+        let mut known = self.engine_steps.borrow_mut();
+        let tables = known.entry(*pipe).or_default();
+        for n in tables.prefill.len() + 1..=b_e {
+            tables.prefill.push(self.encode_times(pipe, n as f64));
         }
-        for b in decode.len() + 1..=seats {
-            decode.push(self.decode_times(pipe, b as f64)[0]);
+        for b in tables.decode.len() + 1..=seats {
+            tables.decode.push(self.decode_times(pipe, b as f64));
         }
-        (prefill[..b_e].to_vec(), decode[..seats].to_vec())
+        f(&tables.prefill[..b_e], &tables.decode[..seats])
     }
 
-    /// RRA's throughput on one device as the engine runs it ([`Replay`]): `None` for pipelines
-    /// and tensor parallelism, which keep [`XSim::rra`]'s closed form.
-    pub fn rra_replayed(&self, b_e: usize, n_d: usize, pipe: &Pipe) -> Option<f64> {
-        if !Self::one_device(pipe) {
-            return None;
-        }
-        let seats = self.seats(b_e as f64, n_d);
-        let (prefill, decode) = self.engine_steps(pipe, b_e, seats);
-        Some(self.replay.throughput(b_e, n_d, seats, &prefill, &decode))
-    }
-
-    /// An upper bound on [`XSim::rra_replayed`] over `B_E ≤ b_hi`, `N_D ≥ n_lo` on one device
-    /// ([`Replay::upper`]; the most seats are at `b_hi`, `n_lo`).
-    fn rra_replayed_upper(&self, b_hi: usize, n_lo: usize, pipe: &Pipe) -> f64 {
-        let (prefill, decode) = self.engine_steps(pipe, b_hi, self.seats(b_hi as f64, n_lo));
-        self.replay.upper(&prefill, &decode)
+    /// RRA's throughput as the engine runs it ([`Replay`]): on one device one engine; over `P`
+    /// stages `P` virtual engines, each with `⌈B_E/P⌉` queries a prefill and `⌈⌈B_D⌉/P⌉` seats
+    /// (the facade's `schedule::pipelined_engines`).
+    pub fn rra_replayed(&self, b_e: usize, n_d: usize, pipe: &Pipe) -> f64 {
+        let engines = pipe.stages().max(1);
+        let (encode_batch, seats) = (b_e.div_ceil(engines), self.seats(b_e as f64, n_d).div_ceil(engines));
+        self.with_engine_steps(pipe, encode_batch, seats, |prefill_ms, decode_ms| {
+            self.replay.throughput(&Engines {
+                engines,
+                encode_batch,
+                decode_iterations: n_d,
+                seats,
+                prefill_ms,
+                decode_ms,
+                interference: if engines > 1 { self.engine_kappa } else { EngineKappa::default() },
+            })
+        })
     }
 
     /// WAA with `encoders` encoding devices, encode batch `b_e`, `micro` decoder micro-batches and

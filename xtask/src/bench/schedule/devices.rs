@@ -186,9 +186,14 @@ impl Devices {
     /// gets. The layers' pass ([`Devices::interference`]) sees neither the engines' work on the
     /// host nor two engines' threads sharing the client, which the plans' cycling decode
     /// iterations pay.
-    pub(super) fn engine_interference(&self, profile: &Profile) -> Result<Option<EngineInterference>, BoxError> {
+    /// `seats`: the most sequences a plan's engine may hold, where the engines are timed again.
+    pub(super) fn engine_interference(
+        &self,
+        profile: &Profile,
+        seats: usize,
+    ) -> Result<Option<EngineInterference>, BoxError> {
         let Some(layers) = self.stage_layers() else { return Ok(None) };
-        let measured = engine_interference(&Arc::new(self.pipeline()?), layers, profile)?;
+        let measured = engine_interference(&Arc::new(self.pipeline()?), layers, profile, seats)?;
         eprintln!("{}", measured.summary());
         Ok(Some(measured))
     }

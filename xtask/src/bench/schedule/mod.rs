@@ -347,19 +347,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let devices = Devices::new(model, first, second);
     let interference = devices.interference()?;
-    let engines = devices.engine_interference(&profile)?;
+    // Two engines, one per stage, each with up to half the seats.
+    let engines = devices.engine_interference(&profile, args.max_batch.div_ceil(2))?;
     // The planner prices the two devices working at once with the engines' κ (see
     // `Devices::engine_interference`); the layers' is reported beside it.
-    let kappa = engines.as_ref().map_or(interference.kappa, |e| e.kappa);
     if let Some(e) = &engines {
         profile_source.push_str(&format!(
-            "; the devices' interference, measured at start-up: κ = {kappa:.2} over the engines (one engine's \
-             decode step of one sequence {:.2} ms alone, stages {:.2?} ms as the planner splits it; two virtual \
-             engines' steps came round every {:.2} ms), κ = {:.2} over the layers alone (each device's decode \
-             step through half the layers: alone {:.2?} ms, a pass of {} micro-batches {:.2} ms)",
-            e.alone_ms,
-            e.stage_ms,
-            e.period_ms,
+            "; the devices' interference, measured at start-up: {}; κ = {:.2} over the layers alone (each \
+             device's decode step through half the layers: alone {:.2?} ms, a pass of {} micro-batches {:.2} ms)",
+            e.summary(),
             interference.kappa,
             interference.alone_ms,
             interference.step.micro_batches,
@@ -402,7 +398,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(waa) = &waa_interference {
             eprintln!("{}: {}", w.name, waa.summary(["prefill device", "decode device"]));
         }
-        let priced = DeviceInterference { stages: kappa, waa: waa_interference.as_ref().map(|w| w.kappa) };
+        let waa = waa_interference.as_ref().map(|w| w.kappa);
+        let priced = match &engines {
+            Some(e) => e.priced(waa),
+            None => DeviceInterference { stages: interference.kappa, stages_at_batch: None, waa },
+        };
         let (bounds, from_profile) = match &args.latency_bounds {
             Some(b) => (b.clone(), false),
             None => (default_bounds(&devices, &profile, &plan_workload, priced, strategies)?, true),
