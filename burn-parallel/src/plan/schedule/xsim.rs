@@ -100,7 +100,7 @@ pub(crate) struct XSim {
     /// The engine's schedule replayed on a sample of output lengths (RRA's throughput).
     replay: Replay,
     /// Each pipeline's stage times of prefill steps of `1, 2, …` queries and of decode steps of
-    /// `1, 2, …` sequences, as computed so far ([`XSim::engine_steps`]; every replay of the
+    /// `1, 2, …` sequences, as computed so far ([`XSim::with_engine_steps`]; every replay of the
     /// search reads them).
     engine_steps: RefCell<HashMap<Pipe, StepTables>>,
     /// `κ`: how much devices working at once slow each other down (`ScheduleInput::interference`).
