@@ -41,6 +41,7 @@ use std::collections::BinaryHeap;
 
 use burn_llm_models::admission::PhasedAdmission;
 
+use super::BatchInterference;
 use super::lengths::Lengths;
 
 /// Queries in a replay.
@@ -74,22 +75,22 @@ pub(crate) struct Engines<'a> {
 }
 
 /// The devices' `κ` by the decode batch each engine runs: `one` at one sequence each, and, where
-/// measured, `at.1` at `at.0` sequences each; linear between, held beyond, never below `one` (so
-/// that a round never costs less at a larger batch). A prefill, a batch of many tokens, takes the
-/// larger batch's.
+/// measured, `at`'s at its batch; linear between, held beyond, never below `one` (so that a round
+/// never costs less at a larger batch). A prefill, a batch of many tokens, takes the larger
+/// batch's.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct EngineKappa {
     pub one: f64,
-    pub at: Option<(f64, f64)>,
+    pub at: Option<BatchInterference>,
 }
 
 impl EngineKappa {
     /// `κ` of engines decoding `batch` sequences each.
     pub fn at(&self, batch: f64) -> f64 {
         match self.at {
-            Some((b, kappa)) if b > 1.0 => {
-                let share = ((batch - 1.0) / (b - 1.0)).clamp(0.0, 1.0);
-                self.one + share * (kappa - self.one).max(0.0)
+            Some(at) if at.batch > 1.0 => {
+                let share = ((batch - 1.0) / (at.batch - 1.0)).clamp(0.0, 1.0);
+                self.one + share * (at.kappa - self.one).max(0.0)
             }
             _ => self.one,
         }
@@ -404,7 +405,10 @@ mod tests {
                             seats,
                             prefill_ms: &prefill[..b_e],
                             decode_ms: &decode[..seats],
-                            interference: EngineKappa { one: 0.1, at: Some((4.0, 0.6)) },
+                            interference: EngineKappa {
+                                one: 0.1,
+                                at: Some(BatchInterference { batch: 4.0, kappa: 0.6 }),
+                            },
                         };
                         let t = r.throughput(&run);
                         assert!(t > 0.0 && t <= upper, "{engines} {b_e} {n_d} {seats}: {t} > {upper}");

@@ -240,7 +240,7 @@ impl XSim {
     /// ([`super::ScheduleInput::interference_at_batch`]).
     pub fn with_interference(mut self, kappa: f64, at_batch: Option<BatchInterference>) -> Self {
         self.interference = kappa.max(0.0);
-        self.engine_kappa = EngineKappa { one: self.interference, at: at_batch.map(|a| (a.batch, a.kappa)) };
+        self.engine_kappa = EngineKappa { one: self.interference, at: at_batch };
         self
     }
 
@@ -466,7 +466,8 @@ impl XSim {
                 seats,
                 prefill_ms,
                 decode_ms,
-                interference: if engines > 1 { self.engine_kappa } else { EngineKappa::default() },
+                // One engine alone takes each step's pass, whatever `κ` (`replay::round_ms`).
+                interference: self.engine_kappa,
             })
         })
     }
