@@ -144,7 +144,14 @@ mod tests {
         // decode steps wait behind the second's prefill), so under an SLO of 3.35 s the second
         // is refused, and a request of the other model on the group, one pass of 0.5 s per
         // stage, is taken behind them.
-        let steps = Steps { prefill: vec![1.0, 1.0], decode: vec![0.1, 0.1], decodes: 2, seats: 2, kappa: 0.0 };
+        let steps = Steps {
+            prefill: vec![1.0, 1.0],
+            prefill_chunks: 1,
+            decode: vec![0.1, 0.1],
+            decodes: 2,
+            seats: 2,
+            kappa: 0.0,
+        };
         let group = Group { steps: vec![(0, steps)], ..Group::new(2, vec![(0, vec![1.2, 1.2]), (1, vec![0.5, 0.5])]) };
         let clock = GroupClock::stepped(1, StepClocks::new(group, 0.0));
         let a = SloGate::stepped(clock.clone(), 0, 3.35);

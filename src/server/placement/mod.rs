@@ -197,7 +197,7 @@ impl ServingPlacement {
                         });
                         let (prefill, steps) = match (&p.steps, stepped) {
                             (Some(timed), Some(costs)) => (
-                                format!(" (its prefill {:.0} ms)", timed.prefill_ms),
+                                pipelined::prefill_note(timed),
                                 format!(
                                     "; served step by step, its stages slowing each other by κ = {:.2} replay that",
                                     costs.kappa

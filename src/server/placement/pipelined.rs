@@ -126,6 +126,7 @@ pub(super) fn measure(
         let spec = probe_spec(model, devices.clone(), &stages, STAGES);
         let one_at_a_time = spec.engine_config().max_num_seqs == 1;
         let seats = spec.parallel.virtual_engines.unwrap_or(1);
+        let chunks = prefill_chunks(&spec, prompt);
         let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
         let vocab = arch.vocab_size;
         let prompts: Vec<Vec<u32>> = (0..BURST).map(|r| probe_prompt(prompt, vocab, r)).collect();
@@ -153,10 +154,16 @@ pub(super) fn measure(
         let burst = burst[burst.len() / 2];
         let interval = ((burst - alone) / (BURST - 1) as f64).max(0.0);
         let steps = match one_at_a_time {
-            true => Some(MeasuredSteps { prefill_ms: fastest(&prefill).min(alone), tokens, seats, burst: BURST }),
+            true => Some(MeasuredSteps {
+                prefill_ms: fastest(&prefill).min(alone),
+                tokens,
+                seats,
+                burst: BURST,
+                prefill_chunks: chunks,
+            }),
             false => None,
         };
-        let prefill = steps.as_ref().map(|s| format!(" (its prefill {:.0} ms)", s.prefill_ms)).unwrap_or_default();
+        let prefill = steps.as_ref().map(prefill_note).unwrap_or_default();
         let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: interval, steps };
         let _ = writeln!(
             log,
@@ -168,6 +175,26 @@ pub(super) fn measure(
         out.push((model.name.clone(), measured));
     }
     Ok(out)
+}
+
+/// ` (its prefill N ms)` of a pipeline timed step by step, with the chunks it took if several.
+pub(super) fn prefill_note(steps: &MeasuredSteps) -> String {
+    let chunks = match steps.prefill_chunks {
+        0 | 1 => String::new(),
+        n => format!(" in {n} chunks"),
+    };
+    format!(" (its prefill {:.0} ms{chunks})", steps.prefill_ms)
+}
+
+/// The chunks `spec`'s engine prefills a prompt of `prompt` tokens in: one unless chunked
+/// prefill is on and `--max-num-batched-tokens` is below the prompt (the engine's default budget
+/// is at least the context, which every prompt fits).
+fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
+    let config = spec.engine_config();
+    match (config.chunked_prefill, config.max_num_batched_tokens) {
+        (true, Some(budget)) if budget > 0 => prompt.div_ceil(budget).max(1),
+        _ => 1,
+    }
 }
 
 /// `model`'s engine spec on a group of `devices` running `stages` over `pipeline_stages`, as the

@@ -60,14 +60,29 @@ pub struct MeasuredSteps {
     pub seats: usize,
     /// Requests started together for `interval_ms`.
     pub burst: usize,
+    /// Chunks each timed prompt was prefilled in (`--max-num-batched-tokens` below the prompt;
+    /// 1 when whole).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub prefill_chunks: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 /// A model's steps on a group, priced: [`Steps`] in milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepCosts {
-    /// Each stage's time of the prefill pass.
+    /// Each stage's time of the whole prefill (all its chunks).
     pub prefill_ms: Vec<f64>,
+    /// Passes the prefill is computed in, following each other through the stages.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub prefill_chunks: usize,
     /// Each stage's time of one decode pass.
     pub decode_ms: Vec<f64>,
     /// Decode passes after the prefill.
@@ -84,6 +99,7 @@ impl StepCosts {
         let s = |ms: &[f64]| ms.iter().map(|t| t / 1000.0).collect();
         Steps {
             prefill: s(&self.prefill_ms),
+            prefill_chunks: self.prefill_chunks,
             decode: s(&self.decode_ms),
             decodes: self.decodes,
             seats: self.seats,
@@ -97,8 +113,10 @@ impl StepCosts {
         check::latencies(&format!("{field}.prefill_ms"), &self.prefill_ms)?;
         check::same_len(&format!("{field}.decode_ms"), &self.decode_ms, stages, "stages")?;
         check::latencies(&format!("{field}.decode_ms"), &self.decode_ms)?;
-        if self.seats == 0 {
-            return Err(InputError::new(format!("{field}.seats"), "must be at least 1"));
+        for (name, value) in [("seats", self.seats), ("prefill_chunks", self.prefill_chunks)] {
+            if value == 0 {
+                return Err(InputError::new(format!("{field}.{name}"), "must be at least 1"));
+            }
         }
         check::non_negative(&format!("{field}.kappa"), self.kappa)?;
         Ok(())
@@ -118,9 +136,12 @@ impl MeasuredPipeline {
         check::non_negative(&format!("{field}.interval_ms"), self.interval_ms)?;
         if let Some(steps) = &self.steps {
             check::positive(&format!("{field}.steps.prefill_ms"), steps.prefill_ms)?;
-            for (name, value, least) in
-                [("tokens", steps.tokens, 1), ("seats", steps.seats, 1), ("burst", steps.burst, 2)]
-            {
+            for (name, value, least) in [
+                ("tokens", steps.tokens, 1),
+                ("seats", steps.seats, 1),
+                ("burst", steps.burst, 2),
+                ("prefill_chunks", steps.prefill_chunks, 1),
+            ] {
                 if value < least {
                     return Err(InputError::new(format!("{field}.steps.{name}"), format!("must be at least {least}")));
                 }
@@ -138,12 +159,13 @@ pub fn priced_steps(measured: &[MeasuredPipeline], split: &[f64]) -> Option<Step
 }
 
 /// The steps of a pipeline whose stages the DP split as `split`, priced from `measured` (`None`
-/// when it was not timed step by step): the prefill pass takes the measured prefill `P`, each
-/// decode pass `(L − P) ÷ (tokens − 1)` of the measured request `L`, both shared over the stages
-/// as `split` shares the request; the seats are the engines it ran; and `κ` is the one at which
-/// the simulator, running `burst` requests started together step by step on the group alone,
-/// takes the burst's measured time `L + (burst − 1)·interval` (0 when it is that slow already,
-/// at most [`MAX_STEPS_KAPPA`]).
+/// when it was not timed step by step): the prefill takes the measured prefill `P`, each decode
+/// pass `(L − P) ÷ (tokens − 1)` of the measured request `L`, both shared over the stages as
+/// `split` shares the request (for a prefill in several chunks, which overlap through the stages,
+/// scaled so that the simulator prefills one prompt alone in `P`); the seats are the engines it
+/// ran; and `κ` is the one at which the simulator, running `burst` requests started together
+/// step by step on the group alone, takes the burst's measured time `L + (burst − 1)·interval`
+/// ([`burst_kappa`]).
 pub fn measured_steps(split: &[f64], measured: &MeasuredPipeline) -> Option<StepCosts> {
     let steps = measured.steps.as_ref()?;
     let n = split.len().max(1);
@@ -152,35 +174,59 @@ pub fn measured_steps(split: &[f64], measured: &MeasuredPipeline) -> Option<Step
     let prefill = steps.prefill_ms.min(measured.latency_ms);
     let decodes = steps.tokens.saturating_sub(1);
     let decode = if decodes > 0 { (measured.latency_ms - prefill) / decodes as f64 } else { 0.0 };
+    let chunks = steps.prefill_chunks.max(1);
     let mut costs = StepCosts {
         prefill_ms: split.iter().map(|&t| prefill * share(t)).collect(),
+        prefill_chunks: chunks,
         decode_ms: split.iter().map(|&t| decode * share(t)).collect(),
         decodes,
         seats: steps.seats.max(1),
         kappa: 0.0,
     };
-    let target_s = (measured.latency_ms + (steps.burst.max(1) - 1) as f64 * measured.interval_ms) / 1000.0;
-    let burst_s = |kappa: f64| {
-        let costs = StepCosts { kappa, ..costs.clone() };
-        let per_request = costs.prefill_ms.iter().zip(&costs.decode_ms).map(|(p, d)| (p + d * decodes as f64) / 1e3);
-        let group =
-            Group { steps: vec![(0, costs.sim())], ..Group::new(split.len(), vec![(0, per_request.collect())]) };
-        let burst = vec![Request { arrival_s: 0.0, model: 0 }; steps.burst.max(1)];
-        sim::simulate(&[group], &burst, 0.0).into_iter().flatten().fold(0.0, f64::max)
-    };
-    costs.kappa = if burst_s(0.0) >= target_s {
-        0.0
-    } else if burst_s(MAX_STEPS_KAPPA) <= target_s {
-        MAX_STEPS_KAPPA
-    } else {
-        let (mut low, mut high) = (0.0, MAX_STEPS_KAPPA);
-        for _ in 0..60 {
-            let mid = 0.5 * (low + high);
-            if burst_s(mid) < target_s { low = mid } else { high = mid }
+    let target_ms = measured.latency_ms + (steps.burst.max(1) - 1) as f64 * measured.interval_ms;
+    // A request's chunks keep its stages busy at once, so its prefill alone depends on `κ`, and
+    // the burst's `κ` on the prefill: fitted in turn, the prefill scaled to `P` at the last `κ`.
+    // A whole prefill is on one stage at a time, at `P` whatever `κ` is: one round.
+    let rounds = if chunks == 1 { 1 } else { CHUNKED_FIT_ROUNDS };
+    for _ in 0..rounds {
+        let alone = together_ms(&StepCosts { decodes: 0, ..costs.clone() }, 1);
+        if alone > 0.0 {
+            costs.prefill_ms.iter_mut().for_each(|t| *t *= prefill / alone);
         }
-        0.5 * (low + high)
-    };
+        costs.kappa = burst_kappa(&costs, steps.burst, target_ms);
+    }
     Some(costs)
+}
+
+/// Rounds of [`measured_steps`]'s fit of a chunked prefill's stage times and `κ`.
+const CHUNKED_FIT_ROUNDS: usize = 8;
+
+/// The `κ` at which [`together_ms`] runs `burst` requests of `costs` in `target_ms` (0 when it is
+/// that slow already, at most [`MAX_STEPS_KAPPA`]).
+fn burst_kappa(costs: &StepCosts, burst: usize, target_ms: f64) -> f64 {
+    let burst_ms = |kappa: f64| together_ms(&StepCosts { kappa, ..costs.clone() }, burst);
+    if burst_ms(0.0) >= target_ms {
+        return 0.0;
+    }
+    if burst_ms(MAX_STEPS_KAPPA) <= target_ms {
+        return MAX_STEPS_KAPPA;
+    }
+    let (mut low, mut high) = (0.0, MAX_STEPS_KAPPA);
+    for _ in 0..60 {
+        let mid = 0.5 * (low + high);
+        if burst_ms(mid) < target_ms { low = mid } else { high = mid }
+    }
+    0.5 * (low + high)
+}
+
+/// Milliseconds the simulator takes to run `requests` of `costs`' model, started together, step
+/// by step on a group of its stages alone.
+fn together_ms(costs: &StepCosts, requests: usize) -> f64 {
+    let per_request = costs.prefill_ms.iter().zip(&costs.decode_ms).map(|(p, d)| (p + d * costs.decodes as f64) / 1e3);
+    let group =
+        Group { steps: vec![(0, costs.sim())], ..Group::new(costs.prefill_ms.len(), vec![(0, per_request.collect())]) };
+    let burst = vec![Request { arrival_s: 0.0, model: 0 }; requests.max(1)];
+    1e3 * sim::simulate(&[group], &burst, 0.0).into_iter().flatten().fold(0.0, f64::max)
 }
 
 /// `split` (a model's stage latencies, ms, as the DP split them) priced from whichever of its
@@ -252,7 +298,7 @@ mod tests {
     }
 
     fn timed_serving(interval_ms: f64) -> MeasuredPipeline {
-        let steps = MeasuredSteps { prefill_ms: 580.0, tokens: 4, seats: 2, burst: 4 };
+        let steps = MeasuredSteps { prefill_ms: 580.0, tokens: 4, seats: 2, burst: 4, prefill_chunks: 1 };
         MeasuredPipeline { stages: 2, latency_ms: 720.0, interval_ms, steps: Some(steps) }
     }
 
@@ -280,6 +326,30 @@ mod tests {
         assert!(priced_steps(std::slice::from_ref(&measured), &[1.0, 1.0, 1.0]).is_none());
         let one = MeasuredPipeline { stages: 1, ..measured };
         assert!(priced_steps(&[one], &[1.0]).is_none());
+    }
+
+    #[test]
+    fn a_chunked_prefill_is_priced_so_that_the_simulator_replays_it_alone_and_in_a_burst() {
+        // Prompts timed in 4 chunks overlapping through the two stages: a request alone in
+        // 546 ms, its prefill in 400, each further one of a burst of 4 adding 460.
+        let chunked = MeasuredSteps { prefill_ms: 400.0, tokens: 4, seats: 2, burst: 4, prefill_chunks: 4 };
+        let measured = MeasuredPipeline { stages: 2, latency_ms: 546.0, interval_ms: 460.0, steps: Some(chunked) };
+        let costs = measured_steps(&[300.0, 330.0], &measured).unwrap();
+        assert_eq!(costs.prefill_chunks, 4);
+        assert!((costs.prefill_ms[1] / costs.prefill_ms[0] - 1.1).abs() < 1e-9, "the split's shares: {costs:?}");
+        assert!(costs.prefill_ms.iter().sum::<f64>() > 400.0, "the chunks overlap: more work than P: {costs:?}");
+        assert!(costs.kappa > 0.0, "{costs:?}");
+        let group = Group { steps: vec![(0, costs.sim())], ..Group::new(2, vec![(0, vec![0.3, 0.33])]) };
+        let at = |t| Request { arrival_s: t, model: 0 };
+        let alone = sim::simulate(std::slice::from_ref(&group), &[at(0.0)], 0.0);
+        assert!((alone[0].unwrap() - 0.546).abs() < 1e-3, "{alone:?}");
+        let burst = sim::simulate(std::slice::from_ref(&group), &[at(0.0); 4], 0.0);
+        let last = burst.iter().flatten().fold(0.0, |a: f64, &b| a.max(b));
+        assert!((last - (0.546 + 3.0 * 0.460)).abs() < 1e-3, "{burst:?}");
+        // Its chunks are part of what is checked.
+        let zero = MeasuredSteps { prefill_chunks: 0, ..measured.steps.clone().unwrap() };
+        let bad = MeasuredPipeline { steps: Some(zero), ..measured };
+        assert!(bad.check("m", 30).unwrap_err().to_string().contains("m.steps.prefill_chunks"));
     }
 
     #[test]

@@ -24,8 +24,21 @@ struct Flight {
     slot: usize,
     /// Its model's place in the group's `steps`, when served step by step.
     steps: Option<usize>,
-    /// Passes through the stages it has finished (0 during its prefill, or its one pass).
+    /// Passes through the stages it has finished (while fewer than its prefill's chunks, it is
+    /// prefilling), or its one pass.
     passes: usize,
+    /// Passes that have left the first stage (a chunked prefill issues its next chunk then).
+    first_stage_passes: usize,
+}
+
+/// What a stepped request does when a pass leaves its group's last stage.
+enum AfterPass {
+    /// Its next prefill chunk is already on its way (issued when this one left the first stage).
+    Chunking,
+    /// Its next pass enters the first stage.
+    Pass,
+    /// It has finished.
+    Done,
 }
 
 /// A stage at work: its request and the work it has left, seconds of the stage's own time.
@@ -217,7 +230,7 @@ impl<'g> Events<'g> {
         if !matches!(drop, Dropping::Never) && !self.admit(g, slot, request, drop.deadline(request)) {
             return;
         }
-        self.flights.insert(index, Flight { group: g, slot, steps, passes: 0 });
+        self.flights.insert(index, Flight { group: g, slot, steps, passes: 0, first_stage_passes: 0 });
         self.unfinished[g] += 1;
         match steps {
             Some(k) if self.seated[g][k] >= seats => self.queued[g][k].push_back(index),
@@ -244,28 +257,47 @@ impl<'g> Events<'g> {
     /// Stage `s` of group `g` has finished its request's pass there.
     fn stage_done(&mut self, g: usize, s: usize, finished: &mut dyn FnMut(usize, f64)) {
         let Some(Busy { request, .. }) = self.busy[g][s].take() else { return };
-        if s + 1 < self.groups[g].stages {
+        let stages = self.groups[g].stages;
+        if s + 1 < stages {
             self.enqueue(g, s + 1, request);
+            if s == 0 && self.next_chunk(g, request) {
+                self.enqueue(g, 0, request);
+            }
         } else if let Some(flight) = self.flights.get_mut(&request) {
             flight.passes += 1;
             let flight = *flight;
-            let more = flight.steps.is_some_and(|k| flight.passes <= self.groups[g].steps[k].1.decodes);
-            if more {
-                self.enqueue(g, 0, request);
-            } else {
-                self.flights.remove(&request);
-                finished(request, self.now);
-                self.unfinished[g] -= 1;
-                if let Some(k) = flight.steps {
-                    self.seated[g][k] -= 1;
-                    if let Some(seated) = self.queued[g][k].pop_front() {
-                        self.seated[g][k] += 1;
-                        self.enqueue(g, 0, seated);
+            let after = match flight.steps.map(|k| &self.groups[g].steps[k].1) {
+                Some(steps) if flight.passes < steps.prefill_chunks.max(1) && stages > 1 => AfterPass::Chunking,
+                Some(steps) if flight.passes < steps.prefill_chunks.max(1) + steps.decodes => AfterPass::Pass,
+                _ => AfterPass::Done,
+            };
+            match after {
+                AfterPass::Chunking => {}
+                AfterPass::Pass => self.enqueue(g, 0, request),
+                AfterPass::Done => {
+                    self.flights.remove(&request);
+                    finished(request, self.now);
+                    self.unfinished[g] -= 1;
+                    if let Some(k) = flight.steps {
+                        self.seated[g][k] -= 1;
+                        if let Some(seated) = self.queued[g][k].pop_front() {
+                            self.seated[g][k] += 1;
+                            self.enqueue(g, 0, seated);
+                        }
                     }
                 }
             }
         }
         self.start_next(g, s);
+    }
+
+    /// Counts a pass of `request` leaving group `g`'s first stage (of several); whether it was a
+    /// prefill chunk with another to follow it.
+    fn next_chunk(&mut self, g: usize, request: usize) -> bool {
+        let Some(flight) = self.flights.get_mut(&request) else { return false };
+        let Some(k) = flight.steps else { return false };
+        flight.first_stage_passes += 1;
+        flight.first_stage_passes < self.groups[g].steps[k].1.prefill_chunks.max(1)
     }
 
     fn enqueue(&mut self, g: usize, s: usize, request: usize) {
@@ -290,8 +322,11 @@ impl<'g> Events<'g> {
         match flight.steps {
             Some(k) => {
                 let steps = &group.steps[k].1;
-                let pass = if flight.passes == 0 { &steps.prefill } else { &steps.decode };
-                pass.get(s).copied().unwrap_or(0.0)
+                let chunks = steps.prefill_chunks.max(1);
+                match flight.passes < chunks {
+                    true => steps.prefill.get(s).map_or(0.0, |t| t / chunks as f64),
+                    false => steps.decode.get(s).copied().unwrap_or(0.0),
+                }
             }
             None => group.models[flight.slot].1.get(s).copied().unwrap_or(0.0),
         }
@@ -307,7 +342,8 @@ mod tests {
     use rand::Rng;
 
     fn stepped(prefill: [f64; 2], decode: [f64; 2], decodes: usize, seats: usize, kappa: f64) -> [Group; 1] {
-        let steps = Steps { prefill: prefill.to_vec(), decode: decode.to_vec(), decodes, seats, kappa };
+        let steps =
+            Steps { prefill: prefill.to_vec(), prefill_chunks: 1, decode: decode.to_vec(), decodes, seats, kappa };
         let once = prefill.iter().zip(decode).map(|(p, d)| p + d * decodes as f64).collect();
         [Group { steps: vec![(0, steps)], ..Group::new(2, vec![(0, once)]) }]
     }
@@ -328,6 +364,32 @@ mod tests {
         // One seat: the second request starts only when the first has ended.
         let one_seat = stepped([1.0, 1.0], [0.1, 0.1], 2, 1, 0.0);
         assert!(close(&simulate(&one_seat, &[at(0.0), at(0.0)], 0.0), &[2.4, 4.8]));
+    }
+
+    #[test]
+    fn a_chunked_prefill_overlaps_its_chunks_through_the_stages() {
+        let at = |t: f64| Request { arrival_s: t, model: 0 };
+        let chunked = |stages: usize, decodes: usize, seats: usize| {
+            let steps = Steps {
+                prefill: vec![1.0; stages],
+                prefill_chunks: 4,
+                decode: vec![0.1; stages],
+                decodes,
+                seats,
+                kappa: 0.0,
+            };
+            let once = vec![1.0 + 0.1 * decodes as f64; stages];
+            [Group { steps: vec![(0, steps)], ..Group::new(stages, vec![(0, once)]) }]
+        };
+        // Alone over two stages: four chunks of 0.25 s a stage, the second stage one chunk behind
+        // the first (1.25 s, against 2 s whole), then two decode passes (0.4 s).
+        assert!(close(&simulate(&chunked(2, 2, 2), &[at(0.0)], 0.0), &[1.65]));
+        // Two at once: a chunk queues at the first stage behind what reached it first, so the
+        // first stage takes the two prompts' chunks in turn and the second follows a chunk
+        // behind: r0's prefill ends at 2.0, r1's at 2.25 (whole, r1 would end at 3.0).
+        assert!(close(&simulate(&chunked(2, 0, 2), &[at(0.0), at(0.0)], 0.0), &[2.0, 2.25]));
+        // On one stage the chunks only follow each other: the whole prefill, then the decodes.
+        assert!(close(&simulate(&chunked(1, 2, 1), &[at(0.0)], 0.0), &[1.2]));
     }
 
     #[test]
@@ -379,6 +441,7 @@ mod tests {
                     let steps = g.models.iter().map(|(m, lat)| {
                         let steps = Steps {
                             prefill: lat.clone(),
+                            prefill_chunks: 1,
                             decode: vec![9.0; g.stages],
                             decodes: 0,
                             seats: 1 << 30,

@@ -180,10 +180,18 @@ impl Group {
 /// stage, and a pass queues at each stage behind whatever reached it first (other requests'
 /// prefills included). At most `seats` of the model's requests are in the stages at once (its
 /// engines, one sequence each); later ones wait, first come first served.
+///
+/// A prefill in `prefill_chunks` chunks (vLLM's chunked prefill) is that many passes, each
+/// taking its share of the prefill on every stage. No token is sampled between them, so a chunk
+/// follows the one before it through the stages: it enters the first stage once that one has
+/// left it, and the stages overlap a prompt's chunks as TeraPipe's token slices do. Each decode
+/// pass waits for the one before it to leave the last stage (its token).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Steps {
-    /// Each stage's time of the prefill pass, seconds.
+    /// Each stage's time of the whole prefill (all its chunks), seconds.
     pub prefill: Vec<f64>,
+    /// Passes the prefill is computed in (at least 1).
+    pub prefill_chunks: usize,
     /// Each stage's time of one decode pass, seconds.
     pub decode: Vec<f64>,
     /// Decode passes after the prefill.

@@ -79,6 +79,13 @@ pub struct Args {
     /// Placements to serve with: `auto`, `replicate`, `pipeline` (both models over both devices).
     #[arg(long, value_delimiter = ',', default_value = "auto,replicate,pipeline")]
     modes: Vec<String>,
+    /// `pipeline` mode's engines compute at most this many tokens a step
+    /// (`--max-num-batched-tokens`), so that a prompt is prefilled in chunks that follow each
+    /// other through the two stages, the second stage computing one chunk while the first
+    /// computes the next; 0 prefills whole prompts. Replicas always prefill whole prompts: on
+    /// one device, chunks only add steps.
+    #[arg(long, default_value_t = 64)]
+    pipeline_chunk_tokens: usize,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -115,7 +122,7 @@ impl Args {
     fn command(&self) -> String {
         let list = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
         format!(
-            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --admission {} --modes {}",
+            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --admission {} --modes {} --pipeline-chunk-tokens {}",
             list(&self.cvs),
             list(&self.loads),
             self.duration_s,
@@ -125,7 +132,8 @@ impl Args {
             self.max_tokens,
             self.seed,
             self.admission.name(),
-            self.modes.join(",")
+            self.modes.join(","),
+            self.pipeline_chunk_tokens
         )
     }
 }
@@ -224,6 +232,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "--admission".into(),
             args.admission.name().into(),
         ];
+        let chunks = (mode == "pipeline" && args.pipeline_chunk_tokens > 0)
+            .then(|| ["--max-num-batched-tokens".to_string(), args.pipeline_chunk_tokens.to_string()]);
+        let extra: Vec<String> = extra.into_iter().chain(chunks.into_iter().flatten()).collect();
         let argv = serve_argv(&model, &workers, &extra);
         let serve = ServeArgs::try_parse_from(argv)?;
         let mut log = Vec::new();
