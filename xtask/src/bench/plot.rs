@@ -68,7 +68,12 @@ pub fn line_png(path: &Path, panels: &[Panel], axes: &Axes) -> Result<PathBuf, B
             } else {
                 (|x| x, 0.0..x_hi * 1.1)
             };
-            let label = |x: &f64| if axes.log_x { format!("{:.2}", 10f64.powf(*x)) } else { format!("{x}") };
+            // Three decimals at most, trailing zeros dropped (0.1 + 0.2 is labelled 0.3).
+            let label = |x: &f64| {
+                let x = if axes.log_x { 10f64.powf(*x) } else { *x };
+                let text = format!("{x:.3}");
+                text.trim_end_matches('0').trim_end_matches('.').to_string()
+            };
             let mut chart = ChartBuilder::on(area)
                 .caption(&panel.title, ("sans-serif", 20))
                 .margin(12)

@@ -302,6 +302,17 @@ mod tests {
         MeasuredPipeline { stages: 2, latency_ms: 720.0, interval_ms, steps: Some(steps) }
     }
 
+    /// Seconds the simulator takes, with `costs` on a two-stage group, for one request alone and
+    /// for 4 started together.
+    fn replayed(costs: &StepCosts) -> (f64, f64) {
+        let group = Group { steps: vec![(0, costs.sim())], ..Group::new(2, vec![(0, vec![0.3, 0.33])]) };
+        let at = Request { arrival_s: 0.0, model: 0 };
+        let last = |n: usize| {
+            sim::simulate(std::slice::from_ref(&group), &vec![at; n], 0.0).into_iter().flatten().fold(0.0, f64::max)
+        };
+        (last(1), last(4))
+    }
+
     #[test]
     fn measured_steps_make_the_simulator_replay_the_measured_burst_step_by_step() {
         let measured = timed_serving(486.0);
@@ -311,13 +322,9 @@ mod tests {
         assert!(costs.prefill_ms[1] > costs.prefill_ms[0], "shared as the split shares a request: {costs:?}");
         assert_eq!((costs.decodes, costs.seats), (3, 2));
         assert!(costs.kappa > 0.0, "{costs:?}");
-        let group = Group { steps: vec![(0, costs.sim())], ..Group::new(2, vec![(0, vec![0.3, 0.33])]) };
-        let at = |t| Request { arrival_s: t, model: 0 };
-        let alone = sim::simulate(std::slice::from_ref(&group), &[at(0.0)], 0.0);
-        assert!((alone[0].unwrap() - 0.72).abs() < 1e-9, "{alone:?}");
-        let burst = sim::simulate(std::slice::from_ref(&group), &[at(0.0); 4], 0.0);
-        let last = burst.iter().flatten().fold(0.0, |a: f64, &b| a.max(b));
-        assert!((last - (0.72 + 3.0 * 0.486)).abs() < 1e-6, "{burst:?}");
+        let (alone, burst) = replayed(&costs);
+        assert!((alone - 0.72).abs() < 1e-9, "{alone}");
+        assert!((burst - (0.72 + 3.0 * 0.486)).abs() < 1e-6, "{burst}");
         // A burst the stages serve that fast without slowing each other: κ 0, not below.
         assert_eq!(measured_steps(&[300.0, 330.0], &timed_serving(100.0)).unwrap().kappa, 0.0);
         // Untimed step by step, or one stage: no steps.
@@ -339,13 +346,9 @@ mod tests {
         assert!((costs.prefill_ms[1] / costs.prefill_ms[0] - 1.1).abs() < 1e-9, "the split's shares: {costs:?}");
         assert!(costs.prefill_ms.iter().sum::<f64>() > 400.0, "the chunks overlap: more work than P: {costs:?}");
         assert!(costs.kappa > 0.0, "{costs:?}");
-        let group = Group { steps: vec![(0, costs.sim())], ..Group::new(2, vec![(0, vec![0.3, 0.33])]) };
-        let at = |t| Request { arrival_s: t, model: 0 };
-        let alone = sim::simulate(std::slice::from_ref(&group), &[at(0.0)], 0.0);
-        assert!((alone[0].unwrap() - 0.546).abs() < 1e-3, "{alone:?}");
-        let burst = sim::simulate(std::slice::from_ref(&group), &[at(0.0); 4], 0.0);
-        let last = burst.iter().flatten().fold(0.0, |a: f64, &b| a.max(b));
-        assert!((last - (0.546 + 3.0 * 0.460)).abs() < 1e-3, "{burst:?}");
+        let (alone, burst) = replayed(&costs);
+        assert!((alone - 0.546).abs() < 1e-3, "{alone}");
+        assert!((burst - (0.546 + 3.0 * 0.460)).abs() < 1e-3, "{burst}");
         // Its chunks are part of what is checked.
         let zero = MeasuredSteps { prefill_chunks: 0, ..measured.steps.clone().unwrap() };
         let bad = MeasuredPipeline { steps: Some(zero), ..measured };
