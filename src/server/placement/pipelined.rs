@@ -249,3 +249,25 @@ pub(super) fn requests_ms(
     }
     Ok(started.elapsed().as_secs_f64() * 1e3)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_is_timed_in_the_chunks_its_engine_prefills_it_in() {
+        let mut spec = crate::spec::EngineSpec::default();
+        // The default budget holds every prompt that fits the context.
+        assert_eq!(prefill_chunks(&spec, 256), 1);
+        spec.paged.max_num_batched_tokens = Some(64);
+        assert_eq!(prefill_chunks(&spec, 256), 4);
+        assert_eq!(prefill_chunks(&spec, 200), 4, "the last chunk is partial");
+        assert_eq!(prefill_chunks(&spec, 64), 1);
+        let steps = MeasuredSteps { prefill_ms: 400.4, tokens: 4, seats: 2, burst: 4, prefill_chunks: 4 };
+        assert_eq!(prefill_note(&steps), " (its prefill 400 ms in 4 chunks)");
+        assert_eq!(prefill_note(&MeasuredSteps { prefill_chunks: 1, ..steps }), " (its prefill 400 ms)");
+        // Chunked prefill off: a prompt over the budget is refused, never chunked.
+        spec.paged.no_chunked_prefill = true;
+        assert_eq!(prefill_chunks(&spec, 256), 1);
+    }
+}
