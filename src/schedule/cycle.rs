@@ -11,8 +11,9 @@
 //! ran faster than the stages allow, which `κ` = 0 prices). Then again with each engine decoding
 //! as many sequences as the plan's engines may hold: on a host whose cores the workers and the
 //! driving process share, how much a larger batch's stages slow each other need not be what one
-//! sequence's do, and a `κ` of one sequence would misprice large-batch plans. The planner interpolates between the two
-//! (`ScheduleInput::interference_at_batch`). One engine's step alone is timed too, for the log.
+//! sequence's do, and a `κ` of one sequence would misprice large-batch plans. The planner
+//! interpolates between the two (`ScheduleInput::interference_at_batch`). One engine's step alone
+//! is timed too, for the log.
 
 use std::sync::Arc;
 use std::time::Instant;

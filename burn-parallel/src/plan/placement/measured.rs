@@ -305,12 +305,7 @@ mod tests {
     /// Seconds the simulator takes, with `costs` on a two-stage group, for one request alone and
     /// for 4 started together.
     fn replayed(costs: &StepCosts) -> (f64, f64) {
-        let group = Group { steps: vec![(0, costs.sim())], ..Group::new(2, vec![(0, vec![0.3, 0.33])]) };
-        let at = Request { arrival_s: 0.0, model: 0 };
-        let last = |n: usize| {
-            sim::simulate(std::slice::from_ref(&group), &vec![at; n], 0.0).into_iter().flatten().fold(0.0, f64::max)
-        };
-        (last(1), last(4))
+        (together_ms(costs, 1) / 1e3, together_ms(costs, 4) / 1e3)
     }
 
     #[test]

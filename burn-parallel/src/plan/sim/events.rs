@@ -31,16 +31,6 @@ struct Flight {
     first_stage_passes: usize,
 }
 
-/// What a stepped request does when a pass leaves its group's last stage.
-enum AfterPass {
-    /// Its next prefill chunk is already on its way (issued when this one left the first stage).
-    Chunking,
-    /// Its next pass enters the first stage.
-    Pass,
-    /// It has finished.
-    Done,
-}
-
 /// A stage at work: its request and the work it has left, seconds of the stage's own time.
 #[derive(Debug, Clone, Copy)]
 struct Busy {
@@ -266,24 +256,22 @@ impl<'g> Events<'g> {
         } else if let Some(flight) = self.flights.get_mut(&request) {
             flight.passes += 1;
             let flight = *flight;
-            let after = match flight.steps.map(|k| &self.groups[g].steps[k].1) {
-                Some(steps) if flight.passes < steps.prefill_chunks.max(1) && stages > 1 => AfterPass::Chunking,
-                Some(steps) if flight.passes < steps.prefill_chunks.max(1) + steps.decodes => AfterPass::Pass,
-                _ => AfterPass::Done,
-            };
-            match after {
-                AfterPass::Chunking => {}
-                AfterPass::Pass => self.enqueue(g, 0, request),
-                AfterPass::Done => {
-                    self.flights.remove(&request);
-                    finished(request, self.now);
-                    self.unfinished[g] -= 1;
-                    if let Some(k) = flight.steps {
-                        self.seated[g][k] -= 1;
-                        if let Some(seated) = self.queued[g][k].pop_front() {
-                            self.seated[g][k] += 1;
-                            self.enqueue(g, 0, seated);
-                        }
+            // A request that crosses once has one whole "prefill" pass and no decodes.
+            let steps = flight.steps.map(|k| &self.groups[g].steps[k].1);
+            let (chunks, decodes) = steps.map_or((1, 0), |steps| (steps.chunks(), steps.decodes));
+            if flight.passes < chunks && stages > 1 {
+                // Its next chunk left for the first stage when this one left it.
+            } else if flight.passes < chunks + decodes {
+                self.enqueue(g, 0, request);
+            } else {
+                self.flights.remove(&request);
+                finished(request, self.now);
+                self.unfinished[g] -= 1;
+                if let Some(k) = flight.steps {
+                    self.seated[g][k] -= 1;
+                    if let Some(seated) = self.queued[g][k].pop_front() {
+                        self.seated[g][k] += 1;
+                        self.enqueue(g, 0, seated);
                     }
                 }
             }
@@ -297,7 +285,7 @@ impl<'g> Events<'g> {
         let Some(flight) = self.flights.get_mut(&request) else { return false };
         let Some(k) = flight.steps else { return false };
         flight.first_stage_passes += 1;
-        flight.first_stage_passes < self.groups[g].steps[k].1.prefill_chunks.max(1)
+        flight.first_stage_passes < self.groups[g].steps[k].1.chunks()
     }
 
     fn enqueue(&mut self, g: usize, s: usize, request: usize) {
@@ -322,7 +310,7 @@ impl<'g> Events<'g> {
         match flight.steps {
             Some(k) => {
                 let steps = &group.steps[k].1;
-                let chunks = steps.prefill_chunks.max(1);
+                let chunks = steps.chunks();
                 match flight.passes < chunks {
                     true => steps.prefill.get(s).map_or(0.0, |t| t / chunks as f64),
                     false => steps.decode.get(s).copied().unwrap_or(0.0),

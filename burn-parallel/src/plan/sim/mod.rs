@@ -204,6 +204,13 @@ pub struct Steps {
     pub kappa: f64,
 }
 
+impl Steps {
+    /// The passes its prefill takes (`prefill_chunks`, at least 1).
+    pub fn chunks(&self) -> usize {
+        self.prefill_chunks.max(1)
+    }
+}
+
 /// Simulates `requests` (sorted by arrival) on `groups` whose stages interfere by `kappa` (see
 /// the module docs; 0: not at all); returns each request's latency (`finish − arrival`) in order,
 /// `None` for a request whose model no group serves.
