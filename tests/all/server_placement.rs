@@ -352,40 +352,86 @@ fn a_dead_worker_under_one_group_leaves_the_other_group_serving() {
     server.shutdown();
 }
 
+/// The placement of `gpt2` alone under `extra` flags, with a workload of 8-token prompts, profiles
+/// kept in `dir`: the start-up log and the placement.
+fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm::server::placement::ServingPlacement) {
+    let workload = workload_file(
+        dir,
+        json!({"duration_s": 10, "seed": 1, "models": [
+            {"model": "gpt2", "rate": 1, "cv": 1, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 4}]}),
+    );
+    let profiles = dir.join("profiles").display().to_string();
+    let argv: Vec<String> = ["serve", "--model", &path("gpt2"), "--kv-cache-memory", "blocks:32"]
+        .into_iter()
+        .chain(["--devices", "flex,flex", "--workload", &workload, "--stage-profile-dir", &profiles])
+        .chain(extra.iter().copied())
+        .map(String::from)
+        .collect();
+    let args = ServeArgs::try_parse_from(&argv).unwrap();
+    let mut log = Vec::new();
+    let (_, placement) = args.placed_entries(&mut log).unwrap();
+    (String::from_utf8_lossy(&log).into_owned(), placement.unwrap())
+}
+
 /// The devices' interference is timed as the server serves, one request on a replica on each
 /// device alone and at once, where the model fits a device whole; a model that fits none falls
 /// back to a pass through a few layers on each device.
 #[test]
 fn interference_is_timed_on_replicas_or_over_layers_when_the_model_fits_no_device() {
     let dir = scratch("interference");
-    let workload = workload_file(
-        &dir,
-        json!({"duration_s": 10, "seed": 1, "models": [
-            {"model": "gpt2", "rate": 1, "cv": 1, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 4}]}),
-    );
-    let profiles = dir.join("profiles").display().to_string();
-    let served = |extra: &[&str]| -> (String, burn_llm::server::placement::ServingPlacement) {
-        let argv: Vec<String> = ["serve", "--model", &path("gpt2"), "--kv-cache-memory", "blocks:32"]
-            .into_iter()
-            .chain(["--devices", "flex,flex", "--workload", &workload, "--stage-profile-dir", &profiles])
-            .chain(extra.iter().copied())
-            .map(String::from)
-            .collect();
-        let args = ServeArgs::try_parse_from(&argv).unwrap();
-        let mut log = Vec::new();
-        let (_, placement) = args.placed_entries(&mut log).unwrap();
-        (String::from_utf8_lossy(&log).into_owned(), placement.unwrap())
-    };
-    let (log, placement) = served(&["--placement", "replicate"]);
+    let (log, placement) = placed_gpt2(&dir, &["--placement", "replicate"]);
     assert!(log.contains("a replica on each of flex, flex: one request alone"), "{log}");
     let kappa = placement.input.as_ref().and_then(|i| i.interference).unwrap();
     assert!(kappa.is_finite() && kappa >= 0.0, "{log}");
     // Devices that hold half of the model but not all of it: the pipeline fits, a replica does not.
     let bytes: u64 = placement.input.as_ref().unwrap().models[0].layer_memory_bytes.iter().sum();
     let cap = format!("{0},{0}", bytes - 1);
-    let (log, placement) = served(&["--placement", "manual:gpt2=0,1", "--device-memory", &cap]);
+    let (log, placement) = placed_gpt2(&dir, &["--placement", "manual:gpt2=0,1", "--device-memory", &cap]);
     assert!(!log.contains("a replica on each of"), "{log}");
     assert!(log.contains("over a few layers (the model fits no device whole)"), "{log}");
     assert!(placement.input.as_ref().and_then(|i| i.interference).is_some_and(|k| k >= 0.0), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A model on a two-stage group prefills in the chunk size that prefilled its prompt fastest over
+/// the two devices at start-up, and the pipeline is timed so; a model whose flags give the chunks
+/// keeps them, untried.
+#[test]
+fn two_stage_groups_prefill_in_the_chunks_timed_fastest_unless_the_flags_choose() {
+    let dir = scratch("chunks");
+    // The pipeline's steps counted in its timing: one engine, one sequence at a time.
+    let one_at_a_time = ["--placement", "manual:gpt2=0,1", "--max-num-seqs", "1"];
+    let timed_chunks = |placement: &burn_llm::server::placement::ServingPlacement| {
+        let model = &placement.input.as_ref().unwrap().models[0];
+        let pipeline = model.measured_pipelines.iter().find(|p| p.stages == 2).unwrap();
+        pipeline.steps.as_ref().unwrap().prefill_chunks
+    };
+    let (log, placement) = placed_gpt2(&dir, &one_at_a_time);
+    assert!(log.contains("`gpt2`'s prefill of 8 tokens over flex → flex: whole "), "{log}");
+    let health = placement.to_json();
+    match placement.chunk_tokens.as_slice() {
+        [] => {
+            assert!(log.contains("it prefills whole prompts"), "{log}");
+            assert_eq!(timed_chunks(&placement), 1, "{log}");
+            assert!(health.get("two_stage_chunk_tokens").is_none(), "{health}");
+        }
+        [(name, chunk)] => {
+            assert_eq!(name, "gpt2");
+            assert!(*chunk < 8, "{log}");
+            assert!(log.contains(&format!("it prefills in chunks of {chunk} tokens on two-stage groups")), "{log}");
+            assert!(log.contains(&format!("prefilling in chunks of {chunk} tokens")), "{log}");
+            assert_eq!(timed_chunks(&placement), 8usize.div_ceil(*chunk), "{log}");
+            assert_eq!(health["two_stage_chunk_tokens"]["gpt2"], *chunk as u64, "{health}");
+        }
+        other => panic!("one model placed, chunks for {other:?}"),
+    }
+    // Chunks given by the model's flags: nothing tried, the pipeline timed in them.
+    let (log, placement) = placed_gpt2(&dir, &[&one_at_a_time[..], &["--max-num-batched-tokens", "3"]].concat());
+    assert!(!log.contains("'s prefill of"), "{log}");
+    assert!(placement.chunk_tokens.is_empty());
+    assert_eq!(timed_chunks(&placement), 3, "{log}");
+    // Replication has no two-stage group to choose for.
+    let (log, placement) = placed_gpt2(&dir, &["--placement", "replicate"]);
+    assert!(!log.contains("'s prefill of") && placement.chunk_tokens.is_empty(), "{log}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -28,8 +28,11 @@
 //! the choice can run two-stage pipelines (`auto`, or a manual group of two devices), each model
 //! with traffic is also timed running as one over the pool's first two devices (module
 //! `pipelined`), and two-stage groups are priced from that, as AlpaServe profiles each parallel
-//! configuration.
+//! configuration. Before that, a model whose flags leave its prefill's chunks open gets the chunk
+//! size that prefills its prompt fastest over those two devices (module `chunks`), which its
+//! engines on two-stage groups then run with.
 
+mod chunks;
 mod interference;
 pub mod manual;
 mod pipelined;
@@ -107,19 +110,24 @@ pub struct ServingPlacement {
     /// another trace on this placement is [`placement::evaluate`] with this input's workload
     /// replaced.
     pub input: Option<PlacementInput>,
+    /// `(model, tokens)`: the chunks a model prefills in on two-stage groups, where the placement
+    /// chose them (`--max-num-batched-tokens`).
+    pub chunk_tokens: Vec<(String, usize)>,
 }
 
 impl ServingPlacement {
     /// Each model's engine specs, one per group serving it (its replicas), in group order: the
-    /// group's devices as `--devices`, the planned stages as `--stage-layers` and, over several
-    /// stages, one virtual engine per stage unless the model's flags say otherwise (the pool's
-    /// `--device-memory` and `--stage-profile-dir` served the placement and are dropped).
+    /// group's devices as `--devices`, the planned stages as `--stage-layers`, over several
+    /// stages one virtual engine per stage unless the model's flags say otherwise, and on two
+    /// stages the chunks chosen for it (the pool's `--device-memory` and `--stage-profile-dir`
+    /// served the placement and are dropped).
     pub fn replica_specs(&self, model: &ModelSpec) -> Vec<crate::spec::EngineSpec> {
         let mut specs = Vec::new();
         for group in &self.groups {
             let Some(placed) = group.models.iter().find(|m| m.model == model.name) else { continue };
             let devices = group.devices.iter().map(|&d| self.pool[d].clone()).collect();
-            specs.push(group_spec(model, devices, &placed.stages, group.pipeline_stages));
+            let chunk = chunk_of(&self.chunk_tokens, &model.name);
+            specs.push(group_spec(model, devices, &placed.stages, group.pipeline_stages, chunk));
         }
         specs
     }
@@ -206,9 +214,14 @@ impl ServingPlacement {
                             _ => Default::default(),
                         };
                         format!(
-                            "  `{}` timed as a {n}-stage pipeline: one request {:.0} ms{prefill}, each further one \
+                            "  `{}` timed as a {n}-stage pipeline{}: one request {:.0} ms{prefill}, each further one \
                              started with it adds {:.0} ms{steps} ({n}-stage groups priced from this)",
-                            m.name, p.latency_ms, p.interval_ms
+                            m.name,
+                            chunk_of(&self.chunk_tokens, &m.name)
+                                .map(|c| format!(", prefilling in chunks of {c} tokens"))
+                                .unwrap_or_default(),
+                            p.latency_ms,
+                            p.interval_ms
                         )
                     }
                 });
@@ -266,6 +279,10 @@ impl ServingPlacement {
             .collect();
         if !measured.is_empty() {
             out["measured_pipelines"] = json!(measured);
+        }
+        if !self.chunk_tokens.is_empty() {
+            let chunks: serde_json::Map<_, _> = self.chunk_tokens.iter().map(|(m, c)| (m.clone(), json!(c))).collect();
+            out["two_stage_chunk_tokens"] = json!(chunks);
         }
         out
     }
@@ -334,6 +351,7 @@ pub fn place(
         PlacementChoice::Replicate => stages == 1,
         PlacementChoice::Manual(m) => m.models.iter().any(|(_, groups)| groups.iter().any(|g| g.len() == stages)),
     };
+    let mut chunk_tokens = Vec::new();
     if let (Some(costs), Some(w)) = (costs.as_mut(), workload) {
         let mut measured = Vec::new();
         if runs(1) {
@@ -348,7 +366,8 @@ pub fn place(
             )?);
         }
         if runs(pipelined::STAGES) {
-            measured.extend(pipelined::measure(models, pool, w, costs, log)?);
+            chunk_tokens = chunks::choose(models, pool, w, costs, log)?;
+            measured.extend(pipelined::measure(models, pool, w, costs, &chunk_tokens, log)?);
         }
         costs.set_pipelines(measured);
     }
@@ -378,18 +397,20 @@ pub fn place(
         }
         _ => None,
     };
-    Ok(ServingPlacement { mode: choice.name(), pool: pool.to_vec(), groups, prediction, input })
+    Ok(ServingPlacement { mode: choice.name(), pool: pool.to_vec(), groups, prediction, input, chunk_tokens })
 }
 
 /// `model`'s engine spec on a group of `devices` (`--devices` entries) running its layers in
 /// `stages` (half-open ranges, as `--stage-layers`) over `pipeline_stages` stages: over several,
-/// one virtual engine per stage unless the model's flags say otherwise (the pool's
-/// `--device-memory` and `--stage-profile-dir` served the placement and are dropped).
+/// one virtual engine per stage unless the model's flags say otherwise, and on the two stages
+/// [`chunks`] times, `chunk` as `--max-num-batched-tokens` (the pool's `--device-memory` and
+/// `--stage-profile-dir` served the placement and are dropped).
 fn group_spec(
     model: &ModelSpec,
     devices: Vec<String>,
     stages: &[[usize; 2]],
     pipeline_stages: usize,
+    chunk: Option<usize>,
 ) -> crate::spec::EngineSpec {
     let mut spec = model.spec.clone();
     spec.device = None;
@@ -405,7 +426,15 @@ fn group_spec(
     if pipeline_stages > 1 && spec.parallel.virtual_engines.is_none() {
         spec.parallel.virtual_engines = Some(pipeline_stages);
     }
+    if pipeline_stages == pipelined::STAGES && chunk.is_some() {
+        spec.paged.max_num_batched_tokens = chunk;
+    }
     spec
+}
+
+/// The chunk size chosen for `name`, if any, among `(model, tokens)`.
+fn chunk_of(chunks: &[(String, usize)], name: &str) -> Option<usize> {
+    chunks.iter().find(|(m, _)| m == name).map(|&(_, c)| c)
 }
 
 /// A model's own flags may not choose what the placement chooses.
@@ -490,5 +519,29 @@ mod tests {
         assert!(matches!("manual:a=0".parse::<PlacementChoice>().unwrap(), PlacementChoice::Manual(_)));
         assert!("manual:a".parse::<PlacementChoice>().unwrap_err().contains("--placement manual"));
         assert!("spread".parse::<PlacementChoice>().unwrap_err().contains("auto, replicate or manual"));
+    }
+
+    #[test]
+    fn the_chosen_chunks_run_on_two_stage_groups_only() {
+        let model = ModelSpec {
+            name: "a".into(),
+            source: "a".into(),
+            spec: Default::default(),
+            chat_template: None,
+            max_waiting: None,
+        };
+        let budget = |devices: usize, chunk: Option<usize>| {
+            let stages: Vec<[usize; 2]> = (0..devices).map(|d| [d, d + 1]).collect();
+            let pool = (0..devices).map(|_| "flex".to_string()).collect();
+            let spec = group_spec(&model, pool, &stages, devices, chunk);
+            (spec.paged.max_num_batched_tokens, spec.parallel.virtual_engines)
+        };
+        assert_eq!(budget(2, Some(64)), (Some(64), Some(2)));
+        assert_eq!(budget(2, None), (None, Some(2)));
+        // Timed on two stages only: one device or three keep whole prompts.
+        assert_eq!(budget(1, Some(64)), (None, None));
+        assert_eq!(budget(3, Some(64)), (None, Some(3)));
+        let chosen = vec![("a".to_string(), 64)];
+        assert_eq!((chunk_of(&chosen, "a"), chunk_of(&chosen, "b")), (Some(64), None));
     }
 }

@@ -75,7 +75,7 @@ pub(super) fn measure_one_device(
         let alone = match timed.filter(|(name, _)| *name == model.name) {
             Some(&(_, ms)) => ms,
             None => {
-                let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1);
+                let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1, None);
                 let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
                 let ids = [probe_ids(prompt, arch.vocab_size)];
                 timed_runs_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e))?[0]
@@ -97,12 +97,14 @@ pub(super) fn measure_one_device(
 }
 
 /// `(model, its pipeline measured)` for every model with traffic in `workload`, timed over
-/// `pool[0]` and `pool[1]`; nothing for a pool of one device.
+/// `pool[0]` and `pool[1]`, prefilling in the chunks chosen for it (`(model, chunk tokens)`,
+/// [`super::chunks`]); nothing for a pool of one device.
 pub(super) fn measure(
     models: &[ModelSpec],
     pool: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
+    chunks: &[(String, usize)],
     log: &mut dyn Write,
 ) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
     if pool.len() < STAGES {
@@ -123,7 +125,7 @@ pub(super) fn measure(
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
         let layout = StageLayout::even(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
-        let spec = probe_spec(model, devices.clone(), &stages, STAGES);
+        let spec = probe_spec(model, devices.clone(), &stages, STAGES, super::chunk_of(chunks, &model.name));
         let one_at_a_time = spec.engine_config().max_num_seqs == 1;
         let seats = spec.parallel.virtual_engines.unwrap_or(1);
         let chunks = prefill_chunks(&spec, prompt);
@@ -198,14 +200,16 @@ fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
 }
 
 /// `model`'s engine spec on a group of `devices` running `stages` over `pipeline_stages`, as the
-/// placement serves it, with prefix caching off so that every timed request computes its prompt.
+/// placement serves it (prefilling in chunks of `chunk` tokens on two stages, when chosen), with
+/// prefix caching off so that every timed request computes its prompt.
 pub(super) fn probe_spec(
     model: &ModelSpec,
     devices: Vec<String>,
     stages: &[[usize; 2]],
     pipeline_stages: usize,
+    chunk: Option<usize>,
 ) -> crate::spec::EngineSpec {
-    let mut spec = super::group_spec(model, devices, stages, pipeline_stages);
+    let mut spec = super::group_spec(model, devices, stages, pipeline_stages, chunk);
     spec.paged.no_enable_prefix_caching = true;
     spec
 }

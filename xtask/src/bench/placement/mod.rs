@@ -82,10 +82,11 @@ pub struct Args {
     /// `pipeline` mode's engines compute at most this many tokens a step
     /// (`--max-num-batched-tokens`), so that a prompt is prefilled in chunks that follow each
     /// other through the two stages, the second stage computing one chunk while the first
-    /// computes the next; 0 prefills whole prompts. Replicas always prefill whole prompts: on
-    /// one device, chunks only add steps.
-    #[arg(long, default_value_t = 64)]
-    pipeline_chunk_tokens: usize,
+    /// computes the next; 0 prefills whole prompts (`--no-chunked-prefill`). Without it, the
+    /// server chooses the chunks at start-up, as for any model on a two-stage group. Replicas
+    /// prefill whole prompts: on one device, chunks only add steps.
+    #[arg(long)]
+    pipeline_chunk_tokens: Option<usize>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -122,7 +123,7 @@ impl Args {
     fn command(&self) -> String {
         let list = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
         format!(
-            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --admission {} --modes {} --pipeline-chunk-tokens {}",
+            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --admission {} --modes {}{}",
             list(&self.cvs),
             list(&self.loads),
             self.duration_s,
@@ -133,7 +134,7 @@ impl Args {
             self.seed,
             self.admission.name(),
             self.modes.join(","),
-            self.pipeline_chunk_tokens
+            self.pipeline_chunk_tokens.map(|c| format!(" --pipeline-chunk-tokens {c}")).unwrap_or_default()
         )
     }
 }
@@ -232,9 +233,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "--admission".into(),
             args.admission.name().into(),
         ];
-        let chunks = (mode == "pipeline" && args.pipeline_chunk_tokens > 0)
-            .then(|| ["--max-num-batched-tokens".to_string(), args.pipeline_chunk_tokens.to_string()]);
-        let extra: Vec<String> = extra.into_iter().chain(chunks.into_iter().flatten()).collect();
+        let chunks = match (mode.as_str(), args.pipeline_chunk_tokens) {
+            ("pipeline", Some(0)) => vec!["--no-chunked-prefill".to_string()],
+            ("pipeline", Some(c)) => vec!["--max-num-batched-tokens".to_string(), c.to_string()],
+            _ => Vec::new(),
+        };
+        let extra: Vec<String> = extra.into_iter().chain(chunks).collect();
         let argv = serve_argv(&model, &workers, &extra);
         let serve = ServeArgs::try_parse_from(argv)?;
         let mut log = Vec::new();

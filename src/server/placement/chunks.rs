@@ -1,0 +1,190 @@
+//! The chunks a model on a two-stage group prefills its prompts in, chosen at start-up where its
+//! flags leave the choice open.
+//!
+//! A pipeline overlaps one prompt's work across its stages only when the prompt reaches them in
+//! pieces: TeraPipe's token slices (thesis ch. 2 §2.3.3), here the paged engine's chunked prefill
+//! (`--max-num-batched-tokens`), whose chunks follow each other through the stages, the second
+//! computing one while the first computes the next. Chunks also let another engine's decode step
+//! through a stage after one chunk rather than after a whole prompt. TeraPipe minimises the
+//! latency of one prompt through the pipeline, `Σ t_i + (K−1)·max t_i`, from the slices' times;
+//! here every chunk is an engine step over the workers, whose fixed costs (the step's hand-overs
+//! to each worker, the scheduler) the layers' profile does not see and which grow with the chunk
+//! count, so the latency is measured instead of priced: the prompt of the workload's shape is
+//! prefilled over the pool's first two devices, whole, then in halves, quarters and so on until a
+//! halving is clearly slower than the fastest so far, and the fastest chunk size is kept.
+//!
+//! The choice applies to a model whose engines run FCFS with chunked prefill on, no
+//! `--max-num-batched-tokens` and no `--prefill-slices` of their own (those flags choose for
+//! themselves; `--no-chunked-prefill` keeps whole prompts), and only on groups of the two stages
+//! timed.
+
+use std::io::Write;
+
+use burn_llm_models::DecoderSpec;
+use burn_paged::SchedulingPolicy;
+use burn_parallel::pipeline::StageLayout;
+use burn_parallel::plan::serving::ServingWorkload;
+use burn_parallel::profiler::probe_prompt;
+
+use super::super::ServerError;
+use super::super::launch::ModelSpec;
+use super::pipelined::{REPEATS, STAGES, WARMUP, probe_spec, request_shape, requests_ms};
+use super::profiles::ModelCosts;
+use crate::Purpose;
+use crate::spec::{EngineSpec, PrefillSlices};
+
+/// How much slower than the fastest so far a halving may prefill the prompt and still be followed
+/// by the next: the spread of the fastest of [`REPEATS`] runs, so that one noisy timing does not
+/// end the search before the fastest size.
+const SPREAD: f64 = 0.02;
+
+/// Whether the placement chooses `spec`'s chunk size (see the [module docs](self)).
+pub(super) fn chosen_here(spec: &EngineSpec) -> bool {
+    let config = spec.engine_config();
+    config.chunked_prefill
+        && config.max_num_batched_tokens.is_none()
+        && spec.parallel.prefill_slices.is_none_or(|s| s == PrefillSlices::Off)
+        && spec.planless_policy() == Some(SchedulingPolicy::Fcfs)
+}
+
+/// The chunk sizes tried after the whole prompt of `prompt` tokens: halves, quarters and so on
+/// down to one token, each rounded up.
+pub(super) fn halvings(prompt: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(prompt), |&c| (c > 1).then(|| c.div_ceil(2))).skip(1)
+}
+
+/// Which chunk size to keep, from the prefill times measured so far (`(chunk, ms)`, the whole
+/// prompt first, then each halving): the fastest, and whether to try the next halving (the last
+/// one came within [`SPREAD`] of the fastest). `None` before anything is measured.
+pub(super) fn keep(measured: &[(usize, f64)]) -> Option<(usize, bool)> {
+    let fastest = measured.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
+    let last = measured.last()?.1;
+    Some((fastest.0, last <= fastest.1 * (1.0 + SPREAD)))
+}
+
+/// `(model, chunk tokens)` for every model with traffic in `workload` whose chunk size the
+/// placement chooses and for which chunks beat the whole prompt over `pool[0]` → `pool[1]`.
+pub(super) fn choose(
+    models: &[ModelSpec],
+    pool: &[String],
+    workload: &ServingWorkload,
+    costs: &ModelCosts,
+    log: &mut dyn Write,
+) -> Result<Vec<(String, usize)>, ServerError> {
+    if pool.len() < STAGES {
+        return Ok(Vec::new());
+    }
+    let devices = pool[..STAGES].to_vec();
+    let mut out = Vec::new();
+    for model in models.iter().filter(|m| workload.load(&m.name).is_some() && chosen_here(&m.spec)) {
+        let (dir, arch) = costs.model(&model.name);
+        let (prompt, _) = request_shape(workload, &model.name, arch);
+        let fail = |e: &dyn std::fmt::Display| {
+            ServerError::Engine(format!(
+                "placement: timing `{}`'s prefill in chunks over {}: {e}; check that both devices hold half of it \
+                 and that the workers run",
+                model.name,
+                devices.join(" → ")
+            ))
+        };
+        let ids = probe_prompt(prompt, arch.vocab_size, 0);
+        let mut measured = vec![(prompt, prefill_ms(model, &devices, arch, dir, None, &ids).map_err(|e| fail(&e))?)];
+        for chunk in halvings(prompt) {
+            measured.push((chunk, prefill_ms(model, &devices, arch, dir, Some(chunk), &ids).map_err(|e| fail(&e))?));
+            if keep(&measured).is_some_and(|(_, go_on)| !go_on) {
+                break;
+            }
+        }
+        let chunk = keep(&measured).map_or(prompt, |(chunk, _)| chunk);
+        let tried: Vec<String> = measured
+            .iter()
+            .map(|&(c, ms)| match c == prompt {
+                true => format!("whole {ms:.0} ms"),
+                false => format!("chunks of {c} {ms:.0} ms"),
+            })
+            .collect();
+        let kept = match chunk < prompt {
+            true => format!("prefills in chunks of {chunk} tokens on two-stage groups"),
+            false => "prefills whole prompts".to_string(),
+        };
+        let _ = writeln!(
+            log,
+            "placement: `{}`'s prefill of {prompt} tokens over {}: {}; it {kept}",
+            model.name,
+            devices.join(" → "),
+            tried.join(", ")
+        );
+        if chunk < prompt {
+            out.push((model.name.clone(), chunk));
+        }
+    }
+    Ok(out)
+}
+
+/// The fastest of [`REPEATS`] prefills (one token generated) of `ids` by `model` loaded as a
+/// two-stage pipeline over `devices`, computing at most `chunk` tokens a step (`None`: whole).
+fn prefill_ms(
+    model: &ModelSpec,
+    devices: &[String],
+    arch: &DecoderSpec,
+    dir: &std::path::Path,
+    chunk: Option<usize>,
+    ids: &[u32],
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let layout = StageLayout::even(arch.num_layers, STAGES)?;
+    let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
+    let spec = probe_spec(model, devices.to_vec(), &stages, STAGES, chunk);
+    let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink())?;
+    let prompts = [ids.to_vec()];
+    let mut runs =
+        (0..WARMUP + REPEATS).map(|_| requests_ms(engine.as_mut(), &prompts, 1)).collect::<Result<Vec<_>, _>>()?;
+    Ok(runs.split_off(WARMUP).into_iter().fold(f64::INFINITY, f64::min))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_halve_down_to_one_token() {
+        assert_eq!(halvings(256).collect::<Vec<_>>(), [128, 64, 32, 16, 8, 4, 2, 1]);
+        assert_eq!(halvings(200).take(4).collect::<Vec<_>>(), [100, 50, 25, 13]);
+        assert_eq!(halvings(1).count(), 0, "a one-token prompt has nothing to chunk");
+    }
+
+    #[test]
+    fn the_fastest_chunk_size_is_kept_once_a_halving_is_clearly_slower() {
+        // Whole 610 ms, then 480, 410, 440: 64 is kept and 32 ends the search.
+        assert_eq!(keep(&[(256, 610.0), (128, 480.0), (64, 410.0), (32, 440.0)]), Some((64, false)));
+        // Still getting faster: try the next halving.
+        assert_eq!(keep(&[(256, 610.0), (128, 480.0)]), Some((128, true)));
+        // Within the timing's spread of the fastest: the search goes on, the fastest is kept.
+        assert_eq!(keep(&[(256, 610.0), (128, 480.0), (64, 485.0)]), Some((128, true)));
+        assert_eq!(keep(&[(256, 610.0), (128, 480.0), (64, 485.0), (32, 470.0)]), Some((32, true)));
+        // Chunks slower than the whole prompt: whole prompts.
+        assert_eq!(keep(&[(256, 610.0), (128, 650.0)]), Some((256, false)));
+        assert_eq!(keep(&[(256, 610.0)]), Some((256, true)));
+        assert_eq!(keep(&[]), None);
+    }
+
+    #[test]
+    fn only_engines_whose_flags_leave_the_chunks_open_are_chosen_for() {
+        let open = EngineSpec::default();
+        assert!(chosen_here(&open));
+        let mut own = open.clone();
+        own.paged.max_num_batched_tokens = Some(64);
+        assert!(!chosen_here(&own), "--max-num-batched-tokens chooses for itself");
+        let mut whole = open.clone();
+        whole.paged.no_chunked_prefill = true;
+        assert!(!chosen_here(&whole), "--no-chunked-prefill keeps whole prompts");
+        let mut sliced = open.clone();
+        sliced.parallel.prefill_slices = Some(PrefillSlices::Auto);
+        assert!(!chosen_here(&sliced), "--prefill-slices slices within a step");
+        let mut off = open.clone();
+        off.parallel.prefill_slices = Some(PrefillSlices::Off);
+        assert!(chosen_here(&off));
+        let mut fixed = open;
+        fixed.paged.scheduling = Some(SchedulingPolicy::Static);
+        assert!(!chosen_here(&fixed), "another scheduling policy batches as it plans");
+    }
+}
