@@ -22,7 +22,6 @@ use std::io::Write;
 
 use burn_llm_models::DecoderSpec;
 use burn_paged::SchedulingPolicy;
-use burn_parallel::pipeline::StageLayout;
 use burn_parallel::plan::serving::ServingWorkload;
 use burn_parallel::profiler::probe_prompt;
 
@@ -131,8 +130,7 @@ fn prefill_ms(
     chunk: Option<usize>,
     ids: &[u32],
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let layout = StageLayout::even(arch.num_layers, STAGES)?;
-    let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
+    let stages = super::even_stages(arch.num_layers, STAGES)?;
     let spec = probe_spec(model, devices.to_vec(), &stages, STAGES, chunk);
     let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink())?;
     let prompts = [ids.to_vec()];

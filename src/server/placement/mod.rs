@@ -41,7 +41,7 @@ mod profiles;
 use std::collections::HashMap;
 use std::io::Write;
 
-use burn_parallel::pipeline::StageLayout;
+use burn_parallel::pipeline::{PipelineError, StageLayout};
 use burn_parallel::plan::placement::{self, Baseline, GroupPlan, PlacedModel, PlacementInput, PlacementOutput};
 use burn_parallel::plan::serving::ServingWorkload;
 use burn_parallel::plan::sim::{self, Admission};
@@ -432,6 +432,11 @@ fn group_spec(
     spec
 }
 
+/// `layers` split as evenly as possible over `stages` stages, as half-open `[start, end]` ranges.
+fn even_stages(layers: usize, stages: usize) -> Result<Vec<[usize; 2]>, PipelineError> {
+    Ok(StageLayout::even(layers, stages)?.stages().iter().map(|r| [r.start, r.end]).collect())
+}
+
 /// The chunk size chosen for `name`, if any, among `(model, tokens)`.
 fn chunk_of(chunks: &[(String, usize)], name: &str) -> Option<usize> {
     chunks.iter().find(|(m, _)| m == name).map(|&(_, c)| c)
@@ -487,9 +492,8 @@ fn manual_groups(
                 Some(c) => c.layers(name),
                 None => profiles::layer_count(spec)?,
             };
-            let layout = StageLayout::even(layers, devices.len())
+            let stages = even_stages(layers, devices.len())
                 .map_err(|e| ServerError::Config(format!("--placement manual: model `{name}`: {e}")))?;
-            let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
             let placed = match costs {
                 Some(c) => c.placed(name, stages, kappa),
                 None => PlacedModel { model: name.clone(), stages, stage_latency_ms: Vec::new(), steps: None },

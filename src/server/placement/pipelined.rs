@@ -28,7 +28,6 @@ use std::io::Write;
 use std::time::Instant;
 
 use burn_llm_models::{DecoderSpec, Prompt, SamplingParams};
-use burn_parallel::pipeline::StageLayout;
 use burn_parallel::plan::placement::{MeasuredPipeline, MeasuredSteps};
 use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 use burn_parallel::profiler::{probe_ids, probe_prompt};
@@ -123,8 +122,7 @@ pub(super) fn measure(
         };
         let (dir, arch) = costs.model(&model.name);
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
-        let layout = StageLayout::even(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
-        let stages: Vec<[usize; 2]> = layout.stages().iter().map(|r| [r.start, r.end]).collect();
+        let stages = super::even_stages(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let spec = probe_spec(model, devices.clone(), &stages, STAGES, super::chunk_of(chunks, &model.name));
         let one_at_a_time = spec.engine_config().max_num_seqs == 1;
         let seats = spec.parallel.virtual_engines.unwrap_or(1);
