@@ -103,7 +103,7 @@ pub(super) fn measure(
     pool: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
-    chunks: &[(String, usize)],
+    chunk_tokens: &[(String, usize)],
     log: &mut dyn Write,
 ) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
     if pool.len() < STAGES {
@@ -123,7 +123,7 @@ pub(super) fn measure(
         let (dir, arch) = costs.model(&model.name);
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
         let stages = super::even_stages(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
-        let spec = probe_spec(model, devices.clone(), &stages, STAGES, super::chunk_of(chunks, &model.name));
+        let spec = probe_spec(model, devices.clone(), &stages, STAGES, super::chunk_of(chunk_tokens, &model.name));
         let one_at_a_time = spec.engine_config().max_num_seqs == 1;
         let seats = spec.parallel.virtual_engines.unwrap_or(1);
         let chunks = prefill_chunks(&spec, prompt);
