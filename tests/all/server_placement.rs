@@ -430,6 +430,12 @@ fn two_stage_groups_prefill_in_the_chunks_timed_fastest_unless_the_flags_choose(
     assert!(!log.contains("'s prefill of"), "{log}");
     assert!(placement.chunk_tokens.is_empty());
     assert_eq!(timed_chunks(&placement), 3, "{log}");
+    // An engine batching 8 sequences keeps a budget of at least 8 tokens a step: an 8-token
+    // prompt stays whole, untried.
+    let (log, placement) = placed_gpt2(&dir, &["--placement", "manual:gpt2=0,1", "--max-num-seqs", "8"]);
+    assert!(log.contains("`gpt2` prefills whole prompts of 8 tokens on two-stage groups"), "{log}");
+    assert!(log.contains("--max-num-seqs 8") && !log.contains("'s prefill of"), "{log}");
+    assert!(placement.chunk_tokens.is_empty());
     // Replication has no two-stage group to choose for.
     let (log, placement) = placed_gpt2(&dir, &["--placement", "replicate"]);
     assert!(!log.contains("'s prefill of") && placement.chunk_tokens.is_empty(), "{log}");

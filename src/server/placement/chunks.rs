@@ -16,7 +16,10 @@
 //! The choice applies to a model whose engines run FCFS with chunked prefill on, no
 //! `--max-num-batched-tokens` and no `--prefill-slices` of their own (those flags choose for
 //! themselves; `--no-chunked-prefill` keeps whole prompts), and only on groups of the two stages
-//! timed.
+//! timed. A step's token budget also bounds how many sequences decode in it, so no size below
+//! the engine's `--max-num-seqs` is tried (vLLM asks the same of `max_num_batched_tokens`): an
+//! engine batching 256 sequences (the default) keeps a 256-token prompt whole, and one serving a
+//! sequence at a time, as AlpaServe's do, may chunk down to one token.
 
 use std::io::Write;
 
@@ -46,10 +49,10 @@ pub(super) fn chosen_here(spec: &EngineSpec) -> bool {
         && spec.planless_policy() == Some(SchedulingPolicy::Fcfs)
 }
 
-/// The chunk sizes tried after the whole prompt of `prompt` tokens: halves, quarters and so on
-/// down to one token, each rounded up.
-pub(super) fn halvings(prompt: usize) -> impl Iterator<Item = usize> {
-    std::iter::successors(Some(prompt), |&c| (c > 1).then(|| c.div_ceil(2))).skip(1)
+/// The chunk sizes tried after the whole prompt of `prompt` tokens: halves, quarters and so on,
+/// each rounded up, down to `seqs` tokens (the engine's `--max-num-seqs`) or one.
+pub(super) fn halvings(prompt: usize, seqs: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(prompt), |&c| (c > 1).then(|| c.div_ceil(2))).skip(1).take_while(move |&c| c >= seqs)
 }
 
 /// Which chunk size to keep, from the prefill times measured so far (`(chunk, ms)`, the whole
@@ -86,9 +89,19 @@ pub(super) fn choose(
                 devices.join(" → ")
             ))
         };
+        let seqs = model.spec.engine_config().max_num_seqs;
+        if halvings(prompt, seqs).next().is_none() {
+            let _ = writeln!(
+                log,
+                "placement: `{}` prefills whole prompts of {prompt} tokens on two-stage groups: a chunk of half of \
+                 that would bound the sequences a step decodes below its --max-num-seqs {seqs}",
+                model.name
+            );
+            continue;
+        }
         let ids = probe_prompt(prompt, arch.vocab_size, 0);
         let mut measured = vec![(prompt, prefill_ms(model, &devices, arch, dir, None, &ids).map_err(|e| fail(&e))?)];
-        for chunk in halvings(prompt) {
+        for chunk in halvings(prompt, seqs) {
             measured.push((chunk, prefill_ms(model, &devices, arch, dir, Some(chunk), &ids).map_err(|e| fail(&e))?));
             if keep(&measured).is_some_and(|(_, go_on)| !go_on) {
                 break;
@@ -144,10 +157,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chunk_sizes_halve_down_to_one_token() {
-        assert_eq!(halvings(256).collect::<Vec<_>>(), [128, 64, 32, 16, 8, 4, 2, 1]);
-        assert_eq!(halvings(200).take(4).collect::<Vec<_>>(), [100, 50, 25, 13]);
-        assert_eq!(halvings(1).count(), 0, "a one-token prompt has nothing to chunk");
+    fn chunk_sizes_halve_down_to_one_token_or_the_sequences_a_step_decodes() {
+        assert_eq!(halvings(256, 1).collect::<Vec<_>>(), [128, 64, 32, 16, 8, 4, 2, 1]);
+        assert_eq!(halvings(200, 1).take(4).collect::<Vec<_>>(), [100, 50, 25, 13]);
+        assert_eq!(halvings(1, 1).count(), 0, "a one-token prompt has nothing to chunk");
+        // A step of 16 sequences keeps at least 16 tokens of budget for their decodes.
+        assert_eq!(halvings(256, 16).collect::<Vec<_>>(), [128, 64, 32, 16]);
+        assert_eq!(halvings(200, 16).last(), Some(25));
+        // vLLM's default of 256 sequences: a 256-token prompt stays whole.
+        assert_eq!(halvings(256, 256).count(), 0);
+        assert_eq!(halvings(1024, 256).collect::<Vec<_>>(), [512, 256]);
     }
 
     #[test]
