@@ -93,8 +93,8 @@ pub(super) fn choose(
         if halvings(prompt, seqs).next().is_none() {
             let _ = writeln!(
                 log,
-                "placement: `{}` prefills whole prompts of {prompt} tokens on two-stage groups: a chunk of half of \
-                 that would bound the sequences a step decodes below its --max-num-seqs {seqs}",
+                "placement: `{}` prefills whole prompts of {prompt} tokens on two-stage groups: half of that is \
+                 under one token or under its --max-num-seqs {seqs}, which a step's token budget must hold",
                 model.name
             );
             continue;
