@@ -23,21 +23,20 @@
 
 use std::io::Write;
 
-use burn_llm_models::DecoderSpec;
 use burn_paged::SchedulingPolicy;
 use burn_parallel::plan::serving::ServingWorkload;
 use burn_parallel::profiler::probe_prompt;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
-use super::pipelined::{REPEATS, STAGES, WARMUP, probe_spec, request_shape, requests_ms};
+use super::pipelined::{STAGES, probe_spec, request_shape, timed_runs_ms};
 use super::profiles::ModelCosts;
 use crate::Purpose;
 use crate::spec::{EngineSpec, PrefillSlices};
 
 /// How much slower than the fastest so far a halving may prefill the prompt and still be followed
-/// by the next: the spread of the fastest of [`REPEATS`] runs, so that one noisy timing does not
-/// end the search before the fastest size.
+/// by the next: the spread of the fastest of [`REPEATS`](super::pipelined::REPEATS) runs, so
+/// that one noisy timing does not end the search before the fastest size.
 const SPREAD: f64 = 0.02;
 
 /// Whether the placement chooses `spec`'s chunk size (see the [module docs](self)).
@@ -99,10 +98,12 @@ pub(super) fn choose(
             );
             continue;
         }
+        let stages = super::even_stages(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let ids = probe_prompt(prompt, arch.vocab_size, 0);
-        let mut measured = vec![(prompt, prefill_ms(model, &devices, arch, dir, None, &ids).map_err(|e| fail(&e))?)];
+        let timed = |chunk| prefill_ms(model, &devices, &stages, dir, chunk, &ids).map_err(|e| fail(&e));
+        let mut measured = vec![(prompt, timed(None)?)];
         for chunk in halvings(prompt, seqs) {
-            measured.push((chunk, prefill_ms(model, &devices, arch, dir, Some(chunk), &ids).map_err(|e| fail(&e))?));
+            measured.push((chunk, timed(Some(chunk))?));
             if keep(&measured).is_some_and(|(_, go_on)| !go_on) {
                 break;
             }
@@ -133,23 +134,20 @@ pub(super) fn choose(
     Ok(out)
 }
 
-/// The fastest of [`REPEATS`] prefills (one token generated) of `ids` by `model` loaded as a
-/// two-stage pipeline over `devices`, computing at most `chunk` tokens a step (`None`: whole).
+/// The fastest of [`REPEATS`](super::pipelined::REPEATS) prefills (one token generated) of `ids`
+/// by `model` loaded as a pipeline over `devices` running `stages`, computing at most `chunk`
+/// tokens a step (`None`: whole).
 fn prefill_ms(
     model: &ModelSpec,
     devices: &[String],
-    arch: &DecoderSpec,
+    stages: &[[usize; 2]],
     dir: &std::path::Path,
     chunk: Option<usize>,
     ids: &[u32],
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let stages = super::even_stages(arch.num_layers, STAGES)?;
-    let spec = probe_spec(model, devices.to_vec(), &stages, STAGES, chunk);
+    let spec = probe_spec(model, devices.to_vec(), stages, STAGES, chunk);
     let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink())?;
-    let prompts = [ids.to_vec()];
-    let mut runs =
-        (0..WARMUP + REPEATS).map(|_| requests_ms(engine.as_mut(), &prompts, 1)).collect::<Result<Vec<_>, _>>()?;
-    Ok(runs.split_off(WARMUP).into_iter().fold(f64::INFINITY, f64::min))
+    Ok(timed_runs_ms(engine.as_mut(), &[ids.to_vec()], 1)?[0])
 }
 
 #[cfg(test)]

@@ -214,7 +214,7 @@ pub(super) fn probe_spec(
 
 /// [`requests_ms`] of `prompts` run [`WARMUP`] times untimed, then [`REPEATS`] times timed:
 /// the timed runs, fastest first.
-fn timed_runs_ms(
+pub(super) fn timed_runs_ms(
     engine: &mut dyn Engine,
     prompts: &[Vec<u32>],
     tokens: usize,
