@@ -58,6 +58,26 @@ pub enum PagedError {
         /// The step limit.
         max: usize,
     },
+    /// A prompt's KV blocks outnumber the engine's whole device pool, so it could never be
+    /// scheduled (a byte budget holds the full context, so only an explicit block count, or a
+    /// pool divided between virtual engines, can be this small).
+    #[error(
+        "prompt {request} has {len} tokens, whose KV cache takes {needed} blocks of {block_size} tokens, but the \
+         engine's device pool holds {blocks} blocks: raise --kv-cache-memory (virtual engines each get an even \
+         share of it), or send a shorter prompt"
+    )]
+    PromptExceedsKvPool {
+        /// Request id.
+        request: String,
+        /// Prompt tokens.
+        len: usize,
+        /// Blocks the prompt takes.
+        needed: usize,
+        /// Tokens per block.
+        block_size: usize,
+        /// Blocks in the device pool.
+        blocks: usize,
+    },
     /// A request's sequences (`n`, `best_of`, beams) outnumber the tokens one step computes: a
     /// preempted group recomputes all its sequences' last prompt tokens in one step, which could
     /// then never be scheduled.

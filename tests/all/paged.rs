@@ -297,6 +297,19 @@ fn bad_requests_are_errors() {
         e.step().unwrap();
     }
 
+    // A prompt whose blocks outnumber the whole device pool is refused up front, naming the pool;
+    // one that fits still runs.
+    let mut small = engine("opt", &device, config(3, 4, PreemptionMode::Auto));
+    let err = small.add_request("long", Prompt::Ids(vec![2; 13]), ok.clone()).unwrap_err();
+    assert!(matches!(err, PagedError::PromptExceedsKvPool { needed: 4, blocks: 3, .. }), "{err}");
+    assert!(err.to_string().contains("--kv-cache-memory") && err.to_string().contains("13 tokens"), "{err}");
+    small.add_request("fits", Prompt::Ids(vec![2; 12]), SamplingParams::greedy(1)).unwrap();
+    let mut finished = Vec::new();
+    while small.has_unfinished_requests() {
+        finished.extend(small.step().unwrap().into_iter().filter(|o| o.finished.is_some()).map(|o| o.request_id));
+    }
+    assert_eq!(finished, ["fits"]);
+
     let tiny = EngineConfig { kv_cache_memory: KvCacheMemory::Bytes(10), ..EngineConfig::default() };
     let err = LlmEngine::new(Pretrained::load(&fixture("opt"), &device).unwrap(), tiny).unwrap_err();
     assert!(matches!(err, PagedError::KvBudget { .. }), "{err}");

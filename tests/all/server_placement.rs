@@ -373,6 +373,44 @@ fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm::serv
     (String::from_utf8_lossy(&log).into_owned(), placement.unwrap())
 }
 
+/// A model on a two-stage group runs two virtual engines per stage where they served a burst
+/// faster than one at start-up, and the pipeline is priced with the engines it runs; a model whose
+/// flags give the engines keeps them, untried.
+#[test]
+fn two_stage_groups_run_the_virtual_engines_that_served_a_burst_faster_unless_the_flags_choose() {
+    let dir = scratch("engines");
+    let seats = |placement: &burn_llm::server::placement::ServingPlacement| {
+        let model = &placement.input.as_ref().unwrap().models[0];
+        let pipeline = model.measured_pipelines.iter().find(|p| p.stages == 2).unwrap();
+        pipeline.steps.as_ref().unwrap().seats
+    };
+    let one_at_a_time = ["--placement", "manual:gpt2=0,1", "--max-num-seqs", "1"];
+    let (log, placement) = placed_gpt2(&dir, &one_at_a_time);
+    assert!(log.contains("`gpt2`'s burst of 4 over flex → flex: one virtual engine per stage "), "{log}");
+    let health = placement.to_json();
+    match placement.virtual_engines.as_slice() {
+        [] => {
+            assert!(log.contains("; it runs one per stage on two-stage groups"), "{log}");
+            assert_eq!(seats(&placement), 2, "{log}");
+            assert!(health.get("two_stage_virtual_engines").is_none(), "{health}");
+        }
+        [(name, engines)] => {
+            assert_eq!((name.as_str(), *engines), ("gpt2", 4));
+            assert!(log.contains("; it runs two per stage on two-stage groups"), "{log}");
+            assert!(log.contains("over 4 virtual engines"), "{log}");
+            assert_eq!(seats(&placement), 4, "{log}");
+            assert_eq!(health["two_stage_virtual_engines"]["gpt2"], 4, "{health}");
+        }
+        other => panic!("one model placed, engines for {other:?}"),
+    }
+    // Engines given by the model's flags: nothing tried, the pipeline priced with them.
+    let (log, placement) = placed_gpt2(&dir, &[&one_at_a_time[..], &["--virtual-engines", "3"]].concat());
+    assert!(!log.contains("'s burst of"), "{log}");
+    assert!(placement.virtual_engines.is_empty());
+    assert_eq!(seats(&placement), 3, "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The devices' interference is timed as the server serves, one request on a replica on each
 /// device alone and at once, where the model fits a device whole; a model that fits none falls
 /// back to a pass through a few layers on each device.

@@ -10,12 +10,16 @@ use burn_llm_models::{DecoderSpec, Prompt, SamplingParams, Tokenizer};
 use crate::beam::{BeamRun, BeamSearch};
 use crate::error::{PagedError, Result};
 
-/// What a request is checked against besides the model: the tokens one step may run, and
-/// whether longer prompts are prefilled in chunks.
+/// What a request is checked against besides the model: the tokens one step may run, whether
+/// longer prompts are prefilled in chunks, and the device pool its prompt's KV blocks must fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PromptLimits {
     pub max_num_batched_tokens: usize,
     pub chunks_prompts: bool,
+    /// Blocks in the engine's device pool (its share, under virtual engines).
+    pub device_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
 }
 
 /// The model and tokens a request is checked against.
@@ -50,6 +54,18 @@ impl Checker<'_> {
         let max = self.limits.max_num_batched_tokens;
         if prompt_ids.len() > max && !self.limits.chunks_prompts {
             return Err(PagedError::PromptTooLong { request: request_id, len: prompt_ids.len(), max });
+        }
+        // The scheduler would only finish it aborted at its first step: a prompt's blocks must all
+        // be on the device at once, and no preemption frees more than the whole pool.
+        let needed = prompt_ids.len().div_ceil(self.limits.block_size.max(1));
+        if needed > self.limits.device_blocks {
+            return Err(PagedError::PromptExceedsKvPool {
+                request: request_id,
+                len: prompt_ids.len(),
+                needed,
+                block_size: self.limits.block_size,
+                blocks: self.limits.device_blocks,
+            });
         }
         let width = params.width();
         if width > max {

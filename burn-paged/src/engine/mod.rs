@@ -278,6 +278,8 @@ impl<M: LanguageModel> LlmEngine<M> {
         PromptLimits {
             max_num_batched_tokens: self.scheduler.config().max_num_batched_tokens,
             chunks_prompts: self.scheduler.chunks_prompts(),
+            device_blocks: self.blocks.total_blocks(Location::Device),
+            block_size: self.blocks.block_size(),
         }
     }
 
