@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use burn_llm_models::{DecoderSpec, Prompt, SamplingParams, StepOutput, Timing, Tokenizer};
+use burn_llm_models::{DecoderSpec, FinishReason, Prompt, SamplingParams, StepOutput, Timing, Tokenizer};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::admission::SloGate;
@@ -531,10 +531,13 @@ impl EngineLoop {
             self.metrics.generation_tokens.inc_by(tokens as u64);
         }
         if out.finished.is_some() {
-            if let Some(live) = self.live.remove(&out.request_id) {
-                self.retire(&live);
-                let _ = live.events.send(Tagged { tag: live.tag, event: EngineEvent::Step(out) });
-            }
+            let Some(live) = self.live.remove(&out.request_id) else { return };
+            self.retire(&live);
+            let event = match out.finished.as_deref().and_then(|f| outgrew_kv(f, self.engine.load())) {
+                Some(message) => EngineEvent::Failed(format!("request {}: {message}", out.request_id)),
+                None => EngineEvent::Step(out),
+            };
+            let _ = live.events.send(Tagged { tag: live.tag, event });
             return;
         }
         let id = out.request_id.clone();
@@ -557,4 +560,20 @@ impl EngineLoop {
             self.preemptions = total;
         }
     }
+}
+
+/// Why a request the engine finished aborted could not be served, or `None` when none of its
+/// outputs was aborted. The server's own aborts forget the request before the engine answers, so
+/// an abort delivered by a step is the engine's: its sequences outgrew the whole KV pool (the
+/// paged scheduler, or a disaggregated decode pool, finishes them so), and the partial text with
+/// `finish_reason: "abort"` would not say why.
+fn outgrew_kv(finished: &[burn_llm_models::RequestOutput], load: Option<EngineLoad>) -> Option<String> {
+    let aborted = finished.iter().filter(|o| o.finish_reason == FinishReason::Abort);
+    let generated = aborted.map(|o| o.generated_ids.len()).max()?;
+    let pool = load.map_or_else(String::new, |l| format!(" ({} blocks)", l.kv_blocks_total));
+    Some(format!(
+        "after {generated} generated tokens its sequences need more KV blocks than the engine's whole device \
+         pool{pool} holds, so it cannot finish: raise --kv-cache-memory (virtual engines each get an even share of \
+         it), or ask for fewer tokens (max_tokens)"
+    ))
 }

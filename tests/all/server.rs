@@ -12,7 +12,7 @@ use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::common::{Scratch, scratch_copy};
+use crate::common::{Scratch, fixture, scratch_copy};
 use crate::loopback_client::{self, SseEvents};
 use reqwest::Client;
 
@@ -561,6 +561,33 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
             assert!(tokio::time::Instant::now() < deadline, "the engine did not drain:\n{metrics}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    });
+    server.shutdown();
+}
+
+/// A KV pool too small for a request is a clear error, never partial text marked `abort`: a
+/// prompt whose blocks outnumber the pool is a 400 at once, one whose tokens outgrow it while it
+/// generates fails naming the pool, and a request that fits is served.
+#[test]
+fn requests_a_tiny_kv_pool_cannot_hold_are_errors_naming_the_pool() {
+    let server = start(&fixture("opt"), &["--kv-cache-memory", "blocks:3", "--block-size", "4"]);
+    server.runtime.block_on(async {
+        let client = loopback_client::client();
+        let url = server.url("/v1/completions");
+        let ask = |prompt: usize, tokens: usize| {
+            let ids: Vec<usize> = (10..10 + prompt).collect();
+            json!({"model": "fixture", "prompt": ids, "max_tokens": tokens, "temperature": 0, "ignore_eos": true})
+        };
+        let (status, r) = post(&client, &url, &ask(13, 2), None).await;
+        assert_eq!(status, 400, "{r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("holds 3 blocks: raise --kv-cache-memory"), "{r}");
+        let (status, r) = post(&client, &url, &ask(10, 8), None).await;
+        assert_eq!(status, 500, "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains("generated tokens") && message.contains("pool (3 blocks)"), "{r}");
+        assert!(message.contains("raise --kv-cache-memory"), "{r}");
+        let (status, r) = post(&client, &url, &ask(6, 4), None).await;
+        assert_eq!((status, r["usage"]["completion_tokens"].as_u64()), (200, Some(4)), "{r}");
     });
     server.shutdown();
 }

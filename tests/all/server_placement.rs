@@ -373,41 +373,29 @@ fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm::serv
     (String::from_utf8_lossy(&log).into_owned(), placement.unwrap())
 }
 
-/// A model on a two-stage group runs two virtual engines per stage where they served a burst
-/// faster than one at start-up, and the pipeline is priced with the engines it runs; a model whose
-/// flags give the engines keeps them, untried.
+/// A KV pool that holds the workload's prompt but not its tokens cuts the timed requests short: the
+/// placement refuses to price on them, naming the pool, instead of timing less work than it serves.
 #[test]
-fn two_stage_groups_run_the_virtual_engines_that_served_a_burst_faster_unless_the_flags_choose() {
-    let dir = scratch("engines");
-    let seats = |placement: &burn_llm::server::placement::ServingPlacement| {
-        let model = &placement.input.as_ref().unwrap().models[0];
-        let pipeline = model.measured_pipelines.iter().find(|p| p.stages == 2).unwrap();
-        pipeline.steps.as_ref().unwrap().seats
+fn a_kv_pool_too_small_for_the_workloads_requests_is_an_error_not_a_fast_timing() {
+    let dir = scratch("short");
+    let workload = workload_file(
+        &dir,
+        json!({"duration_s": 10, "seed": 1, "models": [
+            {"model": "gpt2", "rate": 1, "cv": 1, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 4}]}),
+    );
+    let profiles = dir.join("profiles").display().to_string();
+    let model = path("gpt2");
+    // 8 prompt tokens fill both blocks of 4; the first generated token finds none left.
+    let argv = ["serve", "--model", &model, "--kv-cache-memory", "blocks:2", "--block-size", "4"]
+        .into_iter()
+        .chain(["--devices", "flex,flex", "--workload", &workload, "--stage-profile-dir", &profiles])
+        .chain(["--placement", "replicate"]);
+    let args = ServeArgs::try_parse_from(argv).unwrap();
+    let err = match args.placed_entries(&mut Vec::new()) {
+        Ok(_) => panic!("a pool too small for the requests was placed"),
+        Err(e) => e.to_string(),
     };
-    let one_at_a_time = ["--placement", "manual:gpt2=0,1", "--max-num-seqs", "1"];
-    let (log, placement) = placed_gpt2(&dir, &one_at_a_time);
-    assert!(log.contains("`gpt2`'s burst of 4 over flex → flex: one virtual engine per stage "), "{log}");
-    let health = placement.to_json();
-    match placement.virtual_engines.as_slice() {
-        [] => {
-            assert!(log.contains("; it runs one per stage on two-stage groups"), "{log}");
-            assert_eq!(seats(&placement), 2, "{log}");
-            assert!(health.get("two_stage_virtual_engines").is_none(), "{health}");
-        }
-        [(name, engines)] => {
-            assert_eq!((name.as_str(), *engines), ("gpt2", 4));
-            assert!(log.contains("; it runs two per stage on two-stage groups"), "{log}");
-            assert!(log.contains("over 4 virtual engines"), "{log}");
-            assert_eq!(seats(&placement), 4, "{log}");
-            assert_eq!(health["two_stage_virtual_engines"]["gpt2"], 4, "{health}");
-        }
-        other => panic!("one model placed, engines for {other:?}"),
-    }
-    // Engines given by the model's flags: nothing tried, the pipeline priced with them.
-    let (log, placement) = placed_gpt2(&dir, &[&one_at_a_time[..], &["--virtual-engines", "3"]].concat());
-    assert!(!log.contains("'s burst of"), "{log}");
-    assert!(placement.virtual_engines.is_empty());
-    assert_eq!(seats(&placement), 3, "{log}");
+    assert!(err.contains("after 1 of its 4 tokens") && err.contains("--kv-cache-memory"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -29,11 +29,15 @@ use burn_parallel::profiler::probe_prompt;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
-use super::pipelined::{SPREAD, STAGES, probe_spec, request_shape, timed_runs_ms};
+use super::pipelined::{STAGES, probe_spec, request_shape, timed_runs_ms};
 use super::profiles::ModelCosts;
-use super::{TwoStage, group_spec};
 use crate::Purpose;
 use crate::spec::{EngineSpec, PrefillSlices};
+
+/// How much slower than the fastest so far a halving may prefill the prompt and still be followed
+/// by the next: the spread of the fastest of [`REPEATS`](super::pipelined::REPEATS) runs, so
+/// that one noisy timing does not end the search before the fastest size.
+const SPREAD: f64 = 0.02;
 
 /// Whether the placement chooses `spec`'s chunk size (see the [module docs](self)).
 pub(super) fn chosen_here(spec: &EngineSpec) -> bool {
@@ -52,8 +56,7 @@ pub(super) fn halvings(prompt: usize, seqs: usize) -> impl Iterator<Item = usize
 
 /// Which chunk size to keep, from the prefill times measured so far (`(chunk, ms)`, the whole
 /// prompt first, then each halving): the fastest, and whether to try the next halving (the last
-/// one came within [`SPREAD`] of the fastest, so that one noisy timing does not end the search).
-/// `None` before anything is measured.
+/// one came within [`SPREAD`] of the fastest). `None` before anything is measured.
 pub(super) fn keep(measured: &[(usize, f64)]) -> Option<(usize, bool)> {
     let fastest = measured.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
     let last = measured.last()?.1;
@@ -142,7 +145,7 @@ fn prefill_ms(
     chunk: Option<usize>,
     ids: &[u32],
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let spec = probe_spec(group_spec(model, devices.to_vec(), stages, STAGES, TwoStage { chunk, engines: None }));
+    let spec = probe_spec(model, devices.to_vec(), stages, STAGES, chunk);
     let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink())?;
     Ok(timed_runs_ms(engine.as_mut(), &[ids.to_vec()], 1)?[0])
 }

@@ -29,7 +29,6 @@ use super::super::ServerError;
 use super::super::launch::ModelSpec;
 use super::pipelined::{REPEATS, WARMUP, probe_spec, request_shape, requests_ms};
 use super::profiles::ModelCosts;
-use super::{TwoStage, group_spec};
 use crate::Purpose;
 use crate::spec::{interference_of, parse_device};
 
@@ -100,8 +99,7 @@ fn replicas(target: Target<'_>, log: &mut dyn Write) -> Result<(f64, f64), Strin
         for device in pool {
             let (go, told) = mpsc::channel::<()>();
             let (report, reports) = mpsc::channel::<Result<f64, String>>();
-            let spec =
-                probe_spec(group_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1, TwoStage::default()));
+            let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1, None);
             let ids = ids.clone();
             scope.spawn(move || {
                 let mut engine = match spec.init(dir, Purpose::Serve, &mut std::io::sink()) {

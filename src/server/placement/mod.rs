@@ -15,10 +15,7 @@
 //!
 //! A model on a group of several stages runs as one virtual engine per stage over the one loaded
 //! pipeline (`--virtual-engines`), so that, as in the simulator, a stage takes the next request
-//! once it has passed on the last rather than when the last has left the pipeline; on two-stage
-//! groups, two per stage where they served a burst faster at start-up (module `pipelined`), so
-//! that a further request's step waits at each stage while an engine does its host work between
-//! its steps. The engine spec of each group is module `group_spec`'s.
+//! once it has passed on the last rather than when the last has left the pipeline.
 //!
 //! A model on several groups is served by replicas: a request goes to the replica with the fewest
 //! requests in flight, as AlpaServe's controller and the simulator do. Models on one group share
@@ -33,10 +30,9 @@
 //! `pipelined`), and two-stage groups are priced from that, as AlpaServe profiles each parallel
 //! configuration. Before that, a model whose flags leave its prefill's chunks open gets the chunk
 //! size that prefills its prompt fastest over those two devices (module `chunks`), which its
-//! engines on two-stage groups then run with, as they run with the virtual engines chosen there.
+//! engines on two-stage groups then run with.
 
 mod chunks;
-mod group_spec;
 mod interference;
 pub mod manual;
 mod pipelined;
@@ -45,6 +41,7 @@ mod profiles;
 use std::collections::HashMap;
 use std::io::Write;
 
+use burn_parallel::pipeline::{PipelineError, StageLayout};
 use burn_parallel::plan::placement::{self, Baseline, GroupPlan, PlacedModel, PlacementInput, PlacementOutput};
 use burn_parallel::plan::serving::ServingWorkload;
 use burn_parallel::plan::sim::{self, Admission};
@@ -53,7 +50,6 @@ use serde_json::json;
 use super::ServerError;
 use super::admission::{GroupClock, SloGate};
 use super::launch::ModelSpec;
-use group_spec::{TwoStage, chosen_for, even_stages, group_spec};
 pub use manual::Manual;
 use profiles::ModelCosts;
 
@@ -117,9 +113,6 @@ pub struct ServingPlacement {
     /// `(model, tokens)`: the chunks a model prefills in on two-stage groups, where the placement
     /// chose them (`--max-num-batched-tokens`).
     pub chunk_tokens: Vec<(String, usize)>,
-    /// `(model, engines)`: the virtual engines a model runs on two-stage groups, where the
-    /// placement chose more than one per stage (`--virtual-engines`).
-    pub virtual_engines: Vec<(String, usize)>,
 }
 
 impl ServingPlacement {
@@ -133,8 +126,8 @@ impl ServingPlacement {
         for group in &self.groups {
             let Some(placed) = group.models.iter().find(|m| m.model == model.name) else { continue };
             let devices = group.devices.iter().map(|&d| self.pool[d].clone()).collect();
-            let chosen = self.two_stage(&model.name);
-            specs.push(group_spec(model, devices, &placed.stages, group.pipeline_stages, chosen));
+            let chunk = chunk_of(&self.chunk_tokens, &model.name);
+            specs.push(group_spec(model, devices, &placed.stages, group.pipeline_stages, chunk));
         }
         specs
     }
@@ -224,7 +217,9 @@ impl ServingPlacement {
                             "  `{}` timed as a {n}-stage pipeline{}: one request {:.0} ms{prefill}, each further one \
                              started with it adds {:.0} ms{steps} ({n}-stage groups priced from this)",
                             m.name,
-                            self.two_stage(&m.name).describe(),
+                            chunk_of(&self.chunk_tokens, &m.name)
+                                .map(|c| format!(", prefilling in chunks of {c} tokens"))
+                                .unwrap_or_default(),
                             p.latency_ms,
                             p.interval_ms
                         )
@@ -289,17 +284,7 @@ impl ServingPlacement {
             let chunks: serde_json::Map<_, _> = self.chunk_tokens.iter().map(|(m, c)| (m.clone(), json!(c))).collect();
             out["two_stage_chunk_tokens"] = json!(chunks);
         }
-        if !self.virtual_engines.is_empty() {
-            let engines: serde_json::Map<_, _> =
-                self.virtual_engines.iter().map(|(m, n)| (m.clone(), json!(n))).collect();
-            out["two_stage_virtual_engines"] = json!(engines);
-        }
         out
-    }
-
-    /// What the placement chose for `name`'s engines on two-stage groups.
-    fn two_stage(&self, name: &str) -> TwoStage {
-        TwoStage { chunk: chosen_for(&self.chunk_tokens, name), engines: chosen_for(&self.virtual_engines, name) }
     }
 
     /// The devices' measured interference the prediction priced, if any was measured.
@@ -366,7 +351,7 @@ pub fn place(
         PlacementChoice::Replicate => stages == 1,
         PlacementChoice::Manual(m) => m.models.iter().any(|(_, groups)| groups.iter().any(|g| g.len() == stages)),
     };
-    let (mut chunk_tokens, mut virtual_engines) = (Vec::new(), Vec::new());
+    let mut chunk_tokens = Vec::new();
     if let (Some(costs), Some(w)) = (costs.as_mut(), workload) {
         let mut measured = Vec::new();
         if runs(1) {
@@ -382,9 +367,7 @@ pub fn place(
         }
         if runs(pipelined::STAGES) {
             chunk_tokens = chunks::choose(models, pool, w, costs, log)?;
-            let timed = pipelined::measure(models, pool, w, costs, &chunk_tokens, log)?;
-            measured.extend(timed.pipelines);
-            virtual_engines = timed.virtual_engines;
+            measured.extend(pipelined::measure(models, pool, w, costs, &chunk_tokens, log)?);
         }
         costs.set_pipelines(measured);
     }
@@ -414,15 +397,52 @@ pub fn place(
         }
         _ => None,
     };
-    Ok(ServingPlacement {
-        mode: choice.name(),
-        pool: pool.to_vec(),
-        groups,
-        prediction,
-        input,
-        chunk_tokens,
-        virtual_engines,
-    })
+    Ok(ServingPlacement { mode: choice.name(), pool: pool.to_vec(), groups, prediction, input, chunk_tokens })
+}
+
+/// `model`'s engine spec on a group of `devices` (`--devices` entries) running its layers in
+/// `stages` (half-open ranges, as `--stage-layers`) over `pipeline_stages` stages: over several,
+/// one virtual engine per stage unless the model's flags say otherwise, and on the two stages
+/// [`chunks`] times, `chunk` as `--max-num-batched-tokens` (the pool's `--device-memory` and
+/// `--stage-profile-dir` served the placement and are dropped).
+fn group_spec(
+    model: &ModelSpec,
+    devices: Vec<String>,
+    stages: &[[usize; 2]],
+    pipeline_stages: usize,
+    chunk: Option<usize>,
+) -> crate::spec::EngineSpec {
+    let mut spec = model.spec.clone();
+    spec.device = None;
+    spec.parallel.devices = Some(devices);
+    // The placement has checked the memory and read the profiles these name.
+    spec.parallel.device_memory = None;
+    spec.parallel.stage_profile_dir = None;
+    spec.parallel.pipeline_parallel_size = None;
+    spec.parallel.stage_layers =
+        Some(stages.iter().map(|[a, b]| format!("{a}-{}", b.saturating_sub(1))).collect::<Vec<_>>().join(","));
+    // The simulator's pipeline: a stage takes the next request once it has passed on the last,
+    // which takes one engine per stage (each engine's step spans every stage). Virtual engines
+    // overlap steps across stages, so a model's own `--virtual-engines` is for its groups of
+    // several stages: one device has nothing to overlap, and its engine would refuse the flag.
+    spec.parallel.virtual_engines = match pipeline_stages {
+        0 | 1 => None,
+        n => Some(spec.parallel.virtual_engines.unwrap_or(n)),
+    };
+    if pipeline_stages == pipelined::STAGES && chunk.is_some() {
+        spec.paged.max_num_batched_tokens = chunk;
+    }
+    spec
+}
+
+/// `layers` split as evenly as possible over `stages` stages, as half-open `[start, end]` ranges.
+fn even_stages(layers: usize, stages: usize) -> Result<Vec<[usize; 2]>, PipelineError> {
+    Ok(StageLayout::even(layers, stages)?.stages().iter().map(|r| [r.start, r.end]).collect())
+}
+
+/// The chunk size chosen for `name`, if any, among `(model, tokens)`.
+fn chunk_of(chunks: &[(String, usize)], name: &str) -> Option<usize> {
+    chunks.iter().find(|(m, _)| m == name).map(|&(_, c)| c)
 }
 
 /// A model's own flags may not choose what the placement chooses.
@@ -506,5 +526,44 @@ mod tests {
         assert!(matches!("manual:a=0".parse::<PlacementChoice>().unwrap(), PlacementChoice::Manual(_)));
         assert!("manual:a".parse::<PlacementChoice>().unwrap_err().contains("--placement manual"));
         assert!("spread".parse::<PlacementChoice>().unwrap_err().contains("auto, replicate or manual"));
+    }
+
+    #[test]
+    fn the_chosen_chunks_run_on_two_stage_groups_only() {
+        let model = ModelSpec {
+            name: "a".into(),
+            source: "a".into(),
+            spec: Default::default(),
+            chat_template: None,
+            max_waiting: None,
+        };
+        let budget = |devices: usize, chunk: Option<usize>| {
+            let stages: Vec<[usize; 2]> = (0..devices).map(|d| [d, d + 1]).collect();
+            let pool = (0..devices).map(|_| "flex".to_string()).collect();
+            let spec = group_spec(&model, pool, &stages, devices, chunk);
+            (spec.paged.max_num_batched_tokens, spec.parallel.virtual_engines)
+        };
+        assert_eq!(budget(2, Some(64)), (Some(64), Some(2)));
+        assert_eq!(budget(2, None), (None, Some(2)));
+        // Timed on two stages only: one device or three keep whole prompts.
+        assert_eq!(budget(1, Some(64)), (None, None));
+        assert_eq!(budget(3, Some(64)), (None, Some(3)));
+        let chosen = vec![("a".to_string(), 64)];
+        assert_eq!((chunk_of(&chosen, "a"), chunk_of(&chosen, "b")), (Some(64), None));
+    }
+
+    #[test]
+    fn a_models_own_virtual_engines_run_on_its_groups_of_several_stages() {
+        let mut spec = crate::spec::EngineSpec::default();
+        spec.parallel.virtual_engines = Some(4);
+        let model = ModelSpec { name: "a".into(), source: "a".into(), spec, chat_template: None, max_waiting: None };
+        let engines = |devices: usize| {
+            let stages: Vec<[usize; 2]> = (0..devices).map(|d| [d, d + 1]).collect();
+            let pool = (0..devices).map(|_| "flex".to_string()).collect();
+            group_spec(&model, pool, &stages, devices, None).parallel.virtual_engines
+        };
+        assert_eq!((engines(2), engines(3)), (Some(4), Some(4)));
+        // A replica on one device runs one engine, where the flag would be refused.
+        assert_eq!(engines(1), None);
     }
 }

@@ -12,9 +12,8 @@
 //! - One device ([`measure_one_device`]): the model loaded whole on the pool's first device (a
 //!   one-stage engine, as a replica runs), one request of the workload's shape timed alone.
 //! - Two stages ([`measure`]): the model loaded as the placement would run it on a two-stage group
-//!   (its layers split evenly, one virtual engine per stage, and two where its flags leave the
-//!   count open: the faster kept), one request timed alone, then [`BURST`] started together, whose
-//!   finishes come one interval apart once the pipeline is full.
+//!   (its layers split evenly, one virtual engine per stage), one request timed alone, then
+//!   [`BURST`] started together, whose finishes come one interval apart once the pipeline is full.
 //!   Where its engines step one sequence at a time (`--max-num-seqs 1`, as AlpaServe serves), the
 //!   request's prefill is also timed alone, and the simulator serves the model step by step on
 //!   two-stage groups ([`burn_parallel::plan::placement::measured_steps`]): each decode step is a
@@ -36,7 +35,6 @@ use burn_parallel::profiler::{probe_ids, probe_prompt};
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
 use super::profiles::ModelCosts;
-use super::{TwoStage, group_spec};
 use crate::{Engine, Purpose};
 
 /// Stages of the pipeline timed (groups of other sizes keep the layers' own prices).
@@ -49,18 +47,6 @@ pub(super) const WARMUP: usize = 1;
 /// Timed runs of each kind: the fastest one request alone (the host's stalls only ever add to
 /// it), the median burst (how the stages share the host is part of what it measures).
 pub(super) const REPEATS: usize = 3;
-/// How much faster than another a configuration timed here must run to be chosen over it: the
-/// spread of the fastest (or median) of [`REPEATS`] runs, so that one noisy timing does not
-/// decide.
-pub(super) const SPREAD: f64 = 0.02;
-
-/// The pipelines [`measure`] timed, and the virtual engines it chose.
-pub(super) struct Timed {
-    /// `(model, its pipeline measured)`.
-    pub pipelines: Vec<(String, MeasuredPipeline)>,
-    /// `(model, engines)` where two per stage served a burst faster than one.
-    pub virtual_engines: Vec<(String, usize)>,
-}
 
 /// `(model, one request on one device)` for every model with traffic in `workload` that fits
 /// `pool[0]`'s memory `cap` whole, timed there (the fastest of [`REPEATS`] runs); `timed`: a
@@ -88,13 +74,7 @@ pub(super) fn measure_one_device(
         let alone = match timed.filter(|(name, _)| *name == model.name) {
             Some(&(_, ms)) => ms,
             None => {
-                let spec = probe_spec(group_spec(
-                    model,
-                    vec![device.clone()],
-                    &[[0, arch.num_layers]],
-                    1,
-                    TwoStage::default(),
-                ));
+                let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1, None);
                 let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
                 let ids = [probe_ids(prompt, arch.vocab_size)];
                 timed_runs_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e))?[0]
@@ -118,15 +98,6 @@ pub(super) fn measure_one_device(
 /// `(model, its pipeline measured)` for every model with traffic in `workload`, timed over
 /// `pool[0]` and `pool[1]`, prefilling in the chunks chosen for it (`(model, chunk tokens)`,
 /// [`super::chunks`]); nothing for a pool of one device.
-///
-/// Where a model's flags leave its virtual engines open ([`engines_open`]), its pipeline is timed
-/// with one engine per stage (vLLM's count) and with two, and two are kept where they serve the
-/// burst more than [`SPREAD`] faster. With one engine per stage, a stage is idle while the engine
-/// whose step it just passed on does its host work between steps (reading back, sampling,
-/// scheduling, sending the next step's operations) unless another engine's step waits for it;
-/// with engines that step a sequence or two at a time, as AlpaServe serves, that gap is a share
-/// of every step. Each engine takes an even share of the model's KV budget, so two per stage are
-/// tried only where that share builds (a byte budget must hold the full context).
 pub(super) fn measure(
     models: &[ModelSpec],
     pool: &[String],
@@ -134,12 +105,12 @@ pub(super) fn measure(
     costs: &ModelCosts,
     chunk_tokens: &[(String, usize)],
     log: &mut dyn Write,
-) -> Result<Timed, ServerError> {
-    let mut timed = Timed { pipelines: Vec::new(), virtual_engines: Vec::new() };
+) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
     if pool.len() < STAGES {
-        return Ok(timed);
+        return Ok(Vec::new());
     }
     let devices = pool[..STAGES].to_vec();
+    let mut out = Vec::new();
     for model in models.iter().filter(|m| workload.load(&m.name).is_some()) {
         let fail = |e: &dyn std::fmt::Display| {
             ServerError::Engine(format!(
@@ -152,115 +123,58 @@ pub(super) fn measure(
         let (dir, arch) = costs.model(&model.name);
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
         let stages = super::even_stages(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
-        let chunk = super::chosen_for(chunk_tokens, &model.name);
-        let spec_with =
-            |engines| probe_spec(group_spec(model, devices.clone(), &stages, STAGES, TwoStage { chunk, engines }));
-        let prompts: Vec<Vec<u32>> = (0..BURST).map(|r| probe_prompt(prompt, arch.vocab_size, r)).collect();
-        let spec = spec_with(None);
-        let one = time_pipeline(&spec, dir, &prompts, tokens).map_err(|e| fail(&e))?;
-        let two = match engines_open(&model.spec) {
-            true => match time_pipeline(&spec_with(Some(2 * STAGES)), dir, &prompts, tokens) {
-                Ok(run) => Some(run),
-                Err(e) => {
-                    let _ = writeln!(log, "placement: `{}` keeps one virtual engine per stage: {e}", model.name);
-                    None
-                }
-            },
+        let spec = probe_spec(model, devices.clone(), &stages, STAGES, super::chunk_of(chunk_tokens, &model.name));
+        let one_at_a_time = spec.engine_config().max_num_seqs == 1;
+        let seats = spec.parallel.virtual_engines.unwrap_or(1);
+        let chunks = prefill_chunks(&spec, prompt);
+        let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
+        let vocab = arch.vocab_size;
+        let prompts: Vec<Vec<u32>> = (0..BURST).map(|r| probe_prompt(prompt, vocab, r)).collect();
+        // The three timings interleaved, round by round, so that a stretch of the host running
+        // slower falls on all of them alike: the burst's interval and the prefill are read
+        // against the request alone, and timed minutes apart they disagreed (a prefill alone
+        // slower than the whole request).
+        let (mut alone, mut burst, mut prefill) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..WARMUP + REPEATS {
+            let mut time = |n: usize, tokens: usize| requests_ms(engine.as_mut(), &prompts[..n], tokens);
+            let timed = (time(1, tokens), time(BURST, tokens), one_at_a_time.then(|| time(1, 1)).transpose());
+            let (one, all, first) = match timed {
+                (Ok(one), Ok(all), Ok(first)) => (one, all, first),
+                (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => return Err(fail(&e)),
+            };
+            if round >= WARMUP {
+                alone.push(one);
+                burst.push(all);
+                prefill.extend(first);
+            }
+        }
+        let fastest = |runs: &[f64]| runs.iter().copied().fold(f64::INFINITY, f64::min);
+        let alone = fastest(&alone);
+        burst.sort_by(f64::total_cmp);
+        let burst = burst[burst.len() / 2];
+        let interval = ((burst - alone) / (BURST - 1) as f64).max(0.0);
+        let steps = match one_at_a_time {
+            true => Some(MeasuredSteps {
+                prefill_ms: fastest(&prefill).min(alone),
+                tokens,
+                seats,
+                burst: BURST,
+                prefill_chunks: chunks,
+            }),
             false => None,
         };
-        let doubled = two.filter(|t| t.burst < one.burst * (1.0 - SPREAD));
-        if let Some(two) = two {
-            let _ = writeln!(
-                log,
-                "placement: `{}`'s burst of {BURST} over {}: one virtual engine per stage {:.0} ms, two {:.0} ms; it \
-                 runs {} per stage on two-stage groups",
-                model.name,
-                devices.join(" → "),
-                one.burst,
-                two.burst,
-                if doubled.is_some() { "two" } else { "one" }
-            );
-        }
-        let (engines, run) = match doubled {
-            Some(run) => (Some(2 * STAGES), run),
-            None => (None, one),
-        };
-        let seats = engines.or(spec.parallel.virtual_engines).unwrap_or(1);
-        let interval = ((run.burst - run.alone) / (BURST - 1) as f64).max(0.0);
-        let steps = run.prefill.map(|prefill| MeasuredSteps {
-            prefill_ms: prefill.min(run.alone),
-            tokens,
-            seats,
-            burst: BURST,
-            prefill_chunks: prefill_chunks(&spec, prompt),
-        });
         let prefill = steps.as_ref().map(prefill_note).unwrap_or_default();
+        let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: interval, steps };
         let _ = writeln!(
             log,
-            "placement: `{}` as a pipeline over {} ({prompt} prompt tokens, {tokens} generated): one request {:.0} ms\
-             {prefill}, {BURST} started together {:.0} ms (each after the first adds {interval:.0} ms)",
+            "placement: `{}` as a pipeline over {} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms\
+             {prefill}, {BURST} started together {burst:.0} ms (each after the first adds {interval:.0} ms)",
             model.name,
             devices.join(" → "),
-            run.alone,
-            run.burst,
         );
-        let measured = MeasuredPipeline { stages: STAGES, latency_ms: run.alone, interval_ms: interval, steps };
-        timed.pipelines.push((model.name.clone(), measured));
-        if let Some(n) = engines {
-            timed.virtual_engines.push((model.name.clone(), n));
-        }
+        out.push((model.name.clone(), measured));
     }
-    Ok(timed)
-}
-
-/// Whether the placement chooses `spec`'s virtual engines on two-stage groups: no
-/// `--virtual-engines` of its own, and a schedule without a plan (ExeGPT's sets the batches and
-/// the devices' roles itself).
-pub(super) fn engines_open(spec: &crate::spec::EngineSpec) -> bool {
-    spec.parallel.virtual_engines.is_none() && spec.planless_policy().is_some()
-}
-
-/// One pipeline configuration timed: one request alone (the fastest run), `prompts` started
-/// together (the median run) and, where its engines step one sequence at a time, the prefill
-/// alone (the fastest), in ms.
-#[derive(Debug, Clone, Copy)]
-struct PipelineRun {
-    alone: f64,
-    burst: f64,
-    prefill: Option<f64>,
-}
-
-/// [`PipelineRun`] of `spec`'s engine over `dir`'s model, each of `prompts` generating `tokens`.
-fn time_pipeline(
-    spec: &crate::spec::EngineSpec,
-    dir: &std::path::Path,
-    prompts: &[Vec<u32>],
-    tokens: usize,
-) -> Result<PipelineRun, Box<dyn std::error::Error>> {
-    let one_at_a_time = spec.engine_config().max_num_seqs == 1;
-    let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink())?;
-    // The three timings interleaved, round by round, so that a stretch of the host running slower
-    // falls on all of them alike: the burst's interval and the prefill are read against the
-    // request alone, and timed minutes apart they disagreed (a prefill alone slower than the
-    // whole request).
-    let (mut alone, mut burst, mut prefill) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..WARMUP + REPEATS {
-        let one = requests_ms(engine.as_mut(), &prompts[..1], tokens)?;
-        let all = requests_ms(engine.as_mut(), prompts, tokens)?;
-        let first = one_at_a_time.then(|| requests_ms(engine.as_mut(), &prompts[..1], 1)).transpose()?;
-        if round >= WARMUP {
-            alone.push(one);
-            burst.push(all);
-            prefill.extend(first);
-        }
-    }
-    let fastest = |runs: &[f64]| runs.iter().copied().fold(f64::INFINITY, f64::min);
-    burst.sort_by(f64::total_cmp);
-    Ok(PipelineRun {
-        alone: fastest(&alone),
-        burst: burst[burst.len() / 2],
-        prefill: one_at_a_time.then(|| fastest(&prefill)),
-    })
+    Ok(out)
 }
 
 /// ` (its prefill N ms)` of a pipeline timed step by step, with the chunks it took if several.
@@ -283,9 +197,17 @@ fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
     }
 }
 
-/// `spec` (a group's, [`super::group_spec`]) with prefix caching off, so that every timed request
-/// computes its prompt.
-pub(super) fn probe_spec(mut spec: crate::spec::EngineSpec) -> crate::spec::EngineSpec {
+/// `model`'s engine spec on a group of `devices` running `stages` over `pipeline_stages`, as the
+/// placement serves it (prefilling in chunks of `chunk` tokens on two stages, when chosen), with
+/// prefix caching off so that every timed request computes its prompt.
+pub(super) fn probe_spec(
+    model: &ModelSpec,
+    devices: Vec<String>,
+    stages: &[[usize; 2]],
+    pipeline_stages: usize,
+    chunk: Option<usize>,
+) -> crate::spec::EngineSpec {
+    let mut spec = super::group_spec(model, devices, stages, pipeline_stages, chunk);
     spec.paged.no_enable_prefix_caching = true;
     spec
 }
@@ -313,7 +235,9 @@ pub(super) fn request_shape(workload: &ServingWorkload, name: &str, arch: &Decod
 }
 
 /// Milliseconds from adding one request per prompt (`tokens` new tokens each, EOS ignored) to the
-/// last one finishing.
+/// last one finishing; an error where one finished short of its tokens (an engine finishes a
+/// sequence aborted once its KV pool cannot hold it), since a time of less work than the
+/// workload's would price the placement on requests it never serves.
 pub(super) fn requests_ms(
     engine: &mut dyn Engine,
     prompts: &[Vec<u32>],
@@ -324,8 +248,21 @@ pub(super) fn requests_ms(
     for (i, ids) in prompts.iter().enumerate() {
         engine.add_request(&format!("placement-probe-{i}"), Prompt::Ids(ids.clone()), params.clone())?;
     }
+    let mut short = None;
     while engine.has_unfinished_requests() {
-        engine.step()?;
+        for output in engine.step()?.into_iter().flat_map(|o| o.finished).flatten() {
+            if output.generated_ids.len() < tokens {
+                short.get_or_insert((output.generated_ids.len(), output.prompt_ids.len(), output.finish_reason));
+            }
+        }
+    }
+    if let Some((generated, prompt, reason)) = short {
+        return Err(format!(
+            "a request of {prompt} prompt tokens finished ({reason:?}) after {generated} of its {tokens} tokens: its \
+             engine's KV pool (each virtual engine's share) does not hold the workload's request; raise \
+             --kv-cache-memory"
+        )
+        .into());
     }
     Ok(started.elapsed().as_secs_f64() * 1e3)
 }

@@ -87,11 +87,6 @@ pub struct Args {
     /// prefill whole prompts: on one device, chunks only add steps.
     #[arg(long)]
     pipeline_chunk_tokens: Option<usize>,
-    /// `pipeline` mode: virtual engines per model (`--virtual-engines`). Without it, the server
-    /// runs one per stage, as vLLM does; more keep a further request's step waiting at each stage
-    /// while an engine's host work between its steps runs.
-    #[arg(long)]
-    pipeline_virtual_engines: Option<usize>,
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -128,7 +123,7 @@ impl Args {
     fn command(&self) -> String {
         let list = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
         format!(
-            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --admission {} --modes {}{}{}",
+            "cargo xtask bench placement --cvs {} --loads {} --duration-s {} --slo-scale {} --memory-scale {} --prompt-tokens {} --max-tokens {} --seed {} --admission {} --modes {}{}",
             list(&self.cvs),
             list(&self.loads),
             self.duration_s,
@@ -139,8 +134,7 @@ impl Args {
             self.seed,
             self.admission.name(),
             self.modes.join(","),
-            self.pipeline_chunk_tokens.map(|c| format!(" --pipeline-chunk-tokens {c}")).unwrap_or_default(),
-            self.pipeline_virtual_engines.map(|n| format!(" --pipeline-virtual-engines {n}")).unwrap_or_default()
+            self.pipeline_chunk_tokens.map(|c| format!(" --pipeline-chunk-tokens {c}")).unwrap_or_default()
         )
     }
 }
@@ -244,11 +238,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ("pipeline", Some(c)) => vec!["--max-num-batched-tokens".to_string(), c.to_string()],
             _ => Vec::new(),
         };
-        let engines = match (mode.as_str(), args.pipeline_virtual_engines) {
-            ("pipeline", Some(n)) => vec!["--virtual-engines".to_string(), n.to_string()],
-            _ => Vec::new(),
-        };
-        let extra: Vec<String> = extra.into_iter().chain(chunks).chain(engines).collect();
+        let extra: Vec<String> = extra.into_iter().chain(chunks).collect();
         let argv = serve_argv(&model, &workers, &extra);
         let serve = ServeArgs::try_parse_from(argv)?;
         let mut log = Vec::new();

@@ -35,7 +35,8 @@ pub fn trace(rates: &[f64], cv: f64, duration_s: f64, seed: u64, prompt_tokens: 
 
 /// Sends every arrival to `url` at its time (model `names[model]`, greedy, exactly `max_tokens`
 /// tokens); returns each request's end-to-end latency in seconds, in trace order, `None` for a
-/// request the server rejected at arrival as predicted to miss its SLO (`--admission slo`).
+/// request the server rejected at arrival as predicted to miss its SLO (`--admission slo`); an
+/// error where a request came back with fewer tokens.
 pub async fn replay(
     client: &Client,
     url: &str,
@@ -63,6 +64,17 @@ pub async fn replay(
             }
             if status != 200 {
                 return Err(std::io::Error::other(format!("HTTP {status}: {text}")));
+            }
+            // A reply with fewer tokens than asked did less work than the trace asks: timed as
+            // served, it would flatter the mode.
+            let reply: serde_json::Value = serde_json::from_str(&text).map_err(std::io::Error::other)?;
+            let generated = reply["usage"]["completion_tokens"].as_u64();
+            if generated != Some(max_tokens as u64) {
+                let reason = &reply["choices"][0]["finish_reason"];
+                return Err(std::io::Error::other(format!(
+                    "a request returned {generated:?} of its {max_tokens} tokens (finish_reason {reason}): the \
+                     replay would time less work than the trace asks; check the model's context and KV memory"
+                )));
             }
             Ok::<_, std::io::Error>(Some(sent.elapsed().as_secs_f64()))
         }));
