@@ -533,7 +533,7 @@ impl EngineLoop {
         if out.finished.is_some() {
             let Some(live) = self.live.remove(&out.request_id) else { return };
             self.retire(&live);
-            let event = match out.finished.as_deref().and_then(|f| outgrew_kv(f, self.engine.load())) {
+            let event = match out.finished.as_deref().and_then(|f| outgrew_kv(f, || self.engine.load())) {
                 Some(message) => EngineEvent::Failed(format!("request {}: {message}", out.request_id)),
                 None => EngineEvent::Step(out),
             };
@@ -567,10 +567,14 @@ impl EngineLoop {
 /// an abort delivered by a step is the engine's: its sequences outgrew the whole KV pool (the
 /// paged scheduler, or a disaggregated decode pool, finishes them so), and the partial text with
 /// `finish_reason: "abort"` would not say why.
-fn outgrew_kv(finished: &[burn_llm_models::RequestOutput], load: Option<EngineLoad>) -> Option<String> {
+/// The engine's `load` (for the pool's size) is read only then.
+fn outgrew_kv(
+    finished: &[burn_llm_models::RequestOutput],
+    load: impl FnOnce() -> Option<EngineLoad>,
+) -> Option<String> {
     let aborted = finished.iter().filter(|o| o.finish_reason == FinishReason::Abort);
     let generated = aborted.map(|o| o.generated_ids.len()).max()?;
-    let pool = load.map_or_else(String::new, |l| format!(" ({} blocks)", l.kv_blocks_total));
+    let pool = load().map_or_else(String::new, |l| format!(" ({} blocks)", l.kv_blocks_total));
     Some(format!(
         "after {generated} generated tokens its sequences need more KV blocks than the engine's whole device \
          pool{pool} holds, so it cannot finish: raise --kv-cache-memory (virtual engines each get an even share of \

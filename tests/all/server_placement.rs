@@ -352,22 +352,28 @@ fn a_dead_worker_under_one_group_leaves_the_other_group_serving() {
     server.shutdown();
 }
 
-/// The placement of `gpt2` alone under `extra` flags, with a workload of 8-token prompts, profiles
-/// kept in `dir`: the start-up log and the placement.
-fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm::server::placement::ServingPlacement) {
+/// `serve` of the gpt2 fixture over `flex,flex` with a KV pool of `kv`, a workload of 8-token
+/// prompts generating 4 tokens, and `extra` flags.
+fn gpt2_args(dir: &std::path::Path, kv: &str, extra: &[&str]) -> ServeArgs {
     let workload = workload_file(
         dir,
         json!({"duration_s": 10, "seed": 1, "models": [
             {"model": "gpt2", "rate": 1, "cv": 1, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 4}]}),
     );
     let profiles = dir.join("profiles").display().to_string();
-    let argv: Vec<String> = ["serve", "--model", &path("gpt2"), "--kv-cache-memory", "blocks:32"]
+    let argv: Vec<String> = ["serve", "--model", &path("gpt2"), "--kv-cache-memory", kv]
         .into_iter()
         .chain(["--devices", "flex,flex", "--workload", &workload, "--stage-profile-dir", &profiles])
         .chain(extra.iter().copied())
         .map(String::from)
         .collect();
-    let args = ServeArgs::try_parse_from(&argv).unwrap();
+    ServeArgs::try_parse_from(&argv).unwrap()
+}
+
+/// The placement of `gpt2` alone under `extra` flags, with a workload of 8-token prompts, profiles
+/// kept in `dir`: the start-up log and the placement.
+fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm::server::placement::ServingPlacement) {
+    let args = gpt2_args(dir, "blocks:32", extra);
     let mut log = Vec::new();
     let (_, placement) = args.placed_entries(&mut log).unwrap();
     (String::from_utf8_lossy(&log).into_owned(), placement.unwrap())
@@ -378,19 +384,8 @@ fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm::serv
 #[test]
 fn a_kv_pool_too_small_for_the_workloads_requests_is_an_error_not_a_fast_timing() {
     let dir = scratch("short");
-    let workload = workload_file(
-        &dir,
-        json!({"duration_s": 10, "seed": 1, "models": [
-            {"model": "gpt2", "rate": 1, "cv": 1, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 4}]}),
-    );
-    let profiles = dir.join("profiles").display().to_string();
-    let model = path("gpt2");
     // 8 prompt tokens fill both blocks of 4; the first generated token finds none left.
-    let argv = ["serve", "--model", &model, "--kv-cache-memory", "blocks:2", "--block-size", "4"]
-        .into_iter()
-        .chain(["--devices", "flex,flex", "--workload", &workload, "--stage-profile-dir", &profiles])
-        .chain(["--placement", "replicate"]);
-    let args = ServeArgs::try_parse_from(argv).unwrap();
+    let args = gpt2_args(&dir, "blocks:2", &["--block-size", "4", "--placement", "replicate"]);
     let err = match args.placed_entries(&mut Vec::new()) {
         Ok(_) => panic!("a pool too small for the requests was placed"),
         Err(e) => e.to_string(),
