@@ -415,7 +415,7 @@ fn interference_is_timed_on_replicas_or_over_layers_when_the_model_fits_no_devic
 }
 
 /// A model on a two-stage group prefills in the chunk size that prefilled its prompt fastest over
-/// the two devices at start-up, and the pipeline is timed so; a model whose flags give the chunks
+/// two devices at start-up, and the pipeline is timed so; a model whose flags give the chunks
 /// keeps them, untried.
 #[test]
 fn two_stage_groups_prefill_in_the_chunks_timed_fastest_unless_the_flags_choose() {
@@ -432,17 +432,18 @@ fn two_stage_groups_prefill_in_the_chunks_timed_fastest_unless_the_flags_choose(
     let health = placement.to_json();
     match placement.chunk_tokens.as_slice() {
         [] => {
-            assert!(log.contains("it prefills whole prompts"), "{log}");
+            assert!(log.contains("it prefills whole prompts on 2-stage groups"), "{log}");
             assert_eq!(timed_chunks(&placement), 1, "{log}");
-            assert!(health.get("two_stage_chunk_tokens").is_none(), "{health}");
+            assert!(health.get("chunk_tokens").is_none(), "{health}");
         }
-        [(name, chunk)] => {
-            assert_eq!(name, "gpt2");
-            assert!(*chunk < 8, "{log}");
-            assert!(log.contains(&format!("it prefills in chunks of {chunk} tokens on two-stage groups")), "{log}");
+        [chosen] => {
+            let chunk = chosen.tokens;
+            assert_eq!((chosen.model.as_str(), chosen.stages), ("gpt2", 2));
+            assert!(chunk < 8, "{log}");
+            assert!(log.contains(&format!("it prefills in chunks of {chunk} tokens on 2-stage groups")), "{log}");
             assert!(log.contains(&format!("prefilling in chunks of {chunk} tokens")), "{log}");
-            assert_eq!(timed_chunks(&placement), 8usize.div_ceil(*chunk), "{log}");
-            assert_eq!(health["two_stage_chunk_tokens"]["gpt2"], *chunk as u64, "{health}");
+            assert_eq!(timed_chunks(&placement), 8usize.div_ceil(chunk), "{log}");
+            assert_eq!(health["chunk_tokens"], json!([{"model": "gpt2", "stages": 2, "tokens": chunk}]), "{health}");
         }
         other => panic!("one model placed, chunks for {other:?}"),
     }
@@ -454,11 +455,83 @@ fn two_stage_groups_prefill_in_the_chunks_timed_fastest_unless_the_flags_choose(
     // An engine batching 8 sequences keeps a budget of at least 8 tokens a step: an 8-token
     // prompt stays whole, untried.
     let (log, placement) = placed_gpt2(&dir, &["--placement", "manual:gpt2=0,1", "--max-num-seqs", "8"]);
-    assert!(log.contains("`gpt2` prefills whole prompts of 8 tokens on two-stage groups"), "{log}");
+    assert!(log.contains("`gpt2` prefills whole prompts of 8 tokens on 2-stage groups"), "{log}");
     assert!(log.contains("--max-num-seqs 8") && !log.contains("'s prefill of"), "{log}");
     assert!(placement.chunk_tokens.is_empty());
-    // Replication has no two-stage group to choose for.
+    // Replication has no group of several stages to choose for.
     let (log, placement) = placed_gpt2(&dir, &["--placement", "replicate"]);
     assert!(!log.contains("'s prefill of") && placement.chunk_tokens.is_empty(), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A group of three stages is timed over three devices and prefills in the chunks chosen for three
+/// stages, as a two-stage group is over two; the model answers as the CLI does, in the chosen
+/// chunks and in chunks its flags give.
+#[test]
+fn three_stage_groups_are_timed_and_chunked_over_three_devices_and_answer_as_the_cli() {
+    let dir = scratch("three-stages");
+    let workload = workload_file(
+        &dir,
+        json!({"duration_s": 10, "seed": 1, "models": [
+            {"model": "gemma3", "rate": 1, "cv": 1, "slo_s": 5, "prompt_tokens": 8, "max_tokens": 4}]}),
+    );
+    let profiles = dir.join("profiles").display().to_string();
+    let serve = |extra: &[&str]| {
+        let argv: Vec<String> = ["serve", "--model", &path("gemma3"), "--kv-cache-memory", "blocks:32"]
+            .into_iter()
+            .chain(["--devices", "flex,flex,flex", "--workload", &workload, "--stage-profile-dir", &profiles])
+            .chain(["--placement", "manual:gemma3=0,1,2", "--max-num-seqs", "1"])
+            .chain(extra.iter().copied())
+            .map(String::from)
+            .collect();
+        let args = ServeArgs::try_parse_from(&argv).unwrap();
+        let mut log = Vec::new();
+        let server = args.start_server(args.server_config().unwrap(), &mut log).unwrap();
+        (Running::serve(server), String::from_utf8_lossy(&log).into_owned())
+    };
+    let cli = cli_json(&fixture("gemma3"), &["--prompt", PROMPT]);
+    let answers = |server: &Running| {
+        server.runtime.block_on(async {
+            let client = loopback_client::client();
+            let (status, r) = post(&client, &server.url("/v1/completions"), &greedy("gemma3"), None).await;
+            assert_eq!(status, 200, "{r}");
+            assert_eq!(r["choices"][0]["text"], cli["requests"][0]["text"]);
+            client.get(server.url("/health")).send().await.unwrap().json::<Value>().await.unwrap()
+        })
+    };
+    let (server, log) = serve(&[]);
+    let health = answers(&server);
+    server.shutdown();
+    let placement = &health["placement"];
+    assert_eq!(placement["groups"][0]["pipeline_stages"], 3, "{health}");
+    assert_eq!(placement["groups"][0]["models"][0]["stages"], json!([[0, 1], [1, 2], [2, 3]]));
+    // Only the group size the manual placement runs is timed.
+    assert!(log.contains("`gemma3`'s prefill of 8 tokens over flex → flex → flex: whole "), "{log}");
+    assert!(log.contains("`gemma3` as a pipeline over flex → flex → flex (8 prompt tokens, 4 generated)"), "{log}");
+    assert!(!log.contains("over flex → flex ("), "{log}");
+    let timed: Vec<&Value> =
+        placement["measured_pipelines"].as_array().unwrap().iter().map(|p| &p["pipeline"]).collect();
+    assert_eq!(timed.iter().map(|p| p["stages"].as_u64().unwrap()).collect::<Vec<_>>(), [3], "{health}");
+    let chunks = timed[0]["steps"]["prefill_chunks"].as_u64().unwrap_or(1);
+    match placement.get("chunk_tokens") {
+        None => {
+            assert!(log.contains("it prefills whole prompts on 3-stage groups"), "{log}");
+            assert_eq!(chunks, 1, "{health}");
+        }
+        Some(chosen) => {
+            assert_eq!(chosen[0]["model"], "gemma3");
+            assert_eq!(chosen[0]["stages"], 3, "{health}");
+            let tokens = chosen[0]["tokens"].as_u64().unwrap();
+            assert!(log.contains(&format!("it prefills in chunks of {tokens} tokens on 3-stage groups")), "{log}");
+            assert!(log.contains(&format!("as a 3-stage pipeline, prefilling in chunks of {tokens} tokens")), "{log}");
+            assert_eq!(chunks, 8u64.div_ceil(tokens), "{health}");
+        }
+    }
+    // Chunks the model's flags give follow each other through the three stages, untried.
+    let (server, log) = serve(&["--max-num-batched-tokens", "2"]);
+    let health = answers(&server);
+    server.shutdown();
+    assert!(!log.contains("'s prefill of") && health["placement"].get("chunk_tokens").is_none(), "{log}");
+    assert_eq!(health["placement"]["measured_pipelines"][0]["pipeline"]["steps"]["prefill_chunks"], 4, "{health}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,5 +1,5 @@
-//! The chunks a model on a two-stage group prefills its prompts in, chosen at start-up where its
-//! flags leave the choice open.
+//! The chunks a model on a group of several stages prefills its prompts in, chosen at start-up for
+//! each stage count the placement can run, where the model's flags leave the choice open.
 //!
 //! A pipeline overlaps one prompt's work across its stages only when the prompt reaches them in
 //! pieces: TeraPipe's token slices (thesis ch. 2 §2.3.3), here the paged engine's chunked prefill
@@ -10,13 +10,14 @@
 //! here every chunk is an engine step over the workers, whose fixed costs (the step's hand-overs
 //! to each worker, the scheduler) the layers' profile does not see and which grow with the chunk
 //! count, so the latency is measured instead of priced: the prompt of the workload's shape is
-//! prefilled over the pool's first two devices, whole, then in halves, quarters and so on until a
-//! halving is clearly slower than the fastest so far, and the fastest chunk size is kept.
+//! prefilled over the pool's first `S` devices (for groups of `S` stages), whole, then in halves,
+//! quarters and so on until a halving is clearly slower than the fastest so far, and the fastest
+//! chunk size is kept for groups of that many stages.
 //!
 //! The choice applies to a model whose engines run FCFS with chunked prefill on, no
 //! `--max-num-batched-tokens` and no `--prefill-slices` of their own (those flags choose for
-//! themselves; `--no-chunked-prefill` keeps whole prompts), and only on groups of the two stages
-//! timed. A step's token budget also bounds how many sequences decode in it, so no size below
+//! themselves; `--no-chunked-prefill` keeps whole prompts), on groups of the stage count timed
+//! (one device keeps whole prompts: nothing overlaps them). A step's token budget also bounds how many sequences decode in it, so no size below
 //! the engine's `--max-num-seqs` is tried (vLLM asks the same of `max_num_batched_tokens`): an
 //! engine batching 256 sequences (the default) keeps a 256-token prompt whole, and one serving a
 //! sequence at a time, as AlpaServe's do, may chunk down to one token.
@@ -29,7 +30,8 @@ use burn_parallel::profiler::probe_prompt;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
-use super::pipelined::{STAGES, probe_spec, request_shape, timed_runs_ms};
+use super::ChunkChoice;
+use super::pipelined::{pipeline_stages, probe_spec, request_shape, timed_runs_ms};
 use super::profiles::ModelCosts;
 use crate::Purpose;
 use crate::spec::{EngineSpec, PrefillSlices};
@@ -63,44 +65,45 @@ pub(super) fn keep(measured: &[(usize, f64)]) -> Option<(usize, bool)> {
     Some((fastest.0, last <= fastest.1 * (1.0 + SPREAD)))
 }
 
-/// `(model, chunk tokens)` for every model with traffic in `workload` whose chunk size the
-/// placement chooses and for which chunks beat the whole prompt over `pool[0]` → `pool[1]`.
+/// The chunk size of every model with traffic in `workload` whose chunk size the placement chooses,
+/// has at least a layer per device, and for which chunks beat the whole prompt over `devices` (a
+/// pipeline of one stage per device), for groups of that many stages.
 pub(super) fn choose(
     models: &[ModelSpec],
-    pool: &[String],
+    devices: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
     log: &mut dyn Write,
-) -> Result<Vec<(String, usize)>, ServerError> {
-    if pool.len() < STAGES {
+) -> Result<Vec<ChunkChoice>, ServerError> {
+    let n = devices.len();
+    if n < 2 {
         return Ok(Vec::new());
     }
-    let devices = pool[..STAGES].to_vec();
+    let route = devices.join(" → ");
     let mut out = Vec::new();
     for model in models.iter().filter(|m| workload.load(&m.name).is_some() && chosen_here(&m.spec)) {
         let (dir, arch) = costs.model(&model.name);
+        let Some(stages) = pipeline_stages(&model.name, arch.num_layers, n, log)? else { continue };
         let (prompt, _) = request_shape(workload, &model.name, arch);
         let fail = |e: &dyn std::fmt::Display| {
             ServerError::Engine(format!(
-                "placement: timing `{}`'s prefill in chunks over {}: {e}; check that both devices hold half of it \
-                 and that the workers run",
+                "placement: timing `{}`'s prefill in chunks over {route}: {e}; check that each device holds its \
+                 share of the layers and that the workers run",
                 model.name,
-                devices.join(" → ")
             ))
         };
         let seqs = model.spec.engine_config().max_num_seqs;
         if halvings(prompt, seqs).next().is_none() {
             let _ = writeln!(
                 log,
-                "placement: `{}` prefills whole prompts of {prompt} tokens on two-stage groups: half of that is \
+                "placement: `{}` prefills whole prompts of {prompt} tokens on {n}-stage groups: half of that is \
                  under one token or under its --max-num-seqs {seqs}, which a step's token budget must hold",
                 model.name
             );
             continue;
         }
-        let stages = super::even_stages(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
         let ids = probe_prompt(prompt, arch.vocab_size, 0);
-        let timed = |chunk| prefill_ms(model, &devices, &stages, dir, chunk, &ids).map_err(|e| fail(&e));
+        let timed = |chunk| prefill_ms(model, devices, &stages, dir, chunk, &ids).map_err(|e| fail(&e));
         let mut measured = vec![(prompt, timed(None)?)];
         for chunk in halvings(prompt, seqs) {
             measured.push((chunk, timed(Some(chunk))?));
@@ -117,18 +120,17 @@ pub(super) fn choose(
             })
             .collect();
         let kept = match chunk < prompt {
-            true => format!("prefills in chunks of {chunk} tokens on two-stage groups"),
-            false => "prefills whole prompts".to_string(),
+            true => format!("prefills in chunks of {chunk} tokens on {n}-stage groups"),
+            false => format!("prefills whole prompts on {n}-stage groups"),
         };
         let _ = writeln!(
             log,
-            "placement: `{}`'s prefill of {prompt} tokens over {}: {}; it {kept}",
+            "placement: `{}`'s prefill of {prompt} tokens over {route}: {}; it {kept}",
             model.name,
-            devices.join(" → "),
             tried.join(", ")
         );
         if chunk < prompt {
-            out.push((model.name.clone(), chunk));
+            out.push(ChunkChoice { model: model.name.clone(), stages: n, tokens: chunk });
         }
     }
     Ok(out)
@@ -145,7 +147,7 @@ fn prefill_ms(
     chunk: Option<usize>,
     ids: &[u32],
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let spec = probe_spec(model, devices.to_vec(), stages, STAGES, chunk);
+    let spec = probe_spec(model, devices.to_vec(), stages, chunk);
     let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink())?;
     Ok(timed_runs_ms(engine.as_mut(), &[ids.to_vec()], 1)?[0])
 }

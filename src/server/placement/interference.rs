@@ -99,7 +99,7 @@ fn replicas(target: Target<'_>, log: &mut dyn Write) -> Result<(f64, f64), Strin
         for device in pool {
             let (go, told) = mpsc::channel::<()>();
             let (report, reports) = mpsc::channel::<Result<f64, String>>();
-            let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1, None);
+            let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], None);
             let ids = ids.clone();
             scope.spawn(move || {
                 let mut engine = match spec.init(dir, Purpose::Serve, &mut std::io::sink()) {

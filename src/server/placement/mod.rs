@@ -24,13 +24,13 @@
 //!
 //! With a workload over two or more devices, the devices' interference `κ` is measured at start-up
 //! (module `interference`) and priced by the simulator, for the choice (`auto`, `replicate`) and the
-//! prediction alike: stages or replicas working at once are slowed as the devices measured. Where
-//! the choice can run two-stage pipelines (`auto`, or a manual group of two devices), each model
-//! with traffic is also timed running as one over the pool's first two devices (module
-//! `pipelined`), and two-stage groups are priced from that, as AlpaServe profiles each parallel
-//! configuration. Before that, a model whose flags leave its prefill's chunks open gets the chunk
-//! size that prefills its prompt fastest over those two devices (module `chunks`), which its
-//! engines on two-stage groups then run with.
+//! prediction alike: stages or replicas working at once are slowed as the devices measured. For
+//! each stage count `S ≥ 2` the choice can run (`auto`: every one up to the pool's size; `manual`:
+//! its groups' sizes), each model with traffic and at least `S` layers is also timed running as a
+//! pipeline over the pool's first `S` devices (module `pipelined`), and groups of `S` stages are
+//! priced from that, as AlpaServe profiles each parallel configuration. Before that, a model whose
+//! flags leave its prefill's chunks open gets the chunk size that prefills its prompt fastest over
+//! those `S` devices (module `chunks`), which its engines on groups of `S` stages then run with.
 
 mod chunks;
 mod interference;
@@ -110,23 +110,34 @@ pub struct ServingPlacement {
     /// another trace on this placement is [`placement::evaluate`] with this input's workload
     /// replaced.
     pub input: Option<PlacementInput>,
-    /// `(model, tokens)`: the chunks a model prefills in on two-stage groups, where the placement
-    /// chose them (`--max-num-batched-tokens`).
-    pub chunk_tokens: Vec<(String, usize)>,
+    /// The chunks a model prefills in on groups of a stage count, where the placement chose them
+    /// (`--max-num-batched-tokens`).
+    pub chunk_tokens: Vec<ChunkChoice>,
+}
+
+/// The chunk size the placement chose for a model's prefill on groups of `stages` stages.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ChunkChoice {
+    /// The served model's name.
+    pub model: String,
+    /// Pipeline stages of the groups it applies to (at least 2).
+    pub stages: usize,
+    /// Tokens computed a step (`--max-num-batched-tokens`).
+    pub tokens: usize,
 }
 
 impl ServingPlacement {
     /// Each model's engine specs, one per group serving it (its replicas), in group order: the
     /// group's devices as `--devices`, the planned stages as `--stage-layers`, over several
-    /// stages one virtual engine per stage unless the model's flags say otherwise, and on two
-    /// stages the chunks chosen for it (the pool's `--device-memory` and `--stage-profile-dir`
+    /// stages one virtual engine per stage unless the model's flags say otherwise and the chunks
+    /// chosen for it on that many stages (the pool's `--device-memory` and `--stage-profile-dir`
     /// served the placement and are dropped).
     pub fn replica_specs(&self, model: &ModelSpec) -> Vec<crate::spec::EngineSpec> {
         let mut specs = Vec::new();
         for group in &self.groups {
             let Some(placed) = group.models.iter().find(|m| m.model == model.name) else { continue };
             let devices = group.devices.iter().map(|&d| self.pool[d].clone()).collect();
-            let chunk = chunk_of(&self.chunk_tokens, &model.name);
+            let chunk = chunk_of(&self.chunk_tokens, &model.name, group.pipeline_stages);
             specs.push(group_spec(model, devices, &placed.stages, group.pipeline_stages, chunk));
         }
         specs
@@ -217,7 +228,7 @@ impl ServingPlacement {
                             "  `{}` timed as a {n}-stage pipeline{}: one request {:.0} ms{prefill}, each further one \
                              started with it adds {:.0} ms{steps} ({n}-stage groups priced from this)",
                             m.name,
-                            chunk_of(&self.chunk_tokens, &m.name)
+                            chunk_of(&self.chunk_tokens, &m.name, n)
                                 .map(|c| format!(", prefilling in chunks of {c} tokens"))
                                 .unwrap_or_default(),
                             p.latency_ms,
@@ -281,8 +292,7 @@ impl ServingPlacement {
             out["measured_pipelines"] = json!(measured);
         }
         if !self.chunk_tokens.is_empty() {
-            let chunks: serde_json::Map<_, _> = self.chunk_tokens.iter().map(|(m, c)| (m.clone(), json!(c))).collect();
-            out["two_stage_chunk_tokens"] = json!(chunks);
+            out["chunk_tokens"] = json!(self.chunk_tokens);
         }
         out
     }
@@ -365,9 +375,11 @@ pub fn place(
                 log,
             )?);
         }
-        if runs(pipelined::STAGES) {
-            chunk_tokens = chunks::choose(models, pool, w, costs, log)?;
-            measured.extend(pipelined::measure(models, pool, w, costs, &chunk_tokens, log)?);
+        for stages in (2..=pool.len()).filter(|&s| runs(s)) {
+            let devices = &pool[..stages];
+            let chosen = chunks::choose(models, devices, w, costs, log)?;
+            measured.extend(pipelined::measure(models, devices, w, costs, &chosen, log)?);
+            chunk_tokens.extend(chosen);
         }
         costs.set_pipelines(measured);
     }
@@ -402,9 +414,9 @@ pub fn place(
 
 /// `model`'s engine spec on a group of `devices` (`--devices` entries) running its layers in
 /// `stages` (half-open ranges, as `--stage-layers`) over `pipeline_stages` stages: over several,
-/// one virtual engine per stage unless the model's flags say otherwise, and on the two stages
-/// [`chunks`] times, `chunk` as `--max-num-batched-tokens` (the pool's `--device-memory` and
-/// `--stage-profile-dir` served the placement and are dropped).
+/// one virtual engine per stage unless the model's flags say otherwise, and `chunk` (chosen by
+/// [`chunks`] for that many stages) as `--max-num-batched-tokens` (the pool's `--device-memory`
+/// and `--stage-profile-dir` served the placement and are dropped).
 fn group_spec(
     model: &ModelSpec,
     devices: Vec<String>,
@@ -429,7 +441,8 @@ fn group_spec(
         0 | 1 => None,
         n => Some(spec.parallel.virtual_engines.unwrap_or(n)),
     };
-    if pipeline_stages == pipelined::STAGES && chunk.is_some() {
+    // One device has nothing to overlap a prompt's chunks with: it keeps whole prompts.
+    if pipeline_stages > 1 && chunk.is_some() {
         spec.paged.max_num_batched_tokens = chunk;
     }
     spec
@@ -440,9 +453,9 @@ fn even_stages(layers: usize, stages: usize) -> Result<Vec<[usize; 2]>, Pipeline
     Ok(StageLayout::even(layers, stages)?.stages().iter().map(|r| [r.start, r.end]).collect())
 }
 
-/// The chunk size chosen for `name`, if any, among `(model, tokens)`.
-fn chunk_of(chunks: &[(String, usize)], name: &str) -> Option<usize> {
-    chunks.iter().find(|(m, _)| m == name).map(|&(_, c)| c)
+/// The chunk size chosen for `name` on groups of `stages` stages, if any.
+fn chunk_of(chunks: &[ChunkChoice], name: &str, stages: usize) -> Option<usize> {
+    chunks.iter().find(|c| c.model == name && c.stages == stages).map(|c| c.tokens)
 }
 
 /// A model's own flags may not choose what the placement chooses.
@@ -529,7 +542,7 @@ mod tests {
     }
 
     #[test]
-    fn the_chosen_chunks_run_on_two_stage_groups_only() {
+    fn the_chosen_chunks_run_on_groups_of_the_stage_count_they_were_timed_on() {
         let model = ModelSpec {
             name: "a".into(),
             source: "a".into(),
@@ -545,11 +558,15 @@ mod tests {
         };
         assert_eq!(budget(2, Some(64)), (Some(64), Some(2)));
         assert_eq!(budget(2, None), (None, Some(2)));
-        // Timed on two stages only: one device or three keep whole prompts.
+        assert_eq!(budget(3, Some(32)), (Some(32), Some(3)));
+        // One device keeps whole prompts: nothing overlaps their chunks.
         assert_eq!(budget(1, Some(64)), (None, None));
-        assert_eq!(budget(3, Some(64)), (None, Some(3)));
-        let chosen = vec![("a".to_string(), 64)];
-        assert_eq!((chunk_of(&chosen, "a"), chunk_of(&chosen, "b")), (Some(64), None));
+        let choice = |stages, tokens| ChunkChoice { model: "a".into(), stages, tokens };
+        let chosen = vec![choice(2, 64), choice(3, 32)];
+        assert_eq!(chunk_of(&chosen, "a", 2), Some(64));
+        assert_eq!(chunk_of(&chosen, "a", 3), Some(32));
+        // Each stage count has its own choice: none timed on four stages, none for `b`.
+        assert_eq!((chunk_of(&chosen, "a", 4), chunk_of(&chosen, "b", 2)), (None, None));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Each model with traffic timed as the placement would run it, for the simulator's price of
-//! one-device groups and of two-stage groups
+//! one-device groups and of groups of each stage count the placement can run
 //! ([`burn_parallel::plan::placement::MeasuredPipeline`]).
 //!
 //! AlpaServe's simulator takes a parallel configuration's latencies from profiling that
@@ -11,12 +11,13 @@
 //!
 //! - One device ([`measure_one_device`]): the model loaded whole on the pool's first device (a
 //!   one-stage engine, as a replica runs), one request of the workload's shape timed alone.
-//! - Two stages ([`measure`]): the model loaded as the placement would run it on a two-stage group
-//!   (its layers split evenly, one virtual engine per stage), one request timed alone, then
+//! - `S` stages ([`measure`], over the pool's first `S` devices): the model loaded as the placement
+//!   would run it on a group of `S` stages (its layers split evenly, one virtual engine per stage,
+//!   prefilling in the chunks chosen for `S` stages), one request timed alone, then
 //!   [`BURST`] started together, whose finishes come one interval apart once the pipeline is full.
 //!   Where its engines step one sequence at a time (`--max-num-seqs 1`, as AlpaServe serves), the
 //!   request's prefill is also timed alone, and the simulator serves the model step by step on
-//!   two-stage groups ([`burn_parallel::plan::placement::measured_steps`]): each decode step is a
+//!   groups of `S` stages ([`burn_parallel::plan::placement::measured_steps`]): each decode step is a
 //!   pass of its own that queues behind other requests' prefills at every stage. With larger
 //!   batches the engines batch what queues, which passes one by one do not price, and the
 //!   one-pass price stays.
@@ -35,10 +36,8 @@ use burn_parallel::profiler::{probe_ids, probe_prompt};
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
 use super::profiles::ModelCosts;
+use super::{ChunkChoice, chunk_of};
 use crate::{Engine, Purpose};
-
-/// Stages of the pipeline timed (groups of other sizes keep the layers' own prices).
-pub(super) const STAGES: usize = 2;
 /// Requests started together for the interval: `BURST − 1` intervals averaged, as one pair's
 /// interval moves by half between runs on a host whose cores the stages share.
 pub(super) const BURST: usize = 4;
@@ -74,7 +73,7 @@ pub(super) fn measure_one_device(
         let alone = match timed.filter(|(name, _)| *name == model.name) {
             Some(&(_, ms)) => ms,
             None => {
-                let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], 1, None);
+                let spec = probe_spec(model, vec![device.clone()], &[[0, arch.num_layers]], None);
                 let mut engine = spec.init(dir, Purpose::Serve, &mut std::io::sink()).map_err(|e| fail(&e))?;
                 let ids = [probe_ids(prompt, arch.vocab_size)];
                 timed_runs_ms(engine.as_mut(), &ids, tokens).map_err(|e| fail(&e))?[0]
@@ -95,35 +94,35 @@ pub(super) fn measure_one_device(
     Ok(out)
 }
 
-/// `(model, its pipeline measured)` for every model with traffic in `workload`, timed over
-/// `pool[0]` and `pool[1]`, prefilling in the chunks chosen for it (`(model, chunk tokens)`,
-/// [`super::chunks`]); nothing for a pool of one device.
+/// `(model, its pipeline measured)` for every model with traffic in `workload` and at least a
+/// layer per device, timed over `devices` (one stage each), prefilling in the chunks chosen for
+/// that many stages ([`super::chunks`]); nothing for fewer than two devices.
 pub(super) fn measure(
     models: &[ModelSpec],
-    pool: &[String],
+    devices: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
-    chunk_tokens: &[(String, usize)],
+    chunks: &[ChunkChoice],
     log: &mut dyn Write,
 ) -> Result<Vec<(String, MeasuredPipeline)>, ServerError> {
-    if pool.len() < STAGES {
+    let n = devices.len();
+    if n < 2 {
         return Ok(Vec::new());
     }
-    let devices = pool[..STAGES].to_vec();
+    let route = devices.join(" → ");
     let mut out = Vec::new();
     for model in models.iter().filter(|m| workload.load(&m.name).is_some()) {
         let fail = |e: &dyn std::fmt::Display| {
             ServerError::Engine(format!(
-                "placement: timing `{}` as a pipeline over {}: {e}; check that both devices hold half of it and that \
-                 the workers run",
+                "placement: timing `{}` as a pipeline over {route}: {e}; check that each device holds its share of \
+                 the layers and that the workers run",
                 model.name,
-                devices.join(" → ")
             ))
         };
         let (dir, arch) = costs.model(&model.name);
+        let Some(stages) = pipeline_stages(&model.name, arch.num_layers, n, log)? else { continue };
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
-        let stages = super::even_stages(arch.num_layers, STAGES).map_err(|e| fail(&e))?;
-        let spec = probe_spec(model, devices.clone(), &stages, STAGES, super::chunk_of(chunk_tokens, &model.name));
+        let spec = probe_spec(model, devices.to_vec(), &stages, chunk_of(chunks, &model.name, n));
         let one_at_a_time = spec.engine_config().max_num_seqs == 1;
         let seats = spec.parallel.virtual_engines.unwrap_or(1);
         let chunks = prefill_chunks(&spec, prompt);
@@ -164,13 +163,12 @@ pub(super) fn measure(
             false => None,
         };
         let prefill = steps.as_ref().map(prefill_note).unwrap_or_default();
-        let measured = MeasuredPipeline { stages: STAGES, latency_ms: alone, interval_ms: interval, steps };
+        let measured = MeasuredPipeline { stages: n, latency_ms: alone, interval_ms: interval, steps };
         let _ = writeln!(
             log,
-            "placement: `{}` as a pipeline over {} ({prompt} prompt tokens, {tokens} generated): one request {alone:.0} ms\
-             {prefill}, {BURST} started together {burst:.0} ms (each after the first adds {interval:.0} ms)",
+            "placement: `{}` as a pipeline over {route} ({prompt} prompt tokens, {tokens} generated): one request \
+             {alone:.0} ms{prefill}, {BURST} started together {burst:.0} ms (each after the first adds {interval:.0} ms)",
             model.name,
-            devices.join(" → "),
         );
         out.push((model.name.clone(), measured));
     }
@@ -197,17 +195,34 @@ fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
     }
 }
 
-/// `model`'s engine spec on a group of `devices` running `stages` over `pipeline_stages`, as the
-/// placement serves it (prefilling in chunks of `chunk` tokens on two stages, when chosen), with
-/// prefix caching off so that every timed request computes its prompt.
+/// The even split of `name`'s `layers` over `n` stages, or `None` (logged) where it has fewer
+/// layers than that: no group of `n` stages can serve it, and the planner splits no model so.
+pub(super) fn pipeline_stages(
+    name: &str,
+    layers: usize,
+    n: usize,
+    log: &mut dyn Write,
+) -> Result<Option<Vec<[usize; 2]>>, ServerError> {
+    if layers < n {
+        let _ =
+            writeln!(log, "placement: `{name}` has {layers} layers, too few for {n}-stage groups: not timed on them");
+        return Ok(None);
+    }
+    super::even_stages(layers, n)
+        .map(Some)
+        .map_err(|e| ServerError::Config(format!("placement: `{name}` over {n} stages: {e}")))
+}
+
+/// `model`'s engine spec on a group of `devices` running `stages` (one per device), as the
+/// placement serves it (prefilling in chunks of `chunk` tokens, when chosen), with prefix caching
+/// off so that every timed request computes its prompt.
 pub(super) fn probe_spec(
     model: &ModelSpec,
     devices: Vec<String>,
     stages: &[[usize; 2]],
-    pipeline_stages: usize,
     chunk: Option<usize>,
 ) -> crate::spec::EngineSpec {
-    let mut spec = super::group_spec(model, devices, stages, pipeline_stages, chunk);
+    let mut spec = super::group_spec(model, devices, stages, stages.len(), chunk);
     spec.paged.no_enable_prefix_caching = true;
     spec
 }
