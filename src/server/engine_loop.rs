@@ -19,7 +19,7 @@ use std::time::Instant;
 use burn_llm_models::{DecoderSpec, FinishReason, Prompt, SamplingParams, StepOutput, Timing, Tokenizer};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::admission::SloGate;
+use super::admission::{SloGate, Taken};
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use crate::device::panic_message;
@@ -218,13 +218,14 @@ impl EngineHandle {
                 self.name
             )));
         }
-        if let Some(gate) = &self.gate
-            && let Err(e) = gate.admit(&self.name, k)
-        {
-            self.pending.fetch_sub(k, Ordering::SeqCst);
-            self.slo_rejections.inc();
-            return Err(e);
-        }
+        let taken = match self.gate.as_ref().map(|gate| gate.admit(&self.name, k)).transpose() {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.pending.fetch_sub(k, Ordering::SeqCst);
+                self.slo_rejections.inc();
+                return Err(e);
+            }
+        };
         let (events, rx) = unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let arrived = Instant::now();
@@ -253,7 +254,7 @@ impl EngineHandle {
                 }));
             }
         }
-        Ok(Run { events: rx, buffered: VecDeque::new(), guard, count: k })
+        Ok(Run { events: rx, buffered: VecDeque::new(), guard, count: k, _taken: taken })
     }
 
     /// Engine requests whose runs are still open (see [`Run`]).
@@ -319,6 +320,8 @@ pub struct Run {
     buffered: VecDeque<Tagged>,
     guard: AbortGuard,
     count: usize,
+    /// `--admission slo`: reports to the group's clocks when the run ends (dropped).
+    _taken: Option<Taken>,
 }
 
 impl Run {

@@ -17,10 +17,11 @@
 //! The choice applies to a model whose engines run FCFS with chunked prefill on, no
 //! `--max-num-batched-tokens` and no `--prefill-slices` of their own (those flags choose for
 //! themselves; `--no-chunked-prefill` keeps whole prompts), on groups of the stage count timed
-//! (one device keeps whole prompts: nothing overlaps them). A step's token budget also bounds how many sequences decode in it, so no size below
-//! the engine's `--max-num-seqs` is tried (vLLM asks the same of `max_num_batched_tokens`): an
-//! engine batching 256 sequences (the default) keeps a 256-token prompt whole, and one serving a
-//! sequence at a time, as AlpaServe's do, may chunk down to one token.
+//! (one device keeps whole prompts: nothing overlaps them). A step's token budget also bounds how
+//! many sequences decode in it, so no size below the engine's `--max-num-seqs` is tried (vLLM asks
+//! the same of `max_num_batched_tokens`): an engine batching 256 sequences (the default) keeps a
+//! 256-token prompt whole, and one serving a sequence at a time, as AlpaServe's do, may chunk down
+//! to one token.
 
 use std::io::Write;
 

@@ -17,8 +17,8 @@
 //!   [`BURST`] started together, whose finishes come one interval apart once the pipeline is full.
 //!   Where its engines step one sequence at a time (`--max-num-seqs 1`, as AlpaServe serves), the
 //!   request's prefill is also timed alone, and the simulator serves the model step by step on
-//!   groups of `S` stages ([`burn_parallel::plan::placement::measured_steps`]): each decode step is a
-//!   pass of its own that queues behind other requests' prefills at every stage. With larger
+//!   groups of `S` stages ([`burn_parallel::plan::placement::measured_steps`]): each decode step
+//!   is a pass of its own that queues behind other requests' prefills at every stage. With larger
 //!   batches the engines batch what queues, which passes one by one do not price, and the
 //!   one-pass price stays.
 //!
@@ -38,6 +38,7 @@ use super::super::launch::ModelSpec;
 use super::profiles::ModelCosts;
 use super::{ChunkChoice, chunk_of};
 use crate::{Engine, Purpose};
+
 /// Requests started together for the interval: `BURST − 1` intervals averaged, as one pair's
 /// interval moves by half between runs on a host whose cores the stages share.
 pub(super) const BURST: usize = 4;
