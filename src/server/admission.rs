@@ -82,8 +82,9 @@ impl GroupClock {
         self.epoch.elapsed().as_secs_f64()
     }
 
-    /// The lag admissions add to their predictions. A poisoned lock (as for the clocks) only means
-    /// another request panicked while holding it: the counts are plain numbers, still valid.
+    /// How the group's real queue stands against its clocks, locked. A poisoned lock (as for the
+    /// clocks) only means another request panicked while holding it: the counts are plain
+    /// numbers, still valid.
     fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
         self.behind.lock().unwrap_or_else(|e| e.into_inner())
     }

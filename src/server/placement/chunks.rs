@@ -32,7 +32,7 @@ use burn_parallel::profiler::probe_prompt;
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
 use super::ChunkChoice;
-use super::pipelined::{pipeline_stages, probe_spec, request_shape, timed_runs_ms};
+use super::pipelined::{probe_spec, request_shape, timed_runs_ms};
 use super::profiles::ModelCosts;
 use crate::Purpose;
 use crate::spec::{EngineSpec, PrefillSlices};
@@ -66,9 +66,9 @@ pub(super) fn keep(measured: &[(usize, f64)]) -> Option<(usize, bool)> {
     Some((fastest.0, last <= fastest.1 * (1.0 + SPREAD)))
 }
 
-/// The chunk size of every model with traffic in `workload` whose chunk size the placement chooses,
-/// has at least a layer per device, and for which chunks beat the whole prompt over `devices` (a
-/// pipeline of one stage per device), for groups of that many stages.
+/// The chunk size, for groups of as many stages as `devices`, of each of `models` (those
+/// [`timed_on`](super::pipelined::timed_on) that many stages) whose chunk size the placement
+/// chooses and for which chunks beat the whole prompt over `devices` (one stage per device).
 pub(super) fn choose(
     models: &[ModelSpec],
     devices: &[String],
@@ -82,9 +82,8 @@ pub(super) fn choose(
     }
     let route = devices.join(" → ");
     let mut out = Vec::new();
-    for model in models.iter().filter(|m| workload.load(&m.name).is_some() && chosen_here(&m.spec)) {
+    for model in models.iter().filter(|m| chosen_here(&m.spec)) {
         let (dir, arch) = costs.model(&model.name);
-        let Some(stages) = pipeline_stages(&model.name, arch.num_layers, n, log)? else { continue };
         let (prompt, _) = request_shape(workload, &model.name, arch);
         let fail = |e: &dyn std::fmt::Display| {
             ServerError::Engine(format!(
@@ -103,6 +102,7 @@ pub(super) fn choose(
             );
             continue;
         }
+        let stages = super::even_stages(arch.num_layers, n).map_err(|e| fail(&e))?;
         let ids = probe_prompt(prompt, arch.vocab_size, 0);
         let timed = |chunk| prefill_ms(model, devices, &stages, dir, chunk, &ids).map_err(|e| fail(&e));
         let mut measured = vec![(prompt, timed(None)?)];

@@ -377,8 +377,9 @@ pub fn place(
         }
         for stages in (2..=pool.len()).filter(|&s| runs(s)) {
             let devices = &pool[..stages];
-            let chosen = chunks::choose(models, devices, w, costs, log)?;
-            measured.extend(pipelined::measure(models, devices, w, costs, &chosen, log)?);
+            let timed = pipelined::timed_on(models, w, costs, stages, log);
+            let chosen = chunks::choose(&timed, devices, w, costs, log)?;
+            measured.extend(pipelined::measure(&timed, devices, w, costs, &chosen, log)?);
             chunk_tokens.extend(chosen);
         }
         costs.set_pipelines(measured);

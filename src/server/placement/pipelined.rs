@@ -95,9 +95,9 @@ pub(super) fn measure_one_device(
     Ok(out)
 }
 
-/// `(model, its pipeline measured)` for every model with traffic in `workload` and at least a
-/// layer per device, timed over `devices` (one stage each), prefilling in the chunks chosen for
-/// that many stages ([`super::chunks`]); nothing for fewer than two devices.
+/// `(model, its pipeline measured)` for each of `models` (those [`timed_on`] that many stages),
+/// timed over `devices` (one stage each, the layers split evenly), prefilling in the chunks
+/// chosen for that many stages ([`super::chunks`]); nothing for fewer than two devices.
 pub(super) fn measure(
     models: &[ModelSpec],
     devices: &[String],
@@ -112,7 +112,7 @@ pub(super) fn measure(
     }
     let route = devices.join(" → ");
     let mut out = Vec::new();
-    for model in models.iter().filter(|m| workload.load(&m.name).is_some()) {
+    for model in models {
         let fail = |e: &dyn std::fmt::Display| {
             ServerError::Engine(format!(
                 "placement: timing `{}` as a pipeline over {route}: {e}; check that each device holds its share of \
@@ -121,7 +121,7 @@ pub(super) fn measure(
             ))
         };
         let (dir, arch) = costs.model(&model.name);
-        let Some(stages) = pipeline_stages(&model.name, arch.num_layers, n, log)? else { continue };
+        let stages = super::even_stages(arch.num_layers, n).map_err(|e| fail(&e))?;
         let (prompt, tokens) = request_shape(workload, &model.name, arch);
         let spec = probe_spec(model, devices.to_vec(), &stages, chunk_of(chunks, &model.name, n));
         let one_at_a_time = spec.engine_config().max_num_seqs == 1;
@@ -196,22 +196,31 @@ fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
     }
 }
 
-/// The even split of `name`'s `layers` over `n` stages, or `None` (logged) where it has fewer
-/// layers than that: no group of `n` stages can serve it, and the planner splits no model so.
-pub(super) fn pipeline_stages(
-    name: &str,
-    layers: usize,
+/// The models timed as pipelines of `n` stages: those with traffic in `workload` and at least `n`
+/// layers. One with fewer is logged and left out: no group of `n` stages can serve it, and the
+/// planner splits no model so.
+pub(super) fn timed_on(
+    models: &[ModelSpec],
+    workload: &ServingWorkload,
+    costs: &ModelCosts,
     n: usize,
     log: &mut dyn Write,
-) -> Result<Option<Vec<[usize; 2]>>, ServerError> {
-    if layers < n {
-        let _ =
-            writeln!(log, "placement: `{name}` has {layers} layers, too few for {n}-stage groups: not timed on them");
-        return Ok(None);
+) -> Vec<ModelSpec> {
+    let mut out = Vec::new();
+    for model in models.iter().filter(|m| workload.load(&m.name).is_some()) {
+        let layers = costs.model(&model.name).1.num_layers;
+        match layers >= n {
+            true => out.push(model.clone()),
+            false => {
+                let _ = writeln!(
+                    log,
+                    "placement: `{}` has {layers} layers, too few for {n}-stage groups: not timed on them",
+                    model.name
+                );
+            }
+        }
     }
-    super::even_stages(layers, n)
-        .map(Some)
-        .map_err(|e| ServerError::Config(format!("placement: `{name}` over {n} stages: {e}")))
+    out
 }
 
 /// `model`'s engine spec on a group of `devices` running `stages` (one per device), as the
