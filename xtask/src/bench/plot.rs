@@ -112,12 +112,12 @@ mod tests {
         ]
     }
 
-    /// The text of every `<text>` element of `svg`.
+    /// The text of every `<text>` element of `svg` (the backend writes it between newlines).
     fn texts(svg: &str) -> Vec<String> {
         svg.split("<text")
             .skip(1)
             .filter_map(|t| t.split_once('>').and_then(|(_, rest)| rest.split_once("</text>")))
-            .map(|(t, _)| t.to_string())
+            .map(|(t, _)| t.trim().to_string())
             .collect()
     }
 
