@@ -1,6 +1,6 @@
 //! ExeGPT's phased (RRA) admission rule, shared by the engine that runs it (`burn-paged`'s
-//! `SchedulingPolicy::Phased`) and the planner that predicts it (`burn-parallel`'s schedule
-//! replay), so that the two cannot drift apart.
+//! `SchedulingPolicy::Phased`) and the planner that predicts it (the schedule planner's replay,
+//! [`crate::schedule`]), so that the two cannot drift apart.
 //!
 //! RRA (ExeGPT §4.1) alternates a prefill step of up to `B_E` queries with `N_D` decode
 //! iterations. ExeGPT §5.2's decoder-batch monitor brings the next prefill forward: once `B_E` of

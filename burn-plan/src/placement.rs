@@ -56,7 +56,7 @@ pub struct PlacementInput {
     /// Beam size `k` of Algorithm 3 (default 1).
     #[serde(default)]
     pub beam: Option<usize>,
-    /// The devices' measured interference `κ` ([`crate::profiler::Interference`]): stages of any
+    /// The devices' measured interference `κ` ([`Interference`](crate::interference::Interference)): stages of any
     /// groups working at once slow each other down ([`sim`]'s module docs). Absent or 0: they
     /// share nothing, as in AlpaServe's simulator.
     #[serde(default)]
@@ -95,7 +95,8 @@ pub struct ModelSpec {
 }
 
 /// The placement baselines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Baseline {
     /// Every group is one device: models are only replicated.

@@ -1,5 +1,5 @@
 //! The cost profile every planner can take: what a model's layers cost on one device, as the
-//! Burn profiler (`crate::profiler`, `plan profile`) measures and writes it.
+//! Burn profiler (`burn_parallel::profiler`, `burn-llm plan profile`) measures and writes it.
 //!
 //! ```json
 //! {

@@ -15,7 +15,7 @@
 //! a slicing costs `T = Σ t_i + (K−1)·max t_i + κ·(K−1)·(Σ t_i − max t_i)`
 //! ([`pipelined_latency_ms`]): every slice but the slowest overlaps the other `K−1` stages' work,
 //! and `κ` prices that overlap as a micro-batch's interval `max t + κ·(Σ t − max t)` does
-//! ([`crate::profiler::Interference`]); `M` equal slices cost exactly `M` equal micro-batches.
+//! ([`Interference`](crate::interference::Interference)); `M` equal slices cost exactly `M` equal micro-batches.
 //! For a given `t_max`, `T` still grows with `S*`, so Algorithm 1 is unchanged and only the outer
 //! choice of `t_max` weighs `κ`; `T ≥ K·t_max` still holds for the slicing whose slowest slice
 //! is `t_max`, so the early stop stands.

@@ -11,7 +11,7 @@
 //! by `s`).
 //!
 //! Stages that slow each other down when they work at once (a measured interference `κ > 0`,
-//! [`crate::profiler::pipeline_interference`]) are split for the least `max + κ·(Σ − max)` of
+//! `burn_parallel::profiler::pipeline_interference`) are split for the least `max + κ·(Σ − max)` of
 //! their costs instead: what one micro-batch adds to a pipelined pass. A looser bound can then
 //! win by a smaller sum, so the least-sum split of every feasible bound is scored (at most
 //! 512 bounds, spread evenly, the tightest and loosest among them).
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
 use super::stages::{StagesError, StagesInput, StagesOutput, least_interval, smallest_feasible};
-use burn_llm_models::units::fmt_bytes;
+use crate::units::fmt_bytes;
 
 /// One device of a heterogeneous pipeline, the stage of its position in `devices` runs on it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -314,7 +314,7 @@ impl<'a> Problem<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::stages::plan as plan_stages;
+    use crate::stages::plan as plan_stages;
 
     fn device(lat: f64, layers: usize, memory: u64) -> StageDevice {
         StageDevice {

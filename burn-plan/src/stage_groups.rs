@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
 use super::stages::{StageExtra, least_interval, smallest_feasible};
-use burn_llm_models::units::fmt_bytes;
+use crate::units::fmt_bytes;
 
 /// Largest number of layers, devices or groups accepted.
 const MAX_ITEMS: usize = 4096;
@@ -78,7 +78,7 @@ pub struct GroupStagesInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage: Option<StageExtra>,
     /// How much stages slow each other down when they work at once: `κ` of
-    /// [`crate::profiler::Interference`] (0, the default: not at all).
+    /// [`Interference`](crate::interference::Interference) (0, the default: not at all).
     #[serde(default)]
     pub interference: f64,
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::check::{self, InputError};
 pub use super::stage_devices::{DeviceStagesError, StageDevice, StageExtra};
-use crate::profiler::Interference;
+use crate::interference::Interference;
 
 /// Largest number of layers, stages, devices or degrees accepted.
 const MAX_LAYERS: usize = 4096;
@@ -53,7 +53,7 @@ pub struct StagesInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage: Option<StageExtra>,
     /// With `devices`: how much the stages slow each other down when they work at once, the
-    /// measured `κ` of [`crate::profiler::pipeline_interference`] (0, the default: not at all).
+    /// measured `κ` of `burn_parallel::profiler::pipeline_interference` (0, the default: not at all).
     /// Above 0 the split minimises a pipelined pass's `max + κ·(Σ − max)` of the stage costs
     /// instead of the bottleneck alone.
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -1,5 +1,5 @@
 //! Units in messages: byte counts a reader can take in at a glance, so that a 600 KB budget
-//! does not read as "0.00 GiB". Shared by every engine's errors and reports.
+//! does not read as "0.00 GiB". Shared by every engine's errors and reports and the planners'.
 
 /// Human-readable byte count in binary units: `"2.00 GiB"`, `"180.0 MiB"`, `"4.0 KiB"`,
 /// `"512 B"` (two decimals for GiB, one for MiB and KiB).

@@ -1,12 +1,6 @@
 //! The planners against brute force on seeded random inputs, the papers' qualitative claims,
-//! hand-computed simulator timelines, and bad input through the library and the CLI; pipeline
-//! execution against one device (`pipeline/`).
-
-#[cfg(feature = "runtime")]
-mod pipeline;
-#[cfg(feature = "profiler")]
-#[path = "plan/profiler.rs"]
-mod profiler;
+//! hand-computed simulator timelines, and bad input through the library and the JSON entry
+//! point ([`burn_plan::json`]).
 
 #[path = "plan/stage_devices.rs"]
 mod stage_devices;
@@ -22,10 +16,6 @@ mod measured_pipelines;
 
 #[path = "plan/slo_admission.rs"]
 mod slo_admission;
-
-#[cfg(feature = "flex")]
-#[path = "parallel/tensor.rs"]
-mod tensor_parallel;
 
 #[path = "plan/stages.rs"]
 mod stages;

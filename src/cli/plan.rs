@@ -1,45 +1,49 @@
 //! The `plan` command line: `plan <stages|slices|placement|schedule> --input FILE.json
-//! [--exhaustive] [--baseline replication]`. [`run`] returns the JSON to print and the exit code,
-//! so the example binary stays a two-liner and tests can run the CLI in-process.
+//! [--exhaustive] [--baseline replication]` runs one planner of `burn-plan` on a JSON file, and
+//! `plan profile --model DIR_OR_GGUF|--synthetic NAME --device NAME --out FILE.json
+//! [--grid small|full] [--quiet] [--no-engine-step]` measures the profile the planners read
+//! (`burn_parallel::profiler::cli`), with the paged engine's measured steps
+//! ([`crate::schedule::time_engine_steps`]). Each prints one JSON object: [`run`] and
+//! [`run_from`] return it with the exit code (0, or [`EXIT_ERROR`] with `{"error": "…"}`), so that
+//! binaries stay thin and tests can run the command in-process.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use burn::tensor::Device;
+use burn_llm_models::{CausalLm, DecoderSpec};
+use burn_parallel::profiler::{self, EngineStepGrid};
+use burn_plan::json::{self, Overrides, Planner};
+use burn_plan::placement::Baseline;
 use clap::{Parser, ValueEnum};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
-use super::placement::{self, Baseline, PlacementInput};
-use super::schedule::{self, ScheduleInput};
-use super::slices::{self, SlicesInput};
-use super::stages::{self, StagesInput};
+use crate::DeviceChoice;
 
-/// Exit code of every failure: bad arguments, bad input, infeasible problems.
-pub const EXIT_ERROR: i32 = 2;
+pub use burn_plan::json::EXIT_ERROR;
 
-/// Arguments of `plan`.
-#[derive(Debug, Parser)]
+/// Arguments of `plan` with a planner (`plan profile` is [`run_from`]'s).
+#[derive(Debug, Clone, Parser)]
 #[command(
     name = "plan",
     about = "Plan stages, token slices, placements or schedules from measured costs; prints one JSON object"
 )]
-struct Args {
+pub struct PlanArgs {
     /// Which planner to run.
-    planner: Planner,
+    pub planner: PlannerName,
     /// The planner's JSON input.
     #[arg(long)]
-    input: PathBuf,
+    pub input: PathBuf,
     /// `schedule`: search every configuration instead of branch-and-bound.
     #[arg(long)]
-    exhaustive: bool,
+    pub exhaustive: bool,
     /// `placement`: restrict to a baseline placement.
     #[arg(long, value_enum)]
-    baseline: Option<Baseline>,
+    pub baseline: Option<Baseline>,
 }
 
-/// The planners.
+/// The planners, by their command-line names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Planner {
+pub enum PlannerName {
     /// Alpa/AlpaServe stage partitioning.
     Stages,
     /// TeraPipe token slicing (with `"batch"`: the batch extension).
@@ -50,79 +54,74 @@ enum Planner {
     Schedule,
 }
 
-/// Runs `plan` with `args` (the first is the program name); returns the JSON text to print and
-/// the exit code (0, or [`EXIT_ERROR`] with `{"error": "…"}`). `--help` returns the help text
-/// and 0.
-pub fn run<I, T>(args: I) -> (String, i32)
+impl From<PlannerName> for Planner {
+    fn from(name: PlannerName) -> Self {
+        match name {
+            PlannerName::Stages => Planner::Stages,
+            PlannerName::Slices => Planner::Slices,
+            PlannerName::Placement => Planner::Placement,
+            PlannerName::Schedule => Planner::Schedule,
+        }
+    }
+}
+
+/// Runs the planner `args` names on its input file; returns the JSON text to print and the exit
+/// code (0, or [`EXIT_ERROR`] with `{"error": "…"}`).
+pub fn run(args: &PlanArgs) -> (String, i32) {
+    let overrides = Overrides { exhaustive: args.exhaustive, baseline: args.baseline };
+    let planned = std::fs::read_to_string(&args.input)
+        .map_err(|e| format!("cannot read {}: {e}", args.input.display()))
+        .and_then(|text| json::run(args.planner.into(), &text, overrides));
+    match planned {
+        Ok(out) => (out, 0),
+        Err(message) => (json::error_json(&message), EXIT_ERROR),
+    }
+}
+
+/// Runs `plan` with command-line `args` (the first is the program name): `profile` measures a
+/// profile on a device of this build (the whole model through the paged engine too, unless
+/// `--no-engine-step`), anything else is a planner's [`PlanArgs`]. `--help` returns the help text
+/// and 0; bad arguments a JSON error and [`EXIT_ERROR`].
+pub fn run_from<I, T>(args: I) -> (String, i32)
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let args = match parse_args::<Args, _, _>(args) {
-        Ok(a) => a,
-        Err(done) => return done,
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    if args.get(1).is_some_and(|a| a == "profile") {
+        return profile(args);
+    }
+    match json::parse_args::<PlanArgs, _, _>(args) {
+        Ok(parsed) => run(&parsed),
+        Err(done) => done,
+    }
+}
+
+/// `plan profile`: the profiler's command line, with devices named as `--devices` names them and
+/// the paged engine's steps timed over the model with random weights; a progress bar on stderr
+/// (hidden off a terminal).
+fn profile(args: Vec<OsString>) -> (String, i32) {
+    let device = |name: &str| {
+        let choice = DeviceChoice::from_str(name, true)
+            .map_err(|_| format!("unknown device `{name}`: use flex, wgpu, vulkan, cuda or metal"))?;
+        choice.device().map_err(|e| e.to_string())
     };
-    match dispatch(&args) {
-        Ok(json) => (json, 0),
-        Err(message) => error(message),
-    }
-}
-
-/// Parses command-line `args` into `A`; `Err` holds what to print and the exit code instead (the
-/// help text and 0, or a JSON error and [`EXIT_ERROR`]).
-pub(crate) fn parse_args<A, I, T>(args: I) -> Result<A, (String, i32)>
-where
-    A: Parser,
-    I: IntoIterator<Item = T>,
-    T: Into<OsString> + Clone,
-{
-    A::try_parse_from(args).map_err(|e| match e.kind() {
-        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => (e.to_string(), 0),
-        _ => error(e.to_string()),
-    })
-}
-
-/// `{"error": message}` and [`EXIT_ERROR`].
-pub(crate) fn error(message: String) -> (String, i32) {
-    let message = message.trim().to_string();
-    (serde_json::json!({ "error": message }).to_string(), EXIT_ERROR)
-}
-
-fn dispatch(args: &Args) -> Result<String, String> {
-    if args.exhaustive && args.planner != Planner::Schedule {
-        return Err("--exhaustive only applies to `schedule`".into());
-    }
-    if args.baseline.is_some() && args.planner != Planner::Placement {
-        return Err("--baseline only applies to `placement`".into());
-    }
-    let text =
-        std::fs::read_to_string(&args.input).map_err(|e| format!("cannot read {}: {e}", args.input.display()))?;
-    match args.planner {
-        Planner::Stages => to_json(stages::plan(&parse::<StagesInput>(&text)?)),
-        Planner::Slices => {
-            let input = parse::<SlicesInput>(&text)?;
-            if input.batch.is_some() { to_json(slices::plan_batch(&input)) } else { to_json(slices::plan(&input)) }
+    let engine: profiler::cli::EngineTimer<'_> =
+        Box::new(|spec: &DecoderSpec, device: &Device, grid: &EngineStepGrid| {
+            let model = CausalLm::random(spec.clone(), device).map_err(|e| e.to_string())?;
+            crate::schedule::time_engine_steps(&model, grid).map_err(|e| e.to_string())
+        });
+    let bar = indicatif::ProgressBar::new(0);
+    let style = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} points · {msg}")
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    let mut progress = |p: profiler::ProfileProgress<'_>| {
+        bar.set_length(p.total as u64);
+        bar.set_position(p.done as u64);
+        match p.point {
+            Some(point) => bar.set_message(point.to_string()),
+            None => bar.finish_and_clear(),
         }
-        Planner::Placement => {
-            let mut input = parse::<PlacementInput>(&text)?;
-            if args.baseline.is_some() {
-                input.baseline = args.baseline;
-            }
-            to_json(placement::plan(&input))
-        }
-        Planner::Schedule => {
-            let mut input = parse::<ScheduleInput>(&text)?;
-            input.exhaustive |= args.exhaustive;
-            to_json(schedule::plan(&input))
-        }
-    }
-}
-
-fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
-    serde_json::from_str(text).map_err(|e| format!("invalid input: {e}"))
-}
-
-fn to_json<T: Serialize, E: std::fmt::Display>(result: Result<T, E>) -> Result<String, String> {
-    let value = result.map_err(|e| e.to_string())?;
-    serde_json::to_string(&value).map_err(|e| format!("cannot write the output: {e}"))
+    };
+    profiler::cli::run_with_engine(args, device, Some(engine), Some(&mut progress))
 }

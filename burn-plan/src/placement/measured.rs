@@ -13,7 +13,7 @@
 //! profile leaves the engine's own work out of (scheduling, sampling, the hand-over to a worker).
 //!
 //! A pipeline timed as it serves step by step ([`MeasuredSteps`]: each engine one sequence a
-//! step) is also priced as the simulator's [`Steps`](crate::plan::sim::Steps)
+//! step) is also priced as the simulator's [`Steps`](crate::sim::Steps)
 //! ([`measured_steps`]): its prefill and decode passes from the request's prefill timed alone and
 //! the rest of the request, split over the stages in the DP split's proportions, and the `κ` its
 //! stages slow each other by set so that the simulator, running the timed burst step by step,
@@ -22,7 +22,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::super::check::{self, InputError};
-use crate::plan::sim::{self, Group, Request, Steps};
+use crate::sim::{self, Group, Request, Steps};
 
 /// The largest `κ` [`measured_steps`] fits: a burst slower than that prices stages that take
 /// turns many times over.
@@ -242,7 +242,7 @@ pub fn priced_stage_latency_ms(measured: &[MeasuredPipeline], split: Vec<f64>, k
 /// The stage latencies (ms) of a pipeline whose stages the DP split as `split`, priced from
 /// `measured` at interference `kappa`: they add up to `measured.latency_ms = L`, the split's
 /// slowest stage takes `m` with `m + κ·(L − m) = measured.interval_ms` (the interval the
-/// simulator gives a second request started with the first, [`crate::plan::sim`]), kept between
+/// simulator gives a second request started with the first, [`crate::sim`]), kept between
 /// `L ÷ stages` and `L`, and the other stages share `L − m` in the split's proportions.
 pub fn measured_stage_latency_ms(split: &[f64], measured: &MeasuredPipeline, kappa: f64) -> Vec<f64> {
     let n = split.len();
@@ -270,7 +270,7 @@ pub fn measured_stage_latency_ms(split: &[f64], measured: &MeasuredPipeline, kap
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::sim::{self, Group, Request};
+    use crate::sim::{self, Group, Request};
 
     #[test]
     fn measured_stages_make_the_simulator_replay_the_measured_pair() {

@@ -1,6 +1,6 @@
 //! A (partial) placement as Algorithm 3 grows it, and how two of them compare.
 
-use crate::plan::sim::Group;
+use crate::sim::Group;
 
 /// A (partial) placement: group shapes, replicas, and how it simulates.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //! [`super`]).
 
 use super::MAX_POINTS;
-use crate::plan::check::{self, InputError};
+use crate::check::{self, InputError};
 
 /// How a table is read along its batch axis (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::check::{self, InputError};
-use crate::plan::sim;
+use crate::check::{self, InputError};
+use crate::sim;
 
 /// Longest sequence length accepted.
 const MAX_LEN: usize = 1 << 20;

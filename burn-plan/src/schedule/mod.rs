@@ -92,7 +92,7 @@ pub struct ScheduleInput {
     #[serde(default)]
     pub exhaustive: bool,
     /// How much devices that work at once slow each other down: the measured `κ` of
-    /// [`crate::profiler::pipeline_interference`] (default 0: not at all). Pipeline stages
+    /// `burn_parallel::profiler::pipeline_interference` (default 0: not at all). Pipeline stages
     /// working on different micro-batches, and WAA's encoding beside its decoding device, then
     /// take `max t + κ·(Σ t − max t)` per micro-batch, not `max t`.
     #[serde(default)]
@@ -105,7 +105,7 @@ pub struct ScheduleInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interference_at_batch: Option<BatchInterference>,
     /// How much WAA's encoding and decoding devices slow each other down, each repeating its own
-    /// kind of step at once ([`crate::profiler::side_by_side`]): WAA's period is then
+    /// kind of step at once (`burn_parallel::profiler::side_by_side`): WAA's period is then
     /// `max + κ·min` of the encoder's step and the decoder's iteration (default: `interference`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waa_interference: Option<f64>,

@@ -25,7 +25,7 @@
 //! step's other stages overlapping it by `κ`, unless one step's own pass through the stages is
 //! longer. With equal steps this is the closed form's `cyclic`. Without interference it is the
 //! flow shop's steady period for two engines over two stages whatever their steps (tested against
-//! the [event simulator](crate::plan::sim::Pipeline)), and a lower bound on it for more. One
+//! the [event simulator](crate::sim::Pipeline)), and a lower bound on it for more. One
 //! engine alone takes `Σ t`, its pass (one device: its step). A prefill of `n` queries costs what the closed form's prefill of
 //! `n` does, a decode step of `b` sequences its decode step of `b`.
 //!
@@ -39,7 +39,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use burn_llm_models::admission::PhasedAdmission;
+use crate::admission::PhasedAdmission;
 
 use super::BatchInterference;
 use super::lengths::Lengths;
@@ -267,9 +267,9 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::schedule::LengthDistribution;
-    use crate::plan::schedule::xsim::cyclic;
-    use crate::plan::sim::Pipeline;
+    use crate::schedule::LengthDistribution;
+    use crate::schedule::xsim::cyclic;
+    use crate::sim::Pipeline;
 
     fn lengths(h: Vec<(usize, f64)>) -> Lengths {
         Lengths::new("output", &LengthDistribution::Histogram(h)).unwrap()

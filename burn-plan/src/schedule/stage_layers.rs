@@ -1,15 +1,15 @@
 //! Alpa's stage planner choosing the split of the pipeline ExeGPT's RRA runs over its devices
 //! ([`balanced_stage_layers`]), which the XSimulator then prices (`ScheduleInput::stage_layers`).
 
-use crate::plan::profile::CostModel;
-use crate::plan::stages::{self, StageDevice, StageExtra, StagesError, StagesInput};
+use crate::profile::CostModel;
+use crate::stages::{self, StageDevice, StageExtra, StagesError, StagesInput};
 
 use super::xsim::decode_parts;
 
 /// The split of the model into `stages` one-device stages whose decode step of `batch` sequences
 /// at `context` has the least bottleneck (with the stages slowing each other by `kappa`, the
 /// least `max + κ·(Σ − max)`), chosen by Alpa's stage planner
-/// ([`crate::plan::stages::plan`] over `stages` alike devices) from the profile's layer, first-
+/// ([`crate::stages::plan`] over `stages` alike devices) from the profile's layer, first-
 /// and last-stage costs ([`super::decode_stage_ms`]'s parts): the layers of each stage. Where the
 /// LM head outweighs several layers (a small model with a large vocabulary) an even split leaves
 /// the last stage the bottleneck, and this moves layers forward.

@@ -2,7 +2,7 @@
 //! and the length distributions.
 //!
 //! Decoder-only: a query's prefill emits its first token, so an output of `S` tokens needs `S − 1`
-//! decode iterations. Timelines use the [simulator's](crate::plan::sim) flow-shop rule in closed
+//! decode iterations. Timelines use the [simulator's](crate::sim) flow-shop rule in closed
 //! form ([`fill`], [`cyclic`]). On one device a step costs what the profile's measured engine
 //! steps say; in a pipeline the first stage also pays what the layer tables do not predict
 //! ([`CostModel::prefill_overhead_ms`]). RRA's throughput is the paged engine's schedule
@@ -16,8 +16,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::plan::profile::{CostModel, StepVariation, TpScaling};
-use crate::profiler::Interference;
+use crate::interference::Interference;
+use crate::profile::{CostModel, StepVariation, TpScaling};
 
 use super::BatchInterference;
 use super::lengths::{Lengths, normal_quantile};
@@ -165,7 +165,7 @@ pub(super) fn decode_parts(cost: &CostModel, batch: f64, context: f64) -> (f64, 
 /// The planner's stage times (ms) of one decode step of `batch` sequences at `context` over
 /// pipeline stages holding `stage_layers` layers each, no tensor parallelism: the times its
 /// decode iterations over a pipeline are priced from
-/// ([`crate::profiler::Interference::kappa_of_cycle`] solves a measured cycle for `κ` against
+/// ([`crate::interference::Interference::kappa_of_cycle`] solves a measured cycle for `κ` against
 /// them).
 pub fn decode_stage_ms(cost: &CostModel, stage_layers: &[usize], batch: f64, context: f64) -> Vec<f64> {
     let (layer_ms, first, last) = decode_parts(cost, batch, context);
@@ -546,7 +546,7 @@ fn split(devices: usize, a: f64, b: f64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::sim::Pipeline;
+    use crate::sim::Pipeline;
 
     #[test]
     fn schedule_closed_forms_match_the_event_simulator() {

@@ -325,8 +325,8 @@ impl<'g> Events<'g> {
 mod tests {
     use super::super::{Dropping, Group, Request, Steps, simulate, simulate_admitting};
     use super::StepClocks;
-    use crate::plan::sim::rng;
-    use crate::plan::sim::tests::random_case;
+    use crate::sim::rng;
+    use crate::sim::tests::random_case;
     use rand::Rng;
 
     fn stepped(prefill: [f64; 2], decode: [f64; 2], decodes: usize, seats: usize, kappa: f64) -> [Group; 1] {

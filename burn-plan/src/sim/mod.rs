@@ -17,7 +17,7 @@
 //!   at the devices' `κ`, so that a pipeline's clocks take requests at the interval it serves
 //!   them at. What other groups do is not on a group's clocks (nor on a server's).
 //! - Stages that work at once may slow each other down, by the devices' measured interference
-//!   `κ` ([`crate::profiler::Interference`]): while `n` stages of any groups hold a request, each
+//!   `κ` ([`Interference`](crate::interference::Interference)): while `n` stages of any groups hold a request, each
 //!   advances at `1 / (1 + κ·(n − 1))` of its own speed (processor sharing). Stages that start
 //!   together and take `t_s` alone then all finish after `max t + κ·(Σ t − max t)`, the price the
 //!   other planners give a micro-batch. `κ = 0` is AlpaServe's simulator: devices share nothing.
@@ -30,7 +30,7 @@
 //!   behind other requests' prefills at every stage, which one pass per request leaves out. Its
 //!   requests hold one of `seats` (the model's engines) from their first pass to their last; the
 //!   others wait for one in arrival order. Its stages slow each other by the model's own `κ`
-//!   (measured serving, [`crate::plan::placement::MeasuredPipeline`]), and stages of other groups
+//!   (measured serving, [`crate::placement::MeasuredPipeline`]), and stages of other groups
 //!   by the devices'. Admission stays on the clocks above.
 //!
 //! Workloads are explicit traces or gamma processes (rate, coefficient of variation, seed).
@@ -48,7 +48,8 @@ use serde::{Deserialize, Serialize};
 pub const SLO_SLACK_S: f64 = 1e-9;
 
 /// Which requests a group takes (see the module docs).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Admission {
     /// Every request, however late it will finish.
@@ -400,7 +401,7 @@ mod tests {
         for (got, want) in lat.iter().zip([1.8, 3.2, 4.2]) {
             assert!((got.unwrap() - want).abs() < 1e-12, "{lat:?}");
         }
-        let last = crate::profiler::Interference::interval_ms(&[1.0, 2.0, 3.0], 0.4);
+        let last = crate::interference::Interference::interval_ms(&[1.0, 2.0, 3.0], 0.4);
         assert!((lat[2].unwrap() - last).abs() < 1e-12);
         // A device idle while the others work is not slowed: one request alone takes its time.
         let alone = simulate(&groups, &[Request { arrival_s: 5.0, model: 1 }], 0.4);

@@ -1,11 +1,11 @@
-//! Bad input to every planner through the library and the CLI, and the sample inputs.
+//! Bad input to every planner through the library and the JSON entry point, and the sample inputs.
 
-use burn_parallel::plan::cli;
-use burn_parallel::plan::placement::{self, Arrivals, ModelRef};
-use burn_parallel::plan::profile::{PROFILE_VERSION, Profile};
-use burn_parallel::plan::schedule::{LengthDistribution, ScheduleInput};
-use burn_parallel::plan::slices::{self, SlicesInput};
-use burn_parallel::plan::stages::{self, StagesError, StagesInput};
+use burn_plan::json::{self, Overrides, Planner};
+use burn_plan::placement::{self, Arrivals, ModelRef};
+use burn_plan::profile::{PROFILE_VERSION, Profile};
+use burn_plan::schedule::{LengthDistribution, ScheduleInput};
+use burn_plan::slices::{self, SlicesInput};
+use burn_plan::stages::{self, StagesError, StagesInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -72,67 +72,68 @@ fn profiles_of_the_old_engine_timing_are_measured_again() {
     assert_eq!(err.field, "profile.version");
 }
 
-/// Writes `json` to a fresh temporary file and runs the CLI on it.
-pub(super) fn cli_run(planner: &str, json: &str, extra: &[&str]) -> (serde_json::Value, i32) {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("burn-parallel-plan-{}-{n}.json", std::process::id()));
-    std::fs::write(&path, json).unwrap();
-    let mut args = vec!["plan".to_string(), planner.to_string(), "--input".into(), path.display().to_string()];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let (out, code) = cli::run(args);
-    std::fs::remove_file(&path).ok();
-    (serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}")), code)
+/// Runs `planner` on `text` through [`json::run`], as the command line does after reading its
+/// file: the output as JSON, or the error message.
+pub(super) fn run_json(planner: Planner, text: &str, overrides: Overrides) -> Result<serde_json::Value, String> {
+    let out = json::run(planner, text, overrides)?;
+    Ok(serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}")))
 }
 
 #[test]
-fn plan_cli_prints_one_json_object_and_exits_2_on_bad_input() {
-    let (out, code) = cli_run("stages", r#"{"layer_latency_ms": [1, 2, 3, 4], "stages": 2}"#, &[]);
-    assert_eq!(code, 0);
+fn plan_json_gives_one_json_object_or_an_error_message() {
+    let out = run_json(Planner::Stages, r#"{"layer_latency_ms": [1, 2, 3, 4], "stages": 2}"#, Overrides::default());
+    let out = out.unwrap();
     assert_eq!(out["stages"], serde_json::json!([[0, 3], [3, 4]]));
     assert_eq!(out["bottleneck_ms"], 6.0);
-    let (out, code) = cli_run("slices", r#"{"seq_len": 2, "stages": 2, "t_fwd_ms": [[1, 1], [3, null]]}"#, &[]);
-    assert_eq!((code, out["slices"].clone()), (0, serde_json::json!([1, 1])));
-    for (planner, json, extra) in [
-        ("stages", r#"{"stages": 2}"#, &[][..]),
-        ("stages", r#"{"layer_latency_ms": [1, -2], "stages": 1}"#, &[]),
-        ("stages", r#"{"layer_latency_ms": [NaN], "stages": 1}"#, &[]),
-        ("stages", r#"{"layer_latency_ms": [], "stages": 1}"#, &[]),
-        ("stages", r#"{"layer_latency_ms": [1], "stages": 18446744073709551616}"#, &[]),
-        ("stages", r#"{"layer_latency_ms": [1e400], "stages": 1}"#, &[]),
-        ("stages", r#"{"layer_latency_ms": [1], "stages": 2}"#, &[]),
-        ("stages", r#"{"layer_latency_ms": [1], "stages": 1, "typo": 1}"#, &[]),
-        ("stages", r#"{"layer_latency_ms": [1], "stages": 1}"#, &["--exhaustive"]),
-        ("slices", r#"{"seq_len": 3, "stages": 1, "t_fwd_ms": [[1]]}"#, &[]),
-        ("slices", r#"{"seq_len": 100000, "stages": 1, "t_fwd_ms": []}"#, &[]),
+    let out = run_json(
+        Planner::Slices,
+        r#"{"seq_len": 2, "stages": 2, "t_fwd_ms": [[1, 1], [3, null]]}"#,
+        Overrides::default(),
+    );
+    assert_eq!(out.unwrap()["slices"], serde_json::json!([1, 1]));
+    let none = Overrides::default();
+    let exhaustive = Overrides { exhaustive: true, ..none };
+    let replication = Overrides { baseline: Some(placement::Baseline::Replication), ..none };
+    for (planner, text, overrides) in [
+        (Planner::Stages, r#"{"stages": 2}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [1, -2], "stages": 1}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [NaN], "stages": 1}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [], "stages": 1}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [1], "stages": 18446744073709551616}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [1e400], "stages": 1}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [1], "stages": 2}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [1], "stages": 1, "typo": 1}"#, none),
+        (Planner::Stages, r#"{"layer_latency_ms": [1], "stages": 1}"#, exhaustive),
+        (Planner::Slices, r#"{"seq_len": 3, "stages": 1, "t_fwd_ms": [[1]]}"#, none),
+        (Planner::Slices, r#"{"seq_len": 100000, "stages": 1, "t_fwd_ms": []}"#, none),
+        (Planner::Slices, r#"{"seq_len": 2, "stages": 2, "t_fwd_ms": [[1, 1], [3, null]]}"#, replication),
         (
-            "placement",
+            Planner::Placement,
             r#"{"models": [], "devices": 1, "device_memory_bytes": 1, "workload": {"trace": [[0, "a"]]}}"#,
-            &[],
+            none,
         ),
         (
-            "placement",
+            Planner::Placement,
             r#"{"models": [{"name": "a", "layer_latency_ms": [1], "layer_memory_bytes": [10], "slo_s": 1}], "devices": 1, "device_memory_bytes": 1, "workload": {"trace": [[0, "a"]]}}"#,
-            &["--baseline", "replication"],
+            replication,
         ),
         (
-            "placement",
+            Planner::Placement,
             r#"{"models": [{"name": "a", "layer_latency_ms": [1], "layer_memory_bytes": [1], "slo_s": 1}], "devices": 1, "device_memory_bytes": 1, "workload": {"trace": [[0, "nope"]]}}"#,
-            &[],
+            none,
         ),
-        ("schedule", r#"{"devices": 1}"#, &[]),
-        ("unknown", "{}", &[]),
+        (Planner::Schedule, r#"{"devices": 1}"#, none),
     ] {
-        let (out, code) = cli_run(planner, json, extra);
-        assert_eq!(code, 2, "{planner} {json}: {out}");
-        assert!(out["error"].as_str().is_some_and(|e| !e.is_empty()), "{out}");
+        let err = run_json(planner, text, overrides).expect_err(text);
+        assert!(!err.trim().is_empty(), "{planner:?} {text}");
     }
-    let (out, code) = cli::run(["plan", "stages", "--input", "/nonexistent/plan.json"]);
-    assert_eq!(code, 2, "{out}");
+    // The error object a command line prints.
+    let printed: serde_json::Value = serde_json::from_str(&json::error_json(" no such file \n")).unwrap();
+    assert_eq!(printed, serde_json::json!({ "error": "no such file" }));
 }
 
 #[test]
-fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
+fn plan_json_schedule_exhaustive_and_placement_baseline_overrides() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
     let input = ScheduleInput {
         devices: 2,
@@ -145,16 +146,14 @@ fn plan_cli_schedule_exhaustive_flag_and_placement_baseline() {
         )
     };
     let json = serde_json::to_string(&input).unwrap();
-    let (bnb, code) = cli_run("schedule", &json, &[]);
-    assert_eq!(code, 0, "{bnb}");
-    let (all, code) = cli_run("schedule", &json, &["--exhaustive"]);
-    assert_eq!(code, 0, "{all}");
+    let bnb = run_json(Planner::Schedule, &json, Overrides::default()).unwrap();
+    let all = run_json(Planner::Schedule, &json, Overrides { exhaustive: true, ..Overrides::default() }).unwrap();
     assert_eq!(all["search"], "exhaustive");
     assert!(close(bnb["throughput_qps"].as_f64().unwrap(), all["throughput_qps"].as_f64().unwrap()));
     let placement = r#"{"models": [{"name": "a", "layer_latency_ms": [100, 100], "layer_memory_bytes": [1, 1], "slo_s": 1}],
         "devices": 2, "device_memory_bytes": 2, "workload": {"arrivals": [{"model": "a", "rate": 2, "cv": 2}], "duration_s": 20, "seed": 3}}"#;
-    let (out, code) = cli_run("placement", placement, &["--baseline", "replication"]);
-    assert_eq!(code, 0, "{out}");
+    let replication = Overrides { baseline: Some(placement::Baseline::Replication), ..Overrides::default() };
+    let out = run_json(Planner::Placement, placement, replication).unwrap();
     assert_eq!(out["baseline"], "replication");
     assert_eq!(out["latencies_s"].as_array().unwrap().len(), out["models"][0]["requests"].as_u64().unwrap() as usize);
 }
@@ -166,13 +165,18 @@ fn plan_sample_inputs_all_plan() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let Some(planner) = ["stages", "slices", "placement", "schedule"].into_iter().find(|p| name.starts_with(p))
-        else {
+        let planners = [
+            ("stages", Planner::Stages),
+            ("slices", Planner::Slices),
+            ("placement", Planner::Placement),
+            ("schedule", Planner::Schedule),
+        ];
+        let Some((_, planner)) = planners.into_iter().find(|(p, _)| name.starts_with(p)) else {
             continue;
         };
-        let (out, code) = cli::run(["plan", planner, "--input", path.to_str().unwrap()]);
-        assert_eq!(code, 0, "{name}: {out}");
-        assert!(serde_json::from_str::<serde_json::Value>(&out).unwrap().is_object());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let out = run_json(planner, &text, Overrides::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(out.is_object());
         ran += 1;
     }
     assert!(ran >= 9, "ran {ran} sample inputs");

@@ -2,7 +2,7 @@
 //! stages from the measurement (AlpaServe profiles each parallel configuration), so that a
 //! pipeline that overlaps its requests worse than its layers promise stops winning the placement.
 
-use burn_parallel::plan::placement::{self, Arrivals, MeasuredPipeline, ModelRef, PlacementInput};
+use burn_plan::placement::{self, Arrivals, MeasuredPipeline, ModelRef, PlacementInput};
 
 use super::placement::{arrivals as workload, input, model};
 

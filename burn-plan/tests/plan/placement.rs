@@ -1,10 +1,8 @@
 //! AlpaServe's simulator against hand-computed timelines, and the placement's latencies, its
 //! claim on bursty traffic and an SLO no placement reaches.
 
-use burn_parallel::plan::placement::{
-    self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, PlacementWorkload,
-};
-use burn_parallel::plan::sim::{self, Group, Request};
+use burn_plan::placement::{self, Arrivals, Baseline, ModelRef, ModelSpec, PlacementInput, PlacementWorkload};
+use burn_plan::sim::{self, Group, Request};
 
 use super::close;
 

@@ -1,6 +1,6 @@
 //! Seeded random cost profiles for the planners' tests.
 
-use burn_parallel::plan::profile::{
+use burn_plan::profile::{
     DecodeTable, EngineStep, EngineStepTable, Extra, PrefillStepTable, PrefillTable, Profile, RunSpread, Spread,
     StepVariation, TpScaling,
 };
@@ -16,7 +16,7 @@ pub(super) fn profile(rng: &mut ChaCha8Rng) -> Profile {
     let context = vec![0.0, 64.0, 256.0];
     let ms = batch.iter().map(|&bb: &f64| context.iter().map(|&cc: &f64| c + d * bb + e * bb * cc).collect()).collect();
     Profile {
-        version: burn_parallel::plan::profile::PROFILE_VERSION,
+        version: burn_plan::profile::PROFILE_VERSION,
         model: None,
         device: None,
         layers: rng.random_range(2..=8),

@@ -1,8 +1,8 @@
 //! ExeGPT's planner: branch-and-bound against exhaustive search, its throughput-latency trade,
 //! the pipeline's stage split, and the simulator against a hand-computed timeline.
 
-use burn_parallel::plan::profile::{DecodeTable, EngineStep, Extra, PrefillTable, Profile};
-use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
+use burn_plan::profile::{DecodeTable, EngineStep, Extra, PrefillTable, Profile};
+use burn_plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -99,7 +99,7 @@ fn plan_schedule_trades_throughput_for_latency() {
 /// 2 ms + 0.5 ms per sequence).
 pub(super) fn hand_profile(engine_step: Option<EngineStep>) -> Profile {
     Profile {
-        version: burn_parallel::plan::profile::PROFILE_VERSION,
+        version: burn_plan::profile::PROFILE_VERSION,
         model: None,
         device: None,
         layers: 2,

@@ -1,17 +1,18 @@
 //! ExeGPT's planner on measured engine steps: the steady-state decode batch, measured steps and
 //! their variation, the latency as a sum of steps, and the one-device adjusted cycle.
 
-use burn_parallel::plan::profile::{
+use burn_plan::profile::{
     DecodeTable, EngineStep, EngineStepTable, PrefillStepTable, Profile, RunSpread, Spread, StepVariation,
 };
-use burn_parallel::plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
+use burn_plan::schedule::{self, LengthDistribution, ScheduleError, ScheduleInput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::bad_input::cli_run;
+use super::bad_input::run_json;
 use super::close;
 use super::profiles::{engine_table, profile};
 use super::schedule::{hand_input, hand_overhead, hand_profile, random_lengths, replayed, schedule_input};
+use burn_plan::json::{Overrides, Planner};
 
 #[test]
 fn plan_schedule_rra_decode_batch_is_the_steady_state_batch_of_mixed_output_lengths() {
@@ -242,7 +243,7 @@ fn plan_schedule_branch_and_bound_matches_exhaustive_search_with_jumping_engine_
 }
 
 #[test]
-fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
+fn plan_json_rejects_bad_engine_step_tables_naming_the_field() {
     let input = ScheduleInput {
         max_encode_batch: Some(2),
         ..schedule_input(
@@ -252,8 +253,8 @@ fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
         )
     };
     let good = serde_json::to_value(&input).unwrap();
-    let (out, code) = cli_run("schedule", &good.to_string(), &[]);
-    assert_eq!(code, 0, "{out}");
+    let schedule = |text: &str| run_json(Planner::Schedule, text, Overrides::default());
+    schedule(&good.to_string()).unwrap();
     let table = "/profile/engine_step_ms";
     for (path, value, named) in [
         ("/decode/ms/1/0", serde_json::json!(-1.0), "engine_step_ms.decode.ms[1][0]"),
@@ -267,9 +268,7 @@ fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
     ] {
         let mut bad = good.clone();
         *bad.pointer_mut(&format!("{table}{path}")).unwrap() = value;
-        let (out, code) = cli_run("schedule", &bad.to_string(), &[]);
-        assert_eq!(code, 2, "{path}: {out}");
-        let error = out["error"].as_str().unwrap_or_default();
+        let error = schedule(&bad.to_string()).expect_err(path);
         assert!(error.contains(named), "{path}: {error}");
     }
     // NaN is not JSON; a missing table or an unknown field is an error too.
@@ -279,14 +278,12 @@ fn plan_cli_rejects_bad_engine_step_tables_with_exit_2() {
         text.replacen("\"decode\":{\"batch\"", "\"decodes\":{\"batch\"", 1),
     ] {
         assert_ne!(bad, text);
-        let (out, code) = cli_run("schedule", &bad, &[]);
-        assert_eq!(code, 2, "{out}");
-        assert!(out["error"].as_str().is_some_and(|e| !e.is_empty()), "{out}");
+        let error = schedule(&bad).expect_err(&bad);
+        assert!(!error.is_empty());
     }
     let mut missing = good.clone();
     missing.pointer_mut(table).unwrap().as_object_mut().unwrap().remove("prefill");
-    let (out, code) = cli_run("schedule", &missing.to_string(), &[]);
-    assert_eq!(code, 2, "{out}");
+    assert!(schedule(&missing.to_string()).is_err());
 }
 
 /// On one device the percentile query's latency counts the cycle as the engine adjusts it (ExeGPT

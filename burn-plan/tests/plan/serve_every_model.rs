@@ -1,7 +1,7 @@
 //! `serve_every_model`: AlpaServe's Algorithm 3 keeps the highest attainment, which under
 //! overload can leave a model out; a server asks for placements that serve every model.
 
-use burn_parallel::plan::placement::{self, Arrivals, ModelRef, PlacementInput};
+use burn_plan::placement::{self, Arrivals, ModelRef, PlacementInput};
 
 use super::placement::{arrivals as workload, input, model};
 

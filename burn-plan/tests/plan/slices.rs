@@ -1,7 +1,7 @@
 //! TeraPipe's slicing planner against brute force over every composition, its batch extension
 //! against a brute-force knapsack, and slices planned from a profile instead of a table.
 
-use burn_parallel::plan::slices::{self, SlicesInput};
+use burn_plan::slices::{self, SlicesInput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -2,8 +2,8 @@
 //! AlpaServe's controller does (thesis §4.6), so that a burst's hopeless requests do not hold
 //! the devices that later requests need.
 
-use burn_parallel::plan::placement::{self, Baseline, PlacementInput};
-use burn_parallel::plan::sim::Admission;
+use burn_plan::placement::{self, Baseline, PlacementInput};
+use burn_plan::sim::Admission;
 
 use super::measured_pipelines::bursty;
 

@@ -2,7 +2,7 @@
 //! every device with its own per-layer latencies, memory cap and link, plus first- and last-stage
 //! extras.
 
-use burn_parallel::plan::stages::{self, DeviceStagesError, StageDevice, StageExtra, StagesError, StagesInput};
+use burn_plan::stages::{self, DeviceStagesError, StageDevice, StageExtra, StagesError, StagesInput};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

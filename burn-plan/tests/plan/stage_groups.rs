@@ -2,9 +2,9 @@
 //! (Alpa's DP over (layers, submesh) choices) against brute force on seeded random inputs, and
 //! memory caps that force unequal degrees.
 
-use burn_parallel::plan::stage_groups::{self, DeviceGroup, GroupDevice, GroupStagesError, GroupStagesInput};
-use burn_parallel::plan::stages::StageExtra;
-use burn_parallel::profiler::Interference;
+use burn_plan::interference::Interference;
+use burn_plan::stage_groups::{self, DeviceGroup, GroupDevice, GroupStagesError, GroupStagesInput};
+use burn_plan::stages::StageExtra;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -1,6 +1,6 @@
 //! Alpa's stage planner against brute force over every partition, on seeded random inputs.
 
-use burn_parallel::plan::stages::{self, StagesError, StagesInput, TensorParallel, TpDegree};
+use burn_plan::stages::{self, StagesError, StagesInput, TensorParallel, TpDegree};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -8,10 +8,10 @@ use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::Device;
 use burn_llm_models::DecoderSpec;
-use burn_parallel::plan::profile::Profile;
-use burn_parallel::plan::schedule::{self, ScheduleInput};
-use burn_parallel::plan::slices::{self, SlicesInput};
 use burn_parallel::profiler::{self, ProfileGrid};
+use burn_plan::profile::Profile;
+use burn_plan::schedule::{self, ScheduleInput};
+use burn_plan::slices::{self, SlicesInput};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama")
@@ -62,7 +62,7 @@ fn profile_has_the_grid_shape_and_the_model_sizes() {
     let p = measured();
     let grid = ProfileGrid::small();
     let axis = |v: &[usize]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-    assert_eq!(p.version, burn_parallel::plan::profile::PROFILE_VERSION);
+    assert_eq!(p.version, burn_plan::profile::PROFILE_VERSION);
     assert_eq!(p.layers, 2);
     assert_eq!(p.prefill.batch, axis(&grid.prefill_batch));
     assert_eq!(p.prefill.tokens, axis(&grid.prefill_tokens));
