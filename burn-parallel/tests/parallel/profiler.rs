@@ -269,19 +269,3 @@ fn profile_cli_writes_the_profile_and_rejects_bad_input_with_exit_2() {
     }
     assert!(!out.exists());
 }
-
-#[test]
-fn profile_measured_on_smollm2_is_a_valid_planner_input() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("inputs/smollm2-flex-profile.json");
-    let p: Profile = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    assert_eq!(p.layers, 30);
-    let sliced = slices::plan(&SlicesInput {
-        seq_len: 256,
-        stages: 3,
-        profile: Some(p),
-        unit_tokens: Some(16),
-        ..SlicesInput::default()
-    })
-    .unwrap();
-    assert_eq!(sliced.slices.iter().sum::<usize>(), 256);
-}

@@ -75,3 +75,20 @@ pub(super) fn engine_table(rng: &mut ChaCha8Rng) -> EngineStepTable {
         },
     }
 }
+
+/// The profile the Burn profiler measured on SmolLM2-135M on Flex (a sample input) plans.
+#[test]
+fn profile_measured_on_smollm2_is_a_valid_planner_input() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("inputs/smollm2-flex-profile.json");
+    let p: burn_plan::profile::Profile = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(p.layers, 30);
+    let sliced = burn_plan::slices::plan(&burn_plan::slices::SlicesInput {
+        seq_len: 256,
+        stages: 3,
+        profile: Some(p),
+        unit_tokens: Some(16),
+        ..burn_plan::slices::SlicesInput::default()
+    })
+    .unwrap();
+    assert_eq!(sliced.slices.iter().sum::<usize>(), 256);
+}
