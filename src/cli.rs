@@ -12,6 +12,7 @@ use burn_llm_models::{BeamSearchParams, ChatMessage, ModelError, Prompt, Samplin
 
 use crate::spec::{EngineSpec, Purpose};
 
+pub mod plan;
 mod print;
 mod report;
 

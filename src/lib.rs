@@ -14,7 +14,8 @@
 //! | [`kernels`] (`burn-llm-kernels`) | group-wise 4/8-bit quantization and fused dequantize-matmul, paged-attention kernels: CubeCL kernels with Flex twins |
 //! | [`offload`] (`burn-offload`) | FlexGen: weights and KV cache across device, host and disk, LP policy search, CPU attention, compression |
 //! | [`paged`] (`burn-paged`) | vLLM: block manager, PagedAttention KV cache, continuous-batching engine, parallel sampling, beam search |
-//! | [`parallel`] (`burn-parallel`) | pipeline stages and tensor parallelism over several devices, the model profiler, and the planners: Alpa/AlpaServe stages, TeraPipe slices, AlpaServe placement, ExeGPT schedules |
+//! | [`parallel`] (`burn-parallel`) | pipeline stages and tensor parallelism over several devices, and the model profiler |
+//! | [`plan`] (`burn-plan`) | the planners, without Burn: Alpa/AlpaServe stages, TeraPipe slices, AlpaServe placement over its simulator, ExeGPT schedules over its XSimulator |
 
 pub mod cli;
 pub mod device;
@@ -35,6 +36,7 @@ pub use burn_offload as offload;
 pub use burn_offload::MemoryReport;
 pub use burn_paged as paged;
 pub use burn_parallel as parallel;
+pub use burn_plan as plan;
 pub use device::DeviceChoice;
 pub use engine::{Capabilities, Engine, EngineDetails, EngineError, EngineLoad, Generation, RunReport};
 pub use spec::{EngineKind, EngineSpec, Purpose, SpecError};

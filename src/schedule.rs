@@ -26,11 +26,11 @@ use std::path::{Path, PathBuf};
 use burn_llm_models::generation::prepare_prompt;
 use burn_llm_models::{ModelError, Pretrained, Prompt};
 use burn_paged::{DisaggConfig, EngineConfig, PagedError, SchedulingPolicy};
-use burn_parallel::plan::profile::Profile;
-use burn_parallel::plan::schedule::{
+use burn_parallel::profiler::ProfileError;
+use burn_plan::profile::Profile;
+use burn_plan::schedule::{
     self, BatchInterference, LengthDistribution, ScheduleError, ScheduleInput, ScheduleOutput, Strategy,
 };
-use burn_parallel::profiler::ProfileError;
 
 /// Why an ExeGPT plan cannot run in the paged engine.
 #[derive(Debug, thiserror::Error)]
@@ -197,9 +197,9 @@ pub fn read_plan(path: &Path) -> Result<ScheduleOutput, PlanError> {
     read_json(path, "an ExeGPT plan (the JSON output of `cargo run --example plan -- schedule`)")
 }
 
-/// Reads a planner cost profile (format: [`burn_parallel::plan::profile`]).
+/// Reads a planner cost profile (format: [`burn_plan::profile`]).
 pub fn read_profile(path: &Path) -> Result<Profile, PlanError> {
-    read_json(path, "a planner cost profile (see burn-parallel/src/plan/profile.rs)")
+    read_json(path, "a planner cost profile (see burn-plan/src/profile.rs)")
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &'static str) -> Result<T, PlanError> {

@@ -13,7 +13,6 @@
 //! - [`generation`]: [`SamplingParams`], [`BeamSearchParams`], the on-device sampler, stop rules,
 //!   streaming, and the plain [`Generator`].
 //! - [`slicing`]: [`PrefillSlicing`], how a pipelined prefill is cut into token slices (TeraPipe).
-//! - [`admission`]: ExeGPT's phased admission rule, shared by the paged engine and the planner.
 //! - [`tokenizer`]: HF `tokenizer.json` with BOS/EOS handling and incremental detokenization.
 //! - [`gguf`]: llama.cpp's GGUF files (LLaMA architecture; F32/F16/BF16/Q8_0/Q4_0/Q4_1) and
 //!   their tokenizers.
@@ -34,7 +33,6 @@
 
 #![warn(missing_docs)]
 
-pub mod admission;
 pub mod arch;
 pub mod cache;
 pub mod chat;
@@ -52,8 +50,11 @@ pub mod pretrained;
 pub mod pypi;
 pub mod slicing;
 pub mod tokenizer;
-pub mod units;
 pub mod weights;
+
+/// Byte counts in messages (`units::fmt_bytes`), shared by every engine's errors and reports;
+/// kept in `burn-plan`, whose planners word their errors with it and which builds without Burn.
+pub use burn_plan::units;
 
 pub use cache::{ContiguousKvCache, KvCache, KvLayout, StepInput};
 pub use chat::{ChatMessage, ChatTemplate};

@@ -20,10 +20,10 @@ use std::time::Instant;
 
 use burn_llm_models::{LanguageModel, Prompt, SamplingParams};
 use burn_paged::{EngineConfig, KvCacheMemory};
-use burn_parallel::plan::profile::Profile;
-use burn_parallel::plan::schedule::decode_stage_ms;
 use burn_parallel::profiler::fit::median;
 use burn_parallel::profiler::{Interference, probe_prompt};
+use burn_plan::profile::Profile;
+use burn_plan::schedule::decode_stage_ms;
 use serde::{Deserialize, Serialize};
 
 use super::{BatchInterference, DeviceInterference, PlanError};

@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use burn_llm_models::{CausalLm, Prompt, SamplingParams};
 use burn_paged::{EngineConfig, EngineStats, KvCacheMemory, LlmEngine, SchedulingPolicy};
-use burn_parallel::plan::profile::Profile;
 use burn_parallel::profiler::fit::{self, StepKind, StepSample};
 use burn_parallel::profiler::{self, EngineStepGrid, ProfileGrid};
+use burn_plan::profile::Profile;
 
 use super::{PlanError, read_profile};
 
@@ -124,7 +124,7 @@ fn run_once(
 /// `engine_step` from them.
 pub fn engine_steps(model: &CausalLm, profile: &mut Profile, grid: &EngineStepGrid) -> Result<(), PlanError> {
     let samples = time_engine_steps(model, grid)?;
-    fit::engine_steps(profile, &samples).map_err(burn_parallel::plan::schedule::ScheduleError::from)?;
+    fit::engine_steps(profile, &samples).map_err(burn_plan::schedule::ScheduleError::from)?;
     Ok(())
 }
 

@@ -4,9 +4,9 @@
 //! under SLO and rejects the request if it cannot").
 //!
 //! Each placement group keeps its stages' clocks ([`GroupClock`]): when each stage is next free,
-//! by the flow-shop rule the simulator runs ([`burn_parallel::plan::sim::Pipeline`]), on the
+//! by the flow-shop rule the simulator runs ([`burn_plan::sim::Pipeline`]), on the
 //! latencies the placement priced for each model on the group as they run while the group's
-//! pipeline is full ([`burn_parallel::plan::sim::admission_latencies`]). A request is taken only if it
+//! pipeline is full ([`burn_plan::sim::admission_latencies`]). A request is taken only if it
 //! leaves the last stage by its arrival plus its SLO; taken, it advances the clocks; rejected, it
 //! leaves them as they were, so it holds no stage that a later request could use. The clocks run
 //! on the placement's prices, exactly as the simulator's do: the prediction
@@ -22,14 +22,14 @@
 //! is zero again, so a group whose devices run as priced keeps the simulator's admissions.
 //!
 //! A group whose models the placement serves step by step (its pipeline timed serving,
-//! [`burn_parallel::plan::sim::Steps`]) keeps the simulator's own timeline of the group instead
+//! [`burn_plan::sim::Steps`]) keeps the simulator's own timeline of the group instead
 //! ([`StepClocks`]): a request is taken if, added to the requests taken before it, it would leave
 //! by its deadline there, each of their decode steps queueing behind the others' prefills.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use burn_parallel::plan::sim::{Pipeline, StepClocks};
+use burn_plan::sim::{Pipeline, StepClocks};
 
 use super::errors::ApiError;
 
@@ -219,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_stepped_group_takes_what_its_own_timeline_serves_in_time() {
-        use burn_parallel::plan::sim::{Group, StepClocks, Steps};
+        use burn_plan::sim::{Group, StepClocks, Steps};
         // Two stages, a prefill pass of 1 s on each and two decode passes of 0.1 s on each, two
         // seats. Alone a request takes 2.4 s; two at once end at 3.3 and 3.4 s (the first one's
         // decode steps wait behind the second's prefill), so under an SLO of 3.35 s the second

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use burn_parallel::plan::serving::ServingWorkload;
-use burn_parallel::plan::sim::Admission;
+use burn_plan::serving::ServingWorkload;
+use burn_plan::sim::Admission;
 
 use super::model_args::{self, GivenFlags, ServingFlags};
 use super::placement::ServingPlacement;

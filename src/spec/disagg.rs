@@ -22,9 +22,9 @@ use burn_llm_models::PretrainedFiles;
 use burn_paged::DisaggEngine;
 use burn_parallel::pipeline::threaded::stage_pool_threads;
 use burn_parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
-use burn_parallel::plan::profile::Profile;
-use burn_parallel::plan::schedule::{ScheduleOutput, Strategy};
 use burn_parallel::profiler::SideBySide;
+use burn_plan::profile::Profile;
+use burn_plan::schedule::{ScheduleOutput, Strategy};
 
 use super::auto_stages::{AutoStagesError, run_models, watched, worker_timeout};
 use super::build::refused;

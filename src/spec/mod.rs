@@ -234,7 +234,7 @@ pub struct PagedSpec {
     #[arg(long)]
     pub latency_bound_s: Option<f64>,
     /// `--schedule exegpt` with `--latency-bound-s`: the planner's cost profile of the model on
-    /// this device (format: burn-parallel's `plan::profile`); measured and written there when
+    /// this device (format: `burn_plan::profile`); measured and written there when
     /// the file does not exist yet.
     #[arg(long, requires = "latency_bound_s")]
     pub profile_json: Option<PathBuf>,

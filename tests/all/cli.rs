@@ -265,9 +265,9 @@ fn paged_engine_flags_and_runs() {
 #[test]
 fn exegpt_schedule_flags_and_errors() {
     use burn_llm::paged::SchedulingPolicy;
-    use burn_llm::parallel::plan::schedule::{ScheduleInput, ScheduleOutput, Strategy, plan};
+    use burn_llm::plan::schedule::{ScheduleInput, ScheduleOutput, Strategy, plan};
 
-    let inputs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("burn-parallel/inputs");
+    let inputs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("burn-plan/inputs");
     let input: ScheduleInput =
         serde_json::from_str(&std::fs::read_to_string(inputs.join("schedule.json")).unwrap()).unwrap();
     let rra = plan(&input).unwrap();
@@ -397,7 +397,7 @@ fn exegpt_schedule_flags_and_errors() {
     let (first, log) = auto(Some(cached_arg));
     assert_eq!(generated(&first), generated(&fcfs), "a plan from a profile measured at start-up");
     assert!(log.contains("profiled in"), "says how long profiling took: {log}");
-    let measured: burn_llm::parallel::plan::profile::Profile =
+    let measured: burn_llm::plan::profile::Profile =
         serde_json::from_str(&std::fs::read_to_string(&cached).unwrap()).unwrap();
     assert_eq!(measured.layers, 2, "the gpt2 fixture's layers");
     assert!(measured.engine_step.is_some(), "the paged engine's step overhead is measured");

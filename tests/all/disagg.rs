@@ -255,11 +255,11 @@ fn generated(text: &str) -> &str {
 /// WAA alone on one device is the planner's error too, naming the fix.
 #[test]
 fn plan_for_chooses_among_the_strategies_it_is_given() {
-    use burn_llm::parallel::plan::profile::Profile;
-    use burn_llm::parallel::plan::schedule::Strategy;
+    use burn_llm::plan::profile::Profile;
+    use burn_llm::plan::schedule::Strategy;
     use burn_llm::schedule::{ScheduleWorkload, plan_for};
 
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/burn-parallel/inputs/smollm2-flex-profile.json");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/burn-plan/inputs/smollm2-flex-profile.json");
     let profile: Profile = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let workload = |output| ScheduleWorkload {
         prompt_lens: vec![24; 16],

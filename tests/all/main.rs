@@ -27,6 +27,7 @@ mod paged;
 mod paged_kv_quant;
 mod parallel;
 mod parity;
+mod plan_cli;
 mod precision;
 mod quantized;
 mod real_model;

@@ -105,7 +105,7 @@ pub fn home_relative(text: &str) -> String {
 /// The `percent`th percentile of `values` by nearest rank: the smallest value that at least
 /// `percent`% of them do not exceed (the sorted sample's element `⌈percent/100 · n⌉`, counting
 /// from 1), so that every reported figure is one that was measured. The same convention as
-/// `burn_llm::parallel::plan::schedule::Lengths::percentile` over a length distribution. `0` for
+/// `burn_llm::plan::schedule::Lengths::percentile` over a length distribution. `0` for
 /// an empty sample.
 pub fn percentile(values: &[f64], percent: f64) -> f64 {
     let mut sorted = values.to_vec();

@@ -61,7 +61,7 @@ pub use preempt::{PreemptionCost, PreemptionMode};
 
 use std::collections::{HashMap, VecDeque};
 
-use burn_llm_models::admission::PhasedAdmission;
+use burn_plan::admission::PhasedAdmission;
 
 use crate::memory::{BlockManager, Location};
 

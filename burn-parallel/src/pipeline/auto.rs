@@ -10,7 +10,7 @@
 //! the prompt, then of one token per step; its measured time holds the synchronisation that ends
 //! the stage's pass), and the last stage its pass's fixed cost (`Profile::call_ms`: the
 //! synchronisation that reads the logits). [`AutoStages::plan`] hands that to the pure `stages`
-//! planner ([`crate::plan::stages`]) and returns a [`StagePrediction`]: each stage's layers,
+//! planner ([`burn_plan::stages`]) and returns a [`StagePrediction`]: each stage's layers,
 //! device, predicted prefill, decode step and per-request time, and the bottleneck.
 
 use burn_llm_models::DecoderSpec;
@@ -18,9 +18,10 @@ use burn_llm_models::config::PositionKind;
 use serde::{Deserialize, Serialize};
 
 use super::layout::{PipelineError, Result, StageLayout};
-use crate::plan::profile::{CostModel, Profile};
-use crate::plan::stages::{self, StageDevice, StageExtra, StagesInput};
-use crate::profiler::Interference;
+use burn_plan::interference::Interference;
+use burn_plan::profile::{CostModel, Profile};
+use burn_plan::stage_pass::{StagePlace, Work, stage_pass_ms};
+use burn_plan::stages::{self, StageDevice, StageExtra, StagesInput};
 
 /// A measured link: handing `b` bytes over takes `latency_ms + b · ms_per_byte` milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -53,6 +54,18 @@ pub struct StageWorkload {
     pub output_tokens: usize,
 }
 
+impl StageWorkload {
+    /// The prompt's prefill, in one step.
+    pub fn prefill(&self) -> Work {
+        Work::Prefill { tokens: self.prompt_tokens, context: 0.0 }
+    }
+
+    /// One decode step of the request, at the mean context of its steps.
+    pub fn decode_step(&self) -> Work {
+        Work::Decode { batch: 1, context: self.prompt_tokens as f64 + self.output_tokens as f64 / 2.0 }
+    }
+}
+
 impl Default for StageWorkload {
     /// A prompt of 64 tokens and 32 generated: within the [`ProfileGrid::stages`](crate::profiler::ProfileGrid::stages) grid.
     fn default() -> Self {
@@ -81,7 +94,7 @@ impl Handover {
     }
 
     /// Milliseconds to hand `tokens` tokens over `link`.
-    pub(super) fn ms(&self, link: &LinkProfile, tokens: usize) -> f64 {
+    pub fn ms(&self, link: &LinkProfile, tokens: usize) -> f64 {
         link.latency_ms * self.tensors as f64 + link.ms_per_byte * self.bytes_per_token * tokens as f64
     }
 
@@ -296,23 +309,10 @@ pub(super) fn predict_stage(
     stage: PlannedStage<'_>,
 ) -> PredictedStage {
     let device = stage.device;
-    let n = (stage.layers[1] - stage.layers[0]) as f64;
-    let (mut prefill, mut decode) = (n * cost.prefill_layer(w), n * cost.decode_layer(w));
-    if stage.first {
-        let embed = device.profile.embedding.ms_per_token;
-        prefill += embed * w.prompt_tokens as f64;
-        decode += embed;
-    }
-    if stage.last {
-        // The pass's fixed cost: the last stage synchronises to read the logits; the others end
-        // with the hand-over, whose measured time holds their synchronisation.
-        let head = device.profile.lm_head.ms_per_token + device.profile.call_ms;
-        prefill += head;
-        decode += head;
-    } else if let Some(link) = &device.link_to_next {
-        prefill += handover.ms(link, w.prompt_tokens);
-        decode += handover.ms(link, 1);
-    }
+    let place = StagePlace { layers: stage.layers[1] - stage.layers[0], first: stage.first, last: stage.last };
+    let handover_ms = |tokens| device.link_to_next.as_ref().map_or(0.0, |link| handover.ms(link, tokens));
+    let prefill = stage_pass_ms(&cost.cost, place, w.prefill(), handover_ms(w.prompt_tokens));
+    let decode = stage_pass_ms(&cost.cost, place, w.decode_step(), handover_ms(1));
     PredictedStage {
         first_layer: stage.layers[0],
         last_layer: stage.layers[1] - 1,
@@ -335,11 +335,11 @@ impl DeviceCosts {
     }
 
     pub(super) fn prefill_layer(&self, w: StageWorkload) -> f64 {
-        self.cost.prefill_layer_ms(1.0, w.prompt_tokens as f64, 0.0)
+        w.prefill().layer_ms(&self.cost)
     }
 
     pub(super) fn decode_layer(&self, w: StageWorkload) -> f64 {
-        self.cost.decode_layer_ms(1.0, w.prompt_tokens as f64 + w.output_tokens as f64 / 2.0)
+        w.decode_step().layer_ms(&self.cost)
     }
 }
 

@@ -6,7 +6,7 @@
 //! link to the next device (the degree-1 candidates, as for [`AutoStages`](super::AutoStages));
 //! every candidate group of `degree ≥ 2` consecutive devices brings the profile of a layer split
 //! over it (timed on the group, communication included) and the measured link from its first
-//! device to the device after it. The pure planner [`crate::plan::stage_groups`] chooses which
+//! device to the device after it. The pure planner [`burn_plan::stage_groups`] chooses which
 //! groups become stages and their layers, every device used once; [`AutoGroups::plan`] returns
 //! the [`StagePrediction`] with each stage's devices and degree. Stages that slow each other down
 //! (`interference`) are split for the least `max + κ·(Σ − max)` of their costs.
@@ -15,9 +15,9 @@ use super::auto::{
     AutoStageDevice, DeviceCosts, Handover, LinkProfile, PlannedStage, StagePrediction, StageWorkload, predict_stage,
 };
 use super::layout::{PipelineError, Result};
-use crate::plan::profile::Profile;
-use crate::plan::stage_groups::{self, DeviceGroup, GroupDevice, GroupStagesInput};
-use crate::plan::stages::StageExtra;
+use burn_plan::profile::Profile;
+use burn_plan::stage_groups::{self, DeviceGroup, GroupDevice, GroupStagesInput};
+use burn_plan::stages::StageExtra;
 
 /// A candidate tensor-parallel group: devices `first_device .. first_device + degree` of
 /// [`AutoGroups::devices`].

@@ -90,10 +90,10 @@ pub enum PipelineError {
     },
     /// The stage planner found no split (`--stage-layers auto`).
     #[error(transparent)]
-    Stages(#[from] crate::plan::stages::StagesError),
+    Stages(#[from] burn_plan::stages::StagesError),
     /// The stage-and-degree planner found no split (`--tensor-parallel-size auto`).
     #[error(transparent)]
-    Groups(#[from] crate::plan::stage_groups::GroupStagesError),
+    Groups(#[from] burn_plan::stage_groups::GroupStagesError),
     /// Loading or moving the model failed.
     #[cfg(feature = "runtime")]
     #[error(transparent)]
@@ -132,7 +132,7 @@ impl StageLayout {
     }
 
     /// Stages of `counts[i]` layers each, in order (a planner's split, as
-    /// [`crate::plan::schedule::balanced_stage_layers`] gives it).
+    /// [`burn_plan::schedule::balanced_stage_layers`] gives it).
     pub fn from_counts(counts: &[usize]) -> Result<Self> {
         if counts.is_empty() {
             return Err(PipelineError::Zero("the number of pipeline stages"));

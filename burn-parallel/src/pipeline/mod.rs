@@ -4,7 +4,7 @@
 //! - [`auto`]: `--stage-layers auto`, stages planned from each device's measured profile and
 //!   link (Alpa's inter-operator pass) and the prediction printed before running.
 //! - [`auto_groups`]: the same with a tensor-parallel degree per stage (`--tensor-parallel-size
-//!   auto`): each stage on a group of consecutive devices, planned by [`crate::plan::stage_groups`].
+//!   auto`): each stage on a group of consecutive devices, planned by [`burn_plan::stage_groups`].
 //! - [`kv_map`] (feature `runtime`): the KV cache's layout when stages have different degrees.
 //! - [`plan`] (feature `runtime`): [`PipelinePlan`], the checked split over devices.
 //! - [`layout`]: which layers each stage runs (`--stage-layers 0-11,12-23`, inclusive, or an even

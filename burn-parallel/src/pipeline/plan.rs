@@ -65,7 +65,7 @@ impl PipelinePlan {
 
     /// Stages and each stage's tensor-parallel degree planned together from measured costs
     /// (`--stage-layers auto --tensor-parallel-size auto`: Alpa's inter-operator DP over layer
-    /// ranges and groups of consecutive devices, [`crate::plan::stage_groups`]), on `devices`
+    /// ranges and groups of consecutive devices, [`burn_plan::stage_groups`]), on `devices`
     /// (one per entry of `auto.devices`), named `names`. Errors before anything loads when no
     /// choice of groups fits the devices' caps.
     pub fn auto_groups(auto: &AutoGroups, devices: Vec<Device>, names: Vec<String>) -> Result<Self> {

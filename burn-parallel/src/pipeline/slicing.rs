@@ -1,4 +1,4 @@
-//! `--prefill-slices auto`: TeraPipe's slicing planner ([`crate::plan::slices`], Algorithm 1)
+//! `--prefill-slices auto`: TeraPipe's slicing planner ([`burn_plan::slices`], Algorithm 1)
 //! run for each prefill from the stages' measured costs, as the engines'
 //! [`PrefillSlicing`].
 //!
@@ -23,9 +23,9 @@ use std::sync::Mutex;
 
 use burn_llm_models::slicing::PrefillSlicing;
 
-use crate::plan::check::InputError;
-use crate::plan::profile::{CostModel, Profile};
-use crate::plan::slices::{self, SlicesInput, SlicesOutput};
+use burn_plan::check::InputError;
+use burn_plan::profile::{CostModel, Profile};
+use burn_plan::slices::{self, SlicesInput, SlicesOutput};
 
 /// Most slicing units a plan uses (a prefill longer than this is planned in groups of tokens).
 const MAX_UNITS: usize = 64;
@@ -69,8 +69,8 @@ impl PlannedSlices {
             .map(|(s, cost)| {
                 let model = cost.profile.cost_model(&format!("stages[{s}].profile"))?;
                 let field = format!("stages[{s}].handover_ms_per_token");
-                crate::plan::check::non_negative(&field, cost.handover_ms_per_token)?;
-                crate::plan::check::non_negative(&format!("stages[{s}].handover_ms"), cost.handover_ms)?;
+                burn_plan::check::non_negative(&field, cost.handover_ms_per_token)?;
+                burn_plan::check::non_negative(&format!("stages[{s}].handover_ms"), cost.handover_ms)?;
                 Ok((model, cost))
             })
             .collect::<Result<Vec<_>, InputError>>()?;
@@ -81,7 +81,7 @@ impl PlannedSlices {
     /// step, [`crate::profiler::Interference::kappa`]): the overlapped slices' work is stretched
     /// as [`slices::pipelined_latency_ms`] says. A negative or non-finite `κ` is refused.
     pub fn with_interference(mut self, kappa: f64) -> Result<Self, InputError> {
-        self.kappa = crate::plan::check::non_negative("interference", kappa)?;
+        self.kappa = burn_plan::check::non_negative("interference", kappa)?;
         if let Ok(mut memo) = self.memo.lock() {
             memo.clear();
         }
@@ -204,8 +204,8 @@ mod measured {
     use super::StageCost;
     use crate::pipeline::threaded::stage_threads;
     use crate::pipeline::{LinkProfile, PipelinePlan};
-    use crate::plan::profile::Profile;
     use crate::profiler::ProfileGrid;
+    use burn_plan::profile::Profile;
 
     /// The points `--prefill-slices auto` profiles: prefill slices of 16 to 2048 tokens at batch
     /// 1 (up to a long prompt's unsliced pass, so that it is read, not extended from shorter
@@ -286,7 +286,7 @@ mod measured {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::profile::{DecodeTable, Extra, PrefillTable};
+    use burn_plan::profile::{DecodeTable, Extra, PrefillTable};
 
     /// A profile whose one-layer prefill costs `fixed + per_token · tokens` ms (plus a context
     /// term `per_ctx · tokens · context`).

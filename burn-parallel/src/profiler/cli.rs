@@ -19,7 +19,7 @@ use clap::{Parser, ValueEnum};
 
 use super::fit::{self, StepSample};
 use super::{EngineStepGrid, ProfileGrid, ProgressHook, profile};
-use crate::plan::cli::{error, parse_args};
+use burn_plan::json::{EXIT_ERROR, error_json, parse_args};
 
 /// Times a model's steps in a serving engine (the model's shape, the device, the steps to time);
 /// the profile's `engine_step` and `engine_step_ms` are made from them ([`fit::engine_steps`]).
@@ -90,7 +90,7 @@ pub fn synthetic(name: &str) -> Option<serde_json::Value> {
 
 /// Runs `plan profile` with `args` (the program name, `profile`, then the flags); `device`
 /// turns a `--device` name into a device or an error saying what to do. Returns the JSON text to
-/// print and the exit code (0, or [`EXIT_ERROR`](crate::plan::cli::EXIT_ERROR) with `{"error": "…"}`); `--help` gives the help
+/// print and the exit code (0, or [`EXIT_ERROR`] with `{"error": "…"}`); `--help` gives the help
 /// text and 0.
 pub fn run<I, T>(args: I, device: impl FnOnce(&str) -> Result<Device, String>) -> (String, i32)
 where
@@ -124,7 +124,7 @@ where
     let progress = progress.filter(|_| !args.quiet);
     match dispatch(&args, device, engine.filter(|_| !args.no_engine_step), progress) {
         Ok(json) => (json, 0),
-        Err(message) => error(message),
+        Err(message) => (error_json(&message), EXIT_ERROR),
     }
 }
 

@@ -18,7 +18,7 @@ use burn_llm_models::{CausalLm, DecoderSpec, QuantSpec};
 use serde::{Deserialize, Serialize};
 
 use super::{ProfileError, ProfileGrid, ProgressHook, profile_model};
-use crate::plan::profile::Profile;
+use burn_plan::profile::Profile;
 
 /// Who a profile was measured for. A cached profile is reused only for the same three.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,8 +4,8 @@
 //! cost as a slope through the origin; and the tables of the serving engine's measured steps
 //! (`engine_step_ms`), which are not fitted but tabulated.
 
-use crate::plan::check::InputError;
-use crate::plan::profile::{
+use burn_plan::check::InputError;
+use burn_plan::profile::{
     CostModel, DecodeTable, EngineStep, EngineStepTable, PrefillStepTable, Profile, RunSpread, Spread, StepVariation,
 };
 
@@ -365,9 +365,9 @@ mod tests {
     }
 
     fn cost() -> CostModel {
-        use crate::plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
+        use burn_plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
         let profile = Profile {
-            version: crate::plan::profile::PROFILE_VERSION,
+            version: burn_plan::profile::PROFILE_VERSION,
             model: None,
             device: None,
             layers: 2,

@@ -52,12 +52,13 @@ use burn::tensor::Device;
 use burn_llm_models::{CausalLm, DecoderSpec, ModelError};
 use serde::{Deserialize, Serialize};
 
-use crate::plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
+use burn_plan::profile::{DecodeTable, Extra, PrefillTable, Profile};
 use measure::{Bench, Progress};
 
+pub use burn_plan::interference::{Interference, OverlapStep};
 pub use device::{DeviceProfile, ProfileIdentity, ProfileSource, ProfileWeights, device_profile};
 pub use link::{LinkProfile, measure_link};
-pub use overlap::{Interference, OverlapDevice, OverlapStep, pipeline_interference};
+pub use overlap::{OverlapDevice, pipeline_interference};
 pub use side_by_side::{Side, SideBySide, side_by_side};
 pub use tensor::{TensorParallelTimes, group_profile, tensor_parallel_times};
 
@@ -432,7 +433,7 @@ pub fn profile_model(
     };
     let kv = model.kv_layout();
     Ok(Profile {
-        version: crate::plan::profile::PROFILE_VERSION,
+        version: burn_plan::profile::PROFILE_VERSION,
         model: None,
         device: None,
         layers: num_layers,

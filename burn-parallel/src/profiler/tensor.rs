@@ -11,8 +11,8 @@ use burn_llm_models::cache::{ContiguousKvCache, LayerDevices};
 
 use super::ProfileError;
 use crate::block::LayerBlock;
-use crate::plan::profile::{DecodeTable, PrefillTable, Profile};
 use crate::tensor::{TensorParallelLayer, rank_kv_layout};
+use burn_plan::profile::{DecodeTable, PrefillTable, Profile};
 
 /// A tensor-parallel layer's measured times, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,11 +12,11 @@ use burn_parallel::pipeline::{
     AutoGroup, AutoGroups, AutoStageDevice, AutoStages, Handover, LinkProfile, PipelineError, PipelineLm, PipelinePlan,
     StageWorkload,
 };
-use burn_parallel::plan::profile::Profile;
 use burn_parallel::profiler::{
     DeviceProfile, Interference, ProfileGrid, ProfileIdentity, ProfileSource, ProfileWeights, TensorParallelTimes,
     device_profile, group_profile, measure_link,
 };
+use burn_plan::profile::Profile;
 
 use super::{assert_same, deeper, greedy};
 

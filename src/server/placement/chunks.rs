@@ -26,8 +26,8 @@
 use std::io::Write;
 
 use burn_paged::SchedulingPolicy;
-use burn_parallel::plan::serving::ServingWorkload;
 use burn_parallel::profiler::probe_prompt;
+use burn_plan::serving::ServingWorkload;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;

@@ -1,5 +1,5 @@
 //! How much the pool's devices slow each other down when they work at once, for the placement's
-//! simulator ([`burn_parallel::plan::sim`]): while `n` devices hold a request, each advances at
+//! simulator ([`burn_plan::sim`]): while `n` devices hold a request, each advances at
 //! `1 / (1 + κ·(n − 1))` of its speed alone. Replicas on two devices serving at once, or a
 //! pipeline's stages overlapping, share whatever the devices share (a host's cores, the host
 //! threads that drive a worker).
@@ -22,8 +22,8 @@ use std::io::Write;
 use std::sync::mpsc;
 
 use burn::tensor::Device;
-use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 use burn_parallel::profiler::{OverlapStep, probe_ids};
+use burn_plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;

@@ -3,8 +3,8 @@
 //!
 //! - `auto`: each model profiled at start-up on the pool's first device (cached, as
 //!   `--stage-layers auto` does; the planner takes the pool as identical devices), its cost of
-//!   one request per layer taken from the `--workload` shape ([`burn_parallel::plan::serving`]),
-//!   and [`burn_parallel::plan::placement::plan`] choosing the group partition, each group's
+//!   one request per layer taken from the `--workload` shape ([`burn_plan::serving`]),
+//!   and [`burn_plan::placement::plan`] choosing the group partition, each group's
 //!   stages and which models each group serves under the devices' memory (`--device-memory`).
 //! - `replicate`: AlpaServe's replication baseline: every group is one device, and a device holds
 //!   whole replicas of the models that fit, no model parallelism. With `--workload` the planner
@@ -42,9 +42,9 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use burn_parallel::pipeline::{PipelineError, StageLayout};
-use burn_parallel::plan::placement::{self, Baseline, GroupPlan, PlacedModel, PlacementInput, PlacementOutput};
-use burn_parallel::plan::serving::ServingWorkload;
-use burn_parallel::plan::sim::{self, Admission};
+use burn_plan::placement::{self, Baseline, GroupPlan, PlacedModel, PlacementInput, PlacementOutput};
+use burn_plan::serving::ServingWorkload;
+use burn_plan::sim::{self, Admission};
 use serde_json::json;
 
 use super::ServerError;

@@ -1,6 +1,6 @@
 //! Each model with traffic timed as the placement would run it, for the simulator's price of
 //! one-device groups and of groups of each stage count the placement can run
-//! ([`burn_parallel::plan::placement::MeasuredPipeline`]).
+//! ([`burn_plan::placement::MeasuredPipeline`]).
 //!
 //! AlpaServe's simulator takes a parallel configuration's latencies from profiling that
 //! configuration. The per-layer profile prices a group as its layers' compute; serving adds what
@@ -17,7 +17,7 @@
 //!   [`BURST`] started together, whose finishes come one interval apart once the pipeline is full.
 //!   Where its engines step one sequence at a time (`--max-num-seqs 1`, as AlpaServe serves), the
 //!   request's prefill is also timed alone, and the simulator serves the model step by step on
-//!   groups of `S` stages ([`burn_parallel::plan::placement::measured_steps`]): each decode step
+//!   groups of `S` stages ([`burn_plan::placement::measured_steps`]): each decode step
 //!   is a pass of its own that queues behind other requests' prefills at every stage. With larger
 //!   batches the engines batch what queues, which passes one by one do not price, and the
 //!   one-pass price stays.
@@ -29,9 +29,9 @@ use std::io::Write;
 use std::time::Instant;
 
 use burn_llm_models::{DecoderSpec, Prompt, SamplingParams};
-use burn_parallel::plan::placement::{MeasuredPipeline, MeasuredSteps};
-use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 use burn_parallel::profiler::{probe_ids, probe_prompt};
+use burn_plan::placement::{MeasuredPipeline, MeasuredSteps};
+use burn_plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;

@@ -9,14 +9,14 @@ use burn_llm_models::PretrainedFiles;
 use std::path::{Path, PathBuf};
 
 use burn_llm_models::DecoderSpec;
-use burn_parallel::plan::placement::{
+use burn_parallel::profiler::ProfileGrid;
+use burn_plan::placement::{
     GroupPlan, MeasuredPipeline, ModelSpec as PlannedModel, PlacedModel, PlacementInput, priced_stage_latency_ms,
     priced_steps,
 };
-use burn_parallel::plan::serving::{
+use burn_plan::serving::{
     DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload, layer_memory_bytes, request_layer_ms,
 };
-use burn_parallel::profiler::ProfileGrid;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
@@ -150,14 +150,13 @@ impl ModelCosts {
                 measured_pipelines: c.pipelines.clone(),
             })
             .collect();
-        let workload = workload.map(ServingWorkload::placement_workload).unwrap_or(
-            burn_parallel::plan::placement::PlacementWorkload {
+        let workload =
+            workload.map(ServingWorkload::placement_workload).unwrap_or(burn_plan::placement::PlacementWorkload {
                 trace: Some(Vec::new()),
                 arrivals: None,
                 duration_s: None,
                 seed: None,
-            },
-        );
+            });
         PlacementInput {
             models,
             devices,

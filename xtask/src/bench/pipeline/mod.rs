@@ -33,8 +33,8 @@ use std::path::{Path, PathBuf};
 use burn::tensor::Device;
 use burn_llm::models::PretrainedFiles;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
-use burn_llm::parallel::plan::profile::Profile;
-use burn_llm::parallel::profiler::Interference;
+use burn_llm::plan::interference::Interference;
+use burn_llm::plan::profile::Profile;
 
 use chunked::MixedLoad;
 use stages::StagesWorkload;

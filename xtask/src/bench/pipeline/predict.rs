@@ -1,9 +1,10 @@
 //! Predictions the measured figures are held against, from each device's profile (per-layer
 //! prefill and decode times, embedding and LM head per token) and each link's measured latency
 //! and rate, with the cost terms `--stage-layers auto` plans with:
-//! - a stage's time for one micro-batch: its layers on its device, plus the embedding on the
-//!   first stage and the final norm, LM head and the pass's fixed cost (`call_ms`) on the last,
-//!   plus handing the hidden states (and rotary angles) to the next stage;
+//! - a stage's time for one micro-batch: the planner's own [`stage_pass_ms`] (its layers on its
+//!   device, the embedding on the first stage, the final norm, LM head and the pass's fixed cost
+//!   on the last), with handing the hidden states (and rotary angles) to the next stage priced by
+//!   the pipeline's [`Handover`];
 //! - a pipelined decode step of `M` micro-batches: `Σ_s t_s + (M − 1)·(max_s t_s + κ·(Σ_s t_s −
 //!   max_s t_s))`, `κ` the devices' measured interference (`Interference::pipelined_ms`);
 //! - a prefill cut into token slices: TeraPipe's `Σ_i t_i + (K − 1)·max_i t_i` with `t_i` slice
@@ -15,9 +16,12 @@ use std::ops::Range;
 
 use burn_llm::models::DecoderSpec;
 use burn_llm::parallel::pipeline::Handover;
-use burn_llm::parallel::plan::profile::{CostModel, Profile};
 use burn_llm::parallel::profiler::LinkProfile;
+use burn_llm::plan::profile::{CostModel, Profile};
+use burn_llm::plan::stage_pass::{StagePlace, stage_pass_ms};
 use serde::Serialize;
+
+pub use burn_llm::plan::stage_pass::Work;
 
 /// One stage's device: its profile and its link to the next stage.
 #[derive(Debug, Clone)]
@@ -45,19 +49,8 @@ impl DeviceCost {
 
     /// Milliseconds to hand `tokens` tokens' hidden states to the next stage (0 on the last).
     fn handover_ms(&self, tokens: usize) -> f64 {
-        self.link.map_or(0.0, |l| {
-            l.latency_ms * self.handover.tensors as f64 + l.ms_per_byte * self.handover.bytes_per_token * tokens as f64
-        })
+        self.link.map_or(0.0, |l| self.handover.ms(&l, tokens))
     }
-}
-
-/// What a stage computes in one pass.
-#[derive(Debug, Clone, Copy)]
-pub enum Work {
-    /// A decode step of `batch` sequences after `context` cached tokens.
-    Decode { batch: usize, context: usize },
-    /// One sequence's prefill of `tokens` tokens after `context` cached tokens.
-    Prefill { tokens: usize, context: usize },
 }
 
 /// Predicted time of each stage of `layout` (layer ranges, stage `s` on `devices[s]`) for `work`.
@@ -68,21 +61,8 @@ pub fn stage_ms(devices: &[DeviceCost], layout: &[Range<usize>], work: Work) -> 
         .zip(devices)
         .enumerate()
         .map(|(s, (layers, d))| {
-            let (per_layer, rows, logits) = match work {
-                Work::Decode { batch, context } => (d.cost.decode_layer_ms(batch as f64, context as f64), batch, batch),
-                Work::Prefill { tokens, context } => {
-                    (d.cost.prefill_layer_ms(1.0, tokens as f64, context as f64), tokens, 1)
-                }
-            };
-            let mut ms = per_layer * layers.len() as f64;
-            if s == 0 {
-                ms += d.profile.embedding.ms_per_token * rows as f64;
-            }
-            if s == last {
-                // The hand-over ends every other stage's pass; the last one's ends reading logits.
-                ms += d.profile.lm_head.ms_per_token * logits as f64 + d.profile.call_ms;
-            }
-            ms + d.handover_ms(rows)
+            let place = StagePlace { layers: layers.len(), first: s == 0, last: s == last };
+            stage_pass_ms(&d.cost, place, work, d.handover_ms(work.tokens()))
         })
         .collect()
 }

@@ -8,10 +8,10 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use burn_llm::models::{DecoderSpec, PretrainedFiles};
-use burn_llm::parallel::plan::profile::Profile;
 use burn_llm::parallel::profiler::{
     LinkProfile, ProfileGrid, ProfileIdentity, ProfileWeights, device_profile, measure_link,
 };
+use burn_llm::plan::profile::Profile;
 
 use super::predict::DeviceCost;
 

@@ -145,7 +145,7 @@ pub fn run(
         let m = measure(engine.as_mut(), vocab, w)?;
         let counts: Vec<usize> = layout.iter().map(|r| r.len()).collect();
         let own = if counts == shares { interference.clone() } else { split_interference(&counts)? };
-        let context = w.prompt + w.steps / 2;
+        let context = (w.prompt + w.steps / 2) as f64;
         // Auto stages are judged against what the planner predicted for the split it chose; the
         // even split, which no planner chose, against the bench's profiles.
         let (decode_stage_ms, kappa, decode_predicted_by) = match planned(engine.as_ref()) {
@@ -160,7 +160,7 @@ pub fn run(
                 "the bench's device profiles, κ on the split".to_string(),
             ),
         };
-        let prompt_stage_ms = predict::stage_ms(costs, &layout, Work::Prefill { tokens: w.long_prompt, context: 0 });
+        let prompt_stage_ms = predict::stage_ms(costs, &layout, Work::Prefill { tokens: w.long_prompt, context: 0.0 });
         let measured_bottleneck = (m.batch_step - m.step) / (w.batch.max(2) - 1) as f64;
         let row = SplitRow {
             split: label.to_string(),

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 
 use burn_llm::models::PretrainedFiles;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
-use burn_llm::parallel::plan::placement::{self, ModelRef, PlacementInput, PlacementWorkload};
-use burn_llm::parallel::plan::sim::Admission;
+use burn_llm::plan::placement::{self, ModelRef, PlacementInput, PlacementWorkload};
+use burn_llm::plan::sim::Admission;
 use burn_llm::server::Server;
 use burn_llm::server::launch::ServeArgs;
 use burn_llm::server::placement::ServingPlacement;

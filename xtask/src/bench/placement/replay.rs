@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use burn_llm::parallel::plan::sim;
+use burn_llm::plan::sim;
 use rand::{Rng, SeedableRng};
 use reqwest::Client;
 use serde_json::json;

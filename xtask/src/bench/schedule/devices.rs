@@ -14,9 +14,9 @@ use burn_llm::models::CausalLm;
 use burn_llm::paged::{DisaggEngine, EngineConfig, KvCacheMemory, SchedulingPolicy};
 use burn_llm::parallel::pipeline::threaded::stage_pool_threads;
 use burn_llm::parallel::pipeline::{PipelineLm, PipelinePlan, StageLayout};
-use burn_llm::parallel::plan::profile::Profile;
-use burn_llm::parallel::plan::schedule::{ScheduleOutput, Strategy};
 use burn_llm::parallel::profiler::{Interference, OverlapDevice, OverlapStep, SideBySide, pipeline_interference};
+use burn_llm::plan::profile::Profile;
+use burn_llm::plan::schedule::{ScheduleOutput, Strategy};
 use burn_llm::schedule::{
     DeviceInterference, EngineInterference, PlanError, ScheduleWorkload, engine_interference, phased_policy,
     pipelined_engines, plan_for, waa_config, waa_interference,

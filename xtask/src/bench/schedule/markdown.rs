@@ -1,7 +1,7 @@
 //! The report of `bench schedule`: its Markdown tables and the plot's series.
 
-use burn_llm::parallel::plan::profile::Profile;
-use burn_llm::parallel::plan::schedule::ScheduleOutput;
+use burn_llm::plan::profile::Profile;
+use burn_llm::plan::schedule::ScheduleOutput;
 
 use super::super::plot;
 use super::super::process_cpu::CpuShares;

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use burn_llm::models::{DecoderSpec, Prompt, SamplingParams, Timing};
 use burn_llm::paged::{EngineConfig, KvCacheMemory, SchedulingPolicy};
-use burn_llm::parallel::plan::profile::Profile;
+use burn_llm::plan::profile::Profile;
 use burn_llm::{Engine, EngineDetails};
 use serde::Serialize;
 

@@ -12,7 +12,7 @@
 //! - (d) static batching with `max_num_seqs` tuned on the same grid ([`static_config`]):
 //!   FasterTransformer-style, the baseline ExeGPT reports its 2× against (§7.3).
 //!
-//! Latency is measured as the planner defines it (`burn_llm::parallel::plan::schedule`, ExeGPT's
+//! Latency is measured as the planner defines it (`burn_llm::plan::schedule`, ExeGPT's
 //! SLA-(b): the time to generate the percentile-length output): in a closed (offline) run, from
 //! the start of the step that prefills a request to the end of the step that finishes it, at the
 //! planner's percentile (p99) over requests. Queueing before the prefill is outside the planner's
@@ -41,9 +41,9 @@ use burn_llm::models::gguf::GgufModel;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::models::{CausalLm, DecoderSpec};
 use burn_llm::paged::{EngineConfig, KvCacheMemory};
-use burn_llm::parallel::plan::profile::Profile;
-use burn_llm::parallel::plan::schedule::{ScheduleOutput, Strategy};
 use burn_llm::parallel::profiler::{EngineStepGrid, Interference, ProfileGrid, SideBySide};
+use burn_llm::plan::profile::Profile;
+use burn_llm::plan::schedule::{ScheduleOutput, Strategy};
 use burn_llm::schedule::{
     DeviceInterference, EngineInterference, ScheduleWorkload, check_layers, measure_profile, read_profile,
     rra_stage_layers,
