@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
-use burn_llm::server::Server;
-use burn_llm::server::launch::ServeArgs;
+use burn_llm_server::Server;
+use burn_llm_server::launch::ServeArgs;
 use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};

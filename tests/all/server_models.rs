@@ -10,8 +10,8 @@ use burn_llm::engine::{Capabilities, EngineLoad, EngineResult, Generation, RunRe
 use burn_llm::models::{
     DecoderSpec, Prompt, RequestOutput, SamplingParams, StepOutput, StreamEvent, Timing, Tokenizer,
 };
-use burn_llm::server::launch::ServeArgs;
-use burn_llm::server::{ModelEntry, Server, ServerConfig};
+use burn_llm_server::launch::ServeArgs;
+use burn_llm_server::{ModelEntry, Server, ServerConfig};
 use burn_llm::{Engine, EngineError};
 use serde_json::{Value, json};
 
@@ -166,7 +166,7 @@ fn bad_model_lists_are_errors_before_anything_loads() {
     let built = Arc::new(AtomicU8::new(0));
     let entry = |name: &str| {
         let built = built.clone();
-        let build: burn_llm::server::EngineBuilder = Box::new(move || {
+        let build: burn_llm_server::EngineBuilder = Box::new(move || {
             built.fetch_add(1, Ordering::SeqCst);
             Err("not built".into())
         });
@@ -286,7 +286,7 @@ fn breakable(name: &str, fixture_name: &str, mode: &Arc<AtomicU8>) -> ModelEntry
     let argv = ["serve", "--model", "unused", "--device", "flex", "--kv-cache-memory", "blocks:32"];
     let spec = ServeArgs::try_parse_from(argv).unwrap().engine_spec();
     let (dir, mode) = (fixture(fixture_name), mode.clone());
-    let build: burn_llm::server::EngineBuilder = Box::new(move || {
+    let build: burn_llm_server::EngineBuilder = Box::new(move || {
         let inner = spec.init(&dir, burn_llm::spec::Purpose::Serve, &mut std::io::sink())?;
         Ok(Box::new(Breakable { inner, mode }) as Box<dyn Engine>)
     });

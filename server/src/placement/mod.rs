@@ -132,7 +132,7 @@ impl ServingPlacement {
     /// stages one virtual engine per stage unless the model's flags say otherwise and the chunks
     /// chosen for it on that many stages (the pool's `--device-memory` and `--stage-profile-dir`
     /// served the placement and are dropped).
-    pub fn replica_specs(&self, model: &ModelSpec) -> Vec<crate::spec::EngineSpec> {
+    pub fn replica_specs(&self, model: &ModelSpec) -> Vec<burn_llm::spec::EngineSpec> {
         let mut specs = Vec::new();
         for group in &self.groups {
             let Some(placed) = group.models.iter().find(|m| m.model == model.name) else { continue };
@@ -341,7 +341,7 @@ pub fn place(
             pool.len()
         )));
     }
-    let caps: Vec<u64> = caps.unwrap_or_else(|| pool.iter().map(|d| crate::spec::default_memory(d)).collect());
+    let caps: Vec<u64> = caps.unwrap_or_else(|| pool.iter().map(|d| burn_llm::spec::default_memory(d)).collect());
     let needs_costs = !matches!(choice, PlacementChoice::Manual(_)) || workload.is_some();
     let mut costs = if needs_costs || caps.iter().any(|&c| c < u64::MAX) {
         Some(ModelCosts::measure(models, pool, workload, log)?)
@@ -424,7 +424,7 @@ fn group_spec(
     stages: &[[usize; 2]],
     pipeline_stages: usize,
     chunk: Option<usize>,
-) -> crate::spec::EngineSpec {
+) -> burn_llm::spec::EngineSpec {
     let mut spec = model.spec.clone();
     spec.device = None;
     spec.parallel.devices = Some(devices);
@@ -572,7 +572,7 @@ mod tests {
 
     #[test]
     fn a_models_own_virtual_engines_run_on_its_groups_of_several_stages() {
-        let mut spec = crate::spec::EngineSpec::default();
+        let mut spec = burn_llm::spec::EngineSpec::default();
         spec.parallel.virtual_engines = Some(4);
         let model = ModelSpec { name: "a".into(), source: "a".into(), spec, chat_template: None, max_waiting: None };
         let engines = |devices: usize| {

@@ -22,8 +22,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use super::admission::{SloGate, Taken};
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
-use crate::device::panic_message;
-use crate::engine::{Engine, EngineDetails, EngineError, EngineLoad};
+use burn_llm_models::error::panic_message;
+use burn_llm::engine::{Engine, EngineDetails, EngineError, EngineLoad};
 
 /// What the front end learns about the model when the engine has been built.
 #[derive(Debug, Clone)]

@@ -15,8 +15,8 @@ use burn_parallel::plan::sim::Admission;
 use super::model_args::{self, GivenFlags, ServingFlags};
 use super::placement::ServingPlacement;
 use super::{ModelEntry, Server, ServerConfig, ServerError};
-use crate::engine::Engine;
-use crate::spec::{EngineKind, EngineSpec, Purpose};
+use burn_llm::engine::Engine;
+use burn_llm::spec::{EngineKind, EngineSpec, Purpose};
 
 /// Environment variable read for the API key when `--api-key` is not given.
 pub const API_KEY_ENV: &str = "BURN_LLM_API_KEY";

@@ -29,8 +29,8 @@ use super::super::ServerError;
 use super::super::launch::ModelSpec;
 use super::pipelined::{REPEATS, WARMUP, probe_spec, request_shape, requests_ms};
 use super::profiles::ModelCosts;
-use crate::Purpose;
-use crate::spec::{interference_of, parse_device};
+use burn_llm::Purpose;
+use burn_llm::spec::{interference_of, parse_device};
 
 /// A phase below this share of a request's time is left unmeasured (its `κ` weighs too little).
 const MIN_SHARE: f64 = 0.05;

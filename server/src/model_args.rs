@@ -16,7 +16,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, Parser};
 
 use super::ServerError;
-use crate::spec::EngineSpec;
+use burn_llm::spec::EngineSpec;
 
 /// Engine flags (clap ids) that say the same thing in different ways: a model's flags that name
 /// one of a set replace the shared flags of the whole set.

@@ -34,8 +34,8 @@ use super::super::launch::ModelSpec;
 use super::ChunkChoice;
 use super::pipelined::{probe_spec, request_shape, timed_runs_ms};
 use super::profiles::ModelCosts;
-use crate::Purpose;
-use crate::spec::{EngineSpec, PrefillSlices};
+use burn_llm::Purpose;
+use burn_llm::spec::{EngineSpec, PrefillSlices};
 
 /// How much slower than the fastest so far a halving may prefill the prompt and still be followed
 /// by the next: the spread of the fastest of [`REPEATS`](super::pipelined::REPEATS) runs, so

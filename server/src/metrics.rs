@@ -7,7 +7,7 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::engine::EngineLoad;
+use burn_llm::engine::EngineLoad;
 
 /// vLLM's latency buckets (seconds), from a millisecond to a minute.
 const LATENCY_BUCKETS: [f64; 17] =

@@ -37,7 +37,7 @@ use super::super::ServerError;
 use super::super::launch::ModelSpec;
 use super::profiles::ModelCosts;
 use super::{ChunkChoice, chunk_of};
-use crate::{Engine, Purpose};
+use burn_llm::{Engine, Purpose};
 
 /// Requests started together for the interval: `BURST − 1` intervals averaged, as one pair's
 /// interval moves by half between runs on a host whose cores the stages share.
@@ -188,7 +188,7 @@ pub(super) fn prefill_note(steps: &MeasuredSteps) -> String {
 /// The chunks `spec`'s engine prefills a prompt of `prompt` tokens in: one unless chunked
 /// prefill is on and `--max-num-batched-tokens` is below the prompt (the engine's default budget
 /// is at least the context, which every prompt fits).
-fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
+fn prefill_chunks(spec: &burn_llm::spec::EngineSpec, prompt: usize) -> usize {
     let config = spec.engine_config();
     match (config.chunked_prefill, config.max_num_batched_tokens) {
         (true, Some(budget)) if budget > 0 => prompt.div_ceil(budget).max(1),
@@ -231,7 +231,7 @@ pub(super) fn probe_spec(
     devices: Vec<String>,
     stages: &[[usize; 2]],
     chunk: Option<usize>,
-) -> crate::spec::EngineSpec {
+) -> burn_llm::spec::EngineSpec {
     let mut spec = super::group_spec(model, devices, stages, stages.len(), chunk);
     spec.paged.no_enable_prefix_caching = true;
     spec
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_prompt_is_timed_in_the_chunks_its_engine_prefills_it_in() {
-        let mut spec = crate::spec::EngineSpec::default();
+        let mut spec = burn_llm::spec::EngineSpec::default();
         // The default budget holds every prompt that fits the context.
         assert_eq!(prefill_chunks(&spec, 256), 1);
         spec.paged.max_num_batched_tokens = Some(64);

@@ -1,5 +1,5 @@
 //! The OpenAI-compatible HTTP server (the `serve` example): `axum` routes in front of one or
-//! more models, each an [`Engine`](crate::Engine) running its step loop on its own thread; a
+//! more models, each an [`Engine`](burn_llm::Engine) running its step loop on its own thread; a
 //! request's `model` picks the engine.
 //!
 //! | route | what |

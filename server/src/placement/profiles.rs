@@ -20,7 +20,7 @@ use burn_parallel::profiler::ProfileGrid;
 
 use super::super::ServerError;
 use super::super::launch::ModelSpec;
-use crate::spec::{parse_device, profile_stage_device};
+use burn_llm::spec::{parse_device, profile_stage_device};
 
 /// The SLO of a model without traffic (it has no request to meet it).
 const NO_TRAFFIC_SLO_S: f64 = 1e9;
