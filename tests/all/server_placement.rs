@@ -308,8 +308,8 @@ fn slo_admission_rejects_at_arrival_what_the_placement_predicts_late() {
         let attained = |m: &str| per_model.iter().find(|p| p["model"] == m).unwrap()["slo_attainment"].as_f64();
         assert_eq!((attained("gpt2"), attained("llama")), (Some(0.0), Some(1.0)), "{placement}");
         let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
-        assert!(metrics.contains("burn_llm_requests_rejected_slo_total{model=\"gpt2\"} 3"), "{metrics}");
-        assert!(metrics.contains("burn_llm_requests_rejected_slo_total{model=\"llama\"} 0"), "{metrics}");
+        assert!(metrics.contains("burn_llm:requests_rejected_slo_total{model=\"gpt2\"} 3"), "{metrics}");
+        assert!(metrics.contains("burn_llm:requests_rejected_slo_total{model=\"llama\"} 0"), "{metrics}");
     });
     server.shutdown();
     std::fs::remove_dir_all(&dir).unwrap();

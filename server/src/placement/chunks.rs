@@ -30,7 +30,7 @@ use burn_parallel::plan::serving::ServingWorkload;
 use burn_parallel::profiler::probe_prompt;
 
 use super::super::ServerError;
-use super::super::launch::ModelSpec;
+use super::super::model_args::ServedModelSpec;
 use super::ChunkChoice;
 use super::pipelined::{probe_spec, request_shape, timed_runs_ms};
 use super::profiles::ModelCosts;
@@ -70,7 +70,7 @@ pub(super) fn keep(measured: &[(usize, f64)]) -> Option<(usize, bool)> {
 /// [`timed_on`](super::pipelined::timed_on) that many stages) whose chunk size the placement
 /// chooses and for which chunks beat the whole prompt over `devices` (one stage per device).
 pub(super) fn choose(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     devices: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
@@ -141,7 +141,7 @@ pub(super) fn choose(
 /// by `model` loaded as a pipeline over `devices` running `stages`, computing at most `chunk`
 /// tokens a step (`None`: whole).
 fn prefill_ms(
-    model: &ModelSpec,
+    model: &ServedModelSpec,
     devices: &[String],
     stages: &[[usize; 2]],
     dir: &std::path::Path,

@@ -34,7 +34,7 @@ use burn_parallel::plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, Se
 use burn_parallel::profiler::{probe_ids, probe_prompt};
 
 use super::super::ServerError;
-use super::super::launch::ModelSpec;
+use super::super::model_args::ServedModelSpec;
 use super::profiles::ModelCosts;
 use super::{ChunkChoice, chunk_of};
 use burn_llm::{Engine, Purpose};
@@ -52,7 +52,7 @@ pub(super) const REPEATS: usize = 3;
 /// `pool[0]`'s memory `cap` whole, timed there (the fastest of [`REPEATS`] runs); `timed`: a
 /// model already timed so (by the devices' interference on replicas), `(name, ms)`.
 pub(super) fn measure_one_device(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     pool: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
@@ -99,7 +99,7 @@ pub(super) fn measure_one_device(
 /// timed over `devices` (one stage each, the layers split evenly), prefilling in the chunks
 /// chosen for that many stages ([`super::chunks`]); nothing for fewer than two devices.
 pub(super) fn measure(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     devices: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
@@ -200,12 +200,12 @@ fn prefill_chunks(spec: &burn_llm::spec::EngineSpec, prompt: usize) -> usize {
 /// layers. One with fewer is logged and left out: no group of `n` stages can serve it, and the
 /// planner splits no model so.
 pub(super) fn timed_on(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     workload: &ServingWorkload,
     costs: &ModelCosts,
     n: usize,
     log: &mut dyn Write,
-) -> Vec<ModelSpec> {
+) -> Vec<ServedModelSpec> {
     let mut out = Vec::new();
     for model in models.iter().filter(|m| workload.load(&m.name).is_some()) {
         let layers = costs.model(&model.name).1.num_layers;
@@ -227,7 +227,7 @@ pub(super) fn timed_on(
 /// placement serves it (prefilling in chunks of `chunk` tokens, when chosen), with prefix caching
 /// off so that every timed request computes its prompt.
 pub(super) fn probe_spec(
-    model: &ModelSpec,
+    model: &ServedModelSpec,
     devices: Vec<String>,
     stages: &[[usize; 2]],
     chunk: Option<usize>,

@@ -19,7 +19,7 @@ use burn_parallel::plan::serving::{
 use burn_parallel::profiler::ProfileGrid;
 
 use super::super::ServerError;
-use super::super::launch::ModelSpec;
+use super::super::model_args::ServedModelSpec;
 use burn_llm::spec::{parse_device, profile_stage_device};
 
 /// The SLO of a model without traffic (it has no request to meet it).
@@ -47,7 +47,7 @@ struct Cost {
 pub(super) struct ModelCosts(Vec<Cost>);
 
 /// The model files `model` names, opened.
-pub(super) fn open(model: &ModelSpec) -> Result<(PathBuf, PretrainedFiles), ServerError> {
+pub(super) fn open(model: &ServedModelSpec) -> Result<(PathBuf, PretrainedFiles), ServerError> {
     let fail =
         |e: &dyn std::fmt::Display| ServerError::Engine(format!("model `{}` ({}): {e}", model.name, model.source));
     let dir = burn_llm_models::hub::resolve_model(&model.source).map_err(|e| fail(&e))?;
@@ -56,14 +56,14 @@ pub(super) fn open(model: &ModelSpec) -> Result<(PathBuf, PretrainedFiles), Serv
 }
 
 /// The model's layer count, from its files.
-pub(super) fn layer_count(model: &ModelSpec) -> Result<usize, ServerError> {
+pub(super) fn layer_count(model: &ServedModelSpec) -> Result<usize, ServerError> {
     Ok(open(model)?.1.spec.num_layers)
 }
 
 impl ModelCosts {
     /// Profiles every model on `pool[0]` (cached) and prices one request of its `workload` shape.
     pub(super) fn measure(
-        models: &[ModelSpec],
+        models: &[ServedModelSpec],
         pool: &[String],
         workload: Option<&ServingWorkload>,
         log: &mut dyn Write,
