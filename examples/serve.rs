@@ -2,5 +2,5 @@
 //! [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine flags]` (see README, "Server").
 
 fn main() -> std::process::ExitCode {
-    burn_llm::server::launch::main()
+    burn_llm_server::launch::main()
 }

@@ -5,8 +5,8 @@
 //! parallel execution and planning.
 //!
 //! This facade re-exports the member crates and owns what they share at the top: device
-//! selection, the [`Engine`] trait every engine implements, the command-line front end of the
-//! examples, and the OpenAI-compatible server (`server`, feature `server`).
+//! selection, the [`Engine`] trait every engine implements and the command-line front end of the
+//! examples. The OpenAI-compatible server is its own crate, `burn-llm-server`, on top of this one.
 //!
 //! | crate | what it holds |
 //! |---|---|
@@ -21,8 +21,6 @@ pub mod cli;
 pub mod device;
 pub mod engine;
 pub mod schedule;
-#[cfg(feature = "server")]
-pub mod server;
 pub mod spec;
 
 pub use burn_llm_kernels as kernels;

@@ -51,7 +51,7 @@ impl ChatTemplate {
     /// as transformers' `apply_chat_template(..., tokenize=False)` does (Python string methods
     /// such as `.strip()` and the `raise_exception` helper are available to the template).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        self.render_with(messages, None, add_generation_prompt)
+        self.render_with(messages, None, add_generation_prompt, None)
     }
 
     /// Whether the template reads a `tools` list (a model trained for tool calls formats them
@@ -61,12 +61,15 @@ impl ChatTemplate {
     }
 
     /// Renders any serializable message list (messages with `tool_calls`, `tool_call_id`, …) with
-    /// the `tools` variable set (`None`: undefined, as transformers leaves it without tools).
+    /// the `tools` variable set (`None`: undefined, as transformers leaves it without tools) and
+    /// the variables of `kwargs` beside them (vLLM's `chat_template_kwargs`, such as
+    /// `enable_thinking`; the caller keeps them from naming the variables set here).
     pub fn render_with(
         &self,
         messages: &(impl Serialize + ?Sized),
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String> {
         let fail = |e: Error| {
             let mut message = e.to_string();
@@ -89,6 +92,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
+                ..minijinja::Value::from_serialize(kwargs.cloned().unwrap_or_default()),
             })
             .map_err(fail)
     }
@@ -110,6 +114,20 @@ mod tests {
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
              <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn kwargs_are_template_variables() {
+        let t = ChatTemplate::new(
+            "{% if enable_thinking is defined and not enable_thinking %}[no think]{% endif %}{{ messages[0].content }}",
+            "",
+            "",
+        );
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+        let messages = [ChatMessage::user("hi")];
+        assert_eq!(t.render_with(&messages, None, true, Some(&kwargs)).unwrap(), "[no think]hi");
+        assert_eq!(t.render_with(&messages, None, true, None).unwrap(), "hi");
     }
 
     #[test]

@@ -460,7 +460,7 @@ fn entries(spec: &EngineSpec, default: &str) -> Result<Entries, AutoStagesError>
 
 /// A device's memory when `--device-memory` does not give it: the host's available memory for
 /// the CPU (`flex`), else unbounded (the device does not report its memory to Burn).
-pub(crate) fn default_memory(entry: &str) -> u64 {
+pub fn default_memory(entry: &str) -> u64 {
     if entry == "flex" { available_host_memory().unwrap_or(u64::MAX) } else { u64::MAX }
 }
 

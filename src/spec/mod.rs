@@ -38,7 +38,7 @@ use burn_paged::{EngineConfig, KvCacheMemory, KvReservation, PreemptionMode, Sch
 
 use crate::device::DeviceChoice;
 
-pub(crate) use auto_stages::default_memory;
+pub use auto_stages::default_memory;
 pub use auto_stages::{AutoStagesError, SendProgress, interference_of, profile_stage_device, split_interference};
 pub use parallel::{ParallelSpec, PrefillSlices, TensorParallelSize, parse_device};
 pub use slicing::planned_slices;

@@ -38,6 +38,7 @@ mod server;
 mod server_clients;
 mod server_models;
 mod server_placement;
+mod server_protocol;
 mod server_structured;
 mod spec;
 mod stage_degrees;

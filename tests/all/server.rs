@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
-use burn_llm::server::Server;
-use burn_llm::server::launch::ServeArgs;
+use burn_llm_server::Server;
+use burn_llm_server::launch::ServeArgs;
 use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -213,16 +213,16 @@ fn greedy_completions_and_chat_equal_the_cli_and_stream_the_same_text() {
         assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
         let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
         for name in [
-            "burn_llm_num_requests_running{model=\"fixture\"} 0",
-            "burn_llm_num_requests_waiting{model=\"fixture\"} 0",
-            "burn_llm_num_requests_swapped{model=\"fixture\"} 0",
-            "burn_llm_kv_blocks_used{model=\"fixture\"} 0",
-            "burn_llm_kv_blocks_total{model=\"fixture\"} 96",
-            "burn_llm_model_up{model=\"fixture\"} 1",
-            "burn_llm_time_to_first_token_seconds_count{model=\"fixture\"} 5",
-            "burn_llm_e2e_request_latency_seconds_count{model=\"fixture\"} 5",
-            "burn_llm_time_per_output_token_seconds_bucket{model=\"fixture\",",
-            "burn_llm_num_preemptions_total{model=\"fixture\"} 0",
+            "burn_llm:num_requests_running{model=\"fixture\"} 0",
+            "burn_llm:num_requests_waiting{model=\"fixture\"} 0",
+            "burn_llm:num_requests_swapped{model=\"fixture\"} 0",
+            "burn_llm:kv_blocks_used{model=\"fixture\"} 0",
+            "burn_llm:kv_blocks_total{model=\"fixture\"} 96",
+            "burn_llm:model_up{model=\"fixture\"} 1",
+            "burn_llm:time_to_first_token_seconds_count{model=\"fixture\"} 5",
+            "burn_llm:e2e_request_latency_seconds_count{model=\"fixture\"} 5",
+            "burn_llm:time_per_output_token_seconds_bucket{model=\"fixture\",",
+            "burn_llm:num_preemptions_total{model=\"fixture\"} 0",
         ] {
             assert!(metrics.contains(name), "{name} missing from\n{metrics}");
         }
@@ -234,8 +234,8 @@ fn greedy_completions_and_chat_equal_the_cli_and_stream_the_same_text() {
         let (chat_prompt, chat_completion) =
             (r["usage"]["prompt_tokens"].as_u64().unwrap(), r["usage"]["completion_tokens"].as_u64().unwrap());
         let (prompt_tokens, completion_tokens) = (prompt_tokens as u64, completion_tokens as u64);
-        assert_eq!(counter("burn_llm_generation_tokens_total"), 2 * completion_tokens + 3 * chat_completion);
-        assert_eq!(counter("burn_llm_prompt_tokens_total"), 2 * prompt_tokens + 3 * chat_prompt);
+        assert_eq!(counter("burn_llm:generation_tokens_total"), 2 * completion_tokens + 3 * chat_completion);
+        assert_eq!(counter("burn_llm:prompt_tokens_total"), 2 * prompt_tokens + 3 * chat_prompt);
         let page = client.get(server.url("/")).send().await.unwrap().text().await.unwrap();
         assert!(page.contains("/v1/chat/completions"));
     });
@@ -474,6 +474,37 @@ fn bad_inputs_get_openai_errors_while_a_good_request_finishes() {
     server.shutdown();
 }
 
+/// The value of series `name` with exactly `labels` in Prometheus text `metrics` (labels in any
+/// order), if it is there.
+pub(crate) fn series(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let (head, value) = line.rsplit_once(' ')?;
+        let (series_name, rest) = head.split_once('{').unwrap_or((head, "}"));
+        let mut found: Vec<(&str, &str)> = rest
+            .strip_suffix('}')?
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').map(|(k, v)| (k, v.trim_matches('"'))))
+            .collect::<Option<_>>()?;
+        let mut wanted = labels.to_vec();
+        found.sort();
+        wanted.sort();
+        (series_name == name && found == wanted).then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// Requests finished for any reason (`burn_llm:request_success_total` summed over
+/// `finished_reason`).
+fn finished_requests(metrics: &str) -> f64 {
+    ["stop", "length", "abort"]
+        .iter()
+        .map(|reason| {
+            let labels = [("model", "fixture"), ("finished_reason", *reason)];
+            series(metrics, "burn_llm:request_success_total", &labels).unwrap_or_else(|| panic!("{reason} missing"))
+        })
+        .sum()
+}
+
 /// OpenAI's error object: message, type, param and code, nothing else.
 fn check_error(r: &Value, what: &str) {
     let error = r["error"].as_object().unwrap_or_else(|| panic!("{what}: no error object in {r}"));
@@ -552,9 +583,9 @@ fn many_streaming_clients_with_disconnects_finish_in_order_and_free_the_pool() {
             let metrics = client.get(&metrics_url).send().await.unwrap().text().await.unwrap();
             let idle = ["running", "waiting", "swapped"]
                 .iter()
-                .all(|q| metrics.contains(&format!("burn_llm_num_requests_{q}{{model=\"fixture\"}} 0\n")))
-                && metrics.contains("burn_llm_kv_blocks_used{model=\"fixture\"} 0\n")
-                && metrics.contains("burn_llm_requests_finished_total{model=\"fixture\"} 64\n");
+                .all(|q| metrics.contains(&format!("burn_llm:num_requests_{q}{{model=\"fixture\"}} 0\n")))
+                && metrics.contains("burn_llm:kv_blocks_used{model=\"fixture\"} 0\n")
+                && finished_requests(&metrics) == 64.0;
             if idle {
                 break;
             }

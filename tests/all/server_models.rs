@@ -10,9 +10,9 @@ use burn_llm::engine::{Capabilities, EngineLoad, EngineResult, Generation, RunRe
 use burn_llm::models::{
     DecoderSpec, Prompt, RequestOutput, SamplingParams, StepOutput, StreamEvent, Timing, Tokenizer,
 };
-use burn_llm::server::launch::ServeArgs;
-use burn_llm::server::{ModelEntry, Server, ServerConfig};
 use burn_llm::{Engine, EngineError};
+use burn_llm_server::launch::ServeArgs;
+use burn_llm_server::{ModelEntry, Server, ServerConfig};
 use serde_json::{Value, json};
 
 use crate::common::fixture;
@@ -107,12 +107,12 @@ fn two_models_route_by_name_and_each_answers_as_the_cli_does() {
 
         // Metrics per model: llama's own KV budget, each model's own token counts.
         let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
-        assert_eq!(metric(&metrics, "burn_llm_kv_blocks_total", "gpt2"), 96.0);
-        assert_eq!(metric(&metrics, "burn_llm_kv_blocks_total", "llama"), 48.0);
+        assert_eq!(metric(&metrics, "burn_llm:kv_blocks_total", "gpt2"), 96.0);
+        assert_eq!(metric(&metrics, "burn_llm:kv_blocks_total", "llama"), 48.0);
         for (name, cli) in [("gpt2", &cli_gpt2), ("llama", &cli_llama)] {
             let generated = cli["requests"][0]["generated_ids"].as_array().unwrap().len() as f64;
-            assert_eq!(metric(&metrics, "burn_llm_generation_tokens_total", name), generated, "{name}");
-            assert_eq!(metric(&metrics, "burn_llm_model_up", name), 1.0);
+            assert_eq!(metric(&metrics, "burn_llm:generation_tokens_total", name), generated, "{name}");
+            assert_eq!(metric(&metrics, "burn_llm:model_up", name), 1.0);
         }
         let health = client.get(server.url("/health")).send().await.unwrap();
         assert_eq!(health.status().as_u16(), 200);
@@ -166,7 +166,7 @@ fn bad_model_lists_are_errors_before_anything_loads() {
     let built = Arc::new(AtomicU8::new(0));
     let entry = |name: &str| {
         let built = built.clone();
-        let build: burn_llm::server::EngineBuilder = Box::new(move || {
+        let build: burn_llm_server::EngineBuilder = Box::new(move || {
             built.fetch_add(1, Ordering::SeqCst);
             Err("not built".into())
         });
@@ -286,7 +286,7 @@ fn breakable(name: &str, fixture_name: &str, mode: &Arc<AtomicU8>) -> ModelEntry
     let argv = ["serve", "--model", "unused", "--device", "flex", "--kv-cache-memory", "blocks:32"];
     let spec = ServeArgs::try_parse_from(argv).unwrap().engine_spec();
     let (dir, mode) = (fixture(fixture_name), mode.clone());
-    let build: burn_llm::server::EngineBuilder = Box::new(move || {
+    let build: burn_llm_server::EngineBuilder = Box::new(move || {
         let inner = spec.init(&dir, burn_llm::spec::Purpose::Serve, &mut std::io::sink())?;
         Ok(Box::new(Breakable { inner, mode }) as Box<dyn Engine>)
     });
@@ -342,9 +342,9 @@ fn a_model_whose_engine_fails_goes_down_and_the_others_keep_serving() {
         assert_eq!(health["models"]["good"], "ok");
         assert!(health["models"]["panics"].as_str().unwrap().starts_with("down: "), "{health}");
         let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
-        assert_eq!(metric(&metrics, "burn_llm_model_up", "good"), 1.0);
-        assert_eq!(metric(&metrics, "burn_llm_model_up", "worker"), 0.0);
-        assert_eq!(metric(&metrics, "burn_llm_model_up", "panics"), 0.0);
+        assert_eq!(metric(&metrics, "burn_llm:model_up", "good"), 1.0);
+        assert_eq!(metric(&metrics, "burn_llm:model_up", "worker"), 0.0);
+        assert_eq!(metric(&metrics, "burn_llm:model_up", "panics"), 0.0);
     });
     server.shutdown();
 }

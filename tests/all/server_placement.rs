@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use burn_llm::server::launch::ServeArgs;
+use burn_llm_server::launch::ServeArgs;
 use serde_json::{Value, json};
 
 use crate::common::fixture;
@@ -308,8 +308,8 @@ fn slo_admission_rejects_at_arrival_what_the_placement_predicts_late() {
         let attained = |m: &str| per_model.iter().find(|p| p["model"] == m).unwrap()["slo_attainment"].as_f64();
         assert_eq!((attained("gpt2"), attained("llama")), (Some(0.0), Some(1.0)), "{placement}");
         let metrics = client.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
-        assert!(metrics.contains("burn_llm_requests_rejected_slo_total{model=\"gpt2\"} 3"), "{metrics}");
-        assert!(metrics.contains("burn_llm_requests_rejected_slo_total{model=\"llama\"} 0"), "{metrics}");
+        assert!(metrics.contains("burn_llm:requests_rejected_slo_total{model=\"gpt2\"} 3"), "{metrics}");
+        assert!(metrics.contains("burn_llm:requests_rejected_slo_total{model=\"llama\"} 0"), "{metrics}");
     });
     server.shutdown();
     std::fs::remove_dir_all(&dir).unwrap();
@@ -372,7 +372,7 @@ fn gpt2_args(dir: &std::path::Path, kv: &str, extra: &[&str]) -> ServeArgs {
 
 /// The placement of `gpt2` alone under `extra` flags, with a workload of 8-token prompts, profiles
 /// kept in `dir`: the start-up log and the placement.
-fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm::server::placement::ServingPlacement) {
+fn placed_gpt2(dir: &std::path::Path, extra: &[&str]) -> (String, burn_llm_server::placement::ServingPlacement) {
     let args = gpt2_args(dir, "blocks:32", extra);
     let mut log = Vec::new();
     let (_, placement) = args.placed_entries(&mut log).unwrap();
@@ -422,7 +422,7 @@ fn two_stage_groups_prefill_in_the_chunks_timed_fastest_unless_the_flags_choose(
     let dir = scratch("chunks");
     // The pipeline's steps counted in its timing: one engine, one sequence at a time.
     let one_at_a_time = ["--placement", "manual:gpt2=0,1", "--max-num-seqs", "1"];
-    let timed_chunks = |placement: &burn_llm::server::placement::ServingPlacement| {
+    let timed_chunks = |placement: &burn_llm_server::placement::ServingPlacement| {
         let model = &placement.input.as_ref().unwrap().models[0];
         let pipeline = model.measured_pipelines.iter().find(|p| p.stages == 2).unwrap();
         pipeline.steps.as_ref().unwrap().prefill_chunks

@@ -231,8 +231,8 @@ async fn wait_idle(client: &reqwest::Client, metrics_url: &str) {
         let metrics = client.get(metrics_url).send().await.unwrap().text().await.unwrap();
         let idle = ["running", "waiting", "swapped"]
             .iter()
-            .all(|q| metrics.contains(&format!("burn_llm_num_requests_{q}{{model=\"fixture\"}} 0\n")))
-            && metrics.contains("burn_llm_kv_blocks_used{model=\"fixture\"} 0\n");
+            .all(|q| metrics.contains(&format!("burn_llm:num_requests_{q}{{model=\"fixture\"}} 0\n")))
+            && metrics.contains("burn_llm:kv_blocks_used{model=\"fixture\"} 0\n");
         if idle {
             return;
         }

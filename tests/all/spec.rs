@@ -4,9 +4,9 @@
 
 use burn::tensor::Device;
 use burn_llm::cli::{ExampleDefaults, GenerateArgs, run_with};
-use burn_llm::server::launch::ServeArgs;
 use burn_llm::spec::{EngineKind, EngineSpec, PagedSpec, Purpose};
 use burn_llm::{CausalLm, Pretrained, Prompt, SamplingParams};
+use burn_llm_server::launch::ServeArgs;
 use clap::Parser;
 
 use crate::common::fixture;

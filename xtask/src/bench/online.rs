@@ -10,9 +10,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
-use burn_llm::server::Server;
-use burn_llm::server::launch::ServeArgs;
 use burn_llm::{DeviceChoice, Engine, Purpose};
+use burn_llm_server::Server;
+use burn_llm_server::launch::ServeArgs;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::json;

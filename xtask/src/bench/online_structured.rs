@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use burn_llm::DeviceChoice;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
-use burn_llm::server::Server;
-use burn_llm::server::launch::ServeArgs;
+use burn_llm_server::Server;
+use burn_llm_server::launch::ServeArgs;
 use rand::SeedableRng;
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -28,9 +28,9 @@ use burn_llm::models::PretrainedFiles;
 use burn_llm::models::pypi::SMOLLM2_GGUF;
 use burn_llm::plan::placement::{self, ModelRef, PlacementInput, PlacementWorkload};
 use burn_llm::plan::sim::Admission;
-use burn_llm::server::Server;
-use burn_llm::server::launch::ServeArgs;
-use burn_llm::server::placement::ServingPlacement;
+use burn_llm_server::Server;
+use burn_llm_server::launch::ServeArgs;
+use burn_llm_server::placement::ServingPlacement;
 
 use super::online::loopback_client::client;
 use super::pipeline::workers::Workers;

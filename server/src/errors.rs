@@ -5,7 +5,8 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+
+use crate::protocol::{ErrorBody, ErrorObject, FieldError};
 
 /// An error answered to a client.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,8 +122,23 @@ impl ApiError {
     }
 
     /// The error object (also sent as an SSE event when a stream fails after it started).
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorObject {
+                message: self.message.clone(),
+                kind: self.kind.to_string(),
+                param: self.param.clone(),
+                code: self.code.map(str::to_string),
+            },
+        }
+    }
+}
+
+impl From<FieldError> for ApiError {
+    /// A request field that is wrong: 400.
+    fn from(error: FieldError) -> Self {
+        let FieldError { message, param, code } = error;
+        Self { status: StatusCode::BAD_REQUEST, message, kind: "invalid_request_error", param, code }
     }
 }
 

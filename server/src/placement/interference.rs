@@ -26,11 +26,11 @@ use burn_parallel::profiler::{OverlapStep, probe_ids};
 use burn_plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 
 use super::super::ServerError;
-use super::super::launch::ModelSpec;
+use super::super::model_args::ServedModelSpec;
 use super::pipelined::{REPEATS, WARMUP, probe_spec, request_shape, requests_ms};
 use super::profiles::ModelCosts;
-use crate::Purpose;
-use crate::spec::{interference_of, parse_device};
+use burn_llm::Purpose;
+use burn_llm::spec::{interference_of, parse_device};
 
 /// A phase below this share of a request's time is left unmeasured (its `κ` weighs too little).
 const MIN_SHARE: f64 = 0.05;
@@ -48,7 +48,7 @@ pub(super) struct Measured {
 /// workload without traffic. `caps`: each device's memory, which decides whether a replica of the
 /// model fits on every device.
 pub(super) fn measure(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     pool: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
@@ -78,7 +78,7 @@ pub(super) fn measure(
 /// The model whose requests are timed, on which devices, and its costs.
 #[derive(Clone, Copy)]
 struct Target<'a> {
-    model: &'a ModelSpec,
+    model: &'a ServedModelSpec,
     pool: &'a [String],
     workload: &'a ServingWorkload,
     costs: &'a ModelCosts,

@@ -1,5 +1,6 @@
-//! The OpenAI-compatible HTTP server (the `serve` example): `axum` routes in front of one or
-//! more models, each an [`Engine`](crate::Engine) running its step loop on its own thread; a
+//! `burn-llm-server`, the OpenAI-compatible HTTP server (the `serve` example; [`launch::main`]
+//! and [`launch::ServeArgs`] are its entry point and flags): `axum` routes in front of one or
+//! more models, each an [`Engine`](burn_llm::Engine) running its step loop on its own thread; a
 //! request's `model` picks the engine.
 //!
 //! | route | what |
@@ -9,15 +10,18 @@
 //! | `GET /v1/models` | the served models |
 //! | `GET /health`, `GET /version` | each model's state, and the version (no API key needed) |
 //! | `POST /tokenize`, `POST /detokenize` | vLLM's tokenizer endpoints ([`tokenize`]) |
-//! | `GET /metrics` | Prometheus text per `model`: queues, KV blocks, token counters, TTFT/TPOT/e2e histograms, preemptions |
+//! | `GET /metrics` | Prometheus text per `model`, vLLM's metrics under `burn_llm:` ([`metrics`]) |
 //! | `GET /` | a chat page streaming through `/v1/chat/completions` |
 //!
-//! Modules: [`protocol`] (request bodies), [`completions`] and [`chat`] (the two generation routes),
+//! Modules: [`protocol`] (every route's request and response types, unknown fields refused at
+//! every depth with their path), [`completions`] and [`chat`] (the two generation routes),
+//! [`prompt`] (a chat rendered by its template, for chat and `/tokenize` alike), [`tools`],
 //! [`streaming`] (engine events to SSE chunks or whole responses), [`logprobs`], [`engine_loop`]
 //! (the engine thread), [`models`] (the served models and routing), [`metrics`], [`auth`],
-//! [`errors`], [`page`], [`launch`] (flags and main) with [`model_args`] (names and per-model
-//! engine flags), [`placement`] (models on device groups, AlpaServe) and [`admission`] (requests
-//! rejected at arrival when the placement predicts they would miss their SLO).
+//! [`errors`], [`page`], [`launch`] (flags and main) with [`model_args`] (names, per-model engine
+//! flags, each model's [`ServedModelSpec`](model_args::ServedModelSpec)), [`placement`] (models
+//! on device groups, AlpaServe) and [`admission`] (requests rejected at arrival when the
+//! placement predicts they would miss their SLO).
 
 pub mod admission;
 pub mod auth;
@@ -32,9 +36,9 @@ pub mod model_args;
 pub mod models;
 pub mod page;
 pub mod placement;
+pub mod prompt;
 pub mod protocol;
 pub mod streaming;
-pub mod structured;
 pub mod tokenize;
 pub mod tools;
 
@@ -51,7 +55,6 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use tower_http::cors::CorsLayer;
 use tower_http::trace::TraceLayer;
 
@@ -158,20 +161,15 @@ pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// A request body as JSON: over the size limit is a 413, anything unreadable a 400 naming what
-/// is wrong (bad JSON, wrong types, missing fields, invalid UTF-8).
+/// A request body read as `T` ([`protocol::parse`]): over the size limit is a 413, anything
+/// unreadable a 400 naming what is wrong and where (bad JSON, wrong types, missing or unknown
+/// fields at any depth, invalid UTF-8).
 pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<T> {
     let bytes = body.map_err(|rejection| match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(limit),
         _ => ApiError::bad_request(format!("cannot read the request body: {}", rejection.body_text()), None),
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Data => "the request body has a field of the wrong type or value",
-            _ => "the request body is not valid JSON",
-        };
-        ApiError::bad_request(format!("{what}: {e}"), None).with_code("invalid_request_body")
-    })
+    Ok(protocol::parse(&bytes)?)
 }
 
 /// The server: its state and routes.
@@ -238,7 +236,10 @@ impl Server {
             .merge(v1)
             .route("/", get(page::handle))
             .route("/health", get(models::health))
-            .route("/version", get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
+            .route(
+                "/version",
+                get(|| async { axum::Json(protocol::models::Version { version: env!("CARGO_PKG_VERSION").into() }) }),
+            )
             .route("/metrics", get(metrics_route))
             .route("/tokenize", post(tokenize::tokenize))
             .route("/detokenize", post(tokenize::detokenize))

@@ -19,8 +19,8 @@ use burn_plan::serving::{
 };
 
 use super::super::ServerError;
-use super::super::launch::ModelSpec;
-use crate::spec::{parse_device, profile_stage_device};
+use super::super::model_args::ServedModelSpec;
+use burn_llm::spec::{parse_device, profile_stage_device};
 
 /// The SLO of a model without traffic (it has no request to meet it).
 const NO_TRAFFIC_SLO_S: f64 = 1e9;
@@ -47,7 +47,7 @@ struct Cost {
 pub(super) struct ModelCosts(Vec<Cost>);
 
 /// The model files `model` names, opened.
-pub(super) fn open(model: &ModelSpec) -> Result<(PathBuf, PretrainedFiles), ServerError> {
+pub(super) fn open(model: &ServedModelSpec) -> Result<(PathBuf, PretrainedFiles), ServerError> {
     let fail =
         |e: &dyn std::fmt::Display| ServerError::Engine(format!("model `{}` ({}): {e}", model.name, model.source));
     let dir = burn_llm_models::hub::resolve_model(&model.source).map_err(|e| fail(&e))?;
@@ -56,14 +56,14 @@ pub(super) fn open(model: &ModelSpec) -> Result<(PathBuf, PretrainedFiles), Serv
 }
 
 /// The model's layer count, from its files.
-pub(super) fn layer_count(model: &ModelSpec) -> Result<usize, ServerError> {
+pub(super) fn layer_count(model: &ServedModelSpec) -> Result<usize, ServerError> {
     Ok(open(model)?.1.spec.num_layers)
 }
 
 impl ModelCosts {
     /// Profiles every model on `pool[0]` (cached) and prices one request of its `workload` shape.
     pub(super) fn measure(
-        models: &[ModelSpec],
+        models: &[ServedModelSpec],
         pool: &[String],
         workload: Option<&ServingWorkload>,
         log: &mut dyn Write,

@@ -37,6 +37,7 @@ mod interference;
 pub mod manual;
 mod pipelined;
 mod profiles;
+mod report;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -45,13 +46,13 @@ use burn_parallel::pipeline::{PipelineError, StageLayout};
 use burn_plan::placement::{self, Baseline, GroupPlan, PlacedModel, PlacementInput, PlacementOutput};
 use burn_plan::serving::ServingWorkload;
 use burn_plan::sim::{self, Admission};
-use serde_json::json;
 
 use super::ServerError;
 use super::admission::{GroupClock, SloGate};
-use super::launch::ModelSpec;
+use super::model_args::ServedModelSpec;
 pub use manual::Manual;
 use profiles::ModelCosts;
+pub use report::{GroupModelReport, GroupReport, MeasuredReport, PlacementReport};
 
 /// The error of `--placement auto` without a workload.
 const NEEDS_WORKLOAD: &str = "--placement auto needs --workload FILE.json: each model's rate, cv and slo_s";
@@ -132,7 +133,7 @@ impl ServingPlacement {
     /// stages one virtual engine per stage unless the model's flags say otherwise and the chunks
     /// chosen for it on that many stages (the pool's `--device-memory` and `--stage-profile-dir`
     /// served the placement and are dropped).
-    pub fn replica_specs(&self, model: &ModelSpec) -> Vec<crate::spec::EngineSpec> {
+    pub fn replica_specs(&self, model: &ServedModelSpec) -> Vec<burn_llm::spec::EngineSpec> {
         let mut specs = Vec::new();
         for group in &self.groups {
             let Some(placed) = group.models.iter().find(|m| m.model == model.name) else { continue };
@@ -260,43 +261,6 @@ impl ServingPlacement {
         lines
     }
 
-    /// The placement as `/health` shows it.
-    pub fn to_json(&self) -> serde_json::Value {
-        let groups: Vec<_> = self
-            .groups
-            .iter()
-            .map(|g| {
-                let models: Vec<_> = g.models.iter().map(|m| json!({"model": m.model, "stages": m.stages})).collect();
-                json!({
-                    "devices": g.devices.iter().map(|&d| &self.pool[d]).collect::<Vec<_>>(),
-                    "pipeline_stages": g.pipeline_stages,
-                    "models": models,
-                })
-            })
-            .collect();
-        let admission = self.input.as_ref().map(|i| i.admission).unwrap_or_default();
-        let mut out = json!({"mode": self.mode, "groups": groups, "admission": admission});
-        if let Some(p) = &self.prediction {
-            out["predicted_slo_attainment"] = json!(p.slo_attainment);
-            out["predicted_models"] = json!(p.models);
-            out["interference"] = json!(self.interference().unwrap_or(0.0));
-        }
-        // The pipelines timed running, which priced the groups of their stage count.
-        let measured: Vec<_> = self
-            .input
-            .iter()
-            .flat_map(|i| &i.models)
-            .flat_map(|m| m.measured_pipelines.iter().map(move |p| json!({"model": m.name, "pipeline": p})))
-            .collect();
-        if !measured.is_empty() {
-            out["measured_pipelines"] = json!(measured);
-        }
-        if !self.chunk_tokens.is_empty() {
-            out["chunk_tokens"] = json!(self.chunk_tokens);
-        }
-        out
-    }
-
     /// The devices' measured interference the prediction priced, if any was measured.
     pub fn interference(&self) -> Option<f64> {
         self.input.as_ref().and_then(|i| i.interference)
@@ -308,7 +272,7 @@ impl ServingPlacement {
 /// memory check or the prediction needs it; progress and the placement go to `log`.
 pub fn place(
     choice: &PlacementChoice,
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     pool: &[String],
     workload: Option<&ServingWorkload>,
     admission: Admission,
@@ -341,7 +305,7 @@ pub fn place(
             pool.len()
         )));
     }
-    let caps: Vec<u64> = caps.unwrap_or_else(|| pool.iter().map(|d| crate::spec::default_memory(d)).collect());
+    let caps: Vec<u64> = caps.unwrap_or_else(|| pool.iter().map(|d| burn_llm::spec::default_memory(d)).collect());
     let needs_costs = !matches!(choice, PlacementChoice::Manual(_)) || workload.is_some();
     let mut costs = if needs_costs || caps.iter().any(|&c| c < u64::MAX) {
         Some(ModelCosts::measure(models, pool, workload, log)?)
@@ -419,12 +383,12 @@ pub fn place(
 /// [`chunks`] for that many stages) as `--max-num-batched-tokens` (the pool's `--device-memory`
 /// and `--stage-profile-dir` served the placement and are dropped).
 fn group_spec(
-    model: &ModelSpec,
+    model: &ServedModelSpec,
     devices: Vec<String>,
     stages: &[[usize; 2]],
     pipeline_stages: usize,
     chunk: Option<usize>,
-) -> crate::spec::EngineSpec {
+) -> burn_llm::spec::EngineSpec {
     let mut spec = model.spec.clone();
     spec.device = None;
     spec.parallel.devices = Some(devices);
@@ -460,7 +424,7 @@ fn chunk_of(chunks: &[ChunkChoice], name: &str, stages: usize) -> Option<usize> 
 }
 
 /// A model's own flags may not choose what the placement chooses.
-fn check_model_flags(model: &ModelSpec, pool: &[String]) -> Result<(), ServerError> {
+fn check_model_flags(model: &ServedModelSpec, pool: &[String]) -> Result<(), ServerError> {
     let p = &model.spec.parallel;
     let own_devices = p.devices.as_deref().is_some_and(|d| d != pool);
     let flag = if own_devices {
@@ -497,7 +461,7 @@ fn planned(choice: &PlacementChoice, input: &PlacementInput) -> Result<Vec<Group
 /// layers split evenly over the group's stages.
 fn manual_groups(
     manual: &Manual,
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     costs: Option<&ModelCosts>,
     kappa: f64,
 ) -> Result<Vec<GroupPlan>, ServerError> {
@@ -544,7 +508,7 @@ mod tests {
 
     #[test]
     fn the_chosen_chunks_run_on_groups_of_the_stage_count_they_were_timed_on() {
-        let model = ModelSpec {
+        let model = ServedModelSpec {
             name: "a".into(),
             source: "a".into(),
             spec: Default::default(),
@@ -572,9 +536,10 @@ mod tests {
 
     #[test]
     fn a_models_own_virtual_engines_run_on_its_groups_of_several_stages() {
-        let mut spec = crate::spec::EngineSpec::default();
+        let mut spec = burn_llm::spec::EngineSpec::default();
         spec.parallel.virtual_engines = Some(4);
-        let model = ModelSpec { name: "a".into(), source: "a".into(), spec, chat_template: None, max_waiting: None };
+        let model =
+            ServedModelSpec { name: "a".into(), source: "a".into(), spec, chat_template: None, max_waiting: None };
         let engines = |devices: usize| {
             let stages: Vec<[usize; 2]> = (0..devices).map(|d| [d, d + 1]).collect();
             let pool = (0..devices).map(|_| "flex".to_string()).collect();

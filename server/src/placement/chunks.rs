@@ -30,12 +30,12 @@ use burn_parallel::profiler::probe_prompt;
 use burn_plan::serving::ServingWorkload;
 
 use super::super::ServerError;
-use super::super::launch::ModelSpec;
+use super::super::model_args::ServedModelSpec;
 use super::ChunkChoice;
 use super::pipelined::{probe_spec, request_shape, timed_runs_ms};
 use super::profiles::ModelCosts;
-use crate::Purpose;
-use crate::spec::{EngineSpec, PrefillSlices};
+use burn_llm::Purpose;
+use burn_llm::spec::{EngineSpec, PrefillSlices};
 
 /// How much slower than the fastest so far a halving may prefill the prompt and still be followed
 /// by the next: the spread of the fastest of [`REPEATS`](super::pipelined::REPEATS) runs, so
@@ -70,7 +70,7 @@ pub(super) fn keep(measured: &[(usize, f64)]) -> Option<(usize, bool)> {
 /// [`timed_on`](super::pipelined::timed_on) that many stages) whose chunk size the placement
 /// chooses and for which chunks beat the whole prompt over `devices` (one stage per device).
 pub(super) fn choose(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     devices: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
@@ -141,7 +141,7 @@ pub(super) fn choose(
 /// by `model` loaded as a pipeline over `devices` running `stages`, computing at most `chunk`
 /// tokens a step (`None`: whole).
 fn prefill_ms(
-    model: &ModelSpec,
+    model: &ServedModelSpec,
     devices: &[String],
     stages: &[[usize; 2]],
     dir: &std::path::Path,

@@ -12,11 +12,10 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use burn_plan::serving::ServingWorkload;
 use burn_plan::sim::Admission;
 
-use super::model_args::{self, GivenFlags, ServingFlags};
+use super::model_args::{self, GivenFlags, ServedModelSpec, ServingFlags};
 use super::placement::ServingPlacement;
 use super::{ModelEntry, Server, ServerConfig, ServerError};
-use crate::engine::Engine;
-use crate::spec::{EngineKind, EngineSpec, Purpose};
+use burn_llm::spec::{EngineKind, EngineSpec, Purpose};
 
 /// Environment variable read for the API key when `--api-key` is not given.
 pub const API_KEY_ENV: &str = "BURN_LLM_API_KEY";
@@ -109,7 +108,7 @@ impl ServeArgs {
     /// Each model's name, `--model` argument and engine spec (with the server's default engine),
     /// checked: names paired in order and distinct, `--model-engine-args` naming served models,
     /// every model's flags valid for serving. Nothing is loaded.
-    pub fn model_specs(&self) -> Result<Vec<ModelSpec>, ServerError> {
+    pub fn model_specs(&self) -> Result<Vec<ServedModelSpec>, ServerError> {
         let names = model_args::names(&self.model, &self.served_model_name)?;
         super::models::check_names(names.iter().map(String::as_str))?;
         let overrides = model_args::overrides(&self.model_engine_args, &names)?;
@@ -147,7 +146,7 @@ impl ServeArgs {
                 None => None,
             };
             let max_waiting = serving.max_waiting;
-            specs.push(ModelSpec { name, source: model.clone(), spec, chat_template, max_waiting });
+            specs.push(ServedModelSpec { name, source: model.clone(), spec, chat_template, max_waiting });
         }
         Ok(specs)
     }
@@ -179,7 +178,7 @@ impl ServeArgs {
                     "--workload is read by --placement: add --placement auto (or drop --workload)".into(),
                 ));
             }
-            return Ok((specs.into_iter().map(ModelSpec::entry).collect(), None));
+            return Ok((specs.into_iter().map(ServedModelSpec::entry).collect(), None));
         };
         let pool = self.engine.parallel.devices.clone().ok_or_else(|| {
             ServerError::Config(
@@ -202,8 +201,8 @@ impl ServeArgs {
             let Some(first) = replicas.next() else {
                 return Err(ServerError::Config(format!("placement: model `{}` is on no group", model.name)));
             };
-            let mut entry = ModelSpec { spec: first, ..model.clone() }.entry();
-            entry.replicas = replicas.map(|spec| ModelSpec { spec, ..model.clone() }.entry().build).collect();
+            let mut entry = ServedModelSpec { spec: first, ..model.clone() }.entry();
+            entry.replicas = replicas.map(|spec| ServedModelSpec { spec, ..model.clone() }.entry().build).collect();
             entry.gates = gates.remove(&model.name).unwrap_or_default();
             entries.push(entry);
         }
@@ -248,35 +247,6 @@ impl ServeArgs {
     /// The shared engine spec, with the server's default engine (paged).
     pub fn engine_spec(&self) -> EngineSpec {
         self.engine.clone().with_default_engine(EngineKind::Paged)
-    }
-}
-
-/// One model of the command line, before it is loaded: a placement fills in its
-/// `spec.parallel.devices` (clearing `spec.device`) before [`ModelSpec::entry`].
-#[derive(Debug, Clone)]
-pub struct ModelSpec {
-    /// Its served name.
-    pub name: String,
-    /// Its `--model` argument.
-    pub source: String,
-    /// Its engine flags: the shared ones with its `--model-engine-args`.
-    pub spec: EngineSpec,
-    /// Its own chat template (`--chat-template` in its `--model-engine-args`), as text.
-    pub chat_template: Option<String>,
-    /// Its own `--max-waiting` (from its `--model-engine-args`).
-    pub max_waiting: Option<usize>,
-}
-
-impl ModelSpec {
-    /// The model to serve: its engine is built from `spec` on the model's own thread.
-    pub fn entry(self) -> ModelEntry {
-        let Self { name, source, spec, chat_template, max_waiting } = self;
-        let model = source.clone();
-        let build: super::EngineBuilder = Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
-            let dir = burn_llm_models::hub::resolve_model(&model)?;
-            spec.init(&dir, Purpose::Serve, &mut std::io::stderr())
-        });
-        ModelEntry { chat_template, max_waiting, ..ModelEntry::new(name, source, build) }
     }
 }
 

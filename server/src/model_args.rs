@@ -15,8 +15,9 @@ use std::path::Path;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, Parser};
 
-use super::ServerError;
-use crate::spec::EngineSpec;
+use super::{ModelEntry, ServerError};
+use burn_llm::Engine;
+use burn_llm::spec::{EngineSpec, Purpose};
 
 /// Engine flags (clap ids) that say the same thing in different ways: a model's flags that name
 /// one of a set replace the shared flags of the whole set.
@@ -202,6 +203,36 @@ pub fn overrides<'a>(entries: &'a [String], served: &[String]) -> Result<Vec<(&'
         out.push((name, flags));
     }
     Ok(out)
+}
+
+/// One model of the command line, before it is loaded (the planner's model is
+/// [`burn_plan::placement::ModelSpec`]; this is the server's): a placement fills in its
+/// `spec.parallel.devices` (clearing `spec.device`) before [`ServedModelSpec::entry`].
+#[derive(Debug, Clone)]
+pub struct ServedModelSpec {
+    /// Its served name.
+    pub name: String,
+    /// Its `--model` argument.
+    pub source: String,
+    /// Its engine flags: the shared ones with its `--model-engine-args`.
+    pub spec: EngineSpec,
+    /// Its own chat template (`--chat-template` in its `--model-engine-args`), as text.
+    pub chat_template: Option<String>,
+    /// Its own `--max-waiting` (from its `--model-engine-args`).
+    pub max_waiting: Option<usize>,
+}
+
+impl ServedModelSpec {
+    /// The model to serve: its engine is built from `spec` on the model's own thread.
+    pub fn entry(self) -> ModelEntry {
+        let Self { name, source, spec, chat_template, max_waiting } = self;
+        let model = source.clone();
+        let build: super::EngineBuilder = Box::new(move || -> Result<Box<dyn Engine>, Box<dyn std::error::Error>> {
+            let dir = burn_llm_models::hub::resolve_model(&model)?;
+            spec.init(&dir, Purpose::Serve, &mut std::io::stderr())
+        });
+        ModelEntry { chat_template, max_waiting, ..ModelEntry::new(name, source, build) }
+    }
 }
 
 #[cfg(test)]

@@ -10,25 +10,12 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use burn_llm_models::{FinishReason, PromptLogprobs, RequestOutput, SequenceDelta};
 use futures_util::{Stream, StreamExt};
-use serde_json::{Value, json};
+use serde::Serialize;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::engine_loop::{EngineEvent, Run, Tagged};
 use super::errors::{ApiError, ApiResult};
-
-/// `usage` of a response.
-pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    })
-}
-
-/// `finish_reason` as the API spells it.
-pub fn finish_reason(reason: FinishReason) -> Value {
-    serde_json::to_value(reason).unwrap_or(Value::Null)
-}
+use super::protocol::Usage;
 
 /// Waits for the final outputs of every engine request of `run` (per prompt, best first); past
 /// `timeout`, a 408 (the caller then drops `run`, which aborts its requests and frees their
@@ -61,19 +48,26 @@ async fn collect_all(run: &mut Run) -> ApiResult<Vec<Vec<RequestOutput>>> {
 
 /// How one route writes its stream chunks.
 pub trait ChunkFormat: Send + 'static {
+    /// The route's chunk type.
+    type Chunk: Serialize + Send;
     /// Chunks sent before any token (chat: the role; completions with `echo`: the prompt).
-    fn opening(&mut self) -> Vec<Value>;
+    fn opening(&mut self) -> Vec<Self::Chunk>;
     /// Chunks for the prompt log-probabilities of prompt `prompt`, sent before its first tokens
     /// (completions with `echo` and `logprobs`); none by default.
-    fn prompt_logprobs(&mut self, _prompt: usize, _logprobs: &PromptLogprobs) -> Vec<Value> {
+    fn prompt_logprobs(&mut self, _prompt: usize, _logprobs: &PromptLogprobs) -> Vec<Self::Chunk> {
         Vec::new()
     }
     /// The chunks for new tokens of choice `choice` (none: nothing to send).
-    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<Value>;
+    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<Self::Chunk>;
     /// The chunk closing a choice that ended without a last delta (refused or aborted).
-    fn close(&mut self, choice: usize, reason: FinishReason) -> Value;
+    fn close(&mut self, choice: usize, reason: FinishReason) -> Self::Chunk;
     /// The last chunk, with `usage` and no choices.
-    fn usage(&self, usage: Value) -> Value;
+    fn usage(&self, usage: Usage) -> Self::Chunk;
+}
+
+/// An event of one JSON value (our own response types always serialize).
+fn event(value: &impl Serialize) -> Event {
+    Event::default().data(serde_json::to_string(value).unwrap_or_default())
 }
 
 /// The SSE response of `run`: `n` choices per prompt (choice `prompt * n + sequence`), each
@@ -90,9 +84,8 @@ pub fn sse(
     // Far enough ahead to never fire when there is no limit.
     let deadline = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(100 * 365 * 86_400));
     tokio::spawn(async move {
-        let send = |value: &Value| Event::default().data(value.to_string());
         for chunk in format.opening() {
-            if tx.send(send(&chunk)).await.is_err() {
+            if tx.send(event(&chunk)).await.is_err() {
                 return;
             }
         }
@@ -105,12 +98,13 @@ pub fn sse(
                 _ = tx.closed() => return,
                 _ = tokio::time::sleep_until(deadline), if timeout.is_some() => {
                     let error = timeout.map(ApiError::timeout).unwrap_or_else(|| ApiError::internal("timeout"));
-                    let _ = tx.send(send(&error.body())).await;
+                    let _ = tx.send(event(&error.body())).await;
                     let _ = tx.send(Event::default().data("[DONE]")).await;
                     return;
                 }
             };
             let mut chunks = Vec::new();
+            let mut failure = None;
             match next.map(|t| (t.tag, t.event)) {
                 Some((tag, EngineEvent::Step(out))) => {
                     if let Some(logprobs) = &out.prompt_logprobs {
@@ -134,23 +128,24 @@ pub fn sse(
                     }
                 }
                 Some((_, EngineEvent::Failed(message))) => {
-                    chunks.push(ApiError::internal(message).body());
+                    failure = Some(ApiError::internal(message));
                     open.clear();
                 }
                 Some(_) => {}
                 None => {
-                    chunks.push(ApiError::unavailable("the engine stopped before the request finished").body());
+                    failure = Some(ApiError::unavailable("the engine stopped before the request finished"));
                     open.clear();
                 }
             }
-            for chunk in &chunks {
-                if tx.send(send(chunk)).await.is_err() {
+            let events: Vec<Event> = chunks.iter().map(event).chain(failure.map(|e| event(&e.body()))).collect();
+            for message in events {
+                if tx.send(message).await.is_err() {
                     return;
                 }
             }
         }
         if include_usage {
-            let _ = tx.send(send(&format.usage(usage(prompt_tokens, completion_tokens)))).await;
+            let _ = tx.send(event(&format.usage(Usage::new(prompt_tokens, completion_tokens)))).await;
         }
         let _ = tx.send(Event::default().data("[DONE]")).await;
     });

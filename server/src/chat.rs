@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`: the conversation is rendered with the chat template (the
-//! model's, or `--chat-template`), the assistant's turn opened, and completed; with tools, the
-//! reply may become `tool_calls` ([`super::tools`]).
+//! model's, or `--chat-template`; [`super::prompt`]), the assistant's turn opened, and
+//! completed; with tools, the reply may become `tool_calls` ([`super::tools`]).
 
 use std::sync::Arc;
 
@@ -9,33 +9,33 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use burn_llm_models::{FinishReason, Prompt, SequenceDelta};
-use serde_json::{Value, json};
 
 use super::errors::{ApiError, ApiResult};
-use super::protocol::ChatRequest;
-use super::streaming::{self, ChunkFormat, finish_reason, usage};
+use super::prompt::{ChatPrompt, Rendered};
+use super::protocol::chat::{AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta};
+use super::protocol::{ChatRequest, FinishReasonOut, Usage};
+use super::streaming::{self, ChunkFormat};
 use super::tools::{self, ToolPlan};
-use super::{AppState, ServedModel, logprobs, parse_body, structured, unix_now};
+use super::{AppState, ServedModel, logprobs, parse_body, unix_now};
 
 /// The route.
 pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let request: ChatRequest = parse_body(body, state.config.max_body_bytes)?;
-    structured::refuse_unknown(&request.extra)?;
     let served = state.model(request.model.as_deref())?;
-    let messages = request.messages()?;
-    let plan = ToolPlan::new(request.tools.as_deref(), request.tool_choice.as_ref())?;
-    let involves_tools = plan.is_some() || request.messages.iter().any(|m| m.tool_calls.is_some() || m.role == "tool");
     let template = served.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request(
             "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
             Some("messages"),
         )
     })?;
-    let text = if involves_tools {
-        tools::render(template, &request.messages, &messages, plan.as_ref())?
-    } else {
-        template.render(&messages, true).map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?
+    let chat = ChatPrompt {
+        messages: &request.messages,
+        tools: request.tools.as_deref(),
+        tool_choice: request.tool_choice.as_ref(),
+        kwargs: request.chat_template_kwargs.as_ref(),
+        add_generation_prompt: true,
     };
+    let Rendered { text, plan } = chat.render(template)?;
     let tokenizer = served.engine.info.tokenizer.as_ref().ok_or_else(|| {
         ApiError::bad_request("this model has no tokenizer: use /v1/completions with token ids", None)
     })?;
@@ -45,11 +45,12 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
         e
     })?;
     let top = request.logprobs()?;
+    let sampling = request.sampling();
     let room = served.engine.info.spec.max_positions.saturating_sub(ids.len()) as u64;
-    let max_tokens = request.max_completion_tokens.or(request.sampling.max_tokens).unwrap_or(room);
+    let max_tokens = request.max_completion_tokens.or(sampling.max_tokens).unwrap_or(room);
     served.check_context(ids.len(), max_tokens.max(1))?;
     let vocab = served.engine.info.spec.vocab_size;
-    let mut params = request.sampling.params(max_tokens, top, vocab, &request.constraints)?;
+    let mut params = sampling.params(max_tokens, top, vocab, &request.constraints())?;
     if let Some(constraint) = plan.as_ref().and_then(ToolPlan::constraint) {
         if params.constraint.is_some() {
             return Err(ApiError::bad_request(
@@ -60,7 +61,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
         params.constraint = Some(constraint);
     }
     let plan = plan.filter(ToolPlan::calls_possible);
-    let include_usage = request.sampling.include_usage()?;
+    let include_usage = sampling.include_usage()?;
     let prompt_tokens = ids.len();
     let mut run = served.pick().submit(vec![ids], &params, served.max_waiting.unwrap_or(state.config.max_waiting))?;
     run.accepted().await?;
@@ -68,7 +69,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     let (id, created) = (state.new_id("chatcmpl"), unix_now());
     // The engine reports at least one alternative; `top_logprobs` says how many to show.
     let top = top.map(|_| request.top_logprobs.unwrap_or(0) as usize);
-    if request.sampling.streams() {
+    if sampling.streams() {
         let buffers = vec![String::new(); params.n];
         let format = ChatChunks { served, id, created, model, n: params.n, top, plan, buffers };
         return Ok(streaming::sse(run, (params.n, prompt_tokens, include_usage), state.config.request_timeout, format)
@@ -80,26 +81,17 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     for out in outputs.iter().flatten() {
         completion_tokens += out.generated_ids.len();
         let logprobs = match (top, &out.logprobs) {
-            (Some(k), Some(steps)) => logprobs::chat(&served, &out.generated_ids, steps, k),
-            _ => Value::Null,
+            (Some(k), Some(steps)) => Some(logprobs::chat(&served, &out.generated_ids, steps, k)),
+            _ => None,
         };
-        let (message, reason) = tools::reply(plan.as_ref(), &out.text, out.finish_reason, &id, choices.len());
-        choices.push(json!({
-            "index": choices.len(),
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": reason,
-        }));
+        let (content, tool_calls, finish_reason) =
+            tools::reply(plan.as_ref(), &out.text, out.finish_reason, &id, choices.len());
+        let message = AssistantMessage { role: "assistant".into(), content, tool_calls };
+        choices.push(ChatChoice { index: choices.len(), message, logprobs, finish_reason });
     }
-    Ok(axum::Json(json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
-    }))
-    .into_response())
+    let usage = Usage::new(prompt_tokens, completion_tokens);
+    let object = "chat.completion".into();
+    Ok(axum::Json(ChatCompletion { id, object, created, model, choices, usage }).into_response())
 }
 
 /// Stream chunks of a chat completion (`object: chat.completion.chunk`).
@@ -118,45 +110,49 @@ struct ChatChunks {
 }
 
 impl ChatChunks {
-    fn chunk(&self, index: usize, delta: Value, logprobs: Value, reason: Option<FinishReason>) -> Value {
-        self.chunk_with(index, delta, logprobs, reason.map_or(Value::Null, finish_reason))
+    fn chunk(&self, choices: Vec<ChatChunkChoice>) -> ChatChunk {
+        ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage: None,
+        }
     }
 
-    fn chunk_with(&self, index: usize, delta: Value, logprobs: Value, reason: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
-        })
+    fn choice(&self, index: usize, delta: ChatDelta, reason: Option<FinishReasonOut>) -> ChatChunk {
+        self.chunk(vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason: reason }])
     }
 
     /// The chunks of a held choice once it has finished.
-    fn release(&mut self, choice: usize, reason: FinishReason) -> Vec<Value> {
+    fn release(&mut self, choice: usize, reason: FinishReason) -> Vec<ChatChunk> {
         let text = self.buffers.get_mut(choice).map(std::mem::take).unwrap_or_default();
-        let plan = self.plan.as_ref();
-        match tools::stream_calls(plan, &text, reason, &self.id, choice) {
-            Some(deltas) => {
-                let mut chunks: Vec<Value> =
-                    deltas.into_iter().map(|d| self.chunk_with(choice, d, Value::Null, Value::Null)).collect();
-                chunks.push(self.chunk_with(choice, json!({}), Value::Null, json!("tool_calls")));
+        match tools::stream_calls(self.plan.as_ref(), &text, reason, &self.id, choice) {
+            Some((content, calls)) => {
+                let mut chunks: Vec<ChatChunk> =
+                    content.into_iter().map(|c| self.choice(choice, ChatDelta::text(c), None)).collect();
+                for call in calls {
+                    let delta = ChatDelta { tool_calls: Some(vec![call]), ..ChatDelta::default() };
+                    chunks.push(self.choice(choice, delta, None));
+                }
+                chunks.push(self.choice(choice, ChatDelta::default(), Some(FinishReasonOut::ToolCalls)));
                 chunks
             }
-            None => {
-                let delta = if text.is_empty() { json!({}) } else { json!({"content": text}) };
-                vec![self.chunk(choice, delta, Value::Null, Some(reason))]
-            }
+            None => vec![self.choice(choice, ChatDelta::text(text), Some(reason.into()))],
         }
     }
 }
 
 impl ChunkFormat for ChatChunks {
-    fn opening(&mut self) -> Vec<Value> {
-        (0..self.n).map(|i| self.chunk(i, json!({"role": "assistant", "content": ""}), Value::Null, None)).collect()
+    type Chunk = ChatChunk;
+
+    fn opening(&mut self) -> Vec<ChatChunk> {
+        let role = || ChatDelta { role: Some("assistant".into()), content: Some(String::new()), tool_calls: None };
+        (0..self.n).map(|i| self.choice(i, role(), None)).collect()
     }
 
-    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<Value> {
+    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<ChatChunk> {
         if self.plan.is_some() {
             if let Some(buffer) = self.buffers.get_mut(choice) {
                 buffer.push_str(&delta.text);
@@ -164,30 +160,23 @@ impl ChunkFormat for ChatChunks {
             return delta.finish_reason.map(|reason| self.release(choice, reason)).unwrap_or_default();
         }
         let logprobs = match (self.top, &delta.logprobs) {
-            (Some(k), Some(steps)) => logprobs::chat(&self.served, &delta.token_ids, steps, k),
-            _ => Value::Null,
+            (Some(k), Some(steps)) => Some(logprobs::chat(&self.served, &delta.token_ids, steps, k)),
+            _ => None,
         };
-        if delta.text.is_empty() && logprobs.is_null() && delta.finish_reason.is_none() {
+        if delta.text.is_empty() && logprobs.is_none() && delta.finish_reason.is_none() {
             return Vec::new();
         }
-        let content = if delta.text.is_empty() { json!({}) } else { json!({"content": delta.text}) };
-        vec![self.chunk(choice, content, logprobs, delta.finish_reason)]
+        let finish_reason = delta.finish_reason.map(FinishReasonOut::from);
+        let content = ChatDelta::text(delta.text.clone());
+        vec![self.chunk(vec![ChatChunkChoice { index: choice, delta: content, logprobs, finish_reason }])]
     }
 
-    fn close(&mut self, choice: usize, reason: FinishReason) -> Value {
+    fn close(&mut self, choice: usize, reason: FinishReason) -> ChatChunk {
         let text = self.buffers.get_mut(choice).map(std::mem::take).unwrap_or_default();
-        let delta = if text.is_empty() { json!({}) } else { json!({"content": text}) };
-        self.chunk(choice, delta, Value::Null, Some(reason))
+        self.choice(choice, ChatDelta::text(text), Some(reason.into()))
     }
 
-    fn usage(&self, usage: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": usage,
-        })
+    fn usage(&self, usage: Usage) -> ChatChunk {
+        ChatChunk { usage: Some(usage), ..self.chunk(Vec::new()) }
     }
 }

@@ -7,9 +7,10 @@
 //! token's entry from it when it is there).
 
 use burn_llm_models::{PromptLogprobs, TokenLogprob};
-use serde_json::{Map, Value, json};
 
 use super::ServedModel;
+use super::protocol::chat::{ChatLogprobs, ChatTokenLogprob, TopLogprob};
+use super::protocol::completions::{CompletionLogprobs, TopTokens};
 
 /// The sampled token's log-probability (when known) and the alternatives of one step whose
 /// request asked the engine for `k` alternatives.
@@ -43,49 +44,49 @@ pub fn completion<'a>(
     entries: impl Iterator<Item = Entry<'a>>,
     top: usize,
     offset: &mut usize,
-) -> Value {
-    let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
     for (id, step) in entries {
         let token = model.token_text(id);
-        text_offset.push(*offset);
+        out.text_offset.push(*offset);
         *offset += token.chars().count();
         let Some(step) = step else {
-            tokens.push(token);
-            token_logprobs.push(None);
-            top_logprobs.push(Value::Null);
+            out.tokens.push(token);
+            out.token_logprobs.push(None);
+            out.top_logprobs.push(None);
             continue;
         };
         let (logprob, alternatives) = split(step, id, top.max(1));
-        let mut map = Map::new();
+        let mut map = TopTokens::default();
         if let Some(lp) = logprob {
-            map.insert(token.clone(), json!(lp));
+            map.insert(token.clone(), lp);
         }
         for alt in alternatives.iter().take(top) {
-            map.entry(model.token_text(alt.id)).or_insert(json!(alt.logprob));
+            map.insert(model.token_text(alt.id), alt.logprob);
         }
-        tokens.push(token);
-        token_logprobs.push(logprob);
-        top_logprobs.push(Value::Object(map));
+        out.tokens.push(token);
+        out.token_logprobs.push(logprob);
+        out.top_logprobs.push(Some(map));
     }
-    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset})
+    out
 }
 
 /// The chat shape for the sampled `ids` and their `steps`, `top` alternatives each.
-pub fn chat(model: &ServedModel, ids: &[u32], steps: &[Vec<TokenLogprob>], top: usize) -> Value {
+pub fn chat(model: &ServedModel, ids: &[u32], steps: &[Vec<TokenLogprob>], top: usize) -> ChatLogprobs {
     let entry = |id: u32, logprob: Option<f32>| {
         let token = model.token_text(id);
-        json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+        let bytes = token.as_bytes().to_vec();
+        TopLogprob { token, logprob, bytes }
     };
-    let content: Vec<Value> = ids
+    let content = ids
         .iter()
         .zip(steps)
         .map(|(&id, step)| {
             let (logprob, alternatives) = split(step, id, top.max(1));
-            let mut value = entry(id, logprob);
-            value["top_logprobs"] = alternatives.iter().take(top).map(|t| entry(t.id, Some(t.logprob))).collect();
-            value
+            let TopLogprob { token, logprob, bytes } = entry(id, logprob);
+            let top_logprobs = alternatives.iter().take(top).map(|t| entry(t.id, Some(t.logprob))).collect();
+            ChatTokenLogprob { token, logprob, bytes, top_logprobs }
         })
         .collect();
-    json!({"content": content})
+    ChatLogprobs { content }
 }

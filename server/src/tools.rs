@@ -16,80 +16,14 @@
 //! reply becomes a call and the rest stays `content`.
 
 use burn_llm_models::{ChatMessage, ChatTemplate, Constraint, FinishReason};
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
 
 use super::errors::{ApiError, ApiResult};
-use super::protocol::MessageInput;
-use super::streaming::finish_reason;
-
-/// One entry of `tools`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ToolDef {
-    /// `function` (the only kind).
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The function.
-    pub function: FunctionDef,
-}
-
-/// A function the model may call.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FunctionDef {
-    /// Its name.
-    pub name: String,
-    /// What it does.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// The JSON schema of its arguments.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<Value>,
-    /// OpenAI's strict mode (arguments are always constrained exactly with `required` or a named
-    /// function).
-    #[serde(skip_serializing)]
-    pub strict: Option<bool>,
-}
-
-/// An assistant message's earlier tool call.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ToolCallInput {
-    /// The call's id.
-    pub id: Option<String>,
-    /// `function`.
-    #[serde(rename = "type")]
-    pub kind: Option<String>,
-    /// What was called.
-    pub function: FunctionCallInput,
-}
-
-/// The function of an earlier call.
-#[derive(Debug, Clone, Deserialize)]
-pub struct FunctionCallInput {
-    /// Its name.
-    pub name: String,
-    /// Its arguments, as a JSON string (OpenAI's shape).
-    pub arguments: String,
-}
-
-/// `tool_choice` as sent.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum ToolChoice {
-    /// `none`, `auto` or `required`.
-    Mode(String),
-    /// `{"type": "function", "function": {"name": …}}`.
-    Named {
-        /// The named function.
-        function: NamedFunction,
-    },
-}
-
-/// The function of a named `tool_choice`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct NamedFunction {
-    /// Its name.
-    pub name: String,
-}
+use super::protocol::tools::{
+    FunctionCall, FunctionCallDelta, FunctionDef, ToolCall, ToolCallDelta, ToolCallInput, ToolChoice, ToolDef,
+};
+use super::protocol::{FinishReasonOut, MessageInput};
 
 /// What the reply may or must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,10 +59,10 @@ impl ToolPlan {
                 _ => Err(bad("tool_choice needs tools".into())),
             };
         };
-        if let Some(tool) = tools.iter().find(|t| t.kind != "function") {
+        if let Some((i, tool)) = tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
             return Err(ApiError::bad_request(
                 format!("tool type `{}` is not supported: only `function` is", tool.kind),
-                Some("tools"),
+                Some(format!("tools[{i}].type").as_str()),
             ));
         }
         let functions: Vec<FunctionDef> = tools.iter().map(|t| t.function.clone()).collect();
@@ -140,11 +74,12 @@ impl ToolPlan {
                 "required" => ToolMode::Required,
                 other => return Err(bad(format!("tool_choice `{other}` is not one of none, auto, required"))),
             },
-            Some(ToolChoice::Named { function }) => {
-                if !functions.iter().any(|f| f.name == function.name) {
-                    return Err(bad(format!("tool_choice names `{}`, which is not among the tools", function.name)));
+            Some(ToolChoice::Named(named)) => {
+                let name = &named.function.name;
+                if !functions.iter().any(|f| &f.name == name) {
+                    return Err(bad(format!("tool_choice names `{name}`, which is not among the tools")));
                 }
-                ToolMode::Named(function.name.clone())
+                ToolMode::Named(name.clone())
             }
         };
         Ok(Some(Self { functions, mode }))
@@ -239,52 +174,117 @@ fn finished_calls(plan: Option<&ToolPlan>, text: &str, reason: FinishReason) -> 
     plan?.parse(text)
 }
 
-/// A finished choice's `message` and `finish_reason` (`tool_calls` when the reply holds calls).
+/// The calls of a reply, with their ids.
+fn calls(parsed: Vec<(String, String)>, response_id: &str, choice: usize) -> impl Iterator<Item = ToolCall> + '_ {
+    parsed.into_iter().enumerate().map(move |(k, (name, arguments))| ToolCall {
+        id: call_id(response_id, choice, k),
+        kind: "function".into(),
+        function: FunctionCall { name, arguments },
+    })
+}
+
+/// A finished choice's text (none when the reply is only calls), its calls (when it makes some),
+/// and its `finish_reason` (`tool_calls` when it makes calls).
 pub fn reply(
     plan: Option<&ToolPlan>,
     text: &str,
     reason: FinishReason,
     response_id: &str,
     choice: usize,
-) -> (Value, Value) {
+) -> (Option<String>, Option<Vec<ToolCall>>, FinishReasonOut) {
     match finished_calls(plan, text, reason) {
-        Some((content, calls)) => {
-            let calls: Vec<Value> = calls
-                .into_iter()
-                .enumerate()
-                .map(|(k, (name, arguments))| {
-                    json!({"id": call_id(response_id, choice, k), "type": "function", "function": {"name": name, "arguments": arguments}})
-                })
-                .collect();
-            (json!({"role": "assistant", "content": content, "tool_calls": calls}), json!("tool_calls"))
+        Some((content, parsed)) => {
+            (content, Some(calls(parsed, response_id, choice).collect()), FinishReasonOut::ToolCalls)
         }
-        None => (json!({"role": "assistant", "content": text}), finish_reason(reason)),
+        None => (Some(text.to_string()), None, reason.into()),
     }
 }
 
-/// The stream deltas of a finished reply's calls, as OpenAI sends them (per call: its index, id,
-/// type and name with empty arguments, then the arguments), content first when there is some;
-/// `None` when it holds no call.
+/// A stream's view of a finished reply's calls: the text left around them (sent first, when
+/// there is some), then per call the deltas OpenAI sends (its index, id, type and name with empty
+/// arguments, then the arguments); `None` when it holds no call.
 pub fn stream_calls(
     plan: Option<&ToolPlan>,
     text: &str,
     reason: FinishReason,
     response_id: &str,
     choice: usize,
-) -> Option<Vec<Value>> {
-    let (content, calls) = finished_calls(plan, text, reason)?;
-    let mut deltas: Vec<Value> = content.into_iter().map(|c| json!({"content": c})).collect();
-    for (k, (name, arguments)) in calls.into_iter().enumerate() {
-        deltas.push(json!({"tool_calls": [{"index": k, "id": call_id(response_id, choice, k), "type": "function", "function": {"name": name, "arguments": ""}}]}));
-        deltas.push(json!({"tool_calls": [{"index": k, "function": {"arguments": arguments}}]}));
+) -> Option<(Option<String>, Vec<ToolCallDelta>)> {
+    let (content, parsed) = finished_calls(plan, text, reason)?;
+    let mut deltas = Vec::new();
+    for (index, call) in calls(parsed, response_id, choice).enumerate() {
+        let ToolCall { id, kind, function } = call;
+        deltas.push(ToolCallDelta {
+            index,
+            id: Some(id),
+            kind: Some(kind),
+            function: FunctionCallDelta { name: Some(function.name), arguments: String::new() },
+        });
+        deltas.push(ToolCallDelta {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionCallDelta { name: None, arguments: function.arguments },
+        });
     }
-    Some(deltas)
+    Some((content, deltas))
+}
+
+/// A function as a chat template and the default tool prompt list it (`tools` entries).
+#[derive(Serialize)]
+struct TemplateTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: &'a FunctionDef,
+}
+
+/// A message as a template that reads `tools` takes it (transformers' shape).
+#[derive(Serialize)]
+struct TemplateMessage<'a> {
+    role: &'a str,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<TemplateCall<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+}
+
+/// An earlier call as a template takes it.
+#[derive(Serialize)]
+struct TemplateCall<'a> {
+    id: Option<&'a str>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: TemplateFunction<'a>,
+}
+
+/// An earlier call's function, its arguments as a JSON value when they parse (templates index
+/// into them), else the string; also the body of a default-format `<tool_call>`.
+#[derive(Serialize)]
+struct TemplateFunction<'a> {
+    name: &'a str,
+    arguments: Value,
+}
+
+impl<'a> TemplateFunction<'a> {
+    fn of(call: &'a ToolCallInput) -> Self {
+        let arguments = &call.function.arguments;
+        let arguments = serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_string()));
+        Self { name: &call.function.name, arguments }
+    }
+}
+
+/// Compact JSON of a value that always serializes (plain structs of strings and JSON values).
+fn compact(value: &impl Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 /// The default tool prompt (Hermes-style), for templates that do not read `tools`.
 fn default_tools_prompt(functions: &[FunctionDef]) -> String {
     let listed: Vec<String> =
-        functions.iter().map(|f| json!({"type": "function", "function": f}).to_string()).collect();
+        functions.iter().map(|function| compact(&TemplateTool { kind: "function", function })).collect();
     format!(
         "You may call functions to answer. The functions are listed as JSON inside <tools></tools>:\n<tools>\n{}\n</tools>\n\
          To call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> tags:\n\
@@ -293,48 +293,46 @@ fn default_tools_prompt(functions: &[FunctionDef]) -> String {
     )
 }
 
-/// `arguments` of an earlier call as a JSON value when it parses (templates index into it), else
-/// the string.
-fn arguments_value(arguments: &str) -> Value {
-    serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_string()))
-}
-
 /// The prompt text of a conversation that involves tools (`plan`, earlier calls or tool
-/// results), rendered with `template`, the assistant's turn opened.
+/// results), rendered with `template` and the template variables `kwargs`, the assistant's turn
+/// opened when `add_generation_prompt`.
 pub fn render(
     template: &ChatTemplate,
     inputs: &[MessageInput],
     texts: &[ChatMessage],
     plan: Option<&ToolPlan>,
+    kwargs: Option<&Map<String, Value>>,
+    add_generation_prompt: bool,
 ) -> ApiResult<String> {
     let shown = plan.filter(|p| p.calls_possible());
     let fail = |e: burn_llm_models::ModelError| ApiError::bad_request(e.to_string(), Some("messages"));
     if template.handles_tools() {
-        let messages: Vec<Value> = inputs
+        let messages: Vec<TemplateMessage> = inputs
             .iter()
             .zip(texts)
-            .map(|(input, text)| {
-                let mut m = json!({"role": text.role, "content": text.content});
-                if let Some(calls) = &input.tool_calls {
-                    m["tool_calls"] = calls
+            .map(|(input, text)| TemplateMessage {
+                role: &text.role,
+                content: &text.content,
+                tool_calls: input.tool_calls.as_ref().map(|calls| {
+                    calls
                         .iter()
-                        .map(|c| {
-                            json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": arguments_value(&c.function.arguments)}})
+                        .map(|c| TemplateCall {
+                            id: c.id.as_deref(),
+                            kind: "function",
+                            function: TemplateFunction::of(c),
                         })
-                        .collect();
-                }
-                if let Some(id) = &input.tool_call_id {
-                    m["tool_call_id"] = json!(id);
-                }
-                if let Some(name) = &input.name {
-                    m["name"] = json!(name);
-                }
-                m
+                        .collect()
+                }),
+                tool_call_id: input.tool_call_id.as_deref(),
+                name: input.name.as_deref(),
             })
             .collect();
-        let tools = shown
-            .map(|p| Value::Array(p.functions.iter().map(|f| json!({"type": "function", "function": f})).collect()));
-        return template.render_with(&messages, tools.as_ref(), true).map_err(fail);
+        let tools = shown.map(|p| {
+            let listed: Vec<TemplateTool> =
+                p.functions.iter().map(|function| TemplateTool { kind: "function", function }).collect();
+            serde_json::to_value(listed).unwrap_or_default()
+        });
+        return template.render_with(&messages, tools.as_ref(), add_generation_prompt, kwargs).map_err(fail);
     }
     let mut messages: Vec<ChatMessage> = inputs
         .iter()
@@ -344,12 +342,10 @@ pub fn render(
             _ => {
                 let mut content = text.content.clone();
                 for call in input.tool_calls.iter().flatten() {
-                    let body =
-                        json!({"name": call.function.name, "arguments": arguments_value(&call.function.arguments)});
                     if !content.is_empty() {
                         content.push('\n');
                     }
-                    content.push_str(&format!("{OPEN}\n{body}\n{CLOSE}"));
+                    content.push_str(&format!("{OPEN}\n{}\n{CLOSE}", compact(&TemplateFunction::of(call))));
                 }
                 ChatMessage { role: text.role.clone(), content }
             }
@@ -362,12 +358,13 @@ pub fn render(
             None => messages.insert(0, ChatMessage::system(prompt)),
         }
     }
-    template.render(&messages, true).map_err(fail)
+    template.render_with(&messages, None, add_generation_prompt, kwargs).map_err(fail)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::tools::{FunctionCallInput, NamedChoice, NamedFunction};
 
     fn plan(mode: ToolMode) -> ToolPlan {
         let f = FunctionDef { name: "get_weather".into(), description: None, parameters: None, strict: None };
@@ -405,18 +402,20 @@ mod tests {
         };
         let message = |role: &str, content: &str, tool_calls: Option<Vec<ToolCallInput>>| MessageInput {
             role: role.into(),
-            content: Some(super::super::protocol::MessageContent::Text(content.into())),
+            content: Some(crate::protocol::MessageContent::Text(content.into())),
             tool_calls,
             tool_call_id: None,
             name: None,
+            refusal: None,
+            annotations: None,
         };
         let inputs = vec![
             message("user", "Weather?", None),
             message("assistant", "", Some(vec![call])),
             message("tool", "21C", None),
         ];
-        let texts = super::super::protocol::chat_messages(&inputs).unwrap();
-        let text = render(&template, &inputs, &texts, Some(&plan(ToolMode::Auto))).unwrap();
+        let texts = crate::protocol::chat::chat_messages(&inputs).unwrap();
+        let text = render(&template, &inputs, &texts, Some(&plan(ToolMode::Auto)), None, true).unwrap();
         assert!(text.starts_with("[system] You may call functions"), "{text}");
         let listed = text.split("<tools>\n").nth(1).and_then(|t| t.split("\n</tools>").next()).unwrap();
         assert_eq!(serde_json::from_str::<Value>(listed).unwrap()["function"]["name"], "get_weather", "{text}");
@@ -426,14 +425,14 @@ mod tests {
         assert_eq!(earlier, json!({"name": "get_weather", "arguments": {"city": "Paris"}}), "{text}");
         assert!(text.contains("[user] <tool_response>\n21C\n</tool_response>"), "{text}");
         // `none`: the tools are not shown.
-        let hidden = render(&template, &inputs[..1], &texts[..1], Some(&plan(ToolMode::None))).unwrap();
+        let hidden = render(&template, &inputs[..1], &texts[..1], Some(&plan(ToolMode::None)), None, true).unwrap();
         assert_eq!(hidden, "[user] Weather?\n");
     }
 
     #[test]
     fn choices_are_checked() {
         let tools = vec![ToolDef { kind: "function".into(), function: plan(ToolMode::Auto).functions[0].clone() }];
-        let named = ToolChoice::Named { function: NamedFunction { name: "other".into() } };
+        let named = ToolChoice::Named(NamedChoice { kind: None, function: NamedFunction { name: "other".into() } });
         assert!(ToolPlan::new(Some(&tools), Some(&named)).is_err());
         assert!(ToolPlan::new(None, Some(&ToolChoice::Mode("required".into()))).is_err());
         assert!(ToolPlan::new(None, Some(&ToolChoice::Mode("none".into()))).unwrap().is_none());

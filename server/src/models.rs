@@ -14,12 +14,12 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use burn_llm_models::generation::prepare_prompt;
 use burn_llm_models::{ChatTemplate, ModelError, Prompt};
-use serde_json::json;
 
 use super::admission::SloGate;
 use super::engine_loop::{EngineBuilder, EngineHandle};
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
+use super::protocol::models::{Health, ModelCard, ModelList};
 use super::{AppState, ServerError};
 
 /// A model to serve: its name in the API, where it comes from, and how its engine is built.
@@ -253,29 +253,27 @@ pub fn route<'a>(models: &'a [Arc<ServedModel>], asked: Option<&str>) -> ApiResu
 
 /// `GET /v1/models`: every served model.
 pub async fn list(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let data: Vec<_> = state
+    let data = state
         .models
         .iter()
-        .map(|m| {
-            json!({
-                "id": m.name,
-                "object": "model",
-                "created": state.started,
-                "owned_by": "burn-llm",
-                "root": m.name,
-                "parent": null,
-                "max_model_len": m.engine.info.spec.max_positions,
-            })
+        .map(|m| ModelCard {
+            id: m.name.clone(),
+            object: "model".into(),
+            created: state.started,
+            owned_by: "burn-llm".into(),
+            root: m.name.clone(),
+            parent: None,
+            max_model_len: m.engine.info.spec.max_positions,
         })
         .collect();
-    axum::Json(json!({"object": "list", "data": data}))
+    axum::Json(ModelList { object: "list".into(), data })
 }
 
 /// `GET /health`: each model's state (`ok`, or why it is down); 200 while any model serves,
 /// 503 once none does.
 pub async fn health(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut serving = 0;
-    let mut models = serde_json::Map::new();
+    let mut models = std::collections::BTreeMap::new();
     for model in &state.models {
         let replicas_down: Vec<String> = model.engines().filter_map(EngineHandle::down).collect();
         let status = match model.down() {
@@ -294,12 +292,8 @@ pub async fn health(State(state): State<Arc<AppState>>) -> impl IntoResponse {
                 )
             }
         };
-        models.insert(model.name.clone(), status.into());
+        models.insert(model.name.clone(), status);
     }
     let status = if serving > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    let mut body = json!({"models": models});
-    if let Some(placement) = &state.config.placement {
-        body["placement"] = placement.clone();
-    }
-    (status, axum::Json(body))
+    (status, axum::Json(Health { models, placement: state.config.placement.clone() }))
 }

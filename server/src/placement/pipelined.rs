@@ -34,10 +34,10 @@ use burn_plan::placement::{MeasuredPipeline, MeasuredSteps};
 use burn_plan::serving::{DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TOKENS, ServingWorkload};
 
 use super::super::ServerError;
-use super::super::launch::ModelSpec;
+use super::super::model_args::ServedModelSpec;
 use super::profiles::ModelCosts;
 use super::{ChunkChoice, chunk_of};
-use crate::{Engine, Purpose};
+use burn_llm::{Engine, Purpose};
 
 /// Requests started together for the interval: `BURST − 1` intervals averaged, as one pair's
 /// interval moves by half between runs on a host whose cores the stages share.
@@ -52,7 +52,7 @@ pub(super) const REPEATS: usize = 3;
 /// `pool[0]`'s memory `cap` whole, timed there (the fastest of [`REPEATS`] runs); `timed`: a
 /// model already timed so (by the devices' interference on replicas), `(name, ms)`.
 pub(super) fn measure_one_device(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     pool: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
@@ -99,7 +99,7 @@ pub(super) fn measure_one_device(
 /// timed over `devices` (one stage each, the layers split evenly), prefilling in the chunks
 /// chosen for that many stages ([`super::chunks`]); nothing for fewer than two devices.
 pub(super) fn measure(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     devices: &[String],
     workload: &ServingWorkload,
     costs: &ModelCosts,
@@ -188,7 +188,7 @@ pub(super) fn prefill_note(steps: &MeasuredSteps) -> String {
 /// The chunks `spec`'s engine prefills a prompt of `prompt` tokens in: one unless chunked
 /// prefill is on and `--max-num-batched-tokens` is below the prompt (the engine's default budget
 /// is at least the context, which every prompt fits).
-fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
+fn prefill_chunks(spec: &burn_llm::spec::EngineSpec, prompt: usize) -> usize {
     let config = spec.engine_config();
     match (config.chunked_prefill, config.max_num_batched_tokens) {
         (true, Some(budget)) if budget > 0 => prompt.div_ceil(budget).max(1),
@@ -200,12 +200,12 @@ fn prefill_chunks(spec: &crate::spec::EngineSpec, prompt: usize) -> usize {
 /// layers. One with fewer is logged and left out: no group of `n` stages can serve it, and the
 /// planner splits no model so.
 pub(super) fn timed_on(
-    models: &[ModelSpec],
+    models: &[ServedModelSpec],
     workload: &ServingWorkload,
     costs: &ModelCosts,
     n: usize,
     log: &mut dyn Write,
-) -> Vec<ModelSpec> {
+) -> Vec<ServedModelSpec> {
     let mut out = Vec::new();
     for model in models.iter().filter(|m| workload.load(&m.name).is_some()) {
         let layers = costs.model(&model.name).1.num_layers;
@@ -227,11 +227,11 @@ pub(super) fn timed_on(
 /// placement serves it (prefilling in chunks of `chunk` tokens, when chosen), with prefix caching
 /// off so that every timed request computes its prompt.
 pub(super) fn probe_spec(
-    model: &ModelSpec,
+    model: &ServedModelSpec,
     devices: Vec<String>,
     stages: &[[usize; 2]],
     chunk: Option<usize>,
-) -> crate::spec::EngineSpec {
+) -> burn_llm::spec::EngineSpec {
     let mut spec = super::group_spec(model, devices, stages, stages.len(), chunk);
     spec.paged.no_enable_prefix_caching = true;
     spec
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_prompt_is_timed_in_the_chunks_its_engine_prefills_it_in() {
-        let mut spec = crate::spec::EngineSpec::default();
+        let mut spec = burn_llm::spec::EngineSpec::default();
         // The default budget holds every prompt that fits the context.
         assert_eq!(prefill_chunks(&spec, 256), 1);
         spec.paged.max_num_batched_tokens = Some(64);

@@ -7,17 +7,17 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use burn_llm_models::{FinishReason, PromptLogprobs, SequenceDelta};
-use serde_json::{Value, json};
 
 use super::errors::{ApiError, ApiResult};
-use super::protocol::{CompletionRequest, MAX_LOGPROBS};
-use super::streaming::{self, ChunkFormat, finish_reason, usage};
-use super::{AppState, ServedModel, logprobs, parse_body, structured, unix_now};
+use super::protocol::completions::{Completion, CompletionChoice, CompletionLogprobs};
+use super::protocol::{CompletionRequest, FinishReasonOut, MAX_LOGPROBS, Usage};
+use super::streaming::{self, ChunkFormat};
+use super::{AppState, ServedModel, logprobs, parse_body, unix_now};
 
 /// The route.
 pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let request: CompletionRequest = parse_body(body, state.config.max_body_bytes)?;
-    structured::refuse_unknown(&request.extra)?;
+    let sampling = request.sampling();
     let served = state.model(request.model.as_deref())?;
     let echo = request.echo.unwrap_or(false);
     let top = request.logprobs;
@@ -29,26 +29,25 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     }
     let prompts = request.prompt.clone().prompts()?;
     let prepared = prompts.iter().enumerate().map(|(i, p)| served.prepare(i, p)).collect::<ApiResult<Vec<_>>>()?;
-    let max_tokens = request.sampling.max_tokens.unwrap_or(16);
+    let max_tokens = sampling.max_tokens.unwrap_or(16);
     let vocab = served.engine.info.spec.vocab_size;
-    let mut params =
-        request.sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab, &request.constraints)?;
+    let mut params = sampling.params(max_tokens, top.map(|k| k.max(1) as usize), vocab, &request.constraints())?;
     // `echo` with `logprobs` scores the prompt too (the engine computes every prompt position).
     params.prompt_logprobs = if echo { params.logprobs } else { None };
     for (_, ids) in &prepared {
         served.check_context(ids.len(), max_tokens)?;
     }
-    let include_usage = request.sampling.include_usage()?;
+    let include_usage = sampling.include_usage()?;
     let prompt_tokens = prepared.iter().map(|(_, ids)| ids.len()).sum();
     let (texts, ids): (Vec<String>, Vec<Vec<u32>>) = prepared.into_iter().unzip();
     // A stream's echoed prompt is scored before any output carries its ids.
-    let ids_for_echo = if echo && top.is_some() && request.sampling.streams() { ids.clone() } else { Vec::new() };
+    let ids_for_echo = if echo && top.is_some() && sampling.streams() { ids.clone() } else { Vec::new() };
     let mut run = served.pick().submit(ids, &params, served.max_waiting.unwrap_or(state.config.max_waiting))?;
     run.accepted().await?;
     let model = served.name.clone();
     let (id, created) = (state.new_id("cmpl"), unix_now());
     let top = top.map(|k| k as usize);
-    if request.sampling.streams() {
+    if sampling.streams() {
         let n = params.n;
         let format = CompletionChunks {
             offsets: vec![0; texts.len() * n],
@@ -72,7 +71,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
             completion_tokens += out.generated_ids.len();
             let prefix = if echo { texts[prompt].as_str() } else { "" };
             let logprobs = match (top, &out.logprobs) {
-                (Some(k), Some(steps)) => match out.prompt_logprobs.as_ref().filter(|_| echo) {
+                (Some(k), Some(steps)) => Some(match out.prompt_logprobs.as_ref().filter(|_| echo) {
                     Some(scored) => logprobs::completion(
                         &served,
                         logprobs::prompt_entries(&out.prompt_ids, scored)
@@ -86,26 +85,20 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
                         k,
                         &mut prefix.chars().count(),
                     ),
-                },
-                _ => Value::Null,
+                }),
+                _ => None,
             };
-            choices.push(json!({
-                "index": choices.len(),
-                "text": format!("{prefix}{}", out.text),
-                "logprobs": logprobs,
-                "finish_reason": finish_reason(out.finish_reason),
-            }));
+            choices.push(CompletionChoice {
+                index: choices.len(),
+                text: format!("{prefix}{}", out.text),
+                logprobs,
+                finish_reason: Some(out.finish_reason.into()),
+            });
         }
     }
-    Ok(axum::Json(json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
-    }))
-    .into_response())
+    let usage = Some(Usage::new(prompt_tokens, completion_tokens));
+    let object = "text_completion".into();
+    Ok(axum::Json(Completion { id, object, created, model, choices, usage }).into_response())
 }
 
 /// Stream chunks of a completion (`object: text_completion`).
@@ -126,17 +119,33 @@ struct CompletionChunks {
 }
 
 impl CompletionChunks {
-    fn chunk(&self, choices: Value) -> Value {
-        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices})
+    fn chunk(&self, choices: Vec<CompletionChoice>) -> Completion {
+        Completion {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage: None,
+        }
     }
 
-    fn choice(&self, index: usize, text: &str, logprobs: Value, reason: Option<FinishReason>) -> Value {
-        json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason.map(finish_reason)})
+    fn choice(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Option<CompletionLogprobs>,
+        reason: Option<FinishReason>,
+    ) -> Completion {
+        let finish_reason = reason.map(FinishReasonOut::from);
+        self.chunk(vec![CompletionChoice { index, text: text.to_string(), logprobs, finish_reason }])
     }
 }
 
 impl ChunkFormat for CompletionChunks {
-    fn opening(&mut self) -> Vec<Value> {
+    type Chunk = Completion;
+
+    fn opening(&mut self) -> Vec<Completion> {
         if self.top.is_some() {
             // The echoed prompt goes out with its log-probabilities (`prompt_logprobs`).
             return Vec::new();
@@ -147,13 +156,13 @@ impl ChunkFormat for CompletionChunks {
             for i in 0..self.n {
                 let choice = prompt * self.n + i;
                 self.offsets[choice] = text.chars().count();
-                chunks.push(self.chunk(json!([self.choice(choice, text, Value::Null, None)])));
+                chunks.push(self.choice(choice, text, None, None));
             }
         }
         chunks
     }
 
-    fn prompt_logprobs(&mut self, prompt: usize, scored: &PromptLogprobs) -> Vec<Value> {
+    fn prompt_logprobs(&mut self, prompt: usize, scored: &PromptLogprobs) -> Vec<Completion> {
         let (Some(k), Some(texts), Some(ids)) = (self.top, &self.echo, self.prompt_ids.get(prompt)) else {
             return Vec::new();
         };
@@ -166,31 +175,29 @@ impl ChunkFormat for CompletionChunks {
             if let Some(slot) = self.offsets.get_mut(choice) {
                 *slot = offset;
             }
-            chunks.push(self.chunk(json!([self.choice(choice, text, logprobs.clone(), None)])));
+            chunks.push(self.choice(choice, text, Some(logprobs.clone()), None));
         }
         chunks
     }
 
-    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<Value> {
+    fn delta(&mut self, choice: usize, delta: &SequenceDelta) -> Vec<Completion> {
         let logprobs = match (self.top, &delta.logprobs, self.offsets.get_mut(choice)) {
             (Some(k), Some(steps), Some(offset)) => {
-                logprobs::completion(&self.served, logprobs::entries(&delta.token_ids, steps), k, offset)
+                Some(logprobs::completion(&self.served, logprobs::entries(&delta.token_ids, steps), k, offset))
             }
-            _ => Value::Null,
+            _ => None,
         };
-        if delta.text.is_empty() && logprobs.is_null() && delta.finish_reason.is_none() {
+        if delta.text.is_empty() && logprobs.is_none() && delta.finish_reason.is_none() {
             return Vec::new();
         }
-        vec![self.chunk(json!([self.choice(choice, &delta.text, logprobs, delta.finish_reason)]))]
+        vec![self.choice(choice, &delta.text, logprobs, delta.finish_reason)]
     }
 
-    fn close(&mut self, choice: usize, reason: FinishReason) -> Value {
-        self.chunk(json!([self.choice(choice, "", Value::Null, Some(reason))]))
+    fn close(&mut self, choice: usize, reason: FinishReason) -> Completion {
+        self.choice(choice, "", None, Some(reason))
     }
 
-    fn usage(&self, usage: Value) -> Value {
-        let mut chunk = self.chunk(json!([]));
-        chunk["usage"] = usage;
-        chunk
+    fn usage(&self, usage: Usage) -> Completion {
+        Completion { usage: Some(usage), ..self.chunk(Vec::new()) }
     }
 }

@@ -22,8 +22,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use super::admission::{SloGate, Taken};
 use super::errors::{ApiError, ApiResult};
 use super::metrics::Metrics;
-use crate::device::panic_message;
-use crate::engine::{Engine, EngineDetails, EngineError, EngineLoad};
+use burn_llm::engine::{Engine, EngineDetails, EngineError, EngineLoad};
+use burn_llm_models::error::panic_message;
 
 /// What the front end learns about the model when the engine has been built.
 #[derive(Debug, Clone)]
@@ -168,6 +168,8 @@ impl EngineHandle {
                     pending: loop_pending,
                     live: HashMap::new(),
                     preemptions: 0,
+                    cache_hits: 0,
+                    queried: 0,
                     down: loop_down,
                 };
                 // A panic outside a step (the step's own are caught there) ends the loop: the model
@@ -385,6 +387,11 @@ struct EngineLoop {
     pending: Arc<AtomicUsize>,
     live: HashMap<String, Live>,
     preemptions: usize,
+    /// The paged engine's prefix-cache hits counted so far (its `cached_tokens`).
+    cache_hits: usize,
+    /// Prompt tokens admitted since the last [`EngineLoop::publish`] (prefix-cache queries, once
+    /// the engine is known to be paged).
+    queried: usize,
 }
 
 impl EngineLoop {
@@ -432,6 +439,7 @@ impl EngineLoop {
         match self.engine.add_request(&a.request_id, Prompt::Ids(a.prompt), a.params) {
             Ok(()) => {
                 self.metrics.prompt_tokens.inc_by(prompt_len as u64);
+                self.queried += prompt_len;
                 let live = Live { tag: a.tag, events: a.events, arrived: a.arrived, started: false, last_token: None };
                 let listening = live.events.send(Tagged { tag: a.tag, event: EngineEvent::Accepted }).is_ok();
                 self.live.insert(a.request_id.clone(), live);
@@ -453,7 +461,7 @@ impl EngineLoop {
                 // The engine knows every live id; an abort cannot fail on the paged engine.
                 let _ = self.engine.abort(id);
             }
-            self.retire(&live);
+            self.retire(&live, FinishReason::Abort);
         }
     }
 
@@ -480,12 +488,12 @@ impl EngineLoop {
         }
     }
 
-    /// Bookkeeping of a request that ends, however it ends.
-    fn retire(&self, live: &Live) {
+    /// Bookkeeping of a request that ends, however it ends (`reason`: its best sequence's).
+    fn retire(&self, live: &Live, reason: FinishReason) {
         if !live.started {
             self.pending.fetch_sub(1, Ordering::SeqCst);
         }
-        self.metrics.requests_finished.inc();
+        self.metrics.request_finished(reason);
         self.metrics.e2e.observe(live.arrived.elapsed().as_secs_f64());
     }
 
@@ -535,7 +543,9 @@ impl EngineLoop {
         }
         if out.finished.is_some() {
             let Some(live) = self.live.remove(&out.request_id) else { return };
-            self.retire(&live);
+            let reason =
+                out.finished.as_deref().and_then(<[_]>::first).map_or(FinishReason::Abort, |o| o.finish_reason);
+            self.retire(&live, reason);
             let event = match out.finished.as_deref().and_then(|f| outgrew_kv(f, || self.engine.load())) {
                 Some(message) => EngineEvent::Failed(format!("request {}: {message}", out.request_id)),
                 None => EngineEvent::Step(out),
@@ -549,7 +559,8 @@ impl EngineLoop {
         }
     }
 
-    /// Updates the gauges and the preemption counter.
+    /// Updates the gauges and the preemption and prefix-cache counters (a paged engine's: the
+    /// others have neither).
     fn publish(&mut self) {
         if self.is_down() {
             return;
@@ -557,10 +568,14 @@ impl EngineLoop {
         if let Some(load) = self.engine.load() {
             self.metrics.set_load(&load);
         }
+        let queried = std::mem::take(&mut self.queried);
         if let EngineDetails::Paged(stats) = self.engine.report(Timing::default()).details {
             let total = stats.swaps + stats.recomputes;
             self.metrics.preemptions.inc_by(total.saturating_sub(self.preemptions) as u64);
             self.preemptions = total;
+            self.metrics.prefix_cache_queries.inc_by(queried as u64);
+            self.metrics.prefix_cache_hits.inc_by(stats.cached_tokens.saturating_sub(self.cache_hits) as u64);
+            self.cache_hits = stats.cached_tokens;
         }
     }
 }
