@@ -4,14 +4,14 @@
 //!   plain engine at batch sizes 1, 8 and 32, written to `bench-results/generate.{json,md}`.
 //! - `cargo xtask bench schedule [--layers N] [--requests N] [--output-len N]`: ExeGPT's plan vs FCFS
 //!   (default and `max_num_seqs`-tuned) at three latency bounds, written to
-//!   `bench-results/schedule.{json,md,svg}`.
+//!   `bench-results/schedule.{json,md,png}`.
 //! - `cargo xtask bench parallel [--batch N] [--prompt-len N] [--steps N]`: pipeline parallelism
 //!   (PP=1/2/3 over local devices) against one device, written to `bench-results/parallel.{json,md}`.
 //! - `cargo xtask bench pipeline [--parts stages,ttft,chunked] [--quick]`: Alpa's automatic stages
 //!   vs an even split, time to first token under TeraPipe's token slices at PP=2, and chunked
 //!   prefill under mixed load, each against its prediction, over two one-thread `worker`
 //!   processes it starts on loopback; written to `bench-results/pipeline.{json,md}` and
-//!   `pipeline-{ttft,itl}.svg`.
+//!   `pipeline-{ttft,itl}.png`.
 //! - `cargo xtask eval ppl --model M`: perplexity over a text (default: the GPL v3 the OS ships) for
 //!   the model as loaded and re-quantized to w8/w4, written to `bench-results/ppl.{json,md}`.
 //! - `cargo xtask gpu-bundle`: the GPU test suite's binaries, the examples and xtask built in

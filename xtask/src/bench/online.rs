@@ -104,7 +104,7 @@ struct Report {
 /// One request's measurements: (seconds to first token, end-to-end seconds, output tokens).
 pub(super) type Sample = (f64, f64, usize);
 
-/// Runs the sweep for every configuration and writes `serve-online.{json,md,svg}`.
+/// Runs the sweep for every configuration and writes `serve-online.{json,md,png}`.
 pub fn run(args: &OnlineArgs, device: DeviceChoice, seed: u64, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     if args.online_structured {
         return super::online_structured::run(args, device, seed, out);
@@ -318,7 +318,7 @@ fn write(
         .collect();
     let panel = Panel { title: workload.name.to_string(), series };
     let axes = plot::Axes { x: "request rate (req/s)", y: "normalized latency (s/token)", log_x: false };
-    match plot::line_svg(&out.join("serve-online.svg"), &[panel], &axes) {
+    match plot::line_png(&out.join("serve-online.png"), &[panel], &axes) {
         Ok(path) => md.push_str(&format!("\n![normalized latency against request rate]({})\n", file_name(&path))),
         Err(e) => md.push_str(&format!("\n(no chart: {e})\n")),
     }

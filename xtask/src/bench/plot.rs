@@ -1,12 +1,21 @@
-//! SVG charts of benchmark results, drawn with `plotters`' SVG backend: text stays text (no font
-//! file to find, no pixels to encode), and the backend adds no feature to any crate Burn compiles.
+//! PNG charts of benchmark results: `plotters` draws into an RGB buffer, and [`encode_png`]
+//! writes it with `flate2` and `crc32fast` (already in Burn's build, with the features Burn
+//! enables), so that charting adds no feature to any crate Burn compiles.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-/// A named series of (x, y) points; `None` where the system has no value at that x (for
-/// `bench schedule`, no configuration meeting that latency bound), drawn as a gap.
+/// Fonts tried for the chart's text (plotters' `ab_glyph` backend ships none).
+const FONTS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// A named series of (latency bound, throughput) points; `None` where the system has no
+/// configuration meeting that bound (drawn as a gap).
 pub type Series = (String, Vec<(f64, Option<f64>)>);
 
 /// One chart.
@@ -23,27 +32,25 @@ pub struct Axes {
 }
 
 /// Draws throughput (requests/s) against latency bound (log scale), one panel per workload, to
-/// `path`; returns where it went.
-pub fn schedule_svg(path: &Path, panels: &[Panel]) -> Result<PathBuf, Box<dyn std::error::Error>> {
+/// `path`; returns where it went. Fails without a usable font.
+pub fn schedule_png(path: &Path, panels: &[Panel]) -> Result<PathBuf, Box<dyn std::error::Error>> {
     let axes = Axes { x: "latency bound (s)", y: "requests/s meeting the bound", log_x: true };
-    line_svg(path, panels, &axes)
+    line_png(path, panels, &axes)
 }
 
-/// Draws each panel's series as lines with points on `axes`, side by side, to `path` (an SVG
-/// file, its folder created if missing); returns where it went.
-pub fn line_svg(path: &Path, panels: &[Panel], axes: &Axes) -> Result<PathBuf, Box<dyn std::error::Error>> {
-    let svg = render(panels, axes)?;
-    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
-    std::fs::write(path, svg)?;
-    Ok(path.to_owned())
-}
-
-/// The SVG document of [`line_svg`]'s chart.
-fn render(panels: &[Panel], axes: &Axes) -> Result<String, Box<dyn std::error::Error>> {
+/// Draws each panel's series as lines with points on `axes`, side by side, to `path`; returns
+/// where it went. Fails without a usable font.
+pub fn line_png(path: &Path, panels: &[Panel], axes: &Axes) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let font = FONTS
+        .iter()
+        .find_map(|f| std::fs::read(f).ok())
+        .ok_or_else(|| format!("no font found for the chart's text (looked for {FONTS:?})"))?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(font.into_boxed_slice()))
+        .map_err(|_| "the chart's font cannot be read")?;
     let (width, height) = (520 * panels.len().max(1) as u32, 380);
-    let mut svg = String::new();
+    let mut rgb = vec![0u8; (width * height * 3) as usize];
     {
-        let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
         root.fill(&WHITE)?;
         let colors = [RGBColor(200, 60, 60), RGBColor(50, 110, 200), RGBColor(30, 150, 60), RGBColor(120, 120, 120)];
         for (area, panel) in root.split_evenly((1, panels.len().max(1))).iter().zip(panels) {
@@ -75,13 +82,13 @@ fn render(panels: &[Panel], axes: &Axes) -> Result<String, Box<dyn std::error::E
                 .build_cartesian_2d(x_range, 0f64..(y_hi * 1.2).max(1e-3))?;
             chart.configure_mesh().x_desc(axes.x).y_desc(axes.y).x_label_formatter(&label).draw()?;
             for ((name, series), color) in panel.series.iter().zip(colors.iter().cycle()) {
-                let shown: Vec<(f64, f64)> = series.iter().filter_map(|&(x, y)| y.map(|y| (to_axis(x), y))).collect();
+                let met: Vec<(f64, f64)> = series.iter().filter_map(|&(x, y)| y.map(|y| (to_axis(x), y))).collect();
                 let color = *color;
                 chart
-                    .draw_series(LineSeries::new(shown.clone(), color.stroke_width(2)))?
+                    .draw_series(LineSeries::new(met.clone(), color.stroke_width(2)))?
                     .label(name.as_str())
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-                chart.draw_series(shown.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+                chart.draw_series(met.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
             }
             chart
                 .configure_series_labels()
@@ -92,90 +99,77 @@ fn render(panels: &[Panel], axes: &Axes) -> Result<String, Box<dyn std::error::E
         }
         root.present()?;
     }
-    Ok(svg)
+    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+    std::fs::write(path, encode_png(&rgb, width, height)?)?;
+    Ok(path.to_owned())
+}
+
+/// An 8-bit RGB PNG of `rgb` (`width × height` pixels, rows top to bottom).
+pub fn encode_png(rgb: &[u8], width: u32, height: u32) -> std::io::Result<Vec<u8>> {
+    let row = width as usize * 3;
+    if rgb.len() != row * height as usize {
+        return Err(std::io::Error::other(format!("{} bytes are not {width}×{height} RGB pixels", rgb.len())));
+    }
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    for line in rgb.chunks(row.max(1)) {
+        z.write_all(&[0])?; // filter: none
+        z.write_all(line)?;
+    }
+    let mut header = width.to_be_bytes().to_vec();
+    header.extend(height.to_be_bytes());
+    header.extend([8, 2, 0, 0, 0]); // 8 bits, RGB, deflate, no filter set, no interlace
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    for (kind, data) in [(b"IHDR", header), (b"IDAT", z.finish()?), (b"IEND", Vec::new())] {
+        png.extend((data.len() as u32).to_be_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(kind);
+        crc.update(&data);
+        png.extend(kind);
+        png.extend(&data);
+        png.extend(crc.finalize().to_be_bytes());
+    }
+    Ok(png)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
-    fn panels() -> Vec<Panel> {
-        vec![
-            Panel {
-                title: "ShareGPT-like".into(),
-                series: vec![
-                    ("FCFS tuned".into(), vec![(1.0, Some(2.0)), (10.0, Some(4.0)), (100.0, Some(5.0))]),
-                    ("ExeGPT plan".into(), vec![(1.0, None), (10.0, Some(4.5)), (100.0, Some(6.0))]),
-                ],
-            },
-            Panel { title: "Alpaca-like".into(), series: vec![("static batching".into(), vec![(2.0, Some(1.0))])] },
-        ]
-    }
-
-    /// The text of every `<text>` element of `svg` (the backend writes it between newlines).
-    fn texts(svg: &str) -> Vec<String> {
-        svg.split("<text")
-            .skip(1)
-            .filter_map(|t| t.split_once('>').and_then(|(_, rest)| rest.split_once("</text>")))
-            .map(|(t, _)| t.trim().to_string())
-            .collect()
-    }
-
-    #[test]
-    fn svg_holds_every_panel_series_and_axis_title() {
-        let axes = Axes { x: "latency bound (s)", y: "requests/s meeting the bound", log_x: true };
-        let svg = render(&panels(), &axes).unwrap_or_default();
-        assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
-        assert!(svg.trim_end().ends_with("</svg>"));
-        assert!(svg.contains(r#"width="1040""#) && svg.contains(r#"height="380""#), "two panels side by side");
-        let texts = texts(&svg);
-        for want in [
-            "ShareGPT-like",
-            "Alpaca-like",
-            "FCFS tuned",
-            "ExeGPT plan",
-            "static batching",
-            "latency bound (s)",
-            "requests/s meeting the bound",
-        ] {
-            assert!(texts.iter().any(|t| t == want), "no text {want:?} in {texts:?}");
+    /// Splits a PNG into (kind, data) chunks, checking each CRC.
+    fn chunks(png: &[u8]) -> Vec<([u8; 4], Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut rest = &png[8..];
+        while rest.len() >= 12 {
+            let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            let kind: [u8; 4] = [rest[4], rest[5], rest[6], rest[7]];
+            let data = rest[8..8 + len].to_vec();
+            let crc = u32::from_be_bytes([rest[8 + len], rest[9 + len], rest[10 + len], rest[11 + len]]);
+            assert_eq!(crc, crc32fast::hash(&rest[4..8 + len]), "CRC of {kind:?}");
+            out.push((kind, data));
+            rest = &rest[12 + len..];
         }
-        // One marker per point with a value: the plan's gap at x = 1 draws none.
-        assert_eq!(svg.matches("<circle").count(), 3 + 2 + 1);
-        // Each series is a line and a legend entry.
-        assert!(svg.matches("<polyline").count() >= 2 * 3);
+        assert!(rest.is_empty());
+        out
     }
 
     #[test]
-    fn a_log_axis_is_labelled_with_the_values() {
-        let axes = Axes { x: "latency bound (s)", y: "requests/s", log_x: true };
-        let texts = texts(&render(&panels()[..1], &axes).unwrap_or_default());
-        // x runs 1 to 100 on a log axis (y stays under 8): labels at 10 and 100, not their logs.
-        assert!(texts.iter().any(|t| t == "10") && texts.iter().any(|t| t == "100"), "{texts:?}");
+    fn png_holds_the_pixels_with_valid_chunks() {
+        let rgb = [255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9];
+        let png = encode_png(&rgb, 2, 2).unwrap_or_default();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        let chunks = chunks(&png);
+        let kinds: Vec<&[u8; 4]> = chunks.iter().map(|(k, _)| k).collect();
+        assert_eq!(kinds, [b"IHDR", b"IDAT", b"IEND"]);
+        assert_eq!(chunks[0].1, [0, 0, 0, 2, 0, 0, 0, 2, 8, 2, 0, 0, 0]);
+        let mut raw = Vec::new();
+        flate2::read::ZlibDecoder::new(&chunks[1].1[..]).read_to_end(&mut raw).unwrap_or_default();
+        assert_eq!(raw, [0, 255, 0, 0, 0, 255, 0, 0, 0, 0, 255, 9, 9, 9]);
     }
 
     #[test]
-    fn a_panel_without_points_is_left_blank() {
-        let axes = Axes { x: "rate", y: "latency", log_x: false };
-        let empty = [Panel { title: "nothing".into(), series: vec![("none".into(), Vec::new())] }];
-        let svg = render(&empty, &axes).unwrap_or_default();
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<circle").count(), 0);
-        assert!(!texts(&svg).iter().any(|t| t == "nothing"));
-    }
-
-    #[test]
-    fn line_svg_writes_the_file_and_refuses_a_path_it_cannot_write() {
-        let dir = std::env::temp_dir().join(format!("xtask-plot-{}", std::process::id()));
-        let axes = Axes { x: "request rate (req/s)", y: "normalized latency (s/token)", log_x: false };
-        let path = dir.join("sub").join("chart.svg");
-        let written = line_svg(&path, &panels(), &axes).ok();
-        assert_eq!(written.as_deref(), Some(path.as_path()));
-        let svg = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(svg.starts_with("<svg") && svg.contains("request rate (req/s)"));
-        // A file where the folder should be.
-        let blocked = dir.join("sub").join("chart.svg").join("inner.svg");
-        assert!(line_svg(&blocked, &panels(), &axes).is_err());
-        let _ = std::fs::remove_dir_all(&dir);
+    fn png_refuses_a_buffer_of_the_wrong_size() {
+        assert!(encode_png(&[0; 5], 1, 2).is_err());
     }
 }

@@ -90,7 +90,7 @@ pub struct Args {
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
     /// Online serving instead (vLLM §5.6): HTTP requests with Poisson arrivals to servers
-    /// started on loopback, a sweep of rates (`serve-online.{json,md,svg}`).
+    /// started on loopback, a sweep of rates (`serve-online.{json,md,png}`).
     #[arg(long)]
     online: bool,
     /// The online mode's flags.

@@ -1,5 +1,5 @@
 //! `cargo xtask bench pipeline`: Alpa's automatic stages, TeraPipe's token slices and chunked
-//! prefill, measured against their predictions and their baselines.
+//! prefill, measured against their predictions and their baselines (issue #29, section 3).
 //!
 //! The machine is one CPU with two `worker` processes on loopback, each limited to one thread
 //! (`--threads 1`), started by the benchmark and ended when it finishes, also on error. The model
@@ -16,8 +16,8 @@
 //!   against unchunked.
 //!
 //! Predictions come from each device's profile (the Burn profiler, [`profiles`]) and measured
-//! link rates ([`predict`]). Writes `bench-results/pipeline.{json,md}`, `pipeline-ttft.svg` and
-//! `pipeline-itl.svg` ([`report`]).
+//! link rates ([`predict`]). Writes `bench-results/pipeline.{json,md}`, `pipeline-ttft.png` and
+//! `pipeline-itl.png` ([`report`]).
 
 mod chunked;
 mod drive;

@@ -1,5 +1,5 @@
-//! The benchmark's report: `pipeline.{json,md}` with every part's figures and each of its targets
-//! checked, and the two SVG charts (time to first token against prompt length, the
+//! The benchmark's report: `pipeline.{json,md}` with every part's figures and each target of the
+//! issue checked, and the two charts (time to first token against prompt length, the
 //! inter-token latency distribution).
 
 use std::path::Path;
@@ -21,7 +21,7 @@ pub struct Results {
     pub chunked: Option<ChunkedResult>,
 }
 
-/// One target of the benchmark and whether this run met it.
+/// One target of the issue and whether this run met it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
     pub target: String,
@@ -38,7 +38,7 @@ struct Report {
     results: Results,
 }
 
-/// The benchmark's targets, checked against `results`.
+/// The issue's targets, checked against `results`.
 pub fn targets(results: &Results) -> Vec<Target> {
     let mut out = Vec::new();
     let mut push = |target: String, value: String, met: bool| out.push(Target { target, value, met });
@@ -234,7 +234,7 @@ fn ttft_md(t: &TtftResult, out: &Path) -> String {
     ];
     let axes = Axes { x: "prompt tokens", y: "time to first token (s)", log_x: false };
     md.push_str(&chart(
-        plot::line_svg(&out.join("pipeline-ttft.svg"), &panels, &axes),
+        plot::line_png(&out.join("pipeline-ttft.png"), &panels, &axes),
         "time to first token against prompt length",
     ));
     md
@@ -289,7 +289,7 @@ fn chunked_md(c: &ChunkedResult, out: &Path) -> String {
     let panels = [Panel { title: "inter-token latency (CDF)".into(), series }];
     let axes = Axes { x: "inter-token latency (ms)", y: "fraction of gaps ≤ x", log_x: true };
     md.push_str(&chart(
-        plot::line_svg(&out.join("pipeline-itl.svg"), &panels, &axes),
+        plot::line_png(&out.join("pipeline-itl.png"), &panels, &axes),
         "inter-token latency distribution",
     ));
     md

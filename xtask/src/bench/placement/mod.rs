@@ -1,4 +1,4 @@
-//! `cargo xtask bench placement`: AlpaServe's placement against replication, on
+//! `cargo xtask bench placement`: AlpaServe's placement against replication (issue 30 §2), on
 //! the real server over HTTP, each next to the simulator's prediction for the same trace.
 //!
 //! Two one-thread `worker` processes on loopback are the device pool. Two copies of SmolLM2-135M
@@ -17,7 +17,7 @@
 //! so that a stage takes the next request once it has passed on the last). And as there (§4.6),
 //! each group rejects at arrival a request it predicts would miss its SLO (`--admission slo`,
 //! the default; a rejection is a miss), in the server and in the prediction alike.
-//! Writes `bench-results/placement.{json,md,svg}` ([`report`]).
+//! Writes `bench-results/placement.{json,md,png}` ([`report`]).
 
 mod replay;
 mod report;

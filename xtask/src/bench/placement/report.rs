@@ -1,4 +1,4 @@
-//! `bench-results/placement.{json,md,svg}`: SLO attainment and p99 latency per mode, CV and rate,
+//! `bench-results/placement.{json,md,png}`: SLO attainment and p99 latency per mode, CV and rate,
 //! each beside the simulator's prediction, and the two charts (attainment against CV, against
 //! rate).
 
@@ -148,9 +148,9 @@ pub fn write(out: &Path, command: &str, model: &str, results: Results) -> Result
         ));
     }
     md.push_str(&claims(&results));
-    let svg = out.join("placement.svg");
-    match plot::line_svg(
-        &svg,
+    let png = out.join("placement.png");
+    match plot::line_png(
+        &png,
         &panels(&results),
         &Axes { x: "CV (left) · load (right)", y: "SLO attainment", log_x: false },
     ) {

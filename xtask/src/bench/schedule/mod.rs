@@ -555,7 +555,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let header = Header::new(name, command, Some(args.device.name()), model_name.clone());
     let md = markdown(&header, &model_name, &args, &devices, &profile_source, &profile, load, pct, &results);
-    let svg = plot::schedule_svg(&args.out.join(format!("{name}.svg")), &plot_series(&results));
+    let png = plot::schedule_png(&args.out.join(format!("{name}.png")), &plot_series(&results));
     let report = Report {
         header,
         devices: devices.describe(),
@@ -571,7 +571,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         workloads: results,
     };
     report::write(&args.out, name, &report, &md)?;
-    match svg {
+    match png {
         Ok(path) => eprintln!("wrote {}", path.display()),
         Err(e) => eprintln!("no plot: {e}"),
     }
