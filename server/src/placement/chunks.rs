@@ -25,7 +25,7 @@
 
 use std::io::Write;
 
-use burn_paged::SchedulingPolicy;
+use burn_llm::paged::SchedulingPolicy;
 use burn_parallel::profiler::probe_prompt;
 use burn_plan::serving::ServingWorkload;
 

@@ -72,7 +72,7 @@ impl ServingPlacement {
             .map(|g| GroupReport {
                 devices: g.devices.iter().map(|&d| self.pool[d].as_str()).collect(),
                 pipeline_stages: g.pipeline_stages,
-                models: g.models.iter().map(|m| GroupModelReport { model: &m.model, stages: m.stages }).collect(),
+                models: g.models.iter().map(|m| GroupModelReport { model: &m.model, stages: &m.stages }).collect(),
             })
             .collect();
         // The pipelines timed running, which priced the groups of their stage count.
