@@ -143,7 +143,7 @@ fn metrics_have_vllms_names_labels_and_buckets() {
     server.runtime.block_on(async {
         let client = loopback_client::client();
         // A prompt of several KV blocks, sent twice: the second finds its full blocks cached.
-        let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(5);
+        let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(3);
         let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true});
         let mut prompt_tokens = 0;
         for _ in 0..2 {

@@ -104,7 +104,8 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> FieldResult<T> {
 fn described(path: &str, error: serde_json::Error) -> FieldError {
     let at = |field: &str| if path == "." { field.to_string() } else { format!("{path}.{field}") };
     if let Some(field) = unknown_field(&error.to_string()) {
-        let field = at(field);
+        // The path serde_path_to_error reports ends at the unknown key itself where it read one.
+        let field = if path == field || path.ends_with(&format!(".{field}")) { path.to_string() } else { at(field) };
         return FieldError::new(
             format!(
                 "unknown field `{field}`: this server does not support it (see the server docs for the fields it takes)"
